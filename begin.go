@@ -1,0 +1,47 @@
+package otelpgxtx
+
+import (
+	"context"
+	"errors"
+
+	"github.com/jackc/pgx/v5"
+	"go.opentelemetry.io/otel/trace"
+)
+
+// TxBeginner begins transactions: *pgxpool.Pool and *pgx.Conn are.
+type TxBeginner interface {
+	BeginTx(ctx context.Context, txOptions pgx.TxOptions) (pgx.Tx, error)
+}
+
+// Begin begins a transaction on db and returns a context that carries its frame, with
+// the frame span as the active span. A transaction begun with that context on another
+// connection suspends this one: its frame is one level deeper and its span a child of
+// this frame's span, which records tx.suspended and tx.resumed around it.
+//
+// db must be instrumented (see [InstrumentPool]); otherwise the transaction is begun
+// and ctx is returned as it was.
+func Begin(ctx context.Context, db TxBeginner, txOptions pgx.TxOptions) (context.Context, pgx.Tx, error) {
+	if db == nil {
+		return ctx, nil, errors.New("otelpgxtx: Begin: nil db")
+	}
+	tx, err := db.BeginTx(ctx, txOptions)
+	if err != nil {
+		return ctx, nil, err
+	}
+	if f := frameOfTx(tx); f != nil {
+		ctx = trace.ContextWithSpan(contextWithFrame(ctx, f), f.span)
+	}
+	return ctx, tx, nil
+}
+
+// frameOfTx returns the open frame of tx's connection, or nil.
+func frameOfTx(tx pgx.Tx) *frame {
+	conn := tx.Conn()
+	if conn == nil {
+		return nil
+	}
+	if st := connStateOf(conn); st != nil && st.frame != nil && st.frame.open() {
+		return st.frame
+	}
+	return nil
+}

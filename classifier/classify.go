@@ -1,0 +1,189 @@
+package classifier
+
+import (
+	"context"
+	"errors"
+	"io"
+	"net"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/txevidence/otelpgxtx/outcome"
+)
+
+// Facts are observations from the wire that the error alone does not carry.
+type Facts struct {
+	// RollbackTag: the server answered COMMIT with the command tag ROLLBACK, because the
+	// transaction had already failed (pgx.Tx.Commit turns it into pgx.ErrTxCommitRollback).
+	RollbackTag bool
+	// CommittedLocally: while committing, the server sent a WARNING saying the commit is
+	// in its local WAL and only the synchronous-replication wait was cut short
+	// (see [CommittedLocallyNotice]).
+	CommittedLocally bool
+	// ConnClosed: the connection was found closed after the failure. Before COMMIT was
+	// sent this means the session died, which a retry on a new connection can survive.
+	ConnClosed bool
+}
+
+// Reasons returned by [Verdict.Reason]. They are few and fixed so that they can be used
+// as the error.type attribute and as a metric label.
+const (
+	ReasonCommitted            = "committed"
+	ReasonRolledBack           = "rolled_back"
+	ReasonUnknown              = "unknown"
+	ReasonCommitRollback       = "commit_rollback"
+	ReasonSerializationFailure = "serialization_failure"
+	ReasonDeadlock             = "deadlock"
+	ReasonConstraintViolation  = "constraint_violation"
+	ReasonServerError          = "server_error"
+	ReasonServerFatal          = "server_fatal"
+	ReasonConnectionLost       = "connection_lost"
+	ReasonCanceled             = "canceled"
+	ReasonDeadlineExceeded     = "deadline_exceeded"
+	ReasonApplicationError     = "application_error"
+)
+
+// SQLSTATE codes the classifier knows.
+const (
+	SQLStateSerializationFailure = "40001"
+	SQLStateDeadlockDetected     = "40P01"
+	SQLStateAdminShutdown        = "57P01"
+	SQLStateWarning              = "01000"
+	SQLStateNoActiveTransaction  = "25P01"
+)
+
+// Classify returns the evidence about a transaction's fate, given the phase it was in
+// when err (or success, err == nil) was observed, and facts from the wire.
+//
+// In committing, nil is a commit (unless the tag was ROLLBACK); an ERROR-severity
+// server error, pgx.ErrTxCommitRollback or a ROLLBACK tag is a certain rollback
+// (retryable for 40001 and 40P01); anything else — FATAL/PANIC, a lost connection, a
+// timeout, a cancellation — is unknown and never retryable. pgconn.SafeToRetry is not
+// consulted there: it was true for a commit that had happened.
+//
+// In not_started and active, the transaction cannot have committed, so every ending is
+// a rollback; it is retryable for 40001, 40P01 and a lost connection. A terminal phase
+// is returned as its own evidence.
+func Classify(phase outcome.Phase, err error, f Facts) Verdict {
+	switch phase {
+	case outcome.PhaseCommitting:
+		return classifyCommit(err, f)
+	case outcome.PhaseCommitted:
+		return Verdict{evidence: EvidenceCommitted, committedLocally: f.CommittedLocally, reason: ReasonCommitted}
+	case outcome.PhaseUnknown:
+		v := unknown(err, f)
+		v.reason = ReasonUnknown
+		return v
+	case outcome.PhaseRolledBack:
+		v := classifyBeforeCommit(err, f)
+		v.retryable = false
+		if err == nil {
+			v.reason = ReasonRolledBack
+		}
+		return v
+	}
+	return classifyBeforeCommit(err, f)
+}
+
+func classifyCommit(err error, f Facts) Verdict {
+	if err == nil {
+		if f.RollbackTag {
+			return Verdict{evidence: EvidenceRolledBack, reason: ReasonCommitRollback}
+		}
+		return Verdict{evidence: EvidenceCommitted, committedLocally: f.CommittedLocally, reason: ReasonCommitted}
+	}
+	if errors.Is(err, pgx.ErrTxCommitRollback) {
+		return Verdict{evidence: EvidenceRolledBack, reason: ReasonCommitRollback}
+	}
+	if pgErr, ok := errors.AsType[*pgconn.PgError](err); ok && !isFatal(pgErr) {
+		// PostgreSQL raises no ERROR once the commit record is written (it would be a
+		// PANIC), so an ERROR in reply to COMMIT is a rollback.
+		return serverError(pgErr)
+	}
+	return unknown(err, f)
+}
+
+func unknown(err error, f Facts) Verdict {
+	v := Verdict{evidence: EvidenceUnknown, committedLocally: f.CommittedLocally, reason: ReasonConnectionLost}
+	if pgErr, ok := errors.AsType[*pgconn.PgError](err); ok {
+		v.sqlstate, v.reason = pgErr.Code, ReasonServerFatal
+	} else if r := contextReason(err); r != "" {
+		v.reason = r
+	}
+	return v
+}
+
+func classifyBeforeCommit(err error, f Facts) Verdict {
+	if err == nil {
+		return Verdict{evidence: EvidenceRolledBack, reason: ReasonRolledBack}
+	}
+	if pgErr, ok := errors.AsType[*pgconn.PgError](err); ok {
+		if isFatal(pgErr) {
+			return Verdict{evidence: EvidenceRolledBack, retryable: true, sqlstate: pgErr.Code, reason: ReasonServerFatal}
+		}
+		return serverError(pgErr)
+	}
+	// A cancelled or expired context is the caller giving up: not a reason to try again.
+	if r := contextReason(err); r != "" {
+		return Verdict{evidence: EvidenceRolledBack, reason: r}
+	}
+	if f.ConnClosed || isConnectionError(err) {
+		return Verdict{evidence: EvidenceRolledBack, retryable: true, reason: ReasonConnectionLost}
+	}
+	return Verdict{evidence: EvidenceRolledBack, reason: ReasonApplicationError}
+}
+
+func serverError(pgErr *pgconn.PgError) Verdict {
+	v := Verdict{evidence: EvidenceRolledBack, sqlstate: pgErr.Code, reason: ReasonServerError}
+	switch {
+	case pgErr.Code == SQLStateSerializationFailure:
+		v.retryable, v.reason = true, ReasonSerializationFailure
+	case pgErr.Code == SQLStateDeadlockDetected:
+		v.retryable, v.reason = true, ReasonDeadlock
+	case len(pgErr.Code) == 5 && pgErr.Code[:2] == "23":
+		v.reason = ReasonConstraintViolation
+	}
+	return v
+}
+
+// isFatal reads the unlocalized severity (PostgreSQL 9.6+), so that a server with
+// lc_messages in another language is not mistaken for an ERROR.
+func isFatal(pgErr *pgconn.PgError) bool {
+	s := pgErr.SeverityUnlocalized
+	if s == "" {
+		s = pgErr.Severity
+	}
+	return s == "FATAL" || s == "PANIC"
+}
+
+func contextReason(err error) string {
+	switch {
+	case errors.Is(err, context.DeadlineExceeded):
+		return ReasonDeadlineExceeded
+	case errors.Is(err, context.Canceled):
+		return ReasonCanceled
+	}
+	return ""
+}
+
+// driverError is implemented by pgconn's own errors about the connection ("conn
+// closed", write and read failures, timeouts).
+type driverError interface {
+	error
+	SafeToRetry() bool
+}
+
+func isConnectionError(err error) bool {
+	if errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, net.ErrClosed) {
+		return true
+	}
+	if _, ok := errors.AsType[net.Error](err); ok {
+		return true
+	}
+	if _, ok := errors.AsType[*pgconn.ConnectError](err); ok {
+		return true
+	}
+	_, ok := errors.AsType[driverError](err)
+	return ok
+}

@@ -1,0 +1,45 @@
+package classifier
+
+import (
+	"strings"
+
+	"github.com/jackc/pgx/v5/pgconn"
+)
+
+// CommittedLocallyNotice reports whether n is the WARNING PostgreSQL sends when it stops
+// waiting for synchronous replication of a commit that is already in its local WAL:
+//
+//   - 57P01 "canceling the wait for synchronous replication and terminating connection
+//     due to administrator command" (the backend is being terminated), recognised by its
+//     code alone, since no other WARNING carries 57P01;
+//   - 01000 "canceling wait for synchronous replication due to user request" (a cancel
+//     request), recognised by its detail "already committed locally", because 01000 is
+//     the code of every plain WARNING, a trigger's RAISE WARNING included. A server with
+//     non-English lc_messages translates that detail: set lc_messages to C or en for
+//     the client's sessions to keep this fact.
+func CommittedLocallyNotice(n *pgconn.Notice) bool {
+	if n == nil {
+		return false
+	}
+	s := n.SeverityUnlocalized
+	if s == "" {
+		s = n.Severity
+	}
+	if s != "WARNING" {
+		return false
+	}
+	switch n.Code {
+	case SQLStateAdminShutdown:
+		return true
+	case SQLStateWarning:
+		return strings.Contains(n.Detail, "committed locally")
+	}
+	return false
+}
+
+// NoTransactionNotice reports whether n is the WARNING 25P01 "there is no transaction in
+// progress" that PostgreSQL sends for a COMMIT or ROLLBACK outside a transaction: such a
+// COMMIT answers with the tag COMMIT yet committed nothing.
+func NoTransactionNotice(n *pgconn.Notice) bool {
+	return n != nil && n.Code == SQLStateNoActiveTransaction
+}

@@ -1,0 +1,160 @@
+package otelpgxtx
+
+import (
+	"context"
+	"sync/atomic"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"go.opentelemetry.io/otel/trace"
+
+	"github.com/txevidence/otelpgxtx/classifier"
+	"github.com/txevidence/otelpgxtx/outcome"
+)
+
+// frame is one physical transaction as the instrumentation sees it. Its depth, parent,
+// connection and id are fixed at creation; its phase moves on each transition.
+//
+// The owning connection's goroutine changes it; other goroutines only read its phase
+// and end state (atomics) and add events to its span (which is safe for concurrent use).
+type frame struct {
+	t      *Tracer
+	span   trace.Span
+	id     outcome.OperationID
+	depth  int
+	parent *frame // the suspended outer frame, or nil
+	conn   *pgconn.PgConn
+	start  time.Time
+
+	phase atomic.Uint32 // outcome.Phase
+	done  atomic.Bool   // the evidence is in: the frame left its connection
+	ended atomic.Bool   // the span was ended
+
+	committingAt     time.Time
+	doneAt           time.Time
+	committedLocally bool
+	firstErr         classifier.Verdict // the first statement failure, if any
+	hasErr           bool
+	verdict          classifier.Verdict // the final verdict, once done
+	isolation        string
+	accessMode       string
+
+	// Set by the executor.
+	managed     bool  // the executor ends the span, after post-commit work
+	cause       error // why the executor rolled back
+	propagation string
+	attempt     int
+	ref         *outcome.ReconciliationRef
+}
+
+func (f *frame) currentPhase() outcome.Phase { return outcome.Phase(f.phase.Load()) }
+
+// open reports whether f's transaction is still going on.
+func (f *frame) open() bool { return !f.done.Load() }
+
+// connState is what the tracer keeps on one connection, in its CustomData.
+type connState struct {
+	frame   *frame
+	queries []queryState // started, not yet ended (a busy conn can nest a failed call)
+
+	// The cluster identity, read once per connection for reconciliation references.
+	systemID uint64
+	timeline uint32
+}
+
+// queryState is what a statement's start hands to its end.
+type queryState struct {
+	ctx       context.Context // what Start returned: End gets it back
+	set       stmtSet
+	frame     *frame
+	savepoint string
+	batch     batchFacts
+}
+
+// batchFacts collects per-query results of a batch until its end, when TxStatus is
+// valid again.
+type batchFacts struct {
+	err         error
+	rollbackTag bool
+}
+
+// stateKey is the CustomData key; the map belongs to the connection, so a pooled
+// connection's state goes wherever the connection goes, and dies with it.
+const stateKey = "github.com/txevidence/otelpgxtx.state"
+
+func stateOf(pg *pgconn.PgConn) *connState {
+	if pg == nil {
+		return nil
+	}
+	data := pg.CustomData()
+	if data == nil {
+		return nil
+	}
+	st, _ := data[stateKey].(*connState)
+	if st == nil {
+		st = &connState{queries: make([]queryState, 0, 2)}
+		data[stateKey] = st
+	}
+	return st
+}
+
+func connStateOf(conn *pgx.Conn) *connState {
+	if conn == nil {
+		return nil
+	}
+	return stateOf(conn.PgConn())
+}
+
+func (st *connState) push(q queryState) { st.queries = append(st.queries, q) }
+
+// pop removes and returns the query whose Start returned ctx; the last one if none did.
+func (st *connState) pop(ctx context.Context) queryState {
+	n := len(st.queries)
+	if n == 0 {
+		return queryState{}
+	}
+	i := n - 1
+	for j := n - 1; j >= 0; j-- {
+		if st.queries[j].ctx == ctx {
+			i = j
+			break
+		}
+	}
+	q := st.queries[i]
+	copy(st.queries[i:], st.queries[i+1:])
+	st.queries[n-1] = queryState{}
+	st.queries = st.queries[:n-1]
+	return q
+}
+
+// top returns the innermost running query, for batch-query hooks.
+func (st *connState) top(ctx context.Context) *queryState {
+	for j := len(st.queries) - 1; j >= 0; j-- {
+		if st.queries[j].ctx == ctx {
+			return &st.queries[j]
+		}
+	}
+	if n := len(st.queries); n > 0 {
+		return &st.queries[n-1]
+	}
+	return nil
+}
+
+// Frames travel in contexts as an immutable linked list: a context holds the innermost
+// frame, which points to its suspended parent. No cleanup can resurrect a frame there:
+// a finished frame is skipped, never reused.
+type frameKey struct{}
+
+func contextWithFrame(ctx context.Context, f *frame) context.Context {
+	return context.WithValue(ctx, frameKey{}, f)
+}
+
+// openFrameFromContext returns the innermost frame in ctx whose transaction is open.
+func openFrameFromContext(ctx context.Context) *frame {
+	f, _ := ctx.Value(frameKey{}).(*frame)
+	for f != nil && !f.open() {
+		f = f.parent
+	}
+	return f
+}

@@ -1,0 +1,30 @@
+package otelpgxtx
+
+import (
+	"context"
+	"log/slog"
+)
+
+// logIndeterminate writes one record per indeterminate frame, so that an unknown commit
+// survives trace sampling: the operation id and reference are what reconciliation needs.
+func (t *Tracer) logIndeterminate(f *frame) {
+	l := t.cfg.logger
+	if l == nil {
+		return
+	}
+	attrs := []slog.Attr{
+		slog.String(string(OperationIDKey), f.id.String()),
+		slog.String(string(PhaseKey), f.currentPhase().String()),
+		slog.String("error.type", f.verdict.Reason()),
+	}
+	if sc := f.span.SpanContext(); sc.HasTraceID() {
+		attrs = append(attrs, slog.String("trace_id", sc.TraceID().String()), slog.String("span_id", sc.SpanID().String()))
+	}
+	if f.ref != nil {
+		attrs = append(attrs, slog.String(string(ReconciliationRefKey), f.ref.String()))
+	}
+	if f.committedLocally {
+		attrs = append(attrs, slog.Bool(string(CommittedLocallyKey), true))
+	}
+	l.LogAttrs(context.Background(), slog.LevelWarn, "transaction commit outcome is indeterminate: do not replay it; reconcile it", attrs...)
+}

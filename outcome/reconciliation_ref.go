@@ -1,0 +1,68 @@
+package outcome
+
+import (
+	"fmt"
+	"strconv"
+	"strings"
+)
+
+// ReconciliationRef is a durable reference to one physical transaction, enough to ask
+// PostgreSQL later whether it committed: the transaction's xid8 read before COMMIT was
+// sent, and the identity of the cluster history that assigned it (system identifier and
+// timeline). An xid is only meaningful on the same system identifier and timeline: after
+// a failover the same number may name another transaction.
+//
+// XID 0 (InvalidTransactionId, never assigned to a transaction) means the transaction had
+// no xid when COMMIT was sent: it wrote nothing, so its commit changes nothing.
+type ReconciliationRef struct {
+	XID              uint64
+	SystemIdentifier uint64
+	Timeline         uint32
+}
+
+// NewReconciliationRef returns a reference, refusing a zero system identifier or timeline
+// (no PostgreSQL cluster has either).
+func NewReconciliationRef(xid, systemIdentifier uint64, timeline uint32) (ReconciliationRef, error) {
+	r := ReconciliationRef{XID: xid, SystemIdentifier: systemIdentifier, Timeline: timeline}
+	if err := r.Validate(); err != nil {
+		return ReconciliationRef{}, err
+	}
+	return r, nil
+}
+
+// Validate reports whether r names a cluster history: a zero system identifier or
+// timeline is malformed.
+func (r ReconciliationRef) Validate() error {
+	if r.SystemIdentifier == 0 {
+		return fmt.Errorf("outcome: malformed reconciliation reference %s: zero system identifier", r)
+	}
+	if r.Timeline == 0 {
+		return fmt.Errorf("outcome: malformed reconciliation reference %s: zero timeline", r)
+	}
+	return nil
+}
+
+// NoWrites reports whether the transaction had no xid when COMMIT was sent.
+func (r ReconciliationRef) NoWrites() bool { return r.XID == 0 }
+
+// String returns "pg:<system identifier>/<timeline>/<xid8>", the form [ParseReconciliationRef] reads.
+func (r ReconciliationRef) String() string {
+	return "pg:" + strconv.FormatUint(r.SystemIdentifier, 10) + "/" +
+		strconv.FormatUint(uint64(r.Timeline), 10) + "/" + strconv.FormatUint(r.XID, 10)
+}
+
+// ParseReconciliationRef parses the form produced by [ReconciliationRef.String].
+func ParseReconciliationRef(s string) (ReconciliationRef, error) {
+	rest, ok := strings.CutPrefix(s, "pg:")
+	parts := strings.Split(rest, "/")
+	if !ok || len(parts) != 3 {
+		return ReconciliationRef{}, fmt.Errorf("outcome: malformed reconciliation reference %q: want pg:<system identifier>/<timeline>/<xid8>", s)
+	}
+	sys, err1 := strconv.ParseUint(parts[0], 10, 64)
+	tli, err2 := strconv.ParseUint(parts[1], 10, 32)
+	xid, err3 := strconv.ParseUint(parts[2], 10, 64)
+	if err1 != nil || err2 != nil || err3 != nil {
+		return ReconciliationRef{}, fmt.Errorf("outcome: malformed reconciliation reference %q: fields must be decimal numbers", s)
+	}
+	return NewReconciliationRef(xid, sys, uint32(tli))
+}

@@ -1,0 +1,186 @@
+package otelpgxtx
+
+import (
+	"context"
+	"strconv"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/trace"
+
+	"github.com/txevidence/otelpgxtx/classifier"
+	"github.com/txevidence/otelpgxtx/outcome"
+)
+
+// phaseEvents are the event names per phase, built once so a transition allocates no name.
+var phaseEvents = func() (names [outcome.PhaseUnknown + 1]string) {
+	for p := range names {
+		names[p] = EventPhasePrefix + outcome.Phase(p).String()
+	}
+	return names
+}()
+
+// startFrame begins a frame for a transaction that conn is beginning. Its span is a child
+// of the span in ctx; if ctx carries an open frame on another connection, that frame is
+// suspended and the new one is one level deeper.
+func (t *Tracer) startFrame(ctx context.Context, conn *pgx.Conn, st *connState, phase outcome.Phase) *frame {
+	f := &frame{t: t, conn: conn.PgConn(), id: outcome.NewOperationID(), start: time.Now()}
+	if outer := openFrameFromContext(ctx); outer != nil && outer.conn != f.conn {
+		f.parent, f.depth = outer, outer.depth+1
+	}
+	_, f.span = t.tracer.Start(ctx, t.cfg.spanName, trace.WithSpanKind(trace.SpanKindClient), trace.WithTimestamp(f.start))
+	if f.span.IsRecording() {
+		// Set after Start rather than passed to it, so an unsampled frame allocates nothing for them.
+		cfg := conn.Config()
+		f.span.SetAttributes(
+			dbSystemPostgreSQL,
+			dbNamespaceKey.String(cfg.Database),
+			serverAddressKey.String(cfg.Host),
+			serverPortKey.Int(int(cfg.Port)),
+			OperationIDKey.String(f.id.String()),
+			FrameDepthKey.Int(f.depth),
+		)
+		if len(t.cfg.attributes) > 0 {
+			f.span.SetAttributes(t.cfg.attributes...)
+		}
+	}
+	if f.parent != nil && f.parent.span.IsRecording() {
+		f.parent.span.AddEvent(EventSuspended, trace.WithAttributes(OperationIDKey.String(f.id.String())))
+	}
+	if phase != outcome.PhaseNotStarted {
+		f.transition(phase)
+	}
+	st.frame = f
+	return f
+}
+
+// transition moves f to phase to and records the event. An illegal transition is a bug
+// in the caller; it is ignored rather than allowed to corrupt the evidence.
+func (f *frame) transition(to outcome.Phase) bool {
+	from := f.currentPhase()
+	if !outcome.CanTransition(from, to) {
+		return false
+	}
+	f.phase.Store(uint32(to))
+	if to == outcome.PhaseCommitting {
+		f.committingAt = time.Now()
+	}
+	if f.span.IsRecording() {
+		f.span.AddEvent(phaseEvents[to])
+	}
+	return true
+}
+
+// finish records the verdict: the terminal phase, and the frame leaves its connection.
+// Unless the executor manages the frame, the span ends too. It runs at most once.
+func (f *frame) finish(st *connState, v classifier.Verdict) {
+	if !f.done.CompareAndSwap(false, true) {
+		return
+	}
+	var to outcome.Phase
+	switch v.Evidence() {
+	case classifier.EvidenceCommitted:
+		to = outcome.PhaseCommitted
+	case classifier.EvidenceUnknown:
+		to = outcome.PhaseUnknown
+	default:
+		to = outcome.PhaseRolledBack
+	}
+	if !f.transition(to) && f.currentPhase() != to {
+		// Only committing may become unknown or committed (the classifier guarantees
+		// it); anything else is recorded as the rollback it must be.
+		f.transition(outcome.PhaseRolledBack)
+	}
+	if v.CommittedLocally() {
+		f.committedLocally = true
+	}
+	f.verdict = v
+	f.doneAt = time.Now()
+	if st != nil && st.frame == f {
+		st.frame = nil
+	}
+	if f.parent != nil && f.parent.span.IsRecording() {
+		f.parent.span.AddEvent(EventResumed, trace.WithAttributes(OperationIDKey.String(f.id.String())))
+	}
+	if !f.managed {
+		f.end(f.outcomeOf(), nil)
+	}
+}
+
+// outcomeOf maps the terminal phase to the frame's outcome.
+func (f *frame) outcomeOf() outcome.Outcome {
+	switch f.currentPhase() {
+	case outcome.PhaseCommitted:
+		return outcome.OutcomeCommitted
+	case outcome.PhaseUnknown:
+		return outcome.OutcomeIndeterminate
+	}
+	return outcome.OutcomeRolledBack
+}
+
+// end writes the outcome attributes and status and ends the span, exactly once.
+// postCommitErr is the follow-up failure of a committed_with_post_commit_failure frame.
+func (f *frame) end(o outcome.Outcome, postCommitErr error) {
+	if !f.ended.CompareAndSwap(false, true) {
+		return
+	}
+	now := time.Now()
+	f.t.metrics.record(o, f, now)
+	if o == outcome.OutcomeIndeterminate {
+		f.t.logIndeterminate(f)
+	}
+	if !f.span.IsRecording() {
+		f.span.End(trace.WithTimestamp(now))
+		return
+	}
+	v := f.verdict
+	attrs := make([]attribute.KeyValue, 0, 12)
+	attrs = append(attrs, OutcomeKey.String(o.String()), PhaseKey.String(f.currentPhase().String()))
+	if f.isolation != "" {
+		attrs = append(attrs, IsolationKey.String(f.isolation))
+	}
+	if f.accessMode != "" {
+		attrs = append(attrs, AccessModeKey.String(f.accessMode))
+	}
+	if f.propagation != "" {
+		attrs = append(attrs, PropagationKey.String(f.propagation))
+	}
+	if f.attempt > 0 {
+		attrs = append(attrs, AttemptKey.Int(f.attempt))
+	}
+	if f.ref != nil {
+		attrs = append(attrs, ReconciliationRefKey.String(f.ref.String()))
+		if !f.ref.NoWrites() {
+			attrs = append(attrs, ReconciliationXIDKey.String(strconv.FormatUint(f.ref.XID, 10)))
+		}
+	}
+	if f.committedLocally {
+		attrs = append(attrs, CommittedLocallyKey.Bool(true))
+	}
+	if v.SQLState() != "" {
+		attrs = append(attrs, dbResponseStatusKey.String(v.SQLState()))
+	}
+	switch o {
+	case outcome.OutcomeCommitted, outcome.OutcomeCommittedWithPostCommitFailure:
+		if f.t.cfg.status == StatusOkOnCommit {
+			f.span.SetStatus(codes.Ok, "")
+		}
+	case outcome.OutcomeRolledBack:
+		attrs = append(attrs, RetryableKey.Bool(v.Retryable()))
+		// A deliberate rollback with nothing gone wrong is not an error.
+		if f.hasErr || f.cause != nil || v.Reason() != classifier.ReasonRolledBack {
+			attrs = append(attrs, errorTypeKey.String(v.Reason()))
+			f.span.SetStatus(codes.Error, StatusDescriptionRolledBack)
+		}
+	case outcome.OutcomeIndeterminate:
+		// Neither Ok nor Error: nothing was determined. tx.outcome says which.
+		attrs = append(attrs, errorTypeKey.String(v.Reason()))
+	}
+	f.span.SetAttributes(attrs...)
+	if postCommitErr != nil {
+		f.span.AddEvent(EventPostCommitFailed)
+	}
+	f.span.End(trace.WithTimestamp(now))
+}

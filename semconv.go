@@ -1,0 +1,64 @@
+package otelpgxtx
+
+import "go.opentelemetry.io/otel/attribute"
+
+// Attribute keys of the frame span (DESIGN.md §4). They are a public contract: dashboards
+// and alert rules select on them.
+const (
+	// OutcomeKey is tx.outcome: one of the five outcome strings, always set at the end.
+	OutcomeKey = attribute.Key("tx.outcome")
+	// PhaseKey is tx.phase: the last observed phase.
+	PhaseKey = attribute.Key("tx.phase")
+	// OperationIDKey is tx.operation_id: the frame's operation id.
+	OperationIDKey = attribute.Key("tx.operation_id")
+	// FrameDepthKey is tx.frame.depth: 0 for a top-level transaction, n for one begun
+	// while n others are suspended.
+	FrameDepthKey = attribute.Key("tx.frame.depth")
+	// PropagationKey is tx.propagation, set by the executor.
+	PropagationKey = attribute.Key("tx.propagation")
+	// IsolationKey is tx.isolation, as pgx spells it ("serializable", "read committed").
+	IsolationKey = attribute.Key("tx.isolation")
+	// AccessModeKey is tx.access_mode ("read write", "read only").
+	AccessModeKey = attribute.Key("tx.access_mode")
+	// AttemptKey is tx.attempt: 1 for the first attempt of an executor call.
+	AttemptKey = attribute.Key("tx.attempt")
+	// ReconciliationXIDKey is tx.reconciliation.xid: the xid8 captured before COMMIT.
+	ReconciliationXIDKey = attribute.Key("tx.reconciliation.xid")
+	// ReconciliationRefKey is tx.reconciliation.ref: the whole reconciliation reference.
+	ReconciliationRefKey = attribute.Key("tx.reconciliation.ref")
+	// CommittedLocallyKey is tx.commit.committed_locally: the server said the commit is in
+	// its local WAL but synchronous replication was not confirmed.
+	CommittedLocallyKey = attribute.Key("tx.commit.committed_locally")
+	// RetryableKey is tx.retryable, set on rolled-back frames.
+	RetryableKey = attribute.Key("tx.retryable")
+	// ResolvedOutcomeKey is tx.outcome.resolved, on reconciliation spans.
+	ResolvedOutcomeKey = attribute.Key("tx.outcome.resolved")
+	// SavepointNameKey is tx.savepoint.name, on savepoint events.
+	SavepointNameKey = attribute.Key("tx.savepoint.name")
+
+	// Semantic-convention keys.
+	dbSystemNameKey     = attribute.Key("db.system.name")
+	dbNamespaceKey      = attribute.Key("db.namespace")
+	dbResponseStatusKey = attribute.Key("db.response.status_code")
+	serverAddressKey    = attribute.Key("server.address")
+	serverPortKey       = attribute.Key("server.port")
+	errorTypeKey        = attribute.Key("error.type")
+)
+
+// Event names on the frame span.
+const (
+	EventPhasePrefix         = "tx.phase."
+	EventSuspended           = "tx.suspended"
+	EventResumed             = "tx.resumed"
+	EventSavepointCreated    = "tx.savepoint.created"
+	EventSavepointReleased   = "tx.savepoint.released"
+	EventSavepointRolledBack = "tx.savepoint.rolled_back"
+	EventRetry               = "tx.retry"
+	EventPostCommitFailed    = "tx.post_commit.failed"
+)
+
+// StatusDescriptionRolledBack is the fixed description of the Error status of a
+// rolled-back frame; the cause is in error.type and db.response.status_code.
+const StatusDescriptionRolledBack = "transaction rolled back"
+
+var dbSystemPostgreSQL = dbSystemNameKey.String("postgresql")

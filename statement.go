@@ -1,0 +1,271 @@
+package otelpgxtx
+
+import "strings"
+
+// stmtKind is what a statement does to the session's transaction.
+type stmtKind uint8
+
+const (
+	stmtOther         stmtKind = iota
+	stmtBegin                  // BEGIN …, START TRANSACTION …
+	stmtCommit                 // COMMIT, END (also … AND NO CHAIN)
+	stmtCommitChain            // COMMIT AND CHAIN: commits, then begins a new transaction
+	stmtRollback               // ROLLBACK, ABORT
+	stmtRollbackChain          // ROLLBACK AND CHAIN
+	stmtSavepoint              // SAVEPOINT name
+	stmtRelease                // RELEASE [SAVEPOINT] name
+	stmtRollbackTo             // ROLLBACK [WORK|TRANSACTION] TO [SAVEPOINT] name
+)
+
+// stmtSet is what a query string does, as a set of kinds. Nearly every query holds one
+// statement; a simple-protocol string may hold several ("begin; …; commit").
+type stmtSet uint16
+
+func (s stmtSet) has(k stmtKind) bool { return s&(1<<k) != 0 }
+
+func (s stmtSet) commits() bool   { return s.has(stmtCommit) || s.has(stmtCommitChain) }
+func (s stmtSet) rollsBack() bool { return s.has(stmtRollback) || s.has(stmtRollbackChain) }
+func (s stmtSet) chains() bool    { return s.has(stmtCommitChain) || s.has(stmtRollbackChain) }
+func (s stmtSet) savepoint() bool {
+	return s.has(stmtSavepoint) || s.has(stmtRelease) || s.has(stmtRollbackTo)
+}
+
+// classifyStatements returns what sql does to the transaction. It reads only the leading
+// keywords of each statement, skips comments and white space, and ignores case; it splits
+// on semicolons outside quotes, quoted identifiers, dollar quotes and comments.
+func classifyStatements(sql string) stmtSet {
+	kind, rest := classifyOne(sql)
+	set := stmtSet(1) << kind
+	// The common case is a single statement: one IndexByte, no allocation.
+	for strings.IndexByte(rest, ';') >= 0 {
+		end := statementEnd(rest)
+		if end >= len(rest) {
+			break
+		}
+		rest = rest[end+1:]
+		kind, rest = classifyOne(rest)
+		set |= 1 << kind
+	}
+	if set != 1<<stmtOther {
+		set &^= 1 << stmtOther
+	}
+	return set
+}
+
+// classifyOne classifies the statement at the start of sql and returns the text after
+// its leading keywords.
+func classifyOne(sql string) (stmtKind, string) {
+	w1, rest := nextWord(sql)
+	switch {
+	case eq(w1, "begin"):
+		return stmtBegin, rest
+	case eq(w1, "start"):
+		if w2, r := nextWord(rest); eq(w2, "transaction") {
+			return stmtBegin, r
+		}
+	case eq(w1, "commit"), eq(w1, "end"):
+		w2, r := nextWord(rest)
+		if eq(w2, "prepared") {
+			return stmtOther, rest // COMMIT PREPARED runs outside a transaction
+		}
+		if eq(w2, "work") || eq(w2, "transaction") {
+			w2, r = nextWord(r)
+		}
+		return endKind(w2, r, stmtCommit, stmtCommitChain)
+	case eq(w1, "rollback"), eq(w1, "abort"):
+		w2, r := nextWord(rest)
+		if eq(w2, "prepared") && eq(w1, "rollback") {
+			return stmtOther, rest
+		}
+		if eq(w2, "work") || eq(w2, "transaction") {
+			w2, r = nextWord(r)
+		}
+		if eq(w2, "to") && eq(w1, "rollback") {
+			return stmtRollbackTo, r
+		}
+		return endKind(w2, r, stmtRollback, stmtRollbackChain)
+	case eq(w1, "savepoint"):
+		return stmtSavepoint, rest
+	case eq(w1, "release"):
+		return stmtRelease, rest
+	}
+	return stmtOther, rest
+}
+
+// endKind reads an optional "AND [NO] CHAIN" after COMMIT or ROLLBACK.
+func endKind(w, rest string, plain, chain stmtKind) (stmtKind, string) {
+	if !eq(w, "and") {
+		return plain, rest
+	}
+	w2, r := nextWord(rest)
+	if eq(w2, "chain") {
+		return chain, r
+	}
+	return plain, r
+}
+
+func eq(word, keyword string) bool {
+	return len(word) == len(keyword) && strings.EqualFold(word, keyword)
+}
+
+// nextWord skips white space and comments and returns the keyword-like word at the
+// start of s (letters and underscores) and what follows it.
+func nextWord(s string) (string, string) {
+	s = skipSpace(s)
+	i := 0
+	for i < len(s) && (isLetter(s[i]) || s[i] == '_') {
+		i++
+	}
+	return s[:i], s[i:]
+}
+
+func isLetter(c byte) bool { return c|0x20 >= 'a' && c|0x20 <= 'z' }
+
+func skipSpace(s string) string {
+	for len(s) > 0 {
+		switch c := s[0]; {
+		case c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\f' || c == '\v':
+			s = s[1:]
+		case strings.HasPrefix(s, "--"):
+			i := strings.IndexByte(s, '\n')
+			if i < 0 {
+				return ""
+			}
+			s = s[i+1:]
+		case strings.HasPrefix(s, "/*"):
+			s = s[blockCommentEnd(s):]
+		default:
+			return s
+		}
+	}
+	return s
+}
+
+// blockCommentEnd returns the index just after the (nestable) block comment at s[0].
+func blockCommentEnd(s string) int {
+	depth := 0
+	for i := 0; i+1 < len(s); i++ {
+		switch {
+		case s[i] == '/' && s[i+1] == '*':
+			depth++
+			i++
+		case s[i] == '*' && s[i+1] == '/':
+			depth--
+			i++
+			if depth == 0 {
+				return i + 1
+			}
+		}
+	}
+	return len(s)
+}
+
+// statementEnd returns the index of the first semicolon in s that ends a statement, or
+// len(s).
+func statementEnd(s string) int {
+	for i := 0; i < len(s); i++ {
+		switch c := s[i]; c {
+		case ';':
+			return i
+		case '\'':
+			escapes := i > 0 && (s[i-1] == 'e' || s[i-1] == 'E')
+			i = quoteEnd(s, i, '\'', escapes)
+		case '"':
+			i = quoteEnd(s, i, '"', false)
+		case '-':
+			if i+1 < len(s) && s[i+1] == '-' {
+				j := strings.IndexByte(s[i:], '\n')
+				if j < 0 {
+					return len(s)
+				}
+				i += j
+			}
+		case '/':
+			if i+1 < len(s) && s[i+1] == '*' {
+				i += blockCommentEnd(s[i:]) - 1
+			}
+		case '$':
+			i = dollarQuoteEnd(s, i)
+		}
+	}
+	return len(s)
+}
+
+// quoteEnd returns the index of the quote that closes the one at s[i]; a doubled quote
+// is part of the text, and so is a backslash-escaped one in an E” string.
+func quoteEnd(s string, i int, q byte, escapes bool) int {
+	for j := i + 1; j < len(s); j++ {
+		switch {
+		case escapes && s[j] == '\\':
+			j++
+		case s[j] == q:
+			if j+1 < len(s) && s[j+1] == q {
+				j++
+				continue
+			}
+			return j
+		}
+	}
+	return len(s)
+}
+
+// dollarQuoteEnd returns the index of the last byte of the dollar-quoted string that
+// starts at s[i] ($tag$…$tag$), or i when s[i] starts no dollar quote (a $1 parameter).
+func dollarQuoteEnd(s string, i int) int {
+	j := i + 1
+	for j < len(s) && (isLetter(s[j]) || s[j] == '_' || (j > i+1 && s[j] >= '0' && s[j] <= '9')) {
+		j++
+	}
+	if j >= len(s) || s[j] != '$' {
+		return i
+	}
+	tag := s[i : j+1]
+	k := strings.Index(s[j+1:], tag)
+	if k < 0 {
+		return len(s)
+	}
+	return j + 1 + k + len(tag) - 1
+}
+
+// beginOptions reads the isolation level and access mode from the text after BEGIN or
+// START TRANSACTION. It returns pgx's spellings ("repeatable read", "read only"), or ""
+// where the statement does not say.
+func beginOptions(rest string) (isolation, accessMode string) {
+	for {
+		w, r := nextWord(rest)
+		switch {
+		case w == "":
+			r = skipSpace(r)
+			if r == "" || r[0] != ',' {
+				return isolation, accessMode
+			}
+			r = r[1:]
+		case eq(w, "isolation"):
+			_, r = nextWord(r) // LEVEL
+			a, r2 := nextWord(r)
+			b, r3 := nextWord(r2)
+			switch {
+			case eq(a, "serializable"):
+				isolation, r = "serializable", r2
+			case eq(a, "repeatable"):
+				isolation, r = "repeatable read", r3
+			case eq(a, "read") && eq(b, "committed"):
+				isolation, r = "read committed", r3
+			case eq(a, "read") && eq(b, "uncommitted"):
+				isolation, r = "read uncommitted", r3
+			}
+		case eq(w, "read"):
+			b, r2 := nextWord(r)
+			switch {
+			case eq(b, "only"):
+				accessMode, r = "read only", r2
+			case eq(b, "write"):
+				accessMode, r = "read write", r2
+			}
+		}
+		if len(r) >= len(rest) {
+			return isolation, accessMode // no progress: text we do not read
+		}
+		rest = r
+	}
+}
