@@ -1,0 +1,625 @@
+package otelpgxtx
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/sdk/trace/tracetest"
+	"go.opentelemetry.io/otel/trace"
+
+	"github.com/txevidence/otelpgxtx/internal/pgtest"
+)
+
+var tableSeq atomic.Int64
+
+// newTable creates a fresh table (id int primary key) with a deferred unique column, so
+// that a violation can be made to surface at COMMIT.
+func newTable(t *testing.T, ctx context.Context) string {
+	t.Helper()
+	name := fmt.Sprintf("t_%s_%d", strings.ToLower(strings.NewReplacer("/", "_", "-", "_").Replace(t.Name())), tableSeq.Add(1))
+	if len(name) > 60 {
+		name = fmt.Sprintf("t_%d", tableSeq.Add(1))
+	}
+	if err := srv.Exec(ctx, "create table "+name+" (id int primary key, k int unique deferrable initially deferred, v int)"); err != nil {
+		t.Fatal(err)
+	}
+	return name
+}
+
+func rowExists(t *testing.T, ctx context.Context, table string, id int) bool {
+	t.Helper()
+	conn, err := srv.Conn(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	var n int
+	if err := conn.QueryRow(ctx, "select count(*) from "+table+" where id = $1", id).Scan(&n); err != nil {
+		t.Fatal(err)
+	}
+	return n > 0
+}
+
+// onlyFrame returns the single frame span, failing otherwise.
+func onlyFrame(t *testing.T, h *harness) tracetest.SpanStub {
+	t.Helper()
+	fs := h.frames()
+	if len(fs) != 1 {
+		t.Fatalf("want 1 frame span, got %d: %v", len(fs), names(fs))
+	}
+	return fs[0]
+}
+
+func names(ss []tracetest.SpanStub) []string {
+	out := make([]string, len(ss))
+	for i, s := range ss {
+		out[i] = s.Name + "/" + fmt.Sprint(s.Attributes)
+	}
+	return out
+}
+
+func wantEvents(t *testing.T, s tracetest.SpanStub, want ...string) {
+	t.Helper()
+	if got := eventNames(s); !slices.Equal(got, want) {
+		t.Fatalf("events of %q in time order = %v, want %v", s.Name, got, want)
+	}
+}
+
+func wantStatus(t *testing.T, s tracetest.SpanStub, code codes.Code, desc string) {
+	t.Helper()
+	if s.Status.Code != code || s.Status.Description != desc {
+		t.Fatalf("status = %v %q, want %v %q", s.Status.Code, s.Status.Description, code, desc)
+	}
+}
+
+func wantAttr(t *testing.T, s tracetest.SpanStub, k, want string) {
+	t.Helper()
+	if got := attrString(t, s, attributeKey(k)); got != want {
+		t.Fatalf("%s = %q, want %q", k, got, want)
+	}
+}
+
+// wantStatementChildren asserts that the frame has statement spans (from otelpgx) as
+// children whose query texts are want, in order.
+func wantStatementChildren(t *testing.T, h *harness, f tracetest.SpanStub, want ...string) {
+	t.Helper()
+	var got []string
+	kids := h.children(f)
+	slices.SortFunc(kids, func(a, b tracetest.SpanStub) int { return a.StartTime.Compare(b.StartTime) })
+	for _, c := range kids {
+		if v, ok := attr(c, "db.query.text"); ok {
+			got = append(got, v.AsString())
+		}
+	}
+	if !slices.Equal(got, want) {
+		t.Fatalf("statement children of the frame = %q, want %q", got, want)
+	}
+}
+
+// rootSpan starts a test span to parent the frame.
+func rootSpan(ctx context.Context, h *harness) (context.Context, trace.Span) {
+	return h.tp.Tracer("test").Start(ctx, "test-root")
+}
+
+func wantParent(t *testing.T, f tracetest.SpanStub, parent trace.Span) {
+	t.Helper()
+	if f.Parent.SpanID() != parent.SpanContext().SpanID() {
+		t.Fatalf("frame parent = %v, want the test root span %v", f.Parent.SpanID(), parent.SpanContext().SpanID())
+	}
+}
+
+// frameContract asserts what every frame span has whatever its outcome.
+func frameContract(t *testing.T, f tracetest.SpanStub, depth int) {
+	t.Helper()
+	if f.Name != DefaultSpanName || f.SpanKind != trace.SpanKindClient {
+		t.Fatalf("frame span = %q kind %v, want %q CLIENT", f.Name, f.SpanKind, DefaultSpanName)
+	}
+	wantAttr(t, f, "db.system.name", "postgresql")
+	wantAttr(t, f, "db.namespace", "postgres")
+	wantAttr(t, f, "server.address", "127.0.0.1")
+	wantAttr(t, f, "tx.frame.depth", fmt.Sprint(depth))
+	if id := attrString(t, f, OperationIDKey); len(id) != 32 {
+		t.Fatalf("tx.operation_id = %q, want 32 hex digits", id)
+	}
+	if _, ok := attr(f, serverPortKey); !ok {
+		t.Fatal("no server.port")
+	}
+}
+
+func TestSpanCommitted(t *testing.T) {
+	ctx := testCtx(t)
+	h := newHarness(t, "", 2)
+	table := newTable(t, ctx)
+	rctx, root := rootSpan(ctx, h)
+	tx, err := h.pool.BeginTx(rctx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ins := "insert into " + table + " (id, k) values (1, 1)"
+	if _, err := tx.Exec(rctx, ins); err != nil {
+		t.Fatal(err)
+	}
+	if err := tx.Commit(rctx); err != nil {
+		t.Fatal(err)
+	}
+	root.End()
+
+	f := onlyFrame(t, h)
+	frameContract(t, f, 0)
+	wantParent(t, f, root)
+	wantAttr(t, f, "tx.outcome", "committed")
+	wantAttr(t, f, "tx.phase", "committed")
+	wantAttr(t, f, "tx.isolation", "repeatable read")
+	wantEvents(t, f, "tx.phase.active", "tx.phase.committing", "tx.phase.committed")
+	wantStatus(t, f, codes.Ok, "")
+	wantStatementChildren(t, h, f, "begin isolation level repeatable read", ins, "commit")
+	if _, ok := attr(f, errorTypeKey); ok {
+		t.Fatal("a committed frame has error.type")
+	}
+	if !rowExists(t, ctx, table, 1) {
+		t.Fatal("row absent after a committed outcome")
+	}
+}
+
+func TestSpanStrictStatus(t *testing.T) {
+	ctx := testCtx(t)
+	h := newHarness(t, "", 1, WithStatusMapping(StatusStrict), WithSpanName("checkout"))
+	tx, err := h.pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := tx.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	f := onlyFrame(t, h)
+	if f.Name != "checkout" {
+		t.Fatalf("name = %q", f.Name)
+	}
+	wantAttr(t, f, "tx.outcome", "committed")
+	wantStatus(t, f, codes.Unset, "")
+}
+
+func TestSpanDeliberateRollback(t *testing.T) {
+	ctx := testCtx(t)
+	h := newHarness(t, "", 1)
+	table := newTable(t, ctx)
+	tx, err := h.pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tx.Exec(ctx, "insert into "+table+" (id, k) values (1, 1)"); err != nil {
+		t.Fatal(err)
+	}
+	if err := tx.Rollback(ctx); err != nil {
+		t.Fatal(err)
+	}
+	f := onlyFrame(t, h)
+	frameContract(t, f, 0)
+	wantAttr(t, f, "tx.outcome", "rolled_back")
+	wantAttr(t, f, "tx.phase", "rolled_back")
+	wantEvents(t, f, "tx.phase.active", "tx.phase.rolled_back")
+	wantStatus(t, f, codes.Unset, "")
+	if rowExists(t, ctx, table, 1) {
+		t.Fatal("row present after rollback")
+	}
+}
+
+func TestSpanRollbackAfterStatementError(t *testing.T) {
+	ctx := testCtx(t)
+	h := newHarness(t, "", 1)
+	tx, err := h.pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tx.Exec(ctx, "select 1/0"); err == nil {
+		t.Fatal("division by zero succeeded")
+	}
+	if err := tx.Rollback(ctx); err != nil {
+		t.Fatal(err)
+	}
+	f := onlyFrame(t, h)
+	wantAttr(t, f, "tx.outcome", "rolled_back")
+	wantAttr(t, f, "db.response.status_code", "22012")
+	wantAttr(t, f, "error.type", "server_error")
+	wantStatus(t, f, codes.Error, StatusDescriptionRolledBack)
+}
+
+func TestSpanDeferredConstraintAtCommit(t *testing.T) {
+	ctx := testCtx(t)
+	h := newHarness(t, "", 1)
+	table := newTable(t, ctx)
+	if err := srv.Exec(ctx, "insert into "+table+" (id, k) values (1, 7)"); err != nil {
+		t.Fatal(err)
+	}
+	tx, err := h.pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tx.Exec(ctx, "insert into "+table+" (id, k) values (2, 7)"); err != nil {
+		t.Fatal(err) // deferred: the violation waits for COMMIT
+	}
+	err = tx.Commit(ctx)
+	var pgErr *pgconn.PgError
+	if !errors.As(err, &pgErr) || pgErr.Code != "23505" {
+		t.Fatalf("commit error = %v, want 23505", err)
+	}
+	f := onlyFrame(t, h)
+	frameContract(t, f, 0)
+	wantAttr(t, f, "tx.outcome", "rolled_back")
+	wantAttr(t, f, "tx.retryable", "false")
+	wantAttr(t, f, "db.response.status_code", "23505")
+	wantAttr(t, f, "error.type", "constraint_violation")
+	wantEvents(t, f, "tx.phase.active", "tx.phase.committing", "tx.phase.rolled_back")
+	wantStatus(t, f, codes.Error, StatusDescriptionRolledBack)
+	if rowExists(t, ctx, table, 2) {
+		t.Fatal("row present after a rollback at COMMIT")
+	}
+}
+
+// serializationFailureAtCommit runs the classic write-skew pair under SERIALIZABLE: both
+// read what the other writes; the second COMMIT fails with 40001.
+func serializationFailureAtCommit(t *testing.T, ctx context.Context, h *harness, table string) error {
+	t.Helper()
+	if err := srv.Exec(ctx, "insert into "+table+" (id, k, v) values (1, 1, 1), (2, 2, 2)"); err != nil {
+		t.Fatal(err)
+	}
+	opts := pgx.TxOptions{IsoLevel: pgx.Serializable}
+	tx1, err := h.pool.BeginTx(ctx, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tx2, err := h.pool.BeginTx(ctx, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, step := range []struct {
+		tx  pgx.Tx
+		sql string
+	}{
+		{tx1, "select sum(v) from " + table + " where k = 1"},
+		{tx2, "select sum(v) from " + table + " where k = 2"},
+		{tx1, "update " + table + " set v = v + 1 where k = 2"},
+		{tx2, "update " + table + " set v = v + 1 where k = 1"},
+	} {
+		if _, err := step.tx.Exec(ctx, step.sql); err != nil {
+			t.Fatalf("%s: %v", step.sql, err)
+		}
+	}
+	if err := tx1.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	return tx2.Commit(ctx)
+}
+
+func TestSpanSerializationFailureAtCommit(t *testing.T) {
+	ctx := testCtx(t)
+	h := newHarness(t, "", 2)
+	table := newTable(t, ctx)
+	err := serializationFailureAtCommit(t, ctx, h, table)
+	var pgErr *pgconn.PgError
+	if !errors.As(err, &pgErr) || pgErr.Code != "40001" {
+		t.Fatalf("second commit error = %v, want 40001", err)
+	}
+	fs := h.frames()
+	if len(fs) != 2 {
+		t.Fatalf("want 2 frames, got %d", len(fs))
+	}
+	var failed tracetest.SpanStub
+	for _, f := range fs {
+		if v, _ := attr(f, OutcomeKey); v.AsString() == "rolled_back" {
+			failed = f
+		}
+	}
+	wantAttr(t, failed, "tx.retryable", "true")
+	wantAttr(t, failed, "error.type", "serialization_failure")
+	wantAttr(t, failed, "db.response.status_code", "40001")
+	wantAttr(t, failed, "tx.isolation", "serializable")
+	wantEvents(t, failed, "tx.phase.active", "tx.phase.committing", "tx.phase.rolled_back")
+	wantStatus(t, failed, codes.Error, StatusDescriptionRolledBack)
+}
+
+// syncRepTerminate makes COMMIT wait for the phantom synchronous standby, terminates the
+// backend while it waits, and returns the commit error and the xid.
+func syncRepTerminate(t *testing.T, ctx context.Context, conn *pgx.Conn, table string, id int) (error, uint64) {
+	t.Helper()
+	tx, err := conn.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tx.Exec(ctx, fmt.Sprintf("insert into %s (id, k) values (%d, %d)", table, id, id)); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tx.Exec(ctx, "set local synchronous_commit = on"); err != nil {
+		t.Fatal(err)
+	}
+	var xid uint64
+	if err := tx.QueryRow(ctx, "select pg_current_xact_id()::text::bigint").Scan(&xid); err != nil {
+		t.Fatal(err)
+	}
+	pid := conn.PgConn().PID()
+	done := make(chan error, 1)
+	go func() { done <- tx.Commit(ctx) }()
+	if err := srv.WaitForWaitEvent(ctx, pid, "SyncRep"); err != nil {
+		t.Fatal(err)
+	}
+	if err := srv.Terminate(ctx, pid); err != nil {
+		t.Fatal(err)
+	}
+	return <-done, xid
+}
+
+func TestSpanIndeterminateSyncRepTerminated(t *testing.T) {
+	ctx := testCtx(t)
+	h := newHarness(t, "", 1)
+	table := newTable(t, ctx)
+	pc, err := h.pool.Acquire(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	commitErr, xid := syncRepTerminate(t, ctx, pc.Conn(), table, 1)
+	pc.Release()
+	if commitErr == nil {
+		t.Fatal("commit succeeded after its backend was terminated")
+	}
+	f := onlyFrame(t, h)
+	frameContract(t, f, 0)
+	wantAttr(t, f, "tx.outcome", "indeterminate")
+	wantAttr(t, f, "tx.phase", "unknown")
+	wantAttr(t, f, "tx.commit.committed_locally", "true")
+	wantEvents(t, f, "tx.phase.active", "tx.phase.committing", "tx.phase.unknown")
+	wantStatus(t, f, codes.Unset, "")
+	// Ground truth: the commit record was in local WAL.
+	if st, ok, err := srv.XactStatus(ctx, xid); err != nil || !ok || st != "committed" {
+		t.Fatalf("pg_xact_status = %q %v %v, want committed", st, ok, err)
+	}
+	if !rowExists(t, ctx, table, 1) {
+		t.Fatal("row absent")
+	}
+}
+
+func TestSpanIndeterminateProxyCut(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		arm     func(*pgtest.Proxy)
+		present bool
+	}{
+		{"after commit", (*pgtest.Proxy).CutAfterCommit, true},
+		{"before commit", (*pgtest.Proxy).CutBeforeCommit, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ctx := testCtx(t)
+			proxy, err := pgtest.NewProxy(fmt.Sprintf("%s:%d", srv.Host(), srv.Port()))
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer proxy.Close()
+			h := newHarness(t, proxy.ConnString(srv.ConnString()), 1)
+			table := newTable(t, ctx)
+			tx, err := h.pool.Begin(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if _, err := tx.Exec(ctx, "insert into "+table+" (id, k) values (1, 1)"); err != nil {
+				t.Fatal(err)
+			}
+			tc.arm(proxy)
+			if err := tx.Commit(ctx); err == nil {
+				t.Fatal("commit through a cut connection succeeded")
+			}
+			f := onlyFrame(t, h)
+			// Whether or not the server got COMMIT, the client cannot know: indeterminate.
+			wantAttr(t, f, "tx.outcome", "indeterminate")
+			wantAttr(t, f, "error.type", "connection_lost")
+			wantEvents(t, f, "tx.phase.active", "tx.phase.committing", "tx.phase.unknown")
+			wantStatus(t, f, codes.Unset, "")
+			if got := waitRow(t, ctx, table, 1, tc.present); got != tc.present {
+				t.Fatalf("row present = %v, want %v", got, tc.present)
+			}
+		})
+	}
+}
+
+// waitRow waits until the row's presence is settled: a backend that lost its client may
+// still be finishing the commit.
+func waitRow(t *testing.T, ctx context.Context, table string, id int, want bool) bool {
+	t.Helper()
+	for {
+		got := rowExists(t, ctx, table, id)
+		if got == want {
+			return got
+		}
+		var n int
+		conn, err := srv.Conn(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		err = conn.QueryRow(ctx, "select count(*) from pg_stat_activity where backend_type = 'client backend' and state <> 'idle' and pid <> pg_backend_pid()").Scan(&n)
+		conn.Close(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if n == 0 {
+			return rowExists(t, ctx, table, id)
+		}
+		if ctx.Err() != nil {
+			return got
+		}
+	}
+}
+
+func TestSpanNestedSuspendedOuter(t *testing.T) {
+	ctx := testCtx(t)
+	h := newHarness(t, "", 2)
+	table := newTable(t, ctx)
+	rctx, root := rootSpan(ctx, h)
+	octx, outer, err := Begin(rctx, h.pool, pgx.TxOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := outer.Exec(octx, "insert into "+table+" (id, k) values (1, 1)"); err != nil {
+		t.Fatal(err)
+	}
+	ictx, inner, err := Begin(octx, h.pool, pgx.TxOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := inner.Exec(ictx, "insert into "+table+" (id, k) values (2, 2)"); err != nil {
+		t.Fatal(err)
+	}
+	if err := inner.Commit(ictx); err != nil {
+		t.Fatal(err)
+	}
+	if err := outer.Rollback(octx); err != nil {
+		t.Fatal(err)
+	}
+	root.End()
+	fs := h.frames()
+	if len(fs) != 2 {
+		t.Fatalf("want 2 frames, got %d", len(fs))
+	}
+	o, i := fs[0], fs[1]
+	frameContract(t, o, 0)
+	frameContract(t, i, 1)
+	wantParent(t, o, root)
+	if i.Parent.SpanID() != o.SpanContext.SpanID() {
+		t.Fatal("inner frame is not a child of the outer frame span")
+	}
+	wantEvents(t, o, "tx.phase.active", "tx.suspended", "tx.resumed", "tx.phase.rolled_back")
+	wantEvents(t, i, "tx.phase.active", "tx.phase.committing", "tx.phase.committed")
+	wantAttr(t, i, "tx.outcome", "committed")
+	wantAttr(t, o, "tx.outcome", "rolled_back")
+	if rowExists(t, ctx, table, 1) || !rowExists(t, ctx, table, 2) {
+		t.Fatal("want the inner row kept and the outer row gone")
+	}
+}
+
+func TestSpanSavepoints(t *testing.T) {
+	ctx := testCtx(t)
+	h := newHarness(t, "", 1)
+	table := newTable(t, ctx)
+	tx, err := h.pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sp, err := tx.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := sp.Exec(ctx, "insert into "+table+" (id, k) values (1, 1)"); err != nil {
+		t.Fatal(err)
+	}
+	if err := sp.Rollback(ctx); err != nil {
+		t.Fatal(err)
+	}
+	sp2, err := tx.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := sp2.Exec(ctx, "insert into "+table+" (id, k) values (2, 2)"); err != nil {
+		t.Fatal(err)
+	}
+	if err := sp2.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := tx.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	f := onlyFrame(t, h)
+	wantEvents(t, f, "tx.phase.active", "tx.savepoint.created", "tx.savepoint.rolled_back",
+		"tx.savepoint.created", "tx.savepoint.released", "tx.phase.committing", "tx.phase.committed")
+	var spNames []string
+	for _, e := range f.Events {
+		for _, kv := range e.Attributes {
+			if kv.Key == SavepointNameKey {
+				spNames = append(spNames, kv.Value.AsString())
+			}
+		}
+	}
+	if !slices.Equal(spNames, []string{"sp_1", "sp_1", "sp_2", "sp_2"}) {
+		t.Fatalf("savepoint names = %v", spNames)
+	}
+	wantAttr(t, f, "tx.outcome", "committed")
+	if rowExists(t, ctx, table, 1) || !rowExists(t, ctx, table, 2) {
+		t.Fatal("savepoint rollback/release not as expected in the table")
+	}
+}
+
+// TestSpanConcurrentFrames runs 64 goroutines over one pool: every frame's events and
+// statement spans must belong to its own transaction.
+func TestSpanConcurrentFrames(t *testing.T) {
+	ctx := testCtx(t)
+	h := newHarness(t, "", 8)
+	table := newTable(t, ctx)
+	const workers, perWorker = 64, 5
+	var wg sync.WaitGroup
+	errs := make(chan error, workers)
+	for w := range workers {
+		wg.Go(func() {
+			for i := range perWorker {
+				id := w*perWorker + i
+				wctx, span := h.tp.Tracer("test").Start(ctx, fmt.Sprintf("worker-%d", id))
+				tx, err := h.pool.Begin(wctx)
+				if err != nil {
+					errs <- err
+					return
+				}
+				_, err = tx.Exec(wctx, fmt.Sprintf("insert into %s (id, k) values (%d, %d)", table, id, id))
+				if err == nil && id%3 == 0 {
+					err = tx.Rollback(wctx)
+				} else if err == nil {
+					err = tx.Commit(wctx)
+				}
+				span.End()
+				if err != nil {
+					errs <- err
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Fatal(err)
+	}
+	parents := map[trace.SpanID]string{}
+	for _, s := range h.exp.GetSpans() {
+		if strings.HasPrefix(s.Name, "worker-") {
+			parents[s.SpanContext.SpanID()] = strings.TrimPrefix(s.Name, "worker-")
+		}
+	}
+	fs := h.frames()
+	if len(fs) != workers*perWorker {
+		t.Fatalf("frames = %d, want %d", len(fs), workers*perWorker)
+	}
+	for _, f := range fs {
+		id := parents[f.Parent.SpanID()]
+		if id == "" {
+			t.Fatal("frame not parented to its worker span")
+		}
+		var n int
+		fmt.Sscan(id, &n)
+		ins := fmt.Sprintf("insert into %s (id, k) values (%d, %d)", table, n, n)
+		if n%3 == 0 {
+			wantEvents(t, f, "tx.phase.active", "tx.phase.rolled_back")
+			wantStatementChildren(t, h, f, "begin", ins, "rollback")
+		} else {
+			wantEvents(t, f, "tx.phase.active", "tx.phase.committing", "tx.phase.committed")
+			wantStatementChildren(t, h, f, "begin", ins, "commit")
+		}
+	}
+	for id, n := range h.ends.ends {
+		if n != 1 {
+			t.Fatalf("span %v ended %d times", id, n)
+		}
+	}
+}

@@ -1,0 +1,148 @@
+package otelpgxtx
+
+import (
+	"context"
+	"sort"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/sdk/metric"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+	"go.opentelemetry.io/otel/sdk/trace/tracetest"
+	"go.opentelemetry.io/otel/trace"
+	"go.uber.org/goleak"
+
+	"github.com/txevidence/otelpgxtx/internal/pgtest"
+)
+
+var srv *pgtest.Server
+
+func TestMain(m *testing.M) { pgtest.Main(m, &srv) }
+
+// leakCheck fails t if goroutines started during t outlive it.
+func leakCheck(t *testing.T) {
+	t.Helper()
+	ignore := goleak.IgnoreCurrent()
+	t.Cleanup(func() { goleak.VerifyNone(t, ignore) })
+}
+
+func testCtx(t *testing.T) context.Context {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+// endCounter counts End calls per span, to prove every frame span is ended exactly once.
+type endCounter struct {
+	mu   sync.Mutex
+	ends map[trace.SpanID]int
+}
+
+func (c *endCounter) OnStart(context.Context, sdktrace.ReadWriteSpan) {}
+func (c *endCounter) OnEnd(s sdktrace.ReadOnlySpan) {
+	c.mu.Lock()
+	c.ends[s.SpanContext().SpanID()]++
+	c.mu.Unlock()
+}
+func (c *endCounter) Shutdown(context.Context) error   { return nil }
+func (c *endCounter) ForceFlush(context.Context) error { return nil }
+
+// harness is an instrumented pool on the test server with an in-memory exporter.
+type harness struct {
+	exp    *tracetest.InMemoryExporter
+	tp     *sdktrace.TracerProvider
+	reader *metric.ManualReader
+	ends   *endCounter
+	pool   *pgxpool.Pool
+	tracer *Tracer
+}
+
+func newHarness(t *testing.T, connString string, maxConns int32, opts ...Option) *harness {
+	t.Helper()
+	return newHarnessSampled(t, connString, maxConns, sdktrace.AlwaysSample(), opts...)
+}
+
+func newHarnessSampled(t *testing.T, connString string, maxConns int32, sampler sdktrace.Sampler, opts ...Option) *harness {
+	t.Helper()
+	if connString == "" {
+		connString = srv.ConnString()
+	}
+	h := &harness{exp: tracetest.NewInMemoryExporter(), reader: metric.NewManualReader(),
+		ends: &endCounter{ends: map[trace.SpanID]int{}}}
+	h.tp = sdktrace.NewTracerProvider(sdktrace.WithSampler(sampler),
+		sdktrace.WithSyncer(h.exp), sdktrace.WithSpanProcessor(h.ends))
+	mp := metric.NewMeterProvider(metric.WithReader(h.reader))
+	cfg, err := pgxpool.ParseConfig(connString)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.MaxConns = maxConns
+	h.tracer, err = InstrumentPool(cfg, append([]Option{WithTracerProvider(h.tp), WithMeterProvider(mp)}, opts...)...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	h.pool, err = pgxpool.NewWithConfig(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(h.pool.Close)
+	return h
+}
+
+// frames returns the ended frame spans, in start order.
+func (h *harness) frames() []tracetest.SpanStub {
+	var out []tracetest.SpanStub
+	for _, s := range h.exp.GetSpans() {
+		if s.InstrumentationScope.Name == ScopeName {
+			out = append(out, s)
+		}
+	}
+	sort.SliceStable(out, func(i, j int) bool { return out[i].StartTime.Before(out[j].StartTime) })
+	return out
+}
+
+// children returns the spans whose parent is s.
+func (h *harness) children(s tracetest.SpanStub) []tracetest.SpanStub {
+	var out []tracetest.SpanStub
+	for _, c := range h.exp.GetSpans() {
+		if c.Parent.SpanID() == s.SpanContext.SpanID() && c.Parent.TraceID() == s.SpanContext.TraceID() {
+			out = append(out, c)
+		}
+	}
+	return out
+}
+
+func attr(s tracetest.SpanStub, k attribute.Key) (attribute.Value, bool) {
+	for _, kv := range s.Attributes {
+		if kv.Key == k {
+			return kv.Value, true
+		}
+	}
+	return attribute.Value{}, false
+}
+
+func attrString(t *testing.T, s tracetest.SpanStub, k attribute.Key) string {
+	t.Helper()
+	v, ok := attr(s, k)
+	if !ok {
+		t.Fatalf("span %q has no attribute %s; attributes: %v", s.Name, k, s.Attributes)
+	}
+	return v.Emit()
+}
+
+// eventNames returns the span's event names in timestamp order.
+func eventNames(s tracetest.SpanStub) []string {
+	evs := append([]sdktrace.Event(nil), s.Events...)
+	sort.SliceStable(evs, func(i, j int) bool { return evs[i].Time.Before(evs[j].Time) })
+	names := make([]string, len(evs))
+	for i, e := range evs {
+		names[i] = e.Name
+	}
+	return names
+}
+
+func attributeKey(k string) attribute.Key { return attribute.Key(k) }
