@@ -58,8 +58,9 @@ const (
 //
 // In committing, nil is a commit (unless the tag was ROLLBACK); an ERROR-severity
 // server error, pgx.ErrTxCommitRollback or a ROLLBACK tag is a certain rollback
-// (retryable for 40001 and 40P01); anything else — FATAL/PANIC, a lost connection, a
-// timeout, a cancellation — is unknown and never retryable. pgconn.SafeToRetry is not
+// (retryable for 40001 and 40P01); anything else — FATAL/PANIC, a class 08 connection
+// exception (which only a proxy sends), a lost connection, a timeout, a cancellation —
+// is unknown and never retryable. pgconn.SafeToRetry is not
 // consulted there: it was true for a commit that had happened.
 //
 // In not_started and active, the transaction cannot have committed, so every ending is
@@ -96,7 +97,7 @@ func classifyCommit(err error, f Facts) Verdict {
 	if errors.Is(err, pgx.ErrTxCommitRollback) {
 		return Verdict{evidence: EvidenceRolledBack, reason: ReasonCommitRollback}
 	}
-	if pgErr, ok := errors.AsType[*pgconn.PgError](err); ok && !isFatal(pgErr) {
+	if pgErr, ok := errors.AsType[*pgconn.PgError](err); ok && !isFatal(pgErr) && !isConnectionClass(pgErr) {
 		// PostgreSQL raises no ERROR once the commit record is written (it would be a
 		// PANIC), so an ERROR in reply to COMMIT is a rollback.
 		return serverError(pgErr)
@@ -107,7 +108,10 @@ func classifyCommit(err error, f Facts) Verdict {
 func unknown(err error, f Facts) Verdict {
 	v := Verdict{evidence: EvidenceUnknown, committedLocally: f.CommittedLocally, reason: ReasonConnectionLost}
 	if pgErr, ok := errors.AsType[*pgconn.PgError](err); ok {
-		v.sqlstate, v.reason = pgErr.Code, ReasonServerFatal
+		v.sqlstate = pgErr.Code
+		if !isConnectionClass(pgErr) {
+			v.reason = ReasonServerFatal
+		}
 	} else if r := contextReason(err); r != "" {
 		v.reason = r
 	}
@@ -155,6 +159,13 @@ func isFatal(pgErr *pgconn.PgError) bool {
 		s = pgErr.Severity
 	}
 	return s == "FATAL" || s == "PANIC"
+}
+
+// isConnectionClass reports SQLSTATE class 08 (connection exception). PostgreSQL does
+// not answer COMMIT with it, but a proxy in between (PgBouncer's "server conn crashed?")
+// does, with ERROR severity, after the server may have committed.
+func isConnectionClass(pgErr *pgconn.PgError) bool {
+	return len(pgErr.Code) == 5 && pgErr.Code[:2] == "08"
 }
 
 func contextReason(err error) string {

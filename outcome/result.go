@@ -21,7 +21,9 @@ type Result[T any] interface {
 	Outcome() Outcome
 	// OperationID returns the id of the transaction frame the call ran in.
 	OperationID() OperationID
-	sealed()
+	// sealed mentions T so that a Committed[string] is not a Result[int], and so that
+	// T can be inferred from a variant passed where a Result[T] is expected.
+	sealed(T)
 }
 
 // Committed is a call whose physical commit was confirmed.
@@ -51,7 +53,7 @@ func (r Committed[T]) Value() T { return r.value }
 // replication was not confirmed.
 func (r Committed[T]) CommittedLocally() bool { return r.committedLocally }
 
-func (Committed[T]) sealed() {}
+func (Committed[T]) sealed(T) {}
 
 // Participating is a call that joined a transaction begun by an outer call. It never
 // claims a commit, not even after the outer transaction commits: only the owner's result
@@ -75,7 +77,7 @@ func (r Participating[T]) OperationID() OperationID { return r.id }
 // Value returns the value the function returned; it is not known to be committed.
 func (r Participating[T]) Value() T { return r.value }
 
-func (Participating[T]) sealed() {}
+func (Participating[T]) sealed(T) {}
 
 // DeterminateRollback is a transaction that is rolled back for certain.
 type DeterminateRollback[T any] struct {
@@ -115,7 +117,7 @@ func (r DeterminateRollback[T]) Cause() error { return r.cause }
 // (serialization failure, deadlock, connection lost before COMMIT was sent).
 func (r DeterminateRollback[T]) Retryable() bool { return r.retryable }
 
-func (DeterminateRollback[T]) sealed() {}
+func (DeterminateRollback[T]) sealed(T) {}
 
 // Indeterminate is a transaction whose COMMIT was sent and whose fate is unknown. It has
 // no retry field on purpose: replaying it can apply the work twice. Resolve it from the
@@ -172,7 +174,7 @@ func (r Indeterminate[T]) Cause() error { return r.cause }
 // WAL before the connection was lost: strong evidence, still not a confirmation.
 func (r Indeterminate[T]) CommittedLocally() bool { return r.committedLocally }
 
-func (Indeterminate[T]) sealed() {}
+func (Indeterminate[T]) sealed(T) {}
 
 // CommittedWithPostCommitFailure is a committed transaction whose follow-up work, run
 // after the commit, failed. The commit stands; only the follow-up is to be reported.
@@ -204,4 +206,4 @@ func (r CommittedWithPostCommitFailure[T]) Value() T { return r.value }
 // Failure returns the error of the post-commit work.
 func (r CommittedWithPostCommitFailure[T]) Failure() error { return r.failure }
 
-func (CommittedWithPostCommitFailure[T]) sealed() {}
+func (CommittedWithPostCommitFailure[T]) sealed(T) {}
