@@ -1,0 +1,108 @@
+package pgtest
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// waitEventPoll is how often WaitForWaitEvent samples pg_stat_activity;
+// short, because tests wait on it in their critical path.
+const waitEventPoll = 2 * time.Millisecond
+
+// withConn runs fn on a fresh admin connection, so the helpers never share
+// session state with the connections under test.
+func (s *Server) withConn(ctx context.Context, fn func(*pgx.Conn) error) error {
+	c, err := s.Conn(ctx)
+	if err != nil {
+		return err
+	}
+	return errors.Join(fn(c), c.Close(context.WithoutCancel(ctx)))
+}
+
+// Terminate ends the backend with pg_terminate_backend. It returns an error
+// if PostgreSQL reports false (no such backend). It does not wait for the
+// backend to exit.
+func (s *Server) Terminate(ctx context.Context, pid uint32) error {
+	return s.signalBackend(ctx, "pg_terminate_backend", pid)
+}
+
+// Cancel cancels the backend's current query with pg_cancel_backend. It
+// returns an error if PostgreSQL reports false (no such backend).
+func (s *Server) Cancel(ctx context.Context, pid uint32) error {
+	return s.signalBackend(ctx, "pg_cancel_backend", pid)
+}
+
+func (s *Server) signalBackend(ctx context.Context, fn string, pid uint32) error {
+	return s.withConn(ctx, func(c *pgx.Conn) error {
+		var ok bool
+		if err := c.QueryRow(ctx, "SELECT "+fn+"($1)", int64(pid)).Scan(&ok); err != nil {
+			return err
+		}
+		if !ok {
+			return fmt.Errorf("pgtest: %s(%d) returned false", fn, pid)
+		}
+		return nil
+	})
+}
+
+// WaitForWaitEvent polls pg_stat_activity until the backend's wait_event
+// equals event (e.g. "SyncRep", "PgSleep"). It fails when ctx ends or when
+// the backend is no longer listed, since then the event can never appear.
+func (s *Server) WaitForWaitEvent(ctx context.Context, pid uint32, event string) error {
+	return s.withConn(ctx, func(c *pgx.Conn) error {
+		tick := time.NewTicker(waitEventPoll)
+		defer tick.Stop()
+		var last *string
+		for {
+			// Each autocommit statement sees a fresh statistics snapshot.
+			err := c.QueryRow(ctx, "SELECT wait_event FROM pg_stat_activity WHERE pid = $1", int64(pid)).Scan(&last)
+			if errors.Is(err, pgx.ErrNoRows) {
+				return fmt.Errorf("pgtest: backend %d is not in pg_stat_activity (exited?)", pid)
+			}
+			if err == nil && last != nil && *last == event {
+				return nil
+			}
+			if err != nil && ctx.Err() == nil {
+				return err
+			}
+			select {
+			case <-ctx.Done():
+				seen := "NULL"
+				if last != nil {
+					seen = *last
+				}
+				return fmt.Errorf("pgtest: backend %d never reached wait_event %q (last seen %s): %w", pid, event, seen, ctx.Err())
+			case <-tick.C:
+			}
+		}
+	})
+}
+
+// XactStatus reports pg_xact_status for a full transaction id (as returned
+// by pg_current_xact_id()): "committed", "aborted" or "in progress". ok is
+// false when PostgreSQL returns NULL (the xid is too old to know).
+func (s *Server) XactStatus(ctx context.Context, xid uint64) (status string, ok bool, err error) {
+	err = s.withConn(ctx, func(c *pgx.Conn) error {
+		var st *string
+		if err := c.QueryRow(ctx, "SELECT pg_xact_status($1::xid8)", xid).Scan(&st); err != nil {
+			return err
+		}
+		if st != nil {
+			status, ok = *st, true
+		}
+		return nil
+	})
+	return status, ok, err
+}
+
+// Exec runs one statement on a fresh admin connection, for test setup.
+func (s *Server) Exec(ctx context.Context, sql string, args ...any) error {
+	return s.withConn(ctx, func(c *pgx.Conn) error {
+		_, err := c.Exec(ctx, sql, args...)
+		return err
+	})
+}

@@ -1,0 +1,80 @@
+package pgtest
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+)
+
+// srv is the package's shared server, started by Main.
+var srv *Server
+
+func TestMain(m *testing.M) { Main(m, &srv) }
+
+// leakCheck fails t if goroutines started during t outlive it. Main owns
+// os.Exit, so the check runs per test rather than once after m.Run.
+func leakCheck(t *testing.T) {
+	t.Helper()
+	ignore := goleak.IgnoreCurrent()
+	t.Cleanup(func() { goleak.VerifyNone(t, ignore) })
+}
+
+// testCtx bounds every server interaction of a test.
+func testCtx(t *testing.T) context.Context {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+// waitXactDone polls until the transaction is no longer "in progress" and
+// returns its final status: a backend that lost its client (terminated, or
+// cut by the proxy) finishes asynchronously.
+func waitXactDone(t *testing.T, ctx context.Context, xid uint64) string {
+	t.Helper()
+	tick := time.NewTicker(2 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		st, ok, err := srv.XactStatus(ctx, xid)
+		if err != nil {
+			t.Fatalf("XactStatus(%d): %v", xid, err)
+		}
+		if !ok {
+			t.Fatalf("XactStatus(%d) is NULL", xid)
+		}
+		if st != "in progress" {
+			return st
+		}
+		select {
+		case <-ctx.Done():
+			t.Fatalf("xid %d still in progress: %v", xid, ctx.Err())
+		case <-tick.C:
+		}
+	}
+}
+
+// countRows counts rows with id in table over a direct admin connection.
+func countRows(t *testing.T, ctx context.Context, table string, id int) int {
+	t.Helper()
+	c, err := srv.Conn(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close(ctx)
+	var n int
+	if err := c.QueryRow(ctx, "SELECT count(*) FROM "+table+" WHERE id = $1", id).Scan(&n); err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
+// freshTable (re)creates table with an int primary key "id", so tests can
+// run repeatedly (-count) against the one server.
+func freshTable(t *testing.T, ctx context.Context, table string) {
+	t.Helper()
+	if err := srv.Exec(ctx, "DROP TABLE IF EXISTS "+table+"; CREATE TABLE "+table+" (id int PRIMARY KEY)"); err != nil {
+		t.Fatal(err)
+	}
+}

@@ -1,0 +1,485 @@
+package pgtest
+
+import (
+	"context"
+	"encoding/binary"
+	"fmt"
+	"net"
+	"net/url"
+	"strings"
+	"sync"
+	"sync/atomic"
+)
+
+// Proxy forwards TCP between clients and the server and injects faults.
+//
+// It parses the frontend (client to server) protocol to find the message that
+// carries a COMMIT; server bytes are relayed unparsed. TLS is not supported:
+// an SSLRequest or GSSENCRequest is answered 'N' by the proxy itself, so the
+// client continues in plain text (or fails if it requires TLS).
+//
+// A message carries COMMIT if it is a Query ('Q') or Parse ('P') whose SQL,
+// after leading whitespace and comments, starts with the word COMMIT or END
+// (any case), or a Bind ('B') of a statement whose Parse carried COMMIT on
+// the same connection. The Bind rule matters because a client that prepared
+// "commit" once (pgx does after conn.Prepare(ctx, "commit", "commit")) later
+// sends only Bind/Execute/Sync. A Parse alone counts even if the statement is
+// only prepared and never executed.
+type Proxy struct {
+	target string
+	ln     net.Listener
+	ctx    context.Context // cancelled by Close to abort dials in progress
+	cancel context.CancelFunc
+	wg     sync.WaitGroup // accept loop and one per client connection
+
+	mu     sync.Mutex
+	conns  map[*proxyConn]struct{}
+	armed  fault
+	closed bool
+
+	roundTrips atomic.Int64
+	cuts       atomic.Int64
+}
+
+// fault is the one-shot fault armed for the next message carrying COMMIT.
+type fault int
+
+const (
+	noFault fault = iota
+	cutAfterCommit
+	cutBeforeCommit
+)
+
+// Frontend protocol constants (PostgreSQL docs, "Message Formats").
+const (
+	sslRequestCode    = 80877103
+	gssEncRequestCode = 80877104
+	maxStartupLen     = 10000 // the server's MAX_STARTUP_PACKET_LENGTH
+)
+
+// NewProxy listens on 127.0.0.1:0 and forwards every connection to target
+// ("host:port").
+func NewProxy(target string) (*Proxy, error) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return nil, err
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	p := &Proxy{target: target, ln: ln, ctx: ctx, cancel: cancel, conns: map[*proxyConn]struct{}{}}
+	p.wg.Add(1)
+	go p.acceptLoop()
+	return p, nil
+}
+
+// Addr is the proxy's listening address, "127.0.0.1:port".
+func (p *Proxy) Addr() string { return p.ln.Addr().String() }
+
+// Host is the proxy's listening host, always 127.0.0.1.
+func (p *Proxy) Host() string { return "127.0.0.1" }
+
+// Port is the proxy's listening port.
+func (p *Proxy) Port() int { return p.ln.Addr().(*net.TCPAddr).Port }
+
+// ConnString returns base with its host and port replaced by the proxy's,
+// keeping everything else. base is a postgres:// URL (host/port query
+// parameters are dropped) or a keyword/value string (host= and port= are
+// appended; the last occurrence wins in pgx and libpq).
+func (p *Proxy) ConnString(base string) string {
+	if u, err := url.Parse(base); err == nil && (u.Scheme == "postgres" || u.Scheme == "postgresql") {
+		u.Host = p.Addr()
+		if q := u.Query(); q.Has("host") || q.Has("port") {
+			q.Del("host")
+			q.Del("port")
+			u.RawQuery = q.Encode()
+		}
+		return u.String()
+	}
+	return strings.TrimSpace(base + fmt.Sprintf(" host=%s port=%d", p.Host(), p.Port()))
+}
+
+// CutAfterCommit arms a one-shot fault for the next message carrying COMMIT
+// on any connection: the proxy forwards that message and the rest of the
+// extended-protocol batch up to and including the next Sync (for a simple
+// Query, just the Query), so the server executes the COMMIT, then closes both
+// connections; no server byte sent after the COMMIT was seen reaches the
+// client. The client cannot tell whether it committed. The server may still
+// be finishing the COMMIT when the client sees the error: poll for the
+// outcome (e.g. XactStatus) rather than assume it.
+// Arming again before the fault fires replaces the armed fault.
+func (p *Proxy) CutAfterCommit() { p.arm(cutAfterCommit) }
+
+// CutBeforeCommit arms a one-shot fault for the next message carrying
+// COMMIT: the messages before it that the proxy already holds (in practice,
+// those sent in the same write) are forwarded, the COMMIT message and
+// everything after it are not, and both connections are closed. The server
+// then rolls the transaction back once it notices the lost connection.
+// Arming again before the fault fires replaces the armed fault.
+func (p *Proxy) CutBeforeCommit() { p.arm(cutBeforeCommit) }
+
+func (p *Proxy) arm(f fault) {
+	p.mu.Lock()
+	p.armed = f
+	p.mu.Unlock()
+}
+
+// takeFault consumes the armed fault, so exactly one COMMIT sees it.
+func (p *Proxy) takeFault() fault {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	f := p.armed
+	p.armed = noFault
+	return f
+}
+
+// CutAll closes every live connection (both sides) now. Each connection it
+// closes counts as one cut.
+func (p *Proxy) CutAll() {
+	for _, pc := range p.live() {
+		pc.blocked.Store(true)
+		if pc.close() {
+			p.cuts.Add(1)
+		}
+	}
+}
+
+// RoundTrips counts client-to-server round trips over all connections. Per
+// connection, a round trip is counted when data arrives from the client and
+// either it is the first client data on that connection or the proxy has
+// relayed server data (or answered an SSLRequest) to the client since the
+// last counted round trip. In other words it counts the transitions
+// "server replied" -> "client sends". Examples: connecting with trust auth is
+// 1; a query sent in one write and answered is 1; a batch that pipelines many
+// messages before reading the reply is 1; a pgx query with arguments whose
+// statement is not cached yet is 2 (prepare, then execute).
+func (p *Proxy) RoundTrips() int64 { return p.roundTrips.Load() }
+
+// ResetRoundTrips sets the RoundTrips counter to zero.
+func (p *Proxy) ResetRoundTrips() { p.roundTrips.Store(0) }
+
+// Cuts is the number of cuts performed: one per fired CutAfterCommit or
+// CutBeforeCommit, plus one per connection closed by CutAll.
+func (p *Proxy) Cuts() int64 { return p.cuts.Load() }
+
+// Close stops listening, closes all live connections and waits for all of
+// the proxy's goroutines to exit. It is idempotent.
+func (p *Proxy) Close() error {
+	p.mu.Lock()
+	if p.closed {
+		p.mu.Unlock()
+		return nil
+	}
+	p.closed = true
+	p.mu.Unlock()
+
+	p.cancel()
+	err := p.ln.Close()
+	for _, pc := range p.live() {
+		pc.close()
+	}
+	p.wg.Wait()
+	return err
+}
+
+func (p *Proxy) live() []*proxyConn {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	conns := make([]*proxyConn, 0, len(p.conns))
+	for pc := range p.conns {
+		conns = append(conns, pc)
+	}
+	return conns
+}
+
+func (p *Proxy) acceptLoop() {
+	defer p.wg.Done()
+	for {
+		c, err := p.ln.Accept()
+		if err != nil {
+			return // closed (or broken) listener
+		}
+		p.wg.Add(1)
+		go p.serve(c)
+	}
+}
+
+// serve relays one client connection until either side closes or a cut.
+func (p *Proxy) serve(client net.Conn) {
+	defer p.wg.Done()
+	var d net.Dialer
+	server, err := d.DialContext(p.ctx, "tcp", p.target)
+	if err != nil {
+		client.Close()
+		return
+	}
+	pc := &proxyConn{client: client, server: server, stmts: map[string]bool{}}
+	pc.serverSpoke.Store(true) // the first client send is a round trip
+
+	p.mu.Lock()
+	if p.closed {
+		p.mu.Unlock()
+		pc.close()
+		return
+	}
+	p.conns[pc] = struct{}{}
+	p.mu.Unlock()
+	defer func() {
+		p.mu.Lock()
+		delete(p.conns, pc)
+		p.mu.Unlock()
+	}()
+
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		p.relayServer(pc)
+		pc.close()
+	}()
+	p.relayClient(pc)
+	pc.close()
+	<-done
+}
+
+// proxyConn is one client connection and its server connection. Fields
+// below "client goroutine only" are touched by relayClient alone.
+type proxyConn struct {
+	client, server net.Conn
+	closeOnce      sync.Once
+
+	// blocked stops relaying server bytes: set before a COMMIT that will be
+	// cut is forwarded, so its reply can never reach the client.
+	blocked atomic.Bool
+	// serverSpoke is set when bytes went to the client since the last
+	// counted round trip.
+	serverSpoke atomic.Bool
+
+	// client goroutine only:
+	started   bool            // startup message seen; typed messages follow
+	opaque    bool            // unparseable stream: forward blindly
+	cutAtSync bool            // CutAfterCommit fired: cut after the next Sync
+	stmts     map[string]bool // prepared statement name -> its SQL is a COMMIT
+}
+
+// close closes both sides and reports whether this call did it.
+func (pc *proxyConn) close() bool {
+	did := false
+	pc.closeOnce.Do(func() {
+		did = true
+		pc.client.Close()
+		pc.server.Close()
+	})
+	return did
+}
+
+func (p *Proxy) relayServer(pc *proxyConn) {
+	buf := make([]byte, 32<<10)
+	for {
+		n, err := pc.server.Read(buf)
+		if n > 0 && !pc.blocked.Load() {
+			// Mark before writing: once the client has the reply it may send
+			// again, and that send must see the mark.
+			pc.serverSpoke.Store(true)
+			if _, err := pc.client.Write(buf[:n]); err != nil {
+				return
+			}
+		}
+		if err != nil {
+			return
+		}
+	}
+}
+
+func (p *Proxy) relayClient(pc *proxyConn) {
+	buf := make([]byte, 32<<10)
+	var pending []byte // received but not yet complete messages
+	for {
+		n, err := pc.client.Read(buf)
+		if n > 0 {
+			if pc.serverSpoke.Swap(false) {
+				p.roundTrips.Add(1)
+			}
+			pending = append(pending, buf[:n]...)
+			out, consumed, cut := p.scan(pc, pending)
+			if len(out) > 0 {
+				if _, err := pc.server.Write(out); err != nil {
+					return
+				}
+			}
+			if cut {
+				p.cuts.Add(1)
+				pc.close()
+				return
+			}
+			pending = append(pending[:0], pending[consumed:]...)
+		}
+		if err != nil {
+			return
+		}
+	}
+}
+
+// scan walks the complete messages in data and returns the bytes to forward,
+// how many bytes of data it consumed, and whether to cut the connection
+// after forwarding.
+func (p *Proxy) scan(pc *proxyConn, data []byte) (out []byte, consumed int, cut bool) {
+	for {
+		rest := data[consumed:]
+		if pc.opaque {
+			return append(out, rest...), len(data), false
+		}
+		if !pc.started {
+			// Untyped: int32 length (including itself), int32 code, payload.
+			if len(rest) < 8 {
+				return out, consumed, false
+			}
+			n := int(binary.BigEndian.Uint32(rest))
+			if n < 8 || n > maxStartupLen {
+				pc.opaque = true
+				continue
+			}
+			if len(rest) < n {
+				return out, consumed, false
+			}
+			consumed += n
+			if code := binary.BigEndian.Uint32(rest[4:]); code == sslRequestCode || code == gssEncRequestCode {
+				pc.serverSpoke.Store(true)
+				_, _ = pc.client.Write([]byte{'N'}) // a failure shows up on the next read
+				continue
+			}
+			out = append(out, rest[:n]...)
+			pc.started = true // startup or CancelRequest; typed messages follow
+			continue
+		}
+
+		// Typed: type byte, int32 length (including itself), payload.
+		if len(rest) < 5 {
+			return out, consumed, false
+		}
+		n := 1 + int(binary.BigEndian.Uint32(rest[1:]))
+		if n < 5 {
+			pc.opaque = true
+			continue
+		}
+		if len(rest) < n {
+			return out, consumed, false
+		}
+		msg := rest[:n]
+		consumed += n
+
+		if pc.cutAtSync {
+			out = append(out, msg...)
+			if msg[0] == 'S' {
+				return out, consumed, true
+			}
+			continue
+		}
+		if pc.carriesCommit(msg) {
+			switch p.takeFault() {
+			case cutBeforeCommit:
+				pc.blocked.Store(true)
+				return out, consumed, true
+			case cutAfterCommit:
+				pc.blocked.Store(true)
+				out = append(out, msg...)
+				if msg[0] == 'Q' {
+					return out, consumed, true
+				}
+				pc.cutAtSync = true
+				continue
+			}
+		}
+		out = append(out, msg...)
+	}
+}
+
+// carriesCommit applies the rule documented on Proxy and tracks statement
+// names from Parse and Close.
+func (pc *proxyConn) carriesCommit(msg []byte) bool {
+	body := msg[5:]
+	switch msg[0] {
+	case 'Q':
+		sql, _ := cstring(body)
+		return isCommitSQL(sql)
+	case 'P':
+		name, rest := cstring(body)
+		sql, _ := cstring(rest)
+		isCommit := isCommitSQL(sql)
+		if isCommit {
+			pc.stmts[name] = true
+		} else {
+			delete(pc.stmts, name) // a re-Parse of the unnamed statement replaces it
+		}
+		return isCommit
+	case 'B':
+		_, rest := cstring(body) // portal name
+		stmt, _ := cstring(rest)
+		return pc.stmts[stmt]
+	case 'C':
+		if len(body) > 0 && body[0] == 'S' {
+			name, _ := cstring(body[1:])
+			delete(pc.stmts, name)
+		}
+	}
+	return false
+}
+
+// cstring splits a NUL-terminated string off b.
+func cstring(b []byte) (string, []byte) {
+	for i, c := range b {
+		if c == 0 {
+			return string(b[:i]), b[i+1:]
+		}
+	}
+	return string(b), nil
+}
+
+// isCommitSQL reports whether sql starts with the keyword COMMIT or END,
+// skipping whitespace and comments (tracing libraries prepend comments).
+func isCommitSQL(sql string) bool {
+	s := skipSpaceAndComments(sql)
+	for _, kw := range []string{"commit", "end"} {
+		if len(s) >= len(kw) && strings.EqualFold(s[:len(kw)], kw) &&
+			(len(s) == len(kw) || !isIdentByte(s[len(kw)])) {
+			return true
+		}
+	}
+	return false
+}
+
+func skipSpaceAndComments(s string) string {
+	for {
+		s = strings.TrimLeft(s, " \t\r\n\f\v")
+		switch {
+		case strings.HasPrefix(s, "--"):
+			i := strings.IndexByte(s, '\n')
+			if i < 0 {
+				return ""
+			}
+			s = s[i+1:]
+		case strings.HasPrefix(s, "/*"): // PostgreSQL nests block comments
+			depth, i := 0, 0
+			for i < len(s) {
+				if strings.HasPrefix(s[i:], "/*") {
+					depth, i = depth+1, i+2
+				} else if strings.HasPrefix(s[i:], "*/") {
+					depth, i = depth-1, i+2
+					if depth == 0 {
+						break
+					}
+				} else {
+					i++
+				}
+			}
+			if depth != 0 {
+				return ""
+			}
+			s = s[i:]
+		default:
+			return s
+		}
+	}
+}
+
+func isIdentByte(c byte) bool {
+	return c == '_' || c == '$' || c >= 0x80 ||
+		'a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9'
+}

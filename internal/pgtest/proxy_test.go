@@ -1,0 +1,343 @@
+package pgtest
+
+import (
+	"context"
+	"fmt"
+	"testing"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+)
+
+func newProxy(t *testing.T) *Proxy {
+	t.Helper()
+	p, err := NewProxy(fmt.Sprintf("%s:%d", srv.Host(), srv.Port()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := p.Close(); err != nil {
+			t.Errorf("proxy Close: %v", err)
+		}
+	})
+	return p
+}
+
+func connectVia(t *testing.T, ctx context.Context, p *Proxy) *pgx.Conn {
+	t.Helper()
+	c, err := pgx.Connect(ctx, p.ConnString(srv.ConnString()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close(context.Background()) })
+	return c
+}
+
+func TestProxyForwards(t *testing.T) {
+	leakCheck(t)
+	ctx := testCtx(t)
+	p := newProxy(t)
+	c := connectVia(t, ctx, p)
+	var port int
+	if err := c.QueryRow(ctx, "SELECT inet_server_port()").Scan(&port); err != nil {
+		t.Fatal(err)
+	}
+	if port != srv.Port() {
+		t.Errorf("server port through proxy = %d, want %d", port, srv.Port())
+	}
+	if c.PgConn().Conn().RemoteAddr().String() != p.Addr() {
+		t.Errorf("client is connected to %s, not the proxy %s", c.PgConn().Conn().RemoteAddr(), p.Addr())
+	}
+}
+
+func TestProxyConnString(t *testing.T) {
+	leakCheck(t)
+	p := newProxy(t)
+	addr := p.Addr()
+	for base, want := range map[string]string{
+		"postgres://u:pw@db.example:5432/app?sslmode=disable":            "postgres://u:pw@" + addr + "/app?sslmode=disable",
+		"postgresql://u@h1:1,h2:2/app?host=h3&port=3&application_name=x": "postgresql://u@" + addr + "/app?application_name=x",
+		"user=u dbname=app host=db port=5432":                            fmt.Sprintf("user=u dbname=app host=db port=5432 host=127.0.0.1 port=%d", p.Port()),
+	} {
+		if got := p.ConnString(base); got != want {
+			t.Errorf("ConnString(%q) = %q, want %q", base, got, want)
+		}
+	}
+}
+
+// TestProxyRoundTrips pins down the documented RoundTrips definition with
+// pgx's observable behaviour.
+func TestProxyRoundTrips(t *testing.T) {
+	leakCheck(t)
+	ctx := testCtx(t)
+	p := newProxy(t)
+	c := connectVia(t, ctx, p)
+	if got := p.RoundTrips(); got != 1 {
+		t.Errorf("round trips to connect = %d, want 1 (startup, trust auth)", got)
+	}
+
+	p.ResetRoundTrips()
+	for range 3 {
+		if _, err := c.Exec(ctx, "SELECT 1"); err != nil { // no arguments: simple protocol
+			t.Fatal(err)
+		}
+	}
+	if got := p.RoundTrips(); got != 3 {
+		t.Errorf("round trips for 3 simple queries = %d, want 3", got)
+	}
+
+	var n int
+	for i, want := range []int64{2, 1} { // prepare+execute, then cached execute
+		p.ResetRoundTrips()
+		if err := c.QueryRow(ctx, "SELECT $1::int", i).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		if got := p.RoundTrips(); got != want {
+			t.Errorf("query with arguments, run %d: %d round trips, want %d", i+1, got, want)
+		}
+	}
+
+	p.ResetRoundTrips()
+	b := &pgx.Batch{}
+	for i := range 5 {
+		b.Queue("SELECT $1::int", i)
+	}
+	if err := c.SendBatch(ctx, b).Close(); err != nil {
+		t.Fatal(err)
+	}
+	if got := p.RoundTrips(); got != 1 {
+		t.Errorf("batch of 5 cached queries: %d round trips, want 1", got)
+	}
+}
+
+// commitStyles are the ways a client's COMMIT reaches the wire.
+var commitStyles = []struct {
+	name  string
+	setup func(context.Context, *pgx.Conn) error
+	// bindOnly styles send COMMIT as Bind/Execute/Sync of a statement that
+	// is already prepared on the server.
+	bindOnly bool
+	// commit commits the open transaction.
+	commit func(context.Context, *pgx.Conn) error
+}{{
+	name:   "simple Query",
+	commit: func(ctx context.Context, c *pgx.Conn) error { _, err := c.Exec(ctx, "commit"); return err },
+}, {
+	name: "unnamed Parse+Bind in one write",
+	commit: func(ctx context.Context, c *pgx.Conn) error {
+		return c.PgConn().ExecParams(ctx, "  COMMIT", nil, nil, nil, nil).Read().Err
+	},
+}, {
+	// The first batch prepares "commit" under a stmtcache name; later
+	// batches send only Bind/Execute/Sync for it.
+	name:     "statement-cached batch",
+	bindOnly: true,
+	commit: func(ctx context.Context, c *pgx.Conn) error {
+		b := &pgx.Batch{}
+		b.Queue("commit")
+		return c.SendBatch(ctx, b).Close()
+	},
+}, {
+	// pgx keys a statement prepared with name == sql by its SQL, so
+	// Exec("commit") (what Tx.Commit sends) becomes Bind/Execute/Sync.
+	name:     "explicitly prepared, via Tx.Commit",
+	bindOnly: true,
+	setup:    func(ctx context.Context, c *pgx.Conn) error { _, err := c.Prepare(ctx, "commit", "commit"); return err },
+	commit:   func(ctx context.Context, c *pgx.Conn) error { _, err := c.Exec(ctx, "commit"); return err },
+}}
+
+// TestProxyCutCommit runs, per commit style and fault, on a fresh
+// connection: one transaction with nothing armed (must commit normally),
+// then one with the fault armed. For the Bind-only styles the armed COMMIT
+// carries no Parse, so detection must come from the tracked statement name.
+func TestProxyCutCommit(t *testing.T) {
+	leakCheck(t)
+	ctx := testCtx(t)
+	freshTable(t, ctx, "proxy_cut")
+	p := newProxy(t)
+	id := 0
+	for _, style := range commitStyles {
+		for _, after := range []bool{true, false} {
+			name := style.name + "/cut before commit"
+			if after {
+				name = style.name + "/cut after commit"
+			}
+			t.Run(name, func(t *testing.T) {
+				c, err := pgx.Connect(ctx, p.ConnString(srv.ConnString()))
+				if err != nil {
+					t.Fatal(err)
+				}
+				defer c.Close(ctx)
+				if style.setup != nil {
+					if err := style.setup(ctx, c); err != nil {
+						t.Fatal(err)
+					}
+				}
+				begin := func() (rowID int, xid uint64) {
+					id++
+					if _, err := c.Exec(ctx, "BEGIN"); err != nil {
+						t.Fatal(err)
+					}
+					if _, err := c.Exec(ctx, "INSERT INTO proxy_cut VALUES ($1)", id); err != nil {
+						t.Fatal(err)
+					}
+					if err := c.QueryRow(ctx, "SELECT pg_current_xact_id()").Scan(&xid); err != nil {
+						t.Fatal(err)
+					}
+					return id, xid
+				}
+
+				unarmed, _ := begin()
+				if err := style.commit(ctx, c); err != nil {
+					t.Fatalf("un-armed commit: %v", err)
+				}
+				if countRows(t, ctx, "proxy_cut", unarmed) != 1 {
+					t.Fatal("un-armed commit lost its row")
+				}
+				var cached int
+				if err := c.QueryRow(ctx, "SELECT count(*) FROM pg_prepared_statements WHERE statement ILIKE '%commit'").Scan(&cached); err != nil {
+					t.Fatal(err)
+				}
+				if style.bindOnly && cached != 1 {
+					t.Fatalf("%d prepared COMMIT statements on the connection, want 1: the Bind-only path is not exercised", cached)
+				}
+
+				cuts := p.Cuts()
+				row, xid := begin()
+				if after {
+					p.CutAfterCommit()
+				} else {
+					p.CutBeforeCommit()
+				}
+				err = style.commit(ctx, c)
+				if err == nil {
+					t.Fatal("armed commit returned no error")
+				}
+				t.Logf("client error: %v", err)
+				if got := p.Cuts() - cuts; got != 1 {
+					t.Errorf("cuts = %d, want 1", got)
+				}
+				wantStatus, wantRows := "aborted", 0
+				if after {
+					wantStatus, wantRows = "committed", 1
+				}
+				if st := waitXactDone(t, ctx, xid); st != wantStatus {
+					t.Errorf("transaction status = %q, want %q", st, wantStatus)
+				}
+				if n := countRows(t, ctx, "proxy_cut", row); n != wantRows {
+					t.Errorf("rows = %d, want %d", n, wantRows)
+				}
+			})
+		}
+	}
+	if want := int64(2 * len(commitStyles)); p.Cuts() != want {
+		t.Errorf("total cuts = %d, want %d", p.Cuts(), want)
+	}
+}
+
+// TestProxyCutTwiceInPool arms a cut for two transactions in a row on one
+// pool: the second runs on a fresh pooled connection after the first one was
+// cut.
+func TestProxyCutTwiceInPool(t *testing.T) {
+	leakCheck(t)
+	ctx := testCtx(t)
+	freshTable(t, ctx, "proxy_pool")
+	p := newProxy(t)
+	pool, err := pgxpool.New(ctx, p.ConnString(srv.ConnString()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	for id := 1; id <= 2; id++ {
+		tx, err := pool.Begin(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := tx.Exec(ctx, "INSERT INTO proxy_pool VALUES ($1)", id); err != nil {
+			t.Fatal(err)
+		}
+		var xid uint64
+		if err := tx.QueryRow(ctx, "SELECT pg_current_xact_id()").Scan(&xid); err != nil {
+			t.Fatal(err)
+		}
+		p.CutAfterCommit()
+		if err := tx.Commit(ctx); err == nil {
+			t.Fatalf("transaction %d: commit returned no error", id)
+		}
+		if st := waitXactDone(t, ctx, xid); st != "committed" {
+			t.Errorf("transaction %d: status %q, want committed", id, st)
+		}
+		if got := p.Cuts(); got != int64(id) {
+			t.Errorf("after transaction %d: cuts = %d", id, got)
+		}
+	}
+}
+
+func TestProxyCutAll(t *testing.T) {
+	leakCheck(t)
+	ctx := testCtx(t)
+	p := newProxy(t)
+	a, b := connectVia(t, ctx, p), connectVia(t, ctx, p)
+	p.CutAll()
+	if got := p.Cuts(); got != 2 {
+		t.Errorf("cuts = %d, want 2", got)
+	}
+	for _, c := range []*pgx.Conn{a, b} {
+		if _, err := c.Exec(ctx, "SELECT 1"); err == nil {
+			t.Error("query on a cut connection succeeded")
+		}
+	}
+	// The proxy itself keeps working.
+	c := connectVia(t, ctx, p)
+	if _, err := c.Exec(ctx, "SELECT 1"); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestProxyCloseWithLiveConnections checks that Close ends live relays and
+// leaves no goroutines (leakCheck) even though clients are still connected.
+func TestProxyCloseWithLiveConnections(t *testing.T) {
+	leakCheck(t)
+	ctx := testCtx(t)
+	p, err := NewProxy(fmt.Sprintf("%s:%d", srv.Host(), srv.Port()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var conns []*pgx.Conn
+	for range 3 {
+		c, err := pgx.Connect(ctx, p.ConnString(srv.ConnString()))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close(ctx)
+		conns = append(conns, c)
+	}
+	if err := p.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := p.Close(); err != nil {
+		t.Fatalf("second Close: %v", err)
+	}
+	for _, c := range conns {
+		if _, err := c.Exec(ctx, "SELECT 1"); err == nil {
+			t.Error("query through a closed proxy succeeded")
+		}
+	}
+	if _, err := pgx.Connect(ctx, p.ConnString(srv.ConnString())); err == nil {
+		t.Error("connected through a closed proxy")
+	}
+}
+
+func TestIsCommitSQL(t *testing.T) {
+	for sql, want := range map[string]bool{
+		"commit": true, "COMMIT": true, "  Commit;": true, "end": true, "END TRANSACTION": true,
+		"commit prepared 'x'": true, "/* trace */ commit": true, "-- c\n commit": true,
+		"/* a /* nested */ b */commit": true,
+		"committed":                    false, "endless": false, "commit_x": false, "rollback": false,
+		"select 'commit'": false, "": false, "/* unterminated commit": false,
+	} {
+		if got := isCommitSQL(sql); got != want {
+			t.Errorf("isCommitSQL(%q) = %v, want %v", sql, got, want)
+		}
+	}
+}

@@ -1,0 +1,202 @@
+package otelpgxtx
+
+import (
+	"bytes"
+	"context"
+	"log/slog"
+	"strings"
+	"testing"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"go.opentelemetry.io/otel/sdk/metric/metricdata"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+)
+
+// countsByOutcome reads the transactions counter from the manual reader.
+func (h *harness) countsByOutcome(t *testing.T, ctx context.Context) map[string]int64 {
+	t.Helper()
+	var rm metricdata.ResourceMetrics
+	if err := h.reader.Collect(ctx, &rm); err != nil {
+		t.Fatal(err)
+	}
+	out := map[string]int64{}
+	for _, sm := range rm.ScopeMetrics {
+		for _, m := range sm.Metrics {
+			if m.Name != MetricTransactions {
+				continue
+			}
+			for _, dp := range m.Data.(metricdata.Sum[int64]).DataPoints {
+				v, _ := dp.Attributes.Value(OutcomeKey)
+				out[v.AsString()] += dp.Value
+			}
+		}
+	}
+	return out
+}
+
+// TestUnsampledFramesStillCounted: with a never-sample sampler no span is exported, but
+// every frame's phases are still tracked, and counted by outcome.
+func TestUnsampledFramesStillCounted(t *testing.T) {
+	ctx := testCtx(t)
+	var logs bytes.Buffer
+	h := newHarnessSampled(t, "", 1, sdktrace.NeverSample(), WithLogger(slog.New(slog.NewTextHandler(&logs, nil))))
+	table := newTable(t, ctx)
+	tx, err := h.pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := tx.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	tx, err = h.pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := tx.Rollback(ctx); err != nil {
+		t.Fatal(err)
+	}
+	pc, err := h.pool.Acquire(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	commitErr, _ := syncRepTerminate(t, ctx, pc.Conn(), table, 1)
+	pc.Release()
+	if commitErr == nil {
+		t.Fatal("commit succeeded after termination")
+	}
+	if n := len(h.exp.GetSpans()); n != 0 {
+		t.Fatalf("%d spans exported with a never-sample sampler", n)
+	}
+	got := h.countsByOutcome(t, ctx)
+	if got["committed"] != 1 || got["rolled_back"] != 1 || got["indeterminate"] != 1 {
+		t.Fatalf("transactions by outcome = %v", got)
+	}
+	// The indeterminate outcome is logged even though its trace was not sampled.
+	if s := logs.String(); !strings.Contains(s, "indeterminate") || !strings.Contains(s, "tx.operation_id=") || !strings.Contains(s, "tx.commit.committed_locally=true") {
+		t.Fatalf("log = %q", s)
+	}
+	h.wantNoFrames(t, ctx)
+}
+
+func TestMetricsByOutcome(t *testing.T) {
+	ctx := testCtx(t)
+	h := newHarness(t, "", 1)
+	for range 3 {
+		tx, err := h.pool.Begin(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := tx.Commit(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var rm metricdata.ResourceMetrics
+	if err := h.reader.Collect(ctx, &rm); err != nil {
+		t.Fatal(err)
+	}
+	seen := map[string]bool{}
+	for _, sm := range rm.ScopeMetrics {
+		if sm.Scope.Name != ScopeName {
+			continue
+		}
+		for _, m := range sm.Metrics {
+			seen[m.Name] = true
+			switch d := m.Data.(type) {
+			case metricdata.Histogram[float64]:
+				if m.Unit != "s" || len(d.DataPoints) != 1 || d.DataPoints[0].Count != 3 {
+					t.Fatalf("%s: unit %q, points %+v", m.Name, m.Unit, d.DataPoints)
+				}
+				if v, _ := d.DataPoints[0].Attributes.Value(OutcomeKey); v.AsString() != "committed" {
+					t.Fatalf("%s outcome = %v", m.Name, v)
+				}
+			case metricdata.Sum[int64]:
+				if m.Unit != "{transaction}" || !d.IsMonotonic || d.DataPoints[0].Value != 3 {
+					t.Fatalf("%s: %+v", m.Name, d)
+				}
+			}
+		}
+	}
+	for _, name := range []string{MetricTransactions, MetricDuration, MetricCommitDuration} {
+		if !seen[name] {
+			t.Fatalf("metric %s not recorded; seen %v", name, seen)
+		}
+	}
+}
+
+func TestInstrumentBadInput(t *testing.T) {
+	if _, err := InstrumentPool(nil); err == nil {
+		t.Fatal("InstrumentPool(nil) succeeded")
+	}
+	if _, err := InstrumentPool(&pgxpool.Config{}); err == nil {
+		t.Fatal("InstrumentPool without ConnConfig succeeded")
+	}
+	if _, err := InstrumentConnConfig(nil); err == nil {
+		t.Fatal("InstrumentConnConfig(nil) succeeded")
+	}
+	cfg, err := pgx.ParseConfig(srv.ConnString())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := InstrumentConnConfig(cfg, WithStatusMapping(StatusMapping(9))); err == nil || !strings.Contains(err.Error(), "unknown status mapping 9") {
+		t.Fatalf("unknown status mapping: err = %v", err)
+	}
+	if cfg.Tracer != nil {
+		t.Fatal("a failed InstrumentConnConfig changed the config")
+	}
+	if _, err := InstrumentConnConfig(cfg, WithSpanName("")); err == nil {
+		t.Fatal("empty span name accepted")
+	}
+	if _, err := InstrumentConnConfig(cfg); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := InstrumentConnConfig(cfg); err == nil {
+		t.Fatal("instrumenting twice succeeded")
+	}
+	if _, _, err := Begin(context.Background(), nil, pgx.TxOptions{}); err == nil {
+		t.Fatal("Begin with nil db succeeded")
+	}
+}
+
+// TestInstrumentChainsUserHooks: the user's tracer becomes the inner tracer, and the
+// user's OnNotice and BeforeClose still run.
+func TestInstrumentChainsUserHooks(t *testing.T) {
+	ctx := testCtx(t)
+	cfg, err := pgxpool.ParseConfig(srv.ConnString())
+	if err != nil {
+		t.Fatal(err)
+	}
+	user := &recordingTracer{}
+	notices, closes := 0, 0
+	cfg.ConnConfig.Tracer = user
+	cfg.ConnConfig.OnNotice = func(*pgconn.PgConn, *pgconn.Notice) { notices++ }
+	cfg.BeforeClose = func(*pgx.Conn) { closes++ }
+	if _, err := InstrumentPool(cfg); err != nil {
+		t.Fatal(err)
+	}
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := pool.Exec(ctx, "do $$ begin raise notice 'hello'; end $$"); err != nil {
+		t.Fatal(err)
+	}
+	pool.Close()
+	if notices != 1 || closes != 1 || user.starts == 0 || user.starts != user.ends {
+		t.Fatalf("notices=%d closes=%d inner starts=%d ends=%d", notices, closes, user.starts, user.ends)
+	}
+}
+
+// recordingTracer is a user's own query tracer that starts no spans: it must still be
+// called, and it must never end the frame span.
+type recordingTracer struct{ starts, ends int }
+
+func (r *recordingTracer) TraceQueryStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceQueryStartData) context.Context {
+	r.starts++
+	return ctx
+}
+
+func (r *recordingTracer) TraceQueryEnd(ctx context.Context, _ *pgx.Conn, _ pgx.TraceQueryEndData) {
+	r.ends++
+}

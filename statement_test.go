@@ -1,0 +1,134 @@
+package otelpgxtx
+
+import (
+	"strings"
+	"testing"
+)
+
+func TestClassifyStatements(t *testing.T) {
+	for _, tc := range []struct {
+		sql  string
+		want stmtSet
+	}{
+		{"begin", 1 << stmtBegin},
+		{"  BEGIN  ", 1 << stmtBegin},
+		{"begin isolation level serializable read only deferrable", 1 << stmtBegin},
+		{"Begin Work", 1 << stmtBegin},
+		{"BEGIN TRANSACTION;", 1 << stmtBegin},
+		{"START TRANSACTION ISOLATION LEVEL REPEATABLE READ", 1 << stmtBegin},
+		{"start", 1 << stmtOther},
+		{"/* leading */ -- comment\n begin", 1 << stmtBegin},
+		{"/* nested /* comment */ still */ commit", 1 << stmtCommit},
+		{"commit", 1 << stmtCommit},
+		{"COMMIT WORK", 1 << stmtCommit},
+		{"end", 1 << stmtCommit},
+		{"END TRANSACTION", 1 << stmtCommit},
+		{"commit and chain", 1 << stmtCommitChain},
+		{"COMMIT AND NO CHAIN", 1 << stmtCommit},
+		{"commit prepared 'x'", 1 << stmtOther},
+		{"rollback", 1 << stmtRollback},
+		{"ABORT", 1 << stmtRollback},
+		{"rollback work", 1 << stmtRollback},
+		{"rollback and chain", 1 << stmtRollbackChain},
+		{"rollback prepared 'x'", 1 << stmtOther},
+		{"savepoint sp_1", 1 << stmtSavepoint},
+		{"release savepoint sp_1", 1 << stmtRelease},
+		{"RELEASE sp_1", 1 << stmtRelease},
+		{"rollback to savepoint sp_1", 1 << stmtRollbackTo},
+		{"ROLLBACK TRANSACTION TO sp_1", 1 << stmtRollbackTo},
+		{"select 1", 1 << stmtOther},
+		{"select 'commit'", 1 << stmtOther},
+		{"beginning", 1 << stmtOther},
+		{"committed", 1 << stmtOther},
+		{"endless", 1 << stmtOther},
+		{"insert into t values ('begin; commit')", 1 << stmtOther},
+		{"select $$; commit $$", 1 << stmtOther},
+		{"select $a$ ; commit; $a$, $1", 1 << stmtOther},
+		{`select "a;b"; select 2`, 1 << stmtOther},
+		{"select E'it\\'s; commit'", 1 << stmtOther},
+		{"select 1 -- ; commit\n", 1 << stmtOther},
+		{"begin; insert into t values (1); commit", 1<<stmtBegin | 1<<stmtCommit},
+		{"insert into t values (1); commit;", 1 << stmtCommit},
+		{"select 1; rollback", 1 << stmtRollback},
+		{"do $$ begin perform 1; end $$", 1 << stmtOther},
+		{"", 1 << stmtOther},
+		{";;;", 1 << stmtOther},
+	} {
+		if got := classifyStatements(tc.sql); got != tc.want {
+			t.Errorf("classifyStatements(%q) = %b, want %b", tc.sql, got, tc.want)
+		}
+	}
+}
+
+func TestBeginOptions(t *testing.T) {
+	for _, tc := range []struct{ sql, iso, access string }{
+		{"begin", "", ""},
+		{"begin isolation level serializable read only deferrable", "serializable", "read only"},
+		{"BEGIN ISOLATION LEVEL REPEATABLE READ", "repeatable read", ""},
+		{"start transaction read write, isolation level read committed", "read committed", "read write"},
+		{"begin transaction isolation level read uncommitted", "read uncommitted", ""},
+		{"begin read only", "", "read only"},
+		{"begin not deferrable", "", ""},
+	} {
+		_, rest := classifyOne(tc.sql)
+		iso, access := beginOptions(rest)
+		if iso != tc.iso || access != tc.access {
+			t.Errorf("beginOptions(%q) = %q %q, want %q %q", tc.sql, iso, access, tc.iso, tc.access)
+		}
+	}
+}
+
+func TestSavepointName(t *testing.T) {
+	for sql, want := range map[string]string{
+		"savepoint sp_1":                 "sp_1",
+		"release savepoint sp_2":         "sp_2",
+		"RELEASE x":                      "x",
+		"rollback to savepoint sp_3":     "sp_3",
+		"ROLLBACK WORK TO SAVEPOINT a_b": "a_b",
+	} {
+		if got := savepointName(sql); got != want {
+			t.Errorf("savepointName(%q) = %q, want %q", sql, got, want)
+		}
+	}
+}
+
+func TestClassifyStatementsAllocatesNothing(t *testing.T) {
+	sqls := []string{"select * from t where id = $1", "begin isolation level serializable", "commit", "insert into t values (1); commit"}
+	if n := testing.AllocsPerRun(100, func() {
+		for _, s := range sqls {
+			classifyStatements(s)
+		}
+	}); n != 0 {
+		t.Fatalf("classifyStatements allocates %v times per run", n)
+	}
+}
+
+// FuzzClassifyStatements: arbitrary SQL text never panics, and a string with no
+// transaction keyword at all never yields a transaction kind.
+func FuzzClassifyStatements(f *testing.F) {
+	for _, s := range []string{"begin", "commit and chain", "select $$;$$; commit", "/* /* */ end", "rollback to sp", "E'\\';commit", "start transaction", "$1;$a$"} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, sql string) {
+		set := classifyStatements(sql)
+		if set == 0 {
+			t.Fatalf("empty set for %q", sql)
+		}
+		_, rest := classifyOne(sql)
+		beginOptions(rest)
+		savepointName(sql)
+		if !containsTxKeyword(sql) && set != 1<<stmtOther {
+			t.Fatalf("%q has no transaction keyword but classified as %b", sql, set)
+		}
+	})
+}
+
+func containsTxKeyword(sql string) bool {
+	low := strings.ToLower(sql)
+	for _, k := range []string{"begin", "start", "commit", "end", "rollback", "abort", "savepoint", "release"} {
+		if strings.Contains(low, k) {
+			return true
+		}
+	}
+	return false
+}
