@@ -3,6 +3,7 @@ package otelpgxtx
 import (
 	"fmt"
 	"log/slog"
+	"time"
 
 	"github.com/exaring/otelpgx"
 	"go.opentelemetry.io/otel"
@@ -43,7 +44,10 @@ type config struct {
 	otelpgxOptions []otelpgx.Option
 	attributes     []attribute.KeyValue
 	logger         *slog.Logger
-	err            error
+	// For the Reconciler.
+	reconcileWait     time.Duration
+	reconcileInterval time.Duration
+	err               error
 }
 
 // Option configures a [Tracer].
@@ -57,9 +61,11 @@ func (f optionFunc) apply(c *config) { f(c) }
 
 func newConfig(opts []Option) config {
 	c := config{
-		tracerProvider: otel.GetTracerProvider(),
-		meterProvider:  otel.GetMeterProvider(),
-		spanName:       DefaultSpanName,
+		tracerProvider:    otel.GetTracerProvider(),
+		meterProvider:     otel.GetMeterProvider(),
+		spanName:          DefaultSpanName,
+		reconcileWait:     5 * time.Second,
+		reconcileInterval: 50 * time.Millisecond,
 	}
 	for _, o := range opts {
 		if o != nil {
@@ -144,4 +150,17 @@ func WithAttributes(attrs ...attribute.KeyValue) Option {
 // never lost to trace sampling. No logging by default.
 func WithLogger(l *slog.Logger) Option {
 	return optionFunc(func(c *config) { c.logger = l })
+}
+
+// WithReconcileWait bounds how long a [Reconciler] polls a transaction that is still in
+// progress (a backend can sit in a synchronous-replication wait), and how often; 5 s and
+// 50 ms by default. A zero wait asks once.
+func WithReconcileWait(wait, interval time.Duration) Option {
+	return optionFunc(func(c *config) {
+		if wait < 0 || interval <= 0 {
+			c.err = fmt.Errorf("otelpgxtx: WithReconcileWait: wait must be >= 0 and interval > 0, got %v, %v", wait, interval)
+			return
+		}
+		c.reconcileWait, c.reconcileInterval = wait, interval
+	})
 }

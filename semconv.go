@@ -57,6 +57,14 @@ const (
 	EventPostCommitFailed    = "tx.post_commit.failed"
 )
 
+// Names of the spans the executor and the reconciler make.
+const (
+	// SpanNamePostCommit is the child span of a frame that runs its post-commit hooks.
+	SpanNamePostCommit = "tx.post_commit"
+	// SpanNameReconcile is the span of one reconciliation, linked to the original frame.
+	SpanNameReconcile = "tx.reconcile"
+)
+
 // StatusDescriptionRolledBack is the fixed description of the Error status of a
 // rolled-back frame; the cause is in error.type and db.response.status_code.
 const StatusDescriptionRolledBack = "transaction rolled back"

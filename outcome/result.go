@@ -128,6 +128,7 @@ type Indeterminate[T any] struct {
 	hasRef           bool
 	cause            error
 	committedLocally bool
+	traceParent      string
 }
 
 // NewIndeterminate returns an indeterminate result. last is the last observed phase and
@@ -173,6 +174,16 @@ func (r Indeterminate[T]) Cause() error { return r.cause }
 // CommittedLocally reports that the server warned the commit was already in its local
 // WAL before the connection was lost: strong evidence, still not a confirmation.
 func (r Indeterminate[T]) CommittedLocally() bool { return r.committedLocally }
+
+// WithTraceParent returns r carrying the W3C traceparent of the span that observed it,
+// so that a reconciliation, even in another process, can link back to it.
+func (r Indeterminate[T]) WithTraceParent(traceParent string) Indeterminate[T] {
+	r.traceParent = traceParent
+	return r
+}
+
+// TraceParent returns the W3C traceparent recorded with [Indeterminate.WithTraceParent], or "".
+func (r Indeterminate[T]) TraceParent() string { return r.traceParent }
 
 func (Indeterminate[T]) sealed(T) {}
 

@@ -1,0 +1,462 @@
+package otelpgxtx
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"go.opentelemetry.io/otel"
+	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/trace"
+
+	"github.com/txevidence/otelpgxtx/classifier"
+	"github.com/txevidence/otelpgxtx/outcome"
+)
+
+// DB is what [Run] begins transactions on: *pgxpool.Pool and *pgx.Conn are. With a
+// pool, Run acquires a connection itself, so that it can commit with reference capture;
+// any other DB is used through BeginTx and Tx.Commit, without capture.
+type DB interface {
+	BeginTx(ctx context.Context, txOptions pgx.TxOptions) (pgx.Tx, error)
+}
+
+// Run runs fn in a transaction according to policy and returns how it ended, as one of
+// the five variants of [outcome.Result]. fn commits by returning a nil error and rolls
+// back by returning an error; it must not call Commit or Rollback on tx.
+//
+//   - A retryable rollback (serialization failure, deadlock, connection lost before
+//     COMMIT was sent) is retried up to policy.MaxAttempts, with jittered exponential
+//     backoff. An Indeterminate outcome is never retried: replaying it could apply the
+//     work twice.
+//   - A call that joins an outer transaction returns Participating, never Committed.
+//   - A panic in fn rolls back, ends the frame as rolled_back, and panics again.
+//   - Bad input (nil db or fn, an invalid policy, RequiresNew on the outer
+//     transaction's own connection) returns a DeterminateRollback in phase not_started
+//     whose cause wraps [ErrInvalidArgument]; nothing was begun.
+func Run[T any](ctx context.Context, db DB, policy Policy, fn func(ctx context.Context, tx pgx.Tx) (T, error)) outcome.Result[T] {
+	if err := checkRun(db, fn != nil, policy); err != nil {
+		return notStarted[T](err)
+	}
+	sc := scopeFromContext(ctx)
+	if sc != nil && !sc.open() {
+		sc = nil
+	}
+	switch policy.Propagation {
+	case Mandatory:
+		if sc == nil {
+			return notStarted[T](invalid("Mandatory propagation needs a transaction of Run in the context"))
+		}
+		return join(ctx, sc, fn)
+	case Required:
+		if sc != nil {
+			return join(ctx, sc, fn)
+		}
+	case Nested:
+		if sc != nil {
+			return nested(ctx, sc, fn)
+		}
+	case RequiresNew:
+		if sc != nil {
+			if err := checkSecondConnection(ctx, db, sc); err != nil {
+				return notStarted[T](err)
+			}
+		}
+	}
+	return runOwner(ctx, db, policy, fn)
+}
+
+func checkRun(db DB, hasFn bool, p Policy) error {
+	switch {
+	case db == nil:
+		return invalid("Run: nil db")
+	case isNilHandle(db):
+		return invalid("Run: nil %T", db)
+	case !hasFn:
+		return invalid("Run: nil function")
+	}
+	return p.validate()
+}
+
+// isNilHandle reports a typed nil pool or connection, which would panic on first use.
+func isNilHandle(v any) bool {
+	switch v := v.(type) {
+	case *pgxpool.Pool:
+		return v == nil
+	case *pgx.Conn:
+		return v == nil
+	}
+	return false
+}
+
+// checkSecondConnection refuses a RequiresNew that could only wait for itself: on the
+// outer transaction's own connection, or on a pool that every suspended frame of this
+// call chain already holds a connection of.
+func checkSecondConnection(ctx context.Context, db DB, sc *scope) error {
+	switch db := db.(type) {
+	case *pgx.Conn:
+		if db == sc.owner().tx.Conn() {
+			return invalid("RequiresNew needs a second connection, and db is the outer transaction's *pgx.Conn")
+		}
+	case *pgxpool.Pool:
+		held := 0
+		for s := sc; s != nil; s = scopeParentChain(s) {
+			held++
+		}
+		if max := db.Config().MaxConns; int(max) <= held {
+			return invalid("RequiresNew needs a second connection, and the pool's %d connection(s) are held by the suspended transactions of this call", max)
+		}
+	}
+	return nil
+}
+
+// scopeParentChain returns the scope suspended by sc's owner, for counting held connections.
+func scopeParentChain(sc *scope) *scope { return sc.owner().suspended }
+
+// notStarted is the result of a call that began nothing: err is never nil here, and
+// not_started is a rollback phase, so the constructor cannot refuse it.
+func notStarted[T any](err error) outcome.Result[T] {
+	r, _ := outcome.NewDeterminateRollback[T](outcome.OperationID{}, outcome.PhaseNotStarted, err, false)
+	return r
+}
+
+// join runs fn as a participant of sc. Its failure dooms the owner's transaction, so
+// the rollback it reports is certain; it is never retried on its own.
+func join[T any](ctx context.Context, sc *scope, fn func(context.Context, pgx.Tx) (T, error)) outcome.Result[T] {
+	v, err := fn(ctx, sc.tx)
+	if err != nil {
+		sc.markRollbackOnly(err)
+		r, _ := outcome.NewDeterminateRollback[T](sc.id, outcome.PhaseActive, err, false)
+		return r
+	}
+	return outcome.NewParticipating(sc.id, v)
+}
+
+// nested runs fn inside a savepoint of sc's transaction. A failure rolls back to the
+// savepoint and discards the hooks fn registered; success releases it and hands them to
+// the parent. Either way nothing is committed yet: success is Participating.
+func nested[T any](ctx context.Context, sc *scope, fn func(context.Context, pgx.Tx) (T, error)) outcome.Result[T] {
+	sp, err := sc.tx.tx.Begin(ctx)
+	if err != nil {
+		sc.markRollbackOnly(err)
+		r, _ := outcome.NewDeterminateRollback[T](sc.id, outcome.PhaseActive, err, false)
+		return r
+	}
+	child := &scope{tx: &runTx{tx: sp}, frame: sc.frame, id: sc.id, parent: sc}
+	var v T
+	func() {
+		defer func() {
+			if p := recover(); p != nil {
+				_ = sp.Rollback(context.WithoutCancel(ctx))
+				child.takeHooks()
+				child.tx.end()
+				panic(p)
+			}
+		}()
+		v, err = fn(context.WithValue(ctx, scopeKey{}, child), child.tx)
+	}()
+	hooks := child.takeHooks()
+	child.tx.end()
+	if err != nil {
+		if rbErr := sp.Rollback(ctx); rbErr != nil {
+			sc.markRollbackOnly(rbErr)
+		}
+		r, _ := outcome.NewDeterminateRollback[T](sc.id, outcome.PhaseActive, err, false)
+		return r
+	}
+	if err := sp.Commit(ctx); err != nil {
+		sc.markRollbackOnly(err)
+		r, _ := outcome.NewDeterminateRollback[T](sc.id, outcome.PhaseActive, err, false)
+		return r
+	}
+	sc.mu.Lock()
+	sc.hooks = append(sc.hooks, hooks...)
+	sc.mu.Unlock()
+	return outcome.NewParticipating(sc.id, v)
+}
+
+// runOwner begins, runs and ends the physical transaction, retrying a retryable rollback.
+func runOwner[T any](ctx context.Context, db DB, p Policy, fn func(context.Context, pgx.Tx) (T, error)) outcome.Result[T] {
+	for attempt := 1; ; attempt++ {
+		res, f := runAttempt(ctx, db, p, fn, attempt)
+		rb, retry := res.(outcome.DeterminateRollback[T])
+		if !retry || !rb.Retryable() || attempt >= p.MaxAttempts || ctx.Err() != nil {
+			if f != nil {
+				f.end(res.Outcome(), postCommitFailure(res))
+			}
+			return res
+		}
+		wait := backoff(p, attempt)
+		if f != nil {
+			if f.span.IsRecording() {
+				f.span.AddEvent(EventRetry, trace.WithAttributes(AttemptKey.Int(attempt+1),
+					errorTypeKey.String(f.verdict.Reason())))
+			}
+			f.end(res.Outcome(), nil)
+		}
+		timer := time.NewTimer(wait)
+		select {
+		case <-ctx.Done():
+			timer.Stop()
+			return res
+		case <-timer.C:
+		}
+	}
+}
+
+func postCommitFailure[T any](res outcome.Result[T]) error {
+	if r, ok := res.(outcome.CommittedWithPostCommitFailure[T]); ok {
+		return r.Failure()
+	}
+	return nil
+}
+
+// backoff draws the wait before attempt+1 uniformly from [0, min(max, base·2^(attempt-1))].
+func backoff(p Policy, attempt int) time.Duration {
+	d := p.BackoffBase << min(attempt-1, 30)
+	if d <= 0 || (p.BackoffMax > 0 && d > p.BackoffMax) {
+		d = p.BackoffMax
+	}
+	if d <= 0 {
+		return 0
+	}
+	return rand.N(d + 1)
+}
+
+// conn is a connection Run holds for one attempt.
+type heldConn struct {
+	conn    *pgx.Conn
+	release func()
+}
+
+func acquire(ctx context.Context, db DB) (heldConn, error) {
+	switch db := db.(type) {
+	case *pgxpool.Pool:
+		pc, err := db.Acquire(ctx)
+		if err != nil {
+			return heldConn{}, err
+		}
+		return heldConn{conn: pc.Conn(), release: pc.Release}, nil
+	case *pgx.Conn:
+		return heldConn{conn: db, release: func() {}}, nil
+	}
+	return heldConn{}, nil // any other DB: BeginTx, then Tx.Commit
+}
+
+// runAttempt is one attempt. It returns the result and the frame, which the caller
+// ends (the frame is managed: its span outlives the commit, for post-commit work).
+func runAttempt[T any](ctx context.Context, db DB, p Policy, fn func(context.Context, pgx.Tx) (T, error), attempt int) (outcome.Result[T], *frame) {
+	opts := p.txOptions()
+	held, err := acquire(ctx, db)
+	if err != nil {
+		v := classifier.Classify(outcome.PhaseNotStarted, err, classifier.Facts{})
+		r, _ := outcome.NewDeterminateRollback[T](outcome.OperationID{}, outcome.PhaseNotStarted, err, v.Retryable())
+		return r, nil
+	}
+	var tx pgx.Tx
+	if held.conn != nil {
+		tx, err = held.conn.BeginTx(ctx, opts)
+	} else {
+		tx, err = db.BeginTx(ctx, opts)
+	}
+	if err != nil {
+		closed := held.conn != nil && held.conn.IsClosed()
+		if held.release != nil {
+			held.release()
+		}
+		v := classifier.Classify(outcome.PhaseNotStarted, err, classifier.Facts{ConnClosed: closed})
+		r, _ := outcome.NewDeterminateRollback[T](outcome.OperationID{}, outcome.PhaseNotStarted, err, v.Retryable())
+		return r, nil
+	}
+	sc := &scope{tx: &runTx{tx: tx}, frame: frameOfTx(tx), suspended: scopeFromContext(ctx)}
+	f := sc.frame
+	if f != nil {
+		f.managed, f.propagation, f.attempt = true, p.Propagation.String(), attempt
+		sc.id = f.id
+	} else {
+		sc.id = outcome.NewOperationID()
+	}
+	fctx := context.WithValue(ctx, scopeKey{}, sc)
+	if f != nil {
+		fctx = trace.ContextWithSpan(contextWithFrame(fctx, f), f.span)
+	}
+	finish := func() {
+		sc.tx.end()
+		if held.release != nil {
+			held.release()
+		}
+	}
+
+	var value T
+	func() {
+		defer func() {
+			if pv := recover(); pv != nil {
+				cause := fmt.Errorf("otelpgxtx: panic in the transaction function: %v", pv)
+				rollback(ctx, sc, tx, cause)
+				sc.takeHooks()
+				finish()
+				if f != nil {
+					f.end(outcome.OutcomeRolledBack, nil)
+				}
+				panic(pv)
+			}
+		}()
+		value, err = fn(fctx, sc.tx)
+	}()
+	if err == nil {
+		err = sc.rollbackCause()
+	}
+	if err != nil {
+		v := rollback(ctx, sc, tx, err)
+		sc.takeHooks()
+		finish()
+		r, _ := outcome.NewDeterminateRollback[T](sc.id, outcome.PhaseActive, err, v.Retryable())
+		return r, f
+	}
+
+	cr := commit(ctx, sc, tx, held, p, opts)
+	hooks := sc.takeHooks()
+	finish()
+	v := cr.verdict
+	switch v.Evidence() {
+	case classifier.EvidenceCommitted:
+		if perr := runHooks(ctx, f, hooks); perr != nil {
+			r, _ := outcome.NewCommittedWithPostCommitFailure(sc.id, value, perr)
+			return r, f
+		}
+		return outcome.NewCommitted(sc.id, value, v.CommittedLocally()), f
+	case classifier.EvidenceUnknown:
+		cause := cr.err
+		if cause == nil {
+			cause = errCommitUnobserved
+		}
+		// Committing, a cause and a fresh id: the constructor has nothing to refuse.
+		r, _ := outcome.NewIndeterminate[T](sc.id, outcome.PhaseCommitting, cause, cr.ref, v.CommittedLocally())
+		if f != nil {
+			r = r.WithTraceParent(traceParent(f.span.SpanContext()))
+		}
+		return r, f
+	}
+	cause := cr.err
+	if cause == nil {
+		cause = pgx.ErrTxCommitRollback
+	}
+	r, _ := outcome.NewDeterminateRollback[T](sc.id, outcome.PhaseCommitting, cause, v.Retryable())
+	return r, f
+}
+
+// errCommitUnobserved is the cause of an unknown commit whose end no statement showed
+// (the frame was abandoned while committing).
+var errCommitUnobserved = errors.New("otelpgxtx: the COMMIT's reply was never observed")
+
+// rollback ends the transaction after fn failed with cause, and returns the verdict:
+// the cause decides whether a retry can help.
+func rollback(ctx context.Context, sc *scope, tx pgx.Tx, cause error) classifier.Verdict {
+	conn := tx.Conn()
+	closed := conn != nil && conn.IsClosed()
+	v := classifier.Classify(outcome.PhaseActive, cause, classifier.Facts{ConnClosed: closed})
+	if f := sc.frame; f != nil {
+		f.cause = cause
+		if !f.hasErr {
+			f.firstErr, f.hasErr = v, true
+		}
+	}
+	// The caller's context may be what failed; the rollback must still be sent.
+	rbErr := tx.Rollback(context.WithoutCancel(ctx))
+	if f := sc.frame; f != nil {
+		if f.open() {
+			// The rollback never reached the tracer (the connection was gone).
+			f.finish(stateOf(f.conn), f.firstErr)
+		}
+		return f.verdict
+	}
+	_ = rbErr // a failed rollback closes the connection, which rolls back too
+	return v
+}
+
+type commitOutcome struct {
+	verdict classifier.Verdict
+	err     error
+	ref     *outcome.ReconciliationRef
+}
+
+// commit ends the transaction with COMMIT — with reference capture when Run holds the
+// connection — and returns the verdict: the frame's, which has seen the server's
+// notices, or else the classifier's on the error alone.
+func commit(ctx context.Context, sc *scope, tx pgx.Tx, held heldConn, p Policy, opts pgx.TxOptions) commitOutcome {
+	f := sc.frame
+	if !p.CaptureReference || held.conn == nil {
+		err := tx.Commit(ctx)
+		if f != nil && !f.open() {
+			return commitOutcome{verdict: f.verdict, err: err}
+		}
+		return commitOutcome{verdict: classifier.Classify(outcome.PhaseCommitting, err,
+			classifier.Facts{RollbackTag: errors.Is(err, pgx.ErrTxCommitRollback)}), err: err}
+	}
+	pg := held.conn.PgConn()
+	st := stateOf(pg)
+	if err := readIdentity(ctx, pg, st); err != nil {
+		// Capture without identity would give a reference that cannot be checked.
+		otel.Handle(err)
+	}
+	if f != nil {
+		f.transition(outcome.PhaseCommitting) // before COMMIT reaches the driver
+	}
+	cr := commitWithCapture(ctx, pg, st, commitSQLOf(opts))
+	if cr.err != nil && !pg.IsClosed() && pg.TxStatus() != 'I' {
+		// pgx closes a connection whose failed COMMIT left it in a transaction; so do we.
+		_ = held.conn.Close(context.WithoutCancel(ctx))
+	}
+	facts := classifier.Facts{RollbackTag: cr.rollbackTag}
+	if f != nil {
+		f.ref = cr.ref
+		facts.CommittedLocally = f.committedLocally
+	}
+	v := classifier.Classify(outcome.PhaseCommitting, cr.err, facts)
+	if f != nil {
+		f.finish(st, v)
+	}
+	return commitOutcome{verdict: v, err: cr.err, ref: cr.ref}
+}
+
+// runHooks runs the post-commit hooks in a tx.post_commit span under the frame. A
+// failure (or a panic) in one does not stop the others and never undoes the commit.
+func runHooks(ctx context.Context, f *frame, hooks []func(context.Context) error) error {
+	if len(hooks) == 0 {
+		return nil
+	}
+	tracer := otel.GetTracerProvider().Tracer(ScopeName)
+	if f != nil {
+		tracer = f.t.tracer
+		ctx = trace.ContextWithSpan(ctx, f.span)
+	}
+	ctx, span := tracer.Start(ctx, SpanNamePostCommit)
+	defer span.End()
+	if f != nil && span.IsRecording() {
+		span.SetAttributes(OperationIDKey.String(f.id.String()))
+	}
+	var errs []error
+	for _, h := range hooks {
+		if err := runHook(ctx, h); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	if err := errors.Join(errs...); err != nil {
+		span.RecordError(err)
+		span.SetStatus(codes.Error, "post-commit work failed")
+		return err
+	}
+	return nil
+}
+
+func runHook(ctx context.Context, h func(context.Context) error) (err error) {
+	defer func() {
+		if p := recover(); p != nil {
+			err = fmt.Errorf("otelpgxtx: panic in a post-commit hook: %v", p)
+		}
+	}()
+	return h(ctx)
+}

@@ -1,0 +1,106 @@
+package otelpgxtx
+
+import (
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// Propagation says how [Run] relates to a transaction already in its context.
+type Propagation uint8
+
+const (
+	// Required joins the transaction in ctx (the result is Participating) or, without
+	// one, begins its own.
+	Required Propagation = iota + 1
+	// RequiresNew suspends the transaction in ctx, if any, and runs an independent
+	// physical transaction on another connection: a nested frame.
+	RequiresNew
+	// Nested runs inside a savepoint of the transaction in ctx (the result is
+	// Participating, or a rollback of the savepoint alone); without one, like Required.
+	Nested
+	// Mandatory joins the transaction in ctx and is an error without one.
+	Mandatory
+)
+
+var propagationNames = [...]string{Required: "required", RequiresNew: "requires_new", Nested: "nested", Mandatory: "mandatory"}
+
+// String returns the tx.propagation value.
+func (p Propagation) String() string {
+	if p >= Required && int(p) < len(propagationNames) {
+		return propagationNames[p]
+	}
+	return fmt.Sprintf("propagation(%d)", uint8(p))
+}
+
+// Policy says how [Run] runs a transaction. Start from [DefaultPolicy].
+type Policy struct {
+	// Propagation; the zero value is invalid, so a forgotten field is an error rather
+	// than a silent choice.
+	Propagation Propagation
+	// IsoLevel, AccessMode and DeferrableMode are passed to BEGIN; empty means the
+	// server's default.
+	IsoLevel       pgx.TxIsoLevel
+	AccessMode     pgx.TxAccessMode
+	DeferrableMode pgx.TxDeferrableMode
+	// MaxAttempts bounds the attempts of a transaction whose rollback is retryable
+	// (serialization failure, deadlock, connection lost before COMMIT was sent). It
+	// must be at least 1. An indeterminate outcome is never retried.
+	MaxAttempts int
+	// BackoffBase and BackoffMax bound the exponential backoff between attempts; each
+	// wait is drawn uniformly from [0, min(BackoffMax, BackoffBase·2^(attempt-1))]
+	// ("full jitter"), so that conflicting retries spread out.
+	BackoffBase time.Duration
+	BackoffMax  time.Duration
+	// CaptureReference reads the transaction's xid in the same network round trip as
+	// its COMMIT, so that an indeterminate outcome carries a reconciliation reference.
+	CaptureReference bool
+}
+
+// DefaultPolicy returns Required, the server's isolation level, 3 attempts, backoff
+// between 5 ms and 1 s, and reference capture on.
+func DefaultPolicy() Policy {
+	return Policy{
+		Propagation:      Required,
+		MaxAttempts:      3,
+		BackoffBase:      5 * time.Millisecond,
+		BackoffMax:       time.Second,
+		CaptureReference: true,
+	}
+}
+
+// ErrInvalidArgument is wrapped by every error about a bad argument to [Run], [Begin]
+// or the [Reconciler]: a nil db or function, an invalid policy, a malformed reference.
+var ErrInvalidArgument = errors.New("otelpgxtx: invalid argument")
+
+func invalid(format string, args ...any) error {
+	return fmt.Errorf("%w: "+format, append([]any{ErrInvalidArgument}, args...)...)
+}
+
+// validate refuses a policy that cannot be run, naming the field.
+func (p Policy) validate() error {
+	switch {
+	case p.Propagation < Required || p.Propagation > Mandatory:
+		return invalid("unknown propagation %s", p.Propagation)
+	case p.MaxAttempts < 1:
+		return invalid("MaxAttempts is %d; it must be at least 1", p.MaxAttempts)
+	case p.BackoffBase < 0 || p.BackoffMax < 0:
+		return invalid("negative backoff")
+	}
+	for _, ok := range []bool{
+		p.IsoLevel == "" || p.IsoLevel == pgx.Serializable || p.IsoLevel == pgx.RepeatableRead || p.IsoLevel == pgx.ReadCommitted || p.IsoLevel == pgx.ReadUncommitted,
+		p.AccessMode == "" || p.AccessMode == pgx.ReadWrite || p.AccessMode == pgx.ReadOnly,
+		p.DeferrableMode == "" || p.DeferrableMode == pgx.Deferrable || p.DeferrableMode == pgx.NotDeferrable,
+	} {
+		if !ok {
+			return invalid("unknown isolation level, access mode or deferrable mode in %+v", p)
+		}
+	}
+	return nil
+}
+
+func (p Policy) txOptions() pgx.TxOptions {
+	return pgx.TxOptions{IsoLevel: p.IsoLevel, AccessMode: p.AccessMode, DeferrableMode: p.DeferrableMode}
+}

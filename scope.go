@@ -1,0 +1,199 @@
+package otelpgxtx
+
+import (
+	"context"
+	"errors"
+	"sync"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/txevidence/otelpgxtx/outcome"
+)
+
+// scope is one transaction as [Run] owns it: its handle, its frame (nil when the
+// connection is not instrumented), and the work to do after its commit. A Nested call
+// has a scope of its own whose hooks join the parent's only if its savepoint is released.
+type scope struct {
+	tx     *runTx
+	frame  *frame
+	id     outcome.OperationID
+	parent *scope // for Nested: the scope whose savepoint this is
+	// suspended is the scope that was in the context when this one began (RequiresNew):
+	// it holds a connection while this one runs.
+	suspended *scope
+
+	mu           sync.Mutex
+	hooks        []func(context.Context) error
+	rollbackOnly error // a participant failed: the owner must not commit
+	closed       bool
+}
+
+type scopeKey struct{}
+
+func scopeFromContext(ctx context.Context) *scope {
+	sc, _ := ctx.Value(scopeKey{}).(*scope)
+	return sc
+}
+
+// owner returns the scope that will commit: a Nested scope's outermost parent.
+func (sc *scope) owner() *scope {
+	for sc.parent != nil {
+		sc = sc.parent
+	}
+	return sc
+}
+
+func (sc *scope) open() bool {
+	sc.mu.Lock()
+	defer sc.mu.Unlock()
+	return !sc.closed
+}
+
+func (sc *scope) markRollbackOnly(err error) {
+	sc = sc.owner()
+	sc.mu.Lock()
+	if sc.rollbackOnly == nil {
+		sc.rollbackOnly = err
+	}
+	sc.mu.Unlock()
+}
+
+func (sc *scope) rollbackCause() error {
+	sc.mu.Lock()
+	defer sc.mu.Unlock()
+	return sc.rollbackOnly
+}
+
+// takeHooks closes the scope and returns its hooks.
+func (sc *scope) takeHooks() []func(context.Context) error {
+	sc.mu.Lock()
+	defer sc.mu.Unlock()
+	sc.closed = true
+	h := sc.hooks
+	sc.hooks = nil
+	return h
+}
+
+// AfterCommit registers hook to run after the physical commit of the transaction that
+// [Run] put in ctx. From a participant (Required, Mandatory) it runs after the owner's
+// commit; from a Nested call, only if its savepoint was released and the owner commits.
+// A rollback discards it. A failing hook turns the owner's result into
+// CommittedWithPostCommitFailure: the commit is not undone.
+func AfterCommit(ctx context.Context, hook func(context.Context) error) error {
+	if hook == nil {
+		return invalid("AfterCommit: nil hook")
+	}
+	sc := scopeFromContext(ctx)
+	if sc == nil {
+		return invalid("AfterCommit: no transaction of Run in the context")
+	}
+	sc.mu.Lock()
+	defer sc.mu.Unlock()
+	if sc.closed {
+		return errors.New("otelpgxtx: AfterCommit: the transaction has already ended")
+	}
+	sc.hooks = append(sc.hooks, hook)
+	return nil
+}
+
+// ErrTxOwnedByRun is returned by Commit and Rollback of the transaction handed to a
+// [Run] function: Run ends the transaction itself, from the function's result.
+var ErrTxOwnedByRun = errors.New("otelpgxtx: the transaction belongs to Run: return nil to commit, an error to roll back")
+
+// runTx is the pgx.Tx handed to a Run function. It refuses Commit and Rollback, and
+// refuses everything once Run has ended the transaction, so a handle that escapes the
+// function cannot run statements outside it.
+type runTx struct {
+	tx pgx.Tx
+	mu sync.Mutex
+	// done is set when Run ends the transaction.
+	done bool
+}
+
+var _ pgx.Tx = (*runTx)(nil)
+
+func (t *runTx) ended() bool {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.done
+}
+
+func (t *runTx) end() {
+	t.mu.Lock()
+	t.done = true
+	t.mu.Unlock()
+}
+
+// Begin starts a savepoint (pgx's pseudo nested transaction); prefer Run with Nested,
+// which traces it and scopes its post-commit hooks.
+func (t *runTx) Begin(ctx context.Context) (pgx.Tx, error) {
+	if t.ended() {
+		return nil, pgx.ErrTxClosed
+	}
+	return t.tx.Begin(ctx)
+}
+
+// Commit is refused: Run commits when the function returns nil.
+func (t *runTx) Commit(context.Context) error { return ErrTxOwnedByRun }
+
+// Rollback is refused: Run rolls back when the function returns an error.
+func (t *runTx) Rollback(context.Context) error { return ErrTxOwnedByRun }
+
+// CopyFrom delegates to the transaction.
+func (t *runTx) CopyFrom(ctx context.Context, table pgx.Identifier, cols []string, src pgx.CopyFromSource) (int64, error) {
+	if t.ended() {
+		return 0, pgx.ErrTxClosed
+	}
+	return t.tx.CopyFrom(ctx, table, cols, src)
+}
+
+// SendBatch delegates to the transaction.
+func (t *runTx) SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults {
+	if t.ended() {
+		return pgx.FailedBatchResults(b, pgx.ErrTxClosed)
+	}
+	return t.tx.SendBatch(ctx, b)
+}
+
+// LargeObjects delegates to the transaction.
+func (t *runTx) LargeObjects() pgx.LargeObjects { return t.tx.LargeObjects() }
+
+// Prepare delegates to the transaction.
+func (t *runTx) Prepare(ctx context.Context, name, sql string) (*pgconn.StatementDescription, error) {
+	if t.ended() {
+		return nil, pgx.ErrTxClosed
+	}
+	return t.tx.Prepare(ctx, name, sql)
+}
+
+// Exec delegates to the transaction.
+func (t *runTx) Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error) {
+	if t.ended() {
+		return pgconn.CommandTag{}, pgx.ErrTxClosed
+	}
+	return t.tx.Exec(ctx, sql, args...)
+}
+
+// Query delegates to the transaction.
+func (t *runTx) Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error) {
+	if t.ended() {
+		return nil, pgx.ErrTxClosed
+	}
+	return t.tx.Query(ctx, sql, args...)
+}
+
+// QueryRow delegates to the transaction.
+func (t *runTx) QueryRow(ctx context.Context, sql string, args ...any) pgx.Row {
+	if t.ended() {
+		return errRow{pgx.ErrTxClosed}
+	}
+	return t.tx.QueryRow(ctx, sql, args...)
+}
+
+// Conn returns the transaction's connection.
+func (t *runTx) Conn() *pgx.Conn { return t.tx.Conn() }
+
+type errRow struct{ err error }
+
+func (r errRow) Scan(...any) error { return r.err }
