@@ -24,9 +24,10 @@ const captureSQL = "select pg_current_xact_id_if_assigned()::text"
 // pgconn directly: it is the instrumentation's own query, not the application's, and
 // makes no span.
 func readIdentity(ctx context.Context, pg *pgconn.PgConn, st *connState) error {
-	if st.systemID != 0 {
+	if st.identityRead {
 		return nil
 	}
+	st.identityRead = true // tried once: a refusal (no permission) is not retried per commit
 	results, err := pg.Exec(ctx, identitySQL).ReadAll()
 	if err != nil {
 		return fmt.Errorf("otelpgxtx: reading the cluster identity: %w", err)

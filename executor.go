@@ -398,9 +398,12 @@ func commit(ctx context.Context, sc *scope, tx pgx.Tx, held heldConn, p Policy, 
 	}
 	pg := held.conn.PgConn()
 	st := stateOf(pg)
-	if err := readIdentity(ctx, pg, st); err != nil {
-		// Capture without identity would give a reference that cannot be checked.
-		otel.Handle(err)
+	if !st.identityRead {
+		// Not read at connect (the config was not instrumented): read it now, once.
+		// Without it a reference could not be checked, so none is made.
+		if err := readIdentity(ctx, pg, st); err != nil {
+			otel.Handle(err)
+		}
 	}
 	if f != nil {
 		f.transition(outcome.PhaseCommitting) // before COMMIT reaches the driver

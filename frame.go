@@ -59,8 +59,9 @@ type connState struct {
 	queries []queryState // started, not yet ended (a busy conn can nest a failed call)
 
 	// The cluster identity, read once per connection for reconciliation references.
-	systemID uint64
-	timeline uint32
+	systemID     uint64
+	timeline     uint32
+	identityRead bool
 }
 
 // queryState is what a statement's start hands to its end.

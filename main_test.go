@@ -97,7 +97,7 @@ func newHarnessSampled(t *testing.T, connString string, maxConns int32, sampler 
 func (h *harness) frames() []tracetest.SpanStub {
 	var out []tracetest.SpanStub
 	for _, s := range h.exp.GetSpans() {
-		if s.InstrumentationScope.Name == ScopeName {
+		if _, isFrame := attr(s, FrameDepthKey); isFrame && s.InstrumentationScope.Name == ScopeName {
 			out = append(out, s)
 		}
 	}

@@ -1,0 +1,654 @@
+package otelpgxtx
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/trace"
+
+	"github.com/txevidence/otelpgxtx/internal/pgtest"
+	"github.com/txevidence/otelpgxtx/outcome"
+)
+
+// insertFn returns a Run function that inserts id into table and returns it.
+func insertFn(table string, id int) func(context.Context, pgx.Tx) (int, error) {
+	return func(ctx context.Context, tx pgx.Tx) (int, error) {
+		_, err := tx.Exec(ctx, fmt.Sprintf("insert into %s (id, k) values (%d, %d)", table, id, id))
+		return id, err
+	}
+}
+
+func TestRunCommitted(t *testing.T) {
+	ctx := testCtx(t)
+	h := newHarness(t, "", 2)
+	table := newTable(t, ctx)
+	res := Run(ctx, h.pool, DefaultPolicy(), insertFn(table, 1))
+	c, ok := res.(outcome.Committed[int])
+	if !ok {
+		t.Fatalf("result = %T %+v, want Committed", res, res)
+	}
+	if c.Value() != 1 || c.OperationID().IsZero() {
+		t.Fatalf("value %d id %v", c.Value(), c.OperationID())
+	}
+	f := onlyFrame(t, h)
+	wantAttr(t, f, "tx.outcome", "committed")
+	wantAttr(t, f, "tx.operation_id", c.OperationID().String())
+	wantAttr(t, f, "tx.propagation", "required")
+	wantAttr(t, f, "tx.attempt", "1")
+	wantEvents(t, f, "tx.phase.active", "tx.phase.committing", "tx.phase.committed")
+	wantStatus(t, f, codes.Ok, "")
+	ref := attrString(t, f, ReconciliationRefKey)
+	if _, err := outcome.ParseReconciliationRef(ref); err != nil {
+		t.Fatalf("tx.reconciliation.ref %q: %v", ref, err)
+	}
+	if !rowExists(t, ctx, table, 1) {
+		t.Fatal("row absent")
+	}
+}
+
+func TestRunParticipating(t *testing.T) {
+	for _, outerCommits := range []bool{true, false} {
+		t.Run(fmt.Sprintf("outer commits %v", outerCommits), func(t *testing.T) {
+			ctx := testCtx(t)
+			h := newHarness(t, "", 2)
+			table := newTable(t, ctx)
+			var inner outcome.Result[int]
+			res := Run(ctx, h.pool, DefaultPolicy(), func(ctx context.Context, tx pgx.Tx) (int, error) {
+				inner = Run(ctx, h.pool, DefaultPolicy(), insertFn(table, 2))
+				if !outerCommits {
+					return 0, errors.New("outer gives up")
+				}
+				return insertFn(table, 1)(ctx, tx)
+			})
+			p, ok := inner.(outcome.Participating[int])
+			if !ok {
+				t.Fatalf("inner result = %T, want Participating", inner)
+			}
+			if p.OperationID() != res.OperationID() || p.Value() != 2 {
+				t.Fatal("participant does not name the owner's frame")
+			}
+			if outerCommits {
+				if _, ok := res.(outcome.Committed[int]); !ok {
+					t.Fatalf("outer = %T", res)
+				}
+			} else if _, ok := res.(outcome.DeterminateRollback[int]); !ok {
+				t.Fatalf("outer = %T", res)
+			}
+			// Still Participating: a participant never claims the owner's commit.
+			if inner.Outcome() != outcome.OutcomeParticipating {
+				t.Fatal("participant changed its outcome")
+			}
+			if got := rowExists(t, ctx, table, 2); got != outerCommits {
+				t.Fatalf("participant's row present = %v", got)
+			}
+			if n := len(h.frames()); n != 1 {
+				t.Fatalf("%d frames, want one (participants have none)", n)
+			}
+		})
+	}
+}
+
+func TestRunParticipantFailureDoomsOwner(t *testing.T) {
+	ctx := testCtx(t)
+	h := newHarness(t, "", 2)
+	table := newTable(t, ctx)
+	boom := errors.New("participant failed")
+	res := Run(ctx, h.pool, DefaultPolicy(), func(ctx context.Context, tx pgx.Tx) (int, error) {
+		r := Run(ctx, h.pool, Policy{Propagation: Mandatory, MaxAttempts: 1}, func(ctx context.Context, tx pgx.Tx) (int, error) {
+			insertFn(table, 2)(ctx, tx)
+			return 0, boom
+		})
+		if rb, ok := r.(outcome.DeterminateRollback[int]); !ok || rb.Retryable() {
+			t.Errorf("participant failure = %T", r)
+		}
+		return insertFn(table, 1)(ctx, tx) // the owner ignores the failure
+	})
+	rb, ok := res.(outcome.DeterminateRollback[int])
+	if !ok || !errors.Is(rb.Cause(), boom) {
+		t.Fatalf("owner = %T %+v, want a rollback caused by the participant", res, res)
+	}
+	if rowExists(t, ctx, table, 1) || rowExists(t, ctx, table, 2) {
+		t.Fatal("a doomed transaction committed")
+	}
+}
+
+// TestRunRetriesSerializationFailure: two goroutines force a 40001; the loser is
+// retried to success.
+func TestRunRetriesSerializationFailure(t *testing.T) {
+	ctx := testCtx(t)
+	h := newHarness(t, "", 4)
+	table := newTable(t, ctx)
+	if err := srv.Exec(ctx, "insert into "+table+" (id, k, v) values (1, 1, 0), (2, 2, 0)"); err != nil {
+		t.Fatal(err)
+	}
+	p := DefaultPolicy()
+	p.IsoLevel, p.MaxAttempts = pgx.Serializable, 5
+	var calls [2]atomic.Int32
+	readDone := make(chan struct{}, 2)
+	bothRead := make(chan struct{})
+	go func() { <-readDone; <-readDone; close(bothRead) }()
+	var wg sync.WaitGroup
+	results := make([]outcome.Result[int], 2)
+	for w := range 2 {
+		wg.Go(func() {
+			results[w] = Run(ctx, h.pool, p, func(ctx context.Context, tx pgx.Tx) (int, error) {
+				attempt := calls[w].Add(1)
+				var sum int
+				if err := tx.QueryRow(ctx, fmt.Sprintf("select coalesce(sum(v), 0) from %s where k = %d", table, w+1)).Scan(&sum); err != nil {
+					return 0, err
+				}
+				if attempt == 1 {
+					readDone <- struct{}{}
+					<-bothRead // both first attempts read before either writes: write skew
+				}
+				_, err := tx.Exec(ctx, fmt.Sprintf("update %s set v = v + %d where k = %d", table, sum+1, 2-w))
+				return int(attempt), err
+			})
+		})
+	}
+	wg.Wait()
+	retried := 0
+	for w, r := range results {
+		c, ok := r.(outcome.Committed[int])
+		if !ok {
+			t.Fatalf("worker %d: %T %+v", w, r, r)
+		}
+		if c.Value() > 1 {
+			retried++
+		}
+	}
+	if retried != 1 {
+		t.Fatalf("want exactly one worker retried, got %d (calls %d, %d)", retried, calls[0].Load(), calls[1].Load())
+	}
+	var retryEvents, failedFrames int
+	for _, f := range h.frames() {
+		if v, _ := attr(f, OutcomeKey); v.AsString() == "rolled_back" {
+			failedFrames++
+			wantAttr(t, f, "tx.retryable", "true")
+			wantAttr(t, f, "error.type", "serialization_failure")
+		}
+		for _, e := range eventNames(f) {
+			if e == EventRetry {
+				retryEvents++
+			}
+		}
+	}
+	if failedFrames != 1 || retryEvents != 1 {
+		t.Fatalf("failed frames %d, retry events %d; want 1 and 1", failedFrames, retryEvents)
+	}
+}
+
+func TestRunDeferredViolationNotRetried(t *testing.T) {
+	ctx := testCtx(t)
+	h := newHarness(t, "", 2)
+	table := newTable(t, ctx)
+	if err := srv.Exec(ctx, "insert into "+table+" (id, k) values (1, 7)"); err != nil {
+		t.Fatal(err)
+	}
+	p := DefaultPolicy()
+	p.MaxAttempts = 5
+	calls := 0
+	res := Run(ctx, h.pool, p, func(ctx context.Context, tx pgx.Tx) (int, error) {
+		calls++
+		_, err := tx.Exec(ctx, "insert into "+table+" (id, k) values (2, 7)")
+		return 0, err
+	})
+	rb, ok := res.(outcome.DeterminateRollback[int])
+	var pgErr *pgconn.PgError
+	if !ok || rb.Retryable() || rb.Phase() != outcome.PhaseCommitting || !errors.As(rb.Cause(), &pgErr) || pgErr.Code != "23505" {
+		t.Fatalf("result = %T %+v", res, res)
+	}
+	if calls != 1 {
+		t.Fatalf("fn called %d times", calls)
+	}
+}
+
+// TestRunIndeterminateNeverRetried: the backend dies in the synchronous-replication wait.
+// The result is Indeterminate with a reference, fn ran once, and the reconciler finds the
+// commit.
+func TestRunIndeterminateNeverRetried(t *testing.T) {
+	ctx := testCtx(t)
+	h := newHarness(t, "", 2)
+	table := newTable(t, ctx)
+	p := DefaultPolicy()
+	p.MaxAttempts = 5
+	var calls atomic.Int32
+	pids := make(chan uint32, 1)
+	go func() {
+		pid := <-pids
+		if err := srv.WaitForWaitEvent(ctx, pid, "SyncRep"); err != nil {
+			t.Error(err)
+			return
+		}
+		if err := srv.Terminate(ctx, pid); err != nil {
+			t.Error(err)
+		}
+	}()
+	res := Run(ctx, h.pool, p, func(ctx context.Context, tx pgx.Tx) (int, error) {
+		calls.Add(1)
+		if _, err := tx.Exec(ctx, "set local synchronous_commit = on"); err != nil {
+			return 0, err
+		}
+		pids <- tx.Conn().PgConn().PID()
+		return insertFn(table, 1)(ctx, tx)
+	})
+	ind, ok := res.(outcome.Indeterminate[int])
+	if !ok {
+		t.Fatalf("result = %T %+v, want Indeterminate", res, res)
+	}
+	if calls.Load() != 1 {
+		t.Fatalf("fn called %d times: an indeterminate commit was replayed", calls.Load())
+	}
+	ref, ok := ind.Reference()
+	if !ok || ref.NoWrites() || !ind.CommittedLocally() || ind.TraceParent() == "" {
+		t.Fatalf("reference %v %v, committed locally %v, traceparent %q", ref, ok, ind.CommittedLocally(), ind.TraceParent())
+	}
+	f := onlyFrame(t, h)
+	wantAttr(t, f, "tx.outcome", "indeterminate")
+	wantAttr(t, f, "tx.reconciliation.xid", fmt.Sprint(ref.XID))
+	wantStatus(t, f, codes.Unset, "")
+
+	rec, err := NewReconciler(h.pool, WithTracerProvider(h.tp))
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := Reconcile(ctx, rec, ind)
+	if err != nil || got.Resolved() != ResolvedCommitted {
+		t.Fatalf("reconciled %v (%s), %v; want committed", got.Resolved(), got.Reason(), err)
+	}
+	if !rowExists(t, ctx, table, 1) {
+		t.Fatal("row absent after a reconciled commit")
+	}
+	// The reconciliation span links to the frame.
+	var linked bool
+	for _, s := range h.exp.GetSpans() {
+		if s.Name == SpanNameReconcile {
+			wantAttr(t, s, "tx.outcome.resolved", "committed")
+			for _, l := range s.Links {
+				linked = linked || l.SpanContext.SpanID() == f.SpanContext.SpanID()
+			}
+		}
+	}
+	if !linked {
+		t.Fatal("no tx.reconcile span linked to the frame")
+	}
+}
+
+// TestRunIndeterminateIdleTermination: the backend is terminated while the transaction
+// is idle; COMMIT is then written to a dead connection. The client cannot know, so the
+// outcome is indeterminate; with the connection already gone no xid could be read in
+// COMMIT's round trip, so reconciliation honestly stays unknown. The ground truth is
+// aborted.
+func TestRunIndeterminateIdleTermination(t *testing.T) {
+	ctx := testCtx(t)
+	h := newHarness(t, "", 2)
+	table := newTable(t, ctx)
+	res := Run(ctx, h.pool, DefaultPolicy(), func(ctx context.Context, tx pgx.Tx) (int, error) {
+		if _, err := insertFn(table, 1)(ctx, tx); err != nil {
+			return 0, err
+		}
+		pid := tx.Conn().PgConn().PID()
+		if err := srv.Terminate(ctx, pid); err != nil {
+			return 0, err
+		}
+		return 1, waitBackendGone(ctx, pid)
+	})
+	ind, ok := res.(outcome.Indeterminate[int])
+	if !ok {
+		t.Fatalf("result = %T %+v", res, res)
+	}
+	rec, err := NewReconciler(h.pool)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := Reconcile(ctx, rec, ind)
+	if err != nil || got.Resolved() != ResolvedUnknown || got.Reason() != UnknownNoReference {
+		t.Fatalf("reconciled %v (%s), %v", got.Resolved(), got.Reason(), err)
+	}
+	if rowExists(t, ctx, table, 1) {
+		t.Fatal("row present")
+	}
+}
+
+func waitBackendGone(ctx context.Context, pid uint32) error {
+	conn, err := srv.Conn(ctx)
+	if err != nil {
+		return err
+	}
+	defer conn.Close(ctx)
+	for {
+		var n int
+		if err := conn.QueryRow(ctx, "select count(*) from pg_stat_activity where pid = $1", int32(pid)).Scan(&n); err != nil {
+			return err
+		}
+		if n == 0 {
+			return nil
+		}
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+	}
+}
+
+func TestReconcilerAbortedNoWritesAndUnknowns(t *testing.T) {
+	ctx := testCtx(t)
+	h := newHarness(t, "", 2)
+	table := newTable(t, ctx)
+	rec, err := NewReconciler(h.pool, WithReconcileWait(0, time.Millisecond))
+	if err != nil {
+		t.Fatal(err)
+	}
+	// A real transaction's reference, then rolled back: aborted.
+	var ref outcome.ReconciliationRef
+	res := Run(ctx, h.pool, DefaultPolicy(), func(ctx context.Context, tx pgx.Tx) (int, error) {
+		if _, err := insertFn(table, 1)(ctx, tx); err != nil {
+			return 0, err
+		}
+		var xid uint64
+		if err := tx.QueryRow(ctx, "select pg_current_xact_id()::text::bigint").Scan(&xid); err != nil {
+			return 0, err
+		}
+		st := stateOf(tx.Conn().PgConn())
+		if err := readIdentity(ctx, tx.Conn().PgConn(), st); err != nil {
+			return 0, err
+		}
+		ref = outcome.ReconciliationRef{XID: xid, SystemIdentifier: st.systemID, Timeline: st.timeline}
+		return 0, errors.New("roll it back")
+	})
+	if _, ok := res.(outcome.DeterminateRollback[int]); !ok {
+		t.Fatalf("result = %T", res)
+	}
+	cases := []struct {
+		name   string
+		ref    outcome.ReconciliationRef
+		want   Resolved
+		reason string
+	}{
+		{"aborted", ref, ResolvedAborted, ""},
+		{"no writes", outcome.ReconciliationRef{XID: 0, SystemIdentifier: ref.SystemIdentifier, Timeline: ref.Timeline}, ResolvedNoWrites, ""},
+		{"other system", outcome.ReconciliationRef{XID: ref.XID, SystemIdentifier: ref.SystemIdentifier + 1, Timeline: ref.Timeline}, ResolvedUnknown, UnknownOtherSystem},
+		{"other timeline", outcome.ReconciliationRef{XID: ref.XID, SystemIdentifier: ref.SystemIdentifier, Timeline: ref.Timeline + 1}, ResolvedUnknown, UnknownOtherTimeline},
+		{"in the future", outcome.ReconciliationRef{XID: ref.XID + 1_000_000, SystemIdentifier: ref.SystemIdentifier, Timeline: ref.Timeline}, ResolvedUnknown, UnknownInTheFuture},
+		{"too old", outcome.ReconciliationRef{XID: 3, SystemIdentifier: ref.SystemIdentifier, Timeline: ref.Timeline}, ResolvedUnknown, UnknownTooOld},
+	}
+	for _, tc := range cases {
+		got, err := rec.Resolve(ctx, tc.ref, trace.SpanContext{})
+		if err != nil || got.Resolved() != tc.want || got.Reason() != tc.reason {
+			t.Errorf("%s: %v %q %v; want %v %q", tc.name, got.Resolved(), got.Reason(), err, tc.want, tc.reason)
+		}
+	}
+	// In progress: a transaction that stays open past the bounded wait.
+	conn, err := srv.Conn(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	var open uint64
+	mustExec(t, ctx, conn, "begin")
+	if err := conn.QueryRow(ctx, "select pg_current_xact_id()::text::bigint").Scan(&open); err != nil {
+		t.Fatal(err)
+	}
+	got, err := rec.Resolve(ctx, outcome.ReconciliationRef{XID: open, SystemIdentifier: ref.SystemIdentifier, Timeline: ref.Timeline}, trace.SpanContext{})
+	if err != nil || got.Resolved() != ResolvedUnknown || got.Reason() != UnknownInProgress {
+		t.Fatalf("open transaction: %v %q %v", got.Resolved(), got.Reason(), err)
+	}
+	mustExec(t, ctx, conn, "rollback")
+	// Malformed references are errors, not guesses.
+	if _, err := rec.Resolve(ctx, outcome.ReconciliationRef{XID: 5}, trace.SpanContext{}); !errors.Is(err, ErrInvalidArgument) {
+		t.Fatalf("malformed reference: %v", err)
+	}
+	if _, err := outcome.ParseReconciliationRef("pg:1/x/3"); err == nil {
+		t.Fatal("malformed reference text parsed")
+	}
+}
+
+func TestRunPostCommitFailure(t *testing.T) {
+	ctx := testCtx(t)
+	h := newHarness(t, "", 2)
+	table := newTable(t, ctx)
+	var ran []string
+	hookErr := errors.New("publish failed")
+	res := Run(ctx, h.pool, DefaultPolicy(), func(ctx context.Context, tx pgx.Tx) (int, error) {
+		if err := AfterCommit(ctx, func(context.Context) error { ran = append(ran, "owner"); return hookErr }); err != nil {
+			return 0, err
+		}
+		Run(ctx, h.pool, DefaultPolicy(), func(ctx context.Context, tx pgx.Tx) (int, error) {
+			return 0, AfterCommit(ctx, func(context.Context) error { ran = append(ran, "participant"); return nil })
+		})
+		return insertFn(table, 1)(ctx, tx)
+	})
+	pc, ok := res.(outcome.CommittedWithPostCommitFailure[int])
+	if !ok || !errors.Is(pc.Failure(), hookErr) {
+		t.Fatalf("result = %T %+v", res, res)
+	}
+	if strings.Join(ran, ",") != "owner,participant" {
+		t.Fatalf("hooks ran: %v", ran)
+	}
+	if !rowExists(t, ctx, table, 1) {
+		t.Fatal("the commit was undone")
+	}
+	f := onlyFrame(t, h)
+	wantAttr(t, f, "tx.outcome", "committed_with_post_commit_failure")
+	wantStatus(t, f, codes.Ok, "")
+	kids := h.children(f)
+	var post bool
+	for _, k := range kids {
+		if k.Name == SpanNamePostCommit {
+			post = true
+			if k.Status.Code != codes.Error {
+				t.Fatalf("post-commit span status %v", k.Status)
+			}
+		}
+	}
+	if !post {
+		t.Fatal("no tx.post_commit child span")
+	}
+	// A rollback discards hooks.
+	ran = nil
+	Run(ctx, h.pool, DefaultPolicy(), func(ctx context.Context, tx pgx.Tx) (int, error) {
+		AfterCommit(ctx, func(context.Context) error { ran = append(ran, "discarded"); return nil })
+		return 0, errors.New("no")
+	})
+	if len(ran) != 0 {
+		t.Fatalf("hooks of a rolled-back transaction ran: %v", ran)
+	}
+}
+
+func TestRunRequiresNewInsideRequired(t *testing.T) {
+	ctx := testCtx(t)
+	h := newHarness(t, "", 2)
+	table := newTable(t, ctx)
+	var inner outcome.Result[int]
+	res := Run(ctx, h.pool, DefaultPolicy(), func(ctx context.Context, tx pgx.Tx) (int, error) {
+		if _, err := insertFn(table, 1)(ctx, tx); err != nil {
+			return 0, err
+		}
+		p := DefaultPolicy()
+		p.Propagation = RequiresNew
+		inner = Run(ctx, h.pool, p, insertFn(table, 2))
+		return 0, errors.New("outer rolls back")
+	})
+	if _, ok := inner.(outcome.Committed[int]); !ok {
+		t.Fatalf("inner = %T %+v", inner, inner)
+	}
+	if _, ok := res.(outcome.DeterminateRollback[int]); !ok {
+		t.Fatalf("outer = %T", res)
+	}
+	if rowExists(t, ctx, table, 1) || !rowExists(t, ctx, table, 2) {
+		t.Fatal("want the inner row kept and the outer row gone")
+	}
+	fs := h.frames()
+	if len(fs) != 2 {
+		t.Fatalf("%d frames", len(fs))
+	}
+	o, i := fs[0], fs[1]
+	if i.Parent.SpanID() != o.SpanContext.SpanID() {
+		t.Fatal("inner frame is not a child of the outer")
+	}
+	wantAttr(t, i, "tx.frame.depth", "1")
+	wantAttr(t, i, "tx.propagation", "requires_new")
+	wantEvents(t, o, "tx.phase.active", "tx.suspended", "tx.resumed", "tx.phase.rolled_back")
+	wantStatus(t, o, codes.Error, StatusDescriptionRolledBack)
+}
+
+func TestRunNestedSavepoint(t *testing.T) {
+	ctx := testCtx(t)
+	h := newHarness(t, "", 2)
+	table := newTable(t, ctx)
+	var hooks []string
+	var nested outcome.Result[int]
+	res := Run(ctx, h.pool, DefaultPolicy(), func(ctx context.Context, tx pgx.Tx) (int, error) {
+		if _, err := insertFn(table, 1)(ctx, tx); err != nil {
+			return 0, err
+		}
+		p := DefaultPolicy()
+		p.Propagation = Nested
+		nested = Run(ctx, h.pool, p, func(ctx context.Context, tx pgx.Tx) (int, error) {
+			AfterCommit(ctx, func(context.Context) error { hooks = append(hooks, "nested"); return nil })
+			insertFn(table, 2)(ctx, tx)
+			return 0, errors.New("undo the nested part")
+		})
+		ok := Run(ctx, h.pool, p, insertFn(table, 3))
+		if _, is := ok.(outcome.Participating[int]); !is {
+			t.Errorf("released savepoint = %T", ok)
+		}
+		return 1, nil
+	})
+	if _, ok := res.(outcome.Committed[int]); !ok {
+		t.Fatalf("outer = %T %+v", res, res)
+	}
+	if rb, ok := nested.(outcome.DeterminateRollback[int]); !ok || rb.Retryable() {
+		t.Fatalf("nested = %T", nested)
+	}
+	if !rowExists(t, ctx, table, 1) || rowExists(t, ctx, table, 2) || !rowExists(t, ctx, table, 3) {
+		t.Fatal("savepoint rollback not as expected in the table")
+	}
+	if len(hooks) != 0 {
+		t.Fatalf("hooks of a rolled-back savepoint ran: %v", hooks)
+	}
+	wantEvents(t, onlyFrame(t, h), "tx.phase.active", "tx.savepoint.created", "tx.savepoint.rolled_back",
+		"tx.savepoint.created", "tx.savepoint.released", "tx.phase.committing", "tx.phase.committed")
+}
+
+func TestRunPanicRollsBack(t *testing.T) {
+	ctx := testCtx(t)
+	h := newHarness(t, "", 1)
+	table := newTable(t, ctx)
+	func() {
+		defer func() {
+			if p := recover(); p != "boom" {
+				t.Fatalf("recovered %v, want the original panic", p)
+			}
+		}()
+		Run(ctx, h.pool, DefaultPolicy(), func(ctx context.Context, tx pgx.Tx) (int, error) {
+			insertFn(table, 1)(ctx, tx)
+			panic("boom")
+		})
+	}()
+	f := onlyFrame(t, h)
+	wantAttr(t, f, "tx.outcome", "rolled_back")
+	wantStatus(t, f, codes.Error, StatusDescriptionRolledBack)
+	if rowExists(t, ctx, table, 1) {
+		t.Fatal("row present after panic")
+	}
+	h.wantNoFrames(t, ctx)
+	// The pool's only connection is back and usable.
+	if r := Run(ctx, h.pool, DefaultPolicy(), insertFn(table, 2)); r.Outcome() != outcome.OutcomeCommitted {
+		t.Fatalf("after panic: %T", r)
+	}
+}
+
+func TestRunBadInput(t *testing.T) {
+	ctx := testCtx(t)
+	h := newHarness(t, "", 1)
+	fn := func(context.Context, pgx.Tx) (int, error) { return 0, nil }
+	bad := func(p Policy) Policy { return p }
+	zero := DefaultPolicy()
+	zero.MaxAttempts = 0
+	neg := DefaultPolicy()
+	neg.MaxAttempts = -1
+	iso := DefaultPolicy()
+	iso.IsoLevel = "snapshot"
+	conn, err := pgx.Connect(ctx, srv.ConnString())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	for name, res := range map[string]outcome.Result[int]{
+		"nil db":               Run[int](ctx, nil, DefaultPolicy(), fn),
+		"typed nil pool":       Run(ctx, (*pgxpool.Pool)(nil), DefaultPolicy(), fn),
+		"nil fn":               Run[int](ctx, h.pool, DefaultPolicy(), nil),
+		"zero attempts":        Run(ctx, h.pool, zero, fn),
+		"negative attempts":    Run(ctx, h.pool, neg, fn),
+		"unknown propagation":  Run(ctx, h.pool, bad(Policy{Propagation: 42, MaxAttempts: 1}), fn),
+		"zero policy":          Run(ctx, h.pool, Policy{}, fn),
+		"unknown isolation":    Run(ctx, h.pool, iso, fn),
+		"mandatory, no outer":  Run(ctx, h.pool, Policy{Propagation: Mandatory, MaxAttempts: 1}, fn),
+		"requires new on conn": Run(ctx, conn, DefaultPolicy(), func(ctx context.Context, tx pgx.Tx) (int, error) { return requiresNewOn(ctx, conn) }),
+		"requires new, pool of one": Run(ctx, h.pool, DefaultPolicy(), func(ctx context.Context, tx pgx.Tx) (int, error) {
+			return requiresNewOn(ctx, h.pool)
+		}),
+	} {
+		rb, ok := res.(outcome.DeterminateRollback[int])
+		if !ok || !errors.Is(rb.Cause(), ErrInvalidArgument) || rb.Retryable() {
+			t.Errorf("%s: %T %+v, want a non-retryable rollback wrapping ErrInvalidArgument", name, res, res)
+			continue
+		}
+		t.Logf("%s: %v", name, rb.Cause())
+	}
+	if _, err := NewReconciler(nil); !errors.Is(err, ErrInvalidArgument) {
+		t.Fatalf("NewReconciler(nil) = %v", err)
+	}
+	if err := AfterCommit(ctx, func(context.Context) error { return nil }); !errors.Is(err, ErrInvalidArgument) {
+		t.Fatalf("AfterCommit outside Run = %v", err)
+	}
+}
+
+// requiresNewOn runs a RequiresNew on db and returns the inner result's cause as error.
+func requiresNewOn(ctx context.Context, db DB) (int, error) {
+	p := DefaultPolicy()
+	p.Propagation = RequiresNew
+	r := Run(ctx, db, p, func(context.Context, pgx.Tx) (int, error) { return 0, nil })
+	if rb, ok := r.(outcome.DeterminateRollback[int]); ok {
+		return 0, rb.Cause()
+	}
+	return 0, fmt.Errorf("RequiresNew gave %T", r)
+}
+
+// TestRunCaptureAddsNoRoundTrip counts round trips at the proxy: a Run with one statement
+// takes as many with reference capture as without.
+func TestRunCaptureAddsNoRoundTrip(t *testing.T) {
+	ctx := testCtx(t)
+	proxy, err := pgtest.NewProxy(fmt.Sprintf("%s:%d", srv.Host(), srv.Port()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer proxy.Close()
+	h := newHarness(t, proxy.ConnString(srv.ConnString()), 1)
+	table := newTable(t, ctx)
+	count := func(capture bool, id int) int64 {
+		p := DefaultPolicy()
+		p.CaptureReference = capture
+		proxy.ResetRoundTrips()
+		if r := Run(ctx, h.pool, p, insertFn(table, id)); r.Outcome() != outcome.OutcomeCommitted {
+			t.Fatalf("%T", r)
+		}
+		return proxy.RoundTrips()
+	}
+	count(true, 1) // warm up: the pool connects (and reads the cluster identity) here
+	with, without := count(true, 2), count(false, 3)
+	t.Logf("round trips: with capture %d, without %d", with, without)
+	if with != without {
+		t.Fatalf("round trips with capture %d, without %d", with, without)
+	}
+}
