@@ -1,7 +1,7 @@
 package classifier_test
 
 // Real-server tests: every row of DESIGN.md §5, produced with real pgx v5 calls against a
-// throw-away PostgreSQL (internal/pgtest), classified, and checked against the ground truth
+// throw-away PostgreSQL (pgtest), classified, and checked against the ground truth
 // the server reports afterwards (pg_xact_status of the xid captured before COMMIT, and the
 // row itself, read over an admin connection).
 //
@@ -23,7 +23,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn/ctxwatch"
 
 	"github.com/txevidence/otelpgxtx/classifier"
-	"github.com/txevidence/otelpgxtx/internal/pgtest"
+	"github.com/txevidence/otelpgxtx/pgtest"
 	"github.com/txevidence/otelpgxtx/outcome"
 )
 

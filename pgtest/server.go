@@ -2,6 +2,10 @@
 // fault-injecting TCP proxy in front of it. Tests start the cluster
 // themselves (see Main), so nothing but the PostgreSQL server programs has to
 // be installed.
+//
+// It is public so that the runnable examples, which are modules of their own, can
+// start the same server the tests use; it is a test harness, not part of the
+// instrumentation API.
 package pgtest
 
 import (
