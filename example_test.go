@@ -1,0 +1,108 @@
+package otelpgxtx_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log"
+	"os"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/txevidence/otelpgxtx"
+	"github.com/txevidence/otelpgxtx/outcome"
+)
+
+// Instrumenting a pool: every transaction becomes one span with its evidence phases and
+// its tx.outcome, with otelpgx's statement spans under it.
+func ExampleInstrumentPool() {
+	ctx := context.Background()
+	cfg, err := pgxpool.ParseConfig(os.Getenv("DATABASE_URL"))
+	if err != nil {
+		log.Fatal(err)
+	}
+	if _, err := otelpgxtx.InstrumentPool(cfg); err != nil {
+		log.Fatal(err)
+	}
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer pool.Close()
+
+	// Unchanged application code: this transaction is traced as one frame span.
+	tx, err := pool.Begin(ctx)
+	if err != nil {
+		log.Fatal(err)
+	}
+	if _, err := tx.Exec(ctx, "insert into orders (id) values (1)"); err != nil {
+		log.Fatal(err)
+	}
+	if err := tx.Commit(ctx); err != nil {
+		log.Print(err) // the span says whether this was a rollback or an unknown commit
+	}
+}
+
+// Run returns the outcome algebra as a type: each case does only what its outcome allows.
+func ExampleRun() {
+	ctx := context.Background()
+	var pool *pgxpool.Pool // instrumented with otelpgxtx.InstrumentPool
+
+	policy := otelpgxtx.DefaultPolicy()
+	policy.IsoLevel = pgx.Serializable
+	res := otelpgxtx.Run(ctx, pool, policy, func(ctx context.Context, tx pgx.Tx) (int64, error) {
+		var id int64
+		err := tx.QueryRow(ctx, "insert into orders (total) values (42) returning id").Scan(&id)
+		if err == nil {
+			err = otelpgxtx.AfterCommit(ctx, func(ctx context.Context) error {
+				return publishOrderCreated(ctx, id) // runs only after the physical commit
+			})
+		}
+		return id, err
+	})
+
+	switch r := res.(type) {
+	case outcome.Committed[int64]:
+		fmt.Println("order", r.Value())
+	case outcome.Participating[int64]:
+		fmt.Println("joined the caller's transaction: nothing is committed yet")
+	case outcome.DeterminateRollback[int64]:
+		fmt.Println("not created:", r.Cause()) // retryable ones were already retried
+	case outcome.Indeterminate[int64]:
+		// Never replay: queue it for reconciliation.
+		ref, _ := r.Reference()
+		fmt.Println("unknown; reconcile", r.OperationID(), ref)
+	case outcome.CommittedWithPostCommitFailure[int64]:
+		fmt.Println("order", r.Value(), "created; event not published:", r.Failure())
+	}
+}
+
+// A reconciliation loop resolves indeterminate commits from PostgreSQL's own records.
+func ExampleReconcile() {
+	ctx := context.Background()
+	var pool *pgxpool.Pool
+	var pending []outcome.Indeterminate[int64] // e.g. read back from a durable queue
+
+	rec, err := otelpgxtx.NewReconciler(pool)
+	if err != nil {
+		log.Fatal(err)
+	}
+	for _, ind := range pending {
+		res, err := otelpgxtx.Reconcile(ctx, rec, ind)
+		switch {
+		case err != nil:
+			log.Print(err) // the database did not answer: try again later
+		case res.Resolved() == otelpgxtx.ResolvedCommitted:
+			fmt.Println(ind.OperationID(), "committed: continue with follow-up work")
+		case res.Resolved() == otelpgxtx.ResolvedAborted:
+			fmt.Println(ind.OperationID(), "not applied: safe to run again")
+		case res.Resolved() == otelpgxtx.ResolvedNoWrites:
+			fmt.Println(ind.OperationID(), "wrote nothing: its commit changed nothing")
+		default:
+			fmt.Println(ind.OperationID(), "still unknown:", res.Reason()) // never guess
+		}
+	}
+}
+
+func publishOrderCreated(context.Context, int64) error { return errors.New("not wired in this example") }
