@@ -186,3 +186,31 @@ func (h *harness) wantNoFrames(t *testing.T, ctx context.Context) {
 		}
 	}
 }
+
+// TestChainKeepsParent: the transaction that COMMIT AND CHAIN begins has the same parent
+// span as the one it follows, and a transaction found only after a statement has that
+// statement's caller's.
+func TestChainKeepsParent(t *testing.T) {
+	ctx := testCtx(t)
+	h := newHarness(t, "", 1)
+	rctx, root := rootSpan(ctx, h)
+	withConn(t, rctx, h, func(c *pgx.Conn) {
+		mustExec(t, rctx, c, "begin", "commit and chain", "commit")
+		// A BEGIN the tracer cannot see (sent through pgconn directly): the next
+		// statement finds the transaction and frames it under its caller's span.
+		if _, err := c.PgConn().Exec(rctx, "begin").ReadAll(); err != nil {
+			t.Fatal(err)
+		}
+		mustExec(t, rctx, c, "select 1")
+		mustExec(t, rctx, c, "rollback")
+	})
+	root.End()
+	fs := h.frames()
+	if len(fs) != 3 {
+		t.Fatalf("%d frames", len(fs))
+	}
+	for _, f := range fs {
+		wantParent(t, f, root)
+	}
+	wantOutcomes(t, h, "committed", "committed", "rolled_back")
+}

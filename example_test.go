@@ -105,4 +105,6 @@ func ExampleReconcile() {
 	}
 }
 
-func publishOrderCreated(context.Context, int64) error { return errors.New("not wired in this example") }
+func publishOrderCreated(context.Context, int64) error {
+	return errors.New("not wired in this example")
+}

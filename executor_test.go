@@ -16,8 +16,8 @@ import (
 	"go.opentelemetry.io/otel/codes"
 	"go.opentelemetry.io/otel/trace"
 
-	"github.com/txevidence/otelpgxtx/pgtest"
 	"github.com/txevidence/otelpgxtx/outcome"
+	"github.com/txevidence/otelpgxtx/pgtest"
 )
 
 // insertFn returns a Run function that inserts id into table and returns it.

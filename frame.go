@@ -24,8 +24,11 @@ type frame struct {
 	id     outcome.OperationID
 	depth  int
 	parent *frame // the suspended outer frame, or nil
-	conn   *pgconn.PgConn
-	start  time.Time
+	// parentSpan is the span context the frame span was started under, so that a chained
+	// transaction (COMMIT AND CHAIN) gets the same parent.
+	parentSpan trace.SpanContext
+	conn       *pgconn.PgConn
+	start      time.Time
 
 	phase atomic.Uint32 // outcome.Phase
 	done  atomic.Bool   // the evidence is in: the frame left its connection
@@ -48,6 +51,15 @@ type frame struct {
 	ref         *outcome.ReconciliationRef
 }
 
+// startCtx rebuilds the context f was begun in, for the frame that a chain begins.
+func (f *frame) startCtx() context.Context {
+	ctx := trace.ContextWithSpanContext(context.Background(), f.parentSpan)
+	if f.parent != nil {
+		ctx = contextWithFrame(ctx, f.parent)
+	}
+	return ctx
+}
+
 func (f *frame) currentPhase() outcome.Phase { return outcome.Phase(f.phase.Load()) }
 
 // open reports whether f's transaction is still going on.
@@ -67,6 +79,7 @@ type connState struct {
 // queryState is what a statement's start hands to its end.
 type queryState struct {
 	ctx       context.Context // what Start returned: End gets it back
+	callerCtx context.Context // what Start was given: the parent of a frame found at End
 	set       stmtSet
 	frame     *frame
 	savepoint string

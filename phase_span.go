@@ -26,7 +26,8 @@ var phaseEvents = func() (names [outcome.PhaseUnknown + 1]string) {
 // of the span in ctx; if ctx carries an open frame on another connection, that frame is
 // suspended and the new one is one level deeper.
 func (t *Tracer) startFrame(ctx context.Context, conn *pgx.Conn, st *connState, phase outcome.Phase) *frame {
-	f := &frame{t: t, conn: conn.PgConn(), id: outcome.NewOperationID(), start: time.Now()}
+	f := &frame{t: t, conn: conn.PgConn(), id: outcome.NewOperationID(), start: time.Now(),
+		parentSpan: trace.SpanContextFromContext(ctx)}
 	if outer := openFrameFromContext(ctx); outer != nil && outer.conn != f.conn {
 		f.parent, f.depth = outer, outer.depth+1
 	}

@@ -145,7 +145,7 @@ func (t *Tracer) endStatement(conn *pgx.Conn, st *connState, q *queryState, tag 
 		if inTx && st.frame == nil {
 			// A transaction we did not see begin (BEGIN inside a string we could not
 			// read): track it from here rather than not at all.
-			t.startFrame(context.Background(), conn, st, outcome.PhaseActive)
+			t.startFrame(q.callerCtx, conn, st, outcome.PhaseActive)
 		}
 		return
 	}
@@ -169,7 +169,7 @@ func (t *Tracer) endStatement(conn *pgx.Conn, st *connState, q *queryState, tag 
 	}
 	if q.set.chains() && inTx && st.frame == nil && err == nil {
 		// AND CHAIN began the next transaction at once, with the same characteristics.
-		next := t.startFrame(context.Background(), conn, st, outcome.PhaseActive)
+		next := t.startFrame(f.startCtx(), conn, st, outcome.PhaseActive)
 		next.isolation, next.accessMode = f.isolation, f.accessMode
 	}
 }
@@ -247,7 +247,7 @@ func (t *Tracer) TraceQueryStart(ctx context.Context, conn *pgx.Conn, data pgx.T
 	}
 	set := classifyStatements(data.SQL)
 	f := t.beginStatement(ctx, conn, st, set, data.SQL)
-	q := queryState{set: set, frame: f}
+	q := queryState{set: set, frame: f, callerCtx: ctx}
 	if set.savepoint() {
 		q.savepoint = savepointName(data.SQL)
 	}
@@ -295,7 +295,7 @@ func (t *Tracer) TraceBatchStart(ctx context.Context, conn *pgx.Conn, data pgx.T
 		set &^= 1 << stmtOther
 	}
 	f := t.beginStatement(ctx, conn, st, set, beginSQL)
-	q := queryState{set: set, frame: f}
+	q := queryState{set: set, frame: f, callerCtx: ctx}
 	ctx = withFrame(ctx, f)
 	if t.batch != nil {
 		ctx = t.batch.TraceBatchStart(ctx, conn, data)
@@ -342,7 +342,7 @@ func (t *Tracer) TraceCopyFromStart(ctx context.Context, conn *pgx.Conn, data pg
 	if st == nil {
 		return ctx
 	}
-	q := queryState{set: 1 << stmtOther, frame: t.beginStatement(ctx, conn, st, 1<<stmtOther, "")}
+	q := queryState{set: 1 << stmtOther, frame: t.beginStatement(ctx, conn, st, 1<<stmtOther, ""), callerCtx: ctx}
 	ctx = withFrame(ctx, q.frame)
 	if t.copy != nil {
 		ctx = t.copy.TraceCopyFromStart(ctx, conn, data)
@@ -372,7 +372,7 @@ func (t *Tracer) TracePrepareStart(ctx context.Context, conn *pgx.Conn, data pgx
 		return ctx
 	}
 	// Preparing a statement runs nothing: it neither begins nor commits.
-	q := queryState{set: 1 << stmtOther, frame: t.beginStatement(ctx, conn, st, 1<<stmtOther, "")}
+	q := queryState{set: 1 << stmtOther, frame: t.beginStatement(ctx, conn, st, 1<<stmtOther, ""), callerCtx: ctx}
 	ctx = withFrame(ctx, q.frame)
 	if t.prepare != nil {
 		ctx = t.prepare.TracePrepareStart(ctx, conn, data)
