@@ -68,6 +68,7 @@ func newHarness(t *testing.T, connString string, maxConns int32, opts ...Option)
 
 func newHarnessSampled(t *testing.T, connString string, maxConns int32, sampler sdktrace.Sampler, opts ...Option) *harness {
 	t.Helper()
+	leakCheck(t) // registered first, so it runs after the pool's Close
 	if connString == "" {
 		connString = srv.ConnString()
 	}
