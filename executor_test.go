@@ -301,7 +301,7 @@ func TestRunIndeterminateIdleTermination(t *testing.T) {
 		if err := srv.Terminate(ctx, pid); err != nil {
 			return 0, err
 		}
-		return 1, waitBackendGone(ctx, pid)
+		return 1, srv.WaitBackendGone(ctx, pid)
 	})
 	ind, ok := res.(outcome.Indeterminate[int])
 	if !ok {
@@ -317,26 +317,6 @@ func TestRunIndeterminateIdleTermination(t *testing.T) {
 	}
 	if rowExists(t, ctx, table, 1) {
 		t.Fatal("row present")
-	}
-}
-
-func waitBackendGone(ctx context.Context, pid uint32) error {
-	conn, err := srv.Conn(ctx)
-	if err != nil {
-		return err
-	}
-	defer conn.Close(ctx)
-	for {
-		var n int
-		if err := conn.QueryRow(ctx, "select count(*) from pg_stat_activity where pid = $1", int32(pid)).Scan(&n); err != nil {
-			return err
-		}
-		if n == 0 {
-			return nil
-		}
-		if ctx.Err() != nil {
-			return ctx.Err()
-		}
 	}
 }
 

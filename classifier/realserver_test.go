@@ -189,29 +189,14 @@ func currentXid(t *testing.T, ctx context.Context, q queryRower) uint64 {
 	return uint64(xid)
 }
 
-// waitXactDone polls pg_xact_status until the transaction is no longer "in progress" and
-// returns its final status.
+// waitXactDone waits until the transaction has settled and returns its status.
 func waitXactDone(t *testing.T, ctx context.Context, xid uint64) string {
 	t.Helper()
-	tick := time.NewTicker(realPoll)
-	defer tick.Stop()
-	for {
-		st, ok, err := srv.XactStatus(ctx, xid)
-		if err != nil {
-			t.Fatalf("XactStatus(%d): %v", xid, err)
-		}
-		if !ok {
-			t.Fatalf("XactStatus(%d) is NULL", xid)
-		}
-		if st != "in progress" {
-			return st
-		}
-		select {
-		case <-ctx.Done():
-			t.Fatalf("xid %d still in progress: %v", xid, ctx.Err())
-		case <-tick.C:
-		}
+	st, err := srv.WaitXactSettled(ctx, xid)
+	if err != nil {
+		t.Fatal(err)
 	}
+	return st
 }
 
 func checkXact(t *testing.T, ctx context.Context, xid uint64, want string) {

@@ -53,33 +53,26 @@ func (s *Server) signalBackend(ctx context.Context, fn string, pid uint32) error
 // equals event (e.g. "SyncRep", "PgSleep"). It fails when ctx ends or when
 // the backend is no longer listed, since then the event can never appear.
 func (s *Server) WaitForWaitEvent(ctx context.Context, pid uint32, event string) error {
-	return s.withConn(ctx, func(c *pgx.Conn) error {
-		tick := time.NewTicker(waitEventPoll)
-		defer tick.Stop()
-		var last *string
-		for {
-			// Each autocommit statement sees a fresh statistics snapshot.
-			err := c.QueryRow(ctx, "SELECT wait_event FROM pg_stat_activity WHERE pid = $1", int64(pid)).Scan(&last)
-			if errors.Is(err, pgx.ErrNoRows) {
-				return fmt.Errorf("pgtest: backend %d is not in pg_stat_activity (exited?)", pid)
-			}
-			if err == nil && last != nil && *last == event {
-				return nil
-			}
-			if err != nil && ctx.Err() == nil {
-				return err
-			}
-			select {
-			case <-ctx.Done():
-				seen := "NULL"
-				if last != nil {
-					seen = *last
-				}
-				return fmt.Errorf("pgtest: backend %d never reached wait_event %q (last seen %s): %w", pid, event, seen, ctx.Err())
-			case <-tick.C:
-			}
+	last := "NULL"
+	err := s.poll(ctx, fmt.Sprintf("backend %d to reach wait_event %q", pid, event), func(c *pgx.Conn) (bool, error) {
+		// Each autocommit statement sees a fresh statistics snapshot.
+		var we *string
+		err := c.QueryRow(ctx, "SELECT wait_event FROM pg_stat_activity WHERE pid = $1", int64(pid)).Scan(&we)
+		if errors.Is(err, pgx.ErrNoRows) {
+			return false, fmt.Errorf("pgtest: backend %d is not in pg_stat_activity (exited?)", pid)
 		}
+		if err != nil {
+			return false, err
+		}
+		if we != nil {
+			last = *we
+		}
+		return we != nil && *we == event, nil
 	})
+	if err != nil && ctx.Err() != nil {
+		return fmt.Errorf("%w (last seen %s)", err, last)
+	}
+	return err
 }
 
 // XactStatus reports pg_xact_status for a full transaction id (as returned
@@ -104,5 +97,63 @@ func (s *Server) Exec(ctx context.Context, sql string, args ...any) error {
 	return s.withConn(ctx, func(c *pgx.Conn) error {
 		_, err := c.Exec(ctx, sql, args...)
 		return err
+	})
+}
+
+// poll runs check on one admin connection every waitEventPoll until it reports done,
+// fails, or ctx ends. Tests wait on observable server state this way, never on sleeps.
+func (s *Server) poll(ctx context.Context, what string, check func(*pgx.Conn) (bool, error)) error {
+	return s.withConn(ctx, func(c *pgx.Conn) error {
+		tick := time.NewTicker(waitEventPoll)
+		defer tick.Stop()
+		for {
+			done, err := check(c)
+			if err != nil || done {
+				return err
+			}
+			select {
+			case <-ctx.Done():
+				return fmt.Errorf("pgtest: waiting for %s: %w", what, ctx.Err())
+			case <-tick.C:
+			}
+		}
+	})
+}
+
+// WaitXactSettled polls pg_xact_status until the transaction is no longer "in
+// progress" and returns "committed" or "aborted". A backend that lost its client
+// (terminated, cut by a proxy) finishes its transaction asynchronously.
+func (s *Server) WaitXactSettled(ctx context.Context, xid uint64) (string, error) {
+	var status string
+	err := s.poll(ctx, fmt.Sprintf("xid %d to settle", xid), func(c *pgx.Conn) (bool, error) {
+		var st *string
+		if err := c.QueryRow(ctx, "SELECT pg_xact_status($1::xid8)", xid).Scan(&st); err != nil {
+			return false, err
+		}
+		if st == nil {
+			return false, fmt.Errorf("pgtest: pg_xact_status(%d) is NULL", xid)
+		}
+		status = *st
+		return status != "in progress", nil
+	})
+	return status, err
+}
+
+// WaitBackendGone polls until the backend with pid has left pg_stat_activity.
+func (s *Server) WaitBackendGone(ctx context.Context, pid uint32) error {
+	return s.poll(ctx, fmt.Sprintf("backend %d to exit", pid), func(c *pgx.Conn) (bool, error) {
+		var n int
+		err := c.QueryRow(ctx, "SELECT count(*) FROM pg_stat_activity WHERE pid = $1", int64(pid)).Scan(&n)
+		return n == 0, err
+	})
+}
+
+// WaitQuiet polls until no other client backend is running a statement or sits in a
+// transaction: then every commit a lost client left behind has finished.
+func (s *Server) WaitQuiet(ctx context.Context) error {
+	return s.poll(ctx, "the server to be quiet", func(c *pgx.Conn) (bool, error) {
+		var n int
+		err := c.QueryRow(ctx, "SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'client backend' AND state <> 'idle' AND pid <> pg_backend_pid()").Scan(&n)
+		return n == 0, err
 	})
 }

@@ -29,30 +29,14 @@ func testCtx(t *testing.T) context.Context {
 	return ctx
 }
 
-// waitXactDone polls until the transaction is no longer "in progress" and
-// returns its final status: a backend that lost its client (terminated, or
-// cut by the proxy) finishes asynchronously.
+// waitXactDone waits until the transaction has settled and returns its status.
 func waitXactDone(t *testing.T, ctx context.Context, xid uint64) string {
 	t.Helper()
-	tick := time.NewTicker(2 * time.Millisecond)
-	defer tick.Stop()
-	for {
-		st, ok, err := srv.XactStatus(ctx, xid)
-		if err != nil {
-			t.Fatalf("XactStatus(%d): %v", xid, err)
-		}
-		if !ok {
-			t.Fatalf("XactStatus(%d) is NULL", xid)
-		}
-		if st != "in progress" {
-			return st
-		}
-		select {
-		case <-ctx.Done():
-			t.Fatalf("xid %d still in progress: %v", xid, ctx.Err())
-		case <-tick.C:
-		}
+	st, err := srv.WaitXactSettled(ctx, xid)
+	if err != nil {
+		t.Fatal(err)
 	}
+	return st
 }
 
 // countRows counts rows with id in table over a direct admin connection.
