@@ -12,9 +12,14 @@ import (
 	"github.com/txevidence/otelpgxtx/outcome"
 )
 
-// identitySQL reads what makes an xid meaningful: the cluster's system identifier and
-// its current timeline. After a failover the same xid may name another transaction.
-const identitySQL = "select s.system_identifier::text, c.timeline_id::text from pg_control_system() s, pg_control_checkpoint() c"
+// identitySQL reads what makes an xid meaningful: the cluster's system identifier, its
+// current timeline and the server's start time. After a failover, and after a crash
+// restart, the same xid may name another transaction.
+const identitySQL = "select s.system_identifier::text, c.timeline_id::text, " + serverStartSQL +
+	" from pg_control_system() s, pg_control_checkpoint() c"
+
+// serverStartSQL is pg_postmaster_start_time() in microseconds since the Unix epoch.
+const serverStartSQL = "(extract(epoch from pg_postmaster_start_time()) * 1000000)::bigint::text"
 
 // captureSQL reads the transaction's xid without assigning one: NULL means the
 // transaction wrote nothing, so its commit changes nothing.
@@ -32,16 +37,17 @@ func readIdentity(ctx context.Context, pg *pgconn.PgConn, st *connState) error {
 	if err != nil {
 		return fmt.Errorf("otelpgxtx: reading the cluster identity: %w", err)
 	}
-	if len(results) != 1 || len(results[0].Rows) != 1 || len(results[0].Rows[0]) != 2 {
+	if len(results) != 1 || len(results[0].Rows) != 1 || len(results[0].Rows[0]) != 3 {
 		return errors.New("otelpgxtx: reading the cluster identity: unexpected result shape")
 	}
 	row := results[0].Rows[0]
 	sys, err1 := strconv.ParseUint(string(row[0]), 10, 64)
 	tli, err2 := strconv.ParseUint(string(row[1]), 10, 32)
-	if err1 != nil || err2 != nil || sys == 0 || tli == 0 {
+	start, err3 := strconv.ParseInt(string(row[2]), 10, 64)
+	if err1 != nil || err2 != nil || err3 != nil || sys == 0 || tli == 0 || start <= 0 {
 		return fmt.Errorf("otelpgxtx: reading the cluster identity: unexpected values %q", row)
 	}
-	st.systemID, st.timeline = sys, uint32(tli)
+	st.systemID, st.timeline, st.serverStart = sys, uint32(tli), start
 	return nil
 }
 
@@ -92,7 +98,7 @@ func commitWithCapture(ctx context.Context, pg *pgconn.PgConn, st *connState, co
 		res.err = cerr
 	}
 	if xidOK && st.systemID != 0 {
-		ref := outcome.ReconciliationRef{XID: xid, SystemIdentifier: st.systemID, Timeline: st.timeline}
+		ref := outcome.ReconciliationRef{XID: xid, SystemIdentifier: st.systemID, Timeline: st.timeline, ServerStart: st.serverStart}
 		res.ref = &ref
 	}
 	return res

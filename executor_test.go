@@ -348,6 +348,24 @@ func TestReconcilerAbortedNoWritesAndUnknowns(t *testing.T) {
 	if _, ok := res.(outcome.DeterminateRollback[int]); !ok {
 		t.Fatalf("result = %T", res)
 	}
+	// A real committed transaction's reference, with the server start it was read under.
+	var committed outcome.ReconciliationRef
+	res = Run(ctx, h.pool, DefaultPolicy(), func(ctx context.Context, tx pgx.Tx) (int, error) {
+		if _, err := insertFn(table, 2)(ctx, tx); err != nil {
+			return 0, err
+		}
+		var xid uint64
+		err := tx.QueryRow(ctx, "select pg_current_xact_id()::text::bigint").Scan(&xid)
+		st := stateOf(tx.Conn().PgConn())
+		committed = outcome.ReconciliationRef{XID: xid, SystemIdentifier: st.systemID, Timeline: st.timeline, ServerStart: st.serverStart}
+		return 0, err
+	})
+	if res.Outcome() != outcome.OutcomeCommitted || committed.ServerStart == 0 {
+		t.Fatalf("result = %T, server start %d", res, committed.ServerStart)
+	}
+	restarted, unknownStart := committed, committed
+	restarted.ServerStart++
+	unknownStart.ServerStart = 0
 	cases := []struct {
 		name   string
 		ref    outcome.ReconciliationRef
@@ -355,6 +373,11 @@ func TestReconcilerAbortedNoWritesAndUnknowns(t *testing.T) {
 		reason string
 	}{
 		{"aborted", ref, ResolvedAborted, ""},
+		{"committed", committed, ResolvedCommitted, ""},
+		// A crash restart hands out again xids whose records had not reached the WAL:
+		// "committed" after a restart may be another transaction's.
+		{"committed, server restarted since", restarted, ResolvedUnknown, UnknownServerRestarted},
+		{"committed, start unknown", unknownStart, ResolvedUnknown, UnknownServerRestarted},
 		{"no writes", outcome.ReconciliationRef{XID: 0, SystemIdentifier: ref.SystemIdentifier, Timeline: ref.Timeline}, ResolvedNoWrites, ""},
 		{"other system", outcome.ReconciliationRef{XID: ref.XID, SystemIdentifier: ref.SystemIdentifier + 1, Timeline: ref.Timeline}, ResolvedUnknown, UnknownOtherSystem},
 		{"other timeline", outcome.ReconciliationRef{XID: ref.XID, SystemIdentifier: ref.SystemIdentifier, Timeline: ref.Timeline + 1}, ResolvedUnknown, UnknownOtherTimeline},

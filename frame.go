@@ -73,6 +73,7 @@ type connState struct {
 	// The cluster identity, read once per connection for reconciliation references.
 	systemID     uint64
 	timeline     uint32
+	serverStart  int64 // µs since the epoch; a connection never outlives a restart
 	identityRead bool
 }
 

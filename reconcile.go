@@ -54,6 +54,10 @@ const (
 	UnknownOtherSystem   = "other_system"   // the reference names another cluster
 	UnknownOtherTimeline = "other_timeline" // a failover happened since: the xid may have been reused
 	UnknownNoReference   = "no_reference"   // nothing was captured before COMMIT
+	// UnknownServerRestarted: the commit log says committed, but the server restarted
+	// since the xid was captured (or the reference has no start time), and a crash
+	// restart hands out again the xids whose records had not reached the WAL.
+	UnknownServerRestarted = "server_restarted"
 )
 
 // Resolution is the answer of a [Reconciler].
@@ -131,7 +135,7 @@ func (r *Reconciler) resolve(ctx context.Context, ref outcome.ReconciliationRef,
 		}
 		deadline := time.Now().Add(r.wait)
 		for {
-			status, sys, tli, err := r.query(ctx, ref.XID)
+			status, sys, tli, start, err := r.query(ctx, ref.XID)
 			switch {
 			case err != nil:
 				var pgErr *pgconn.PgError
@@ -148,6 +152,12 @@ func (r *Reconciler) resolve(ctx context.Context, ref outcome.ReconciliationRef,
 				return res, nil
 			case status == nil:
 				res.reason = UnknownTooOld
+				return res, nil
+			case *status == "committed" && start != ref.ServerStart:
+				// "aborted" stays trustworthy across a restart (a reused xid means the
+				// original's records were lost, so it never committed); "committed" may
+				// be the reuser's.
+				res.reason = UnknownServerRestarted
 				return res, nil
 			case *status == "committed":
 				res.resolved = ResolvedCommitted
@@ -174,19 +184,21 @@ func (r *Reconciler) resolve(ctx context.Context, ref outcome.ReconciliationRef,
 
 // query reads the xid's status together with the cluster identity, in one round trip,
 // so that both describe the same server.
-func (r *Reconciler) query(ctx context.Context, xid uint64) (status *string, sys uint64, tli uint32, err error) {
-	var sysText, tliText string
-	err = r.db.QueryRow(ctx, "select pg_xact_status($1::text::xid8), s.system_identifier::text, c.timeline_id::text from pg_control_system() s, pg_control_checkpoint() c",
-		strconv.FormatUint(xid, 10)).Scan(&status, &sysText, &tliText)
+func (r *Reconciler) query(ctx context.Context, xid uint64) (status *string, sys uint64, tli uint32, start int64, err error) {
+	var sysText, tliText, startText string
+	err = r.db.QueryRow(ctx, "select pg_xact_status($1::text::xid8), s.system_identifier::text, c.timeline_id::text, "+serverStartSQL+
+		" from pg_control_system() s, pg_control_checkpoint() c",
+		strconv.FormatUint(xid, 10)).Scan(&status, &sysText, &tliText, &startText)
 	if err != nil {
-		return nil, 0, 0, err
+		return nil, 0, 0, 0, err
 	}
 	sys, err1 := strconv.ParseUint(sysText, 10, 64)
 	t, err2 := strconv.ParseUint(tliText, 10, 32)
-	if err := errors.Join(err1, err2); err != nil {
-		return nil, 0, 0, err
+	start, err3 := strconv.ParseInt(startText, 10, 64)
+	if err := errors.Join(err1, err2, err3); err != nil {
+		return nil, 0, 0, 0, err
 	}
-	return status, sys, uint32(t), nil
+	return status, sys, uint32(t), start, nil
 }
 
 // trace runs one reconciliation in a tx.reconcile span linked to the original frame.

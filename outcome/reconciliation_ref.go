@@ -14,10 +14,16 @@ import (
 //
 // XID 0 (InvalidTransactionId, never assigned to a transaction) means the transaction had
 // no xid when COMMIT was sent: it wrote nothing, so its commit changes nothing.
+//
+// ServerStart is the server's pg_postmaster_start_time() in microseconds since the Unix
+// epoch, 0 when unknown. PostgreSQL does not WAL-log xid assignment: after a crash
+// restart, an xid whose records had not reached the WAL is handed out again, so a
+// "committed" status found after a restart may belong to another transaction.
 type ReconciliationRef struct {
 	XID              uint64
 	SystemIdentifier uint64
 	Timeline         uint32
+	ServerStart      int64
 }
 
 // NewReconciliationRef returns a reference, refusing a zero system identifier or timeline
@@ -45,24 +51,39 @@ func (r ReconciliationRef) Validate() error {
 // NoWrites reports whether the transaction had no xid when COMMIT was sent.
 func (r ReconciliationRef) NoWrites() bool { return r.XID == 0 }
 
-// String returns "pg:<system identifier>/<timeline>/<xid8>", the form [ParseReconciliationRef] reads.
+// String returns "pg:<system identifier>/<timeline>/<xid8>/<server start>" (without the
+// last field when the start is unknown), the form [ParseReconciliationRef] reads.
 func (r ReconciliationRef) String() string {
-	return "pg:" + strconv.FormatUint(r.SystemIdentifier, 10) + "/" +
+	s := "pg:" + strconv.FormatUint(r.SystemIdentifier, 10) + "/" +
 		strconv.FormatUint(uint64(r.Timeline), 10) + "/" + strconv.FormatUint(r.XID, 10)
+	if r.ServerStart != 0 {
+		s += "/" + strconv.FormatInt(r.ServerStart, 10)
+	}
+	return s
 }
 
 // ParseReconciliationRef parses the form produced by [ReconciliationRef.String].
 func ParseReconciliationRef(s string) (ReconciliationRef, error) {
 	rest, ok := strings.CutPrefix(s, "pg:")
 	parts := strings.Split(rest, "/")
-	if !ok || len(parts) != 3 {
-		return ReconciliationRef{}, fmt.Errorf("outcome: malformed reconciliation reference %q: want pg:<system identifier>/<timeline>/<xid8>", s)
+	if !ok || len(parts) < 3 || len(parts) > 4 {
+		return ReconciliationRef{}, fmt.Errorf("outcome: malformed reconciliation reference %q: want pg:<system identifier>/<timeline>/<xid8>[/<server start>]", s)
 	}
 	sys, err1 := strconv.ParseUint(parts[0], 10, 64)
 	tli, err2 := strconv.ParseUint(parts[1], 10, 32)
 	xid, err3 := strconv.ParseUint(parts[2], 10, 64)
-	if err1 != nil || err2 != nil || err3 != nil {
-		return ReconciliationRef{}, fmt.Errorf("outcome: malformed reconciliation reference %q: fields must be decimal numbers", s)
+	var start int64
+	var err4 error
+	if len(parts) == 4 {
+		start, err4 = strconv.ParseInt(parts[3], 10, 64)
+		if err4 == nil && start <= 0 {
+			err4 = fmt.Errorf("non-positive server start")
+		}
 	}
-	return NewReconciliationRef(xid, sys, uint32(tli))
+	if err1 != nil || err2 != nil || err3 != nil || err4 != nil {
+		return ReconciliationRef{}, fmt.Errorf("outcome: malformed reconciliation reference %q: fields must be positive decimal numbers", s)
+	}
+	r, err := NewReconciliationRef(xid, sys, uint32(tli))
+	r.ServerStart = start
+	return r, err
 }
