@@ -1,18 +1,34 @@
 # The two commands of the README's quick start are `make demo` and `make test`.
 GO ?= go
 
-.PHONY: demo test vet fuzz
+.PHONY: demo test test-library test-examples vet fuzz soak bench
 
 demo:
-	$(GO) run ./examples/demo
+	cd examples/jaeger && $(GO) run .
 
-test: vet
+test: vet test-library test-examples
+
+test-library:
 	$(GO) test -race -count=1 ./...
+
+# The demo module (its own go.mod): end to end against a real Jaeger v2 (built once and
+# cached by scripts/jaeger), and the alert rules' unit tests.
+test-examples:
+	scripts/jaeger >/dev/null
+	cd examples/jaeger && $(GO) test -race -count=1 ./...
+	promtool check config examples/jaeger/prometheus.yml
+	promtool test rules examples/jaeger/alerts_test.yml
 
 vet:
 	@test -z "$$(gofmt -l $$(git ls-files '*.go'))" || { echo "gofmt needed:"; gofmt -l $$(git ls-files '*.go'); exit 1; }
 	$(GO) vet ./...
+	cd examples/jaeger && $(GO) vet ./...
 
 fuzz:
 	$(GO) test -run '^$$' -fuzz FuzzClassify -fuzztime 60s ./classifier/
 	$(GO) test -run '^$$' -fuzz FuzzClassifyStatements -fuzztime 60s .
+
+# A longer soundness run; the CI-sized one is part of `make test`.
+soak:
+	OTELPGXTX_SOAK_TX=30000 OTELPGXTX_SOAK_CRASHES=12 OTELPGXTX_SOAK_DURATION=50m \
+		$(GO) test -run 'TestSoundness$$' -count=1 -timeout 60m -v .

@@ -50,14 +50,14 @@ func Run[T any](ctx context.Context, db DB, policy Policy, fn func(ctx context.C
 		if sc == nil {
 			return notStarted[T](invalid("Mandatory propagation needs a transaction of Run in the context"))
 		}
-		return join(ctx, sc, fn)
+		return join(ctx, policy, sc, fn)
 	case Required:
 		if sc != nil {
-			return join(ctx, sc, fn)
+			return join(ctx, policy, sc, fn)
 		}
 	case Nested:
 		if sc != nil {
-			return nested(ctx, sc, fn)
+			return nested(ctx, policy, sc, fn)
 		}
 	case RequiresNew:
 		if sc != nil {
@@ -125,20 +125,28 @@ func notStarted[T any](err error) outcome.Result[T] {
 
 // join runs fn as a participant of sc. Its failure dooms the owner's transaction, so
 // the rollback it reports is certain; it is never retried on its own.
-func join[T any](ctx context.Context, sc *scope, fn func(context.Context, pgx.Tx) (T, error)) outcome.Result[T] {
+func join[T any](ctx context.Context, p Policy, sc *scope, fn func(context.Context, pgx.Tx) (T, error)) outcome.Result[T] {
 	v, err := fn(ctx, sc.tx)
 	if err != nil {
 		sc.markRollbackOnly(err)
 		r, _ := outcome.NewDeterminateRollback[T](sc.id, outcome.PhaseActive, err, false)
+		sc.participated(p, r.Outcome())
 		return r
 	}
+	sc.participated(p, outcome.OutcomeParticipating)
 	return outcome.NewParticipating(sc.id, v)
 }
 
 // nested runs fn inside a savepoint of sc's transaction. A failure rolls back to the
 // savepoint and discards the hooks fn registered; success releases it and hands them to
 // the parent. Either way nothing is committed yet: success is Participating.
-func nested[T any](ctx context.Context, sc *scope, fn func(context.Context, pgx.Tx) (T, error)) outcome.Result[T] {
+func nested[T any](ctx context.Context, p Policy, sc *scope, fn func(context.Context, pgx.Tx) (T, error)) outcome.Result[T] {
+	res := nestedSavepoint(ctx, sc, fn)
+	sc.participated(p, res.Outcome())
+	return res
+}
+
+func nestedSavepoint[T any](ctx context.Context, sc *scope, fn func(context.Context, pgx.Tx) (T, error)) outcome.Result[T] {
 	sp, err := sc.tx.tx.Begin(ctx)
 	if err != nil {
 		sc.markRollbackOnly(err)
@@ -447,7 +455,11 @@ func runHooks(ctx context.Context, f *frame, hooks []func(context.Context) error
 			errs = append(errs, err)
 		}
 	}
-	if err := errors.Join(errs...); err != nil {
+	err := errors.Join(errs...)
+	if len(errs) == 1 {
+		err = errs[0] // keep its type for exception.type
+	}
+	if err != nil {
 		span.RecordError(err)
 		span.SetStatus(codes.Error, "post-commit work failed")
 		return err

@@ -94,6 +94,15 @@ func TestRunParticipating(t *testing.T) {
 			if n := len(h.frames()); n != 1 {
 				t.Fatalf("%d frames, want one (participants have none)", n)
 			}
+			// The participant is an event on the owner's frame, and counted.
+			if outerCommits {
+				wantEvents(t, onlyFrame(t, h), "tx.phase.active", "tx.participant", "tx.phase.committing", "tx.phase.committed")
+			} else {
+				wantEvents(t, onlyFrame(t, h), "tx.phase.active", "tx.participant", "tx.phase.rolled_back")
+			}
+			if got := h.countsByOutcome(t, ctx)["participating"]; got != 1 {
+				t.Fatalf("participating counted %d times", got)
+			}
 		})
 	}
 }
@@ -539,8 +548,8 @@ func TestRunNestedSavepoint(t *testing.T) {
 	if len(hooks) != 0 {
 		t.Fatalf("hooks of a rolled-back savepoint ran: %v", hooks)
 	}
-	wantEvents(t, onlyFrame(t, h), "tx.phase.active", "tx.savepoint.created", "tx.savepoint.rolled_back",
-		"tx.savepoint.created", "tx.savepoint.released", "tx.phase.committing", "tx.phase.committed")
+	wantEvents(t, onlyFrame(t, h), "tx.phase.active", "tx.savepoint.created", "tx.savepoint.rolled_back", "tx.participant",
+		"tx.savepoint.created", "tx.savepoint.released", "tx.participant", "tx.phase.committing", "tx.phase.committed")
 }
 
 func TestRunPanicRollsBack(t *testing.T) {

@@ -598,3 +598,32 @@ func TestSpanConcurrentFrames(t *testing.T) {
 		}
 	}
 }
+
+// TestSpanImplicitPrepareStaysUnderItsStatement: pgx prepares a statement with arguments
+// inside the query call; the prepare span belongs under that query's span, not beside it.
+func TestSpanImplicitPrepareStaysUnderItsStatement(t *testing.T) {
+	ctx := testCtx(t)
+	h := newHarness(t, "", 1)
+	tx, err := h.pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var n int
+	if err := tx.QueryRow(ctx, "select $1::int + 1", 41).Scan(&n); err != nil || n != 42 {
+		t.Fatalf("n = %d, %v", n, err)
+	}
+	if err := tx.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	f := onlyFrame(t, h)
+	wantStatementChildren(t, h, f, "begin", "select $1::int + 1", "commit")
+	var query tracetest.SpanStub
+	for _, c := range h.children(f) {
+		if v, _ := attr(c, "db.query.text"); v.AsString() == "select $1::int + 1" {
+			query = c
+		}
+	}
+	if kids := h.children(query); len(kids) != 1 {
+		t.Fatalf("the query span has %d children, want its prepare span", len(kids))
+	}
+}

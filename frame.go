@@ -85,6 +85,7 @@ type queryState struct {
 	frame     *frame
 	savepoint string
 	batch     batchFacts
+	nested    bool // started while another call was in flight on the connection
 }
 
 // batchFacts collects per-query results of a batch until its end, when TxStatus is

@@ -61,8 +61,19 @@ func newMetrics(mp metric.MeterProvider) *metrics {
 		set := attribute.NewSet(OutcomeKey.String(o.String()), dbSystemPostgreSQL)
 		m.addOpts[o] = []metric.AddOption{metric.WithAttributeSet(set)}
 		m.recordOpts[o] = []metric.RecordOption{metric.WithAttributeSet(set)}
+		// Every outcome's series exists from the start at 0, so that an alert on
+		// increase(…{tx_outcome="indeterminate"}) sees the very first one.
+		m.transactions.Add(context.Background(), 0, m.addOpts[o]...)
 	}
 	return m
+}
+
+// participant counts a Run call that joined an outer transaction: it has no frame, but
+// tx.outcome=participating must be countable like every outcome.
+func (m *metrics) participant() {
+	if m != nil {
+		m.transactions.Add(context.Background(), 1, m.addOpts[outcome.OutcomeParticipating]...)
+	}
 }
 
 func (m *metrics) record(o outcome.Outcome, f *frame, now time.Time) {

@@ -112,8 +112,15 @@ func TestMetricsByOutcome(t *testing.T) {
 					t.Fatalf("%s outcome = %v", m.Name, v)
 				}
 			case metricdata.Sum[int64]:
-				if m.Unit != "{transaction}" || !d.IsMonotonic || d.DataPoints[0].Value != 3 {
+				if m.Unit != "{transaction}" || !d.IsMonotonic || len(d.DataPoints) != 5 {
 					t.Fatalf("%s: %+v", m.Name, d)
+				}
+				// Every outcome's series exists, at 0 until it happens.
+				for _, dp := range d.DataPoints {
+					o, _ := dp.Attributes.Value(OutcomeKey)
+					if want := map[bool]int64{true: 3}[o.AsString() == "committed"]; dp.Value != want {
+						t.Fatalf("%s{tx.outcome=%s} = %d, want %d", m.Name, o.AsString(), dp.Value, want)
+					}
 				}
 			}
 		}

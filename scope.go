@@ -7,6 +7,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/txevidence/otelpgxtx/outcome"
 )
@@ -63,6 +64,22 @@ func (sc *scope) rollbackCause() error {
 	sc.mu.Lock()
 	defer sc.mu.Unlock()
 	return sc.rollbackOnly
+}
+
+// participated records a participant's call on the owner's frame: a participant has no
+// frame of its own, so its outcome is an event there, and a count.
+func (sc *scope) participated(p Policy, o outcome.Outcome) {
+	f := sc.frame
+	if f == nil {
+		return
+	}
+	if o == outcome.OutcomeParticipating {
+		f.t.metrics.participant()
+	}
+	if f.span.IsRecording() {
+		f.span.AddEvent(EventParticipant, trace.WithAttributes(
+			ParticipantOutcomeKey.String(o.String()), PropagationKey.String(p.Propagation.String())))
+	}
 }
 
 // takeHooks closes the scope and returns its hooks.

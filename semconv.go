@@ -33,6 +33,10 @@ const (
 	RetryableKey = attribute.Key("tx.retryable")
 	// ResolvedOutcomeKey is tx.outcome.resolved, on reconciliation spans.
 	ResolvedOutcomeKey = attribute.Key("tx.outcome.resolved")
+	// ParticipantOutcomeKey is tx.participant.outcome, on tx.participant events: the
+	// participant's own result. It is not tx.outcome, so that a search for a frame
+	// outcome never finds a participant's.
+	ParticipantOutcomeKey = attribute.Key("tx.participant.outcome")
 	// SavepointNameKey is tx.savepoint.name, on savepoint events.
 	SavepointNameKey = attribute.Key("tx.savepoint.name")
 
@@ -55,6 +59,9 @@ const (
 	EventSavepointRolledBack = "tx.savepoint.rolled_back"
 	EventRetry               = "tx.retry"
 	EventPostCommitFailed    = "tx.post_commit.failed"
+	// EventParticipant records a Run call that joined this frame's transaction (Required,
+	// Mandatory) or ran in a savepoint of it (Nested), with the call's tx.outcome.
+	EventParticipant = "tx.participant"
 )
 
 // Names of the spans the executor and the reconciler make.

@@ -106,6 +106,29 @@ func unframe(ctx context.Context, f *frame) context.Context {
 	return ctx
 }
 
+// enter records the start of a statement (or batch, copy, prepare) on conn and returns
+// the context for the inner tracer. A call made while another is in flight on the same
+// connection — pgx's implicit prepare inside a query — is part of that one: it neither
+// moves the phase nor re-parents what the inner tracer starts to the frame.
+func (t *Tracer) enter(ctx context.Context, conn *pgx.Conn, st *connState, set stmtSet, sql string) (context.Context, queryState) {
+	if len(st.queries) > 0 {
+		return ctx, queryState{set: set, frame: st.queries[len(st.queries)-1].frame, nested: true}
+	}
+	f := t.beginStatement(ctx, conn, st, set, sql)
+	q := queryState{set: set, frame: f, callerCtx: ctx}
+	if set.savepoint() {
+		q.savepoint = savepointName(sql)
+	}
+	return withFrame(ctx, f), q
+}
+
+// leave records the end of what enter started.
+func (t *Tracer) leave(conn *pgx.Conn, st *connState, q *queryState, tag pgconn.CommandTag, err error) {
+	if !q.nested {
+		t.endStatement(conn, st, q, tag, err)
+	}
+}
+
 // beginStatement runs before a statement (or batch) reaches the driver: it starts a
 // frame for a BEGIN, and marks committing before a COMMIT is handed over.
 func (t *Tracer) beginStatement(ctx context.Context, conn *pgx.Conn, st *connState, set stmtSet, beginSQL string) *frame {
@@ -245,13 +268,7 @@ func (t *Tracer) TraceQueryStart(ctx context.Context, conn *pgx.Conn, data pgx.T
 	if st == nil {
 		return ctx
 	}
-	set := classifyStatements(data.SQL)
-	f := t.beginStatement(ctx, conn, st, set, data.SQL)
-	q := queryState{set: set, frame: f, callerCtx: ctx}
-	if set.savepoint() {
-		q.savepoint = savepointName(data.SQL)
-	}
-	ctx = withFrame(ctx, f)
+	ctx, q := t.enter(ctx, conn, st, classifyStatements(data.SQL), data.SQL)
 	if t.query != nil {
 		ctx = t.query.TraceQueryStart(ctx, conn, data)
 	}
@@ -270,7 +287,7 @@ func (t *Tracer) TraceQueryEnd(ctx context.Context, conn *pgx.Conn, data pgx.Tra
 	if t.query != nil {
 		t.query.TraceQueryEnd(unframe(ctx, q.frame), conn, data)
 	}
-	t.endStatement(conn, st, &q, data.CommandTag, data.Err)
+	t.leave(conn, st, &q, data.CommandTag, data.Err)
 }
 
 // TraceBatchStart implements pgx.BatchTracer. A batch is handed to the driver whole, so
@@ -294,9 +311,7 @@ func (t *Tracer) TraceBatchStart(ctx context.Context, conn *pgx.Conn, data pgx.T
 	if set != 1<<stmtOther {
 		set &^= 1 << stmtOther
 	}
-	f := t.beginStatement(ctx, conn, st, set, beginSQL)
-	q := queryState{set: set, frame: f, callerCtx: ctx}
-	ctx = withFrame(ctx, f)
+	ctx, q := t.enter(ctx, conn, st, set, beginSQL)
 	if t.batch != nil {
 		ctx = t.batch.TraceBatchStart(ctx, conn, data)
 	}
@@ -333,7 +348,7 @@ func (t *Tracer) TraceBatchEnd(ctx context.Context, conn *pgx.Conn, data pgx.Tra
 	if t.batch != nil {
 		t.batch.TraceBatchEnd(unframe(ctx, q.frame), conn, data)
 	}
-	t.endStatement(conn, st, &q, pgconn.CommandTag{}, data.Err)
+	t.leave(conn, st, &q, pgconn.CommandTag{}, data.Err)
 }
 
 // TraceCopyFromStart implements pgx.CopyFromTracer.
@@ -342,8 +357,7 @@ func (t *Tracer) TraceCopyFromStart(ctx context.Context, conn *pgx.Conn, data pg
 	if st == nil {
 		return ctx
 	}
-	q := queryState{set: 1 << stmtOther, frame: t.beginStatement(ctx, conn, st, 1<<stmtOther, ""), callerCtx: ctx}
-	ctx = withFrame(ctx, q.frame)
+	ctx, q := t.enter(ctx, conn, st, 1<<stmtOther, "")
 	if t.copy != nil {
 		ctx = t.copy.TraceCopyFromStart(ctx, conn, data)
 	}
@@ -362,7 +376,7 @@ func (t *Tracer) TraceCopyFromEnd(ctx context.Context, conn *pgx.Conn, data pgx.
 	if t.copy != nil {
 		t.copy.TraceCopyFromEnd(unframe(ctx, q.frame), conn, data)
 	}
-	t.endStatement(conn, st, &q, data.CommandTag, data.Err)
+	t.leave(conn, st, &q, data.CommandTag, data.Err)
 }
 
 // TracePrepareStart implements pgx.PrepareTracer.
@@ -372,8 +386,7 @@ func (t *Tracer) TracePrepareStart(ctx context.Context, conn *pgx.Conn, data pgx
 		return ctx
 	}
 	// Preparing a statement runs nothing: it neither begins nor commits.
-	q := queryState{set: 1 << stmtOther, frame: t.beginStatement(ctx, conn, st, 1<<stmtOther, ""), callerCtx: ctx}
-	ctx = withFrame(ctx, q.frame)
+	ctx, q := t.enter(ctx, conn, st, 1<<stmtOther, "")
 	if t.prepare != nil {
 		ctx = t.prepare.TracePrepareStart(ctx, conn, data)
 	}
@@ -392,7 +405,7 @@ func (t *Tracer) TracePrepareEnd(ctx context.Context, conn *pgx.Conn, data pgx.T
 	if t.prepare != nil {
 		t.prepare.TracePrepareEnd(unframe(ctx, q.frame), conn, data)
 	}
-	t.endStatement(conn, st, &q, pgconn.CommandTag{}, data.Err)
+	t.leave(conn, st, &q, pgconn.CommandTag{}, data.Err)
 }
 
 // TraceConnectStart implements pgx.ConnectTracer.

@@ -1,0 +1,585 @@
+package main
+
+// The Jaeger v2 process the end-to-end test runs, and its query APIs.
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/url"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"go.opentelemetry.io/otel/codes"
+)
+
+// ---- Jaeger ----------------------------------------------------------------------
+
+type jaegerProc struct {
+	otlpHTTP, otlpGRPC, query string // host:port, all on 127.0.0.1
+	client                    *http.Client
+}
+
+// jaegerBinary returns the binary scripts/jaeger builds and caches. Its absence is a
+// failure, never a skip: a skipped end-to-end test passes silently.
+func jaegerBinary(t *testing.T) string {
+	t.Helper()
+	if p := os.Getenv("OTELPGXTX_JAEGER"); p != "" {
+		return p
+	}
+	cache := os.Getenv("OTELPGXTX_CACHE")
+	if cache == "" {
+		base := os.Getenv("XDG_CACHE_HOME")
+		if base == "" {
+			home, err := os.UserHomeDir()
+			if err != nil {
+				t.Fatal(err)
+			}
+			base = filepath.Join(home, ".cache")
+		}
+		cache = filepath.Join(base, "otelpgxtx")
+	}
+	bin := filepath.Join(cache, "jaeger-"+jaegerModuleVersion, "jaeger")
+	if _, err := os.Stat(bin); err != nil {
+		t.Fatalf("the Jaeger v2 binary is missing (%v).\nBuild it once (a few minutes) from the repository root with:\n\n\tscripts/jaeger\n\n"+
+			"which caches it at %s (or set OTELPGXTX_JAEGER to a Jaeger v2 binary). This test does not skip.", err, bin)
+	}
+	return bin
+}
+
+// startJaeger runs Jaeger v2 with in-memory storage, the OTLP receivers and the query
+// service, every listener on 127.0.0.1 and a free port, and waits until it is healthy.
+func startJaeger(t *testing.T) *jaegerProc {
+	t.Helper()
+	bin := jaegerBinary(t)
+	if out, err := exec.Command(bin, "version").Output(); err == nil {
+		t.Logf("jaeger %s: %s", bin, bytesTrim(out))
+	}
+	ports := freePorts(t, 5)
+	j := &jaegerProc{
+		otlpGRPC: ports[0], otlpHTTP: ports[1], query: ports[2],
+		client: &http.Client{Timeout: 10 * time.Second},
+	}
+	health, queryGRPC := ports[3], ports[4]
+	dir := t.TempDir()
+	conf := fmt.Sprintf(`service:
+  extensions: [jaeger_storage, jaeger_query, healthcheckv2]
+  pipelines:
+    traces:
+      receivers: [otlp]
+      processors: [batch]
+      exporters: [jaeger_storage_exporter]
+  telemetry:
+    metrics:
+      level: none
+    traces:
+      level: none # else Jaeger's own spans go to localhost:4317
+    logs:
+      level: info
+extensions:
+  healthcheckv2:
+    use_v2: true
+    http:
+      endpoint: %s
+  jaeger_query:
+    storage:
+      traces: memstore
+    http:
+      endpoint: %s
+    grpc:
+      endpoint: %s
+  jaeger_storage:
+    backends:
+      memstore:
+        memory:
+          max_traces: 100000
+receivers:
+  otlp:
+    protocols:
+      grpc:
+        endpoint: %s
+      http:
+        endpoint: %s
+processors:
+  batch:
+exporters:
+  jaeger_storage_exporter:
+    trace_storage: memstore
+`, health, j.query, queryGRPC, j.otlpGRPC, j.otlpHTTP)
+	confPath := filepath.Join(dir, "jaeger.yaml")
+	if err := os.WriteFile(confPath, []byte(conf), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	logPath := filepath.Join(dir, "jaeger.log")
+	logFile, err := os.Create(logPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(bin, "--config", "file:"+confPath)
+	cmd.Dir = dir
+	cmd.Stdout, cmd.Stderr = logFile, logFile
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	exited := make(chan error, 1)
+	go func() { exited <- cmd.Wait() }()
+	logTail := func() string {
+		b, _ := os.ReadFile(logPath)
+		lines := strings.Split(strings.TrimSpace(string(b)), "\n")
+		return strings.Join(lines[max(0, len(lines)-20):], "\n")
+	}
+	t.Cleanup(func() {
+		j.client.CloseIdleConnections()
+		_ = cmd.Process.Signal(syscall.SIGTERM)
+		// After queries through the HTTP API, Jaeger v2.13 takes about 10 seconds to
+		// shut down; its storage is in memory, so there is nothing to wait for.
+		select {
+		case <-exited:
+		case <-time.After(3 * time.Second):
+			_ = cmd.Process.Kill()
+			<-exited
+		}
+		logFile.Close()
+		if t.Failed() {
+			t.Logf("jaeger log (last lines):\n%s", logTail())
+		}
+	})
+	deadline := time.Now().Add(60 * time.Second)
+	for {
+		resp, err := j.client.Get("http://" + health + "/status")
+		if err == nil {
+			resp.Body.Close()
+			if resp.StatusCode == http.StatusOK {
+				break
+			}
+		}
+		select {
+		case err := <-exited:
+			t.Fatalf("jaeger exited before it was healthy: %v\n%s", err, logTail())
+		case <-time.After(100 * time.Millisecond):
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("jaeger not healthy after 60s (last: %v)\n%s", err, logTail())
+		}
+	}
+	t.Logf("jaeger: OTLP gRPC %s, OTLP HTTP %s, query %s", j.otlpGRPC, j.otlpHTTP, j.query)
+	return j
+}
+
+func bytesTrim(b []byte) string { return strings.TrimSpace(string(b)) }
+
+func freePorts(t *testing.T, n int) []string {
+	t.Helper()
+	var ls []net.Listener
+	var out []string
+	for range n {
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		ls = append(ls, l)
+		out = append(out, l.Addr().String())
+	}
+	for _, l := range ls {
+		l.Close()
+	}
+	return out
+}
+
+func (j *jaegerProc) get(ctx context.Context, path string, q url.Values) (int, []byte, error) {
+	u := "http://" + j.query + path
+	if q != nil {
+		u += "?" + q.Encode()
+	}
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, u, nil)
+	if err != nil {
+		return 0, nil, err
+	}
+	resp, err := j.client.Do(req)
+	if err != nil {
+		return 0, nil, err
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	return resp.StatusCode, b, err
+}
+
+// waitForTrace polls the v3 API until the trace holds n spans: ingestion is
+// asynchronous (batching on both sides), so the condition is the trace itself.
+func (j *jaegerProc) waitForTrace(t *testing.T, ctx context.Context, traceID string, n int) *jTrace {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	var last string
+	for {
+		code, body, err := j.get(ctx, "/api/v3/traces/"+traceID, nil)
+		switch {
+		case err != nil:
+			last = err.Error()
+		case code == http.StatusOK:
+			jt, err := parseV3(body)
+			if err != nil {
+				t.Fatalf("trace %s: %v\n%s", traceID, err, body)
+			}
+			if len(jt.spans) >= n {
+				return jt
+			}
+			last = fmt.Sprintf("%d of %d spans", len(jt.spans), n)
+		default:
+			last = fmt.Sprintf("HTTP %d %s", code, bytesTrim(body))
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("trace %s not complete in Jaeger after 30s: %s", traceID, last)
+		}
+		select {
+		case <-ctx.Done():
+			t.Fatal(ctx.Err())
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+}
+
+// findTracesV3 returns the ids of the service's traces since from, through the v3 API.
+func (j *jaegerProc) findTracesV3(t *testing.T, ctx context.Context, service string, from time.Time) map[string]bool {
+	t.Helper()
+	q := url.Values{
+		"query.service_name":   {service},
+		"query.start_time_min": {from.UTC().Format(time.RFC3339Nano)},
+		"query.start_time_max": {time.Now().Add(time.Minute).UTC().Format(time.RFC3339Nano)},
+		"query.num_traces":     {"1000"},
+	}
+	code, body, err := j.get(ctx, "/api/v3/traces", q)
+	if err != nil || code != http.StatusOK {
+		t.Fatalf("v3 find traces: %d %v %s", code, err, body)
+	}
+	jt, err := parseV3(body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ids := map[string]bool{}
+	for _, s := range jt.spans {
+		ids[s.traceID] = true
+	}
+	return ids
+}
+
+// searchByTag searches as the UI does (the HTTP JSON API behind "Tags"), and returns the
+// traces found and the spans in them that carry the tag.
+func (j *jaegerProc) searchByTag(t *testing.T, ctx context.Context, service, key, value string, from time.Time) (traces, spans map[string]bool) {
+	t.Helper()
+	tags, _ := json.Marshal(map[string]string{key: value})
+	q := url.Values{
+		"service": {service},
+		"tags":    {string(tags)},
+		"start":   {strconv.FormatInt(from.UnixMicro(), 10)},
+		"end":     {strconv.FormatInt(time.Now().Add(time.Minute).UnixMicro(), 10)},
+		"limit":   {"1000"},
+	}
+	code, body, err := j.get(ctx, "/api/traces", q)
+	if err != nil || code != http.StatusOK {
+		t.Fatalf("search %s=%s: %d %v %s", key, value, code, err, body)
+	}
+	var resp struct {
+		Data []struct {
+			TraceID string `json:"traceID"`
+			Spans   []struct {
+				SpanID string `json:"spanID"`
+				Tags   []struct {
+					Key   string `json:"key"`
+					Value any    `json:"value"`
+				} `json:"tags"`
+			} `json:"spans"`
+		} `json:"data"`
+		Errors []any `json:"errors"`
+	}
+	if err := json.Unmarshal(body, &resp); err != nil {
+		t.Fatalf("search: %v\n%s", err, body)
+	}
+	if len(resp.Errors) > 0 {
+		t.Fatalf("search: errors %v", resp.Errors)
+	}
+	traces, spans = map[string]bool{}, map[string]bool{}
+	for _, tr := range resp.Data {
+		traces[tr.TraceID] = true
+		for _, s := range tr.Spans {
+			for _, tag := range s.Tags {
+				if tag.Key == key && fmt.Sprint(tag.Value) == value {
+					spans[s.SpanID] = true
+				}
+			}
+		}
+	}
+	return traces, spans
+}
+
+// ---- the v3 API's OTLP JSON, flattened --------------------------------------------
+
+const (
+	kindClient = 3 // OTLP SPAN_KIND_CLIENT
+
+	statusUnset = 0
+	statusOk    = 1
+	statusError = 2
+)
+
+func statusCode(c codes.Code) int {
+	switch c {
+	case codes.Ok:
+		return statusOk
+	case codes.Error:
+		return statusError
+	}
+	return statusUnset
+}
+
+type jSpan struct {
+	traceID, spanID, parent string
+	name, scope             string
+	kind                    int
+	start, end              int64
+	attrs                   map[string]string
+	events                  []jEvent // in time order
+	links                   []string
+	status                  int
+	statusMsg               string
+}
+
+type jEvent struct {
+	name  string
+	time  int64
+	attrs map[string]string
+}
+
+func (s *jSpan) isFrame() bool {
+	_, ok := s.attrs["tx.frame.depth"]
+	return ok && s.scope == "github.com/txevidence/otelpgxtx"
+}
+
+// isPrepare reports an otelpgx prepare span (pgx prepares a statement on its first
+// use on a connection).
+func (s *jSpan) isPrepare() bool {
+	_, ok := s.attrs["pgx.prepare_stmt.name"]
+	return ok
+}
+
+func (s *jSpan) eventNames() []string {
+	out := make([]string, len(s.events))
+	for i, e := range s.events {
+		out[i] = e.name
+	}
+	return out
+}
+
+type jTrace struct {
+	spans []*jSpan
+	byID  map[string]*jSpan
+}
+
+func (jt *jTrace) frames() []*jSpan {
+	var out []*jSpan
+	for _, s := range jt.spans {
+		if s.isFrame() {
+			out = append(out, s)
+		}
+	}
+	slices.SortStableFunc(out, func(a, b *jSpan) int { return compareInt(a.start, b.start) })
+	return out
+}
+
+func (jt *jTrace) roots() []*jSpan {
+	var out []*jSpan
+	for _, s := range jt.spans {
+		if jt.byID[s.parent] == nil {
+			out = append(out, s)
+		}
+	}
+	return out
+}
+
+func (jt *jTrace) children(p *jSpan) []*jSpan {
+	var out []*jSpan
+	for _, s := range jt.spans {
+		if s.parent == p.spanID {
+			out = append(out, s)
+		}
+	}
+	slices.SortStableFunc(out, func(a, b *jSpan) int { return compareInt(a.start, b.start) })
+	return out
+}
+
+func compareInt(a, b int64) int {
+	switch {
+	case a < b:
+		return -1
+	case a > b:
+		return 1
+	}
+	return 0
+}
+
+type v3KV struct {
+	Key   string  `json:"key"`
+	Value v3Value `json:"value"`
+}
+
+type v3Value struct {
+	StringValue *string  `json:"stringValue"`
+	IntValue    any      `json:"intValue"` // int64 comes as a JSON string
+	BoolValue   *bool    `json:"boolValue"`
+	DoubleValue *float64 `json:"doubleValue"`
+	ArrayValue  *struct {
+		Values []v3Value `json:"values"`
+	} `json:"arrayValue"`
+}
+
+func (v v3Value) String() string {
+	switch {
+	case v.StringValue != nil:
+		return *v.StringValue
+	case v.IntValue != nil:
+		return fmt.Sprint(v.IntValue)
+	case v.BoolValue != nil:
+		return strconv.FormatBool(*v.BoolValue)
+	case v.DoubleValue != nil:
+		return strconv.FormatFloat(*v.DoubleValue, 'g', -1, 64)
+	case v.ArrayValue != nil:
+		parts := make([]string, len(v.ArrayValue.Values))
+		for i, e := range v.ArrayValue.Values {
+			parts[i] = e.String()
+		}
+		return strings.Join(parts, "\x00")
+	}
+	return ""
+}
+
+func attrMap(kvs []v3KV) map[string]string {
+	m := make(map[string]string, len(kvs))
+	for _, kv := range kvs {
+		m[kv.Key] = kv.Value.String()
+	}
+	return m
+}
+
+// enumInt reads an OTLP enum that may come as a number or as its name.
+func enumInt(v any, names map[string]int) int {
+	switch v := v.(type) {
+	case float64:
+		return int(v)
+	case string:
+		return names[v]
+	}
+	return 0
+}
+
+func nanos(v string) int64 {
+	n, _ := strconv.ParseInt(v, 10, 64)
+	return n
+}
+
+func parseV3(body []byte) (*jTrace, error) {
+	var resp struct {
+		Result struct {
+			ResourceSpans []struct {
+				ScopeSpans []struct {
+					Scope struct {
+						Name string `json:"name"`
+					} `json:"scope"`
+					Spans []struct {
+						TraceID           string `json:"traceId"`
+						SpanID            string `json:"spanId"`
+						ParentSpanID      string `json:"parentSpanId"`
+						Name              string `json:"name"`
+						Kind              any    `json:"kind"`
+						StartTimeUnixNano string `json:"startTimeUnixNano"`
+						EndTimeUnixNano   string `json:"endTimeUnixNano"`
+						Attributes        []v3KV `json:"attributes"`
+						Events            []struct {
+							TimeUnixNano string `json:"timeUnixNano"`
+							Name         string `json:"name"`
+							Attributes   []v3KV `json:"attributes"`
+						} `json:"events"`
+						Links []struct {
+							SpanID string `json:"spanId"`
+						} `json:"links"`
+						Status struct {
+							Code    any    `json:"code"`
+							Message string `json:"message"`
+						} `json:"status"`
+					} `json:"spans"`
+				} `json:"scopeSpans"`
+			} `json:"resourceSpans"`
+		} `json:"result"`
+	}
+	if err := json.Unmarshal(body, &resp); err != nil {
+		return nil, err
+	}
+	jt := &jTrace{byID: map[string]*jSpan{}}
+	kinds := map[string]int{"SPAN_KIND_INTERNAL": 1, "SPAN_KIND_SERVER": 2, "SPAN_KIND_CLIENT": 3, "SPAN_KIND_PRODUCER": 4, "SPAN_KIND_CONSUMER": 5}
+	statuses := map[string]int{"STATUS_CODE_OK": statusOk, "STATUS_CODE_ERROR": statusError}
+	for _, rs := range resp.Result.ResourceSpans {
+		for _, ss := range rs.ScopeSpans {
+			for _, s := range ss.Spans {
+				js := &jSpan{
+					traceID: s.TraceID, spanID: s.SpanID, parent: s.ParentSpanID, name: s.Name, scope: ss.Scope.Name,
+					kind:  enumInt(s.Kind, kinds),
+					start: nanos(s.StartTimeUnixNano), end: nanos(s.EndTimeUnixNano),
+					attrs:  attrMap(s.Attributes),
+					status: enumInt(s.Status.Code, statuses), statusMsg: s.Status.Message,
+				}
+				for _, e := range s.Events {
+					js.events = append(js.events, jEvent{name: e.Name, time: nanos(e.TimeUnixNano), attrs: attrMap(e.Attributes)})
+				}
+				// The v3 API returns events sorted by name: put them back in time order.
+				slices.SortStableFunc(js.events, func(a, b jEvent) int { return compareInt(a.time, b.time) })
+				for _, l := range s.Links {
+					js.links = append(js.links, l.SpanID)
+				}
+				if js.spanID == "" {
+					return nil, errors.New("a span without spanId")
+				}
+				jt.spans = append(jt.spans, js)
+				jt.byID[js.spanID] = js
+			}
+		}
+	}
+	return jt, nil
+}
+
+func spanNames(ss []*jSpan) []string {
+	out := make([]string, len(ss))
+	for i, s := range ss {
+		out[i] = s.name
+	}
+	return out
+}
+
+func mapsEqual(a, b map[string]bool) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for k := range a {
+		if !b[k] {
+			return false
+		}
+	}
+	return true
+}
+
+func keys(m map[string]bool) []string {
+	out := make([]string, 0, len(m))
+	for k := range m {
+		out = append(out, k)
+	}
+	slices.Sort(out)
+	return out
+}

@@ -1,0 +1,176 @@
+// Command jaeger is the otelpgxtx demo: it produces every transaction outcome for real,
+// through the library, against a real PostgreSQL, and shows the traces.
+//
+//	go run .                      # throw-away PostgreSQL; traces printed as trees if no OTLP endpoint answers
+//	docker compose up             # from the repository root: PostgreSQL, Jaeger, Prometheus and this demo
+//
+// Environment (each also a flag; see -help):
+//
+//	DATABASE_URL                  use this server instead of a throw-away one; it must have
+//	                              synchronous_standby_names set (see docker-compose.yml)
+//	OTEL_EXPORTER_OTLP_ENDPOINT   OTLP endpoint (default: http://localhost:4318, then localhost:4317)
+//	OTEL_EXPORTER_OTLP_PROTOCOL   http/protobuf (default) or grpc
+//	OTEL_SERVICE_NAME             service name of the traces (default otelpgxtx-demo)
+//	METRICS_ADDR                  serve Prometheus metrics on this address, e.g. :9464
+//	DEMO_REPEAT                   run the scenarios again every interval (e.g. 30s) until stopped
+//	DEMO_TREE                     auto (default: print trees when nothing receives OTLP), always, never
+//	JAEGER_UI_URL                 where to tell the reader to look (default http://localhost:16686)
+//
+// It is a check as well as a demo: it exits 0 only when every scenario produced the
+// outcome it was built to produce, and the frame spans say so.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"syscall"
+	"time"
+)
+
+// Exit codes.
+const (
+	exitOK       = 0
+	exitMismatch = 1 // a scenario did not produce its expected outcome
+	exitSetup    = 2 // the demo could not run (no PostgreSQL, bad configuration, …)
+)
+
+func main() {
+	cfg, err := parseConfig(os.Args[1:], os.Getenv, os.Stderr)
+	if errors.Is(err, flag.ErrHelp) {
+		os.Exit(exitOK)
+	}
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "demo:", err)
+		os.Exit(exitSetup)
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	code := run(ctx, cfg, os.Stdout, os.Stderr)
+	stop()
+	os.Exit(code)
+}
+
+// config is what the environment and the flags asked for.
+type config struct {
+	databaseURL  string
+	otlpEndpoint string        // explicit endpoint URL; "" probes the defaults
+	otlpProtocol string        // protoHTTP or protoGRPC
+	otlpWait     time.Duration // how long to wait for an explicit endpoint to accept connections
+	serviceName  string
+	metricsAddr  string
+	repeat       time.Duration
+	tree         string // treeAuto, treeAlways, treeNever
+	jaegerUI     string
+	// scenarioTimeout bounds each scenario: every wait in it is on an observable
+	// condition, and this is the bound on all of them.
+	scenarioTimeout time.Duration
+}
+
+const (
+	protoHTTP = "http/protobuf"
+	protoGRPC = "grpc"
+
+	treeAuto   = "auto"
+	treeAlways = "always"
+	treeNever  = "never"
+)
+
+func parseConfig(args []string, getenv func(string) string, errOut io.Writer) (config, error) {
+	env := func(k, def string) string {
+		if v := getenv(k); v != "" {
+			return v
+		}
+		return def
+	}
+	var envErrs []error
+	durationEnv := func(k string, def time.Duration) time.Duration {
+		v := getenv(k)
+		if v == "" {
+			return def
+		}
+		d, err := time.ParseDuration(v)
+		if err != nil {
+			envErrs = append(envErrs, fmt.Errorf("$%s: %w", k, err))
+		}
+		return d
+	}
+	fs := flag.NewFlagSet("demo", flag.ContinueOnError)
+	fs.SetOutput(errOut)
+	var cfg config
+	fs.StringVar(&cfg.databaseURL, "database-url", env("DATABASE_URL", ""), "PostgreSQL URL ($DATABASE_URL); empty starts a throw-away server")
+	fs.StringVar(&cfg.otlpEndpoint, "otlp-endpoint", env("OTEL_EXPORTER_OTLP_ENDPOINT", ""), "OTLP endpoint URL ($OTEL_EXPORTER_OTLP_ENDPOINT); empty tries http://localhost:4318, then localhost:4317")
+	fs.StringVar(&cfg.otlpProtocol, "otlp-protocol", env("OTEL_EXPORTER_OTLP_PROTOCOL", protoHTTP), "OTLP protocol ($OTEL_EXPORTER_OTLP_PROTOCOL): http/protobuf or grpc")
+	fs.DurationVar(&cfg.otlpWait, "otlp-wait", durationEnv("DEMO_OTLP_WAIT", 10*time.Second), "how long to wait for an explicit OTLP endpoint to accept connections ($DEMO_OTLP_WAIT)")
+	fs.StringVar(&cfg.serviceName, "service-name", env("OTEL_SERVICE_NAME", "otelpgxtx-demo"), "service.name of the traces ($OTEL_SERVICE_NAME)")
+	fs.StringVar(&cfg.metricsAddr, "metrics-addr", env("METRICS_ADDR", ""), "serve Prometheus metrics at this address under /metrics, e.g. :9464 ($METRICS_ADDR)")
+	fs.DurationVar(&cfg.repeat, "repeat", durationEnv("DEMO_REPEAT", 0), "run the scenarios again every interval until stopped; 0 runs them once ($DEMO_REPEAT)")
+	fs.StringVar(&cfg.tree, "tree", env("DEMO_TREE", treeAuto), "print the traces as trees: auto (when nothing receives OTLP), always, never ($DEMO_TREE)")
+	fs.StringVar(&cfg.jaegerUI, "jaeger-ui", env("JAEGER_UI_URL", "http://localhost:16686"), "Jaeger UI address to point at ($JAEGER_UI_URL)")
+	fs.DurationVar(&cfg.scenarioTimeout, "scenario-timeout", 60*time.Second, "bound on each scenario")
+	if err := errors.Join(envErrs...); err != nil {
+		return cfg, err
+	}
+	if err := fs.Parse(args); err != nil {
+		return cfg, err
+	}
+	if fs.NArg() > 0 {
+		return cfg, fmt.Errorf("unexpected arguments %q", fs.Args())
+	}
+	switch cfg.otlpProtocol {
+	case protoHTTP, protoGRPC:
+	default:
+		return cfg, fmt.Errorf("OTLP protocol %q: want %s or %s", cfg.otlpProtocol, protoHTTP, protoGRPC)
+	}
+	switch cfg.tree {
+	case treeAuto, treeAlways, treeNever:
+	default:
+		return cfg, fmt.Errorf("tree %q: want auto, always or never", cfg.tree)
+	}
+	if cfg.repeat < 0 || cfg.scenarioTimeout <= 0 || cfg.otlpWait < 0 {
+		return cfg, errors.New("durations must not be negative")
+	}
+	return cfg, nil
+}
+
+// run runs the demo and returns the exit code.
+func run(ctx context.Context, cfg config, out, errOut io.Writer) int {
+	a, err := newApp(ctx, cfg, out, errOut)
+	if err != nil {
+		fmt.Fprintln(errOut, "demo:", err)
+		return exitSetup
+	}
+	failed := false
+	for n := 1; ; n++ {
+		rep := a.round(ctx, n)
+		if err := a.flush(ctx); err != nil {
+			fmt.Fprintln(errOut, "demo: flushing telemetry:", err)
+			failed = true
+		}
+		a.report(rep)
+		failed = failed || !rep.ok()
+		if cfg.repeat == 0 || ctx.Err() != nil {
+			break
+		}
+		t := time.NewTimer(cfg.repeat)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+		case <-t.C:
+		}
+		if ctx.Err() != nil {
+			break
+		}
+	}
+	if err := a.close(context.WithoutCancel(ctx)); err != nil {
+		fmt.Fprintln(errOut, "demo: shutting down:", err)
+		failed = true
+	}
+	if failed {
+		return exitMismatch
+	}
+	return exitOK
+}

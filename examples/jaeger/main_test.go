@@ -1,0 +1,217 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"net"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"go.yaml.in/yaml/v3"
+
+	"github.com/txevidence/otelpgxtx/pgtest"
+)
+
+// srv is the throw-away PostgreSQL the tests give the demo as its DATABASE_URL, the way
+// docker compose does; TestDemoEmbedded covers the demo starting its own.
+var srv *pgtest.Server
+
+func TestMain(m *testing.M) { pgtest.Main(m, &srv) }
+
+// syncBuffer is a bytes.Buffer for writers on several goroutines (the logger).
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+func testCtx(t *testing.T, d time.Duration) context.Context {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), d)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+// TestDemoEmbedded runs the program as `go run .` does with nothing installed but
+// PostgreSQL: no DATABASE_URL (it starts its own server) and no OTLP receiver (it
+// prints the trees). It must exit 0, and the trees must show what the README promises.
+func TestDemoEmbedded(t *testing.T) {
+	ctx := testCtx(t, 3*time.Minute)
+	var out, errOut syncBuffer
+	cfg, err := parseConfig(nil, func(string) string { return "" }, &errOut)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Nothing listens on port 1: the fallback to the terminal, whatever runs on this machine.
+	cfg.otlpEndpoint, cfg.otlpWait = "http://127.0.0.1:1", 0
+	code := run(ctx, cfg, &out, &errOut)
+	t.Logf("stdout:\n%s\nstderr:\n%s", out.String(), errOut.String())
+	if code != exitOK {
+		t.Fatalf("exit code %d", code)
+	}
+	o := out.String()
+	for _, want := range []string{
+		"starting a throw-away server (pgtest)",
+		"traces are printed instead",
+		"── indeterminate: ",
+		"tx.outcome=indeterminate  status=Unset",
+		"tx.commit.committed_locally=true",
+		"tx.phase.unknown",
+		"tx.reconcile [client]",
+		"tx.outcome.resolved=committed",
+		"── nested_frames: ",
+		"tx.frame.depth=1  tx.propagation=requires_new",
+		"tx.suspended tx.operation_id=",
+		"tx.savepoint.rolled_back tx.savepoint.name=",
+		"tx.retry tx.attempt=2 error.type=serialization_failure",
+		"tx.outcome=committed_with_post_commit_failure  status=Ok",
+		`tx.post_commit  +`,
+		`status=Error("transaction rolled back")`,
+		"demo.results=outer=committed inner=participating",
+		"Search by Tags: tx.outcome=indeterminate",
+		"http://localhost:16686",
+		`otelpgxtx_transactions_total{tx_outcome="indeterminate"} 1`,
+		"Every scenario produced its expected outcome",
+	} {
+		if !strings.Contains(o, want) {
+			t.Errorf("output lacks %q", want)
+		}
+	}
+	// The library's log record of the indeterminate commit.
+	if e := errOut.String(); !strings.Contains(e, "transaction commit outcome is indeterminate") || !strings.Contains(e, "tx.reconciliation.ref=pg:") {
+		t.Errorf("no indeterminate log record with its reference in stderr")
+	}
+}
+
+func TestParseConfig(t *testing.T) {
+	env := map[string]string{
+		"DATABASE_URL":                "postgres://x@db/postgres",
+		"OTEL_EXPORTER_OTLP_ENDPOINT": "http://jaeger:4318",
+		"OTEL_EXPORTER_OTLP_PROTOCOL": "grpc",
+		"METRICS_ADDR":                ":9464",
+		"DEMO_REPEAT":                 "30s",
+		"DEMO_TREE":                   "never",
+	}
+	cfg, err := parseConfig(nil, func(k string) string { return env[k] }, &bytes.Buffer{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cfg.databaseURL != env["DATABASE_URL"] || cfg.otlpEndpoint != "http://jaeger:4318" || cfg.otlpProtocol != protoGRPC ||
+		cfg.metricsAddr != ":9464" || cfg.repeat != 30*time.Second || cfg.tree != treeNever {
+		t.Fatalf("config from the environment: %+v", cfg)
+	}
+	// Flags win over the environment.
+	cfg, err = parseConfig([]string{"-repeat", "0", "-otlp-protocol", "http/protobuf"}, func(k string) string { return env[k] }, &bytes.Buffer{})
+	if err != nil || cfg.repeat != 0 || cfg.otlpProtocol != protoHTTP {
+		t.Fatalf("flags: %+v %v", cfg, err)
+	}
+	for _, bad := range []map[string]string{
+		{"OTEL_EXPORTER_OTLP_PROTOCOL": "http/json"},
+		{"DEMO_TREE": "sometimes"},
+		{"DEMO_REPEAT": "soon"},
+	} {
+		if _, err := parseConfig(nil, func(k string) string { return bad[k] }, &bytes.Buffer{}); err == nil {
+			t.Errorf("%v accepted", bad)
+		}
+	}
+	for in, want := range map[string]string{
+		"http://jaeger:4318": "jaeger:4318",
+		"jaeger:4317":        "jaeger:4317",
+		"http://collector":   "collector:4318",
+	} {
+		if got, err := dialAddress(normalizeEndpoint(in), protoHTTP); err != nil || got != want {
+			t.Errorf("dialAddress(%q) = %q, %v; want %q", in, got, err, want)
+		}
+	}
+}
+
+// TestComposeMatchesPgtest: docker-compose.yml runs PostgreSQL with the settings the tests'
+// throw-away server has (the indeterminate scenario depends on them), the demo serves
+// metrics where Prometheus scrapes them, and Prometheus loads the tested rules.
+func TestComposeMatchesPgtest(t *testing.T) {
+	ctx := testCtx(t, time.Minute)
+	b, err := os.ReadFile("../../docker-compose.yml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var compose struct {
+		Services map[string]struct {
+			Image       string            `yaml:"image"`
+			Command     []string          `yaml:"command"`
+			Environment map[string]string `yaml:"environment"`
+			Volumes     []string          `yaml:"volumes"`
+		} `yaml:"services"`
+	}
+	if err := yaml.Unmarshal(b, &compose); err != nil {
+		t.Fatal(err)
+	}
+	pg := compose.Services["postgres"]
+	if pg.Image != "postgres:15" {
+		t.Errorf("postgres image %q", pg.Image)
+	}
+	settings := map[string]string{}
+	for i := 0; i+1 < len(pg.Command); i++ {
+		if pg.Command[i] == "-c" {
+			k, v, _ := strings.Cut(pg.Command[i+1], "=")
+			settings[k] = v
+		}
+	}
+	if len(settings) == 0 {
+		t.Fatalf("no -c settings in the postgres command %q", pg.Command)
+	}
+	conn, err := srv.Conn(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	for _, k := range []string{"synchronous_standby_names", "synchronous_commit"} {
+		var got string
+		if err := conn.QueryRow(ctx, "select current_setting($1)", k).Scan(&got); err != nil {
+			t.Fatal(err)
+		}
+		if settings[k] != got {
+			t.Errorf("%s: docker-compose.yml sets %q, the tests' server (pgtest) has %q", k, settings[k], got)
+		}
+	}
+	var version string
+	if err := conn.QueryRow(ctx, "show server_version").Scan(&version); err == nil && !strings.HasPrefix(version, "15") {
+		t.Logf("note: the tests ran PostgreSQL %s; docker-compose.yml runs 15", version)
+	}
+
+	demo := compose.Services["demo"]
+	_, port, err := net.SplitHostPort(demo.Environment["METRICS_ADDR"])
+	if err != nil {
+		t.Fatalf("demo METRICS_ADDR %q: %v", demo.Environment["METRICS_ADDR"], err)
+	}
+	if demo.Environment["DATABASE_URL"] == "" || demo.Environment["DEMO_REPEAT"] == "" || demo.Environment["OTEL_EXPORTER_OTLP_ENDPOINT"] == "" {
+		t.Errorf("demo environment %v", demo.Environment)
+	}
+	prom, err := os.ReadFile("prometheus.yml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(string(prom), `"demo:`+port+`"`) {
+		t.Errorf("prometheus.yml does not scrape demo:%s", port)
+	}
+	for _, v := range compose.Services["prometheus"].Volumes {
+		src := strings.Split(v, ":")[0]
+		if _, err := os.Stat(filepath.Join("../..", src)); err != nil {
+			t.Errorf("prometheus volume %s: %v", v, err)
+		}
+	}
+}

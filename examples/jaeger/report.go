@@ -1,0 +1,115 @@
+package main
+
+import (
+	"fmt"
+	"slices"
+	"strings"
+
+	dto "github.com/prometheus/client_model/go"
+)
+
+// report prints a round: the trees (when nothing else receives the traces, or when
+// asked), one line per scenario, where to look, and the outcome metrics.
+func (a *app) report(rep roundReport) {
+	w := a.out
+	printTrees := a.cfg.tree == treeAlways || (a.cfg.tree == treeAuto && a.tel.otlp == "")
+	if printTrees && (a.cfg.repeat == 0 || rep.n == 1) {
+		fmt.Fprintln(w)
+		for _, s := range rep.scenarios {
+			renderTrace(w, s.sc.name+": "+s.sc.title, s.spans)
+			fmt.Fprintln(w)
+		}
+	}
+	fmt.Fprintf(w, "Round %d:\n", rep.n)
+	if rep.err != nil {
+		fmt.Fprintf(w, "  FAILED to run: %v\n", rep.err)
+	}
+	var indeterminate []string
+	for _, s := range rep.scenarios {
+		mark := "ok  "
+		if s.err != nil {
+			mark = "FAIL"
+		}
+		fmt.Fprintf(w, "  %s %-22s %s\n", mark, s.sc.name, strings.Join(s.results, " "))
+		if s.err != nil {
+			fmt.Fprintf(w, "       %v\n", s.err)
+		}
+		if slices.Contains(s.sc.frames, "indeterminate") {
+			indeterminate = append(indeterminate, s.traceID.String())
+		}
+	}
+	if rep.n == 1 || !rep.ok() {
+		a.whereToLook(rep, indeterminate)
+	}
+	if lines := metricSummary(a.registry()); len(lines) > 0 && (a.cfg.repeat == 0 || rep.n == 1) {
+		fmt.Fprintln(w, "Metrics (Prometheus names, as the OpenTelemetry Prometheus exporter writes them):")
+		for _, l := range lines {
+			fmt.Fprintln(w, "  "+l)
+		}
+	}
+	switch {
+	case rep.interrupted:
+		fmt.Fprintf(w, "Round %d was interrupted.\n", rep.n)
+	case rep.ok():
+		fmt.Fprintf(w, "Every scenario produced its expected outcome (round %d).\n", rep.n)
+	default:
+		fmt.Fprintf(w, "Some scenarios did NOT produce their expected outcome (round %d).\n", rep.n)
+	}
+}
+
+func (a *app) whereToLook(rep roundReport, indeterminate []string) {
+	w := a.out
+	ui := strings.TrimRight(a.cfg.jaegerUI, "/")
+	fmt.Fprintln(w, "Where to look:")
+	if a.tel.otlp == "" {
+		fmt.Fprintln(w, "  The traces above went nowhere but this terminal: no OTLP endpoint answered.")
+		fmt.Fprintln(w, "  With Jaeger (`docker compose up` at the repository root, or any Jaeger v2 all-in-one")
+		fmt.Fprintf(w, "  receiving OTLP on localhost:4318), run again and open %s\n", ui)
+	} else {
+		fmt.Fprintf(w, "  Traces were exported to %s.\n", a.tel.otlp)
+		fmt.Fprintf(w, "  Jaeger UI: %s  (Service %q)\n", ui, a.cfg.serviceName)
+	}
+	fmt.Fprintln(w, "  Search by Tags: tx.outcome=indeterminate   (also: committed, rolled_back, committed_with_post_commit_failure)")
+	if a.tel.otlp != "" {
+		for _, id := range indeterminate {
+			fmt.Fprintf(w, "  The indeterminate commit of this round: %s/trace/%s\n", ui, id)
+		}
+	}
+	if a.cfg.metricsAddr != "" {
+		fmt.Fprintf(w, "  Metrics: %s; with docker compose, Prometheus alerts at http://localhost:9090/alerts\n", metricsURL(a.cfg.metricsAddr))
+	}
+}
+
+// metricSummary renders the library's metrics from the registry: the counter by outcome
+// and the histograms' sample counts.
+func metricSummary(reg interface {
+	Gather() ([]*dto.MetricFamily, error)
+}) []string {
+	mfs, err := reg.Gather()
+	if err != nil {
+		return []string{"(gathering metrics: " + err.Error() + ")"}
+	}
+	var lines []string
+	for _, mf := range mfs {
+		name := mf.GetName()
+		if !strings.HasPrefix(name, "otelpgxtx_") {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			outcome := ""
+			for _, l := range m.GetLabel() {
+				if l.GetName() == "tx_outcome" {
+					outcome = l.GetValue()
+				}
+			}
+			switch mf.GetType() {
+			case dto.MetricType_COUNTER:
+				lines = append(lines, fmt.Sprintf("%s{tx_outcome=%q} %g", name, outcome, m.GetCounter().GetValue()))
+			case dto.MetricType_HISTOGRAM:
+				h := m.GetHistogram()
+				lines = append(lines, fmt.Sprintf("%s_count{tx_outcome=%q} %d  (sum %.3fs)", name, outcome, h.GetSampleCount(), h.GetSampleSum()))
+			}
+		}
+	}
+	return lines
+}
