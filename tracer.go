@@ -142,7 +142,7 @@ func (t *Tracer) beginStatement(ctx context.Context, conn *pgx.Conn, st *connSta
 	}
 	if f == nil && set.has(stmtBegin) && pg.TxStatus() == 'I' {
 		f = t.startFrame(ctx, conn, st, outcome.PhaseNotStarted)
-		if f.span.IsRecording() || set == 1<<stmtBegin {
+		if f.span.IsRecording() { // they are only ever attributes
 			_, rest := classifyOne(beginSQL)
 			f.isolation, f.accessMode = beginOptions(rest)
 		}
