@@ -7,6 +7,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/txevidence/otelpgxtx/classifier"
@@ -29,6 +30,11 @@ type frame struct {
 	parentSpan trace.SpanContext
 	conn       *pgconn.PgConn
 	start      time.Time
+	// spanCtx is the context the frame span was started in and returned by Start: it
+	// carries the frame span, for metric exemplars, at no allocation.
+	spanCtx context.Context
+	// connAttrs are the connection's attributes, from its connState.
+	connAttrs []attribute.KeyValue
 
 	phase atomic.Uint32 // outcome.Phase
 	done  atomic.Bool   // the evidence is in: the frame left its connection
@@ -69,6 +75,11 @@ func (f *frame) open() bool { return !f.done.Load() }
 type connState struct {
 	frame   *frame
 	queries []queryState // started, not yet ended (a busy conn can nest a failed call)
+
+	// The connection's span attributes (db.system.name, db.namespace, server.address,
+	// server.port), built on its first recorded frame: conn.Config() copies the whole
+	// configuration, which is too dear for every transaction.
+	attrs []attribute.KeyValue
 
 	// The cluster identity, read once per connection for reconciliation references.
 	systemID     uint64

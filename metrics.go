@@ -7,7 +7,6 @@ import (
 	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/metric"
-	"go.opentelemetry.io/otel/trace"
 
 	"github.com/txevidence/otelpgxtx/outcome"
 )
@@ -82,8 +81,8 @@ func (m *metrics) record(o outcome.Outcome, f *frame, now time.Time) {
 	}
 	// The instruments are never nil: a failed creation returns a no-op instrument.
 	ctx := context.Background()
-	if f.span.SpanContext().IsSampled() {
-		ctx = trace.ContextWithSpan(ctx, f.span) // links exemplars to the frame's trace
+	if f.span.SpanContext().IsSampled() && f.spanCtx != nil {
+		ctx = f.spanCtx // carries the frame span: links exemplars to the frame's trace
 	}
 	m.transactions.Add(ctx, 1, m.addOpts[o]...)
 	m.duration.Record(ctx, now.Sub(f.start).Seconds(), m.recordOpts[o]...)

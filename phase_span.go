@@ -14,6 +14,11 @@ import (
 	"github.com/txevidence/otelpgxtx/outcome"
 )
 
+// frameStartOptions are the frame span's start options, built once so that Start
+// allocates nothing for them. No explicit timestamp: boxing a time.Time allocates, and
+// the SDK reads the clock itself.
+var frameStartOptions = []trace.SpanStartOption{trace.WithSpanKind(trace.SpanKindClient)}
+
 // phaseEvents are the event names per phase, built once so a transition allocates no name.
 var phaseEvents = func() (names [outcome.PhaseUnknown + 1]string) {
 	for p := range names {
@@ -31,21 +36,19 @@ func (t *Tracer) startFrame(ctx context.Context, conn *pgx.Conn, st *connState, 
 	if outer := openFrameFromContext(ctx); outer != nil && outer.conn != f.conn {
 		f.parent, f.depth = outer, outer.depth+1
 	}
-	_, f.span = t.tracer.Start(ctx, t.cfg.spanName, trace.WithSpanKind(trace.SpanKindClient), trace.WithTimestamp(f.start))
+	f.spanCtx, f.span = t.tracer.Start(ctx, t.cfg.spanName, frameStartOptions...)
 	if f.span.IsRecording() {
-		// Set after Start rather than passed to it, so an unsampled frame allocates nothing for them.
-		cfg := conn.Config()
-		f.span.SetAttributes(
-			dbSystemPostgreSQL,
-			dbNamespaceKey.String(cfg.Database),
-			serverAddressKey.String(cfg.Host),
-			serverPortKey.Int(int(cfg.Port)),
-			OperationIDKey.String(f.id.String()),
-			FrameDepthKey.Int(f.depth),
-		)
-		if len(t.cfg.attributes) > 0 {
-			f.span.SetAttributes(t.cfg.attributes...)
+		// Written with the outcome attributes when the frame ends, in one SetAttributes.
+		if st.attrs == nil {
+			cfg := conn.Config() // a copy of the whole configuration: once per connection
+			st.attrs = []attribute.KeyValue{
+				dbSystemPostgreSQL,
+				dbNamespaceKey.String(cfg.Database),
+				serverAddressKey.String(cfg.Host),
+				serverPortKey.Int(int(cfg.Port)),
+			}
 		}
+		f.connAttrs = st.attrs
 	}
 	if f.parent != nil && f.parent.span.IsRecording() {
 		f.parent.span.AddEvent(EventSuspended, trace.WithAttributes(OperationIDKey.String(f.id.String())))
@@ -133,11 +136,14 @@ func (f *frame) end(o outcome.Outcome, postCommitErr error) {
 		f.t.logIndeterminate(f)
 	}
 	if !f.span.IsRecording() {
-		f.span.End(trace.WithTimestamp(now))
+		f.span.End()
 		return
 	}
 	v := f.verdict
-	attrs := make([]attribute.KeyValue, 0, 12)
+	attrs := make([]attribute.KeyValue, 0, 18+len(f.t.cfg.attributes))
+	attrs = append(attrs, f.connAttrs...)
+	attrs = append(attrs, OperationIDKey.String(f.id.String()), FrameDepthKey.Int(f.depth))
+	attrs = append(attrs, f.t.cfg.attributes...)
 	attrs = append(attrs, OutcomeKey.String(o.String()), PhaseKey.String(f.currentPhase().String()))
 	if f.isolation != "" {
 		attrs = append(attrs, IsolationKey.String(f.isolation))
@@ -183,5 +189,5 @@ func (f *frame) end(o outcome.Outcome, postCommitErr error) {
 	if postCommitErr != nil {
 		f.span.AddEvent(EventPostCommitFailed)
 	}
-	f.span.End(trace.WithTimestamp(now))
+	f.span.End()
 }

@@ -87,20 +87,38 @@ func (t *Tracer) setInner(inner any) {
 }
 
 // withFrame makes f's span the parent of what the inner tracer starts. It allocates only
-// when someone records: an unsampled frame under an unsampled caller costs nothing.
+// when someone records and ctx does not already carry the frame's span (inside Run or
+// Begin it does): an unsampled frame under an unsampled caller costs nothing.
 func withFrame(ctx context.Context, f *frame) context.Context {
-	if f == nil || (!f.span.IsRecording() && !trace.SpanFromContext(ctx).IsRecording()) {
+	if f == nil {
+		return ctx
+	}
+	in := trace.SpanFromContext(ctx)
+	if !f.span.IsRecording() && !in.IsRecording() || sameSpan(in, f.span) {
 		return ctx
 	}
 	return trace.ContextWithSpan(ctx, f.span)
+}
+
+// sameSpan reports whether a and b are one span. Spans are told apart by their ids,
+// never with ==: a span's dynamic type need not be comparable (the SDK's non-recording
+// span is not, and == on two of them panics). Only a recording span is compared: its ids
+// are its own, where a no-op span may carry its parent's.
+func sameSpan(a, b trace.Span) bool {
+	if !a.IsRecording() || !b.IsRecording() {
+		return false
+	}
+	sa, sb := a.SpanContext(), b.SpanContext()
+	return sa.SpanID() == sb.SpanID() && sa.TraceID() == sb.TraceID()
 }
 
 var noopSpan = noop.Span{}
 
 // unframe hides f's span from an inner End hook that did not start a span of its own:
 // inner tracers end "the span in ctx", and that must never be the frame's (DESIGN.md §7).
+// A span that does not record has nothing an End hook could change.
 func unframe(ctx context.Context, f *frame) context.Context {
-	if f != nil && trace.SpanFromContext(ctx) == f.span {
+	if f != nil && sameSpan(trace.SpanFromContext(ctx), f.span) {
 		return trace.ContextWithSpan(ctx, noopSpan)
 	}
 	return ctx
