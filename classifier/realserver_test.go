@@ -14,6 +14,7 @@ import (
 	"errors"
 	"net"
 	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -815,65 +816,48 @@ func newProxy(t *testing.T) *pgtest.Proxy {
 	return p
 }
 
-// Row: "connection closed ... after sending" — the proxy forwards COMMIT, then cuts.
-func TestRealCommitProxyCutAfterCommit(t *testing.T) {
-	ctx := realCtx(t)
-	const table = "real_cut_after"
-	freshTable(t, ctx, table, "id int primary key")
-	p := newProxy(t)
-	c := realConnect(t, ctx, p.ConnString(srv.ConnString()), nil)
-	pid := c.PgConn().PID()
+// Row: "connection closed ... after sending". The proxy forwards COMMIT and then cuts, or
+// cuts before COMMIT reaches the server: the client cannot tell the two apart, and the
+// server's answers differ.
+func TestRealCommitProxyCut(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		arm     func(*pgtest.Proxy)
+		fate    string
+		present bool
+	}{
+		{"after commit", (*pgtest.Proxy).CutAfterCommit, "committed", true},
+		{"before commit", (*pgtest.Proxy).CutBeforeCommit, "aborted", false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ctx := realCtx(t)
+			table := "real_cut_" + strings.ReplaceAll(tc.name, " ", "_")
+			freshTable(t, ctx, table, "id int primary key")
+			p := newProxy(t)
+			c := realConnect(t, ctx, p.ConnString(srv.ConnString()), nil)
+			pid := c.PgConn().PID()
 
-	tx, xid := beginInsert(t, ctx, c, table, 1)
-	p.CutAfterCommit()
-	err := tx.Commit(ctx)
-	logErr(t, "tx.Commit", err)
-	logNotices(t, c)
-	if err == nil {
-		t.Fatal("tx.Commit through a cut proxy returned nil")
+			tx, xid := beginInsert(t, ctx, c, table, 1)
+			tc.arm(p)
+			err := tx.Commit(ctx)
+			logErr(t, "tx.Commit", err)
+			logNotices(t, c)
+			if err == nil {
+				t.Fatal("tx.Commit through a cut proxy returned nil")
+			}
+			if p.Cuts() != 1 {
+				t.Errorf("proxy Cuts() = %d, want 1", p.Cuts())
+			}
+			f := c.facts()
+			t.Logf("facts: %+v", f)
+			checkVerdict(t, classifier.Classify(outcome.PhaseCommitting, err, f),
+				realWant{evidence: classifier.EvidenceUnknown, sqlstate: sqlstateOf(err)})
+
+			waitBackendGone(t, ctx, pid)
+			checkXact(t, ctx, xid, tc.fate)
+			checkRow(t, ctx, table, 1, tc.present)
+		})
 	}
-	if p.Cuts() != 1 {
-		t.Errorf("proxy Cuts() = %d, want 1", p.Cuts())
-	}
-	f := c.facts()
-	t.Logf("facts: %+v", f)
-	checkVerdict(t, classifier.Classify(outcome.PhaseCommitting, err, f),
-		realWant{evidence: classifier.EvidenceUnknown, sqlstate: sqlstateOf(err)})
-
-	waitBackendGone(t, ctx, pid)
-	checkXact(t, ctx, xid, "committed")
-	checkRow(t, ctx, table, 1, true)
-}
-
-// Row: "connection closed ... after sending" from the client's point of view — the proxy
-// cuts before COMMIT reaches the server; the client cannot tell this from the case above.
-func TestRealCommitProxyCutBeforeCommit(t *testing.T) {
-	ctx := realCtx(t)
-	const table = "real_cut_before"
-	freshTable(t, ctx, table, "id int primary key")
-	p := newProxy(t)
-	c := realConnect(t, ctx, p.ConnString(srv.ConnString()), nil)
-	pid := c.PgConn().PID()
-
-	tx, xid := beginInsert(t, ctx, c, table, 1)
-	p.CutBeforeCommit()
-	err := tx.Commit(ctx)
-	logErr(t, "tx.Commit", err)
-	logNotices(t, c)
-	if err == nil {
-		t.Fatal("tx.Commit through a cut proxy returned nil")
-	}
-	if p.Cuts() != 1 {
-		t.Errorf("proxy Cuts() = %d, want 1", p.Cuts())
-	}
-	f := c.facts()
-	t.Logf("facts: %+v", f)
-	checkVerdict(t, classifier.Classify(outcome.PhaseCommitting, err, f),
-		realWant{evidence: classifier.EvidenceUnknown, sqlstate: sqlstateOf(err)})
-
-	waitBackendGone(t, ctx, pid)
-	checkXact(t, ctx, xid, "aborted")
-	checkRow(t, ctx, table, 1, false)
 }
 
 // Last paragraph of DESIGN.md §5: COMMIT outside a transaction answers tag COMMIT with a
