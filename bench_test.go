@@ -40,7 +40,6 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/txevidence/otelpgxtx/outcome"
-	"github.com/txevidence/otelpgxtx/pgtest"
 )
 
 const (
@@ -395,11 +394,7 @@ func BenchmarkTxParallel(b *testing.B) {
 // includes the proxy and is not comparable with BenchmarkTx.
 func BenchmarkTxRoundTrips(b *testing.B) {
 	admin := benchSchema(b)
-	proxy, err := pgtest.NewProxy(fmt.Sprintf("%s:%d", srv.Host(), srv.Port()))
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer proxy.Close()
+	proxy := newProxy(b)
 	for _, w := range benchWorkloads {
 		for _, v := range benchVariants {
 			d := newBenchDB(b, proxy.ConnString(srv.ConnString()), v, benchSamplings[0], w)

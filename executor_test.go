@@ -17,7 +17,6 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/txevidence/otelpgxtx/outcome"
-	"github.com/txevidence/otelpgxtx/pgtest"
 )
 
 // insertFn returns a Run function that inserts id into table and returns it.
@@ -641,11 +640,7 @@ func requiresNewOn(ctx context.Context, db DB) (int, error) {
 // takes as many with reference capture as without.
 func TestRunCaptureAddsNoRoundTrip(t *testing.T) {
 	ctx := testCtx(t)
-	proxy, err := pgtest.NewProxy(fmt.Sprintf("%s:%d", srv.Host(), srv.Port()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer proxy.Close()
+	proxy := newProxy(t)
 	h := newHarness(t, proxy.ConnString(srv.ConnString()), 1)
 	table := newTable(t, ctx)
 	count := func(capture bool, id int) int64 {

@@ -397,11 +397,7 @@ func TestSpanIndeterminateProxyCut(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			ctx := testCtx(t)
-			proxy, err := pgtest.NewProxy(fmt.Sprintf("%s:%d", srv.Host(), srv.Port()))
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer proxy.Close()
+			proxy := newProxy(t)
 			h := newHarness(t, proxy.ConnString(srv.ConnString()), 1)
 			table := newTable(t, ctx)
 			tx, err := h.pool.Begin(ctx)

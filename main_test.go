@@ -2,6 +2,7 @@ package otelpgxtx
 
 import (
 	"context"
+	"fmt"
 	"sort"
 	"sync"
 	"testing"
@@ -13,7 +14,6 @@ import (
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 	"go.opentelemetry.io/otel/trace"
-	"go.uber.org/goleak"
 
 	"github.com/txevidence/otelpgxtx/pgtest"
 )
@@ -21,13 +21,6 @@ import (
 var srv *pgtest.Server
 
 func TestMain(m *testing.M) { pgtest.Main(m, &srv) }
-
-// leakCheck fails t if goroutines started during t outlive it.
-func leakCheck(t *testing.T) {
-	t.Helper()
-	ignore := goleak.IgnoreCurrent()
-	t.Cleanup(func() { goleak.VerifyNone(t, ignore) })
-}
 
 func testCtx(t *testing.T) context.Context {
 	t.Helper()
@@ -68,7 +61,7 @@ func newHarness(t *testing.T, connString string, maxConns int32, opts ...Option)
 
 func newHarnessSampled(t *testing.T, connString string, maxConns int32, sampler sdktrace.Sampler, opts ...Option) *harness {
 	t.Helper()
-	leakCheck(t) // registered first, so it runs after the pool's Close
+	pgtest.LeakCheck(t) // registered first, so it runs after the pool's Close
 	if connString == "" {
 		connString = srv.ConnString()
 	}
@@ -147,3 +140,14 @@ func eventNames(s tracetest.SpanStub) []string {
 }
 
 func attributeKey(k string) attribute.Key { return attribute.Key(k) }
+
+// newProxy returns a fault-injecting proxy in front of the test server, closed when tb ends.
+func newProxy(tb testing.TB) *pgtest.Proxy {
+	tb.Helper()
+	proxy, err := pgtest.NewProxy(fmt.Sprintf("%s:%d", srv.Host(), srv.Port()))
+	if err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(func() { proxy.Close() })
+	return proxy
+}

@@ -299,7 +299,7 @@ type soak struct {
 }
 
 func TestSoundness(t *testing.T) {
-	leakCheck(t)
+	pgtest.LeakCheck(t)
 	cfg := soakConfigFromEnv(t)
 	t.Logf("seed %d: replay with OTELPGXTX_SOAK_SEED=%d OTELPGXTX_SOAK_TX=%d OTELPGXTX_SOAK_WORKERS=%d OTELPGXTX_SOAK_CRASHES=%d",
 		cfg.seed, cfg.seed, cfg.tx, cfg.workers, cfg.crashes)
@@ -346,12 +346,7 @@ func newSoak(t *testing.T, ctx context.Context, cfg soakConfig) *soak {
 		insert into soak_rows values (0, 0, 'seed', 'seed')`); err != nil {
 		t.Fatal(err)
 	}
-	var err error
-	s.proxy, err = pgtest.NewProxy(fmt.Sprintf("%s:%d", srv.Host(), srv.Port()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { s.proxy.Close() })
+	s.proxy = newProxy(t)
 	perPool := int32(max(2, cfg.workers))
 	mkPool := func(connString string) *pgxpool.Pool {
 		pc, err := pgxpool.ParseConfig(connString)
@@ -373,6 +368,7 @@ func newSoak(t *testing.T, ctx context.Context, cfg soakConfig) *soak {
 	}
 	s.direct = mkPool(srv.ConnString())
 	s.proxied = mkPool(s.proxy.ConnString(srv.ConnString()))
+	var err error
 	s.admin, err = pgxpool.New(ctx, srv.ConnString())
 	if err != nil {
 		t.Fatal(err)
@@ -1336,7 +1332,7 @@ func (s *soak) checkRun(op *soakOp, fs []*soakFrame, present bool, row string, r
 // commit record), the server crashes, the first transaction after the restart takes
 // the same xid and commits, and the reconciler resolves the lost transaction committed.
 func TestReconcileXIDReusedAfterCrash(t *testing.T) {
-	leakCheck(t)
+	pgtest.LeakCheck(t)
 	ctx := testCtx(t)
 	h := newHarness(t, "", 2)
 	if err := srv.Exec(ctx, `drop table if exists xr_held, xr_next;

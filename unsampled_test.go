@@ -9,6 +9,7 @@ import (
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 
 	"github.com/txevidence/otelpgxtx/outcome"
+	"github.com/txevidence/otelpgxtx/pgtest"
 )
 
 // TestUnsampledSDKSpansDoNotPanic: with the SDK, a frame that is not sampled has a
@@ -44,7 +45,7 @@ func TestUnsampledSDKSpansDoNotPanic(t *testing.T) {
 // TestNoSDKDoesNotPanic: with no OpenTelemetry SDK installed, the global provider hands
 // out its own non-recording spans; Run and plain transactions must work the same.
 func TestNoSDKDoesNotPanic(t *testing.T) {
-	leakCheck(t)
+	pgtest.LeakCheck(t)
 	ctx := testCtx(t)
 	cfg, err := pgxpool.ParseConfig(srv.ConnString())
 	if err != nil {

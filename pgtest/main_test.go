@@ -4,22 +4,12 @@ import (
 	"context"
 	"testing"
 	"time"
-
-	"go.uber.org/goleak"
 )
 
 // srv is the package's shared server, started by Main.
 var srv *Server
 
 func TestMain(m *testing.M) { Main(m, &srv) }
-
-// leakCheck fails t if goroutines started during t outlive it. Main owns
-// os.Exit, so the check runs per test rather than once after m.Run.
-func leakCheck(t *testing.T) {
-	t.Helper()
-	ignore := goleak.IgnoreCurrent()
-	t.Cleanup(func() { goleak.VerifyNone(t, ignore) })
-}
 
 // testCtx bounds every server interaction of a test.
 func testCtx(t *testing.T) context.Context {

@@ -34,7 +34,7 @@ func connectVia(t *testing.T, ctx context.Context, p *Proxy) *pgx.Conn {
 }
 
 func TestProxyForwards(t *testing.T) {
-	leakCheck(t)
+	LeakCheck(t)
 	ctx := testCtx(t)
 	p := newProxy(t)
 	c := connectVia(t, ctx, p)
@@ -51,7 +51,7 @@ func TestProxyForwards(t *testing.T) {
 }
 
 func TestProxyConnString(t *testing.T) {
-	leakCheck(t)
+	LeakCheck(t)
 	p := newProxy(t)
 	addr := p.Addr()
 	for base, want := range map[string]string{
@@ -68,7 +68,7 @@ func TestProxyConnString(t *testing.T) {
 // TestProxyRoundTrips pins down the documented RoundTrips definition with
 // pgx's observable behaviour.
 func TestProxyRoundTrips(t *testing.T) {
-	leakCheck(t)
+	LeakCheck(t)
 	ctx := testCtx(t)
 	p := newProxy(t)
 	c := connectVia(t, ctx, p)
@@ -151,7 +151,7 @@ var commitStyles = []struct {
 // then one with the fault armed. For the Bind-only styles the armed COMMIT
 // carries no Parse, so detection must come from the tracked statement name.
 func TestProxyCutCommit(t *testing.T) {
-	leakCheck(t)
+	LeakCheck(t)
 	ctx := testCtx(t)
 	freshTable(t, ctx, "proxy_cut")
 	p := newProxy(t)
@@ -239,7 +239,7 @@ func TestProxyCutCommit(t *testing.T) {
 // pool: the second runs on a fresh pooled connection after the first one was
 // cut.
 func TestProxyCutTwiceInPool(t *testing.T) {
-	leakCheck(t)
+	LeakCheck(t)
 	ctx := testCtx(t)
 	freshTable(t, ctx, "proxy_pool")
 	p := newProxy(t)
@@ -274,7 +274,7 @@ func TestProxyCutTwiceInPool(t *testing.T) {
 }
 
 func TestProxyCutAll(t *testing.T) {
-	leakCheck(t)
+	LeakCheck(t)
 	ctx := testCtx(t)
 	p := newProxy(t)
 	a, b := connectVia(t, ctx, p), connectVia(t, ctx, p)
@@ -297,7 +297,7 @@ func TestProxyCutAll(t *testing.T) {
 // TestProxyCloseWithLiveConnections checks that Close ends live relays and
 // leaves no goroutines (leakCheck) even though clients are still connected.
 func TestProxyCloseWithLiveConnections(t *testing.T) {
-	leakCheck(t)
+	LeakCheck(t)
 	ctx := testCtx(t)
 	p, err := NewProxy(fmt.Sprintf("%s:%d", srv.Host(), srv.Port()))
 	if err != nil {

@@ -19,7 +19,7 @@ import (
 )
 
 func TestServerBasics(t *testing.T) {
-	leakCheck(t)
+	LeakCheck(t)
 	ctx := testCtx(t)
 	want := fmt.Sprintf("postgres://postgres@127.0.0.1:%d/postgres?sslmode=disable", srv.Port())
 	if got := srv.ConnString(); got != want {
@@ -57,7 +57,7 @@ func TestServerBasics(t *testing.T) {
 // TestSyncRepWait checks the scenario the configuration exists for: a COMMIT
 // that waits for the phantom standby after its commit record is in local WAL.
 func TestSyncRepWait(t *testing.T) {
-	leakCheck(t)
+	LeakCheck(t)
 	ctx := testCtx(t)
 	freshTable(t, ctx, "syncrep")
 	cfg, err := pgx.ParseConfig(srv.ConnString())
@@ -124,7 +124,7 @@ func TestSyncRepWait(t *testing.T) {
 }
 
 func TestCancel(t *testing.T) {
-	leakCheck(t)
+	LeakCheck(t)
 	ctx := testCtx(t)
 	c, err := srv.Conn(ctx)
 	if err != nil {
@@ -154,7 +154,7 @@ func TestCancel(t *testing.T) {
 }
 
 func TestBackendHelpersRejectUnknownPID(t *testing.T) {
-	leakCheck(t)
+	LeakCheck(t)
 	ctx := testCtx(t)
 	const noSuchPID = 1 // init, never a PostgreSQL backend
 	if err := srv.Terminate(ctx, noSuchPID); err == nil {
@@ -169,7 +169,7 @@ func TestBackendHelpersRejectUnknownPID(t *testing.T) {
 }
 
 func TestStopImmediateRestart(t *testing.T) {
-	leakCheck(t)
+	LeakCheck(t)
 	ctx := testCtx(t)
 	freshTable(t, ctx, "restart")
 	for round := 1; round <= 2; round++ {
@@ -209,7 +209,7 @@ func TestCleanupAfterPanic(t *testing.T) {
 		fmt.Printf("PGTEST_ROOT=%s\nPGTEST_PORT=%d\n", srv.root, srv.Port())
 		panic("deliberate panic to test cleanup")
 	}
-	leakCheck(t)
+	LeakCheck(t)
 	ctx := testCtx(t)
 	cmd := exec.CommandContext(ctx, os.Args[0], "-test.run=^TestCleanupAfterPanic$", "-test.count=1")
 	cmd.Env = append(os.Environ(), "PGTEST_PANIC_CHILD=1")
@@ -255,7 +255,7 @@ func TestCleanupAfterPanic(t *testing.T) {
 // TestRestartFailureShowsLog breaks the configuration of the stopped server
 // and checks that the start error carries the server log's explanation.
 func TestRestartFailureShowsLog(t *testing.T) {
-	leakCheck(t)
+	LeakCheck(t)
 	ctx := testCtx(t)
 	conf := filepath.Join(srv.dataDir, "postgresql.conf")
 	orig, err := os.ReadFile(conf)
@@ -287,7 +287,7 @@ func TestRestartFailureShowsLog(t *testing.T) {
 }
 
 func TestStartClose(t *testing.T) {
-	leakCheck(t)
+	LeakCheck(t)
 	ctx := testCtx(t)
 	s, err := Start()
 	if err != nil {
@@ -327,7 +327,7 @@ func TestStartClose(t *testing.T) {
 // TMPDIR, so Start fails inside Main: the binary must exit 1 with install
 // advice, not skip.
 func TestMainFailsWhenServerCannotStart(t *testing.T) {
-	leakCheck(t)
+	LeakCheck(t)
 	ctx := testCtx(t)
 	cmd := exec.CommandContext(ctx, os.Args[0], "-test.run=^TestServerBasics$", "-test.v")
 	cmd.Env = append(os.Environ(), "TMPDIR="+filepath.Join(t.TempDir(), "missing"))
