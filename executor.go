@@ -234,7 +234,7 @@ func backoff(p Policy, attempt int) time.Duration {
 	return rand.N(d + 1)
 }
 
-// conn is a connection Run holds for one attempt.
+// heldConn is the connection Run holds for one attempt, and how to give it back.
 type heldConn struct {
 	conn    *pgx.Conn
 	release func()
@@ -372,8 +372,9 @@ func rollback(ctx context.Context, sc *scope, tx pgx.Tx, cause error) classifier
 			f.firstErr, f.hasErr = v, true
 		}
 	}
-	// The caller's context may be what failed; the rollback must still be sent.
-	rbErr := tx.Rollback(context.WithoutCancel(ctx))
+	// The caller's context may be what failed; the rollback must still be sent. Its error
+	// changes nothing: a failed rollback closes the connection, which rolls back too.
+	_ = tx.Rollback(context.WithoutCancel(ctx))
 	if f := sc.frame; f != nil {
 		if f.open() {
 			// The rollback never reached the tracer (the connection was gone).
@@ -381,7 +382,6 @@ func rollback(ctx context.Context, sc *scope, tx pgx.Tx, cause error) classifier
 		}
 		return f.verdict
 	}
-	_ = rbErr // a failed rollback closes the connection, which rolls back too
 	return v
 }
 
