@@ -103,7 +103,7 @@ func checkSecondConnection(ctx context.Context, db DB, sc *scope) error {
 		}
 	case *pgxpool.Pool:
 		held := 0
-		for s := sc; s != nil; s = scopeParentChain(s) {
+		for s := sc; s != nil; s = s.owner().suspended { // each suspended owner holds one
 			held++
 		}
 		if max := db.Config().MaxConns; int(max) <= held {
@@ -112,9 +112,6 @@ func checkSecondConnection(ctx context.Context, db DB, sc *scope) error {
 	}
 	return nil
 }
-
-// scopeParentChain returns the scope suspended by sc's owner, for counting held connections.
-func scopeParentChain(sc *scope) *scope { return sc.owner().suspended }
 
 // notStarted is the result of a call that began nothing: err is never nil here, and
 // not_started is a rollback phase, so the constructor cannot refuse it.

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"sync"
+	"sync/atomic"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -123,24 +124,15 @@ var ErrTxOwnedByRun = errors.New("otelpgxtx: the transaction belongs to Run: ret
 // function cannot run statements outside it.
 type runTx struct {
 	tx pgx.Tx
-	mu sync.Mutex
-	// done is set when Run ends the transaction.
-	done bool
+	// done is set when Run ends the transaction; read on every statement, hence atomic.
+	done atomic.Bool
 }
 
 var _ pgx.Tx = (*runTx)(nil)
 
-func (t *runTx) ended() bool {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	return t.done
-}
+func (t *runTx) ended() bool { return t.done.Load() }
 
-func (t *runTx) end() {
-	t.mu.Lock()
-	t.done = true
-	t.mu.Unlock()
-}
+func (t *runTx) end() { t.done.Store(true) }
 
 // Begin starts a savepoint (pgx's pseudo nested transaction); prefer Run with Nested,
 // which traces it and scopes its post-commit hooks.

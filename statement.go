@@ -46,10 +46,16 @@ func classifyStatements(sql string) stmtSet {
 		kind, rest = classifyOne(rest)
 		set |= 1 << kind
 	}
-	if set != 1<<stmtOther {
-		set &^= 1 << stmtOther
+	return set.transactional()
+}
+
+// transactional drops stmtOther from a set that holds a transaction-control kind: only
+// a set of plain statements is "other".
+func (s stmtSet) transactional() stmtSet {
+	if s != 1<<stmtOther {
+		s &^= 1 << stmtOther
 	}
-	return set
+	return s
 }
 
 // classifyOne classifies the statement at the start of sql and returns the text after

@@ -326,10 +326,7 @@ func (t *Tracer) TraceBatchStart(ctx context.Context, conn *pgx.Conn, data pgx.T
 			set |= s
 		}
 	}
-	if set != 1<<stmtOther {
-		set &^= 1 << stmtOther
-	}
-	ctx, q := t.enter(ctx, conn, st, set, beginSQL)
+	ctx, q := t.enter(ctx, conn, st, set.transactional(), beginSQL)
 	if t.batch != nil {
 		ctx = t.batch.TraceBatchStart(ctx, conn, data)
 	}
