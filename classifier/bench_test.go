@@ -11,21 +11,27 @@ import (
 
 var sinkVerdict classifier.Verdict
 
-func BenchmarkClassify(b *testing.B) {
+// hotPathCase is one input of the classifier's hot path; the benchmark and the
+// allocation test share them.
+type hotPathCase struct {
+	name  string
+	phase outcome.Phase
+	err   error
+}
+
+func hotPathCases() []hotPathCase {
 	serialization := pgErr("ERROR", "ERROR", "40001")
-	wrapped := fmt.Errorf("commit: %w", serialization)
-	cases := []struct {
-		name  string
-		phase outcome.Phase
-		err   error
-	}{
+	return []hotPathCase{
 		{"committing/nil", outcome.PhaseCommitting, nil},
 		{"committing/PgError", outcome.PhaseCommitting, serialization},
-		{"committing/wrapped_PgError", outcome.PhaseCommitting, wrapped},
+		{"committing/wrapped_PgError", outcome.PhaseCommitting, fmt.Errorf("commit: %w", serialization)},
 		{"committing/EOF", outcome.PhaseCommitting, io.EOF},
 		{"active/PgError", outcome.PhaseActive, serialization},
 	}
-	for _, bc := range cases {
+}
+
+func BenchmarkClassify(b *testing.B) {
+	for _, bc := range hotPathCases() {
 		b.Run(bc.name, func(b *testing.B) {
 			b.ReportAllocs()
 			for b.Loop() {
@@ -38,20 +44,7 @@ func BenchmarkClassify(b *testing.B) {
 // TestClassifyHotPathDoesNotAllocate keeps the "no allocation on the hot path" promise
 // checked by the ordinary test run, not only by benchmarks.
 func TestClassifyHotPathDoesNotAllocate(t *testing.T) {
-	if testing.Short() {
-		t.Skip("allocation counts are not meaningful in -short runs")
-	}
-	serialization := pgErr("ERROR", "ERROR", "40001")
-	cases := []struct {
-		name  string
-		phase outcome.Phase
-		err   error
-	}{
-		{"committing/nil", outcome.PhaseCommitting, nil},
-		{"committing/PgError", outcome.PhaseCommitting, serialization},
-		{"active/PgError", outcome.PhaseActive, serialization},
-	}
-	for _, tc := range cases {
+	for _, tc := range hotPathCases() {
 		allocs := testing.AllocsPerRun(100, func() {
 			sinkVerdict = classifier.Classify(tc.phase, tc.err, classifier.Facts{})
 		})
