@@ -8,15 +8,18 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"go.opentelemetry.io/otel"
 
 	"github.com/txevidence/otelpgxtx/outcome"
 )
 
 // identitySQL reads what makes an xid meaningful: the cluster's system identifier, its
 // current timeline and the server's start time. After a failover, and after a crash
-// restart, the same xid may name another transaction.
+// restart, the same xid may name another transaction. It also calls the function
+// captureSQL calls, so that capture is only attempted where that call cannot fail for
+// want of a privilege: an ERROR there would abort the transaction being committed.
 const identitySQL = "select s.system_identifier::text, c.timeline_id::text, " + serverStartSQL +
-	" from pg_control_system() s, pg_control_checkpoint() c"
+	", pg_current_xact_id_if_assigned()::text from pg_control_system() s, pg_control_checkpoint() c"
 
 // serverStartSQL is pg_postmaster_start_time() in microseconds since the Unix epoch.
 const serverStartSQL = "(extract(epoch from pg_postmaster_start_time()) * 1000000)::bigint::text"
@@ -27,7 +30,8 @@ const captureSQL = "select pg_current_xact_id_if_assigned()::text"
 
 // readIdentity reads the cluster identity into st, once per connection. It goes through
 // pgconn directly: it is the instrumentation's own query, not the application's, and
-// makes no span.
+// makes no span. Only [Run] calls it, on a connection it holds and before BEGIN, so it
+// never runs inside a transaction of the application's.
 func readIdentity(ctx context.Context, pg *pgconn.PgConn, st *connState) error {
 	if st.identityRead {
 		return nil
@@ -37,7 +41,7 @@ func readIdentity(ctx context.Context, pg *pgconn.PgConn, st *connState) error {
 	if err != nil {
 		return fmt.Errorf("otelpgxtx: reading the cluster identity: %w", err)
 	}
-	if len(results) != 1 || len(results[0].Rows) != 1 || len(results[0].Rows[0]) != 3 {
+	if len(results) != 1 || len(results[0].Rows) != 1 || len(results[0].Rows[0]) != 4 {
 		return errors.New("otelpgxtx: reading the cluster identity: unexpected result shape")
 	}
 	row := results[0].Rows[0]
@@ -51,6 +55,31 @@ func readIdentity(ctx context.Context, pg *pgconn.PgConn, st *connState) error {
 	return nil
 }
 
+// identityKnown reports whether st holds a cluster identity, without which a reference
+// could not be checked and capture is off.
+func (st *connState) identityKnown() bool { return st != nil && st.systemID != 0 }
+
+// prepareCapture reads conn's cluster identity once, while conn is idle: outside any
+// transaction, so that no failure of it can abort one. A refusal (no privilege for
+// pg_control_*) turns capture off for the connection. It returns an error only when the
+// read broke the connection, which then must not be used.
+func prepareCapture(ctx context.Context, conn *pgx.Conn) error {
+	pg := conn.PgConn()
+	st := stateOf(pg)
+	if st == nil || st.identityRead || pg.TxStatus() != 'I' {
+		return nil
+	}
+	err := readIdentity(ctx, pg, st)
+	if err == nil {
+		return nil
+	}
+	if pg.IsClosed() {
+		return err
+	}
+	otel.Handle(err)
+	return nil
+}
+
 // commitResult is what a COMMIT produced.
 type commitResult struct {
 	err         error
@@ -61,7 +90,7 @@ type commitResult struct {
 // commitWithCapture sends the xid read, a Sync, COMMIT and a Sync in one write: one
 // network round trip, as plain COMMIT takes. The Sync makes the server flush the xid
 // before it starts committing, so the reference arrives even if the commit never
-// answers. Identity unknown (no permission for pg_control_*) leaves ref nil.
+// answers. The caller has read the identity (see identityKnown).
 func commitWithCapture(ctx context.Context, pg *pgconn.PgConn, st *connState, commitSQL string) commitResult {
 	var res commitResult
 	p := pg.StartPipeline(ctx)
@@ -97,7 +126,7 @@ func commitWithCapture(ctx context.Context, pg *pgconn.PgConn, st *connState, co
 	if cerr := p.Close(); cerr != nil && res.err == nil {
 		res.err = cerr
 	}
-	if xidOK && st.systemID != 0 {
+	if xidOK {
 		ref := outcome.ReconciliationRef{XID: xid, SystemIdentifier: st.systemID, Timeline: st.timeline, ServerStart: st.serverStart}
 		res.ref = &ref
 	}

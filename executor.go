@@ -262,9 +262,14 @@ func runAttempt[T any](ctx context.Context, db DB, p Policy, fn func(context.Con
 		return r, nil
 	}
 	var tx pgx.Tx
-	if held.conn != nil {
+	if held.conn != nil && p.CaptureReference {
+		// Before BEGIN, so that the library's own query never runs inside the transaction;
+		// a connection it broke is handled like a failed BEGIN, and the pool discards it.
+		err = prepareCapture(ctx, held.conn)
+	}
+	if err == nil && held.conn != nil {
 		tx, err = held.conn.BeginTx(ctx, opts)
-	} else {
+	} else if err == nil {
 		tx, err = db.BeginTx(ctx, opts)
 	}
 	if err != nil {
@@ -393,7 +398,11 @@ type commitOutcome struct {
 // notices, or else the classifier's on the error alone.
 func commit(ctx context.Context, sc *scope, tx pgx.Tx, held heldConn, p Policy, opts pgx.TxOptions) commitOutcome {
 	f := sc.frame
-	if !p.CaptureReference || held.conn == nil {
+	var st *connState
+	if held.conn != nil {
+		st = connStateOf(held.conn)
+	}
+	if !p.CaptureReference || !st.identityKnown() {
 		err := tx.Commit(ctx)
 		if f != nil && !f.open() {
 			return commitOutcome{verdict: f.verdict, err: err}
@@ -402,14 +411,6 @@ func commit(ctx context.Context, sc *scope, tx pgx.Tx, held heldConn, p Policy, 
 			classifier.Facts{RollbackTag: errors.Is(err, pgx.ErrTxCommitRollback)}), err: err}
 	}
 	pg := held.conn.PgConn()
-	st := stateOf(pg)
-	if !st.identityRead {
-		// Not read at connect (the config was not instrumented): read it now, once.
-		// Without it a reference could not be checked, so none is made.
-		if err := readIdentity(ctx, pg, st); err != nil {
-			otel.Handle(err)
-		}
-	}
 	if f != nil {
 		f.transition(outcome.PhaseCommitting) // before COMMIT reaches the driver
 	}
