@@ -93,8 +93,8 @@ func isNilHandle(v any) bool {
 }
 
 // checkSecondConnection refuses a RequiresNew that could only wait for itself: on the
-// outer transaction's own connection, or on a pool that every suspended frame of this
-// call chain already holds a connection of.
+// outer transaction's own connection, or on a pool whose every connection is held by a
+// suspended transaction of this call chain (transactions on other pools hold none of it).
 func checkSecondConnection(ctx context.Context, db DB, sc *scope) error {
 	switch db := db.(type) {
 	case *pgx.Conn:
@@ -104,7 +104,9 @@ func checkSecondConnection(ctx context.Context, db DB, sc *scope) error {
 	case *pgxpool.Pool:
 		held := 0
 		for s := sc; s != nil; s = s.owner().suspended { // each suspended owner holds one
-			held++
+			if s.owner().pool == db {
+				held++
+			}
 		}
 		if max := db.Config().MaxConns; int(max) <= held {
 			return invalid("RequiresNew needs a second connection, and the pool's %d connection(s) are held by the suspended transactions of this call", max)
@@ -146,7 +148,11 @@ func nested[T any](ctx context.Context, p Policy, sc *scope, fn func(context.Con
 func nestedSavepoint[T any](ctx context.Context, sc *scope, fn func(context.Context, pgx.Tx) (T, error)) outcome.Result[T] {
 	sp, err := sc.tx.tx.Begin(ctx)
 	if err != nil {
-		sc.markRollbackOnly(err)
+		if !txIntact(sc.tx.tx) {
+			// The SAVEPOINT failed in the server or lost the connection: the outer
+			// transaction cannot commit. A context that had already expired sent nothing.
+			sc.markRollbackOnly(err)
+		}
 		r, _ := outcome.NewDeterminateRollback[T](sc.id, outcome.PhaseActive, err, false)
 		return r
 	}
@@ -165,14 +171,23 @@ func nestedSavepoint[T any](ctx context.Context, sc *scope, fn func(context.Cont
 	}()
 	hooks := child.takeHooks()
 	child.tx.end()
+	if err == nil && ctx.Err() != nil {
+		// The call's deadline passed (or it was cancelled) while fn ran: its work is not
+		// what the caller asked for in time, so it is undone, as a failed call's is.
+		err = context.Cause(ctx)
+	}
+	// The savepoint belongs to the outer transaction, which outlives this call's context:
+	// ending it with an expired context would send nothing, leave the savepoint open and
+	// doom the outer transaction for a deadline that was only the inner call's.
+	octx := context.WithoutCancel(ctx)
 	if err != nil {
-		if rbErr := sp.Rollback(ctx); rbErr != nil {
+		if rbErr := sp.Rollback(octx); rbErr != nil {
 			sc.markRollbackOnly(rbErr)
 		}
 		r, _ := outcome.NewDeterminateRollback[T](sc.id, outcome.PhaseActive, err, false)
 		return r
 	}
-	if err := sp.Commit(ctx); err != nil {
+	if err := sp.Commit(octx); err != nil {
 		sc.markRollbackOnly(err)
 		r, _ := outcome.NewDeterminateRollback[T](sc.id, outcome.PhaseActive, err, false)
 		return r
@@ -181,6 +196,13 @@ func nestedSavepoint[T any](ctx context.Context, sc *scope, fn func(context.Cont
 	sc.hooks = append(sc.hooks, hooks...)
 	sc.mu.Unlock()
 	return outcome.NewParticipating(sc.id, v)
+}
+
+// txIntact reports whether tx's connection is open and in a transaction that can still
+// commit.
+func txIntact(tx pgx.Tx) bool {
+	conn := tx.Conn()
+	return conn != nil && !conn.IsClosed() && conn.PgConn().TxStatus() == 'T'
 }
 
 // runOwner begins, runs and ends the physical transaction, retrying a retryable rollback.
@@ -282,6 +304,7 @@ func runAttempt[T any](ctx context.Context, db DB, p Policy, fn func(context.Con
 		return r, nil
 	}
 	sc := &scope{tx: &runTx{tx: tx}, frame: frameOfTx(tx), suspended: scopeFromContext(ctx)}
+	sc.pool, _ = db.(*pgxpool.Pool)
 	f := sc.frame
 	if f != nil {
 		f.managed, f.propagation, f.attempt = true, p.Propagation.String(), attempt

@@ -8,6 +8,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/txevidence/otelpgxtx/outcome"
@@ -24,6 +25,8 @@ type scope struct {
 	// suspended is the scope that was in the context when this one began (RequiresNew):
 	// it holds a connection while this one runs.
 	suspended *scope
+	// pool is the pool the owner's connection came from, or nil.
+	pool *pgxpool.Pool
 
 	mu           sync.Mutex
 	hooks        []func(context.Context) error
