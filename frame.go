@@ -136,10 +136,11 @@ func connStateOf(conn *pgx.Conn) *connState {
 func (st *connState) push(q queryState) { st.queries = append(st.queries, q) }
 
 // pop removes and returns the query whose Start returned ctx; the last one if none did.
-func (st *connState) pop(ctx context.Context) queryState {
+// ok is false when no query was started: the caller has nothing to end.
+func (st *connState) pop(ctx context.Context) (q queryState, ok bool) {
 	n := len(st.queries)
 	if n == 0 {
-		return queryState{}
+		return queryState{}, false
 	}
 	i := n - 1
 	for j := n - 1; j >= 0; j-- {
@@ -148,11 +149,11 @@ func (st *connState) pop(ctx context.Context) queryState {
 			break
 		}
 	}
-	q := st.queries[i]
+	q = st.queries[i]
 	copy(st.queries[i:], st.queries[i+1:])
 	st.queries[n-1] = queryState{}
 	st.queries = st.queries[:n-1]
-	return q
+	return q, true
 }
 
 // top returns the innermost running query, for batch-query hooks.

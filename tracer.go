@@ -284,6 +284,9 @@ func savepointName(sql string) string {
 func (t *Tracer) TraceQueryStart(ctx context.Context, conn *pgx.Conn, data pgx.TraceQueryStartData) context.Context {
 	st := connStateOf(conn)
 	if st == nil {
+		if t.query != nil { // no frame to parent to, but the statement span stays
+			return t.query.TraceQueryStart(ctx, conn, data)
+		}
 		return ctx
 	}
 	ctx, q := t.enter(ctx, conn, st, classifyStatements(data.SQL), data.SQL)
@@ -298,14 +301,17 @@ func (t *Tracer) TraceQueryStart(ctx context.Context, conn *pgx.Conn, data pgx.T
 // TraceQueryEnd implements pgx.QueryTracer.
 func (t *Tracer) TraceQueryEnd(ctx context.Context, conn *pgx.Conn, data pgx.TraceQueryEndData) {
 	st := connStateOf(conn)
-	if st == nil {
-		return
+	var q queryState
+	started := false
+	if st != nil {
+		q, started = st.pop(ctx)
 	}
-	q := st.pop(ctx)
 	if t.query != nil {
 		t.query.TraceQueryEnd(unframe(ctx, q.frame), conn, data)
 	}
-	t.leave(conn, st, &q, data.CommandTag, data.Err)
+	if started { // an End without its Start has nothing to judge
+		t.leave(conn, st, &q, data.CommandTag, data.Err)
+	}
 }
 
 // TraceBatchStart implements pgx.BatchTracer. A batch is handed to the driver whole, so
@@ -313,6 +319,9 @@ func (t *Tracer) TraceQueryEnd(ctx context.Context, conn *pgx.Conn, data pgx.Tra
 func (t *Tracer) TraceBatchStart(ctx context.Context, conn *pgx.Conn, data pgx.TraceBatchStartData) context.Context {
 	st := connStateOf(conn)
 	if st == nil {
+		if t.batch != nil { // no frame to parent to, but the statement span stays
+			return t.batch.TraceBatchStart(ctx, conn, data)
+		}
 		return ctx
 	}
 	var set stmtSet
@@ -356,20 +365,26 @@ func (t *Tracer) TraceBatchQuery(ctx context.Context, conn *pgx.Conn, data pgx.T
 // TraceBatchEnd implements pgx.BatchTracer.
 func (t *Tracer) TraceBatchEnd(ctx context.Context, conn *pgx.Conn, data pgx.TraceBatchEndData) {
 	st := connStateOf(conn)
-	if st == nil {
-		return
+	var q queryState
+	started := false
+	if st != nil {
+		q, started = st.pop(ctx)
 	}
-	q := st.pop(ctx)
 	if t.batch != nil {
 		t.batch.TraceBatchEnd(unframe(ctx, q.frame), conn, data)
 	}
-	t.leave(conn, st, &q, pgconn.CommandTag{}, data.Err)
+	if started { // an End without its Start has nothing to judge
+		t.leave(conn, st, &q, pgconn.CommandTag{}, data.Err)
+	}
 }
 
 // TraceCopyFromStart implements pgx.CopyFromTracer.
 func (t *Tracer) TraceCopyFromStart(ctx context.Context, conn *pgx.Conn, data pgx.TraceCopyFromStartData) context.Context {
 	st := connStateOf(conn)
 	if st == nil {
+		if t.copy != nil { // no frame to parent to, but the statement span stays
+			return t.copy.TraceCopyFromStart(ctx, conn, data)
+		}
 		return ctx
 	}
 	ctx, q := t.enter(ctx, conn, st, 1<<stmtOther, "")
@@ -384,20 +399,26 @@ func (t *Tracer) TraceCopyFromStart(ctx context.Context, conn *pgx.Conn, data pg
 // TraceCopyFromEnd implements pgx.CopyFromTracer.
 func (t *Tracer) TraceCopyFromEnd(ctx context.Context, conn *pgx.Conn, data pgx.TraceCopyFromEndData) {
 	st := connStateOf(conn)
-	if st == nil {
-		return
+	var q queryState
+	started := false
+	if st != nil {
+		q, started = st.pop(ctx)
 	}
-	q := st.pop(ctx)
 	if t.copy != nil {
 		t.copy.TraceCopyFromEnd(unframe(ctx, q.frame), conn, data)
 	}
-	t.leave(conn, st, &q, data.CommandTag, data.Err)
+	if started { // an End without its Start has nothing to judge
+		t.leave(conn, st, &q, data.CommandTag, data.Err)
+	}
 }
 
 // TracePrepareStart implements pgx.PrepareTracer.
 func (t *Tracer) TracePrepareStart(ctx context.Context, conn *pgx.Conn, data pgx.TracePrepareStartData) context.Context {
 	st := connStateOf(conn)
 	if st == nil {
+		if t.prepare != nil { // no frame to parent to, but the statement span stays
+			return t.prepare.TracePrepareStart(ctx, conn, data)
+		}
 		return ctx
 	}
 	// Preparing a statement runs nothing: it neither begins nor commits.
@@ -413,14 +434,17 @@ func (t *Tracer) TracePrepareStart(ctx context.Context, conn *pgx.Conn, data pgx
 // TracePrepareEnd implements pgx.PrepareTracer.
 func (t *Tracer) TracePrepareEnd(ctx context.Context, conn *pgx.Conn, data pgx.TracePrepareEndData) {
 	st := connStateOf(conn)
-	if st == nil {
-		return
+	var q queryState
+	started := false
+	if st != nil {
+		q, started = st.pop(ctx)
 	}
-	q := st.pop(ctx)
 	if t.prepare != nil {
 		t.prepare.TracePrepareEnd(unframe(ctx, q.frame), conn, data)
 	}
-	t.leave(conn, st, &q, pgconn.CommandTag{}, data.Err)
+	if started { // an End without its Start has nothing to judge
+		t.leave(conn, st, &q, pgconn.CommandTag{}, data.Err)
+	}
 }
 
 // TraceConnectStart implements pgx.ConnectTracer.
@@ -461,11 +485,18 @@ func (t *Tracer) TraceAcquireEnd(ctx context.Context, pool *pgxpool.Pool, data p
 }
 
 // TraceRelease implements pgxpool.ReleaseTracer. A connection released in the middle of
-// a transaction is destroyed by the pool, which rolls the transaction back.
+// a transaction is destroyed by the pool, which rolls the transaction back; one released
+// idle or closed with a frame on it had its transaction end where no statement showed it.
 func (t *Tracer) TraceRelease(pool *pgxpool.Pool, data pgxpool.TraceReleaseData) {
 	if data.Conn != nil {
 		if st := connStateOf(data.Conn); st != nil && st.frame != nil {
-			t.abandon(st, st.frame, reasonReleasedInTx)
+			reason := reasonReleasedInTx
+			if pg := data.Conn.PgConn(); pg.IsClosed() {
+				reason = reasonConnClosed
+			} else if pg.TxStatus() == 'I' {
+				reason = reasonEndedUnobserved
+			}
+			t.abandon(st, st.frame, reason)
 		}
 	}
 	if t.release != nil {
