@@ -80,6 +80,23 @@ func prepareCapture(ctx context.Context, conn *pgx.Conn) error {
 	return nil
 }
 
+// closePgxTx marks pgx's own Tx object closed after Run committed through pgconn, so
+// that what is bound to it (LargeObjects) fails with pgx.ErrTxClosed. pgx's Commit with
+// an already cancelled context sets its closed flag and sends nothing: pgconn checks the
+// context before it writes, and on an idle or closed connection pgx closes nothing
+// either. st.silent keeps that call out of the tracer: it is no statement.
+func closePgxTx(tx pgx.Tx, st *connState) {
+	conn := tx.Conn()
+	if conn == nil || !conn.IsClosed() && conn.PgConn().TxStatus() != 'I' {
+		return
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	st.silent = true
+	_ = tx.Commit(ctx)
+	st.silent = false
+}
+
 // commitResult is what a COMMIT produced.
 type commitResult struct {
 	err         error

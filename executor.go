@@ -34,6 +34,8 @@ type DB interface {
 //     work twice.
 //   - A call that joins an outer transaction returns Participating, never Committed.
 //   - A panic in fn rolls back, ends the frame as rolled_back, and panics again.
+//   - Once Run has returned, tx and every handle derived from it (savepoints,
+//     LargeObjects) fail with an error wrapping pgx.ErrTxClosed and send nothing.
 //   - Bad input (nil db or fn, an invalid policy, RequiresNew on the outer
 //     transaction's own connection) returns a DeterminateRollback in phase not_started
 //     whose cause wraps [ErrInvalidArgument]; nothing was begun.
@@ -442,6 +444,7 @@ func commit(ctx context.Context, sc *scope, tx pgx.Tx, held heldConn, p Policy, 
 		// pgx closes a connection whose failed COMMIT left it in a transaction; so do we.
 		_ = held.conn.Close(context.WithoutCancel(ctx))
 	}
+	closePgxTx(tx, st)
 	facts := classifier.Facts{RollbackTag: cr.rollbackTag}
 	if f != nil {
 		f.ref = cr.ref

@@ -86,6 +86,9 @@ type connState struct {
 	timeline     uint32
 	serverStart  int64 // µs since the epoch; a connection never outlives a restart
 	identityRead bool
+
+	// silent hides Run's closing of pgx's Tx object (see closePgxTx) from the hooks.
+	silent bool
 }
 
 // queryState is what a statement's start hands to its end.

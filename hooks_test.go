@@ -24,10 +24,15 @@ func TestBeginBadInput(t *testing.T) {
 }
 
 // innerCounter is an inner tracer that counts the calls of each hook.
-type innerCounter struct{ starts, ends, batchQueries int }
+// A Start with an already cancelled context is counted too: no statement of the
+// application's starts that way, so it is the library's.
+type innerCounter struct{ starts, ends, batchQueries, doneCtxStarts int }
 
 func (c *innerCounter) TraceQueryStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceQueryStartData) context.Context {
 	c.starts++
+	if ctx.Err() != nil {
+		c.doneCtxStarts++
+	}
 	return ctx
 }
 func (c *innerCounter) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) { c.ends++ }

@@ -289,6 +289,9 @@ func (t *Tracer) TraceQueryStart(ctx context.Context, conn *pgx.Conn, data pgx.T
 		}
 		return ctx
 	}
+	if st.silent {
+		return ctx
+	}
 	ctx, q := t.enter(ctx, conn, st, classifyStatements(data.SQL), data.SQL)
 	if t.query != nil {
 		ctx = t.query.TraceQueryStart(ctx, conn, data)
@@ -301,6 +304,9 @@ func (t *Tracer) TraceQueryStart(ctx context.Context, conn *pgx.Conn, data pgx.T
 // TraceQueryEnd implements pgx.QueryTracer.
 func (t *Tracer) TraceQueryEnd(ctx context.Context, conn *pgx.Conn, data pgx.TraceQueryEndData) {
 	st := connStateOf(conn)
+	if st != nil && st.silent {
+		return
+	}
 	var q queryState
 	started := false
 	if st != nil {
