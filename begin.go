@@ -43,8 +43,12 @@ func frameOfTx(tx pgx.Tx) *frame {
 	if conn == nil {
 		return nil
 	}
-	if st := connStateOf(conn); st != nil && st.frame != nil && st.frame.open() {
-		return st.frame
+	if st := connStateOf(conn); st != nil {
+		st.mu.Lock()
+		defer st.mu.Unlock()
+		if st.frame != nil && st.frame.open() {
+			return st.frame
+		}
 	}
 	return nil
 }

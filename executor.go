@@ -403,6 +403,10 @@ func rollback(ctx context.Context, sc *scope, tx pgx.Tx, cause error) classifier
 	// changes nothing: a failed rollback closes the connection, which rolls back too.
 	_ = tx.Rollback(context.WithoutCancel(ctx))
 	if f := sc.frame; f != nil {
+		if st := stateOf(f.conn); st != nil {
+			st.mu.Lock()
+			defer st.mu.Unlock()
+		}
 		if f.open() {
 			// The rollback never reached the tracer (the connection was gone).
 			f.finish(stateOf(f.conn), f.firstErr)
@@ -436,15 +440,21 @@ func commit(ctx context.Context, sc *scope, tx pgx.Tx, held heldConn, p Policy, 
 			classifier.Facts{RollbackTag: errors.Is(err, pgx.ErrTxCommitRollback)}), err: err}
 	}
 	pg := held.conn.PgConn()
+	st.mu.Lock()
+	st.committing = true // no hook marks this COMMIT in flight
 	if f != nil {
 		f.transition(outcome.PhaseCommitting) // before COMMIT reaches the driver
 	}
+	st.mu.Unlock()
 	cr := commitWithCapture(ctx, pg, st, commitSQLOf(opts))
 	if cr.err != nil && !pg.IsClosed() && pg.TxStatus() != 'I' {
 		// pgx closes a connection whose failed COMMIT left it in a transaction; so do we.
 		_ = held.conn.Close(context.WithoutCancel(ctx))
 	}
 	closePgxTx(tx, st)
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	st.committing = false
 	facts := classifier.Facts{RollbackTag: cr.rollbackTag}
 	if f != nil {
 		f.ref = cr.ref

@@ -2,6 +2,7 @@ package otelpgxtx
 
 import (
 	"context"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -72,7 +73,12 @@ func (f *frame) currentPhase() outcome.Phase { return outcome.Phase(f.phase.Load
 func (f *frame) open() bool { return !f.done.Load() }
 
 // connState is what the tracer keeps on one connection, in its CustomData.
+//
+// The connection's user changes it, in the hooks and in Run; mu orders that with the
+// end of the connection's net.Conn, which may be closed on another goroutine (see
+// netConn). Uncontended, it costs a few nanoseconds per hook and allocates nothing.
 type connState struct {
+	mu      sync.Mutex
 	frame   *frame
 	queries []queryState // started, not yet ended (a busy conn can nest a failed call)
 
@@ -89,6 +95,9 @@ type connState struct {
 
 	// silent hides Run's closing of pgx's Tx object (see closePgxTx) from the hooks.
 	silent bool
+	// committing is set while Run's COMMIT is in flight through pgconn, where no hook
+	// marks the connection busy.
+	committing bool
 }
 
 // queryState is what a statement's start hands to its end.
@@ -125,6 +134,9 @@ func stateOf(pg *pgconn.PgConn) *connState {
 	if st == nil {
 		st = &connState{queries: make([]queryState, 0, 2)}
 		data[stateKey] = st
+		if nc, ok := pg.Conn().(*netConn); ok {
+			nc.st.Store(st)
+		}
 	}
 	return st
 }

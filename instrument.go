@@ -1,7 +1,9 @@
 package otelpgxtx
 
 import (
+	"context"
 	"errors"
+	"net"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -39,10 +41,12 @@ func InstrumentPool(cfg *pgxpool.Config, opts ...Option) (*Tracer, error) {
 // [Tracer] as cfg.Tracer — a tracer cfg already has becomes its inner tracer, in place
 // of a new otelpgx one, unless [WithInnerTracer] says otherwise — and chains (never
 // replaces) cfg.OnNotice so that the server's "already committed locally" warnings reach
-// the classifier. It sends nothing of its own: the bytes on the wire are those of the
-// application ([Run] reads the cluster identity for reconciliation references on the
-// connections it holds, before BEGIN). Calling it twice on one config is an error:
-// frames would be recorded twice.
+// the classifier, and cfg.AfterNetConnect to wrap the net.Conn pgconn will use, so that
+// a frame still open when its connection closes ends then (pgx.Conn.Close has no hook);
+// the wrapper's NetConn method returns the net.Conn underneath. It sends nothing of its
+// own: the bytes on the wire are those of the application ([Run] reads the cluster
+// identity for reconciliation references on the connections it holds, before BEGIN).
+// Calling it twice on one config is an error: frames would be recorded twice.
 func InstrumentConnConfig(cfg *pgx.ConnConfig, opts ...Option) (*Tracer, error) {
 	if cfg == nil {
 		return nil, errors.New("otelpgxtx: InstrumentConnConfig: nil connection config")
@@ -58,6 +62,16 @@ func InstrumentConnConfig(cfg *pgx.ConnConfig, opts ...Option) (*Tracer, error) 
 		return nil, err
 	}
 	cfg.Tracer = t
+	userAfterNetConnect := cfg.AfterNetConnect
+	cfg.AfterNetConnect = func(ctx context.Context, pcfg *pgconn.Config, conn net.Conn) (net.Conn, error) {
+		if userAfterNetConnect != nil {
+			var err error
+			if conn, err = userAfterNetConnect(ctx, pcfg, conn); err != nil {
+				return conn, err
+			}
+		}
+		return &netConn{Conn: conn, t: t}, nil
+	}
 	userOnNotice := cfg.OnNotice
 	cfg.OnNotice = func(pg *pgconn.PgConn, n *pgconn.Notice) {
 		t.onNotice(pg, n)

@@ -289,6 +289,8 @@ func (t *Tracer) TraceQueryStart(ctx context.Context, conn *pgx.Conn, data pgx.T
 		}
 		return ctx
 	}
+	st.mu.Lock()
+	defer st.mu.Unlock()
 	if st.silent {
 		return ctx
 	}
@@ -304,12 +306,14 @@ func (t *Tracer) TraceQueryStart(ctx context.Context, conn *pgx.Conn, data pgx.T
 // TraceQueryEnd implements pgx.QueryTracer.
 func (t *Tracer) TraceQueryEnd(ctx context.Context, conn *pgx.Conn, data pgx.TraceQueryEndData) {
 	st := connStateOf(conn)
-	if st != nil && st.silent {
-		return
-	}
 	var q queryState
 	started := false
 	if st != nil {
+		if st.silent {
+			return
+		}
+		st.mu.Lock()
+		defer st.mu.Unlock()
 		q, started = st.pop(ctx)
 	}
 	if t.query != nil {
@@ -330,6 +334,8 @@ func (t *Tracer) TraceBatchStart(ctx context.Context, conn *pgx.Conn, data pgx.T
 		}
 		return ctx
 	}
+	st.mu.Lock()
+	defer st.mu.Unlock()
 	var set stmtSet
 	beginSQL := ""
 	if data.Batch != nil {
@@ -354,6 +360,7 @@ func (t *Tracer) TraceBatchStart(ctx context.Context, conn *pgx.Conn, data pgx.T
 // the middle of a batch, so results are only collected here and judged at its end.
 func (t *Tracer) TraceBatchQuery(ctx context.Context, conn *pgx.Conn, data pgx.TraceBatchQueryData) {
 	if st := connStateOf(conn); st != nil {
+		st.mu.Lock()
 		if q := st.top(ctx); q != nil {
 			if data.Err != nil && q.batch.err == nil {
 				q.batch.err = data.Err
@@ -362,6 +369,7 @@ func (t *Tracer) TraceBatchQuery(ctx context.Context, conn *pgx.Conn, data pgx.T
 				q.batch.rollbackTag = true
 			}
 		}
+		st.mu.Unlock()
 	}
 	if t.batch != nil {
 		t.batch.TraceBatchQuery(ctx, conn, data)
@@ -374,6 +382,8 @@ func (t *Tracer) TraceBatchEnd(ctx context.Context, conn *pgx.Conn, data pgx.Tra
 	var q queryState
 	started := false
 	if st != nil {
+		st.mu.Lock()
+		defer st.mu.Unlock()
 		q, started = st.pop(ctx)
 	}
 	if t.batch != nil {
@@ -393,6 +403,8 @@ func (t *Tracer) TraceCopyFromStart(ctx context.Context, conn *pgx.Conn, data pg
 		}
 		return ctx
 	}
+	st.mu.Lock()
+	defer st.mu.Unlock()
 	ctx, q := t.enter(ctx, conn, st, 1<<stmtOther, "")
 	if t.copy != nil {
 		ctx = t.copy.TraceCopyFromStart(ctx, conn, data)
@@ -408,6 +420,8 @@ func (t *Tracer) TraceCopyFromEnd(ctx context.Context, conn *pgx.Conn, data pgx.
 	var q queryState
 	started := false
 	if st != nil {
+		st.mu.Lock()
+		defer st.mu.Unlock()
 		q, started = st.pop(ctx)
 	}
 	if t.copy != nil {
@@ -427,6 +441,8 @@ func (t *Tracer) TracePrepareStart(ctx context.Context, conn *pgx.Conn, data pgx
 		}
 		return ctx
 	}
+	st.mu.Lock()
+	defer st.mu.Unlock()
 	// Preparing a statement runs nothing: it neither begins nor commits.
 	ctx, q := t.enter(ctx, conn, st, 1<<stmtOther, "")
 	if t.prepare != nil {
@@ -443,6 +459,8 @@ func (t *Tracer) TracePrepareEnd(ctx context.Context, conn *pgx.Conn, data pgx.T
 	var q queryState
 	started := false
 	if st != nil {
+		st.mu.Lock()
+		defer st.mu.Unlock()
 		q, started = st.pop(ctx)
 	}
 	if t.prepare != nil {
@@ -481,8 +499,12 @@ func (t *Tracer) TraceAcquireStart(ctx context.Context, pool *pgxpool.Pool, data
 // evidence; the frame is ended here as a last line of defence.
 func (t *Tracer) TraceAcquireEnd(ctx context.Context, pool *pgxpool.Pool, data pgxpool.TraceAcquireEndData) {
 	if data.Conn != nil {
-		if st := connStateOf(data.Conn); st != nil && st.frame != nil && data.Conn.PgConn().TxStatus() == 'I' {
-			t.abandon(st, st.frame, reasonEndedUnobserved)
+		if st := connStateOf(data.Conn); st != nil {
+			st.mu.Lock()
+			if st.frame != nil && data.Conn.PgConn().TxStatus() == 'I' {
+				t.abandon(st, st.frame, reasonEndedUnobserved)
+			}
+			st.mu.Unlock()
 		}
 	}
 	if t.acquire != nil {
@@ -495,14 +517,18 @@ func (t *Tracer) TraceAcquireEnd(ctx context.Context, pool *pgxpool.Pool, data p
 // idle or closed with a frame on it had its transaction end where no statement showed it.
 func (t *Tracer) TraceRelease(pool *pgxpool.Pool, data pgxpool.TraceReleaseData) {
 	if data.Conn != nil {
-		if st := connStateOf(data.Conn); st != nil && st.frame != nil {
-			reason := reasonReleasedInTx
-			if pg := data.Conn.PgConn(); pg.IsClosed() {
-				reason = reasonConnClosed
-			} else if pg.TxStatus() == 'I' {
-				reason = reasonEndedUnobserved
+		if st := connStateOf(data.Conn); st != nil {
+			st.mu.Lock()
+			if st.frame != nil {
+				reason := reasonReleasedInTx
+				if pg := data.Conn.PgConn(); pg.IsClosed() {
+					reason = reasonConnClosed
+				} else if pg.TxStatus() == 'I' {
+					reason = reasonEndedUnobserved
+				}
+				t.abandon(st, st.frame, reason)
 			}
-			t.abandon(st, st.frame, reason)
+			st.mu.Unlock()
 		}
 	}
 	if t.release != nil {
@@ -516,14 +542,34 @@ func (t *Tracer) onNotice(pg *pgconn.PgConn, n *pgconn.Notice) {
 	if !classifier.CommittedLocallyNotice(n) {
 		return
 	}
-	if st := stateOf(pg); st != nil && st.frame != nil && st.frame.currentPhase() == outcome.PhaseCommitting {
-		st.frame.committedLocally = true
+	if st := stateOf(pg); st != nil {
+		st.mu.Lock()
+		if st.frame != nil && st.frame.currentPhase() == outcome.PhaseCommitting {
+			st.frame.committedLocally = true
+		}
+		st.mu.Unlock()
 	}
 }
 
 // connClosing ends the frame of a connection about to be closed.
 func (t *Tracer) connClosing(conn *pgx.Conn) {
-	if st := connStateOf(conn); st != nil && st.frame != nil {
+	if st := connStateOf(conn); st != nil {
+		st.mu.Lock()
+		if st.frame != nil {
+			t.abandon(st, st.frame, reasonConnClosed)
+		}
+		st.mu.Unlock()
+	}
+}
+
+// netConnClosed ends the frame of a connection whose net.Conn was closed, unless a
+// statement (or Run's COMMIT) is in flight on it: then the connection's user is inside
+// pgconn, will see the connection closed, and ends the frame with what its statement
+// observed. It may run on any goroutine; st.mu orders it with the user's hooks.
+func (t *Tracer) netConnClosed(st *connState) {
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	if st.frame != nil && len(st.queries) == 0 && !st.committing {
 		t.abandon(st, st.frame, reasonConnClosed)
 	}
 }
