@@ -90,12 +90,18 @@ func closePgxTx(tx pgx.Tx, st *connState) {
 	if conn == nil || !conn.IsClosed() && conn.PgConn().TxStatus() != 'I' {
 		return
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	cancel()
 	st.silent = true
-	_ = tx.Commit(ctx)
+	_ = tx.Commit(cancelledCtx)
 	st.silent = false
 }
+
+// cancelledCtx is a context cancelled once and for all, built once so that closing pgx's
+// Tx object allocates no context.
+var cancelledCtx = func() context.Context {
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	return ctx
+}()
 
 // commitResult is what a COMMIT produced.
 type commitResult struct {
