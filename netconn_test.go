@@ -63,24 +63,7 @@ func TestNetConnClosedUnderStatements(t *testing.T) {
 		h := newHarness(t, "", 1)
 		starts := &frameStarts{}
 		h.tp.RegisterSpanProcessor(starts)
-		cfg, err := pgx.ParseConfig(srv.ConnString())
-		if err != nil {
-			t.Fatal(err)
-		}
-		if _, err := InstrumentConnConfig(cfg, WithTracerProvider(h.tp)); err != nil {
-			t.Fatal(err)
-		}
-		conn, err := pgx.ConnectConfig(ctx, cfg)
-		if err != nil {
-			t.Fatal(err)
-		}
-		tx, err := conn.Begin(ctx)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if _, err := tx.Exec(ctx, "select 1"); err != nil {
-			t.Fatal(err)
-		}
+		conn, tx := beginOnInstrumentedConn(t, ctx, h)
 		nc := conn.PgConn().Conn()
 		started := make(chan struct{})
 		var wg sync.WaitGroup

@@ -229,24 +229,7 @@ func TestPgxConnClosedMidTransaction(t *testing.T) {
 	h := newHarness(t, "", 1)
 	starts := &frameStarts{}
 	h.tp.RegisterSpanProcessor(starts)
-	cfg, err := pgx.ParseConfig(srv.ConnString())
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := InstrumentConnConfig(cfg, WithTracerProvider(h.tp)); err != nil {
-		t.Fatal(err)
-	}
-	conn, err := pgx.ConnectConfig(ctx, cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	tx, err := conn.Begin(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := tx.Exec(ctx, "select 1"); err != nil {
-		t.Fatal(err)
-	}
+	conn, tx := beginOnInstrumentedConn(t, ctx, h)
 	if err := conn.Close(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -258,4 +241,30 @@ func TestPgxConnClosedMidTransaction(t *testing.T) {
 		t.Fatal("rollback on a closed connection succeeded")
 	}
 	wantEndedOnce(t, h, starts)
+}
+
+// beginOnInstrumentedConn connects a single *pgx.Conn instrumented with h's tracer
+// provider and begins a transaction on it with one statement.
+func beginOnInstrumentedConn(t *testing.T, ctx context.Context, h *harness) (*pgx.Conn, pgx.Tx) {
+	t.Helper()
+	cfg, err := pgx.ParseConfig(srv.ConnString())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := InstrumentConnConfig(cfg, WithTracerProvider(h.tp)); err != nil {
+		t.Fatal(err)
+	}
+	conn, err := pgx.ConnectConfig(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close(context.Background()) })
+	tx, err := conn.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tx.Exec(ctx, "select 1"); err != nil {
+		t.Fatal(err)
+	}
+	return conn, tx
 }

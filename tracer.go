@@ -282,29 +282,48 @@ func savepointName(sql string) string {
 
 // TraceQueryStart implements pgx.QueryTracer.
 func (t *Tracer) TraceQueryStart(ctx context.Context, conn *pgx.Conn, data pgx.TraceQueryStartData) context.Context {
+	return t.start(ctx, conn, classifyStatements(data.SQL), data.SQL, func(ctx context.Context) context.Context {
+		if t.query != nil {
+			ctx = t.query.TraceQueryStart(ctx, conn, data)
+		}
+		return ctx
+	})
+}
+
+// TraceQueryEnd implements pgx.QueryTracer.
+func (t *Tracer) TraceQueryEnd(ctx context.Context, conn *pgx.Conn, data pgx.TraceQueryEndData) {
+	t.end(ctx, conn, data.CommandTag, data.Err, func(ctx context.Context) {
+		if t.query != nil {
+			t.query.TraceQueryEnd(ctx, conn, data)
+		}
+	})
+}
+
+// start is the body of every Start hook: it records the start of a statement of kinds
+// set, lets the inner tracer start its span (inner), and pushes what its End needs. With
+// no state on the connection, or while Run closes pgx's Tx object, only inner runs — for
+// the latter not even that (see closePgxTx).
+func (t *Tracer) start(ctx context.Context, conn *pgx.Conn, set stmtSet, sql string, inner func(context.Context) context.Context) context.Context {
 	st := connStateOf(conn)
 	if st == nil {
-		if t.query != nil { // no frame to parent to, but the statement span stays
-			return t.query.TraceQueryStart(ctx, conn, data)
-		}
+		return inner(ctx) // no frame to parent to, but the statement span stays
+	}
+	if st.silent {
 		return ctx
 	}
 	st.mu.Lock()
 	defer st.mu.Unlock()
-	if st.silent {
-		return ctx
-	}
-	ctx, q := t.enter(ctx, conn, st, classifyStatements(data.SQL), data.SQL)
-	if t.query != nil {
-		ctx = t.query.TraceQueryStart(ctx, conn, data)
-	}
+	ctx, q := t.enter(ctx, conn, st, set, sql)
+	ctx = inner(ctx)
 	q.ctx = ctx
 	st.push(q)
 	return ctx
 }
 
-// TraceQueryEnd implements pgx.QueryTracer.
-func (t *Tracer) TraceQueryEnd(ctx context.Context, conn *pgx.Conn, data pgx.TraceQueryEndData) {
+// end is the body of every End hook: it pops what start pushed, lets the inner tracer
+// end its span (inner), and judges the statement. An End without its Start has nothing
+// to judge.
+func (t *Tracer) end(ctx context.Context, conn *pgx.Conn, tag pgconn.CommandTag, err error, inner func(context.Context)) {
 	st := connStateOf(conn)
 	var q queryState
 	started := false
@@ -316,26 +335,15 @@ func (t *Tracer) TraceQueryEnd(ctx context.Context, conn *pgx.Conn, data pgx.Tra
 		defer st.mu.Unlock()
 		q, started = st.pop(ctx)
 	}
-	if t.query != nil {
-		t.query.TraceQueryEnd(unframe(ctx, q.frame), conn, data)
-	}
-	if started { // an End without its Start has nothing to judge
-		t.leave(conn, st, &q, data.CommandTag, data.Err)
+	inner(unframe(ctx, q.frame))
+	if started {
+		t.leave(conn, st, &q, tag, err)
 	}
 }
 
 // TraceBatchStart implements pgx.BatchTracer. A batch is handed to the driver whole, so
 // a COMMIT anywhere in it marks committing before anything is sent.
 func (t *Tracer) TraceBatchStart(ctx context.Context, conn *pgx.Conn, data pgx.TraceBatchStartData) context.Context {
-	st := connStateOf(conn)
-	if st == nil {
-		if t.batch != nil { // no frame to parent to, but the statement span stays
-			return t.batch.TraceBatchStart(ctx, conn, data)
-		}
-		return ctx
-	}
-	st.mu.Lock()
-	defer st.mu.Unlock()
 	var set stmtSet
 	beginSQL := ""
 	if data.Batch != nil {
@@ -347,13 +355,12 @@ func (t *Tracer) TraceBatchStart(ctx context.Context, conn *pgx.Conn, data pgx.T
 			set |= s
 		}
 	}
-	ctx, q := t.enter(ctx, conn, st, set.transactional(), beginSQL)
-	if t.batch != nil {
-		ctx = t.batch.TraceBatchStart(ctx, conn, data)
-	}
-	q.ctx = ctx
-	st.push(q)
-	return ctx
+	return t.start(ctx, conn, set.transactional(), beginSQL, func(ctx context.Context) context.Context {
+		if t.batch != nil {
+			ctx = t.batch.TraceBatchStart(ctx, conn, data)
+		}
+		return ctx
+	})
 }
 
 // TraceBatchQuery implements pgx.BatchTracer. The transaction status is not valid in
@@ -378,97 +385,50 @@ func (t *Tracer) TraceBatchQuery(ctx context.Context, conn *pgx.Conn, data pgx.T
 
 // TraceBatchEnd implements pgx.BatchTracer.
 func (t *Tracer) TraceBatchEnd(ctx context.Context, conn *pgx.Conn, data pgx.TraceBatchEndData) {
-	st := connStateOf(conn)
-	var q queryState
-	started := false
-	if st != nil {
-		st.mu.Lock()
-		defer st.mu.Unlock()
-		q, started = st.pop(ctx)
-	}
-	if t.batch != nil {
-		t.batch.TraceBatchEnd(unframe(ctx, q.frame), conn, data)
-	}
-	if started { // an End without its Start has nothing to judge
-		t.leave(conn, st, &q, pgconn.CommandTag{}, data.Err)
-	}
+	t.end(ctx, conn, pgconn.CommandTag{}, data.Err, func(ctx context.Context) {
+		if t.batch != nil {
+			t.batch.TraceBatchEnd(ctx, conn, data)
+		}
+	})
 }
 
 // TraceCopyFromStart implements pgx.CopyFromTracer.
 func (t *Tracer) TraceCopyFromStart(ctx context.Context, conn *pgx.Conn, data pgx.TraceCopyFromStartData) context.Context {
-	st := connStateOf(conn)
-	if st == nil {
-		if t.copy != nil { // no frame to parent to, but the statement span stays
-			return t.copy.TraceCopyFromStart(ctx, conn, data)
+	return t.start(ctx, conn, 1<<stmtOther, "", func(ctx context.Context) context.Context {
+		if t.copy != nil {
+			ctx = t.copy.TraceCopyFromStart(ctx, conn, data)
 		}
 		return ctx
-	}
-	st.mu.Lock()
-	defer st.mu.Unlock()
-	ctx, q := t.enter(ctx, conn, st, 1<<stmtOther, "")
-	if t.copy != nil {
-		ctx = t.copy.TraceCopyFromStart(ctx, conn, data)
-	}
-	q.ctx = ctx
-	st.push(q)
-	return ctx
+	})
 }
 
 // TraceCopyFromEnd implements pgx.CopyFromTracer.
 func (t *Tracer) TraceCopyFromEnd(ctx context.Context, conn *pgx.Conn, data pgx.TraceCopyFromEndData) {
-	st := connStateOf(conn)
-	var q queryState
-	started := false
-	if st != nil {
-		st.mu.Lock()
-		defer st.mu.Unlock()
-		q, started = st.pop(ctx)
-	}
-	if t.copy != nil {
-		t.copy.TraceCopyFromEnd(unframe(ctx, q.frame), conn, data)
-	}
-	if started { // an End without its Start has nothing to judge
-		t.leave(conn, st, &q, data.CommandTag, data.Err)
-	}
+	t.end(ctx, conn, data.CommandTag, data.Err, func(ctx context.Context) {
+		if t.copy != nil {
+			t.copy.TraceCopyFromEnd(ctx, conn, data)
+		}
+	})
 }
 
-// TracePrepareStart implements pgx.PrepareTracer.
+// TracePrepareStart implements pgx.PrepareTracer. Preparing a statement runs nothing: it
+// neither begins nor commits.
 func (t *Tracer) TracePrepareStart(ctx context.Context, conn *pgx.Conn, data pgx.TracePrepareStartData) context.Context {
-	st := connStateOf(conn)
-	if st == nil {
-		if t.prepare != nil { // no frame to parent to, but the statement span stays
-			return t.prepare.TracePrepareStart(ctx, conn, data)
+	return t.start(ctx, conn, 1<<stmtOther, "", func(ctx context.Context) context.Context {
+		if t.prepare != nil {
+			ctx = t.prepare.TracePrepareStart(ctx, conn, data)
 		}
 		return ctx
-	}
-	st.mu.Lock()
-	defer st.mu.Unlock()
-	// Preparing a statement runs nothing: it neither begins nor commits.
-	ctx, q := t.enter(ctx, conn, st, 1<<stmtOther, "")
-	if t.prepare != nil {
-		ctx = t.prepare.TracePrepareStart(ctx, conn, data)
-	}
-	q.ctx = ctx
-	st.push(q)
-	return ctx
+	})
 }
 
 // TracePrepareEnd implements pgx.PrepareTracer.
 func (t *Tracer) TracePrepareEnd(ctx context.Context, conn *pgx.Conn, data pgx.TracePrepareEndData) {
-	st := connStateOf(conn)
-	var q queryState
-	started := false
-	if st != nil {
-		st.mu.Lock()
-		defer st.mu.Unlock()
-		q, started = st.pop(ctx)
-	}
-	if t.prepare != nil {
-		t.prepare.TracePrepareEnd(unframe(ctx, q.frame), conn, data)
-	}
-	if started { // an End without its Start has nothing to judge
-		t.leave(conn, st, &q, pgconn.CommandTag{}, data.Err)
-	}
+	t.end(ctx, conn, pgconn.CommandTag{}, data.Err, func(ctx context.Context) {
+		if t.prepare != nil {
+			t.prepare.TracePrepareEnd(ctx, conn, data)
+		}
+	})
 }
 
 // TraceConnectStart implements pgx.ConnectTracer.

@@ -6,6 +6,7 @@ import (
 	"encoding/binary"
 	"fmt"
 	"net"
+	"sort"
 	"strings"
 	"sync"
 	"testing"
@@ -118,7 +119,36 @@ func recordPlainUse(t *testing.T, instrument bool) (client, serverTypes []byte) 
 	case <-ctx.Done():
 		t.Fatal("the proxied connection never closed")
 	}
-	return convs[0].ClientBytes(), backendTypes(t, convs[0].ServerBytes())
+	return canonicalStartup(t, convs[0].ClientBytes()), backendTypes(t, convs[0].ServerBytes())
+}
+
+// canonicalStartup sorts the parameters of the startup message at the head of a client's
+// bytes: pgconn writes them from a map, in no fixed order.
+func canonicalStartup(t *testing.T, b []byte) []byte {
+	t.Helper()
+	if len(b) < 8 {
+		t.Fatalf("no startup message in %q", b)
+	}
+	n := int(binary.BigEndian.Uint32(b))
+	if n < 8 || n > len(b) || b[n-1] != 0 {
+		t.Fatalf("bad startup message %q", b)
+	}
+	params := strings.Split(string(b[8:n-2]), "\x00") // key, value, …; then the final NUL
+	if len(params)%2 != 0 {
+		t.Fatalf("odd startup parameters %q", params)
+	}
+	pairs := make([]string, 0, len(params)/2)
+	for i := 0; i < len(params); i += 2 {
+		pairs = append(pairs, params[i]+"\x00"+params[i+1])
+	}
+	sort.Strings(pairs)
+	out := append([]byte(nil), b[:8]...)
+	for _, p := range pairs {
+		out = append(out, p...)
+		out = append(out, 0)
+	}
+	out = append(out, 0)
+	return append(out, b[n:]...)
 }
 
 // backendTypes returns the type byte of every message in a server's byte stream.
