@@ -36,8 +36,13 @@ func readIdentity(ctx context.Context, pg *pgconn.PgConn, st *connState) error {
 	if st.identityRead {
 		return nil
 	}
-	st.identityRead = true // tried once: a refusal (no permission) is not retried per commit
 	results, err := pg.Exec(ctx, identitySQL).ReadAll()
+	var pgErr *pgconn.PgError
+	if err == nil || errors.As(err, &pgErr) {
+		// The server answered: a refusal (no privilege) is not retried per commit. A
+		// context that had already expired sent nothing, and the next Run tries again.
+		st.identityRead = true
+	}
 	if err != nil {
 		return fmt.Errorf("otelpgxtx: reading the cluster identity: %w", err)
 	}
@@ -62,7 +67,8 @@ func (st *connState) identityKnown() bool { return st != nil && st.systemID != 0
 // prepareCapture reads conn's cluster identity once, while conn is idle: outside any
 // transaction, so that no failure of it can abort one. A refusal (no privilege for
 // pg_control_*) turns capture off for the connection. It returns an error only when the
-// read broke the connection, which then must not be used.
+// read broke the connection, which then must not be used, or when ctx had ended, as
+// BEGIN would have.
 func prepareCapture(ctx context.Context, conn *pgx.Conn) error {
 	pg := conn.PgConn()
 	st := stateOf(pg)
@@ -73,7 +79,7 @@ func prepareCapture(ctx context.Context, conn *pgx.Conn) error {
 	if err == nil {
 		return nil
 	}
-	if pg.IsClosed() {
+	if pg.IsClosed() || ctx.Err() != nil {
 		return err
 	}
 	otel.Handle(err)

@@ -19,7 +19,9 @@ import (
 // connection and id are fixed at creation; its phase moves on each transition.
 //
 // The owning connection's goroutine changes it; other goroutines only read its phase
-// and end state (atomics) and add events to its span (which is safe for concurrent use).
+// and end state (atomics) and add events to its span (which is safe for concurrent use),
+// except that the close of its connection may end it on another goroutine, under the
+// connection state's mutex (see netConn).
 type frame struct {
 	t      *Tracer
 	span   trace.Span

@@ -438,3 +438,39 @@ func TestRunIdentityReadOnDeadConnection(t *testing.T) {
 		t.Fatal("rows: want only 2")
 	}
 }
+
+// TestRunIdentityAfterCancelledRun: a Run whose context had already ended when it came
+// to read the identity sent nothing and began nothing; it does not turn capture off for
+// the connection, and the next Run commits with a reference.
+func TestRunIdentityAfterCancelledRun(t *testing.T) {
+	ctx := testCtx(t)
+	h := newHarness(t, "", 1)
+	table := newTable(t, ctx)
+	cfg, err := pgx.ParseConfig(srv.ConnString())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := InstrumentConnConfig(cfg, WithTracerProvider(h.tp)); err != nil {
+		t.Fatal(err)
+	}
+	conn, err := pgx.ConnectConfig(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	cctx, cancel := context.WithCancel(ctx)
+	cancel()
+	if r := Run(cctx, conn, DefaultPolicy(), insertFn(table, 1)); r.Outcome() != outcome.OutcomeRolledBack {
+		t.Fatalf("Run with an ended context = %T %+v", r, r)
+	}
+	if conn.IsClosed() {
+		t.Fatal("the connection was closed")
+	}
+	if r := Run(ctx, conn, DefaultPolicy(), insertFn(table, 2)); r.Outcome() != outcome.OutcomeCommitted {
+		t.Fatalf("second Run = %T %+v", r, r)
+	}
+	f := onlyFrame(t, h)
+	if _, ok := attr(f, ReconciliationRefKey); !ok {
+		t.Fatal("no reference: the ended context turned capture off")
+	}
+}
