@@ -67,8 +67,8 @@ func (st *connState) identityKnown() bool { return st != nil && st.systemID != 0
 // prepareCapture reads conn's cluster identity once, while conn is idle: outside any
 // transaction, so that no failure of it can abort one. A refusal (no privilege for
 // pg_control_*) turns capture off for the connection. It returns an error only when the
-// read broke the connection, which then must not be used, or when ctx had ended, as
-// BEGIN would have.
+// read broke the connection, which then must not be used. A context that had already
+// ended sent nothing: BEGIN reports it as it would have without capture.
 func prepareCapture(ctx context.Context, conn *pgx.Conn) error {
 	pg := conn.PgConn()
 	st := stateOf(pg)
@@ -79,10 +79,12 @@ func prepareCapture(ctx context.Context, conn *pgx.Conn) error {
 	if err == nil {
 		return nil
 	}
-	if pg.IsClosed() || ctx.Err() != nil {
+	if pg.IsClosed() {
 		return err
 	}
-	otel.Handle(err)
+	if ctx.Err() == nil {
+		otel.Handle(err)
+	}
 	return nil
 }
 
