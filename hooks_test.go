@@ -125,3 +125,12 @@ func TestReleaseIdleWithFrame(t *testing.T) {
 	wantAttr(t, f, "error.type", "ended_unobserved")
 	h.wantNoFrames(t, ctx)
 }
+
+// TestCommitWithoutState: a connection without tracer state has no identity, so the
+// commit path takes pgx's own Commit instead of dereferencing the state.
+func TestCommitWithoutState(t *testing.T) {
+	var st *connState
+	if st.identityKnown() {
+		t.Fatal("a nil state knows an identity")
+	}
+}
