@@ -15,8 +15,15 @@ import (
 // identitySQL reads what makes an xid meaningful: the cluster's system identifier, its
 // current timeline and the server's start time. After a failover, and after a crash
 // restart, the same xid may name another transaction.
-const identitySQL = "select s.system_identifier::text, c.timeline_id::text, " + serverStartSQL +
-	" from pg_control_system() s, pg_control_checkpoint() c"
+const identitySQL = "select s.system_identifier::text, " + timelineSQL + ", " + serverStartSQL +
+	" from pg_control_system() s"
+
+// timelineSQL is the timeline the server writes WAL on, the first eight hex digits of
+// the current WAL file's name, NULL on a standby. pg_control_checkpoint() would show the
+// previous timeline until the first checkpoint after a promotion (TestReconcileAfterFailover
+// measures it), so an xid assigned meanwhile would be filed under the wrong history.
+const timelineSQL = "case when pg_is_in_recovery() then null else " +
+	"('x' || substr(pg_walfile_name(pg_current_wal_lsn()), 1, 8))::bit(32)::bigint::text end"
 
 // serverStartSQL is pg_postmaster_start_time() in microseconds since the Unix epoch.
 const serverStartSQL = "(extract(epoch from pg_postmaster_start_time()) * 1000000)::bigint::text"

@@ -1414,4 +1414,87 @@ func TestReconcileXIDReusedAfterCrash(t *testing.T) {
 	if msg := soakResolutionContradicts(got, present); msg != "" {
 		t.Fatalf("Reconcile contradicts the database: %s (xid %d was reused by a transaction after the crash restart)", msg, ref.XID)
 	}
+	// The end-of-recovery checkpoint's next xid is the boundary: the xid is at or above
+	// it (reused) or below it with its own "aborted" (its insert reached the WAL).
+	if got.Resolved() != ResolvedAborted {
+		t.Fatalf("Reconcile = %s %q, want aborted", got.Resolved(), got.Reason())
+	}
+}
+
+// TestReconcileAfterCrashRestart resolves references read before a crash restart
+// (pg_ctl stop -m immediate): an xid assigned but never WAL-logged, which the restarted
+// server has not handed out again, resolves aborted (the next xid restarted below it); a
+// commit that reached the WAL stays unknown (server_restarted), because another restart
+// in between could have reused its xid and the server keeps no record of it.
+func TestReconcileAfterCrashRestart(t *testing.T) {
+	pgtest.LeakCheck(t)
+	ctx := testCtx(t)
+	h := newHarness(t, "", 2)
+	table := newTable(t, ctx)
+	if res := Run(ctx, h.pool, DefaultPolicy(), insertFn(table, 1)); res.Outcome() != outcome.OutcomeCommitted {
+		t.Fatalf("result = %T", res)
+	}
+	var durable outcome.ReconciliationRef
+	for _, f := range h.frames() {
+		if v, ok := attr(f, ReconciliationRefKey); ok {
+			r, err := outcome.ParseReconciliationRef(v.AsString())
+			if err != nil {
+				t.Fatal(err)
+			}
+			durable = r
+		}
+	}
+	// An xid assigned inside an open transaction writes no WAL.
+	conn, err := srv.Conn(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(context.Background()) // the crash closes it; this only frees it
+	tx, err := conn.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var xid uint64
+	if err := tx.QueryRow(ctx, "select pg_current_xact_id()::text::bigint").Scan(&xid); err != nil {
+		t.Fatal(err)
+	}
+	unlogged := durable
+	unlogged.XID = xid
+	if err := srv.StopImmediate(); err != nil {
+		t.Fatal(err)
+	}
+	if err := srv.Restart(ctx); err != nil {
+		t.Fatal(err)
+	}
+	rec, err := NewReconciler(h.pool, WithReconcileWait(0, time.Millisecond))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		name   string
+		ref    outcome.ReconciliationRef
+		want   Resolved
+		reason string
+	}{
+		{"assigned, never logged", unlogged, ResolvedAborted, ""},
+		{"committed before the crash", durable, ResolvedUnknown, UnknownServerRestarted},
+	} {
+		var got Resolution
+		var err error
+		for range 3 { // the pool's connections to the crashed server fail once each
+			if got, err = rec.Resolve(ctx, tc.ref, trace.SpanContext{}); err == nil {
+				break
+			}
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Logf("%s: %s: %s %q", tc.name, tc.ref, got.Resolved(), got.Reason())
+		if got.Resolved() != tc.want || got.Reason() != tc.reason {
+			t.Errorf("%s: Resolve = %s %q, want %s %q", tc.name, got.Resolved(), got.Reason(), tc.want, tc.reason)
+		}
+	}
+	if !rowExists(t, ctx, table, 1) {
+		t.Error("the committed row is gone after the crash restart")
+	}
 }

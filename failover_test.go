@@ -1,0 +1,240 @@
+package otelpgxtx
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"go.opentelemetry.io/otel/trace"
+
+	"github.com/txevidence/otelpgxtx/outcome"
+	"github.com/txevidence/otelpgxtx/pgtest"
+)
+
+// startCluster starts a primary with a synchronous standby (pgtest.Cluster), closed when
+// the test ends, and creates table t (id int primary key) on it.
+func startCluster(t *testing.T, ctx context.Context) *pgtest.Cluster {
+	t.Helper()
+	c, err := pgtest.StartCluster(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := c.Close(); err != nil {
+			t.Error(err)
+		}
+	})
+	if err := c.Primary().Exec(ctx, "create table t (id int primary key)"); err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
+
+// clusterRowExists reads table t on the cluster's primary.
+func clusterRowExists(t *testing.T, ctx context.Context, c *pgtest.Cluster, id int) bool {
+	t.Helper()
+	conn, err := c.Primary().Conn(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	var n int
+	if err := conn.QueryRow(ctx, "select count(*) from t where id = $1", id).Scan(&n); err != nil {
+		t.Fatal(err)
+	}
+	return n > 0
+}
+
+// clusterReconciler returns a reconciler on a fresh connection that follows the primary
+// (the pool's connections to a crashed primary fail once before the pool drops them).
+func clusterReconciler(t *testing.T, ctx context.Context, c *pgtest.Cluster) *Reconciler {
+	t.Helper()
+	conn, err := pgx.Connect(ctx, c.ConnString())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = conn.Close(context.Background()) })
+	rec, err := NewReconciler(conn, WithReconcileWait(0, time.Millisecond))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return rec
+}
+
+// frameRef returns the tx.reconciliation.ref of the only frame span whose outcome is want.
+func frameRef(t *testing.T, h *harness, want string) outcome.ReconciliationRef {
+	t.Helper()
+	for _, f := range h.frames() {
+		if v, _ := attr(f, OutcomeKey); v.AsString() != want {
+			continue
+		}
+		s, ok := attr(f, ReconciliationRefKey)
+		if !ok {
+			t.Fatalf("the %s frame has no %s", want, ReconciliationRefKey)
+		}
+		ref, err := outcome.ParseReconciliationRef(s.AsString())
+		if err != nil {
+			t.Fatal(err)
+		}
+		return ref
+	}
+	t.Fatalf("no %s frame", want)
+	return outcome.ReconciliationRef{}
+}
+
+// TestAsyncCommitLostInFailover documents what asynchronous replication costs at a
+// failover: Run returns Committed and the frame says committed (what the client saw),
+// then the standby, which never received the commit, is promoted and the row is gone.
+// The library cannot know at commit time — the old primary acknowledged the commit — but
+// the frame's reference, reconciled on the new primary, says aborted: the next xid of the
+// new timeline never passed the xid, so its commit record is not in the surviving history.
+func TestAsyncCommitLostInFailover(t *testing.T) {
+	ctx := testCtx(t)
+	c := startCluster(t, ctx)
+	h := newHarness(t, c.ConnString(), 2)
+	// The standby stops receiving, as when the network between the nodes fails.
+	if err := c.Standby().StopImmediate(); err != nil {
+		t.Fatal(err)
+	}
+	res := Run(ctx, h.pool, DefaultPolicy(), func(ctx context.Context, tx pgx.Tx) (int, error) {
+		if _, err := tx.Exec(ctx, "set local synchronous_commit = local"); err != nil {
+			return 0, err
+		}
+		_, err := tx.Exec(ctx, "insert into t values (1)")
+		return 1, err
+	})
+	if _, ok := res.(outcome.Committed[int]); !ok {
+		t.Fatalf("result = %T %+v, want Committed", res, res)
+	}
+	ref := frameRef(t, h, "committed")
+	if err := c.Promote(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if clusterRowExists(t, ctx, c, 1) {
+		t.Fatal("the row is on the new primary: the standby had the commit after all")
+	}
+	got, err := clusterReconciler(t, ctx, c).Resolve(ctx, ref, trace.SpanContext{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("committed frame %s after the failover: %s %q", ref, got.Resolved(), got.Reason())
+	if got.Resolved() != ResolvedAborted {
+		t.Errorf("Resolve = %s %q, want aborted: the commit is not in the surviving history", got.Resolved(), got.Reason())
+	}
+}
+
+// TestReconcileAfterFailover resolves references from the old timeline on the promoted
+// standby: a commit lost while it waited for synchronous replication (the standby had
+// stopped receiving), whose xid the new timeline hands out again and commits, resolves
+// aborted although pg_xact_status says committed; a transaction rolled back before the
+// failover resolves aborted; a commit replicated before the failover stays unknown
+// (other_timeline), since the server cannot prove no intermediate incarnation reused it.
+func TestReconcileAfterFailover(t *testing.T) {
+	ctx := testCtx(t)
+	c := startCluster(t, ctx)
+	h := newHarness(t, c.ConnString(), 3)
+	insert := func(id int) func(context.Context, pgx.Tx) (int, error) {
+		return func(ctx context.Context, tx pgx.Tx) (int, error) {
+			_, err := tx.Exec(ctx, "insert into t values ($1)", id)
+			return id, err
+		}
+	}
+	// Replicated before the failover (synchronous_commit = on waits for the standby).
+	if res := Run(ctx, h.pool, DefaultPolicy(), insert(1)); res.Outcome() != outcome.OutcomeCommitted {
+		t.Fatalf("result = %T %+v", res, res)
+	}
+	replicated := frameRef(t, h, "committed")
+	if _, ok := Run(ctx, h.pool, DefaultPolicy(), func(ctx context.Context, tx pgx.Tx) (int, error) {
+		if _, err := insert(2)(ctx, tx); err != nil {
+			return 0, err
+		}
+		_, err := tx.Exec(ctx, "insert into t values (1)") // duplicate key: rolled back
+		return 0, err
+	}).(outcome.DeterminateRollback[int]); !ok {
+		t.Fatal("the duplicate insert did not roll back")
+	}
+
+	if err := c.Standby().StopImmediate(); err != nil {
+		t.Fatal(err)
+	}
+	pids := make(chan uint32, 1)
+	done := make(chan outcome.Result[int], 1)
+	go func() {
+		done <- Run(ctx, h.pool, DefaultPolicy(), func(ctx context.Context, tx pgx.Tx) (int, error) {
+			pids <- tx.Conn().PgConn().PID()
+			return insert(3)(ctx, tx)
+		})
+	}()
+	old := c.Primary()
+	if err := old.WaitForWaitEvent(ctx, <-pids, "SyncRep"); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Promote(ctx); err != nil {
+		t.Fatal(err)
+	}
+	ind, ok := (<-done).(outcome.Indeterminate[int])
+	if !ok {
+		t.Fatal("the commit lost in the failover is not indeterminate")
+	}
+	lost, ok := ind.Reference()
+	if !ok || lost.NoWrites() || lost.Timeline != 1 {
+		t.Fatalf("reference %v %v, want an xid on timeline 1", lost, ok)
+	}
+	// The promotion requests a checkpoint without waiting for it; until it is done
+	// pg_control_checkpoint() shows the old timeline, while WAL is written on the new one.
+	var ckptTLI, walTLI int
+	if err := c.Primary().Exec(ctx, "checkpoint"); err != nil {
+		t.Fatal(err)
+	}
+	conn, err := c.Primary().Conn(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	if err := conn.QueryRow(ctx, "select c.timeline_id, "+timelineSQL+"::int from pg_control_checkpoint() c").Scan(&ckptTLI, &walTLI); err != nil {
+		t.Fatal(err)
+	}
+	if ckptTLI != 2 || walTLI != 2 {
+		t.Fatalf("after the checkpoint: checkpoint timeline %d, WAL timeline %d; want 2, 2", ckptTLI, walTLI)
+	}
+	// The new timeline hands the lost xid out again until it is passed, and commits it.
+	// (synchronous_commit = local: the new primary's standby is down.)
+	var reused bool
+	for !reused {
+		var xid uint64
+		if err := conn.QueryRow(ctx, "select pg_current_xact_id()::text::bigint").Scan(&xid); err != nil {
+			t.Fatal(err)
+		}
+		if xid > lost.XID {
+			t.Fatalf("the new timeline passed xid %d without reusing it (next: %d)", lost.XID, xid)
+		}
+		reused = xid == lost.XID
+	}
+	if st, _, err := c.Primary().XactStatus(ctx, lost.XID); err != nil || st != "committed" {
+		t.Fatalf("pg_xact_status(%d) on the new timeline = %q, %v; want the reuser's committed", lost.XID, st, err)
+	}
+
+	rec := clusterReconciler(t, ctx, c)
+	for _, tc := range []struct {
+		name   string
+		ref    outcome.ReconciliationRef
+		want   Resolved
+		reason string
+	}{
+		{"lost in the failover, xid reused", lost, ResolvedAborted, ""},
+		{"replicated commit", replicated, ResolvedUnknown, UnknownOtherTimeline},
+	} {
+		got, err := rec.Resolve(ctx, tc.ref, trace.SpanContext{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Logf("%s: %s: %s %q", tc.name, tc.ref, got.Resolved(), got.Reason())
+		if got.Resolved() != tc.want || got.Reason() != tc.reason {
+			t.Errorf("%s: Resolve = %s %q, want %s %q", tc.name, got.Resolved(), got.Reason(), tc.want, tc.reason)
+		}
+	}
+	if clusterRowExists(t, ctx, c, 3) || !clusterRowExists(t, ctx, c, 1) || clusterRowExists(t, ctx, c, 2) {
+		t.Error("the table does not match: want row 1 only")
+	}
+}
