@@ -1,0 +1,110 @@
+package classifier_test
+
+import (
+	"os/exec"
+	"strings"
+	"testing"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/txevidence/otelpgxtx/classifier"
+)
+
+// testLocales are the languages TestRealCommittedLocallyLocalized runs the server's
+// messages in: Latin, Cyrillic and CJK scripts, one with a line break in the detail (fr).
+// .ci/run generates them; locale-gen makes them on Debian.
+var testLocales = []string{"de_DE.UTF-8", "fr_FR.UTF-8", "ja_JP.UTF-8", "ru_RU.UTF-8", "zh_CN.UTF-8"}
+
+const (
+	englishDetail   = "The transaction has already committed locally, but might not have been replicated to the standby."
+	englishCanceled = "canceling wait for synchronous replication due to user request"
+	englishShutdown = "canceling the wait for synchronous replication and terminating connection due to administrator command"
+)
+
+// requireLocales fails the test, naming the command that fixes it, when the OS lacks a
+// locale: the server cannot set lc_messages to a locale the C library does not have.
+func requireLocales(t *testing.T, locales []string) {
+	t.Helper()
+	out, err := exec.Command("locale", "-a").Output()
+	if err != nil {
+		t.Fatalf("locale -a: %v (install the locales package)", err)
+	}
+	have := map[string]bool{}
+	for _, l := range strings.Fields(string(out)) {
+		have[strings.ToLower(strings.ReplaceAll(l, "-", ""))] = true
+	}
+	var missing []string
+	for _, l := range locales {
+		if !have[strings.ToLower(strings.ReplaceAll(l, "-", ""))] {
+			missing = append(missing, l)
+		}
+	}
+	if len(missing) > 0 {
+		t.Fatalf("the OS lacks the locales %v that this test sets lc_messages to; on Debian: "+
+			"apt-get install locales, uncomment them in /etc/locale.gen, run locale-gen (.ci/run does)", missing)
+	}
+}
+
+// TestRealCommittedLocallyLocalized ends a COMMIT's synchronous-replication wait with a
+// cancel request (WARNING 01000) and with a backend termination (WARNING 57P01) in
+// sessions whose lc_messages is another language: the server sends the translated
+// warning, and CommittedLocallyNotice recognises both.
+func TestRealCommittedLocallyLocalized(t *testing.T) {
+	requireLocales(t, testLocales)
+	const table = "real_localized_syncrep"
+	for _, loc := range testLocales {
+		for _, end := range []string{"cancel 01000", "terminate 57P01"} {
+			t.Run(loc+"/"+end, func(t *testing.T) {
+				ctx := realCtx(t)
+				freshTable(t, ctx, table, "id int primary key")
+				c := realConnect(t, ctx, srv.ConnString(), func(cfg *pgx.ConnConfig) {
+					cfg.RuntimeParams["lc_messages"] = loc
+				})
+				pid := c.PgConn().PID()
+				tx, xid := beginInsert(t, ctx, c, table, 1, syncRepOn)
+				done := commitAsync(ctx, tx)
+				if err := srv.WaitForWaitEvent(ctx, pid, "SyncRep"); err != nil {
+					t.Fatal(err)
+				}
+				code, english := classifier.SQLStateWarning, englishCanceled
+				if end == "cancel 01000" {
+					if err := srv.Cancel(ctx, pid); err != nil {
+						t.Fatal(err)
+					}
+				} else {
+					code, english = classifier.SQLStateAdminShutdown, englishShutdown
+					if err := srv.Terminate(ctx, pid); err != nil {
+						t.Fatal(err)
+					}
+				}
+				err := awaitCommit(t, ctx, done)
+				logErr(t, "tx.Commit", err)
+				logNotices(t, c)
+				var seen bool
+				for _, n := range c.Notices() {
+					if n.Code != code || n.SeverityUnlocalized != "WARNING" {
+						continue
+					}
+					seen = true
+					// Severity alone may stay English (ja keeps "WARNING").
+					if n.Message == english || n.Detail == englishDetail {
+						t.Errorf("the warning is not translated (message %q, detail %q): lc_messages = %s had no effect",
+							n.Message, n.Detail, loc)
+					}
+					if !classifier.CommittedLocallyNotice(n) {
+						t.Errorf("CommittedLocallyNotice(%s %q / %q) = false", n.Code, n.Message, n.Detail)
+					}
+				}
+				if !seen {
+					t.Fatalf("no WARNING %s notice", code)
+				}
+				if end == "terminate 57P01" {
+					waitBackendGone(t, ctx, pid)
+				} else {
+					waitBackendSettled(t, ctx, pid)
+				}
+				checkXact(t, ctx, xid, "committed")
+			})
+		}
+	}
+}
