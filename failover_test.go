@@ -2,10 +2,13 @@ package otelpgxtx
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/txevidence/otelpgxtx/outcome"
@@ -236,5 +239,52 @@ func TestReconcileAfterFailover(t *testing.T) {
 	}
 	if clusterRowExists(t, ctx, c, 3) || !clusterRowExists(t, ctx, c, 1) || clusterRowExists(t, ctx, c, 2) {
 		t.Error("the table does not match: want row 1 only")
+	}
+}
+
+// TestReconcilerAsOrdinaryRole: everything the reconciler and the identity read use is
+// readable by a role without privileges (pg_control_system(), pg_control_checkpoint(),
+// pg_walfile_name(), pg_xact_status()), while what would place a fork exactly, the
+// timeline history files, is not (pg_read_binary_file needs pg_read_server_files), and
+// commit timestamps are off by default.
+func TestReconcilerAsOrdinaryRole(t *testing.T) {
+	ctx := testCtx(t)
+	if err := srv.Exec(ctx, "drop role if exists reconcile_app; create role reconcile_app login"); err != nil {
+		t.Fatal(err)
+	}
+	conn, err := pgx.Connect(ctx, fmt.Sprintf("postgres://reconcile_app@%s:%d/postgres?sslmode=disable", srv.Host(), srv.Port()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	var xid uint64
+	var sys, tli, start string
+	if err := conn.QueryRow(ctx, "select pg_current_xact_id()::text::bigint").Scan(&xid); err != nil {
+		t.Fatal(err)
+	}
+	if err := conn.QueryRow(ctx, identitySQL).Scan(&sys, &tli, &start); err != nil {
+		t.Fatalf("identity read as an ordinary role: %v", err)
+	}
+	ref, err := outcome.ParseReconciliationRef(fmt.Sprintf("pg:%s/%s/%d/%s", sys, tli, xid, start))
+	if err != nil {
+		t.Fatal(err)
+	}
+	rec, err := NewReconciler(conn, WithReconcileWait(0, time.Millisecond))
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := rec.Resolve(ctx, ref, trace.SpanContext{})
+	if err != nil || got.Resolved() != ResolvedCommitted {
+		t.Fatalf("Resolve as an ordinary role = %s %q, %v; want committed", got.Resolved(), got.Reason(), err)
+	}
+	for q, code := range map[string]string{
+		"select pg_read_binary_file('pg_wal/00000001.history')": "42501",
+		"select pg_ls_waldir()":                                  "42501",
+		"select pg_xact_commit_timestamp('3'::xid)":              "55000", // track_commit_timestamp = off
+	} {
+		_, err := conn.Exec(ctx, q)
+		if pgErr, ok := errors.AsType[*pgconn.PgError](err); !ok || pgErr.Code != code {
+			t.Errorf("%s as an ordinary role: %v, want SQLSTATE %s", q, err, code)
+		}
 	}
 }
