@@ -48,6 +48,9 @@ func readIdentity(ctx context.Context, pg *pgconn.PgConn, st *connState) error {
 		return errors.New("otelpgxtx: reading the cluster identity: unexpected result shape")
 	}
 	row := results[0].Rows[0]
+	if row[1] == nil {
+		return errors.New("otelpgxtx: reading the cluster identity: the server is a standby; no reconciliation references on this connection")
+	}
 	sys, err1 := strconv.ParseUint(string(row[0]), 10, 64)
 	tli, err2 := strconv.ParseUint(string(row[1]), 10, 32)
 	start, err3 := strconv.ParseInt(string(row[2]), 10, 64)

@@ -288,3 +288,33 @@ func TestReconcilerAsOrdinaryRole(t *testing.T) {
 		}
 	}
 }
+
+// TestIdentityOnStandby: a connection to a standby connects, without an identity (no xid
+// can be assigned there, and the timeline it would show is the one being replayed), and a
+// connection to the primary reads the timeline the primary writes WAL on.
+func TestIdentityOnStandby(t *testing.T) {
+	ctx := testCtx(t)
+	c := startCluster(t, ctx)
+	for _, tc := range []struct {
+		name     string
+		s        *pgtest.Server
+		identity bool
+	}{{"standby", c.Standby(), false}, {"primary", c.Primary(), true}} {
+		cfg, err := pgx.ParseConfig(tc.s.ConnString())
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := InstrumentConnConfig(cfg); err != nil {
+			t.Fatal(err)
+		}
+		conn, err := pgx.ConnectConfig(ctx, cfg)
+		if err != nil {
+			t.Fatalf("%s: %v", tc.name, err)
+		}
+		st := connStateOf(conn)
+		if got := st.systemID != 0; got != tc.identity || tc.identity && st.timeline != 1 {
+			t.Errorf("%s: identity read %v (timeline %d), want %v", tc.name, got, st.timeline, tc.identity)
+		}
+		_ = conn.Close(ctx)
+	}
+}
