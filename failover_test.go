@@ -9,25 +9,17 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/txevidence/otelpgxtx/outcome"
 	"github.com/txevidence/otelpgxtx/pgtest"
 )
 
-// startCluster starts a primary with a synchronous standby (pgtest.Cluster), closed when
-// the test ends, and creates table t (id int primary key) on it.
+// startCluster starts a pgtest.Cluster for the test, with table t (id int primary key).
 func startCluster(t *testing.T, ctx context.Context) *pgtest.Cluster {
 	t.Helper()
-	c, err := pgtest.StartCluster(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		if err := c.Close(); err != nil {
-			t.Error(err)
-		}
-	})
+	c := pgtest.ClusterFor(t, ctx)
 	if err := c.Primary().Exec(ctx, "create table t (id int primary key)"); err != nil {
 		t.Fatal(err)
 	}
@@ -63,6 +55,50 @@ func clusterReconciler(t *testing.T, ctx context.Context, c *pgtest.Cluster) *Re
 		t.Fatal(err)
 	}
 	return rec
+}
+
+// runInBackground starts Run with fn on pool and returns, once fn runs, its backend's pid
+// and the result to come.
+func runInBackground(ctx context.Context, pool *pgxpool.Pool, fn func(context.Context, pgx.Tx) (int, error)) (uint32, <-chan outcome.Result[int]) {
+	pids := make(chan uint32, 1)
+	done := make(chan outcome.Result[int], 1)
+	go func() {
+		done <- Run(ctx, pool, DefaultPolicy(), func(ctx context.Context, tx pgx.Tx) (int, error) {
+			pids <- tx.Conn().PgConn().PID()
+			return fn(ctx, tx)
+		})
+	}()
+	return <-pids, done
+}
+
+// resolveCase is a reference and the resolution the reconciler must give it.
+type resolveCase struct {
+	name   string
+	ref    outcome.ReconciliationRef
+	want   Resolved
+	reason string
+}
+
+// checkResolutions resolves every case with rec; an error is retried twice, since a pool's
+// connections to a crashed server fail once each before the pool drops them.
+func checkResolutions(t *testing.T, ctx context.Context, rec *Reconciler, cases []resolveCase) {
+	t.Helper()
+	for _, tc := range cases {
+		var got Resolution
+		var err error
+		for range 3 {
+			if got, err = rec.Resolve(ctx, tc.ref, trace.SpanContext{}); err == nil {
+				break
+			}
+		}
+		if err != nil {
+			t.Fatalf("%s: %v", tc.name, err)
+		}
+		t.Logf("%s: %s: %s %q", tc.name, tc.ref, got.Resolved(), got.Reason())
+		if got.Resolved() != tc.want || got.Reason() != tc.reason {
+			t.Errorf("%s: Resolve = %s %q, want %s %q", tc.name, got.Resolved(), got.Reason(), tc.want, tc.reason)
+		}
+	}
 }
 
 // frameRef returns the tx.reconciliation.ref of the only frame span whose outcome is want.
@@ -161,16 +197,8 @@ func TestReconcileAfterFailover(t *testing.T) {
 	if err := c.Standby().StopImmediate(); err != nil {
 		t.Fatal(err)
 	}
-	pids := make(chan uint32, 1)
-	done := make(chan outcome.Result[int], 1)
-	go func() {
-		done <- Run(ctx, h.pool, DefaultPolicy(), func(ctx context.Context, tx pgx.Tx) (int, error) {
-			pids <- tx.Conn().PgConn().PID()
-			return insert(3)(ctx, tx)
-		})
-	}()
-	old := c.Primary()
-	if err := old.WaitForWaitEvent(ctx, <-pids, "SyncRep"); err != nil {
+	pid, done := runInBackground(ctx, h.pool, insert(3))
+	if err := c.Primary().WaitForWaitEvent(ctx, pid, "SyncRep"); err != nil {
 		t.Fatal(err)
 	}
 	if err := c.Promote(ctx); err != nil {
@@ -218,25 +246,10 @@ func TestReconcileAfterFailover(t *testing.T) {
 		t.Fatalf("pg_xact_status(%d) on the new timeline = %q, %v; want the reuser's committed", lost.XID, st, err)
 	}
 
-	rec := clusterReconciler(t, ctx, c)
-	for _, tc := range []struct {
-		name   string
-		ref    outcome.ReconciliationRef
-		want   Resolved
-		reason string
-	}{
+	checkResolutions(t, ctx, clusterReconciler(t, ctx, c), []resolveCase{
 		{"lost in the failover, xid reused", lost, ResolvedAborted, ""},
 		{"replicated commit", replicated, ResolvedUnknown, UnknownOtherTimeline},
-	} {
-		got, err := rec.Resolve(ctx, tc.ref, trace.SpanContext{})
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Logf("%s: %s: %s %q", tc.name, tc.ref, got.Resolved(), got.Reason())
-		if got.Resolved() != tc.want || got.Reason() != tc.reason {
-			t.Errorf("%s: Resolve = %s %q, want %s %q", tc.name, got.Resolved(), got.Reason(), tc.want, tc.reason)
-		}
-	}
+	})
 	if clusterRowExists(t, ctx, c, 3) || !clusterRowExists(t, ctx, c, 1) || clusterRowExists(t, ctx, c, 2) {
 		t.Error("the table does not match: want row 1 only")
 	}
@@ -279,8 +292,8 @@ func TestReconcilerAsOrdinaryRole(t *testing.T) {
 	}
 	for q, code := range map[string]string{
 		"select pg_read_binary_file('pg_wal/00000001.history')": "42501",
-		"select pg_ls_waldir()":                                  "42501",
-		"select pg_xact_commit_timestamp('3'::xid)":              "55000", // track_commit_timestamp = off
+		"select pg_ls_waldir()":                                 "42501",
+		"select pg_xact_commit_timestamp('3'::xid)":             "55000", // track_commit_timestamp = off
 	} {
 		_, err := conn.Exec(ctx, q)
 		if pgErr, ok := errors.AsType[*pgconn.PgError](err); !ok || pgErr.Code != code {

@@ -330,16 +330,7 @@ func TestSoundnessFailover(t *testing.T) {
 		cfg.seed, cfg.seed, cfg.tx, cfg.workers, cfg.crashes)
 	ctx, cancel := context.WithTimeout(context.Background(), cfg.duration+10*time.Minute)
 	defer cancel()
-	c, err := pgtest.StartCluster(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		if err := c.Close(); err != nil {
-			t.Error(err)
-		}
-	})
-	s := newSoak(t, ctx, cfg, c)
+	s := newSoak(t, ctx, cfg, pgtest.ClusterFor(t, ctx))
 	s.run(ctx)
 }
 
@@ -1451,17 +1442,12 @@ func TestReconcileXIDReusedAfterCrash(t *testing.T) {
 	if _, err := holder.Exec(ctx, "select pg_advisory_lock(4242)"); err != nil {
 		t.Fatal(err)
 	}
-	pids := make(chan uint32, 1)
-	done := make(chan outcome.Result[int], 1)
-	go func() {
-		done <- Run(ctx, h.pool, DefaultPolicy(), func(ctx context.Context, tx pgx.Tx) (int, error) {
-			pids <- tx.Conn().PgConn().PID()
-			_, err := tx.Exec(ctx, "insert into xr_held values (1)")
-			return 1, err
-		})
-	}()
+	pid, done := runInBackground(ctx, h.pool, func(ctx context.Context, tx pgx.Tx) (int, error) {
+		_, err := tx.Exec(ctx, "insert into xr_held values (1)")
+		return 1, err
+	})
 	// COMMIT is in the deferred trigger: the xid was read, the commit record not written.
-	if err := srv.WaitForWaitEvent(ctx, <-pids, "advisory"); err != nil {
+	if err := srv.WaitForWaitEvent(ctx, pid, "advisory"); err != nil {
 		t.Fatal(err)
 	}
 	if err := srv.StopImmediate(); err != nil {
@@ -1569,30 +1555,10 @@ func TestReconcileAfterCrashRestart(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, tc := range []struct {
-		name   string
-		ref    outcome.ReconciliationRef
-		want   Resolved
-		reason string
-	}{
+	checkResolutions(t, ctx, rec, []resolveCase{
 		{"assigned, never logged", unlogged, ResolvedAborted, ""},
 		{"committed before the crash", durable, ResolvedUnknown, UnknownServerRestarted},
-	} {
-		var got Resolution
-		var err error
-		for range 3 { // the pool's connections to the crashed server fail once each
-			if got, err = rec.Resolve(ctx, tc.ref, trace.SpanContext{}); err == nil {
-				break
-			}
-		}
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Logf("%s: %s: %s %q", tc.name, tc.ref, got.Resolved(), got.Reason())
-		if got.Resolved() != tc.want || got.Reason() != tc.reason {
-			t.Errorf("%s: Resolve = %s %q, want %s %q", tc.name, got.Resolved(), got.Reason(), tc.want, tc.reason)
-		}
-	}
+	})
 	if !rowExists(t, ctx, table, 1) {
 		t.Error("the committed row is gone after the crash restart")
 	}

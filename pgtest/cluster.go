@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"sync"
+	"testing"
 
 	"github.com/jackc/pgx/v5"
 )
@@ -70,6 +71,22 @@ func StartCluster(ctx context.Context) (*Cluster, error) {
 		return nil, errors.Join(err, c.Close())
 	}
 	return c, nil
+}
+
+// ClusterFor starts a Cluster for a test and closes it when the test ends; a cluster that
+// cannot start fails tb.
+func ClusterFor(tb testing.TB, ctx context.Context) *Cluster {
+	tb.Helper()
+	c, err := StartCluster(ctx)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(func() {
+		if err := c.Close(); err != nil {
+			tb.Error(err)
+		}
+	})
+	return c
 }
 
 // nodeConfig is node i's own part of postgresql.conf; the standby's primary_conninfo

@@ -10,22 +10,7 @@ import (
 	"github.com/jackc/pgx/v5"
 )
 
-// startCluster starts a Cluster closed when the test ends.
-func startCluster(t *testing.T, ctx context.Context) *Cluster {
-	t.Helper()
-	c, err := StartCluster(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		if err := c.Close(); err != nil {
-			t.Error(err)
-		}
-	})
-	return c
-}
-
-// Timeline returns the timeline the server writes WAL on now (the first eight hex
+// timeline returns the timeline the server writes WAL on now (the first eight hex
 // digits of the current WAL file's name); pg_control_checkpoint() shows the old timeline
 // until the first checkpoint after a promotion.
 func timeline(t *testing.T, ctx context.Context, s *Server) int64 {
@@ -121,7 +106,7 @@ func TestClusterFailoverBackAndForth(t *testing.T) {
 	LeakCheck(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
 	defer cancel()
-	c := startCluster(t, ctx)
+	c := ClusterFor(t, ctx)
 	first := c.Primary()
 	if in, err := c.Standby().InRecovery(ctx); err != nil || !in {
 		t.Fatalf("standby: pg_is_in_recovery() = %v, %v; want true", in, err)
@@ -231,7 +216,7 @@ func TestClusterAsyncCommitLostInFailover(t *testing.T) {
 	LeakCheck(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
-	c := startCluster(t, ctx)
+	c := ClusterFor(t, ctx)
 	const table = "cluster_lost"
 	if err := c.Primary().Exec(ctx, "CREATE TABLE "+table+" (id int PRIMARY KEY)"); err != nil {
 		t.Fatal(err)

@@ -1,5 +1,6 @@
 // Package pgtest runs a real, throw-away PostgreSQL cluster for tests and a
-// fault-injecting TCP proxy in front of it. Tests start the cluster
+// fault-injecting TCP proxy in front of it, and a primary with a streaming
+// standby that fails over and back (Cluster). Tests start the servers
 // themselves (see Main), so nothing but the PostgreSQL server programs has to
 // be installed.
 //
