@@ -19,9 +19,10 @@ const identitySQL = "select s.system_identifier::text, " + timelineSQL + ", " + 
 	" from pg_control_system() s"
 
 // timelineSQL is the timeline the server writes WAL on, the first eight hex digits of
-// the current WAL file's name, NULL on a standby. pg_control_checkpoint() would show the
-// previous timeline until the first checkpoint after a promotion (TestReconcileAfterFailover
-// measures it), so an xid assigned meanwhile would be filed under the wrong history.
+// the current WAL file's name, NULL on a standby. pg_control_checkpoint() shows the
+// previous timeline until the first checkpoint after a promotion, which PostgreSQL 15 only
+// requests after writing its end-of-recovery record (xlog.c, PerformRecoveryXLogAction),
+// so an xid assigned meanwhile would be filed under the wrong history.
 const timelineSQL = "case when pg_is_in_recovery() then null else " +
 	"('x' || substr(pg_walfile_name(pg_current_wal_lsn()), 1, 8))::bit(32)::bigint::text end"
 
