@@ -108,3 +108,73 @@ func TestRealCommittedLocallyLocalized(t *testing.T) {
 		}
 	}
 }
+
+// TestRealCommittedLocallyOtherDatabaseEncoding: in a LATIN1 database the server
+// translates into the database encoding and converts to the client encoding, so with
+// client_encoding = UTF8 (which pgx requires for its own text handling, and which a UTF-8
+// database gives by default) the client sees the same German text as in a UTF-8 database.
+// A language the database encoding cannot represent arrives as question marks and is
+// not recognised: the fact is lost, never invented.
+func TestRealCommittedLocallyOtherDatabaseEncoding(t *testing.T) {
+	requireLocales(t, testLocales)
+	ctx := realCtx(t)
+	if err := srv.Exec(ctx, "drop database if exists real_latin1"); err != nil {
+		t.Fatal(err)
+	}
+	if err := srv.Exec(ctx, "create database real_latin1 encoding 'LATIN1' template template0"); err != nil {
+		t.Fatal(err)
+	}
+	cfg, err := pgx.ParseConfig(srv.ConnString())
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.Database = "real_latin1"
+	admin, err := pgx.ConnectConfig(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer admin.Close(ctx)
+	if _, err := admin.Exec(ctx, "create table t (id int primary key)"); err != nil {
+		t.Fatal(err)
+	}
+	for id, tc := range []struct {
+		locale     string
+		recognised bool
+	}{{"de_DE.UTF-8", true}, {"ja_JP.UTF-8", false}} {
+		t.Run(tc.locale, func(t *testing.T) {
+			c := realConnect(t, ctx, srv.ConnString(), func(cfg *pgx.ConnConfig) {
+				cfg.Database = "real_latin1"
+				cfg.RuntimeParams["lc_messages"] = tc.locale
+				cfg.RuntimeParams["client_encoding"] = "UTF8"
+			})
+			pid := c.PgConn().PID()
+			tx, xid := beginInsert(t, ctx, c, "t", id, syncRepOn)
+			done := commitAsync(ctx, tx)
+			if err := srv.WaitForWaitEvent(ctx, pid, "SyncRep"); err != nil {
+				t.Fatal(err)
+			}
+			if err := srv.Cancel(ctx, pid); err != nil {
+				t.Fatal(err)
+			}
+			err := awaitCommit(t, ctx, done)
+			logErr(t, "tx.Commit", err)
+			logNotices(t, c)
+			var seen bool
+			for _, n := range c.Notices() {
+				if n.Code == classifier.SQLStateWarning && n.SeverityUnlocalized == "WARNING" {
+					seen = true
+					if got := classifier.CommittedLocallyNotice(n); got != tc.recognised {
+						t.Errorf("CommittedLocallyNotice(detail %q) = %v, want %v", n.Detail, got, tc.recognised)
+					}
+				}
+			}
+			if !seen {
+				t.Fatal("no WARNING 01000 notice")
+			}
+			waitBackendSettled(t, ctx, pid)
+			if st, _, err := srv.XactStatus(ctx, xid); err != nil || st != "committed" {
+				t.Errorf("pg_xact_status(%d) = %q, %v; want committed", xid, st, err)
+			}
+		})
+	}
+}

@@ -17,8 +17,10 @@ import (
 //     but might not have been replicated to the standby.", because 01000 is the code of
 //     every plain WARNING, a trigger's RAISE WARNING included. The detail is recognised in
 //     every language of PostgreSQL 15's message catalogs (lc_messages), whose
-//     translations go generate extracts into a table; the server converts them to the
-//     client encoding, which pgx sets to UTF-8.
+//     translations go generate extracts into a table, when the client encoding is UTF8
+//     (pgx needs it for its own text handling; a UTF-8 database gives it by default). A
+//     language the database encoding cannot represent arrives as question marks: the
+//     fact is then lost, never invented.
 func CommittedLocallyNotice(n *pgconn.Notice) bool {
 	if n == nil {
 		return false
