@@ -1,6 +1,7 @@
 package classifier_test
 
 import (
+	"context"
 	"os/exec"
 	"strings"
 	"testing"
@@ -45,6 +46,26 @@ func requireLocales(t *testing.T, locales []string) {
 	}
 }
 
+// commitEndedInSyncRep inserts id into table on c and commits with synchronous_commit =
+// on, then ends the synchronous-replication wait with signal (srv.Cancel or srv.Terminate)
+// and returns the transaction's xid once COMMIT returned.
+func commitEndedInSyncRep(t *testing.T, ctx context.Context, c *noticeConn, table string, id int,
+	signal func(context.Context, uint32) error) uint64 {
+	t.Helper()
+	pid := c.PgConn().PID()
+	tx, xid := beginInsert(t, ctx, c, table, id, syncRepOn)
+	done := commitAsync(ctx, tx)
+	if err := srv.WaitForWaitEvent(ctx, pid, "SyncRep"); err != nil {
+		t.Fatal(err)
+	}
+	if err := signal(ctx, pid); err != nil {
+		t.Fatal(err)
+	}
+	logErr(t, "tx.Commit", awaitCommit(t, ctx, done))
+	logNotices(t, c)
+	return xid
+}
+
 // TestRealCommittedLocallyLocalized ends a COMMIT's synchronous-replication wait with a
 // cancel request (WARNING 01000) and with a backend termination (WARNING 57P01) in
 // sessions whose lc_messages is another language: the server sends the translated
@@ -61,25 +82,11 @@ func TestRealCommittedLocallyLocalized(t *testing.T) {
 					cfg.RuntimeParams["lc_messages"] = loc
 				})
 				pid := c.PgConn().PID()
-				tx, xid := beginInsert(t, ctx, c, table, 1, syncRepOn)
-				done := commitAsync(ctx, tx)
-				if err := srv.WaitForWaitEvent(ctx, pid, "SyncRep"); err != nil {
-					t.Fatal(err)
+				code, english, signal := classifier.SQLStateWarning, englishCanceled, srv.Cancel
+				if end == "terminate 57P01" {
+					code, english, signal = classifier.SQLStateAdminShutdown, englishShutdown, srv.Terminate
 				}
-				code, english := classifier.SQLStateWarning, englishCanceled
-				if end == "cancel 01000" {
-					if err := srv.Cancel(ctx, pid); err != nil {
-						t.Fatal(err)
-					}
-				} else {
-					code, english = classifier.SQLStateAdminShutdown, englishShutdown
-					if err := srv.Terminate(ctx, pid); err != nil {
-						t.Fatal(err)
-					}
-				}
-				err := awaitCommit(t, ctx, done)
-				logErr(t, "tx.Commit", err)
-				logNotices(t, c)
+				xid := commitEndedInSyncRep(t, ctx, c, table, 1, signal)
 				var seen bool
 				for _, n := range c.Notices() {
 					if n.Code != code || n.SeverityUnlocalized != "WARNING" {
@@ -148,17 +155,7 @@ func TestRealCommittedLocallyOtherDatabaseEncoding(t *testing.T) {
 				cfg.RuntimeParams["client_encoding"] = "UTF8"
 			})
 			pid := c.PgConn().PID()
-			tx, xid := beginInsert(t, ctx, c, "t", id, syncRepOn)
-			done := commitAsync(ctx, tx)
-			if err := srv.WaitForWaitEvent(ctx, pid, "SyncRep"); err != nil {
-				t.Fatal(err)
-			}
-			if err := srv.Cancel(ctx, pid); err != nil {
-				t.Fatal(err)
-			}
-			err := awaitCommit(t, ctx, done)
-			logErr(t, "tx.Commit", err)
-			logNotices(t, c)
+			xid := commitEndedInSyncRep(t, ctx, c, "t", id, srv.Cancel)
 			var seen bool
 			for _, n := range c.Notices() {
 				if n.Code == classifier.SQLStateWarning && n.SeverityUnlocalized == "WARNING" {
