@@ -18,8 +18,16 @@ import (
 // restart, the same xid may name another transaction. It also calls the function
 // captureSQL calls, so that capture is only attempted where that call cannot fail for
 // want of a privilege: an ERROR there would abort the transaction being committed.
-const identitySQL = "select s.system_identifier::text, c.timeline_id::text, " + serverStartSQL +
-	", pg_current_xact_id_if_assigned()::text from pg_control_system() s, pg_control_checkpoint() c"
+const identitySQL = "select s.system_identifier::text, " + timelineSQL + ", " + serverStartSQL +
+	", pg_current_xact_id_if_assigned()::text from pg_control_system() s"
+
+// timelineSQL is the timeline the server writes WAL on, the first eight hex digits of
+// the current WAL file's name, NULL on a standby. pg_control_checkpoint() shows the
+// previous timeline until the first checkpoint after a promotion, which PostgreSQL 15 only
+// requests after writing its end-of-recovery record (xlog.c, PerformRecoveryXLogAction),
+// so an xid assigned meanwhile would be filed under the wrong history.
+const timelineSQL = "case when pg_is_in_recovery() then null else " +
+	"('x' || substr(pg_walfile_name(pg_current_wal_lsn()), 1, 8))::bit(32)::bigint::text end"
 
 // serverStartSQL is pg_postmaster_start_time() in microseconds since the Unix epoch.
 const serverStartSQL = "(extract(epoch from pg_postmaster_start_time()) * 1000000)::bigint::text"
@@ -50,6 +58,9 @@ func readIdentity(ctx context.Context, pg *pgconn.PgConn, st *connState) error {
 		return errors.New("otelpgxtx: reading the cluster identity: unexpected result shape")
 	}
 	row := results[0].Rows[0]
+	if row[1] == nil {
+		return errors.New("otelpgxtx: reading the cluster identity: the server is a standby; no reconciliation references on this connection")
+	}
 	sys, err1 := strconv.ParseUint(string(row[0]), 10, 64)
 	tli, err2 := strconv.ParseUint(string(row[1]), 10, 32)
 	start, err3 := strconv.ParseInt(string(row[2]), 10, 64)
