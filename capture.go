@@ -10,6 +10,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"go.opentelemetry.io/otel"
 
+	"github.com/txevidence/otelpgxtx/classifier"
 	"github.com/txevidence/otelpgxtx/outcome"
 )
 
@@ -34,7 +35,9 @@ const serverStartSQL = "(extract(epoch from pg_postmaster_start_time()) * 100000
 
 // captureSQL reads the transaction's xid without assigning one: NULL means the
 // transaction wrote nothing, so its commit changes nothing.
-const captureSQL = "select pg_current_xact_id_if_assigned()::text"
+const captureSQL = "select " + captureXIDExpr
+
+const captureXIDExpr = "pg_current_xact_id_if_assigned()::text"
 
 // readIdentity reads the cluster identity into st, once per connection. It goes through
 // pgconn directly: it is the instrumentation's own query, not the application's, and
@@ -126,17 +129,25 @@ var cancelledCtx = func() context.Context {
 type commitResult struct {
 	err         error
 	rollbackTag bool
-	ref         *outcome.ReconciliationRef
+	// endedBeforeCommit: the server answered the xid read with a FATAL. It executes the
+	// pipeline's messages in order and reads nothing after a FATAL, so COMMIT never ran.
+	endedBeforeCommit bool
+	ref               *outcome.ReconciliationRef
 }
 
 // commitWithCapture sends the xid read, a Sync, COMMIT and a Sync in one write: one
 // network round trip, as plain COMMIT takes. The Sync makes the server flush the xid
 // before it starts committing, so the reference arrives even if the commit never
-// answers. The caller has read the identity (see identityKnown).
-func commitWithCapture(ctx context.Context, pg *pgconn.PgConn, st *connState, commitSQL string) commitResult {
+// answers. With a marker table (quoted), the marker insert of id takes the xid read's
+// place and returns the xid. The caller has read the identity (see identityKnown).
+func commitWithCapture(ctx context.Context, pg *pgconn.PgConn, st *connState, commitSQL, marker string, id outcome.OperationID) commitResult {
 	var res commitResult
 	p := pg.StartPipeline(ctx)
-	p.SendQueryParams(captureSQL, nil, nil, nil, nil)
+	if marker != "" {
+		p.SendQueryParams(markerSQL(marker), [][]byte{[]byte(id.String())}, nil, nil, nil)
+	} else {
+		p.SendQueryParams(captureSQL, nil, nil, nil, nil)
+	}
 	p.SendPipelineSync()
 	p.SendQueryParams(commitSQL, nil, nil, nil, nil)
 	p.SendPipelineSync()
@@ -144,7 +155,8 @@ func commitWithCapture(ctx context.Context, pg *pgconn.PgConn, st *connState, co
 		res.err = err
 		return res
 	}
-	xid, xidOK, err := readXID(p)
+	xid, xidOK, srvErr, err := readXID(p)
+	res.endedBeforeCommit = classifier.IsFatal(err)
 	if err == nil {
 		err = expectSync(p)
 	}
@@ -164,49 +176,60 @@ func commitWithCapture(ctx context.Context, pg *pgconn.PgConn, st *connState, co
 			err = expectSync(p)
 		}
 	}
+	if err == nil && res.rollbackTag && marker != "" && srvErr != nil {
+		// The marker insert failed and aborted the transaction: that is the cause.
+		err = fmt.Errorf("otelpgxtx: inserting the commit marker: %w", srvErr)
+	}
 	res.err = err
 	if cerr := p.Close(); cerr != nil && res.err == nil {
 		res.err = cerr
 	}
-	if xidOK {
+	if xidOK || marker != "" {
 		ref := outcome.ReconciliationRef{XID: xid, SystemIdentifier: st.systemID, Timeline: st.timeline, ServerStart: st.serverStart}
+		if marker != "" {
+			ref.MarkerTable, ref.Operation = marker, id
+		}
 		res.ref = &ref
 	}
 	return res
 }
 
-// readXID reads the first pipeline result, the xid. A server error there (an aborted
-// transaction answers 25P02) is not the commit's error: the server skips to the Sync and
-// then answers COMMIT with ROLLBACK.
-func readXID(p *pgconn.Pipeline) (xid uint64, ok bool, err error) {
+// readXID reads the first pipeline result, the xid. A server ERROR there (srvErr: an
+// aborted transaction answers 25P02) is not the commit's error: the server skips to the
+// Sync and then answers COMMIT with ROLLBACK. A FATAL is: the session ended there.
+func readXID(p *pgconn.Pipeline) (xid uint64, ok bool, srvErr, err error) {
 	r, err := p.GetResults()
 	if err != nil {
-		var pgErr *pgconn.PgError
-		if errors.As(err, &pgErr) {
-			return 0, false, nil
+		if isServerError(err) {
+			return 0, false, err, nil
 		}
-		return 0, false, err
+		return 0, false, nil, err
 	}
 	rr, isReader := r.(*pgconn.ResultReader)
 	if !isReader {
-		return 0, false, fmt.Errorf("otelpgxtx: unexpected pipeline result %T for the xid", r)
+		return 0, false, nil, fmt.Errorf("otelpgxtx: unexpected pipeline result %T for the xid", r)
 	}
 	rows := rr.Read()
 	if rows.Err != nil {
-		var pgErr *pgconn.PgError
-		if errors.As(rows.Err, &pgErr) {
-			return 0, false, nil
+		if isServerError(rows.Err) {
+			return 0, false, rows.Err, nil
 		}
-		return 0, false, rows.Err
+		return 0, false, nil, rows.Err
 	}
 	if len(rows.Rows) != 1 || len(rows.Rows[0]) != 1 {
-		return 0, false, nil
+		return 0, false, nil, nil
 	}
 	if v := rows.Rows[0][0]; v != nil {
 		n, perr := strconv.ParseUint(string(v), 10, 64)
-		return n, perr == nil, nil
+		return n, perr == nil, nil, nil
 	}
-	return 0, true, nil // NULL: no xid, the transaction wrote nothing
+	return 0, true, nil, nil // NULL: no xid, the transaction wrote nothing
+}
+
+// isServerError reports a server error that leaves the session alive.
+func isServerError(err error) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) && !classifier.IsFatal(err)
 }
 
 func expectSync(p *pgconn.Pipeline) error {

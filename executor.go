@@ -444,9 +444,14 @@ func commit(ctx context.Context, sc *scope, tx pgx.Tx, held heldConn, p Policy, 
 	st.committing = true // no hook marks this COMMIT in flight
 	if f != nil {
 		f.transition(outcome.PhaseCommitting) // before COMMIT reaches the driver
+		st.armCommit(f)
 	}
 	st.mu.Unlock()
-	cr := commitWithCapture(ctx, pg, st, commitSQLOf(opts))
+	var marker string
+	if p.CommitMarker != nil {
+		marker, _ = outcome.QuoteMarkerTable(p.CommitMarker...) // validated with the policy
+	}
+	cr := commitWithCapture(ctx, pg, st, commitSQLOf(opts), marker, sc.id)
 	if cr.err != nil && !pg.IsClosed() && pg.TxStatus() != 'I' {
 		// pgx closes a connection whose failed COMMIT left it in a transaction; so do we.
 		_ = held.conn.Close(context.WithoutCancel(ctx))
@@ -455,11 +460,13 @@ func commit(ctx context.Context, sc *scope, tx pgx.Tx, held heldConn, p Policy, 
 	st.mu.Lock()
 	defer st.mu.Unlock()
 	st.committing = false
-	facts := classifier.Facts{RollbackTag: cr.rollbackTag}
+	facts := classifier.Facts{RollbackTag: cr.rollbackTag, ConnClosed: pg.IsClosed()}
 	if f != nil {
 		f.ref = cr.ref
 		facts.CommittedLocally = f.committedLocally
+		st.commitFacts(f, &facts)
 	}
+	facts.SessionEndedBeforeCommit = facts.SessionEndedBeforeCommit || cr.endedBeforeCommit
 	v := classifier.Classify(outcome.PhaseCommitting, cr.err, facts)
 	if f != nil {
 		f.finish(st, v)

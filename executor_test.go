@@ -292,37 +292,28 @@ func TestRunIndeterminateNeverRetried(t *testing.T) {
 	}
 }
 
-// TestRunIndeterminateIdleTermination: the backend is terminated while the transaction
-// is idle; COMMIT is then written to a dead connection. The client cannot know, so the
-// outcome is indeterminate; with the connection already gone no xid could be read in
-// COMMIT's round trip, so reconciliation honestly stays unknown. The ground truth is
-// aborted.
-func TestRunIndeterminateIdleTermination(t *testing.T) {
+// TestRunIdleTermination: the backend is terminated while the transaction is idle; its
+// FATAL waits in the socket before COMMIT is written, so the commit provably never ran:
+// a retryable rollback (session_ended_before_commit), not an indeterminate outcome. The
+// ground truth is aborted.
+func TestRunIdleTermination(t *testing.T) {
 	ctx := testCtx(t)
 	h := newHarness(t, "", 2)
 	table := newTable(t, ctx)
-	res := Run(ctx, h.pool, DefaultPolicy(), func(ctx context.Context, tx pgx.Tx) (int, error) {
+	p := DefaultPolicy()
+	p.MaxAttempts = 1
+	res := Run(ctx, h.pool, p, func(ctx context.Context, tx pgx.Tx) (int, error) {
 		if _, err := insertFn(table, 1)(ctx, tx); err != nil {
 			return 0, err
 		}
-		pid := tx.Conn().PgConn().PID()
-		if err := srv.Terminate(ctx, pid); err != nil {
-			return 0, err
-		}
-		return 1, srv.WaitBackendGone(ctx, pid)
+		terminateIdle(t, ctx, tx.Conn())
+		return 1, nil
 	})
-	ind, ok := res.(outcome.Indeterminate[int])
-	if !ok {
+	rb, ok := res.(outcome.DeterminateRollback[int])
+	if !ok || !rb.Retryable() || rb.Phase() != outcome.PhaseCommitting {
 		t.Fatalf("result = %T %+v", res, res)
 	}
-	rec, err := NewReconciler(h.pool)
-	if err != nil {
-		t.Fatal(err)
-	}
-	got, err := Reconcile(ctx, rec, ind)
-	if err != nil || got.Resolved() != ResolvedUnknown || got.Reason() != UnknownNoReference {
-		t.Fatalf("reconciled %v (%s), %v", got.Resolved(), got.Reason(), err)
-	}
+	wantAttr(t, onlyFrame(t, h), "error.type", "session_ended_before_commit")
 	if rowExists(t, ctx, table, 1) {
 		t.Fatal("row present")
 	}

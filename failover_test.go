@@ -272,10 +272,11 @@ func TestReconcilerAsOrdinaryRole(t *testing.T) {
 	defer conn.Close(ctx)
 	var xid uint64
 	var sys, tli, start string
+	var assigned *string
 	if err := conn.QueryRow(ctx, "select pg_current_xact_id()::text::bigint").Scan(&xid); err != nil {
 		t.Fatal(err)
 	}
-	if err := conn.QueryRow(ctx, identitySQL).Scan(&sys, &tli, &start); err != nil {
+	if err := conn.QueryRow(ctx, identitySQL).Scan(&sys, &tli, &start, &assigned); err != nil {
 		t.Fatalf("identity read as an ordinary role: %v", err)
 	}
 	ref, err := outcome.ParseReconciliationRef(fmt.Sprintf("pg:%s/%s/%d/%s", sys, tli, xid, start))
@@ -322,6 +323,9 @@ func TestIdentityOnStandby(t *testing.T) {
 		}
 		conn, err := pgx.ConnectConfig(ctx, cfg)
 		if err != nil {
+			t.Fatalf("%s: %v", tc.name, err)
+		}
+		if err := prepareCapture(ctx, conn); err != nil { // what Run does before BEGIN
 			t.Fatalf("%s: %v", tc.name, err)
 		}
 		st := connStateOf(conn)

@@ -46,11 +46,13 @@ type frame struct {
 	committingAt     time.Time
 	doneAt           time.Time
 	committedLocally bool
-	firstErr         classifier.Verdict // the first statement failure, if any
-	hasErr           bool
-	verdict          classifier.Verdict // the final verdict, once done
-	isolation        string
-	accessMode       string
+	// endedBeforeCommit: the server had sent a FATAL before COMMIT was written.
+	endedBeforeCommit bool
+	firstErr          classifier.Verdict // the first statement failure, if any
+	hasErr            bool
+	verdict           classifier.Verdict // the final verdict, once done
+	isolation         string
+	accessMode        string
 
 	// Set by the executor.
 	managed     bool  // the executor ends the span, after post-commit work
@@ -100,6 +102,8 @@ type connState struct {
 	// committing is set while Run's COMMIT is in flight through pgconn, where no hook
 	// marks the connection busy.
 	committing bool
+	// nc is the connection's net.Conn wrapper, nil where pgconn uses another.
+	nc *netConn
 }
 
 // queryState is what a statement's start hands to its end.
@@ -138,6 +142,7 @@ func stateOf(pg *pgconn.PgConn) *connState {
 		data[stateKey] = st
 		if nc, ok := pg.Conn().(*netConn); ok {
 			nc.st.Store(st)
+			st.nc = nc
 		}
 	}
 	return st
@@ -148,6 +153,21 @@ func connStateOf(conn *pgx.Conn) *connState {
 		return nil
 	}
 	return stateOf(conn.PgConn())
+}
+
+// armCommit marks the position before a COMMIT of f is handed over (see netConn).
+func (st *connState) armCommit(f *frame) {
+	if st.nc != nil {
+		f.endedBeforeCommit = st.nc.armCommit()
+	}
+}
+
+// commitFacts adds what the net.Conn saw of f's COMMIT to facts, and disarms it.
+func (st *connState) commitFacts(f *frame, facts *classifier.Facts) {
+	if st.nc != nil {
+		facts.CommitNotSent = st.nc.commitNotSent()
+	}
+	facts.SessionEndedBeforeCommit = f.endedBeforeCommit
 }
 
 func (st *connState) push(q queryState) { st.queries = append(st.queries, q) }

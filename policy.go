@@ -6,6 +6,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/txevidence/otelpgxtx/outcome"
 )
 
 // Propagation says how [Run] relates to a transaction already in its context.
@@ -59,6 +61,14 @@ type Policy struct {
 	// CaptureReference reads the transaction's xid in the same network round trip as
 	// its COMMIT, so that an indeterminate outcome carries a reconciliation reference.
 	CaptureReference bool
+	// CommitMarker, if set, names a commit-marker table (create it with
+	// [MarkerTableDDL]): Run inserts the operation id into it in the same write as COMMIT
+	// (no extra round trip; the insert's RETURNING replaces the xid read), so that an
+	// indeterminate commit's reference settles by a lookup that survives crash restarts,
+	// failovers and xid wraparound, even when the connection broke before the xid
+	// arrived. It needs CaptureReference. A marker insert that fails (no table, no
+	// privilege) rolls the transaction back, with that error as its cause.
+	CommitMarker pgx.Identifier
 }
 
 // DefaultPolicy returns Required, the server's isolation level, 3 attempts, backoff
@@ -90,6 +100,13 @@ func (p Policy) validate() error {
 		return invalid("MaxAttempts is %d; it must be at least 1", p.MaxAttempts)
 	case p.BackoffBase < 0 || p.BackoffMax < 0:
 		return invalid("negative backoff")
+	case p.CommitMarker != nil && !p.CaptureReference:
+		return invalid("CommitMarker needs CaptureReference")
+	}
+	if p.CommitMarker != nil {
+		if _, err := outcome.QuoteMarkerTable(p.CommitMarker...); err != nil {
+			return invalid("CommitMarker: %v", err)
+		}
 	}
 	for _, ok := range []bool{
 		p.IsoLevel == "" || p.IsoLevel == pgx.Serializable || p.IsoLevel == pgx.RepeatableRead || p.IsoLevel == pgx.ReadCommitted || p.IsoLevel == pgx.ReadUncommitted,

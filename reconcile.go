@@ -138,6 +138,14 @@ func (r *Reconciler) resolve(ctx context.Context, ref outcome.ReconciliationRef,
 			res.resolved = ResolvedNoWrites
 			return res, nil
 		}
+		if ref.HasMarker() {
+			var err error
+			res.resolved, res.reason, err = r.resolveMarker(ctx, ref.MarkerTable, ref.Operation)
+			if err != nil {
+				err = fmt.Errorf("otelpgxtx: reconciling %s: %w", ref, err)
+			}
+			return res, err
+		}
 		deadline := time.Now().Add(r.wait)
 		for {
 			v, err := r.query(ctx, ref.XID)

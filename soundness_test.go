@@ -39,6 +39,7 @@ import (
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/txevidence/otelpgxtx/classifier"
 	"github.com/txevidence/otelpgxtx/outcome"
 	"github.com/txevidence/otelpgxtx/pgtest"
 )
@@ -142,6 +143,7 @@ type soakOp struct {
 	pause          bool // think time before COMMIT: idle in transaction
 	postCommitFail bool // Run: a post-commit hook fails
 	participant    bool // Run: a Required call joins and inserts a second row
+	marker         bool // Run: with the commit marker (Policy.CommitMarker)
 
 	// Plain pgx: what the caller saw.
 	failedAt  string // "", "begin", "statement"
@@ -373,6 +375,13 @@ func newSoak(t *testing.T, ctx context.Context, cfg soakConfig, cluster *pgtest.
 	if cluster != nil {
 		first, connString = cluster.Primary(), cluster.ConnString()
 	}
+	markerDDL, err := MarkerTableDDL(soakMarker)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := first.Exec(ctx, "drop table if exists soak_marker; "+markerDDL); err != nil {
+		t.Fatal(err)
+	}
 	if err := first.Exec(ctx, `drop table if exists soak_rows, soak_shared;
 		create table soak_rows (id bigint primary key, k bigint unique deferrable initially deferred, op text not null, path text not null);
 		create table soak_shared (id int primary key, v bigint not null);
@@ -380,7 +389,6 @@ func newSoak(t *testing.T, ctx context.Context, cfg soakConfig, cluster *pgtest.
 		insert into soak_rows values (0, 0, 'seed', 'seed')`); err != nil {
 		t.Fatal(err)
 	}
-	var err error
 	s.proxy, err = pgtest.NewProxy(fmt.Sprintf("%s:%d", first.Host(), first.Port()))
 	if err != nil {
 		t.Fatal(err)
@@ -474,7 +482,29 @@ func (s *soak) plan(op *soakOp, id int64, rng *rand.Rand) {
 	if op.run {
 		op.postCommitFail = rng.IntN(100) < 5
 		op.participant = rng.IntN(100) < 8
+		op.marker = rng.IntN(2) == 0
 	}
+}
+
+// soakMarker is the soak's commit-marker table.
+var soakMarker = pgx.Identifier{"soak_marker"}
+
+// mode is how an operation's indeterminate outcome can be settled: plain pgx frames have
+// no reference, Run's carry an xid, and with the marker its row too.
+func (o *soakOp) mode() string {
+	switch {
+	case !o.run:
+		return "pgx"
+	case o.marker:
+		return "run, xid + marker"
+	}
+	return "run, xid only"
+}
+
+// soakAtSource reports an error.type the tracer gives a COMMIT it proved never executed.
+func soakAtSource(errType string) bool {
+	return errType == classifier.ReasonCommitNotSent || errType == classifier.ReasonSessionEndedBeforeCommit ||
+		errType == classifier.ReasonIdleInTransactionTimeout
 }
 
 func (s *soak) pool(op *soakOp) *pgxpool.Pool {
@@ -616,6 +646,9 @@ func (s *soak) runPlain(ctx context.Context, op *soakOp, rng *rand.Rand) {
 func (s *soak) runWithRun(ctx context.Context, op *soakOp, rng *rand.Rand) {
 	p := DefaultPolicy()
 	p.BackoffBase, p.BackoffMax = time.Millisecond, 20*time.Millisecond
+	if op.marker {
+		p.CommitMarker = soakMarker
+	}
 	if op.serial {
 		p.IsoLevel = pgx.Serializable
 	}
@@ -1036,8 +1069,10 @@ func (s *soak) check(ctx context.Context, workload, total time.Duration) {
 
 	frameOutcomes := map[soakPathKey]int{}
 	resultOutcomes := map[soakPathKey]int{}
-	indetTruth := map[string]int{} // "pgx present" ...
-	lost := map[string]int{}       // committed locally, lost in a failover, by path
+	indetTruth := map[string]int{}  // "pgx present" ...
+	lost := map[string]int{}        // committed locally, lost in a failover, by path
+	atSource := map[string]int{}    // frames made determinate at the source, by mode
+	indetFrames := map[string]int{} // indeterminate frames, by mode
 	opOfFrame := map[*soakFrame]*soakOp{}
 
 	for i := range ops {
@@ -1049,6 +1084,16 @@ func (s *soak) check(ctx context.Context, workload, total time.Duration) {
 		for _, f := range fs {
 			opOfFrame[f] = op
 			frameOutcomes[soakPathKey{op.path(), f.outcome}]++
+			if soakAtSource(f.errType) {
+				// Checked below like every rolled_back frame: its row must be absent.
+				atSource[op.mode()]++
+				if f.outcome != "rolled_back" {
+					fail(op.id, "frame %s has error.type %s but tx.outcome %s", f.op, f.errType, f.outcome)
+				}
+			}
+			if f.outcome == "indeterminate" {
+				indetFrames[op.mode()]++
+			}
 			here := present && row == f.op
 			known = known || here
 			switch f.outcome {
@@ -1116,12 +1161,14 @@ func (s *soak) check(ctx context.Context, workload, total time.Duration) {
 		t.Fatal(err)
 	}
 	reconciled := map[string]int{}
+	indetResults, settled := map[string]int{}, map[string]int{}
 	for i := range ops {
 		op := &ops[i]
 		ind, ok := op.res.(outcome.Indeterminate[int64])
 		if !ok {
 			continue
 		}
+		indetResults[op.mode()]++
 		got, err := Reconcile(ctx, rec, ind)
 		if err != nil {
 			fail(op.id, "Reconcile: %v", err)
@@ -1129,7 +1176,10 @@ func (s *soak) check(ctx context.Context, workload, total time.Duration) {
 		}
 		row, present := rows[op.id]
 		here := present && row == ind.OperationID().String()
-		reconciled[soakResolutionLabel(got)]++
+		reconciled[op.mode()+": "+soakResolutionLabel(got)]++
+		if got.Resolved() != ResolvedUnknown {
+			settled[op.mode()]++
+		}
 		if msg := soakResolutionContradicts(got, here); msg != "" {
 			fail(op.id, "Reconcile of an indeterminate Run result: %s [%s]", msg, op.describe())
 		}
@@ -1220,6 +1270,20 @@ func (s *soak) check(ctx context.Context, workload, total time.Duration) {
 		fmt.Fprintf(tw, "  %s\t%d\t\n", k, reconciled[k])
 	}
 	tw.Flush()
+	fmt.Fprintln(&b, "\nsettled, by mode: indeterminate frames; made determinate at the source (each checked against the table);")
+	fmt.Fprintln(&b, "indeterminate results; settled by Reconcile; settled of all that would have been indeterminate:")
+	for _, m := range []string{"pgx", "run, xid only", "run, xid + marker"} {
+		would := atSource[m] + indetResults[m]
+		if m == "pgx" {
+			would = atSource[m] + indetFrames[m]
+		}
+		pct := 0.0
+		if would > 0 {
+			pct = 100 * float64(atSource[m]+settled[m]) / float64(would)
+		}
+		fmt.Fprintf(tw, "  %s\t%d\t%d\t%d\t%d\t%.1f%%\t\n", m, indetFrames[m], atSource[m], indetResults[m], settled[m], pct)
+	}
+	tw.Flush()
 	fmt.Fprintln(&b, "\nResolve on every frame span's reference (outcome → resolution):")
 	for _, k := range slices.Sorted(maps.Keys(resolvedRefs)) {
 		fmt.Fprintf(tw, "  %s\t%d\t\n", k, resolvedRefs[k])
@@ -1294,7 +1358,7 @@ func (o *soakOp) describe() string {
 		name string
 	}{{o.syncRep, "syncrep"}, {o.control == soakCommitCancel, "cancellable"}, {o.control == soakCommitDeadline, "deadline"},
 		{o.dup, "dup"}, {o.serial, "serializable"}, {o.appRollback, "app-rollback"}, {o.pause, "pause"},
-		{o.postCommitFail, "post-commit-fail"}, {o.participant, "participant"}} {
+		{o.postCommitFail, "post-commit-fail"}, {o.participant, "participant"}, {o.marker, "marker"}} {
 		if f.on {
 			parts = append(parts, f.name)
 		}

@@ -170,6 +170,7 @@ func (t *Tracer) beginStatement(ctx context.Context, conn *pgx.Conn, st *connSta
 			f.transition(outcome.PhaseActive) // BEGIN and COMMIT in one string
 		}
 		f.transition(outcome.PhaseCommitting)
+		st.armCommit(f)
 	}
 	return f
 }
@@ -204,6 +205,7 @@ func (t *Tracer) endStatement(conn *pgx.Conn, st *connState, q *queryState, tag 
 		f.transition(outcome.PhaseActive)
 		t.activeStatement(st, f, q, err, facts, inTx)
 	case outcome.PhaseCommitting:
+		st.commitFacts(f, &facts)
 		f.finish(st, classifier.Classify(outcome.PhaseCommitting, err, facts))
 	case outcome.PhaseActive:
 		t.activeStatement(st, f, q, err, facts, inTx)

@@ -24,6 +24,12 @@ type Facts struct {
 	// ConnClosed: the connection was found closed after the failure. Before COMMIT was
 	// sent this means the session died, which a retry on a new connection can survive.
 	ConnClosed bool
+	// CommitNotSent: the write that carried COMMIT failed before the kernel accepted
+	// any of its bytes, so the server never read it.
+	CommitNotSent bool
+	// SessionEndedBeforeCommit: before COMMIT was written, the server had already sent
+	// a FATAL (or PANIC) error, after which it reads nothing more from the session.
+	SessionEndedBeforeCommit bool
 }
 
 // Reasons returned by [Verdict.Reason]. They are few and fixed so that they can be used
@@ -42,6 +48,14 @@ const (
 	ReasonCanceled             = "canceled"
 	ReasonDeadlineExceeded     = "deadline_exceeded"
 	ReasonApplicationError     = "application_error"
+	// ReasonCommitNotSent: COMMIT's bytes never left the process; the connection is gone.
+	ReasonCommitNotSent = "commit_not_sent"
+	// ReasonSessionEndedBeforeCommit: the server ended the session (FATAL) before COMMIT
+	// was written.
+	ReasonSessionEndedBeforeCommit = "session_ended_before_commit"
+	// ReasonIdleInTransactionTimeout: the server ended the session for
+	// idle_in_transaction_session_timeout, which it only does before reading COMMIT.
+	ReasonIdleInTransactionTimeout = "idle_in_transaction_timeout"
 )
 
 // SQLSTATE codes the classifier knows.
@@ -51,6 +65,9 @@ const (
 	SQLStateAdminShutdown        = "57P01"
 	SQLStateWarning              = "01000"
 	SQLStateNoActiveTransaction  = "25P01"
+	// SQLStateIdleInTransactionTimeout is idle_in_transaction_session_timeout's FATAL
+	// (57P05 is idle_session_timeout, sent only outside a transaction).
+	SQLStateIdleInTransactionTimeout = "25P03"
 )
 
 // Classify returns the evidence about a transaction's fate, given the phase it was in
@@ -88,6 +105,11 @@ func Classify(phase outcome.Phase, err error, f Facts) Verdict {
 }
 
 func classifyCommit(err error, f Facts) Verdict {
+	if err != nil && !f.CommittedLocally {
+		if v, ok := notCommitted(err, f); ok {
+			return v
+		}
+	}
 	if err == nil {
 		if f.RollbackTag {
 			return Verdict{evidence: EvidenceRolledBack, reason: ReasonCommitRollback}
@@ -103,6 +125,37 @@ func classifyCommit(err error, f Facts) Verdict {
 		return serverError(pgErr)
 	}
 	return unknown(err, f)
+}
+
+// notCommitted recognises a failed COMMIT the server provably never executed. Each rule
+// is shown against a real server in the otelpgxtx package's TestCommitNotExecuted.
+func notCommitted(err error, f Facts) (Verdict, bool) {
+	v := Verdict{evidence: EvidenceRolledBack, retryable: true}
+	if pgErr, ok := errors.AsType[*pgconn.PgError](err); ok {
+		v.sqlstate = pgErr.Code
+		// PostgreSQL arms this timeout only while waiting for a command in a transaction
+		// block, disarms it once a message is read and checks for it before executing
+		// that message (postgres.c PostgresMain, steps 4–5; ProcessInterrupts): its FATAL
+		// always precedes the COMMIT, which then never runs.
+		if pgErr.Code == SQLStateIdleInTransactionTimeout && isFatal(pgErr) {
+			v.reason = ReasonIdleInTransactionTimeout
+			return v, true
+		}
+	}
+	// The connection must be gone too: pgconn closes it when a write fails or a FATAL
+	// arrives, and a COMMIT refused locally (conn busy) left a transaction that could
+	// still be committed.
+	switch {
+	case !f.ConnClosed:
+		return Verdict{}, false
+	case f.CommitNotSent:
+		v.reason = ReasonCommitNotSent
+	case f.SessionEndedBeforeCommit:
+		v.reason = ReasonSessionEndedBeforeCommit
+	default:
+		return Verdict{}, false
+	}
+	return v, true
 }
 
 func unknown(err error, f Facts) Verdict {
@@ -149,6 +202,13 @@ func serverError(pgErr *pgconn.PgError) Verdict {
 		v.reason = ReasonConstraintViolation
 	}
 	return v
+}
+
+// IsFatal reports whether err is a server error of severity FATAL or PANIC, after which
+// the server ends the session.
+func IsFatal(err error) bool {
+	pgErr, ok := errors.AsType[*pgconn.PgError](err)
+	return ok && isFatal(pgErr)
 }
 
 // isFatal reads the unlocalized severity (PostgreSQL 9.6+), so that a server with

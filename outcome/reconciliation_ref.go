@@ -19,11 +19,18 @@ import (
 // epoch, 0 when unknown. PostgreSQL does not WAL-log xid assignment: after a crash
 // restart, an xid whose records had not reached the WAL is handed out again, so a
 // "committed" status found after a restart may belong to another transaction.
+//
+// MarkerTable and Operation are set when the transaction wrote its operation id into a
+// commit-marker table (the quoted name, see [QuoteMarkerTable]) in the same write as
+// COMMIT: its row exists in the surviving history exactly when the transaction committed
+// there. XID is then 0 when the xid never arrived.
 type ReconciliationRef struct {
 	XID              uint64
 	SystemIdentifier uint64
 	Timeline         uint32
 	ServerStart      int64
+	MarkerTable      string
+	Operation        OperationID
 }
 
 // NewReconciliationRef returns a reference, refusing a zero system identifier or timeline
@@ -45,19 +52,33 @@ func (r ReconciliationRef) Validate() error {
 	if r.Timeline == 0 {
 		return fmt.Errorf("outcome: malformed reconciliation reference %s: zero timeline", r)
 	}
+	if r.MarkerTable != "" || !r.Operation.IsZero() {
+		if r.Operation.IsZero() {
+			return fmt.Errorf("outcome: malformed reconciliation reference %s: a marker without an operation id", r)
+		}
+		return checkQuotedTable(r.MarkerTable)
+	}
 	return nil
 }
 
 // NoWrites reports whether the transaction had no xid when COMMIT was sent.
-func (r ReconciliationRef) NoWrites() bool { return r.XID == 0 }
+// A reference with a marker always wrote (the marker row).
+func (r ReconciliationRef) NoWrites() bool { return r.XID == 0 && r.MarkerTable == "" }
+
+// HasMarker reports whether the reference names a commit-marker row.
+func (r ReconciliationRef) HasMarker() bool { return r.MarkerTable != "" }
 
 // String returns "pg:<system identifier>/<timeline>/<xid8>/<server start>" (without the
-// last field when the start is unknown), the form [ParseReconciliationRef] reads.
+// last field when the start is unknown), followed by ";marker=<operation id>@<quoted
+// table>" with a marker, the form [ParseReconciliationRef] reads.
 func (r ReconciliationRef) String() string {
 	s := "pg:" + strconv.FormatUint(r.SystemIdentifier, 10) + "/" +
 		strconv.FormatUint(uint64(r.Timeline), 10) + "/" + strconv.FormatUint(r.XID, 10)
 	if r.ServerStart != 0 {
 		s += "/" + strconv.FormatInt(r.ServerStart, 10)
+	}
+	if r.MarkerTable != "" {
+		s += ";marker=" + r.Operation.String() + "@" + r.MarkerTable
 	}
 	return s
 }
@@ -65,6 +86,20 @@ func (r ReconciliationRef) String() string {
 // ParseReconciliationRef parses the form produced by [ReconciliationRef.String].
 func ParseReconciliationRef(s string) (ReconciliationRef, error) {
 	rest, ok := strings.CutPrefix(s, "pg:")
+	rest, marker, hasMarker := strings.Cut(rest, ";marker=")
+	var op OperationID
+	var table string
+	if hasMarker {
+		opText, t, found := strings.Cut(marker, "@")
+		var err error
+		if op, err = ParseOperationID(opText); err != nil || !found || op.IsZero() {
+			return ReconciliationRef{}, fmt.Errorf("outcome: malformed reconciliation reference %q: want ;marker=<operation id>@<quoted table>", s)
+		}
+		if err := checkQuotedTable(t); err != nil {
+			return ReconciliationRef{}, fmt.Errorf("outcome: malformed reconciliation reference: %w", err)
+		}
+		table = t
+	}
 	parts := strings.Split(rest, "/")
 	if !ok || len(parts) < 3 || len(parts) > 4 {
 		return ReconciliationRef{}, fmt.Errorf("outcome: malformed reconciliation reference %q: want pg:<system identifier>/<timeline>/<xid8>[/<server start>]", s)
@@ -84,6 +119,9 @@ func ParseReconciliationRef(s string) (ReconciliationRef, error) {
 		return ReconciliationRef{}, fmt.Errorf("outcome: malformed reconciliation reference %q: fields must be positive decimal numbers", s)
 	}
 	r, err := NewReconciliationRef(xid, sys, uint32(tli))
-	r.ServerStart = start
-	return r, err
+	if err != nil {
+		return ReconciliationRef{}, err
+	}
+	r.ServerStart, r.MarkerTable, r.Operation = start, table, op
+	return r, nil
 }

@@ -144,6 +144,22 @@ func (p *Proxy) CutAll() {
 	}
 }
 
+// ResetAll aborts every live connection now, as a firewall or load balancer that drops
+// a connection does: the client side with a TCP reset (SO_LINGER 0), so that the
+// client's next write fails without sending a byte; the server side with a close. Each
+// connection it aborts counts as one cut.
+func (p *Proxy) ResetAll() {
+	for _, pc := range p.live() {
+		pc.blocked.Store(true)
+		if tc, ok := pc.client.(*net.TCPConn); ok {
+			_ = tc.SetLinger(0)
+		}
+		if pc.close() {
+			p.cuts.Add(1)
+		}
+	}
+}
+
 // RoundTrips counts client-to-server round trips over all connections. Per
 // connection, a round trip is counted when data arrives from the client and
 // either it is the first client data on that connection or the proxy has

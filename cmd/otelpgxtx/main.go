@@ -1,11 +1,12 @@
 // Command otelpgxtx is the operator's tool for otelpgxtx. Its one subcommand, reconcile,
 // asks PostgreSQL what became of transactions whose commit outcome is indeterminate:
 //
-//	otelpgxtx reconcile [-dsn URL] [-wait 5s] [reference ...]
+//	otelpgxtx reconcile [-dsn URL] [-wait 5s] [-marker table] [reference ...]
 //
 // Each argument is a reconciliation reference (tx.reconciliation.ref, e.g.
 // pg:7713899101641277397/1/725/1796032293925689, from the span in the trace backend) or an
-// operation id (tx.operation_id). Without arguments it reads standard input, one per line:
+// operation id (tx.operation_id), which settles by itself with -marker, the commit-marker
+// table the application's Policy.CommitMarker names. Without arguments it reads standard input, one per line:
 // references, operation ids, or the JSON log records the library writes for each
 // indeterminate frame (slog's JSON handler; see otelpgxtx.WithLogger), so a log query can
 // be piped in as it is.
@@ -53,7 +54,7 @@ func main() {
 	os.Exit(code)
 }
 
-const usage = `usage: otelpgxtx reconcile [-dsn URL] [-wait duration] [reference|operation-id ...]
+const usage = `usage: otelpgxtx reconcile [-dsn URL] [-wait duration] [-marker table] [reference|operation-id ...]
 
 Without arguments, reads references, operation ids or the library's JSON log records from
 standard input, one per line. Exit status: 0 all settled, 1 some unknown, 2 bad input or
@@ -71,6 +72,7 @@ func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 	fs.Usage = func() { fmt.Fprint(stderr, usage); fs.PrintDefaults() }
 	dsn := fs.String("dsn", "", "the database to ask, a PostgreSQL URL or key=value string (default $DATABASE_URL, else the PG* variables)")
 	wait := fs.Duration("wait", 5*time.Second, "how long to wait for a transaction still in progress")
+	marker := fs.String("marker", "", "the commit-marker table (name or schema.name) that settles operation ids given without a reference")
 	if err := fs.Parse(args[1:]); err != nil {
 		return exitBad
 	}
@@ -127,15 +129,23 @@ func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 		fmt.Fprintln(stderr, "otelpgxtx reconcile:", err)
 		return exitBad
 	}
+	var markerTable pgx.Identifier
+	if *marker != "" {
+		markerTable = strings.Split(*marker, ".")
+	}
 	code := exitSettled
 	for _, it := range items {
 		res := otelpgxtx.Resolution{}
-		if it.hasRef {
+		switch {
+		case it.hasRef:
 			res, err = rec.Resolve(ctx, it.ref, it.link)
-			if err != nil {
-				fmt.Fprintln(stderr, "otelpgxtx reconcile:", redact(err.Error(), *dsn))
-				return exitBad
-			}
+		case markerTable != nil:
+			res, err = rec.ResolveMarker(ctx, markerTable, it.op, it.link)
+			it.byMarker = true
+		}
+		if err != nil {
+			fmt.Fprintln(stderr, "otelpgxtx reconcile:", redact(err.Error(), *dsn))
+			return exitBad
 		}
 		fmt.Fprintln(stdout, it.line(res))
 		if res.Resolved() == otelpgxtx.ResolvedUnknown {
@@ -149,8 +159,10 @@ func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 type item struct {
 	ref    outcome.ReconciliationRef
 	hasRef bool
-	op     outcome.OperationID
-	link   trace.SpanContext
+	// byMarker: settled by the -marker table alone.
+	byMarker bool
+	op       outcome.OperationID
+	link     trace.SpanContext
 }
 
 // line formats the answer for it.
@@ -164,7 +176,7 @@ func (it item) line(res otelpgxtx.Resolution) string {
 	}
 	b.WriteString("resolved=" + res.Resolved().String())
 	switch {
-	case !it.hasRef:
+	case !it.hasRef && !it.byMarker:
 		b.WriteString(" reason=" + otelpgxtx.UnknownNoReference)
 	case res.Reason() != "":
 		b.WriteString(" reason=" + res.Reason())

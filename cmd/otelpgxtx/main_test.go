@@ -216,3 +216,42 @@ func TestBuild(t *testing.T) {
 		t.Fatalf("otelpgxtx without a subcommand: %v, want exit 2", err)
 	}
 }
+
+// TestReconcileByMarker: with -marker, a bare operation id settles by the commit-marker
+// table: committed for an operation Run committed with the marker, aborted (and fenced)
+// for one that never committed.
+func TestReconcileByMarker(t *testing.T) {
+	pgtest.LeakCheck(t)
+	ctx := testCtx(t)
+	ddl, err := otelpgxtx.MarkerTableDDL(pgx.Identifier{"public", "cli_marker"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := srv.Exec(ctx, "drop table if exists cli_marker; "+ddl); err != nil {
+		t.Fatal(err)
+	}
+	cfg, err := pgxpool.ParseConfig(srv.ConnString())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := otelpgxtx.InstrumentPool(cfg); err != nil {
+		t.Fatal(err)
+	}
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	p := otelpgxtx.DefaultPolicy()
+	p.CommitMarker = pgx.Identifier{"public", "cli_marker"}
+	res := otelpgxtx.Run(ctx, pool, p, func(context.Context, pgx.Tx) (int, error) { return 1, nil })
+	if res.Outcome() != outcome.OutcomeCommitted {
+		t.Fatalf("result %T", res)
+	}
+	never := outcome.NewOperationID()
+	code, out, _ := cli(t, ctx, "", "reconcile", "-marker", "public.cli_marker", res.OperationID().String(), never.String())
+	want := fmt.Sprintf("operation=%s resolved=committed\noperation=%s resolved=aborted\n", res.OperationID(), never)
+	if code != exitSettled || out != want {
+		t.Errorf("exit %d, %q; want 0, %q", code, out, want)
+	}
+}

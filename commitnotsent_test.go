@@ -1,0 +1,212 @@
+package otelpgxtx
+
+import (
+	"context"
+	"errors"
+	"net"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/txevidence/otelpgxtx/classifier"
+	"github.com/txevidence/otelpgxtx/outcome"
+)
+
+// commitFault kills a transaction's session the way a real fault does, while the
+// transaction on conn sits idle before COMMIT, and returns once the client's socket
+// holds the evidence (the FATAL, or the reset).
+type commitFault func(t *testing.T, ctx context.Context, conn *pgx.Conn)
+
+// terminateIdle terminates the backend (pg_terminate_backend: FATAL 57P01) and waits
+// for it to exit; the backend sends its FATAL before it exits.
+func terminateIdle(t *testing.T, ctx context.Context, conn *pgx.Conn) {
+	t.Helper()
+	pid := conn.PgConn().PID()
+	if err := srv.Terminate(ctx, pid); err != nil {
+		t.Fatal(err)
+	}
+	if err := srv.WaitBackendGone(ctx, pid); err != nil {
+		t.Fatal(err)
+	}
+	waitSocket(t, ctx, conn, func(n int, err error) bool { return n > 0 })
+}
+
+// idleTimeout lets idle_in_transaction_session_timeout end the session (FATAL 25P03).
+func idleTimeout(t *testing.T, ctx context.Context, conn *pgx.Conn) {
+	t.Helper()
+	pid := conn.PgConn().PID()
+	if _, err := conn.Exec(ctx, "set local idle_in_transaction_session_timeout = '20ms'"); err != nil {
+		t.Fatal(err)
+	}
+	if err := srv.WaitBackendGone(ctx, pid); err != nil {
+		t.Fatal(err)
+	}
+	waitSocket(t, ctx, conn, func(n int, err error) bool { return n > 0 })
+}
+
+// resetBy returns a fault that has proxy reset the connection (a TCP RST to the client).
+func resetBy(proxyReset func()) commitFault {
+	return func(t *testing.T, ctx context.Context, conn *pgx.Conn) {
+		t.Helper()
+		proxyReset()
+		waitSocket(t, ctx, conn, func(n int, err error) bool { return errors.Is(err, syscall.ECONNRESET) })
+	}
+}
+
+// waitSocket polls the connection's socket without consuming data until done says what
+// it shows (a peek of waiting bytes, or the pending error) is there.
+func waitSocket(t *testing.T, ctx context.Context, conn *pgx.Conn, done func(n int, err error) bool) {
+	t.Helper()
+	nc := conn.PgConn().Conn().(*netConn).Conn.(syscall.Conn)
+	rc, err := nc.SyscallConn()
+	if err != nil {
+		t.Fatal(err)
+	}
+	tick := time.NewTicker(time.Millisecond)
+	defer tick.Stop()
+	for {
+		var n int
+		var rerr error
+		buf := make([]byte, 1)
+		if err := rc.Control(func(fd uintptr) {
+			n, _, rerr = syscall.Recvfrom(int(fd), buf, syscall.MSG_PEEK|syscall.MSG_DONTWAIT)
+		}); err != nil {
+			t.Fatal(err)
+		}
+		if done(n, rerr) {
+			return
+		}
+		select {
+		case <-ctx.Done():
+			t.Fatalf("the socket never showed the fault: last peek %d, %v", n, rerr)
+		case <-tick.C:
+		}
+	}
+}
+
+// TestCommitNotExecuted: a COMMIT the server provably never executed is a retryable
+// rollback with its own error.type, for plain pgx and for Run, against the real faults
+// each rule names; the row is absent. A write the kernel accepted (the proxy holding
+// COMMIT back) stays unknown.
+func TestCommitNotExecuted(t *testing.T) {
+	proxy := newProxy(t)
+	for _, tc := range []struct {
+		name     string
+		fault    commitFault
+		reason   string
+		sqlstate string
+	}{
+		{"terminated while idle", terminateIdle, classifier.ReasonSessionEndedBeforeCommit, "57P01"},
+		{"idle in transaction timeout", idleTimeout, classifier.ReasonIdleInTransactionTimeout, classifier.SQLStateIdleInTransactionTimeout},
+		{"connection reset", resetBy(proxy.ResetAll), classifier.ReasonCommitNotSent, ""},
+	} {
+		t.Run(tc.name+"/pgx", func(t *testing.T) {
+			ctx := testCtx(t)
+			h := newHarness(t, proxy.ConnString(srv.ConnString()), 1)
+			table := newTable(t, ctx)
+			pc, err := h.pool.Acquire(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer pc.Release()
+			tx, err := pc.Begin(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if _, err := insertFn(table, 1)(ctx, tx); err != nil {
+				t.Fatal(err)
+			}
+			tc.fault(t, ctx, pc.Conn())
+			if err := tx.Commit(ctx); err == nil {
+				t.Fatal("COMMIT on a dead session succeeded")
+			}
+			waitFrames(t, ctx, h, 1)
+			f := h.frames()[0]
+			wantAttr(t, f, string(OutcomeKey), "rolled_back")
+			wantAttr(t, f, "error.type", tc.reason)
+			if rowExists(t, ctx, table, 1) {
+				t.Fatal("row present")
+			}
+		})
+		t.Run(tc.name+"/Run", func(t *testing.T) {
+			ctx := testCtx(t)
+			h := newHarness(t, proxy.ConnString(srv.ConnString()), 1)
+			table := newTable(t, ctx)
+			attempts := 0
+			res := Run(ctx, h.pool, DefaultPolicy(), func(ctx context.Context, tx pgx.Tx) (int, error) {
+				attempts++
+				if _, err := insertFn(table, 1)(ctx, tx); err != nil {
+					return 0, err
+				}
+				if attempts == 1 {
+					tc.fault(t, ctx, tx.Conn())
+				}
+				return 1, nil
+			})
+			// The first attempt provably rolled back, so Run retried it.
+			if res.Outcome() != outcome.OutcomeCommitted || attempts != 2 {
+				t.Fatalf("result %T after %d attempts", res, attempts)
+			}
+			frames := h.frames()
+			if len(frames) != 2 {
+				t.Fatalf("%d frames", len(frames))
+			}
+			wantAttr(t, frames[0], string(OutcomeKey), "rolled_back")
+			wantAttr(t, frames[0], "error.type", tc.reason)
+			if !rowExists(t, ctx, table, 1) {
+				t.Fatal("row absent after the retry")
+			}
+		})
+	}
+	t.Run("commit held back by the proxy", func(t *testing.T) {
+		// The kernel accepted COMMIT's bytes: whether the server read them is unknown.
+		ctx := testCtx(t)
+		h := newHarness(t, proxy.ConnString(srv.ConnString()), 1)
+		table := newTable(t, ctx)
+		p := DefaultPolicy()
+		res := Run(ctx, h.pool, p, func(ctx context.Context, tx pgx.Tx) (int, error) {
+			proxy.CutBeforeCommit()
+			return insertFn(table, 1)(ctx, tx)
+		})
+		if _, ok := res.(outcome.Indeterminate[int]); !ok {
+			t.Fatalf("result %T", res)
+		}
+	})
+}
+
+// TestFatalBeforeCommit: the parser of waiting bytes judges only complete FATAL or
+// PANIC ErrorResponses.
+func TestFatalBeforeCommit(t *testing.T) {
+	msg := func(typ byte, fields ...string) []byte {
+		var body []byte
+		for _, f := range fields {
+			body = append(append(body, f...), 0)
+		}
+		body = append(body, 0)
+		n := len(body) + 4
+		return append([]byte{typ, byte(n >> 24), byte(n >> 16), byte(n >> 8), byte(n)}, body...)
+	}
+	fatal := msg('E', "SFATAL", "VFATAL", "C57P01", "Mterminating connection due to administrator command")
+	for _, tc := range []struct {
+		name string
+		buf  []byte
+		want bool
+	}{
+		{"fatal", fatal, true},
+		{"panic, no V", msg('E', "SPANIC", "CXX000"), true},
+		{"localized S, V says FATAL", msg('E', "SSCHWERWIEGEND", "VFATAL"), true},
+		{"error", msg('E', "SERROR", "VERROR", "C42601"), false},
+		{"notice then fatal", append(msg('N', "SWARNING", "VWARNING"), fatal...), true},
+		{"cut off", fatal[:len(fatal)-1], false},
+		{"bad length", []byte{'E', 0, 0, 0, 1}, false},
+		{"empty", nil, false},
+	} {
+		if got := fatalBeforeCommit(tc.buf); got != tc.want {
+			t.Errorf("%s: %v, want %v", tc.name, got, tc.want)
+		}
+	}
+}
+
+var _ net.Conn = (*netConn)(nil)

@@ -1,0 +1,150 @@
+package otelpgxtx
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"go.opentelemetry.io/otel/trace"
+
+	"github.com/txevidence/otelpgxtx/outcome"
+)
+
+// MarkerTableDDL returns the statement that creates a commit-marker table named table
+// (its parts are quoted as identifiers: pgx.Identifier{"app", "tx_marker"}). With
+// [Policy].CommitMarker set, [Run] inserts the operation id into it in the same write as
+// COMMIT; fenced rows are the reconciler's (see [Reconciler.Resolve]). Run's role needs
+// INSERT on it, the reconciler's INSERT and SELECT, [PruneMarkers]' DELETE.
+func MarkerTableDDL(table pgx.Identifier) (string, error) {
+	name, err := outcome.QuoteMarkerTable(table...)
+	if err != nil {
+		return "", err
+	}
+	return "create table if not exists " + name + " (" +
+		"operation_id uuid primary key, " +
+		"fenced boolean not null default false, " +
+		"created_at timestamptz not null default now())", nil
+}
+
+// PruneMarkers deletes the marker rows of table older than retention and returns how
+// many. A row must outlive every reconciliation that may still look for it, and a fence
+// every COMMIT that may still be on its way to the server: keep retention well above the
+// longest time an operation can stay indeterminate.
+func PruneMarkers(ctx context.Context, db interface {
+	Exec(context.Context, string, ...any) (pgconn.CommandTag, error)
+}, table pgx.Identifier, retention time.Duration) (int64, error) {
+	name, err := outcome.QuoteMarkerTable(table...)
+	if err != nil {
+		return 0, invalid("PruneMarkers: %v", err)
+	}
+	if db == nil || isNilHandle(db) || retention <= 0 {
+		return 0, invalid("PruneMarkers: nil db or non-positive retention")
+	}
+	tag, err := db.Exec(ctx, "delete from "+name+" where created_at < now() - $1::bigint * interval '1 microsecond'",
+		retention.Microseconds())
+	return tag.RowsAffected(), err
+}
+
+// markerSQL is the marker insert for the quoted table name: it returns the xid, which
+// the insert has just assigned, so that the marker replaces the xid read.
+func markerSQL(table string) string {
+	return "insert into " + table + " (operation_id) values ($1) returning " + captureXIDExpr
+}
+
+// ResolveMarker settles the operation id by its row in the commit-marker table alone
+// (see [Policy].CommitMarker), without a reference: what an operator has when only the
+// tx.operation_id reached the logs. link, if valid, is the span that observed it.
+func (r *Reconciler) ResolveMarker(ctx context.Context, table pgx.Identifier, op outcome.OperationID, link trace.SpanContext) (Resolution, error) {
+	name, err := outcome.QuoteMarkerTable(table...)
+	if err != nil {
+		return Resolution{}, invalid("ResolveMarker: %v", err)
+	}
+	if op.IsZero() {
+		return Resolution{}, invalid("ResolveMarker: zero operation id")
+	}
+	return r.trace(ctx, link, op, outcome.ReconciliationRef{}, func(ctx context.Context) (Resolution, error) {
+		var res Resolution
+		res.resolved, res.reason, err = r.resolveMarker(ctx, name, op)
+		if err != nil {
+			err = fmt.Errorf("otelpgxtx: reconciling operation %s by its marker: %w", op, err)
+		}
+		return res, err
+	})
+}
+
+// Reasons a marker reconciliation stays unknown.
+const (
+	// UnknownMarkerGone: the marker row was pruned between the fence and the lookup.
+	UnknownMarkerGone = "marker_gone"
+)
+
+// beginner is what marker reconciliation needs of the reconciler's db.
+type beginner interface {
+	Begin(ctx context.Context) (pgx.Tx, error)
+}
+
+// resolveMarker settles ref from its marker row. A row the original transaction
+// inserted is invisible until it commits, so a lookup alone cannot tell "never will"
+// from "not yet". Instead the reconciler inserts a fenced row with the same operation id
+// under the primary key: PostgreSQL's unique check waits for an in-progress inserter of
+// the key (nbtinsert.c _bt_check_unique → XactLockTableWait), bounded here by
+// lock_timeout (in_progress; a synchronous-replication wait holds it too). If the
+// original committed, the key exists (its row, fenced = false: committed); if the key is
+// free, the fence is committed, and the original's insert, should it still arrive,
+// fails on the key and rolls its transaction back: aborted, for good.
+// The reconciler's role needs INSERT and SELECT on the table.
+func (r *Reconciler) resolveMarker(ctx context.Context, table string, op outcome.OperationID) (Resolved, string, error) {
+	b, ok := r.db.(beginner)
+	if !ok {
+		return ResolvedUnknown, "", invalid("reconciling a marker needs a db that can Begin (a *pgxpool.Pool or *pgx.Conn), not %T", r.db)
+	}
+	tx, err := b.Begin(ctx)
+	if err != nil {
+		return ResolvedUnknown, "", err
+	}
+	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
+	// lock_timeout 0 would wait forever. The fence commits locally, without waiting for
+	// a synchronous standby that may be gone after a failover: the original can only
+	// commit on the server it runs on, so a fence lost with this server in a later
+	// failover fenced nothing that survives there either.
+	wait := max(r.wait, time.Millisecond)
+	if _, err := tx.Exec(ctx, "select set_config('lock_timeout', $1, true), set_config('synchronous_commit', 'local', true)",
+		strconv.FormatInt(wait.Milliseconds()+1, 10)); err != nil {
+		return ResolvedUnknown, "", err
+	}
+	id := op.String()
+	var fenced bool
+	err = tx.QueryRow(ctx, "insert into "+table+" (operation_id, fenced) values ($1, true) "+
+		"on conflict (operation_id) do nothing returning true", id).Scan(&fenced)
+	switch {
+	case err == nil:
+		if err := tx.Commit(ctx); err != nil {
+			return ResolvedUnknown, "", err
+		}
+		return ResolvedAborted, "", nil
+	case isLockTimeout(err):
+		return ResolvedUnknown, UnknownInProgress, nil
+	case !errors.Is(err, pgx.ErrNoRows):
+		return ResolvedUnknown, "", err
+	}
+	// The key was taken by a committed row: a new statement's snapshot sees it.
+	err = tx.QueryRow(ctx, "select fenced from "+table+" where operation_id = $1", id).Scan(&fenced)
+	switch {
+	case errors.Is(err, pgx.ErrNoRows):
+		return ResolvedUnknown, UnknownMarkerGone, nil
+	case err != nil:
+		return ResolvedUnknown, "", err
+	case fenced:
+		return ResolvedAborted, "", nil // an earlier reconciliation fenced it
+	}
+	return ResolvedCommitted, "", nil
+}
+
+func isLockTimeout(err error) bool {
+	pgErr, ok := errors.AsType[*pgconn.PgError](err)
+	return ok && pgErr.Code == "55P03"
+}

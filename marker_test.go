@@ -1,0 +1,260 @@
+package otelpgxtx
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"go.opentelemetry.io/otel/trace"
+
+	"github.com/txevidence/otelpgxtx/outcome"
+)
+
+// newMarkerTable creates a commit-marker table for the test on the test server.
+func newMarkerTable(t *testing.T, ctx context.Context, exec func(context.Context, string, ...any) error) pgx.Identifier {
+	t.Helper()
+	name := pgx.Identifier{fmt.Sprintf("m %d", tableSeq.Add(1))} // a space: quoting matters
+	ddl, err := MarkerTableDDL(name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := exec(ctx, ddl); err != nil {
+		t.Fatal(err)
+	}
+	return name
+}
+
+func markerPolicy(table pgx.Identifier) Policy {
+	p := DefaultPolicy()
+	p.CommitMarker = table
+	return p
+}
+
+func TestMarkerTableDDL(t *testing.T) {
+	ddl, err := MarkerTableDDL(pgx.Identifier{"app", `tx "marker"`})
+	if err != nil || !strings.HasPrefix(ddl, `create table if not exists "app"."tx ""marker""" (`) {
+		t.Fatalf("%q %v", ddl, err)
+	}
+	for _, bad := range []pgx.Identifier{nil, {""}, {"a\x00b"}, {"a", "b", "c", "d"}} {
+		if _, err := MarkerTableDDL(bad); err == nil {
+			t.Errorf("MarkerTableDDL(%q) accepted", bad)
+		}
+	}
+	p := DefaultPolicy()
+	p.CommitMarker, p.CaptureReference = pgx.Identifier{"m"}, false
+	if err := p.validate(); err == nil {
+		t.Error("a marker without capture validated")
+	}
+}
+
+// TestMarkerAddsNoRoundTrip: with the marker, a Run takes as many round trips as without
+// capture at all, and the marker row is there.
+func TestMarkerAddsNoRoundTrip(t *testing.T) {
+	ctx := testCtx(t)
+	proxy := newProxy(t)
+	h := newHarness(t, proxy.ConnString(srv.ConnString()), 1)
+	table := newTable(t, ctx)
+	marker := newMarkerTable(t, ctx, srv.Exec)
+	count := func(p Policy, id int) int64 {
+		proxy.ResetRoundTrips()
+		if r := Run(ctx, h.pool, p, insertFn(table, id)); r.Outcome() != outcome.OutcomeCommitted {
+			t.Fatalf("%T", r)
+		}
+		return proxy.RoundTrips()
+	}
+	count(markerPolicy(marker), 1) // warm up: connect and read the identity
+	plain := DefaultPolicy()
+	plain.CaptureReference = false
+	with, without := count(markerPolicy(marker), 2), count(plain, 3)
+	t.Logf("round trips: with the marker %d, without capture %d", with, without)
+	if with != without {
+		t.Fatalf("round trips with the marker %d, without capture %d", with, without)
+	}
+	var n int
+	if err := h.pool.QueryRow(ctx, "select count(*) from "+marker.Sanitize()+" where not fenced").Scan(&n); err != nil || n != 2 {
+		t.Fatalf("%d marker rows, %v; want 2", n, err)
+	}
+	if got, err := PruneMarkers(ctx, h.pool, marker, time.Microsecond); err != nil || got != 2 {
+		t.Fatalf("PruneMarkers = %d, %v; want 2", got, err)
+	}
+}
+
+// TestMarkerMissingTable: a marker insert that fails rolls the transaction back, with
+// the insert's error as the cause.
+func TestMarkerMissingTable(t *testing.T) {
+	ctx := testCtx(t)
+	h := newHarness(t, "", 1)
+	table := newTable(t, ctx)
+	res := Run(ctx, h.pool, markerPolicy(pgx.Identifier{"no_such_marker"}), insertFn(table, 1))
+	rb, ok := res.(outcome.DeterminateRollback[int])
+	if !ok || rb.Retryable() || !strings.Contains(rb.Cause().Error(), "commit marker") || !strings.Contains(rb.Cause().Error(), "42P01") {
+		t.Fatalf("result %T %v", res, res)
+	}
+	if rowExists(t, ctx, table, 1) {
+		t.Fatal("row present")
+	}
+}
+
+// TestMarkerReconcile settles indeterminate commits by their marker: the proxy cuts after
+// COMMIT (committed), before COMMIT with the xid never arriving (aborted, and fenced: the
+// reference is nothing but the marker), and a commit waiting for synchronous replication
+// is in progress until its wait ends, then committed.
+func TestMarkerReconcile(t *testing.T) {
+	ctx := testCtx(t)
+	proxy := newProxy(t)
+	h := newHarness(t, proxy.ConnString(srv.ConnString()), 2)
+	table := newTable(t, ctx)
+	marker := newMarkerTable(t, ctx, srv.Exec)
+	rec, err := NewReconciler(h.pool, WithReconcileWait(20*time.Millisecond, time.Millisecond))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cut := func(arm func(), id int) outcome.Indeterminate[int] {
+		t.Helper()
+		res := Run(ctx, h.pool, markerPolicy(marker), func(ctx context.Context, tx pgx.Tx) (int, error) {
+			arm()
+			return insertFn(table, id)(ctx, tx)
+		})
+		ind, ok := res.(outcome.Indeterminate[int])
+		if !ok {
+			t.Fatalf("result %T", res)
+		}
+		return ind
+	}
+	after := cut(proxy.CutAfterCommit, 1)
+	before := cut(proxy.CutBeforeCommit, 2)
+	if ref, ok := before.Reference(); !ok || ref.XID != 0 || !ref.HasMarker() || ref.Operation != before.OperationID() {
+		t.Fatalf("cut before the xid arrived: reference %v %v, want the marker alone", ref, ok)
+	}
+	for _, tc := range []struct {
+		ind  outcome.Indeterminate[int]
+		want Resolved
+		id   int
+		row  bool
+	}{{after, ResolvedCommitted, 1, true}, {before, ResolvedAborted, 2, false}} {
+		ref, _ := tc.ind.Reference()
+		parsed, err := outcome.ParseReconciliationRef(ref.String())
+		if err != nil || parsed != ref {
+			t.Fatalf("reference %q round trip: %+v %v", ref, parsed, err)
+		}
+		// The server may still be finishing: the reconciler waits for it, so ask until settled.
+		var got Resolution
+		for got.Resolved() == ResolvedUnknown {
+			if got, err = Reconcile(ctx, rec, tc.ind); err != nil {
+				t.Fatal(err)
+			}
+			if got.Resolved() == ResolvedUnknown && got.Reason() != UnknownInProgress {
+				t.Fatalf("%s: unknown %q", ref, got.Reason())
+			}
+		}
+		if got.Resolved() != tc.want || rowExists(t, ctx, table, tc.id) != tc.row {
+			t.Fatalf("%s: %s, want %s", ref, got.Resolved(), tc.want)
+		}
+		// A second reconciliation gives the same answer (the fence is durable).
+		if again, err := Reconcile(ctx, rec, tc.ind); err != nil || again.Resolved() != tc.want {
+			t.Fatalf("again: %s %v", again.Resolved(), err)
+		}
+	}
+
+	// In a synchronous-replication wait: in progress, then committed once it ends.
+	type started struct {
+		pid uint32
+		ref outcome.ReconciliationRef
+	}
+	began := make(chan started, 1)
+	done := make(chan outcome.Result[int], 1)
+	go func() {
+		done <- Run(ctx, h.pool, markerPolicy(marker), func(ctx context.Context, tx pgx.Tx) (int, error) {
+			if _, err := insertFn(table, 3)(ctx, tx); err != nil {
+				return 0, err
+			}
+			if _, err := tx.Exec(ctx, "set local synchronous_commit = on"); err != nil {
+				return 0, err
+			}
+			st := stateOf(tx.Conn().PgConn())
+			q, _ := outcome.QuoteMarkerTable(marker...)
+			began <- started{tx.Conn().PgConn().PID(), outcome.ReconciliationRef{SystemIdentifier: st.systemID,
+				Timeline: st.timeline, MarkerTable: q, Operation: scopeFromContext(ctx).id}}
+			return 3, nil
+		})
+	}()
+	s := <-began
+	if err := srv.WaitForWaitEvent(ctx, s.pid, "SyncRep"); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := rec.Resolve(ctx, s.ref, trace.SpanContext{}); err != nil || got.Resolved() != ResolvedUnknown || got.Reason() != UnknownInProgress {
+		t.Fatalf("during the wait: %s %q %v", got.Resolved(), got.Reason(), err)
+	}
+	if err := srv.Terminate(ctx, s.pid); err != nil {
+		t.Fatal(err)
+	}
+	ind, ok := (<-done).(outcome.Indeterminate[int])
+	if !ok || !ind.CommittedLocally() {
+		t.Fatal("the terminated sync-rep wait is not indeterminate, committed locally")
+	}
+	if got, err := Reconcile(ctx, rec, ind); err != nil || got.Resolved() != ResolvedCommitted {
+		t.Fatalf("after the wait: %s %q %v", got.Resolved(), got.Reason(), err)
+	}
+}
+
+// TestMarkerAfterFailover settles by marker on the promoted standby what the xid cannot:
+// a commit replicated before the failover is committed (the xid says other_timeline), and
+// a commit lost in the failover while it waited for synchronous replication is aborted,
+// its reference fenced on the new primary.
+func TestMarkerAfterFailover(t *testing.T) {
+	ctx := testCtx(t)
+	c := startCluster(t, ctx)
+	marker := newMarkerTable(t, ctx, c.Primary().Exec)
+	h := newHarness(t, c.ConnString(), 3)
+	insert := func(id int) func(context.Context, pgx.Tx) (int, error) {
+		return func(ctx context.Context, tx pgx.Tx) (int, error) {
+			_, err := tx.Exec(ctx, "insert into t values ($1)", id)
+			return id, err
+		}
+	}
+	replicated := Run(ctx, h.pool, markerPolicy(marker), insert(1))
+	if replicated.Outcome() != outcome.OutcomeCommitted {
+		t.Fatalf("result = %T", replicated)
+	}
+	replicatedRef := frameRef(t, h, "committed")
+	if err := c.Standby().StopImmediate(); err != nil {
+		t.Fatal(err)
+	}
+	pids := make(chan uint32, 1)
+	done := make(chan outcome.Result[int], 1)
+	go func() {
+		done <- Run(ctx, h.pool, markerPolicy(marker), func(ctx context.Context, tx pgx.Tx) (int, error) {
+			pids <- tx.Conn().PgConn().PID()
+			return insert(2)(ctx, tx)
+		})
+	}()
+	if err := c.Primary().WaitForWaitEvent(ctx, <-pids, "SyncRep"); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Promote(ctx); err != nil {
+		t.Fatal(err)
+	}
+	ind, ok := (<-done).(outcome.Indeterminate[int])
+	if !ok {
+		t.Fatal("the commit lost in the failover is not indeterminate")
+	}
+	lost, ok := ind.Reference()
+	if !ok || !lost.HasMarker() {
+		t.Fatalf("reference %v %v, want a marker", lost, ok)
+	}
+	rec := clusterReconciler(t, ctx, c)
+	checkResolutions(t, ctx, rec, []resolveCase{
+		{"lost in the failover", lost, ResolvedAborted, ""},
+		{"replicated commit", replicatedRef, ResolvedCommitted, ""},
+	})
+	byID, err := rec.ResolveMarker(ctx, marker, replicated.OperationID(), trace.SpanContext{})
+	if err != nil || byID.Resolved() != ResolvedCommitted {
+		t.Fatalf("ResolveMarker of the replicated commit: %s %v", byID.Resolved(), err)
+	}
+	if clusterRowExists(t, ctx, c, 2) || !clusterRowExists(t, ctx, c, 1) {
+		t.Error("the table does not match: want row 1 only")
+	}
+}
