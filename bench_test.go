@@ -10,6 +10,7 @@ package otelpgxtx
 //	c_otelpgxtx    pgx + InstrumentPool (our Tracer, wrapping otelpgx), pgx.Tx by hand
 //	d_run          c through Run, CaptureReference off
 //	e_run_capture  d with CaptureReference on
+//	f_run_marker   e with the commit marker (Policy.CommitMarker); real server only
 //
 // b–e run every transaction under an application "request" span, as a traced service
 // does: otelpgx (v0.13) starts statement spans only under a recording parent, so
@@ -48,6 +49,7 @@ const (
 	benchC = "c_otelpgxtx"
 	benchD = "d_run"
 	benchE = "e_run_capture"
+	benchF = "f_run_marker"
 
 	benchMaxConns   = 8   // every pool, sequential or parallel
 	benchGoroutines = 8   // parallel variants
@@ -55,6 +57,12 @@ const (
 )
 
 var benchVariants = []string{benchA, benchB, benchC, benchD, benchE}
+
+// benchServerVariants are the variants run against the real server: f needs its table.
+var benchServerVariants = append(slices.Clone(benchVariants), benchF)
+
+// benchMarker is f_run_marker's commit-marker table.
+var benchMarker = pgx.Identifier{"bench_marker"}
 
 // ---- telemetry ------------------------------------------------------------------
 
@@ -209,12 +217,21 @@ func benchSchema(b *testing.B) *pgx.Conn {
 		fmt.Sprintf("insert into bench_kv select g, 0 from generate_series(1, %d) g on conflict do nothing",
 			benchGoroutines*benchKeysPerG),
 		"create table if not exists bench_log (k bigint not null, v bigint not null)",
+		benchMarkerDDL(b),
 	} {
 		if _, err := conn.Exec(ctx, sql); err != nil {
 			b.Fatal(err)
 		}
 	}
 	return conn
+}
+
+func benchMarkerDDL(b *testing.B) string {
+	ddl, err := MarkerTableDDL(benchMarker)
+	if err != nil {
+		b.Fatal(err)
+	}
+	return ddl
 }
 
 // ---- real-server environment -----------------------------------------------------
@@ -236,7 +253,10 @@ func newBenchDB(b *testing.B, connString, v string, s benchSampling, w benchWork
 	cfg.MaxConns = benchMaxConns
 	d := &benchDB{v: v, w: w, policy: DefaultPolicy()}
 	d.policy.AccessMode = w.opts.AccessMode
-	d.policy.CaptureReference = v == benchE
+	d.policy.CaptureReference = v == benchE || v == benchF
+	if v == benchF {
+		d.policy.CommitMarker = benchMarker
+	}
 	d.tel = benchInstrument(b, cfg.ConnConfig, cfg, v, s)
 	if d.pool, err = pgxpool.NewWithConfig(context.Background(), cfg); err != nil {
 		b.Fatal(err)
@@ -272,7 +292,7 @@ func (d *benchDB) close() {
 func (d *benchDB) tx(ctx context.Context, key int64) error {
 	ctx, span := d.tel.request(ctx)
 	defer span.End()
-	if d.v == benchD || d.v == benchE {
+	if d.v == benchD || d.v == benchE || d.v == benchF {
 		res := Run(ctx, d.pool, d.policy, func(ctx context.Context, tx pgx.Tx) (struct{}, error) {
 			return struct{}{}, d.w.work(ctx, tx, key)
 		})
@@ -294,7 +314,7 @@ func (d *benchDB) tx(ctx context.Context, key int64) error {
 // benchReset empties the insert-only table before a timed run, so that every run
 // writes into a small table.
 func benchReset(b *testing.B, admin *pgx.Conn) {
-	if _, err := admin.Exec(context.Background(), "truncate bench_log"); err != nil {
+	if _, err := admin.Exec(context.Background(), "truncate bench_log, bench_marker"); err != nil {
 		b.Fatal(err)
 	}
 }
@@ -323,7 +343,7 @@ func benchEach(b *testing.B, fn func(b *testing.B, d *benchDB, admin *pgx.Conn))
 	admin := benchSchema(b)
 	for _, w := range benchWorkloads {
 		for _, s := range benchSamplings {
-			for _, v := range benchVariants {
+			for _, v := range benchServerVariants {
 				var d *benchDB
 				b.Run(w.name+"/"+s.name+"/v="+v, func(b *testing.B) {
 					if d == nil { // created on the first call, reused by the following ones
@@ -396,7 +416,7 @@ func BenchmarkTxRoundTrips(b *testing.B) {
 	admin := benchSchema(b)
 	proxy := newProxy(b)
 	for _, w := range benchWorkloads {
-		for _, v := range benchVariants {
+		for _, v := range benchServerVariants {
 			d := newBenchDB(b, proxy.ConnString(srv.ConnString()), v, benchSamplings[0], w)
 			b.Run(w.name+"/v="+v, func(b *testing.B) {
 				benchReset(b, admin)

@@ -128,6 +128,7 @@ var cancelledCtx = func() context.Context {
 // commitResult is what a COMMIT produced.
 type commitResult struct {
 	err         error
+	tag         pgconn.CommandTag // COMMIT's
 	rollbackTag bool
 	// endedBeforeCommit: the server answered the xid read with a FATAL. It executes the
 	// pipeline's messages in order and reads nothing after a FATAL, so COMMIT never ran.
@@ -167,9 +168,8 @@ func commitWithCapture(ctx context.Context, pg *pgconn.PgConn, st *connState, co
 			if !ok {
 				err = fmt.Errorf("otelpgxtx: unexpected pipeline result %T for COMMIT", r)
 			} else {
-				var tag pgconn.CommandTag
-				tag, err = rr.Close()
-				res.rollbackTag = tag.String() == "ROLLBACK"
+				res.tag, err = rr.Close()
+				res.rollbackTag = res.tag.String() == "ROLLBACK"
 			}
 		}
 		if err == nil {

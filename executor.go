@@ -448,10 +448,20 @@ func commit(ctx context.Context, sc *scope, tx pgx.Tx, held heldConn, p Policy, 
 	}
 	st.mu.Unlock()
 	var marker string
-	if p.CommitMarker != nil {
+	if p.CommitMarker != nil && p.AccessMode != pgx.ReadOnly { // a read-only one writes nothing to mark
 		marker, _ = outcome.QuoteMarkerTable(p.CommitMarker...) // validated with the policy
 	}
-	cr := commitWithCapture(ctx, pg, st, commitSQLOf(opts), marker, sc.id)
+	commitSQL := commitSQLOf(opts)
+	// The COMMIT statement span the inner tracer makes when pgx sends COMMIT, so that
+	// traces look the same with capture on and off; the capture itself makes none.
+	var qctx context.Context
+	if f != nil && f.t.query != nil {
+		qctx = f.t.query.TraceQueryStart(withFrame(ctx, f), held.conn, pgx.TraceQueryStartData{SQL: commitSQL})
+	}
+	cr := commitWithCapture(ctx, pg, st, commitSQL, marker, sc.id)
+	if qctx != nil {
+		f.t.query.TraceQueryEnd(unframe(qctx, f), held.conn, pgx.TraceQueryEndData{CommandTag: cr.tag, Err: cr.err})
+	}
 	if cr.err != nil && !pg.IsClosed() && pg.TxStatus() != 'I' {
 		// pgx closes a connection whose failed COMMIT left it in a transaction; so do we.
 		_ = held.conn.Close(context.WithoutCancel(ctx))

@@ -3,6 +3,7 @@ package otelpgxtx
 import (
 	"context"
 	"fmt"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -256,5 +257,35 @@ func TestMarkerAfterFailover(t *testing.T) {
 	}
 	if clusterRowExists(t, ctx, c, 2) || !clusterRowExists(t, ctx, c, 1) {
 		t.Error("the table does not match: want row 1 only")
+	}
+}
+
+// TestCommitSpanSameWithCapture: the statement spans under a Run's frame are the same
+// with reference capture (and the marker) on and off, COMMIT's included.
+func TestCommitSpanSameWithCapture(t *testing.T) {
+	ctx := testCtx(t)
+	table := newTable(t, ctx)
+	marker := newMarkerTable(t, ctx, srv.Exec)
+	plain := DefaultPolicy()
+	plain.CaptureReference = false
+	var want string
+	for i, p := range []Policy{plain, DefaultPolicy(), markerPolicy(marker)} {
+		h := newHarness(t, "", 1)
+		if r := Run(ctx, h.pool, p, insertFn(table, i+1)); r.Outcome() != outcome.OutcomeCommitted {
+			t.Fatalf("%T", r)
+		}
+		var got []string
+		for _, c := range h.children(onlyFrame(t, h)) {
+			got = append(got, c.Name+" "+fmt.Sprint(c.Status.Code))
+		}
+		slices.Sort(got)
+		if i == 0 {
+			want = strings.Join(got, "|")
+			if !strings.Contains(strings.ToLower(want), "commit") {
+				t.Fatalf("no COMMIT statement span without capture: %q", want)
+			}
+		} else if g := strings.Join(got, "|"); g != want {
+			t.Errorf("policy %d: statement spans %q, want %q", i, g, want)
+		}
 	}
 }

@@ -67,7 +67,8 @@ type Policy struct {
 	// indeterminate commit's reference settles by a lookup that survives crash restarts,
 	// failovers and xid wraparound, even when the connection broke before the xid
 	// arrived. It needs CaptureReference. A marker insert that fails (no table, no
-	// privilege) rolls the transaction back, with that error as its cause.
+	// privilege, a transaction made read-only inside the function) rolls the transaction
+	// back, with that error as its cause; with AccessMode ReadOnly no marker is written.
 	CommitMarker pgx.Identifier
 }
 
