@@ -57,18 +57,41 @@ func clusterReconciler(t *testing.T, ctx context.Context, c *pgtest.Cluster) *Re
 	return rec
 }
 
-// runInBackground starts Run with fn on pool and returns, once fn runs, its backend's pid
-// and the result to come.
-func runInBackground(ctx context.Context, pool *pgxpool.Pool, fn func(context.Context, pgx.Tx) (int, error)) (uint32, <-chan outcome.Result[int]) {
+// runInBackground starts Run with fn on pool under p and returns, once fn runs, its
+// backend's pid and the result to come.
+func runInBackground(ctx context.Context, pool *pgxpool.Pool, p Policy, fn func(context.Context, pgx.Tx) (int, error)) (uint32, <-chan outcome.Result[int]) {
 	pids := make(chan uint32, 1)
 	done := make(chan outcome.Result[int], 1)
 	go func() {
-		done <- Run(ctx, pool, DefaultPolicy(), func(ctx context.Context, tx pgx.Tx) (int, error) {
+		done <- Run(ctx, pool, p, func(ctx context.Context, tx pgx.Tx) (int, error) {
 			pids <- tx.Conn().PgConn().PID()
 			return fn(ctx, tx)
 		})
 	}()
 	return <-pids, done
+}
+
+// loseInFailover stops the standby, runs fn under p, promotes the standby while the
+// COMMIT waits for synchronous replication and returns the indeterminate result's
+// reference.
+func loseInFailover(t *testing.T, ctx context.Context, c *pgtest.Cluster, pool *pgxpool.Pool, p Policy,
+	fn func(context.Context, pgx.Tx) (int, error)) (outcome.ReconciliationRef, bool) {
+	t.Helper()
+	if err := c.Standby().StopImmediate(); err != nil {
+		t.Fatal(err)
+	}
+	pid, done := runInBackground(ctx, pool, p, fn)
+	if err := c.Primary().WaitForWaitEvent(ctx, pid, "SyncRep"); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Promote(ctx); err != nil {
+		t.Fatal(err)
+	}
+	ind, ok := (<-done).(outcome.Indeterminate[int])
+	if !ok {
+		t.Fatal("the commit lost in the failover is not indeterminate")
+	}
+	return ind.Reference()
 }
 
 // resolveCase is a reference and the resolution the reconciler must give it.
@@ -194,21 +217,7 @@ func TestReconcileAfterFailover(t *testing.T) {
 		t.Fatal("the duplicate insert did not roll back")
 	}
 
-	if err := c.Standby().StopImmediate(); err != nil {
-		t.Fatal(err)
-	}
-	pid, done := runInBackground(ctx, h.pool, insert(3))
-	if err := c.Primary().WaitForWaitEvent(ctx, pid, "SyncRep"); err != nil {
-		t.Fatal(err)
-	}
-	if err := c.Promote(ctx); err != nil {
-		t.Fatal(err)
-	}
-	ind, ok := (<-done).(outcome.Indeterminate[int])
-	if !ok {
-		t.Fatal("the commit lost in the failover is not indeterminate")
-	}
-	lost, ok := ind.Reference()
+	lost, ok := loseInFailover(t, ctx, c, h.pool, DefaultPolicy(), insert(3))
 	if !ok || lost.NoWrites() || lost.Timeline != 1 {
 		t.Fatalf("reference %v %v, want an xid on timeline 1", lost, ok)
 	}

@@ -12,6 +12,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/txevidence/otelpgxtx/outcome"
+	"github.com/txevidence/otelpgxtx/pgtest"
 )
 
 // newMarkerTable creates a commit-marker table for the test on the test server.
@@ -26,6 +27,16 @@ func newMarkerTable(t *testing.T, ctx context.Context, exec func(context.Context
 		t.Fatal(err)
 	}
 	return name
+}
+
+// markerProxied is the setup of the marker tests through the proxy: a harness of
+// maxConns connections behind it, a table and a marker table.
+func markerProxied(t *testing.T, maxConns int32) (context.Context, *pgtest.Proxy, *harness, string, pgx.Identifier) {
+	t.Helper()
+	ctx := testCtx(t)
+	proxy := newProxy(t)
+	h := newHarness(t, proxy.ConnString(srv.ConnString()), maxConns)
+	return ctx, proxy, h, newTable(t, ctx), newMarkerTable(t, ctx, srv.Exec)
 }
 
 func markerPolicy(table pgx.Identifier) Policy {
@@ -54,11 +65,7 @@ func TestMarkerTableDDL(t *testing.T) {
 // TestMarkerAddsNoRoundTrip: with the marker, a Run takes as many round trips as without
 // capture at all, and the marker row is there.
 func TestMarkerAddsNoRoundTrip(t *testing.T) {
-	ctx := testCtx(t)
-	proxy := newProxy(t)
-	h := newHarness(t, proxy.ConnString(srv.ConnString()), 1)
-	table := newTable(t, ctx)
-	marker := newMarkerTable(t, ctx, srv.Exec)
+	ctx, proxy, h, table, marker := markerProxied(t, 1)
 	count := func(p Policy, id int) int64 {
 		proxy.ResetRoundTrips()
 		if r := Run(ctx, h.pool, p, insertFn(table, id)); r.Outcome() != outcome.OutcomeCommitted {
@@ -104,11 +111,7 @@ func TestMarkerMissingTable(t *testing.T) {
 // reference is nothing but the marker), and a commit waiting for synchronous replication
 // is in progress until its wait ends, then committed.
 func TestMarkerReconcile(t *testing.T) {
-	ctx := testCtx(t)
-	proxy := newProxy(t)
-	h := newHarness(t, proxy.ConnString(srv.ConnString()), 2)
-	table := newTable(t, ctx)
-	marker := newMarkerTable(t, ctx, srv.Exec)
+	ctx, proxy, h, table, marker := markerProxied(t, 2)
 	rec, err := NewReconciler(h.pool, WithReconcileWait(20*time.Millisecond, time.Millisecond))
 	if err != nil {
 		t.Fatal(err)
@@ -221,28 +224,7 @@ func TestMarkerAfterFailover(t *testing.T) {
 		t.Fatalf("result = %T", replicated)
 	}
 	replicatedRef := frameRef(t, h, "committed")
-	if err := c.Standby().StopImmediate(); err != nil {
-		t.Fatal(err)
-	}
-	pids := make(chan uint32, 1)
-	done := make(chan outcome.Result[int], 1)
-	go func() {
-		done <- Run(ctx, h.pool, markerPolicy(marker), func(ctx context.Context, tx pgx.Tx) (int, error) {
-			pids <- tx.Conn().PgConn().PID()
-			return insert(2)(ctx, tx)
-		})
-	}()
-	if err := c.Primary().WaitForWaitEvent(ctx, <-pids, "SyncRep"); err != nil {
-		t.Fatal(err)
-	}
-	if err := c.Promote(ctx); err != nil {
-		t.Fatal(err)
-	}
-	ind, ok := (<-done).(outcome.Indeterminate[int])
-	if !ok {
-		t.Fatal("the commit lost in the failover is not indeterminate")
-	}
-	lost, ok := ind.Reference()
+	lost, ok := loseInFailover(t, ctx, c, h.pool, markerPolicy(marker), insert(2))
 	if !ok || !lost.HasMarker() {
 		t.Fatalf("reference %v %v, want a marker", lost, ok)
 	}

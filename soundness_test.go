@@ -1506,7 +1506,7 @@ func TestReconcileXIDReusedAfterCrash(t *testing.T) {
 	if _, err := holder.Exec(ctx, "select pg_advisory_lock(4242)"); err != nil {
 		t.Fatal(err)
 	}
-	pid, done := runInBackground(ctx, h.pool, func(ctx context.Context, tx pgx.Tx) (int, error) {
+	pid, done := runInBackground(ctx, h.pool, DefaultPolicy(), func(ctx context.Context, tx pgx.Tx) (int, error) {
 		_, err := tx.Exec(ctx, "insert into xr_held values (1)")
 		return 1, err
 	})
