@@ -1,7 +1,7 @@
 # The two commands of the README's quick start are `make demo` and `make test`.
 GO ?= go
 
-.PHONY: demo test test-library test-examples vet fuzz soak bench
+.PHONY: demo test test-library test-examples vet fuzz soak model bench
 
 demo:
 	cd examples/jaeger && $(GO) run .
@@ -33,3 +33,7 @@ fuzz:
 soak:
 	OTELPGXTX_SOAK_TX=30000 OTELPGXTX_SOAK_CRASHES=12 OTELPGXTX_SOAK_DURATION=50m \
 		$(GO) test -run 'TestSoundness$$|TestSoundnessFailover$$' -count=1 -timeout 120m -v .
+
+# A longer model-based run of Run; the CI-sized one (200 trees) is part of `make test`.
+model:
+	OTELPGXTX_MODEL_TREES=5000 $(GO) test -run 'TestRunModel$$' -count=1 -timeout 60m .
