@@ -27,6 +27,7 @@ vet:
 fuzz:
 	$(GO) test -run '^$$' -fuzz FuzzClassify -fuzztime 60s ./classifier/
 	$(GO) test -run '^$$' -fuzz FuzzClassifyStatements -fuzztime 60s .
+	$(GO) test -run '^$$' -fuzz FuzzSanitize -fuzztime 60s .
 
 # A longer soundness run; the CI-sized one is part of `make test`.
 soak:
