@@ -124,11 +124,31 @@ func isWordStart(c byte) bool { return isLetter(c) || c == '_' || c >= 0x80 }
 // sanitizeSQL returns sql with every literal replaced by "?" and every comment by a
 // space; keywords, identifiers and $n parameters stay as written. From a quote that does
 // not close, everything is replaced: text that cannot be read is never passed through.
-// It returns sql itself when there is nothing to replace.
+// The lines after COPY … FROM STDIN are the rows of a script (psql's inline data),
+// never SQL: they are replaced too. It returns sql itself when there is nothing to
+// replace.
 func sanitizeSQL(sql string) string {
 	var out []byte // nil until the first replacement
+	first, isCopy, stdin := true, false, false
 	for i := 0; i < len(sql); {
 		kind, end := nextToken(sql, i)
+		if stdin && (kind == tokOther && sql[i] == ';' || kind == tokSpace && strings.IndexByte(sql[i:end], '\n') >= 0) {
+			if rest := sql[end:]; strings.TrimLeft(rest, " \t\n\r\f\v") != "" {
+				if out == nil {
+					out = append(make([]byte, 0, end+1), sql[:i]...)
+				}
+				out = append(append(out, sql[i:end]...), '?')
+				return string(out)
+			}
+		}
+		switch {
+		case kind == tokWord && first:
+			first, isCopy = false, eq(sql[i:end], "copy")
+		case kind == tokWord && isCopy && eq(sql[i:end], "stdin"):
+			stdin = true
+		case kind == tokOther && sql[i] == ';':
+			first, isCopy = true, false
+		}
 		switch kind {
 		case tokLiteral, tokUnterminated:
 			if out == nil {
@@ -168,6 +188,7 @@ const maxSummary = 255
 // orders", "INSERT shipping_details SELECT orders"), never a literal. A statement that
 // is not a query or a change of rows is summarised by its leading keywords ("CREATE
 // ROLE", "BEGIN").
+// sql must be sanitized text: the summary is made of its words.
 func querySummary(sql string) string {
 	var b summaryBuilder
 	for i := 0; i < len(sql); {
@@ -207,6 +228,28 @@ var summaryClause = map[string]bool{"where": true, "group": true, "order": true,
 var summaryDDLNoise = map[string]bool{"or": true, "replace": true, "if": true, "not": true,
 	"exists": true, "temp": true, "temporary": true, "unlogged": true, "unique": true,
 	"concurrently": true, "global": true, "local": true, "recursive": true, "only": true}
+
+// summaryCommands are the words that start PostgreSQL's commands: only these start a
+// statement's summary.
+var summaryCommands = wordSet("abort alter analyze begin call checkpoint close cluster comment commit copy " +
+	"create deallocate declare delete discard do drop end execute explain fetch grant import insert " +
+	"listen load lock merge move notify prepare reassign refresh reindex release reset revoke rollback " +
+	"savepoint security select set show start table truncate unlisten update vacuum values with")
+
+// summaryDDLWords are the object kinds (and GRANT's privileges) that follow a DDL verb.
+var summaryDDLWords = wordSet("role user group function procedure routine schema database extension type " +
+	"trigger policy domain aggregate operator materialized foreign server publication subscription " +
+	"tablespace collation conversion cast rule event statistics default system large language " +
+	"transform owned access method wrapper data select insert update delete all usage execute " +
+	"references truncate connect temporary privileges")
+
+func wordSet(words string) map[string]bool {
+	m := map[string]bool{}
+	for _, w := range strings.Fields(words) {
+		m[w] = true
+	}
+	return m
+}
 
 // summaryDDLKinds are the object kinds whose name is a target.
 var summaryDDLKinds = map[string]bool{"table": true, "view": true, "index": true, "sequence": true}
@@ -277,6 +320,10 @@ func (b *summaryBuilder) word(kind sqlToken, text string) {
 
 func (b *summaryBuilder) startStatement(lower, text string) {
 	b.inStmt, b.op = true, lower
+	if !summaryCommands[lower] {
+		b.op = "" // not a command: a typo, or data; nothing of it is summarised
+		return
+	}
 	if len(b.out) > 0 {
 		b.out = append(b.out, ';')
 	}
@@ -304,7 +351,7 @@ func (b *summaryBuilder) ddlWord(lower, text string) {
 	case b.target:
 		b.name(text)
 		b.ddl = false
-	case lower != "" && isDDLVerb(b.prev):
+	case summaryDDLWords[lower] && isDDLVerb(b.prev):
 		b.append(strings.ToUpper(text)) // ROLE, FUNCTION, MATERIALIZED …
 	default:
 		b.ddl = false
@@ -401,7 +448,7 @@ func (z *sanitizer) get(sql string) *sanitized {
 		return s
 	}
 	s = &sanitized{text: sanitizeSQL(sql)}
-	if sum := querySummary(sql); sum != "" {
+	if sum := querySummary(s.text); sum != "" {
 		s.summary = []attribute.KeyValue{dbQuerySummaryKey.String(sum)}
 	}
 	if len(sql) > maxCachedSQL {
