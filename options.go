@@ -125,7 +125,9 @@ func WithStatusMapping(m StatusMapping) Option {
 // WithInnerTracer replaces the tracer that makes statement spans (by default an otelpgx
 // tracer built with the same providers). It may implement any of pgx's tracer interfaces
 // and pgxpool's acquire and release tracers; each one it implements is forwarded, with
-// the frame span as the parent of what it starts. nil turns statement spans off.
+// the frame span as the parent of what it starts. nil turns statement spans off. It is
+// given sanitized SQL and redacted errors, as otelpgx is (see [WithRawQueryText] and
+// [WithErrorMessages]); statement arguments reach it unchanged.
 func WithInnerTracer(inner any) Option {
 	return optionFunc(func(c *config) {
 		c.inner, c.innerSet = inner, true
