@@ -36,9 +36,9 @@ const (
 func nextToken(s string, i int) (sqlToken, int) {
 	c := s[i]
 	switch {
-	case c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\f' || c == '\v':
+	case isSpaceByte(c):
 		j := i + 1
-		for j < len(s) && (s[j] == ' ' || s[j] == '\t' || s[j] == '\n' || s[j] == '\r' || s[j] == '\f' || s[j] == '\v') {
+		for j < len(s) && isSpaceByte(s[j]) {
 			j++
 		}
 		return tokSpace, j
@@ -134,10 +134,7 @@ func sanitizeSQL(sql string) string {
 		kind, end := nextToken(sql, i)
 		if stdin && (kind == tokOther && sql[i] == ';' || kind == tokSpace && strings.IndexByte(sql[i:end], '\n') >= 0) {
 			if rest := sql[end:]; strings.TrimLeft(rest, " \t\n\r\f\v") != "" {
-				if out == nil {
-					out = append(make([]byte, 0, end+1), sql[:i]...)
-				}
-				out = append(append(out, sql[i:end]...), '?')
+				out = append(append(copied(out, sql, i), sql[i:end]...), '?')
 				return string(out)
 			}
 		}
@@ -151,14 +148,9 @@ func sanitizeSQL(sql string) string {
 		}
 		switch kind {
 		case tokLiteral, tokUnterminated:
-			if out == nil {
-				out = append(make([]byte, 0, len(sql)), sql[:i]...)
-			}
-			out = append(out, '?')
+			out = append(copied(out, sql, i), '?')
 		case tokComment:
-			if out == nil {
-				out = append(make([]byte, 0, len(sql)), sql[:i]...)
-			}
+			out = copied(out, sql, i)
 			// A space keeps the neighbours apart: "-/**/-" must not become a comment.
 			if n := len(out); n > 0 && !isSpaceByte(out[n-1]) {
 				out = append(out, ' ')
@@ -174,6 +166,15 @@ func sanitizeSQL(sql string) string {
 		return sql
 	}
 	return string(out)
+}
+
+// copied returns out, or when it is nil a new buffer holding sql[:i]: the text before
+// the first replacement.
+func copied(out []byte, sql string, i int) []byte {
+	if out != nil {
+		return out
+	}
+	return append(make([]byte, 0, len(sql)), sql[:i]...)
 }
 
 func isSpaceByte(c byte) bool {
