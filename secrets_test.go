@@ -327,3 +327,76 @@ func (h *harness) metricsText(t *testing.T, ctx context.Context) string {
 	}
 	return b.String()
 }
+
+// seenByInner records what a user's inner tracer is handed.
+type seenByInner struct {
+	mu   sync.Mutex
+	seen []string
+}
+
+func (s *seenByInner) add(format string, args ...any) {
+	s.mu.Lock()
+	s.seen = append(s.seen, fmt.Sprintf(format, args...))
+	s.mu.Unlock()
+}
+
+func (s *seenByInner) TraceQueryStart(ctx context.Context, _ *pgx.Conn, d pgx.TraceQueryStartData) context.Context {
+	s.add("query %q args %v", d.SQL, d.Args)
+	return ctx
+}
+
+func (s *seenByInner) TraceQueryEnd(_ context.Context, _ *pgx.Conn, d pgx.TraceQueryEndData) {
+	s.add("query end %v", d.Err)
+}
+
+func (s *seenByInner) TraceBatchStart(ctx context.Context, _ *pgx.Conn, d pgx.TraceBatchStartData) context.Context {
+	for _, q := range d.Batch.QueuedQueries {
+		s.add("batch start %q args %v", q.SQL, q.Arguments)
+	}
+	return ctx
+}
+
+func (s *seenByInner) TraceBatchQuery(_ context.Context, _ *pgx.Conn, d pgx.TraceBatchQueryData) {
+	s.add("batch query %q %v", d.SQL, d.Err)
+}
+
+func (s *seenByInner) TraceBatchEnd(_ context.Context, _ *pgx.Conn, d pgx.TraceBatchEndData) {
+	s.add("batch end %v", d.Err)
+}
+
+func (s *seenByInner) text() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return strings.Join(s.seen, "\n")
+}
+
+// TestUserInnerTracerGetsSanitizedText: a tracer of the user's own, in otelpgx's place,
+// is handed sanitized SQL (a copy of the batch too) and redacted errors; the statement
+// arguments reach it unchanged, as the README says.
+func TestUserInnerTracerGetsSanitizedText(t *testing.T) {
+	ctx := testCtx(t)
+	inner := &seenByInner{}
+	h := newHarness(t, "", 1, WithInnerTracer(inner))
+	if _, err := h.pool.Exec(ctx, "select '"+secretSimple+"'::int, $1::text", "arg-visible"); err == nil {
+		t.Fatal("want the invalid input error")
+	}
+	b := &pgx.Batch{}
+	b.Queue("select '" + secretBatch + "'")
+	if err := h.pool.SendBatch(ctx, b).Close(); err != nil {
+		t.Fatal(err)
+	}
+	if b.QueuedQueries[0].SQL != "select '"+secretBatch+"'" {
+		t.Fatalf("the caller's batch was changed: %q", b.QueuedQueries[0].SQL)
+	}
+	seen := inner.text()
+	for _, s := range []string{secretSimple, secretBatch} {
+		if strings.Contains(seen, s) {
+			t.Errorf("the inner tracer was handed %q:\n%s", s, seen)
+		}
+	}
+	for _, want := range []string{`query "select ?::int, $1::text" args [arg-visible]`, "SQLSTATE 22P02", `batch start "select ?"`, `batch query "select ?"`} {
+		if !strings.Contains(seen, want) {
+			t.Errorf("the inner tracer was not handed %q:\n%s", want, seen)
+		}
+	}
+}
