@@ -427,17 +427,28 @@ type sanitized struct {
 }
 
 // Bounds of the sanitizer's cache: it keeps up to this many SQL strings (pgx's own
-// statement cache holds 512 per connection), of at most maxCachedSQL bytes each.
+// statement cache holds 512 per connection), of at most maxCachedSQL bytes each and
+// sanitizeCacheBytes in all.
 const (
 	sanitizeCacheEntries = 4096
 	maxCachedSQL         = 8 << 10
+	sanitizeCacheBytes   = 4 << 20
 )
 
 // sanitizer caches sanitized text per SQL string, so that a repeated statement costs
 // one map lookup and no allocation. It is safe for concurrent use.
 type sanitizer struct {
-	mu sync.RWMutex
-	m  map[string]*sanitized
+	mu    sync.RWMutex
+	m     map[string]*sanitized
+	bytes int // the text the cache holds: SQL strings and the sanitized ones that differ
+}
+
+// size is what caching sql and s costs in text.
+func (s *sanitized) size(sql string) int {
+	if s.text == sql {
+		return len(sql) // sanitizeSQL returned sql itself
+	}
+	return len(sql) + len(s.text)
 }
 
 // get returns what to record for sql.
@@ -459,13 +470,18 @@ func (z *sanitizer) get(sql string) *sanitized {
 	if z.m == nil {
 		z.m = make(map[string]*sanitized)
 	}
-	if len(z.m) >= sanitizeCacheEntries {
-		for k := range z.m { // map iteration starts anywhere: a random eviction
-			delete(z.m, k)
-			break
+	if _, raced := z.m[sql]; !raced {
+		n := s.size(sql)
+		for len(z.m) >= sanitizeCacheEntries || z.bytes+n > sanitizeCacheBytes {
+			for k, v := range z.m { // map iteration starts anywhere: a random eviction
+				z.bytes -= v.size(k)
+				delete(z.m, k)
+				break
+			}
 		}
+		z.m[sql] = s
+		z.bytes += n
 	}
-	z.m[sql] = s
 	z.mu.Unlock()
 	return s
 }

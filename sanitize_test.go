@@ -103,6 +103,17 @@ func TestSanitizerCache(t *testing.T) {
 	if n := len(z.m); n > sanitizeCacheEntries {
 		t.Errorf("cache holds %d entries, want at most %d", n, sanitizeCacheEntries)
 	}
+	big := strings.Repeat("x", maxCachedSQL-20)
+	for i := range 2 * sanitizeCacheBytes / maxCachedSQL {
+		z.get(fmt.Sprintf("select '%s' /* %d */", big, i))
+	}
+	total := 0
+	for k, v := range z.m {
+		total += v.size(k)
+	}
+	if total != z.bytes || total > sanitizeCacheBytes {
+		t.Errorf("cache holds %d bytes of text (counted %d), want at most %d", total, z.bytes, sanitizeCacheBytes)
+	}
 	huge := "select '" + strings.Repeat("x", maxCachedSQL) + "'"
 	if got := z.get(huge).text; got != "select ?" {
 		t.Errorf("huge statement sanitized to %q", got)
