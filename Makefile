@@ -29,7 +29,8 @@ fuzz:
 	$(GO) test -run '^$$' -fuzz FuzzClassifyStatements -fuzztime 60s .
 	$(GO) test -run '^$$' -fuzz FuzzSanitize -fuzztime 60s .
 
-# A longer soundness run; the CI-sized one is part of `make test`.
+# A longer soundness run, on the single server (crash restarts) and on the cluster
+# (failovers alternating with crash restarts); the CI-sized ones are part of `make test`.
 soak:
 	OTELPGXTX_SOAK_TX=30000 OTELPGXTX_SOAK_CRASHES=12 OTELPGXTX_SOAK_DURATION=50m \
-		$(GO) test -run 'TestSoundness$$' -count=1 -timeout 60m -v .
+		$(GO) test -run 'TestSoundness$$|TestSoundnessFailover$$' -count=1 -timeout 120m -v .

@@ -2,7 +2,6 @@ package otelpgxtx
 
 import (
 	"context"
-	"errors"
 
 	"github.com/jackc/pgx/v5"
 	"go.opentelemetry.io/otel/trace"
@@ -19,10 +18,14 @@ type TxBeginner interface {
 // this frame's span, which records tx.suspended and tx.resumed around it.
 //
 // db must be instrumented (see [InstrumentPool]); otherwise the transaction is begun
-// and ctx is returned as it was.
+// and ctx is returned as it was. A nil db, or a nil *pgxpool.Pool or *pgx.Conn, is an
+// error wrapping [ErrInvalidArgument].
 func Begin(ctx context.Context, db TxBeginner, txOptions pgx.TxOptions) (context.Context, pgx.Tx, error) {
 	if db == nil {
-		return ctx, nil, errors.New("otelpgxtx: Begin: nil db")
+		return ctx, nil, invalid("Begin: nil db")
+	}
+	if isNilHandle(db) {
+		return ctx, nil, invalid("Begin: nil %T", db)
 	}
 	tx, err := db.BeginTx(ctx, txOptions)
 	if err != nil {
@@ -40,8 +43,12 @@ func frameOfTx(tx pgx.Tx) *frame {
 	if conn == nil {
 		return nil
 	}
-	if st := connStateOf(conn); st != nil && st.frame != nil && st.frame.open() {
-		return st.frame
+	if st := connStateOf(conn); st != nil {
+		st.mu.Lock()
+		defer st.mu.Unlock()
+		if st.frame != nil && st.frame.open() {
+			return st.frame
+		}
 	}
 	return nil
 }

@@ -8,15 +8,26 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"go.opentelemetry.io/otel"
 
 	"github.com/txevidence/otelpgxtx/outcome"
 )
 
 // identitySQL reads what makes an xid meaningful: the cluster's system identifier, its
 // current timeline and the server's start time. After a failover, and after a crash
-// restart, the same xid may name another transaction.
-const identitySQL = "select s.system_identifier::text, c.timeline_id::text, " + serverStartSQL +
-	" from pg_control_system() s, pg_control_checkpoint() c"
+// restart, the same xid may name another transaction. It also calls the function
+// captureSQL calls, so that capture is only attempted where that call cannot fail for
+// want of a privilege: an ERROR there would abort the transaction being committed.
+const identitySQL = "select s.system_identifier::text, " + timelineSQL + ", " + serverStartSQL +
+	", pg_current_xact_id_if_assigned()::text from pg_control_system() s"
+
+// timelineSQL is the timeline the server writes WAL on, the first eight hex digits of
+// the current WAL file's name, NULL on a standby. pg_control_checkpoint() shows the
+// previous timeline until the first checkpoint after a promotion, which PostgreSQL 15 only
+// requests after writing its end-of-recovery record (xlog.c, PerformRecoveryXLogAction),
+// so an xid assigned meanwhile would be filed under the wrong history.
+const timelineSQL = "case when pg_is_in_recovery() then null else " +
+	"('x' || substr(pg_walfile_name(pg_current_wal_lsn()), 1, 8))::bit(32)::bigint::text end"
 
 // serverStartSQL is pg_postmaster_start_time() in microseconds since the Unix epoch.
 const serverStartSQL = "(extract(epoch from pg_postmaster_start_time()) * 1000000)::bigint::text"
@@ -27,20 +38,29 @@ const captureSQL = "select pg_current_xact_id_if_assigned()::text"
 
 // readIdentity reads the cluster identity into st, once per connection. It goes through
 // pgconn directly: it is the instrumentation's own query, not the application's, and
-// makes no span.
+// makes no span. Only [Run] calls it, on a connection it holds and before BEGIN, so it
+// never runs inside a transaction of the application's.
 func readIdentity(ctx context.Context, pg *pgconn.PgConn, st *connState) error {
 	if st.identityRead {
 		return nil
 	}
-	st.identityRead = true // tried once: a refusal (no permission) is not retried per commit
 	results, err := pg.Exec(ctx, identitySQL).ReadAll()
+	var pgErr *pgconn.PgError
+	if err == nil || errors.As(err, &pgErr) {
+		// The server answered: a refusal (no privilege) is not retried per commit. A
+		// context that had already expired sent nothing, and the next Run tries again.
+		st.identityRead = true
+	}
 	if err != nil {
 		return fmt.Errorf("otelpgxtx: reading the cluster identity: %w", err)
 	}
-	if len(results) != 1 || len(results[0].Rows) != 1 || len(results[0].Rows[0]) != 3 {
+	if len(results) != 1 || len(results[0].Rows) != 1 || len(results[0].Rows[0]) != 4 {
 		return errors.New("otelpgxtx: reading the cluster identity: unexpected result shape")
 	}
 	row := results[0].Rows[0]
+	if row[1] == nil {
+		return errors.New("otelpgxtx: reading the cluster identity: the server is a standby; no reconciliation references on this connection")
+	}
 	sys, err1 := strconv.ParseUint(string(row[0]), 10, 64)
 	tli, err2 := strconv.ParseUint(string(row[1]), 10, 32)
 	start, err3 := strconv.ParseInt(string(row[2]), 10, 64)
@@ -50,6 +70,57 @@ func readIdentity(ctx context.Context, pg *pgconn.PgConn, st *connState) error {
 	st.systemID, st.timeline, st.serverStart = sys, uint32(tli), start
 	return nil
 }
+
+// identityKnown reports whether st holds a cluster identity, without which a reference
+// could not be checked and capture is off.
+func (st *connState) identityKnown() bool { return st != nil && st.systemID != 0 }
+
+// prepareCapture reads conn's cluster identity once, while conn is idle: outside any
+// transaction, so that no failure of it can abort one. A refusal (no privilege for
+// pg_control_*) turns capture off for the connection. It returns an error only when the
+// read broke the connection, which then must not be used. A context that had already
+// ended sent nothing: BEGIN reports it as it would have without capture.
+func prepareCapture(ctx context.Context, conn *pgx.Conn) error {
+	pg := conn.PgConn()
+	st := stateOf(pg)
+	if st == nil || st.identityRead || pg.TxStatus() != 'I' {
+		return nil
+	}
+	err := readIdentity(ctx, pg, st)
+	if err == nil {
+		return nil
+	}
+	if pg.IsClosed() {
+		return err
+	}
+	if ctx.Err() == nil {
+		otel.Handle(err)
+	}
+	return nil
+}
+
+// closePgxTx marks pgx's own Tx object closed after Run committed through pgconn, so
+// that what is bound to it (LargeObjects) fails with pgx.ErrTxClosed. pgx's Commit with
+// an already cancelled context sets its closed flag and sends nothing: pgconn checks the
+// context before it writes, and on an idle or closed connection pgx closes nothing
+// either. st.silent keeps that call out of the tracer: it is no statement.
+func closePgxTx(tx pgx.Tx, st *connState) {
+	conn := tx.Conn()
+	if conn == nil || !conn.IsClosed() && conn.PgConn().TxStatus() != 'I' {
+		return
+	}
+	st.silent = true
+	_ = tx.Commit(cancelledCtx)
+	st.silent = false
+}
+
+// cancelledCtx is a context cancelled once and for all, built once so that closing pgx's
+// Tx object allocates no context.
+var cancelledCtx = func() context.Context {
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	return ctx
+}()
 
 // commitResult is what a COMMIT produced.
 type commitResult struct {
@@ -61,7 +132,7 @@ type commitResult struct {
 // commitWithCapture sends the xid read, a Sync, COMMIT and a Sync in one write: one
 // network round trip, as plain COMMIT takes. The Sync makes the server flush the xid
 // before it starts committing, so the reference arrives even if the commit never
-// answers. Identity unknown (no permission for pg_control_*) leaves ref nil.
+// answers. The caller has read the identity (see identityKnown).
 func commitWithCapture(ctx context.Context, pg *pgconn.PgConn, st *connState, commitSQL string) commitResult {
 	var res commitResult
 	p := pg.StartPipeline(ctx)
@@ -97,7 +168,7 @@ func commitWithCapture(ctx context.Context, pg *pgconn.PgConn, st *connState, co
 	if cerr := p.Close(); cerr != nil && res.err == nil {
 		res.err = cerr
 	}
-	if xidOK && st.systemID != 0 {
+	if xidOK {
 		ref := outcome.ReconciliationRef{XID: xid, SystemIdentifier: st.systemID, Timeline: st.timeline, ServerStart: st.serverStart}
 		res.ref = &ref
 	}

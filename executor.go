@@ -34,6 +34,8 @@ type DB interface {
 //     work twice.
 //   - A call that joins an outer transaction returns Participating, never Committed.
 //   - A panic in fn rolls back, ends the frame as rolled_back, and panics again.
+//   - Once Run has returned, tx and every handle derived from it (savepoints,
+//     LargeObjects) fail with an error wrapping pgx.ErrTxClosed and send nothing.
 //   - Bad input (nil db or fn, an invalid policy, RequiresNew on the outer
 //     transaction's own connection) returns a DeterminateRollback in phase not_started
 //     whose cause wraps [ErrInvalidArgument]; nothing was begun.
@@ -93,8 +95,8 @@ func isNilHandle(v any) bool {
 }
 
 // checkSecondConnection refuses a RequiresNew that could only wait for itself: on the
-// outer transaction's own connection, or on a pool that every suspended frame of this
-// call chain already holds a connection of.
+// outer transaction's own connection, or on a pool whose every connection is held by a
+// suspended transaction of this call chain (transactions on other pools hold none of it).
 func checkSecondConnection(ctx context.Context, db DB, sc *scope) error {
 	switch db := db.(type) {
 	case *pgx.Conn:
@@ -104,7 +106,9 @@ func checkSecondConnection(ctx context.Context, db DB, sc *scope) error {
 	case *pgxpool.Pool:
 		held := 0
 		for s := sc; s != nil; s = s.owner().suspended { // each suspended owner holds one
-			held++
+			if s.owner().pool == db {
+				held++
+			}
 		}
 		if max := db.Config().MaxConns; int(max) <= held {
 			return invalid("RequiresNew needs a second connection, and the pool's %d connection(s) are held by the suspended transactions of this call", max)
@@ -146,7 +150,11 @@ func nested[T any](ctx context.Context, p Policy, sc *scope, fn func(context.Con
 func nestedSavepoint[T any](ctx context.Context, sc *scope, fn func(context.Context, pgx.Tx) (T, error)) outcome.Result[T] {
 	sp, err := sc.tx.tx.Begin(ctx)
 	if err != nil {
-		sc.markRollbackOnly(err)
+		if !txIntact(sc.tx.tx) {
+			// The SAVEPOINT failed in the server or lost the connection: the outer
+			// transaction cannot commit. A context that had already expired sent nothing.
+			sc.markRollbackOnly(err)
+		}
 		r, _ := outcome.NewDeterminateRollback[T](sc.id, outcome.PhaseActive, err, false)
 		return r
 	}
@@ -165,14 +173,23 @@ func nestedSavepoint[T any](ctx context.Context, sc *scope, fn func(context.Cont
 	}()
 	hooks := child.takeHooks()
 	child.tx.end()
+	if err == nil && ctx.Err() != nil {
+		// The call's deadline passed (or it was cancelled) while fn ran: its work is not
+		// what the caller asked for in time, so it is undone, as a failed call's is.
+		err = context.Cause(ctx)
+	}
+	// The savepoint belongs to the outer transaction, which outlives this call's context:
+	// ending it with an expired context would send nothing, leave the savepoint open and
+	// doom the outer transaction for a deadline that was only the inner call's.
+	octx := context.WithoutCancel(ctx)
 	if err != nil {
-		if rbErr := sp.Rollback(ctx); rbErr != nil {
+		if rbErr := sp.Rollback(octx); rbErr != nil {
 			sc.markRollbackOnly(rbErr)
 		}
 		r, _ := outcome.NewDeterminateRollback[T](sc.id, outcome.PhaseActive, err, false)
 		return r
 	}
-	if err := sp.Commit(ctx); err != nil {
+	if err := sp.Commit(octx); err != nil {
 		sc.markRollbackOnly(err)
 		r, _ := outcome.NewDeterminateRollback[T](sc.id, outcome.PhaseActive, err, false)
 		return r
@@ -181,6 +198,13 @@ func nestedSavepoint[T any](ctx context.Context, sc *scope, fn func(context.Cont
 	sc.hooks = append(sc.hooks, hooks...)
 	sc.mu.Unlock()
 	return outcome.NewParticipating(sc.id, v)
+}
+
+// txIntact reports whether tx's connection is open and in a transaction that can still
+// commit.
+func txIntact(tx pgx.Tx) bool {
+	conn := tx.Conn()
+	return conn != nil && !conn.IsClosed() && conn.PgConn().TxStatus() == 'T'
 }
 
 // runOwner begins, runs and ends the physical transaction, retrying a retryable rollback.
@@ -262,9 +286,14 @@ func runAttempt[T any](ctx context.Context, db DB, p Policy, fn func(context.Con
 		return r, nil
 	}
 	var tx pgx.Tx
-	if held.conn != nil {
+	if held.conn != nil && p.CaptureReference {
+		// Before BEGIN, so that the library's own query never runs inside the transaction;
+		// a connection it broke is handled like a failed BEGIN, and the pool discards it.
+		err = prepareCapture(ctx, held.conn)
+	}
+	if err == nil && held.conn != nil {
 		tx, err = held.conn.BeginTx(ctx, opts)
-	} else {
+	} else if err == nil {
 		tx, err = db.BeginTx(ctx, opts)
 	}
 	if err != nil {
@@ -277,6 +306,7 @@ func runAttempt[T any](ctx context.Context, db DB, p Policy, fn func(context.Con
 		return r, nil
 	}
 	sc := &scope{tx: &runTx{tx: tx}, frame: frameOfTx(tx), suspended: scopeFromContext(ctx)}
+	sc.pool, _ = db.(*pgxpool.Pool)
 	f := sc.frame
 	if f != nil {
 		f.managed, f.propagation, f.attempt = true, p.Propagation.String(), attempt
@@ -373,6 +403,10 @@ func rollback(ctx context.Context, sc *scope, tx pgx.Tx, cause error) classifier
 	// changes nothing: a failed rollback closes the connection, which rolls back too.
 	_ = tx.Rollback(context.WithoutCancel(ctx))
 	if f := sc.frame; f != nil {
+		if st := stateOf(f.conn); st != nil {
+			st.mu.Lock()
+			defer st.mu.Unlock()
+		}
 		if f.open() {
 			// The rollback never reached the tracer (the connection was gone).
 			f.finish(stateOf(f.conn), f.firstErr)
@@ -393,7 +427,11 @@ type commitOutcome struct {
 // notices, or else the classifier's on the error alone.
 func commit(ctx context.Context, sc *scope, tx pgx.Tx, held heldConn, p Policy, opts pgx.TxOptions) commitOutcome {
 	f := sc.frame
-	if !p.CaptureReference || held.conn == nil {
+	var st *connState
+	if held.conn != nil {
+		st = connStateOf(held.conn)
+	}
+	if !p.CaptureReference || !st.identityKnown() {
 		err := tx.Commit(ctx)
 		if f != nil && !f.open() {
 			return commitOutcome{verdict: f.verdict, err: err}
@@ -402,22 +440,21 @@ func commit(ctx context.Context, sc *scope, tx pgx.Tx, held heldConn, p Policy, 
 			classifier.Facts{RollbackTag: errors.Is(err, pgx.ErrTxCommitRollback)}), err: err}
 	}
 	pg := held.conn.PgConn()
-	st := stateOf(pg)
-	if !st.identityRead {
-		// Not read at connect (the config was not instrumented): read it now, once.
-		// Without it a reference could not be checked, so none is made.
-		if err := readIdentity(ctx, pg, st); err != nil {
-			otel.Handle(err)
-		}
-	}
+	st.mu.Lock()
+	st.committing = true // no hook marks this COMMIT in flight
 	if f != nil {
 		f.transition(outcome.PhaseCommitting) // before COMMIT reaches the driver
 	}
+	st.mu.Unlock()
 	cr := commitWithCapture(ctx, pg, st, commitSQLOf(opts))
 	if cr.err != nil && !pg.IsClosed() && pg.TxStatus() != 'I' {
 		// pgx closes a connection whose failed COMMIT left it in a transaction; so do we.
 		_ = held.conn.Close(context.WithoutCancel(ctx))
 	}
+	closePgxTx(tx, st)
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	st.committing = false
 	facts := classifier.Facts{RollbackTag: cr.rollbackTag}
 	if f != nil {
 		f.ref = cr.ref

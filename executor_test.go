@@ -652,7 +652,7 @@ func TestRunCaptureAddsNoRoundTrip(t *testing.T) {
 		}
 		return proxy.RoundTrips()
 	}
-	count(true, 1) // warm up: the pool connects (and reads the cluster identity) here
+	count(true, 1) // warm up: the pool connects and Run reads the cluster identity here
 	with, without := count(true, 2), count(false, 3)
 	t.Logf("round trips: with capture %d, without %d", with, without)
 	if with != without {

@@ -24,8 +24,8 @@ import (
 // Parse/Describe/Sync once, then Bind/[Describe]/Execute/Sync) and for the simple
 // protocol pgx uses for BEGIN, COMMIT and ROLLBACK. Its transaction status follows
 // BEGIN ('T') and COMMIT/ROLLBACK ('I'), so pgconn's TxStatus is what a real server
-// would make it. Every SELECT returns one row with one int8 column (42), except the
-// tracer's cluster-identity read, which gets its two text columns so that reference
+// would make it. Every SELECT returns one row with one int8 column (42), except Run's
+// cluster-identity read, which gets its text columns so that reference
 // capture works over the fake too; INSERT, UPDATE and DELETE affect one row. It
 // allocates nothing per message once warm, so allocation counts over it are pgx's and
 // the tracers'.
@@ -71,7 +71,7 @@ const (
 	fakeInsert
 	fakeUpdate
 	fakeDelete
-	fakeIdentity // the tracer's cluster-identity read: two text columns
+	fakeIdentity // Run's cluster-identity read: two text columns
 )
 
 // fakeTags are the command tags per kind.
@@ -322,7 +322,7 @@ func (c *fakePG) message(typ byte, body []byte) error {
 	return nil
 }
 
-// identity prepares the answer to the tracer's cluster-identity read: as many text
+// identity prepares the answer to Run's cluster-identity read: as many text
 // columns as its select list (before the last " from ") has, each ending in ::text:
 // the system identifier, the timeline and then a server start, all positive integers.
 func (c *fakePG) identity(sql []byte) {

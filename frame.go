@@ -2,6 +2,7 @@ package otelpgxtx
 
 import (
 	"context"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -18,7 +19,9 @@ import (
 // connection and id are fixed at creation; its phase moves on each transition.
 //
 // The owning connection's goroutine changes it; other goroutines only read its phase
-// and end state (atomics) and add events to its span (which is safe for concurrent use).
+// and end state (atomics) and add events to its span (which is safe for concurrent use),
+// except that the close of its connection may end it on another goroutine, under the
+// connection state's mutex (see netConn).
 type frame struct {
 	t      *Tracer
 	span   trace.Span
@@ -72,7 +75,12 @@ func (f *frame) currentPhase() outcome.Phase { return outcome.Phase(f.phase.Load
 func (f *frame) open() bool { return !f.done.Load() }
 
 // connState is what the tracer keeps on one connection, in its CustomData.
+//
+// The connection's user changes it, in the hooks and in Run; mu orders that with the
+// end of the connection's net.Conn, which may be closed on another goroutine (see
+// netConn). Uncontended, it costs a few nanoseconds per hook and allocates nothing.
 type connState struct {
+	mu      sync.Mutex
 	frame   *frame
 	queries []queryState // started, not yet ended (a busy conn can nest a failed call)
 
@@ -86,6 +94,12 @@ type connState struct {
 	timeline     uint32
 	serverStart  int64 // µs since the epoch; a connection never outlives a restart
 	identityRead bool
+
+	// silent hides Run's closing of pgx's Tx object (see closePgxTx) from the hooks.
+	silent bool
+	// committing is set while Run's COMMIT is in flight through pgconn, where no hook
+	// marks the connection busy.
+	committing bool
 }
 
 // queryState is what a statement's start hands to its end.
@@ -122,6 +136,9 @@ func stateOf(pg *pgconn.PgConn) *connState {
 	if st == nil {
 		st = &connState{queries: make([]queryState, 0, 2)}
 		data[stateKey] = st
+		if nc, ok := pg.Conn().(*netConn); ok {
+			nc.st.Store(st)
+		}
 	}
 	return st
 }
@@ -136,10 +153,11 @@ func connStateOf(conn *pgx.Conn) *connState {
 func (st *connState) push(q queryState) { st.queries = append(st.queries, q) }
 
 // pop removes and returns the query whose Start returned ctx; the last one if none did.
-func (st *connState) pop(ctx context.Context) queryState {
+// ok is false when no query was started: the caller has nothing to end.
+func (st *connState) pop(ctx context.Context) (q queryState, ok bool) {
 	n := len(st.queries)
 	if n == 0 {
-		return queryState{}
+		return queryState{}, false
 	}
 	i := n - 1
 	for j := n - 1; j >= 0; j-- {
@@ -148,11 +166,11 @@ func (st *connState) pop(ctx context.Context) queryState {
 			break
 		}
 	}
-	q := st.queries[i]
+	q = st.queries[i]
 	copy(st.queries[i:], st.queries[i+1:])
 	st.queries[n-1] = queryState{}
 	st.queries = st.queries[:n-1]
-	return q
+	return q, true
 }
 
 // top returns the innermost running query, for batch-query hooks.

@@ -3,11 +3,11 @@ package otelpgxtx
 import (
 	"context"
 	"errors"
+	"net"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
-	"go.opentelemetry.io/otel"
 )
 
 // InstrumentPool instruments every connection of a pool that cfg will create:
@@ -41,9 +41,12 @@ func InstrumentPool(cfg *pgxpool.Config, opts ...Option) (*Tracer, error) {
 // [Tracer] as cfg.Tracer — a tracer cfg already has becomes its inner tracer, in place
 // of a new otelpgx one, unless [WithInnerTracer] says otherwise — and chains (never
 // replaces) cfg.OnNotice so that the server's "already committed locally" warnings reach
-// the classifier, and cfg.AfterConnect to read the cluster identity that reconciliation
-// references need, once per connection. Calling it twice on one config is an error: frames would be recorded
-// twice.
+// the classifier, and cfg.AfterNetConnect to wrap the net.Conn pgconn will use, so that
+// a frame still open when its connection closes ends then (pgx.Conn.Close has no hook);
+// the wrapper's NetConn method returns the net.Conn underneath. It sends nothing of its
+// own: the bytes on the wire are those of the application ([Run] reads the cluster
+// identity for reconciliation references on the connections it holds, before BEGIN).
+// Calling it twice on one config is an error: frames would be recorded twice.
 func InstrumentConnConfig(cfg *pgx.ConnConfig, opts ...Option) (*Tracer, error) {
 	if cfg == nil {
 		return nil, errors.New("otelpgxtx: InstrumentConnConfig: nil connection config")
@@ -59,22 +62,15 @@ func InstrumentConnConfig(cfg *pgx.ConnConfig, opts ...Option) (*Tracer, error) 
 		return nil, err
 	}
 	cfg.Tracer = t
-	userAfterConnect := cfg.AfterConnect
-	cfg.AfterConnect = func(ctx context.Context, pg *pgconn.PgConn) error {
-		if userAfterConnect != nil {
-			if err := userAfterConnect(ctx, pg); err != nil {
-				return err
+	userAfterNetConnect := cfg.AfterNetConnect
+	cfg.AfterNetConnect = func(ctx context.Context, pcfg *pgconn.Config, conn net.Conn) (net.Conn, error) {
+		if userAfterNetConnect != nil {
+			var err error
+			if conn, err = userAfterNetConnect(ctx, pcfg, conn); err != nil {
+				return conn, err
 			}
 		}
-		// Read once per connection, so that capturing a reference at COMMIT costs no
-		// round trip. Without permission for pg_control_*, capture is off for this
-		// connection; the connection itself must not fail for it.
-		if st := stateOf(pg); st != nil {
-			if err := readIdentity(ctx, pg, st); err != nil {
-				otel.Handle(err)
-			}
-		}
-		return nil
+		return &netConn{Conn: conn, t: t}, nil
 	}
 	userOnNotice := cfg.OnNotice
 	cfg.OnNotice = func(pg *pgconn.PgConn, n *pgconn.Notice) {

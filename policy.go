@@ -20,6 +20,8 @@ const (
 	RequiresNew
 	// Nested runs inside a savepoint of the transaction in ctx (the result is
 	// Participating, or a rollback of the savepoint alone); without one, like Required.
+	// A call whose context expires before it returns is rolled back to its savepoint
+	// (with a context of its own, so the outer transaction can still commit).
 	Nested
 	// Mandatory joins the transaction in ctx and is an error without one.
 	Mandatory

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -48,15 +49,18 @@ func (r Resolved) String() string {
 
 // Reasons a reconciliation stays unknown.
 const (
-	UnknownInProgress    = "in_progress"    // still in progress after the wait (e.g. a synchronous-replication wait)
-	UnknownTooOld        = "too_old"        // pg_xact_status is NULL: the commit log no longer covers the xid
-	UnknownInTheFuture   = "in_the_future"  // the server has not assigned the xid yet: another history
-	UnknownOtherSystem   = "other_system"   // the reference names another cluster
-	UnknownOtherTimeline = "other_timeline" // a failover happened since: the xid may have been reused
-	UnknownNoReference   = "no_reference"   // nothing was captured before COMMIT
+	UnknownInProgress  = "in_progress"   // still in progress after the wait (e.g. a synchronous-replication wait)
+	UnknownTooOld      = "too_old"       // pg_xact_status is NULL: the commit log no longer covers the xid
+	UnknownInTheFuture = "in_the_future" // the server has not assigned the xid yet: another history
+	UnknownOtherSystem = "other_system"  // the reference names another cluster
+	UnknownNoReference = "no_reference"  // nothing was captured before COMMIT
+	// UnknownOtherTimeline: a failover happened since and the commit log says committed
+	// below the new timeline's proven boundary (or no boundary is proven yet, or the
+	// server is not on a later timeline): an xid may be handed out again after a fork.
+	UnknownOtherTimeline = "other_timeline"
 	// UnknownServerRestarted: the commit log says committed, but the server restarted
-	// since the xid was captured (or the reference has no start time), and a crash
-	// restart hands out again the xids whose records had not reached the WAL.
+	// since the xid was captured (or the reference has no start time), the xid is below
+	// the restart's boundary, and another restart in between could have handed it out again.
 	UnknownServerRestarted = "server_restarted"
 )
 
@@ -77,8 +81,9 @@ func (r Resolution) Reason() string { return r.reason }
 func (r Resolution) Reference() outcome.ReconciliationRef { return r.ref }
 
 // Reconciler resolves indeterminate commits from PostgreSQL's own records
-// (pg_xact_status). It never guesses: anything it cannot prove stays unknown, with the
-// reason.
+// (pg_xact_status, and the latest checkpoint's next xid after a crash restart or a
+// failover). It never guesses: anything it cannot prove stays unknown, with the reason.
+// Its answers describe the history of the server it asks: give it the surviving primary.
 type Reconciler struct {
 	db       Querier
 	tracer   trace.Tracer
@@ -137,35 +142,13 @@ func (r *Reconciler) resolve(ctx context.Context, ref outcome.ReconciliationRef,
 		}
 		deadline := time.Now().Add(r.wait)
 		for {
-			status, sys, tli, start, err := r.query(ctx, ref.XID)
-			switch {
-			case err != nil:
-				var pgErr *pgconn.PgError
-				if errors.As(err, &pgErr) && pgErr.Code == "22023" {
-					res.reason = UnknownInTheFuture
-					return res, nil
-				}
+			v, err := r.query(ctx, ref.XID)
+			if err != nil {
 				return res, fmt.Errorf("otelpgxtx: reconciling %s: %w", ref, err)
-			case sys != ref.SystemIdentifier:
-				res.reason = UnknownOtherSystem
-				return res, nil
-			case tli != ref.Timeline:
-				res.reason = UnknownOtherTimeline
-				return res, nil
-			case status == nil:
-				res.reason = UnknownTooOld
-				return res, nil
-			case *status == "committed" && start != ref.ServerStart:
-				// "aborted" stays trustworthy across a restart (a reused xid means the
-				// original's records were lost, so it never committed); "committed" may
-				// be the reuser's.
-				res.reason = UnknownServerRestarted
-				return res, nil
-			case *status == "committed":
-				res.resolved = ResolvedCommitted
-				return res, nil
-			case *status == "aborted":
-				res.resolved = ResolvedAborted
+			}
+			var again bool
+			res.resolved, res.reason, again = decide(ref, v)
+			if !again {
 				return res, nil
 			}
 			// In progress: a backend may still sit in a synchronous-replication wait.
@@ -184,23 +167,123 @@ func (r *Reconciler) resolve(ctx context.Context, ref outcome.ReconciliationRef,
 	})
 }
 
-// query reads the xid's status together with the cluster identity, in one round trip,
-// so that both describe the same server.
-func (r *Reconciler) query(ctx context.Context, xid uint64) (status *string, sys uint64, tli uint32, start int64, err error) {
-	var sysText, tliText, startText string
-	err = r.db.QueryRow(ctx, "select pg_xact_status($1::text::xid8), s.system_identifier::text, c.timeline_id::text, "+serverStartSQL+
-		" from pg_control_system() s, pg_control_checkpoint() c",
-		strconv.FormatUint(xid, 10)).Scan(&status, &sysText, &tliText, &startText)
+// serverView is what one reconciliation query saw of the server and of the xid.
+type serverView struct {
+	status   *string // pg_xact_status; nil when the commit log no longer covers the xid
+	inFuture bool    // pg_xact_status refused: the server has not assigned the xid yet
+	sys      uint64
+	// timeline the server writes WAL on; on a standby (inRecovery) its last restartpoint's.
+	timeline   uint32
+	inRecovery bool
+	start      int64
+	// The latest checkpoint's timeline and next full xid (pg_control_checkpoint()).
+	checkpointTimeline uint32
+	checkpointNextXID  uint64
+}
+
+// decide resolves ref from v, or asks to look again (the xid is in progress).
+//
+// An xid names the reference's transaction only in the server incarnation that assigned
+// it: PostgreSQL does not WAL-log xid assignment, so after a crash restart or a failover
+// an xid whose records never reached the surviving WAL is handed out again. What the
+// server proves about a later incarnation is a boundary, the next xid of a checkpoint
+// made after the reference's incarnation ended:
+//
+//   - crash recovery replays every WAL record and advances the next xid past each
+//     record's xid (xlogrecovery.c, ApplyWalRecord: AdvanceNextFullTransactionIdPastXid),
+//     then writes the end-of-recovery checkpoint and waits for it before it accepts
+//     connections (xlog.c, PerformRecoveryXLogAction: CHECKPOINT_END_OF_RECOVERY |
+//     CHECKPOINT_WAIT); after a clean restart the latest checkpoint is the shutdown one.
+//     So, in a later incarnation on the same timeline, the latest checkpoint was made
+//     after the reference's incarnation ended;
+//   - a promoted standby replays the same way, and a checkpoint on the new timeline was
+//     made after the switch.
+//
+// Such a checkpoint's next xid is above every xid with a WAL record in the history before
+// it, so an xid at or above it never wrote its commit record there: the transaction did
+// not commit in this server's history, whatever pg_xact_status says now (it may describe
+// a reuser). TestReconcileXIDReusedAfterCrash and TestReconcileAfterFailover show both.
+// Below the boundary a "committed" status stays unknown: an intermediate incarnation the
+// server keeps no record of may have reused the xid and committed it.
+func decide(ref outcome.ReconciliationRef, v serverView) (res Resolved, reason string, again bool) {
+	if v.sys != ref.SystemIdentifier {
+		return ResolvedUnknown, UnknownOtherSystem, false
+	}
+	sameTimeline := v.timeline == ref.Timeline
+	same := sameTimeline && ref.ServerStart != 0 && v.start == ref.ServerStart
+	// later: the server is a later incarnation of the reference's history (a primary on a
+	// higher timeline, or restarted since on the same one), so the rules above apply.
+	later := !v.inRecovery && (v.timeline > ref.Timeline ||
+		sameTimeline && ref.ServerStart != 0 && v.start > ref.ServerStart)
+	if later && (v.inFuture || v.checkpointTimeline == v.timeline && ref.XID >= v.checkpointNextXID) {
+		// Not yet assigned now means not assigned before the restart or fork either: the
+		// next xid only grows from the boundary.
+		return ResolvedAborted, "", false
+	}
+	switch {
+	case v.inFuture:
+		return ResolvedUnknown, UnknownInTheFuture, false
+	case !sameTimeline && !later:
+		return ResolvedUnknown, UnknownOtherTimeline, false
+	case v.status == nil:
+		return ResolvedUnknown, UnknownTooOld, false
+	case *v.status == "aborted":
+		// A reuser's status means the original's records were lost: it never committed.
+		return ResolvedAborted, "", false
+	case *v.status == "committed" && same:
+		return ResolvedCommitted, "", false
+	case *v.status == "committed" && !sameTimeline:
+		return ResolvedUnknown, UnknownOtherTimeline, false
+	case *v.status == "committed":
+		return ResolvedUnknown, UnknownServerRestarted, false
+	}
+	return ResolvedUnknown, "", true
+}
+
+// reconcileIdentitySQL reads the server's identity and its latest checkpoint.
+const reconcileIdentitySQL = "s.system_identifier::text, coalesce(" + timelineSQL + ", c.timeline_id::text), pg_is_in_recovery(), " +
+	serverStartSQL + ", c.timeline_id::text, c.next_xid::text from pg_control_system() s, pg_control_checkpoint() c"
+
+// query reads the xid's status together with the server's identity, in one round trip,
+// so that both describe the same server; when the server refuses the xid as not yet
+// assigned, a second query reads the identity alone.
+func (r *Reconciler) query(ctx context.Context, xid uint64) (serverView, error) {
+	var v serverView
+	var sysText, tliText, startText, ckptTLIText, nextText string
+	dest := []any{&sysText, &tliText, &v.inRecovery, &startText, &ckptTLIText, &nextText}
+	err := r.db.QueryRow(ctx, "select pg_xact_status($1::text::xid8), "+reconcileIdentitySQL,
+		strconv.FormatUint(xid, 10)).Scan(append([]any{&v.status}, dest...)...)
+	if pgErr, ok := errors.AsType[*pgconn.PgError](err); ok && pgErr.Code == "22023" {
+		v.inFuture = true
+		err = r.db.QueryRow(ctx, "select "+reconcileIdentitySQL).Scan(dest...)
+	}
 	if err != nil {
-		return nil, 0, 0, 0, err
+		return v, err
 	}
-	sys, err1 := strconv.ParseUint(sysText, 10, 64)
-	t, err2 := strconv.ParseUint(tliText, 10, 32)
-	start, err3 := strconv.ParseInt(startText, 10, 64)
-	if err := errors.Join(err1, err2, err3); err != nil {
-		return nil, 0, 0, 0, err
+	var errs [5]error
+	v.sys, errs[0] = strconv.ParseUint(sysText, 10, 64)
+	tli, e1 := strconv.ParseUint(tliText, 10, 32)
+	ctli, e2 := strconv.ParseUint(ckptTLIText, 10, 32)
+	v.start, errs[3] = strconv.ParseInt(startText, 10, 64)
+	v.checkpointNextXID, errs[4] = parseFullXID(nextText)
+	errs[1], errs[2] = e1, e2
+	if err := errors.Join(errs[:]...); err != nil {
+		return v, err
 	}
-	return status, sys, uint32(t), start, nil
+	v.timeline, v.checkpointTimeline = uint32(tli), uint32(ctli)
+	return v, nil
+}
+
+// parseFullXID parses pg_control_checkpoint()'s next_xid, "<epoch>:<xid>", into a full
+// (xid8) transaction id.
+func parseFullXID(s string) (uint64, error) {
+	e, x, ok := strings.Cut(s, ":")
+	epoch, err1 := strconv.ParseUint(e, 10, 32)
+	xid, err2 := strconv.ParseUint(x, 10, 32)
+	if !ok || err1 != nil || err2 != nil {
+		return 0, fmt.Errorf("unexpected next_xid %q", s)
+	}
+	return epoch<<32 | xid, nil
 }
 
 // trace runs one reconciliation in a tx.reconcile span linked to the original frame.

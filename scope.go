@@ -3,11 +3,13 @@ package otelpgxtx
 import (
 	"context"
 	"errors"
+	"fmt"
 	"sync"
 	"sync/atomic"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/txevidence/otelpgxtx/outcome"
@@ -24,6 +26,8 @@ type scope struct {
 	// suspended is the scope that was in the context when this one began (RequiresNew):
 	// it holds a connection while this one runs.
 	suspended *scope
+	// pool is the pool the owner's connection came from, or nil.
+	pool *pgxpool.Pool
 
 	mu           sync.Mutex
 	hooks        []func(context.Context) error
@@ -119,40 +123,80 @@ func AfterCommit(ctx context.Context, hook func(context.Context) error) error {
 // [Run] function: Run ends the transaction itself, from the function's result.
 var ErrTxOwnedByRun = errors.New("otelpgxtx: the transaction belongs to Run: return nil to commit, an error to roll back")
 
-// runTx is the pgx.Tx handed to a Run function. It refuses Commit and Rollback, and
-// refuses everything once Run has ended the transaction, so a handle that escapes the
-// function cannot run statements outside it.
+// errTxEnded is what every handle derived from a Run transaction returns once Run has
+// ended that transaction.
+var errTxEnded = fmt.Errorf("otelpgxtx: the transaction of Run has ended: %w", pgx.ErrTxClosed)
+
+// runTx is the pgx.Tx handed to a Run function, and each savepoint begun on it. Run's
+// own handle refuses Commit and Rollback; every one refuses everything once Run has
+// ended the transaction, so a handle that escapes the function cannot run statements
+// on a connection that is no longer the transaction's.
 type runTx struct {
 	tx pgx.Tx
+	// root is the handle Run gave the function, whose end ends this savepoint's too;
+	// nil for that handle itself.
+	root *runTx
 	// done is set when Run ends the transaction; read on every statement, hence atomic.
 	done atomic.Bool
 }
 
 var _ pgx.Tx = (*runTx)(nil)
 
-func (t *runTx) ended() bool { return t.done.Load() }
+func (t *runTx) ended() bool {
+	if t.root != nil {
+		return t.root.done.Load()
+	}
+	return t.done.Load()
+}
 
 func (t *runTx) end() { t.done.Store(true) }
 
 // Begin starts a savepoint (pgx's pseudo nested transaction); prefer Run with Nested,
-// which traces it and scopes its post-commit hooks.
+// which traces it and scopes its post-commit hooks. The savepoint is the caller's to
+// commit or roll back, and ends with the transaction at the latest.
 func (t *runTx) Begin(ctx context.Context) (pgx.Tx, error) {
 	if t.ended() {
-		return nil, pgx.ErrTxClosed
+		return nil, errTxEnded
 	}
-	return t.tx.Begin(ctx)
+	sp, err := t.tx.Begin(ctx)
+	if err != nil {
+		return nil, err
+	}
+	root := t
+	if t.root != nil {
+		root = t.root
+	}
+	return &runTx{tx: sp, root: root}, nil
 }
 
-// Commit is refused: Run commits when the function returns nil.
-func (t *runTx) Commit(context.Context) error { return ErrTxOwnedByRun }
+// Commit is refused on Run's handle: Run commits when the function returns nil. On a
+// savepoint it releases the savepoint.
+func (t *runTx) Commit(ctx context.Context) error {
+	switch {
+	case t.ended():
+		return errTxEnded
+	case t.root == nil:
+		return ErrTxOwnedByRun
+	}
+	return t.tx.Commit(ctx)
+}
 
-// Rollback is refused: Run rolls back when the function returns an error.
-func (t *runTx) Rollback(context.Context) error { return ErrTxOwnedByRun }
+// Rollback is refused on Run's handle: Run rolls back when the function returns an
+// error. On a savepoint it rolls back to the savepoint.
+func (t *runTx) Rollback(ctx context.Context) error {
+	switch {
+	case t.ended():
+		return errTxEnded
+	case t.root == nil:
+		return ErrTxOwnedByRun
+	}
+	return t.tx.Rollback(ctx)
+}
 
 // CopyFrom delegates to the transaction.
 func (t *runTx) CopyFrom(ctx context.Context, table pgx.Identifier, cols []string, src pgx.CopyFromSource) (int64, error) {
 	if t.ended() {
-		return 0, pgx.ErrTxClosed
+		return 0, errTxEnded
 	}
 	return t.tx.CopyFrom(ctx, table, cols, src)
 }
@@ -160,18 +204,20 @@ func (t *runTx) CopyFrom(ctx context.Context, table pgx.Identifier, cols []strin
 // SendBatch delegates to the transaction.
 func (t *runTx) SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults {
 	if t.ended() {
-		return pgx.FailedBatchResults(b, pgx.ErrTxClosed)
+		return pgx.FailedBatchResults(b, errTxEnded)
 	}
 	return t.tx.SendBatch(ctx, b)
 }
 
-// LargeObjects delegates to the transaction.
+// LargeObjects delegates to the transaction. The value is bound to pgx's transaction
+// object, which Run closes when it ends the transaction, whatever the path: its
+// operations then fail with pgx.ErrTxClosed.
 func (t *runTx) LargeObjects() pgx.LargeObjects { return t.tx.LargeObjects() }
 
 // Prepare delegates to the transaction.
 func (t *runTx) Prepare(ctx context.Context, name, sql string) (*pgconn.StatementDescription, error) {
 	if t.ended() {
-		return nil, pgx.ErrTxClosed
+		return nil, errTxEnded
 	}
 	return t.tx.Prepare(ctx, name, sql)
 }
@@ -179,7 +225,7 @@ func (t *runTx) Prepare(ctx context.Context, name, sql string) (*pgconn.Statemen
 // Exec delegates to the transaction.
 func (t *runTx) Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error) {
 	if t.ended() {
-		return pgconn.CommandTag{}, pgx.ErrTxClosed
+		return pgconn.CommandTag{}, errTxEnded
 	}
 	return t.tx.Exec(ctx, sql, args...)
 }
@@ -187,7 +233,7 @@ func (t *runTx) Exec(ctx context.Context, sql string, args ...any) (pgconn.Comma
 // Query delegates to the transaction.
 func (t *runTx) Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error) {
 	if t.ended() {
-		return nil, pgx.ErrTxClosed
+		return nil, errTxEnded
 	}
 	return t.tx.Query(ctx, sql, args...)
 }
@@ -195,13 +241,19 @@ func (t *runTx) Query(ctx context.Context, sql string, args ...any) (pgx.Rows, e
 // QueryRow delegates to the transaction.
 func (t *runTx) QueryRow(ctx context.Context, sql string, args ...any) pgx.Row {
 	if t.ended() {
-		return errRow{pgx.ErrTxClosed}
+		return errRow{errTxEnded}
 	}
 	return t.tx.QueryRow(ctx, sql, args...)
 }
 
-// Conn returns the transaction's connection.
-func (t *runTx) Conn() *pgx.Conn { return t.tx.Conn() }
+// Conn returns the transaction's connection while the transaction lasts, and nil once
+// Run has ended it: the connection then belongs to its pool (or its owner) again.
+func (t *runTx) Conn() *pgx.Conn {
+	if t.ended() {
+		return nil
+	}
+	return t.tx.Conn()
+}
 
 type errRow struct{ err error }
 

@@ -286,6 +286,10 @@ type soak struct {
 	proxied *pgxpool.Pool
 	proxy   *pgtest.Proxy
 	admin   *pgxpool.Pool // uninstrumented, for the reconciler and the checker
+	// cluster, when not nil, replaces srv: the workload follows its primary, and the
+	// nemesis's server events alternate between a failover and a crash of the primary.
+	cluster *pgtest.Cluster
+	events  int // server events so far
 
 	ops  []soakOp
 	next atomic.Int64 // the last id handed out
@@ -305,8 +309,34 @@ func TestSoundness(t *testing.T) {
 		cfg.seed, cfg.seed, cfg.tx, cfg.workers, cfg.crashes)
 	ctx, cancel := context.WithTimeout(context.Background(), cfg.duration+10*time.Minute)
 	defer cancel()
-	s := newSoak(t, ctx, cfg)
+	s := newSoak(t, ctx, cfg, nil)
+	s.run(ctx)
+}
 
+// TestSoundnessFailover is TestSoundness on a primary with a synchronous streaming standby
+// (pgtest.Cluster): the server events are failovers (crash the primary, promote the
+// standby, rewind the old primary into the new standby) alternating with crash restarts
+// of the primary, and the checker checks against the surviving history. A commit that
+// only committed locally (its synchronous-replication wait was cancelled or terminated,
+// tx.commit.committed_locally) may be lost in a later failover: that is what the frame's
+// attribute warns of, so its absence is counted, not failed.
+func TestSoundnessFailover(t *testing.T) {
+	pgtest.LeakCheck(t)
+	cfg := soakConfigFromEnv(t)
+	if cfg.crashes == 0 {
+		t.Fatal("OTELPGXTX_SOAK_CRASHES=0: this test needs at least one failover")
+	}
+	t.Logf("seed %d: replay with OTELPGXTX_SOAK_SEED=%d OTELPGXTX_SOAK_TX=%d OTELPGXTX_SOAK_WORKERS=%d OTELPGXTX_SOAK_CRASHES=%d (failovers and crashes, alternating)",
+		cfg.seed, cfg.seed, cfg.tx, cfg.workers, cfg.crashes)
+	ctx, cancel := context.WithTimeout(context.Background(), cfg.duration+10*time.Minute)
+	defer cancel()
+	s := newSoak(t, ctx, cfg, pgtest.ClusterFor(t, ctx))
+	s.run(ctx)
+}
+
+// run runs the workload, the nemesis and the SyncRep watcher, then checks.
+func (s *soak) run(ctx context.Context) {
+	cfg := s.cfg
 	began := time.Now()
 	stopNemesis := make(chan struct{})
 	stopWatcher := make(chan struct{})
@@ -332,21 +362,37 @@ func TestSoundness(t *testing.T) {
 	s.check(ctx, workload, time.Since(began))
 }
 
-func newSoak(t *testing.T, ctx context.Context, cfg soakConfig) *soak {
+func newSoak(t *testing.T, ctx context.Context, cfg soakConfig, cluster *pgtest.Cluster) *soak {
 	t.Helper()
-	s := &soak{t: t, cfg: cfg, waiters: map[uint32]soakWaiter{},
+	s := &soak{t: t, cfg: cfg, waiters: map[uint32]soakWaiter{}, cluster: cluster,
 		spans:  &soakSpans{started: map[trace.SpanID]string{}, ends: map[trace.SpanID]int{}},
 		reader: sdkmetric.NewManualReader()}
 	s.tp = sdktrace.NewTracerProvider(sdktrace.WithSampler(sdktrace.AlwaysSample()), sdktrace.WithSpanProcessor(s.spans))
 	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(s.reader))
-	if err := srv.Exec(ctx, `drop table if exists soak_rows, soak_shared;
+	first, connString := srv, srv.ConnString()
+	if cluster != nil {
+		first, connString = cluster.Primary(), cluster.ConnString()
+	}
+	if err := first.Exec(ctx, `drop table if exists soak_rows, soak_shared;
 		create table soak_rows (id bigint primary key, k bigint unique deferrable initially deferred, op text not null, path text not null);
 		create table soak_shared (id int primary key, v bigint not null);
 		insert into soak_shared select g, 0 from generate_series(1, 4) g;
 		insert into soak_rows values (0, 0, 'seed', 'seed')`); err != nil {
 		t.Fatal(err)
 	}
-	s.proxy = newProxy(t)
+	var err error
+	s.proxy, err = pgtest.NewProxy(fmt.Sprintf("%s:%d", first.Host(), first.Port()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.proxy.Close() })
+	proxied := s.proxy.ConnString(connString)
+	if cluster != nil {
+		// Through the proxy to the first primary, directly to the other node: the
+		// proxy's faults hit whenever the first node is primary.
+		proxied = fmt.Sprintf("postgres://postgres@%s,%s:%d/postgres?sslmode=disable&target_session_attrs=read-write",
+			s.proxy.Addr(), cluster.Standby().Host(), cluster.Standby().Port())
+	}
 	perPool := int32(max(2, cfg.workers))
 	mkPool := func(connString string) *pgxpool.Pool {
 		pc, err := pgxpool.ParseConfig(connString)
@@ -366,10 +412,9 @@ func newSoak(t *testing.T, ctx context.Context, cfg soakConfig) *soak {
 		t.Cleanup(p.Close)
 		return p
 	}
-	s.direct = mkPool(srv.ConnString())
-	s.proxied = mkPool(s.proxy.ConnString(srv.ConnString()))
-	var err error
-	s.admin, err = pgxpool.New(ctx, srv.ConnString())
+	s.direct = mkPool(connString)
+	s.proxied = mkPool(proxied)
+	s.admin, err = pgxpool.New(ctx, connString)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -644,13 +689,24 @@ func (s *soak) runBody(ctx context.Context, tx pgx.Tx, op *soakOp, rng *rand.Ran
 // ---- the nemesis ----
 
 // soakAdmin is an admin connection that reconnects after the server was restarted.
-type soakAdmin struct{ c *pgx.Conn }
+type soakAdmin struct {
+	dial func(context.Context) (*pgx.Conn, error)
+	c    *pgx.Conn
+}
+
+// dial opens an admin connection to the primary.
+func (s *soak) dial(ctx context.Context) (*pgx.Conn, error) {
+	if s.cluster != nil {
+		return pgx.Connect(ctx, s.cluster.ConnString())
+	}
+	return srv.Conn(ctx)
+}
 
 func (a *soakAdmin) get(ctx context.Context) (*pgx.Conn, error) {
 	if a.c != nil && !a.c.IsClosed() {
 		return a.c, nil
 	}
-	c, err := srv.Conn(ctx)
+	c, err := a.dial(ctx)
 	if err != nil {
 		return nil, err
 	}
@@ -700,7 +756,7 @@ func soakSignal(ctx context.Context, a *soakAdmin, fn string, pid uint32) bool {
 // is left alone while its client waits: the deadline ends it.
 func (s *soak) watchSyncRep(ctx context.Context, stop <-chan struct{}) {
 	rng := rand.New(rand.NewPCG(s.cfg.seed, 1<<20))
-	var a soakAdmin
+	a := soakAdmin{dial: s.dial}
 	defer a.close()
 	acted := map[uint32]time.Time{}
 	tick := time.NewTicker(3 * time.Millisecond)
@@ -759,7 +815,7 @@ func (s *soak) watchSyncRep(ctx context.Context, stop <-chan struct{}) {
 // It always returns with the server running.
 func (s *soak) nemesis(ctx context.Context, stop <-chan struct{}) {
 	rng := rand.New(rand.NewPCG(s.cfg.seed, 1<<21))
-	var a soakAdmin
+	a := soakAdmin{dial: s.dial}
 	defer a.close()
 	// Crashes happen when the workload crosses random points of its progress, so that
 	// every run has them whatever its speed.
@@ -851,15 +907,29 @@ func (s *soak) nemesis(ctx context.Context, stop <-chan struct{}) {
 	}
 }
 
-// crash stops the server like a power cut and restarts it after a short random downtime.
+// crash stops the server like a power cut and restarts it after a short random downtime;
+// on a cluster every other event is a failover instead.
 func (s *soak) crash(ctx context.Context, rng *rand.Rand) {
-	if err := srv.StopImmediate(); err != nil {
+	target := srv
+	if s.cluster != nil {
+		s.events++
+		if s.events%2 == 1 {
+			if err := s.cluster.Failover(context.WithoutCancel(ctx)); err != nil {
+				s.errs.add("Failover: "+err.Error(), 1)
+				return
+			}
+			s.faults.add("cluster: failover (crash primary, promote standby, pg_rewind old primary)", 1)
+			return
+		}
+		target = s.cluster.Primary()
+	}
+	if err := target.StopImmediate(); err != nil {
 		s.errs.add("StopImmediate: "+err.Error(), 1)
 		return
 	}
 	s.faults.add("server: stop -m immediate + restart", 1)
 	soakThink(ctx, time.Duration(50+rng.IntN(250))*time.Millisecond) // downtime: transactions fail
-	if err := srv.Restart(context.WithoutCancel(ctx)); err != nil {
+	if err := target.Restart(context.WithoutCancel(ctx)); err != nil {
 		s.errs.add("Restart: "+err.Error(), 1)
 	}
 }
@@ -867,7 +937,7 @@ func (s *soak) crash(ctx context.Context, rng *rand.Rand) {
 // waitQuiet waits until no backend of the workload is doing anything: orphaned backends
 // (their client cut or gone) have finished, and the watcher has ended every SyncRep wait.
 func (s *soak) waitQuiet(ctx context.Context) {
-	var a soakAdmin
+	a := soakAdmin{dial: s.dial}
 	defer a.close()
 	tick := time.NewTicker(5 * time.Millisecond)
 	defer tick.Stop()
@@ -967,6 +1037,7 @@ func (s *soak) check(ctx context.Context, workload, total time.Duration) {
 	frameOutcomes := map[soakPathKey]int{}
 	resultOutcomes := map[soakPathKey]int{}
 	indetTruth := map[string]int{} // "pgx present" ...
+	lost := map[string]int{}       // committed locally, lost in a failover, by path
 	opOfFrame := map[*soakFrame]*soakOp{}
 
 	for i := range ops {
@@ -982,7 +1053,9 @@ func (s *soak) check(ctx context.Context, workload, total time.Duration) {
 			known = known || here
 			switch f.outcome {
 			case "committed", "committed_with_post_commit_failure":
-				if !here {
+				if !here && s.lostInFailover(f) {
+					lost[op.path()]++
+				} else if !here {
 					fail(op.id, "%s frame %s says %s; its row is absent (row names %q) [%s]", op.path(), f.op, f.outcome, row, op.describe())
 				}
 			case "rolled_back":
@@ -1087,7 +1160,8 @@ func (s *soak) check(ctx context.Context, workload, total time.Duration) {
 		if msg := soakResolutionContradicts(got, here); msg != "" {
 			fail(op.id, "Resolve of the reference %s of a %s frame %s: %s [%s]", ref, f.outcome, f.op, msg, op.describe())
 		}
-		if f.outcome == "committed" && got.Resolved() == ResolvedAborted || f.outcome == "rolled_back" && got.Resolved() == ResolvedCommitted {
+		if f.outcome == "committed" && got.Resolved() == ResolvedAborted && !(!here && s.lostInFailover(f)) ||
+			f.outcome == "rolled_back" && got.Resolved() == ResolvedCommitted {
 			fail(op.id, "the reconciler says %s of a frame the tracer saw %s", got.Resolved(), f.outcome)
 		}
 	}
@@ -1134,6 +1208,13 @@ func (s *soak) check(ctx context.Context, workload, total time.Duration) {
 		fmt.Fprintf(tw, "  %s\t%d\t\n", k, indetTruth[k])
 	}
 	tw.Flush()
+	if s.cluster != nil {
+		fmt.Fprintln(&b, "\ncommitted locally (synchronous-replication wait ended), lost in a failover:")
+		for _, k := range slices.Sorted(maps.Keys(lost)) {
+			fmt.Fprintf(tw, "  %s\t%d\t\n", k, lost[k])
+		}
+		tw.Flush()
+	}
 	fmt.Fprintln(&b, "\nReconcile on indeterminate Run results:")
 	for _, k := range slices.Sorted(maps.Keys(reconciled)) {
 		fmt.Fprintf(tw, "  %s\t%d\t\n", k, reconciled[k])
@@ -1153,6 +1234,12 @@ func (s *soak) check(ctx context.Context, workload, total time.Duration) {
 		}
 		t.Errorf("operation %d: %s", v.op, v.what)
 	}
+}
+
+// lostInFailover reports whether a committed frame may be absent from the surviving
+// history: it only committed locally, on a cluster that failed over.
+func (s *soak) lostInFailover(f *soakFrame) bool {
+	return s.cluster != nil && f.committedLocally
 }
 
 // soakPathKey counts outcomes per path ("pgx", "run").
@@ -1288,6 +1375,9 @@ func (s *soak) checkRun(op *soakOp, fs []*soakFrame, present bool, row string, r
 	}
 	switch res.Outcome() {
 	case outcome.OutcomeCommitted, outcome.OutcomeCommittedWithPostCommitFailure:
+		if !present && len(fs) > 0 && s.lostInFailover(fs[len(fs)-1]) {
+			break // counted with its frame
+		}
 		if !present || row != id.String() {
 			fail(op.id, "Run returned %s; row present %v (named %q) [%s]", res.Outcome(), present, row, op.describe())
 		}
@@ -1352,17 +1442,12 @@ func TestReconcileXIDReusedAfterCrash(t *testing.T) {
 	if _, err := holder.Exec(ctx, "select pg_advisory_lock(4242)"); err != nil {
 		t.Fatal(err)
 	}
-	pids := make(chan uint32, 1)
-	done := make(chan outcome.Result[int], 1)
-	go func() {
-		done <- Run(ctx, h.pool, DefaultPolicy(), func(ctx context.Context, tx pgx.Tx) (int, error) {
-			pids <- tx.Conn().PgConn().PID()
-			_, err := tx.Exec(ctx, "insert into xr_held values (1)")
-			return 1, err
-		})
-	}()
+	pid, done := runInBackground(ctx, h.pool, func(ctx context.Context, tx pgx.Tx) (int, error) {
+		_, err := tx.Exec(ctx, "insert into xr_held values (1)")
+		return 1, err
+	})
 	// COMMIT is in the deferred trigger: the xid was read, the commit record not written.
-	if err := srv.WaitForWaitEvent(ctx, <-pids, "advisory"); err != nil {
+	if err := srv.WaitForWaitEvent(ctx, pid, "advisory"); err != nil {
 		t.Fatal(err)
 	}
 	if err := srv.StopImmediate(); err != nil {
@@ -1413,5 +1498,68 @@ func TestReconcileXIDReusedAfterCrash(t *testing.T) {
 		ref, next, got.Resolved(), got.Reason(), present)
 	if msg := soakResolutionContradicts(got, present); msg != "" {
 		t.Fatalf("Reconcile contradicts the database: %s (xid %d was reused by a transaction after the crash restart)", msg, ref.XID)
+	}
+	// The end-of-recovery checkpoint's next xid is the boundary: the xid is at or above
+	// it (reused) or below it with its own "aborted" (its insert reached the WAL).
+	if got.Resolved() != ResolvedAborted {
+		t.Fatalf("Reconcile = %s %q, want aborted", got.Resolved(), got.Reason())
+	}
+}
+
+// TestReconcileAfterCrashRestart resolves references read before a crash restart
+// (pg_ctl stop -m immediate): an xid assigned but never WAL-logged, which the restarted
+// server has not handed out again, resolves aborted (the next xid restarted below it); a
+// commit that reached the WAL stays unknown (server_restarted), because another restart
+// in between could have reused its xid and the server keeps no record of it.
+func TestReconcileAfterCrashRestart(t *testing.T) {
+	pgtest.LeakCheck(t)
+	ctx := testCtx(t)
+	h := newHarness(t, "", 2)
+	table := newTable(t, ctx)
+	if res := Run(ctx, h.pool, DefaultPolicy(), insertFn(table, 1)); res.Outcome() != outcome.OutcomeCommitted {
+		t.Fatalf("result = %T", res)
+	}
+	var durable outcome.ReconciliationRef
+	for _, f := range h.frames() {
+		if v, ok := attr(f, ReconciliationRefKey); ok {
+			r, err := outcome.ParseReconciliationRef(v.AsString())
+			if err != nil {
+				t.Fatal(err)
+			}
+			durable = r
+		}
+	}
+	// An xid assigned inside an open transaction writes no WAL.
+	conn, err := srv.Conn(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(context.Background()) // the crash closes it; this only frees it
+	tx, err := conn.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var xid uint64
+	if err := tx.QueryRow(ctx, "select pg_current_xact_id()::text::bigint").Scan(&xid); err != nil {
+		t.Fatal(err)
+	}
+	unlogged := durable
+	unlogged.XID = xid
+	if err := srv.StopImmediate(); err != nil {
+		t.Fatal(err)
+	}
+	if err := srv.Restart(ctx); err != nil {
+		t.Fatal(err)
+	}
+	rec, err := NewReconciler(h.pool, WithReconcileWait(0, time.Millisecond))
+	if err != nil {
+		t.Fatal(err)
+	}
+	checkResolutions(t, ctx, rec, []resolveCase{
+		{"assigned, never logged", unlogged, ResolvedAborted, ""},
+		{"committed before the crash", durable, ResolvedUnknown, UnknownServerRestarted},
+	})
+	if !rowExists(t, ctx, table, 1) {
+		t.Error("the committed row is gone after the crash restart")
 	}
 }

@@ -353,47 +353,75 @@ func savepointName(sql string) string {
 
 // TraceQueryStart implements pgx.QueryTracer.
 func (t *Tracer) TraceQueryStart(ctx context.Context, conn *pgx.Conn, data pgx.TraceQueryStartData) context.Context {
+	return t.start(ctx, conn, classifyStatements(data.SQL), data.SQL, func(ctx context.Context) context.Context {
+		if t.query != nil {
+			var s *sanitized
+			data.SQL, s = t.innerSQL(data.SQL)
+			inner := t.query.TraceQueryStart(ctx, conn, data)
+			if span := startedSpan(ctx, inner); span != nil && s.summary != nil {
+				span.SetAttributes(s.summary...)
+			}
+			ctx = inner
+		}
+		return ctx
+	})
+}
+
+// TraceQueryEnd implements pgx.QueryTracer.
+func (t *Tracer) TraceQueryEnd(ctx context.Context, conn *pgx.Conn, data pgx.TraceQueryEndData) {
+	t.end(ctx, conn, data.CommandTag, data.Err, func(ctx context.Context) {
+		if t.query != nil {
+			data.Err = t.innerErr(data.Err)
+			t.query.TraceQueryEnd(ctx, conn, data)
+		}
+	})
+}
+
+// start is the body of every Start hook: it records the start of a statement of kinds
+// set, lets the inner tracer start its span (inner), and pushes what its End needs. With
+// no state on the connection, or while Run closes pgx's Tx object, only inner runs — for
+// the latter not even that (see closePgxTx).
+func (t *Tracer) start(ctx context.Context, conn *pgx.Conn, set stmtSet, sql string, inner func(context.Context) context.Context) context.Context {
 	st := connStateOf(conn)
 	if st == nil {
+		return inner(ctx) // no frame to parent to, but the statement span stays
+	}
+	if st.silent {
 		return ctx
 	}
-	ctx, q := t.enter(ctx, conn, st, classifyStatements(data.SQL), data.SQL)
-	if t.query != nil {
-		var s *sanitized
-		data.SQL, s = t.innerSQL(data.SQL)
-		inner := t.query.TraceQueryStart(ctx, conn, data)
-		if span := startedSpan(ctx, inner); span != nil && s.summary != nil {
-			span.SetAttributes(s.summary...)
-		}
-		ctx = inner
-	}
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	ctx, q := t.enter(ctx, conn, st, set, sql)
+	ctx = inner(ctx)
 	q.ctx = ctx
 	st.push(q)
 	return ctx
 }
 
-// TraceQueryEnd implements pgx.QueryTracer.
-func (t *Tracer) TraceQueryEnd(ctx context.Context, conn *pgx.Conn, data pgx.TraceQueryEndData) {
+// end is the body of every End hook: it pops what start pushed, lets the inner tracer
+// end its span (inner), and judges the statement. An End without its Start has nothing
+// to judge.
+func (t *Tracer) end(ctx context.Context, conn *pgx.Conn, tag pgconn.CommandTag, err error, inner func(context.Context)) {
 	st := connStateOf(conn)
-	if st == nil {
-		return
+	var q queryState
+	started := false
+	if st != nil {
+		if st.silent {
+			return
+		}
+		st.mu.Lock()
+		defer st.mu.Unlock()
+		q, started = st.pop(ctx)
 	}
-	q := st.pop(ctx)
-	if t.query != nil {
-		inner := data
-		inner.Err = t.innerErr(data.Err)
-		t.query.TraceQueryEnd(unframe(ctx, q.frame), conn, inner)
+	inner(unframe(ctx, q.frame))
+	if started {
+		t.leave(conn, st, &q, tag, err)
 	}
-	t.leave(conn, st, &q, data.CommandTag, data.Err)
 }
 
 // TraceBatchStart implements pgx.BatchTracer. A batch is handed to the driver whole, so
 // a COMMIT anywhere in it marks committing before anything is sent.
 func (t *Tracer) TraceBatchStart(ctx context.Context, conn *pgx.Conn, data pgx.TraceBatchStartData) context.Context {
-	st := connStateOf(conn)
-	if st == nil {
-		return ctx
-	}
 	var set stmtSet
 	beginSQL := ""
 	if data.Batch != nil {
@@ -405,25 +433,25 @@ func (t *Tracer) TraceBatchStart(ctx context.Context, conn *pgx.Conn, data pgx.T
 			set |= s
 		}
 	}
-	ctx, q := t.enter(ctx, conn, st, set.transactional(), beginSQL)
-	if t.batch != nil {
-		inner := data
-		inner.Batch = t.innerBatch(data.Batch)
-		innerCtx := t.batch.TraceBatchStart(ctx, conn, inner)
-		if span := startedSpan(ctx, innerCtx); span != nil && data.Batch != nil {
-			span.SetAttributes(t.batchSummary(data.Batch))
+	return t.start(ctx, conn, set.transactional(), beginSQL, func(ctx context.Context) context.Context {
+		if t.batch != nil {
+			inner := data
+			inner.Batch = t.innerBatch(data.Batch)
+			innerCtx := t.batch.TraceBatchStart(ctx, conn, inner)
+			if span := startedSpan(ctx, innerCtx); span != nil && data.Batch != nil {
+				span.SetAttributes(t.batchSummary(data.Batch))
+			}
+			ctx = innerCtx
 		}
-		ctx = innerCtx
-	}
-	q.ctx = ctx
-	st.push(q)
-	return ctx
+		return ctx
+	})
 }
 
 // TraceBatchQuery implements pgx.BatchTracer. The transaction status is not valid in
 // the middle of a batch, so results are only collected here and judged at its end.
 func (t *Tracer) TraceBatchQuery(ctx context.Context, conn *pgx.Conn, data pgx.TraceBatchQueryData) {
 	if st := connStateOf(conn); st != nil {
+		st.mu.Lock()
 		if q := st.top(ctx); q != nil {
 			if data.Err != nil && q.batch.err == nil {
 				q.batch.err = data.Err
@@ -432,6 +460,7 @@ func (t *Tracer) TraceBatchQuery(ctx context.Context, conn *pgx.Conn, data pgx.T
 				q.batch.rollbackTag = true
 			}
 		}
+		st.mu.Unlock()
 	}
 	if t.batch != nil {
 		data.SQL, _ = t.innerSQL(data.SQL)
@@ -442,91 +471,66 @@ func (t *Tracer) TraceBatchQuery(ctx context.Context, conn *pgx.Conn, data pgx.T
 
 // TraceBatchEnd implements pgx.BatchTracer.
 func (t *Tracer) TraceBatchEnd(ctx context.Context, conn *pgx.Conn, data pgx.TraceBatchEndData) {
-	st := connStateOf(conn)
-	if st == nil {
-		return
-	}
-	q := st.pop(ctx)
-	if t.batch != nil {
-		inner := data
-		inner.Err = t.innerErr(data.Err)
-		t.batch.TraceBatchEnd(unframe(ctx, q.frame), conn, inner)
-	}
-	t.leave(conn, st, &q, pgconn.CommandTag{}, data.Err)
+	t.end(ctx, conn, pgconn.CommandTag{}, data.Err, func(ctx context.Context) {
+		if t.batch != nil {
+			data.Err = t.innerErr(data.Err)
+			t.batch.TraceBatchEnd(ctx, conn, data)
+		}
+	})
 }
 
 // TraceCopyFromStart implements pgx.CopyFromTracer.
 func (t *Tracer) TraceCopyFromStart(ctx context.Context, conn *pgx.Conn, data pgx.TraceCopyFromStartData) context.Context {
-	st := connStateOf(conn)
-	if st == nil {
-		return ctx
-	}
-	ctx, q := t.enter(ctx, conn, st, 1<<stmtOther, "")
-	if t.copy != nil {
-		inner := t.copy.TraceCopyFromStart(ctx, conn, data)
-		if span := startedSpan(ctx, inner); span != nil {
-			span.SetAttributes(dbQuerySummaryKey.String("COPY " + data.TableName.Sanitize()))
+	return t.start(ctx, conn, 1<<stmtOther, "", func(ctx context.Context) context.Context {
+		if t.copy != nil {
+			inner := t.copy.TraceCopyFromStart(ctx, conn, data)
+			if span := startedSpan(ctx, inner); span != nil {
+				span.SetAttributes(dbQuerySummaryKey.String("COPY " + data.TableName.Sanitize()))
+			}
+			ctx = inner
 		}
-		ctx = inner
-	}
-	q.ctx = ctx
-	st.push(q)
-	return ctx
+		return ctx
+	})
 }
 
 // TraceCopyFromEnd implements pgx.CopyFromTracer.
 func (t *Tracer) TraceCopyFromEnd(ctx context.Context, conn *pgx.Conn, data pgx.TraceCopyFromEndData) {
-	st := connStateOf(conn)
-	if st == nil {
-		return
-	}
-	q := st.pop(ctx)
-	if t.copy != nil {
-		inner := data
-		inner.Err = t.innerErr(data.Err)
-		t.copy.TraceCopyFromEnd(unframe(ctx, q.frame), conn, inner)
-	}
-	t.leave(conn, st, &q, data.CommandTag, data.Err)
+	t.end(ctx, conn, data.CommandTag, data.Err, func(ctx context.Context) {
+		if t.copy != nil {
+			data.Err = t.innerErr(data.Err)
+			t.copy.TraceCopyFromEnd(ctx, conn, data)
+		}
+	})
 }
 
-// TracePrepareStart implements pgx.PrepareTracer.
+// TracePrepareStart implements pgx.PrepareTracer. Preparing a statement runs nothing: it
+// neither begins nor commits.
 func (t *Tracer) TracePrepareStart(ctx context.Context, conn *pgx.Conn, data pgx.TracePrepareStartData) context.Context {
-	st := connStateOf(conn)
-	if st == nil {
+	return t.start(ctx, conn, 1<<stmtOther, "", func(ctx context.Context) context.Context {
+		if t.prepare != nil {
+			var s *sanitized
+			data.SQL, s = t.innerSQL(data.SQL)
+			if !t.cfg.rawQueryText && strings.HasPrefix(data.Name, "stmtcache_") {
+				data.Name = "stmtcache" // pgx names it by a digest of the raw SQL, literals and all
+			}
+			inner := t.prepare.TracePrepareStart(ctx, conn, data)
+			if span := startedSpan(ctx, inner); span != nil && s.summary != nil {
+				span.SetAttributes(s.summary...)
+			}
+			ctx = inner
+		}
 		return ctx
-	}
-	// Preparing a statement runs nothing: it neither begins nor commits.
-	ctx, q := t.enter(ctx, conn, st, 1<<stmtOther, "")
-	if t.prepare != nil {
-		var s *sanitized
-		data.SQL, s = t.innerSQL(data.SQL)
-		if !t.cfg.rawQueryText && strings.HasPrefix(data.Name, "stmtcache_") {
-			data.Name = "stmtcache" // pgx names it by a digest of the raw SQL, literals and all
-		}
-		inner := t.prepare.TracePrepareStart(ctx, conn, data)
-		if span := startedSpan(ctx, inner); span != nil && s.summary != nil {
-			span.SetAttributes(s.summary...)
-		}
-		ctx = inner
-	}
-	q.ctx = ctx
-	st.push(q)
-	return ctx
+	})
 }
 
 // TracePrepareEnd implements pgx.PrepareTracer.
 func (t *Tracer) TracePrepareEnd(ctx context.Context, conn *pgx.Conn, data pgx.TracePrepareEndData) {
-	st := connStateOf(conn)
-	if st == nil {
-		return
-	}
-	q := st.pop(ctx)
-	if t.prepare != nil {
-		inner := data
-		inner.Err = t.innerErr(data.Err)
-		t.prepare.TracePrepareEnd(unframe(ctx, q.frame), conn, inner)
-	}
-	t.leave(conn, st, &q, pgconn.CommandTag{}, data.Err)
+	t.end(ctx, conn, pgconn.CommandTag{}, data.Err, func(ctx context.Context) {
+		if t.prepare != nil {
+			data.Err = t.innerErr(data.Err)
+			t.prepare.TracePrepareEnd(ctx, conn, data)
+		}
+	})
 }
 
 // TraceConnectStart implements pgx.ConnectTracer.
@@ -558,8 +562,12 @@ func (t *Tracer) TraceAcquireStart(ctx context.Context, pool *pgxpool.Pool, data
 // evidence; the frame is ended here as a last line of defence.
 func (t *Tracer) TraceAcquireEnd(ctx context.Context, pool *pgxpool.Pool, data pgxpool.TraceAcquireEndData) {
 	if data.Conn != nil {
-		if st := connStateOf(data.Conn); st != nil && st.frame != nil && data.Conn.PgConn().TxStatus() == 'I' {
-			t.abandon(st, st.frame, reasonEndedUnobserved)
+		if st := connStateOf(data.Conn); st != nil {
+			st.mu.Lock()
+			if st.frame != nil && data.Conn.PgConn().TxStatus() == 'I' {
+				t.abandon(st, st.frame, reasonEndedUnobserved)
+			}
+			st.mu.Unlock()
 		}
 	}
 	if t.acquire != nil {
@@ -569,11 +577,22 @@ func (t *Tracer) TraceAcquireEnd(ctx context.Context, pool *pgxpool.Pool, data p
 }
 
 // TraceRelease implements pgxpool.ReleaseTracer. A connection released in the middle of
-// a transaction is destroyed by the pool, which rolls the transaction back.
+// a transaction is destroyed by the pool, which rolls the transaction back; one released
+// idle or closed with a frame on it had its transaction end where no statement showed it.
 func (t *Tracer) TraceRelease(pool *pgxpool.Pool, data pgxpool.TraceReleaseData) {
 	if data.Conn != nil {
-		if st := connStateOf(data.Conn); st != nil && st.frame != nil {
-			t.abandon(st, st.frame, reasonReleasedInTx)
+		if st := connStateOf(data.Conn); st != nil {
+			st.mu.Lock()
+			if st.frame != nil {
+				reason := reasonReleasedInTx
+				if pg := data.Conn.PgConn(); pg.IsClosed() {
+					reason = reasonConnClosed
+				} else if pg.TxStatus() == 'I' {
+					reason = reasonEndedUnobserved
+				}
+				t.abandon(st, st.frame, reason)
+			}
+			st.mu.Unlock()
 		}
 	}
 	if t.release != nil {
@@ -587,14 +606,34 @@ func (t *Tracer) onNotice(pg *pgconn.PgConn, n *pgconn.Notice) {
 	if !classifier.CommittedLocallyNotice(n) {
 		return
 	}
-	if st := stateOf(pg); st != nil && st.frame != nil && st.frame.currentPhase() == outcome.PhaseCommitting {
-		st.frame.committedLocally = true
+	if st := stateOf(pg); st != nil {
+		st.mu.Lock()
+		if st.frame != nil && st.frame.currentPhase() == outcome.PhaseCommitting {
+			st.frame.committedLocally = true
+		}
+		st.mu.Unlock()
 	}
 }
 
 // connClosing ends the frame of a connection about to be closed.
 func (t *Tracer) connClosing(conn *pgx.Conn) {
-	if st := connStateOf(conn); st != nil && st.frame != nil {
+	if st := connStateOf(conn); st != nil {
+		st.mu.Lock()
+		if st.frame != nil {
+			t.abandon(st, st.frame, reasonConnClosed)
+		}
+		st.mu.Unlock()
+	}
+}
+
+// netConnClosed ends the frame of a connection whose net.Conn was closed, unless a
+// statement (or Run's COMMIT) is in flight on it: then the connection's user is inside
+// pgconn, will see the connection closed, and ends the frame with what its statement
+// observed. It may run on any goroutine; st.mu orders it with the user's hooks.
+func (t *Tracer) netConnClosed(st *connState) {
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	if st.frame != nil && len(st.queries) == 0 && !st.committing {
 		t.abandon(st, st.frame, reasonConnClosed)
 	}
 }

@@ -9,8 +9,8 @@ import (
 // ReconciliationRef is a durable reference to one physical transaction, enough to ask
 // PostgreSQL later whether it committed: the transaction's xid8 read before COMMIT was
 // sent, and the identity of the cluster history that assigned it (system identifier and
-// timeline). An xid is only meaningful on the same system identifier and timeline: after
-// a failover the same number may name another transaction.
+// the timeline the server wrote WAL on). An xid is only meaningful on the same system
+// identifier and timeline: after a failover the same number may name another transaction.
 //
 // XID 0 (InvalidTransactionId, never assigned to a transaction) means the transaction had
 // no xid when COMMIT was sent: it wrote nothing, so its commit changes nothing.

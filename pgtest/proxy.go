@@ -39,6 +39,8 @@ type Proxy struct {
 
 	roundTrips atomic.Int64
 	cuts       atomic.Int64
+
+	rec *Recording // set by Record: connections accepted from then on are recorded
 }
 
 // fault is the one-shot fault armed for the next message carrying COMMIT.
@@ -221,6 +223,10 @@ func (p *Proxy) serve(client net.Conn) {
 		return
 	}
 	p.conns[pc] = struct{}{}
+	if p.rec != nil {
+		pc.conv = p.rec.add()
+		defer close(pc.conv.done)
+	}
 	p.mu.Unlock()
 	defer func() {
 		p.mu.Lock()
@@ -252,6 +258,8 @@ type proxyConn struct {
 	// counted round trip.
 	serverSpoke atomic.Bool
 
+	conv *Conversation // nil unless the proxy records
+
 	// client goroutine only:
 	started   bool            // startup message seen; typed messages follow
 	opaque    bool            // unparseable stream: forward blindly
@@ -274,6 +282,9 @@ func (p *Proxy) relayServer(pc *proxyConn) {
 	buf := make([]byte, 32<<10)
 	for {
 		n, err := pc.server.Read(buf)
+		if n > 0 && pc.conv != nil {
+			pc.conv.server.append(buf[:n])
+		}
 		if n > 0 && !pc.blocked.Load() {
 			// Mark before writing: once the client has the reply it may send
 			// again, and that send must see the mark.
@@ -293,6 +304,9 @@ func (p *Proxy) relayClient(pc *proxyConn) {
 	var pending []byte // received but not yet complete messages
 	for {
 		n, err := pc.client.Read(buf)
+		if n > 0 && pc.conv != nil {
+			pc.conv.client.append(buf[:n])
+		}
 		if n > 0 {
 			if pc.serverSpoke.Swap(false) {
 				p.roundTrips.Add(1)
@@ -482,4 +496,69 @@ func skipSpaceAndComments(s string) string {
 func isIdentByte(c byte) bool {
 	return c == '_' || c == '$' || c >= 0x80 ||
 		'a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9'
+}
+
+// Record makes the proxy record every connection it accepts from now on, byte for byte
+// in each direction, as received: to compare what clients send, not to inject faults.
+func (p *Proxy) Record() *Recording {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.rec == nil {
+		p.rec = &Recording{}
+	}
+	return p.rec
+}
+
+// Recording is the conversations of the connections a proxy accepted while recording.
+type Recording struct {
+	mu    sync.Mutex
+	convs []*Conversation
+}
+
+func (r *Recording) add() *Conversation {
+	c := &Conversation{done: make(chan struct{})}
+	r.mu.Lock()
+	r.convs = append(r.convs, c)
+	r.mu.Unlock()
+	return c
+}
+
+// Conversations returns the recorded connections in the order they were accepted.
+func (r *Recording) Conversations() []*Conversation {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return append([]*Conversation(nil), r.convs...)
+}
+
+// Conversation is one proxied connection's bytes.
+type Conversation struct {
+	client, server recorded
+	done           chan struct{}
+}
+
+// Done is closed when both sides of the connection are closed: the recording is complete.
+func (c *Conversation) Done() <-chan struct{} { return c.done }
+
+// ClientBytes returns a copy of what the client sent.
+func (c *Conversation) ClientBytes() []byte { return c.client.bytes() }
+
+// ServerBytes returns a copy of what the server sent.
+func (c *Conversation) ServerBytes() []byte { return c.server.bytes() }
+
+// recorded is one direction's bytes; its relay goroutine appends while tests read.
+type recorded struct {
+	mu  sync.Mutex
+	buf []byte
+}
+
+func (r *recorded) append(b []byte) {
+	r.mu.Lock()
+	r.buf = append(r.buf, b...)
+	r.mu.Unlock()
+}
+
+func (r *recorded) bytes() []byte {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return append([]byte(nil), r.buf...)
 }

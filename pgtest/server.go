@@ -1,5 +1,6 @@
 // Package pgtest runs a real, throw-away PostgreSQL cluster for tests and a
-// fault-injecting TCP proxy in front of it. Tests start the cluster
+// fault-injecting TCP proxy in front of it, and a primary with a streaming
+// standby that fails over and back (Cluster). Tests start the servers
 // themselves (see Main), so nothing but the PostgreSQL server programs has to
 // be installed.
 //
@@ -53,6 +54,20 @@ type Server struct {
 // a private unix socket dir, and starts it. Authentication is trust, the
 // superuser is "postgres". Call Close to stop it and remove its files.
 func Start() (*Server, error) {
+	s, err := newServer("pgtest-", "data")
+	if err != nil {
+		return nil, err
+	}
+	if err := s.create(); err != nil {
+		return nil, errors.Join(err, s.Close())
+	}
+	return s, nil
+}
+
+// newServer finds the programs, a port and a fresh root directory, lays out the
+// directories and arms the cleanup process; the data directory is not made yet.
+// logIn is the directory of the server log relative to the root.
+func newServer(prefix, logIn string) (*Server, error) {
 	bins, err := findBinaries()
 	if err != nil {
 		return nil, err
@@ -65,7 +80,7 @@ func Start() (*Server, error) {
 	if err != nil {
 		return nil, err
 	}
-	root, err := os.MkdirTemp("", "pgtest-")
+	root, err := os.MkdirTemp("", prefix)
 	if err != nil {
 		return nil, fmt.Errorf("pgtest: creating the cluster directory: %w", err)
 	}
@@ -75,18 +90,18 @@ func Start() (*Server, error) {
 		root:    root,
 		dataDir: filepath.Join(root, "data"),
 		sockDir: filepath.Join(root, "sock"),
-		logFile: filepath.Join(root, "data", "server.log"),
+		logFile: filepath.Join(root, logIn, "server.log"),
 		port:    port,
 	}
-	if err := s.create(); err != nil {
+	if err := s.layout(); err != nil {
 		return nil, errors.Join(err, s.Close())
 	}
 	return s, nil
 }
 
-// create lays out the directories, runs initdb, configures and starts the
-// cluster.
-func (s *Server) create() error {
+// layout makes the socket directory, hands the directories to the server's user and
+// starts the cleanup process.
+func (s *Server) layout() error {
 	if err := os.Mkdir(s.sockDir, 0o700); err != nil {
 		return err
 	}
@@ -98,21 +113,27 @@ func (s *Server) create() error {
 			}
 		}
 	}
-	if err := s.startReaper(); err != nil {
+	return s.startReaper()
+}
+
+// create runs initdb, configures and starts the cluster.
+func (s *Server) create() error {
+	if err := s.initdb(); err != nil {
 		return err
 	}
-	if err := s.run(context.Background(), s.bins.initdb, "-D", s.dataDir,
-		"-A", "trust", "-U", "postgres", "--no-sync", "-E", "UTF8", "--locale=C"); err != nil {
-		return err
-	}
-	if err := s.writeConfig(); err != nil {
+	if err := s.writeConfig(""); err != nil {
 		return err
 	}
 	return s.startServer(context.Background())
 }
 
-// writeConfig appends our settings to postgresql.conf; later lines win.
-func (s *Server) writeConfig() error {
+func (s *Server) initdb() error {
+	return s.run(context.Background(), s.bins.initdb, "-D", s.dataDir,
+		"-A", "trust", "-U", "postgres", "--no-sync", "-E", "UTF8", "--locale=C")
+}
+
+// writeConfig appends our settings, then extra, to postgresql.conf; later lines win.
+func (s *Server) writeConfig(extra string) error {
 	conf := fmt.Sprintf(`
 # added by pgtest
 listen_addresses = '127.0.0.1'
@@ -131,7 +152,7 @@ full_page_writes = off
 # commit record is in local WAL; everything else commits locally.
 synchronous_standby_names = 'phantom_standby'
 synchronous_commit = local
-`, s.port, s.sockDir)
+`, s.port, s.sockDir) + extra
 	f, err := os.OpenFile(filepath.Join(s.dataDir, "postgresql.conf"), os.O_APPEND|os.O_WRONLY, 0)
 	if err != nil {
 		return err

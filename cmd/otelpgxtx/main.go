@@ -1,0 +1,250 @@
+// Command otelpgxtx is the operator's tool for otelpgxtx. Its one subcommand, reconcile,
+// asks PostgreSQL what became of transactions whose commit outcome is indeterminate:
+//
+//	otelpgxtx reconcile [-dsn URL] [-wait 5s] [reference ...]
+//
+// Each argument is a reconciliation reference (tx.reconciliation.ref, e.g.
+// pg:7713899101641277397/1/725/1796032293925689, from the span in the trace backend) or an
+// operation id (tx.operation_id). Without arguments it reads standard input, one per line:
+// references, operation ids, or the JSON log records the library writes for each
+// indeterminate frame (slog's JSON handler; see otelpgxtx.WithLogger), so a log query can
+// be piped in as it is.
+//
+// It prints one line per input, "ref=<reference> operation=<id> resolved=<resolution>",
+// with "reason=<why>" when the answer stays unknown, and exits 0 when every one is settled
+// (committed, aborted or no_writes), 1 when some stay unknown, and 2 on malformed input
+// (named on standard error; nothing is asked of the database then) or when the database
+// cannot be reached. The database is -dsn, else $DATABASE_URL, else the PG* environment
+// variables; ask the surviving primary. Its password never appears in any output.
+package main
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"flag"
+	"fmt"
+	"io"
+	"net/url"
+	"os"
+	"os/signal"
+	"regexp"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"go.opentelemetry.io/otel/trace"
+
+	"github.com/txevidence/otelpgxtx"
+	"github.com/txevidence/otelpgxtx/outcome"
+)
+
+// Exit statuses.
+const (
+	exitSettled = 0
+	exitUnknown = 1
+	exitBad     = 2
+)
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
+	code := run(ctx, os.Args[1:], os.Stdin, os.Stdout, os.Stderr, os.Getenv)
+	stop()
+	os.Exit(code)
+}
+
+const usage = `usage: otelpgxtx reconcile [-dsn URL] [-wait duration] [reference|operation-id ...]
+
+Without arguments, reads references, operation ids or the library's JSON log records from
+standard input, one per line. Exit status: 0 all settled, 1 some unknown, 2 bad input or
+no database.
+`
+
+// run is the whole command, with its environment passed in so tests run it in-process.
+func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.Writer, getenv func(string) string) int {
+	if len(args) == 0 || args[0] != "reconcile" {
+		fmt.Fprint(stderr, usage)
+		return exitBad
+	}
+	fs := flag.NewFlagSet("otelpgxtx reconcile", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.Usage = func() { fmt.Fprint(stderr, usage); fs.PrintDefaults() }
+	dsn := fs.String("dsn", "", "the database to ask, a PostgreSQL URL or key=value string (default $DATABASE_URL, else the PG* variables)")
+	wait := fs.Duration("wait", 5*time.Second, "how long to wait for a transaction still in progress")
+	if err := fs.Parse(args[1:]); err != nil {
+		return exitBad
+	}
+	if *dsn == "" {
+		*dsn = getenv("DATABASE_URL")
+	}
+	var items []item
+	var bad []string
+	add := func(where, text string) {
+		text = strings.TrimSpace(text)
+		if text == "" {
+			return
+		}
+		it, err := parseItem(text)
+		if err != nil {
+			bad = append(bad, fmt.Sprintf("%s: %v", where, err))
+			return
+		}
+		items = append(items, it)
+	}
+	if fs.NArg() > 0 {
+		for i, a := range fs.Args() {
+			add(fmt.Sprintf("argument %d", i+1), a)
+		}
+	} else {
+		sc := bufio.NewScanner(stdin)
+		sc.Buffer(make([]byte, 64*1024), 1<<20)
+		for n := 1; sc.Scan(); n++ {
+			add(fmt.Sprintf("line %d", n), sc.Text())
+		}
+		if err := sc.Err(); err != nil {
+			bad = append(bad, fmt.Sprintf("reading standard input: %v", err))
+		}
+	}
+	if len(bad) > 0 {
+		for _, b := range bad {
+			fmt.Fprintln(stderr, "otelpgxtx reconcile:", b)
+		}
+		return exitBad
+	}
+	if len(items) == 0 {
+		fmt.Fprintln(stderr, "otelpgxtx reconcile: nothing to reconcile")
+		return exitBad
+	}
+
+	conn, err := pgx.Connect(ctx, *dsn)
+	if err != nil {
+		fmt.Fprintln(stderr, "otelpgxtx reconcile: connecting to the database:", redact(err.Error(), *dsn))
+		return exitBad
+	}
+	defer conn.Close(context.WithoutCancel(ctx))
+	rec, err := otelpgxtx.NewReconciler(conn, otelpgxtx.WithReconcileWait(*wait, 50*time.Millisecond))
+	if err != nil {
+		fmt.Fprintln(stderr, "otelpgxtx reconcile:", err)
+		return exitBad
+	}
+	code := exitSettled
+	for _, it := range items {
+		res := otelpgxtx.Resolution{}
+		if it.hasRef {
+			res, err = rec.Resolve(ctx, it.ref, it.link)
+			if err != nil {
+				fmt.Fprintln(stderr, "otelpgxtx reconcile:", redact(err.Error(), *dsn))
+				return exitBad
+			}
+		}
+		fmt.Fprintln(stdout, it.line(res))
+		if res.Resolved() == otelpgxtx.ResolvedUnknown {
+			code = exitUnknown
+		}
+	}
+	return code
+}
+
+// item is one thing to reconcile: a reference, and the operation id and span it came with.
+type item struct {
+	ref    outcome.ReconciliationRef
+	hasRef bool
+	op     outcome.OperationID
+	link   trace.SpanContext
+}
+
+// line formats the answer for it.
+func (it item) line(res otelpgxtx.Resolution) string {
+	var b strings.Builder
+	if it.hasRef {
+		b.WriteString("ref=" + it.ref.String() + " ")
+	}
+	if !it.op.IsZero() {
+		b.WriteString("operation=" + it.op.String() + " ")
+	}
+	b.WriteString("resolved=" + res.Resolved().String())
+	switch {
+	case !it.hasRef:
+		b.WriteString(" reason=" + otelpgxtx.UnknownNoReference)
+	case res.Reason() != "":
+		b.WriteString(" reason=" + res.Reason())
+	}
+	return b.String()
+}
+
+// parseItem reads a reference, an operation id, or a JSON log record carrying them.
+func parseItem(text string) (item, error) {
+	switch {
+	case strings.HasPrefix(text, "{"):
+		return parseRecord(text)
+	case strings.HasPrefix(text, "pg:"):
+		ref, err := outcome.ParseReconciliationRef(text)
+		return item{ref: ref, hasRef: true}, err
+	}
+	op, err := outcome.ParseOperationID(text)
+	if err != nil {
+		return item{}, fmt.Errorf("%q is neither a reconciliation reference (pg:<system identifier>/<timeline>/<xid8>[/<server start>]), "+
+			"an operation id (32 hex digits) nor a JSON log record", text)
+	}
+	return item{op: op}, nil
+}
+
+// parseRecord reads one of the library's JSON log records.
+func parseRecord(text string) (item, error) {
+	var rec map[string]any
+	if err := json.Unmarshal([]byte(text), &rec); err != nil {
+		return item{}, fmt.Errorf("not a JSON log record: %v", err)
+	}
+	str := func(k string) string { s, _ := rec[k].(string); return s }
+	var it item
+	ref, op := str(string(otelpgxtx.ReconciliationRefKey)), str(string(otelpgxtx.OperationIDKey))
+	if ref == "" && op == "" {
+		return item{}, fmt.Errorf("the JSON record has neither %s nor %s", otelpgxtx.ReconciliationRefKey, otelpgxtx.OperationIDKey)
+	}
+	if ref != "" {
+		r, err := outcome.ParseReconciliationRef(ref)
+		if err != nil {
+			return item{}, err
+		}
+		it.ref, it.hasRef = r, true
+	}
+	if op != "" {
+		id, err := outcome.ParseOperationID(op)
+		if err != nil {
+			return item{}, fmt.Errorf("%s: %w", otelpgxtx.OperationIDKey, err)
+		}
+		it.op = id
+	}
+	tid, err1 := trace.TraceIDFromHex(str("trace_id"))
+	sid, err2 := trace.SpanIDFromHex(str("span_id"))
+	if err1 == nil && err2 == nil {
+		it.link = trace.NewSpanContext(trace.SpanContextConfig{TraceID: tid, SpanID: sid, TraceFlags: trace.FlagsSampled, Remote: true})
+	}
+	return it, nil
+}
+
+// keyValuePassword matches a password in a key=value connection string.
+var keyValuePassword = regexp.MustCompile(`(?i)(password\s*=\s*)('(?:[^'\\]|\\.)*'|\S+)`)
+
+// redact removes the DSN's password from msg, whatever form the DSN has; the connection
+// error of pgx already omits it, and this keeps it so whatever the error says.
+func redact(msg, dsn string) string {
+	var secrets []string
+	if u, err := url.Parse(dsn); err == nil && u.User != nil {
+		if pw, ok := u.User.Password(); ok && pw != "" {
+			secrets = append(secrets, pw, url.QueryEscape(pw), url.PathEscape(pw))
+		}
+	}
+	for _, m := range keyValuePassword.FindAllStringSubmatch(dsn, -1) {
+		secrets = append(secrets, strings.Trim(m[2], "'"))
+	}
+	if cfg, err := pgx.ParseConfig(dsn); err == nil && cfg.Password != "" {
+		secrets = append(secrets, cfg.Password)
+	}
+	for _, s := range secrets {
+		if s != "" {
+			msg = strings.ReplaceAll(msg, s, "xxxxx")
+		}
+	}
+	return keyValuePassword.ReplaceAllString(msg, "${1}xxxxx")
+}

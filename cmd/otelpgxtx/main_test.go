@@ -1,0 +1,218 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"log/slog"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/txevidence/otelpgxtx"
+	"github.com/txevidence/otelpgxtx/outcome"
+	"github.com/txevidence/otelpgxtx/pgtest"
+)
+
+var srv *pgtest.Server
+
+func TestMain(m *testing.M) { pgtest.Main(m, &srv) }
+
+func testCtx(t *testing.T) context.Context {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+// cli runs the command in-process with the server's URL as DATABASE_URL.
+func cli(t *testing.T, ctx context.Context, stdin string, args ...string) (code int, stdout, stderr string) {
+	t.Helper()
+	var out, errOut bytes.Buffer
+	env := func(k string) string {
+		if k == "DATABASE_URL" {
+			return srv.ConnString()
+		}
+		return ""
+	}
+	code = run(ctx, args, strings.NewReader(stdin), &out, &errOut, env)
+	t.Logf("otelpgxtx %s → %d\nstdout:\n%sstderr:\n%s", strings.Join(args, " "), code, out.String(), errOut.String())
+	return code, out.String(), errOut.String()
+}
+
+// indeterminate produces a real indeterminate commit through the library: COMMIT waits for
+// the phantom synchronous standby and the backend is terminated, after the commit record
+// reached the local WAL. It returns the result and the JSON log record the library wrote.
+func indeterminate(t *testing.T, ctx context.Context) (outcome.Indeterminate[int], string) {
+	t.Helper()
+	var logs bytes.Buffer
+	cfg, err := pgxpool.ParseConfig(srv.ConnString())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := otelpgxtx.InstrumentPool(cfg, otelpgxtx.WithLogger(slog.New(slog.NewJSONHandler(&logs, nil)))); err != nil {
+		t.Fatal(err)
+	}
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	if err := srv.Exec(ctx, "drop table if exists cli_t; create table cli_t (id int primary key)"); err != nil {
+		t.Fatal(err)
+	}
+	pids := make(chan uint32, 1)
+	done := make(chan outcome.Result[int], 1)
+	go func() {
+		done <- otelpgxtx.Run(ctx, pool, otelpgxtx.DefaultPolicy(), func(ctx context.Context, tx pgx.Tx) (int, error) {
+			pids <- tx.Conn().PgConn().PID()
+			if _, err := tx.Exec(ctx, "set local synchronous_commit = on"); err != nil {
+				return 0, err
+			}
+			_, err := tx.Exec(ctx, "insert into cli_t values (1)")
+			return 1, err
+		})
+	}()
+	pid := <-pids
+	if err := srv.WaitForWaitEvent(ctx, pid, "SyncRep"); err != nil {
+		t.Fatal(err)
+	}
+	if err := srv.Terminate(ctx, pid); err != nil {
+		t.Fatal(err)
+	}
+	ind, ok := (<-done).(outcome.Indeterminate[int])
+	if !ok {
+		t.Fatal("the terminated commit is not indeterminate")
+	}
+	if err := srv.WaitBackendGone(ctx, pid); err != nil {
+		t.Fatal(err)
+	}
+	return ind, strings.TrimSpace(logs.String())
+}
+
+func TestReconcileRealIndeterminate(t *testing.T) {
+	pgtest.LeakCheck(t)
+	ctx := testCtx(t)
+	ind, record := indeterminate(t, ctx)
+	ref, ok := ind.Reference()
+	if !ok {
+		t.Fatal("no reference")
+	}
+	want := fmt.Sprintf("ref=%s operation=%s resolved=committed\n", ref, ind.OperationID())
+
+	// The log record on standard input, as a log query would pipe it.
+	code, out, _ := cli(t, ctx, record+"\n", "reconcile")
+	if code != exitSettled || out != want {
+		t.Errorf("from the log record: exit %d, %q; want 0, %q", code, out, want)
+	}
+	// The reference as an argument.
+	code, out, _ = cli(t, ctx, "", "reconcile", ref.String())
+	if want := fmt.Sprintf("ref=%s resolved=committed\n", ref); code != exitSettled || out != want {
+		t.Errorf("from the argument: exit %d, %q; want 0, %q", code, out, want)
+	}
+	// One per line on stdin, with one that stays unknown (another cluster's) and a bare
+	// operation id (no reference): exit 1, one line each, in order.
+	other := ref
+	other.SystemIdentifier++
+	op := outcome.NewOperationID()
+	code, out, _ = cli(t, ctx, ref.String()+"\n\n"+other.String()+"\n"+op.String()+"\n", "reconcile")
+	lines := strings.Split(strings.TrimSuffix(out, "\n"), "\n")
+	wantLines := []string{
+		fmt.Sprintf("ref=%s resolved=committed", ref),
+		fmt.Sprintf("ref=%s resolved=unknown reason=other_system", other),
+		fmt.Sprintf("operation=%s resolved=unknown reason=no_reference", op),
+	}
+	if code != exitUnknown || strings.Join(lines, "|") != strings.Join(wantLines, "|") {
+		t.Errorf("stdin: exit %d, %q; want 1, %q", code, lines, wantLines)
+	}
+}
+
+func TestReconcileBadInput(t *testing.T) {
+	ctx := testCtx(t)
+	for _, tc := range []struct {
+		name, stdin string
+		args        []string
+		wantErr     string
+	}{
+		{"malformed reference", "", []string{"reconcile", "pg:1/x/3"}, `argument 1: outcome: malformed reconciliation reference "pg:1/x/3"`},
+		{"zero system identifier", "pg:0/1/3\n", []string{"reconcile"}, `line 1: outcome: malformed reconciliation reference pg:0/1/3: zero system identifier`},
+		{"neither", "", []string{"reconcile", "pg:7/1/3", "hello"}, `argument 2: "hello" is neither a reconciliation reference`},
+		{"bad JSON", "{\"tx.reconciliation.ref\": \n", []string{"reconcile"}, "line 1: not a JSON log record"},
+		{"JSON without the keys", `{"msg":"hello"}` + "\n", []string{"reconcile"}, "line 1: the JSON record has neither tx.reconciliation.ref nor tx.operation_id"},
+		{"nothing", "\n\n", []string{"reconcile"}, "nothing to reconcile"},
+		{"no subcommand", "", nil, "usage: otelpgxtx reconcile"},
+		{"unknown flag", "", []string{"reconcile", "-x"}, "flag provided but not defined: -x"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			code, out, errOut := cli(t, ctx, tc.stdin, tc.args...)
+			if code != exitBad || out != "" || !strings.Contains(errOut, tc.wantErr) {
+				t.Errorf("exit %d, stdout %q, stderr %q; want 2, nothing, %q", code, out, errOut, tc.wantErr)
+			}
+		})
+	}
+}
+
+// TestReconcileNoDatabaseKeepsPasswordSecret: a DSN with a password and no server behind
+// it exits 2, and the password appears in no output, whichever DSN form.
+func TestReconcileNoDatabaseKeepsPasswordSecret(t *testing.T) {
+	ctx := testCtx(t)
+	const secret = "s3cr3t-Pa55"
+	port := deadPort(t)
+	for _, dsn := range []string{
+		fmt.Sprintf("postgres://app:%s@127.0.0.1:%d/db?sslmode=disable&connect_timeout=5", secret, port),
+		fmt.Sprintf("host=127.0.0.1 port=%d user=app password=%s dbname=db sslmode=disable connect_timeout=5", port, secret),
+		fmt.Sprintf("host=127.0.0.1 port=%d user=app password='%s' sslmode=bogus", port, secret), // a parse error
+		fmt.Sprintf("postgres://app:%s@127.0.0.1:%d/db?sslmode=bogus", secret, port),
+	} {
+		code, out, errOut := cli(t, ctx, "", "reconcile", "-dsn", dsn, "pg:7/1/3")
+		if code != exitBad {
+			t.Errorf("%s: exit %d, want 2", dsn, code)
+		}
+		if strings.Contains(out+errOut, secret) {
+			t.Errorf("the password is in the output: %q", out+errOut)
+		}
+		if !strings.Contains(errOut, "connecting to the database") {
+			t.Errorf("stderr %q does not say the database could not be reached", errOut)
+		}
+	}
+}
+
+// deadPort returns a port nothing listens on: one the server's port plus a probe refused.
+func deadPort(t *testing.T) int {
+	t.Helper()
+	for p := srv.Port() + 1; p < srv.Port()+100; p++ {
+		c, err := pgx.Connect(context.Background(), fmt.Sprintf("postgres://x@127.0.0.1:%d/x?connect_timeout=2", p))
+		if err != nil && strings.Contains(err.Error(), "refused") {
+			return p
+		}
+		if c != nil {
+			_ = c.Close(context.Background())
+		}
+	}
+	t.Fatal("no refused port near the server's")
+	return 0
+}
+
+// TestBuild builds the command as an operator gets it (go build, go run) and runs it once.
+func TestBuild(t *testing.T) {
+	bin := filepath.Join(t.TempDir(), "otelpgxtx")
+	if out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput(); err != nil {
+		t.Fatalf("go build: %v\n%s", err, out)
+	}
+	cmd := exec.Command(bin, "reconcile", "pg:7/1/0")
+	cmd.Env = append(os.Environ(), "DATABASE_URL="+srv.ConnString())
+	out, err := cmd.CombinedOutput()
+	if err != nil || string(out) != "ref=pg:7/1/0 resolved=no_writes\n" {
+		t.Fatalf("otelpgxtx reconcile pg:7/1/0: %v, %q", err, out)
+	}
+	cmd = exec.Command(bin)
+	if err := cmd.Run(); cmd.ProcessState == nil || cmd.ProcessState.ExitCode() != exitBad {
+		t.Fatalf("otelpgxtx without a subcommand: %v, want exit 2", err)
+	}
+}

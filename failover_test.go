@@ -1,0 +1,333 @@
+package otelpgxtx
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"go.opentelemetry.io/otel/trace"
+
+	"github.com/txevidence/otelpgxtx/outcome"
+	"github.com/txevidence/otelpgxtx/pgtest"
+)
+
+// startCluster starts a pgtest.Cluster for the test, with table t (id int primary key).
+func startCluster(t *testing.T, ctx context.Context) *pgtest.Cluster {
+	t.Helper()
+	c := pgtest.ClusterFor(t, ctx)
+	if err := c.Primary().Exec(ctx, "create table t (id int primary key)"); err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
+
+// clusterRowExists reads table t on the cluster's primary.
+func clusterRowExists(t *testing.T, ctx context.Context, c *pgtest.Cluster, id int) bool {
+	t.Helper()
+	conn, err := c.Primary().Conn(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	var n int
+	if err := conn.QueryRow(ctx, "select count(*) from t where id = $1", id).Scan(&n); err != nil {
+		t.Fatal(err)
+	}
+	return n > 0
+}
+
+// clusterReconciler returns a reconciler on a fresh connection that follows the primary
+// (the pool's connections to a crashed primary fail once before the pool drops them).
+func clusterReconciler(t *testing.T, ctx context.Context, c *pgtest.Cluster) *Reconciler {
+	t.Helper()
+	conn, err := pgx.Connect(ctx, c.ConnString())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = conn.Close(context.Background()) })
+	rec, err := NewReconciler(conn, WithReconcileWait(0, time.Millisecond))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return rec
+}
+
+// runInBackground starts Run with fn on pool and returns, once fn runs, its backend's pid
+// and the result to come.
+func runInBackground(ctx context.Context, pool *pgxpool.Pool, fn func(context.Context, pgx.Tx) (int, error)) (uint32, <-chan outcome.Result[int]) {
+	pids := make(chan uint32, 1)
+	done := make(chan outcome.Result[int], 1)
+	go func() {
+		done <- Run(ctx, pool, DefaultPolicy(), func(ctx context.Context, tx pgx.Tx) (int, error) {
+			pids <- tx.Conn().PgConn().PID()
+			return fn(ctx, tx)
+		})
+	}()
+	return <-pids, done
+}
+
+// resolveCase is a reference and the resolution the reconciler must give it.
+type resolveCase struct {
+	name   string
+	ref    outcome.ReconciliationRef
+	want   Resolved
+	reason string
+}
+
+// checkResolutions resolves every case with rec; an error is retried twice, since a pool's
+// connections to a crashed server fail once each before the pool drops them.
+func checkResolutions(t *testing.T, ctx context.Context, rec *Reconciler, cases []resolveCase) {
+	t.Helper()
+	for _, tc := range cases {
+		var got Resolution
+		var err error
+		for range 3 {
+			if got, err = rec.Resolve(ctx, tc.ref, trace.SpanContext{}); err == nil {
+				break
+			}
+		}
+		if err != nil {
+			t.Fatalf("%s: %v", tc.name, err)
+		}
+		t.Logf("%s: %s: %s %q", tc.name, tc.ref, got.Resolved(), got.Reason())
+		if got.Resolved() != tc.want || got.Reason() != tc.reason {
+			t.Errorf("%s: Resolve = %s %q, want %s %q", tc.name, got.Resolved(), got.Reason(), tc.want, tc.reason)
+		}
+	}
+}
+
+// frameRef returns the tx.reconciliation.ref of the only frame span whose outcome is want.
+func frameRef(t *testing.T, h *harness, want string) outcome.ReconciliationRef {
+	t.Helper()
+	for _, f := range h.frames() {
+		if v, _ := attr(f, OutcomeKey); v.AsString() != want {
+			continue
+		}
+		s, ok := attr(f, ReconciliationRefKey)
+		if !ok {
+			t.Fatalf("the %s frame has no %s", want, ReconciliationRefKey)
+		}
+		ref, err := outcome.ParseReconciliationRef(s.AsString())
+		if err != nil {
+			t.Fatal(err)
+		}
+		return ref
+	}
+	t.Fatalf("no %s frame", want)
+	return outcome.ReconciliationRef{}
+}
+
+// TestAsyncCommitLostInFailover documents what asynchronous replication costs at a
+// failover: Run returns Committed and the frame says committed (what the client saw),
+// then the standby, which never received the commit, is promoted and the row is gone.
+// The library cannot know at commit time — the old primary acknowledged the commit — but
+// the frame's reference, reconciled on the new primary, says aborted: the next xid of the
+// new timeline never passed the xid, so its commit record is not in the surviving history.
+func TestAsyncCommitLostInFailover(t *testing.T) {
+	ctx := testCtx(t)
+	c := startCluster(t, ctx)
+	h := newHarness(t, c.ConnString(), 2)
+	// The standby stops receiving, as when the network between the nodes fails.
+	if err := c.Standby().StopImmediate(); err != nil {
+		t.Fatal(err)
+	}
+	res := Run(ctx, h.pool, DefaultPolicy(), func(ctx context.Context, tx pgx.Tx) (int, error) {
+		if _, err := tx.Exec(ctx, "set local synchronous_commit = local"); err != nil {
+			return 0, err
+		}
+		_, err := tx.Exec(ctx, "insert into t values (1)")
+		return 1, err
+	})
+	if _, ok := res.(outcome.Committed[int]); !ok {
+		t.Fatalf("result = %T %+v, want Committed", res, res)
+	}
+	ref := frameRef(t, h, "committed")
+	if err := c.Promote(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if clusterRowExists(t, ctx, c, 1) {
+		t.Fatal("the row is on the new primary: the standby had the commit after all")
+	}
+	got, err := clusterReconciler(t, ctx, c).Resolve(ctx, ref, trace.SpanContext{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("committed frame %s after the failover: %s %q", ref, got.Resolved(), got.Reason())
+	if got.Resolved() != ResolvedAborted {
+		t.Errorf("Resolve = %s %q, want aborted: the commit is not in the surviving history", got.Resolved(), got.Reason())
+	}
+}
+
+// TestReconcileAfterFailover resolves references from the old timeline on the promoted
+// standby: a commit lost while it waited for synchronous replication (the standby had
+// stopped receiving), whose xid the new timeline hands out again and commits, resolves
+// aborted although pg_xact_status says committed; a transaction rolled back before the
+// failover resolves aborted; a commit replicated before the failover stays unknown
+// (other_timeline), since the server cannot prove no intermediate incarnation reused it.
+func TestReconcileAfterFailover(t *testing.T) {
+	ctx := testCtx(t)
+	c := startCluster(t, ctx)
+	h := newHarness(t, c.ConnString(), 3)
+	insert := func(id int) func(context.Context, pgx.Tx) (int, error) {
+		return func(ctx context.Context, tx pgx.Tx) (int, error) {
+			_, err := tx.Exec(ctx, "insert into t values ($1)", id)
+			return id, err
+		}
+	}
+	// Replicated before the failover (synchronous_commit = on waits for the standby).
+	if res := Run(ctx, h.pool, DefaultPolicy(), insert(1)); res.Outcome() != outcome.OutcomeCommitted {
+		t.Fatalf("result = %T %+v", res, res)
+	}
+	replicated := frameRef(t, h, "committed")
+	if _, ok := Run(ctx, h.pool, DefaultPolicy(), func(ctx context.Context, tx pgx.Tx) (int, error) {
+		if _, err := insert(2)(ctx, tx); err != nil {
+			return 0, err
+		}
+		_, err := tx.Exec(ctx, "insert into t values (1)") // duplicate key: rolled back
+		return 0, err
+	}).(outcome.DeterminateRollback[int]); !ok {
+		t.Fatal("the duplicate insert did not roll back")
+	}
+
+	if err := c.Standby().StopImmediate(); err != nil {
+		t.Fatal(err)
+	}
+	pid, done := runInBackground(ctx, h.pool, insert(3))
+	if err := c.Primary().WaitForWaitEvent(ctx, pid, "SyncRep"); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Promote(ctx); err != nil {
+		t.Fatal(err)
+	}
+	ind, ok := (<-done).(outcome.Indeterminate[int])
+	if !ok {
+		t.Fatal("the commit lost in the failover is not indeterminate")
+	}
+	lost, ok := ind.Reference()
+	if !ok || lost.NoWrites() || lost.Timeline != 1 {
+		t.Fatalf("reference %v %v, want an xid on timeline 1", lost, ok)
+	}
+	// The promotion requests a checkpoint without waiting for it; until it is done
+	// pg_control_checkpoint() shows the old timeline, while WAL is written on the new one.
+	var ckptTLI, walTLI int
+	if err := c.Primary().Exec(ctx, "checkpoint"); err != nil {
+		t.Fatal(err)
+	}
+	conn, err := c.Primary().Conn(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	if err := conn.QueryRow(ctx, "select c.timeline_id, "+timelineSQL+"::int from pg_control_checkpoint() c").Scan(&ckptTLI, &walTLI); err != nil {
+		t.Fatal(err)
+	}
+	if ckptTLI != 2 || walTLI != 2 {
+		t.Fatalf("after the checkpoint: checkpoint timeline %d, WAL timeline %d; want 2, 2", ckptTLI, walTLI)
+	}
+	// The new timeline hands the lost xid out again until it is passed, and commits it.
+	// (synchronous_commit = local: the new primary's standby is down.)
+	var reused bool
+	for !reused {
+		var xid uint64
+		if err := conn.QueryRow(ctx, "select pg_current_xact_id()::text::bigint").Scan(&xid); err != nil {
+			t.Fatal(err)
+		}
+		if xid > lost.XID {
+			t.Fatalf("the new timeline passed xid %d without reusing it (next: %d)", lost.XID, xid)
+		}
+		reused = xid == lost.XID
+	}
+	if st, _, err := c.Primary().XactStatus(ctx, lost.XID); err != nil || st != "committed" {
+		t.Fatalf("pg_xact_status(%d) on the new timeline = %q, %v; want the reuser's committed", lost.XID, st, err)
+	}
+
+	checkResolutions(t, ctx, clusterReconciler(t, ctx, c), []resolveCase{
+		{"lost in the failover, xid reused", lost, ResolvedAborted, ""},
+		{"replicated commit", replicated, ResolvedUnknown, UnknownOtherTimeline},
+	})
+	if clusterRowExists(t, ctx, c, 3) || !clusterRowExists(t, ctx, c, 1) || clusterRowExists(t, ctx, c, 2) {
+		t.Error("the table does not match: want row 1 only")
+	}
+}
+
+// TestReconcilerAsOrdinaryRole: everything the reconciler and the identity read use is
+// readable by a role without privileges (pg_control_system(), pg_control_checkpoint(),
+// pg_walfile_name(), pg_xact_status()), while what would place a fork exactly, the
+// timeline history files, is not (pg_read_binary_file needs pg_read_server_files), and
+// commit timestamps are off by default.
+func TestReconcilerAsOrdinaryRole(t *testing.T) {
+	ctx := testCtx(t)
+	if err := srv.Exec(ctx, "drop role if exists reconcile_app; create role reconcile_app login"); err != nil {
+		t.Fatal(err)
+	}
+	conn, err := pgx.Connect(ctx, fmt.Sprintf("postgres://reconcile_app@%s:%d/postgres?sslmode=disable", srv.Host(), srv.Port()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	var xid uint64
+	var sys, tli, start string
+	if err := conn.QueryRow(ctx, "select pg_current_xact_id()::text::bigint").Scan(&xid); err != nil {
+		t.Fatal(err)
+	}
+	if err := conn.QueryRow(ctx, identitySQL).Scan(&sys, &tli, &start); err != nil {
+		t.Fatalf("identity read as an ordinary role: %v", err)
+	}
+	ref, err := outcome.ParseReconciliationRef(fmt.Sprintf("pg:%s/%s/%d/%s", sys, tli, xid, start))
+	if err != nil {
+		t.Fatal(err)
+	}
+	rec, err := NewReconciler(conn, WithReconcileWait(0, time.Millisecond))
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := rec.Resolve(ctx, ref, trace.SpanContext{})
+	if err != nil || got.Resolved() != ResolvedCommitted {
+		t.Fatalf("Resolve as an ordinary role = %s %q, %v; want committed", got.Resolved(), got.Reason(), err)
+	}
+	for q, code := range map[string]string{
+		"select pg_read_binary_file('pg_wal/00000001.history')": "42501",
+		"select pg_ls_waldir()":                                 "42501",
+		"select pg_xact_commit_timestamp('3'::xid)":             "55000", // track_commit_timestamp = off
+	} {
+		_, err := conn.Exec(ctx, q)
+		if pgErr, ok := errors.AsType[*pgconn.PgError](err); !ok || pgErr.Code != code {
+			t.Errorf("%s as an ordinary role: %v, want SQLSTATE %s", q, err, code)
+		}
+	}
+}
+
+// TestIdentityOnStandby: a connection to a standby connects, without an identity (no xid
+// can be assigned there, and the timeline it would show is the one being replayed), and a
+// connection to the primary reads the timeline the primary writes WAL on.
+func TestIdentityOnStandby(t *testing.T) {
+	ctx := testCtx(t)
+	c := startCluster(t, ctx)
+	for _, tc := range []struct {
+		name     string
+		s        *pgtest.Server
+		identity bool
+	}{{"standby", c.Standby(), false}, {"primary", c.Primary(), true}} {
+		cfg, err := pgx.ParseConfig(tc.s.ConnString())
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := InstrumentConnConfig(cfg); err != nil {
+			t.Fatal(err)
+		}
+		conn, err := pgx.ConnectConfig(ctx, cfg)
+		if err != nil {
+			t.Fatalf("%s: %v", tc.name, err)
+		}
+		st := connStateOf(conn)
+		if got := st.systemID != 0; got != tc.identity || tc.identity && st.timeline != 1 {
+			t.Errorf("%s: identity read %v (timeline %d), want %v", tc.name, got, st.timeline, tc.identity)
+		}
+		_ = conn.Close(ctx)
+	}
+}

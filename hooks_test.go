@@ -1,0 +1,136 @@
+package otelpgxtx
+
+import (
+	"context"
+	"errors"
+	"testing"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+)
+
+func TestBeginBadInput(t *testing.T) {
+	ctx := testCtx(t)
+	for name, db := range map[string]TxBeginner{
+		"nil":            nil,
+		"typed nil pool": (*pgxpool.Pool)(nil),
+		"typed nil conn": (*pgx.Conn)(nil),
+	} {
+		rctx, tx, err := Begin(ctx, db, pgx.TxOptions{})
+		if !errors.Is(err, ErrInvalidArgument) || tx != nil || rctx != ctx {
+			t.Errorf("%s: tx %v, err %v; want an error wrapping ErrInvalidArgument", name, tx, err)
+		}
+	}
+}
+
+// innerCounter is an inner tracer that counts the calls of each hook.
+// A Start with an already cancelled context is counted too: no statement of the
+// application's starts that way, so it is the library's.
+type innerCounter struct{ starts, ends, batchQueries, doneCtxStarts int }
+
+func (c *innerCounter) TraceQueryStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceQueryStartData) context.Context {
+	c.starts++
+	if ctx.Err() != nil {
+		c.doneCtxStarts++
+	}
+	return ctx
+}
+func (c *innerCounter) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) { c.ends++ }
+func (c *innerCounter) TraceBatchStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceBatchStartData) context.Context {
+	c.starts++
+	return ctx
+}
+func (c *innerCounter) TraceBatchQuery(context.Context, *pgx.Conn, pgx.TraceBatchQueryData) {
+	c.batchQueries++
+}
+func (c *innerCounter) TraceBatchEnd(context.Context, *pgx.Conn, pgx.TraceBatchEndData) { c.ends++ }
+func (c *innerCounter) TraceCopyFromStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceCopyFromStartData) context.Context {
+	c.starts++
+	return ctx
+}
+func (c *innerCounter) TraceCopyFromEnd(context.Context, *pgx.Conn, pgx.TraceCopyFromEndData) {
+	c.ends++
+}
+func (c *innerCounter) TracePrepareStart(ctx context.Context, _ *pgx.Conn, _ pgx.TracePrepareStartData) context.Context {
+	c.starts++
+	return ctx
+}
+func (c *innerCounter) TracePrepareEnd(context.Context, *pgx.Conn, pgx.TracePrepareEndData) {
+	c.ends++
+}
+
+// callAllHooks calls every statement hook of tr once, Start then End, on conn.
+func callAllHooks(ctx context.Context, tr *Tracer, conn *pgx.Conn) {
+	tr.TraceQueryEnd(tr.TraceQueryStart(ctx, conn, pgx.TraceQueryStartData{SQL: "select 1"}), conn, pgx.TraceQueryEndData{})
+	bctx := tr.TraceBatchStart(ctx, conn, pgx.TraceBatchStartData{Batch: &pgx.Batch{}})
+	tr.TraceBatchQuery(bctx, conn, pgx.TraceBatchQueryData{SQL: "select 1"})
+	tr.TraceBatchEnd(bctx, conn, pgx.TraceBatchEndData{})
+	tr.TraceCopyFromEnd(tr.TraceCopyFromStart(ctx, conn, pgx.TraceCopyFromStartData{}), conn, pgx.TraceCopyFromEndData{})
+	tr.TracePrepareEnd(tr.TracePrepareStart(ctx, conn, pgx.TracePrepareStartData{}), conn, pgx.TracePrepareEndData{})
+}
+
+// TestHooksWithoutStateCallInner: with no connection state (no connection), every hook
+// still calls the inner tracer, so that statement spans never vanish.
+func TestHooksWithoutStateCallInner(t *testing.T) {
+	inner := &innerCounter{}
+	tr := NewTracer(WithInnerTracer(inner))
+	callAllHooks(context.Background(), tr, nil)
+	if inner.starts != 4 || inner.ends != 4 || inner.batchQueries != 1 {
+		t.Fatalf("inner tracer saw %d starts, %d ends, %d batch queries; want 4, 4, 1", inner.starts, inner.ends, inner.batchQueries)
+	}
+}
+
+// TestEndWithoutStart calls the End hooks on a real connection inside a transaction
+// without their Start: nothing to end, no frame begun from a nil context, no panic,
+// and the inner tracer still sees each End.
+func TestEndWithoutStart(t *testing.T) {
+	ctx := testCtx(t)
+	conn, err := srv.Conn(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	mustExec(t, ctx, conn, "begin")
+	inner := &innerCounter{}
+	tr := NewTracer(WithInnerTracer(inner))
+	tr.TraceQueryEnd(ctx, conn, pgx.TraceQueryEndData{})
+	tr.TraceBatchEnd(ctx, conn, pgx.TraceBatchEndData{})
+	tr.TraceCopyFromEnd(ctx, conn, pgx.TraceCopyFromEndData{})
+	tr.TracePrepareEnd(ctx, conn, pgx.TracePrepareEndData{})
+	if inner.ends != 4 {
+		t.Fatalf("inner tracer saw %d ends, want 4", inner.ends)
+	}
+	if st := connStateOf(conn); st.frame != nil || len(st.queries) != 0 {
+		t.Fatalf("state after unmatched ends: frame %v, %d queries", st.frame, len(st.queries))
+	}
+}
+
+// TestReleaseIdleWithFrame releases a connection whose transaction was ended through
+// pgconn, where the tracer could not see it: the connection is idle, so the frame is
+// ended_unobserved, not released_in_transaction.
+func TestReleaseIdleWithFrame(t *testing.T) {
+	ctx := testCtx(t)
+	h := newHarness(t, "", 1)
+	pc, err := h.pool.Acquire(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	mustExec(t, ctx, pc.Conn(), "begin", "select 1")
+	if _, err := pc.Conn().PgConn().Exec(ctx, "commit").ReadAll(); err != nil {
+		t.Fatal(err)
+	}
+	pc.Release()
+	f := onlyFrame(t, h)
+	wantAttr(t, f, "tx.outcome", "rolled_back")
+	wantAttr(t, f, "error.type", "ended_unobserved")
+	h.wantNoFrames(t, ctx)
+}
+
+// TestCommitWithoutState: a connection without tracer state has no identity, so the
+// commit path takes pgx's own Commit instead of dereferencing the state.
+func TestCommitWithoutState(t *testing.T) {
+	var st *connState
+	if st.identityKnown() {
+		t.Fatal("a nil state knows an identity")
+	}
+}
