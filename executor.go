@@ -494,7 +494,8 @@ func runHooks(ctx context.Context, f *frame, hooks []func(context.Context) error
 		err = errs[0] // keep its type for exception.type
 	}
 	if err != nil {
-		span.RecordError(err)
+		// A hook's error is the application's own and may quote its data.
+		span.RecordError(recordedError(err, f != nil && f.t.cfg.errorMessages))
 		span.SetStatus(codes.Error, "post-commit work failed")
 		return err
 	}
