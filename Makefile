@@ -1,7 +1,7 @@
 # The two commands of the README's quick start are `make demo` and `make test`.
 GO ?= go
 
-.PHONY: demo test test-library test-examples vet fuzz soak model bench
+.PHONY: demo test test-library test-examples vet fuzz soak model bench bench-quick
 
 demo:
 	cd examples/jaeger && $(GO) run .
@@ -23,6 +23,7 @@ vet:
 	@test -z "$$(gofmt -l $$(git ls-files '*.go'))" || { echo "gofmt needed:"; gofmt -l $$(git ls-files '*.go'); exit 1; }
 	$(GO) vet ./...
 	cd examples/jaeger && $(GO) vet ./...
+	cd scripts/benchplot && $(GO) vet ./...
 
 fuzz:
 	$(GO) test -run '^$$' -fuzz FuzzClassify -fuzztime 60s ./classifier/
@@ -38,3 +39,12 @@ soak:
 # A longer model-based run of Run; the CI-sized one (200 trees) is part of `make test`.
 model:
 	OTELPGXTX_MODEL_TREES=5000 $(GO) test -run 'TestRunModel$$' -count=1 -timeout 60m .
+
+# The performance figures of the README (bench/latest.txt, bench/latest.svg): every benchmark
+# in COUNT interleaved rounds, about 35 minutes on 2 cores; see scripts/bench for the settings
+# (COUNT, BENCHTIME, RTTS, GOROUTINES, PROFILE_*). bench-quick runs each once, as a smoke test.
+bench:
+	scripts/bench
+
+bench-quick:
+	scripts/bench quick
