@@ -13,6 +13,7 @@
 package main
 
 import (
+	"cmp"
 	"errors"
 	"flag"
 	"fmt"
@@ -154,7 +155,7 @@ func (s samples) keyValues(prefix, key string) []string {
 	for v := range seen {
 		out = append(out, v)
 	}
-	slices.SortFunc(out, func(a, b string) int { return cmpNum(leadingNumber(a), leadingNumber(b)) })
+	slices.SortFunc(out, func(a, b string) int { return cmp.Compare(leadingNumber(a), leadingNumber(b)) })
 	return out
 }
 
@@ -167,16 +168,6 @@ func leadingNumber(s string) float64 {
 	}
 	f, _ := strconv.ParseFloat(s[:i], 64)
 	return f
-}
-
-func cmpNum(a, b float64) int {
-	switch {
-	case a < b:
-		return -1
-	case a > b:
-		return 1
-	}
-	return 0
 }
 
 // scaling plots unit against goroutines (BenchmarkTxScale, write) for every variant,
