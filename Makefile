@@ -1,15 +1,19 @@
 # The two commands of the README's quick start are `make demo` and `make test`.
 GO ?= go
 
-.PHONY: demo test test-library test-examples vet fuzz soak model bench bench-quick
+.PHONY: demo test test-library test-examples test-scripts vet fuzz soak model bench bench-quick
 
 demo:
 	cd examples/jaeger && $(GO) run .
 
-test: vet test-library test-examples
+test: vet test-library test-examples test-scripts
 
 test-library:
 	$(GO) test -race -count=1 ./...
+
+# The chart of scripts/bench (its own go.mod, so that the library does not depend on gonum).
+test-scripts:
+	cd scripts/benchplot && $(GO) test -count=1 ./...
 
 # The demo module (its own go.mod): end to end against a real Jaeger v2 (built once and
 # cached by scripts/jaeger), and the alert rules' unit tests.

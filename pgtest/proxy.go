@@ -146,7 +146,8 @@ func (p *Proxy) takeFault() fault {
 // a network with that latency. Each direction is a queue in arrival order: bytes
 // are never reordered or merged with later ones, and a chunk arriving while an
 // earlier one waits is not held any longer for it (the delay is latency, not a
-// bandwidth limit). It applies to connections accepted from then on; zero (the
+// bandwidth limit). A cut or Close drops what is still queued, as a broken
+// network would. It applies to connections accepted from then on; zero (the
 // default) forwards at once.
 func (p *Proxy) SetDelay(toServer, toClient time.Duration) {
 	p.mu.Lock()

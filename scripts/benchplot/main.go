@@ -75,19 +75,26 @@ func run(out, title string, files []string) error {
 		if err != nil {
 			return err
 		}
-		plots = append(plots, p)
+		if p != nil {
+			plots = append(plots, p)
+		}
 	}
 	p, err := s.scaling("sampled", unitClient, "Client CPU, write, sampled", "µs per transaction")
 	if err != nil {
 		return err
 	}
-	plots = append(plots, p)
+	if p != nil {
+		plots = append(plots, p)
+	}
 	for _, rtt := range s.rtts() {
 		p, err := s.cost(rtt)
 		if err != nil {
 			return err
 		}
 		plots = append(plots, p)
+	}
+	if len(plots) == 0 {
+		return errors.New("no BenchmarkTx or BenchmarkTxScale figures to draw")
 	}
 	return draw2(out, title, plots)
 }
@@ -171,7 +178,7 @@ func leadingNumber(s string) float64 {
 }
 
 // scaling plots unit against goroutines (BenchmarkTxScale, write) for every variant,
-// on a log2 goroutine axis.
+// on a log2 goroutine axis; nil if there are no such figures.
 func (s samples) scaling(sampling, unit, title, ylabel string) (*plot.Plot, error) {
 	p := plot.New()
 	p.Title.Text = title
@@ -185,6 +192,7 @@ func (s samples) scaling(sampling, unit, title, ylabel string) (*plot.Plot, erro
 		ticks = append(ticks, plot.Tick{Value: leadingNumber(g), Label: g})
 	}
 	p.X.Tick.Marker = plot.ConstantTicks(ticks)
+	drawn := false
 	for i, v := range variants {
 		var xys plotter.XYs
 		for _, g := range gs {
@@ -203,6 +211,10 @@ func (s samples) scaling(sampling, unit, title, ylabel string) (*plot.Plot, erro
 		points.Shape = plotutil.Shape(i)
 		p.Add(line, points)
 		p.Legend.Add(v.label, line, points)
+		drawn = true
+	}
+	if !drawn {
+		return nil, nil // not measured in this run: no panel (and no empty log axis)
 	}
 	// Throughput rises with goroutines, CPU per transaction mostly stays: keep the
 	// legend where the lines are not.
