@@ -1,15 +1,19 @@
 # The two commands of the README's quick start are `make demo` and `make test`.
 GO ?= go
 
-.PHONY: demo test test-library test-examples vet fuzz soak bench
+.PHONY: demo test test-library test-examples test-scripts vet fuzz soak model bench bench-quick
 
 demo:
 	cd examples/jaeger && $(GO) run .
 
-test: vet test-library test-examples
+test: vet test-library test-examples test-scripts
 
 test-library:
 	$(GO) test -race -count=1 ./...
+
+# The chart of scripts/bench (its own go.mod, so that the library does not depend on gonum).
+test-scripts:
+	cd scripts/benchplot && $(GO) test -count=1 ./...
 
 # The demo module (its own go.mod): end to end against a real Jaeger v2 (built once and
 # cached by scripts/jaeger), and the alert rules' unit tests.
@@ -23,13 +27,28 @@ vet:
 	@test -z "$$(gofmt -l $$(git ls-files '*.go'))" || { echo "gofmt needed:"; gofmt -l $$(git ls-files '*.go'); exit 1; }
 	$(GO) vet ./...
 	cd examples/jaeger && $(GO) vet ./...
+	cd scripts/benchplot && $(GO) vet ./...
 
 fuzz:
 	$(GO) test -run '^$$' -fuzz FuzzClassify -fuzztime 60s ./classifier/
 	$(GO) test -run '^$$' -fuzz FuzzClassifyStatements -fuzztime 60s .
+	$(GO) test -run '^$$' -fuzz FuzzSanitize -fuzztime 60s .
 
 # A longer soundness run, on the single server (crash restarts) and on the cluster
 # (failovers alternating with crash restarts); the CI-sized ones are part of `make test`.
 soak:
 	OTELPGXTX_SOAK_TX=30000 OTELPGXTX_SOAK_CRASHES=12 OTELPGXTX_SOAK_DURATION=50m \
 		$(GO) test -run 'TestSoundness$$|TestSoundnessFailover$$' -count=1 -timeout 120m -v .
+
+# A longer model-based run of Run; the CI-sized one (200 trees) is part of `make test`.
+model:
+	OTELPGXTX_MODEL_TREES=5000 $(GO) test -run 'TestRunModel$$' -count=1 -timeout 60m .
+
+# The performance figures of the README (bench/latest.txt, bench/latest.svg): every benchmark
+# in COUNT interleaved rounds, about 35 minutes on 2 cores; see scripts/bench for the settings
+# (COUNT, BENCHTIME, RTTS, GOROUTINES, PROFILE_*). bench-quick runs each once, as a smoke test.
+bench:
+	scripts/bench
+
+bench-quick:
+	scripts/bench quick

@@ -1,7 +1,12 @@
 package otelpgxtx
 
-// Benchmarks of issue 6: the cost of the evidence, side by side with bare pgx and
-// otelpgx. scripts/bench runs them and compares the variants with benchstat.
+// Benchmarks of issues 6 and 13: the cost of the evidence, side by side with bare pgx
+// and otelpgx. scripts/bench runs them and compares the variants with benchstat.
+//
+// The real-server benchmarks (BenchmarkTx at each added network round-trip time,
+// BenchmarkTxScale at each concurrency) report, next to tx/s and latency, the CPU time
+// per transaction of this process (client-µs/tx) and of the pool's server backends
+// (server-µs/tx): figures that a noisy machine disturbs far less than throughput.
 //
 // Variants (the v= key, so that `benchstat -col /v` puts them side by side):
 //
@@ -23,10 +28,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"runtime"
+	"os"
 	"slices"
+	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -41,6 +49,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/txevidence/otelpgxtx/outcome"
+	"github.com/txevidence/otelpgxtx/pgtest"
 )
 
 const (
@@ -51,9 +60,8 @@ const (
 	benchE = "e_run_capture"
 	benchF = "f_run_marker"
 
-	benchMaxConns   = 8   // every pool, sequential or parallel
-	benchGoroutines = 8   // parallel variants
-	benchKeysPerG   = 128 // rows of bench_kv per goroutine
+	benchKeyGroups = 64  // disjoint groups of bench_kv rows: goroutine g writes group g % 64
+	benchKeysPerG  = 128 // rows of bench_kv per group
 )
 
 var benchVariants = []string{benchA, benchB, benchC, benchD, benchE}
@@ -198,10 +206,10 @@ func benchRead(ctx context.Context, tx pgx.Tx, key int64) error {
 	return rows.Err()
 }
 
-// benchKey spreads goroutines over disjoint rows, so that parallel writers never wait
-// for each other's row locks.
+// benchKey spreads goroutines over disjoint rows, so that up to benchKeyGroups
+// parallel writers never wait for each other's row locks.
 func benchKey(g, i int) int64 {
-	return int64(g%benchGoroutines)*benchKeysPerG + int64(i%benchKeysPerG) + 1
+	return int64(g%benchKeyGroups)*benchKeysPerG + int64(i%benchKeysPerG) + 1
 }
 
 // benchSchema creates the tables (idempotent) and returns an admin connection.
@@ -215,7 +223,7 @@ func benchSchema(b *testing.B) *pgx.Conn {
 	for _, sql := range []string{
 		"create table if not exists bench_kv (k bigint primary key, v bigint not null)",
 		fmt.Sprintf("insert into bench_kv select g, 0 from generate_series(1, %d) g on conflict do nothing",
-			benchGoroutines*benchKeysPerG),
+			benchKeyGroups*benchKeysPerG),
 		"create table if not exists bench_log (k bigint not null, v bigint not null)",
 		benchMarkerDDL(b),
 	} {
@@ -243,14 +251,17 @@ type benchDB struct {
 	tel    *benchTelemetry
 	pool   *pgxpool.Pool
 	policy Policy
+	pids   []uint32 // the server backends of the pool's connections
 }
 
-func newBenchDB(b *testing.B, connString, v string, s benchSampling, w benchWorkload) *benchDB {
+// newBenchDB opens a pool of conns connections for variant v, every one of them open
+// and warm before it returns.
+func newBenchDB(b *testing.B, connString, v string, s benchSampling, w benchWorkload, conns int) *benchDB {
 	cfg, err := pgxpool.ParseConfig(connString)
 	if err != nil {
 		b.Fatal(err)
 	}
-	cfg.MaxConns = benchMaxConns
+	cfg.MaxConns = int32(conns)
 	d := &benchDB{v: v, w: w, policy: DefaultPolicy()}
 	d.policy.AccessMode = w.opts.AccessMode
 	d.policy.CaptureReference = v == benchE || v == benchF
@@ -261,10 +272,10 @@ func newBenchDB(b *testing.B, connString, v string, s benchSampling, w benchWork
 	if d.pool, err = pgxpool.NewWithConfig(context.Background(), cfg); err != nil {
 		b.Fatal(err)
 	}
-	// Warm up: every connection of the pool open, every statement cached on it.
+	// Warm up: every statement cached on every connection, the cluster identity read.
 	var wg sync.WaitGroup
-	errs := make(chan error, benchGoroutines)
-	for g := range benchGoroutines {
+	errs := make(chan error, conns)
+	for g := range conns {
 		wg.Go(func() {
 			for i := range 16 {
 				if err := d.tx(context.Background(), benchKey(g, i)); err != nil {
@@ -279,6 +290,21 @@ func newBenchDB(b *testing.B, connString, v string, s benchSampling, w benchWork
 	if err := <-errs; err != nil {
 		d.close()
 		b.Fatal(err)
+	}
+	// Hold every connection at once: the pool then has all of them open, and their
+	// backends are the ones whose CPU time the benchmark reads.
+	held := make([]*pgxpool.Conn, 0, conns)
+	for range conns {
+		c, err := d.pool.Acquire(context.Background())
+		if err != nil {
+			d.close()
+			b.Fatal(err)
+		}
+		held = append(held, c)
+		d.pids = append(d.pids, c.Conn().PgConn().PID())
+	}
+	for _, c := range held {
+		c.Release()
 	}
 	return d
 }
@@ -337,17 +363,104 @@ func benchPercentile(sorted []time.Duration, p float64) time.Duration {
 	return sorted[min(max(i, 0), len(sorted)-1)]
 }
 
-// benchEach runs fn as BenchmarkX/<workload>/<sampling>/v=<variant>, with one pool per
-// variant, created and warmed before the sub-benchmark and closed after it.
-func benchEach(b *testing.B, fn func(b *testing.B, d *benchDB, admin *pgx.Conn)) {
-	admin := benchSchema(b)
-	for _, w := range benchWorkloads {
+// benchCPU is the CPU time used so far by this process (the client: pgx, the
+// instrumentation, the SDK, the runtime) and by the pool's server backends.
+type benchCPU struct{ client, server time.Duration }
+
+func (d *benchDB) cpu(b *testing.B) benchCPU {
+	c := benchCPU{client: benchProcessCPU(b)}
+	for _, pid := range d.pids {
+		t, err := pgtest.BackendCPU(pid)
+		if err != nil {
+			b.Fatalf("CPU time of server backend %d (run as root or as the server's OS user): %v", pid, err)
+		}
+		c.server += t
+	}
+	return c
+}
+
+// benchProcessCPU is the CPU time (user and system) this process has used so far.
+func benchProcessCPU(b *testing.B) time.Duration {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		b.Fatal(err)
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
+
+// benchLoopCPU runs body in a b.Loop and reports the process's CPU time per iteration,
+// cpu-ns/op: unlike ns/op it does not grow while a loaded machine runs other work.
+func benchLoopCPU(b *testing.B, body func()) {
+	cpu := benchProcessCPU(b)
+	for b.Loop() {
+		body()
+	}
+	b.ReportMetric(float64(benchProcessCPU(b)-cpu)/float64(b.N), "cpu-ns/op")
+}
+
+// benchReportCPU reports the CPU time per transaction between start and now: the
+// client's, client-µs/tx, and the server backends', server-µs/tx.
+func benchReportCPU(b *testing.B, d *benchDB, start benchCPU, n int) {
+	if n == 0 {
+		return
+	}
+	end := d.cpu(b)
+	b.ReportMetric(float64(end.client-start.client)/1e3/float64(n), "client-µs/tx")
+	b.ReportMetric(float64(end.server-start.server)/1e3/float64(n), "server-µs/tx")
+}
+
+// benchList reads a comma-separated list from the environment variable name, or def.
+func benchList[T any](b *testing.B, name, def string, parse func(string) (T, error)) []T {
+	s := os.Getenv(name)
+	if s == "" {
+		s = def
+	}
+	var out []T
+	for f := range strings.SplitSeq(s, ",") {
+		v, err := parse(strings.TrimSpace(f))
+		if err != nil {
+			b.Fatalf("%s=%q: %v", name, s, err)
+		}
+		out = append(out, v)
+	}
+	return out
+}
+
+// benchRTTs are the added network round-trip times BenchmarkTx runs at
+// ($OTELPGXTX_BENCH_RTT): 0 connects directly, anything else through a
+// pgtest.ProxyProcess delaying each direction by half of it.
+func benchRTTs(b *testing.B) []time.Duration {
+	return benchList(b, "OTELPGXTX_BENCH_RTT", "0,200us,1ms", time.ParseDuration)
+}
+
+// benchGoroutineCounts are BenchmarkTxScale's concurrencies ($OTELPGXTX_BENCH_GOROUTINES).
+func benchGoroutineCounts(b *testing.B) []int {
+	return benchList(b, "OTELPGXTX_BENCH_GOROUTINES", "1,2,4,8,16,64", func(s string) (int, error) {
+		n, err := strconv.Atoi(s)
+		if err == nil && n < 1 {
+			err = errors.New("goroutines must be at least 1")
+		}
+		return n, err
+	})
+}
+
+// benchMs names a duration in milliseconds, "rtt=0.2ms".
+func benchMs(d time.Duration) string {
+	return strconv.FormatFloat(float64(d)/float64(time.Millisecond), 'f', -1, 64) + "ms"
+}
+
+// benchEach runs fn as BenchmarkX/<workload>/<sampling>/v=<variant> for each of
+// workloads, with one pool of conns connections to connString per variant, created
+// and warmed before the sub-benchmark and closed after it.
+func benchEach(b *testing.B, admin *pgx.Conn, connString string, conns int, workloads []benchWorkload,
+	fn func(b *testing.B, d *benchDB, admin *pgx.Conn)) {
+	for _, w := range workloads {
 		for _, s := range benchSamplings {
 			for _, v := range benchServerVariants {
 				var d *benchDB
 				b.Run(w.name+"/"+s.name+"/v="+v, func(b *testing.B) {
 					if d == nil { // created on the first call, reused by the following ones
-						d = newBenchDB(b, srv.ConnString(), v, s, w)
+						d = newBenchDB(b, connString, v, s, w, conns)
 					}
 					fn(b, d, admin)
 				})
@@ -359,54 +472,80 @@ func benchEach(b *testing.B, fn func(b *testing.B, d *benchDB, admin *pgx.Conn))
 	}
 }
 
-// BenchmarkTx runs one transaction at a time against the real server.
-func BenchmarkTx(b *testing.B) {
-	benchEach(b, func(b *testing.B, d *benchDB, admin *pgx.Conn) {
-		benchReset(b, admin)
-		lat := make([]time.Duration, b.N)
-		ctx := context.Background()
-		spans := d.tel.spanCount()
-		b.ReportAllocs()
-		b.ResetTimer()
-		for i := range b.N {
-			t0 := time.Now()
-			if err := d.tx(ctx, benchKey(0, i)); err != nil {
-				b.Fatal(err)
-			}
-			lat[i] = time.Since(t0)
-		}
-		b.StopTimer()
-		benchReport(b, lat, d.tel.spanCount()-spans)
-	})
-}
-
-// BenchmarkTxParallel runs benchGoroutines goroutines (b.SetParallelism rounded up to
-// a multiple of GOMAXPROCS) over a pool of benchMaxConns connections.
-func BenchmarkTxParallel(b *testing.B) {
-	benchEach(b, func(b *testing.B, d *benchDB, admin *pgx.Conn) {
-		benchReset(b, admin)
-		lat := make([]time.Duration, b.N)
-		var next, gid atomic.Int64
-		spans := d.tel.spanCount()
-		procs := runtime.GOMAXPROCS(0)
-		b.SetParallelism((benchGoroutines + procs - 1) / procs)
-		b.ReportAllocs()
-		b.ResetTimer()
-		b.RunParallel(func(pb *testing.PB) {
-			g := int(gid.Add(1) - 1)
+// benchLoop runs b.N transactions over goroutines goroutines and reports throughput,
+// latency, spans and CPU time per transaction.
+func benchLoop(b *testing.B, d *benchDB, admin *pgx.Conn, goroutines int) {
+	benchReset(b, admin)
+	lat := make([]time.Duration, b.N)
+	var next atomic.Int64
+	spans := d.tel.spanCount()
+	b.ReportAllocs()
+	cpu := d.cpu(b)
+	b.ResetTimer()
+	var wg sync.WaitGroup
+	for g := range goroutines {
+		wg.Go(func() {
 			ctx := context.Background()
-			for i := 0; pb.Next(); i++ {
+			for {
+				i := int(next.Add(1) - 1)
+				if i >= b.N {
+					return
+				}
 				t0 := time.Now()
 				if err := d.tx(ctx, benchKey(g, i)); err != nil {
 					b.Error(err)
 					return
 				}
-				lat[next.Add(1)-1] = time.Since(t0)
+				lat[i] = time.Since(t0)
 			}
 		})
-		b.StopTimer()
-		benchReport(b, lat[:next.Load()], d.tel.spanCount()-spans)
-	})
+	}
+	wg.Wait()
+	b.StopTimer()
+	benchReportCPU(b, d, cpu, b.N)
+	benchReport(b, lat, d.tel.spanCount()-spans)
+}
+
+// BenchmarkTx runs one transaction at a time against the real server, at each added
+// round-trip time (BenchmarkTx/rtt=<ms>/<workload>/<sampling>/v=<variant>).
+func BenchmarkTx(b *testing.B) {
+	admin := benchSchema(b)
+	target := fmt.Sprintf("%s:%d", srv.Host(), srv.Port())
+	for _, rtt := range benchRTTs(b) {
+		connString := srv.ConnString()
+		var proxy *pgtest.ProxyProcess
+		if rtt > 0 {
+			var err error
+			if proxy, err = pgtest.StartProxyProcess(target, rtt/2, rtt-rtt/2); err != nil {
+				b.Fatal(err)
+			}
+			connString = proxy.ConnString(connString)
+		}
+		b.Run("rtt="+benchMs(rtt), func(b *testing.B) {
+			benchEach(b, admin, connString, 1, benchWorkloads, func(b *testing.B, d *benchDB, admin *pgx.Conn) {
+				benchLoop(b, d, admin, 1)
+			})
+		})
+		if proxy != nil {
+			if err := proxy.Close(); err != nil {
+				b.Fatal(err)
+			}
+		}
+	}
+}
+
+// BenchmarkTxScale runs writes from g goroutines over a pool of g connections, for
+// each g of benchGoroutineCounts (BenchmarkTxScale/g=<n>/write/<sampling>/v=<variant>):
+// how throughput and the client's CPU time per transaction grow with concurrency.
+func BenchmarkTxScale(b *testing.B) {
+	admin := benchSchema(b)
+	for _, g := range benchGoroutineCounts(b) {
+		b.Run(fmt.Sprintf("g=%d", g), func(b *testing.B) {
+			benchEach(b, admin, srv.ConnString(), g, benchWorkloads[:1], func(b *testing.B, d *benchDB, admin *pgx.Conn) {
+				benchLoop(b, d, admin, g)
+			})
+		})
+	}
 }
 
 // BenchmarkTxRoundTrips counts client-to-server round trips per transaction at a
@@ -417,7 +556,7 @@ func BenchmarkTxRoundTrips(b *testing.B) {
 	proxy := newProxy(b)
 	for _, w := range benchWorkloads {
 		for _, v := range benchServerVariants {
-			d := newBenchDB(b, proxy.ConnString(srv.ConnString()), v, benchSamplings[0], w)
+			d := newBenchDB(b, proxy.ConnString(srv.ConnString()), v, benchSamplings[0], w, 1)
 			b.Run(w.name+"/v="+v, func(b *testing.B) {
 				benchReset(b, admin)
 				ctx := context.Background()
@@ -503,11 +642,11 @@ func BenchmarkHookTx(b *testing.B) {
 				ctx := context.Background()
 				spans := f.tel.spanCount()
 				b.ReportAllocs()
-				for b.Loop() {
+				benchLoopCPU(b, func() {
 					if err := f.tx(ctx); err != nil {
 						b.Fatal(err)
 					}
-				}
+				})
 				b.ReportMetric(float64(f.tel.spanCount()-spans)/float64(b.N), "spans/op")
 			})
 		}
@@ -529,11 +668,11 @@ func BenchmarkHookQuery(b *testing.B) {
 					b.Fatal(err)
 				}
 				b.ReportAllocs()
-				for b.Loop() {
+				benchLoopCPU(b, func() {
 					if _, err := tx.Exec(ctx, "update bench_kv set v = v + 1 where k = $1", 7); err != nil {
 						b.Fatal(err)
 					}
-				}
+				})
 				b.StopTimer()
 				if err := tx.Commit(ctx); err != nil {
 					b.Fatal(err)
@@ -613,9 +752,7 @@ func BenchmarkHookFloor(b *testing.B) {
 					"frame_span": benchFrameSpan, "frame_span_lean": benchFrameSpanLean, "bare_span": benchBareSpan,
 				}[v]
 				b.ReportAllocs()
-				for b.Loop() {
-					frame(ctx, tr, m)
-				}
+				benchLoopCPU(b, func() { frame(ctx, tr, m) })
 			})
 		}
 	}

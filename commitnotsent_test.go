@@ -210,3 +210,31 @@ func TestFatalBeforeCommit(t *testing.T) {
 }
 
 var _ net.Conn = (*netConn)(nil)
+
+// BenchmarkArmCommit is what marking a COMMIT costs on a real TCP connection: the peek
+// for a waiting FATAL (one non-blocking system call) and the write bookkeeping.
+func BenchmarkArmCommit(b *testing.B) {
+	ctx := context.Background()
+	cfg, err := pgx.ParseConfig(srv.ConnString())
+	if err != nil {
+		b.Fatal(err)
+	}
+	if _, err := InstrumentConnConfig(cfg); err != nil {
+		b.Fatal(err)
+	}
+	conn, err := pgx.ConnectConfig(ctx, cfg)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	nc := conn.PgConn().Conn().(*netConn)
+	if nc.peek == nil {
+		b.Fatalf("no peek on %T", nc.Conn)
+	}
+	b.ReportAllocs()
+	for b.Loop() {
+		if nc.armCommit() || nc.commitNotSent() {
+			b.Fatal("evidence on an idle connection")
+		}
+	}
+}

@@ -455,12 +455,12 @@ func commit(ctx context.Context, sc *scope, tx pgx.Tx, held heldConn, p Policy, 
 	// The COMMIT statement span the inner tracer makes when pgx sends COMMIT, so that
 	// traces look the same with capture on and off; the capture itself makes none.
 	var qctx context.Context
-	if f != nil && f.t.query != nil {
-		qctx = f.t.query.TraceQueryStart(withFrame(ctx, f), held.conn, pgx.TraceQueryStartData{SQL: commitSQL})
+	if f != nil {
+		qctx = f.t.innerQueryStart(withFrame(ctx, f), held.conn, pgx.TraceQueryStartData{SQL: commitSQL})
 	}
 	cr := commitWithCapture(ctx, pg, st, commitSQL, marker, sc.id)
-	if qctx != nil {
-		f.t.query.TraceQueryEnd(unframe(qctx, f), held.conn, pgx.TraceQueryEndData{CommandTag: cr.tag, Err: cr.err})
+	if f != nil {
+		f.t.innerQueryEnd(unframe(qctx, f), held.conn, pgx.TraceQueryEndData{CommandTag: cr.tag, Err: cr.err})
 	}
 	if cr.err != nil && !pg.IsClosed() && pg.TxStatus() != 'I' {
 		// pgx closes a connection whose failed COMMIT left it in a transaction; so do we.
@@ -511,7 +511,8 @@ func runHooks(ctx context.Context, f *frame, hooks []func(context.Context) error
 		err = errs[0] // keep its type for exception.type
 	}
 	if err != nil {
-		span.RecordError(err)
+		// A hook's error is the application's own and may quote its data.
+		span.RecordError(recordedError(err, f != nil && f.t.cfg.errorMessages))
 		span.SetStatus(codes.Error, "post-commit work failed")
 		return err
 	}

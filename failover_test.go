@@ -281,11 +281,11 @@ func TestReconcilerAsOrdinaryRole(t *testing.T) {
 	defer conn.Close(ctx)
 	var xid uint64
 	var sys, tli, start string
-	var assigned *string
+	var xidNow *string // identitySQL's privilege probe: NULL outside a transaction
 	if err := conn.QueryRow(ctx, "select pg_current_xact_id()::text::bigint").Scan(&xid); err != nil {
 		t.Fatal(err)
 	}
-	if err := conn.QueryRow(ctx, identitySQL).Scan(&sys, &tli, &start, &assigned); err != nil {
+	if err := conn.QueryRow(ctx, identitySQL).Scan(&sys, &tli, &start, &xidNow); err != nil {
 		t.Fatalf("identity read as an ordinary role: %v", err)
 	}
 	ref, err := outcome.ParseReconciliationRef(fmt.Sprintf("pg:%s/%s/%d/%s", sys, tli, xid, start))
@@ -312,9 +312,10 @@ func TestReconcilerAsOrdinaryRole(t *testing.T) {
 	}
 }
 
-// TestIdentityOnStandby: a connection to a standby connects, without an identity (no xid
-// can be assigned there, and the timeline it would show is the one being replayed), and a
-// connection to the primary reads the timeline the primary writes WAL on.
+// TestIdentityOnStandby: the identity read Run makes before BEGIN gives a connection to a
+// standby no identity (no xid can be assigned there, and the timeline it would show is
+// the one being replayed) and leaves the connection usable, and on the primary it reads
+// the timeline the primary writes WAL on.
 func TestIdentityOnStandby(t *testing.T) {
 	ctx := testCtx(t)
 	c := startCluster(t, ctx)
@@ -334,8 +335,11 @@ func TestIdentityOnStandby(t *testing.T) {
 		if err != nil {
 			t.Fatalf("%s: %v", tc.name, err)
 		}
-		if err := prepareCapture(ctx, conn); err != nil { // what Run does before BEGIN
-			t.Fatalf("%s: %v", tc.name, err)
+		if err := prepareCapture(ctx, conn); err != nil {
+			t.Fatalf("%s: the identity read broke the connection: %v", tc.name, err)
+		}
+		if err := conn.Ping(ctx); err != nil {
+			t.Fatalf("%s: connection unusable after the identity read: %v", tc.name, err)
 		}
 		st := connStateOf(conn)
 		if got := st.systemID != 0; got != tc.identity || tc.identity && st.timeline != 1 {

@@ -25,6 +25,13 @@ type netConn struct {
 	// commitWrite is where the write carrying COMMIT is (commitIdle…commitUnsent);
 	// pgconn's asynchronous close writes from another goroutine, hence atomic.
 	commitWrite atomic.Int32
+	// peek looks at unread bytes; nil where the socket cannot be peeked at. Only the
+	// connection's user calls it (under the connection state's mutex).
+	peek *socketPeek
+}
+
+func newNetConn(conn net.Conn, t *Tracer) *netConn {
+	return &netConn{Conn: conn, t: t, peek: newSocketPeek(conn)}
 }
 
 // The states of netConn.commitWrite.
@@ -52,10 +59,10 @@ func (c *netConn) Write(b []byte) (int, error) {
 // armCommit marks the position before a COMMIT is handed to pgconn: the next write
 // carries it (or something before it, which only makes commitUnsent rarer). It also
 // reports whether the server had already ended the session before that write: a FATAL
-// waiting unread in the socket (see sessionEndedBeforeWrite).
+// waiting unread in the socket (see socketPeek).
 func (c *netConn) armCommit() (sessionEnded bool) {
 	c.commitWrite.Store(commitArmed)
-	return sessionEndedBeforeWrite(c.Conn)
+	return c.peek.sessionEnded()
 }
 
 // commitUnsent reports whether the write armCommit marked failed before the kernel

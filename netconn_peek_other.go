@@ -4,5 +4,9 @@ package otelpgxtx
 
 import "net"
 
-// sessionEndedBeforeWrite has no non-blocking peek on this platform: no evidence.
-func sessionEndedBeforeWrite(net.Conn) bool { return false }
+// socketPeek has no non-blocking peek on this platform: no evidence.
+type socketPeek struct{}
+
+func newSocketPeek(net.Conn) *socketPeek { return nil }
+
+func (p *socketPeek) sessionEnded() bool { return false }

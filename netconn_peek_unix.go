@@ -7,38 +7,56 @@ import (
 	"syscall"
 )
 
-// peekSize bounds what sessionEndedBeforeWrite looks at: PostgreSQL's FATAL messages are
-// far shorter, and a longer one is just not recognised.
+// peekSize bounds what socketPeek looks at: PostgreSQL's FATAL messages are far
+// shorter, and a longer one is just not recognised.
 const peekSize = 2048
 
-// sessionEndedBeforeWrite looks, without consuming and without waiting, at what the
-// server sent that pgconn has not read yet, and reports a FATAL there. Only a plain TCP
-// or Unix socket is read (TLS bytes cannot be); a read that would block costs one
-// system call. Bytes pgconn already buffered are not seen: that only misses evidence.
-// It runs in RawConn.Control, not Read: pgconn's background reader may be blocked in a
-// Read on the socket, holding its read lock until the server speaks.
-func sessionEndedBeforeWrite(c net.Conn) bool {
+// socketPeek looks, without consuming and without waiting, at what the server sent that
+// pgconn has not read yet. Only a plain TCP or Unix socket is read (TLS bytes cannot
+// be). It runs in RawConn.Control, not Read: pgconn's background reader may be blocked
+// in a Read on the socket, holding its read lock until the server speaks. Everything
+// is set up once per connection, so that a peek costs one system call and no
+// allocation.
+type socketPeek struct {
+	rc  syscall.RawConn
+	fn  func(fd uintptr)
+	buf []byte
+	n   int
+	err error
+}
+
+func newSocketPeek(c net.Conn) *socketPeek {
 	sc, ok := c.(syscall.Conn)
 	if !ok {
-		return false
+		return nil
+	}
+	if _, isSocket := c.(interface{ SetReadBuffer(int) error }); !isSocket {
+		return nil // a pipe or a TLS connection: no protocol bytes to peek at
 	}
 	rc, err := sc.SyscallConn()
 	if err != nil {
+		return nil
+	}
+	p := &socketPeek{rc: rc, buf: make([]byte, 5)}
+	p.fn = func(fd uintptr) {
+		p.n, _, p.err = syscall.Recvfrom(int(fd), p.buf, syscall.MSG_PEEK|syscall.MSG_DONTWAIT)
+	}
+	return p
+}
+
+// sessionEnded reports a FATAL waiting unread in the socket. Bytes pgconn already
+// buffered are not seen: that only misses evidence.
+func (p *socketPeek) sessionEnded() bool {
+	if p == nil {
 		return false
 	}
-	var hdr [5]byte
-	var n int
-	var rerr error
-	if err := rc.Control(func(fd uintptr) {
-		n, _, rerr = syscall.Recvfrom(int(fd), hdr[:], syscall.MSG_PEEK|syscall.MSG_DONTWAIT)
-	}); err != nil || rerr != nil || n < len(hdr) {
+	p.buf = p.buf[:5]
+	if err := p.rc.Control(p.fn); err != nil || p.err != nil || p.n < 5 {
 		return false
 	}
-	buf := make([]byte, peekSize) // only when something is waiting, which is rare
-	if err := rc.Control(func(fd uintptr) {
-		n, _, rerr = syscall.Recvfrom(int(fd), buf, syscall.MSG_PEEK|syscall.MSG_DONTWAIT)
-	}); err != nil || rerr != nil || n <= 0 {
+	p.buf = make([]byte, peekSize) // only when something is waiting, which is rare
+	if err := p.rc.Control(p.fn); err != nil || p.err != nil || p.n <= 0 {
 		return false
 	}
-	return fatalBeforeCommit(buf[:n])
+	return fatalBeforeCommit(p.buf[:p.n])
 }

@@ -47,7 +47,10 @@ type config struct {
 	// For the Reconciler.
 	reconcileWait     time.Duration
 	reconcileInterval time.Duration
-	err               error
+	// What may leave the process; both off by default.
+	rawQueryText  bool
+	errorMessages bool
+	err           error
 }
 
 // Option configures a [Tracer].
@@ -122,7 +125,9 @@ func WithStatusMapping(m StatusMapping) Option {
 // WithInnerTracer replaces the tracer that makes statement spans (by default an otelpgx
 // tracer built with the same providers). It may implement any of pgx's tracer interfaces
 // and pgxpool's acquire and release tracers; each one it implements is forwarded, with
-// the frame span as the parent of what it starts. nil turns statement spans off.
+// the frame span as the parent of what it starts. nil turns statement spans off. It is
+// given sanitized SQL and redacted errors, as otelpgx is (see [WithRawQueryText] and
+// [WithErrorMessages]); statement arguments reach it unchanged.
 func WithInnerTracer(inner any) Option {
 	return optionFunc(func(c *config) {
 		c.inner, c.innerSet = inner, true
@@ -163,4 +168,27 @@ func WithReconcileWait(wait, interval time.Duration) Option {
 		}
 		c.reconcileWait, c.reconcileInterval = wait, interval
 	})
+}
+
+// WithRawQueryText records query text as the application wrote it (db.query.text of
+// the statement spans, and their names if otelpgx.WithFullSQLInSpanName is set), instead
+// of the default text with every literal replaced by "?" and comments removed.
+//
+// Warning: raw text carries every literal of every statement — passwords of CREATE ROLE
+// and ALTER ROLE, card numbers, e-mail addresses — to wherever the traces go: collectors,
+// vendors and dashboards with wider access than the database. Statement parameters
+// ($1 …) are not recorded either way unless otelpgx.WithIncludeQueryParameters is passed.
+func WithRawQueryText() Option {
+	return optionFunc(func(c *config) { c.rawQueryText = true })
+}
+
+// WithErrorMessages records errors with their full text: the server's message, which
+// can quote the statement's values (invalid input syntax for type integer: "…"), in
+// the statement spans' status descriptions and exception events, and post-commit hook
+// and reconciliation errors as they are. By default only the SQLSTATE, its class and
+// the error's type are recorded.
+//
+// Warning: the full text may carry user data out of the process, as WithRawQueryText does.
+func WithErrorMessages() Option {
+	return optionFunc(func(c *config) { c.errorMessages = true })
 }

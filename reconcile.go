@@ -89,10 +89,12 @@ type Reconciler struct {
 	tracer   trace.Tracer
 	wait     time.Duration
 	interval time.Duration
+	// errorMessages records errors with their full text ([WithErrorMessages]).
+	errorMessages bool
 }
 
 // NewReconciler returns a reconciler that queries db. Of the options it reads
-// [WithTracerProvider] and [WithReconcileWait].
+// [WithTracerProvider], [WithReconcileWait] and [WithErrorMessages].
 func NewReconciler(db Querier, opts ...Option) (*Reconciler, error) {
 	if db == nil || isNilHandle(db) {
 		return nil, invalid("NewReconciler: nil db")
@@ -102,7 +104,7 @@ func NewReconciler(db Querier, opts ...Option) (*Reconciler, error) {
 		return nil, cfg.err
 	}
 	r := &Reconciler{db: db, tracer: cfg.tracerProvider.Tracer(ScopeName, trace.WithInstrumentationVersion(Version())),
-		wait: cfg.reconcileWait, interval: cfg.reconcileInterval}
+		wait: cfg.reconcileWait, interval: cfg.reconcileInterval, errorMessages: cfg.errorMessages}
 	return r, nil
 }
 
@@ -314,7 +316,7 @@ func (r *Reconciler) trace(ctx context.Context, link trace.SpanContext, id outco
 			span.SetAttributes(errorTypeKey.String(res.reason))
 		}
 		if err != nil {
-			span.RecordError(err)
+			span.RecordError(recordedError(err, r.errorMessages))
 			span.SetStatus(codes.Error, "reconciliation failed")
 		}
 	}

@@ -216,10 +216,11 @@ func quoteEnd(s string, i int, q byte, escapes bool) int {
 }
 
 // dollarQuoteEnd returns the index of the last byte of the dollar-quoted string that
-// starts at s[i] ($tag$…$tag$), or i when s[i] starts no dollar quote (a $1 parameter).
+// starts at s[i] ($tag$…$tag$, the tag's letters non-ASCII too, as PostgreSQL allows),
+// or i when s[i] starts no dollar quote (a $1 parameter).
 func dollarQuoteEnd(s string, i int) int {
 	j := i + 1
-	for j < len(s) && (isLetter(s[j]) || s[j] == '_' || (j > i+1 && s[j] >= '0' && s[j] <= '9')) {
+	for j < len(s) && (isLetter(s[j]) || s[j] == '_' || s[j] >= 0x80 || (j > i+1 && s[j] >= '0' && s[j] <= '9')) {
 		j++
 	}
 	if j >= len(s) || s[j] != '$' {

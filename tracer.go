@@ -2,12 +2,14 @@ package otelpgxtx
 
 import (
 	"context"
+	"strings"
 
 	"github.com/exaring/otelpgx"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"go.opentelemetry.io/otel"
+	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/trace"
 	"go.opentelemetry.io/otel/trace/noop"
 
@@ -28,6 +30,8 @@ type Tracer struct {
 	cfg     config
 	tracer  trace.Tracer
 	metrics *metrics
+	// sanitized holds, per SQL string, what the inner tracer is given of it.
+	sanitized sanitizer
 
 	query   pgx.QueryTracer
 	batch   pgx.BatchTracer
@@ -84,6 +88,73 @@ func (t *Tracer) setInner(inner any) {
 	t.connect, _ = inner.(pgx.ConnectTracer)
 	t.acquire, _ = inner.(pgxpool.AcquireTracer)
 	t.release, _ = inner.(pgxpool.ReleaseTracer)
+}
+
+// innerSQL returns what the inner tracer is given of sql: its sanitized text unless
+// [WithRawQueryText] was passed. s carries its db.query.summary.
+func (t *Tracer) innerSQL(sql string) (string, *sanitized) {
+	s := t.sanitized.get(sql)
+	if t.cfg.rawQueryText {
+		return sql, s
+	}
+	return s.text, s
+}
+
+// innerErr returns what the inner tracer is given of err: see [recordedError].
+func (t *Tracer) innerErr(err error) error { return recordedError(err, t.cfg.errorMessages) }
+
+// recordedError returns what may be recorded of err: all of it only if full (the
+// [WithErrorMessages] option), for a server message can quote the statement's values.
+func recordedError(err error, full bool) error {
+	if full {
+		return err
+	}
+	return redactError(err)
+}
+
+// startedSpan returns the span an inner Start hook put into after, or nil if it started
+// none that records.
+func startedSpan(before, after context.Context) trace.Span {
+	span := trace.SpanFromContext(after)
+	if !span.IsRecording() || sameSpan(span, trace.SpanFromContext(before)) {
+		return nil
+	}
+	return span
+}
+
+// batchSummary returns db.query.summary of a batch as the semantic conventions define
+// it: "BATCH " and its statements' summary when they share one, else "BATCH".
+func (t *Tracer) batchSummary(b *pgx.Batch) attribute.KeyValue {
+	common := ""
+	for i, q := range b.QueuedQueries {
+		sum := ""
+		if s := t.sanitized.get(q.SQL); len(s.summary) > 0 {
+			sum = s.summary[0].Value.AsString()
+		}
+		if i > 0 && sum != common {
+			common = ""
+			break
+		}
+		common = sum
+	}
+	if common == "" {
+		return dbQuerySummaryKey.String("BATCH")
+	}
+	return dbQuerySummaryKey.String("BATCH " + common)
+}
+
+// innerBatch returns the batch an inner tracer is given: the default otelpgx tracer
+// reads only its length, but a user's tracer may read its SQL, which it then gets
+// sanitized, in a copy (the queued queries are the caller's).
+func (t *Tracer) innerBatch(b *pgx.Batch) *pgx.Batch {
+	if b == nil || !t.cfg.innerSet || t.cfg.rawQueryText {
+		return b
+	}
+	c := &pgx.Batch{QueuedQueries: make([]*pgx.QueuedQuery, len(b.QueuedQueries))}
+	for i, q := range b.QueuedQueries {
+		c.QueuedQueries[i] = &pgx.QueuedQuery{SQL: t.sanitized.get(q.SQL).text, Arguments: q.Arguments}
+	}
+	return c
 }
 
 // withFrame makes f's span the parent of what the inner tracer starts. It allocates only
@@ -285,20 +356,37 @@ func savepointName(sql string) string {
 // TraceQueryStart implements pgx.QueryTracer.
 func (t *Tracer) TraceQueryStart(ctx context.Context, conn *pgx.Conn, data pgx.TraceQueryStartData) context.Context {
 	return t.start(ctx, conn, classifyStatements(data.SQL), data.SQL, func(ctx context.Context) context.Context {
-		if t.query != nil {
-			ctx = t.query.TraceQueryStart(ctx, conn, data)
-		}
-		return ctx
+		return t.innerQueryStart(ctx, conn, data)
 	})
 }
 
 // TraceQueryEnd implements pgx.QueryTracer.
 func (t *Tracer) TraceQueryEnd(ctx context.Context, conn *pgx.Conn, data pgx.TraceQueryEndData) {
 	t.end(ctx, conn, data.CommandTag, data.Err, func(ctx context.Context) {
-		if t.query != nil {
-			t.query.TraceQueryEnd(ctx, conn, data)
-		}
+		t.innerQueryEnd(ctx, conn, data)
 	})
+}
+
+// innerQueryStart hands a statement's start to the inner tracer, sanitized.
+func (t *Tracer) innerQueryStart(ctx context.Context, conn *pgx.Conn, data pgx.TraceQueryStartData) context.Context {
+	if t.query == nil {
+		return ctx
+	}
+	var s *sanitized
+	data.SQL, s = t.innerSQL(data.SQL)
+	inner := t.query.TraceQueryStart(ctx, conn, data)
+	if span := startedSpan(ctx, inner); span != nil && s.summary != nil {
+		span.SetAttributes(s.summary...)
+	}
+	return inner
+}
+
+// innerQueryEnd hands a statement's end to the inner tracer, its error redacted.
+func (t *Tracer) innerQueryEnd(ctx context.Context, conn *pgx.Conn, data pgx.TraceQueryEndData) {
+	if t.query != nil {
+		data.Err = t.innerErr(data.Err)
+		t.query.TraceQueryEnd(ctx, conn, data)
+	}
 }
 
 // start is the body of every Start hook: it records the start of a statement of kinds
@@ -359,7 +447,13 @@ func (t *Tracer) TraceBatchStart(ctx context.Context, conn *pgx.Conn, data pgx.T
 	}
 	return t.start(ctx, conn, set.transactional(), beginSQL, func(ctx context.Context) context.Context {
 		if t.batch != nil {
-			ctx = t.batch.TraceBatchStart(ctx, conn, data)
+			inner := data
+			inner.Batch = t.innerBatch(data.Batch)
+			innerCtx := t.batch.TraceBatchStart(ctx, conn, inner)
+			if span := startedSpan(ctx, innerCtx); span != nil && data.Batch != nil {
+				span.SetAttributes(t.batchSummary(data.Batch))
+			}
+			ctx = innerCtx
 		}
 		return ctx
 	})
@@ -381,6 +475,8 @@ func (t *Tracer) TraceBatchQuery(ctx context.Context, conn *pgx.Conn, data pgx.T
 		st.mu.Unlock()
 	}
 	if t.batch != nil {
+		data.SQL, _ = t.innerSQL(data.SQL)
+		data.Err = t.innerErr(data.Err)
 		t.batch.TraceBatchQuery(ctx, conn, data)
 	}
 }
@@ -389,6 +485,7 @@ func (t *Tracer) TraceBatchQuery(ctx context.Context, conn *pgx.Conn, data pgx.T
 func (t *Tracer) TraceBatchEnd(ctx context.Context, conn *pgx.Conn, data pgx.TraceBatchEndData) {
 	t.end(ctx, conn, pgconn.CommandTag{}, data.Err, func(ctx context.Context) {
 		if t.batch != nil {
+			data.Err = t.innerErr(data.Err)
 			t.batch.TraceBatchEnd(ctx, conn, data)
 		}
 	})
@@ -398,7 +495,11 @@ func (t *Tracer) TraceBatchEnd(ctx context.Context, conn *pgx.Conn, data pgx.Tra
 func (t *Tracer) TraceCopyFromStart(ctx context.Context, conn *pgx.Conn, data pgx.TraceCopyFromStartData) context.Context {
 	return t.start(ctx, conn, 1<<stmtOther, "", func(ctx context.Context) context.Context {
 		if t.copy != nil {
-			ctx = t.copy.TraceCopyFromStart(ctx, conn, data)
+			inner := t.copy.TraceCopyFromStart(ctx, conn, data)
+			if span := startedSpan(ctx, inner); span != nil {
+				span.SetAttributes(dbQuerySummaryKey.String("COPY " + data.TableName.Sanitize()))
+			}
+			ctx = inner
 		}
 		return ctx
 	})
@@ -408,6 +509,7 @@ func (t *Tracer) TraceCopyFromStart(ctx context.Context, conn *pgx.Conn, data pg
 func (t *Tracer) TraceCopyFromEnd(ctx context.Context, conn *pgx.Conn, data pgx.TraceCopyFromEndData) {
 	t.end(ctx, conn, data.CommandTag, data.Err, func(ctx context.Context) {
 		if t.copy != nil {
+			data.Err = t.innerErr(data.Err)
 			t.copy.TraceCopyFromEnd(ctx, conn, data)
 		}
 	})
@@ -418,7 +520,16 @@ func (t *Tracer) TraceCopyFromEnd(ctx context.Context, conn *pgx.Conn, data pgx.
 func (t *Tracer) TracePrepareStart(ctx context.Context, conn *pgx.Conn, data pgx.TracePrepareStartData) context.Context {
 	return t.start(ctx, conn, 1<<stmtOther, "", func(ctx context.Context) context.Context {
 		if t.prepare != nil {
-			ctx = t.prepare.TracePrepareStart(ctx, conn, data)
+			var s *sanitized
+			data.SQL, s = t.innerSQL(data.SQL)
+			if !t.cfg.rawQueryText && strings.HasPrefix(data.Name, "stmtcache_") {
+				data.Name = "stmtcache" // pgx names it by a digest of the raw SQL, literals and all
+			}
+			inner := t.prepare.TracePrepareStart(ctx, conn, data)
+			if span := startedSpan(ctx, inner); span != nil && s.summary != nil {
+				span.SetAttributes(s.summary...)
+			}
+			ctx = inner
 		}
 		return ctx
 	})
@@ -428,6 +539,7 @@ func (t *Tracer) TracePrepareStart(ctx context.Context, conn *pgx.Conn, data pgx
 func (t *Tracer) TracePrepareEnd(ctx context.Context, conn *pgx.Conn, data pgx.TracePrepareEndData) {
 	t.end(ctx, conn, pgconn.CommandTag{}, data.Err, func(ctx context.Context) {
 		if t.prepare != nil {
+			data.Err = t.innerErr(data.Err)
 			t.prepare.TracePrepareEnd(ctx, conn, data)
 		}
 	})
@@ -444,6 +556,7 @@ func (t *Tracer) TraceConnectStart(ctx context.Context, data pgx.TraceConnectSta
 // TraceConnectEnd implements pgx.ConnectTracer.
 func (t *Tracer) TraceConnectEnd(ctx context.Context, data pgx.TraceConnectEndData) {
 	if t.connect != nil {
+		data.Err = t.innerErr(data.Err)
 		t.connect.TraceConnectEnd(ctx, data)
 	}
 }
@@ -470,6 +583,7 @@ func (t *Tracer) TraceAcquireEnd(ctx context.Context, pool *pgxpool.Pool, data p
 		}
 	}
 	if t.acquire != nil {
+		data.Err = t.innerErr(data.Err)
 		t.acquire.TraceAcquireEnd(ctx, pool, data)
 	}
 }

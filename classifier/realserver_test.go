@@ -672,7 +672,11 @@ func TestRealStatementTimeoutDoesNotInterruptSyncRepWait(t *testing.T) {
 	c := realConnect(t, ctx, srv.ConnString(), nil)
 	pid := c.PgConn().PID()
 
-	tx, xid := beginInsert(t, ctx, c, table, 1, syncRepOn, "set local statement_timeout = '10ms'")
+	tx, xid := beginInsert(t, ctx, c, table, 1, syncRepOn)
+	// Set after the insert: on a loaded machine the insert itself can take 10 ms.
+	if _, err := tx.Exec(ctx, "set local statement_timeout = '10ms'"); err != nil {
+		t.Fatal(err)
+	}
 	done := commitAsync(ctx, tx)
 	if err := srv.WaitForWaitEvent(ctx, pid, "SyncRep"); err != nil {
 		t.Fatal(err)

@@ -20,7 +20,16 @@ import (
 // Cleanup also happens when a test panics or the test binary is killed: a
 // panicking test ends the process from its own goroutine, where no defer in
 // Main can run, so Start arms a separate cleanup process for that case.
+//
+// A test binary started by StartProxyProcess runs that proxy instead.
 func Main(m *testing.M, srv **Server) {
+	if isProxy, err := runProxyProcess(); isProxy {
+		if err != nil {
+			fmt.Fprintf(os.Stderr, "pgtest: proxy process: %v\n", err)
+			os.Exit(1)
+		}
+		os.Exit(0)
+	}
 	s, err := Start()
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "pgtest: these tests need a throw-away PostgreSQL server, which could not be started:\n%v\n\n"+

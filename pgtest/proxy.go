@@ -6,9 +6,11 @@ import (
 	"fmt"
 	"net"
 	"net/url"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
+	"time"
 )
 
 // Proxy forwards TCP between clients and the server and injects faults.
@@ -41,6 +43,8 @@ type Proxy struct {
 	cuts       atomic.Int64
 
 	rec *Recording // set by Record: connections accepted from then on are recorded
+
+	toServer, toClient time.Duration // set by SetDelay, for connections accepted from then on
 }
 
 // fault is the one-shot fault armed for the next message carrying COMMIT.
@@ -86,9 +90,12 @@ func (p *Proxy) Port() int { return p.ln.Addr().(*net.TCPAddr).Port }
 // keeping everything else. base is a postgres:// URL (host/port query
 // parameters are dropped) or a keyword/value string (host= and port= are
 // appended; the last occurrence wins in pgx and libpq).
-func (p *Proxy) ConnString(base string) string {
+func (p *Proxy) ConnString(base string) string { return connStringAt(base, p.Host(), p.Port()) }
+
+// connStringAt is base pointed at host:port, as documented on Proxy.ConnString.
+func connStringAt(base, host string, port int) string {
 	if u, err := url.Parse(base); err == nil && (u.Scheme == "postgres" || u.Scheme == "postgresql") {
-		u.Host = p.Addr()
+		u.Host = net.JoinHostPort(host, strconv.Itoa(port))
 		if q := u.Query(); q.Has("host") || q.Has("port") {
 			q.Del("host")
 			q.Del("port")
@@ -96,7 +103,7 @@ func (p *Proxy) ConnString(base string) string {
 		}
 		return u.String()
 	}
-	return strings.TrimSpace(base + fmt.Sprintf(" host=%s port=%d", p.Host(), p.Port()))
+	return strings.TrimSpace(base + fmt.Sprintf(" host=%s port=%d", host, port))
 }
 
 // CutAfterCommit arms a one-shot fault for the next message carrying COMMIT
@@ -131,6 +138,21 @@ func (p *Proxy) takeFault() fault {
 	f := p.armed
 	p.armed = noFault
 	return f
+}
+
+// SetDelay makes the proxy hold every chunk of bytes it relays for a fixed time
+// before passing it on: toServer for what the client sends, toClient for what
+// the server sends, so every round trip takes toServer+toClient longer, as over
+// a network with that latency. Each direction is a queue in arrival order: bytes
+// are never reordered or merged with later ones, and a chunk arriving while an
+// earlier one waits is not held any longer for it (the delay is latency, not a
+// bandwidth limit). A cut or Close drops what is still queued, as a broken
+// network would. It applies to connections accepted from then on; zero (the
+// default) forwards at once.
+func (p *Proxy) SetDelay(toServer, toClient time.Duration) {
+	p.mu.Lock()
+	p.toServer, p.toClient = max(toServer, 0), max(toClient, 0)
+	p.mu.Unlock()
 }
 
 // CutAll closes every live connection (both sides) now. Each connection it
@@ -238,6 +260,12 @@ func (p *Proxy) serve(client net.Conn) {
 		pc.close()
 		return
 	}
+	pc.toServer = p.newLink(pc, server, p.toServer, nil)
+	// Mark before writing: once the client has the reply it may send again, and
+	// that send must see the mark.
+	pc.toClient = p.newLink(pc, client, p.toClient, func() { pc.serverSpoke.Store(true) })
+	defer pc.toServer.stop()
+	defer pc.toClient.stop()
 	p.conns[pc] = struct{}{}
 	if p.rec != nil {
 		pc.conv = p.rec.add()
@@ -276,6 +304,8 @@ type proxyConn struct {
 
 	conv *Conversation // nil unless the proxy records
 
+	toServer, toClient *link // the only way bytes are written to either side
+
 	// client goroutine only:
 	started   bool            // startup message seen; typed messages follow
 	opaque    bool            // unparseable stream: forward blindly
@@ -302,10 +332,7 @@ func (p *Proxy) relayServer(pc *proxyConn) {
 			pc.conv.server.append(buf[:n])
 		}
 		if n > 0 && !pc.blocked.Load() {
-			// Mark before writing: once the client has the reply it may send
-			// again, and that send must see the mark.
-			pc.serverSpoke.Store(true)
-			if _, err := pc.client.Write(buf[:n]); err != nil {
+			if err := pc.toClient.write(buf[:n]); err != nil {
 				return
 			}
 		}
@@ -330,7 +357,7 @@ func (p *Proxy) relayClient(pc *proxyConn) {
 			pending = append(pending, buf[:n]...)
 			out, consumed, cut := p.scan(pc, pending)
 			if len(out) > 0 {
-				if _, err := pc.server.Write(out); err != nil {
+				if err := pc.toServer.write(out); err != nil {
 					return
 				}
 			}
@@ -371,8 +398,7 @@ func (p *Proxy) scan(pc *proxyConn, data []byte) (out []byte, consumed int, cut 
 			}
 			consumed += n
 			if code := binary.BigEndian.Uint32(rest[4:]); code == sslRequestCode || code == gssEncRequestCode {
-				pc.serverSpoke.Store(true)
-				_, _ = pc.client.Write([]byte{'N'}) // a failure shows up on the next read
+				_ = pc.toClient.write([]byte{'N'}) // a failure shows up on the next read
 				continue
 			}
 			out = append(out, rest[:n]...)
@@ -418,6 +444,80 @@ func (p *Proxy) scan(pc *proxyConn, data []byte) (out []byte, consumed int, cut 
 			}
 		}
 		out = append(out, msg...)
+	}
+}
+
+// link writes one direction of a proxied connection, after the proxy's delay if
+// it has one.
+type link struct {
+	conn   net.Conn
+	before func() // called just before bytes are written to conn; may be nil
+	delay  time.Duration
+	queue  chan delayed // nil without delay; closed by stop
+	failed atomic.Bool  // the delayed writer could not write: the connection is over
+}
+
+// delayed is one chunk of bytes and when it is due.
+type delayed struct {
+	due time.Time
+	b   []byte
+}
+
+func (p *Proxy) newLink(pc *proxyConn, conn net.Conn, delay time.Duration, before func()) *link {
+	l := &link{conn: conn, before: before, delay: delay}
+	if delay > 0 {
+		l.queue = make(chan delayed, 1024)
+		p.wg.Add(1)
+		go func() {
+			defer p.wg.Done()
+			l.deliver(pc)
+		}()
+	}
+	return l
+}
+
+// write passes b on now, or queues a copy of it to be written after the delay.
+func (l *link) write(b []byte) error {
+	if l.queue == nil {
+		if l.before != nil {
+			l.before()
+		}
+		_, err := l.conn.Write(b)
+		return err
+	}
+	if l.failed.Load() {
+		return net.ErrClosed
+	}
+	l.queue <- delayed{due: time.Now().Add(l.delay), b: append([]byte(nil), b...)}
+	return nil
+}
+
+// stop ends the delayed writer once it has written (or dropped) what is queued;
+// only after both relays of the connection have returned, as they write.
+func (l *link) stop() {
+	if l.queue != nil {
+		close(l.queue)
+	}
+}
+
+// deliver writes each queued chunk when it is due, in order. After a failed
+// write it closes the connection and drops the rest, so that write never blocks
+// on a full queue.
+func (l *link) deliver(pc *proxyConn) {
+	s := newSleeper()
+	defer s.done()
+	for c := range l.queue {
+		if l.failed.Load() {
+			continue
+		}
+		s.until(c.due)
+		if l.before != nil {
+			l.before()
+		}
+		if _, err := l.conn.Write(c.b); err != nil {
+			l.failed.Store(true)
+			pc.close()
+		}
 	}
 }
 

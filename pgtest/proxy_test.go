@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -339,5 +340,113 @@ func TestIsCommitSQL(t *testing.T) {
 		if got := isCommitSQL(sql); got != want {
 			t.Errorf("isCommitSQL(%q) = %v, want %v", sql, got, want)
 		}
+	}
+}
+
+// TestProxyDelay: with a delay, every round trip takes at least the two one-way
+// delays, round trips are counted as without one, and pipelined messages and large
+// replies arrive complete and in order.
+func TestProxyDelay(t *testing.T) {
+	LeakCheck(t)
+	ctx := testCtx(t)
+	p := newProxy(t)
+	const toServer, toClient = 3 * time.Millisecond, 2 * time.Millisecond
+	p.SetDelay(toServer, toClient)
+	c := connectVia(t, ctx, p)
+
+	p.ResetRoundTrips()
+	for range 3 {
+		t0 := time.Now()
+		if _, err := c.Exec(ctx, "SELECT 1"); err != nil {
+			t.Fatal(err)
+		}
+		if d := time.Since(t0); d < toServer+toClient {
+			t.Errorf("a round trip took %v, less than the delays %v", d, toServer+toClient)
+		}
+	}
+	if got := p.RoundTrips(); got != 3 {
+		t.Errorf("round trips for 3 simple queries = %d, want 3", got)
+	}
+
+	b := &pgx.Batch{}
+	for i := range 500 {
+		b.Queue("SELECT $1::int, repeat('x', $1::int)", i)
+	}
+	br := c.SendBatch(ctx, b)
+	for i := range 500 {
+		var n int
+		var s string
+		if err := br.QueryRow().Scan(&n, &s); err != nil {
+			t.Fatal(err)
+		}
+		if n != i || len(s) != i {
+			t.Fatalf("batch reply %d: %d, %d bytes", i, n, len(s))
+		}
+	}
+	if err := br.Close(); err != nil {
+		t.Fatal(err)
+	}
+	var sum, length int64
+	if err := c.QueryRow(ctx, "SELECT sum(g), sum(length(md5(g::text) || repeat('y', g % 100))) FROM generate_series(1, 200000) g").
+		Scan(&sum, &length); err != nil {
+		t.Fatal(err)
+	}
+	rows, err := c.Query(ctx, "SELECT g, md5(g::text) || repeat('y', g % 100) FROM generate_series(1, 200000) g")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var gotSum, gotLength, want int64
+	for rows.Next() {
+		var g int64
+		var s string
+		if err := rows.Scan(&g, &s); err != nil {
+			t.Fatal(err)
+		}
+		if want++; g != want {
+			t.Fatalf("row %d arrived as row %d", g, want)
+		}
+		gotSum += g
+		gotLength += int64(len(s))
+	}
+	if err := rows.Err(); err != nil {
+		t.Fatal(err)
+	}
+	if gotSum != sum || gotLength != length {
+		t.Errorf("200000 rows through the delay: sum %d, %d bytes; the server counted %d, %d", gotSum, gotLength, sum, length)
+	}
+}
+
+// TestProxyProcess runs the delaying proxy in a child process (this test binary).
+func TestProxyProcess(t *testing.T) {
+	LeakCheck(t)
+	ctx := testCtx(t)
+	const delay = 2 * time.Millisecond
+	pp, err := StartProxyProcess(fmt.Sprintf("%s:%d", srv.Host(), srv.Port()), delay, delay)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := pgx.Connect(ctx, pp.ConnString(srv.ConnString()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var port int
+	t0 := time.Now()
+	if err := c.QueryRow(ctx, "SELECT inet_server_port()").Scan(&port); err != nil {
+		t.Fatal(err)
+	}
+	if d := time.Since(t0); d < 2*delay {
+		t.Errorf("a round trip took %v, less than the delays %v", d, 2*delay)
+	}
+	if port != srv.Port() {
+		t.Errorf("server port through the proxy process = %d, want %d", port, srv.Port())
+	}
+	if c.PgConn().Conn().RemoteAddr().String() == fmt.Sprintf("%s:%d", srv.Host(), srv.Port()) {
+		t.Error("connected to the server directly, not through the proxy process")
+	}
+	if err := c.Close(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := pp.Close(); err != nil {
+		t.Errorf("proxy process Close: %v", err)
 	}
 }

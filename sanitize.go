@@ -1,0 +1,551 @@
+package otelpgxtx
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"net"
+	"strings"
+	"sync"
+
+	"github.com/jackc/pgx/v5/pgconn"
+	"go.opentelemetry.io/otel/attribute"
+)
+
+// dbQuerySummaryKey is db.query.summary (stable since semantic conventions v1.26; this
+// module's newest, semconv/v1.43.0, defines it the same way).
+const dbQuerySummaryKey = attribute.Key("db.query.summary")
+
+// sqlToken is the kind of one lexical token of PostgreSQL's SQL.
+type sqlToken uint8
+
+const (
+	tokOther        sqlToken = iota // an operator or punctuation byte
+	tokSpace                        // white space
+	tokComment                      // -- line or /* nestable block */ comment
+	tokWord                         // keyword or identifier
+	tokQuotedIdent                  // "identifier" or U&"identifier"
+	tokParam                        // $n
+	tokLiteral                      // string, bit string, dollar-quoted string or number
+	tokUnterminated                 // a quote that does not close: the rest of the text
+)
+
+// nextToken returns the kind of the token at s[i] and the index just after it. It
+// follows PostgreSQL's lexer with standard_conforming_strings on (pgx requires it).
+func nextToken(s string, i int) (sqlToken, int) {
+	c := s[i]
+	switch {
+	case isSpaceByte(c):
+		j := i + 1
+		for j < len(s) && isSpaceByte(s[j]) {
+			j++
+		}
+		return tokSpace, j
+	case c == '-' && i+1 < len(s) && s[i+1] == '-':
+		if j := strings.IndexByte(s[i:], '\n'); j >= 0 {
+			return tokComment, i + j
+		}
+		return tokComment, len(s)
+	case c == '/' && i+1 < len(s) && s[i+1] == '*':
+		return tokComment, i + blockCommentEnd(s[i:])
+	case c == '\'':
+		return quoted(s, i, '\'', false, tokLiteral)
+	case c == '"':
+		return quoted(s, i, '"', false, tokQuotedIdent)
+	case c == '$':
+		if i+1 < len(s) && isDigit(s[i+1]) {
+			j := i + 1
+			for j < len(s) && isDigit(s[j]) {
+				j++
+			}
+			return tokParam, j
+		}
+		switch end := dollarQuoteEnd(s, i); {
+		case end == i:
+			return tokOther, i + 1
+		case end >= len(s):
+			return tokUnterminated, len(s)
+		default:
+			return tokLiteral, end + 1
+		}
+	case isDigit(c) || c == '.' && i+1 < len(s) && isDigit(s[i+1]):
+		// Decimal, exponent, 0x/0o/0b and 1_000 forms alike: everything that can
+		// continue a number, so that no digit of it survives.
+		j := i + 1
+		for j < len(s) {
+			d := s[j]
+			if isDigit(d) || isLetter(d) || d == '_' || d == '.' {
+				j++
+			} else if (d == '+' || d == '-') && (s[j-1] == 'e' || s[j-1] == 'E') {
+				j++
+			} else {
+				break
+			}
+		}
+		return tokLiteral, j
+	case isWordStart(c):
+		j := i + 1
+		for j < len(s) && (isWordStart(s[j]) || isDigit(s[j]) || s[j] == '$') {
+			j++
+		}
+		if j < len(s) && j == i+1 {
+			switch {
+			case s[j] == '\'' && (c|0x20 == 'e'):
+				return quoted(s, j, '\'', true, tokLiteral)
+			case s[j] == '\'' && (c|0x20 == 'b' || c|0x20 == 'x' || c|0x20 == 'n'):
+				return quoted(s, j, '\'', false, tokLiteral)
+			case s[j] == '&' && c|0x20 == 'u' && j+1 < len(s) && s[j+1] == '\'':
+				return quoted(s, j+1, '\'', false, tokLiteral)
+			case s[j] == '&' && c|0x20 == 'u' && j+1 < len(s) && s[j+1] == '"':
+				return quoted(s, j+1, '"', false, tokQuotedIdent)
+			}
+		}
+		return tokWord, j
+	}
+	return tokOther, i + 1
+}
+
+// quoted returns the token whose opening quote is at s[q].
+func quoted(s string, q int, quote byte, escapes bool, kind sqlToken) (sqlToken, int) {
+	end := quoteEnd(s, q, quote, escapes)
+	if end >= len(s) {
+		return tokUnterminated, len(s)
+	}
+	return kind, end + 1
+}
+
+func isDigit(c byte) bool { return c >= '0' && c <= '9' }
+
+// isWordStart reports whether c may start an identifier: PostgreSQL counts every
+// non-ASCII byte as a letter.
+func isWordStart(c byte) bool { return isLetter(c) || c == '_' || c >= 0x80 }
+
+// sanitizeSQL returns sql with every literal replaced by "?" and every comment by a
+// space; keywords, identifiers and $n parameters stay as written. From a quote that does
+// not close, everything is replaced: text that cannot be read is never passed through.
+// The lines after COPY … FROM STDIN are the rows of a script (psql's inline data),
+// never SQL: they are replaced too. It returns sql itself when there is nothing to
+// replace.
+func sanitizeSQL(sql string) string {
+	var out []byte // nil until the first replacement
+	first, isCopy, stdin := true, false, false
+	for i := 0; i < len(sql); {
+		kind, end := nextToken(sql, i)
+		if stdin && (kind == tokOther && sql[i] == ';' || kind == tokSpace && strings.IndexByte(sql[i:end], '\n') >= 0) {
+			if rest := sql[end:]; strings.TrimLeft(rest, " \t\n\r\f\v") != "" {
+				out = append(append(copied(out, sql, i), sql[i:end]...), '?')
+				return string(out)
+			}
+		}
+		switch {
+		case kind == tokWord && first:
+			first, isCopy = false, eq(sql[i:end], "copy")
+		case kind == tokWord && isCopy && eq(sql[i:end], "stdin"):
+			stdin = true
+		case kind == tokOther && sql[i] == ';':
+			first, isCopy = true, false
+		}
+		switch kind {
+		case tokLiteral, tokUnterminated:
+			out = append(copied(out, sql, i), '?')
+		case tokComment:
+			out = copied(out, sql, i)
+			// A space keeps the neighbours apart: "-/**/-" must not become a comment.
+			if n := len(out); n > 0 && !isSpaceByte(out[n-1]) {
+				out = append(out, ' ')
+			}
+		default:
+			if out != nil {
+				out = append(out, sql[i:end]...)
+			}
+		}
+		i = end
+	}
+	if out == nil {
+		return sql
+	}
+	return string(out)
+}
+
+// copied returns out, or when it is nil a new buffer holding sql[:i]: the text before
+// the first replacement.
+func copied(out []byte, sql string, i int) []byte {
+	if out != nil {
+		return out
+	}
+	return append(make([]byte, 0, len(sql)), sql[:i]...)
+}
+
+func isSpaceByte(c byte) bool {
+	return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\f' || c == '\v'
+}
+
+// maxSummary bounds db.query.summary, as the semantic conventions recommend.
+const maxSummary = 255
+
+// querySummary returns db.query.summary for sql as the database semantic conventions
+// describe it: each statement's operations and the tables they act on, in order ("SELECT
+// orders", "INSERT shipping_details SELECT orders"), never a literal. A statement that
+// is not a query or a change of rows is summarised by its leading keywords ("CREATE
+// ROLE", "BEGIN").
+// sql must be sanitized text: the summary is made of its words.
+func querySummary(sql string) string {
+	var b summaryBuilder
+	for i := 0; i < len(sql); {
+		kind, end := nextToken(sql, i)
+		b.token(kind, sql[i:end])
+		if kind == tokUnterminated {
+			break
+		}
+		i = end
+	}
+	return b.String()
+}
+
+// summaryBuilder reads one statement after another, token by token.
+type summaryBuilder struct {
+	out       []byte
+	inStmt    bool   // a statement's first word was read
+	op        string // its first word, lower case
+	prev      string // the previous significant token, lower case for keywords
+	dml       bool   // the statement reads or changes rows
+	ddl       bool   // CREATE, ALTER, DROP …: the object's kind follows
+	target    bool   // the next name is a target
+	inName    bool   // a name was just written: ".next" continues it
+	depth     int    // parenthesis depth
+	fromDepth int    // the depth of the FROM list whose commas name further targets
+	fromList  bool   // inside a FROM list
+}
+
+// summaryClause holds the keywords that end a FROM list's run of names.
+var summaryClause = map[string]bool{"where": true, "group": true, "order": true, "limit": true,
+	"having": true, "window": true, "union": true, "intersect": true, "except": true, "on": true,
+	"returning": true, "for": true, "offset": true, "fetch": true, "set": true, "values": true,
+	"select": true, "join": true, "natural": true, "inner": true, "left": true, "right": true,
+	"full": true, "cross": true, "outer": true, "do": true, "default": true, "conflict": true}
+
+// summaryDDLNoise holds the DDL words that say neither the object's kind nor its name.
+var summaryDDLNoise = map[string]bool{"or": true, "replace": true, "if": true, "not": true,
+	"exists": true, "temp": true, "temporary": true, "unlogged": true, "unique": true,
+	"concurrently": true, "global": true, "local": true, "recursive": true, "only": true}
+
+// summaryCommands are the words that start PostgreSQL's commands: only these start a
+// statement's summary.
+var summaryCommands = wordSet("abort alter analyze begin call checkpoint close cluster comment commit copy " +
+	"create deallocate declare delete discard do drop end execute explain fetch grant import insert " +
+	"listen load lock merge move notify prepare reassign refresh reindex release reset revoke rollback " +
+	"savepoint security select set show start table truncate unlisten update vacuum values with")
+
+// summaryDDLWords are the object kinds (and GRANT's privileges) that follow a DDL verb.
+var summaryDDLWords = wordSet("role user group function procedure routine schema database extension type " +
+	"trigger policy domain aggregate operator materialized foreign server publication subscription " +
+	"tablespace collation conversion cast rule event statistics default system large language " +
+	"transform owned access method wrapper data select insert update delete all usage execute " +
+	"references truncate connect temporary privileges")
+
+func wordSet(words string) map[string]bool {
+	m := map[string]bool{}
+	for _, w := range strings.Fields(words) {
+		m[w] = true
+	}
+	return m
+}
+
+// summaryDDLKinds are the object kinds whose name is a target.
+var summaryDDLKinds = map[string]bool{"table": true, "view": true, "index": true, "sequence": true}
+
+func (b *summaryBuilder) token(kind sqlToken, text string) {
+	switch kind {
+	case tokSpace, tokComment:
+		b.inName = false
+		return
+	case tokWord, tokQuotedIdent:
+		b.word(kind, text)
+		return
+	}
+	if b.inName && text == "." {
+		b.out = append(b.out, '.')
+		b.prev = text
+		return
+	}
+	b.inName = false
+	switch text {
+	case ";":
+		*b = summaryBuilder{out: b.out}
+	case "(":
+		b.depth++
+		b.target = false
+	case ")":
+		b.depth--
+		if b.depth < b.fromDepth {
+			b.fromList = false
+		}
+	case ",":
+		if b.fromList && b.depth == b.fromDepth {
+			b.target = true
+		}
+	}
+	b.prev = text
+}
+
+func (b *summaryBuilder) word(kind sqlToken, text string) {
+	lower := ""
+	if kind == tokWord && len(text) <= 16 {
+		lower = strings.ToLower(text)
+	}
+	if b.inName { // the rest of a qualified name: schema.table
+		b.out = append(b.out, text...)
+		b.inName, b.prev = false, lower
+		return
+	}
+	if !b.inStmt {
+		b.startStatement(lower, text)
+		b.prev = lower
+		return
+	}
+	if b.ddl {
+		b.ddlWord(lower, text)
+		return
+	}
+	prev := b.prev
+	b.prev = lower
+	if !b.dml || b.dmlKeyword(lower, prev) {
+		return
+	}
+	if b.target {
+		b.name(text)
+		b.target = false
+	}
+}
+
+func (b *summaryBuilder) startStatement(lower, text string) {
+	b.inStmt, b.op = true, lower
+	if !summaryCommands[lower] {
+		b.op = "" // not a command: a typo, or data; nothing of it is summarised
+		return
+	}
+	if len(b.out) > 0 {
+		b.out = append(b.out, ';')
+	}
+	switch lower {
+	case "select", "insert", "update", "delete", "merge", "with", "values", "table", "copy", "call":
+		b.dml = true
+	case "create", "alter", "drop", "truncate", "comment", "grant", "revoke":
+		b.ddl = true
+	}
+	if lower != "with" {
+		b.append(strings.ToUpper(text))
+	}
+	b.target = lower == "update" || lower == "table" || lower == "copy" || lower == "call" || lower == "truncate"
+}
+
+// ddlWord reads the words after CREATE, ALTER, DROP …: the object's kind, then for a
+// table-like object its name; the definition that follows is not summarised.
+func (b *summaryBuilder) ddlWord(lower, text string) {
+	switch {
+	case summaryDDLNoise[lower]:
+		return // leaves prev alone: CREATE OR REPLACE VIEW still reads VIEW as the kind
+	case summaryDDLKinds[lower]:
+		b.append(strings.ToUpper(text))
+		b.target = true
+	case b.target:
+		b.name(text)
+		b.ddl = false
+	case summaryDDLWords[lower] && isDDLVerb(b.prev):
+		b.append(strings.ToUpper(text)) // ROLE, FUNCTION, MATERIALIZED …
+	default:
+		b.ddl = false
+	}
+	b.prev = lower
+}
+
+// isDDLVerb reports whether w may be followed by (more of) an object's kind.
+func isDDLVerb(w string) bool {
+	switch w {
+	case "create", "alter", "drop", "comment", "grant", "revoke", "materialized", "foreign", "event", "truncate":
+		return true
+	}
+	return false
+}
+
+// dmlKeyword reads a keyword of a statement that reads or changes rows and reports
+// whether the word was one that names no target.
+func (b *summaryBuilder) dmlKeyword(lower, prev string) bool {
+	if lower == "" {
+		return false
+	}
+	if summaryClause[lower] {
+		b.target, b.fromList = false, false
+	}
+	switch lower {
+	case "select":
+		b.append("SELECT")
+	case "insert", "update", "delete", "merge":
+		if prev == "(" || prev == ")" {
+			b.append(strings.ToUpper(lower))
+			b.target = lower == "update"
+		}
+	case "from":
+		b.target, b.fromList, b.fromDepth = true, true, b.depth
+	case "into", "join":
+		b.target = true
+	case "using":
+		b.target = prev != ")" // MERGE … USING source, DELETE … USING other
+	case "only", "lateral", "as":
+	default:
+		return summaryClause[lower]
+	}
+	return true
+}
+
+func (b *summaryBuilder) name(text string) {
+	b.append(text)
+	b.inName = true
+	if b.op == "copy" || b.op == "call" {
+		b.dml = false // COPY t FROM STDIN: only the table
+	}
+}
+
+// append adds a space-separated word, unless the summary would grow past maxSummary.
+func (b *summaryBuilder) append(w string) {
+	if len(b.out)+1+len(w) > maxSummary {
+		return
+	}
+	if len(b.out) > 0 {
+		b.out = append(b.out, ' ')
+	}
+	b.out = append(b.out, w...)
+}
+
+func (b *summaryBuilder) String() string { return string(b.out) }
+
+// sanitized is what the tracer records of one SQL string.
+type sanitized struct {
+	text    string               // the sanitized query text
+	summary []attribute.KeyValue // db.query.summary, ready for SetAttributes; nil if none
+}
+
+// Bounds of the sanitizer's cache: it keeps up to this many SQL strings (pgx's own
+// statement cache holds 512 per connection), of at most maxCachedSQL bytes each and
+// sanitizeCacheBytes in all.
+const (
+	sanitizeCacheEntries = 4096
+	maxCachedSQL         = 8 << 10
+	sanitizeCacheBytes   = 4 << 20
+)
+
+// sanitizer caches sanitized text per SQL string, so that a repeated statement costs
+// one map lookup and no allocation. It is safe for concurrent use.
+type sanitizer struct {
+	mu    sync.RWMutex
+	m     map[string]*sanitized
+	bytes int // the text the cache holds: SQL strings and the sanitized ones that differ
+}
+
+// size is what caching sql and s costs in text.
+func (s *sanitized) size(sql string) int {
+	if s.text == sql {
+		return len(sql) // sanitizeSQL returned sql itself
+	}
+	return len(sql) + len(s.text)
+}
+
+// get returns what to record for sql.
+func (z *sanitizer) get(sql string) *sanitized {
+	z.mu.RLock()
+	s, ok := z.m[sql]
+	z.mu.RUnlock()
+	if ok {
+		return s
+	}
+	s = &sanitized{text: sanitizeSQL(sql)}
+	if sum := querySummary(s.text); sum != "" {
+		s.summary = []attribute.KeyValue{dbQuerySummaryKey.String(sum)}
+	}
+	if len(sql) > maxCachedSQL {
+		return s
+	}
+	z.mu.Lock()
+	if z.m == nil {
+		z.m = make(map[string]*sanitized)
+	}
+	if _, raced := z.m[sql]; !raced {
+		n := s.size(sql)
+		for len(z.m) >= sanitizeCacheEntries || z.bytes+n > sanitizeCacheBytes {
+			for k, v := range z.m { // map iteration starts anywhere: a random eviction
+				z.bytes -= v.size(k)
+				delete(z.m, k)
+				break
+			}
+		}
+		z.m[sql] = s
+		z.bytes += n
+	}
+	z.mu.Unlock()
+	return s
+}
+
+// sqlStateClasses names the SQLSTATE classes of PostgreSQL's error codes appendix: the
+// fixed description that replaces a server message.
+var sqlStateClasses = map[string]string{
+	"00": "successful completion", "01": "warning", "02": "no data",
+	"03": "SQL statement not yet complete", "08": "connection exception",
+	"09": "triggered action exception", "0A": "feature not supported",
+	"0B": "invalid transaction initiation", "0F": "locator exception", "0L": "invalid grantor",
+	"0P": "invalid role specification", "0Z": "diagnostics exception", "20": "case not found",
+	"21": "cardinality violation", "22": "data exception", "23": "integrity constraint violation",
+	"24": "invalid cursor state", "25": "invalid transaction state",
+	"26": "invalid SQL statement name", "27": "triggered data change violation",
+	"28": "invalid authorization specification",
+	"2B": "dependent privilege descriptors still exist", "2D": "invalid transaction termination",
+	"2F": "SQL routine exception", "34": "invalid cursor name", "38": "external routine exception",
+	"39": "external routine invocation exception", "3B": "savepoint exception",
+	"3D": "invalid catalog name", "3F": "invalid schema name", "40": "transaction rollback",
+	"42": "syntax error or access rule violation", "44": "WITH CHECK OPTION violation",
+	"53": "insufficient resources", "54": "program limit exceeded",
+	"55": "object not in prerequisite state", "57": "operator intervention",
+	"58": "system error", "72": "snapshot failure", "F0": "configuration file error",
+	"HV": "foreign data wrapper error", "P0": "PL/pgSQL error", "XX": "internal error",
+}
+
+// redactedNote ends every redacted message, so that a reader knows the text is withheld.
+const redactedNote = " (message redacted)"
+
+// redactError returns what may be recorded of err by default: a server error becomes a
+// *pgconn.PgError with only its severity, SQLSTATE and the SQLSTATE class as message
+// (the server's message, detail and hint can quote the statement's values); any other
+// error becomes one that names its type and kind. Errors whose text is fixed pass as
+// they are.
+func redactError(err error) error {
+	if err == nil || err == context.Canceled || err == context.DeadlineExceeded || errors.Is(err, sql.ErrNoRows) {
+		return err
+	}
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) {
+		desc := "server error"
+		if len(pgErr.Code) == 5 {
+			if c, ok := sqlStateClasses[pgErr.Code[:2]]; ok {
+				desc = c
+			}
+		}
+		return &pgconn.PgError{Severity: pgErr.Severity, SeverityUnlocalized: pgErr.SeverityUnlocalized,
+			Code: pgErr.Code, Message: desc + redactedNote}
+	}
+	kind := "error"
+	var netErr net.Error
+	switch {
+	case errors.Is(err, context.Canceled):
+		kind = "canceled"
+	case errors.Is(err, context.DeadlineExceeded) || pgconn.Timeout(err):
+		kind = "timeout"
+	case errors.As(err, &netErr):
+		kind = "network error"
+	}
+	return &redactedError{msg: fmt.Sprintf("otelpgxtx: %s of type %T%s", kind, err, redactedNote)}
+}
+
+// redactedError stands for an error whose message must not be recorded.
+type redactedError struct{ msg string }
+
+func (e *redactedError) Error() string { return e.msg }

@@ -1,0 +1,292 @@
+package otelpgxtx
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"strings"
+	"testing"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+)
+
+func TestSanitizeSQL(t *testing.T) {
+	for _, tc := range []struct{ sql, want string }{
+		{"select 1", "select ?"},
+		{"select * from t where id = $1", "select * from t where id = $1"},
+		{"create role app login password 'hunter2-Secret'", "create role app login password ?"},
+		{"select 'it''s' || 'x'", "select ? || ?"},
+		{`select E'it\'s \\ ok', e'\x41'`, "select ?, ?"},
+		{"select $$a 'b' c$$, $tag$ $$ x $tag$", "select ?, ?"},
+		{"select $é$ secret $é$", "select ?"},
+		{"select 1.5, .5e-3, 10e+2, 0x1F, 1_000_000, 42::int", "select ?, ?, ?, ?, ?, ?::int"},
+		{"select B'1010', X'1F', N'nat', U&'d\\0061t\\+000061'", "select ?, ?, ?, ?"},
+		{`select U&"d\0061t" from "My ""T"""`, `select U&"d\0061t" from "My ""T"""`},
+		{"select a$b, t1.c2, $1::text from t2", "select a$b, t1.c2, $1::text from t2"},
+		{"select interval '1 day', date '2024-01-01'", "select interval ?, date ?"},
+		{"-- name: GetUser :one\nselect 1", "\nselect ?"},
+		{"select /* card 4111 /* nested */ */ 1", "select  ?"},
+		{"select 1 -/**/-1", "select ? - -?"},
+		{"select 'open", "select ?"},
+		{"select 'a', 'b; drop", "select ?, ?"},
+		{"select E'x\\'", "select ?"},
+		{`select "unterminated`, "select ?"},
+		{"select $q$ never closed", "select ?"},
+		{"select $1, $ 2", "select $1, $ ?"},
+		{"copy t from stdin", "copy t from stdin"},
+		{"copy t (a) from stdin;\nS3cret\t1\n\\.\n", "copy t (a) from stdin;?"},
+		{"COPY t FROM STDIN\nS3cret\n", "COPY t FROM STDIN\n?"},
+		{"copy t from stdin with (format csv);\n", "copy t from stdin with (format csv);\n"},
+		{"select 1; copy t to stdout;\nselect x", "select ?; copy t to stdout;\nselect x"},
+		{"", ""},
+	} {
+		if got := sanitizeSQL(tc.sql); got != tc.want {
+			t.Errorf("sanitizeSQL(%q) = %q, want %q", tc.sql, got, tc.want)
+		}
+	}
+}
+
+func TestQuerySummary(t *testing.T) {
+	for _, tc := range []struct{ sql, want string }{
+		{"SELECT * FROM wuser_table where username = ?", "SELECT wuser_table"},
+		{"INSERT INTO shipping_details (id, first_name) SELECT id, first_name FROM orders", "INSERT shipping_details SELECT orders"},
+		{"select * from songs s, artists a where s.artist_id = a.id", "SELECT songs artists"},
+		{"select * from orders o join order_details d on o.id = d.order_id", "SELECT orders order_details"},
+		{"select * from songs where id in (select song_id from artists)", "SELECT songs SELECT artists"},
+		{"update bench_kv set v = v + 1 where k = $1", "UPDATE bench_kv"},
+		{"delete from public.t where k = 'x'", "DELETE public.t"},
+		{"with x as (select k from a) update t set v = 1 from x", "SELECT a UPDATE t x"},
+		{"select k from t for update", "SELECT t"},
+		{"insert into t values (1) on conflict (k) do update set v = 2", "INSERT t"},
+		{"select 1", "SELECT"},
+		{"select 'secret' from only t", "SELECT t"},
+		{"create role app login password 'hunter2'", "CREATE ROLE"},
+		{"alter role app password 'hunter2'", "ALTER ROLE"},
+		{"create table if not exists accounts (id int)", "CREATE TABLE accounts"},
+		{"create or replace view v as select 1", "CREATE VIEW v"},
+		{"truncate table t", "TRUNCATE TABLE t"},
+		{"copy t (a, b) from stdin", "COPY t"},
+		{"begin isolation level serializable", "BEGIN"},
+		{"begin; insert into t values (1); commit", "BEGIN; INSERT t; COMMIT"},
+		{"merge into t using s on t.k = s.k when matched then update set v = s.v", "MERGE t s"},
+		{"", ""},
+		{"'secret'", ""},
+		{"hunter2 from t", ""},
+		{"create hunter2 x", "CREATE"},
+		{"copy t from stdin;\nS3cret\t1\n", "COPY t"},
+	} {
+		if got := querySummary(sanitizeSQL(tc.sql)); got != tc.want {
+			t.Errorf("querySummary(%q) = %q, want %q", tc.sql, got, tc.want)
+		}
+	}
+	long := "select * from " + strings.Repeat("a_long_table_name, ", 40) + "b"
+	if got := querySummary(sanitizeSQL(long)); len(got) > maxSummary || !strings.HasPrefix(got, "SELECT a_long_table_name") {
+		t.Errorf("querySummary of a long list = %q (%d bytes), want at most %d", got, len(got), maxSummary)
+	}
+}
+
+func TestSanitizerCache(t *testing.T) {
+	var z sanitizer
+	sql := "select * from t where k = 'x' and v = $1"
+	first := z.get(sql)
+	if first.text != "select * from t where k = ? and v = $1" || first.summary[0].Value.AsString() != "SELECT t" {
+		t.Fatalf("get = %q %v", first.text, first.summary)
+	}
+	if allocs := testing.AllocsPerRun(100, func() { z.get(sql) }); allocs != 0 {
+		t.Errorf("a cached statement costs %v allocations, want 0", allocs)
+	}
+	for i := range sanitizeCacheEntries + 10 {
+		z.get(fmt.Sprintf("select %d", i))
+	}
+	if n := len(z.m); n > sanitizeCacheEntries {
+		t.Errorf("cache holds %d entries, want at most %d", n, sanitizeCacheEntries)
+	}
+	big := strings.Repeat("x", maxCachedSQL-20)
+	for i := range 2 * sanitizeCacheBytes / maxCachedSQL {
+		z.get(fmt.Sprintf("select '%s' /* %d */", big, i))
+	}
+	total := 0
+	for k, v := range z.m {
+		total += v.size(k)
+	}
+	if total != z.bytes || total > sanitizeCacheBytes {
+		t.Errorf("cache holds %d bytes of text (counted %d), want at most %d", total, z.bytes, sanitizeCacheBytes)
+	}
+	huge := "select '" + strings.Repeat("x", maxCachedSQL) + "'"
+	if got := z.get(huge).text; got != "select ?" {
+		t.Errorf("huge statement sanitized to %q", got)
+	}
+	if _, cached := z.m[huge]; cached {
+		t.Error("a statement longer than maxCachedSQL was cached")
+	}
+}
+
+func TestRedactError(t *testing.T) {
+	pgErr := &pgconn.PgError{Severity: "ERROR", Code: "22P02", Message: `invalid input syntax for type integer: "4111-secret"`,
+		Detail: "secret detail", Hint: "secret hint"}
+	got := redactError(fmt.Errorf("wrapped %q: %w", "secret", pgErr))
+	var red *pgconn.PgError
+	if !errors.As(got, &red) || red.Code != "22P02" || red.Severity != "ERROR" {
+		t.Fatalf("redactError = %#v, want a PgError with the code", got)
+	}
+	if msg := got.Error(); strings.Contains(msg, "secret") || msg != "ERROR: data exception (message redacted) (SQLSTATE 22P02)" {
+		t.Errorf("redacted message %q", msg)
+	}
+	other := redactError(fmt.Errorf("failed to encode args[0]: %w", fmt.Errorf("unable to encode %q", "secret")))
+	if msg := other.Error(); strings.Contains(msg, "secret") || !strings.Contains(msg, "*fmt.wrapError") {
+		t.Errorf("redacted message %q", msg)
+	}
+	for _, keep := range []error{nil, context.Canceled, context.DeadlineExceeded, pgx.ErrNoRows} {
+		if got := redactError(keep); got != keep {
+			t.Errorf("redactError(%v) = %v, want it unchanged", keep, got)
+		}
+	}
+	if got := redactError(fmt.Errorf("x %q: %w", "secret", context.Canceled)).Error(); strings.Contains(got, "secret") || !strings.Contains(got, "canceled") {
+		t.Errorf("wrapped cancellation redacted as %q", got)
+	}
+}
+
+// secretAlphabet is what planted literal values are made of in the fuzz test: upper case
+// letters and digits never occur in its SQL skeletons (keywords and identifiers are
+// lower case, parameters are removed before the check), and quotes, backslashes and
+// dollars test the escapes.
+const secretAlphabet = "ABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789'\\$\"; -/*\n"
+
+// skeletonTokens are the SQL the fuzz test plants literals between.
+var skeletonTokens = []string{"select", "from", "t", "where", "k", "=", "(", ")", ",", ";", "insert", "into",
+	"values", "update", "set", "$1", "$2", "::", "text", "||", "-", "+", "*", "/", "e", "b", "x", "u", "n", "&",
+	"a$b", `"quoted id"`, `"q""d"`, "-- comment\n", "/* c /* nested */ */", "create", "role", "password",
+	"interval", "date", "copy", "stdin", "\n", ".", "join", "on", "as", "and", "or", "like", "?"}
+
+// plantLiteral returns a literal of a random kind whose value is made of payload bytes,
+// written so that PostgreSQL's lexer reads it as one literal.
+func plantLiteral(r *rand.Rand, payload []byte) string {
+	var value strings.Builder
+	value.WriteByte('S') // every literal has a byte the check can see
+	for _, c := range payload {
+		value.WriteByte(secretAlphabet[int(c)%len(secretAlphabet)])
+	}
+	v := value.String()
+	digits := func(keep string) string {
+		var d strings.Builder
+		for _, c := range payload {
+			d.WriteByte(keep[int(c)%len(keep)])
+		}
+		return "1" + d.String()
+	}
+	switch r.IntN(9) {
+	case 0:
+		return "'" + strings.ReplaceAll(v, "'", "''") + "'"
+	case 1:
+		esc := strings.ReplaceAll(v, `\`, `\\`)
+		if r.IntN(2) == 0 {
+			esc = strings.ReplaceAll(esc, "'", `\'`)
+		} else {
+			esc = strings.ReplaceAll(esc, "'", "''")
+		}
+		return []string{"E", "e"}[r.IntN(2)] + "'" + esc + "'"
+	case 2:
+		return "$$" + strings.ReplaceAll(v, "$", "") + "$$"
+	case 3:
+		return "$tg$" + v + "$tg$"
+	case 4:
+		n := digits("0123456789")
+		switch r.IntN(4) {
+		case 1:
+			n += "." + digits("0123456789")
+		case 2:
+			n += "e-" + digits("0123456789")
+		case 3:
+			n = "." + n
+		}
+		return n
+	case 5:
+		return []string{"B", "b"}[r.IntN(2)] + "'" + digits("01") + "'"
+	case 6:
+		return []string{"X", "x"}[r.IntN(2)] + "'" + digits("0123456789ABCDEF") + "'"
+	case 7:
+		return []string{"U&", "u&"}[r.IntN(2)] + "'" + strings.ReplaceAll(v, "'", "''") + "'"
+	}
+	return []string{"N", "n"}[r.IntN(2)] + "'" + strings.ReplaceAll(v, "'", "''") + "'"
+}
+
+// FuzzSanitize: arbitrary text never panics and sanitizes idempotently; SQL built from
+// skeleton tokens with literals planted at random token positions sanitizes to text
+// with none of the literals' bytes, and its summary holds only skeleton words.
+func FuzzSanitize(f *testing.F) {
+	for _, s := range []string{"select 'a''b'", `E'\''`, "$$x$$", "$a$x$a$", "U&'x'", "B'1'", "1e5", "/* /* */", "'unterminated", "$1$a$", "a$b$c$"} {
+		f.Add(s, uint64(1), []byte("seed"))
+	}
+	f.Fuzz(func(t *testing.T, raw string, seed uint64, payload []byte) {
+		once := sanitizeSQL(raw)
+		if twice := sanitizeSQL(once); twice != once {
+			t.Fatalf("not idempotent: %q → %q → %q", raw, once, twice)
+		}
+		querySummary(once)
+
+		r := rand.New(rand.NewPCG(seed, seed>>1))
+		var sql strings.Builder
+		var skeleton strings.Builder
+		n := 1 + r.IntN(12)
+		for i := range n {
+			if i > 0 {
+				sql.WriteByte(' ')
+			}
+			if r.IntN(3) == 0 && len(payload) > 0 {
+				k := 1 + r.IntN(len(payload))
+				sql.WriteString(plantLiteral(r, payload[:k]))
+				payload = payload[k:]
+				continue
+			}
+			tok := skeletonTokens[r.IntN(len(skeletonTokens))]
+			skeleton.WriteString(strings.ToLower(tok) + " ")
+			sql.WriteString(tok)
+		}
+		got := sanitizeSQL(sql.String())
+		check := strings.NewReplacer("$1", "", "$2", "").Replace(got)
+		if i := strings.IndexAny(check, "ABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789'\\"); i >= 0 {
+			t.Fatalf("literal byte %q survived: %q → %q", check[i], sql.String(), got)
+		}
+		if again := sanitizeSQL(got); again != got {
+			t.Fatalf("not idempotent: %q → %q → %q", sql.String(), got, again)
+		}
+		for _, w := range strings.FieldsFunc(querySummary(got), func(c rune) bool { return c == ' ' || c == ';' || c == '.' }) {
+			if !strings.Contains(skeleton.String(), strings.ToLower(w)) {
+				t.Fatalf("summary word %q of %q is not from the skeleton", w, sql.String())
+			}
+		}
+	})
+}
+
+// BenchmarkSanitize is the sanitizer's own cost per statement: cold (tokenized, with its
+// summary) and cached (what a repeated statement costs).
+func BenchmarkSanitize(b *testing.B) {
+	const sql = "insert into accounts (id, owner, balance) values ($1, 'alice@example.com', 100.50) on conflict (id) do update set balance = accounts.balance + 1"
+	b.Run("cold", func(b *testing.B) {
+		b.ReportAllocs()
+		for b.Loop() {
+			s := sanitizeSQL(sql)
+			querySummary(s)
+		}
+	})
+	b.Run("cached", func(b *testing.B) {
+		var z sanitizer
+		z.get(sql)
+		b.ReportAllocs()
+		for b.Loop() {
+			z.get(sql)
+		}
+	})
+	b.Run("cached/parallel", func(b *testing.B) {
+		var z sanitizer
+		z.get(sql)
+		b.ReportAllocs()
+		b.RunParallel(func(pb *testing.PB) {
+			for pb.Next() {
+				z.get(sql)
+			}
+		})
+	})
+}
