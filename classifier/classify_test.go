@@ -372,3 +372,28 @@ func TestClassifyConnectionClassErrorWhileCommitting(t *testing.T) {
 		t.Fatalf("before COMMIT a class 08 error is a rollback, got %v", v.Evidence())
 	}
 }
+
+// TestClassifyCommitNotExecuted: the facts that prove a failed COMMIT never ran make it a
+// retryable rollback, only with the connection gone (a COMMIT refused locally left a
+// transaction that could still commit), never against a "committed locally" warning;
+// the idle-in-transaction timeout's FATAL proves it by itself.
+func TestClassifyCommitNotExecuted(t *testing.T) {
+	c := outcome.PhaseCommitting
+	idle := pgErr("FATAL", "FATAL", classifier.SQLStateIdleInTransactionTimeout)
+	runClassifyCases(t, []classifyCase{
+		{"not sent, conn closed", c, errNetOp, classifier.Facts{CommitNotSent: true, ConnClosed: true},
+			want{evidence: classifier.EvidenceRolledBack, retryable: true, reason: classifier.ReasonCommitNotSent}},
+		{"not sent, conn open", c, retryableErr{}, classifier.Facts{CommitNotSent: true},
+			want{evidence: classifier.EvidenceUnknown, reason: classifier.ReasonConnectionLost}},
+		{"FATAL before COMMIT", c, errAdminShutdown, classifier.Facts{SessionEndedBeforeCommit: true, ConnClosed: true},
+			want{evidence: classifier.EvidenceRolledBack, retryable: true, sqlstate: "57P01", reason: classifier.ReasonSessionEndedBeforeCommit}},
+		{"FATAL after COMMIT was written", c, errAdminShutdown, classifier.Facts{ConnClosed: true},
+			want{evidence: classifier.EvidenceUnknown, sqlstate: "57P01", reason: classifier.ReasonServerFatal}},
+		{"committed locally wins", c, errAdminShutdown, classifier.Facts{SessionEndedBeforeCommit: true, CommitNotSent: true, ConnClosed: true, CommittedLocally: true},
+			want{evidence: classifier.EvidenceUnknown, committedLocally: true, sqlstate: "57P01"}},
+		{"idle in transaction timeout", c, idle, classifier.Facts{},
+			want{evidence: classifier.EvidenceRolledBack, retryable: true, sqlstate: "25P03", reason: classifier.ReasonIdleInTransactionTimeout}},
+		{"idle_session_timeout is no proof", c, pgErr("FATAL", "FATAL", "57P05"), classifier.Facts{ConnClosed: true},
+			want{evidence: classifier.EvidenceUnknown, sqlstate: "57P05"}},
+	})
+}

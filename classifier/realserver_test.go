@@ -795,9 +795,15 @@ func TestRealCommitAfterIdleBackendTerminated(t *testing.T) {
 	}
 	f := c.facts()
 	t.Logf("facts: %+v", f)
-	// While committing the client cannot know: unknown.
+	// From the error alone, while committing, it is unknown; the fact that the FATAL was
+	// already waiting before COMMIT was written makes it a rollback (the otelpgxtx
+	// package's TestCommitNotExecuted, where the tracer's net.Conn sees it).
 	checkVerdict(t, classifier.Classify(outcome.PhaseCommitting, err, f),
 		realWant{evidence: classifier.EvidenceUnknown, sqlstate: sqlstateOf(err)})
+	f.SessionEndedBeforeCommit = true
+	checkVerdict(t, classifier.Classify(outcome.PhaseCommitting, err, f),
+		realWant{evidence: classifier.EvidenceRolledBack, retryable: true, sqlstate: sqlstateOf(err)})
+	f.SessionEndedBeforeCommit = false
 	// The same error observed while active (COMMIT never sent) is a retryable rollback.
 	checkVerdict(t, classifier.Classify(outcome.PhaseActive, err, f),
 		realWant{evidence: classifier.EvidenceRolledBack, retryable: true, sqlstate: sqlstateOf(err)})
