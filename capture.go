@@ -139,16 +139,15 @@ type commitResult struct {
 // commitWithCapture sends the xid read, a Sync, COMMIT and a Sync in one write: one
 // network round trip, as plain COMMIT takes. The Sync makes the server flush the xid
 // before it starts committing, so the reference arrives even if the commit never
-// answers. With a marker table (quoted), the marker insert of id takes the xid read's
-// place and returns the xid. The caller has read the identity (see identityKnown).
+// answers. With a marker table (quoted), see commitWithMarker. The caller has read the
+// identity (see identityKnown).
 func commitWithCapture(ctx context.Context, pg *pgconn.PgConn, st *connState, commitSQL, marker string, id outcome.OperationID) commitResult {
+	if marker != "" {
+		return commitWithMarker(ctx, pg, st, commitSQL, marker, id)
+	}
 	var res commitResult
 	p := pg.StartPipeline(ctx)
-	if marker != "" {
-		p.SendQueryParams(markerSQL(marker), [][]byte{[]byte(id.String())}, nil, nil, nil)
-	} else {
-		p.SendQueryParams(captureSQL, nil, nil, nil, nil)
-	}
+	p.SendQueryParams(captureSQL, nil, nil, nil, nil)
 	p.SendPipelineSync()
 	p.SendQueryParams(commitSQL, nil, nil, nil, nil)
 	p.SendPipelineSync()
@@ -156,7 +155,7 @@ func commitWithCapture(ctx context.Context, pg *pgconn.PgConn, st *connState, co
 		res.err = err
 		return res
 	}
-	xid, xidOK, srvErr, err := readXID(p)
+	xid, xidOK, err := readXID(p)
 	res.endedBeforeCommit = classifier.IsFatal(err)
 	if err == nil {
 		err = expectSync(p)
@@ -176,54 +175,89 @@ func commitWithCapture(ctx context.Context, pg *pgconn.PgConn, st *connState, co
 			err = expectSync(p)
 		}
 	}
-	if err == nil && res.rollbackTag && marker != "" && srvErr != nil {
-		// The marker insert failed and aborted the transaction: that is the cause.
-		err = fmt.Errorf("otelpgxtx: inserting the commit marker: %w", srvErr)
-	}
 	res.err = err
 	if cerr := p.Close(); cerr != nil && res.err == nil {
 		res.err = cerr
 	}
-	if xidOK || marker != "" {
-		ref := outcome.ReconciliationRef{XID: xid, SystemIdentifier: st.systemID, Timeline: st.timeline, ServerStart: st.serverStart}
-		if marker != "" {
-			ref.MarkerTable, ref.Operation = marker, id
-		}
-		res.ref = &ref
+	if xidOK {
+		res.ref = st.ref(xid)
 	}
 	return res
 }
 
-// readXID reads the first pipeline result, the xid. A server ERROR there (srvErr: an
-// aborted transaction answers 25P02) is not the commit's error: the server skips to the
-// Sync and then answers COMMIT with ROLLBACK. A FATAL is: the session ended there.
-func readXID(p *pgconn.Pipeline) (xid uint64, ok bool, srvErr, err error) {
+// sqlStateInFailedTransaction is what a statement in an already failed transaction gets.
+const sqlStateInFailedTransaction = "25P02"
+
+// ref returns a reference to xid on st's cluster.
+func (st *connState) ref(xid uint64) *outcome.ReconciliationRef {
+	return &outcome.ReconciliationRef{XID: xid, SystemIdentifier: st.systemID, Timeline: st.timeline, ServerStart: st.serverStart}
+}
+
+// commitWithMarker sends the marker insert of id (returning the xid) and COMMIT as one
+// simple Query: one message and one server flush, as a plain COMMIT — the Sync that
+// makes the xid arrive before COMMIT runs costs the server a flush per commit, and the
+// marker needs no xid. The server executes the two in order and abandons the rest of
+// the string at an error: an insert that did not complete (an ERROR, or a FATAL before
+// its command completed) means COMMIT never ran.
+func commitWithMarker(ctx context.Context, pg *pgconn.PgConn, st *connState, commitSQL, marker string, id outcome.OperationID) commitResult {
+	var res commitResult
+	results, err := pg.Exec(ctx, markerSQL(marker, id)+"; "+commitSQL).ReadAll()
+	res.ref = st.ref(0)
+	res.ref.MarkerTable, res.ref.Operation = marker, id
+	insertDone := len(results) > 0 && results[0].Err == nil
+	if insertDone && len(results[0].Rows) == 1 && len(results[0].Rows[0]) == 1 {
+		if xid, perr := strconv.ParseUint(string(results[0].Rows[0][0]), 10, 64); perr == nil {
+			res.ref.XID = xid
+		}
+	}
+	if len(results) == 2 && results[1].Err == nil {
+		res.tag = results[1].CommandTag
+		res.rollbackTag = res.tag.String() == "ROLLBACK"
+	}
+	var pgErr *pgconn.PgError
+	switch {
+	case err == nil:
+	case !insertDone && errors.As(err, &pgErr) && pgErr.Code == sqlStateInFailedTransaction:
+		err = pgx.ErrTxCommitRollback // the transaction had already failed
+	case !insertDone && isServerError(err):
+		err = fmt.Errorf("otelpgxtx: inserting the commit marker: %w", err)
+	case !insertDone && classifier.IsFatal(err):
+		res.endedBeforeCommit = true
+	}
+	res.err = err
+	return res
+}
+
+// readXID reads the first pipeline result, the xid. A server ERROR there (an aborted
+// transaction answers 25P02) is not the commit's error: the server skips to the Sync and
+// then answers COMMIT with ROLLBACK. A FATAL is: the session ended there.
+func readXID(p *pgconn.Pipeline) (xid uint64, ok bool, err error) {
 	r, err := p.GetResults()
 	if err != nil {
 		if isServerError(err) {
-			return 0, false, err, nil
+			return 0, false, nil
 		}
-		return 0, false, nil, err
+		return 0, false, err
 	}
 	rr, isReader := r.(*pgconn.ResultReader)
 	if !isReader {
-		return 0, false, nil, fmt.Errorf("otelpgxtx: unexpected pipeline result %T for the xid", r)
+		return 0, false, fmt.Errorf("otelpgxtx: unexpected pipeline result %T for the xid", r)
 	}
 	rows := rr.Read()
 	if rows.Err != nil {
 		if isServerError(rows.Err) {
-			return 0, false, rows.Err, nil
+			return 0, false, nil
 		}
-		return 0, false, nil, rows.Err
+		return 0, false, rows.Err
 	}
 	if len(rows.Rows) != 1 || len(rows.Rows[0]) != 1 {
-		return 0, false, nil, nil
+		return 0, false, nil
 	}
 	if v := rows.Rows[0][0]; v != nil {
 		n, perr := strconv.ParseUint(string(v), 10, 64)
-		return n, perr == nil, nil, nil
+		return n, perr == nil, nil
 	}
-	return 0, true, nil, nil // NULL: no xid, the transaction wrote nothing
+	return 0, true, nil // NULL: no xid, the transaction wrote nothing
 }
 
 // isServerError reports a server error that leaves the session alive.

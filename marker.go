@@ -49,10 +49,10 @@ func PruneMarkers(ctx context.Context, db interface {
 	return tag.RowsAffected(), err
 }
 
-// markerSQL is the marker insert for the quoted table name: it returns the xid, which
-// the insert has just assigned, so that the marker replaces the xid read.
-func markerSQL(table string) string {
-	return "insert into " + table + " (operation_id) values ($1) returning " + captureXIDExpr
+// markerSQL is the marker insert of id into the quoted table name, returning the xid,
+// which the insert has just assigned. The id is inlined: 32 hex digits, nothing to quote.
+func markerSQL(table string, id outcome.OperationID) string {
+	return "insert into " + table + " (operation_id) values ('" + id.String() + "') returning " + captureXIDExpr
 }
 
 // ResolveMarker settles the operation id by its row in the commit-marker table alone

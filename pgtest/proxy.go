@@ -20,9 +20,9 @@ import (
 // an SSLRequest or GSSENCRequest is answered 'N' by the proxy itself, so the
 // client continues in plain text (or fails if it requires TLS).
 //
-// A message carries COMMIT if it is a Query ('Q') or Parse ('P') whose SQL,
-// after leading whitespace and comments, starts with the word COMMIT or END
-// (any case), or a Bind ('B') of a statement whose Parse carried COMMIT on
+// A message carries COMMIT if it is a Query ('Q') one of whose ';'-separated
+// statements, or a Parse ('P') whose SQL, after leading whitespace and comments,
+// starts with the word COMMIT or END (any case), or a Bind ('B') of a statement whose Parse carried COMMIT on
 // the same connection. The Bind rule matters because a client that prepared
 // "commit" once (pgx does after conn.Prepare(ctx, "commit", "commit")) later
 // sends only Bind/Execute/Sync. A Parse alone counts even if the statement is
@@ -528,7 +528,12 @@ func (pc *proxyConn) carriesCommit(msg []byte) bool {
 	switch msg[0] {
 	case 'Q':
 		sql, _ := cstring(body)
-		return isCommitSQL(sql)
+		for stmt := range strings.SplitSeq(sql, ";") { // a ';' inside a literal may split too
+			if isCommitSQL(stmt) {
+				return true
+			}
+		}
+		return false
 	case 'P':
 		name, rest := cstring(body)
 		sql, _ := cstring(rest)
