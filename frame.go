@@ -42,6 +42,7 @@ type frame struct {
 	// unrecorded: a Filter rejected the frame; its span only carries the caller's span
 	// context, and nothing is parented to it.
 	unrecorded bool
+	name       string // the span's name, for the next frame of COMMIT AND CHAIN
 
 	committingAt     time.Time
 	doneAt           time.Time

@@ -111,12 +111,20 @@ func TestSpanNameCtxFunc(t *testing.T) {
 		t.Fatal(err)
 	}
 	commitOne(t, ctx, h, newTable(t, ctx), 1)
-	fs := h.frames()
-	if len(fs) != 2 || fs[0].Name != "checkout" || fs[1].Name != "tx" {
-		t.Fatalf("frame spans %v, want [checkout tx]", names(fs))
+	// The transaction COMMIT AND CHAIN begins keeps its predecessor's name.
+	withConn(t, ctx, h, func(c *pgx.Conn) {
+		mustExec(t, context.WithValue(ctx, nameKey{}, "batch job"), c, "BEGIN", "commit and chain")
+		mustExec(t, ctx, c, "commit")
+	})
+	var got []string
+	for _, f := range h.frames() {
+		got = append(got, f.Name)
 	}
-	if len(begins) != 2 || begins[0] != "begin isolation level serializable" || begins[1] != "begin" {
-		t.Fatalf("the function got %q, want pgx's BEGIN statements", begins)
+	if !slices.Equal(got, []string{"checkout", "tx", "batch job", "batch job"}) {
+		t.Fatalf("frame spans %v, want [checkout tx batch job batch job]", got)
+	}
+	if !slices.Equal(begins, []string{"begin isolation level serializable", "begin", "BEGIN"}) {
+		t.Fatalf("the function got %q, want pgx's BEGIN statements as sent", begins)
 	}
 }
 
@@ -139,6 +147,11 @@ func TestFilter(t *testing.T) {
 	skip := context.WithValue(rctx, skipKey{}, true)
 
 	commitOne(t, skip, h, table, 1)
+	// The transaction COMMIT AND CHAIN begins keeps its predecessor's decision.
+	withConn(t, skip, h, func(c *pgx.Conn) {
+		mustExec(t, skip, c, "begin", "commit and chain")
+		mustExec(t, ctx, c, "commit")
+	})
 	rb := Run(skip, h.pool, DefaultPolicy(), func(ctx context.Context, tx pgx.Tx) (int, error) {
 		if _, err := insertFn(table, 2)(ctx, tx); err != nil {
 			return 0, err
@@ -207,8 +220,8 @@ func TestFilter(t *testing.T) {
 		}
 	}
 	counts := h.countsByOutcome(t, ctx)
-	if counts["committed"] != 1 || counts["rolled_back"] != 1 || counts["indeterminate"] != 1 {
-		t.Errorf("counts %v, want one committed, one rolled_back, one indeterminate", counts)
+	if counts["committed"] != 3 || counts["rolled_back"] != 1 || counts["indeterminate"] != 1 {
+		t.Errorf("counts %v, want 3 committed, one rolled_back, one indeterminate", counts)
 	}
 	if !strings.Contains(logs.String(), "indeterminate") || !strings.Contains(logs.String(), "trace_id="+root.SpanContext().TraceID().String()) {
 		t.Errorf("no indeterminate log record: %q", logs.String())
@@ -226,8 +239,8 @@ func TestFilter(t *testing.T) {
 	if fs := h.frames(); len(fs) != 1 {
 		t.Fatalf("frames %v, want the one accepted", names(fs))
 	}
-	if asked.Load() != 4 {
-		t.Errorf("the filter ran %d times, want once per transaction (4)", asked.Load())
+	if asked.Load() != 5 {
+		t.Errorf("the filter ran %d times, want once per transaction begun by a statement (5)", asked.Load())
 	}
 }
 

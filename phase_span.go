@@ -28,28 +28,32 @@ var phaseEvents = func() (names [outcome.PhaseUnknown + 1]string) {
 }()
 
 // startFrame begins a frame for a transaction that conn is beginning with the statement
-// begin ("" when none was seen). Its span is a child of the span in ctx; if ctx carries
-// an open frame on another connection, that frame is suspended and the new one is one
-// level deeper.
-func (t *Tracer) startFrame(ctx context.Context, conn *pgx.Conn, st *connState, phase outcome.Phase, begin string) *frame {
+// begin ("" when none was seen), or that COMMIT AND CHAIN began after chained, whose
+// filter decision and span name it keeps. Its span is a child of the span in ctx; if ctx
+// carries an open frame on another connection, that frame is suspended and the new one is
+// one level deeper.
+func (t *Tracer) startFrame(ctx context.Context, conn *pgx.Conn, st *connState, phase outcome.Phase, begin string, chained *frame) *frame {
 	f := &frame{t: t, conn: conn.PgConn(), id: outcome.NewOperationID(), start: time.Now(),
 		parentSpan: trace.SpanContextFromContext(ctx)}
 	if outer := openFrameFromContext(ctx); outer != nil && outer.conn != f.conn {
 		f.parent, f.depth = outer, outer.depth+1
 	}
-	if t.cfg.filter != nil && !t.cfg.filter(ctx, begin) {
+	if chained != nil && chained.unrecorded || chained == nil && t.cfg.filter != nil && !t.cfg.filter(ctx, begin) {
 		// Not recorded: a span that only carries the caller's span context, so that the
 		// inner tracer parents its statement spans as if there were no frame.
 		f.spanCtx, f.span = ctx, trace.SpanFromContext(trace.ContextWithSpanContext(context.Background(), f.parentSpan))
 		f.unrecorded = true
 	} else {
-		name := t.cfg.spanName
-		if t.cfg.spanNameFunc != nil {
+		f.name = t.cfg.spanName
+		switch {
+		case chained != nil:
+			f.name = chained.name
+		case t.cfg.spanNameFunc != nil:
 			if n := t.cfg.spanNameFunc(ctx, begin); n != "" {
-				name = n
+				f.name = n
 			}
 		}
-		f.spanCtx, f.span = t.tracer.Start(ctx, name, frameStartOptions...)
+		f.spanCtx, f.span = t.tracer.Start(ctx, f.name, frameStartOptions...)
 	}
 	if f.span.IsRecording() {
 		// Written with the outcome attributes when the frame ends, in one SetAttributes.

@@ -165,7 +165,7 @@ func (t *Tracer) beginStatement(ctx context.Context, conn *pgx.Conn, st *connSta
 		f = nil
 	}
 	if f == nil && set.has(stmtBegin) && pg.TxStatus() == 'I' {
-		f = t.startFrame(ctx, conn, st, outcome.PhaseNotStarted, beginSQL)
+		f = t.startFrame(ctx, conn, st, outcome.PhaseNotStarted, beginSQL, nil)
 		if f.span.IsRecording() { // they are only ever attributes
 			_, rest := classifyOne(beginSQL)
 			f.isolation, f.accessMode = beginOptions(rest)
@@ -192,7 +192,7 @@ func (t *Tracer) endStatement(conn *pgx.Conn, st *connState, q *queryState, tag 
 		if inTx && st.frame == nil {
 			// A transaction we did not see begin (BEGIN inside a string we could not
 			// read): track it from here rather than not at all.
-			t.startFrame(q.callerCtx, conn, st, outcome.PhaseActive, "")
+			t.startFrame(q.callerCtx, conn, st, outcome.PhaseActive, "", nil)
 		}
 		return
 	}
@@ -216,7 +216,7 @@ func (t *Tracer) endStatement(conn *pgx.Conn, st *connState, q *queryState, tag 
 	}
 	if q.set.chains() && inTx && st.frame == nil && err == nil {
 		// AND CHAIN began the next transaction at once, with the same characteristics.
-		next := t.startFrame(f.startCtx(), conn, st, outcome.PhaseActive, "")
+		next := t.startFrame(f.startCtx(), conn, st, outcome.PhaseActive, "", f)
 		next.isolation, next.accessMode = f.isolation, f.accessMode
 	}
 }

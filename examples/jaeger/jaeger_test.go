@@ -7,7 +7,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"net"
 	"net/http"
 	"net/url"
@@ -142,21 +141,7 @@ func freePorts(t *testing.T, n int) []string {
 }
 
 func (j *jaegerProc) get(ctx context.Context, path string, q url.Values) (int, []byte, error) {
-	u := "http://" + j.query + path
-	if q != nil {
-		u += "?" + q.Encode()
-	}
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, u, nil)
-	if err != nil {
-		return 0, nil, err
-	}
-	resp, err := j.client.Do(req)
-	if err != nil {
-		return 0, nil, err
-	}
-	defer resp.Body.Close()
-	b, err := io.ReadAll(resp.Body)
-	return resp.StatusCode, b, err
+	return httpGet(ctx, j.client, j.query, path, q)
 }
 
 // waitForTrace polls the v3 API until the trace holds n spans: ingestion is

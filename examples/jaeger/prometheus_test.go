@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"io"
 	"net/http"
 	"net/url"
 	"os"
@@ -70,20 +69,7 @@ scrape_configs:
 
 // api GETs path from Prometheus's HTTP API and decodes its data into v.
 func (p *promProc) api(ctx context.Context, path string, q url.Values, v any) error {
-	u := "http://" + p.addr + path
-	if q != nil {
-		u += "?" + q.Encode()
-	}
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, u, nil)
-	if err != nil {
-		return err
-	}
-	resp, err := p.client.Do(req)
-	if err != nil {
-		return err
-	}
-	defer resp.Body.Close()
-	b, err := io.ReadAll(resp.Body)
+	code, b, err := httpGet(ctx, p.client, p.addr, path, q)
 	if err != nil {
 		return err
 	}
@@ -93,7 +79,7 @@ func (p *promProc) api(ctx context.Context, path string, q url.Values, v any) er
 		Data   json.RawMessage `json:"data"`
 	}
 	if err := json.Unmarshal(b, &r); err != nil || r.Status != "success" {
-		return fmt.Errorf("%s: HTTP %d %s %v", path, resp.StatusCode, b, err)
+		return fmt.Errorf("%s: HTTP %d %s %v", path, code, b, err)
 	}
 	return json.Unmarshal(r.Data, v)
 }

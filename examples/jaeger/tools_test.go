@@ -4,7 +4,10 @@ package main
 // scripts cache them, and how a test runs one.
 
 import (
+	"context"
+	"io"
 	"net/http"
+	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -41,6 +44,25 @@ func toolPath(t *testing.T, env, script, dir, name string) string {
 			name, err, script, bin, env)
 	}
 	return bin
+}
+
+// httpGet GETs path?q from the server at addr (host:port) and returns the status and body.
+func httpGet(ctx context.Context, client *http.Client, addr, path string, q url.Values) (int, []byte, error) {
+	u := "http://" + addr + path
+	if q != nil {
+		u += "?" + q.Encode()
+	}
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, u, nil)
+	if err != nil {
+		return 0, nil, err
+	}
+	resp, err := client.Do(req)
+	if err != nil {
+		return 0, nil, err
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	return resp.StatusCode, b, err
 }
 
 // runTool starts cmd (its output to name.log in dir) until the test ends, and waits
