@@ -182,12 +182,13 @@ func WithMeterAttributes(attrs ...attribute.KeyValue) Option {
 }
 
 // SpanNameCtxFunc names a frame span from the context of the call that began the
-// transaction and the text of its BEGIN statement, exactly as pgx sent it (it may hold
-// literal values only if the application wrote them into BEGIN; it is never sanitized
-// here). The statement is "" for a transaction the tracer found already open; the next
+// transaction and the text of its BEGIN statement as the statement spans record it:
+// literals replaced by "?" unless [WithRawQueryText] is set, since a name leaves the
+// process. The statement is "" for a transaction the tracer found already open; the next
 // transaction of COMMIT AND CHAIN keeps the name (and the [Filter]'s decision) of the one
-// it follows. An empty name keeps the [WithSpanName] one. It runs once per frame, on the caller's goroutine, and
-// must be of low cardinality: it names a kind of transaction, never one transaction.
+// it follows. An empty name keeps the [WithSpanName] one. It runs once per frame, on the
+// caller's goroutine, and must be of low cardinality: it names a kind of transaction,
+// never one transaction.
 type SpanNameCtxFunc func(ctx context.Context, begin string) string
 
 // WithSpanNameCtxFunc names frame spans with fn instead of [WithSpanName]'s fixed name.

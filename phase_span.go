@@ -38,6 +38,10 @@ func (t *Tracer) startFrame(ctx context.Context, conn *pgx.Conn, st *connState, 
 	if outer := openFrameFromContext(ctx); outer != nil && outer.conn != f.conn {
 		f.parent, f.depth = outer, outer.depth+1
 	}
+	if chained == nil && (t.cfg.filter != nil || t.cfg.spanNameFunc != nil) {
+		// A span name leaves the process: both get the text the statement spans get.
+		begin, _ = t.innerSQL(begin)
+	}
 	if chained != nil && chained.unrecorded || chained == nil && t.cfg.filter != nil && !t.cfg.filter(ctx, begin) {
 		// Not recorded: a span that only carries the caller's span context, so that the
 		// inner tracer parents its statement spans as if there were no frame.
