@@ -1,12 +1,12 @@
 # The two commands of the README's quick start are `make demo` and `make test`.
 GO ?= go
 
-.PHONY: demo test test-library test-examples test-scripts vet fuzz soak model bench bench-quick
+.PHONY: demo test test-library test-examples test-scripts tools vet fuzz soak model bench bench-quick
 
 demo:
 	cd examples/jaeger && $(GO) run .
 
-test: vet test-library test-examples test-scripts
+test: vet tools test-library test-examples test-scripts
 
 test-library:
 	$(GO) test -race -count=1 ./...
@@ -15,13 +15,18 @@ test-library:
 test-scripts:
 	cd scripts/benchplot && $(GO) test -count=1 ./...
 
-# The demo module (its own go.mod): end to end against a real Jaeger v2 (built once and
-# cached by scripts/jaeger), and the alert rules' unit tests.
-test-examples:
-	scripts/jaeger >/dev/null
+# The demo module (its own go.mod): end to end against a real Jaeger v2 and a real
+# Prometheus, and the alert rules' unit tests with promtool.
+test-examples: tools
 	cd examples/jaeger && $(GO) test -race -count=1 ./...
-	promtool check config examples/jaeger/prometheus.yml
-	promtool test rules examples/jaeger/alerts_test.yml
+	"$$(scripts/prometheus)/promtool" check config examples/jaeger/prometheus.yml
+	"$$(scripts/prometheus)/promtool" test rules examples/jaeger/alerts_test.yml
+
+# The pinned programs the end-to-end tests run, built from the Go module proxy the first
+# time (minutes each) and cached in ~/.cache/otelpgxtx (or $$OTELPGXTX_CACHE).
+tools:
+	@TOOL_STEP=1/2 scripts/jaeger >/dev/null
+	@TOOL_STEP=2/2 scripts/prometheus >/dev/null
 
 vet:
 	@test -z "$$(gofmt -l $$(git ls-files '*.go'))" || { echo "gofmt needed:"; gofmt -l $$(git ls-files '*.go'); exit 1; }

@@ -744,7 +744,7 @@ func BenchmarkHookFloor(b *testing.B) {
 			b.Run(s.name+"/v="+v, func(b *testing.B) {
 				tel := newBenchTelemetry(s)
 				defer tel.shutdown()
-				m := newMetrics(tel.mp)
+				m := newMetrics(tel.mp, nil)
 				tr := tel.tp.Tracer(ScopeName)
 				ctx, req := tel.request(context.Background())
 				defer req.End()

@@ -316,7 +316,7 @@ func runAttempt[T any](ctx context.Context, db DB, p Policy, fn func(context.Con
 	}
 	fctx := context.WithValue(ctx, scopeKey{}, sc)
 	if f != nil {
-		fctx = trace.ContextWithSpan(contextWithFrame(fctx, f), f.span)
+		fctx = f.withSpan(contextWithFrame(fctx, f))
 	}
 	finish := func() {
 		sc.tx.end()
@@ -493,7 +493,7 @@ func runHooks(ctx context.Context, f *frame, hooks []func(context.Context) error
 	tracer := otel.GetTracerProvider().Tracer(ScopeName)
 	if f != nil {
 		tracer = f.t.tracer
-		ctx = trace.ContextWithSpan(ctx, f.span)
+		ctx = f.withSpan(ctx)
 	}
 	ctx, span := tracer.Start(ctx, SpanNamePostCommit)
 	defer span.End()

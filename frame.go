@@ -42,6 +42,10 @@ type frame struct {
 	phase atomic.Uint32 // outcome.Phase
 	done  atomic.Bool   // the evidence is in: the frame left its connection
 	ended atomic.Bool   // the span was ended
+	// unrecorded: a Filter rejected the frame; its span only carries the caller's span
+	// context, and nothing is parented to it.
+	unrecorded bool
+	name       string // the span's name, for the next frame of COMMIT AND CHAIN
 
 	committingAt     time.Time
 	doneAt           time.Time
@@ -69,6 +73,15 @@ func (f *frame) startCtx() context.Context {
 		ctx = contextWithFrame(ctx, f.parent)
 	}
 	return ctx
+}
+
+// withSpan makes f's span the parent of what runs inside the frame; an unrecorded frame
+// leaves ctx's own span there, as if there were no frame.
+func (f *frame) withSpan(ctx context.Context) context.Context {
+	if f.unrecorded {
+		return ctx
+	}
+	return trace.ContextWithSpan(ctx, f.span)
 }
 
 func (f *frame) currentPhase() outcome.Phase { return outcome.Phase(f.phase.Load()) }

@@ -35,7 +35,7 @@ type metrics struct {
 	recordOpts [outcome.OutcomeCommittedWithPostCommitFailure + 1][]metric.RecordOption
 }
 
-func newMetrics(mp metric.MeterProvider) *metrics {
+func newMetrics(mp metric.MeterProvider, extra []attribute.KeyValue) *metrics {
 	meter := mp.Meter(ScopeName, metric.WithInstrumentationVersion(Version()))
 	m := &metrics{}
 	var err error
@@ -57,7 +57,7 @@ func newMetrics(mp metric.MeterProvider) *metrics {
 		otel.Handle(err)
 	}
 	for _, o := range outcome.Outcomes() {
-		set := attribute.NewSet(OutcomeKey.String(o.String()), dbSystemPostgreSQL)
+		set := attribute.NewSet(append([]attribute.KeyValue{OutcomeKey.String(o.String()), dbSystemPostgreSQL}, extra...)...)
 		m.addOpts[o] = []metric.AddOption{metric.WithAttributeSet(set)}
 		m.recordOpts[o] = []metric.RecordOption{metric.WithAttributeSet(set)}
 		// Every outcome's series exists from the start at 0, so that an alert on

@@ -1,11 +1,12 @@
 package otelpgxtx
 
 import (
+	"context"
 	"fmt"
 	"log/slog"
-	"time"
 
 	"github.com/exaring/otelpgx"
+	"github.com/jackc/pgx/v5"
 	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/metric"
@@ -39,14 +40,16 @@ type config struct {
 	meterProvider  metric.MeterProvider
 	spanName       string
 	status         StatusMapping
-	inner          any
+	inner          pgx.QueryTracer
 	innerSet       bool
 	otelpgxOptions []otelpgx.Option
-	attributes     []attribute.KeyValue
 	logger         *slog.Logger
-	// For the Reconciler.
-	reconcileWait     time.Duration
-	reconcileInterval time.Duration
+	// Set by the options grouped below WithOtelpgxOptions.
+	spanAttributes  []attribute.KeyValue
+	meterAttributes []attribute.KeyValue
+	spanNameFunc    SpanNameCtxFunc
+	filter          Filter
+	noConnDetails   bool
 	// What may leave the process; both off by default.
 	rawQueryText  bool
 	errorMessages bool
@@ -64,11 +67,9 @@ func (f optionFunc) apply(c *config) { f(c) }
 
 func newConfig(opts []Option) config {
 	c := config{
-		tracerProvider:    otel.GetTracerProvider(),
-		meterProvider:     otel.GetMeterProvider(),
-		spanName:          DefaultSpanName,
-		reconcileWait:     5 * time.Second,
-		reconcileInterval: 50 * time.Millisecond,
+		tracerProvider: otel.GetTracerProvider(),
+		meterProvider:  otel.GetMeterProvider(),
+		spanName:       DefaultSpanName,
 	}
 	for _, o := range opts {
 		if o != nil {
@@ -78,14 +79,31 @@ func newConfig(opts []Option) config {
 	return c
 }
 
-// WithTracerProvider sets the tracer provider; the global one by default. A nil provider
-// keeps the default.
-func WithTracerProvider(tp trace.TracerProvider) Option {
-	return optionFunc(func(c *config) {
-		if tp != nil {
-			c.tracerProvider = tp
-		}
-	})
+// SharedOption is an [Option] and a [ReconcilerOption]: a setting a [Tracer] and a
+// [Reconciler] share ([WithTracerProvider], [WithErrorMessages]).
+type SharedOption interface {
+	Option
+	ReconcilerOption
+}
+
+type tracerProviderOption struct{ tp trace.TracerProvider }
+
+func (o tracerProviderOption) apply(c *config) {
+	if o.tp != nil {
+		c.tracerProvider = o.tp
+	}
+}
+
+func (o tracerProviderOption) applyReconciler(c *reconcilerConfig) {
+	if o.tp != nil {
+		c.tracerProvider = o.tp
+	}
+}
+
+// WithTracerProvider sets the tracer provider of a [Tracer] or a [Reconciler]; the global
+// one by default. A nil provider keeps the default.
+func WithTracerProvider(tp trace.TracerProvider) SharedOption {
+	return tracerProviderOption{tp}
 }
 
 // WithMeterProvider sets the meter provider; the global one by default. A nil provider
@@ -123,12 +141,12 @@ func WithStatusMapping(m StatusMapping) Option {
 }
 
 // WithInnerTracer replaces the tracer that makes statement spans (by default an otelpgx
-// tracer built with the same providers). It may implement any of pgx's tracer interfaces
-// and pgxpool's acquire and release tracers; each one it implements is forwarded, with
-// the frame span as the parent of what it starts. nil turns statement spans off. It is
-// given sanitized SQL and redacted errors, as otelpgx is (see [WithRawQueryText] and
-// [WithErrorMessages]); statement arguments reach it unchanged.
-func WithInnerTracer(inner any) Option {
+// tracer built with the same providers). Besides pgx.QueryTracer it may implement any of
+// pgx's other tracer interfaces and pgxpool's acquire and release tracers; each one it
+// implements is forwarded, with the frame span as the parent of what it starts. nil turns
+// statement spans off. It is given sanitized SQL and redacted errors, as otelpgx is (see
+// [WithRawQueryText] and [WithErrorMessages]); statement arguments reach it unchanged.
+func WithInnerTracer(inner pgx.QueryTracer) Option {
 	return optionFunc(func(c *config) {
 		c.inner, c.innerSet = inner, true
 	})
@@ -142,32 +160,83 @@ func WithOtelpgxOptions(opts ...otelpgx.Option) Option {
 	})
 }
 
-// WithAttributes adds attributes to every frame span (service-level facts, not
-// per-transaction ones).
-func WithAttributes(attrs ...attribute.KeyValue) Option {
+// ---- What is recorded, and under which name ----------------------------------------
+// Names as in otelpgx and otelhttp where the meaning is the same.
+
+// WithSpanAttributes adds attributes to every frame span, and to the statement spans of
+// the default otelpgx inner tracer (otelpgx.WithTracerAttributes): service-level facts,
+// not per-transaction ones. Metrics do not get them; see [WithMeterAttributes].
+func WithSpanAttributes(attrs ...attribute.KeyValue) Option {
 	return optionFunc(func(c *config) {
-		c.attributes = append(c.attributes, attrs...)
+		c.spanAttributes = append(c.spanAttributes, attrs...)
 	})
 }
+
+// WithMeterAttributes adds attributes to every measurement of the transaction metrics,
+// and of the default otelpgx inner tracer's metrics (otelpgx.WithMeterAttributes). Each
+// distinct value is a time series of its own: keep them few and fixed.
+func WithMeterAttributes(attrs ...attribute.KeyValue) Option {
+	return optionFunc(func(c *config) {
+		c.meterAttributes = append(c.meterAttributes, attrs...)
+	})
+}
+
+// SpanNameCtxFunc names a frame span from the context of the call that began the
+// transaction and the text of its BEGIN statement as the statement spans record it:
+// literals replaced by "?" unless [WithRawQueryText] is set, since a name leaves the
+// process. The statement is "" for a transaction the tracer found already open; the next
+// transaction of COMMIT AND CHAIN keeps the name (and the [Filter]'s decision) of the one
+// it follows. An empty name keeps the [WithSpanName] one. It runs once per frame, on the
+// caller's goroutine, and must be of low cardinality: it names a kind of transaction,
+// never one transaction.
+type SpanNameCtxFunc func(ctx context.Context, begin string) string
+
+// WithSpanNameCtxFunc names frame spans with fn instead of [WithSpanName]'s fixed name.
+// A nil fn keeps the fixed name.
+func WithSpanNameCtxFunc(fn SpanNameCtxFunc) Option {
+	return optionFunc(func(c *config) { c.spanNameFunc = fn })
+}
+
+// Filter decides, per transaction, whether its frame span is recorded; it gets what a
+// [SpanNameCtxFunc] gets. A frame it rejects is still tracked — its outcome is still
+// classified, counted in the metrics and logged by [WithLogger], and [Run] still returns
+// its Result — but it has no span: its statement spans (and a tx.post_commit span) are
+// made as without this package, children of the span in the caller's context, and a
+// Result's TraceParent names that span.
+type Filter func(ctx context.Context, begin string) bool
+
+// WithFilter records a frame span only for the transactions for which every filter
+// returns true. Filters run once per frame, on the caller's goroutine.
+func WithFilter(f ...Filter) Option {
+	return optionFunc(func(c *config) {
+		for _, fn := range f {
+			if fn == nil {
+				continue
+			}
+			if prev := c.filter; prev != nil {
+				c.filter = func(ctx context.Context, begin string) bool { return prev(ctx, begin) && fn(ctx, begin) }
+			} else {
+				c.filter = fn
+			}
+		}
+	})
+}
+
+// WithDisableConnectionDetailsInAttributes leaves server.address, server.port and
+// db.namespace out of frame spans, and out of the default otelpgx inner tracer's spans
+// (otelpgx.WithDisableConnectionDetailsInAttributes): for a deployment whose host names
+// or database names must not leave the process.
+func WithDisableConnectionDetailsInAttributes() Option {
+	return optionFunc(func(c *config) { c.noConnDetails = true })
+}
+
+// ---- end of the group -------------------------------------------------------------
 
 // WithLogger sets a logger that receives one record per indeterminate outcome, with
 // its operation id, trace id and reconciliation reference, so that an unknown commit is
 // never lost to trace sampling. No logging by default.
 func WithLogger(l *slog.Logger) Option {
 	return optionFunc(func(c *config) { c.logger = l })
-}
-
-// WithReconcileWait bounds how long a [Reconciler] polls a transaction that is still in
-// progress (a backend can sit in a synchronous-replication wait), and how often; 5 s and
-// 50 ms by default. A zero wait asks once.
-func WithReconcileWait(wait, interval time.Duration) Option {
-	return optionFunc(func(c *config) {
-		if wait < 0 || interval <= 0 {
-			c.err = fmt.Errorf("otelpgxtx: WithReconcileWait: wait must be >= 0 and interval > 0, got %v, %v", wait, interval)
-			return
-		}
-		c.reconcileWait, c.reconcileInterval = wait, interval
-	})
 }
 
 // WithRawQueryText records query text as the application wrote it (db.query.text of
@@ -189,6 +258,11 @@ func WithRawQueryText() Option {
 // the error's type are recorded.
 //
 // Warning: the full text may carry user data out of the process, as WithRawQueryText does.
-func WithErrorMessages() Option {
-	return optionFunc(func(c *config) { c.errorMessages = true })
+func WithErrorMessages() SharedOption {
+	return errorMessagesOption{}
 }
+
+type errorMessagesOption struct{}
+
+func (errorMessagesOption) apply(c *config)                     { c.errorMessages = true }
+func (errorMessagesOption) applyReconciler(c *reconcilerConfig) { c.errorMessages = true }

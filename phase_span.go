@@ -27,25 +27,48 @@ var phaseEvents = func() (names [outcome.PhaseUnknown + 1]string) {
 	return names
 }()
 
-// startFrame begins a frame for a transaction that conn is beginning. Its span is a child
-// of the span in ctx; if ctx carries an open frame on another connection, that frame is
-// suspended and the new one is one level deeper.
-func (t *Tracer) startFrame(ctx context.Context, conn *pgx.Conn, st *connState, phase outcome.Phase) *frame {
+// startFrame begins a frame for a transaction that conn is beginning with the statement
+// begin ("" when none was seen), or that COMMIT AND CHAIN began after chained, whose
+// filter decision and span name it keeps. Its span is a child of the span in ctx; if ctx
+// carries an open frame on another connection, that frame is suspended and the new one is
+// one level deeper.
+func (t *Tracer) startFrame(ctx context.Context, conn *pgx.Conn, st *connState, phase outcome.Phase, begin string, chained *frame) *frame {
 	f := &frame{t: t, conn: conn.PgConn(), id: outcome.NewOperationID(), start: time.Now(),
 		parentSpan: trace.SpanContextFromContext(ctx)}
 	if outer := openFrameFromContext(ctx); outer != nil && outer.conn != f.conn {
 		f.parent, f.depth = outer, outer.depth+1
 	}
-	f.spanCtx, f.span = t.tracer.Start(ctx, t.cfg.spanName, frameStartOptions...)
+	if chained == nil && (t.cfg.filter != nil || t.cfg.spanNameFunc != nil) {
+		// A span name leaves the process: both get the text the statement spans get.
+		begin, _ = t.innerSQL(begin)
+	}
+	if chained != nil && chained.unrecorded || chained == nil && t.cfg.filter != nil && !t.cfg.filter(ctx, begin) {
+		// Not recorded: a span that only carries the caller's span context, so that the
+		// inner tracer parents its statement spans as if there were no frame.
+		f.spanCtx, f.span = ctx, trace.SpanFromContext(trace.ContextWithSpanContext(context.Background(), f.parentSpan))
+		f.unrecorded = true
+	} else {
+		f.name = t.cfg.spanName
+		switch {
+		case chained != nil:
+			f.name = chained.name
+		case t.cfg.spanNameFunc != nil:
+			if n := t.cfg.spanNameFunc(ctx, begin); n != "" {
+				f.name = n
+			}
+		}
+		f.spanCtx, f.span = t.tracer.Start(ctx, f.name, frameStartOptions...)
+	}
 	if f.span.IsRecording() {
 		// Written with the outcome attributes when the frame ends, in one SetAttributes.
 		if st.attrs == nil {
-			cfg := conn.Config() // a copy of the whole configuration: once per connection
-			st.attrs = []attribute.KeyValue{
-				dbSystemPostgreSQL,
-				dbNamespaceKey.String(cfg.Database),
-				serverAddressKey.String(cfg.Host),
-				serverPortKey.Int(int(cfg.Port)),
+			st.attrs = []attribute.KeyValue{dbSystemPostgreSQL}
+			if !t.cfg.noConnDetails {
+				cfg := conn.Config() // a copy of the whole configuration: once per connection
+				st.attrs = append(st.attrs,
+					dbNamespaceKey.String(cfg.Database),
+					serverAddressKey.String(cfg.Host),
+					serverPortKey.Int(int(cfg.Port)))
 			}
 		}
 		f.connAttrs = st.attrs
@@ -140,10 +163,10 @@ func (f *frame) end(o outcome.Outcome, postCommitErr error) {
 		return
 	}
 	v := f.verdict
-	attrs := make([]attribute.KeyValue, 0, 18+len(f.t.cfg.attributes))
+	attrs := make([]attribute.KeyValue, 0, 18+len(f.t.cfg.spanAttributes))
 	attrs = append(attrs, f.connAttrs...)
 	attrs = append(attrs, OperationIDKey.String(f.id.String()), FrameDepthKey.Int(f.depth))
-	attrs = append(attrs, f.t.cfg.attributes...)
+	attrs = append(attrs, f.t.cfg.spanAttributes...)
 	attrs = append(attrs, OutcomeKey.String(o.String()), PhaseKey.String(f.currentPhase().String()))
 	if f.isolation != "" {
 		attrs = append(attrs, IsolationKey.String(f.isolation))

@@ -10,6 +10,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/codes"
 	"go.opentelemetry.io/otel/propagation"
 	"go.opentelemetry.io/otel/trace"
@@ -93,18 +94,52 @@ type Reconciler struct {
 	errorMessages bool
 }
 
-// NewReconciler returns a reconciler that queries db. Of the options it reads
-// [WithTracerProvider], [WithReconcileWait] and [WithErrorMessages].
-func NewReconciler(db Querier, opts ...Option) (*Reconciler, error) {
+// ReconcilerOption configures a [Reconciler]: [WithTracerProvider], [WithReconcileWait]
+// and [WithErrorMessages].
+type ReconcilerOption interface {
+	applyReconciler(*reconcilerConfig)
+}
+
+type reconcilerConfig struct {
+	tracerProvider trace.TracerProvider
+	wait, interval time.Duration
+	errorMessages  bool
+	err            error
+}
+
+type reconcilerOptionFunc func(*reconcilerConfig)
+
+func (f reconcilerOptionFunc) applyReconciler(c *reconcilerConfig) { f(c) }
+
+// WithReconcileWait bounds how long a [Reconciler] polls a transaction that is still in
+// progress (a backend can sit in a synchronous-replication wait), and how often; 5 s and
+// 50 ms by default. A zero wait asks once.
+func WithReconcileWait(wait, interval time.Duration) ReconcilerOption {
+	return reconcilerOptionFunc(func(c *reconcilerConfig) {
+		if wait < 0 || interval <= 0 {
+			c.err = fmt.Errorf("otelpgxtx: WithReconcileWait: wait must be >= 0 and interval > 0, got %v, %v", wait, interval)
+			return
+		}
+		c.wait, c.interval = wait, interval
+	})
+}
+
+// NewReconciler returns a reconciler that queries db.
+func NewReconciler(db Querier, opts ...ReconcilerOption) (*Reconciler, error) {
 	if db == nil || isNilHandle(db) {
 		return nil, invalid("NewReconciler: nil db")
 	}
-	cfg := newConfig(opts)
+	cfg := reconcilerConfig{tracerProvider: otel.GetTracerProvider(), wait: 5 * time.Second, interval: 50 * time.Millisecond}
+	for _, o := range opts {
+		if o != nil {
+			o.applyReconciler(&cfg)
+		}
+	}
 	if cfg.err != nil {
 		return nil, cfg.err
 	}
 	r := &Reconciler{db: db, tracer: cfg.tracerProvider.Tracer(ScopeName, trace.WithInstrumentationVersion(Version())),
-		wait: cfg.reconcileWait, interval: cfg.reconcileInterval, errorMessages: cfg.errorMessages}
+		wait: cfg.wait, interval: cfg.interval, errorMessages: cfg.errorMessages}
 	return r, nil
 }
 

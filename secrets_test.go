@@ -242,7 +242,7 @@ func runSecretWorkload(t *testing.T, optIn bool) secretTelemetry {
 	if !ok {
 		t.Fatalf("want an indeterminate outcome, got %s", ind.Outcome())
 	}
-	recOpts := []Option{WithTracerProvider(h.tp)}
+	recOpts := []ReconcilerOption{WithTracerProvider(h.tp)}
 	if optIn {
 		recOpts = append(recOpts, WithErrorMessages())
 	}

@@ -67,21 +67,27 @@ func newTracer(opts []Option) (*Tracer, error) {
 	t := &Tracer{
 		cfg:     cfg,
 		tracer:  cfg.tracerProvider.Tracer(ScopeName, trace.WithInstrumentationVersion(Version())),
-		metrics: newMetrics(cfg.meterProvider),
+		metrics: newMetrics(cfg.meterProvider, cfg.meterAttributes),
 	}
 	inner := cfg.inner
 	if !cfg.innerSet {
-		inner = otelpgx.NewTracer(append([]otelpgx.Option{
+		oo := []otelpgx.Option{
 			otelpgx.WithTracerProvider(cfg.tracerProvider),
 			otelpgx.WithMeterProvider(cfg.meterProvider),
-		}, cfg.otelpgxOptions...)...)
+			otelpgx.WithTracerAttributes(cfg.spanAttributes...),
+			otelpgx.WithMeterAttributes(cfg.meterAttributes...),
+		}
+		if cfg.noConnDetails {
+			oo = append(oo, otelpgx.WithDisableConnectionDetailsInAttributes())
+		}
+		inner = otelpgx.NewTracer(append(oo, cfg.otelpgxOptions...)...)
 	}
 	t.setInner(inner)
 	return t, cfg.err
 }
 
-func (t *Tracer) setInner(inner any) {
-	t.query, _ = inner.(pgx.QueryTracer)
+func (t *Tracer) setInner(inner pgx.QueryTracer) {
+	t.query = inner
 	t.batch, _ = inner.(pgx.BatchTracer)
 	t.copy, _ = inner.(pgx.CopyFromTracer)
 	t.prepare, _ = inner.(pgx.PrepareTracer)
@@ -161,7 +167,7 @@ func (t *Tracer) innerBatch(b *pgx.Batch) *pgx.Batch {
 // when someone records and ctx does not already carry the frame's span (inside Run or
 // Begin it does): an unsampled frame under an unsampled caller costs nothing.
 func withFrame(ctx context.Context, f *frame) context.Context {
-	if f == nil {
+	if f == nil || f.unrecorded {
 		return ctx
 	}
 	in := trace.SpanFromContext(ctx)
@@ -230,7 +236,7 @@ func (t *Tracer) beginStatement(ctx context.Context, conn *pgx.Conn, st *connSta
 		f = nil
 	}
 	if f == nil && set.has(stmtBegin) && pg.TxStatus() == 'I' {
-		f = t.startFrame(ctx, conn, st, outcome.PhaseNotStarted)
+		f = t.startFrame(ctx, conn, st, outcome.PhaseNotStarted, beginSQL, nil)
 		if f.span.IsRecording() { // they are only ever attributes
 			_, rest := classifyOne(beginSQL)
 			f.isolation, f.accessMode = beginOptions(rest)
@@ -258,7 +264,7 @@ func (t *Tracer) endStatement(conn *pgx.Conn, st *connState, q *queryState, tag 
 		if inTx && st.frame == nil {
 			// A transaction we did not see begin (BEGIN inside a string we could not
 			// read): track it from here rather than not at all.
-			t.startFrame(q.callerCtx, conn, st, outcome.PhaseActive)
+			t.startFrame(q.callerCtx, conn, st, outcome.PhaseActive, "", nil)
 		}
 		return
 	}
@@ -283,7 +289,7 @@ func (t *Tracer) endStatement(conn *pgx.Conn, st *connState, q *queryState, tag 
 	}
 	if q.set.chains() && inTx && st.frame == nil && err == nil {
 		// AND CHAIN began the next transaction at once, with the same characteristics.
-		next := t.startFrame(f.startCtx(), conn, st, outcome.PhaseActive)
+		next := t.startFrame(f.startCtx(), conn, st, outcome.PhaseActive, "", f)
 		next.isolation, next.accessMode = f.isolation, f.accessMode
 	}
 }

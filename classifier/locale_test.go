@@ -42,7 +42,7 @@ func requireLocales(t *testing.T, locales []string) {
 	}
 	if len(missing) > 0 {
 		t.Fatalf("the OS lacks the locales %v that this test sets lc_messages to; on Debian: "+
-			"apt-get install locales, uncomment them in /etc/locale.gen, run locale-gen (.ci/run does)", missing)
+			"apt-get install locales-all, or apt-get install locales, uncomment them in /etc/locale.gen and run locale-gen (.ci/run does)", missing)
 	}
 }
 

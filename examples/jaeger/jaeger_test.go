@@ -7,7 +7,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"net"
 	"net/http"
 	"net/url"
@@ -17,7 +16,6 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
@@ -31,31 +29,10 @@ type jaegerProc struct {
 	client                    *http.Client
 }
 
-// jaegerBinary returns the binary scripts/jaeger builds and caches. Its absence is a
-// failure, never a skip: a skipped end-to-end test passes silently.
+// jaegerBinary returns the binary scripts/jaeger builds and caches (or $OTELPGXTX_JAEGER).
 func jaegerBinary(t *testing.T) string {
 	t.Helper()
-	if p := os.Getenv("OTELPGXTX_JAEGER"); p != "" {
-		return p
-	}
-	cache := os.Getenv("OTELPGXTX_CACHE")
-	if cache == "" {
-		base := os.Getenv("XDG_CACHE_HOME")
-		if base == "" {
-			home, err := os.UserHomeDir()
-			if err != nil {
-				t.Fatal(err)
-			}
-			base = filepath.Join(home, ".cache")
-		}
-		cache = filepath.Join(base, "otelpgxtx")
-	}
-	bin := filepath.Join(cache, "jaeger-"+jaegerModuleVersion, "jaeger")
-	if _, err := os.Stat(bin); err != nil {
-		t.Fatalf("the Jaeger v2 binary is missing (%v).\nBuild it once (a few minutes) from the repository root with:\n\n\tscripts/jaeger\n\n"+
-			"which caches it at %s (or set OTELPGXTX_JAEGER to a Jaeger v2 binary). This test does not skip.", err, bin)
-	}
-	return bin
+	return toolPath(t, "OTELPGXTX_JAEGER", "scripts/jaeger", "jaeger-"+jaegerModuleVersion, "jaeger")
 }
 
 // startJaeger runs Jaeger v2 with in-memory storage, the OTLP receivers and the query
@@ -66,12 +43,7 @@ func startJaeger(t *testing.T) *jaegerProc {
 	if out, err := exec.Command(bin, "version").Output(); err == nil {
 		t.Logf("jaeger %s: %s", bin, bytesTrim(out))
 	}
-	ports := freePorts(t, 5)
-	j := &jaegerProc{
-		otlpGRPC: ports[0], otlpHTTP: ports[1], query: ports[2],
-		client: &http.Client{Timeout: 10 * time.Second},
-	}
-	health, queryGRPC := ports[3], ports[4]
+	j, health, queryGRPC := newJaegerProc(t)
 	dir := t.TempDir()
 	conf := fmt.Sprintf(`service:
   extensions: [jaeger_storage, jaeger_query, healthcheckv2]
@@ -121,60 +93,31 @@ exporters:
 	if err := os.WriteFile(confPath, []byte(conf), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	logPath := filepath.Join(dir, "jaeger.log")
-	logFile, err := os.Create(logPath)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cmd := exec.Command(bin, "--config", "file:"+confPath)
-	cmd.Dir = dir
-	cmd.Stdout, cmd.Stderr = logFile, logFile
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	exited := make(chan error, 1)
-	go func() { exited <- cmd.Wait() }()
-	logTail := func() string {
-		b, _ := os.ReadFile(logPath)
-		lines := strings.Split(strings.TrimSpace(string(b)), "\n")
-		return strings.Join(lines[max(0, len(lines)-20):], "\n")
-	}
-	t.Cleanup(func() {
-		j.client.CloseIdleConnections()
-		_ = cmd.Process.Signal(syscall.SIGTERM)
-		// After queries through the HTTP API, Jaeger v2.13 takes about 10 seconds to
-		// shut down; its storage is in memory, so there is nothing to wait for.
-		select {
-		case <-exited:
-		case <-time.After(3 * time.Second):
-			_ = cmd.Process.Kill()
-			<-exited
-		}
-		logFile.Close()
-		if t.Failed() {
-			t.Logf("jaeger log (last lines):\n%s", logTail())
-		}
-	})
-	deadline := time.Now().Add(60 * time.Second)
-	for {
-		resp, err := j.client.Get("http://" + health + "/status")
-		if err == nil {
-			resp.Body.Close()
-			if resp.StatusCode == http.StatusOK {
-				break
-			}
-		}
-		select {
-		case err := <-exited:
-			t.Fatalf("jaeger exited before it was healthy: %v\n%s", err, logTail())
-		case <-time.After(100 * time.Millisecond):
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("jaeger not healthy after 60s (last: %v)\n%s", err, logTail())
-		}
-	}
-	t.Logf("jaeger: OTLP gRPC %s, OTLP HTTP %s, query %s", j.otlpGRPC, j.otlpHTTP, j.query)
+	j.start(t, bin, dir, health, "file:"+confPath)
 	return j
+}
+
+// newJaegerProc picks free ports for a Jaeger's OTLP receivers and query API; health
+// and queryGRPC are the other two listeners every configuration has.
+func newJaegerProc(t *testing.T) (j *jaegerProc, health, queryGRPC string) {
+	ports := freePorts(t, 5)
+	j = &jaegerProc{
+		otlpGRPC: ports[0], otlpHTTP: ports[1], query: ports[2],
+		client: &http.Client{Timeout: 10 * time.Second},
+	}
+	return j, ports[3], ports[4]
+}
+
+// start runs bin with the configuration at conf (in dir, with env added to the
+// environment) until the test ends, and waits until its health check at health answers.
+func (j *jaegerProc) start(t *testing.T, bin, dir, health, conf string, env ...string) {
+	t.Helper()
+	cmd := exec.Command(bin, "--config", conf)
+	cmd.Env = append(os.Environ(), env...)
+	// After queries through the HTTP API, Jaeger v2.13 takes about 10 seconds to shut
+	// down; its storage is in memory, so there is nothing to wait for.
+	runTool(t, "jaeger", dir, cmd, j.client, "http://"+health+"/status")
+	t.Logf("jaeger: OTLP gRPC %s, OTLP HTTP %s, query %s", j.otlpGRPC, j.otlpHTTP, j.query)
 }
 
 func bytesTrim(b []byte) string { return strings.TrimSpace(string(b)) }
@@ -198,21 +141,7 @@ func freePorts(t *testing.T, n int) []string {
 }
 
 func (j *jaegerProc) get(ctx context.Context, path string, q url.Values) (int, []byte, error) {
-	u := "http://" + j.query + path
-	if q != nil {
-		u += "?" + q.Encode()
-	}
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, u, nil)
-	if err != nil {
-		return 0, nil, err
-	}
-	resp, err := j.client.Do(req)
-	if err != nil {
-		return 0, nil, err
-	}
-	defer resp.Body.Close()
-	b, err := io.ReadAll(resp.Body)
-	return resp.StatusCode, b, err
+	return httpGet(ctx, j.client, j.query, path, q)
 }
 
 // waitForTrace polls the v3 API until the trace holds n spans: ingestion is
@@ -252,13 +181,27 @@ func (j *jaegerProc) waitForTrace(t *testing.T, ctx context.Context, traceID str
 // findTracesV3 returns the ids of the service's traces since from, through the v3 API.
 func (j *jaegerProc) findTracesV3(t *testing.T, ctx context.Context, service string, from time.Time) map[string]bool {
 	t.Helper()
+	ids := map[string]bool{}
+	for id := range j.spansByTrace(t, ctx, service, from, 1000) {
+		ids[id] = true
+	}
+	return ids
+}
+
+// spansByTrace returns the number of spans of each of the service's traces since from
+// (at most limit traces), through the v3 API.
+func (j *jaegerProc) spansByTrace(t *testing.T, ctx context.Context, service string, from time.Time, limit int) map[string]int {
+	t.Helper()
 	q := url.Values{
 		"query.service_name":   {service},
 		"query.start_time_min": {from.UTC().Format(time.RFC3339Nano)},
 		"query.start_time_max": {time.Now().Add(time.Minute).UTC().Format(time.RFC3339Nano)},
-		"query.num_traces":     {"1000"},
+		"query.num_traces":     {strconv.Itoa(limit)},
 	}
 	code, body, err := j.get(ctx, "/api/v3/traces", q)
+	if err == nil && code == http.StatusNotFound {
+		return map[string]int{} // the v3 API's answer to an empty result
+	}
 	if err != nil || code != http.StatusOK {
 		t.Fatalf("v3 find traces: %d %v %s", code, err, body)
 	}
@@ -266,11 +209,11 @@ func (j *jaegerProc) findTracesV3(t *testing.T, ctx context.Context, service str
 	if err != nil {
 		t.Fatal(err)
 	}
-	ids := map[string]bool{}
+	n := map[string]int{}
 	for _, s := range jt.spans {
-		ids[s.traceID] = true
+		n[s.traceID]++
 	}
-	return ids
+	return n
 }
 
 // searchByTag searches as the UI does (the HTTP JSON API behind "Tags"), and returns the

@@ -13,6 +13,8 @@
 //	OTEL_SERVICE_NAME             service name of the traces (default otelpgxtx-demo)
 //	METRICS_ADDR                  serve Prometheus metrics on this address, e.g. :9464
 //	DEMO_REPEAT                   run the scenarios again every interval (e.g. 30s) until stopped
+//	DEMO_LOAD                     instead of the scenarios, run this many transactions in the
+//	                              load generator's mix of outcomes (for tail-sampling.yaml)
 //	DEMO_TREE                     auto (default: print trees when nothing receives OTLP), always, never
 //	JAEGER_UI_URL                 where to tell the reader to look (default http://localhost:16686)
 //
@@ -28,6 +30,7 @@ import (
 	"io"
 	"os"
 	"os/signal"
+	"strconv"
 	"syscall"
 	"time"
 )
@@ -63,6 +66,7 @@ type config struct {
 	serviceName  string
 	metricsAddr  string
 	repeat       time.Duration
+	load         int    // transactions of the load generator; 0 runs the scenarios
 	tree         string // treeAuto, treeAlways, treeNever
 	jaegerUI     string
 	// scenarioTimeout bounds each scenario: every wait in it is on an observable
@@ -98,6 +102,17 @@ func parseConfig(args []string, getenv func(string) string, errOut io.Writer) (c
 		}
 		return d
 	}
+	intEnv := func(k string) int {
+		v := getenv(k)
+		if v == "" {
+			return 0
+		}
+		n, err := strconv.Atoi(v)
+		if err != nil {
+			envErrs = append(envErrs, fmt.Errorf("$%s: %w", k, err))
+		}
+		return n
+	}
 	fs := flag.NewFlagSet("demo", flag.ContinueOnError)
 	fs.SetOutput(errOut)
 	var cfg config
@@ -108,6 +123,7 @@ func parseConfig(args []string, getenv func(string) string, errOut io.Writer) (c
 	fs.StringVar(&cfg.serviceName, "service-name", env("OTEL_SERVICE_NAME", "otelpgxtx-demo"), "service.name of the traces ($OTEL_SERVICE_NAME)")
 	fs.StringVar(&cfg.metricsAddr, "metrics-addr", env("METRICS_ADDR", ""), "serve Prometheus metrics at this address under /metrics, e.g. :9464 ($METRICS_ADDR)")
 	fs.DurationVar(&cfg.repeat, "repeat", durationEnv("DEMO_REPEAT", 0), "run the scenarios again every interval until stopped; 0 runs them once ($DEMO_REPEAT)")
+	fs.IntVar(&cfg.load, "load", intEnv("DEMO_LOAD"), "run this many transactions of every outcome instead of the scenarios ($DEMO_LOAD)")
 	fs.StringVar(&cfg.tree, "tree", env("DEMO_TREE", treeAuto), "print the traces as trees: auto (when nothing receives OTLP), always, never ($DEMO_TREE)")
 	fs.StringVar(&cfg.jaegerUI, "jaeger-ui", env("JAEGER_UI_URL", "http://localhost:16686"), "Jaeger UI address to point at ($JAEGER_UI_URL)")
 	fs.DurationVar(&cfg.scenarioTimeout, "scenario-timeout", 60*time.Second, "bound on each scenario")
@@ -133,6 +149,9 @@ func parseConfig(args []string, getenv func(string) string, errOut io.Writer) (c
 	if cfg.repeat < 0 || cfg.scenarioTimeout <= 0 || cfg.otlpWait < 0 {
 		return cfg, errors.New("durations must not be negative")
 	}
+	if cfg.load < 0 {
+		return cfg, errors.New("load must not be negative")
+	}
 	return cfg, nil
 }
 
@@ -142,6 +161,9 @@ func run(ctx context.Context, cfg config, out, errOut io.Writer) int {
 	if err != nil {
 		fmt.Fprintln(errOut, "demo:", err)
 		return exitSetup
+	}
+	if cfg.load > 0 {
+		return runLoadOnly(ctx, a, cfg.load, out, errOut)
 	}
 	failed := false
 	for n := 1; ; n++ {
@@ -173,4 +195,19 @@ func run(ctx context.Context, cfg config, out, errOut io.Writer) int {
 		return exitMismatch
 	}
 	return exitOK
+}
+
+// runLoadOnly runs the load generator once and returns the exit code.
+func runLoadOnly(ctx context.Context, a *app, n int, out, errOut io.Writer) int {
+	rep := a.runLoad(ctx, n, 4)
+	printLoad(out, rep)
+	code := exitOK
+	if len(rep.errs) > 0 || ctx.Err() != nil {
+		code = exitMismatch
+	}
+	if err := a.close(context.WithoutCancel(ctx)); err != nil {
+		fmt.Fprintln(errOut, "demo: shutting down:", err)
+		code = exitMismatch
+	}
+	return code
 }

@@ -6,6 +6,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -207,6 +208,16 @@ func TestComposeMatchesPgtest(t *testing.T) {
 	}
 	if !strings.Contains(string(prom), `"demo:`+port+`"`) {
 		t.Errorf("prometheus.yml does not scrape demo:%s", port)
+	}
+	// Jaeger runs the tested tail-sampling pipeline (TestTailSampling).
+	jg := compose.Services["jaeger"]
+	if !slices.Contains(jg.Command, "file:/etc/jaeger/tail-sampling.yaml") ||
+		!slices.Contains(jg.Volumes, "./examples/jaeger/tail-sampling.yaml:/etc/jaeger/tail-sampling.yaml:ro") {
+		t.Errorf("jaeger does not run examples/jaeger/tail-sampling.yaml: command %q, volumes %q", jg.Command, jg.Volumes)
+	}
+	// Prometheus is the release the tests run (TestPrometheusAlert).
+	if want := "prom/prometheus:v" + prometheusRelease(); compose.Services["prometheus"].Image != want {
+		t.Errorf("prometheus image %q, want %q", compose.Services["prometheus"].Image, want)
 	}
 	for _, v := range compose.Services["prometheus"].Volumes {
 		src := strings.Split(v, ":")[0]

@@ -283,6 +283,39 @@ func runWriteSkew(ctx context.Context, a *app, s *scenarioRun) error {
 // terminates it: the client loses the connection inside COMMIT and cannot know. Then the
 // reconciler asks PostgreSQL's commit log.
 func runIndeterminate(ctx context.Context, a *app, s *scenarioRun) error {
+	res, calls, werr := a.commitIndeterminately(ctx, a.insert(13, 113, "order 13"))
+	s.result("run", res)
+	ind, ok := res.(outcome.Indeterminate[int])
+	if !ok {
+		return errors.Join(unexpected("run", res, "indeterminate"), werr)
+	}
+	if calls != 1 {
+		return fmt.Errorf("the function ran %d times: an indeterminate commit must never be replayed", calls)
+	}
+	ref, hasRef := ind.Reference()
+	if !hasRef || ref.NoWrites() {
+		return fmt.Errorf("indeterminate without a reconciliation reference (%v, %v)", ref, hasRef)
+	}
+	if !ind.CommittedLocally() {
+		s.note("committed_locally=false")
+	}
+	got, err := otelpgxtx.Reconcile(ctx, a.rec, ind)
+	if err != nil {
+		return fmt.Errorf("reconciling: %w", err)
+	}
+	s.note("reconciled=" + got.Resolved().String())
+	if got.Resolved() != otelpgxtx.ResolvedCommitted {
+		return fmt.Errorf("reconciled %s (%s), want committed", got.Resolved(), got.Reason())
+	}
+	// Ground truth: the row is there.
+	return a.wantRows(ctx, map[int]bool{13: true})
+}
+
+// commitIndeterminately runs fn in a transaction whose COMMIT waits for the phantom
+// synchronous standby; a watcher terminates the backend as soon as pg_stat_activity shows
+// it in wait_event SyncRep. It returns Run's result, how often fn ran, and the watcher's
+// error.
+func (a *app) commitIndeterminately(ctx context.Context, fn func(context.Context, pgx.Tx) (int, error)) (outcome.Result[int], int32, error) {
 	wctx, stopWatcher := context.WithCancel(ctx)
 	pids := make(chan uint32, 1)
 	watched := make(chan error, 1)
@@ -308,35 +341,10 @@ func runIndeterminate(ctx context.Context, a *app, s *scenarioRun) error {
 		case pids <- tx.Conn().PgConn().PID():
 		default: // a second attempt: the watcher is busy with the first
 		}
-		return a.insert(13, 113, "order 13")(ctx, tx)
+		return fn(ctx, tx)
 	})
 	stopWatcher()
-	werr := <-watched
-	s.result("run", res)
-	ind, ok := res.(outcome.Indeterminate[int])
-	if !ok {
-		return errors.Join(unexpected("run", res, "indeterminate"), werr)
-	}
-	if n := calls.Load(); n != 1 {
-		return fmt.Errorf("the function ran %d times: an indeterminate commit must never be replayed", n)
-	}
-	ref, hasRef := ind.Reference()
-	if !hasRef || ref.NoWrites() {
-		return fmt.Errorf("indeterminate without a reconciliation reference (%v, %v)", ref, hasRef)
-	}
-	if !ind.CommittedLocally() {
-		s.note("committed_locally=false")
-	}
-	got, err := otelpgxtx.Reconcile(ctx, a.rec, ind)
-	if err != nil {
-		return fmt.Errorf("reconciling: %w", err)
-	}
-	s.note("reconciled=" + got.Resolved().String())
-	if got.Resolved() != otelpgxtx.ResolvedCommitted {
-		return fmt.Errorf("reconciled %s (%s), want committed", got.Resolved(), got.Reason())
-	}
-	// Ground truth: the row is there.
-	return a.wantRows(ctx, map[int]bool{13: true})
+	return res, calls.Load(), <-watched
 }
 
 // insert returns a Run function that inserts one order row.

@@ -53,7 +53,10 @@ func newTelemetry(ctx context.Context, cfg config, out io.Writer) (*telemetry, e
 		if err != nil {
 			return nil, err
 		}
-		opts = append(opts, sdktrace.WithBatcher(exp))
+		// Blocking rather than dropping when the queue is full (the load generator fills
+		// it), and a short batch delay, so that a trace's spans reach a tail-sampling
+		// collector well within its decision wait.
+		opts = append(opts, sdktrace.WithBatcher(exp, sdktrace.WithBlocking(), sdktrace.WithBatchTimeout(time.Second)))
 		t.otlp = fmt.Sprintf("%s (%s)", endpoint, protocol)
 	}
 	t.tp = sdktrace.NewTracerProvider(opts...)

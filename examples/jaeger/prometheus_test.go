@@ -1,0 +1,277 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"net/url"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/txevidence/otelpgxtx/outcome"
+)
+
+// prometheusModuleVersion is the Go module version of Prometheus that scripts/prometheus
+// builds (Prometheus 3.x is published as module v0.3xx.y).
+const prometheusModuleVersion = "v0.316.0"
+
+// prometheusRelease is the Prometheus release of prometheusModuleVersion: v0.316.0 is 3.16.0.
+func prometheusRelease() string {
+	minor, patch, _ := strings.Cut(strings.TrimPrefix(prometheusModuleVersion, "v0."), ".")
+	n, _ := strconv.Atoi(minor)
+	return fmt.Sprintf("3.%d.%s", n-300, patch)
+}
+
+type promProc struct {
+	addr   string
+	client *http.Client
+}
+
+// startPrometheus runs the Prometheus server scripts/prometheus builds, scraping target
+// every second and evaluating alerts.yml every second.
+func startPrometheus(t *testing.T, target string) *promProc {
+	t.Helper()
+	bin := toolPath(t, "OTELPGXTX_PROMETHEUS", "scripts/prometheus", "prometheus-"+prometheusModuleVersion, "prometheus")
+	rules, err := filepath.Abs("alerts.yml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := &promProc{addr: freePorts(t, 1)[0], client: &http.Client{Timeout: 10 * time.Second}}
+	dir := t.TempDir()
+	// The job name is the one alerts_test.yml and docker-compose's prometheus.yml use.
+	conf := fmt.Sprintf(`global:
+  scrape_interval: 1s
+  evaluation_interval: 1s
+rule_files:
+  - %q
+scrape_configs:
+  - job_name: otelpgxtx-demo
+    static_configs:
+      - targets: [%q]
+`, rules, target)
+	confPath := filepath.Join(dir, "prometheus.yml")
+	if err := os.WriteFile(confPath, []byte(conf), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(bin, "--config.file="+confPath, "--storage.tsdb.path="+filepath.Join(dir, "data"),
+		"--web.listen-address="+p.addr)
+	runTool(t, "prometheus", dir, cmd, p.client, "http://"+p.addr+"/-/ready")
+	t.Logf("prometheus %s at %s, scraping %s", prometheusRelease(), p.addr, target)
+	return p
+}
+
+// api GETs path from Prometheus's HTTP API and decodes its data into v.
+func (p *promProc) api(ctx context.Context, path string, q url.Values, v any) error {
+	code, b, err := httpGet(ctx, p.client, p.addr, path, q)
+	if err != nil {
+		return err
+	}
+	var r struct {
+		Status string          `json:"status"`
+		Error  string          `json:"error"`
+		Data   json.RawMessage `json:"data"`
+	}
+	if err := json.Unmarshal(b, &r); err != nil || r.Status != "success" {
+		return fmt.Errorf("%s: HTTP %d %s %v", path, code, b, err)
+	}
+	return json.Unmarshal(r.Data, v)
+}
+
+type promSample struct {
+	Metric map[string]string `json:"metric"`
+	Value  [2]any            `json:"value"`
+}
+
+func (p *promProc) query(t *testing.T, ctx context.Context, expr string) []promSample {
+	t.Helper()
+	var d struct {
+		Result []promSample `json:"result"`
+	}
+	if err := p.api(ctx, "/api/v1/query", url.Values{"query": {expr}}, &d); err != nil {
+		t.Fatal(err)
+	}
+	return d.Result
+}
+
+type promAlert struct {
+	Labels map[string]string `json:"labels"`
+	State  string            `json:"state"`
+}
+
+func (p *promProc) alerts(t *testing.T, ctx context.Context, name string) []promAlert {
+	t.Helper()
+	var d struct {
+		Alerts []promAlert `json:"alerts"`
+	}
+	if err := p.api(ctx, "/api/v1/alerts", nil, &d); err != nil {
+		t.Fatal(err)
+	}
+	var out []promAlert
+	for _, a := range d.Alerts {
+		if a.Labels["alertname"] == name {
+			out = append(out, a)
+		}
+	}
+	return out
+}
+
+// lastEvaluation is when Prometheus last evaluated the otelpgxtx rule group; it checks
+// that every rule of alerts.yml is loaded and healthy.
+func (p *promProc) lastEvaluation(t *testing.T, ctx context.Context) time.Time {
+	t.Helper()
+	var d struct {
+		Groups []struct {
+			Name           string    `json:"name"`
+			LastEvaluation time.Time `json:"lastEvaluation"`
+			Rules          []struct {
+				Name      string `json:"name"`
+				Health    string `json:"health"`
+				LastError string `json:"lastError"`
+			} `json:"rules"`
+		} `json:"groups"`
+	}
+	if err := p.api(ctx, "/api/v1/rules", nil, &d); err != nil {
+		t.Fatal(err)
+	}
+	if len(d.Groups) != 1 || d.Groups[0].Name != "otelpgxtx" || len(d.Groups[0].Rules) != 3 {
+		t.Fatalf("rule groups: %+v, want the otelpgxtx group of alerts.yml with its 3 rules", d.Groups)
+	}
+	for _, r := range d.Groups[0].Rules {
+		if r.Health == "err" {
+			t.Fatalf("rule %s: %s", r.Name, r.LastError)
+		}
+	}
+	return d.Groups[0].LastEvaluation
+}
+
+// waitFor polls cond every 200 ms until it holds, for at most d.
+func waitFor(t *testing.T, ctx context.Context, d time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(d)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: not after %v", what, d)
+		}
+		select {
+		case <-ctx.Done():
+			t.Fatal(ctx.Err())
+		case <-time.After(200 * time.Millisecond):
+		}
+	}
+}
+
+// TestPrometheusAlert runs a real Prometheus (the release scripts/prometheus builds)
+// scraping the demo's metrics endpoint and evaluating alerts.yml. Before anything went
+// wrong no outcome alert is active; after one round of the demo's scenarios the
+// indeterminate-commit alert (and the post-commit-failure one) fires, and the outcome
+// series have the names and labels the README documents.
+func TestPrometheusAlert(t *testing.T) {
+	ctx := testCtx(t, 4*time.Minute)
+	ports := freePorts(t, 2)
+	var out, errOut syncBuffer
+	cfg := config{
+		databaseURL:     srv.ConnString(),
+		otlpEndpoint:    "http://" + ports[0], // nothing listens: no export
+		otlpProtocol:    protoHTTP,
+		serviceName:     "otelpgxtx-prometheus",
+		metricsAddr:     ports[1],
+		tree:            treeNever,
+		scenarioTimeout: time.Minute,
+	}
+	a, err := newApp(ctx, cfg, &out, &errOut)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		if err := a.close(context.WithoutCancel(ctx)); err != nil {
+			t.Error(err)
+		}
+	}()
+	p := startPrometheus(t, ports[1])
+	const indeterminate = `otelpgxtx_transactions_total{tx_outcome="indeterminate"}`
+
+	// Scraped, at 0, and the rules evaluated since: nothing may be firing yet.
+	var seen time.Time
+	waitFor(t, ctx, time.Minute, "the indeterminate series at 0 in Prometheus", func() bool {
+		r := p.query(t, ctx, indeterminate)
+		seen = time.Now()
+		return len(r) == 1 && r[0].Value[1] == "0"
+	})
+	waitFor(t, ctx, time.Minute, "a rule evaluation after the first scrape", func() bool {
+		return p.lastEvaluation(t, ctx).After(seen)
+	})
+	for _, name := range []string{"TransactionCommitIndeterminate", "TransactionPostCommitFailure", "TransactionRollbackRateHigh"} {
+		if got := p.alerts(t, ctx, name); len(got) > 0 {
+			t.Errorf("%s is %s before any transaction: %v", name, got[0].State, got)
+		}
+	}
+
+	rep := a.round(ctx, 1)
+	a.report(rep)
+	if !rep.ok() {
+		t.Fatalf("the demo's scenarios failed:\n%s\n%s", out.String(), errOut.String())
+	}
+
+	for _, want := range []struct{ name, outcome, severity string }{
+		{"TransactionCommitIndeterminate", "indeterminate", "page"},
+		{"TransactionPostCommitFailure", "committed_with_post_commit_failure", "warning"},
+	} {
+		var got []promAlert
+		waitFor(t, ctx, time.Minute, want.name+" firing", func() bool {
+			got = p.alerts(t, ctx, want.name)
+			return len(got) == 1 && got[0].State == "firing"
+		})
+		l := got[0].Labels
+		if l["tx_outcome"] != want.outcome || l["severity"] != want.severity || l["job"] != "otelpgxtx-demo" ||
+			l["instance"] != ports[1] || l["db_system_name"] != "postgresql" {
+			t.Errorf("%s labels %v", want.name, l)
+		}
+	}
+	if r := p.query(t, ctx, indeterminate); len(r) != 1 || r[0].Value[1] != "1" {
+		t.Errorf("%s = %v, want 1 (the round's one indeterminate commit)", indeterminate, r)
+	}
+
+	// The names and labels of the README: one series per outcome of the counter, and
+	// the two duration histograms by tx.outcome.
+	var outcomes []string
+	for _, s := range p.query(t, ctx, `otelpgxtx_transactions_total{job="otelpgxtx-demo"}`) {
+		outcomes = append(outcomes, s.Metric["tx_outcome"])
+		if s.Metric["db_system_name"] != "postgresql" {
+			t.Errorf("series %v: want db_system_name=postgresql", s.Metric)
+		}
+	}
+	var want []string
+	for _, o := range outcome.Outcomes() {
+		want = append(want, o.String())
+	}
+	slices.Sort(outcomes)
+	slices.Sort(want)
+	if !slices.Equal(outcomes, want) {
+		t.Errorf("otelpgxtx_transactions_total has tx_outcome %v, want every outcome %v", outcomes, want)
+	}
+	var names []string
+	if err := p.api(ctx, "/api/v1/label/__name__/values", url.Values{"match[]": {`{__name__=~"otelpgxtx_.*"}`}}, &names); err != nil {
+		t.Fatal(err)
+	}
+	wantNames := []string{"otelpgxtx_transactions_total"}
+	for _, h := range []string{"otelpgxtx_transaction_commit_duration_seconds", "otelpgxtx_transaction_duration_seconds"} {
+		wantNames = append(wantNames, h+"_bucket", h+"_count", h+"_sum")
+	}
+	slices.Sort(wantNames)
+	if !slices.Equal(names, wantNames) {
+		t.Errorf("otelpgxtx series names %v, want %v", names, wantNames)
+	}
+	for _, h := range []string{"otelpgxtx_transaction_duration_seconds_count", "otelpgxtx_transaction_commit_duration_seconds_count"} {
+		r := p.query(t, ctx, h+`{tx_outcome="indeterminate"}`)
+		if len(r) != 1 || r[0].Value[1] != "1" {
+			t.Errorf("%s{tx_outcome=\"indeterminate\"} = %v, want 1", h, r)
+		}
+	}
+}

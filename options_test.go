@@ -1,0 +1,381 @@
+package otelpgxtx
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"log/slog"
+	"slices"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/sdk/metric/metricdata"
+	"go.opentelemetry.io/otel/sdk/trace/tracetest"
+	"go.opentelemetry.io/otel/trace"
+
+	"github.com/txevidence/otelpgxtx/outcome"
+)
+
+// metricAttrs returns the attribute sets of the transactions counter's data points with
+// a non-zero value.
+func (h *harness) metricAttrs(t *testing.T, ctx context.Context) []attribute.Set {
+	t.Helper()
+	var rm metricdata.ResourceMetrics
+	if err := h.reader.Collect(ctx, &rm); err != nil {
+		t.Fatal(err)
+	}
+	var out []attribute.Set
+	for _, sm := range rm.ScopeMetrics {
+		for _, m := range sm.Metrics {
+			if m.Name != MetricTransactions {
+				continue
+			}
+			for _, dp := range m.Data.(metricdata.Sum[int64]).DataPoints {
+				if dp.Value > 0 {
+					out = append(out, dp.Attributes)
+				}
+			}
+		}
+	}
+	return out
+}
+
+// commitOne runs BEGIN, one insert and COMMIT through the harness's pool in ctx.
+func commitOne(t *testing.T, ctx context.Context, h *harness, table string, id int) {
+	t.Helper()
+	tx, err := h.pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tx.Exec(ctx, fmt.Sprintf("insert into %s (id) values ($1)", table), id); err != nil {
+		t.Fatal(err)
+	}
+	if err := tx.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestSpanAndMeterAttributes: span attributes go to the frame span and to the default
+// otelpgx statement spans, never to metrics; meter attributes go to the metrics only.
+func TestSpanAndMeterAttributes(t *testing.T) {
+	ctx := testCtx(t)
+	h := newHarness(t, "", 1,
+		WithSpanAttributes(attribute.String("deployment", "blue")),
+		WithMeterAttributes(attribute.String("cell", "c1")))
+	commitOne(t, ctx, h, newTable(t, ctx), 1)
+	f := onlyFrame(t, h)
+	wantAttr(t, f, "deployment", "blue")
+	if _, ok := attr(f, "cell"); ok {
+		t.Error("a meter attribute is on the frame span")
+	}
+	stmts := h.children(f)
+	if len(stmts) == 0 {
+		t.Fatal("no statement spans")
+	}
+	for _, s := range stmts {
+		wantAttr(t, s, "deployment", "blue")
+	}
+	sets := h.metricAttrs(t, ctx)
+	if len(sets) != 1 {
+		t.Fatalf("counted series %v, want the one committed", sets)
+	}
+	if v, _ := sets[0].Value("cell"); v.AsString() != "c1" {
+		t.Errorf("counter attributes %v: want cell=c1", sets[0].ToSlice())
+	}
+	if sets[0].HasValue("deployment") {
+		t.Errorf("counter attributes %v: a span attribute is on the metric", sets[0].ToSlice())
+	}
+}
+
+type nameKey struct{}
+
+// TestSpanNameCtxFunc: the function gets the caller's context and BEGIN as pgx sent it;
+// an empty name keeps the fixed one.
+func TestSpanNameCtxFunc(t *testing.T) {
+	ctx := testCtx(t)
+	var begins []string
+	h := newHarness(t, "", 1, WithSpanName("tx"), WithSpanNameCtxFunc(func(ctx context.Context, begin string) string {
+		begins = append(begins, begin)
+		name, _ := ctx.Value(nameKey{}).(string)
+		return name
+	}))
+	tx, err := h.pool.BeginTx(context.WithValue(ctx, nameKey{}, "checkout"), pgx.TxOptions{IsoLevel: pgx.Serializable})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := tx.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	commitOne(t, ctx, h, newTable(t, ctx), 1)
+	// The transaction COMMIT AND CHAIN begins keeps its predecessor's name.
+	withConn(t, ctx, h, func(c *pgx.Conn) {
+		mustExec(t, context.WithValue(ctx, nameKey{}, "batch job"), c, "BEGIN", "commit and chain")
+		mustExec(t, ctx, c, "commit")
+		// A name leaves the process: the function sees the text without its literals.
+		mustExec(t, ctx, c, "begin; select 'card 4111111111111111'", "commit")
+	})
+	var got []string
+	for _, f := range h.frames() {
+		got = append(got, f.Name)
+	}
+	if !slices.Equal(got, []string{"checkout", "tx", "batch job", "batch job", "tx"}) {
+		t.Fatalf("frame spans %v, want [checkout tx batch job batch job tx]", got)
+	}
+	if !slices.Equal(begins, []string{"begin isolation level serializable", "begin", "BEGIN", "begin; select ?"}) {
+		t.Fatalf("the function got %q, want pgx's BEGIN statements as the statement spans record them", begins)
+	}
+}
+
+type skipKey struct{}
+
+// TestFilter: a rejected frame has no span; its statements are children of the caller's
+// span, its outcome is still counted and logged, and Run still returns the verdict the
+// evidence proves, indeterminate with its reference included, which reconciles.
+func TestFilter(t *testing.T) {
+	ctx := testCtx(t)
+	var logs bytes.Buffer
+	var asked atomic.Int32
+	h := newHarness(t, "", 2, WithLogger(slog.New(slog.NewTextHandler(&logs, nil))), WithFilter(
+		nil, // ignored
+		func(ctx context.Context, begin string) bool { asked.Add(1); return true },
+		func(ctx context.Context, begin string) bool { return ctx.Value(skipKey{}) == nil },
+	))
+	table := newTable(t, ctx)
+	rctx, root := rootSpan(ctx, h)
+	skip := context.WithValue(rctx, skipKey{}, true)
+
+	commitOne(t, skip, h, table, 1)
+	// The transaction COMMIT AND CHAIN begins keeps its predecessor's decision.
+	withConn(t, skip, h, func(c *pgx.Conn) {
+		mustExec(t, skip, c, "begin", "commit and chain")
+		mustExec(t, ctx, c, "commit")
+	})
+	rb := Run(skip, h.pool, DefaultPolicy(), func(ctx context.Context, tx pgx.Tx) (int, error) {
+		if _, err := insertFn(table, 2)(ctx, tx); err != nil {
+			return 0, err
+		}
+		return 0, fmt.Errorf("rejected")
+	})
+	if _, ok := rb.(outcome.DeterminateRollback[int]); !ok {
+		t.Fatalf("Run = %T, want DeterminateRollback", rb)
+	}
+	pids := make(chan uint32, 1)
+	watched := make(chan error, 1)
+	go func() {
+		pid := <-pids
+		err := srv.WaitForWaitEvent(ctx, pid, "SyncRep")
+		if err == nil {
+			err = srv.Terminate(ctx, pid)
+		}
+		watched <- err
+	}()
+	var calls atomic.Int32
+	res := Run(skip, h.pool, DefaultPolicy(), func(ctx context.Context, tx pgx.Tx) (int, error) {
+		calls.Add(1)
+		if _, err := tx.Exec(ctx, "set local synchronous_commit = on"); err != nil {
+			return 0, err
+		}
+		pids <- tx.Conn().PgConn().PID()
+		return insertFn(table, 3)(ctx, tx)
+	})
+	if err := <-watched; err != nil {
+		t.Fatal(err)
+	}
+	root.End()
+	ind, ok := res.(outcome.Indeterminate[int])
+	if !ok || calls.Load() != 1 {
+		t.Fatalf("Run = %T after %d calls, want Indeterminate after 1", res, calls.Load())
+	}
+	if ref, ok := ind.Reference(); !ok || ref.NoWrites() {
+		t.Fatalf("indeterminate without a reference: %v %v", ref, ok)
+	}
+	want := fmt.Sprintf("00-%s-%s-01", root.SpanContext().TraceID(), root.SpanContext().SpanID())
+	if ind.TraceParent() != want {
+		t.Errorf("TraceParent %q, want the caller's span %q", ind.TraceParent(), want)
+	}
+
+	if fs := h.frames(); len(fs) != 0 {
+		t.Fatalf("filtered frames recorded: %v", names(fs))
+	}
+	// As without this package: otelpgx's spans (and the pool's) are in the caller's trace,
+	// its top-level statements children of the caller's span.
+	var stmts, underRoot []string
+	for _, s := range h.exp.GetSpans() {
+		if s.Name == "test-root" {
+			continue
+		}
+		stmts = append(stmts, s.Name)
+		if s.SpanContext.TraceID() != root.SpanContext().TraceID() {
+			t.Errorf("span %q is not in the caller's trace", s.Name)
+		}
+		if s.Parent.SpanID() == root.SpanContext().SpanID() {
+			underRoot = append(underRoot, s.Name)
+		}
+	}
+	for _, want := range []string{"BEGIN", "INSERT", "COMMIT"} {
+		if !slices.Contains(underRoot, want) {
+			t.Errorf("spans under the caller's span %v: no %s (all spans: %v)", underRoot, want, stmts)
+		}
+	}
+	counts := h.countsByOutcome(t, ctx)
+	if counts["committed"] != 3 || counts["rolled_back"] != 1 || counts["indeterminate"] != 1 {
+		t.Errorf("counts %v, want 3 committed, one rolled_back, one indeterminate", counts)
+	}
+	if !strings.Contains(logs.String(), "indeterminate") || !strings.Contains(logs.String(), "trace_id="+root.SpanContext().TraceID().String()) {
+		t.Errorf("no indeterminate log record: %q", logs.String())
+	}
+	rec, err := NewReconciler(h.pool, WithTracerProvider(h.tp))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, err := Reconcile(ctx, rec, ind); err != nil || got.Resolved() != ResolvedCommitted {
+		t.Fatalf("reconciled %v (%s), %v; want committed", got.Resolved(), got.Reason(), err)
+	}
+
+	// Not rejected: recorded as usual.
+	commitOne(t, ctx, h, table, 4)
+	if fs := h.frames(); len(fs) != 1 {
+		t.Fatalf("frames %v, want the one accepted", names(fs))
+	}
+	if asked.Load() != 5 {
+		t.Errorf("the filter ran %d times, want once per transaction begun by a statement (5)", asked.Load())
+	}
+}
+
+// TestDisableConnectionDetailsInAttributes: no server.address, server.port or
+// db.namespace on frame or statement spans; they are there without the option.
+func TestDisableConnectionDetailsInAttributes(t *testing.T) {
+	ctx := testCtx(t)
+	table := newTable(t, ctx)
+	details := []attribute.Key{"server.address", "server.port", "db.namespace"}
+	for _, disable := range []bool{false, true} {
+		var opts []Option
+		if disable {
+			opts = append(opts, WithDisableConnectionDetailsInAttributes())
+		}
+		h := newHarness(t, "", 1, opts...)
+		commitOne(t, ctx, h, table, map[bool]int{false: 1, true: 2}[disable])
+		f := onlyFrame(t, h)
+		wantAttr(t, f, "db.system.name", "postgresql")
+		for _, s := range append([]tracetest.SpanStub{f}, h.children(f)...) {
+			for _, k := range details {
+				if _, has := attr(s, k); has == disable {
+					t.Errorf("disabled %v: span %q has %s = %v", disable, s.Name, k, has)
+				}
+			}
+		}
+	}
+}
+
+// innerTracer is a user's inner tracer: a QueryTracer that is also a BatchTracer.
+type innerTracer struct {
+	queries, batches atomic.Int32
+	parents          chan trace.SpanContext
+}
+
+func (it *innerTracer) TraceQueryStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceQueryStartData) context.Context {
+	it.queries.Add(1)
+	select {
+	case it.parents <- trace.SpanContextFromContext(ctx):
+	default:
+	}
+	return ctx
+}
+func (it *innerTracer) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
+func (it *innerTracer) TraceBatchStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceBatchStartData) context.Context {
+	it.batches.Add(1)
+	return ctx
+}
+func (it *innerTracer) TraceBatchQuery(context.Context, *pgx.Conn, pgx.TraceBatchQueryData) {}
+func (it *innerTracer) TraceBatchEnd(context.Context, *pgx.Conn, pgx.TraceBatchEndData)     {}
+
+// TestWithInnerTracer: an inner pgx.QueryTracer replaces otelpgx; the other tracer
+// interfaces it implements are forwarded too, and inside a transaction it sees the frame
+// span as the parent.
+func TestWithInnerTracer(t *testing.T) {
+	ctx := testCtx(t)
+	inner := &innerTracer{parents: make(chan trace.SpanContext, 8)}
+	h := newHarness(t, "", 1, WithInnerTracer(inner))
+	table := newTable(t, ctx)
+	commitOne(t, ctx, h, table, 1)
+	tx, err := h.pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b := &pgx.Batch{}
+	b.Queue(fmt.Sprintf("insert into %s (id) values (2)", table))
+	if err := tx.SendBatch(ctx, b).Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := tx.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	fs := h.frames()
+	if len(fs) != 2 {
+		t.Fatalf("frames %v, want 2", names(fs))
+	}
+	if inner.queries.Load() < 3 || inner.batches.Load() != 1 {
+		t.Fatalf("inner tracer saw %d queries and %d batches, want >= 3 and 1", inner.queries.Load(), inner.batches.Load())
+	}
+	// BEGIN, insert, COMMIT of the first transaction: each under its frame span.
+	for range 3 {
+		if p := <-inner.parents; p.SpanID() != fs[0].SpanContext.SpanID() {
+			t.Errorf("inner tracer's parent %v, want the frame span %v", p.SpanID(), fs[0].SpanContext.SpanID())
+		}
+	}
+	for _, s := range h.exp.GetSpans() {
+		if s.InstrumentationScope.Name != ScopeName {
+			t.Errorf("span %q of %s: otelpgx was not replaced", s.Name, s.InstrumentationScope.Name)
+		}
+	}
+}
+
+// TestReconcilerOptions: the Reconciler has its own option type, so that a tracer option
+// cannot be passed to NewReconciler nor a reconciler option to NewTracer (both are
+// compile errors); WithTracerProvider is both.
+func TestReconcilerOptions(t *testing.T) {
+	if _, ok := any(WithReconcileWait(time.Second, time.Millisecond)).(Option); ok {
+		t.Error("WithReconcileWait is an Option: NewTracer would accept and ignore it")
+	}
+	tracerOnly := map[string]any{
+		"WithMeterProvider":    WithMeterProvider(nil),
+		"WithSpanName":         WithSpanName("x"),
+		"WithStatusMapping":    WithStatusMapping(StatusStrict),
+		"WithInnerTracer":      WithInnerTracer(nil),
+		"WithOtelpgxOptions":   WithOtelpgxOptions(),
+		"WithLogger":           WithLogger(nil),
+		"WithSpanAttributes":   WithSpanAttributes(),
+		"WithMeterAttributes":  WithMeterAttributes(),
+		"WithSpanNameCtxFunc":  WithSpanNameCtxFunc(nil),
+		"WithFilter":           WithFilter(),
+		"WithDisableConnDetai": WithDisableConnectionDetailsInAttributes(),
+	}
+	for name, o := range tracerOnly {
+		if _, ok := o.(ReconcilerOption); ok {
+			t.Errorf("%s is a ReconcilerOption: NewReconciler would accept and ignore it", name)
+		}
+	}
+	var both any = WithTracerProvider(nil)
+	if _, ok := both.(Option); !ok {
+		t.Error("WithTracerProvider is not an Option")
+	}
+	if _, ok := both.(ReconcilerOption); !ok {
+		t.Error("WithTracerProvider is not a ReconcilerOption")
+	}
+	ctx := testCtx(t)
+	h := newHarness(t, "", 1)
+	if _, err := NewReconciler(h.pool, WithReconcileWait(-time.Second, 0)); err == nil {
+		t.Error("NewReconciler accepted a negative wait")
+	}
+	rec, err := NewReconciler(h.pool, WithTracerProvider(h.tp), WithReconcileWait(0, time.Millisecond))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := rec.Resolve(ctx, outcome.ReconciliationRef{}, trace.SpanContext{}); err == nil {
+		t.Error("Resolve accepted an empty reference")
+	}
+}
