@@ -344,6 +344,11 @@ func runAttempt[T any](ctx context.Context, db DB, p Policy, fn func(context.Con
 	if err == nil {
 		err = sc.rollbackCause()
 	}
+	if err == nil && tx.Conn() != nil && tx.Conn().PgConn().IsBusy() {
+		// pgconn would refuse COMMIT on a busy connection before sending a byte, so the
+		// transaction is rolled back, for certain, instead of being left to look unknown.
+		err = ErrUnreadResult
+	}
 	if err != nil {
 		v := rollback(ctx, sc, tx, err)
 		sc.takeHooks()

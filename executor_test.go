@@ -650,3 +650,71 @@ func TestRunCaptureAddsNoRoundTrip(t *testing.T) {
 		t.Fatalf("round trips with capture %d, without %d", with, without)
 	}
 }
+
+// TestRunUnreadResult: fn returns nil with a pgx.Rows it never closed. pgconn refuses
+// COMMIT on the busy connection before sending a byte, so nothing can have committed:
+// Run rolls back (the failed ROLLBACK closes the connection) and says so, never
+// indeterminate, with capture on and off; the frame agrees. Through plain pgx the same
+// COMMIT never marks committing, and the frame ends rolled back when the pool drops the
+// connection pgx closed.
+func TestRunUnreadResult(t *testing.T) {
+	for _, capture := range []bool{false, true} {
+		t.Run(fmt.Sprintf("capture %v", capture), func(t *testing.T) {
+			ctx := testCtx(t)
+			h := newHarness(t, "", 2)
+			table := newTable(t, ctx)
+			p := DefaultPolicy()
+			p.CaptureReference = capture
+			res := Run(ctx, h.pool, p, func(ctx context.Context, tx pgx.Tx) (int, error) {
+				if _, err := insertFn(table, 1)(ctx, tx); err != nil {
+					return 0, err
+				}
+				_, err := tx.Query(ctx, "select generate_series(1, 100000)")
+				return 1, err // the rows are left open
+			})
+			rb, ok := res.(outcome.DeterminateRollback[int])
+			if !ok {
+				t.Fatalf("result = %T %+v, want DeterminateRollback", res, res)
+			}
+			if !errors.Is(rb.Cause(), ErrUnreadResult) || rb.Retryable() || rb.Phase() != outcome.PhaseActive {
+				t.Fatalf("rollback cause %v retryable %v phase %s; want ErrUnreadResult, not retryable, active",
+					rb.Cause(), rb.Retryable(), rb.Phase())
+			}
+			f := onlyFrame(t, h)
+			wantAttr(t, f, "tx.outcome", "rolled_back")
+			wantAttr(t, f, "tx.phase", "rolled_back")
+			wantEvents(t, f, "tx.phase.active", "tx.phase.rolled_back")
+			if rowExists(t, ctx, table, 1) {
+				t.Fatal("the row committed")
+			}
+			h.wantNoFrames(t, ctx)
+		})
+	}
+	t.Run("plain pgx", func(t *testing.T) {
+		ctx := testCtx(t)
+		h := newHarness(t, "", 1)
+		table := newTable(t, ctx)
+		tx, err := h.pool.Begin(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := insertFn(table, 1)(ctx, tx); err != nil {
+			t.Fatal(err)
+		}
+		rows, err := tx.Query(ctx, "select generate_series(1, 100000)")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := tx.Commit(ctx); err == nil {
+			t.Fatal("COMMIT on a busy connection succeeded")
+		}
+		rows.Close()
+		f := onlyFrame(t, h)
+		wantAttr(t, f, "tx.outcome", "rolled_back")
+		wantEvents(t, f, "tx.phase.active", "tx.phase.rolled_back")
+		if rowExists(t, ctx, table, 1) {
+			t.Fatal("the row committed")
+		}
+		h.wantNoFrames(t, ctx)
+	})
+}

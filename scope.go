@@ -119,6 +119,11 @@ func AfterCommit(ctx context.Context, hook func(context.Context) error) error {
 	return nil
 }
 
+// ErrUnreadResult is the cause of the rollback of a [Run] whose function returned nil
+// with a result it had not read (a pgx.Rows not closed): the connection is still busy
+// with it, so COMMIT cannot be sent. Run rolls back instead; close rows before returning.
+var ErrUnreadResult = errors.New("otelpgxtx: the transaction function returned with an unread result (a pgx.Rows not closed); rolled back")
+
 // ErrTxOwnedByRun is returned by Commit and Rollback of the transaction handed to a
 // [Run] function: Run ends the transaction itself, from the function's result.
 var ErrTxOwnedByRun = errors.New("otelpgxtx: the transaction belongs to Run: return nil to commit, an error to roll back")

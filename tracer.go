@@ -242,7 +242,9 @@ func (t *Tracer) beginStatement(ctx context.Context, conn *pgx.Conn, st *connSta
 			f.isolation, f.accessMode = beginOptions(rest)
 		}
 	}
-	if f != nil && set.commits() {
+	if f != nil && set.commits() && !pg.IsBusy() {
+		// A busy connection (a result the application has not read) refuses the
+		// statement before sending a byte: COMMIT never leaves, so the phase stays.
 		if f.currentPhase() == outcome.PhaseNotStarted {
 			f.transition(outcome.PhaseActive) // BEGIN and COMMIT in one string
 		}
