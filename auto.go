@@ -67,7 +67,8 @@ func (f autoOptionFunc) applyAuto(c *autoConfig) { f(c) }
 // reason [UnknownQueueFull]. An attempt that cannot reach the database, or finds the
 // transaction still in progress after the reconcile wait, is retried with exponential
 // backoff until it settles or the tracer is closed; each attempt is a tx.reconcile span
-// linked to the frame. The tracer's workers run until [Tracer.Close].
+// linked to the frame, in the frame's trace (a child of the span the frame was begun
+// under). The tracer's workers run until [Tracer.Close]: close it when the pool is done.
 func WithAutoReconcile(db Querier, opts ...AutoReconcileOption) Option {
 	return optionFunc(func(c *config) {
 		a := autoConfig{db: db, queue: 1024, workers: 2, retryMin: 100 * time.Millisecond, retryMax: 30 * time.Second,
@@ -123,10 +124,13 @@ func WithOnReconciled(fn func(Reconciliation)) AutoReconcileOption {
 
 // pendingOutcome is one indeterminate frame waiting for its reconciliation.
 type pendingOutcome struct {
-	id       outcome.OperationID
-	ref      outcome.ReconciliationRef
-	hasRef   bool
-	link     trace.SpanContext
+	id     outcome.OperationID
+	ref    outcome.ReconciliationRef
+	hasRef bool
+	link   trace.SpanContext
+	// parent is the span the frame was begun under: the attempts' parent, so that they
+	// join the frame's trace, as a follow-up of the work that began it.
+	parent   trace.SpanContext
 	at       time.Time
 	due      time.Time
 	attempts int
@@ -177,7 +181,7 @@ func newAutoReconciler(t *Tracer, a *autoConfig) (*autoReconciler, error) {
 
 // enqueue hands an indeterminate frame to the workers; it never blocks.
 func (a *autoReconciler) enqueue(f *frame) {
-	p := &pendingOutcome{id: f.id, link: f.span.SpanContext(), at: f.doneAt}
+	p := &pendingOutcome{id: f.id, link: f.span.SpanContext(), parent: f.parentSpan, at: f.doneAt}
 	if p.at.IsZero() {
 		p.at = time.Now()
 	}
@@ -273,11 +277,12 @@ func (a *autoReconciler) attempt(p *pendingOutcome) {
 	}
 	var res Resolution
 	var err error
+	ctx := trace.ContextWithSpanContext(a.ctx, p.parent)
 	if p.hasRef {
-		res, err = a.r.resolve(a.ctx, p.ref, p.link, p.id)
+		res, err = a.r.resolve(ctx, p.ref, p.link, p.id)
 	} else {
 		// Nothing to ask: settled at once, in a span of its own like every answer.
-		res, err = a.r.trace(a.ctx, p.link, p.id, outcome.ReconciliationRef{}, func(context.Context) (Resolution, error) {
+		res, err = a.r.trace(ctx, p.link, p.id, outcome.ReconciliationRef{}, func(context.Context) (Resolution, error) {
 			return Resolution{reason: UnknownNoReference}, nil
 		})
 	}
