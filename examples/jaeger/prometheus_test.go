@@ -140,8 +140,8 @@ func (p *promProc) lastEvaluation(t *testing.T, ctx context.Context) time.Time {
 	if err := p.api(ctx, "/api/v1/rules", nil, &d); err != nil {
 		t.Fatal(err)
 	}
-	if len(d.Groups) != 1 || d.Groups[0].Name != "otelpgxtx" || len(d.Groups[0].Rules) != 3 {
-		t.Fatalf("rule groups: %+v, want the otelpgxtx group of alerts.yml with its 3 rules", d.Groups)
+	if len(d.Groups) != 1 || d.Groups[0].Name != "otelpgxtx" || len(d.Groups[0].Rules) != len(alertNames) {
+		t.Fatalf("rule groups: %+v, want the otelpgxtx group of alerts.yml with its %d rules", d.Groups, len(alertNames))
 	}
 	for _, r := range d.Groups[0].Rules {
 		if r.Health == "err" {
@@ -167,10 +167,16 @@ func waitFor(t *testing.T, ctx context.Context, d time.Duration, what string, co
 	}
 }
 
+// alertNames are the rules of alerts.yml.
+var alertNames = []string{"TransactionCommitIndeterminate", "TransactionCommitUnresolved", "TransactionReconciledUnknown",
+	"TransactionCommitAborted", "TransactionIndeterminateRateHigh", "TransactionRollbackRateHigh", "TransactionPostCommitFailure"}
+
 // TestPrometheusAlert runs a real Prometheus (the release scripts/prometheus builds)
 // scraping the demo's metrics endpoint and evaluating alerts.yml. Before anything went
-// wrong no outcome alert is active; after one round of the demo's scenarios the
-// indeterminate-commit alert (and the post-commit-failure one) fires, and the outcome
+// wrong no alert is active; after one round of the demo's scenarios the post-commit-failure
+// alert fires, while the indeterminate commit, which automatic reconciliation settled
+// committed, pages nobody: Prometheus holds the indeterminate series at 1 and the
+// reconciliations series committed at 1, and no alert is pending or firing for them. The
 // series have the names and labels the README documents.
 func TestPrometheusAlert(t *testing.T) {
 	ctx := testCtx(t, 4*time.Minute)
@@ -207,7 +213,7 @@ func TestPrometheusAlert(t *testing.T) {
 	waitFor(t, ctx, time.Minute, "a rule evaluation after the first scrape", func() bool {
 		return p.lastEvaluation(t, ctx).After(seen)
 	})
-	for _, name := range []string{"TransactionCommitIndeterminate", "TransactionPostCommitFailure", "TransactionRollbackRateHigh"} {
+	for _, name := range alertNames {
 		if got := p.alerts(t, ctx, name); len(got) > 0 {
 			t.Errorf("%s is %s before any transaction: %v", name, got[0].State, got)
 		}
@@ -220,7 +226,6 @@ func TestPrometheusAlert(t *testing.T) {
 	}
 
 	for _, want := range []struct{ name, outcome, severity string }{
-		{"TransactionCommitIndeterminate", "indeterminate", "page"},
 		{"TransactionPostCommitFailure", "committed_with_post_commit_failure", "warning"},
 	} {
 		var got []promAlert
@@ -236,6 +241,29 @@ func TestPrometheusAlert(t *testing.T) {
 	}
 	if r := p.query(t, ctx, indeterminate); len(r) != 1 || r[0].Value[1] != "1" {
 		t.Errorf("%s = %v, want 1 (the round's one indeterminate commit)", indeterminate, r)
+	}
+	// Reconciled committed, and no outcome waits: once Prometheus has scraped that and
+	// evaluated the rules since, no page is pending or firing.
+	const resolved = `otelpgxtx_reconciliations_total{tx_outcome_resolved="committed"}`
+	waitFor(t, ctx, time.Minute, resolved+" at 1 in Prometheus", func() bool {
+		r := p.query(t, ctx, resolved)
+		seen = time.Now()
+		return len(r) == 1 && r[0].Value[1] == "1"
+	})
+	if r := p.query(t, ctx, `otelpgxtx_reconciliation_unresolved_age_seconds`); len(r) != 1 || r[0].Value[1] != "0" {
+		t.Errorf("otelpgxtx_reconciliation_unresolved_age_seconds = %v, want 0", r)
+	}
+	if r := p.query(t, ctx, `sum(otelpgxtx_reconciliations_total) - sum(`+resolved+`)`); len(r) != 1 || r[0].Value[1] != "0" {
+		t.Errorf("reconciliations other than committed: %v, want 0", r)
+	}
+	waitFor(t, ctx, time.Minute, "a rule evaluation after the resolution was scraped", func() bool {
+		return p.lastEvaluation(t, ctx).After(seen)
+	})
+	for _, name := range []string{"TransactionCommitIndeterminate", "TransactionCommitUnresolved", "TransactionReconciledUnknown",
+		"TransactionCommitAborted", "TransactionIndeterminateRateHigh"} {
+		if got := p.alerts(t, ctx, name); len(got) > 0 {
+			t.Errorf("%s is %s for an indeterminate commit reconciled committed: %v", name, got[0].State, got)
+		}
 	}
 
 	// The names and labels of the README: one series per outcome of the counter, and
@@ -260,8 +288,10 @@ func TestPrometheusAlert(t *testing.T) {
 	if err := p.api(ctx, "/api/v1/label/__name__/values", url.Values{"match[]": {`{__name__=~"otelpgxtx_.*"}`}}, &names); err != nil {
 		t.Fatal(err)
 	}
-	wantNames := []string{"otelpgxtx_transactions_total"}
-	for _, h := range []string{"otelpgxtx_transaction_commit_duration_seconds", "otelpgxtx_transaction_duration_seconds"} {
+	wantNames := []string{"otelpgxtx_transactions_total", "otelpgxtx_reconciliations_total",
+		"otelpgxtx_reconciliation_unresolved", "otelpgxtx_reconciliation_unresolved_age_seconds"}
+	for _, h := range []string{"otelpgxtx_transaction_commit_duration_seconds", "otelpgxtx_transaction_duration_seconds",
+		"otelpgxtx_reconciliation_duration_seconds"} {
 		wantNames = append(wantNames, h+"_bucket", h+"_count", h+"_sum")
 	}
 	slices.Sort(wantNames)
