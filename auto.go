@@ -115,9 +115,10 @@ func WithRetryBackoff(first, most time.Duration) AutoReconcileOption {
 
 // WithOnReconciled registers fn to receive the final [Reconciliation] of every frame
 // given to automatic reconciliation, exactly once per frame: to resume follow-up work of
-// a commit that turned out committed, say. It runs on a reconciliation worker (or, for a
-// frame dropped or stopped, on the goroutine that dropped or stopped it) and should not
-// block for long.
+// a commit that turned out committed, say. It runs on a reconciliation worker — for an
+// outcome pending at [Tracer.Close], on Close's goroutine; for a frame ending after Close,
+// on the goroutine that ended it — and should neither block for long nor use the frame's
+// connection.
 func WithOnReconciled(fn func(Reconciliation)) AutoReconcileOption {
 	return autoOptionFunc(func(c *autoConfig) { c.onReconciled = fn })
 }

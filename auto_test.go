@@ -1,9 +1,13 @@
 package otelpgxtx
 
 import (
+	"bytes"
 	"context"
+	"log/slog"
+	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -79,7 +83,9 @@ func TestAutoReconcile(t *testing.T) {
 	t.Cleanup(db.Close)
 	rec := newReconciled()
 	proxy := newProxy(t)
-	h := newHarness(t, proxy.ConnString(srv.ConnString()), 2, WithAutoReconcile(db, WithOnReconciled(rec.on)))
+	var logs bytes.Buffer
+	h := newHarness(t, proxy.ConnString(srv.ConnString()), 2, WithLogger(slog.New(slog.NewJSONHandler(&logs, nil))),
+		WithAutoReconcile(db, WithOnReconciled(rec.on)))
 	t.Cleanup(func() { _ = h.tracer.Close(context.Background()) })
 	counts, _, unresolved := h.reconcileCounts(t, ctx)
 	if len(counts) != 11 || unresolved != 0 {
@@ -134,6 +140,26 @@ func TestAutoReconcile(t *testing.T) {
 	if err := h.tracer.Close(ctx); err != nil {
 		t.Fatal(err)
 	}
+	// A frame that ends indeterminate after Close is not lost: logged for the operator,
+	// and handed to the callback at once, unknown with reason stopped.
+	late := Run(ctx, h.pool, markerPolicy(marker), func(ctx context.Context, tx pgx.Tx) (int, error) {
+		proxy.CutAfterCommit()
+		return insertFn(table, 3)(ctx, tx)
+	})
+	if _, ok := late.(outcome.Indeterminate[int]); !ok {
+		t.Fatalf("Run after Close: %T %v", late, late)
+	}
+	select {
+	case r := <-rec.ch:
+		if r.OperationID != late.OperationID() || r.Resolution.Reason() != UnknownStopped {
+			t.Fatalf("after Close: %+v, want %s stopped", r, late.OperationID())
+		}
+	default:
+		t.Fatal("a frame ending after Close did not reach the callback at once")
+	}
+	if !strings.Contains(logs.String(), `"msg":"`+MessagePendingAtShutdown+`"`) || !strings.Contains(logs.String(), late.OperationID().String()) {
+		t.Fatalf("no shutdown record for %s in the log:\n%s", late.OperationID(), logs.String())
+	}
 	rec.mu.Lock()
 	for id, rs := range rec.got {
 		if len(rs) != 1 {
@@ -166,18 +192,42 @@ func TestAutoReconcile(t *testing.T) {
 		}
 		linked[op]++
 	}
-	if len(frames) != 2 || len(linked) != 2 {
+	if len(frames) != 3 || len(linked) != 2 {
 		t.Fatalf("%d indeterminate frames, %d with tx.reconcile spans", len(frames), len(linked))
 	}
 
 	counts, hist, _ := h.reconcileCounts(t, ctx)
-	wantCounts := map[string]int64{"committed/": 1, "unknown/" + UnknownNoReference: 1}
+	wantCounts := map[string]int64{"committed/": 1, "unknown/" + UnknownNoReference: 1, "unknown/" + UnknownStopped: 1}
 	for k, v := range counts {
 		if v != wantCounts[k] {
 			t.Errorf("reconciliations %s = %d, want %d", k, v, wantCounts[k])
 		}
 	}
-	if hist != 2 {
-		t.Errorf("duration histogram count %d, want 2", hist)
+	if hist != 3 {
+		t.Errorf("duration histogram count %d, want 3", hist)
 	}
 }
+
+func TestAutoReconcileOptions(t *testing.T) {
+	for name, o := range map[string]Option{
+		"nil db":        WithAutoReconcile(nil),
+		"queue 0":       WithAutoReconcile(srvQuerier{}, WithQueue(0, 1)),
+		"workers 0":     WithAutoReconcile(srvQuerier{}, WithQueue(1, 0)),
+		"backoff":       WithAutoReconcile(srvQuerier{}, WithRetryBackoff(time.Second, time.Millisecond)),
+		"negative wait": WithAutoReconcile(srvQuerier{}, WithReconcileWait(-1, time.Millisecond)),
+	} {
+		tr, err := newTracer([]Option{o})
+		if err == nil || tr.auto != nil {
+			t.Errorf("%s: accepted (%v)", name, err)
+		}
+	}
+	// Without the option, Close does nothing.
+	if err := NewTracer().Close(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// srvQuerier is a Querier that is never asked: the options above are refused first.
+type srvQuerier struct{}
+
+func (srvQuerier) QueryRow(context.Context, string, ...any) pgx.Row { return nil }
