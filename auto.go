@@ -150,7 +150,9 @@ type autoReconciler struct {
 
 	mu      sync.Mutex
 	pending map[*pendingOutcome]struct{}
-	dropped []*pendingOutcome // over the queue's bound: settled unknown by a worker
+	// ready are settled by a worker without asking the database: frames without a
+	// reference, and those over the queue's bound (unknown, queue_full).
+	ready []*pendingOutcome
 	closed  bool
 	wake    chan struct{}
 	stop    chan struct{}
@@ -195,11 +197,13 @@ func (a *autoReconciler) enqueue(f *frame) {
 		a.mu.Unlock()
 		a.leave(p)
 		return
+	case !p.hasRef:
+		// Nothing to ask; settled by a worker all the same, not here: the frame's goroutine
+		// may hold its connection's lock, and the callback is the application's.
+		a.ready = append(a.ready, p)
 	case len(a.pending) >= a.cfg.queue:
-		// Settled by a worker, not here: the frame's goroutine may hold its connection's
-		// lock, and the callback is the application's.
 		p.final = &Resolution{reason: UnknownQueueFull, ref: p.ref}
-		a.dropped = append(a.dropped, p)
+		a.ready = append(a.ready, p)
 	default:
 		a.pending[p] = struct{}{}
 	}
@@ -224,18 +228,12 @@ func (a *autoReconciler) work() {
 			a.attempt(p)
 			continue
 		}
-		timer.Reset(wait)
+		timer.Reset(wait) // since Go 1.23 no stale tick survives a Reset
 		select {
 		case <-a.stop:
 			return
 		case <-a.wake:
 		case <-timer.C:
-		}
-		if !timer.Stop() {
-			select {
-			case <-timer.C:
-			default:
-			}
 		}
 	}
 }
@@ -247,8 +245,8 @@ func (a *autoReconciler) next() (p *pendingOutcome, wait time.Duration, closed b
 	if a.closed {
 		return nil, 0, true
 	}
-	if n := len(a.dropped); n > 0 {
-		p, a.dropped = a.dropped[n-1], a.dropped[:n-1]
+	if n := len(a.ready); n > 0 {
+		p, a.ready = a.ready[n-1], a.ready[:n-1]
 		return p, 0, false
 	}
 	now := time.Now()
@@ -360,16 +358,16 @@ func (a *autoReconciler) close(ctx context.Context) error {
 		}
 		a.cancel()
 		a.mu.Lock()
-		left := a.dropped
-		a.dropped = nil
+		left := a.ready
+		a.ready = nil
 		for p := range a.pending {
 			left = append(left, p)
 		}
 		clear(a.pending)
 		a.mu.Unlock()
 		for _, p := range left {
-			if p.final != nil {
-				a.settle(p, *p.final)
+			if p.final != nil || !p.hasRef {
+				a.attempt(p) // asks nothing
 			} else {
 				a.leave(p)
 			}
