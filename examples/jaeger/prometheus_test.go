@@ -176,8 +176,10 @@ var alertNames = []string{"TransactionCommitIndeterminate", "TransactionCommitUn
 // wrong no alert is active; after one round of the demo's scenarios the post-commit-failure
 // alert fires, while the indeterminate commit, which automatic reconciliation settled
 // committed, pages nobody: Prometheus holds the indeterminate series at 1 and the
-// reconciliations series committed at 1, and no alert is pending or firing for them. The
-// series have the names and labels the README documents.
+// reconciliations series committed at 1, and no alert is pending or firing for them. Then
+// a plain pgx commit cut the same way, which has no reference, is settled unknown
+// (no_reference) and TransactionReconciledUnknown pages. The series have the names and
+// labels the README documents.
 func TestPrometheusAlert(t *testing.T) {
 	ctx := testCtx(t, 4*time.Minute)
 	ports := freePorts(t, 2)
@@ -266,6 +268,20 @@ func TestPrometheusAlert(t *testing.T) {
 		}
 	}
 
+	// A page that does fire: a plain pgx transaction (no reference: nothing for
+	// reconciliation to ask) whose COMMIT is cut the same way ends unknown, no_reference.
+	if err := plainIndeterminate(ctx, a); err != nil {
+		t.Fatal(err)
+	}
+	var unknown []promAlert
+	waitFor(t, ctx, time.Minute, "TransactionReconciledUnknown firing", func() bool {
+		unknown = p.alerts(t, ctx, "TransactionReconciledUnknown")
+		return len(unknown) == 1 && unknown[0].State == "firing"
+	})
+	if l := unknown[0].Labels; l["error_type"] != "no_reference" || l["severity"] != "page" || l["tx_outcome_resolved"] != "unknown" {
+		t.Errorf("TransactionReconciledUnknown labels %v", l)
+	}
+
 	// The names and labels of the README: one series per outcome of the counter, and
 	// the two duration histograms by tx.outcome.
 	var outcomes []string
@@ -304,4 +320,32 @@ func TestPrometheusAlert(t *testing.T) {
 			t.Errorf("%s{tx_outcome=\"indeterminate\"} = %v, want 1", h, r)
 		}
 	}
+}
+
+// plainIndeterminate makes a plain pgx transaction on the demo's pool whose COMMIT waits
+// for the phantom synchronous standby, and terminates its backend there.
+func plainIndeterminate(ctx context.Context, a *app) error {
+	tx, err := a.pool.Begin(ctx)
+	if err != nil {
+		return err
+	}
+	if _, err := tx.Exec(ctx, "set local synchronous_commit = on"); err != nil {
+		return err
+	}
+	if _, err := tx.Exec(ctx, fmt.Sprintf("insert into %s (id, k, note) values (9001, 9001, 'plain')", a.table)); err != nil {
+		return err
+	}
+	pid := tx.Conn().PgConn().PID()
+	watched := make(chan error, 1)
+	go func() {
+		err := a.ctl.WaitForWaitEvent(ctx, pid, "SyncRep")
+		if err == nil {
+			err = a.ctl.Terminate(ctx, pid)
+		}
+		watched <- err
+	}()
+	if err := tx.Commit(ctx); err == nil {
+		return fmt.Errorf("the terminated COMMIT succeeded")
+	}
+	return <-watched
 }
