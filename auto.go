@@ -152,7 +152,7 @@ type autoReconciler struct {
 	pending map[*pendingOutcome]struct{}
 	// ready are settled by a worker without asking the database: frames without a
 	// reference, and those over the queue's bound (unknown, queue_full).
-	ready []*pendingOutcome
+	ready   []*pendingOutcome
 	closed  bool
 	wake    chan struct{}
 	stop    chan struct{}
