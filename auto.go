@@ -117,8 +117,8 @@ func WithRetryBackoff(first, most time.Duration) AutoReconcileOption {
 // given to automatic reconciliation, exactly once per frame: to resume follow-up work of
 // a commit that turned out committed, say. It runs on a reconciliation worker — for an
 // outcome pending at [Tracer.Close], on Close's goroutine; for a frame ending after Close,
-// on the goroutine that ended it — and should neither block for long nor use the frame's
-// connection.
+// on the goroutine that ended it — and should neither block for long, nor use the frame's
+// connection, nor call [Tracer.Close] (which waits for the workers).
 func WithOnReconciled(fn func(Reconciliation)) AutoReconcileOption {
 	return autoOptionFunc(func(c *autoConfig) { c.onReconciled = fn })
 }
