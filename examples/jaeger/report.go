@@ -78,6 +78,13 @@ func (a *app) whereToLook(rep roundReport, indeterminate []string) {
 	if a.cfg.metricsAddr != "" {
 		fmt.Fprintf(w, "  Metrics: %s; with docker compose, Prometheus alerts at http://localhost:9090/alerts\n", metricsURL(a.cfg.metricsAddr))
 	}
+	for _, sc := range rep.scenarios {
+		if slices.Contains(sc.results, "reconciled=committed") {
+			fmt.Fprintln(w, "  Alerts (alerts.yml): the indeterminate commit was reconciled committed in the background,")
+			fmt.Fprintln(w, "  so it pages nobody; TransactionCommitUnresolved pages if one stays unknown for 5 minutes,")
+			fmt.Fprintln(w, "  TransactionCommitAborted if one did not commit after all.")
+		}
+	}
 }
 
 // metricSummary renders the library's metrics from the registry: the counters and gauges
@@ -102,7 +109,10 @@ func metricSummary(reg interface {
 					labels = append(labels, fmt.Sprintf("%s=%q", n, l.GetValue()))
 				}
 			}
-			series := name + "{" + strings.Join(labels, ",") + "}"
+			series := name
+			if len(labels) > 0 {
+				series += "{" + strings.Join(labels, ",") + "}"
+			}
 			switch mf.GetType() {
 			case dto.MetricType_COUNTER:
 				// The reconciliation series of reasons that did not happen are left out.
