@@ -38,6 +38,11 @@ type Reconciliation struct {
 	IndeterminateAt time.Time
 	// Attempts is the number of tx.reconcile attempts made (0 when none was).
 	Attempts int
+	// CommittedLocally: the server had warned that the commit was already committed
+	// locally (its synchronous-replication wait was cancelled or ended): a committed
+	// answer then describes the server asked, and a failover to a standby that never
+	// received the commit can still lose it (the frame's tx.commit.committed_locally).
+	CommittedLocally bool
 }
 
 // AutoReconcileOption configures [WithAutoReconcile].
@@ -133,6 +138,7 @@ type pendingOutcome struct {
 	// join the frame's trace, as a follow-up of the work that began it.
 	parent   trace.SpanContext
 	at       time.Time
+	local    bool // the frame's committedLocally
 	due      time.Time
 	attempts int
 	inFlight bool
@@ -184,7 +190,7 @@ func newAutoReconciler(t *Tracer, a *autoConfig) (*autoReconciler, error) {
 
 // enqueue hands an indeterminate frame to the workers; it never blocks.
 func (a *autoReconciler) enqueue(f *frame) {
-	p := &pendingOutcome{id: f.id, link: f.span.SpanContext(), parent: f.parentSpan, at: f.doneAt}
+	p := &pendingOutcome{id: f.id, link: f.span.SpanContext(), parent: f.parentSpan, at: f.doneAt, local: f.committedLocally}
 	if p.at.IsZero() {
 		p.at = time.Now()
 	}
@@ -307,7 +313,7 @@ func (a *autoReconciler) settle(p *pendingOutcome, res Resolution) {
 	a.metrics.record(res, time.Since(p.at))
 	if a.cfg.onReconciled != nil {
 		a.cfg.onReconciled(Reconciliation{OperationID: p.id, Resolution: res, TraceParent: traceParent(p.link),
-			IndeterminateAt: p.at, Attempts: p.attempts})
+			IndeterminateAt: p.at, Attempts: p.attempts, CommittedLocally: p.local})
 	}
 }
 

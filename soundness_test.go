@@ -1246,6 +1246,9 @@ func (s *soak) check(ctx context.Context, workload, total time.Duration) {
 		}
 		row, present := rows[op.id]
 		here := present && row == f.op
+		if got[0].CommittedLocally != f.committedLocally {
+			fail(op.id, "frame %s: committed_locally %v, the reconciliation says %v", f.op, f.committedLocally, got[0].CommittedLocally)
+		}
 		if r.Resolved() == ResolvedCommitted && !here && s.lostInFailover(f) {
 			autoLost++
 		} else if msg := soakResolutionContradicts(r, here); msg != "" {
