@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log"
+	"log/slog"
 	"os"
 
 	"github.com/jackc/pgx/v5"
@@ -107,4 +108,51 @@ func ExampleReconcile() {
 
 func publishOrderCreated(context.Context, int64) error {
 	return errors.New("not wired in this example")
+}
+
+// Automatic reconciliation: indeterminate commits are settled in the background, and the
+// application resumes the follow-up work of each one that turned out committed, exactly
+// once. Outcomes still pending when the tracer closes are logged for the operator command.
+func ExampleWithAutoReconcile() {
+	ctx := context.Background()
+	dsn := os.Getenv("DATABASE_URL")
+	// A pool of its own, so that reconciliation never waits behind the application.
+	recDB, err := pgxpool.New(ctx, dsn)
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer recDB.Close() // deferred first: closed last
+	cfg, err := pgxpool.ParseConfig(dsn)
+	if err != nil {
+		log.Fatal(err)
+	}
+	tracer, err := otelpgxtx.InstrumentPool(cfg,
+		otelpgxtx.WithLogger(slog.New(slog.NewJSONHandler(os.Stderr, nil))),
+		otelpgxtx.WithAutoReconcile(recDB, otelpgxtx.WithOnReconciled(func(r otelpgxtx.Reconciliation) {
+			switch r.Resolution.Resolved() {
+			case otelpgxtx.ResolvedCommitted:
+				log.Printf("operation %s committed after all: resuming its follow-up work", r.OperationID)
+			case otelpgxtx.ResolvedAborted:
+				log.Printf("operation %s did not commit: redo it or tell the user", r.OperationID)
+			case otelpgxtx.ResolvedUnknown:
+				log.Printf("operation %s stays unknown (%s): the operator settles it", r.OperationID, r.Resolution.Reason())
+			}
+		})))
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer func() { _ = tracer.Close(ctx) }() // after the pool's Close, before recDB's
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer pool.Close()
+
+	res := otelpgxtx.Run(ctx, pool, otelpgxtx.DefaultPolicy(), func(ctx context.Context, tx pgx.Tx) (int, error) {
+		_, err := tx.Exec(ctx, "insert into orders (id) values (1)")
+		return 1, err
+	})
+	if _, ok := res.(outcome.Indeterminate[int]); ok {
+		log.Print("commit outcome unknown: do not replay; the callback will say")
+	}
 }

@@ -2,6 +2,7 @@ package otelpgxtx
 
 import (
 	"context"
+	"errors"
 	"time"
 
 	"go.opentelemetry.io/otel"
@@ -88,5 +89,98 @@ func (m *metrics) record(o outcome.Outcome, f *frame, now time.Time) {
 	m.duration.Record(ctx, now.Sub(f.start).Seconds(), m.recordOpts[o]...)
 	if !f.committingAt.IsZero() && !f.doneAt.IsZero() {
 		m.commit.Record(ctx, f.doneAt.Sub(f.committingAt).Seconds(), m.recordOpts[o]...)
+	}
+}
+
+// Metric names of automatic reconciliation ([WithAutoReconcile]). With the Prometheus
+// exporter they become otelpgxtx_reconciliations_total{tx_outcome_resolved="…",
+// error_type="…"}, otelpgxtx_reconciliation_unresolved, otelpgxtx_reconciliation_unresolved_age_seconds
+// and otelpgxtx_reconciliation_duration_seconds.
+const (
+	MetricReconciliations        = "otelpgxtx.reconciliations"
+	MetricUnresolved             = "otelpgxtx.reconciliation.unresolved"
+	MetricUnresolvedAge          = "otelpgxtx.reconciliation.unresolved.age"
+	MetricReconciliationDuration = "otelpgxtx.reconciliation.duration"
+)
+
+// reconcileBuckets spans a commit settled at the first attempt to one left for an hour.
+var reconcileBuckets = []float64{0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800, 3600}
+
+// finalReasons are the reasons an automatic reconciliation can end unknown with.
+var finalReasons = []string{UnknownNoReference, UnknownTooOld, UnknownInTheFuture, UnknownOtherSystem,
+	UnknownOtherTimeline, UnknownServerRestarted, UnknownQueueFull, UnknownStopped}
+
+// reconcileMetrics count what automatic reconciliation learned, whether the frames were
+// sampled or not.
+type reconcileMetrics struct {
+	reconciliations metric.Int64Counter
+	duration        metric.Float64Histogram
+	extra           []attribute.KeyValue
+	reg             metric.Registration
+}
+
+func newReconcileMetrics(mp metric.MeterProvider, extra []attribute.KeyValue, pending func() (int, time.Duration)) *reconcileMetrics {
+	meter := mp.Meter(ScopeName, metric.WithInstrumentationVersion(Version()))
+	m := &reconcileMetrics{extra: extra}
+	var err error
+	if m.reconciliations, err = meter.Int64Counter(MetricReconciliations,
+		metric.WithUnit("{transaction}"),
+		metric.WithDescription("Indeterminate frames settled by automatic reconciliation, by tx.outcome.resolved and, when unknown, error.type (the reason).")); err != nil {
+		otel.Handle(err)
+	}
+	if m.duration, err = meter.Float64Histogram(MetricReconciliationDuration,
+		metric.WithUnit("s"),
+		metric.WithDescription("Time from an indeterminate commit to its reconciliation's final answer, by tx.outcome.resolved."),
+		metric.WithExplicitBucketBoundaries(reconcileBuckets...)); err != nil {
+		otel.Handle(err)
+	}
+	count, err1 := meter.Int64ObservableGauge(MetricUnresolved,
+		metric.WithUnit("{transaction}"),
+		metric.WithDescription("Indeterminate frames waiting for automatic reconciliation."))
+	age, err2 := meter.Float64ObservableGauge(MetricUnresolvedAge,
+		metric.WithUnit("s"),
+		metric.WithDescription("Age of the oldest indeterminate frame waiting for automatic reconciliation; 0 when none is."))
+	if err := errors.Join(err1, err2); err != nil {
+		otel.Handle(err)
+	}
+	set := metric.WithAttributeSet(attribute.NewSet(append([]attribute.KeyValue{dbSystemPostgreSQL}, extra...)...))
+	if m.reg, err = meter.RegisterCallback(func(_ context.Context, o metric.Observer) error {
+		n, a := pending()
+		o.ObserveInt64(count, int64(n), set)
+		o.ObserveFloat64(age, a.Seconds(), set)
+		return nil
+	}, count, age); err != nil {
+		otel.Handle(err)
+	}
+	// Every series exists from the start at 0, as the outcome series do.
+	for _, r := range []Resolved{ResolvedCommitted, ResolvedAborted, ResolvedNoWrites} {
+		m.reconciliations.Add(context.Background(), 0, metric.WithAttributeSet(m.attrs(r, "")))
+	}
+	for _, reason := range finalReasons {
+		m.reconciliations.Add(context.Background(), 0, metric.WithAttributeSet(m.attrs(ResolvedUnknown, reason)))
+	}
+	return m
+}
+
+func (m *reconcileMetrics) attrs(r Resolved, reason string) attribute.Set {
+	kv := append([]attribute.KeyValue{ResolvedOutcomeKey.String(r.String()), dbSystemPostgreSQL}, m.extra...)
+	if reason != "" {
+		kv = append(kv, errorTypeKey.String(reason))
+	}
+	return attribute.NewSet(kv...)
+}
+
+// record counts one final answer, age after its indeterminate commit.
+func (m *reconcileMetrics) record(res Resolution, age time.Duration) {
+	ctx := context.Background()
+	m.reconciliations.Add(ctx, 1, metric.WithAttributeSet(m.attrs(res.resolved, res.reason)))
+	m.duration.Record(ctx, age.Seconds(), metric.WithAttributeSet(m.attrs(res.resolved, "")))
+}
+
+func (m *reconcileMetrics) unregister() {
+	if m.reg != nil {
+		if err := m.reg.Unregister(); err != nil {
+			otel.Handle(err)
+		}
 	}
 }

@@ -44,6 +44,7 @@ type config struct {
 	innerSet       bool
 	otelpgxOptions []otelpgx.Option
 	logger         *slog.Logger
+	auto           *autoConfig // WithAutoReconcile
 	// Set by the options grouped below WithOtelpgxOptions.
 	spanAttributes  []attribute.KeyValue
 	meterAttributes []attribute.KeyValue

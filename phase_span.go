@@ -157,6 +157,9 @@ func (f *frame) end(o outcome.Outcome, postCommitErr error) {
 	f.t.metrics.record(o, f, now)
 	if o == outcome.OutcomeIndeterminate {
 		f.t.logIndeterminate(f)
+		if f.t.auto != nil {
+			f.t.auto.enqueue(f)
+		}
 	}
 	if !f.span.IsRecording() {
 		f.span.End()

@@ -107,21 +107,43 @@ type reconcilerConfig struct {
 	err            error
 }
 
-type reconcilerOptionFunc func(*reconcilerConfig)
+// WithReconcileWait bounds how long a [Reconciler] (or automatic reconciliation, see
+// [WithAutoReconcile]) polls a transaction that is still in progress (a backend can sit
+// in a synchronous-replication wait), and how often; 5 s and 50 ms by default. A zero
+// wait asks once.
+func WithReconcileWait(wait, interval time.Duration) ReconcileWaitOption {
+	return reconcileWaitOption{wait, interval}
+}
 
-func (f reconcilerOptionFunc) applyReconciler(c *reconcilerConfig) { f(c) }
+// ReconcileWaitOption is a [ReconcilerOption] and an [AutoReconcileOption]: [WithReconcileWait].
+type ReconcileWaitOption interface {
+	ReconcilerOption
+	AutoReconcileOption
+}
 
-// WithReconcileWait bounds how long a [Reconciler] polls a transaction that is still in
-// progress (a backend can sit in a synchronous-replication wait), and how often; 5 s and
-// 50 ms by default. A zero wait asks once.
-func WithReconcileWait(wait, interval time.Duration) ReconcilerOption {
-	return reconcilerOptionFunc(func(c *reconcilerConfig) {
-		if wait < 0 || interval <= 0 {
-			c.err = fmt.Errorf("otelpgxtx: WithReconcileWait: wait must be >= 0 and interval > 0, got %v, %v", wait, interval)
-			return
-		}
-		c.wait, c.interval = wait, interval
-	})
+type reconcileWaitOption struct{ wait, interval time.Duration }
+
+func (o reconcileWaitOption) check() error {
+	if o.wait < 0 || o.interval <= 0 {
+		return fmt.Errorf("otelpgxtx: WithReconcileWait: wait must be >= 0 and interval > 0, got %v, %v", o.wait, o.interval)
+	}
+	return nil
+}
+
+func (o reconcileWaitOption) applyReconciler(c *reconcilerConfig) {
+	if err := o.check(); err != nil {
+		c.err = err
+		return
+	}
+	c.wait, c.interval = o.wait, o.interval
+}
+
+func (o reconcileWaitOption) applyAuto(c *autoConfig) {
+	if err := o.check(); err != nil {
+		c.err = err
+		return
+	}
+	c.wait, c.interval = o.wait, o.interval
 }
 
 // NewReconciler returns a reconciler that queries db.

@@ -30,6 +30,8 @@ type Tracer struct {
 	cfg     config
 	tracer  trace.Tracer
 	metrics *metrics
+	// auto reconciles indeterminate frames in the background (WithAutoReconcile), or is nil.
+	auto *autoReconciler
 	// sanitized holds, per SQL string, what the inner tracer is given of it.
 	sanitized sanitizer
 
@@ -83,6 +85,12 @@ func newTracer(opts []Option) (*Tracer, error) {
 		inner = otelpgx.NewTracer(append(oo, cfg.otelpgxOptions...)...)
 	}
 	t.setInner(inner)
+	if cfg.err == nil && cfg.auto != nil {
+		var err error
+		if t.auto, err = newAutoReconciler(t, cfg.auto); err != nil {
+			return t, err
+		}
+	}
 	return t, cfg.err
 }
 

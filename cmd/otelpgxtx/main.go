@@ -8,8 +8,9 @@
 // operation id (tx.operation_id), which settles by itself with -marker, the commit-marker
 // table the application's Policy.CommitMarker names. Without arguments it reads standard input, one per line:
 // references, operation ids, or the JSON log records the library writes for each
-// indeterminate frame (slog's JSON handler; see otelpgxtx.WithLogger), so a log query can
-// be piped in as it is.
+// indeterminate frame (slog's JSON handler; see otelpgxtx.WithLogger) and, at Tracer.Close,
+// for each outcome automatic reconciliation had not settled (otelpgxtx.MessagePendingAtShutdown),
+// so a log query can be piped in as it is.
 //
 // It prints one line per input, "ref=<reference> operation=<id> resolved=<resolution>",
 // with "reason=<why>" when the answer stays unknown, and exits 0 when every one is settled

@@ -255,3 +255,102 @@ func TestReconcileByMarker(t *testing.T) {
 		t.Errorf("exit %d, %q; want 0, %q", code, out, want)
 	}
 }
+
+// TestSettleAfterRestart stops an application with outcomes automatic reconciliation
+// could not settle — its database for reconciliation is unreachable (a refused port), and
+// its queue holds one outcome, so a second is dropped — and settles them from what it
+// left in its JSON log: the shutdown record of the pending one and the indeterminate
+// record of the dropped one, piped to the command.
+func TestSettleAfterRestart(t *testing.T) {
+	pgtest.LeakCheck(t)
+	ctx := testCtx(t)
+	marker := pgx.Identifier{"public", "cli_restart_marker"}
+	ddl, err := otelpgxtx.MarkerTableDDL(marker)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := srv.Exec(ctx, "drop table if exists cli_restart_marker; "+ddl+"; drop table if exists cli_restart; create table cli_restart (id int primary key)"); err != nil {
+		t.Fatal(err)
+	}
+	proxy, err := pgtest.NewProxy(fmt.Sprintf("%s:%d", srv.Host(), srv.Port()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer proxy.Close()
+	down, err := pgxpool.New(ctx, fmt.Sprintf("postgres://x@127.0.0.1:%d/x?connect_timeout=2", deadPort(t)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer down.Close()
+
+	var logs bytes.Buffer
+	got := make(chan otelpgxtx.Reconciliation, 4)
+	cfg, err := pgxpool.ParseConfig(proxy.ConnString(srv.ConnString()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	tracer, err := otelpgxtx.InstrumentPool(cfg, otelpgxtx.WithLogger(slog.New(slog.NewJSONHandler(&logs, nil))),
+		otelpgxtx.WithAutoReconcile(down, otelpgxtx.WithQueue(1, 1), otelpgxtx.WithRetryBackoff(time.Millisecond, 20*time.Millisecond),
+			otelpgxtx.WithOnReconciled(func(r otelpgxtx.Reconciliation) { got <- r })))
+	if err != nil {
+		t.Fatal(err)
+	}
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	p := otelpgxtx.DefaultPolicy()
+	p.CommitMarker = marker
+	var ids []outcome.OperationID
+	for id := 1; id <= 2; id++ {
+		res := otelpgxtx.Run(ctx, pool, p, func(ctx context.Context, tx pgx.Tx) (int, error) {
+			proxy.CutAfterCommit()
+			_, err := tx.Exec(ctx, "insert into cli_restart values ($1)", id)
+			return id, err
+		})
+		if _, ok := res.(outcome.Indeterminate[int]); !ok {
+			t.Fatalf("Run %d: %T, want indeterminate", id, res)
+		}
+		ids = append(ids, res.OperationID())
+	}
+	// The second found the queue full.
+	if r := <-got; r.OperationID != ids[1] || r.Resolution.Reason() != otelpgxtx.UnknownQueueFull {
+		t.Fatalf("first reconciliation %+v, want %s dropped (queue_full)", r, ids[1])
+	}
+	// The application stops; the first is still pending.
+	if err := tracer.Close(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if r := <-got; r.OperationID != ids[0] || r.Resolution.Reason() != otelpgxtx.UnknownStopped {
+		t.Fatalf("reconciliation at Close %+v, want %s stopped", r, ids[0])
+	}
+	select {
+	case r := <-got:
+		t.Fatalf("a third reconciliation: %+v", r)
+	default:
+	}
+
+	// What it left: the shutdown record of the pending one, the indeterminate record of
+	// the dropped one.
+	var left []string
+	for _, line := range strings.Split(strings.TrimSpace(logs.String()), "\n") {
+		switch {
+		case strings.Contains(line, otelpgxtx.MessagePendingAtShutdown) && strings.Contains(line, ids[0].String()),
+			strings.Contains(line, "indeterminate") && strings.Contains(line, ids[1].String()):
+			left = append(left, line)
+		}
+	}
+	if len(left) != 2 {
+		t.Fatalf("log records to settle: %q\nlog:\n%s", left, logs.String())
+	}
+	code, out, _ := cli(t, ctx, strings.Join(left, "\n")+"\n", "reconcile")
+	for _, id := range ids {
+		if !strings.Contains(out, "operation="+id.String()+" resolved=committed\n") {
+			t.Errorf("operation %s not settled committed", id)
+		}
+	}
+	if code != exitSettled {
+		t.Errorf("exit %d, want 0", code)
+	}
+}

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"sync"
 	"time"
 
 	"github.com/exaring/otelpgx"
@@ -17,6 +18,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/txevidence/otelpgxtx"
+	"github.com/txevidence/otelpgxtx/outcome"
 	"github.com/txevidence/otelpgxtx/pgtest"
 )
 
@@ -33,8 +35,11 @@ type app struct {
 
 	tel    *telemetry
 	tracer trace.Tracer // the scenarios' own root spans
-	rec    *otelpgxtx.Reconciler
-	logger *slog.Logger
+	// otx is the library's tracer: it reconciles indeterminate commits in the background
+	// and hands each answer to reconciled.
+	otx        *otelpgxtx.Tracer
+	reconciled reconciledOutcomes
+	logger     *slog.Logger
 
 	table, skewTable string
 }
@@ -93,18 +98,18 @@ func newApp(ctx context.Context, cfg config, out, errOut io.Writer) (a *app, err
 		return a, err
 	}
 	pcfg.MaxConns = 4 // two writers at once, an outer and a RequiresNew inner transaction
-	if _, err := otelpgxtx.InstrumentPool(pcfg,
+	// Indeterminate commits are reconciled in the background on the admin pool (a pool of
+	// its own: reconciliation never waits behind the application for a connection).
+	if a.otx, err = otelpgxtx.InstrumentPool(pcfg,
 		otelpgxtx.WithTracerProvider(a.tel.tp),
 		otelpgxtx.WithMeterProvider(a.tel.mp),
 		otelpgxtx.WithLogger(a.logger),
 		otelpgxtx.WithOtelpgxOptions(otelpgx.WithDisableAcquireTracer()),
+		otelpgxtx.WithAutoReconcile(a.admin, otelpgxtx.WithOnReconciled(a.reconciled.deliver)),
 	); err != nil {
 		return a, err
 	}
 	if a.pool, err = pgxpool.NewWithConfig(setupCtx, pcfg); err != nil {
-		return a, err
-	}
-	if a.rec, err = otelpgxtx.NewReconciler(a.pool, otelpgxtx.WithTracerProvider(a.tel.tp)); err != nil {
 		return a, err
 	}
 
@@ -197,6 +202,10 @@ func (a *app) close(ctx context.Context) error {
 	if a.pool != nil {
 		a.pool.Close()
 	}
+	if a.otx != nil {
+		// After the pool, before the admin pool it reconciles with.
+		errs = append(errs, a.otx.Close(ctx))
+	}
 	if a.admin != nil {
 		if a.table != "" && a.srv == nil {
 			_, err := a.admin.Exec(ctx, fmt.Sprintf("drop table if exists %s, %s", a.table, a.skewTable))
@@ -251,4 +260,38 @@ func (c sqlControl) Terminate(ctx context.Context, pid uint32) error {
 		return fmt.Errorf("pg_terminate_backend(%d) returned false", pid)
 	}
 	return nil
+}
+
+// reconciledOutcomes hands each automatic reconciliation's answer to the scenario that
+// waits for it, whichever comes first.
+type reconciledOutcomes struct {
+	mu sync.Mutex
+	ch map[outcome.OperationID]chan otelpgxtx.Reconciliation
+}
+
+func (r *reconciledOutcomes) chanOf(id outcome.OperationID) chan otelpgxtx.Reconciliation {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.ch == nil {
+		r.ch = map[outcome.OperationID]chan otelpgxtx.Reconciliation{}
+	}
+	c, ok := r.ch[id]
+	if !ok {
+		c = make(chan otelpgxtx.Reconciliation, 1)
+		r.ch[id] = c
+	}
+	return c
+}
+
+// deliver is the WithOnReconciled callback: once per indeterminate frame.
+func (r *reconciledOutcomes) deliver(rec otelpgxtx.Reconciliation) { r.chanOf(rec.OperationID) <- rec }
+
+// wait returns the answer for id.
+func (r *reconciledOutcomes) wait(ctx context.Context, id outcome.OperationID) (otelpgxtx.Reconciliation, error) {
+	select {
+	case rec := <-r.chanOf(id):
+		return rec, nil
+	case <-ctx.Done():
+		return otelpgxtx.Reconciliation{}, fmt.Errorf("waiting for the automatic reconciliation of %s: %w", id, ctx.Err())
+	}
 }

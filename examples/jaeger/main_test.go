@@ -87,6 +87,10 @@ func TestDemoEmbedded(t *testing.T) {
 		"Search by Tags: tx.outcome=indeterminate",
 		"http://localhost:16686",
 		`otelpgxtx_transactions_total{tx_outcome="indeterminate"} 1`,
+		`otelpgxtx_reconciliations_total{tx_outcome_resolved="committed"} 1`,
+		"otelpgxtx_reconciliation_unresolved_age_seconds 0",
+		"the indeterminate commit was reconciled committed in the background,",
+		"so it pages nobody;",
 		"Every scenario produced its expected outcome",
 	} {
 		if !strings.Contains(o, want) {

@@ -140,8 +140,8 @@ func (p *promProc) lastEvaluation(t *testing.T, ctx context.Context) time.Time {
 	if err := p.api(ctx, "/api/v1/rules", nil, &d); err != nil {
 		t.Fatal(err)
 	}
-	if len(d.Groups) != 1 || d.Groups[0].Name != "otelpgxtx" || len(d.Groups[0].Rules) != 3 {
-		t.Fatalf("rule groups: %+v, want the otelpgxtx group of alerts.yml with its 3 rules", d.Groups)
+	if len(d.Groups) != 1 || d.Groups[0].Name != "otelpgxtx" || len(d.Groups[0].Rules) != len(alertNames) {
+		t.Fatalf("rule groups: %+v, want the otelpgxtx group of alerts.yml with its %d rules", d.Groups, len(alertNames))
 	}
 	for _, r := range d.Groups[0].Rules {
 		if r.Health == "err" {
@@ -167,11 +167,19 @@ func waitFor(t *testing.T, ctx context.Context, d time.Duration, what string, co
 	}
 }
 
+// alertNames are the rules of alerts.yml.
+var alertNames = []string{"TransactionCommitIndeterminate", "TransactionCommitUnresolved", "TransactionReconciledUnknown",
+	"TransactionCommitAborted", "TransactionIndeterminateRateHigh", "TransactionRollbackRateHigh", "TransactionPostCommitFailure"}
+
 // TestPrometheusAlert runs a real Prometheus (the release scripts/prometheus builds)
 // scraping the demo's metrics endpoint and evaluating alerts.yml. Before anything went
-// wrong no outcome alert is active; after one round of the demo's scenarios the
-// indeterminate-commit alert (and the post-commit-failure one) fires, and the outcome
-// series have the names and labels the README documents.
+// wrong no alert is active; after one round of the demo's scenarios the post-commit-failure
+// alert fires, while the indeterminate commit, which automatic reconciliation settled
+// committed, pages nobody: Prometheus holds the indeterminate series at 1 and the
+// reconciliations series committed at 1, and no alert is pending or firing for them. Then
+// a plain pgx commit cut the same way, which has no reference, is settled unknown
+// (no_reference) and TransactionReconciledUnknown pages. The series have the names and
+// labels the README documents.
 func TestPrometheusAlert(t *testing.T) {
 	ctx := testCtx(t, 4*time.Minute)
 	ports := freePorts(t, 2)
@@ -207,7 +215,7 @@ func TestPrometheusAlert(t *testing.T) {
 	waitFor(t, ctx, time.Minute, "a rule evaluation after the first scrape", func() bool {
 		return p.lastEvaluation(t, ctx).After(seen)
 	})
-	for _, name := range []string{"TransactionCommitIndeterminate", "TransactionPostCommitFailure", "TransactionRollbackRateHigh"} {
+	for _, name := range alertNames {
 		if got := p.alerts(t, ctx, name); len(got) > 0 {
 			t.Errorf("%s is %s before any transaction: %v", name, got[0].State, got)
 		}
@@ -220,7 +228,6 @@ func TestPrometheusAlert(t *testing.T) {
 	}
 
 	for _, want := range []struct{ name, outcome, severity string }{
-		{"TransactionCommitIndeterminate", "indeterminate", "page"},
 		{"TransactionPostCommitFailure", "committed_with_post_commit_failure", "warning"},
 	} {
 		var got []promAlert
@@ -236,6 +243,29 @@ func TestPrometheusAlert(t *testing.T) {
 	}
 	if r := p.query(t, ctx, indeterminate); len(r) != 1 || r[0].Value[1] != "1" {
 		t.Errorf("%s = %v, want 1 (the round's one indeterminate commit)", indeterminate, r)
+	}
+	// Reconciled committed, and no outcome waits: once Prometheus has scraped that and
+	// evaluated the rules since, no page is pending or firing.
+	const resolved = `otelpgxtx_reconciliations_total{tx_outcome_resolved="committed"}`
+	waitFor(t, ctx, time.Minute, resolved+" at 1 in Prometheus", func() bool {
+		r := p.query(t, ctx, resolved)
+		seen = time.Now()
+		return len(r) == 1 && r[0].Value[1] == "1"
+	})
+	if r := p.query(t, ctx, `otelpgxtx_reconciliation_unresolved_age_seconds`); len(r) != 1 || r[0].Value[1] != "0" {
+		t.Errorf("otelpgxtx_reconciliation_unresolved_age_seconds = %v, want 0", r)
+	}
+	if r := p.query(t, ctx, `sum(otelpgxtx_reconciliations_total) - sum(`+resolved+`)`); len(r) != 1 || r[0].Value[1] != "0" {
+		t.Errorf("reconciliations other than committed: %v, want 0", r)
+	}
+	waitFor(t, ctx, time.Minute, "a rule evaluation after the resolution was scraped", func() bool {
+		return p.lastEvaluation(t, ctx).After(seen)
+	})
+	for _, name := range []string{"TransactionCommitIndeterminate", "TransactionCommitUnresolved", "TransactionReconciledUnknown",
+		"TransactionCommitAborted", "TransactionIndeterminateRateHigh"} {
+		if got := p.alerts(t, ctx, name); len(got) > 0 {
+			t.Errorf("%s is %s for an indeterminate commit reconciled committed: %v", name, got[0].State, got)
+		}
 	}
 
 	// The names and labels of the README: one series per outcome of the counter, and
@@ -260,8 +290,10 @@ func TestPrometheusAlert(t *testing.T) {
 	if err := p.api(ctx, "/api/v1/label/__name__/values", url.Values{"match[]": {`{__name__=~"otelpgxtx_.*"}`}}, &names); err != nil {
 		t.Fatal(err)
 	}
-	wantNames := []string{"otelpgxtx_transactions_total"}
-	for _, h := range []string{"otelpgxtx_transaction_commit_duration_seconds", "otelpgxtx_transaction_duration_seconds"} {
+	wantNames := []string{"otelpgxtx_transactions_total", "otelpgxtx_reconciliations_total",
+		"otelpgxtx_reconciliation_unresolved", "otelpgxtx_reconciliation_unresolved_age_seconds"}
+	for _, h := range []string{"otelpgxtx_transaction_commit_duration_seconds", "otelpgxtx_transaction_duration_seconds",
+		"otelpgxtx_reconciliation_duration_seconds"} {
 		wantNames = append(wantNames, h+"_bucket", h+"_count", h+"_sum")
 	}
 	slices.Sort(wantNames)
@@ -274,4 +306,45 @@ func TestPrometheusAlert(t *testing.T) {
 			t.Errorf("%s{tx_outcome=\"indeterminate\"} = %v, want 1", h, r)
 		}
 	}
+	// A page that does fire: a plain pgx transaction (no reference: nothing for
+	// reconciliation to ask) whose COMMIT is cut the same way ends unknown, no_reference.
+	if err := plainIndeterminate(ctx, a); err != nil {
+		t.Fatal(err)
+	}
+	var unknown []promAlert
+	waitFor(t, ctx, time.Minute, "TransactionReconciledUnknown firing", func() bool {
+		unknown = p.alerts(t, ctx, "TransactionReconciledUnknown")
+		return len(unknown) == 1 && unknown[0].State == "firing"
+	})
+	if l := unknown[0].Labels; l["error_type"] != "no_reference" || l["severity"] != "page" || l["tx_outcome_resolved"] != "unknown" {
+		t.Errorf("TransactionReconciledUnknown labels %v", l)
+	}
+}
+
+// plainIndeterminate makes a plain pgx transaction on the demo's pool whose COMMIT waits
+// for the phantom synchronous standby, and terminates its backend there.
+func plainIndeterminate(ctx context.Context, a *app) error {
+	tx, err := a.pool.Begin(ctx)
+	if err != nil {
+		return err
+	}
+	if _, err := tx.Exec(ctx, "set local synchronous_commit = on"); err != nil {
+		return err
+	}
+	if _, err := tx.Exec(ctx, fmt.Sprintf("insert into %s (id, k, note) values (9001, 9001, 'plain')", a.table)); err != nil {
+		return err
+	}
+	pid := tx.Conn().PgConn().PID()
+	watched := make(chan error, 1)
+	go func() {
+		err := a.ctl.WaitForWaitEvent(ctx, pid, "SyncRep")
+		if err == nil {
+			err = a.ctl.Terminate(ctx, pid)
+		}
+		watched <- err
+	}()
+	if err := tx.Commit(ctx); err == nil {
+		return fmt.Errorf("the terminated COMMIT succeeded")
+	}
+	return <-watched
 }

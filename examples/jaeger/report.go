@@ -78,10 +78,17 @@ func (a *app) whereToLook(rep roundReport, indeterminate []string) {
 	if a.cfg.metricsAddr != "" {
 		fmt.Fprintf(w, "  Metrics: %s; with docker compose, Prometheus alerts at http://localhost:9090/alerts\n", metricsURL(a.cfg.metricsAddr))
 	}
+	for _, sc := range rep.scenarios {
+		if slices.Contains(sc.results, "reconciled=committed") {
+			fmt.Fprintln(w, "  Alerts (alerts.yml): the indeterminate commit was reconciled committed in the background,")
+			fmt.Fprintln(w, "  so it pages nobody; TransactionCommitUnresolved pages if one stays unknown for 5 minutes,")
+			fmt.Fprintln(w, "  TransactionCommitAborted if one did not commit after all.")
+		}
+	}
 }
 
-// metricSummary renders the library's metrics from the registry: the counter by outcome
-// and the histograms' sample counts.
+// metricSummary renders the library's metrics from the registry: the counters and gauges
+// by their labels, and the histograms' sample counts.
 func metricSummary(reg interface {
 	Gather() ([]*dto.MetricFamily, error)
 }) []string {
@@ -96,18 +103,27 @@ func metricSummary(reg interface {
 			continue
 		}
 		for _, m := range mf.GetMetric() {
-			outcome := ""
+			var labels []string
 			for _, l := range m.GetLabel() {
-				if l.GetName() == "tx_outcome" {
-					outcome = l.GetValue()
+				if n := l.GetName(); n != "db_system_name" && !strings.HasPrefix(n, "otel_scope_") {
+					labels = append(labels, fmt.Sprintf("%s=%q", n, l.GetValue()))
 				}
+			}
+			series := name
+			if len(labels) > 0 {
+				series += "{" + strings.Join(labels, ",") + "}"
 			}
 			switch mf.GetType() {
 			case dto.MetricType_COUNTER:
-				lines = append(lines, fmt.Sprintf("%s{tx_outcome=%q} %g", name, outcome, m.GetCounter().GetValue()))
+				// The reconciliation series of reasons that did not happen are left out.
+				if v := m.GetCounter().GetValue(); v > 0 || name != "otelpgxtx_reconciliations_total" {
+					lines = append(lines, fmt.Sprintf("%s %g", series, v))
+				}
+			case dto.MetricType_GAUGE:
+				lines = append(lines, fmt.Sprintf("%s %g", series, m.GetGauge().GetValue()))
 			case dto.MetricType_HISTOGRAM:
 				h := m.GetHistogram()
-				lines = append(lines, fmt.Sprintf("%s_count{tx_outcome=%q} %d  (sum %.3fs)", name, outcome, h.GetSampleCount(), h.GetSampleSum()))
+				lines = append(lines, fmt.Sprintf("%s_count%s %d  (sum %.3fs)", name, series[len(name):], h.GetSampleCount(), h.GetSampleSum()))
 			}
 		}
 	}

@@ -280,8 +280,8 @@ func runWriteSkew(ctx context.Context, a *app, s *scenarioRun) error {
 // runIndeterminate: the transaction sets synchronous_commit = on, so its COMMIT waits
 // for the phantom synchronous standby after the commit record is in local WAL. A
 // watcher waits until pg_stat_activity shows that backend in wait_event SyncRep and
-// terminates it: the client loses the connection inside COMMIT and cannot know. Then the
-// reconciler asks PostgreSQL's commit log.
+// terminates it: the client loses the connection inside COMMIT and cannot know. Then
+// automatic reconciliation asks PostgreSQL's commit log.
 func runIndeterminate(ctx context.Context, a *app, s *scenarioRun) error {
 	res, calls, werr := a.commitIndeterminately(ctx, a.insert(13, 113, "order 13"))
 	s.result("run", res)
@@ -299,10 +299,13 @@ func runIndeterminate(ctx context.Context, a *app, s *scenarioRun) error {
 	if !ind.CommittedLocally() {
 		s.note("committed_locally=false")
 	}
-	got, err := otelpgxtx.Reconcile(ctx, a.rec, ind)
+	// Automatic reconciliation (WithAutoReconcile) asks the commit log in the background;
+	// its callback hands the answer here.
+	rec, err := a.reconciled.wait(ctx, ind.OperationID())
 	if err != nil {
-		return fmt.Errorf("reconciling: %w", err)
+		return err
 	}
+	got := rec.Resolution
 	s.note("reconciled=" + got.Resolved().String())
 	if got.Resolved() != otelpgxtx.ResolvedCommitted {
 		return fmt.Errorf("reconciled %s (%s), want committed", got.Resolved(), got.Reason())

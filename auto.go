@@ -1,0 +1,411 @@
+package otelpgxtx
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"time"
+
+	"go.opentelemetry.io/otel/trace"
+
+	"github.com/txevidence/otelpgxtx/outcome"
+)
+
+// Reasons an automatic reconciliation ends unknown without asking the database.
+const (
+	// UnknownQueueFull: the reconciliation queue was full when the frame ended; the
+	// frame's log record (see [WithLogger]) is what is left to reconcile it with.
+	UnknownQueueFull = "queue_full"
+	// UnknownStopped: the tracer was closed ([Tracer.Close]) before the outcome was
+	// settled; a log record "transaction commit outcome still unknown at shutdown" carries
+	// what the operator command needs to settle it later.
+	UnknownStopped = "stopped"
+)
+
+// Reconciliation is what automatic reconciliation ([WithAutoReconcile]) learned of one
+// indeterminate frame, handed to the [WithOnReconciled] callback exactly once per frame.
+type Reconciliation struct {
+	// OperationID is the frame's tx.operation_id.
+	OperationID outcome.OperationID
+	// Resolution is the final answer: committed, aborted or no_writes, or unknown with
+	// its reason (including [UnknownQueueFull] and [UnknownStopped]).
+	Resolution Resolution
+	// TraceParent names the frame span (W3C traceparent), "" when it had none.
+	TraceParent string
+	// IndeterminateAt is when the frame ended indeterminate.
+	IndeterminateAt time.Time
+	// Attempts is the number of tx.reconcile attempts made (0 when none was).
+	Attempts int
+	// CommittedLocally: the server had warned that the commit was already committed
+	// locally (its synchronous-replication wait was cancelled or ended): a committed
+	// answer then describes the server asked, and a failover to a standby that never
+	// received the commit can still lose it (the frame's tx.commit.committed_locally).
+	CommittedLocally bool
+}
+
+// AutoReconcileOption configures [WithAutoReconcile].
+type AutoReconcileOption interface {
+	applyAuto(*autoConfig)
+}
+
+type autoConfig struct {
+	db                 Querier
+	queue, workers     int
+	retryMin, retryMax time.Duration
+	wait, interval     time.Duration
+	onReconciled       func(Reconciliation)
+	err                error
+}
+
+type autoOptionFunc func(*autoConfig)
+
+func (f autoOptionFunc) applyAuto(c *autoConfig) { f(c) }
+
+// WithAutoReconcile reconciles every indeterminate frame of the tracer — those of [Run]
+// and plain pgx transactions alike — in the background, asking db (a pool of its own is
+// best: it must not wait behind the application for a connection). A frame without a
+// reference (a plain pgx COMMIT, or Run without Policy.CaptureReference) has nothing to
+// ask and ends unknown with reason no_reference at once. The frame's goroutine only
+// enqueues, without blocking: when the queue is full the frame is counted unknown with
+// reason [UnknownQueueFull]. An attempt that cannot reach the database, or finds the
+// transaction still in progress after the reconcile wait, is retried with exponential
+// backoff until it settles or the tracer is closed; each attempt is a tx.reconcile span
+// linked to the frame, in the frame's trace (a child of the span the frame was begun
+// under). The tracer's workers run until [Tracer.Close]: close it when the pool is done.
+func WithAutoReconcile(db Querier, opts ...AutoReconcileOption) Option {
+	return optionFunc(func(c *config) {
+		a := autoConfig{db: db, queue: 1024, workers: 2, retryMin: 100 * time.Millisecond, retryMax: 30 * time.Second,
+			wait: 5 * time.Second, interval: 50 * time.Millisecond}
+		if db == nil || isNilHandle(db) {
+			a.err = errors.New("otelpgxtx: WithAutoReconcile: nil db")
+		}
+		for _, o := range opts {
+			if o != nil {
+				o.applyAuto(&a)
+			}
+		}
+		if a.err != nil {
+			c.err = a.err
+			return
+		}
+		c.auto = &a
+	})
+}
+
+// WithQueue bounds the outcomes waiting for reconciliation (1024 by default) and the
+// attempts made at once (2 by default).
+func WithQueue(size, workers int) AutoReconcileOption {
+	return autoOptionFunc(func(c *autoConfig) {
+		if size <= 0 || workers <= 0 {
+			c.err = fmt.Errorf("otelpgxtx: WithQueue: size and workers must be > 0, got %d, %d", size, workers)
+			return
+		}
+		c.queue, c.workers = size, workers
+	})
+}
+
+// WithRetryBackoff sets the delay before an attempt is retried: first, doubling up to
+// most; 100 ms and 30 s by default.
+func WithRetryBackoff(first, most time.Duration) AutoReconcileOption {
+	return autoOptionFunc(func(c *autoConfig) {
+		if first <= 0 || most < first {
+			c.err = fmt.Errorf("otelpgxtx: WithRetryBackoff: want 0 < first <= most, got %v, %v", first, most)
+			return
+		}
+		c.retryMin, c.retryMax = first, most
+	})
+}
+
+// WithOnReconciled registers fn to receive the final [Reconciliation] of every frame
+// given to automatic reconciliation, exactly once per frame: to resume follow-up work of
+// a commit that turned out committed, say. It runs on a reconciliation worker — for an
+// outcome pending at [Tracer.Close], on Close's goroutine; for a frame ending after Close,
+// on the goroutine that ended it — and should neither block for long, nor use the frame's
+// connection, nor call [Tracer.Close] (which waits for the workers).
+func WithOnReconciled(fn func(Reconciliation)) AutoReconcileOption {
+	return autoOptionFunc(func(c *autoConfig) { c.onReconciled = fn })
+}
+
+// pendingOutcome is one indeterminate frame waiting for its reconciliation.
+type pendingOutcome struct {
+	id     outcome.OperationID
+	ref    outcome.ReconciliationRef
+	hasRef bool
+	link   trace.SpanContext
+	// parent is the span the frame was begun under: the attempts' parent, so that they
+	// join the frame's trace, as a follow-up of the work that began it.
+	parent   trace.SpanContext
+	at       time.Time
+	local    bool // the frame's committedLocally
+	due      time.Time
+	attempts int
+	inFlight bool
+	// final is the answer of an outcome dropped from the queue, settled without asking.
+	final *Resolution
+}
+
+// autoReconciler is the tracer's background reconciliation: a bounded set of pending
+// outcomes and a fixed number of workers.
+type autoReconciler struct {
+	cfg     autoConfig
+	r       *Reconciler
+	t       *Tracer
+	metrics *reconcileMetrics
+
+	mu      sync.Mutex
+	pending map[*pendingOutcome]struct{}
+	// ready are settled by a worker without asking the database: frames without a
+	// reference, and those over the queue's bound (unknown, queue_full).
+	ready   []*pendingOutcome
+	closed  bool
+	wake    chan struct{}
+	stop    chan struct{}
+	ctx     context.Context // cancelled when Close gives up waiting for an attempt
+	cancel  context.CancelFunc
+	wg      sync.WaitGroup
+	closing sync.Once
+}
+
+func newAutoReconciler(t *Tracer, a *autoConfig) (*autoReconciler, error) {
+	ropts := []ReconcilerOption{WithTracerProvider(t.cfg.tracerProvider), WithReconcileWait(a.wait, a.interval)}
+	if t.cfg.errorMessages {
+		ropts = append(ropts, WithErrorMessages())
+	}
+	r, err := NewReconciler(a.db, ropts...)
+	if err != nil {
+		return nil, err
+	}
+	ar := &autoReconciler{cfg: *a, r: r, t: t, pending: make(map[*pendingOutcome]struct{}),
+		wake: make(chan struct{}, a.workers), stop: make(chan struct{})}
+	ar.ctx, ar.cancel = context.WithCancel(context.Background())
+	ar.metrics = newReconcileMetrics(t.cfg.meterProvider, t.cfg.meterAttributes, ar.oldest)
+	ar.wg.Add(a.workers)
+	for range a.workers {
+		go ar.work()
+	}
+	return ar, nil
+}
+
+// enqueue hands an indeterminate frame to the workers; it never blocks.
+func (a *autoReconciler) enqueue(f *frame) {
+	p := &pendingOutcome{id: f.id, link: f.span.SpanContext(), parent: f.parentSpan, at: f.doneAt, local: f.committedLocally}
+	if p.at.IsZero() {
+		p.at = time.Now()
+	}
+	if f.ref != nil {
+		p.ref, p.hasRef = *f.ref, true
+	}
+	a.mu.Lock()
+	switch {
+	case a.closed:
+		a.mu.Unlock()
+		a.leave(p)
+		return
+	case !p.hasRef:
+		// Nothing to ask; settled by a worker all the same, not here: the frame's goroutine
+		// may hold its connection's lock, and the callback is the application's.
+		a.ready = append(a.ready, p)
+	case len(a.pending) >= a.cfg.queue:
+		p.final = &Resolution{reason: UnknownQueueFull, ref: p.ref}
+		a.ready = append(a.ready, p)
+	default:
+		a.pending[p] = struct{}{}
+	}
+	a.mu.Unlock()
+	select {
+	case a.wake <- struct{}{}:
+	default: // every worker has a wake-up waiting already
+	}
+}
+
+// work runs attempts until the reconciler is closed.
+func (a *autoReconciler) work() {
+	defer a.wg.Done()
+	timer := time.NewTimer(time.Hour)
+	defer timer.Stop()
+	for {
+		p, wait, closed := a.next()
+		if closed {
+			return
+		}
+		if p != nil {
+			a.attempt(p)
+			continue
+		}
+		timer.Reset(wait) // since Go 1.23 no stale tick survives a Reset
+		select {
+		case <-a.stop:
+			return
+		case <-a.wake:
+		case <-timer.C:
+		}
+	}
+}
+
+// next takes the pending outcome that is due first, or says how long to wait for one.
+func (a *autoReconciler) next() (p *pendingOutcome, wait time.Duration, closed bool) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.closed {
+		return nil, 0, true
+	}
+	if n := len(a.ready); n > 0 {
+		p, a.ready = a.ready[n-1], a.ready[:n-1]
+		return p, 0, false
+	}
+	now := time.Now()
+	wait = time.Hour
+	var first *pendingOutcome
+	for q := range a.pending {
+		if !q.inFlight && (first == nil || q.due.Before(first.due)) {
+			first = q
+		}
+	}
+	if first == nil {
+		return nil, wait, false
+	}
+	if d := first.due.Sub(now); d > 0 {
+		return nil, d, false
+	}
+	first.inFlight = true
+	return first, 0, false
+}
+
+// attempt asks the database once (polling an in-progress transaction within the
+// reconcile wait); an answer that may still change is retried after a backoff.
+func (a *autoReconciler) attempt(p *pendingOutcome) {
+	if p.final != nil {
+		a.settle(p, *p.final)
+		return
+	}
+	var res Resolution
+	var err error
+	ctx := trace.ContextWithSpanContext(a.ctx, p.parent)
+	if p.hasRef {
+		res, err = a.r.resolve(ctx, p.ref, p.link, p.id)
+	} else {
+		// Nothing to ask: settled at once, in a span of its own like every answer.
+		res, err = a.r.trace(ctx, p.link, p.id, outcome.ReconciliationRef{}, func(context.Context) (Resolution, error) {
+			return Resolution{reason: UnknownNoReference}, nil
+		})
+	}
+	a.mu.Lock()
+	p.attempts++
+	p.inFlight = false
+	if err != nil || res.resolved == ResolvedUnknown && res.reason == UnknownInProgress {
+		backoff := a.cfg.retryMin << min(p.attempts-1, 30)
+		if backoff <= 0 || backoff > a.cfg.retryMax {
+			backoff = a.cfg.retryMax
+		}
+		p.due = time.Now().Add(backoff)
+		a.mu.Unlock()
+		return
+	}
+	delete(a.pending, p)
+	a.mu.Unlock()
+	a.settle(p, res)
+}
+
+// settle counts the final answer and hands it to the application.
+func (a *autoReconciler) settle(p *pendingOutcome, res Resolution) {
+	a.metrics.record(res, time.Since(p.at))
+	if a.cfg.onReconciled != nil {
+		a.cfg.onReconciled(Reconciliation{OperationID: p.id, Resolution: res, TraceParent: traceParent(p.link),
+			IndeterminateAt: p.at, Attempts: p.attempts, CommittedLocally: p.local})
+	}
+}
+
+// leave writes what the operator command needs to settle p later, and settles it
+// unknown with reason stopped.
+func (a *autoReconciler) leave(p *pendingOutcome) {
+	l := a.t.cfg.logger
+	if l == nil {
+		l = slog.Default()
+	}
+	attrs := []slog.Attr{
+		slog.String(string(OperationIDKey), p.id.String()),
+		slog.Time("indeterminate_at", p.at),
+		slog.Int("attempts", p.attempts),
+	}
+	if p.hasRef {
+		attrs = append(attrs, slog.String(string(ReconciliationRefKey), p.ref.String()))
+	}
+	if p.link.HasTraceID() {
+		attrs = append(attrs, slog.String("trace_id", p.link.TraceID().String()), slog.String("span_id", p.link.SpanID().String()))
+	}
+	l.LogAttrs(context.Background(), slog.LevelWarn, MessagePendingAtShutdown, attrs...)
+	a.settle(p, Resolution{reason: UnknownStopped, ref: p.ref})
+}
+
+// MessagePendingAtShutdown is the message of the log record [Tracer.Close] writes for each
+// outcome automatic reconciliation had not settled: select them with it and pipe them to
+// "otelpgxtx reconcile".
+const MessagePendingAtShutdown = "transaction commit outcome still unknown at shutdown: reconcile it"
+
+// close stops the workers: an attempt in flight may finish until ctx is done, then it
+// is cancelled. Every outcome still pending is left to the operator (see leave).
+func (a *autoReconciler) close(ctx context.Context) error {
+	var err error
+	a.closing.Do(func() {
+		a.mu.Lock()
+		a.closed = true
+		a.mu.Unlock()
+		close(a.stop)
+		done := make(chan struct{})
+		go func() { a.wg.Wait(); close(done) }()
+		select {
+		case <-done:
+		case <-ctx.Done():
+			err = ctx.Err()
+			a.cancel()
+			<-done
+		}
+		a.cancel()
+		a.mu.Lock()
+		left := a.ready
+		a.ready = nil
+		for p := range a.pending {
+			left = append(left, p)
+		}
+		clear(a.pending)
+		a.mu.Unlock()
+		for _, p := range left {
+			if p.final != nil || !p.hasRef {
+				a.attempt(p) // asks nothing
+			} else {
+				a.leave(p)
+			}
+		}
+		a.metrics.unregister()
+	})
+	return err
+}
+
+// oldest returns how many outcomes are pending and the age of the oldest one.
+func (a *autoReconciler) oldest() (n int, age time.Duration) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	now := time.Now()
+	for p := range a.pending {
+		age = max(age, now.Sub(p.at))
+	}
+	return len(a.pending), age
+}
+
+// Close stops the tracer's automatic reconciliation ([WithAutoReconcile]); without it,
+// Close does nothing. An attempt in flight may finish until ctx is done, then it is
+// cancelled. Every outcome not settled by then gets a warning log record
+// ([MessagePendingAtShutdown], with its operation id and reference, on the [WithLogger]
+// logger, else slog's default) for "otelpgxtx reconcile" to settle it after the restart,
+// and is handed to the [WithOnReconciled] callback unknown with reason [UnknownStopped];
+// so is every frame that ends indeterminate after Close. Call it after the application
+// stopped using the pool, and before closing the db it reconciles with. It returns
+// ctx's error if ctx ended first; calling it again does nothing.
+func (t *Tracer) Close(ctx context.Context) error {
+	if t == nil || t.auto == nil {
+		return nil
+	}
+	return t.auto.close(ctx)
+}

@@ -1,0 +1,233 @@
+package otelpgxtx
+
+import (
+	"bytes"
+	"context"
+	"log/slog"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"go.opentelemetry.io/otel/sdk/metric/metricdata"
+
+	"github.com/txevidence/otelpgxtx/outcome"
+	"github.com/txevidence/otelpgxtx/pgtest"
+)
+
+// reconciled collects the callback's reconciliations, per operation id.
+type reconciled struct {
+	mu  sync.Mutex
+	got map[outcome.OperationID][]Reconciliation
+	ch  chan Reconciliation
+}
+
+func newReconciled() *reconciled {
+	return &reconciled{got: map[outcome.OperationID][]Reconciliation{}, ch: make(chan Reconciliation, 64)}
+}
+
+func (r *reconciled) on(rec Reconciliation) {
+	r.mu.Lock()
+	r.got[rec.OperationID] = append(r.got[rec.OperationID], rec)
+	r.mu.Unlock()
+	r.ch <- rec
+}
+
+// reconcileCounts reads the reconciliations counter: resolution/reason → value, every
+// series, zeros too.
+func (h *harness) reconcileCounts(t *testing.T, ctx context.Context) (counts map[string]int64, histCount uint64, unresolved int64) {
+	t.Helper()
+	var rm metricdata.ResourceMetrics
+	if err := h.reader.Collect(ctx, &rm); err != nil {
+		t.Fatal(err)
+	}
+	counts = map[string]int64{}
+	unresolved = -1
+	for _, sm := range rm.ScopeMetrics {
+		for _, m := range sm.Metrics {
+			switch m.Name {
+			case MetricReconciliations:
+				for _, dp := range m.Data.(metricdata.Sum[int64]).DataPoints {
+					res, _ := dp.Attributes.Value(ResolvedOutcomeKey)
+					reason, _ := dp.Attributes.Value(errorTypeKey)
+					counts[res.AsString()+"/"+reason.AsString()] += dp.Value
+				}
+			case MetricReconciliationDuration:
+				for _, dp := range m.Data.(metricdata.Histogram[float64]).DataPoints {
+					histCount += dp.Count
+				}
+			case MetricUnresolved:
+				for _, dp := range m.Data.(metricdata.Gauge[int64]).DataPoints {
+					unresolved = dp.Value
+				}
+			}
+		}
+	}
+	return counts, histCount, unresolved
+}
+
+// TestAutoReconcile: a Run commit with a commit marker cut by the proxy after COMMIT is reconciled in the
+// background to committed, and a plain pgx commit cut the same way (it has no reference)
+// ends unknown with reason no_reference; the callback gets each exactly once, each
+// attempt is a tx.reconcile span linked to its frame, and the metrics count them, every
+// series born at 0.
+func TestAutoReconcile(t *testing.T) {
+	pgtest.LeakCheck(t) // first: it runs after every cleanup below
+	ctx := testCtx(t)
+	db, err := pgxpool.New(ctx, srv.ConnString())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(db.Close)
+	rec := newReconciled()
+	proxy := newProxy(t)
+	var logs bytes.Buffer
+	h := newHarness(t, proxy.ConnString(srv.ConnString()), 2, WithLogger(slog.New(slog.NewJSONHandler(&logs, nil))),
+		WithAutoReconcile(db, WithOnReconciled(rec.on)))
+	t.Cleanup(func() { _ = h.tracer.Close(context.Background()) })
+	counts, _, unresolved := h.reconcileCounts(t, ctx)
+	if len(counts) != 11 || unresolved != 0 {
+		t.Fatalf("at start: %v series (want 11, all 0), unresolved %d", counts, unresolved)
+	}
+	for k, v := range counts {
+		if v != 0 {
+			t.Fatalf("at start %s = %d", k, v)
+		}
+	}
+	table := newTable(t, ctx)
+	marker := newMarkerTable(t, ctx, srv.Exec)
+
+	// The proxy cuts before the xid arrives: the commit marker is the reference.
+	res := Run(ctx, h.pool, markerPolicy(marker), func(ctx context.Context, tx pgx.Tx) (int, error) {
+		proxy.CutAfterCommit()
+		return insertFn(table, 1)(ctx, tx)
+	})
+	ind, ok := res.(outcome.Indeterminate[int])
+	if !ok {
+		t.Fatalf("Run: %T %v", res, res)
+	}
+	if _, ok := ind.Reference(); !ok {
+		t.Fatal("Run's indeterminate result has no reference")
+	}
+	tx, err := h.pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tx.Exec(ctx, "insert into "+table+" values (2)"); err != nil {
+		t.Fatal(err)
+	}
+	proxy.CutAfterCommit()
+	if err := tx.Commit(ctx); err == nil {
+		t.Fatal("the cut commit succeeded")
+	}
+
+	want := map[outcome.OperationID]string{ind.OperationID(): "committed/"}
+	for range 2 {
+		r := <-rec.ch
+		key := r.Resolution.Resolved().String() + "/" + r.Resolution.Reason()
+		if r.OperationID != ind.OperationID() {
+			want[r.OperationID] = "unknown/" + UnknownNoReference
+		}
+		if want[r.OperationID] != key || r.Attempts < 1 || r.TraceParent == "" {
+			t.Fatalf("reconciliation %+v: %s, want %s", r, key, want[r.OperationID])
+		}
+	}
+	if _, _, unresolved := h.reconcileCounts(t, ctx); unresolved != 0 {
+		t.Errorf("unresolved gauge %d once both are settled, want 0", unresolved)
+	}
+	if err := h.tracer.Close(ctx); err != nil {
+		t.Fatal(err)
+	}
+	// A frame that ends indeterminate after Close is not lost: logged for the operator,
+	// and handed to the callback at once, unknown with reason stopped.
+	late := Run(ctx, h.pool, markerPolicy(marker), func(ctx context.Context, tx pgx.Tx) (int, error) {
+		proxy.CutAfterCommit()
+		return insertFn(table, 3)(ctx, tx)
+	})
+	if _, ok := late.(outcome.Indeterminate[int]); !ok {
+		t.Fatalf("Run after Close: %T %v", late, late)
+	}
+	select {
+	case r := <-rec.ch:
+		if r.OperationID != late.OperationID() || r.Resolution.Reason() != UnknownStopped {
+			t.Fatalf("after Close: %+v, want %s stopped", r, late.OperationID())
+		}
+	default:
+		t.Fatal("a frame ending after Close did not reach the callback at once")
+	}
+	if !strings.Contains(logs.String(), `"msg":"`+MessagePendingAtShutdown+`"`) || !strings.Contains(logs.String(), late.OperationID().String()) {
+		t.Fatalf("no shutdown record for %s in the log:\n%s", late.OperationID(), logs.String())
+	}
+	rec.mu.Lock()
+	for id, rs := range rec.got {
+		if len(rs) != 1 {
+			t.Errorf("operation %s reconciled %d times", id, len(rs))
+		}
+	}
+	rec.mu.Unlock()
+	if !rowExists(t, ctx, table, 1) {
+		t.Fatal("reconciled committed, but the row is not there")
+	}
+
+	// Each frame has its tx.reconcile spans, linked to it.
+	frames := map[string]string{} // frame span id → operation id
+	for _, f := range h.frames() {
+		if v, _ := attr(f, OutcomeKey); v.AsString() == outcome.OutcomeIndeterminate.String() {
+			frames[f.SpanContext.SpanID().String()] = attrString(t, f, OperationIDKey)
+		}
+	}
+	linked := map[string]int{}
+	for _, s := range h.exp.GetSpans() {
+		if s.Name != SpanNameReconcile {
+			continue
+		}
+		if len(s.Links) != 1 {
+			t.Fatalf("tx.reconcile span with %d links", len(s.Links))
+		}
+		op, isFrame := frames[s.Links[0].SpanContext.SpanID().String()]
+		if !isFrame || attrString(t, s, OperationIDKey) != op {
+			t.Fatalf("tx.reconcile span linked to %v, not to its indeterminate frame", s.Links[0].SpanContext)
+		}
+		linked[op]++
+	}
+	if len(frames) != 3 || len(linked) != 2 {
+		t.Fatalf("%d indeterminate frames, %d with tx.reconcile spans", len(frames), len(linked))
+	}
+
+	counts, hist, _ := h.reconcileCounts(t, ctx)
+	wantCounts := map[string]int64{"committed/": 1, "unknown/" + UnknownNoReference: 1, "unknown/" + UnknownStopped: 1}
+	for k, v := range counts {
+		if v != wantCounts[k] {
+			t.Errorf("reconciliations %s = %d, want %d", k, v, wantCounts[k])
+		}
+	}
+	if hist != 3 {
+		t.Errorf("duration histogram count %d, want 3", hist)
+	}
+}
+
+func TestAutoReconcileOptions(t *testing.T) {
+	for name, o := range map[string]Option{
+		"nil db":        WithAutoReconcile(nil),
+		"queue 0":       WithAutoReconcile(srvQuerier{}, WithQueue(0, 1)),
+		"workers 0":     WithAutoReconcile(srvQuerier{}, WithQueue(1, 0)),
+		"backoff":       WithAutoReconcile(srvQuerier{}, WithRetryBackoff(time.Second, time.Millisecond)),
+		"negative wait": WithAutoReconcile(srvQuerier{}, WithReconcileWait(-1, time.Millisecond)),
+	} {
+		tr, err := newTracer([]Option{o})
+		if err == nil || tr.auto != nil {
+			t.Errorf("%s: accepted (%v)", name, err)
+		}
+	}
+	// Without the option, Close does nothing.
+	if err := NewTracer().Close(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// srvQuerier is a Querier that is never asked: the options above are refused first.
+type srvQuerier struct{}
+
+func (srvQuerier) QueryRow(context.Context, string, ...any) pgx.Row { return nil }
