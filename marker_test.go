@@ -133,6 +133,11 @@ func TestMarkerReconcile(t *testing.T) {
 	if ref, ok := before.Reference(); !ok || ref.XID != 0 || !ref.HasMarker() || ref.Operation != before.OperationID() {
 		t.Fatalf("cut before the xid arrived: reference %v %v, want the marker alone", ref, ok)
 	}
+	// The backend the proxy cut after COMMIT may not have run it yet; a reconciliation
+	// asked before that would fence the marker and rightly say aborted.
+	if err := srv.WaitQuiet(ctx); err != nil {
+		t.Fatal(err)
+	}
 	for _, tc := range []struct {
 		ind  outcome.Indeterminate[int]
 		want Resolved
