@@ -2,7 +2,6 @@ package otelpgxtx
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"log/slog"
 	"sync"
@@ -79,7 +78,7 @@ func WithAutoReconcile(db Querier, opts ...AutoReconcileOption) Option {
 		a := autoConfig{db: db, queue: 1024, workers: 2, retryMin: 100 * time.Millisecond, retryMax: 30 * time.Second,
 			wait: 5 * time.Second, interval: 50 * time.Millisecond}
 		if db == nil || isNilHandle(db) {
-			a.err = errors.New("otelpgxtx: WithAutoReconcile: nil db")
+			a.err = invalid("WithAutoReconcile: nil db")
 		}
 		for _, o := range opts {
 			if o != nil {
