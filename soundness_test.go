@@ -1220,7 +1220,7 @@ func (s *soak) check(ctx context.Context, workload, total time.Duration) {
 	s.autoMu.Unlock()
 	autoCounts := map[string]int{}  // resolution/reason → callbacks
 	autoByMode := map[string]int{}  // mode: resolution → callbacks
-	autoLost, indeterminate := 0, 0 // resolved committed, lost in a later failover; indeterminate frames
+	indeterminate := 0
 	for i := range frames {
 		f := &frames[i]
 		if f.outcome != "indeterminate" {
@@ -1249,14 +1249,9 @@ func (s *soak) check(ctx context.Context, workload, total time.Duration) {
 		if got[0].CommittedLocally != f.committedLocally {
 			fail(op.id, "frame %s: committed_locally %v, the reconciliation says %v", f.op, f.committedLocally, got[0].CommittedLocally)
 		}
-		// Asked before a failover, the old primary's commit log rightly said committed of a
-		// commit that had not reached the standby (its synchronous-replication wait was
-		// ended, whether or not the client saw the "committed locally" warning); the
-		// failover lost it later. Counted and reported, not hidden: an answer describes the
-		// server asked, at the time it was asked.
-		if r.Resolved() == ResolvedCommitted && !here && (s.lostInFailover(f) || s.cluster != nil && op.syncRep) {
-			autoLost++
-		} else if msg := soakResolutionContradicts(r, here); msg != "" {
+		// A committed answer waited for the synchronous standby (the replication barrier),
+		// so a later failover keeps what it confirmed: any loss is a contradiction.
+		if msg := soakResolutionContradicts(r, here); msg != "" {
 			fail(op.id, "automatic reconciliation of frame %s: %s [%s]", f.op, msg, op.describe())
 		}
 		spans := autoSpans[f.op]
@@ -1406,9 +1401,6 @@ func (s *soak) check(ctx context.Context, workload, total time.Duration) {
 	fmt.Fprintf(&b, "\nautomatic reconciliation of the %d indeterminate frames (one answer each; metrics = callbacks = spans):\n", indeterminate)
 	for _, k := range slices.Sorted(maps.Keys(autoByMode)) {
 		fmt.Fprintf(tw, "  %s\t%d\t\n", k, autoByMode[k])
-	}
-	if autoLost > 0 {
-		fmt.Fprintf(tw, "  resolved committed by the old primary, then lost in a failover (sync-rep wait ended)\t%d\t\n", autoLost)
 	}
 	tw.Flush()
 	fmt.Fprintln(&b, "\nReconcile on indeterminate Run results:")
