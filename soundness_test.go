@@ -1218,8 +1218,8 @@ func (s *soak) check(ctx context.Context, workload, total time.Duration) {
 	s.autoMu.Lock()
 	auto := maps.Clone(s.auto)
 	s.autoMu.Unlock()
-	autoCounts := map[string]int{}  // resolution/reason → callbacks
-	autoByMode := map[string]int{}  // mode: resolution → callbacks
+	autoCounts := map[string]int{} // resolution/reason → callbacks
+	autoByMode := map[string]int{} // mode: resolution → callbacks
 	indeterminate := 0
 	for i := range frames {
 		f := &frames[i]
