@@ -7,6 +7,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/txevidence/otelpgxtx/outcome"
@@ -79,6 +80,8 @@ func WithAutoReconcile(db Querier, opts ...AutoReconcileOption) Option {
 			wait: 5 * time.Second, interval: 50 * time.Millisecond}
 		if db == nil || isNilHandle(db) {
 			a.err = invalid("WithAutoReconcile: nil db")
+		} else if _, ok := db.(pgx.Tx); ok {
+			a.err = invalid("WithAutoReconcile: db is a transaction; give it a pool or a connection")
 		}
 		for _, o := range opts {
 			if o != nil {
@@ -293,7 +296,7 @@ func (a *autoReconciler) attempt(p *pendingOutcome) {
 	a.mu.Lock()
 	p.attempts++
 	p.inFlight = false
-	if err != nil || res.resolved == ResolvedUnknown && res.reason == UnknownInProgress {
+	if err != nil || res.resolved == ResolvedUnknown && (res.reason == UnknownInProgress || res.reason == UnknownNotReplicated) {
 		backoff := a.cfg.retryMin << min(p.attempts-1, 30)
 		if backoff <= 0 || backoff > a.cfg.retryMax {
 			backoff = a.cfg.retryMax

@@ -3,6 +3,7 @@ package otelpgxtx
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"log/slog"
 	"strings"
 	"sync"
@@ -11,6 +12,8 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"go.opentelemetry.io/otel/attribute"
+	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
 	"go.opentelemetry.io/otel/sdk/metric/metricdata"
 
 	"github.com/txevidence/otelpgxtx/outcome"
@@ -242,3 +245,60 @@ func TestAutoReconcileOptions(t *testing.T) {
 type srvQuerier struct{}
 
 func (srvQuerier) QueryRow(context.Context, string, ...any) pgx.Row { return nil }
+
+// TestUnresolvedGaugesShared: automatic reconcilers of two tracers on one meter provider
+// with the same attributes report one series, the sum of their pending frames and the
+// oldest age (with a callback each, the last observation would win); another attribute
+// set is a series of its own, and the series goes once every member has left.
+func TestUnresolvedGaugesShared(t *testing.T) {
+	ctx := context.Background()
+	reader := sdkmetric.NewManualReader()
+	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))
+	defer func() { _ = mp.Shutdown(ctx) }()
+	meter := mp.Meter(ScopeName)
+	set := attribute.NewSet(dbSystemPostgreSQL)
+	other := attribute.NewSet(dbSystemPostgreSQL, attribute.String("db.namespace", "b"))
+	leaveA := unresolvedGauges.join(meter, set, func() (int, time.Duration) { return 2, 3 * time.Second })
+	leaveB := unresolvedGauges.join(meter, set, func() (int, time.Duration) { return 1, 5 * time.Second })
+	leaveC := unresolvedGauges.join(meter, other, func() (int, time.Duration) { return 7, time.Second })
+	collect := func() map[string]string {
+		var rm metricdata.ResourceMetrics
+		if err := reader.Collect(ctx, &rm); err != nil {
+			t.Fatal(err)
+		}
+		got := map[string]string{}
+		for _, sm := range rm.ScopeMetrics {
+			for _, m := range sm.Metrics {
+				switch d := m.Data.(type) {
+				case metricdata.Gauge[int64]:
+					for _, dp := range d.DataPoints {
+						got[m.Name+" "+dp.Attributes.Encoded(attribute.DefaultEncoder())] = fmt.Sprint(dp.Value)
+					}
+				case metricdata.Gauge[float64]:
+					for _, dp := range d.DataPoints {
+						got[m.Name+" "+dp.Attributes.Encoded(attribute.DefaultEncoder())] = fmt.Sprint(dp.Value)
+					}
+				}
+			}
+		}
+		return got
+	}
+	enc := func(s attribute.Set) string { return s.Encoded(attribute.DefaultEncoder()) }
+	want := map[string]string{
+		MetricUnresolved + " " + enc(set): "3", MetricUnresolvedAge + " " + enc(set): "5",
+		MetricUnresolved + " " + enc(other): "7", MetricUnresolvedAge + " " + enc(other): "1",
+	}
+	if got := collect(); fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Fatalf("two members and another set: %v, want %v", got, want)
+	}
+	leaveB()
+	leaveC()
+	want = map[string]string{MetricUnresolved + " " + enc(set): "2", MetricUnresolvedAge + " " + enc(set): "3"}
+	if got := collect(); fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Fatalf("one member left: %v, want %v", got, want)
+	}
+	leaveA()
+	if got := collect(); len(got) != 0 {
+		t.Fatalf("every member left: %v, want no series", got)
+	}
+}

@@ -611,6 +611,18 @@ func TestRunBadInput(t *testing.T) {
 	if _, err := NewReconciler(nil); !errors.Is(err, ErrInvalidArgument) {
 		t.Fatalf("NewReconciler(nil) = %v", err)
 	}
+	// Reconciling commits transactions of its own: a transaction as its db is refused.
+	tx, err := conn.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = tx.Rollback(ctx) }()
+	if _, err := NewReconciler(tx); !errors.Is(err, ErrInvalidArgument) {
+		t.Fatalf("NewReconciler(a pgx.Tx) = %v", err)
+	}
+	if tr, err := newTracer([]Option{WithAutoReconcile(tx)}); !errors.Is(err, ErrInvalidArgument) || tr != nil && tr.auto != nil {
+		t.Fatalf("WithAutoReconcile(a pgx.Tx) = %v", err)
+	}
 	if err := AfterCommit(ctx, func(context.Context) error { return nil }); !errors.Is(err, ErrInvalidArgument) {
 		t.Fatalf("AfterCommit outside Run = %v", err)
 	}

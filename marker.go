@@ -98,13 +98,34 @@ type beginner interface {
 // fails on the key and rolls its transaction back: aborted, for good.
 // The reconciler's role needs INSERT and SELECT on the table.
 func (r *Reconciler) resolveMarker(ctx context.Context, table string, op outcome.OperationID) (Resolved, string, error) {
+	deadline := time.Now().Add(r.wait)
+	res, reason, seen, err := r.lookupMarker(ctx, table, op)
+	if err != nil || res != ResolvedCommitted || !seen.syncStandbys {
+		return res, reason, err
+	}
+	// After the lookup's transaction ended: on a *pgx.Conn the barrier must not run in it.
+	ok, err := r.replicated(ctx, seen.incarnation, deadline)
+	if err != nil || !ok {
+		return ResolvedUnknown, UnknownNotReplicated, err
+	}
+	return ResolvedCommitted, "", nil
+}
+
+// markerView is what the marker lookup saw of the server.
+type markerView struct {
+	incarnation
+	syncStandbys bool
+}
+
+// lookupMarker fences or finds the marker row (see resolveMarker).
+func (r *Reconciler) lookupMarker(ctx context.Context, table string, op outcome.OperationID) (res Resolved, reason string, seen markerView, err error) {
 	b, ok := r.db.(beginner)
 	if !ok {
-		return ResolvedUnknown, "", invalid("reconciling a marker needs a db that can Begin (a *pgxpool.Pool or *pgx.Conn), not %T", r.db)
+		return ResolvedUnknown, "", seen, invalid("reconciling a marker needs a db that can Begin (a *pgxpool.Pool or *pgx.Conn), not %T", r.db)
 	}
 	tx, err := b.Begin(ctx)
 	if err != nil {
-		return ResolvedUnknown, "", err
+		return ResolvedUnknown, "", seen, err
 	}
 	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
 	// lock_timeout 0 would wait forever. The fence commits locally, without waiting for
@@ -112,9 +133,13 @@ func (r *Reconciler) resolveMarker(ctx context.Context, table string, op outcome
 	// commit on the server it runs on, so a fence lost with this server in a later
 	// failover fenced nothing that survives there either.
 	wait := max(r.wait, time.Millisecond)
-	if _, err := tx.Exec(ctx, "select set_config('lock_timeout', $1, true), set_config('synchronous_commit', 'local', true)",
-		strconv.FormatInt(wait.Milliseconds()+1, 10)); err != nil {
-		return ResolvedUnknown, "", err
+	var lockTimeout, syncCommit, tli, start string
+	if err := tx.QueryRow(ctx, "select set_config('lock_timeout', $1, true), set_config('synchronous_commit', 'local', true), "+incarnationSQL,
+		strconv.FormatInt(wait.Milliseconds()+1, 10)).Scan(&lockTimeout, &syncCommit, &tli, &start, &seen.syncStandbys); err != nil {
+		return ResolvedUnknown, "", seen, err
+	}
+	if seen.incarnation, err = parseIncarnation(tli, start); err != nil {
+		return ResolvedUnknown, "", seen, err
 	}
 	id := op.String()
 	var fenced bool
@@ -123,25 +148,25 @@ func (r *Reconciler) resolveMarker(ctx context.Context, table string, op outcome
 	switch {
 	case err == nil:
 		if err := tx.Commit(ctx); err != nil {
-			return ResolvedUnknown, "", err
+			return ResolvedUnknown, "", seen, err
 		}
-		return ResolvedAborted, "", nil
+		return ResolvedAborted, "", seen, nil
 	case isLockTimeout(err):
-		return ResolvedUnknown, UnknownInProgress, nil
+		return ResolvedUnknown, UnknownInProgress, seen, nil
 	case !errors.Is(err, pgx.ErrNoRows):
-		return ResolvedUnknown, "", err
+		return ResolvedUnknown, "", seen, err
 	}
 	// The key was taken by a committed row: a new statement's snapshot sees it.
 	err = tx.QueryRow(ctx, "select fenced from "+table+" where operation_id = $1", id).Scan(&fenced)
 	switch {
 	case errors.Is(err, pgx.ErrNoRows):
-		return ResolvedUnknown, UnknownMarkerGone, nil
+		return ResolvedUnknown, UnknownMarkerGone, seen, nil
 	case err != nil:
-		return ResolvedUnknown, "", err
+		return ResolvedUnknown, "", seen, err
 	case fenced:
-		return ResolvedAborted, "", nil // an earlier reconciliation fenced it
+		return ResolvedAborted, "", seen, nil // an earlier reconciliation fenced it
 	}
-	return ResolvedCommitted, "", nil
+	return ResolvedCommitted, "", seen, nil
 }
 
 func isLockTimeout(err error) bool {

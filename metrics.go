@@ -3,6 +3,8 @@ package otelpgxtx
 import (
 	"context"
 	"errors"
+	"reflect"
+	"sync"
 	"time"
 
 	"go.opentelemetry.io/otel"
@@ -116,7 +118,7 @@ type reconcileMetrics struct {
 	reconciliations metric.Int64Counter
 	duration        metric.Float64Histogram
 	extra           []attribute.KeyValue
-	reg             metric.Registration
+	leave           func() // leaves the unresolved gauges' group
 }
 
 func newReconcileMetrics(mp metric.MeterProvider, extra []attribute.KeyValue, pending func() (int, time.Duration)) *reconcileMetrics {
@@ -134,24 +136,8 @@ func newReconcileMetrics(mp metric.MeterProvider, extra []attribute.KeyValue, pe
 		metric.WithExplicitBucketBoundaries(reconcileBuckets...)); err != nil {
 		otel.Handle(err)
 	}
-	count, err1 := meter.Int64ObservableGauge(MetricUnresolved,
-		metric.WithUnit("{transaction}"),
-		metric.WithDescription("Indeterminate frames waiting for automatic reconciliation."))
-	age, err2 := meter.Float64ObservableGauge(MetricUnresolvedAge,
-		metric.WithUnit("s"),
-		metric.WithDescription("Age of the oldest indeterminate frame waiting for automatic reconciliation; 0 when none is."))
-	if err := errors.Join(err1, err2); err != nil {
-		otel.Handle(err)
-	}
-	set := metric.WithAttributeSet(attribute.NewSet(append([]attribute.KeyValue{dbSystemPostgreSQL}, extra...)...))
-	if m.reg, err = meter.RegisterCallback(func(_ context.Context, o metric.Observer) error {
-		n, a := pending()
-		o.ObserveInt64(count, int64(n), set)
-		o.ObserveFloat64(age, a.Seconds(), set)
-		return nil
-	}, count, age); err != nil {
-		otel.Handle(err)
-	}
+	set := attribute.NewSet(append([]attribute.KeyValue{dbSystemPostgreSQL}, extra...)...)
+	m.leave = unresolvedGauges.join(meter, set, pending)
 	// Every series exists from the start at 0, as the outcome series do.
 	for _, r := range []Resolved{ResolvedCommitted, ResolvedAborted, ResolvedNoWrites} {
 		m.reconciliations.Add(context.Background(), 0, metric.WithAttributeSet(m.attrs(r, "")))
@@ -177,10 +163,103 @@ func (m *reconcileMetrics) record(res Resolution, age time.Duration) {
 	m.duration.Record(ctx, age.Seconds(), metric.WithAttributeSet(m.attrs(res.resolved, "")))
 }
 
-func (m *reconcileMetrics) unregister() {
-	if m.reg != nil {
-		if err := m.reg.Unregister(); err != nil {
-			otel.Handle(err)
+func (m *reconcileMetrics) unregister() { m.leave() }
+
+// unresolvedGauges reports the unresolved gauges of every automatic reconciler, one
+// callback per meter and attribute set: two tracers on one meter provider with the same
+// attributes observe the same series, and with a callback each the last observation
+// would win. The group sums the pending frames and reports the oldest age.
+var unresolvedGauges = gaugeGroups{groups: map[gaugeKey]*gaugeGroup{}}
+
+type gaugeGroups struct {
+	mu     sync.Mutex
+	groups map[gaugeKey]*gaugeGroup
+}
+
+type gaugeKey struct {
+	meter metric.Meter
+	attrs attribute.Distinct
+}
+
+type gaugeGroup struct {
+	// mu guards members; the callback takes only it, never gaugeGroups.mu, which is held
+	// while registering with the SDK (the SDK holds its own lock around callbacks).
+	mu      sync.Mutex
+	members map[*func() (int, time.Duration)]struct{}
+	reg     metric.Registration
+}
+
+// join adds pending to the group of meter and set, registering the group's callback
+// when it is the first member, and returns the function that leaves it. A meter that
+// cannot be a map key (not comparable) gets a group of its own.
+func (g *gaugeGroups) join(meter metric.Meter, set attribute.Set, pending func() (int, time.Duration)) (leave func()) {
+	shared := reflect.TypeOf(meter) != nil && reflect.TypeOf(meter).Comparable()
+	var key gaugeKey
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	var grp *gaugeGroup
+	if shared {
+		key = gaugeKey{meter, set.Equivalent()}
+		grp = g.groups[key]
+	}
+	if grp == nil {
+		grp = &gaugeGroup{members: map[*func() (int, time.Duration)]struct{}{}}
+		grp.register(meter, set)
+		if shared {
+			g.groups[key] = grp
 		}
+	}
+	member := &pending
+	grp.mu.Lock()
+	grp.members[member] = struct{}{}
+	grp.mu.Unlock()
+	return func() {
+		g.mu.Lock()
+		defer g.mu.Unlock()
+		grp.mu.Lock()
+		delete(grp.members, member)
+		last := len(grp.members) == 0
+		grp.mu.Unlock()
+		if !last {
+			return
+		}
+		if shared {
+			delete(g.groups, key)
+		}
+		if grp.reg != nil {
+			if err := grp.reg.Unregister(); err != nil {
+				otel.Handle(err)
+			}
+		}
+	}
+}
+
+// register creates the gauges on meter and the callback that reports the group's members.
+func (grp *gaugeGroup) register(meter metric.Meter, set attribute.Set) {
+	count, err1 := meter.Int64ObservableGauge(MetricUnresolved,
+		metric.WithUnit("{transaction}"),
+		metric.WithDescription("Indeterminate frames waiting for automatic reconciliation."))
+	age, err2 := meter.Float64ObservableGauge(MetricUnresolvedAge,
+		metric.WithUnit("s"),
+		metric.WithDescription("Age of the oldest indeterminate frame waiting for automatic reconciliation; 0 when none is."))
+	if err := errors.Join(err1, err2); err != nil {
+		otel.Handle(err)
+	}
+	opt := metric.WithAttributeSet(set)
+	var err error
+	if grp.reg, err = meter.RegisterCallback(func(_ context.Context, o metric.Observer) error {
+		var n int
+		var oldest time.Duration
+		grp.mu.Lock()
+		for pending := range grp.members {
+			c, a := (*pending)()
+			n, oldest = n+c, max(oldest, a)
+		}
+		grp.mu.Unlock()
+		o.ObserveInt64(count, int64(n), opt)
+		o.ObserveFloat64(age, oldest.Seconds(), opt)
+		return nil
+	}, count, age); err != nil {
+		otel.Handle(err)
 	}
 }

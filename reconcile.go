@@ -146,10 +146,15 @@ func (o reconcileWaitOption) applyAuto(c *autoConfig) {
 	c.wait, c.interval = o.wait, o.interval
 }
 
-// NewReconciler returns a reconciler that queries db.
+// NewReconciler returns a reconciler that queries db, a pool or a connection outside any
+// transaction (a [pgx.Tx] is refused): reconciling commits transactions of its own.
 func NewReconciler(db Querier, opts ...ReconcilerOption) (*Reconciler, error) {
 	if db == nil || isNilHandle(db) {
 		return nil, invalid("NewReconciler: nil db")
+	}
+	if _, ok := db.(pgx.Tx); ok {
+		// The marker's fence and the replication barrier commit transactions of their own.
+		return nil, invalid("NewReconciler: db is a transaction; give it a pool or a connection")
 	}
 	cfg := reconcilerConfig{tracerProvider: otel.GetTracerProvider(), wait: 5 * time.Second, interval: 50 * time.Millisecond}
 	for _, o := range opts {
@@ -213,6 +218,15 @@ func (r *Reconciler) resolve(ctx context.Context, ref outcome.ReconciliationRef,
 			}
 			var again bool
 			res.resolved, res.reason, again = decide(ref, v)
+			if res.resolved == ResolvedCommitted && v.syncStandbys {
+				ok, err := r.replicated(ctx, incarnation{v.timeline, v.start}, deadline)
+				if err != nil {
+					return Resolution{ref: ref}, fmt.Errorf("otelpgxtx: reconciling %s: %w", ref, err)
+				}
+				if !ok {
+					res.resolved, res.reason = ResolvedUnknown, UnknownNotReplicated
+				}
+			}
 			if !again {
 				return res, nil
 			}
@@ -244,6 +258,8 @@ type serverView struct {
 	// The latest checkpoint's timeline and next full xid (pg_control_checkpoint()).
 	checkpointTimeline uint32
 	checkpointNextXID  uint64
+	// syncStandbys: synchronous replication is configured (synchronous_standby_names).
+	syncStandbys bool
 }
 
 // decide resolves ref from v, or asks to look again (the xid is in progress).
@@ -307,7 +323,8 @@ func decide(ref outcome.ReconciliationRef, v serverView) (res Resolved, reason s
 
 // reconcileIdentitySQL reads the server's identity and its latest checkpoint.
 const reconcileIdentitySQL = "s.system_identifier::text, coalesce(" + timelineSQL + ", c.timeline_id::text), pg_is_in_recovery(), " +
-	serverStartSQL + ", c.timeline_id::text, c.next_xid::text from pg_control_system() s, pg_control_checkpoint() c"
+	serverStartSQL + ", c.timeline_id::text, c.next_xid::text, current_setting('synchronous_standby_names') <> '' " +
+	"from pg_control_system() s, pg_control_checkpoint() c"
 
 // query reads the xid's status together with the server's identity, in one round trip,
 // so that both describe the same server; when the server refuses the xid as not yet
@@ -315,7 +332,7 @@ const reconcileIdentitySQL = "s.system_identifier::text, coalesce(" + timelineSQ
 func (r *Reconciler) query(ctx context.Context, xid uint64) (serverView, error) {
 	var v serverView
 	var sysText, tliText, startText, ckptTLIText, nextText string
-	dest := []any{&sysText, &tliText, &v.inRecovery, &startText, &ckptTLIText, &nextText}
+	dest := []any{&sysText, &tliText, &v.inRecovery, &startText, &ckptTLIText, &nextText, &v.syncStandbys}
 	err := r.db.QueryRow(ctx, "select pg_xact_status($1::text::xid8), "+reconcileIdentitySQL,
 		strconv.FormatUint(xid, 10)).Scan(append([]any{&v.status}, dest...)...)
 	if pgErr, ok := errors.AsType[*pgconn.PgError](err); ok && pgErr.Code == "22023" {

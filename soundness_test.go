@@ -368,19 +368,21 @@ func TestSoundness(t *testing.T) {
 }
 
 // TestSoundnessFailover is TestSoundness on a primary with a synchronous streaming standby
-// (pgtest.Cluster): the server events are failovers (crash the primary, promote the
-// standby, rewind the old primary into the new standby) alternating with crash restarts
-// of the primary, and the checker checks against the surviving history. A commit that
-// only committed locally (its synchronous-replication wait was cancelled or terminated,
+// (pgtest.Cluster): the server events are, in turn, failovers (crash the primary, promote
+// the standby, rewind the old primary into the new standby), crash restarts of the primary
+// and standby outages longer than the reconcile wait (replication barriers give up), and
+// the checker checks against the surviving history. A commit that only committed locally
+// (its synchronous-replication wait was cancelled or terminated,
 // tx.commit.committed_locally) may be lost in a later failover: that is what the frame's
-// attribute warns of, so its absence is counted, not failed.
+// attribute warns of, so its absence is counted, not failed; a reconciliation's committed
+// answer lost in a failover is a contradiction.
 func TestSoundnessFailover(t *testing.T) {
 	pgtest.LeakCheck(t)
 	cfg := soakConfigFromEnv(t)
 	if cfg.crashes == 0 {
 		t.Fatal("OTELPGXTX_SOAK_CRASHES=0: this test needs at least one failover")
 	}
-	t.Logf("seed %d: replay with OTELPGXTX_SOAK_SEED=%d OTELPGXTX_SOAK_TX=%d OTELPGXTX_SOAK_WORKERS=%d OTELPGXTX_SOAK_CRASHES=%d (failovers and crashes, alternating)",
+	t.Logf("seed %d: replay with OTELPGXTX_SOAK_SEED=%d OTELPGXTX_SOAK_TX=%d OTELPGXTX_SOAK_WORKERS=%d OTELPGXTX_SOAK_CRASHES=%d (failovers, crashes and standby outages, in turn)",
 		cfg.seed, cfg.seed, cfg.tx, cfg.workers, cfg.crashes)
 	ctx, cancel := context.WithTimeout(context.Background(), cfg.duration+10*time.Minute)
 	defer cancel()
@@ -1004,12 +1006,25 @@ func (s *soak) crash(ctx context.Context, rng *rand.Rand) {
 	target := srv
 	if s.cluster != nil {
 		s.events++
-		if s.events%2 == 1 {
+		switch s.events % 3 {
+		case 1:
 			if err := s.cluster.Failover(context.WithoutCancel(ctx)); err != nil {
 				s.errs.add("Failover: "+err.Error(), 1)
 				return
 			}
 			s.faults.add("cluster: failover (crash primary, promote standby, pg_rewind old primary)", 1)
+			return
+		case 0:
+			// Longer than the reconcile wait: replication barriers give up meanwhile.
+			if err := s.cluster.Standby().StopImmediate(); err != nil {
+				s.errs.add("standby StopImmediate: "+err.Error(), 1)
+				return
+			}
+			s.faults.add("cluster: standby down for 2.5-3.5 s (commits wait, barriers give up)", 1)
+			soakThink(ctx, time.Duration(2500+rng.IntN(1000))*time.Millisecond)
+			if err := s.cluster.ResumeStandby(context.WithoutCancel(ctx)); err != nil {
+				s.errs.add("ResumeStandby: "+err.Error(), 1)
+			}
 			return
 		}
 		target = s.cluster.Primary()
@@ -1218,9 +1233,9 @@ func (s *soak) check(ctx context.Context, workload, total time.Duration) {
 	s.autoMu.Lock()
 	auto := maps.Clone(s.auto)
 	s.autoMu.Unlock()
-	autoCounts := map[string]int{}  // resolution/reason → callbacks
-	autoByMode := map[string]int{}  // mode: resolution → callbacks
-	autoLost, indeterminate := 0, 0 // resolved committed, lost in a later failover; indeterminate frames
+	autoCounts := map[string]int{} // resolution/reason → callbacks
+	autoByMode := map[string]int{} // mode: resolution → callbacks
+	indeterminate, notReplicated := 0, 0 // notReplicated: attempts a barrier gave up on, retried
 	for i := range frames {
 		f := &frames[i]
 		if f.outcome != "indeterminate" {
@@ -1249,17 +1264,17 @@ func (s *soak) check(ctx context.Context, workload, total time.Duration) {
 		if got[0].CommittedLocally != f.committedLocally {
 			fail(op.id, "frame %s: committed_locally %v, the reconciliation says %v", f.op, f.committedLocally, got[0].CommittedLocally)
 		}
-		// Asked before a failover, the old primary's commit log rightly said committed of a
-		// commit that had not reached the standby (its synchronous-replication wait was
-		// ended, whether or not the client saw the "committed locally" warning); the
-		// failover lost it later. Counted and reported, not hidden: an answer describes the
-		// server asked, at the time it was asked.
-		if r.Resolved() == ResolvedCommitted && !here && (s.lostInFailover(f) || s.cluster != nil && op.syncRep) {
-			autoLost++
-		} else if msg := soakResolutionContradicts(r, here); msg != "" {
+		// A committed answer waited for the synchronous standby (the replication barrier),
+		// so a later failover keeps what it confirmed: any loss is a contradiction.
+		if msg := soakResolutionContradicts(r, here); msg != "" {
 			fail(op.id, "automatic reconciliation of frame %s: %s [%s]", f.op, msg, op.describe())
 		}
 		spans := autoSpans[f.op]
+		for _, sp := range spans {
+			if sp == ResolvedUnknown.String()+"/"+UnknownNotReplicated {
+				notReplicated++
+			}
+		}
 		switch r.Reason() {
 		case UnknownQueueFull, UnknownStopped:
 			// Settled without a final attempt: every span it has is a retried one.
@@ -1407,9 +1422,7 @@ func (s *soak) check(ctx context.Context, workload, total time.Duration) {
 	for _, k := range slices.Sorted(maps.Keys(autoByMode)) {
 		fmt.Fprintf(tw, "  %s\t%d\t\n", k, autoByMode[k])
 	}
-	if autoLost > 0 {
-		fmt.Fprintf(tw, "  resolved committed by the old primary, then lost in a failover (sync-rep wait ended)\t%d\t\n", autoLost)
-	}
+	fmt.Fprintf(tw, "  attempts unknown %s (retried)\t%d\t\n", UnknownNotReplicated, notReplicated)
 	tw.Flush()
 	fmt.Fprintln(&b, "\nReconcile on indeterminate Run results:")
 	for _, k := range slices.Sorted(maps.Keys(reconciled)) {

@@ -120,6 +120,12 @@ func (c *Cluster) startStandby(ctx context.Context, i int) error {
 	if err != nil {
 		return err
 	}
+	return c.waitSynchronous(ctx, i)
+}
+
+// waitSynchronous waits until the primary reports node i streaming as its synchronous
+// standby.
+func (c *Cluster) waitSynchronous(ctx context.Context, i int) error {
 	name := fmt.Sprintf("node%d", i)
 	return c.nodes[1-i].poll(ctx, name+" to stream as the synchronous standby", func(conn *pgx.Conn) (bool, error) {
 		var n int
@@ -203,6 +209,24 @@ func (c *Cluster) Rejoin(ctx context.Context) error {
 	}
 	c.down = false
 	return nil
+}
+
+// ResumeStandby starts the standby again after a test stopped it (Standby().StopImmediate)
+// and returns once the primary reports it streaming as its synchronous standby again:
+// commits that waited for it are then confirmed.
+func (c *Cluster) ResumeStandby(ctx context.Context) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.down {
+		return errors.New("pgtest: ResumeStandby: the cluster has no standby (Rejoin first)")
+	}
+	i := 1 - c.primary
+	if !c.nodes[i].isRunning() {
+		if err := c.nodes[i].Restart(ctx); err != nil {
+			return err
+		}
+	}
+	return c.waitSynchronous(ctx, i)
 }
 
 // Failover is Promote then Rejoin: the roles swap and the pair is whole again.

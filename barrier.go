@@ -1,0 +1,169 @@
+package otelpgxtx
+
+import (
+	"context"
+	"math/rand/v2"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+)
+
+// UnknownNotReplicated: the server's commit log says committed, but synchronous
+// replication is configured and the synchronous standbys did not confirm the commit
+// record within the wait. Its synchronous-replication wait was ended early (a
+// cancelled or terminated backend, a client deadline), so it is committed locally only,
+// and a failover to a standby that lacks it would lose it. Ask again later.
+const UnknownNotReplicated = "not_replicated"
+
+// incarnation is what names one run of one server's history: a reference's xid means
+// the same transaction only on the same timeline and the same server start.
+type incarnation struct {
+	timeline uint32
+	start    int64
+}
+
+// incarnationSQL reads the incarnation and whether synchronous replication is
+// configured (synchronous_standby_names is not empty).
+const incarnationSQL = "coalesce(" + timelineSQL + ", '0'), " + serverStartSQL +
+	", current_setting('synchronous_standby_names') <> ''"
+
+// barrierSQL commits an implicit transaction that writes WAL, a transactional logical
+// decoding message (prefix "otelpgxtx.barrier", empty; any role may emit one, at any
+// wal_level): an xid alone writes no WAL, and PostgreSQL only waits for the standbys
+// after a commit that wrote some (xact.c, RecordTransactionCommit). Its commit record
+// follows, in the WAL, the commit record of every transaction the reconciler has seen
+// committed, and synchronous replication releases a committing backend only once the
+// synchronous standbys confirm the WAL up to its own commit record (syncrep.c,
+// SyncRepWaitForLSN), so a barrier that returns makes every earlier commit as durable as
+// an acknowledged one. It runs at the synchronous_commit of the reconciler's connection.
+// The application_name, local to the transaction and shown in pg_stat_activity while it
+// waits, names the backend for cancelBarrier.
+const barrierSQL = "select pg_logical_emit_message(true, 'otelpgxtx.barrier', '')::text, " +
+	"set_config('application_name', $1, true), " + incarnationSQL
+
+// replicated runs the replication barrier for a commit seen on incarnation in, bounded
+// by deadline but given at least the poll interval. It reports false, with no error,
+// when the bound passed first or the barrier ran on another incarnation (the pool reached
+// another server since). A backend waiting for the standbys ignores its client, so
+// a barrier given up must be cancelled on the server, lest it hold a connection slot
+// until the standbys come back: through the connection's cancel key where the
+// reconciler can hold one (a pool's or a *pgx.Conn), else by its name.
+func (r *Reconciler) replicated(ctx context.Context, in incarnation, deadline time.Time) (bool, error) {
+	bound := later(deadline, time.Now().Add(r.interval))
+	name := "otelpgxtx barrier " + strconv.FormatUint(rand.Uint64(), 16)
+	var conn *pgx.Conn
+	switch db := r.db.(type) {
+	case *pgx.Conn:
+		conn = db
+	case *pgxpool.Pool:
+		held, err := db.Acquire(ctx)
+		if err != nil {
+			return false, err
+		}
+		defer held.Release()
+		conn = held.Conn()
+	default:
+		return r.replicatedByName(ctx, in, bound, name)
+	}
+	if err := ctx.Err(); err != nil {
+		return false, err
+	}
+	// The query ends when the server answers it: cancel requests make it answer once the
+	// bound passes or the caller gives up. Ending it on the client instead would close
+	// the connection and leave the backend waiting. The simple protocol sends it as one
+	// message, so the backend is never idle between its parts, when a cancel is dropped.
+	qctx, stop := context.WithTimeout(context.WithoutCancel(ctx), time.Until(bound)+cancelGrace)
+	defer stop()
+	answered := make(chan struct{})
+	var once sync.Once
+	var gaveUp bool
+	giveUp := func() {
+		once.Do(func() {
+			gaveUp = true
+			// A cancel that reaches the backend before it read the query is dropped: repeat.
+			for qctx.Err() == nil {
+				_ = conn.PgConn().CancelRequest(qctx)
+				select {
+				case <-answered:
+					return
+				case <-time.After(cancelRepeat):
+				}
+			}
+		})
+	}
+	timer := time.AfterFunc(time.Until(bound), giveUp)
+	stopOnCaller := context.AfterFunc(ctx, giveUp)
+	got, err := scanBarrier(conn.QueryRow(qctx, barrierSQL, pgx.QueryExecModeSimpleProtocol, name))
+	close(answered)
+	timer.Stop()
+	stopOnCaller()
+	// Waits for a cancel in progress: once delivered, it finds the backend idle, and
+	// PostgreSQL drops a cancel that finds it idle, so the next statement is safe.
+	once.Do(func() {})
+	switch {
+	case gaveUp && ctx.Err() != nil:
+		return false, ctx.Err()
+	case gaveUp:
+		// Cancelled, the wait ended with a WARNING and the barrier committed locally only.
+		return false, nil
+	case err != nil:
+		return false, err
+	}
+	return got == in, nil
+}
+
+// cancelRepeat is how often a barrier being given up is sent a cancel request again.
+const cancelRepeat = 100 * time.Millisecond
+
+// cancelGrace bounds a cancel request, and how long past the bound a barrier may take
+// to answer it before the client gives up on the connection.
+const cancelGrace = 5 * time.Second
+
+// scanBarrier reads the incarnation a barrier committed on.
+func scanBarrier(row pgx.Row) (incarnation, error) {
+	var lsn, setName, tli, start string
+	var syncStandbys bool
+	if err := row.Scan(&lsn, &setName, &tli, &start, &syncStandbys); err != nil {
+		return incarnation{}, err
+	}
+	return parseIncarnation(tli, start)
+}
+
+// replicatedByName is replicated for a db the reconciler cannot hold a connection of:
+// the client bounds the barrier, and a barrier given up is cancelled by its name.
+func (r *Reconciler) replicatedByName(ctx context.Context, in incarnation, bound time.Time, name string) (bool, error) {
+	bctx, cancel := context.WithDeadline(ctx, bound)
+	defer cancel()
+	got, err := scanBarrier(r.db.QueryRow(bctx, barrierSQL, name))
+	if err == nil {
+		return got == in, nil
+	}
+	if bctx.Err() == nil {
+		return false, err
+	}
+	cctx, cancelLookup := context.WithTimeout(context.WithoutCancel(ctx), cancelGrace)
+	defer cancelLookup()
+	var n int64
+	_ = r.db.QueryRow(cctx, "select count(pg_cancel_backend(pid)) from pg_stat_activity where application_name = $1", name).Scan(&n)
+	return false, ctx.Err()
+}
+
+// parseIncarnation parses the timeline and start time read by incarnationSQL.
+func parseIncarnation(tli, start string) (incarnation, error) {
+	t, err := strconv.ParseUint(tli, 10, 32)
+	if err != nil {
+		return incarnation{}, err
+	}
+	s, err := strconv.ParseInt(start, 10, 64)
+	return incarnation{timeline: uint32(t), start: s}, err
+}
+
+func later(a, b time.Time) time.Time {
+	if a.After(b) {
+		return a
+	}
+	return b
+}

@@ -1,0 +1,240 @@
+package otelpgxtx
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"go.opentelemetry.io/otel/trace"
+
+	"github.com/txevidence/otelpgxtx/outcome"
+	"github.com/txevidence/otelpgxtx/pgtest"
+)
+
+// commitLocallyOnly inserts id into table on conn in a transaction whose COMMIT waits for
+// synchronous replication (setup runs first, in the transaction), and cancels that wait
+// on server s: PostgreSQL then warns "committed locally" and reports success. It returns
+// the transaction's reference, whose commit record the synchronous standbys never
+// confirmed.
+func commitLocallyOnly(t *testing.T, ctx context.Context, s *pgtest.Server, conn *pgx.Conn, setup, table string, id int) outcome.ReconciliationRef {
+	t.Helper()
+	st := &connState{}
+	if err := readIdentity(ctx, conn.PgConn(), st); err != nil {
+		t.Fatal(err)
+	}
+	tx, err := conn.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var xidText string
+	if _, err := tx.Exec(ctx, setup); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tx.Exec(ctx, "insert into "+table+" values ($1)", id); err != nil {
+		t.Fatal(err)
+	}
+	if err := tx.QueryRow(ctx, "select pg_current_xact_id()::text").Scan(&xidText); err != nil {
+		t.Fatal(err)
+	}
+	xid, err := parseFullXID("0:" + xidText)
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- tx.Commit(ctx) }()
+	pid := conn.PgConn().PID()
+	if err := s.WaitForWaitEvent(ctx, pid, "SyncRep"); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Cancel(ctx, pid); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-done; err != nil {
+		t.Fatalf("COMMIT whose synchronous-replication wait was cancelled: %v, want success (committed locally)", err)
+	}
+	return *st.ref(xid)
+}
+
+// waitNoBarrier waits until no replication barrier of the reconciler is left on s: one
+// given up must have been cancelled, or it would hold a backend until the standbys answer.
+func waitNoBarrier(t *testing.T, ctx context.Context, s *pgtest.Server) {
+	t.Helper()
+	tick := time.NewTicker(10 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		var n int
+		conn, err := s.Conn(ctx)
+		if err == nil {
+			err = conn.QueryRow(ctx, "select count(*) from pg_stat_activity where application_name like 'otelpgxtx barrier %'").Scan(&n)
+			_ = conn.Close(ctx)
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		if n == 0 {
+			return
+		}
+		select {
+		case <-ctx.Done():
+			t.Fatalf("%d replication barriers still waiting: %v", n, ctx.Err())
+		case <-tick.C:
+		}
+	}
+}
+
+// TestReconcileReplicationBarrier: on a primary with a synchronous standby, a commit
+// whose synchronous-replication wait was cancelled is committed locally only, and
+// pg_xact_status says committed. Asked while the standby is down, the reconciler must
+// not say committed: a failover now would lose the transaction. It says unknown
+// not_replicated and leaves no barrier behind. Once the standby is back and confirms, the
+// barrier returns and the answer is committed, and a failover after that keeps the row.
+func TestReconcileReplicationBarrier(t *testing.T) {
+	ctx := testCtx(t)
+	c := startCluster(t, ctx)
+	if err := c.Standby().StopImmediate(); err != nil {
+		t.Fatal(err)
+	}
+	conn, err := c.Primary().Conn(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	ref := commitLocallyOnly(t, ctx, c.Primary(), conn, "select 1", "t", 1)
+	if status, _, err := c.Primary().XactStatus(ctx, ref.XID); err != nil || status != "committed" {
+		t.Fatalf("pg_xact_status = %q, %v; want committed (locally)", status, err)
+	}
+
+	rec, err := NewReconciler(conn, WithReconcileWait(200*time.Millisecond, 20*time.Millisecond))
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := rec.Resolve(ctx, ref, trace.SpanContext{})
+	if err != nil || got.Resolved() != ResolvedUnknown || got.Reason() != UnknownNotReplicated {
+		t.Fatalf("standby down: %s/%s, %v; want unknown/%s", got.Resolved(), got.Reason(), err, UnknownNotReplicated)
+	}
+	waitNoBarrier(t, ctx, c.Primary())
+
+	// A caller's context that ends during the barrier ends the call with its error, and
+	// the barrier is cancelled as well.
+	short, cancel := context.WithTimeout(ctx, 50*time.Millisecond)
+	slow, err := NewReconciler(conn, WithReconcileWait(time.Minute, 20*time.Millisecond))
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = slow.Resolve(short, ref, trace.SpanContext{})
+	cancel()
+	if !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("caller's deadline during the barrier: %v, want context.DeadlineExceeded", err)
+	}
+	waitNoBarrier(t, ctx, c.Primary())
+
+	if err := c.ResumeStandby(ctx); err != nil {
+		t.Fatal(err)
+	}
+	// The reconciler's connection was idle meanwhile; its next statement works.
+	got, err = rec.Resolve(ctx, ref, trace.SpanContext{})
+	if err != nil || got.Resolved() != ResolvedCommitted {
+		t.Fatalf("standby back: %s/%s, %v; want committed", got.Resolved(), got.Reason(), err)
+	}
+	if err := c.Failover(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if !clusterRowExists(t, ctx, c, 1) {
+		t.Fatal("resolved committed, then lost in the failover")
+	}
+}
+
+// TestReconcileBarrierLevel: the barrier commits at the synchronous_commit of the
+// reconciler's connection. The test server's phantom synchronous standby never answers:
+// a reconciler whose connection commits with synchronous_commit = on says not_replicated
+// of a commit that only committed locally, for the xid and for the marker; one at the
+// server's default (local) says committed, as an acknowledged commit there would be.
+func TestReconcileBarrierLevel(t *testing.T) {
+	ctx := testCtx(t)
+	table := "barrier_level"
+	if err := srv.Exec(ctx, "create table "+table+" (id int primary key)"); err != nil {
+		t.Fatal(err)
+	}
+	conn, err := srv.Conn(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	ref := commitLocallyOnly(t, ctx, srv, conn, "set local synchronous_commit = on", table, 1)
+
+	local, err := NewReconciler(conn, WithReconcileWait(100*time.Millisecond, 10*time.Millisecond))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, err := local.Resolve(ctx, ref, trace.SpanContext{}); err != nil || got.Resolved() != ResolvedCommitted {
+		t.Fatalf("synchronous_commit = local: %s/%s, %v; want committed", got.Resolved(), got.Reason(), err)
+	}
+
+	cfg, err := pgx.ParseConfig(srv.ConnString())
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.RuntimeParams["synchronous_commit"] = "on"
+	onConn, err := pgx.ConnectConfig(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer onConn.Close(ctx)
+	poolCfg, err := pgxpool.ParseConfig(srv.ConnString())
+	if err != nil {
+		t.Fatal(err)
+	}
+	poolCfg.ConnConfig.RuntimeParams["synchronous_commit"] = "on"
+	onPool, err := pgxpool.NewWithConfig(ctx, poolCfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer onPool.Close()
+	var on *Reconciler
+	// A connection and a pool are cancelled by their cancel key; any other Querier by the
+	// barrier's name. Each is asked twice: the connection stays usable after a give-up.
+	for _, db := range []struct {
+		name string
+		q    Querier
+	}{{"pool", onPool}, {"other Querier", struct{ Querier }{onPool}}, {"conn", onConn}} {
+		rec, err := NewReconciler(db.q, WithReconcileWait(100*time.Millisecond, 10*time.Millisecond))
+		if err != nil {
+			t.Fatal(err)
+		}
+		for range 2 {
+			if got, err := rec.Resolve(ctx, ref, trace.SpanContext{}); err != nil || got.Resolved() != ResolvedUnknown || got.Reason() != UnknownNotReplicated {
+				t.Fatalf("%s, synchronous_commit = on: %s/%s, %v; want unknown/%s", db.name, got.Resolved(), got.Reason(), err, UnknownNotReplicated)
+			}
+			waitNoBarrier(t, ctx, srv)
+		}
+		on = rec
+	}
+
+	// The marker's committed answer goes through the same barrier (no commit on this
+	// server ever reaches the phantom standby).
+	ddl, err := MarkerTableDDL(pgx.Identifier{"barrier_markers"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := conn.Exec(ctx, ddl); err != nil {
+		t.Fatal(err)
+	}
+	op := outcome.NewOperationID()
+	if _, err := conn.Exec(ctx, "insert into barrier_markers (operation_id) values ($1)", op.String()); err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		rec  *Reconciler
+		want Resolved
+		why  string
+	}{{on, ResolvedUnknown, UnknownNotReplicated}, {local, ResolvedCommitted, ""}} {
+		got, err := tc.rec.ResolveMarker(ctx, pgx.Identifier{"barrier_markers"}, op, trace.SpanContext{})
+		if err != nil || got.Resolved() != tc.want || got.Reason() != tc.why {
+			t.Fatalf("marker: %s/%s, %v; want %s/%s", got.Resolved(), got.Reason(), err, tc.want, tc.why)
+		}
+		waitNoBarrier(t, ctx, srv)
+	}
+}
