@@ -1233,8 +1233,8 @@ func (s *soak) check(ctx context.Context, workload, total time.Duration) {
 	s.autoMu.Lock()
 	auto := maps.Clone(s.auto)
 	s.autoMu.Unlock()
-	autoCounts := map[string]int{} // resolution/reason → callbacks
-	autoByMode := map[string]int{} // mode: resolution → callbacks
+	autoCounts := map[string]int{}       // resolution/reason → callbacks
+	autoByMode := map[string]int{}       // mode: resolution → callbacks
 	indeterminate, notReplicated := 0, 0 // notReplicated: attempts a barrier gave up on, retried
 	for i := range frames {
 		f := &frames[i]
