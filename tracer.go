@@ -200,7 +200,8 @@ func sameSpan(a, b trace.Span) bool {
 var noopSpan = noop.Span{}
 
 // unframe hides f's span from an inner End hook that did not start a span of its own:
-// inner tracers end "the span in ctx", and that must never be the frame's (DESIGN.md §7).
+// inner tracers end "the span in ctx", and that must never be the frame's (see
+// "Composition with the inner tracer" in the package documentation).
 // A span that does not record has nothing an End hook could change.
 func unframe(ctx context.Context, f *frame) context.Context {
 	if f != nil && sameSpan(trace.SpanFromContext(ctx), f.span) {
