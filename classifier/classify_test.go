@@ -105,7 +105,8 @@ const (
 	unknown    = classifier.EvidenceUnknown
 )
 
-// TestClassifyCommitting is DESIGN.md §5, one row per reply to COMMIT.
+// TestClassifyCommitting is the package documentation's rules while committing, one row
+// per reply to COMMIT.
 func TestClassifyCommitting(t *testing.T) {
 	c := outcome.PhaseCommitting
 	none := classifier.Facts{}

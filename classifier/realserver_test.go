@@ -1,6 +1,6 @@
 package classifier_test
 
-// Real-server tests: every row of DESIGN.md §5, produced with real pgx v5 calls against a
+// Real-server tests: every rule of the package documentation, produced with real pgx v5 calls against a
 // throw-away PostgreSQL (pgtest), classified, and checked against the ground truth
 // the server reports afterwards (pg_xact_status of the xid captured before COMMIT, and the
 // row itself, read over an admin connection).
@@ -543,7 +543,7 @@ func TestRealCommitTerminatedDuringSyncRep(t *testing.T) {
 	err := awaitCommit(t, ctx, done)
 	logErr(t, "tx.Commit", err)
 	logNotices(t, c)
-	// Reported, not asserted: DESIGN.md records true with pgx v5.12.
+	// Reported, not asserted: it was true with pgx v5.12, for a commit that had happened.
 	t.Logf("pgconn.SafeToRetry(err) = %v", pgconn.SafeToRetry(err))
 	if err == nil {
 		t.Fatal("tx.Commit returned nil after the backend was terminated")
@@ -557,7 +557,7 @@ func TestRealCommitTerminatedDuringSyncRep(t *testing.T) {
 	if !sawNotice {
 		t.Error("no WARNING 57P01 notice was received")
 	}
-	// DESIGN.md §5: a FATAL is recognised by SeverityUnlocalized. The server sends no
+	// A FATAL is recognised by SeverityUnlocalized. The server sends no
 	// FATAL here (it stops output after the WARNING); if it ever does, it must be FATAL.
 	if pgErr, ok := errors.AsType[*pgconn.PgError](err); ok && pgErr.SeverityUnlocalized != "FATAL" {
 		t.Errorf("commit error is a PgError with SeverityUnlocalized %q, want FATAL", pgErr.SeverityUnlocalized)
@@ -671,7 +671,7 @@ func TestRealCommitCanceledDuringSyncRep(t *testing.T) {
 	})
 }
 
-// DESIGN.md §5: statement_timeout does not interrupt COMMIT's synchronous-replication
+// statement_timeout does not interrupt COMMIT's synchronous-replication
 // wait (the backend disables it before it commits).
 func TestRealStatementTimeoutDoesNotInterruptSyncRepWait(t *testing.T) {
 	ctx := realCtx(t)
@@ -878,7 +878,7 @@ func TestRealCommitProxyCut(t *testing.T) {
 	}
 }
 
-// Last paragraph of DESIGN.md §5: COMMIT outside a transaction answers tag COMMIT with a
+// COMMIT outside a transaction answers tag COMMIT with a
 // WARNING 25P01 — it committed nothing.
 func TestRealCommitWithoutTransaction(t *testing.T) {
 	ctx := realCtx(t)
