@@ -720,7 +720,7 @@ func TestBenchFakeServer(t *testing.T) {
 
 var (
 	benchSinkCtx        context.Context
-	benchLeanStartOpts  = []trace.SpanStartOption{trace.WithSpanKind(trace.SpanKindClient)}
+	benchLeanStartOpts  = []trace.SpanStartOption{trace.WithSpanKind(trace.SpanKindInternal)}
 	benchFloorStatement = 5 // BEGIN, 3 statements, COMMIT: one parent context each
 )
 
@@ -761,7 +761,7 @@ func BenchmarkHookFloor(b *testing.B) {
 func benchFrameSpan(ctx context.Context, tr trace.Tracer, m *metrics) {
 	id := outcome.NewOperationID()
 	start := time.Now()
-	_, span := tr.Start(ctx, DefaultSpanName, trace.WithSpanKind(trace.SpanKindClient), trace.WithTimestamp(start))
+	_, span := tr.Start(ctx, DefaultSpanName, trace.WithSpanKind(trace.SpanKindInternal), trace.WithTimestamp(start))
 	rec := span.IsRecording()
 	if rec {
 		span.SetAttributes(dbSystemPostgreSQL, dbNamespaceKey.String("bench"), serverAddressKey.String("127.0.0.1"),

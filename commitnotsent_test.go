@@ -99,7 +99,7 @@ func TestCommitNotExecuted(t *testing.T) {
 		sqlstate string
 	}{
 		{"terminated while idle", terminateIdle, classifier.ReasonSessionEndedBeforeCommit, "57P01"},
-		{"idle in transaction timeout", idleTimeout, classifier.ReasonIdleInTransactionTimeout, classifier.SQLStateIdleInTransactionTimeout},
+		{"idle in transaction timeout", idleTimeout, classifier.ReasonIdleInTransactionTimeout, "25P03"},
 		{"connection reset", resetBy(proxy.ResetAll), classifier.ReasonCommitNotSent, ""},
 	} {
 		t.Run(tc.name+"/pgx", func(t *testing.T) {

@@ -374,7 +374,7 @@ func runAttempt[T any](ctx context.Context, db DB, p Policy, fn func(context.Con
 			cause = errCommitUnobserved
 		}
 		// Committing, a cause and a fresh id: the constructor has nothing to refuse.
-		r, _ := outcome.NewIndeterminate[T](sc.id, outcome.PhaseCommitting, cause, cr.ref, v.CommittedLocally())
+		r, _ := outcome.NewIndeterminate[T](sc.id, cause, cr.ref, v.CommittedLocally())
 		if f != nil {
 			r = r.WithTraceParent(traceParent(f.span.SpanContext()))
 		}

@@ -282,6 +282,9 @@ func TestRunIndeterminateNeverRetried(t *testing.T) {
 	for _, s := range h.exp.GetSpans() {
 		if s.Name == SpanNameReconcile {
 			wantAttr(t, s, "tx.outcome.resolved", "committed")
+			if s.SpanKind != trace.SpanKindInternal {
+				t.Fatalf("tx.reconcile kind %v, want INTERNAL", s.SpanKind)
+			}
 			for _, l := range s.Links {
 				linked = linked || l.SpanContext.SpanID() == f.SpanContext.SpanID()
 			}

@@ -98,6 +98,10 @@ func wantStatementChildren(t *testing.T, h *harness, f tracetest.SpanStub, want 
 	for _, c := range kids {
 		if v, ok := attr(c, "db.query.text"); ok {
 			got = append(got, v.AsString())
+			// The statement spans are the CLIENT calls; the INTERNAL frame only groups them.
+			if c.SpanKind != trace.SpanKindClient {
+				t.Fatalf("statement span %q kind %v, want CLIENT", c.Name, c.SpanKind)
+			}
 		}
 	}
 	if !slices.Equal(got, want) {
@@ -120,8 +124,8 @@ func wantParent(t *testing.T, f tracetest.SpanStub, parent trace.Span) {
 // frameContract asserts what every frame span has whatever its outcome.
 func frameContract(t *testing.T, f tracetest.SpanStub, depth int) {
 	t.Helper()
-	if f.Name != DefaultSpanName || f.SpanKind != trace.SpanKindClient {
-		t.Fatalf("frame span = %q kind %v, want %q CLIENT", f.Name, f.SpanKind, DefaultSpanName)
+	if f.Name != DefaultSpanName || f.SpanKind != trace.SpanKindInternal {
+		t.Fatalf("frame span = %q kind %v, want %q INTERNAL", f.Name, f.SpanKind, DefaultSpanName)
 	}
 	wantAttr(t, f, "db.system.name", "postgresql")
 	wantAttr(t, f, "db.namespace", "postgres")

@@ -107,7 +107,7 @@ func TestEndWithoutStart(t *testing.T) {
 
 // TestReleaseIdleWithFrame releases a connection whose transaction was ended through
 // pgconn, where the tracer could not see it: the connection is idle, so the frame is
-// ended_unobserved, not released_in_transaction.
+// [ReasonEndedUnobserved], not [ReasonReleasedInTransaction].
 func TestReleaseIdleWithFrame(t *testing.T) {
 	ctx := testCtx(t)
 	h := newHarness(t, "", 1)
@@ -122,7 +122,7 @@ func TestReleaseIdleWithFrame(t *testing.T) {
 	pc.Release()
 	f := onlyFrame(t, h)
 	wantAttr(t, f, "tx.outcome", "rolled_back")
-	wantAttr(t, f, "error.type", "ended_unobserved")
+	wantAttr(t, f, "error.type", ReasonEndedUnobserved)
 	h.wantNoFrames(t, ctx)
 }
 

@@ -16,8 +16,9 @@ import (
 
 // frameStartOptions are the frame span's start options, built once so that Start
 // allocates nothing for them. No explicit timestamp: boxing a time.Time allocates, and
-// the SDK reads the clock itself.
-var frameStartOptions = []trace.SpanStartOption{trace.WithSpanKind(trace.SpanKindClient)}
+// the SDK reads the clock itself. The kind is INTERNAL: the frame groups the statement
+// spans, which are the CLIENT calls (see "Span kind" in the package documentation).
+var frameStartOptions = []trace.SpanStartOption{trace.WithSpanKind(trace.SpanKindInternal)}
 
 // phaseEvents are the event names per phase, built once so a transition allocates no name.
 var phaseEvents = func() (names [outcome.PhaseUnknown + 1]string) {

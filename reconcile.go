@@ -371,7 +371,8 @@ func parseFullXID(s string) (uint64, error) {
 // trace runs one reconciliation in a tx.reconcile span linked to the original frame.
 func (r *Reconciler) trace(ctx context.Context, link trace.SpanContext, id outcome.OperationID, ref outcome.ReconciliationRef,
 	do func(context.Context) (Resolution, error)) (Resolution, error) {
-	opts := []trace.SpanStartOption{trace.WithSpanKind(trace.SpanKindClient)}
+	// INTERNAL like the frame: its queries are the CLIENT spans of the db's tracer.
+	opts := []trace.SpanStartOption{trace.WithSpanKind(trace.SpanKindInternal)}
 	if link.IsValid() {
 		opts = append(opts, trace.WithLinks(trace.Link{SpanContext: link}))
 	}

@@ -2,8 +2,8 @@ package otelpgxtx
 
 import "go.opentelemetry.io/otel/attribute"
 
-// Attribute keys of the frame span (DESIGN.md §4). They are a public contract: dashboards
-// and alert rules select on them.
+// Attribute keys of the frame span (see "Span schema" in the package documentation).
+// They are a public contract: dashboards and alert rules select on them.
 const (
 	// OutcomeKey is tx.outcome: one of the five outcome strings, always set at the end.
 	OutcomeKey = attribute.Key("tx.outcome")

@@ -24,7 +24,7 @@ func TestStaleReleasedMidTransaction(t *testing.T) {
 	pc.Release() // the pool destroys a connection released mid-transaction
 	f := onlyFrame(t, h)
 	wantAttr(t, f, "tx.outcome", "rolled_back")
-	wantAttr(t, f, "error.type", "released_in_transaction")
+	wantAttr(t, f, "error.type", ReasonReleasedInTransaction)
 	wantStatus(t, f, codes.Error, StatusDescriptionRolledBack)
 	// The next transaction starts clean.
 	tx, err := h.pool.Begin(ctx)
@@ -102,7 +102,7 @@ func TestStaleNewBeginOnFramedConnection(t *testing.T) {
 	})
 	wantOutcomes(t, h, "rolled_back", "committed")
 	fs := h.frames()
-	wantAttr(t, fs[0], "error.type", "ended_unobserved")
+	wantAttr(t, fs[0], "error.type", ReasonEndedUnobserved)
 	wantEvents(t, fs[1], "tx.phase.active", "tx.phase.committing", "tx.phase.committed")
 	if attrString(t, fs[0], OperationIDKey) == attrString(t, fs[1], OperationIDKey) {
 		t.Fatal("the new frame reuses the old operation id")

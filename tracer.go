@@ -200,7 +200,8 @@ func sameSpan(a, b trace.Span) bool {
 var noopSpan = noop.Span{}
 
 // unframe hides f's span from an inner End hook that did not start a span of its own:
-// inner tracers end "the span in ctx", and that must never be the frame's (DESIGN.md §7).
+// inner tracers end "the span in ctx", and that must never be the frame's (see
+// "Composition with the inner tracer" in the package documentation).
 // A span that does not record has nothing an End hook could change.
 func unframe(ctx context.Context, f *frame) context.Context {
 	if f != nil && sameSpan(trace.SpanFromContext(ctx), f.span) {
@@ -240,7 +241,7 @@ func (t *Tracer) beginStatement(ctx context.Context, conn *pgx.Conn, st *connSta
 	if f != nil && pg.TxStatus() == 'I' {
 		// The transaction ended where we could not see it; its frame must not ride
 		// into this unrelated work.
-		t.abandon(st, f, reasonEndedUnobserved)
+		t.abandon(st, f, ReasonEndedUnobserved)
 		f = nil
 	}
 	if f == nil && set.has(stmtBegin) && pg.TxStatus() == 'I' {
@@ -345,11 +346,21 @@ func (t *Tracer) abandon(st *connState, f *frame, reason string) {
 	f.finish(st, v)
 }
 
-// Reasons for frames that ended without a statement showing it.
+// Reasons of a frame whose transaction ended where no statement showed it, written as
+// error.type beside the [classifier] reasons: the frame is rolled_back (unknown if COMMIT
+// had been sent). They are the tracer's, not the classifier's, because only the tracer
+// sees pool releases, closed connections and idle sessions.
 const (
-	reasonEndedUnobserved = "ended_unobserved"
-	reasonReleasedInTx    = "released_in_transaction"
-	reasonConnClosed      = "connection_closed"
+	// ReasonEndedUnobserved: the connection was found outside a transaction at its next
+	// statement, acquire or release: the transaction was ended by a path that bypasses
+	// pgx's tracer (a statement sent through *pgconn.PgConn directly).
+	ReasonEndedUnobserved = "ended_unobserved"
+	// ReasonReleasedInTransaction: the connection went back to the pool in the middle of
+	// the transaction; the pool destroys it, which rolls the transaction back.
+	ReasonReleasedInTransaction = "released_in_transaction"
+	// ReasonConnectionClosed: the connection closed with the transaction open (a
+	// *pgx.Conn closed mid-transaction, a connection database/sql discards).
+	ReasonConnectionClosed = "connection_closed"
 )
 
 // savepointName returns the name after SAVEPOINT, RELEASE [SAVEPOINT] or ROLLBACK [WORK|
@@ -593,7 +604,7 @@ func (t *Tracer) TraceAcquireEnd(ctx context.Context, pool *pgxpool.Pool, data p
 		if st := connStateOf(data.Conn); st != nil {
 			st.mu.Lock()
 			if st.frame != nil && data.Conn.PgConn().TxStatus() == 'I' {
-				t.abandon(st, st.frame, reasonEndedUnobserved)
+				t.abandon(st, st.frame, ReasonEndedUnobserved)
 			}
 			st.mu.Unlock()
 		}
@@ -612,11 +623,11 @@ func (t *Tracer) TraceRelease(pool *pgxpool.Pool, data pgxpool.TraceReleaseData)
 		if st := connStateOf(data.Conn); st != nil {
 			st.mu.Lock()
 			if st.frame != nil {
-				reason := reasonReleasedInTx
+				reason := ReasonReleasedInTransaction
 				if pg := data.Conn.PgConn(); pg.IsClosed() {
-					reason = reasonConnClosed
+					reason = ReasonConnectionClosed
 				} else if pg.TxStatus() == 'I' {
-					reason = reasonEndedUnobserved
+					reason = ReasonEndedUnobserved
 				}
 				t.abandon(st, st.frame, reason)
 			}
@@ -648,7 +659,7 @@ func (t *Tracer) connClosing(conn *pgx.Conn) {
 	if st := connStateOf(conn); st != nil {
 		st.mu.Lock()
 		if st.frame != nil {
-			t.abandon(st, st.frame, reasonConnClosed)
+			t.abandon(st, st.frame, ReasonConnectionClosed)
 		}
 		st.mu.Unlock()
 	}
@@ -662,6 +673,6 @@ func (t *Tracer) netConnClosed(st *connState) {
 	st.mu.Lock()
 	defer st.mu.Unlock()
 	if st.frame != nil && len(st.queries) == 0 && !st.committing {
-		t.abandon(st, st.frame, reasonConnClosed)
+		t.abandon(st, st.frame, ReasonConnectionClosed)
 	}
 }

@@ -58,16 +58,16 @@ const (
 	ReasonIdleInTransactionTimeout = "idle_in_transaction_timeout"
 )
 
-// SQLSTATE codes the classifier knows.
+// SQLSTATE codes the classifier knows; they are PostgreSQL's, not this package's
+// contract, so they stay unexported.
 const (
-	SQLStateSerializationFailure = "40001"
-	SQLStateDeadlockDetected     = "40P01"
-	SQLStateAdminShutdown        = "57P01"
-	SQLStateWarning              = "01000"
-	SQLStateNoActiveTransaction  = "25P01"
-	// SQLStateIdleInTransactionTimeout is idle_in_transaction_session_timeout's FATAL
+	sqlStateSerializationFailure = "40001"
+	sqlStateDeadlockDetected     = "40P01"
+	sqlStateAdminShutdown        = "57P01"
+	sqlStateWarning              = "01000"
+	// sqlStateIdleInTransactionTimeout is idle_in_transaction_session_timeout's FATAL
 	// (57P05 is idle_session_timeout, sent only outside a transaction).
-	SQLStateIdleInTransactionTimeout = "25P03"
+	sqlStateIdleInTransactionTimeout = "25P03"
 )
 
 // Classify returns the evidence about a transaction's fate, given the phase it was in
@@ -137,7 +137,7 @@ func notCommitted(err error, f Facts) (Verdict, bool) {
 		// block, disarms it once a message is read and checks for it before executing
 		// that message (postgres.c PostgresMain, steps 4–5; ProcessInterrupts): its FATAL
 		// always precedes the COMMIT, which then never runs.
-		if pgErr.Code == SQLStateIdleInTransactionTimeout && isFatal(pgErr) {
+		if pgErr.Code == sqlStateIdleInTransactionTimeout && isFatal(pgErr) {
 			v.reason = ReasonIdleInTransactionTimeout
 			return v, true
 		}
@@ -194,9 +194,9 @@ func classifyBeforeCommit(err error, f Facts) Verdict {
 func serverError(pgErr *pgconn.PgError) Verdict {
 	v := Verdict{evidence: EvidenceRolledBack, sqlstate: pgErr.Code, reason: ReasonServerError}
 	switch {
-	case pgErr.Code == SQLStateSerializationFailure:
+	case pgErr.Code == sqlStateSerializationFailure:
 		v.retryable, v.reason = true, ReasonSerializationFailure
-	case pgErr.Code == SQLStateDeadlockDetected:
+	case pgErr.Code == sqlStateDeadlockDetected:
 		v.retryable, v.reason = true, ReasonDeadlock
 	case len(pgErr.Code) == 5 && pgErr.Code[:2] == "23":
 		v.reason = ReasonConstraintViolation

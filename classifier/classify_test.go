@@ -105,7 +105,8 @@ const (
 	unknown    = classifier.EvidenceUnknown
 )
 
-// TestClassifyCommitting is DESIGN.md §5, one row per reply to COMMIT.
+// TestClassifyCommitting is the package documentation's rules while committing, one row
+// per reply to COMMIT.
 func TestClassifyCommitting(t *testing.T) {
 	c := outcome.PhaseCommitting
 	none := classifier.Facts{}
@@ -379,7 +380,7 @@ func TestClassifyConnectionClassErrorWhileCommitting(t *testing.T) {
 // the idle-in-transaction timeout's FATAL proves it by itself.
 func TestClassifyCommitNotExecuted(t *testing.T) {
 	c := outcome.PhaseCommitting
-	idle := pgErr("FATAL", "FATAL", classifier.SQLStateIdleInTransactionTimeout)
+	idle := pgErr("FATAL", "FATAL", codeIdleInTransactionTimeout)
 	runClassifyCases(t, []classifyCase{
 		{"not sent, conn closed", c, errNetOp, classifier.Facts{CommitNotSent: true, ConnClosed: true},
 			want{evidence: classifier.EvidenceRolledBack, retryable: true, reason: classifier.ReasonCommitNotSent}},

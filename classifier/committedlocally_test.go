@@ -16,7 +16,7 @@ func TestCommittedLocallyTable(t *testing.T) {
 		t.Fatalf("only %d translations", len(committedLocallyDetails))
 	}
 	for detail, lang := range committedLocallyDetails {
-		n := &pgconn.Notice{Severity: "WARNING", SeverityUnlocalized: "WARNING", Code: SQLStateWarning, Detail: detail}
+		n := &pgconn.Notice{Severity: "WARNING", SeverityUnlocalized: "WARNING", Code: sqlStateWarning, Detail: detail}
 		if !CommittedLocallyNotice(n) {
 			t.Errorf("%s: not recognised", lang)
 		}

@@ -2,12 +2,70 @@
 // the error (or none) and a few facts from the wire — into evidence about the
 // transaction's fate: committed, rolled back, or unknown.
 //
-// It is pure: no I/O, and no allocation on the hot path. Its rules are the ones measured
-// on PostgreSQL 15 with pgx v5 (see DESIGN.md §5 and the real-server tests beside it):
+// It is pure: no I/O, and no allocation on the hot path. [Classify] maps
+// (phase, error, [Facts]) to a [Verdict] of evidence, retryability, SQLSTATE and a fixed
+// reason ([ReasonCommitted] …, used as error.type). [NewVerdict] refuses a contradiction
+// (a retryable unknown or committed verdict), the same invariant every type that can carry
+// a verdict keeps.
 //
-//   - Only a failure observed while committing may be unknown.
-//   - An ERROR-severity reply to COMMIT is a certain rollback: PostgreSQL cannot raise
-//     an ERROR after the commit record is written (it would PANIC instead).
-//   - FATAL/PANIC, a lost connection, a timeout or a cancellation while committing are
-//     unknown, whatever pgconn.SafeToRetry says.
+// # Rules
+//
+// Only a failure observed while committing may be unknown. Before COMMIT is sent the
+// transaction cannot have committed (it never commits without COMMIT), so every ending in
+// not_started or active is a rollback, retryable for a serialization failure (40001), a
+// deadlock (40P01) and a lost connection, which a new connection can survive.
+//
+// While committing, each rule below was measured on PostgreSQL 15 through pgx v5 and is
+// kept by a real-server test that asserts the verdict and the ground truth
+// (pg_xact_status of the xid read before COMMIT, and the row itself):
+//
+//   - tag COMMIT, session idle: committed (TestRealCommitPlain);
+//   - tag ROLLBACK, which pgx turns into pgx.ErrTxCommitRollback (the transaction had
+//     already failed): rolled back, not retryable (TestRealCommitAfterFailedStatement);
+//   - an ERROR-severity *pgconn.PgError (23505 from a deferred constraint, 40001 from
+//     serializable snapshot isolation): rolled back, retryable for 40001 and 40P01.
+//     PostgreSQL cannot raise an ERROR once the commit record is written (it would PANIC
+//     instead) (TestRealCommitDeferredUniqueViolation, TestRealCommitSerializationFailure);
+//   - FATAL or PANIC (recognised by SeverityUnlocalized, whatever the session's language):
+//     unknown. A backend terminated while COMMIT runs a deferred trigger has not committed,
+//     one terminated after its commit record has, and the client sees the same FATAL
+//     (TestRealCommitFatalDuringDeferredTrigger);
+//   - a class 08 connection exception (only a proxy sends one), a closed connection, EOF,
+//     a socket error, a timeout or a cancellation after COMMIT was sent: unknown, never
+//     retryable, whatever pgconn.SafeToRetry says: it was true for a commit that had
+//     happened, with pgx v5.12 (TestRealCommitTerminatedDuringSyncRep,
+//     TestRealCommitAfterIdleBackendTerminated, TestRealCommitProxyCut);
+//   - success after a WARNING saying the commit is already in the local WAL (01000, the
+//     synchronous-replication wait cancelled): committed, with
+//     [Verdict.CommittedLocally] (TestRealCommitCanceledDuringSyncRep);
+//   - WARNING 57P01 "… already committed locally", then the connection closes: unknown,
+//     with [Verdict.CommittedLocally] as evidence for reconciliation
+//     (TestRealCommitTerminatedDuringSyncRep). [CommittedLocallyNotice] recognises both
+//     warnings, in every language of PostgreSQL 15's message catalogs
+//     (TestRealCommittedLocallyLocalized, TestRealCommittedLocallyOtherDatabaseEncoding).
+//
+// Three failures while committing are proofs that COMMIT never ran, and so certain,
+// retryable rollbacks. Each is shown on a real server, for plain pgx and the executor
+// alike, by TestCommitNotExecuted in the otelpgxtx package:
+//
+//   - [ReasonCommitNotSent]: the write carrying COMMIT failed before the kernel accepted
+//     a byte of it ([Facts.CommitNotSent]) and the connection is closed: bytes that never
+//     reached the kernel cannot be read by the server;
+//   - [ReasonSessionEndedBeforeCommit]: a FATAL or PANIC was already waiting unread
+//     before COMMIT was written ([Facts.SessionEndedBeforeCommit]): after a FATAL the
+//     backend exits (elog.c, proc_exit) and reads nothing more;
+//   - [ReasonIdleInTransactionTimeout]: FATAL 25P03. PostgreSQL arms
+//     idle_in_transaction_session_timeout only while waiting for a command inside a
+//     transaction block, disarms it once a message is read, and checks for it before
+//     executing that message (postgres.c PostgresMain; ProcessInterrupts), so its FATAL
+//     always precedes the COMMIT.
+//
+// A 57P01 FATAL that arrives after COMMIT was written proves nothing: a backend
+// terminated during the commit may already have written its commit record.
+//
+// Two server behaviours the rules rely on, also measured: statement_timeout does not
+// interrupt COMMIT's synchronous-replication wait (TestRealStatementTimeoutDoesNotInterruptSyncRepWait),
+// and a COMMIT outside a transaction is answered with the tag COMMIT and a WARNING 25P01
+// ("there is no transaction in progress"): it committed nothing, and the tracer makes no
+// frame of it (TestRealCommitWithoutTransaction).
 package classifier

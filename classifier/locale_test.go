@@ -82,9 +82,9 @@ func TestRealCommittedLocallyLocalized(t *testing.T) {
 					cfg.RuntimeParams["lc_messages"] = loc
 				})
 				pid := c.PgConn().PID()
-				code, english, signal := classifier.SQLStateWarning, englishCanceled, srv.Cancel
+				code, english, signal := codeWarning, englishCanceled, srv.Cancel
 				if end == "terminate 57P01" {
-					code, english, signal = classifier.SQLStateAdminShutdown, englishShutdown, srv.Terminate
+					code, english, signal = codeAdminShutdown, englishShutdown, srv.Terminate
 				}
 				xid := commitEndedInSyncRep(t, ctx, c, table, 1, signal)
 				var seen bool
@@ -158,7 +158,7 @@ func TestRealCommittedLocallyOtherDatabaseEncoding(t *testing.T) {
 			xid := commitEndedInSyncRep(t, ctx, c, "t", id, srv.Cancel)
 			var seen bool
 			for _, n := range c.Notices() {
-				if n.Code == classifier.SQLStateWarning && n.SeverityUnlocalized == "WARNING" {
+				if n.Code == codeWarning && n.SeverityUnlocalized == "WARNING" {
 					seen = true
 					if got := classifier.CommittedLocallyNotice(n); got != tc.recognised {
 						t.Errorf("CommittedLocallyNotice(detail %q) = %v, want %v", n.Detail, got, tc.recognised)

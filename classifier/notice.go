@@ -33,18 +33,11 @@ func CommittedLocallyNotice(n *pgconn.Notice) bool {
 		return false
 	}
 	switch n.Code {
-	case SQLStateAdminShutdown:
+	case sqlStateAdminShutdown:
 		return true
-	case SQLStateWarning:
+	case sqlStateWarning:
 		_, ok := committedLocallyDetails[n.Detail]
 		return ok
 	}
 	return false
-}
-
-// NoTransactionNotice reports whether n is the WARNING 25P01 "there is no transaction in
-// progress" that PostgreSQL sends for a COMMIT or ROLLBACK outside a transaction: such a
-// COMMIT answers with the tag COMMIT yet committed nothing.
-func NoTransactionNotice(n *pgconn.Notice) bool {
-	return n != nil && n.Code == SQLStateNoActiveTransaction
 }

@@ -57,29 +57,3 @@ func TestCommittedLocallyNotice(t *testing.T) {
 		})
 	}
 }
-
-func TestNoTransactionNotice(t *testing.T) {
-	tests := []struct {
-		name string
-		n    *pgconn.Notice
-		want bool
-	}{
-		{"nil", nil, false},
-		{"25P01 WARNING", &pgconn.Notice{
-			Severity: "WARNING", SeverityUnlocalized: "WARNING", Code: "25P01",
-			Message: "there is no transaction in progress",
-		}, true},
-		{"25P01 localized", &pgconn.Notice{Severity: "WARNUNG", SeverityUnlocalized: "WARNING", Code: "25P01"}, true},
-		{"25001 (already in progress)", &pgconn.Notice{Severity: "WARNING", SeverityUnlocalized: "WARNING", Code: "25001"}, false},
-		{"01000 WARNING", &pgconn.Notice{Severity: "WARNING", SeverityUnlocalized: "WARNING", Code: "01000"}, false},
-		{"57P01 WARNING", &pgconn.Notice{Severity: "WARNING", SeverityUnlocalized: "WARNING", Code: "57P01"}, false},
-		{"empty notice", &pgconn.Notice{}, false},
-	}
-	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			if got := classifier.NoTransactionNotice(tt.n); got != tt.want {
-				t.Errorf("NoTransactionNotice() = %v, want %v", got, tt.want)
-			}
-		})
-	}
-}

@@ -15,6 +15,7 @@ const (
 	EvidenceUnknown
 )
 
+// String returns committed, rolled_back or unknown, or "evidence(N)" for an invalid value.
 func (e Evidence) String() string {
 	switch e {
 	case EvidenceCommitted:

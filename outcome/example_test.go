@@ -40,7 +40,7 @@ func ExampleResult() {
 	eof := errors.New("unexpected EOF")
 
 	rollback, _ := outcome.NewDeterminateRollback[int](id, outcome.PhaseCommitting, serialization, true)
-	unknown, _ := outcome.NewIndeterminate[int](id, outcome.PhaseCommitting, eof, &ref, false)
+	unknown, _ := outcome.NewIndeterminate[int](id, eof, &ref, false)
 	post, _ := outcome.NewCommittedWithPostCommitFailure(id, 7, errors.New("publish event: broker down"))
 
 	for _, r := range []outcome.Result[int]{
@@ -53,8 +53,8 @@ func ExampleResult() {
 		fmt.Printf("%-34s %s\n", r.Outcome(), describe(r))
 	}
 
-	// A contradiction cannot be built: there is no indeterminate outcome before COMMIT.
-	_, err := outcome.NewIndeterminate[int](id, outcome.PhaseActive, eof, nil, false)
+	// A contradiction cannot be built: nothing is rolled back for certain after its commit.
+	_, err := outcome.NewDeterminateRollback[int](id, outcome.PhaseCommitted, serialization, false)
 	fmt.Println(err)
 
 	// Output:
@@ -63,5 +63,5 @@ func ExampleResult() {
 	// rolled_back                        rolled back in committing (ERROR: could not serialize access (SQLSTATE 40001)): retry
 	// indeterminate                      indeterminate (unexpected EOF): reconcile pg:7350493852390428123/1/748, never replay
 	// committed_with_post_commit_failure committed 7, but after the commit: publish event: broker down
-	// outcome: an indeterminate outcome can only follow phase committing, not active
+	// outcome: a determinate rollback cannot be observed in phase committed
 }

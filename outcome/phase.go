@@ -71,20 +71,3 @@ func CanTransition(from, to Phase) bool {
 	}
 	return false
 }
-
-// Transition returns to if from → to is legal, and otherwise an error naming both phases.
-func Transition(from, to Phase) (Phase, error) {
-	if !CanTransition(from, to) {
-		return from, &TransitionError{From: from, To: to}
-	}
-	return to, nil
-}
-
-// TransitionError is the error of an illegal phase transition.
-type TransitionError struct {
-	From, To Phase
-}
-
-func (e *TransitionError) Error() string {
-	return "outcome: illegal phase transition " + e.From.String() + " → " + e.To.String()
-}

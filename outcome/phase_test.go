@@ -1,7 +1,6 @@
 package outcome_test
 
 import (
-	"errors"
 	"strings"
 	"testing"
 
@@ -126,19 +125,6 @@ func TestCanTransitionAllPairs(t *testing.T) {
 				if got := outcome.CanTransition(from, to); got != w {
 					t.Errorf("CanTransition(%v, %v) = %v, want %v", from, to, got, w)
 				}
-				got, err := outcome.Transition(from, to)
-				if w {
-					if err != nil || got != to {
-						t.Errorf("Transition(%v, %v) = %v, %v; want %v, nil", from, to, got, err, to)
-					}
-					return
-				}
-				if err == nil {
-					t.Fatalf("Transition(%v, %v) = %v, nil; want error", from, to, got)
-				}
-				if got != from {
-					t.Errorf("Transition(%v, %v) returned phase %v on error, want from (%v)", from, to, got, from)
-				}
 			})
 		}
 	}
@@ -165,53 +151,6 @@ func TestCanTransitionInvalidPhases(t *testing.T) {
 			if outcome.CanTransition(p, b) {
 				t.Errorf("CanTransition(%v, %v) = true, want false", p, b)
 			}
-		}
-	}
-}
-
-func TestTransitionErrorNamesBothPhases(t *testing.T) {
-	tests := []struct {
-		from, to outcome.Phase
-	}{
-		{outcome.PhaseActive, outcome.PhaseUnknown},
-		{outcome.PhaseNotStarted, outcome.PhaseCommitting},
-		{outcome.PhaseCommitted, outcome.PhaseRolledBack},
-		{outcome.PhaseUnknown, outcome.PhaseCommitted},
-		{outcome.PhaseRolledBack, outcome.PhaseActive},
-		{outcome.PhaseCommitting, outcome.PhaseActive},
-	}
-	for _, tt := range tests {
-		t.Run(tt.from.String()+"->"+tt.to.String(), func(t *testing.T) {
-			_, err := outcome.Transition(tt.from, tt.to)
-			if err == nil {
-				t.Fatal("want error")
-			}
-			msg := err.Error()
-			want := tt.from.String() + " → " + tt.to.String()
-			if !strings.Contains(msg, want) {
-				t.Errorf("error %q does not contain %q", msg, want)
-			}
-			var te *outcome.TransitionError
-			if !errors.As(err, &te) {
-				t.Fatalf("error %T is not a *TransitionError", err)
-			}
-			if te.From != tt.from || te.To != tt.to {
-				t.Errorf("TransitionError{From: %v, To: %v}, want {%v, %v}", te.From, te.To, tt.from, tt.to)
-			}
-		})
-	}
-}
-
-func TestTransitionErrorSelfTransition(t *testing.T) {
-	// A phase never transitions to itself: the error must still name the phase twice.
-	for _, p := range allPhases {
-		_, err := outcome.Transition(p, p)
-		if err == nil {
-			t.Errorf("Transition(%v, %v) succeeded", p, p)
-			continue
-		}
-		if got := strings.Count(err.Error(), p.String()); got < 2 {
-			t.Errorf("Transition(%v, %v) error %q names the phase %d times, want 2", p, p, err, got)
 		}
 	}
 }

@@ -131,15 +131,12 @@ type Indeterminate[T any] struct {
 	traceParent      string
 }
 
-// NewIndeterminate returns an indeterminate result. last is the last observed phase and
-// must be committing: only a failure while committing makes a commit's fate unknown.
-// ref is optional; when given it must be well formed. committedLocally records a server
-// warning that the commit was already in local WAL. It refuses a nil cause and a zero id,
-// without which the outcome could not be reconciled or even found.
-func NewIndeterminate[T any](id OperationID, last Phase, cause error, ref *ReconciliationRef, committedLocally bool) (Indeterminate[T], error) {
-	if last != PhaseCommitting {
-		return Indeterminate[T]{}, fmt.Errorf("outcome: an indeterminate outcome can only follow phase committing, not %s", last)
-	}
+// NewIndeterminate returns an indeterminate result, whose last observed phase is
+// committing: only a failure while committing makes a commit's fate unknown. ref is
+// optional; when given it must be well formed. committedLocally records a server warning
+// that the commit was already in local WAL. It refuses a nil cause and a zero id, without
+// which the outcome could not be reconciled or even found.
+func NewIndeterminate[T any](id OperationID, cause error, ref *ReconciliationRef, committedLocally bool) (Indeterminate[T], error) {
 	if cause == nil {
 		return Indeterminate[T]{}, errors.New("outcome: an indeterminate outcome needs the failure that made it unknown")
 	}
@@ -161,9 +158,6 @@ func (Indeterminate[T]) Outcome() Outcome { return OutcomeIndeterminate }
 
 // OperationID returns the frame's operation id.
 func (r Indeterminate[T]) OperationID() OperationID { return r.id }
-
-// LastObservedPhase returns the last phase observed before the evidence ran out: always committing.
-func (Indeterminate[T]) LastObservedPhase() Phase { return PhaseCommitting }
 
 // Reference returns the reconciliation reference, if one was captured before COMMIT.
 func (r Indeterminate[T]) Reference() (ReconciliationRef, bool) { return r.ref, r.hasRef }

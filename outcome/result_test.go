@@ -127,33 +127,26 @@ func TestNewIndeterminate(t *testing.T) {
 	tests := []struct {
 		name    string
 		id      outcome.OperationID
-		last    outcome.Phase
 		cause   error
 		ref     *outcome.ReconciliationRef
 		local   bool
 		wantErr string // "" means accepted
 	}{
-		{"committing without ref", testID, outcome.PhaseCommitting, errCause, nil, false, ""},
-		{"committing with ref", testID, outcome.PhaseCommitting, errCause, &validRef, false, ""},
-		{"committing with no-writes ref", testID, outcome.PhaseCommitting, errCause, &noWritesR, false, ""},
-		{"committing committed locally", testID, outcome.PhaseCommitting, errCause, &validRef, true, ""},
-		{"from not_started", testID, outcome.PhaseNotStarted, errCause, nil, false, "not not_started"},
-		{"from active", testID, outcome.PhaseActive, errCause, nil, false, "not active"},
-		{"from committed", testID, outcome.PhaseCommitted, errCause, nil, false, "not committed"},
-		{"from rolled_back", testID, outcome.PhaseRolledBack, errCause, nil, false, "not rolled_back"},
-		{"from unknown", testID, outcome.PhaseUnknown, errCause, nil, false, "not unknown"},
-		{"from invalid phase", testID, outcome.Phase(9), errCause, nil, false, "not phase(9)"},
-		{"nil cause", testID, outcome.PhaseCommitting, nil, nil, false, "failure"},
-		{"nil cause with ref", testID, outcome.PhaseCommitting, nil, &validRef, true, "failure"},
-		{"zero id", outcome.OperationID{}, outcome.PhaseCommitting, errCause, nil, false, "operation id"},
-		{"zero id with ref", outcome.OperationID{}, outcome.PhaseCommitting, errCause, &validRef, false, "operation id"},
-		{"ref with zero system identifier", testID, outcome.PhaseCommitting, errCause, &zeroSys, false, "zero system identifier"},
-		{"ref with zero timeline", testID, outcome.PhaseCommitting, errCause, &zeroTLI, false, "zero timeline"},
-		{"zero ref", testID, outcome.PhaseCommitting, errCause, &zeroRef, false, "malformed reconciliation reference"},
+		{"committing without ref", testID, errCause, nil, false, ""},
+		{"committing with ref", testID, errCause, &validRef, false, ""},
+		{"committing with no-writes ref", testID, errCause, &noWritesR, false, ""},
+		{"committing committed locally", testID, errCause, &validRef, true, ""},
+		{"nil cause", testID, nil, nil, false, "failure"},
+		{"nil cause with ref", testID, nil, &validRef, true, "failure"},
+		{"zero id", outcome.OperationID{}, errCause, nil, false, "operation id"},
+		{"zero id with ref", outcome.OperationID{}, errCause, &validRef, false, "operation id"},
+		{"ref with zero system identifier", testID, errCause, &zeroSys, false, "zero system identifier"},
+		{"ref with zero timeline", testID, errCause, &zeroTLI, false, "zero timeline"},
+		{"zero ref", testID, errCause, &zeroRef, false, "malformed reconciliation reference"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			r, err := outcome.NewIndeterminate[int](tt.id, tt.last, tt.cause, tt.ref, tt.local)
+			r, err := outcome.NewIndeterminate[int](tt.id, tt.cause, tt.ref, tt.local)
 			if tt.wantErr != "" {
 				if err == nil {
 					t.Fatalf("NewIndeterminate = %+v, nil; want error containing %q", r, tt.wantErr)
@@ -174,9 +167,6 @@ func TestNewIndeterminate(t *testing.T) {
 			}
 			if r.OperationID() != tt.id {
 				t.Errorf("OperationID() = %v", r.OperationID())
-			}
-			if r.LastObservedPhase() != outcome.PhaseCommitting {
-				t.Errorf("LastObservedPhase() = %v", r.LastObservedPhase())
 			}
 			if r.Cause() != tt.cause {
 				t.Errorf("Cause() = %v", r.Cause())
@@ -200,7 +190,7 @@ func TestNewIndeterminate(t *testing.T) {
 
 func TestIndeterminateRefIsCopied(t *testing.T) {
 	ref := validRef
-	r, err := outcome.NewIndeterminate[int](testID, outcome.PhaseCommitting, errCause, &ref, false)
+	r, err := outcome.NewIndeterminate[int](testID, errCause, &ref, false)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -258,7 +248,7 @@ func TestEachVariantOutcome(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ind, err := outcome.NewIndeterminate[int](testID, outcome.PhaseCommitting, errCause, &validRef, false)
+	ind, err := outcome.NewIndeterminate[int](testID, errCause, &validRef, false)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -304,7 +294,7 @@ func TestEachVariantOutcome(t *testing.T) {
 
 func TestTypeSwitchIsExhaustive(t *testing.T) {
 	rb, _ := outcome.NewDeterminateRollback[int](testID, outcome.PhaseActive, errCause, false)
-	ind, _ := outcome.NewIndeterminate[int](testID, outcome.PhaseCommitting, errCause, nil, false)
+	ind, _ := outcome.NewIndeterminate[int](testID, errCause, nil, false)
 	pcf, _ := outcome.NewCommittedWithPostCommitFailure(testID, 1, errCause)
 	results := []outcome.Result[int]{
 		outcome.NewCommitted(testID, 1, false), outcome.NewParticipating(testID, 1), rb, ind, pcf,

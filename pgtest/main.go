@@ -54,8 +54,3 @@ func runAndClose(m *testing.M, s *Server) (code int) {
 	}()
 	return m.Run()
 }
-
-// DatabaseURL returns $DATABASE_URL. Tests that need no server control
-// (no StopImmediate, Terminate, proxy faults, ...) may use it to run against
-// an existing database instead of the throw-away server.
-func DatabaseURL() string { return os.Getenv("DATABASE_URL") }

@@ -127,7 +127,7 @@ func checkScenarios(t *testing.T, tr map[string]*jTrace) {
 		}
 		root := roots[0]
 		for _, f := range jt.frames() {
-			if f.name != "transaction" || f.kind != kindClient {
+			if f.name != "transaction" || f.kind != kindInternal {
 				t.Errorf("%s: frame span %q kind %d", name, f.name, f.kind)
 			}
 			for _, k := range []string{"tx.outcome", "tx.phase", "tx.operation_id", "tx.frame.depth", "tx.propagation", "tx.attempt",

@@ -268,7 +268,7 @@ func (j *jaegerProc) searchByTag(t *testing.T, ctx context.Context, service, key
 // ---- the v3 API's OTLP JSON, flattened --------------------------------------------
 
 const (
-	kindClient = 3 // OTLP SPAN_KIND_CLIENT
+	kindInternal = 1 // OTLP SPAN_KIND_INTERNAL
 
 	statusUnset = 0
 	statusOk    = 1

@@ -73,7 +73,7 @@ func TestDemoEmbedded(t *testing.T) {
 		"tx.outcome=indeterminate  status=Unset",
 		"tx.commit.committed_locally=true",
 		"tx.phase.unknown",
-		"tx.reconcile [client]",
+		"tx.reconcile  +", // INTERNAL: no kind shown
 		"tx.outcome.resolved=committed",
 		"── nested_frames: ",
 		"tx.frame.depth=1  tx.propagation=requires_new",

@@ -1,0 +1,158 @@
+// Package otelpgxtx is OpenTelemetry instrumentation for PostgreSQL transactions made
+// with pgx v5: one span per physical transaction, with the evidence phases the client
+// observed as events, and an outcome that keeps "we don't know" as a result of its own.
+//
+// A COMMIT that dies on the wire usually shows up as an error (or as a success), and
+// callers retry it, sometimes applying the work twice. This package records what the
+// client actually saw, classifies each ending into one of five outcomes (see
+// [outcome.Outcome]) and shows an indeterminate commit distinctly: neither Error nor Ok,
+// with tx.outcome=indeterminate for dashboards and alert rules.
+//
+// # Setup
+//
+// [InstrumentPool] (or [InstrumentConnConfig]) sets a [Tracer] as the connection
+// config's tracer and chains the notice, close and net.Conn hooks it needs:
+//
+//	cfg, _ := pgxpool.ParseConfig(dsn)
+//	tracer, err := otelpgxtx.InstrumentPool(cfg)
+//	pool, _ := pgxpool.NewWithConfig(ctx, cfg)
+//
+// Application code does not change: every Begin … Commit becomes a frame span, with the
+// statement spans of the inner tracer (otelpgx by default) as its children. The tracer
+// sends nothing of its own on a plain pgx connection. [Run] is an executor that returns
+// the outcome as a sealed [outcome.Result]; a [Reconciler] (or [WithAutoReconcile])
+// settles indeterminate commits from the database's own records.
+//
+// # Frames
+//
+// A frame is one physical transaction as the instrumentation sees it: its phase, its
+// span, its operation id, its connection. It is kept in two places. On the connection,
+// because the tracer sees BEGIN, COMMIT and ROLLBACK as statements of a *pgx.Conn; pooled
+// connections are reused, and a frame that outlived its transaction would classify
+// unrelated work against finished evidence, so every path that ends a transaction
+// (commit, rollback, a closed or destroyed connection, a release mid-transaction, a
+// connection found idle) ends the frame. And in the context, for [Begin] and [Run], so
+// that a transaction begun inside another on a second connection sees the outer one: the
+// outer frame is suspended (tx.suspended, tx.resumed events) and the inner frame is one
+// level deeper, its span a child of the outer frame's span. Contexts are immutable, so no
+// cleanup path can bring an ended frame back.
+//
+// Only the physical owner of a transaction (the frame that began it) records phases. A
+// [Run] call that joins an outer transaction has no frame: it is a tx.participant event on
+// the owner's frame, with tx.participant.outcome, and its result is Participating.
+//
+// # Phases
+//
+// One physical transaction moves through the phases of [outcome.Phase]:
+//
+//	not_started → active → committing → committed | rolled_back | unknown
+//	not_started → rolled_back   (BEGIN failed)
+//	active      → rolled_back   (explicit ROLLBACK, or the session died before COMMIT was sent)
+//
+// committing is recorded immediately before COMMIT is handed to the driver, so that a
+// process dying inside the commit leaves the record "we asked and we don't know". Only a
+// failure observed while committing can make the phase unknown: neither the error alone
+// nor the phase alone does (see the classifier package for each rule and the real-server
+// test that shows it).
+//
+// # Span schema
+//
+// One span per frame, of kind INTERNAL (see "Span kind" below), named "transaction"
+// ([DefaultSpanName]) or as [WithSpanName] or [WithSpanNameCtxFunc] say. It is a child of
+// the span in BEGIN's context, or of the suspended outer frame.
+//
+// Attributes, with the keys declared as constants in this package ([OutcomeKey] …):
+//
+//   - tx.outcome: one of the five outcomes, always set when the span ends;
+//   - tx.phase: the last observed phase (committed, rolled_back, unknown);
+//   - tx.operation_id: 32 hex digits, also on Run's results and on log records;
+//   - tx.frame.depth: 0 for a top-level transaction, n when n others are suspended;
+//   - tx.isolation, tx.access_mode: as pgx spells them, when BEGIN says;
+//   - tx.propagation, tx.attempt: set by [Run];
+//   - tx.reconciliation.ref, tx.reconciliation.xid: the reference captured before COMMIT;
+//   - tx.commit.committed_locally: the server said the commit is in its local WAL but its
+//     synchronous replication was not confirmed;
+//   - tx.retryable: on rolled-back frames;
+//   - db.system.name=postgresql, db.namespace, server.address, server.port (semantic
+//     conventions; [WithDisableConnectionDetailsInAttributes] leaves the last three out);
+//   - db.response.status_code (the SQLSTATE) and error.type on failures. error.type is a
+//     fixed, low-cardinality reason: one of the classifier's Reason constants
+//     (serialization_failure, connection_lost, server_fatal, …), or, for a frame whose
+//     transaction ended where no statement showed it, [ReasonEndedUnobserved],
+//     [ReasonReleasedInTransaction] or [ReasonConnectionClosed].
+//
+// Events, in time order: tx.phase.active, tx.phase.committing, then exactly one of
+// tx.phase.committed, tx.phase.rolled_back, tx.phase.unknown ([EventPhasePrefix] and the
+// phase); tx.suspended and tx.resumed around a nested frame; tx.savepoint.created,
+// tx.savepoint.released, tx.savepoint.rolled_back with tx.savepoint.name (savepoints are
+// events, not spans: they never change the frame's phase); tx.participant; tx.retry on an
+// attempt Run retries; tx.post_commit.failed.
+//
+// Status, three codes with three meanings:
+//
+//   - committed: Ok, the documented meaning "commit confirmed" ([StatusStrict] leaves it
+//     Unset, as the specification asks of instrumentation not configured otherwise);
+//   - rolled_back: Error with the fixed description [StatusDescriptionRolledBack]; a
+//     deliberate Rollback with nothing gone wrong stays Unset;
+//   - indeterminate: Unset: nothing was determined, and tx.outcome says so;
+//   - committed_with_post_commit_failure: Ok on the frame, Error on its tx.post_commit
+//     child span ([SpanNamePostCommit]).
+//
+// A reconciliation is a tx.reconcile span ([SpanNameReconcile]), INTERNAL too, linked to
+// the frame that observed the indeterminate outcome, with tx.outcome.resolved; its
+// queries are the statement spans of the database's own tracer.
+//
+// # Span kind
+//
+// The frame span is INTERNAL, and the statement spans under it are CLIENT. The
+// OpenTelemetry trace API defines CLIENT as a span that "describes a request to some
+// remote service", usually the parent of a remote SERVER span, and INTERNAL as "an
+// internal operation within an application, as opposed to an operation with remote
+// parents or children" ([SpanKind]). A frame is not one request: it spans BEGIN, the
+// application's own work between statements, and COMMIT, and each of those statements is
+// already a CLIENT span of its own, as the database conventions ask of a span that
+// describes a database call ([database client spans], [SQL spans]). The API calls a CLIENT
+// span with a CLIENT child a complex scenario for semantic conventions to detail, and the
+// database conventions detail none.
+//
+// The kind matters to tools that derive requests from spans. Grafana Tempo's service
+// graphs count a CLIENT span with db.namespace, db.name or db.system as a database
+// request ([Tempo service graphs]; the Collector's [servicegraph connector] is built on
+// the same processor, with the database attributes configurable): a CLIENT frame, which
+// carries db.namespace, would add one more "database request" per transaction, with a
+// latency that includes the application's time between statements. Jaeger's service dependency graph does not depend on the kind: it
+// links the services of parent and child spans (the in-memory store's getDependencies,
+// and the Spark job, which looks at kinds only for Zipkin's shared client/server spans;
+// [Jaeger dependencies], [Jaeger Spark dependencies]), and the frame and its statements
+// belong to the application's service either way.
+//
+// # Composition with the inner tracer
+//
+// pgx runs the End hooks of a tracer chain in Start order, and otelpgx ends "the span in
+// the context" it is given. So the tracer never puts the frame span into a context ahead
+// of an inner Start unless it is also the one that calls the matching End: it wraps the
+// inner tracer itself, forwards every tracer interface that one implements, and hides the
+// frame's span from an inner End hook that did not start a span of its own.
+//
+// # Metrics
+//
+// Counted whether or not the trace is sampled: [MetricTransactions] by tx.outcome, and
+// [MetricDuration] and [MetricCommitDuration] in seconds; with automatic reconciliation,
+// [MetricReconciliations], [MetricUnresolved], [MetricUnresolvedAge] and
+// [MetricReconciliationDuration]. Every series of the counters exists from the start at 0.
+//
+// # What leaves the process
+//
+// By default no literal value, statement parameter or server message text is recorded:
+// the inner tracer gets query text with every literal replaced by "?", and errors with
+// their SQLSTATE and class but not their message. [WithRawQueryText] and
+// [WithErrorMessages] reveal more, for deployments where the traces may hold user data.
+//
+// [SpanKind]: https://opentelemetry.io/docs/specs/otel/trace/api/#spankind
+// [database client spans]: https://opentelemetry.io/docs/specs/semconv/db/database-spans/
+// [SQL spans]: https://opentelemetry.io/docs/specs/semconv/db/sql/
+// [servicegraph connector]: https://pkg.go.dev/github.com/open-telemetry/opentelemetry-collector-contrib/connector/servicegraphconnector
+// [Tempo service graphs]: https://grafana.com/docs/tempo/latest/metrics-generator/service_graphs/
+// [Jaeger dependencies]: https://github.com/jaegertracing/jaeger/blob/v1.76.0/internal/storage/v2/memory/tenant.go
+// [Jaeger Spark dependencies]: https://github.com/jaegertracing/spark-dependencies/blob/main/jaeger-spark-dependencies-common/src/main/java/io/jaegertracing/spark/dependencies/SpansToDependencyLinks.java
+package otelpgxtx
