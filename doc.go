@@ -99,8 +99,11 @@
 //     child span ([SpanNamePostCommit]).
 //
 // A reconciliation is a tx.reconcile span ([SpanNameReconcile]), INTERNAL too, linked to
-// the frame that observed the indeterminate outcome, with tx.outcome.resolved; its
-// queries are the statement spans of the database's own tracer.
+// the frame that observed the indeterminate outcome, with tx.outcome.resolved and, when
+// unknown, error.type set to the reason ([UnknownInProgress], [UnknownNotReplicated], …);
+// its queries are the statement spans of the database's own tracer. A committed answer
+// where synchronous replication is configured waits for the synchronous standbys (the
+// replication barrier, see [Reconciler]), so that it survives a failover.
 //
 // # Span kind
 //

@@ -85,6 +85,10 @@ func (r Resolution) Reference() outcome.ReconciliationRef { return r.ref }
 // (pg_xact_status, and the latest checkpoint's next xid after a crash restart or a
 // failover). It never guesses: anything it cannot prove stays unknown, with the reason.
 // Its answers describe the history of the server it asks: give it the surviving primary.
+// Where synchronous replication is configured, a committed answer waits until the
+// synchronous standbys confirm the commit (a replication barrier at the synchronous_commit
+// of the reconciler's connection), so that a failover cannot undo it; otherwise it is
+// unknown with [UnknownNotReplicated].
 type Reconciler struct {
 	db       Querier
 	tracer   trace.Tracer
