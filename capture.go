@@ -249,9 +249,8 @@ func (st *connState) ref(xid uint64) *outcome.ReconciliationRef {
 }
 
 // commitWithMarker sends the marker insert of id (returning the xid) and COMMIT as one
-// simple Query: one message and one server flush, as a plain COMMIT — the Sync that
-// makes the xid arrive before COMMIT runs costs the server a flush per commit, and the
-// marker needs no xid. The server executes the two in order and abandons the rest of
+// simple Query: one message and one server flush, as a plain COMMIT — the marker needs
+// no xid before COMMIT runs, so nothing has to make the server flush it first. The server executes the two in order and abandons the rest of
 // the string at an error: an insert that did not complete (an ERROR, or a FATAL before
 // its command completed) means COMMIT never ran.
 func commitWithMarker(ctx context.Context, pg *pgconn.PgConn, st *connState, commitSQL, marker string, id outcome.OperationID) commitResult {
