@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"syscall"
 	"testing"
 	"time"
 
@@ -17,6 +18,25 @@ import (
 
 // captureQuery is the xid read's Query message text as it appears on the wire.
 var captureQuery = []byte(captureSQL + "\x00")
+
+// instrumentedConn connects to connString with InstrumentConnConfig's defaults; the
+// connection is closed when tb ends.
+func instrumentedConn(tb testing.TB, ctx context.Context, connString string) *pgx.Conn {
+	tb.Helper()
+	cfg, err := pgx.ParseConfig(connString)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	if _, err := InstrumentConnConfig(cfg); err != nil {
+		tb.Fatal(err)
+	}
+	conn, err := pgx.ConnectConfig(ctx, cfg)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(func() { _ = conn.Close(context.WithoutCancel(ctx)) })
+	return conn
+}
 
 // endsAfterCheck is a context that has ended but whose first Err call says it has not:
 // the context ending between commitWithCapture's check and pgconn's own.
@@ -46,18 +66,7 @@ func TestCaptureContextEnded(t *testing.T) {
 			proxy := newProxy(t)
 			rec := proxy.Record()
 			table := newTable(t, ctx)
-			cfg, err := pgx.ParseConfig(proxy.ConnString(srv.ConnString()))
-			if err != nil {
-				t.Fatal(err)
-			}
-			if _, err := InstrumentConnConfig(cfg); err != nil {
-				t.Fatal(err)
-			}
-			conn, err := pgx.ConnectConfig(ctx, cfg)
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer conn.Close(ctx)
+			conn := instrumentedConn(t, ctx, proxy.ConnString(srv.ConnString()))
 			if err := prepareCapture(ctx, conn); err != nil {
 				t.Fatal(err)
 			}
@@ -144,14 +153,14 @@ func TestCaptureFailedTransaction(t *testing.T) {
 	}
 }
 
-// TestCaptureReferenceBeforeCommitAnswers: the xid arrives before the server runs
-// COMMIT, so a COMMIT that never answers (a deferred trigger waits on a lock the test
-// holds, then the proxy cuts the connection) still leaves a reference, and it names the
-// transaction that commits once the lock is released.
+// TestCaptureReferenceBeforeCommitAnswers: the server flushes the xid before it reads
+// COMMIT, so a COMMIT that never answers still leaves a reference, naming the transaction
+// that commits later. A deferred trigger makes COMMIT wait, silently, on a lock the test
+// holds; once the server shows that wait and the client has taken every byte from its
+// socket, the caller gives up (its context is cancelled), and the lock is released.
 func TestCaptureReferenceBeforeCommitAnswers(t *testing.T) {
 	ctx := testCtx(t)
-	proxy := newProxy(t)
-	h := newHarness(t, proxy.ConnString(srv.ConnString()), 1)
+	h := newHarness(t, "", 1)
 	table := newTable(t, ctx)
 	lockKey := strconv.FormatInt(tableSeq.Add(1)+1<<40, 10)
 	if err := srv.Exec(ctx, "create function "+table+"_wait() returns trigger language plpgsql as "+
@@ -168,14 +177,22 @@ func TestCaptureReferenceBeforeCommitAnswers(t *testing.T) {
 	if _, err := holder.Exec(ctx, "select pg_advisory_lock("+lockKey+")"); err != nil {
 		t.Fatal(err)
 	}
+	pc, err := h.pool.Acquire(ctx) // the pool's only connection, which Run will hold
+	if err != nil {
+		t.Fatal(err)
+	}
+	conn := pc.Conn()
+	pid := conn.PgConn().PID()
+	pc.Release()
+	rctx, cancel := context.WithCancel(ctx)
+	defer cancel()
 	done := make(chan outcome.Result[int], 1)
-	go func() { done <- Run(ctx, h.pool, DefaultPolicy(), insertFn(table, 1)) }()
-	// COMMIT is running: its deferred trigger waits for the lock.
+	go func() { done <- Run(rctx, h.pool, DefaultPolicy(), insertFn(table, 1)) }()
 	tick := time.NewTicker(time.Millisecond)
 	defer tick.Stop()
 	for {
 		var n int
-		if err := holder.QueryRow(ctx, "select count(*) from pg_stat_activity where wait_event = 'advisory' and query = 'commit'").Scan(&n); err != nil {
+		if err := holder.QueryRow(ctx, "select count(*) from pg_stat_activity where pid = $1 and wait_event = 'advisory'", pid).Scan(&n); err != nil {
 			t.Fatal(err)
 		}
 		if n == 1 {
@@ -187,7 +204,8 @@ func TestCaptureReferenceBeforeCommitAnswers(t *testing.T) {
 		case <-tick.C:
 		}
 	}
-	proxy.CutAll()
+	waitSocket(t, ctx, conn, func(n int, err error) bool { return errors.Is(err, syscall.EAGAIN) })
+	cancel()
 	res := <-done
 	ind, ok := res.(outcome.Indeterminate[int])
 	if !ok {
