@@ -40,6 +40,9 @@ const captureSQL = "select " + captureXIDExpr
 
 const captureXIDExpr = "pg_current_xact_id_if_assigned()::text"
 
+// captureQueryMsg is captureSQL's Query message; encoding only reads it.
+var captureQueryMsg = pgproto3.Query{String: captureSQL}
+
 // readIdentity reads the cluster identity into st, once per connection. It goes through
 // pgconn directly: it is the instrumentation's own query, not the application's, and
 // makes no span. Only [Run] calls it, on a connection it holds and before BEGIN, so it
@@ -155,7 +158,7 @@ func commitWithCapture(ctx context.Context, pg *pgconn.PgConn, st *connState, co
 	}
 	// pgconn has no call that sends two Query messages: queue the first where Exec's
 	// write takes it along, and read the second's reply message by message.
-	pg.Frontend().SendQuery(&pgproto3.Query{String: captureSQL})
+	pg.Frontend().SendQuery(&captureQueryMsg)
 	xid, xidOK, err := readXID(pg.Exec(ctx, commitSQL))
 	if xidOK {
 		res.ref = st.ref(xid)
