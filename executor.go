@@ -305,7 +305,10 @@ func runAttempt[T any](ctx context.Context, db DB, p Policy, fn func(context.Con
 		r, _ := outcome.NewDeterminateRollback[T](outcome.OperationID{}, outcome.PhaseNotStarted, err, v.Retryable())
 		return r, nil
 	}
-	sc := &scope{tx: &runTx{tx: tx}, frame: frameOfTx(tx), suspended: scopeFromContext(ctx)}
+	a := &runAlloc{}
+	a.tx.tx = tx
+	a.sc = scope{tx: &a.tx, frame: frameOfTx(tx), suspended: scopeFromContext(ctx)}
+	sc := &a.sc
 	sc.pool, _ = db.(*pgxpool.Pool)
 	f := sc.frame
 	if f != nil {
@@ -314,9 +317,10 @@ func runAttempt[T any](ctx context.Context, db DB, p Policy, fn func(context.Con
 	} else {
 		sc.id = outcome.NewOperationID()
 	}
-	fctx := context.WithValue(ctx, scopeKey{}, sc)
+	a.ctx = runContext{Context: ctx, sc: sc}
+	var fctx context.Context = &a.ctx
 	if f != nil {
-		fctx = f.withSpan(contextWithFrame(fctx, f))
+		fctx = f.withSpan(fctx)
 	}
 	finish := func() {
 		sc.tx.end()
