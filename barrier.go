@@ -45,14 +45,14 @@ const barrierSQL = "select pg_logical_emit_message(true, 'otelpgxtx.barrier', ''
 	"set_config('application_name', $1, true), " + incarnationSQL
 
 // replicated runs the replication barrier for a commit seen on incarnation in, bounded
-// by deadline but given at least the poll interval. It reports false, with no error,
+// by deadline but given at least minBarrierWait. It reports false, with no error,
 // when the bound passed first or the barrier ran on another incarnation (the pool reached
 // another server since). A backend waiting for the standbys ignores its client, so
 // a barrier given up must be cancelled on the server, lest it hold a connection slot
 // until the standbys come back: through the connection's cancel key where the
 // reconciler can hold one (a pool's or a *pgx.Conn), else by its name.
 func (r *Reconciler) replicated(ctx context.Context, in incarnation, deadline time.Time) (bool, error) {
-	bound := later(deadline, time.Now().Add(r.interval))
+	bound := later(deadline, time.Now().Add(minBarrierWait))
 	name := "otelpgxtx barrier " + strconv.FormatUint(rand.Uint64(), 16)
 	var conn *pgx.Conn
 	switch db := r.db.(type) {
@@ -114,6 +114,12 @@ func (r *Reconciler) replicated(ctx context.Context, in incarnation, deadline ti
 	}
 	return got == in, nil
 }
+
+// minBarrierWait is the least a barrier is given, whatever the reconcile wait: healthy
+// standbys confirm in milliseconds, but a barrier's own commit on a loaded server can
+// take longer than a short poll interval, and giving up then would turn a replicated
+// commit into not_replicated.
+const minBarrierWait = time.Second
 
 // cancelRepeat is how often a barrier being given up is sent a cancel request again.
 const cancelRepeat = 100 * time.Millisecond

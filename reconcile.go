@@ -114,7 +114,8 @@ type reconcilerConfig struct {
 // WithReconcileWait bounds how long a [Reconciler] (or automatic reconciliation, see
 // [WithAutoReconcile]) polls a transaction that is still in progress (a backend can sit
 // in a synchronous-replication wait), and how often; 5 s and 50 ms by default. A zero
-// wait asks once.
+// wait asks once. It also bounds the replication barrier of a committed answer (see
+// [Reconciler]), which is given at least a second.
 func WithReconcileWait(wait, interval time.Duration) ReconcileWaitOption {
 	return reconcileWaitOption{wait, interval}
 }
