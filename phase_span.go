@@ -3,9 +3,11 @@ package otelpgxtx
 import (
 	"context"
 	"strconv"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/codes"
 	"go.opentelemetry.io/otel/trace"
@@ -13,6 +15,80 @@ import (
 	"github.com/txevidence/otelpgxtx/classifier"
 	"github.com/txevidence/otelpgxtx/outcome"
 )
+
+// frame is one physical transaction as the instrumentation sees it. Its depth, parent,
+// connection and id are fixed at creation; its phase moves on each transition.
+//
+// The owning connection's goroutine changes it; other goroutines only read its phase
+// and end state (atomics) and add events to its span (which is safe for concurrent use),
+// except that the close of its connection may end it on another goroutine, under the
+// connection state's mutex (see netConn).
+type frame struct {
+	t      *Tracer
+	span   trace.Span
+	id     outcome.OperationID
+	depth  int
+	parent *frame // the suspended outer frame, or nil
+	// parentSpan is the span context the frame span was started under, so that a chained
+	// transaction (COMMIT AND CHAIN) gets the same parent.
+	parentSpan trace.SpanContext
+	conn       *pgconn.PgConn
+	start      time.Time
+	// spanCtx is the context the frame span was started in and returned by Start: it
+	// carries the frame span, for metric exemplars, at no allocation.
+	spanCtx context.Context
+	// connAttrs are the connection's attributes, from its connState.
+	connAttrs []attribute.KeyValue
+
+	phase atomic.Uint32 // outcome.Phase
+	done  atomic.Bool   // the evidence is in: the frame left its connection
+	ended atomic.Bool   // the span was ended
+	// unrecorded: a Filter rejected the frame; its span only carries the caller's span
+	// context, and nothing is parented to it.
+	unrecorded bool
+	name       string // the span's name, for the next frame of COMMIT AND CHAIN
+
+	committingAt     time.Time
+	doneAt           time.Time
+	committedLocally bool
+	// endedBeforeCommit: the server had sent a FATAL before COMMIT was written.
+	endedBeforeCommit bool
+	firstErr          classifier.Verdict // the first statement failure, if any
+	hasErr            bool
+	verdict           classifier.Verdict // the final verdict, once done
+	isolation         string
+	accessMode        string
+
+	// Set by the executor.
+	managed     bool  // the executor ends the span, after post-commit work
+	cause       error // why the executor rolled back
+	propagation string
+	attempt     int
+	ref         *outcome.ReconciliationRef
+}
+
+func (f *frame) currentPhase() outcome.Phase { return outcome.Phase(f.phase.Load()) }
+
+// open reports whether f's transaction is still going on.
+func (f *frame) open() bool { return !f.done.Load() }
+
+// startCtx rebuilds the context f was begun in, for the frame that a chain begins.
+func (f *frame) startCtx() context.Context {
+	ctx := trace.ContextWithSpanContext(context.Background(), f.parentSpan)
+	if f.parent != nil {
+		ctx = contextWithFrame(ctx, f.parent)
+	}
+	return ctx
+}
+
+// withSpan makes f's span the parent of what runs inside the frame; an unrecorded frame
+// leaves ctx's own span there, as if there were no frame.
+func (f *frame) withSpan(ctx context.Context) context.Context {
+	if f.unrecorded {
+		return ctx
+	}
+	return trace.ContextWithSpan(ctx, f.span)
+}
 
 // frameStartOptions are the frame span's start options, built once so that Start
 // allocates nothing for them. No explicit timestamp: boxing a time.Time allocates, and
@@ -217,4 +293,22 @@ func (f *frame) end(o outcome.Outcome, postCommitErr error) {
 		f.span.AddEvent(EventPostCommitFailed)
 	}
 	f.span.End()
+}
+
+// Frames travel in contexts as an immutable linked list: a context holds the innermost
+// frame, which points to its suspended parent. No cleanup can resurrect a frame there:
+// a finished frame is skipped, never reused.
+type frameKey struct{}
+
+func contextWithFrame(ctx context.Context, f *frame) context.Context {
+	return context.WithValue(ctx, frameKey{}, f)
+}
+
+// openFrameFromContext returns the innermost frame in ctx whose transaction is open.
+func openFrameFromContext(ctx context.Context) *frame {
+	f, _ := ctx.Value(frameKey{}).(*frame)
+	for f != nil && !f.open() {
+		f = f.parent
+	}
+	return f
 }

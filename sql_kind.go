@@ -1,6 +1,8 @@
 package otelpgxtx
 
-import "strings"
+import (
+	"strings"
+)
 
 // stmtKind is what a statement does to the session's transaction.
 type stmtKind uint8
@@ -275,4 +277,21 @@ func beginOptions(rest string) (isolation, accessMode string) {
 		}
 		rest = r
 	}
+}
+
+// savepointName returns the name after SAVEPOINT, RELEASE [SAVEPOINT] or ROLLBACK [WORK|
+// TRANSACTION] TO [SAVEPOINT], as a substring of sql (no allocation).
+func savepointName(sql string) string {
+	kind, rest := classifyOne(sql)
+	if kind == stmtRelease || kind == stmtRollbackTo {
+		if w, r := nextWord(rest); eq(w, "savepoint") {
+			rest = r
+		}
+	}
+	rest = skipSpace(rest)
+	i := 0
+	for i < len(rest) && rest[i] != ';' && rest[i] != ' ' && rest[i] != '\n' && rest[i] != '\t' {
+		i++
+	}
+	return rest[:i]
 }

@@ -1,0 +1,138 @@
+package otelpgxtx
+
+import (
+	"context"
+
+	"github.com/jackc/pgx/v5"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/trace"
+	"go.opentelemetry.io/otel/trace/noop"
+)
+
+// innerSQL returns what the inner tracer is given of sql: its sanitized text unless
+// [WithRawQueryText] was passed. s carries its db.query.summary.
+func (t *Tracer) innerSQL(sql string) (string, *sanitized) {
+	s := t.sanitized.get(sql)
+	if t.cfg.rawQueryText {
+		return sql, s
+	}
+	return s.text, s
+}
+
+// innerErr returns what the inner tracer is given of err: see [recordedError].
+func (t *Tracer) innerErr(err error) error { return recordedError(err, t.cfg.errorMessages) }
+
+// recordedError returns what may be recorded of err: all of it only if full (the
+// [WithErrorMessages] option), for a server message can quote the statement's values.
+func recordedError(err error, full bool) error {
+	if full {
+		return err
+	}
+	return redactError(err)
+}
+
+// startedSpan returns the span an inner Start hook put into after, or nil if it started
+// none that records.
+func startedSpan(before, after context.Context) trace.Span {
+	span := trace.SpanFromContext(after)
+	if !span.IsRecording() || sameSpan(span, trace.SpanFromContext(before)) {
+		return nil
+	}
+	return span
+}
+
+// innerQueryStart hands a statement's start to the inner tracer, sanitized.
+func (t *Tracer) innerQueryStart(ctx context.Context, conn *pgx.Conn, data pgx.TraceQueryStartData) context.Context {
+	if t.query == nil {
+		return ctx
+	}
+	var s *sanitized
+	data.SQL, s = t.innerSQL(data.SQL)
+	inner := t.query.TraceQueryStart(ctx, conn, data)
+	if span := startedSpan(ctx, inner); span != nil && s.summary != nil {
+		span.SetAttributes(s.summary...)
+	}
+	return inner
+}
+
+// innerQueryEnd hands a statement's end to the inner tracer, its error redacted.
+func (t *Tracer) innerQueryEnd(ctx context.Context, conn *pgx.Conn, data pgx.TraceQueryEndData) {
+	if t.query != nil {
+		data.Err = t.innerErr(data.Err)
+		t.query.TraceQueryEnd(ctx, conn, data)
+	}
+}
+
+// batchSummary returns db.query.summary of a batch as the semantic conventions define
+// it: "BATCH " and its statements' summary when they share one, else "BATCH".
+func (t *Tracer) batchSummary(b *pgx.Batch) attribute.KeyValue {
+	common := ""
+	for i, q := range b.QueuedQueries {
+		sum := ""
+		if s := t.sanitized.get(q.SQL); len(s.summary) > 0 {
+			sum = s.summary[0].Value.AsString()
+		}
+		if i > 0 && sum != common {
+			common = ""
+			break
+		}
+		common = sum
+	}
+	if common == "" {
+		return dbQuerySummaryKey.String("BATCH")
+	}
+	return dbQuerySummaryKey.String("BATCH " + common)
+}
+
+// innerBatch returns the batch an inner tracer is given: the default otelpgx tracer
+// reads only its length, but a user's tracer may read its SQL, which it then gets
+// sanitized, in a copy (the queued queries are the caller's).
+func (t *Tracer) innerBatch(b *pgx.Batch) *pgx.Batch {
+	if b == nil || !t.cfg.innerSet || t.cfg.rawQueryText {
+		return b
+	}
+	c := &pgx.Batch{QueuedQueries: make([]*pgx.QueuedQuery, len(b.QueuedQueries))}
+	for i, q := range b.QueuedQueries {
+		c.QueuedQueries[i] = &pgx.QueuedQuery{SQL: t.sanitized.get(q.SQL).text, Arguments: q.Arguments}
+	}
+	return c
+}
+
+// withFrame makes f's span the parent of what the inner tracer starts. It allocates only
+// when someone records and ctx does not already carry the frame's span (inside Run or
+// Begin it does): an unsampled frame under an unsampled caller costs nothing.
+func withFrame(ctx context.Context, f *frame) context.Context {
+	if f == nil || f.unrecorded {
+		return ctx
+	}
+	in := trace.SpanFromContext(ctx)
+	if !f.span.IsRecording() && !in.IsRecording() || sameSpan(in, f.span) {
+		return ctx
+	}
+	return trace.ContextWithSpan(ctx, f.span)
+}
+
+// unframe hides f's span from an inner End hook that did not start a span of its own:
+// inner tracers end "the span in ctx", and that must never be the frame's (see
+// "Composition with the inner tracer" in the package documentation).
+// A span that does not record has nothing an End hook could change.
+func unframe(ctx context.Context, f *frame) context.Context {
+	if f != nil && sameSpan(trace.SpanFromContext(ctx), f.span) {
+		return trace.ContextWithSpan(ctx, noopSpan)
+	}
+	return ctx
+}
+
+// sameSpan reports whether a and b are one span. Spans are told apart by their ids,
+// never with ==: a span's dynamic type need not be comparable (the SDK's non-recording
+// span is not, and == on two of them panics). Only a recording span is compared: its ids
+// are its own, where a no-op span may carry its parent's.
+func sameSpan(a, b trace.Span) bool {
+	if !a.IsRecording() || !b.IsRecording() {
+		return false
+	}
+	sa, sb := a.SpanContext(), b.SpanContext()
+	return sa.SpanID() == sb.SpanID() && sa.TraceID() == sb.TraceID()
+}
+
+var noopSpan = noop.Span{}
