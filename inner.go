@@ -98,10 +98,10 @@ func (t *Tracer) innerBatch(b *pgx.Batch) *pgx.Batch {
 	return c
 }
 
-// withFrame makes f's span the parent of what the inner tracer starts. It allocates only
+// innerStartCtx makes f's span the parent of what the inner tracer starts. It allocates only
 // when someone records and ctx does not already carry the frame's span (inside Run or
 // Begin it does): an unsampled frame under an unsampled caller costs nothing.
-func withFrame(ctx context.Context, f *frame) context.Context {
+func innerStartCtx(ctx context.Context, f *frame) context.Context {
 	if f == nil || f.unrecorded {
 		return ctx
 	}
@@ -112,11 +112,11 @@ func withFrame(ctx context.Context, f *frame) context.Context {
 	return trace.ContextWithSpan(ctx, f.span)
 }
 
-// unframe hides f's span from an inner End hook that did not start a span of its own:
+// innerEndCtx hides f's span from an inner End hook that did not start a span of its own:
 // inner tracers end "the span in ctx", and that must never be the frame's (see
 // "Composition with the inner tracer" in the package documentation).
 // A span that does not record has nothing an End hook could change.
-func unframe(ctx context.Context, f *frame) context.Context {
+func innerEndCtx(ctx context.Context, f *frame) context.Context {
 	if f != nil && sameSpan(trace.SpanFromContext(ctx), f.span) {
 		return trace.ContextWithSpan(ctx, noopSpan)
 	}

@@ -89,8 +89,8 @@ func (m *metrics) record(o outcome.Outcome, f *frame, now time.Time) {
 	}
 	m.transactions.Add(ctx, 1, m.addOpts[o]...)
 	m.duration.Record(ctx, now.Sub(f.start).Seconds(), m.recordOpts[o]...)
-	if !f.committingAt.IsZero() && !f.doneAt.IsZero() {
-		m.commit.Record(ctx, f.doneAt.Sub(f.committingAt).Seconds(), m.recordOpts[o]...)
+	if !f.committingAt.IsZero() && !f.concludedAt.IsZero() {
+		m.commit.Record(ctx, f.concludedAt.Sub(f.committingAt).Seconds(), m.recordOpts[o]...)
 	}
 }
 

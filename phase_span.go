@@ -41,21 +41,22 @@ type frame struct {
 	connAttrs []attribute.KeyValue
 
 	phase atomic.Uint32 // outcome.Phase
-	done  atomic.Bool   // the evidence is in: the frame left its connection
-	ended atomic.Bool   // the span was ended
+	// concluded: the verdict is recorded and the frame left its connection (conclude).
+	concluded atomic.Bool
+	spanEnded atomic.Bool // the span was ended (endSpan)
 	// unrecorded: a Filter rejected the frame; its span only carries the caller's span
 	// context, and nothing is parented to it.
 	unrecorded bool
 	name       string // the span's name, for the next frame of COMMIT AND CHAIN
 
 	committingAt     time.Time
-	doneAt           time.Time
+	concludedAt      time.Time
 	committedLocally bool
 	// endedBeforeCommit: the server had sent a FATAL before COMMIT was written.
 	endedBeforeCommit bool
 	firstErr          classifier.Verdict // the first statement failure, if any
 	hasErr            bool
-	verdict           classifier.Verdict // the final verdict, once done
+	verdict           classifier.Verdict // the final verdict, once concluded
 	isolation         string
 	accessMode        string
 
@@ -70,7 +71,7 @@ type frame struct {
 func (f *frame) currentPhase() outcome.Phase { return outcome.Phase(f.phase.Load()) }
 
 // open reports whether f's transaction is still going on.
-func (f *frame) open() bool { return !f.done.Load() }
+func (f *frame) open() bool { return !f.concluded.Load() }
 
 // startCtx rebuilds the context f was begun in, for the frame that a chain begins.
 func (f *frame) startCtx() context.Context {
@@ -177,10 +178,10 @@ func (f *frame) transition(to outcome.Phase) bool {
 	return true
 }
 
-// finish records the verdict: the terminal phase, and the frame leaves its connection.
+// conclude records the verdict: the terminal phase, and the frame leaves its connection.
 // Unless the executor manages the frame, the span ends too. It runs at most once.
-func (f *frame) finish(st *connState, v classifier.Verdict) {
-	if !f.done.CompareAndSwap(false, true) {
+func (f *frame) conclude(st *connState, v classifier.Verdict) {
+	if !f.concluded.CompareAndSwap(false, true) {
 		return
 	}
 	var to outcome.Phase
@@ -201,7 +202,7 @@ func (f *frame) finish(st *connState, v classifier.Verdict) {
 		f.committedLocally = true
 	}
 	f.verdict = v
-	f.doneAt = time.Now()
+	f.concludedAt = time.Now()
 	if st != nil && st.frame == f {
 		st.frame = nil
 	}
@@ -209,7 +210,7 @@ func (f *frame) finish(st *connState, v classifier.Verdict) {
 		f.parent.span.AddEvent(EventResumed, trace.WithAttributes(OperationIDKey.String(f.id.String())))
 	}
 	if !f.managed {
-		f.end(f.outcomeOf(), nil)
+		f.endSpan(f.outcomeOf(), nil)
 	}
 }
 
@@ -224,10 +225,10 @@ func (f *frame) outcomeOf() outcome.Outcome {
 	return outcome.OutcomeRolledBack
 }
 
-// end writes the outcome attributes and status and ends the span, exactly once.
+// endSpan writes the outcome attributes and status and ends the span, exactly once.
 // postCommitErr is the follow-up failure of a committed_with_post_commit_failure frame.
-func (f *frame) end(o outcome.Outcome, postCommitErr error) {
-	if !f.ended.CompareAndSwap(false, true) {
+func (f *frame) endSpan(o outcome.Outcome, postCommitErr error) {
+	if !f.spanEnded.CompareAndSwap(false, true) {
 		return
 	}
 	now := time.Now()
@@ -242,6 +243,17 @@ func (f *frame) end(o outcome.Outcome, postCommitErr error) {
 		f.span.End()
 		return
 	}
+	attrs := f.setOutcomeStatus(o, f.outcomeAttrs(o))
+	f.span.SetAttributes(attrs...)
+	if postCommitErr != nil {
+		f.span.AddEvent(EventPostCommitFailed)
+	}
+	f.span.End()
+}
+
+// outcomeAttrs returns the attributes a recording frame span ends with, whatever its
+// status, in one slice so that they are written in one SetAttributes call.
+func (f *frame) outcomeAttrs(o outcome.Outcome) []attribute.KeyValue {
 	v := f.verdict
 	attrs := make([]attribute.KeyValue, 0, 18+len(f.t.cfg.spanAttributes))
 	attrs = append(attrs, f.connAttrs...)
@@ -272,6 +284,13 @@ func (f *frame) end(o outcome.Outcome, postCommitErr error) {
 	if v.SQLState() != "" {
 		attrs = append(attrs, dbResponseStatusKey.String(v.SQLState()))
 	}
+	return attrs
+}
+
+// setOutcomeStatus sets the span status of outcome o and returns attrs with the
+// attributes that go with that status (tx.retryable, error.type).
+func (f *frame) setOutcomeStatus(o outcome.Outcome, attrs []attribute.KeyValue) []attribute.KeyValue {
+	v := f.verdict
 	switch o {
 	case outcome.OutcomeCommitted, outcome.OutcomeCommittedWithPostCommitFailure:
 		if f.t.cfg.status == StatusOkOnCommit {
@@ -288,16 +307,12 @@ func (f *frame) end(o outcome.Outcome, postCommitErr error) {
 		// Neither Ok nor Error: nothing was determined. tx.outcome says which.
 		attrs = append(attrs, errorTypeKey.String(v.Reason()))
 	}
-	f.span.SetAttributes(attrs...)
-	if postCommitErr != nil {
-		f.span.AddEvent(EventPostCommitFailed)
-	}
-	f.span.End()
+	return attrs
 }
 
 // Frames travel in contexts as an immutable linked list: a context holds the innermost
 // frame, which points to its suspended parent. No cleanup can resurrect a frame there:
-// a finished frame is skipped, never reused.
+// a concluded frame is skipped, never reused.
 type frameKey struct{}
 
 func contextWithFrame(ctx context.Context, f *frame) context.Context {

@@ -11,11 +11,11 @@ import (
 	"github.com/txevidence/otelpgxtx/outcome"
 )
 
-// start is the body of every Start hook: it records the start of a statement of kinds
+// startQuery is the body of every Start hook: it records the start of a statement of kinds
 // set, lets the inner tracer start its span (inner), and pushes what its End needs. With
 // no state on the connection, or while Run closes pgx's Tx object, only inner runs — for
 // the latter not even that (see closePgxTx).
-func (t *Tracer) start(ctx context.Context, conn *pgx.Conn, set stmtSet, sql string, inner func(context.Context) context.Context) context.Context {
+func (t *Tracer) startQuery(ctx context.Context, conn *pgx.Conn, set stmtSet, sql string, inner func(context.Context) context.Context) context.Context {
 	st := connStateOf(conn)
 	if st == nil {
 		return inner(ctx) // no frame to parent to, but the statement span stays
@@ -32,10 +32,10 @@ func (t *Tracer) start(ctx context.Context, conn *pgx.Conn, set stmtSet, sql str
 	return ctx
 }
 
-// end is the body of every End hook: it pops what start pushed, lets the inner tracer
+// endQuery is the body of every End hook: it pops what start pushed, lets the inner tracer
 // end its span (inner), and judges the statement. An End without its Start has nothing
 // to judge.
-func (t *Tracer) end(ctx context.Context, conn *pgx.Conn, tag pgconn.CommandTag, err error, inner func(context.Context)) {
+func (t *Tracer) endQuery(ctx context.Context, conn *pgx.Conn, tag pgconn.CommandTag, err error, inner func(context.Context)) {
 	st := connStateOf(conn)
 	var q queryState
 	started := false
@@ -47,7 +47,7 @@ func (t *Tracer) end(ctx context.Context, conn *pgx.Conn, tag pgconn.CommandTag,
 		defer st.mu.Unlock()
 		q, started = st.pop(ctx)
 	}
-	inner(unframe(ctx, q.frame))
+	inner(innerEndCtx(ctx, q.frame))
 	if started {
 		t.leave(conn, st, &q, tag, err)
 	}
@@ -61,24 +61,24 @@ func (t *Tracer) enter(ctx context.Context, conn *pgx.Conn, st *connState, set s
 	if len(st.queries) > 0 {
 		return ctx, queryState{set: set, frame: st.queries[len(st.queries)-1].frame, nested: true}
 	}
-	f := t.beginStatement(ctx, conn, st, set, sql)
+	f := t.beforeQuery(ctx, conn, st, set, sql)
 	q := queryState{set: set, frame: f, callerCtx: ctx}
 	if set.savepoint() {
 		q.savepoint = savepointName(sql)
 	}
-	return withFrame(ctx, f), q
+	return innerStartCtx(ctx, f), q
 }
 
 // leave records the end of what enter started.
 func (t *Tracer) leave(conn *pgx.Conn, st *connState, q *queryState, tag pgconn.CommandTag, err error) {
 	if !q.nested {
-		t.endStatement(conn, st, q, tag, err)
+		t.afterQuery(conn, st, q, tag, err)
 	}
 }
 
-// beginStatement runs before a statement (or batch) reaches the driver: it starts a
+// beforeQuery runs before a statement (or batch) reaches the driver: it starts a
 // frame for a BEGIN, and marks committing before a COMMIT is handed over.
-func (t *Tracer) beginStatement(ctx context.Context, conn *pgx.Conn, st *connState, set stmtSet, beginSQL string) *frame {
+func (t *Tracer) beforeQuery(ctx context.Context, conn *pgx.Conn, st *connState, set stmtSet, beginSQL string) *frame {
 	pg := conn.PgConn()
 	f := st.frame
 	if f != nil && pg.TxStatus() == 'I' {
@@ -106,9 +106,9 @@ func (t *Tracer) beginStatement(ctx context.Context, conn *pgx.Conn, st *connSta
 	return f
 }
 
-// endStatement runs after a statement (or batch) completed, when the connection's
+// afterQuery runs after a statement (or batch) completed, when the connection's
 // transaction status is known again. It is where evidence becomes a verdict.
-func (t *Tracer) endStatement(conn *pgx.Conn, st *connState, q *queryState, tag pgconn.CommandTag, err error) {
+func (t *Tracer) afterQuery(conn *pgx.Conn, st *connState, q *queryState, tag pgconn.CommandTag, err error) {
 	pg := conn.PgConn()
 	closed := pg.IsClosed()
 	status := pg.TxStatus()
@@ -130,16 +130,16 @@ func (t *Tracer) endStatement(conn *pgx.Conn, st *connState, q *queryState, tag 
 	switch f.currentPhase() {
 	case outcome.PhaseNotStarted:
 		if !inTx {
-			f.finish(st, classifier.Classify(outcome.PhaseNotStarted, err, facts))
+			f.conclude(st, classifier.Classify(outcome.PhaseNotStarted, err, facts))
 			break
 		}
 		f.transition(outcome.PhaseActive)
-		t.activeStatement(st, f, q, err, facts, inTx)
+		t.afterActiveQuery(st, f, q, err, facts, inTx)
 	case outcome.PhaseCommitting:
 		st.commitFacts(f, &facts)
-		f.finish(st, classifier.Classify(outcome.PhaseCommitting, err, facts))
+		f.conclude(st, classifier.Classify(outcome.PhaseCommitting, err, facts))
 	case outcome.PhaseActive:
-		t.activeStatement(st, f, q, err, facts, inTx)
+		t.afterActiveQuery(st, f, q, err, facts, inTx)
 	}
 	if q.set.chains() && inTx && st.frame == nil && err == nil {
 		// AND CHAIN began the next transaction at once, with the same characteristics.
@@ -148,7 +148,7 @@ func (t *Tracer) endStatement(conn *pgx.Conn, st *connState, q *queryState, tag 
 	}
 }
 
-func (t *Tracer) activeStatement(st *connState, f *frame, q *queryState, err error, facts classifier.Facts, inTx bool) {
+func (t *Tracer) afterActiveQuery(st *connState, f *frame, q *queryState, err error, facts classifier.Facts, inTx bool) {
 	if err != nil && !f.hasErr {
 		f.firstErr, f.hasErr = classifier.Classify(outcome.PhaseActive, err, facts), true
 	}
@@ -159,7 +159,7 @@ func (t *Tracer) activeStatement(st *connState, f *frame, q *queryState, err err
 			// The rollback is the consequence; the first failure is the cause.
 			v = f.firstErr
 		}
-		f.finish(st, v)
+		f.conclude(st, v)
 	case err == nil && q.set.savepoint() && f.span.IsRecording():
 		name := EventSavepointCreated
 		switch {
@@ -181,12 +181,12 @@ func (t *Tracer) abandon(st *connState, f *frame, reason string) {
 	}
 	if f.currentPhase() == outcome.PhaseCommitting {
 		v, _ := classifier.NewVerdict(classifier.EvidenceUnknown, false, "", reason)
-		f.finish(st, v)
+		f.conclude(st, v)
 		return
 	}
 	v, _ := classifier.NewVerdict(classifier.EvidenceRolledBack, false, "", reason)
 	f.hasErr = true
-	f.finish(st, v)
+	f.conclude(st, v)
 }
 
 // Reasons of a frame whose transaction ended where no statement showed it, written as

@@ -104,14 +104,14 @@ func (t *Tracer) setInner(inner pgx.QueryTracer) {
 
 // TraceQueryStart implements pgx.QueryTracer.
 func (t *Tracer) TraceQueryStart(ctx context.Context, conn *pgx.Conn, data pgx.TraceQueryStartData) context.Context {
-	return t.start(ctx, conn, classifyStatements(data.SQL), data.SQL, func(ctx context.Context) context.Context {
+	return t.startQuery(ctx, conn, classifyStatements(data.SQL), data.SQL, func(ctx context.Context) context.Context {
 		return t.innerQueryStart(ctx, conn, data)
 	})
 }
 
 // TraceQueryEnd implements pgx.QueryTracer.
 func (t *Tracer) TraceQueryEnd(ctx context.Context, conn *pgx.Conn, data pgx.TraceQueryEndData) {
-	t.end(ctx, conn, data.CommandTag, data.Err, func(ctx context.Context) {
+	t.endQuery(ctx, conn, data.CommandTag, data.Err, func(ctx context.Context) {
 		t.innerQueryEnd(ctx, conn, data)
 	})
 }
@@ -130,7 +130,7 @@ func (t *Tracer) TraceBatchStart(ctx context.Context, conn *pgx.Conn, data pgx.T
 			set |= s
 		}
 	}
-	return t.start(ctx, conn, set.transactional(), beginSQL, func(ctx context.Context) context.Context {
+	return t.startQuery(ctx, conn, set.transactional(), beginSQL, func(ctx context.Context) context.Context {
 		if t.batch != nil {
 			inner := data
 			inner.Batch = t.innerBatch(data.Batch)
@@ -168,7 +168,7 @@ func (t *Tracer) TraceBatchQuery(ctx context.Context, conn *pgx.Conn, data pgx.T
 
 // TraceBatchEnd implements pgx.BatchTracer.
 func (t *Tracer) TraceBatchEnd(ctx context.Context, conn *pgx.Conn, data pgx.TraceBatchEndData) {
-	t.end(ctx, conn, pgconn.CommandTag{}, data.Err, func(ctx context.Context) {
+	t.endQuery(ctx, conn, pgconn.CommandTag{}, data.Err, func(ctx context.Context) {
 		if t.batch != nil {
 			data.Err = t.innerErr(data.Err)
 			t.batch.TraceBatchEnd(ctx, conn, data)
@@ -178,7 +178,7 @@ func (t *Tracer) TraceBatchEnd(ctx context.Context, conn *pgx.Conn, data pgx.Tra
 
 // TraceCopyFromStart implements pgx.CopyFromTracer.
 func (t *Tracer) TraceCopyFromStart(ctx context.Context, conn *pgx.Conn, data pgx.TraceCopyFromStartData) context.Context {
-	return t.start(ctx, conn, 1<<stmtOther, "", func(ctx context.Context) context.Context {
+	return t.startQuery(ctx, conn, 1<<stmtOther, "", func(ctx context.Context) context.Context {
 		if t.copy != nil {
 			inner := t.copy.TraceCopyFromStart(ctx, conn, data)
 			if span := startedSpan(ctx, inner); span != nil {
@@ -192,7 +192,7 @@ func (t *Tracer) TraceCopyFromStart(ctx context.Context, conn *pgx.Conn, data pg
 
 // TraceCopyFromEnd implements pgx.CopyFromTracer.
 func (t *Tracer) TraceCopyFromEnd(ctx context.Context, conn *pgx.Conn, data pgx.TraceCopyFromEndData) {
-	t.end(ctx, conn, data.CommandTag, data.Err, func(ctx context.Context) {
+	t.endQuery(ctx, conn, data.CommandTag, data.Err, func(ctx context.Context) {
 		if t.copy != nil {
 			data.Err = t.innerErr(data.Err)
 			t.copy.TraceCopyFromEnd(ctx, conn, data)
@@ -203,7 +203,7 @@ func (t *Tracer) TraceCopyFromEnd(ctx context.Context, conn *pgx.Conn, data pgx.
 // TracePrepareStart implements pgx.PrepareTracer. Preparing a statement runs nothing: it
 // neither begins nor commits.
 func (t *Tracer) TracePrepareStart(ctx context.Context, conn *pgx.Conn, data pgx.TracePrepareStartData) context.Context {
-	return t.start(ctx, conn, 1<<stmtOther, "", func(ctx context.Context) context.Context {
+	return t.startQuery(ctx, conn, 1<<stmtOther, "", func(ctx context.Context) context.Context {
 		if t.prepare != nil {
 			var s *sanitized
 			data.SQL, s = t.innerSQL(data.SQL)
@@ -222,7 +222,7 @@ func (t *Tracer) TracePrepareStart(ctx context.Context, conn *pgx.Conn, data pgx
 
 // TracePrepareEnd implements pgx.PrepareTracer.
 func (t *Tracer) TracePrepareEnd(ctx context.Context, conn *pgx.Conn, data pgx.TracePrepareEndData) {
-	t.end(ctx, conn, pgconn.CommandTag{}, data.Err, func(ctx context.Context) {
+	t.endQuery(ctx, conn, pgconn.CommandTag{}, data.Err, func(ctx context.Context) {
 		if t.prepare != nil {
 			data.Err = t.innerErr(data.Err)
 			t.prepare.TracePrepareEnd(ctx, conn, data)
