@@ -41,7 +41,7 @@ type connState struct {
 	nc *netConn
 }
 
-// queryState is what a statement's start hands to its end.
+// queryState is what a query's Start hook hands to its End hook (see startQuery).
 type queryState struct {
 	ctx       context.Context // what Start returned: End gets it back
 	callerCtx context.Context // what Start was given: the parent of a frame found at End
@@ -52,7 +52,7 @@ type queryState struct {
 	nested    bool // started while another call was in flight on the connection
 }
 
-// batchFacts collects per-query results of a batch until its end, when TxStatus is
+// batchFacts collects the results of a batch's queued queries until its end, when TxStatus is
 // valid again.
 type batchFacts struct {
 	err         error

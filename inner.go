@@ -2,6 +2,7 @@ package otelpgxtx
 
 import (
 	"context"
+	"strings"
 
 	"github.com/jackc/pgx/v5"
 	"go.opentelemetry.io/otel/attribute"
@@ -41,25 +42,104 @@ func startedSpan(before, after context.Context) trace.Span {
 	return span
 }
 
-// innerQueryStart hands a statement's start to the inner tracer, sanitized.
+// innerQueryStart hands a query's start to the inner tracer, sanitized.
 func (t *Tracer) innerQueryStart(ctx context.Context, conn *pgx.Conn, data pgx.TraceQueryStartData) context.Context {
 	if t.query == nil {
 		return ctx
 	}
 	var s *sanitized
 	data.SQL, s = t.innerSQL(data.SQL)
-	inner := t.query.TraceQueryStart(ctx, conn, data)
-	if span := startedSpan(ctx, inner); span != nil && s.summary != nil {
-		span.SetAttributes(s.summary...)
-	}
-	return inner
+	return summarized(ctx, t.query.TraceQueryStart(ctx, conn, data), s)
 }
 
-// innerQueryEnd hands a statement's end to the inner tracer, its error redacted.
+// innerQueryEnd hands a query's end to the inner tracer, its error redacted.
 func (t *Tracer) innerQueryEnd(ctx context.Context, conn *pgx.Conn, data pgx.TraceQueryEndData) {
 	if t.query != nil {
 		data.Err = t.innerErr(data.Err)
 		t.query.TraceQueryEnd(ctx, conn, data)
+	}
+}
+
+// summarized sets s's db.query.summary on the span an inner Start hook started (from
+// before to after), if it started one that records, and returns after.
+func summarized(before, after context.Context, s *sanitized) context.Context {
+	if span := startedSpan(before, after); span != nil && s.summary != nil {
+		span.SetAttributes(s.summary...)
+	}
+	return after
+}
+
+// innerBatchStart hands a batch's start to the inner tracer, its SQL sanitized (see
+// innerBatch).
+func (t *Tracer) innerBatchStart(ctx context.Context, conn *pgx.Conn, data pgx.TraceBatchStartData) context.Context {
+	if t.batch != nil {
+		inner := data
+		inner.Batch = t.innerBatch(data.Batch)
+		innerCtx := t.batch.TraceBatchStart(ctx, conn, inner)
+		if span := startedSpan(ctx, innerCtx); span != nil && data.Batch != nil {
+			span.SetAttributes(t.batchSummary(data.Batch))
+		}
+		ctx = innerCtx
+	}
+	return ctx
+}
+
+// innerBatchQuery hands one result of a batch to the inner tracer, sanitized.
+func (t *Tracer) innerBatchQuery(ctx context.Context, conn *pgx.Conn, data pgx.TraceBatchQueryData) {
+	if t.batch != nil {
+		data.SQL, _ = t.innerSQL(data.SQL)
+		data.Err = t.innerErr(data.Err)
+		t.batch.TraceBatchQuery(ctx, conn, data)
+	}
+}
+
+// innerBatchEnd hands a batch's end to the inner tracer, its error redacted.
+func (t *Tracer) innerBatchEnd(ctx context.Context, conn *pgx.Conn, data pgx.TraceBatchEndData) {
+	if t.batch != nil {
+		data.Err = t.innerErr(data.Err)
+		t.batch.TraceBatchEnd(ctx, conn, data)
+	}
+}
+
+// innerCopyFromStart hands a copy's start to the inner tracer, with a db.query.summary
+// made of the table name (a copy has no SQL text to summarize).
+func (t *Tracer) innerCopyFromStart(ctx context.Context, conn *pgx.Conn, data pgx.TraceCopyFromStartData) context.Context {
+	if t.copy != nil {
+		inner := t.copy.TraceCopyFromStart(ctx, conn, data)
+		if span := startedSpan(ctx, inner); span != nil {
+			span.SetAttributes(dbQuerySummaryKey.String("COPY " + data.TableName.Sanitize()))
+		}
+		ctx = inner
+	}
+	return ctx
+}
+
+// innerCopyFromEnd hands a copy's end to the inner tracer, its error redacted.
+func (t *Tracer) innerCopyFromEnd(ctx context.Context, conn *pgx.Conn, data pgx.TraceCopyFromEndData) {
+	if t.copy != nil {
+		data.Err = t.innerErr(data.Err)
+		t.copy.TraceCopyFromEnd(ctx, conn, data)
+	}
+}
+
+// innerPrepareStart hands a prepare's start to the inner tracer, sanitized.
+func (t *Tracer) innerPrepareStart(ctx context.Context, conn *pgx.Conn, data pgx.TracePrepareStartData) context.Context {
+	if t.prepare != nil {
+		var s *sanitized
+		data.SQL, s = t.innerSQL(data.SQL)
+		if !t.cfg.rawQueryText && strings.HasPrefix(data.Name, "stmtcache_") {
+			data.Name = "stmtcache" // pgx names it by a digest of the raw SQL, literals and all
+		}
+		ctx = summarized(ctx, t.prepare.TracePrepareStart(ctx, conn, data), s)
+	}
+	return ctx
+}
+
+// innerPrepareEnd hands a prepare's end to the inner tracer, its error redacted.
+func (t *Tracer) innerPrepareEnd(ctx context.Context, conn *pgx.Conn, data pgx.TracePrepareEndData) {
+	if t.prepare != nil {
+		data.Err = t.innerErr(data.Err)
+		t.prepare.TracePrepareEnd(ctx, conn, data)
 	}
 }
 

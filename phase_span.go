@@ -54,7 +54,7 @@ type frame struct {
 	committedLocally bool
 	// endedBeforeCommit: the server had sent a FATAL before COMMIT was written.
 	endedBeforeCommit bool
-	firstErr          classifier.Verdict // the first statement failure, if any
+	firstErr          classifier.Verdict // the verdict of the first failed query, if any
 	hasErr            bool
 	verdict           classifier.Verdict // the final verdict, once concluded
 	isolation         string

@@ -11,10 +11,16 @@ import (
 	"github.com/txevidence/otelpgxtx/outcome"
 )
 
-// startQuery is the body of every Start hook: it records the start of a statement of kinds
-// set, lets the inner tracer start its span (inner), and pushes what its End needs. With
-// no state on the connection, or while Run closes pgx's Tx object, only inner runs — for
-// the latter not even that (see closePgxTx).
+// A query, in this file, is one traced call of the driver: a query, batch, copy or
+// prepare, with its Start and End hook; its SQL text holds one statement or several.
+// Each query moves its connection's frame through the phases: before it reaches the
+// driver (a BEGIN starts a frame, a COMMIT marks committing) and after it completed
+// (the evidence becomes a verdict).
+
+// startQuery is the body of every Start hook: it records the start of a query whose
+// statements are of kinds set, lets the inner tracer start its span (inner), and pushes
+// what its End needs. With no state on the connection, or while Run closes pgx's Tx
+// object, only inner runs — for the latter not even that (see closePgxTx).
 func (t *Tracer) startQuery(ctx context.Context, conn *pgx.Conn, set stmtSet, sql string, inner func(context.Context) context.Context) context.Context {
 	st := connStateOf(conn)
 	if st == nil {
@@ -32,8 +38,8 @@ func (t *Tracer) startQuery(ctx context.Context, conn *pgx.Conn, set stmtSet, sq
 	return ctx
 }
 
-// endQuery is the body of every End hook: it pops what start pushed, lets the inner tracer
-// end its span (inner), and judges the statement. An End without its Start has nothing
+// endQuery is the body of every End hook: it pops what startQuery pushed, lets the inner
+// tracer end its span (inner), and judges the query. An End without its Start has nothing
 // to judge.
 func (t *Tracer) endQuery(ctx context.Context, conn *pgx.Conn, tag pgconn.CommandTag, err error, inner func(context.Context)) {
 	st := connStateOf(conn)
@@ -53,8 +59,8 @@ func (t *Tracer) endQuery(ctx context.Context, conn *pgx.Conn, tag pgconn.Comman
 	}
 }
 
-// enter records the start of a statement (or batch, copy, prepare) on conn and returns
-// the context for the inner tracer. A call made while another is in flight on the same
+// enter records the start of a query on conn and returns the context for the inner
+// tracer. A call made while another is in flight on the same
 // connection — pgx's implicit prepare inside a query — is part of that one: it neither
 // moves the phase nor re-parents what the inner tracer starts to the frame.
 func (t *Tracer) enter(ctx context.Context, conn *pgx.Conn, st *connState, set stmtSet, sql string) (context.Context, queryState) {
@@ -76,8 +82,8 @@ func (t *Tracer) leave(conn *pgx.Conn, st *connState, q *queryState, tag pgconn.
 	}
 }
 
-// beforeQuery runs before a statement (or batch) reaches the driver: it starts a
-// frame for a BEGIN, and marks committing before a COMMIT is handed over.
+// beforeQuery runs before a query reaches the driver: it starts a frame for a BEGIN,
+// and marks committing before a COMMIT is handed over.
 func (t *Tracer) beforeQuery(ctx context.Context, conn *pgx.Conn, st *connState, set stmtSet, beginSQL string) *frame {
 	pg := conn.PgConn()
 	f := st.frame
@@ -106,8 +112,8 @@ func (t *Tracer) beforeQuery(ctx context.Context, conn *pgx.Conn, st *connState,
 	return f
 }
 
-// afterQuery runs after a statement (or batch) completed, when the connection's
-// transaction status is known again. It is where evidence becomes a verdict.
+// afterQuery runs after a query completed, when the connection's transaction status is
+// known again. It is where evidence becomes a verdict.
 func (t *Tracer) afterQuery(conn *pgx.Conn, st *connState, q *queryState, tag pgconn.CommandTag, err error) {
 	pg := conn.PgConn()
 	closed := pg.IsClosed()
@@ -148,6 +154,9 @@ func (t *Tracer) afterQuery(conn *pgx.Conn, st *connState, q *queryState, tag pg
 	}
 }
 
+// afterActiveQuery judges a query that ran while f was active: a failure is kept as the
+// cause of the rollback that must follow, a rollback concludes f, and a savepoint
+// statement becomes an event (savepoints never change the frame's phase).
 func (t *Tracer) afterActiveQuery(st *connState, f *frame, q *queryState, err error, facts classifier.Facts, inTx bool) {
 	if err != nil && !f.hasErr {
 		f.firstErr, f.hasErr = classifier.Classify(outcome.PhaseActive, err, facts), true
@@ -172,7 +181,7 @@ func (t *Tracer) afterActiveQuery(st *connState, f *frame, q *queryState, err er
 	}
 }
 
-// abandon ends a frame whose transaction ended where no statement showed it: the
+// abandon concludes a frame whose transaction ended where no query showed it: the
 // connection was released mid-transaction, closed, or found idle. Evidence of commit it
 // cannot have; if COMMIT was sent, the outcome is unknown.
 func (t *Tracer) abandon(st *connState, f *frame, reason string) {
@@ -189,13 +198,13 @@ func (t *Tracer) abandon(st *connState, f *frame, reason string) {
 	f.conclude(st, v)
 }
 
-// Reasons of a frame whose transaction ended where no statement showed it, written as
+// Reasons of a frame whose transaction ended where no query showed it, written as
 // error.type beside the [classifier] reasons: the frame is rolled_back (unknown if COMMIT
 // had been sent). They are the tracer's, not the classifier's, because only the tracer
 // sees pool releases, closed connections and idle sessions.
 const (
 	// ReasonEndedUnobserved: the connection was found outside a transaction at its next
-	// statement, acquire or release: the transaction was ended by a path that bypasses
+	// query, acquire or release: the transaction was ended by a path that bypasses
 	// pgx's tracer (a statement sent through *pgconn.PgConn directly).
 	ReasonEndedUnobserved = "ended_unobserved"
 	// ReasonReleasedInTransaction: the connection went back to the pool in the middle of

@@ -2,7 +2,6 @@ package otelpgxtx
 
 import (
 	"context"
-	"strings"
 
 	"github.com/exaring/otelpgx"
 	"github.com/jackc/pgx/v5"
@@ -131,16 +130,7 @@ func (t *Tracer) TraceBatchStart(ctx context.Context, conn *pgx.Conn, data pgx.T
 		}
 	}
 	return t.startQuery(ctx, conn, set.transactional(), beginSQL, func(ctx context.Context) context.Context {
-		if t.batch != nil {
-			inner := data
-			inner.Batch = t.innerBatch(data.Batch)
-			innerCtx := t.batch.TraceBatchStart(ctx, conn, inner)
-			if span := startedSpan(ctx, innerCtx); span != nil && data.Batch != nil {
-				span.SetAttributes(t.batchSummary(data.Batch))
-			}
-			ctx = innerCtx
-		}
-		return ctx
+		return t.innerBatchStart(ctx, conn, data)
 	})
 }
 
@@ -159,44 +149,27 @@ func (t *Tracer) TraceBatchQuery(ctx context.Context, conn *pgx.Conn, data pgx.T
 		}
 		st.mu.Unlock()
 	}
-	if t.batch != nil {
-		data.SQL, _ = t.innerSQL(data.SQL)
-		data.Err = t.innerErr(data.Err)
-		t.batch.TraceBatchQuery(ctx, conn, data)
-	}
+	t.innerBatchQuery(ctx, conn, data)
 }
 
 // TraceBatchEnd implements pgx.BatchTracer.
 func (t *Tracer) TraceBatchEnd(ctx context.Context, conn *pgx.Conn, data pgx.TraceBatchEndData) {
 	t.endQuery(ctx, conn, pgconn.CommandTag{}, data.Err, func(ctx context.Context) {
-		if t.batch != nil {
-			data.Err = t.innerErr(data.Err)
-			t.batch.TraceBatchEnd(ctx, conn, data)
-		}
+		t.innerBatchEnd(ctx, conn, data)
 	})
 }
 
 // TraceCopyFromStart implements pgx.CopyFromTracer.
 func (t *Tracer) TraceCopyFromStart(ctx context.Context, conn *pgx.Conn, data pgx.TraceCopyFromStartData) context.Context {
 	return t.startQuery(ctx, conn, 1<<stmtOther, "", func(ctx context.Context) context.Context {
-		if t.copy != nil {
-			inner := t.copy.TraceCopyFromStart(ctx, conn, data)
-			if span := startedSpan(ctx, inner); span != nil {
-				span.SetAttributes(dbQuerySummaryKey.String("COPY " + data.TableName.Sanitize()))
-			}
-			ctx = inner
-		}
-		return ctx
+		return t.innerCopyFromStart(ctx, conn, data)
 	})
 }
 
 // TraceCopyFromEnd implements pgx.CopyFromTracer.
 func (t *Tracer) TraceCopyFromEnd(ctx context.Context, conn *pgx.Conn, data pgx.TraceCopyFromEndData) {
 	t.endQuery(ctx, conn, data.CommandTag, data.Err, func(ctx context.Context) {
-		if t.copy != nil {
-			data.Err = t.innerErr(data.Err)
-			t.copy.TraceCopyFromEnd(ctx, conn, data)
-		}
+		t.innerCopyFromEnd(ctx, conn, data)
 	})
 }
 
@@ -204,29 +177,14 @@ func (t *Tracer) TraceCopyFromEnd(ctx context.Context, conn *pgx.Conn, data pgx.
 // neither begins nor commits.
 func (t *Tracer) TracePrepareStart(ctx context.Context, conn *pgx.Conn, data pgx.TracePrepareStartData) context.Context {
 	return t.startQuery(ctx, conn, 1<<stmtOther, "", func(ctx context.Context) context.Context {
-		if t.prepare != nil {
-			var s *sanitized
-			data.SQL, s = t.innerSQL(data.SQL)
-			if !t.cfg.rawQueryText && strings.HasPrefix(data.Name, "stmtcache_") {
-				data.Name = "stmtcache" // pgx names it by a digest of the raw SQL, literals and all
-			}
-			inner := t.prepare.TracePrepareStart(ctx, conn, data)
-			if span := startedSpan(ctx, inner); span != nil && s.summary != nil {
-				span.SetAttributes(s.summary...)
-			}
-			ctx = inner
-		}
-		return ctx
+		return t.innerPrepareStart(ctx, conn, data)
 	})
 }
 
 // TracePrepareEnd implements pgx.PrepareTracer.
 func (t *Tracer) TracePrepareEnd(ctx context.Context, conn *pgx.Conn, data pgx.TracePrepareEndData) {
 	t.endQuery(ctx, conn, pgconn.CommandTag{}, data.Err, func(ctx context.Context) {
-		if t.prepare != nil {
-			data.Err = t.innerErr(data.Err)
-			t.prepare.TracePrepareEnd(ctx, conn, data)
-		}
+		t.innerPrepareEnd(ctx, conn, data)
 	})
 }
 
@@ -275,7 +233,7 @@ func (t *Tracer) TraceAcquireEnd(ctx context.Context, pool *pgxpool.Pool, data p
 
 // TraceRelease implements pgxpool.ReleaseTracer. A connection released in the middle of
 // a transaction is destroyed by the pool, which rolls the transaction back; one released
-// idle or closed with a frame on it had its transaction end where no statement showed it.
+// idle or closed with a frame on it had its transaction end where no query showed it.
 func (t *Tracer) TraceRelease(pool *pgxpool.Pool, data pgxpool.TraceReleaseData) {
 	if data.Conn != nil {
 		if st := connStateOf(data.Conn); st != nil {
@@ -324,8 +282,8 @@ func (t *Tracer) connClosing(conn *pgx.Conn) {
 }
 
 // netConnClosed ends the frame of a connection whose net.Conn was closed, unless a
-// statement (or Run's COMMIT) is in flight on it: then the connection's user is inside
-// pgconn, will see the connection closed, and ends the frame with what its statement
+// query (or Run's COMMIT) is in flight on it: then the connection's user is inside
+// pgconn, will see the connection closed, and ends the frame with what its query
 // observed. It may run on any goroutine; st.mu orders it with the user's hooks.
 func (t *Tracer) netConnClosed(st *connState) {
 	st.mu.Lock()
