@@ -40,24 +40,13 @@ type metrics struct {
 
 func newMetrics(mp metric.MeterProvider, extra []attribute.KeyValue) *metrics {
 	meter := mp.Meter(ScopeName, metric.WithInstrumentationVersion(Version()))
-	m := &metrics{}
-	var err error
-	if m.transactions, err = meter.Int64Counter(MetricTransactions,
-		metric.WithUnit("{transaction}"),
-		metric.WithDescription("Finished transaction frames, by tx.outcome.")); err != nil {
-		otel.Handle(err)
-	}
-	if m.duration, err = meter.Float64Histogram(MetricDuration,
-		metric.WithUnit("s"),
-		metric.WithDescription("Duration of transaction frames from BEGIN to their outcome, by tx.outcome."),
-		metric.WithExplicitBucketBoundaries(durationBuckets...)); err != nil {
-		otel.Handle(err)
-	}
-	if m.commit, err = meter.Float64Histogram(MetricCommitDuration,
-		metric.WithUnit("s"),
-		metric.WithDescription("Time spent in the committing phase, by tx.outcome."),
-		metric.WithExplicitBucketBoundaries(durationBuckets...)); err != nil {
-		otel.Handle(err)
+	m := &metrics{
+		transactions: counter(meter, MetricTransactions, "{transaction}",
+			"Finished transaction frames, by tx.outcome."),
+		duration: histogram(meter, MetricDuration, "s",
+			"Duration of transaction frames from BEGIN to their outcome, by tx.outcome.", durationBuckets),
+		commit: histogram(meter, MetricCommitDuration, "s",
+			"Time spent in the committing phase, by tx.outcome.", durationBuckets),
 	}
 	for _, o := range outcome.Outcomes() {
 		set := attribute.NewSet(append([]attribute.KeyValue{OutcomeKey.String(o.String()), dbSystemPostgreSQL}, extra...)...)
@@ -68,6 +57,27 @@ func newMetrics(mp metric.MeterProvider, extra []attribute.KeyValue) *metrics {
 		m.transactions.Add(context.Background(), 0, m.addOpts[o]...)
 	}
 	return m
+}
+
+// counter creates a counter on meter. A failure is reported to otel.Handle and leaves the
+// no-op instrument the API returns with it, so that recording never needs a nil check.
+func counter(meter metric.Meter, name, unit, description string) metric.Int64Counter {
+	c, err := meter.Int64Counter(name, metric.WithUnit(unit), metric.WithDescription(description))
+	if err != nil {
+		otel.Handle(err)
+	}
+	return c
+}
+
+// histogram creates a histogram on meter with explicit buckets; a failure is handled as
+// counter's is.
+func histogram(meter metric.Meter, name, unit, description string, buckets []float64) metric.Float64Histogram {
+	h, err := meter.Float64Histogram(name, metric.WithUnit(unit), metric.WithDescription(description),
+		metric.WithExplicitBucketBoundaries(buckets...))
+	if err != nil {
+		otel.Handle(err)
+	}
+	return h
 }
 
 // participant counts a Run call that joined an outer transaction: it has no frame, but
@@ -123,18 +133,12 @@ type reconcileMetrics struct {
 
 func newReconcileMetrics(mp metric.MeterProvider, extra []attribute.KeyValue, pending func() (int, time.Duration)) *reconcileMetrics {
 	meter := mp.Meter(ScopeName, metric.WithInstrumentationVersion(Version()))
-	m := &reconcileMetrics{extra: extra}
-	var err error
-	if m.reconciliations, err = meter.Int64Counter(MetricReconciliations,
-		metric.WithUnit("{transaction}"),
-		metric.WithDescription("Indeterminate frames settled by automatic reconciliation, by tx.outcome.resolved and, when unknown, error.type (the reason).")); err != nil {
-		otel.Handle(err)
-	}
-	if m.duration, err = meter.Float64Histogram(MetricReconciliationDuration,
-		metric.WithUnit("s"),
-		metric.WithDescription("Time from an indeterminate commit to its reconciliation's final answer, by tx.outcome.resolved."),
-		metric.WithExplicitBucketBoundaries(reconcileBuckets...)); err != nil {
-		otel.Handle(err)
+	m := &reconcileMetrics{
+		extra: extra,
+		reconciliations: counter(meter, MetricReconciliations, "{transaction}",
+			"Indeterminate frames settled by automatic reconciliation, by tx.outcome.resolved and, when unknown, error.type (the reason)."),
+		duration: histogram(meter, MetricReconciliationDuration, "s",
+			"Time from an indeterminate commit to its reconciliation's final answer, by tx.outcome.resolved.", reconcileBuckets),
 	}
 	set := attribute.NewSet(append([]attribute.KeyValue{dbSystemPostgreSQL}, extra...)...)
 	m.leave = unresolvedGauges.join(meter, set, pending)
