@@ -18,8 +18,11 @@ import (
 // otelpgxtx_transactions_total{tx_outcome="…"}, otelpgxtx_transaction_duration_seconds and
 // otelpgxtx_transaction_commit_duration_seconds.
 const (
-	MetricTransactions   = "otelpgxtx.transactions"
-	MetricDuration       = "otelpgxtx.transaction.duration"
+	// MetricTransactions counts concluded frames, by tx.outcome.
+	MetricTransactions = "otelpgxtx.transactions"
+	// MetricDuration is the time from BEGIN to a frame's outcome, in seconds.
+	MetricDuration = "otelpgxtx.transaction.duration"
+	// MetricCommitDuration is the time a frame spent committing, in seconds.
 	MetricCommitDuration = "otelpgxtx.transaction.commit.duration"
 )
 
@@ -98,7 +101,7 @@ func (m *metrics) record(o outcome.Outcome, f *frame, now time.Time) {
 		ctx = f.spanCtx // carries the frame span: links exemplars to the frame's trace
 	}
 	m.transactions.Add(ctx, 1, m.addOpts[o]...)
-	m.duration.Record(ctx, now.Sub(f.start).Seconds(), m.recordOpts[o]...)
+	m.duration.Record(ctx, now.Sub(f.startedAt).Seconds(), m.recordOpts[o]...)
 	if !f.committingAt.IsZero() && !f.concludedAt.IsZero() {
 		m.commit.Record(ctx, f.concludedAt.Sub(f.committingAt).Seconds(), m.recordOpts[o]...)
 	}
@@ -109,9 +112,15 @@ func (m *metrics) record(o outcome.Outcome, f *frame, now time.Time) {
 // error_type="…"}, otelpgxtx_reconciliation_unresolved, otelpgxtx_reconciliation_unresolved_age_seconds
 // and otelpgxtx_reconciliation_duration_seconds.
 const (
-	MetricReconciliations        = "otelpgxtx.reconciliations"
-	MetricUnresolved             = "otelpgxtx.reconciliation.unresolved"
-	MetricUnresolvedAge          = "otelpgxtx.reconciliation.unresolved.age"
+	// MetricReconciliations counts settled indeterminate frames, by tx.outcome.resolved
+	// and, when unknown, error.type.
+	MetricReconciliations = "otelpgxtx.reconciliations"
+	// MetricUnresolved is the number of indeterminate frames waiting to be settled.
+	MetricUnresolved = "otelpgxtx.reconciliation.unresolved"
+	// MetricUnresolvedAge is the age of the oldest of them, in seconds; 0 when none is.
+	MetricUnresolvedAge = "otelpgxtx.reconciliation.unresolved.age"
+	// MetricReconciliationDuration is the time from an indeterminate commit to its final
+	// answer, in seconds.
 	MetricReconciliationDuration = "otelpgxtx.reconciliation.duration"
 )
 

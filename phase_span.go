@@ -19,9 +19,14 @@ import (
 // frame is one physical transaction as the instrumentation sees it. Its depth, parent,
 // connection and id are fixed at creation; its phase moves on each transition.
 //
+// Its life has two ends, kept apart because the executor runs post-commit work between
+// them: conclude records the verdict and takes the frame off its connection; endSpan
+// writes the outcome and ends the span — called by conclude, unless the executor manages
+// the frame.
+//
 // The owning connection's goroutine changes it; other goroutines only read its phase
 // and end state (atomics) and add events to its span (which is safe for concurrent use),
-// except that the close of its connection may end it on another goroutine, under the
+// except that the close of its connection may conclude it on another goroutine, under the
 // connection state's mutex (see netConn).
 type frame struct {
 	t      *Tracer
@@ -33,7 +38,7 @@ type frame struct {
 	// transaction (COMMIT AND CHAIN) gets the same parent.
 	parentSpan trace.SpanContext
 	conn       *pgconn.PgConn
-	start      time.Time
+	startedAt  time.Time
 	// spanCtx is the context the frame span was started in and returned by Start: it
 	// carries the frame span, for metric exemplars, at no allocation.
 	spanCtx context.Context
@@ -73,8 +78,9 @@ func (f *frame) currentPhase() outcome.Phase { return outcome.Phase(f.phase.Load
 // open reports whether f's transaction is still going on.
 func (f *frame) open() bool { return !f.concluded.Load() }
 
-// startCtx rebuilds the context f was begun in, for the frame that a chain begins.
-func (f *frame) startCtx() context.Context {
+// chainCtx rebuilds the context f was begun in: the next frame of COMMIT AND CHAIN
+// begins in it, under the same parent span and suspended frame.
+func (f *frame) chainCtx() context.Context {
 	ctx := trace.ContextWithSpanContext(context.Background(), f.parentSpan)
 	if f.parent != nil {
 		ctx = contextWithFrame(ctx, f.parent)
@@ -111,7 +117,7 @@ var phaseEvents = func() (names [outcome.PhaseUnknown + 1]string) {
 // carries an open frame on another connection, that frame is suspended and the new one is
 // one level deeper.
 func (t *Tracer) startFrame(ctx context.Context, conn *pgx.Conn, st *connState, phase outcome.Phase, begin string, chained *frame) *frame {
-	f := &frame{t: t, conn: conn.PgConn(), id: outcome.NewOperationID(), start: time.Now(),
+	f := &frame{t: t, conn: conn.PgConn(), id: outcome.NewOperationID(), startedAt: time.Now(),
 		parentSpan: trace.SpanContextFromContext(ctx)}
 	if outer := openFrameFromContext(ctx); outer != nil && outer.conn != f.conn {
 		f.parent, f.depth = outer, outer.depth+1

@@ -149,7 +149,7 @@ func (t *Tracer) afterQuery(conn *pgx.Conn, st *connState, q *queryState, tag pg
 	}
 	if q.set.chains() && inTx && st.frame == nil && err == nil {
 		// AND CHAIN began the next transaction at once, with the same characteristics.
-		next := t.startFrame(f.startCtx(), conn, st, outcome.PhaseActive, "", f)
+		next := t.startFrame(f.chainCtx(), conn, st, outcome.PhaseActive, "", f)
 		next.isolation, next.accessMode = f.isolation, f.accessMode
 	}
 }

@@ -214,7 +214,7 @@ func (t *Tracer) TraceAcquireStart(ctx context.Context, pool *pgxpool.Pool, data
 
 // TraceAcquireEnd implements pgxpool.AcquireTracer. An idle connection handed out with
 // a frame still on it would classify unrelated work against an old transaction's
-// evidence; the frame is ended here as a last line of defence.
+// evidence; the frame is concluded here as a last line of defence.
 func (t *Tracer) TraceAcquireEnd(ctx context.Context, pool *pgxpool.Pool, data pgxpool.TraceAcquireEndData) {
 	if data.Conn != nil {
 		if st := connStateOf(data.Conn); st != nil {
@@ -270,7 +270,7 @@ func (t *Tracer) onNotice(pg *pgconn.PgConn, n *pgconn.Notice) {
 	}
 }
 
-// connClosing ends the frame of a connection about to be closed.
+// connClosing concludes the frame of a connection about to be closed.
 func (t *Tracer) connClosing(conn *pgx.Conn) {
 	if st := connStateOf(conn); st != nil {
 		st.mu.Lock()
@@ -281,9 +281,9 @@ func (t *Tracer) connClosing(conn *pgx.Conn) {
 	}
 }
 
-// netConnClosed ends the frame of a connection whose net.Conn was closed, unless a
+// netConnClosed concludes the frame of a connection whose net.Conn was closed, unless a
 // query (or Run's COMMIT) is in flight on it: then the connection's user is inside
-// pgconn, will see the connection closed, and ends the frame with what its query
+// pgconn, will see the connection closed, and concludes the frame with what its query
 // observed. It may run on any goroutine; st.mu orders it with the user's hooks.
 func (t *Tracer) netConnClosed(st *connState) {
 	st.mu.Lock()
