@@ -436,6 +436,7 @@ func (b *summaryBuilder) append(w string) {
 	b.out = append(b.out, w...)
 }
 
+// String returns the summary built so far.
 func (b *summaryBuilder) String() string { return string(b.out) }
 
 // sanitized is what the tracer records of one SQL string.
@@ -566,4 +567,5 @@ func redactError(err error) error {
 // redactedError stands for an error whose message must not be recorded.
 type redactedError struct{ msg string }
 
+// Error returns the redacted text: the error's kind and type, never its message.
 func (e *redactedError) Error() string { return e.msg }

@@ -2,6 +2,8 @@ package otelpgxtx
 
 import (
 	"strings"
+
+	"github.com/jackc/pgx/v5"
 )
 
 // stmtKind is what a statement does to the session's transaction.
@@ -49,6 +51,23 @@ func classifyStatements(sql string) stmtSet {
 		set |= 1 << kind
 	}
 	return set.transactional()
+}
+
+// classifyBatch returns what the queued queries of b do to the transaction, and the SQL
+// of the query that begins the frame (the one with BEGIN, else the first).
+func classifyBatch(b *pgx.Batch) (stmtSet, string) {
+	var set stmtSet
+	beginSQL := ""
+	if b != nil {
+		for i, qq := range b.QueuedQueries {
+			s := classifyStatements(qq.SQL)
+			if i == 0 || beginSQL == "" && s.has(stmtBegin) {
+				beginSQL = qq.SQL
+			}
+			set |= s
+		}
+	}
+	return set.transactional(), beginSQL
 }
 
 // transactional drops stmtOther from a set that holds a transaction-control kind: only

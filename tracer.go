@@ -118,18 +118,8 @@ func (t *Tracer) TraceQueryEnd(ctx context.Context, conn *pgx.Conn, data pgx.Tra
 // TraceBatchStart implements pgx.BatchTracer. A batch is handed to the driver whole, so
 // a COMMIT anywhere in it marks committing before anything is sent.
 func (t *Tracer) TraceBatchStart(ctx context.Context, conn *pgx.Conn, data pgx.TraceBatchStartData) context.Context {
-	var set stmtSet
-	beginSQL := ""
-	if data.Batch != nil {
-		for i, qq := range data.Batch.QueuedQueries {
-			s := classifyStatements(qq.SQL)
-			if i == 0 || beginSQL == "" && s.has(stmtBegin) {
-				beginSQL = qq.SQL
-			}
-			set |= s
-		}
-	}
-	return t.startQuery(ctx, conn, set.transactional(), beginSQL, func(ctx context.Context) context.Context {
+	set, beginSQL := classifyBatch(data.Batch)
+	return t.startQuery(ctx, conn, set, beginSQL, func(ctx context.Context) context.Context {
 		return t.innerBatchStart(ctx, conn, data)
 	})
 }
