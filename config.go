@@ -60,6 +60,7 @@ type optionFunc func(*config)
 
 func (f optionFunc) apply(c *config) { f(c) }
 
+// newConfig applies opts over the defaults: the global providers and DefaultSpanName.
 func newConfig(opts []Option) config {
 	c := config{
 		tracerProvider: otel.GetTracerProvider(),

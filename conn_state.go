@@ -63,6 +63,8 @@ type batchFacts struct {
 // connection's state goes wherever the connection goes, and dies with it.
 const stateKey = "github.com/txevidence/otelpgxtx.state"
 
+// stateOf returns the tracer's state of pg, made on first use; nil for a connection
+// without CustomData, which is none that pgx connected.
 func stateOf(pg *pgconn.PgConn) *connState {
 	if pg == nil {
 		return nil
@@ -83,6 +85,7 @@ func stateOf(pg *pgconn.PgConn) *connState {
 	return st
 }
 
+// connStateOf is stateOf for the *pgx.Conn that the hooks are given.
 func connStateOf(conn *pgx.Conn) *connState {
 	if conn == nil {
 		return nil
@@ -105,6 +108,7 @@ func (st *connState) commitFacts(f *frame, facts *classifier.Facts) {
 	facts.SessionEndedBeforeCommit = f.endedBeforeCommit
 }
 
+// push records a started query, for its End hook to pop.
 func (st *connState) push(q queryState) { st.queries = append(st.queries, q) }
 
 // pop removes and returns the query whose Start returned ctx; the last one if none did.

@@ -91,6 +91,7 @@ func (m *metrics) participant() {
 	}
 }
 
+// record counts f, which ended with outcome o at now, and its durations.
 func (m *metrics) record(o outcome.Outcome, f *frame, now time.Time) {
 	if m == nil || !o.Valid() {
 		return

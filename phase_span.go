@@ -73,6 +73,7 @@ type frame struct {
 	ref         *outcome.ReconciliationRef
 }
 
+// currentPhase is f's phase; other goroutines read it too, hence the atomic.
 func (f *frame) currentPhase() outcome.Phase { return outcome.Phase(f.phase.Load()) }
 
 // open reports whether f's transaction is still going on.
@@ -321,6 +322,7 @@ func (f *frame) setOutcomeStatus(o outcome.Outcome, attrs []attribute.KeyValue) 
 // a concluded frame is skipped, never reused.
 type frameKey struct{}
 
+// contextWithFrame returns ctx with f as its innermost frame.
 func contextWithFrame(ctx context.Context, f *frame) context.Context {
 	return context.WithValue(ctx, frameKey{}, f)
 }

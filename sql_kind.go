@@ -131,6 +131,7 @@ func endKind(w, rest string, plain, chain stmtKind) (stmtKind, string) {
 	return plain, r
 }
 
+// eq reports whether word is keyword, in any case, as SQL keywords are.
 func eq(word, keyword string) bool {
 	return len(word) == len(keyword) && strings.EqualFold(word, keyword)
 }
@@ -148,6 +149,7 @@ func nextWord(s string) (string, string) {
 
 func isLetter(c byte) bool { return c|0x20 >= 'a' && c|0x20 <= 'z' }
 
+// skipSpace returns s after its leading white space and comments.
 func skipSpace(s string) string {
 	for len(s) > 0 {
 		switch c := s[0]; {

@@ -61,6 +61,8 @@ func NewTracer(opts ...Option) *Tracer {
 	return t
 }
 
+// newTracer builds the tracer and returns an invalid option's error, for the Instrument
+// functions to return rather than hand to otel.Handle.
 func newTracer(opts []Option) (*Tracer, error) {
 	cfg := newConfig(opts)
 	t := &Tracer{
@@ -91,6 +93,8 @@ func newTracer(opts []Option) (*Tracer, error) {
 	return t, cfg.err
 }
 
+// setInner keeps each tracer interface inner implements, asserted once here rather than
+// in every hook.
 func (t *Tracer) setInner(inner pgx.QueryTracer) {
 	t.query = inner
 	t.batch, _ = inner.(pgx.BatchTracer)
