@@ -102,7 +102,9 @@ func (t *Tracer) innerBatchEnd(ctx context.Context, conn *pgx.Conn, data pgx.Tra
 }
 
 // innerCopyFromStart hands a copy's start to the inner tracer, with a db.query.summary
-// made of the table name (a copy has no SQL text to summarize).
+// made of the table name (a copy has no SQL text to summarize). Unlike summarized, it
+// builds the summary only once a recording span is there, for the concatenation
+// allocates; innerBatchStart does the same with its loop over the batch.
 func (t *Tracer) innerCopyFromStart(ctx context.Context, conn *pgx.Conn, data pgx.TraceCopyFromStartData) context.Context {
 	if t.copy != nil {
 		inner := t.copy.TraceCopyFromStart(ctx, conn, data)
