@@ -192,7 +192,7 @@ func newAutoReconciler(t *Tracer, a *autoConfig) (*autoReconciler, error) {
 
 // enqueue hands an indeterminate frame to the workers; it never blocks.
 func (a *autoReconciler) enqueue(f *frame) {
-	p := &pendingOutcome{id: f.id, link: f.span.SpanContext(), parent: f.parentSpan, at: f.doneAt, local: f.committedLocally}
+	p := &pendingOutcome{id: f.id, link: f.span.SpanContext(), parent: f.parentSpan, at: f.concludedAt, local: f.committedLocally}
 	if p.at.IsZero() {
 		p.at = time.Now()
 	}

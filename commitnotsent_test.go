@@ -37,9 +37,7 @@ func terminateIdle(t *testing.T, ctx context.Context, conn *pgx.Conn) {
 func idleTimeout(t *testing.T, ctx context.Context, conn *pgx.Conn) {
 	t.Helper()
 	pid := conn.PgConn().PID()
-	if _, err := conn.Exec(ctx, "set local idle_in_transaction_session_timeout = '20ms'"); err != nil {
-		t.Fatal(err)
-	}
+	mustExec(t, ctx, conn, "set local idle_in_transaction_session_timeout = '20ms'")
 	if err := srv.WaitBackendGone(ctx, pid); err != nil {
 		t.Fatal(err)
 	}
@@ -111,10 +109,7 @@ func TestCommitNotExecuted(t *testing.T) {
 				t.Fatal(err)
 			}
 			defer pc.Release()
-			tx, err := pc.Begin(ctx)
-			if err != nil {
-				t.Fatal(err)
-			}
+			tx := mustBegin(t, ctx, pc)
 			if _, err := insertFn(table, 1)(ctx, tx); err != nil {
 				t.Fatal(err)
 			}

@@ -6,6 +6,8 @@ import (
 	"testing"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
 )
 
 // outcomes returns each frame's tx.outcome, in start order.
@@ -36,7 +38,36 @@ func withConn(t *testing.T, ctx context.Context, h *harness, fn func(*pgx.Conn))
 	fn(pc.Conn())
 }
 
-func mustExec(t *testing.T, ctx context.Context, conn *pgx.Conn, sqls ...string) {
+// acquireInTransaction acquires a pooled connection and leaves it in a transaction the
+// tracer saw begin, for tests that end it behind the tracer's back or not at all.
+func acquireInTransaction(t *testing.T, ctx context.Context, h *harness) *pgxpool.Conn {
+	t.Helper()
+	pc, err := h.pool.Acquire(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	mustExec(t, ctx, pc.Conn(), "begin", "select 1")
+	return pc
+}
+
+// mustBegin begins a transaction on db (a pool, a *pgx.Conn, or a pgx.Tx for a
+// savepoint) and fails the test if it cannot.
+func mustBegin(t *testing.T, ctx context.Context, db beginner) pgx.Tx {
+	t.Helper()
+	tx, err := db.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return tx
+}
+
+// execer is what mustExec runs statements on: a *pgx.Conn, a pgx.Tx or a pool.
+type execer interface {
+	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
+}
+
+// mustExec runs each of sqls on conn and fails the test at the first error.
+func mustExec(t *testing.T, ctx context.Context, conn execer, sqls ...string) {
 	t.Helper()
 	for _, sql := range sqls {
 		if _, err := conn.Exec(ctx, sql); err != nil {
@@ -142,10 +173,7 @@ func TestDetectionFromWhatPgxSends(t *testing.T) {
 			if err := srv.Exec(ctx, "insert into "+table+" (id, k) values (1, 1)"); err != nil {
 				t.Fatal(err)
 			}
-			tx, err := h.pool.Begin(ctx)
-			if err != nil {
-				t.Fatal(err)
-			}
+			tx := mustBegin(t, ctx, h.pool)
 			mustExec(t, ctx, tx.Conn(), "insert into "+table+" (id, k) values (2, 1)")
 			if err := tx.Commit(ctx); err == nil {
 				t.Fatal("commit succeeded")

@@ -214,7 +214,7 @@ func runOwner[T any](ctx context.Context, db DB, p Policy, fn func(context.Conte
 		rb, retry := res.(outcome.DeterminateRollback[T])
 		if !retry || !rb.Retryable() || attempt >= p.MaxAttempts || ctx.Err() != nil {
 			if f != nil {
-				f.end(res.Outcome(), postCommitFailure(res))
+				f.endSpan(res.Outcome(), postCommitFailure(res))
 			}
 			return res
 		}
@@ -224,7 +224,7 @@ func runOwner[T any](ctx context.Context, db DB, p Policy, fn func(context.Conte
 				f.span.AddEvent(EventRetry, trace.WithAttributes(AttemptKey.Int(attempt+1),
 					errorTypeKey.String(f.verdict.Reason())))
 			}
-			f.end(res.Outcome(), nil)
+			f.endSpan(res.Outcome(), nil)
 		}
 		timer := time.NewTimer(wait)
 		select {
@@ -338,7 +338,7 @@ func runAttempt[T any](ctx context.Context, db DB, p Policy, fn func(context.Con
 				sc.takeHooks()
 				finish()
 				if f != nil {
-					f.end(outcome.OutcomeRolledBack, nil)
+					f.endSpan(outcome.OutcomeRolledBack, nil)
 				}
 				panic(pv)
 			}
@@ -418,7 +418,7 @@ func rollback(ctx context.Context, sc *scope, tx pgx.Tx, cause error) classifier
 		}
 		if f.open() {
 			// The rollback never reached the tracer (the connection was gone).
-			f.finish(stateOf(f.conn), f.firstErr)
+			f.conclude(stateOf(f.conn), f.firstErr)
 		}
 		return f.verdict
 	}
@@ -465,11 +465,11 @@ func commit(ctx context.Context, sc *scope, tx pgx.Tx, held heldConn, p Policy, 
 	// traces look the same with capture on and off; the capture itself makes none.
 	var qctx context.Context
 	if f != nil {
-		qctx = f.t.innerQueryStart(withFrame(ctx, f), held.conn, pgx.TraceQueryStartData{SQL: commitSQL})
+		qctx = f.t.innerQueryStart(innerStartCtx(ctx, f), held.conn, pgx.TraceQueryStartData{SQL: commitSQL})
 	}
 	cr := commitWithCapture(ctx, pg, st, commitSQL, marker, sc.id)
 	if f != nil {
-		f.t.innerQueryEnd(unframe(qctx, f), held.conn, pgx.TraceQueryEndData{CommandTag: cr.tag, Err: cr.err})
+		f.t.innerQueryEnd(innerEndCtx(qctx, f), held.conn, pgx.TraceQueryEndData{CommandTag: cr.tag, Err: cr.err})
 	}
 	if cr.err != nil && !pg.IsClosed() && pg.TxStatus() != 'I' {
 		// pgx closes a connection whose failed COMMIT left it in a transaction; so do we.
@@ -488,7 +488,7 @@ func commit(ctx context.Context, sc *scope, tx pgx.Tx, held heldConn, p Policy, 
 	facts.SessionEndedBeforeCommit = facts.SessionEndedBeforeCommit || cr.endedBeforeCommit
 	v := classifier.Classify(outcome.PhaseCommitting, cr.err, facts)
 	if f != nil {
-		f.finish(st, v)
+		f.conclude(st, v)
 	}
 	return commitOutcome{verdict: v, err: cr.err, ref: cr.ref}
 }

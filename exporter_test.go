@@ -149,9 +149,7 @@ func TestSpanCommitted(t *testing.T) {
 		t.Fatal(err)
 	}
 	ins := "insert into " + table + " (id, k) values (1, 1)"
-	if _, err := tx.Exec(rctx, ins); err != nil {
-		t.Fatal(err)
-	}
+	mustExec(t, rctx, tx, ins)
 	if err := tx.Commit(rctx); err != nil {
 		t.Fatal(err)
 	}
@@ -178,10 +176,7 @@ func TestSpanCommitted(t *testing.T) {
 func TestSpanStrictStatus(t *testing.T) {
 	ctx := testCtx(t)
 	h := newHarness(t, "", 1, WithStatusMapping(StatusStrict), WithSpanName("checkout"))
-	tx, err := h.pool.Begin(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
+	tx := mustBegin(t, ctx, h.pool)
 	if err := tx.Commit(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -197,13 +192,8 @@ func TestSpanDeliberateRollback(t *testing.T) {
 	ctx := testCtx(t)
 	h := newHarness(t, "", 1)
 	table := newTable(t, ctx)
-	tx, err := h.pool.Begin(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := tx.Exec(ctx, "insert into "+table+" (id, k) values (1, 1)"); err != nil {
-		t.Fatal(err)
-	}
+	tx := mustBegin(t, ctx, h.pool)
+	mustExec(t, ctx, tx, "insert into "+table+" (id, k) values (1, 1)")
 	if err := tx.Rollback(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -221,10 +211,7 @@ func TestSpanDeliberateRollback(t *testing.T) {
 func TestSpanRollbackAfterStatementError(t *testing.T) {
 	ctx := testCtx(t)
 	h := newHarness(t, "", 1)
-	tx, err := h.pool.Begin(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
+	tx := mustBegin(t, ctx, h.pool)
 	if _, err := tx.Exec(ctx, "select 1/0"); err == nil {
 		t.Fatal("division by zero succeeded")
 	}
@@ -245,14 +232,11 @@ func TestSpanDeferredConstraintAtCommit(t *testing.T) {
 	if err := srv.Exec(ctx, "insert into "+table+" (id, k) values (1, 7)"); err != nil {
 		t.Fatal(err)
 	}
-	tx, err := h.pool.Begin(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
+	tx := mustBegin(t, ctx, h.pool)
 	if _, err := tx.Exec(ctx, "insert into "+table+" (id, k) values (2, 7)"); err != nil {
 		t.Fatal(err) // deferred: the violation waits for COMMIT
 	}
-	err = tx.Commit(ctx)
+	err := tx.Commit(ctx)
 	var pgErr *pgconn.PgError
 	if !errors.As(err, &pgErr) || pgErr.Code != "23505" {
 		t.Fatalf("commit error = %v, want 23505", err)
@@ -336,16 +320,11 @@ func TestSpanSerializationFailureAtCommit(t *testing.T) {
 // backend while it waits, and returns the commit error and the xid.
 func syncRepTerminate(t *testing.T, ctx context.Context, conn *pgx.Conn, table string, id int) (error, uint64) {
 	t.Helper()
-	tx, err := conn.Begin(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
+	tx := mustBegin(t, ctx, conn)
 	if _, err := tx.Exec(ctx, fmt.Sprintf("insert into %s (id, k) values (%d, %d)", table, id, id)); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := tx.Exec(ctx, "set local synchronous_commit = on"); err != nil {
-		t.Fatal(err)
-	}
+	mustExec(t, ctx, tx, "set local synchronous_commit = on")
 	var xid uint64
 	if err := tx.QueryRow(ctx, "select pg_current_xact_id()::text::bigint").Scan(&xid); err != nil {
 		t.Fatal(err)
@@ -405,13 +384,8 @@ func TestSpanIndeterminateProxyCut(t *testing.T) {
 			proxy := newProxy(t)
 			h := newHarness(t, proxy.ConnString(srv.ConnString()), 1)
 			table := newTable(t, ctx)
-			tx, err := h.pool.Begin(ctx)
-			if err != nil {
-				t.Fatal(err)
-			}
-			if _, err := tx.Exec(ctx, "insert into "+table+" (id, k) values (1, 1)"); err != nil {
-				t.Fatal(err)
-			}
+			tx := mustBegin(t, ctx, h.pool)
+			mustExec(t, ctx, tx, "insert into "+table+" (id, k) values (1, 1)")
 			tc.arm(proxy)
 			if err := tx.Commit(ctx); err == nil {
 				t.Fatal("commit through a cut connection succeeded")
@@ -441,16 +415,12 @@ func TestSpanNestedSuspendedOuter(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := outer.Exec(octx, "insert into "+table+" (id, k) values (1, 1)"); err != nil {
-		t.Fatal(err)
-	}
+	mustExec(t, octx, outer, "insert into "+table+" (id, k) values (1, 1)")
 	ictx, inner, err := Begin(octx, h.pool, pgx.TxOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := inner.Exec(ictx, "insert into "+table+" (id, k) values (2, 2)"); err != nil {
-		t.Fatal(err)
-	}
+	mustExec(t, ictx, inner, "insert into "+table+" (id, k) values (2, 2)")
 	if err := inner.Commit(ictx); err != nil {
 		t.Fatal(err)
 	}
@@ -482,27 +452,14 @@ func TestSpanSavepoints(t *testing.T) {
 	ctx := testCtx(t)
 	h := newHarness(t, "", 1)
 	table := newTable(t, ctx)
-	tx, err := h.pool.Begin(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	sp, err := tx.Begin(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := sp.Exec(ctx, "insert into "+table+" (id, k) values (1, 1)"); err != nil {
-		t.Fatal(err)
-	}
+	tx := mustBegin(t, ctx, h.pool)
+	sp := mustBegin(t, ctx, tx)
+	mustExec(t, ctx, sp, "insert into "+table+" (id, k) values (1, 1)")
 	if err := sp.Rollback(ctx); err != nil {
 		t.Fatal(err)
 	}
-	sp2, err := tx.Begin(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := sp2.Exec(ctx, "insert into "+table+" (id, k) values (2, 2)"); err != nil {
-		t.Fatal(err)
-	}
+	sp2 := mustBegin(t, ctx, tx)
+	mustExec(t, ctx, sp2, "insert into "+table+" (id, k) values (2, 2)")
 	if err := sp2.Commit(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -605,10 +562,7 @@ func TestSpanConcurrentFrames(t *testing.T) {
 func TestSpanImplicitPrepareStaysUnderItsStatement(t *testing.T) {
 	ctx := testCtx(t)
 	h := newHarness(t, "", 1)
-	tx, err := h.pool.Begin(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
+	tx := mustBegin(t, ctx, h.pool)
 	var n int
 	if err := tx.QueryRow(ctx, "select $1::int + 1", 41).Scan(&n); err != nil || n != 42 {
 		t.Fatalf("n = %d, %v", n, err)

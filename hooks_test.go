@@ -111,11 +111,7 @@ func TestEndWithoutStart(t *testing.T) {
 func TestReleaseIdleWithFrame(t *testing.T) {
 	ctx := testCtx(t)
 	h := newHarness(t, "", 1)
-	pc, err := h.pool.Acquire(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	mustExec(t, ctx, pc.Conn(), "begin", "select 1")
+	pc := acquireInTransaction(t, ctx, h)
 	if _, err := pc.Conn().PgConn().Exec(ctx, "commit").ReadAll(); err != nil {
 		t.Fatal(err)
 	}

@@ -18,8 +18,11 @@ import (
 // otelpgxtx_transactions_total{tx_outcome="…"}, otelpgxtx_transaction_duration_seconds and
 // otelpgxtx_transaction_commit_duration_seconds.
 const (
-	MetricTransactions   = "otelpgxtx.transactions"
-	MetricDuration       = "otelpgxtx.transaction.duration"
+	// MetricTransactions counts concluded frames, by tx.outcome.
+	MetricTransactions = "otelpgxtx.transactions"
+	// MetricDuration is the time from BEGIN to a frame's outcome, in seconds.
+	MetricDuration = "otelpgxtx.transaction.duration"
+	// MetricCommitDuration is the time a frame spent committing, in seconds.
 	MetricCommitDuration = "otelpgxtx.transaction.commit.duration"
 )
 
@@ -40,24 +43,13 @@ type metrics struct {
 
 func newMetrics(mp metric.MeterProvider, extra []attribute.KeyValue) *metrics {
 	meter := mp.Meter(ScopeName, metric.WithInstrumentationVersion(Version()))
-	m := &metrics{}
-	var err error
-	if m.transactions, err = meter.Int64Counter(MetricTransactions,
-		metric.WithUnit("{transaction}"),
-		metric.WithDescription("Finished transaction frames, by tx.outcome.")); err != nil {
-		otel.Handle(err)
-	}
-	if m.duration, err = meter.Float64Histogram(MetricDuration,
-		metric.WithUnit("s"),
-		metric.WithDescription("Duration of transaction frames from BEGIN to their outcome, by tx.outcome."),
-		metric.WithExplicitBucketBoundaries(durationBuckets...)); err != nil {
-		otel.Handle(err)
-	}
-	if m.commit, err = meter.Float64Histogram(MetricCommitDuration,
-		metric.WithUnit("s"),
-		metric.WithDescription("Time spent in the committing phase, by tx.outcome."),
-		metric.WithExplicitBucketBoundaries(durationBuckets...)); err != nil {
-		otel.Handle(err)
+	m := &metrics{
+		transactions: counter(meter, MetricTransactions, "{transaction}",
+			"Finished transaction frames, by tx.outcome."),
+		duration: histogram(meter, MetricDuration, "s",
+			"Duration of transaction frames from BEGIN to their outcome, by tx.outcome.", durationBuckets),
+		commit: histogram(meter, MetricCommitDuration, "s",
+			"Time spent in the committing phase, by tx.outcome.", durationBuckets),
 	}
 	for _, o := range outcome.Outcomes() {
 		set := attribute.NewSet(append([]attribute.KeyValue{OutcomeKey.String(o.String()), dbSystemPostgreSQL}, extra...)...)
@@ -70,6 +62,27 @@ func newMetrics(mp metric.MeterProvider, extra []attribute.KeyValue) *metrics {
 	return m
 }
 
+// counter creates a counter on meter. A failure is reported to otel.Handle and leaves the
+// no-op instrument the API returns with it, so that recording never needs a nil check.
+func counter(meter metric.Meter, name, unit, description string) metric.Int64Counter {
+	c, err := meter.Int64Counter(name, metric.WithUnit(unit), metric.WithDescription(description))
+	if err != nil {
+		otel.Handle(err)
+	}
+	return c
+}
+
+// histogram creates a histogram on meter with explicit buckets; a failure is handled as
+// counter's is.
+func histogram(meter metric.Meter, name, unit, description string, buckets []float64) metric.Float64Histogram {
+	h, err := meter.Float64Histogram(name, metric.WithUnit(unit), metric.WithDescription(description),
+		metric.WithExplicitBucketBoundaries(buckets...))
+	if err != nil {
+		otel.Handle(err)
+	}
+	return h
+}
+
 // participant counts a Run call that joined an outer transaction: it has no frame, but
 // tx.outcome=participating must be countable like every outcome.
 func (m *metrics) participant() {
@@ -78,6 +91,7 @@ func (m *metrics) participant() {
 	}
 }
 
+// record counts f, which ended with outcome o at now, and its durations.
 func (m *metrics) record(o outcome.Outcome, f *frame, now time.Time) {
 	if m == nil || !o.Valid() {
 		return
@@ -88,9 +102,9 @@ func (m *metrics) record(o outcome.Outcome, f *frame, now time.Time) {
 		ctx = f.spanCtx // carries the frame span: links exemplars to the frame's trace
 	}
 	m.transactions.Add(ctx, 1, m.addOpts[o]...)
-	m.duration.Record(ctx, now.Sub(f.start).Seconds(), m.recordOpts[o]...)
-	if !f.committingAt.IsZero() && !f.doneAt.IsZero() {
-		m.commit.Record(ctx, f.doneAt.Sub(f.committingAt).Seconds(), m.recordOpts[o]...)
+	m.duration.Record(ctx, now.Sub(f.startedAt).Seconds(), m.recordOpts[o]...)
+	if !f.committingAt.IsZero() && !f.concludedAt.IsZero() {
+		m.commit.Record(ctx, f.concludedAt.Sub(f.committingAt).Seconds(), m.recordOpts[o]...)
 	}
 }
 
@@ -99,9 +113,15 @@ func (m *metrics) record(o outcome.Outcome, f *frame, now time.Time) {
 // error_type="…"}, otelpgxtx_reconciliation_unresolved, otelpgxtx_reconciliation_unresolved_age_seconds
 // and otelpgxtx_reconciliation_duration_seconds.
 const (
-	MetricReconciliations        = "otelpgxtx.reconciliations"
-	MetricUnresolved             = "otelpgxtx.reconciliation.unresolved"
-	MetricUnresolvedAge          = "otelpgxtx.reconciliation.unresolved.age"
+	// MetricReconciliations counts settled indeterminate frames, by tx.outcome.resolved
+	// and, when unknown, error.type.
+	MetricReconciliations = "otelpgxtx.reconciliations"
+	// MetricUnresolved is the number of indeterminate frames waiting to be settled.
+	MetricUnresolved = "otelpgxtx.reconciliation.unresolved"
+	// MetricUnresolvedAge is the age of the oldest of them, in seconds; 0 when none is.
+	MetricUnresolvedAge = "otelpgxtx.reconciliation.unresolved.age"
+	// MetricReconciliationDuration is the time from an indeterminate commit to its final
+	// answer, in seconds.
 	MetricReconciliationDuration = "otelpgxtx.reconciliation.duration"
 )
 
@@ -123,18 +143,12 @@ type reconcileMetrics struct {
 
 func newReconcileMetrics(mp metric.MeterProvider, extra []attribute.KeyValue, pending func() (int, time.Duration)) *reconcileMetrics {
 	meter := mp.Meter(ScopeName, metric.WithInstrumentationVersion(Version()))
-	m := &reconcileMetrics{extra: extra}
-	var err error
-	if m.reconciliations, err = meter.Int64Counter(MetricReconciliations,
-		metric.WithUnit("{transaction}"),
-		metric.WithDescription("Indeterminate frames settled by automatic reconciliation, by tx.outcome.resolved and, when unknown, error.type (the reason).")); err != nil {
-		otel.Handle(err)
-	}
-	if m.duration, err = meter.Float64Histogram(MetricReconciliationDuration,
-		metric.WithUnit("s"),
-		metric.WithDescription("Time from an indeterminate commit to its reconciliation's final answer, by tx.outcome.resolved."),
-		metric.WithExplicitBucketBoundaries(reconcileBuckets...)); err != nil {
-		otel.Handle(err)
+	m := &reconcileMetrics{
+		extra: extra,
+		reconciliations: counter(meter, MetricReconciliations, "{transaction}",
+			"Indeterminate frames settled by automatic reconciliation, by tx.outcome.resolved and, when unknown, error.type (the reason)."),
+		duration: histogram(meter, MetricReconciliationDuration, "s",
+			"Time from an indeterminate commit to its reconciliation's final answer, by tx.outcome.resolved.", reconcileBuckets),
 	}
 	set := attribute.NewSet(append([]attribute.KeyValue{dbSystemPostgreSQL}, extra...)...)
 	m.leave = unresolvedGauges.join(meter, set, pending)

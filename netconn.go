@@ -71,7 +71,7 @@ func (c *netConn) commitNotSent() bool {
 	return c.commitWrite.Swap(commitIdle) == commitUnsent
 }
 
-// Close closes the connection and, the first time, ends the frame open on it.
+// Close closes the connection and, the first time, concludes the frame open on it.
 func (c *netConn) Close() error {
 	err := c.Conn.Close()
 	if c.closed.CompareAndSwap(false, true) {

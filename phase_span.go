@@ -3,9 +3,11 @@ package otelpgxtx
 import (
 	"context"
 	"strconv"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/codes"
 	"go.opentelemetry.io/otel/trace"
@@ -13,6 +15,91 @@ import (
 	"github.com/txevidence/otelpgxtx/classifier"
 	"github.com/txevidence/otelpgxtx/outcome"
 )
+
+// frame is one physical transaction as the instrumentation sees it. Its depth, parent,
+// connection and id are fixed at creation; its phase moves on each transition.
+//
+// Its life has two ends, kept apart because the executor runs post-commit work between
+// them: conclude records the verdict and takes the frame off its connection; endSpan
+// writes the outcome and ends the span — called by conclude, unless the executor manages
+// the frame.
+//
+// The owning connection's goroutine changes it; other goroutines only read its phase
+// and end state (atomics) and add events to its span (which is safe for concurrent use),
+// except that the close of its connection may conclude it on another goroutine, under the
+// connection state's mutex (see netConn).
+type frame struct {
+	t      *Tracer
+	span   trace.Span
+	id     outcome.OperationID
+	depth  int
+	parent *frame // the suspended outer frame, or nil
+	// parentSpan is the span context the frame span was started under, so that a chained
+	// transaction (COMMIT AND CHAIN) gets the same parent.
+	parentSpan trace.SpanContext
+	conn       *pgconn.PgConn
+	startedAt  time.Time
+	// framedIn and framedOut are innerStartCtx's last caller context and its answer;
+	// only the connection's user calls it.
+	framedIn, framedOut context.Context
+	// spanCtx is the context the frame span was started in and returned by Start: it
+	// carries the frame span, for metric exemplars, at no allocation.
+	spanCtx context.Context
+	// connAttrs are the connection's attributes, from its connState.
+	connAttrs []attribute.KeyValue
+
+	phase atomic.Uint32 // outcome.Phase
+	// concluded: the verdict is recorded and the frame left its connection (conclude).
+	concluded atomic.Bool
+	spanEnded atomic.Bool // the span was ended (endSpan)
+	// unrecorded: a Filter rejected the frame; its span only carries the caller's span
+	// context, and nothing is parented to it.
+	unrecorded bool
+	name       string // the span's name, for the next frame of COMMIT AND CHAIN
+
+	committingAt     time.Time
+	concludedAt      time.Time
+	committedLocally bool
+	// endedBeforeCommit: the server had sent a FATAL before COMMIT was written.
+	endedBeforeCommit bool
+	firstErr          classifier.Verdict // the verdict of the first failed query, if any
+	hasErr            bool
+	verdict           classifier.Verdict // the final verdict, once concluded
+	isolation         string
+	accessMode        string
+
+	// Set by the executor.
+	managed     bool  // the executor ends the span, after post-commit work
+	cause       error // why the executor rolled back
+	propagation string
+	attempt     int
+	ref         *outcome.ReconciliationRef
+}
+
+// currentPhase is f's phase; other goroutines read it too, hence the atomic.
+func (f *frame) currentPhase() outcome.Phase { return outcome.Phase(f.phase.Load()) }
+
+// open reports whether f's transaction is still going on.
+func (f *frame) open() bool { return !f.concluded.Load() }
+
+// chainCtx rebuilds the context f was begun in: the next frame of COMMIT AND CHAIN
+// begins in it, under the same parent span and suspended frame.
+func (f *frame) chainCtx() context.Context {
+	ctx := trace.ContextWithSpanContext(context.Background(), f.parentSpan)
+	if f.parent != nil {
+		ctx = contextWithFrame(ctx, f.parent)
+	}
+	return ctx
+}
+
+// withSpan makes f's span the parent of what runs inside the frame; an unrecorded frame
+// leaves ctx's own span there, as if there were no frame.
+func (f *frame) withSpan(ctx context.Context) context.Context {
+	if f.unrecorded {
+		return ctx
+	}
+	return trace.ContextWithSpan(ctx, f.span)
+}
 
 // frameStartOptions are the frame span's start options, built once so that Start
 // allocates nothing for them. No explicit timestamp: boxing a time.Time allocates, and
@@ -34,7 +121,7 @@ var phaseEvents = func() (names [outcome.PhaseUnknown + 1]string) {
 // carries an open frame on another connection, that frame is suspended and the new one is
 // one level deeper.
 func (t *Tracer) startFrame(ctx context.Context, conn *pgx.Conn, st *connState, phase outcome.Phase, begin string, chained *frame) *frame {
-	f := &frame{t: t, conn: conn.PgConn(), id: outcome.NewOperationID(), start: time.Now(),
+	f := &frame{t: t, conn: conn.PgConn(), id: outcome.NewOperationID(), startedAt: time.Now(),
 		parentSpan: trace.SpanContextFromContext(ctx)}
 	if outer := openFrameFromContext(ctx); outer != nil && outer.conn != f.conn {
 		f.parent, f.depth = outer, outer.depth+1
@@ -101,10 +188,10 @@ func (f *frame) transition(to outcome.Phase) bool {
 	return true
 }
 
-// finish records the verdict: the terminal phase, and the frame leaves its connection.
+// conclude records the verdict: the terminal phase, and the frame leaves its connection.
 // Unless the executor manages the frame, the span ends too. It runs at most once.
-func (f *frame) finish(st *connState, v classifier.Verdict) {
-	if !f.done.CompareAndSwap(false, true) {
+func (f *frame) conclude(st *connState, v classifier.Verdict) {
+	if !f.concluded.CompareAndSwap(false, true) {
 		return
 	}
 	var to outcome.Phase
@@ -125,7 +212,7 @@ func (f *frame) finish(st *connState, v classifier.Verdict) {
 		f.committedLocally = true
 	}
 	f.verdict = v
-	f.doneAt = time.Now()
+	f.concludedAt = time.Now()
 	if st != nil && st.frame == f {
 		st.frame = nil
 	}
@@ -133,7 +220,7 @@ func (f *frame) finish(st *connState, v classifier.Verdict) {
 		f.parent.span.AddEvent(EventResumed, trace.WithAttributes(OperationIDKey.String(f.id.String())))
 	}
 	if !f.managed {
-		f.end(f.outcomeOf(), nil)
+		f.endSpan(f.outcomeOf(), nil)
 	}
 }
 
@@ -148,10 +235,10 @@ func (f *frame) outcomeOf() outcome.Outcome {
 	return outcome.OutcomeRolledBack
 }
 
-// end writes the outcome attributes and status and ends the span, exactly once.
+// endSpan writes the outcome attributes and status and ends the span, exactly once.
 // postCommitErr is the follow-up failure of a committed_with_post_commit_failure frame.
-func (f *frame) end(o outcome.Outcome, postCommitErr error) {
-	if !f.ended.CompareAndSwap(false, true) {
+func (f *frame) endSpan(o outcome.Outcome, postCommitErr error) {
+	if !f.spanEnded.CompareAndSwap(false, true) {
 		return
 	}
 	now := time.Now()
@@ -166,6 +253,17 @@ func (f *frame) end(o outcome.Outcome, postCommitErr error) {
 		f.span.End()
 		return
 	}
+	attrs := f.setOutcomeStatus(o, f.outcomeAttrs(o))
+	f.span.SetAttributes(attrs...)
+	if postCommitErr != nil {
+		f.span.AddEvent(EventPostCommitFailed)
+	}
+	f.span.End()
+}
+
+// outcomeAttrs returns the attributes a recording frame span ends with, whatever its
+// status, in one slice so that they are written in one SetAttributes call.
+func (f *frame) outcomeAttrs(o outcome.Outcome) []attribute.KeyValue {
 	v := f.verdict
 	attrs := make([]attribute.KeyValue, 0, 18+len(f.t.cfg.spanAttributes))
 	attrs = append(attrs, f.connAttrs...)
@@ -196,6 +294,13 @@ func (f *frame) end(o outcome.Outcome, postCommitErr error) {
 	if v.SQLState() != "" {
 		attrs = append(attrs, dbResponseStatusKey.String(v.SQLState()))
 	}
+	return attrs
+}
+
+// setOutcomeStatus sets the span status of outcome o and returns attrs with the
+// attributes that go with that status (tx.retryable, error.type).
+func (f *frame) setOutcomeStatus(o outcome.Outcome, attrs []attribute.KeyValue) []attribute.KeyValue {
+	v := f.verdict
 	switch o {
 	case outcome.OutcomeCommitted, outcome.OutcomeCommittedWithPostCommitFailure:
 		if f.t.cfg.status == StatusOkOnCommit {
@@ -212,9 +317,24 @@ func (f *frame) end(o outcome.Outcome, postCommitErr error) {
 		// Neither Ok nor Error: nothing was determined. tx.outcome says which.
 		attrs = append(attrs, errorTypeKey.String(v.Reason()))
 	}
-	f.span.SetAttributes(attrs...)
-	if postCommitErr != nil {
-		f.span.AddEvent(EventPostCommitFailed)
+	return attrs
+}
+
+// Frames travel in contexts as an immutable linked list: a context holds the innermost
+// frame, which points to its suspended parent. No cleanup can resurrect a frame there:
+// a concluded frame is skipped, never reused.
+type frameKey struct{}
+
+// contextWithFrame returns ctx with f as its innermost frame.
+func contextWithFrame(ctx context.Context, f *frame) context.Context {
+	return context.WithValue(ctx, frameKey{}, f)
+}
+
+// openFrameFromContext returns the innermost frame in ctx whose transaction is open.
+func openFrameFromContext(ctx context.Context) *frame {
+	f, _ := ctx.Value(frameKey{}).(*frame)
+	for f != nil && !f.open() {
+		f = f.parent
 	}
-	f.span.End()
+	return f
 }

@@ -43,17 +43,11 @@ func TestUnsampledFramesStillCounted(t *testing.T) {
 	var logs bytes.Buffer
 	h := newHarnessSampled(t, "", 1, sdktrace.NeverSample(), WithLogger(slog.New(slog.NewTextHandler(&logs, nil))))
 	table := newTable(t, ctx)
-	tx, err := h.pool.Begin(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
+	tx := mustBegin(t, ctx, h.pool)
 	if err := tx.Commit(ctx); err != nil {
 		t.Fatal(err)
 	}
-	tx, err = h.pool.Begin(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
+	tx = mustBegin(t, ctx, h.pool)
 	if err := tx.Rollback(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -84,10 +78,7 @@ func TestMetricsByOutcome(t *testing.T) {
 	ctx := testCtx(t)
 	h := newHarness(t, "", 1)
 	for range 3 {
-		tx, err := h.pool.Begin(ctx)
-		if err != nil {
-			t.Fatal(err)
-		}
+		tx := mustBegin(t, ctx, h.pool)
 		if err := tx.Commit(ctx); err != nil {
 			t.Fatal(err)
 		}
@@ -190,9 +181,7 @@ func TestInstrumentChainsUserHooks(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := pool.Exec(ctx, "do $$ begin raise notice 'hello'; end $$"); err != nil {
-		t.Fatal(err)
-	}
+	mustExec(t, ctx, pool, "do $$ begin raise notice 'hello'; end $$")
 	pool.Close()
 	if notices != 1 || closes != 1 || user.starts == 0 || user.starts != user.ends {
 		t.Fatalf("notices=%d closes=%d inner starts=%d ends=%d", notices, closes, user.starts, user.ends)

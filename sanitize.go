@@ -54,56 +54,74 @@ func nextToken(s string, i int) (sqlToken, int) {
 	case c == '"':
 		return quoted(s, i, '"', false, tokQuotedIdent)
 	case c == '$':
-		if i+1 < len(s) && isDigit(s[i+1]) {
-			j := i + 1
-			for j < len(s) && isDigit(s[j]) {
-				j++
-			}
-			return tokParam, j
-		}
-		switch end := dollarQuoteEnd(s, i); {
-		case end == i:
-			return tokOther, i + 1
-		case end >= len(s):
-			return tokUnterminated, len(s)
-		default:
-			return tokLiteral, end + 1
-		}
+		return dollarToken(s, i)
 	case isDigit(c) || c == '.' && i+1 < len(s) && isDigit(s[i+1]):
-		// Decimal, exponent, 0x/0o/0b and 1_000 forms alike: everything that can
-		// continue a number, so that no digit of it survives.
-		j := i + 1
-		for j < len(s) {
-			d := s[j]
-			if isDigit(d) || isLetter(d) || d == '_' || d == '.' {
-				j++
-			} else if (d == '+' || d == '-') && (s[j-1] == 'e' || s[j-1] == 'E') {
-				j++
-			} else {
-				break
-			}
-		}
-		return tokLiteral, j
+		return numberToken(s, i)
 	case isWordStart(c):
-		j := i + 1
-		for j < len(s) && (isWordStart(s[j]) || isDigit(s[j]) || s[j] == '$') {
-			j++
-		}
-		if j < len(s) && j == i+1 {
-			switch {
-			case s[j] == '\'' && (c|0x20 == 'e'):
-				return quoted(s, j, '\'', true, tokLiteral)
-			case s[j] == '\'' && (c|0x20 == 'b' || c|0x20 == 'x' || c|0x20 == 'n'):
-				return quoted(s, j, '\'', false, tokLiteral)
-			case s[j] == '&' && c|0x20 == 'u' && j+1 < len(s) && s[j+1] == '\'':
-				return quoted(s, j+1, '\'', false, tokLiteral)
-			case s[j] == '&' && c|0x20 == 'u' && j+1 < len(s) && s[j+1] == '"':
-				return quoted(s, j+1, '"', false, tokQuotedIdent)
-			}
-		}
-		return tokWord, j
+		return wordToken(s, i)
 	}
 	return tokOther, i + 1
+}
+
+// dollarToken returns the token at s[i] == '$': a $n parameter, a dollar-quoted string,
+// or a lone dollar sign.
+func dollarToken(s string, i int) (sqlToken, int) {
+	if i+1 < len(s) && isDigit(s[i+1]) {
+		j := i + 1
+		for j < len(s) && isDigit(s[j]) {
+			j++
+		}
+		return tokParam, j
+	}
+	switch end := dollarQuoteEnd(s, i); {
+	case end == i:
+		return tokOther, i + 1
+	case end >= len(s):
+		return tokUnterminated, len(s)
+	default:
+		return tokLiteral, end + 1
+	}
+}
+
+// numberToken returns the numeric literal that starts at s[i].
+func numberToken(s string, i int) (sqlToken, int) {
+	// Decimal, exponent, 0x/0o/0b and 1_000 forms alike: everything that can
+	// continue a number, so that no digit of it survives.
+	j := i + 1
+	for j < len(s) {
+		d := s[j]
+		if isDigit(d) || isLetter(d) || d == '_' || d == '.' {
+			j++
+		} else if (d == '+' || d == '-') && (s[j-1] == 'e' || s[j-1] == 'E') {
+			j++
+		} else {
+			break
+		}
+	}
+	return tokLiteral, j
+}
+
+// wordToken returns the keyword or identifier that starts at s[i], or the string that
+// it prefixes (E'…', B'…', X'…', N'…', U&'…', U&"…").
+func wordToken(s string, i int) (sqlToken, int) {
+	c := s[i]
+	j := i + 1
+	for j < len(s) && (isWordStart(s[j]) || isDigit(s[j]) || s[j] == '$') {
+		j++
+	}
+	if j < len(s) && j == i+1 {
+		switch {
+		case s[j] == '\'' && (c|0x20 == 'e'):
+			return quoted(s, j, '\'', true, tokLiteral)
+		case s[j] == '\'' && (c|0x20 == 'b' || c|0x20 == 'x' || c|0x20 == 'n'):
+			return quoted(s, j, '\'', false, tokLiteral)
+		case s[j] == '&' && c|0x20 == 'u' && j+1 < len(s) && s[j+1] == '\'':
+			return quoted(s, j+1, '\'', false, tokLiteral)
+		case s[j] == '&' && c|0x20 == 'u' && j+1 < len(s) && s[j+1] == '"':
+			return quoted(s, j+1, '"', false, tokQuotedIdent)
+		}
+	}
+	return tokWord, j
 }
 
 // quoted returns the token whose opening quote is at s[q].
@@ -418,6 +436,7 @@ func (b *summaryBuilder) append(w string) {
 	b.out = append(b.out, w...)
 }
 
+// String returns the summary built so far.
 func (b *summaryBuilder) String() string { return string(b.out) }
 
 // sanitized is what the tracer records of one SQL string.
@@ -548,4 +567,5 @@ func redactError(err error) error {
 // redactedError stands for an error whose message must not be recorded.
 type redactedError struct{ msg string }
 
+// Error returns the redacted text: the error's kind and type, never its message.
 func (e *redactedError) Error() string { return e.msg }

@@ -51,14 +51,24 @@ const (
 
 // Event names on the frame span.
 const (
-	EventPhasePrefix         = "tx.phase."
-	EventSuspended           = "tx.suspended"
-	EventResumed             = "tx.resumed"
-	EventSavepointCreated    = "tx.savepoint.created"
-	EventSavepointReleased   = "tx.savepoint.released"
+	// EventPhasePrefix and a phase's name (tx.phase.committing) name the event of each
+	// phase the frame enters.
+	EventPhasePrefix = "tx.phase."
+	// EventSuspended is on the outer frame when a frame nested in it begins, with the
+	// nested frame's tx.operation_id.
+	EventSuspended = "tx.suspended"
+	// EventResumed is on the outer frame when the nested frame concludes.
+	EventResumed = "tx.resumed"
+	// EventSavepointCreated records a SAVEPOINT, with tx.savepoint.name.
+	EventSavepointCreated = "tx.savepoint.created"
+	// EventSavepointReleased records a RELEASE SAVEPOINT, with tx.savepoint.name.
+	EventSavepointReleased = "tx.savepoint.released"
+	// EventSavepointRolledBack records a ROLLBACK TO SAVEPOINT, with tx.savepoint.name.
 	EventSavepointRolledBack = "tx.savepoint.rolled_back"
-	EventRetry               = "tx.retry"
-	EventPostCommitFailed    = "tx.post_commit.failed"
+	// EventRetry is on the frame of an attempt that [Run] retries.
+	EventRetry = "tx.retry"
+	// EventPostCommitFailed is on a committed frame whose post-commit work failed.
+	EventPostCommitFailed = "tx.post_commit.failed"
 	// EventParticipant records a Run call that joined this frame's transaction (Required,
 	// Mandatory) or ran in a savepoint of it (Nested), with the call's tx.outcome.
 	EventParticipant = "tx.participant"

@@ -16,21 +16,14 @@ import (
 func TestStaleReleasedMidTransaction(t *testing.T) {
 	ctx := testCtx(t)
 	h := newHarness(t, "", 1)
-	pc, err := h.pool.Acquire(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	mustExec(t, ctx, pc.Conn(), "begin", "select 1")
+	pc := acquireInTransaction(t, ctx, h)
 	pc.Release() // the pool destroys a connection released mid-transaction
 	f := onlyFrame(t, h)
 	wantAttr(t, f, "tx.outcome", "rolled_back")
 	wantAttr(t, f, "error.type", ReasonReleasedInTransaction)
 	wantStatus(t, f, codes.Error, StatusDescriptionRolledBack)
 	// The next transaction starts clean.
-	tx, err := h.pool.Begin(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
+	tx := mustBegin(t, ctx, h.pool)
 	if err := tx.Commit(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -42,10 +35,7 @@ func TestStaleReleasedMidTransaction(t *testing.T) {
 func TestStaleConnectionClosedByServer(t *testing.T) {
 	ctx := testCtx(t)
 	h := newHarness(t, "", 1)
-	tx, err := h.pool.Begin(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
+	tx := mustBegin(t, ctx, h.pool)
 	if err := srv.Terminate(ctx, tx.Conn().PgConn().PID()); err != nil {
 		t.Fatal(err)
 	}
@@ -63,10 +53,7 @@ func TestStaleConnectionClosedByServer(t *testing.T) {
 func TestStaleContextCancelledMidTransaction(t *testing.T) {
 	ctx := testCtx(t)
 	h := newHarness(t, "", 1)
-	tx, err := h.pool.Begin(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
+	tx := mustBegin(t, ctx, h.pool)
 	qctx, cancel := context.WithCancel(ctx)
 	done := make(chan error, 1)
 	go func() {

@@ -21,13 +21,8 @@ func TestUnsampledSDKSpansDoNotPanic(t *testing.T) {
 	h := newHarnessSampled(t, "", 2, sdktrace.NeverSample())
 	rctx, span := h.tp.Tracer("app").Start(ctx, "request")
 	defer span.End()
-	tx, err := h.pool.Begin(rctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := tx.Exec(rctx, "select 1"); err != nil {
-		t.Fatal(err)
-	}
+	tx := mustBegin(t, rctx, h.pool)
+	mustExec(t, rctx, tx, "select 1")
 	if err := tx.Commit(rctx); err != nil {
 		t.Fatal(err)
 	}
@@ -73,10 +68,7 @@ func TestNoSDKDoesNotPanic(t *testing.T) {
 	if res.Outcome() != outcome.OutcomeCommitted {
 		t.Fatalf("Run: %+v", res)
 	}
-	tx, err := pool.Begin(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
+	tx := mustBegin(t, ctx, pool)
 	if err := tx.Commit(ctx); err != nil {
 		t.Fatal(err)
 	}

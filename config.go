@@ -13,12 +13,6 @@ import (
 	"go.opentelemetry.io/otel/trace"
 )
 
-// ScopeName is the instrumentation scope name of the tracer and meter.
-const ScopeName = "github.com/txevidence/otelpgxtx"
-
-// Version is the version of this instrumentation.
-func Version() string { return "0.1.0" }
-
 // DefaultSpanName is the name of a frame span unless [WithSpanName] says otherwise.
 const DefaultSpanName = "transaction"
 
@@ -66,6 +60,7 @@ type optionFunc func(*config)
 
 func (f optionFunc) apply(c *config) { f(c) }
 
+// newConfig applies opts over the defaults: the global providers and DefaultSpanName.
 func newConfig(opts []Option) config {
 	c := config{
 		tracerProvider: otel.GetTracerProvider(),

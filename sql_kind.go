@@ -1,6 +1,10 @@
 package otelpgxtx
 
-import "strings"
+import (
+	"strings"
+
+	"github.com/jackc/pgx/v5"
+)
 
 // stmtKind is what a statement does to the session's transaction.
 type stmtKind uint8
@@ -47,6 +51,23 @@ func classifyStatements(sql string) stmtSet {
 		set |= 1 << kind
 	}
 	return set.transactional()
+}
+
+// classifyBatch returns what the queued queries of b do to the transaction, and the SQL
+// of the query that begins the frame (the one with BEGIN, else the first).
+func classifyBatch(b *pgx.Batch) (stmtSet, string) {
+	var set stmtSet
+	beginSQL := ""
+	if b != nil {
+		for i, qq := range b.QueuedQueries {
+			s := classifyStatements(qq.SQL)
+			if i == 0 || beginSQL == "" && s.has(stmtBegin) {
+				beginSQL = qq.SQL
+			}
+			set |= s
+		}
+	}
+	return set.transactional(), beginSQL
 }
 
 // transactional drops stmtOther from a set that holds a transaction-control kind: only
@@ -110,6 +131,7 @@ func endKind(w, rest string, plain, chain stmtKind) (stmtKind, string) {
 	return plain, r
 }
 
+// eq reports whether word is keyword, in any case, as SQL keywords are.
 func eq(word, keyword string) bool {
 	return len(word) == len(keyword) && strings.EqualFold(word, keyword)
 }
@@ -127,6 +149,7 @@ func nextWord(s string) (string, string) {
 
 func isLetter(c byte) bool { return c|0x20 >= 'a' && c|0x20 <= 'z' }
 
+// skipSpace returns s after its leading white space and comments.
 func skipSpace(s string) string {
 	for len(s) > 0 {
 		switch c := s[0]; {
@@ -275,4 +298,21 @@ func beginOptions(rest string) (isolation, accessMode string) {
 		}
 		rest = r
 	}
+}
+
+// savepointName returns the name after SAVEPOINT, RELEASE [SAVEPOINT] or ROLLBACK [WORK|
+// TRANSACTION] TO [SAVEPOINT], as a substring of sql (no allocation).
+func savepointName(sql string) string {
+	kind, rest := classifyOne(sql)
+	if kind == stmtRelease || kind == stmtRollbackTo {
+		if w, r := nextWord(rest); eq(w, "savepoint") {
+			rest = r
+		}
+	}
+	rest = skipSpace(rest)
+	i := 0
+	for i < len(rest) && rest[i] != ';' && rest[i] != ' ' && rest[i] != '\n' && rest[i] != '\t' {
+		i++
+	}
+	return rest[:i]
 }

@@ -3,94 +3,13 @@ package otelpgxtx
 import (
 	"context"
 	"sync"
-	"sync/atomic"
-	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"go.opentelemetry.io/otel/attribute"
-	"go.opentelemetry.io/otel/trace"
 
 	"github.com/txevidence/otelpgxtx/classifier"
-	"github.com/txevidence/otelpgxtx/outcome"
 )
-
-// frame is one physical transaction as the instrumentation sees it. Its depth, parent,
-// connection and id are fixed at creation; its phase moves on each transition.
-//
-// The owning connection's goroutine changes it; other goroutines only read its phase
-// and end state (atomics) and add events to its span (which is safe for concurrent use),
-// except that the close of its connection may end it on another goroutine, under the
-// connection state's mutex (see netConn).
-type frame struct {
-	t      *Tracer
-	span   trace.Span
-	id     outcome.OperationID
-	depth  int
-	parent *frame // the suspended outer frame, or nil
-	// parentSpan is the span context the frame span was started under, so that a chained
-	// transaction (COMMIT AND CHAIN) gets the same parent.
-	parentSpan trace.SpanContext
-	conn       *pgconn.PgConn
-	start      time.Time
-	// framedIn and framedOut are withFrame's last caller context and its answer; only
-	// the connection's user calls withFrame.
-	framedIn, framedOut context.Context
-	// spanCtx is the context the frame span was started in and returned by Start: it
-	// carries the frame span, for metric exemplars, at no allocation.
-	spanCtx context.Context
-	// connAttrs are the connection's attributes, from its connState.
-	connAttrs []attribute.KeyValue
-
-	phase atomic.Uint32 // outcome.Phase
-	done  atomic.Bool   // the evidence is in: the frame left its connection
-	ended atomic.Bool   // the span was ended
-	// unrecorded: a Filter rejected the frame; its span only carries the caller's span
-	// context, and nothing is parented to it.
-	unrecorded bool
-	name       string // the span's name, for the next frame of COMMIT AND CHAIN
-
-	committingAt     time.Time
-	doneAt           time.Time
-	committedLocally bool
-	// endedBeforeCommit: the server had sent a FATAL before COMMIT was written.
-	endedBeforeCommit bool
-	firstErr          classifier.Verdict // the first statement failure, if any
-	hasErr            bool
-	verdict           classifier.Verdict // the final verdict, once done
-	isolation         string
-	accessMode        string
-
-	// Set by the executor.
-	managed     bool  // the executor ends the span, after post-commit work
-	cause       error // why the executor rolled back
-	propagation string
-	attempt     int
-	ref         *outcome.ReconciliationRef
-}
-
-// startCtx rebuilds the context f was begun in, for the frame that a chain begins.
-func (f *frame) startCtx() context.Context {
-	ctx := trace.ContextWithSpanContext(context.Background(), f.parentSpan)
-	if f.parent != nil {
-		ctx = contextWithFrame(ctx, f.parent)
-	}
-	return ctx
-}
-
-// withSpan makes f's span the parent of what runs inside the frame; an unrecorded frame
-// leaves ctx's own span there, as if there were no frame.
-func (f *frame) withSpan(ctx context.Context) context.Context {
-	if f.unrecorded {
-		return ctx
-	}
-	return trace.ContextWithSpan(ctx, f.span)
-}
-
-func (f *frame) currentPhase() outcome.Phase { return outcome.Phase(f.phase.Load()) }
-
-// open reports whether f's transaction is still going on.
-func (f *frame) open() bool { return !f.done.Load() }
 
 // connState is what the tracer keeps on one connection, in its CustomData.
 //
@@ -122,7 +41,7 @@ type connState struct {
 	nc *netConn
 }
 
-// queryState is what a statement's start hands to its end.
+// queryState is what a query's Start hook hands to its End hook (see startQuery).
 type queryState struct {
 	ctx       context.Context // what Start returned: End gets it back
 	callerCtx context.Context // what Start was given: the parent of a frame found at End
@@ -133,7 +52,7 @@ type queryState struct {
 	nested    bool // started while another call was in flight on the connection
 }
 
-// batchFacts collects per-query results of a batch until its end, when TxStatus is
+// batchFacts collects the results of a batch's queued queries until its end, when TxStatus is
 // valid again.
 type batchFacts struct {
 	err         error
@@ -144,6 +63,8 @@ type batchFacts struct {
 // connection's state goes wherever the connection goes, and dies with it.
 const stateKey = "github.com/txevidence/otelpgxtx.state"
 
+// stateOf returns the tracer's state of pg, made on first use; nil for a connection
+// without CustomData, which is none that pgx connected.
 func stateOf(pg *pgconn.PgConn) *connState {
 	if pg == nil {
 		return nil
@@ -164,6 +85,7 @@ func stateOf(pg *pgconn.PgConn) *connState {
 	return st
 }
 
+// connStateOf is stateOf for the *pgx.Conn that the hooks are given.
 func connStateOf(conn *pgx.Conn) *connState {
 	if conn == nil {
 		return nil
@@ -186,6 +108,7 @@ func (st *connState) commitFacts(f *frame, facts *classifier.Facts) {
 	facts.SessionEndedBeforeCommit = f.endedBeforeCommit
 }
 
+// push records a started query, for its End hook to pop.
 func (st *connState) push(q queryState) { st.queries = append(st.queries, q) }
 
 // pop removes and returns the query whose Start returned ctx; the last one if none did.
@@ -220,22 +143,4 @@ func (st *connState) top(ctx context.Context) *queryState {
 		return &st.queries[n-1]
 	}
 	return nil
-}
-
-// Frames travel in contexts as an immutable linked list: a context holds the innermost
-// frame, which points to its suspended parent. No cleanup can resurrect a frame there:
-// a finished frame is skipped, never reused.
-type frameKey struct{}
-
-func contextWithFrame(ctx context.Context, f *frame) context.Context {
-	return context.WithValue(ctx, frameKey{}, f)
-}
-
-// openFrameFromContext returns the innermost frame in ctx whose transaction is open.
-func openFrameFromContext(ctx context.Context) *frame {
-	f, _ := ctx.Value(frameKey{}).(*frame)
-	for f != nil && !f.open() {
-		f = f.parent
-	}
-	return f
 }

@@ -1,0 +1,231 @@
+package otelpgxtx
+
+import (
+	"context"
+	"reflect"
+	"strings"
+
+	"github.com/jackc/pgx/v5"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/trace"
+	"go.opentelemetry.io/otel/trace/noop"
+)
+
+// innerSQL returns what the inner tracer is given of sql: its sanitized text unless
+// [WithRawQueryText] was passed. s carries its db.query.summary.
+func (t *Tracer) innerSQL(sql string) (string, *sanitized) {
+	s := t.sanitized.get(sql)
+	if t.cfg.rawQueryText {
+		return sql, s
+	}
+	return s.text, s
+}
+
+// innerErr returns what the inner tracer is given of err: see [recordedError].
+func (t *Tracer) innerErr(err error) error { return recordedError(err, t.cfg.errorMessages) }
+
+// recordedError returns what may be recorded of err: all of it only if full (the
+// [WithErrorMessages] option), for a server message can quote the statement's values.
+func recordedError(err error, full bool) error {
+	if full {
+		return err
+	}
+	return redactError(err)
+}
+
+// startedSpan returns the span an inner Start hook put into after, or nil if it started
+// none that records.
+func startedSpan(before, after context.Context) trace.Span {
+	span := trace.SpanFromContext(after)
+	if !span.IsRecording() || sameSpan(span, trace.SpanFromContext(before)) {
+		return nil
+	}
+	return span
+}
+
+// innerQueryStart hands a query's start to the inner tracer, sanitized.
+func (t *Tracer) innerQueryStart(ctx context.Context, conn *pgx.Conn, data pgx.TraceQueryStartData) context.Context {
+	if t.query == nil {
+		return ctx
+	}
+	var s *sanitized
+	data.SQL, s = t.innerSQL(data.SQL)
+	return summarized(ctx, t.query.TraceQueryStart(ctx, conn, data), s)
+}
+
+// innerQueryEnd hands a query's end to the inner tracer, its error redacted.
+func (t *Tracer) innerQueryEnd(ctx context.Context, conn *pgx.Conn, data pgx.TraceQueryEndData) {
+	if t.query != nil {
+		data.Err = t.innerErr(data.Err)
+		t.query.TraceQueryEnd(ctx, conn, data)
+	}
+}
+
+// summarized sets s's db.query.summary on the span an inner Start hook started (from
+// before to after), if it started one that records, and returns after.
+func summarized(before, after context.Context, s *sanitized) context.Context {
+	if span := startedSpan(before, after); span != nil && s.summary != nil {
+		span.SetAttributes(s.summary...)
+	}
+	return after
+}
+
+// innerBatchStart hands a batch's start to the inner tracer, its SQL sanitized (see
+// innerBatch).
+func (t *Tracer) innerBatchStart(ctx context.Context, conn *pgx.Conn, data pgx.TraceBatchStartData) context.Context {
+	if t.batch != nil {
+		inner := data
+		inner.Batch = t.innerBatch(data.Batch)
+		innerCtx := t.batch.TraceBatchStart(ctx, conn, inner)
+		if span := startedSpan(ctx, innerCtx); span != nil && data.Batch != nil {
+			span.SetAttributes(t.batchSummary(data.Batch))
+		}
+		ctx = innerCtx
+	}
+	return ctx
+}
+
+// innerBatchQuery hands one result of a batch to the inner tracer, sanitized.
+func (t *Tracer) innerBatchQuery(ctx context.Context, conn *pgx.Conn, data pgx.TraceBatchQueryData) {
+	if t.batch != nil {
+		data.SQL, _ = t.innerSQL(data.SQL)
+		data.Err = t.innerErr(data.Err)
+		t.batch.TraceBatchQuery(ctx, conn, data)
+	}
+}
+
+// innerBatchEnd hands a batch's end to the inner tracer, its error redacted.
+func (t *Tracer) innerBatchEnd(ctx context.Context, conn *pgx.Conn, data pgx.TraceBatchEndData) {
+	if t.batch != nil {
+		data.Err = t.innerErr(data.Err)
+		t.batch.TraceBatchEnd(ctx, conn, data)
+	}
+}
+
+// innerCopyFromStart hands a copy's start to the inner tracer, with a db.query.summary
+// made of the table name (a copy has no SQL text to summarize). Unlike summarized, it
+// builds the summary only once a recording span is there, for the concatenation
+// allocates; innerBatchStart does the same with its loop over the batch.
+func (t *Tracer) innerCopyFromStart(ctx context.Context, conn *pgx.Conn, data pgx.TraceCopyFromStartData) context.Context {
+	if t.copy != nil {
+		inner := t.copy.TraceCopyFromStart(ctx, conn, data)
+		if span := startedSpan(ctx, inner); span != nil {
+			span.SetAttributes(dbQuerySummaryKey.String("COPY " + data.TableName.Sanitize()))
+		}
+		ctx = inner
+	}
+	return ctx
+}
+
+// innerCopyFromEnd hands a copy's end to the inner tracer, its error redacted.
+func (t *Tracer) innerCopyFromEnd(ctx context.Context, conn *pgx.Conn, data pgx.TraceCopyFromEndData) {
+	if t.copy != nil {
+		data.Err = t.innerErr(data.Err)
+		t.copy.TraceCopyFromEnd(ctx, conn, data)
+	}
+}
+
+// innerPrepareStart hands a prepare's start to the inner tracer, sanitized.
+func (t *Tracer) innerPrepareStart(ctx context.Context, conn *pgx.Conn, data pgx.TracePrepareStartData) context.Context {
+	if t.prepare != nil {
+		var s *sanitized
+		data.SQL, s = t.innerSQL(data.SQL)
+		if !t.cfg.rawQueryText && strings.HasPrefix(data.Name, "stmtcache_") {
+			data.Name = "stmtcache" // pgx names it by a digest of the raw SQL, literals and all
+		}
+		ctx = summarized(ctx, t.prepare.TracePrepareStart(ctx, conn, data), s)
+	}
+	return ctx
+}
+
+// innerPrepareEnd hands a prepare's end to the inner tracer, its error redacted.
+func (t *Tracer) innerPrepareEnd(ctx context.Context, conn *pgx.Conn, data pgx.TracePrepareEndData) {
+	if t.prepare != nil {
+		data.Err = t.innerErr(data.Err)
+		t.prepare.TracePrepareEnd(ctx, conn, data)
+	}
+}
+
+// batchSummary returns db.query.summary of a batch as the semantic conventions define
+// it: "BATCH " and its statements' summary when they share one, else "BATCH".
+func (t *Tracer) batchSummary(b *pgx.Batch) attribute.KeyValue {
+	common := ""
+	for i, q := range b.QueuedQueries {
+		sum := ""
+		if s := t.sanitized.get(q.SQL); len(s.summary) > 0 {
+			sum = s.summary[0].Value.AsString()
+		}
+		if i > 0 && sum != common {
+			common = ""
+			break
+		}
+		common = sum
+	}
+	if common == "" {
+		return dbQuerySummaryKey.String("BATCH")
+	}
+	return dbQuerySummaryKey.String("BATCH " + common)
+}
+
+// innerBatch returns the batch an inner tracer is given: the default otelpgx tracer
+// reads only its length, but a user's tracer may read its SQL, which it then gets
+// sanitized, in a copy (the queued queries are the caller's).
+func (t *Tracer) innerBatch(b *pgx.Batch) *pgx.Batch {
+	if b == nil || !t.cfg.innerSet || t.cfg.rawQueryText {
+		return b
+	}
+	c := &pgx.Batch{QueuedQueries: make([]*pgx.QueuedQuery, len(b.QueuedQueries))}
+	for i, q := range b.QueuedQueries {
+		c.QueuedQueries[i] = &pgx.QueuedQuery{SQL: t.sanitized.get(q.SQL).text, Arguments: q.Arguments}
+	}
+	return c
+}
+
+// innerStartCtx makes f's span the parent of what the inner tracer starts. It allocates only
+// when someone records and ctx does not already carry the frame's span (inside Run or
+// Begin it does): an unsampled frame under an unsampled caller costs nothing.
+func innerStartCtx(ctx context.Context, f *frame) context.Context {
+	if f == nil || f.unrecorded {
+		return ctx
+	}
+	in := trace.SpanFromContext(ctx)
+	if !f.span.IsRecording() && !in.IsRecording() || sameSpan(in, f.span) {
+		return ctx
+	}
+	if sameContext(ctx, f.framedIn) {
+		return f.framedOut // a transaction's statements mostly share the caller's context
+	}
+	f.framedIn, f.framedOut = ctx, trace.ContextWithSpan(ctx, f.span)
+	return f.framedOut
+}
+
+// sameContext reports whether a and b are one context. Only pointers are compared: ==
+// on two values of a non-comparable context type panics.
+func sameContext(a, b context.Context) bool {
+	return a != nil && reflect.TypeOf(a).Kind() == reflect.Pointer && a == b
+}
+
+// innerEndCtx hides f's span from an inner End hook that did not start a span of its own:
+// inner tracers end "the span in ctx", and that must never be the frame's (see
+// "Composition with the inner tracer" in the package documentation).
+// A span that does not record has nothing an End hook could change.
+func innerEndCtx(ctx context.Context, f *frame) context.Context {
+	if f != nil && sameSpan(trace.SpanFromContext(ctx), f.span) {
+		return trace.ContextWithSpan(ctx, noopSpan)
+	}
+	return ctx
+}
+
+// sameSpan reports whether a and b are one span. Spans are told apart by their ids,
+// never with ==: a span's dynamic type need not be comparable (the SDK's non-recording
+// span is not, and == on two of them panics). Only a recording span is compared: its ids
+// are its own, where a no-op span may carry its parent's.
+func sameSpan(a, b trace.Span) bool {
+	if !a.IsRecording() || !b.IsRecording() {
+		return false
+	}
+	sa, sb := a.SpanContext(), b.SpanContext()
+	return sa.SpanID() == sb.SpanID() && sa.TraceID() == sb.TraceID()
+}
+
+var noopSpan = noop.Span{}

@@ -1,0 +1,216 @@
+package otelpgxtx
+
+import (
+	"context"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"go.opentelemetry.io/otel/trace"
+
+	"github.com/txevidence/otelpgxtx/classifier"
+	"github.com/txevidence/otelpgxtx/outcome"
+)
+
+// A query, in this file, is one traced call of the driver: a query, batch, copy or
+// prepare, with its Start and End hook; its SQL text holds one statement or several.
+// Each query moves its connection's frame through the phases: before it reaches the
+// driver (a BEGIN starts a frame, a COMMIT marks committing) and after it completed
+// (the evidence becomes a verdict).
+
+// startQuery is the body of every Start hook: it records the start of a query whose
+// statements are of kinds set, lets the inner tracer start its span (inner), and pushes
+// what its End needs. With no state on the connection, or while Run closes pgx's Tx
+// object, only inner runs — for the latter not even that (see closePgxTx).
+func (t *Tracer) startQuery(ctx context.Context, conn *pgx.Conn, set stmtSet, sql string, inner func(context.Context) context.Context) context.Context {
+	st := connStateOf(conn)
+	if st == nil {
+		return inner(ctx) // no frame to parent to, but the statement span stays
+	}
+	if st.silent {
+		return ctx
+	}
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	ctx, q := t.enter(ctx, conn, st, set, sql)
+	ctx = inner(ctx)
+	q.ctx = ctx
+	st.push(q)
+	return ctx
+}
+
+// endQuery is the body of every End hook: it pops what startQuery pushed, lets the inner
+// tracer end its span (inner), and judges the query. An End without its Start has nothing
+// to judge.
+func (t *Tracer) endQuery(ctx context.Context, conn *pgx.Conn, tag pgconn.CommandTag, err error, inner func(context.Context)) {
+	st := connStateOf(conn)
+	var q queryState
+	started := false
+	if st != nil {
+		if st.silent {
+			return
+		}
+		st.mu.Lock()
+		defer st.mu.Unlock()
+		q, started = st.pop(ctx)
+	}
+	inner(innerEndCtx(ctx, q.frame))
+	if started {
+		t.leave(conn, st, &q, tag, err)
+	}
+}
+
+// enter records the start of a query on conn and returns the context for the inner
+// tracer. A call made while another is in flight on the same
+// connection — pgx's implicit prepare inside a query — is part of that one: it neither
+// moves the phase nor re-parents what the inner tracer starts to the frame.
+func (t *Tracer) enter(ctx context.Context, conn *pgx.Conn, st *connState, set stmtSet, sql string) (context.Context, queryState) {
+	if len(st.queries) > 0 {
+		return ctx, queryState{set: set, frame: st.queries[len(st.queries)-1].frame, nested: true}
+	}
+	f := t.beforeQuery(ctx, conn, st, set, sql)
+	q := queryState{set: set, frame: f, callerCtx: ctx}
+	if set.savepoint() {
+		q.savepoint = savepointName(sql)
+	}
+	return innerStartCtx(ctx, f), q
+}
+
+// leave records the end of what enter started.
+func (t *Tracer) leave(conn *pgx.Conn, st *connState, q *queryState, tag pgconn.CommandTag, err error) {
+	if !q.nested {
+		t.afterQuery(conn, st, q, tag, err)
+	}
+}
+
+// beforeQuery runs before a query reaches the driver: it starts a frame for a BEGIN,
+// and marks committing before a COMMIT is handed over.
+func (t *Tracer) beforeQuery(ctx context.Context, conn *pgx.Conn, st *connState, set stmtSet, beginSQL string) *frame {
+	pg := conn.PgConn()
+	f := st.frame
+	if f != nil && pg.TxStatus() == 'I' {
+		// The transaction ended where we could not see it; its frame must not ride
+		// into this unrelated work.
+		t.abandon(st, f, ReasonEndedUnobserved)
+		f = nil
+	}
+	if f == nil && set.has(stmtBegin) && pg.TxStatus() == 'I' {
+		f = t.startFrame(ctx, conn, st, outcome.PhaseNotStarted, beginSQL, nil)
+		if f.span.IsRecording() { // they are only ever attributes
+			_, rest := classifyOne(beginSQL)
+			f.isolation, f.accessMode = beginOptions(rest)
+		}
+	}
+	if f != nil && set.commits() && !pg.IsBusy() {
+		// A busy connection (a result the application has not read) refuses the
+		// statement before sending a byte: COMMIT never leaves, so the phase stays.
+		if f.currentPhase() == outcome.PhaseNotStarted {
+			f.transition(outcome.PhaseActive) // BEGIN and COMMIT in one string
+		}
+		f.transition(outcome.PhaseCommitting)
+		st.armCommit(f)
+	}
+	return f
+}
+
+// afterQuery runs after a query completed, when the connection's transaction status is
+// known again. It is where evidence becomes a verdict.
+func (t *Tracer) afterQuery(conn *pgx.Conn, st *connState, q *queryState, tag pgconn.CommandTag, err error) {
+	pg := conn.PgConn()
+	closed := pg.IsClosed()
+	status := pg.TxStatus()
+	inTx := !closed && (status == 'T' || status == 'E')
+	f := q.frame
+	if f == nil || !f.open() {
+		if inTx && st.frame == nil {
+			// A transaction we did not see begin (BEGIN inside a string we could not
+			// read): track it from here rather than not at all.
+			t.startFrame(q.callerCtx, conn, st, outcome.PhaseActive, "", nil)
+		}
+		return
+	}
+	facts := classifier.Facts{ConnClosed: closed, CommittedLocally: f.committedLocally,
+		RollbackTag: q.batch.rollbackTag || tag.String() == "ROLLBACK"}
+	if q.batch.err != nil && err == nil {
+		err = q.batch.err
+	}
+	switch f.currentPhase() {
+	case outcome.PhaseNotStarted:
+		if !inTx {
+			f.conclude(st, classifier.Classify(outcome.PhaseNotStarted, err, facts))
+			break
+		}
+		f.transition(outcome.PhaseActive)
+		t.afterActiveQuery(st, f, q, err, facts, inTx)
+	case outcome.PhaseCommitting:
+		st.commitFacts(f, &facts)
+		f.conclude(st, classifier.Classify(outcome.PhaseCommitting, err, facts))
+	case outcome.PhaseActive:
+		t.afterActiveQuery(st, f, q, err, facts, inTx)
+	}
+	if q.set.chains() && inTx && st.frame == nil && err == nil {
+		// AND CHAIN began the next transaction at once, with the same characteristics.
+		next := t.startFrame(f.chainCtx(), conn, st, outcome.PhaseActive, "", f)
+		next.isolation, next.accessMode = f.isolation, f.accessMode
+	}
+}
+
+// afterActiveQuery judges a query that ran while f was active: a failure is kept as the
+// cause of the rollback that must follow, a rollback concludes f, and a savepoint
+// statement becomes an event (savepoints never change the frame's phase).
+func (t *Tracer) afterActiveQuery(st *connState, f *frame, q *queryState, err error, facts classifier.Facts, inTx bool) {
+	if err != nil && !f.hasErr {
+		f.firstErr, f.hasErr = classifier.Classify(outcome.PhaseActive, err, facts), true
+	}
+	switch {
+	case q.set.rollsBack() || !inTx:
+		v := classifier.Classify(outcome.PhaseActive, err, facts)
+		if f.hasErr {
+			// The rollback is the consequence; the first failure is the cause.
+			v = f.firstErr
+		}
+		f.conclude(st, v)
+	case err == nil && q.set.savepoint() && f.span.IsRecording():
+		name := EventSavepointCreated
+		switch {
+		case q.set.has(stmtRelease):
+			name = EventSavepointReleased
+		case q.set.has(stmtRollbackTo):
+			name = EventSavepointRolledBack
+		}
+		f.span.AddEvent(name, trace.WithAttributes(SavepointNameKey.String(q.savepoint)))
+	}
+}
+
+// abandon concludes a frame whose transaction ended where no query showed it: the
+// connection was released mid-transaction, closed, or found idle. Evidence of commit it
+// cannot have; if COMMIT was sent, the outcome is unknown.
+func (t *Tracer) abandon(st *connState, f *frame, reason string) {
+	if !f.open() {
+		return
+	}
+	if f.currentPhase() == outcome.PhaseCommitting {
+		v, _ := classifier.NewVerdict(classifier.EvidenceUnknown, false, "", reason)
+		f.conclude(st, v)
+		return
+	}
+	v, _ := classifier.NewVerdict(classifier.EvidenceRolledBack, false, "", reason)
+	f.hasErr = true
+	f.conclude(st, v)
+}
+
+// Reasons of a frame whose transaction ended where no query showed it, written as
+// error.type beside the [classifier] reasons: the frame is rolled_back (unknown if COMMIT
+// had been sent). They are the tracer's, not the classifier's, because only the tracer
+// sees pool releases, closed connections and idle sessions.
+const (
+	// ReasonEndedUnobserved: the connection was found outside a transaction at its next
+	// query, acquire or release: the transaction was ended by a path that bypasses
+	// pgx's tracer (a statement sent through *pgconn.PgConn directly).
+	ReasonEndedUnobserved = "ended_unobserved"
+	// ReasonReleasedInTransaction: the connection went back to the pool in the middle of
+	// the transaction; the pool destroys it, which rolls the transaction back.
+	ReasonReleasedInTransaction = "released_in_transaction"
+	// ReasonConnectionClosed: the connection closed with the transaction open (a
+	// *pgx.Conn closed mid-transaction, a connection database/sql discards).
+	ReasonConnectionClosed = "connection_closed"
+)
