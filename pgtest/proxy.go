@@ -420,31 +420,35 @@ func (p *Proxy) scan(pc *proxyConn, data []byte) (out []byte, consumed int, cut 
 		}
 		msg := rest[:n]
 		consumed += n
-
-		if pc.cutAtSync {
-			out = append(out, msg...)
-			if msg[0] == 'S' {
-				return out, consumed, true
-			}
-			continue
+		out, cut = p.forwardTyped(pc, out, msg)
+		if cut {
+			return out, consumed, true
 		}
-		if pc.carriesCommit(msg) {
-			switch p.takeFault() {
-			case cutBeforeCommit:
-				pc.blocked.Store(true)
-				return out, consumed, true
-			case cutAfterCommit:
-				pc.blocked.Store(true)
-				out = append(out, msg...)
-				if msg[0] == 'Q' {
-					return out, consumed, true
-				}
-				pc.cutAtSync = true
-				continue
-			}
-		}
-		out = append(out, msg...)
 	}
+}
+
+// forwardTyped appends the typed message msg to out unless a COMMIT fault drops it, and
+// reports whether to cut the connection once out is forwarded.
+func (p *Proxy) forwardTyped(pc *proxyConn, out, msg []byte) ([]byte, bool) {
+	if pc.cutAtSync {
+		return append(out, msg...), msg[0] == 'S'
+	}
+	if pc.carriesCommit(msg) {
+		switch p.takeFault() {
+		case cutBeforeCommit:
+			pc.blocked.Store(true)
+			return out, true
+		case cutAfterCommit:
+			pc.blocked.Store(true)
+			out = append(out, msg...)
+			if msg[0] == 'Q' {
+				return out, true
+			}
+			pc.cutAtSync = true
+			return out, false
+		}
+	}
+	return append(out, msg...), false
 }
 
 // link writes one direction of a proxied connection, after the proxy's delay if
