@@ -27,6 +27,24 @@ func insertFn(table string, id int) func(context.Context, pgx.Tx) (int, error) {
 	}
 }
 
+// insertThen returns a Run function that inserts row 1 into table and then runs fn: the
+// outer transaction of the tests that run more work, or a nested call, inside one.
+func insertThen(table string, fn func(context.Context, pgx.Tx) (int, error)) func(context.Context, pgx.Tx) (int, error) {
+	return func(ctx context.Context, tx pgx.Tx) (int, error) {
+		if _, err := insertFn(table, 1)(ctx, tx); err != nil {
+			return 0, err
+		}
+		return fn(ctx, tx)
+	}
+}
+
+// policyWith is the default policy with propagation prop.
+func policyWith(prop Propagation) Policy {
+	p := DefaultPolicy()
+	p.Propagation = prop
+	return p
+}
+
 func TestRunCommitted(t *testing.T) {
 	ctx := testCtx(t)
 	h := newHarness(t, "", 2)
@@ -305,13 +323,10 @@ func TestRunIdleTermination(t *testing.T) {
 	table := newTable(t, ctx)
 	p := DefaultPolicy()
 	p.MaxAttempts = 1
-	res := Run(ctx, h.pool, p, func(ctx context.Context, tx pgx.Tx) (int, error) {
-		if _, err := insertFn(table, 1)(ctx, tx); err != nil {
-			return 0, err
-		}
+	res := Run(ctx, h.pool, p, insertThen(table, func(ctx context.Context, tx pgx.Tx) (int, error) {
 		terminateIdle(t, ctx, tx.Conn())
 		return 1, nil
-	})
+	}))
 	rb, ok := res.(outcome.DeterminateRollback[int])
 	if !ok || !rb.Retryable() || rb.Phase() != outcome.PhaseCommitting {
 		t.Fatalf("result = %T %+v", res, res)
@@ -332,10 +347,7 @@ func TestReconcilerAbortedNoWritesAndUnknowns(t *testing.T) {
 	}
 	// A real transaction's reference, then rolled back: aborted.
 	var ref outcome.ReconciliationRef
-	res := Run(ctx, h.pool, DefaultPolicy(), func(ctx context.Context, tx pgx.Tx) (int, error) {
-		if _, err := insertFn(table, 1)(ctx, tx); err != nil {
-			return 0, err
-		}
+	res := Run(ctx, h.pool, DefaultPolicy(), insertThen(table, func(ctx context.Context, tx pgx.Tx) (int, error) {
 		var xid uint64
 		if err := tx.QueryRow(ctx, "select pg_current_xact_id()::text::bigint").Scan(&xid); err != nil {
 			return 0, err
@@ -346,7 +358,7 @@ func TestReconcilerAbortedNoWritesAndUnknowns(t *testing.T) {
 		}
 		ref = outcome.ReconciliationRef{XID: xid, SystemIdentifier: st.systemID, Timeline: st.timeline}
 		return 0, errors.New("roll it back")
-	})
+	}))
 	if _, ok := res.(outcome.DeterminateRollback[int]); !ok {
 		t.Fatalf("result = %T", res)
 	}
@@ -474,15 +486,11 @@ func TestRunRequiresNewInsideRequired(t *testing.T) {
 	h := newHarness(t, "", 2)
 	table := newTable(t, ctx)
 	var inner outcome.Result[int]
-	res := Run(ctx, h.pool, DefaultPolicy(), func(ctx context.Context, tx pgx.Tx) (int, error) {
-		if _, err := insertFn(table, 1)(ctx, tx); err != nil {
-			return 0, err
-		}
-		p := DefaultPolicy()
-		p.Propagation = RequiresNew
+	res := Run(ctx, h.pool, DefaultPolicy(), insertThen(table, func(ctx context.Context, tx pgx.Tx) (int, error) {
+		p := policyWith(RequiresNew)
 		inner = Run(ctx, h.pool, p, insertFn(table, 2))
 		return 0, errors.New("outer rolls back")
-	})
+	}))
 	if _, ok := inner.(outcome.Committed[int]); !ok {
 		t.Fatalf("inner = %T %+v", inner, inner)
 	}
@@ -512,12 +520,8 @@ func TestRunNestedSavepoint(t *testing.T) {
 	table := newTable(t, ctx)
 	var hooks []string
 	var nested outcome.Result[int]
-	res := Run(ctx, h.pool, DefaultPolicy(), func(ctx context.Context, tx pgx.Tx) (int, error) {
-		if _, err := insertFn(table, 1)(ctx, tx); err != nil {
-			return 0, err
-		}
-		p := DefaultPolicy()
-		p.Propagation = Nested
+	res := Run(ctx, h.pool, DefaultPolicy(), insertThen(table, func(ctx context.Context, tx pgx.Tx) (int, error) {
+		p := policyWith(Nested)
 		nested = Run(ctx, h.pool, p, func(ctx context.Context, tx pgx.Tx) (int, error) {
 			AfterCommit(ctx, func(context.Context) error { hooks = append(hooks, "nested"); return nil })
 			insertFn(table, 2)(ctx, tx)
@@ -528,7 +532,7 @@ func TestRunNestedSavepoint(t *testing.T) {
 			t.Errorf("released savepoint = %T", ok)
 		}
 		return 1, nil
-	})
+	}))
 	if _, ok := res.(outcome.Committed[int]); !ok {
 		t.Fatalf("outer = %T %+v", res, res)
 	}
@@ -633,8 +637,7 @@ func TestRunBadInput(t *testing.T) {
 
 // requiresNewOn runs a RequiresNew on db and returns the inner result's cause as error.
 func requiresNewOn(ctx context.Context, db DB) (int, error) {
-	p := DefaultPolicy()
-	p.Propagation = RequiresNew
+	p := policyWith(RequiresNew)
 	r := Run(ctx, db, p, func(context.Context, pgx.Tx) (int, error) { return 0, nil })
 	if rb, ok := r.(outcome.DeterminateRollback[int]); ok {
 		return 0, rb.Cause()
@@ -680,13 +683,10 @@ func TestRunUnreadResult(t *testing.T) {
 			table := newTable(t, ctx)
 			p := DefaultPolicy()
 			p.CaptureReference = capture
-			res := Run(ctx, h.pool, p, func(ctx context.Context, tx pgx.Tx) (int, error) {
-				if _, err := insertFn(table, 1)(ctx, tx); err != nil {
-					return 0, err
-				}
+			res := Run(ctx, h.pool, p, insertThen(table, func(ctx context.Context, tx pgx.Tx) (int, error) {
 				_, err := tx.Query(ctx, "select generate_series(1, 100000)")
 				return 1, err // the rows are left open
-			})
+			}))
 			rb, ok := res.(outcome.DeterminateRollback[int])
 			if !ok {
 				t.Fatalf("result = %T %+v, want DeterminateRollback", res, res)

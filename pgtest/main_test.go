@@ -12,12 +12,7 @@ var srv *Server
 func TestMain(m *testing.M) { Main(m, &srv) }
 
 // testCtx bounds every server interaction of a test.
-func testCtx(t *testing.T) context.Context {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-	t.Cleanup(cancel)
-	return ctx
-}
+func testCtx(t *testing.T) context.Context { return Context(t, 60*time.Second) }
 
 // waitXactDone waits until the transaction has settled and returns its status.
 func waitXactDone(t *testing.T, ctx context.Context, xid uint64) string {
