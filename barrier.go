@@ -167,6 +167,7 @@ func parseIncarnation(tli, start string) (incarnation, error) {
 	return incarnation{timeline: uint32(t), start: s}, err
 }
 
+// later returns the later of a and b.
 func later(a, b time.Time) time.Time {
 	if a.After(b) {
 		return a

@@ -31,6 +31,7 @@ type runTx struct {
 	done atomic.Bool
 }
 
+// runTx must stay a complete pgx.Tx, or Run could not hand it to fn.
 var _ pgx.Tx = (*runTx)(nil)
 
 // ended reports whether Run has ended the transaction t belongs to.
