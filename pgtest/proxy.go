@@ -125,6 +125,7 @@ func (p *Proxy) CutAfterCommit() { p.arm(cutAfterCommit) }
 // Arming again before the fault fires replaces the armed fault.
 func (p *Proxy) CutBeforeCommit() { p.arm(cutBeforeCommit) }
 
+// arm sets the fault the next COMMIT a client sends triggers.
 func (p *Proxy) arm(f fault) {
 	p.mu.Lock()
 	p.armed = f
@@ -220,6 +221,7 @@ func (p *Proxy) Close() error {
 	return err
 }
 
+// live returns the open proxied connections, to act on them outside the lock.
 func (p *Proxy) live() []*proxyConn {
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -230,6 +232,7 @@ func (p *Proxy) live() []*proxyConn {
 	return conns
 }
 
+// acceptLoop proxies every accepted connection until the listener is closed.
 func (p *Proxy) acceptLoop() {
 	defer p.wg.Done()
 	for {
@@ -324,6 +327,8 @@ func (pc *proxyConn) close() bool {
 	return did
 }
 
+// relayServer copies the server's bytes to the client, dropping them once a fault has
+// blocked the connection.
 func (p *Proxy) relayServer(pc *proxyConn) {
 	buf := make([]byte, 32<<10)
 	for {
@@ -342,6 +347,8 @@ func (p *Proxy) relayServer(pc *proxyConn) {
 	}
 }
 
+// relayClient copies the client's bytes to the server message by message, so that a
+// fault can cut the connection at a COMMIT.
 func (p *Proxy) relayClient(pc *proxyConn) {
 	buf := make([]byte, 32<<10)
 	var pending []byte // received but not yet complete messages
@@ -467,6 +474,8 @@ type delayed struct {
 	b   []byte
 }
 
+// newLink returns the writer of conn; with a delay, a goroutine of the proxy writes each
+// chunk when it is due.
 func (p *Proxy) newLink(pc *proxyConn, conn net.Conn, delay time.Duration, before func()) *link {
 	l := &link{conn: conn, before: before, delay: delay}
 	if delay > 0 {
@@ -584,6 +593,8 @@ func isCommitSQL(sql string) bool {
 	return false
 }
 
+// skipSpaceAndComments returns s from its first token on, or "" for an unterminated
+// comment.
 func skipSpaceAndComments(s string) string {
 	for {
 		s = strings.TrimLeft(s, " \t\r\n\f\v")
@@ -618,6 +629,7 @@ func skipSpaceAndComments(s string) string {
 	}
 }
 
+// isIdentByte reports a byte that continues an SQL identifier or keyword.
 func isIdentByte(c byte) bool {
 	return c == '_' || c == '$' || c >= 0x80 ||
 		'a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9'
@@ -640,6 +652,7 @@ type Recording struct {
 	convs []*Conversation
 }
 
+// add starts the conversation of a newly accepted connection.
 func (r *Recording) add() *Conversation {
 	c := &Conversation{done: make(chan struct{})}
 	r.mu.Lock()
@@ -676,12 +689,14 @@ type recorded struct {
 	buf []byte
 }
 
+// append records bytes the relay received.
 func (r *recorded) append(b []byte) {
 	r.mu.Lock()
 	r.buf = append(r.buf, b...)
 	r.mu.Unlock()
 }
 
+// bytes returns a copy, so that a test reads it while the relay appends.
 func (r *recorded) bytes() []byte {
 	r.mu.Lock()
 	defer r.mu.Unlock()
