@@ -191,6 +191,7 @@ func resultOfCommit[T any](ctx context.Context, sc *scope, cr commitOutcome, hoo
 	switch v.Evidence() {
 	case classifier.EvidenceCommitted:
 		if perr := runHooks(ctx, f, hooks); perr != nil {
+			// perr is not nil: the constructor has nothing to refuse.
 			r, _ := outcome.NewCommittedWithPostCommitFailure(sc.id, value, perr)
 			return r
 		}
