@@ -210,12 +210,12 @@ func txIntact(tx pgx.Tx) bool {
 
 // runOwner begins, runs and ends the physical transaction, retrying a retryable rollback.
 func runOwner[T any](ctx context.Context, db DB, p Policy, fn func(context.Context, pgx.Tx) (T, error)) outcome.Result[T] {
-	for attempt := 1; ; attempt++ {
-		res, retry := runAttempt(ctx, db, p, fn, attempt)
+	for n := 1; ; n++ {
+		res, retry := runAttempt(ctx, db, p, fn, n)
 		if !retry {
 			return res
 		}
-		timer := time.NewTimer(backoff(p, attempt))
+		timer := time.NewTimer(backoff(p, n))
 		select {
 		case <-ctx.Done():
 			timer.Stop()
@@ -225,11 +225,11 @@ func runOwner[T any](ctx context.Context, db DB, p Policy, fn func(context.Conte
 	}
 }
 
-// shouldRetry reports whether Run tries again after attempt ended with res: only a
+// shouldRetry reports whether Run tries again after attempt n ended with res: only a
 // retryable rollback is, and only while attempts and the caller's time are left.
-func shouldRetry[T any](ctx context.Context, p Policy, res outcome.Result[T], attempt int) bool {
+func shouldRetry[T any](ctx context.Context, p Policy, res outcome.Result[T], n int) bool {
 	rb, ok := res.(outcome.DeterminateRollback[T])
-	return ok && rb.Retryable() && attempt < p.MaxAttempts && ctx.Err() == nil
+	return ok && rb.Retryable() && n < p.MaxAttempts && ctx.Err() == nil
 }
 
 // backoff draws the wait before attempt+1 uniformly from [0, min(max, base·2^(attempt-1))].
