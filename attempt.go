@@ -67,14 +67,14 @@ func (a *attempt) release() {
 // tries again.
 func runAttempt[T any](ctx context.Context, db DB, p Policy, fn func(context.Context, pgx.Tx) (T, error), n int) (res outcome.Result[T], retry bool) {
 	a, res := beginAttempt[T](ctx, db, p, n)
-	if a == nil {
+	if res != nil {
 		return res, shouldRetry(ctx, p, res, n)
 	}
 	if f := a.sc.frame; f != nil {
 		defer func() { endFrame(f, res, retry, n) }()
 	}
-	value, err := callFn(ctx, a, fn)
-	res = endAttempt(ctx, a, p, value, err)
+	value, err := callFn(ctx, &a, fn)
+	res = endAttempt(ctx, &a, p, value, err)
 	return res, shouldRetry(ctx, p, res, n)
 }
 
@@ -101,13 +101,14 @@ func postCommitFailure[T any](res outcome.Result[T]) error {
 }
 
 // beginAttempt acquires a connection and begins attempt n's transaction on it. When
-// nothing could be begun it returns no attempt and the not_started rollback.
-func beginAttempt[T any](ctx context.Context, db DB, p Policy, n int) (*attempt, outcome.Result[T]) {
+// nothing could be begun it returns the not_started rollback instead. The attempt is a
+// value, so that Run allocates nothing for it.
+func beginAttempt[T any](ctx context.Context, db DB, p Policy, n int) (attempt, outcome.Result[T]) {
 	opts := p.txOptions()
 	held, err := acquire(ctx, db)
 	if err != nil {
 		v := classifier.Classify(outcome.PhaseNotStarted, err, classifier.Facts{})
-		return nil, determinateRollback[T](outcome.OperationID{}, outcome.PhaseNotStarted, err, v.Retryable())
+		return attempt{}, determinateRollback[T](outcome.OperationID{}, outcome.PhaseNotStarted, err, v.Retryable())
 	}
 	var tx pgx.Tx
 	if held.conn != nil && p.CaptureReference {
@@ -126,7 +127,7 @@ func beginAttempt[T any](ctx context.Context, db DB, p Policy, n int) (*attempt,
 			held.release()
 		}
 		v := classifier.Classify(outcome.PhaseNotStarted, err, classifier.Facts{ConnClosed: closed})
-		return nil, determinateRollback[T](outcome.OperationID{}, outcome.PhaseNotStarted, err, v.Retryable())
+		return attempt{}, determinateRollback[T](outcome.OperationID{}, outcome.PhaseNotStarted, err, v.Retryable())
 	}
 	sc := &scope{tx: &runTx{tx: tx}, frame: frameOfTx(tx), suspended: scopeFromContext(ctx)}
 	sc.pool, _ = db.(*pgxpool.Pool)
@@ -136,7 +137,7 @@ func beginAttempt[T any](ctx context.Context, db DB, p Policy, n int) (*attempt,
 	} else {
 		sc.id = outcome.NewOperationID()
 	}
-	return &attempt{held: held, tx: tx, sc: sc, opts: opts}, nil
+	return attempt{held: held, tx: tx, sc: sc, opts: opts}, nil
 }
 
 // callFn runs fn in the attempt's transaction, with its scope and frame in the context.
