@@ -45,12 +45,21 @@ func acquire(ctx context.Context, db DB) (heldConn, error) {
 }
 
 // attempt is one physical transaction of Run: the connection it holds, the transaction
-// begun on it with opts, and the scope fn runs in.
+// begun on it with opts, the scope fn runs in and fn's context, which carries the scope.
 type attempt struct {
 	held heldConn
 	tx   pgx.Tx
 	sc   *scope
+	ctx  *runContext
 	opts pgx.TxOptions
+}
+
+// runAlloc is what Run allocates per attempt, in one allocation: the scope, the Tx
+// handle given to fn, and fn's context.
+type runAlloc struct {
+	sc  scope
+	tx  runTx
+	ctx runContext
 }
 
 // release ends every handle of the attempt's transaction and gives its connection back.
@@ -129,7 +138,10 @@ func beginAttempt[T any](ctx context.Context, db DB, p Policy, n int) (attempt, 
 		v := classifier.Classify(outcome.PhaseNotStarted, err, classifier.Facts{ConnClosed: closed})
 		return attempt{}, determinateRollback[T](outcome.OperationID{}, outcome.PhaseNotStarted, err, v.Retryable())
 	}
-	sc := &scope{tx: &runTx{tx: tx}, frame: frameOfTx(tx), suspended: scopeFromContext(ctx)}
+	alloc := &runAlloc{}
+	alloc.tx.tx = tx
+	alloc.sc = scope{tx: &alloc.tx, frame: frameOfTx(tx), suspended: scopeFromContext(ctx)}
+	sc := &alloc.sc
 	sc.pool, _ = db.(*pgxpool.Pool)
 	if f := sc.frame; f != nil {
 		f.managed, f.propagation, f.attempt = true, p.Propagation.String(), n
@@ -137,16 +149,17 @@ func beginAttempt[T any](ctx context.Context, db DB, p Policy, n int) (attempt, 
 	} else {
 		sc.id = outcome.NewOperationID()
 	}
-	return attempt{held: held, tx: tx, sc: sc, opts: opts}, nil
+	alloc.ctx = runContext{Context: ctx, sc: sc}
+	return attempt{held: held, tx: tx, sc: sc, ctx: &alloc.ctx, opts: opts}, nil
 }
 
 // callFn runs fn in the attempt's transaction, with its scope and frame in the context.
 // A panic in fn rolls back, releases the connection and panics again.
 func callFn[T any](ctx context.Context, a *attempt, fn func(context.Context, pgx.Tx) (T, error)) (T, error) {
 	sc := a.sc
-	fctx := context.WithValue(ctx, scopeKey{}, sc)
+	var fctx context.Context = a.ctx
 	if f := sc.frame; f != nil {
-		fctx = f.withSpan(contextWithFrame(fctx, f))
+		fctx = f.withSpan(fctx)
 	}
 	defer func() {
 		if pv := recover(); pv != nil {

@@ -8,6 +8,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgproto3"
 	"go.opentelemetry.io/otel"
 
 	"github.com/txevidence/otelpgxtx/classifier"
@@ -40,6 +41,9 @@ const captureSQL = "select " + captureXIDExpr
 // captureXIDExpr is the xid read alone, which the commit marker's INSERT returns too, so
 // that a marked commit needs no second query for its xid.
 const captureXIDExpr = "pg_current_xact_id_if_assigned()::text"
+
+// captureQueryMsg is captureSQL's Query message; encoding only reads it.
+var captureQueryMsg = pgproto3.Query{String: captureSQL}
 
 // readIdentity reads the cluster identity into st, once per connection. It goes through
 // pgconn directly: it is the instrumentation's own query, not the application's, and
@@ -132,60 +136,114 @@ type commitResult struct {
 	err         error
 	tag         pgconn.CommandTag // COMMIT's
 	rollbackTag bool
-	// endedBeforeCommit: the server answered the xid read with a FATAL. It executes the
-	// pipeline's messages in order and reads nothing after a FATAL, so COMMIT never ran.
+	// endedBeforeCommit: the server answered the xid read with a FATAL. It reads the
+	// Query messages in order and nothing after a FATAL, so COMMIT never ran.
 	endedBeforeCommit bool
 	ref               *outcome.ReconciliationRef
 }
 
-// commitWithCapture sends the xid read, a Sync, COMMIT and a Sync in one write: one
-// network round trip, as plain COMMIT takes. The Sync makes the server flush the xid
-// before it starts committing, so the reference arrives even if the commit never
-// answers. With a marker table (quoted), see commitWithMarker. The caller has read the
-// identity (see identityKnown).
+// commitWithCapture sends the xid read and COMMIT as two simple-protocol Query messages
+// in one write: one network round trip, as plain COMMIT takes. The server ends each Query
+// with ReadyForQuery and flushes its output there, so the xid arrives before it reads
+// COMMIT, even if the commit never answers. With a marker table (quoted), see
+// commitWithMarker. The caller has read the identity (see identityKnown).
 func commitWithCapture(ctx context.Context, pg *pgconn.PgConn, st *connState, commitSQL, marker string, id outcome.OperationID) commitResult {
 	if marker != "" {
 		return commitWithMarker(ctx, pg, st, commitSQL, marker, id)
 	}
 	var res commitResult
-	p := pg.StartPipeline(ctx)
-	p.SendQueryParams(captureSQL, nil, nil, nil, nil)
-	p.SendPipelineSync()
-	p.SendQueryParams(commitSQL, nil, nil, nil, nil)
-	p.SendPipelineSync()
-	if err := p.Flush(); err != nil {
-		res.err = err
+	if ctx.Err() != nil || pg.IsClosed() || pg.IsBusy() {
+		// pgconn refuses before writing a byte, and says why as pgx's Commit would:
+		// queue nothing that could be left behind in its buffer.
+		res.err = pg.Exec(ctx, commitSQL).Close()
 		return res
 	}
-	xid, xidOK, err := readXID(p)
-	res.endedBeforeCommit = classifier.IsFatal(err)
-	if err == nil {
-		err = expectSync(p)
-	}
-	if err == nil {
-		var r any
-		if r, err = p.GetResults(); err == nil {
-			rr, ok := r.(*pgconn.ResultReader)
-			if !ok {
-				err = fmt.Errorf("otelpgxtx: unexpected pipeline result %T for COMMIT", r)
-			} else {
-				res.tag, err = rr.Close()
-				res.rollbackTag = res.tag.String() == "ROLLBACK"
-			}
-		}
-		if err == nil {
-			err = expectSync(p)
-		}
-	}
-	res.err = err
-	if cerr := p.Close(); cerr != nil && res.err == nil {
-		res.err = cerr
-	}
+	// pgconn has no call that sends two Query messages: queue the first where Exec's
+	// write takes it along, and read the second's reply message by message.
+	pg.Frontend().SendQuery(&captureQueryMsg)
+	xid, xidOK, err := readXID(pg.Exec(ctx, commitSQL))
 	if xidOK {
 		res.ref = st.ref(xid)
 	}
+	switch {
+	case err == nil || isServerError(err) && !pg.IsClosed():
+		// An ERROR (an aborted transaction answers 25P02) is not the commit's: the server
+		// answers COMMIT with ROLLBACK next.
+		res.tag, res.err = readCommitReply(ctx, pg)
+		res.rollbackTag = res.tag.String() == "ROLLBACK"
+	case !pg.IsClosed():
+		// Exec refused to write (the context ended after the check above), so the xid
+		// read is still queued: close the socket under it so that it is never sent.
+		_ = pg.Conn().Close()
+		_ = pg.Close(cancelledCtx)
+		res.err = err
+	default:
+		res.err = err
+		res.endedBeforeCommit = classifier.IsFatal(err)
+	}
 	return res
 }
+
+// readXID reads the xid read's reply, up to its ReadyForQuery, where the
+// MultiResultReader stops and leaves COMMIT's reply unread.
+func readXID(mrr *pgconn.MultiResultReader) (xid uint64, ok bool, err error) {
+	rows := 0
+	for mrr.NextResult() {
+		rr := mrr.ResultReader()
+		for rr.NextRow() {
+			rows++
+			if v := rr.Values(); len(v) == 1 && rows == 1 {
+				if v[0] == nil {
+					ok = true // NULL: no xid, the transaction wrote nothing
+				} else if n, perr := strconv.ParseUint(string(v[0]), 10, 64); perr == nil {
+					xid, ok = n, true
+				}
+			}
+		}
+		_, _ = rr.Close() // its error is also the MultiResultReader's
+	}
+	if err = mrr.Close(); err != nil || rows != 1 {
+		return 0, false, err
+	}
+	return xid, ok, nil
+}
+
+// readCommitReply reads COMMIT's reply up to its ReadyForQuery, as pgx reads a simple
+// Query: the last command tag and the first error. A failure to read closes the
+// connection, which pgconn leaves open on a timeout, so that no unread reply remains on
+// a connection pgconn believes idle.
+func readCommitReply(ctx context.Context, pg *pgconn.PgConn) (tag pgconn.CommandTag, err error) {
+	for {
+		msg, rerr := pg.ReceiveMessage(ctx)
+		if rerr != nil {
+			if !pg.IsClosed() {
+				_ = pg.Close(cancelledCtx)
+			}
+			if err == nil {
+				err = commitReplyError{rerr}
+			}
+			return pgconn.CommandTag{}, err
+		}
+		switch m := msg.(type) {
+		case *pgproto3.CommandComplete:
+			tag = pgconn.NewCommandTag(string(m.CommandTag))
+		case *pgproto3.ErrorResponse:
+			if err == nil {
+				err = pgconn.ErrorResponseToPgError(m)
+			}
+		case *pgproto3.ReadyForQuery:
+			return tag, err
+		}
+	}
+}
+
+// commitReplyError is a failure to read COMMIT's reply. COMMIT was sent, so a retry is
+// never safe, whatever pgconn's receive error says (it says safe: it sent nothing).
+type commitReplyError struct{ err error }
+
+func (e commitReplyError) Error() string     { return e.err.Error() }
+func (e commitReplyError) Unwrap() error     { return e.err }
+func (e commitReplyError) SafeToRetry() bool { return false }
 
 // sqlStateInFailedTransaction is what a statement in an already failed transaction gets.
 const sqlStateInFailedTransaction = "25P02"
@@ -196,9 +254,8 @@ func (st *connState) ref(xid uint64) *outcome.ReconciliationRef {
 }
 
 // commitWithMarker sends the marker insert of id (returning the xid) and COMMIT as one
-// simple Query: one message and one server flush, as a plain COMMIT — the Sync that
-// makes the xid arrive before COMMIT runs costs the server a flush per commit, and the
-// marker needs no xid. The server executes the two in order and abandons the rest of
+// simple Query: one message and one server flush, as a plain COMMIT — the marker needs
+// no xid before COMMIT runs, so nothing has to make the server flush it first. The server executes the two in order and abandons the rest of
 // the string at an error: an insert that did not complete (an ERROR, or a FATAL before
 // its command completed) means COMMIT never ran.
 func commitWithMarker(ctx context.Context, pg *pgconn.PgConn, st *connState, commitSQL, marker string, id outcome.OperationID) commitResult {
@@ -230,53 +287,10 @@ func commitWithMarker(ctx context.Context, pg *pgconn.PgConn, st *connState, com
 	return res
 }
 
-// readXID reads the first pipeline result, the xid. A server ERROR there (an aborted
-// transaction answers 25P02) is not the commit's error: the server skips to the Sync and
-// then answers COMMIT with ROLLBACK. A FATAL is: the session ended there.
-func readXID(p *pgconn.Pipeline) (xid uint64, ok bool, err error) {
-	r, err := p.GetResults()
-	if err != nil {
-		if isServerError(err) {
-			return 0, false, nil
-		}
-		return 0, false, err
-	}
-	rr, isReader := r.(*pgconn.ResultReader)
-	if !isReader {
-		return 0, false, fmt.Errorf("otelpgxtx: unexpected pipeline result %T for the xid", r)
-	}
-	rows := rr.Read()
-	if rows.Err != nil {
-		if isServerError(rows.Err) {
-			return 0, false, nil
-		}
-		return 0, false, rows.Err
-	}
-	if len(rows.Rows) != 1 || len(rows.Rows[0]) != 1 {
-		return 0, false, nil
-	}
-	if v := rows.Rows[0][0]; v != nil {
-		n, perr := strconv.ParseUint(string(v), 10, 64)
-		return n, perr == nil, nil
-	}
-	return 0, true, nil // NULL: no xid, the transaction wrote nothing
-}
-
 // isServerError reports a server error that leaves the session alive.
 func isServerError(err error) bool {
 	var pgErr *pgconn.PgError
 	return errors.As(err, &pgErr) && !classifier.IsFatal(err)
-}
-
-func expectSync(p *pgconn.Pipeline) error {
-	r, err := p.GetResults()
-	if err != nil {
-		return err
-	}
-	if _, ok := r.(*pgconn.PipelineSync); !ok {
-		return fmt.Errorf("otelpgxtx: unexpected pipeline result %T, want the Sync", r)
-	}
-	return nil
 }
 
 // commitSQLOf returns the commit statement a pgx transaction would send.

@@ -214,19 +214,7 @@ var _ net.Conn = (*netConn)(nil)
 // BenchmarkArmCommit is what marking a COMMIT costs on a real TCP connection: the peek
 // for a waiting FATAL (one non-blocking system call) and the write bookkeeping.
 func BenchmarkArmCommit(b *testing.B) {
-	ctx := context.Background()
-	cfg, err := pgx.ParseConfig(srv.ConnString())
-	if err != nil {
-		b.Fatal(err)
-	}
-	if _, err := InstrumentConnConfig(cfg); err != nil {
-		b.Fatal(err)
-	}
-	conn, err := pgx.ConnectConfig(ctx, cfg)
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer conn.Close(ctx)
+	conn := instrumentedConn(b, context.Background(), srv.ConnString())
 	nc := conn.PgConn().Conn().(*netConn)
 	if nc.peek == nil {
 		b.Fatalf("no peek on %T", nc.Conn)

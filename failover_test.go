@@ -324,17 +324,7 @@ func TestIdentityOnStandby(t *testing.T) {
 		s        *pgtest.Server
 		identity bool
 	}{{"standby", c.Standby(), false}, {"primary", c.Primary(), true}} {
-		cfg, err := pgx.ParseConfig(tc.s.ConnString())
-		if err != nil {
-			t.Fatal(err)
-		}
-		if _, err := InstrumentConnConfig(cfg); err != nil {
-			t.Fatal(err)
-		}
-		conn, err := pgx.ConnectConfig(ctx, cfg)
-		if err != nil {
-			t.Fatalf("%s: %v", tc.name, err)
-		}
+		conn := instrumentedConn(t, ctx, tc.s.ConnString())
 		if err := prepareCapture(ctx, conn); err != nil {
 			t.Fatalf("%s: the identity read broke the connection: %v", tc.name, err)
 		}

@@ -33,6 +33,9 @@ type frame struct {
 	parentSpan trace.SpanContext
 	conn       *pgconn.PgConn
 	start      time.Time
+	// framedIn and framedOut are withFrame's last caller context and its answer; only
+	// the connection's user calls withFrame.
+	framedIn, framedOut context.Context
 	// spanCtx is the context the frame span was started in and returned by Start: it
 	// carries the frame span, for metric exemplars, at no allocation.
 	spanCtx context.Context

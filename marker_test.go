@@ -233,7 +233,25 @@ func TestMarkerAfterFailover(t *testing.T) {
 	if !ok || !lost.HasMarker() {
 		t.Fatalf("reference %v %v, want a marker", lost, ok)
 	}
+	// The promoted standby has no synchronous standby of its own until the old primary
+	// rejoins: nothing confirms its WAL, so the replication barrier gives up.
 	rec := clusterReconciler(t, ctx, c)
+	checkResolutions(t, ctx, rec, []resolveCase{
+		{"lost in the failover", lost, ResolvedAborted, ""},
+		{"replicated commit, no standby yet", replicatedRef, ResolvedUnknown, UnknownNotReplicated},
+	})
+	if err := c.Rejoin(ctx); err != nil {
+		t.Fatal(err)
+	}
+	conn, err := pgx.Connect(ctx, c.ConnString())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	rec, err = NewReconciler(conn, WithReconcileWait(30*time.Second, 10*time.Millisecond))
+	if err != nil {
+		t.Fatal(err)
+	}
 	checkResolutions(t, ctx, rec, []resolveCase{
 		{"lost in the failover", lost, ResolvedAborted, ""},
 		{"replicated commit", replicatedRef, ResolvedCommitted, ""},

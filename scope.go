@@ -33,6 +33,28 @@ type scope struct {
 // scopeKey is the context key of the scope that Run's function and AfterCommit find.
 type scopeKey struct{}
 
+// runContext is the context Run gives fn: it carries sc and sc's frame (if any) in one
+// node, where two context.WithValue would cost two allocations and two more levels for
+// every lookup made under it.
+type runContext struct {
+	context.Context
+	sc *scope
+}
+
+// Value returns the scope for scopeKey, its frame for frameKey, and asks the parent
+// context otherwise.
+func (c *runContext) Value(key any) any {
+	switch key.(type) {
+	case scopeKey:
+		return c.sc
+	case frameKey:
+		if c.sc.frame != nil {
+			return c.sc.frame
+		}
+	}
+	return c.Context.Value(key)
+}
+
 // scopeFromContext returns the scope Run put in ctx, or nil.
 func scopeFromContext(ctx context.Context) *scope {
 	sc, _ := ctx.Value(scopeKey{}).(*scope)

@@ -2,6 +2,7 @@ package otelpgxtx
 
 import (
 	"context"
+	"reflect"
 	"strings"
 
 	"github.com/exaring/otelpgx"
@@ -182,7 +183,17 @@ func withFrame(ctx context.Context, f *frame) context.Context {
 	if !f.span.IsRecording() && !in.IsRecording() || sameSpan(in, f.span) {
 		return ctx
 	}
-	return trace.ContextWithSpan(ctx, f.span)
+	if sameContext(ctx, f.framedIn) {
+		return f.framedOut // a transaction's statements mostly share the caller's context
+	}
+	f.framedIn, f.framedOut = ctx, trace.ContextWithSpan(ctx, f.span)
+	return f.framedOut
+}
+
+// sameContext reports whether a and b are one context. Only pointers are compared: ==
+// on two values of a non-comparable context type panics.
+func sameContext(a, b context.Context) bool {
+	return a != nil && reflect.TypeOf(a).Kind() == reflect.Pointer && a == b
 }
 
 // sameSpan reports whether a and b are one span. Spans are told apart by their ids,

@@ -27,6 +27,12 @@ import (
 // "commit" once (pgx does after conn.Prepare(ctx, "commit", "commit")) later
 // sends only Bind/Execute/Sync. A Parse alone counts even if the statement is
 // only prepared and never executed.
+//
+// Once the proxy has cut a connection, it drops every CancelRequest (closing its
+// connection unanswered), as a network that lost the path to the server would: pgx
+// sends one when it closes a broken connection (pgconn's asyncClose), and one that
+// reached the server before a forwarded COMMIT completed would abort it, so that
+// "cut after COMMIT" would end committed or aborted by chance.
 type Proxy struct {
 	target string
 	ln     net.Listener
@@ -58,6 +64,7 @@ const (
 
 // Frontend protocol constants (PostgreSQL docs, "Message Formats").
 const (
+	cancelRequestCode = 80877102
 	sslRequestCode    = 80877103
 	gssEncRequestCode = 80877104
 	maxStartupLen     = 10000 // the server's MAX_STARTUP_PACKET_LENGTH
@@ -313,6 +320,7 @@ type proxyConn struct {
 	started   bool            // startup message seen; typed messages follow
 	opaque    bool            // unparseable stream: forward blindly
 	cutAtSync bool            // CutAfterCommit fired: cut after the next Sync
+	dropped   bool            // a CancelRequest after a cut: closed, not forwarded
 	stmts     map[string]bool // prepared statement name -> its SQL is a COMMIT
 }
 
@@ -363,6 +371,10 @@ func (p *Proxy) relayClient(pc *proxyConn) {
 			}
 			pending = append(pending, buf[:n]...)
 			out, consumed, cut := p.scan(pc, pending)
+			if pc.dropped {
+				pc.close()
+				return
+			}
 			if len(out) > 0 {
 				if err := pc.toServer.write(out); err != nil {
 					return
@@ -404,9 +416,14 @@ func (p *Proxy) scan(pc *proxyConn, data []byte) (out []byte, consumed int, cut 
 				return out, consumed, false
 			}
 			consumed += n
-			if code := binary.BigEndian.Uint32(rest[4:]); code == sslRequestCode || code == gssEncRequestCode {
+			code := binary.BigEndian.Uint32(rest[4:])
+			if code == sslRequestCode || code == gssEncRequestCode {
 				_ = pc.toClient.write([]byte{'N'}) // a failure shows up on the next read
 				continue
+			}
+			if code == cancelRequestCode && p.cuts.Load() > 0 {
+				pc.dropped = true
+				return out, consumed, false
 			}
 			out = append(out, rest[:n]...)
 			pc.started = true // startup or CancelRequest; typed messages follow

@@ -450,3 +450,47 @@ func TestProxyProcess(t *testing.T) {
 		t.Errorf("proxy process Close: %v", err)
 	}
 }
+
+// TestProxyDropsCancelAfterCut: a CancelRequest goes through the proxy until it has cut
+// a connection; from then on it is dropped, as by a network that lost the server, so
+// that pgx's own cancel of the broken connection cannot abort a COMMIT it forwarded.
+func TestProxyDropsCancelAfterCut(t *testing.T) {
+	ctx := testCtx(t)
+	p := newProxy(t)
+	// sleep runs pg_sleep through the proxy and cancels it once the server runs it.
+	sleep := func() error {
+		c := connectVia(t, ctx, p)
+		defer c.Close(ctx)
+		pid := c.PgConn().PID()
+		done := make(chan error, 1)
+		go func() {
+			_, err := c.Exec(ctx, "select pg_sleep(1)")
+			done <- err
+		}()
+		if err := srv.WaitForWaitEvent(ctx, pid, "PgSleep"); err != nil {
+			t.Fatal(err)
+		}
+		if err := c.PgConn().CancelRequest(ctx); err != nil {
+			t.Fatal(err)
+		}
+		return <-done
+	}
+	if err := sleep(); err == nil {
+		t.Fatal("before any cut: the cancel request did not reach the server")
+	}
+	c := connectVia(t, ctx, p)
+	defer c.Close(ctx)
+	if _, err := c.Exec(ctx, "begin"); err != nil {
+		t.Fatal(err)
+	}
+	p.CutAfterCommit()
+	if _, err := c.Exec(ctx, "commit"); err == nil || p.Cuts() != 1 {
+		t.Fatalf("cut after commit: %v, %d cuts", err, p.Cuts())
+	}
+	if err := sleep(); err != nil {
+		t.Fatalf("after a cut: %v, want the cancel request dropped", err)
+	}
+	if p.Cuts() != 1 {
+		t.Fatalf("%d cuts: a dropped cancel request is no cut", p.Cuts())
+	}
+}

@@ -298,6 +298,7 @@ func draw2(out, title string, plots []*plot.Plot) error {
 	dc := draw.New(c)
 	titleStyle := plot.New().Title.TextStyle // gonum's default font, embedded
 	titleStyle.Font.Size = vg.Points(13)
+	titleStyle.XAlign = draw.XLeft // plot.New centres titles: at the left margin half of it would fall off the canvas
 	dc.FillText(titleStyle, vg.Point{X: 0.2 * vg.Inch, Y: height - 0.3*vg.Inch}, title)
 	body := draw.Crop(dc, 0, 0, 0, -0.4*vg.Inch)
 	tiles := draw.Tiles{Rows: rows, Cols: cols, PadX: vg.Millimeter * 4, PadY: vg.Millimeter * 4,

@@ -3,6 +3,7 @@ package main
 import (
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 )
@@ -61,6 +62,16 @@ func TestPlot(t *testing.T) {
 		if !strings.Contains(string(svg), want) {
 			t.Errorf("the chart has no %q", want)
 		}
+	}
+	// The title starts inside the canvas, not cut off at its left edge.
+	end := strings.Index(string(svg), ">test machine</text>")
+	start := strings.LastIndex(string(svg[:max(end, 0)]), `<text x="`)
+	if end < 0 || start < 0 {
+		t.Fatal("no title text element")
+	}
+	x, err := strconv.ParseFloat(strings.SplitN(string(svg[start+len(`<text x="`):end]), `"`, 2)[0], 64)
+	if err != nil || x < 0 {
+		t.Errorf("the title starts at x = %v (%v): cut off", x, err)
 	}
 }
 

@@ -1,0 +1,245 @@
+package otelpgxtx
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/txevidence/otelpgxtx/outcome"
+	"github.com/txevidence/otelpgxtx/pgtest"
+)
+
+// captureQuery is the xid read's Query message text as it appears on the wire.
+var captureQuery = []byte(captureSQL + "\x00")
+
+// instrumentedConn connects to connString with InstrumentConnConfig's defaults; the
+// connection is closed when tb ends.
+func instrumentedConn(tb testing.TB, ctx context.Context, connString string) *pgx.Conn {
+	tb.Helper()
+	cfg, err := pgx.ParseConfig(connString)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	if _, err := InstrumentConnConfig(cfg); err != nil {
+		tb.Fatal(err)
+	}
+	conn, err := pgx.ConnectConfig(ctx, cfg)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(func() { _ = conn.Close(context.WithoutCancel(ctx)) })
+	return conn
+}
+
+// endsAfterCheck is a context that has ended but whose first Err call says it has not:
+// the context ending between commitWithCapture's check and pgconn's own.
+type endsAfterCheck struct {
+	context.Context
+	checked bool
+}
+
+func (c *endsAfterCheck) Err() error {
+	if !c.checked {
+		c.checked = true
+		return nil
+	}
+	return c.Context.Err()
+}
+
+// TestCaptureContextEnded: a context that has ended before the write sends nothing — no
+// xid read, no COMMIT — whether commitWithCapture or pgconn notices it. Noticed first,
+// the connection is left as it was, still in its transaction, with nothing queued (the
+// next statement on it gets its own answer). Noticed by pgconn after the xid read was
+// queued, the connection is closed under it, and the server rolls back.
+func TestCaptureContextEnded(t *testing.T) {
+	for _, late := range []bool{false, true} {
+		t.Run(fmt.Sprintf("noticed by pgconn %v", late), func(t *testing.T) {
+			pgtest.LeakCheck(t)
+			ctx := testCtx(t)
+			proxy := newProxy(t)
+			rec := proxy.Record()
+			table := newTable(t, ctx)
+			conn := instrumentedConn(t, ctx, proxy.ConnString(srv.ConnString()))
+			if err := prepareCapture(ctx, conn); err != nil {
+				t.Fatal(err)
+			}
+			st := connStateOf(conn)
+			if !st.identityKnown() {
+				t.Fatal("no cluster identity")
+			}
+			tx, err := conn.Begin(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if _, err := insertFn(table, 1)(ctx, tx); err != nil {
+				t.Fatal(err)
+			}
+			cctx, cancel := context.WithCancel(ctx)
+			cancel()
+			var commitCtx context.Context = cctx
+			if late {
+				commitCtx = &endsAfterCheck{Context: cctx}
+			}
+			pg := conn.PgConn()
+			res := commitWithCapture(commitCtx, pg, st, "commit", "", outcome.NewOperationID())
+			if !errors.Is(res.err, context.Canceled) || res.ref != nil || res.endedBeforeCommit || res.tag.String() != "" {
+				t.Fatalf("commit result %+v, want a cancellation and nothing else", res)
+			}
+			if late {
+				if !pg.IsClosed() {
+					t.Fatal("the connection with the xid read queued is still open")
+				}
+				<-rec.Conversations()[0].Done()
+			} else {
+				if pg.IsClosed() || pg.IsBusy() || pg.TxStatus() != 'T' {
+					t.Fatalf("connection closed %v busy %v status %c; want it idle in its transaction",
+						pg.IsClosed(), pg.IsBusy(), pg.TxStatus())
+				}
+				var one int
+				if err := conn.QueryRow(ctx, "select 1").Scan(&one); err != nil || one != 1 {
+					t.Fatalf("the next statement on the connection: %d, %v", one, err)
+				}
+				if err := tx.Rollback(ctx); err != nil {
+					t.Fatal(err)
+				}
+			}
+			sent := rec.Conversations()[0].ClientBytes()
+			if bytes.Contains(sent, captureQuery) || bytes.Contains(sent, []byte("commit\x00")) {
+				t.Fatalf("sent the xid read or COMMIT with an ended context: %q", sent)
+			}
+			if rowExists(t, ctx, table, 1) {
+				t.Fatal("row present")
+			}
+		})
+	}
+}
+
+// TestCaptureFailedTransaction: in a transaction that had already failed, the xid read
+// gets 25P02 and COMMIT is still read, answered ROLLBACK: a certain rollback, with no
+// reference, on a connection left idle and usable.
+func TestCaptureFailedTransaction(t *testing.T) {
+	ctx := testCtx(t)
+	h := newHarness(t, "", 1)
+	table := newTable(t, ctx)
+	res := Run(ctx, h.pool, DefaultPolicy(), func(ctx context.Context, tx pgx.Tx) (int, error) {
+		if _, err := insertFn(table, 1)(ctx, tx); err != nil {
+			return 0, err
+		}
+		_, _ = tx.Exec(ctx, "select 1/0") // swallowed: the transaction has failed
+		return 1, nil
+	})
+	rb, ok := res.(outcome.DeterminateRollback[int])
+	if !ok || !errors.Is(rb.Cause(), pgx.ErrTxCommitRollback) || rb.Phase() != outcome.PhaseCommitting {
+		t.Fatalf("result %T %+v, want a rollback in committing, pgx.ErrTxCommitRollback", res, res)
+	}
+	f := onlyFrame(t, h)
+	wantAttr(t, f, "error.type", "commit_rollback")
+	if _, ok := attr(f, ReconciliationRefKey); ok {
+		t.Fatal("a reference for a transaction that had failed")
+	}
+	if rowExists(t, ctx, table, 1) {
+		t.Fatal("row present")
+	}
+	// The pool's only connection is idle and answers the next transaction.
+	if r := Run(ctx, h.pool, DefaultPolicy(), insertFn(table, 2)); r.Outcome() != outcome.OutcomeCommitted {
+		t.Fatalf("next Run: %T %+v", r, r)
+	}
+}
+
+// TestCaptureReferenceBeforeCommitAnswers: the server flushes the xid before it reads
+// COMMIT, so a COMMIT that never answers still leaves a reference, naming the transaction
+// that commits later. A deferred trigger makes COMMIT wait, silently, on a lock the test
+// holds; once the server shows that wait and the client has taken every byte from its
+// socket, the caller gives up (its context is cancelled), and the lock is released.
+func TestCaptureReferenceBeforeCommitAnswers(t *testing.T) {
+	ctx := testCtx(t)
+	h := newHarness(t, "", 1)
+	table := newTable(t, ctx)
+	lockKey := strconv.FormatInt(tableSeq.Add(1)+1<<40, 10)
+	if err := srv.Exec(ctx, "create function "+table+"_wait() returns trigger language plpgsql as "+
+		"$$ begin perform pg_advisory_xact_lock("+lockKey+"); return null; end $$; "+
+		"create constraint trigger w after insert on "+table+" deferrable initially deferred "+
+		"for each row execute function "+table+"_wait()"); err != nil {
+		t.Fatal(err)
+	}
+	holder, err := srv.Conn(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer holder.Close(ctx)
+	if _, err := holder.Exec(ctx, "select pg_advisory_lock("+lockKey+")"); err != nil {
+		t.Fatal(err)
+	}
+	pc, err := h.pool.Acquire(ctx) // the pool's only connection, which Run will hold
+	if err != nil {
+		t.Fatal(err)
+	}
+	conn := pc.Conn()
+	pid := conn.PgConn().PID()
+	pc.Release()
+	rctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	done := make(chan outcome.Result[int], 1)
+	go func() { done <- Run(rctx, h.pool, DefaultPolicy(), insertFn(table, 1)) }()
+	tick := time.NewTicker(time.Millisecond)
+	defer tick.Stop()
+	for {
+		var n int
+		if err := holder.QueryRow(ctx, "select count(*) from pg_stat_activity where pid = $1 and wait_event = 'advisory'", pid).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		if n == 1 {
+			break
+		}
+		select {
+		case <-ctx.Done():
+			t.Fatal("COMMIT never waited for the lock")
+		case <-tick.C:
+		}
+	}
+	waitSocket(t, ctx, conn, func(n int, err error) bool { return errors.Is(err, syscall.EAGAIN) })
+	cancel()
+	res := <-done
+	ind, ok := res.(outcome.Indeterminate[int])
+	if !ok {
+		t.Fatalf("result %T %+v, want indeterminate", res, res)
+	}
+	ref, ok := ind.Reference()
+	if !ok || ref.XID == 0 {
+		t.Fatalf("no xid reference for a COMMIT cut while running: %+v %v", ref, ok)
+	}
+	if _, err := holder.Exec(ctx, "select pg_advisory_unlock("+lockKey+")"); err != nil {
+		t.Fatal(err)
+	}
+	for {
+		var status *string
+		if err := holder.QueryRow(ctx, "select pg_xact_status($1::text::xid8)", strconv.FormatUint(ref.XID, 10)).Scan(&status); err != nil {
+			t.Fatal(err)
+		}
+		if status != nil && *status == "committed" {
+			break
+		}
+		if status == nil || *status != "in progress" {
+			t.Fatalf("the referenced transaction is %v", status)
+		}
+		select {
+		case <-ctx.Done():
+			t.Fatal("the referenced transaction never committed")
+		case <-tick.C:
+		}
+	}
+	var xmin uint64
+	if err := holder.QueryRow(ctx, "select xmin::text::bigint from "+table+" where id = 1").Scan(&xmin); err != nil {
+		t.Fatal(err)
+	}
+	if xmin != ref.XID&0xffffffff {
+		t.Fatalf("row written by xid %d, reference names %d", xmin, ref.XID)
+	}
+}
