@@ -50,6 +50,7 @@ type AutoReconcileOption interface {
 	applyAuto(*autoConfig)
 }
 
+// autoConfig is what the AutoReconcileOptions set; err is the first option refused.
 type autoConfig struct {
 	db                 Querier
 	queue, workers     int
@@ -59,8 +60,10 @@ type autoConfig struct {
 	err                error
 }
 
+// autoOptionFunc is an AutoReconcileOption that sets one field of autoConfig.
 type autoOptionFunc func(*autoConfig)
 
+// applyAuto calls f.
 func (f autoOptionFunc) applyAuto(c *autoConfig) { f(c) }
 
 // WithAutoReconcile reconciles every indeterminate frame of the tracer — those of [Run]
@@ -170,6 +173,8 @@ type autoReconciler struct {
 	closing sync.Once
 }
 
+// newAutoReconciler builds the reconciler for t from a's options and starts its workers,
+// which run until Tracer.Close.
 func newAutoReconciler(t *Tracer, a *autoConfig) (*autoReconciler, error) {
 	ropts := []ReconcilerOption{WithTracerProvider(t.cfg.tracerProvider), WithReconcileWait(a.wait, a.interval)}
 	if t.cfg.errorMessages {

@@ -68,6 +68,12 @@ func (r *Reconciler) replicated(ctx context.Context, in incarnation, deadline ti
 	default:
 		return r.replicatedByName(ctx, in, bound, name)
 	}
+	return replicatedOn(ctx, conn, in, bound, name)
+}
+
+// replicatedOn runs the barrier named name on conn, which the reconciler holds, and gives
+// it up at bound or when ctx ends by sending cancel requests with conn's cancel key.
+func replicatedOn(ctx context.Context, conn *pgx.Conn, in incarnation, bound time.Time, name string) (bool, error) {
 	if err := ctx.Err(); err != nil {
 		return false, err
 	}
@@ -167,6 +173,7 @@ func parseIncarnation(tli, start string) (incarnation, error) {
 	return incarnation{timeline: uint32(t), start: s}, err
 }
 
+// later returns the later of a and b.
 func later(a, b time.Time) time.Time {
 	if a.After(b) {
 		return a

@@ -7,11 +7,6 @@ import (
 	"go.opentelemetry.io/otel/trace"
 )
 
-// TxBeginner begins transactions: *pgxpool.Pool and *pgx.Conn are.
-type TxBeginner interface {
-	BeginTx(ctx context.Context, txOptions pgx.TxOptions) (pgx.Tx, error)
-}
-
 // Begin begins a transaction on db and returns a context that carries its frame, with
 // the frame span as the active span. A transaction begun with that context on another
 // connection suspends this one: its frame is one level deeper and its span a child of
@@ -20,7 +15,7 @@ type TxBeginner interface {
 // db must be instrumented (see [InstrumentPool]); otherwise the transaction is begun
 // and ctx is returned as it was. A nil db, or a nil *pgxpool.Pool or *pgx.Conn, is an
 // error wrapping [ErrInvalidArgument].
-func Begin(ctx context.Context, db TxBeginner, txOptions pgx.TxOptions) (context.Context, pgx.Tx, error) {
+func Begin(ctx context.Context, db DB, txOptions pgx.TxOptions) (context.Context, pgx.Tx, error) {
 	if db == nil {
 		return ctx, nil, invalid("Begin: nil db")
 	}

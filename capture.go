@@ -38,6 +38,8 @@ const serverStartSQL = "(extract(epoch from pg_postmaster_start_time()) * 100000
 // transaction wrote nothing, so its commit changes nothing.
 const captureSQL = "select " + captureXIDExpr
 
+// captureXIDExpr is the xid read alone, which the commit marker's INSERT returns too, so
+// that a marked commit needs no second query for its xid.
 const captureXIDExpr = "pg_current_xact_id_if_assigned()::text"
 
 // captureQueryMsg is captureSQL's Query message; encoding only reads it.

@@ -128,13 +128,10 @@ func TestCaptureFailedTransaction(t *testing.T) {
 	ctx := testCtx(t)
 	h := newHarness(t, "", 1)
 	table := newTable(t, ctx)
-	res := Run(ctx, h.pool, DefaultPolicy(), func(ctx context.Context, tx pgx.Tx) (int, error) {
-		if _, err := insertFn(table, 1)(ctx, tx); err != nil {
-			return 0, err
-		}
+	res := Run(ctx, h.pool, DefaultPolicy(), insertThen(table, func(ctx context.Context, tx pgx.Tx) (int, error) {
 		_, _ = tx.Exec(ctx, "select 1/0") // swallowed: the transaction has failed
 		return 1, nil
-	})
+	}))
 	rb, ok := res.(outcome.DeterminateRollback[int])
 	if !ok || !errors.Is(rb.Cause(), pgx.ErrTxCommitRollback) || rb.Phase() != outcome.PhaseCommitting {
 		t.Fatalf("result %T %+v, want a rollback in committing, pgx.ErrTxCommitRollback", res, res)

@@ -11,7 +11,7 @@ import (
 
 func TestBeginBadInput(t *testing.T) {
 	ctx := testCtx(t)
-	for name, db := range map[string]TxBeginner{
+	for name, db := range map[string]DB{
 		"nil":            nil,
 		"typed nil pool": (*pgxpool.Pool)(nil),
 		"typed nil conn": (*pgx.Conn)(nil),

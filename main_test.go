@@ -22,12 +22,8 @@ var srv *pgtest.Server
 
 func TestMain(m *testing.M) { pgtest.Main(m, &srv) }
 
-func testCtx(t *testing.T) context.Context {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	t.Cleanup(cancel)
-	return ctx
-}
+// testCtx bounds every server interaction of a test.
+func testCtx(t *testing.T) context.Context { return pgtest.Context(t, 2*time.Minute) }
 
 // endCounter counts End calls per span, to prove every frame span is ended exactly once.
 type endCounter struct {

@@ -169,6 +169,8 @@ func (r *Reconciler) lookupMarker(ctx context.Context, table string, op outcome.
 	return ResolvedCommitted, "", seen, nil
 }
 
+// isLockTimeout reports the server's lock_not_available (55P03), which a lock_timeout ends
+// a wait with.
 func isLockTimeout(err error) bool {
 	pgErr, ok := errors.AsType[*pgconn.PgError](err)
 	return ok && pgErr.Code == "55P03"

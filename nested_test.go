@@ -26,12 +26,8 @@ func TestRunNestedDeadlineKeepsOuter(t *testing.T) {
 			h := newHarness(t, "", 1)
 			table := newTable(t, ctx)
 			var nested outcome.Result[int]
-			res := Run(ctx, h.pool, DefaultPolicy(), func(ctx context.Context, tx pgx.Tx) (int, error) {
-				if _, err := insertFn(table, 1)(ctx, tx); err != nil {
-					return 0, err
-				}
-				p := DefaultPolicy()
-				p.Propagation = Nested
+			res := Run(ctx, h.pool, DefaultPolicy(), insertThen(table, func(ctx context.Context, tx pgx.Tx) (int, error) {
+				p := policyWith(Nested)
 				ictx, cancel := context.WithCancel(ctx) // expires when the test says, not by the clock
 				defer cancel()
 				nested = Run(ictx, h.pool, p, func(ctx context.Context, tx pgx.Tx) (int, error) {
@@ -50,7 +46,7 @@ func TestRunNestedDeadlineKeepsOuter(t *testing.T) {
 					return 0, err
 				})
 				return 1, nil
-			})
+			}))
 			if _, ok := res.(outcome.Committed[int]); !ok {
 				t.Fatalf("outer = %T %+v, want Committed", res, res)
 			}
@@ -75,8 +71,7 @@ func TestRunNestedAlreadyExpired(t *testing.T) {
 	table := newTable(t, ctx)
 	var nested outcome.Result[int]
 	res := Run(ctx, h.pool, DefaultPolicy(), func(ctx context.Context, tx pgx.Tx) (int, error) {
-		p := DefaultPolicy()
-		p.Propagation = Nested
+		p := policyWith(Nested)
 		ictx, cancel := context.WithCancel(ctx)
 		cancel()
 		nested = Run(ictx, h.pool, p, insertFn(table, 2))
@@ -102,8 +97,7 @@ func TestRunRequiresNewOtherPoolOfOne(t *testing.T) {
 	table := newTable(t, ctx)
 	var inner outcome.Result[int]
 	res := Run(ctx, h1.pool, DefaultPolicy(), func(ctx context.Context, tx pgx.Tx) (int, error) {
-		p := DefaultPolicy()
-		p.Propagation = RequiresNew
+		p := policyWith(RequiresNew)
 		inner = Run(ctx, h2.pool, p, insertFn(table, 2))
 		// And a second level back on the first pool: its one connection is held.
 		if _, err := requiresNewOn(ctx, h1.pool); !errors.Is(err, ErrInvalidArgument) {

@@ -29,6 +29,7 @@ const (
 	Mandatory
 )
 
+// propagationNames are the tx.propagation values, indexed by Propagation.
 var propagationNames = [...]string{Required: "required", RequiresNew: "requires_new", Nested: "nested", Mandatory: "mandatory"}
 
 // String returns the tx.propagation value.
@@ -88,6 +89,8 @@ func DefaultPolicy() Policy {
 // or the [Reconciler]: a nil db or function, an invalid policy, a malformed reference.
 var ErrInvalidArgument = errors.New("otelpgxtx: invalid argument")
 
+// invalid is an error wrapping ErrInvalidArgument, so that callers can tell bad input
+// from a database failure with errors.Is.
 func invalid(format string, args ...any) error {
 	return fmt.Errorf("%w: "+format, append([]any{ErrInvalidArgument}, args...)...)
 }
@@ -121,6 +124,7 @@ func (p Policy) validate() error {
 	return nil
 }
 
+// txOptions is the BEGIN the policy asks for.
 func (p Policy) txOptions() pgx.TxOptions {
 	return pgx.TxOptions{IsoLevel: p.IsoLevel, AccessMode: p.AccessMode, DeferrableMode: p.DeferrableMode}
 }

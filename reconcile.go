@@ -38,6 +38,7 @@ const (
 	ResolvedNoWrites
 )
 
+// resolvedNames are the tx.outcome.resolved values, indexed by Resolved.
 var resolvedNames = [...]string{ResolvedUnknown: "unknown", ResolvedCommitted: "committed", ResolvedAborted: "aborted", ResolvedNoWrites: "no_writes"}
 
 // String returns the tx.outcome.resolved value.
@@ -104,6 +105,7 @@ type ReconcilerOption interface {
 	applyReconciler(*reconcilerConfig)
 }
 
+// reconcilerConfig is what the ReconcilerOptions set; err is the first option refused.
 type reconcilerConfig struct {
 	tracerProvider trace.TracerProvider
 	wait, interval time.Duration
@@ -126,8 +128,11 @@ type ReconcileWaitOption interface {
 	AutoReconcileOption
 }
 
+// reconcileWaitOption is WithReconcileWait, which configures a Reconciler and automatic
+// reconciliation alike.
 type reconcileWaitOption struct{ wait, interval time.Duration }
 
+// check refuses a negative wait and an interval that would poll without pause.
 func (o reconcileWaitOption) check() error {
 	if o.wait < 0 || o.interval <= 0 {
 		return fmt.Errorf("otelpgxtx: WithReconcileWait: wait must be >= 0 and interval > 0, got %v, %v", o.wait, o.interval)
@@ -135,6 +140,7 @@ func (o reconcileWaitOption) check() error {
 	return nil
 }
 
+// applyReconciler sets the Reconciler's wait and interval.
 func (o reconcileWaitOption) applyReconciler(c *reconcilerConfig) {
 	if err := o.check(); err != nil {
 		c.err = err
@@ -143,6 +149,7 @@ func (o reconcileWaitOption) applyReconciler(c *reconcilerConfig) {
 	c.wait, c.interval = o.wait, o.interval
 }
 
+// applyAuto sets automatic reconciliation's wait and interval.
 func (o reconcileWaitOption) applyAuto(c *autoConfig) {
 	if err := o.check(); err != nil {
 		c.err = err
@@ -200,6 +207,8 @@ func (r *Reconciler) Resolve(ctx context.Context, ref outcome.ReconciliationRef,
 	return r.resolve(ctx, ref, link, outcome.OperationID{})
 }
 
+// resolve is Resolve for a validated reference, in a tx.reconcile span; id names the
+// operation when the caller knows it.
 func (r *Reconciler) resolve(ctx context.Context, ref outcome.ReconciliationRef, link trace.SpanContext, id outcome.OperationID) (Resolution, error) {
 	return r.trace(ctx, link, id, ref, func(ctx context.Context) (Resolution, error) {
 		res := Resolution{ref: ref}
@@ -413,6 +422,8 @@ func traceParent(sc trace.SpanContext) string {
 	return carrier.Get("traceparent")
 }
 
+// spanContextFromTraceParent reads a W3C traceparent back into the span context to link
+// to; an empty or malformed one gives the zero span context, which links nothing.
 func spanContextFromTraceParent(tp string) trace.SpanContext {
 	if tp == "" {
 		return trace.SpanContext{}

@@ -104,6 +104,8 @@ func Classify(phase outcome.Phase, err error, f Facts) Verdict {
 	return classifyBeforeCommit(err, f)
 }
 
+// classifyCommit classifies a COMMIT: a rollback only when the server said so or
+// provably never ran it, a commit only on its success, and unknown otherwise.
 func classifyCommit(err error, f Facts) Verdict {
 	if err != nil && !f.CommittedLocally {
 		if v, ok := notCommitted(err, f); ok {
@@ -158,6 +160,8 @@ func notCommitted(err error, f Facts) (Verdict, bool) {
 	return v, true
 }
 
+// unknown is the verdict of a COMMIT whose reply was lost, with the reason the failure
+// gives: a lost connection, a server FATAL, or the caller's context.
 func unknown(err error, f Facts) Verdict {
 	v := Verdict{evidence: EvidenceUnknown, committedLocally: f.CommittedLocally, reason: ReasonConnectionLost}
 	if pgErr, ok := errors.AsType[*pgconn.PgError](err); ok {
@@ -171,6 +175,8 @@ func unknown(err error, f Facts) Verdict {
 	return v
 }
 
+// classifyBeforeCommit classifies a failure before COMMIT was sent, which always rolls
+// back; only the reason and whether a retry can help vary.
 func classifyBeforeCommit(err error, f Facts) Verdict {
 	if err == nil {
 		return Verdict{evidence: EvidenceRolledBack, reason: ReasonRolledBack}
@@ -191,6 +197,8 @@ func classifyBeforeCommit(err error, f Facts) Verdict {
 	return Verdict{evidence: EvidenceRolledBack, reason: ReasonApplicationError}
 }
 
+// serverError is the rollback an ERROR causes, retryable for the SQLSTATEs that a new
+// attempt can get past (serialization failure, deadlock).
 func serverError(pgErr *pgconn.PgError) Verdict {
 	v := Verdict{evidence: EvidenceRolledBack, sqlstate: pgErr.Code, reason: ReasonServerError}
 	switch {
@@ -228,6 +236,7 @@ func isConnectionClass(pgErr *pgconn.PgError) bool {
 	return len(pgErr.Code) == 5 && pgErr.Code[:2] == "08"
 }
 
+// contextReason names a cancelled or expired context in err, or returns "".
 func contextReason(err error) string {
 	switch {
 	case errors.Is(err, context.DeadlineExceeded):
@@ -245,6 +254,8 @@ type driverError interface {
 	SafeToRetry() bool
 }
 
+// isConnectionError reports an error of the connection itself rather than of a statement,
+// after which the server has ended the transaction.
 func isConnectionError(err error) bool {
 	if errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, net.ErrClosed) {
 		return true

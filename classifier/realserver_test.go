@@ -45,12 +45,7 @@ const (
 )
 
 // realCtx bounds every server interaction of a test.
-func realCtx(t *testing.T) context.Context {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-	t.Cleanup(cancel)
-	return ctx
-}
+func realCtx(t *testing.T) context.Context { return pgtest.Context(t, 60*time.Second) }
 
 // noticeConn is a pgx connection that records every notice the server sends on it.
 type noticeConn struct {

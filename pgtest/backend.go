@@ -36,6 +36,8 @@ func (s *Server) Cancel(ctx context.Context, pid uint32) error {
 	return s.signalBackend(ctx, "pg_cancel_backend", pid)
 }
 
+// signalBackend calls the server function fn (pg_cancel_backend, pg_terminate_backend)
+// on pid over an admin connection, and fails if the backend was not there to signal.
 func (s *Server) signalBackend(ctx context.Context, fn string, pid uint32) error {
 	return s.withConn(ctx, func(c *pgx.Conn) error {
 		var ok bool

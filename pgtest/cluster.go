@@ -275,6 +275,8 @@ func (s *Server) stopIfRunning() error {
 	return s.StopImmediate()
 }
 
+// isRunning reports whether the server is up, as far as this package started or
+// stopped it.
 func (s *Server) isRunning() bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()

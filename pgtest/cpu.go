@@ -23,6 +23,7 @@ func BackendCPU(pid uint32) (time.Duration, error) {
 	return statCPU(pid)
 }
 
+// schedstatCPU reads pid's CPU time in nanoseconds from /proc/<pid>/schedstat.
 func schedstatCPU(pid uint32) (time.Duration, error) {
 	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/schedstat", pid))
 	if err != nil {
@@ -36,6 +37,8 @@ func schedstatCPU(pid uint32) (time.Duration, error) {
 	return time.Duration(ns), err
 }
 
+// statCPU reads pid's CPU time from /proc/<pid>/stat, which counts it in clock ticks, for kernels
+// without schedstat.
 func statCPU(pid uint32) (time.Duration, error) {
 	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
 	if err != nil {

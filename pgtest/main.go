@@ -1,9 +1,11 @@
 package pgtest
 
 import (
+	"context"
 	"fmt"
 	"os"
 	"testing"
+	"time"
 )
 
 // Main is for TestMain:
@@ -53,4 +55,14 @@ func runAndClose(m *testing.M, s *Server) (code int) {
 		}
 	}()
 	return m.Run()
+}
+
+// Context returns the context of one test's work with the server: bounded by d, so that a
+// server that stops answering fails the test instead of hanging it, and cancelled when
+// the test ends.
+func Context(tb testing.TB, d time.Duration) context.Context {
+	tb.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), d)
+	tb.Cleanup(cancel)
+	return ctx
 }

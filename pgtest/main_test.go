@@ -2,6 +2,7 @@ package pgtest
 
 import (
 	"context"
+	"errors"
 	"testing"
 	"time"
 )
@@ -12,12 +13,7 @@ var srv *Server
 func TestMain(m *testing.M) { Main(m, &srv) }
 
 // testCtx bounds every server interaction of a test.
-func testCtx(t *testing.T) context.Context {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-	t.Cleanup(cancel)
-	return ctx
-}
+func testCtx(t *testing.T) context.Context { return Context(t, 60*time.Second) }
 
 // waitXactDone waits until the transaction has settled and returns its status.
 func waitXactDone(t *testing.T, ctx context.Context, xid uint64) string {
@@ -50,5 +46,23 @@ func freshTable(t *testing.T, ctx context.Context, table string) {
 	t.Helper()
 	if err := srv.Exec(ctx, "DROP TABLE IF EXISTS "+table+"; CREATE TABLE "+table+" (id int PRIMARY KEY)"); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// TestContext: the context has the bound asked for, and the test's end cancels it.
+func TestContext(t *testing.T) {
+	var ctx context.Context
+	t.Run("test", func(t *testing.T) {
+		before := time.Now()
+		ctx = Context(t, time.Hour)
+		if dl, ok := ctx.Deadline(); !ok || dl.Before(before.Add(time.Hour)) {
+			t.Fatalf("deadline %v %v, want at least an hour from %v", dl, ok, before)
+		}
+		if ctx.Err() != nil {
+			t.Fatalf("live test's context: %v", ctx.Err())
+		}
+	})
+	if !errors.Is(ctx.Err(), context.Canceled) {
+		t.Fatalf("context after its test ended: %v, want cancelled", ctx.Err())
 	}
 }

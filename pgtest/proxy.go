@@ -132,6 +132,7 @@ func (p *Proxy) CutAfterCommit() { p.arm(cutAfterCommit) }
 // Arming again before the fault fires replaces the armed fault.
 func (p *Proxy) CutBeforeCommit() { p.arm(cutBeforeCommit) }
 
+// arm sets the fault the next COMMIT a client sends triggers.
 func (p *Proxy) arm(f fault) {
 	p.mu.Lock()
 	p.armed = f
@@ -227,6 +228,7 @@ func (p *Proxy) Close() error {
 	return err
 }
 
+// live returns the open proxied connections, to act on them outside the lock.
 func (p *Proxy) live() []*proxyConn {
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -237,6 +239,7 @@ func (p *Proxy) live() []*proxyConn {
 	return conns
 }
 
+// acceptLoop proxies every accepted connection until the listener is closed.
 func (p *Proxy) acceptLoop() {
 	defer p.wg.Done()
 	for {
@@ -332,6 +335,8 @@ func (pc *proxyConn) close() bool {
 	return did
 }
 
+// relayServer copies the server's bytes to the client, dropping them once a fault has
+// blocked the connection.
 func (p *Proxy) relayServer(pc *proxyConn) {
 	buf := make([]byte, 32<<10)
 	for {
@@ -350,6 +355,8 @@ func (p *Proxy) relayServer(pc *proxyConn) {
 	}
 }
 
+// relayClient copies the client's bytes to the server message by message, so that a
+// fault can cut the connection at a COMMIT.
 func (p *Proxy) relayClient(pc *proxyConn) {
 	buf := make([]byte, 32<<10)
 	var pending []byte // received but not yet complete messages
@@ -437,31 +444,35 @@ func (p *Proxy) scan(pc *proxyConn, data []byte) (out []byte, consumed int, cut 
 		}
 		msg := rest[:n]
 		consumed += n
-
-		if pc.cutAtSync {
-			out = append(out, msg...)
-			if msg[0] == 'S' {
-				return out, consumed, true
-			}
-			continue
+		out, cut = p.forwardTyped(pc, out, msg)
+		if cut {
+			return out, consumed, true
 		}
-		if pc.carriesCommit(msg) {
-			switch p.takeFault() {
-			case cutBeforeCommit:
-				pc.blocked.Store(true)
-				return out, consumed, true
-			case cutAfterCommit:
-				pc.blocked.Store(true)
-				out = append(out, msg...)
-				if msg[0] == 'Q' {
-					return out, consumed, true
-				}
-				pc.cutAtSync = true
-				continue
-			}
-		}
-		out = append(out, msg...)
 	}
+}
+
+// forwardTyped appends the typed message msg to out unless a COMMIT fault drops it, and
+// reports whether to cut the connection once out is forwarded.
+func (p *Proxy) forwardTyped(pc *proxyConn, out, msg []byte) ([]byte, bool) {
+	if pc.cutAtSync {
+		return append(out, msg...), msg[0] == 'S'
+	}
+	if pc.carriesCommit(msg) {
+		switch p.takeFault() {
+		case cutBeforeCommit:
+			pc.blocked.Store(true)
+			return out, true
+		case cutAfterCommit:
+			pc.blocked.Store(true)
+			out = append(out, msg...)
+			if msg[0] == 'Q' {
+				return out, true
+			}
+			pc.cutAtSync = true
+			return out, false
+		}
+	}
+	return append(out, msg...), false
 }
 
 // link writes one direction of a proxied connection, after the proxy's delay if
@@ -480,6 +491,8 @@ type delayed struct {
 	b   []byte
 }
 
+// newLink returns the writer of conn; with a delay, a goroutine of the proxy writes each
+// chunk when it is due.
 func (p *Proxy) newLink(pc *proxyConn, conn net.Conn, delay time.Duration, before func()) *link {
 	l := &link{conn: conn, before: before, delay: delay}
 	if delay > 0 {
@@ -597,6 +610,8 @@ func isCommitSQL(sql string) bool {
 	return false
 }
 
+// skipSpaceAndComments returns s from its first token on, or "" for an unterminated
+// comment.
 func skipSpaceAndComments(s string) string {
 	for {
 		s = strings.TrimLeft(s, " \t\r\n\f\v")
@@ -631,6 +646,7 @@ func skipSpaceAndComments(s string) string {
 	}
 }
 
+// isIdentByte reports a byte that continues an SQL identifier or keyword.
 func isIdentByte(c byte) bool {
 	return c == '_' || c == '$' || c >= 0x80 ||
 		'a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9'
@@ -653,6 +669,7 @@ type Recording struct {
 	convs []*Conversation
 }
 
+// add starts the conversation of a newly accepted connection.
 func (r *Recording) add() *Conversation {
 	c := &Conversation{done: make(chan struct{})}
 	r.mu.Lock()
@@ -689,12 +706,14 @@ type recorded struct {
 	buf []byte
 }
 
+// append records bytes the relay received.
 func (r *recorded) append(b []byte) {
 	r.mu.Lock()
 	r.buf = append(r.buf, b...)
 	r.mu.Unlock()
 }
 
+// bytes returns a copy, so that a test reads it while the relay appends.
 func (r *recorded) bytes() []byte {
 	r.mu.Lock()
 	defer r.mu.Unlock()

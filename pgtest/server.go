@@ -127,6 +127,8 @@ func (s *Server) create() error {
 	return s.startServer(context.Background())
 }
 
+// initdb creates the data directory: trust authentication, no fsync, UTF8 and the C
+// locale, so that server messages and sorting are the same on every machine.
 func (s *Server) initdb() error {
 	return s.run(context.Background(), s.bins.initdb, "-D", s.dataDir,
 		"-A", "trust", "-U", "postgres", "--no-sync", "-E", "UTF8", "--locale=C")

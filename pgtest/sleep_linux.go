@@ -22,6 +22,7 @@ func newSleeper() sleeper {
 	return sleeper{}
 }
 
+// until sleeps until t in nanosleep calls, which the lowered slack lets end on time.
 func (sleeper) until(t time.Time) {
 	for {
 		d := time.Until(t)

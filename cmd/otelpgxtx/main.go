@@ -80,8 +80,23 @@ func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 	if *dsn == "" {
 		*dsn = getenv("DATABASE_URL")
 	}
-	var items []item
-	var bad []string
+	items, bad := readItems(fs.Args(), stdin)
+	if len(bad) > 0 {
+		for _, b := range bad {
+			fmt.Fprintln(stderr, "otelpgxtx reconcile:", b)
+		}
+		return exitBad
+	}
+	if len(items) == 0 {
+		fmt.Fprintln(stderr, "otelpgxtx reconcile: nothing to reconcile")
+		return exitBad
+	}
+	return reconcile(ctx, items, *dsn, *wait, *marker, stdout, stderr)
+}
+
+// readItems parses the arguments, or standard input when there are none, and returns
+// the items with a message for each input that is not one.
+func readItems(args []string, stdin io.Reader) (items []item, bad []string) {
 	add := func(where, text string) {
 		text = strings.TrimSpace(text)
 		if text == "" {
@@ -94,8 +109,8 @@ func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 		}
 		items = append(items, it)
 	}
-	if fs.NArg() > 0 {
-		for i, a := range fs.Args() {
+	if len(args) > 0 {
+		for i, a := range args {
 			add(fmt.Sprintf("argument %d", i+1), a)
 		}
 	} else {
@@ -108,31 +123,26 @@ func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 			bad = append(bad, fmt.Sprintf("reading standard input: %v", err))
 		}
 	}
-	if len(bad) > 0 {
-		for _, b := range bad {
-			fmt.Fprintln(stderr, "otelpgxtx reconcile:", b)
-		}
-		return exitBad
-	}
-	if len(items) == 0 {
-		fmt.Fprintln(stderr, "otelpgxtx reconcile: nothing to reconcile")
-		return exitBad
-	}
+	return items, bad
+}
 
-	conn, err := pgx.Connect(ctx, *dsn)
+// reconcile asks the database at dsn about each item, prints one line for each, and
+// returns the exit status.
+func reconcile(ctx context.Context, items []item, dsn string, wait time.Duration, marker string, stdout, stderr io.Writer) int {
+	conn, err := pgx.Connect(ctx, dsn)
 	if err != nil {
-		fmt.Fprintln(stderr, "otelpgxtx reconcile: connecting to the database:", redact(err.Error(), *dsn))
+		fmt.Fprintln(stderr, "otelpgxtx reconcile: connecting to the database:", redact(err.Error(), dsn))
 		return exitBad
 	}
 	defer conn.Close(context.WithoutCancel(ctx))
-	rec, err := otelpgxtx.NewReconciler(conn, otelpgxtx.WithReconcileWait(*wait, 50*time.Millisecond))
+	rec, err := otelpgxtx.NewReconciler(conn, otelpgxtx.WithReconcileWait(wait, 50*time.Millisecond))
 	if err != nil {
 		fmt.Fprintln(stderr, "otelpgxtx reconcile:", err)
 		return exitBad
 	}
 	var markerTable pgx.Identifier
-	if *marker != "" {
-		markerTable = strings.Split(*marker, ".")
+	if marker != "" {
+		markerTable = strings.Split(marker, ".")
 	}
 	code := exitSettled
 	for _, it := range items {
@@ -145,7 +155,7 @@ func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 			it.byMarker = true
 		}
 		if err != nil {
-			fmt.Fprintln(stderr, "otelpgxtx reconcile:", redact(err.Error(), *dsn))
+			fmt.Fprintln(stderr, "otelpgxtx reconcile:", redact(err.Error(), dsn))
 			return exitBad
 		}
 		fmt.Fprintln(stdout, it.line(res))

@@ -24,12 +24,8 @@ var srv *pgtest.Server
 
 func TestMain(m *testing.M) { pgtest.Main(m, &srv) }
 
-func testCtx(t *testing.T) context.Context {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	t.Cleanup(cancel)
-	return ctx
-}
+// testCtx bounds every server interaction of a test.
+func testCtx(t *testing.T) context.Context { return pgtest.Context(t, 2*time.Minute) }
 
 // cli runs the command in-process with the server's URL as DATABASE_URL.
 func cli(t *testing.T, ctx context.Context, stdin string, args ...string) (code int, stdout, stderr string) {

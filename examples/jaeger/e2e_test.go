@@ -13,6 +13,7 @@ import (
 	"go.yaml.in/yaml/v3"
 
 	"github.com/txevidence/otelpgxtx/outcome"
+	"github.com/txevidence/otelpgxtx/pgtest"
 )
 
 // jaegerModuleVersion is the Go module version of Jaeger v2 that scripts/jaeger builds
@@ -28,7 +29,7 @@ func TestJaegerRoundTrip(t *testing.T) {
 	j := startJaeger(t)
 	for _, proto := range []string{protoHTTP, protoGRPC} {
 		t.Run(strings.ReplaceAll(proto, "/", "_"), func(t *testing.T) {
-			ctx := testCtx(t, 3*time.Minute)
+			ctx := pgtest.Context(t, 3*time.Minute)
 			endpoint := "http://" + j.otlpHTTP
 			if proto == protoGRPC {
 				endpoint = "http://" + j.otlpGRPC

@@ -2,7 +2,6 @@ package main
 
 import (
 	"bytes"
-	"context"
 	"net"
 	"os"
 	"path/filepath"
@@ -41,18 +40,11 @@ func (s *syncBuffer) String() string {
 	return s.b.String()
 }
 
-func testCtx(t *testing.T, d time.Duration) context.Context {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), d)
-	t.Cleanup(cancel)
-	return ctx
-}
-
 // TestDemoEmbedded runs the program as `go run .` does with nothing installed but
 // PostgreSQL: no DATABASE_URL (it starts its own server) and no OTLP receiver (it
 // prints the trees). It must exit 0, and the trees must show what the README promises.
 func TestDemoEmbedded(t *testing.T) {
-	ctx := testCtx(t, 3*time.Minute)
+	ctx := pgtest.Context(t, 3*time.Minute)
 	var out, errOut syncBuffer
 	cfg, err := parseConfig(nil, func(string) string { return "" }, &errOut)
 	if err != nil {
@@ -149,7 +141,7 @@ func TestParseConfig(t *testing.T) {
 // throw-away server has (the indeterminate scenario depends on them), the demo serves
 // metrics where Prometheus scrapes them, and Prometheus loads the tested rules.
 func TestComposeMatchesPgtest(t *testing.T) {
-	ctx := testCtx(t, time.Minute)
+	ctx := pgtest.Context(t, time.Minute)
 	b, err := os.ReadFile("../../docker-compose.yml")
 	if err != nil {
 		t.Fatal(err)

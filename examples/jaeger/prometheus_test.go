@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/txevidence/otelpgxtx/outcome"
+	"github.com/txevidence/otelpgxtx/pgtest"
 )
 
 // prometheusModuleVersion is the Go module version of Prometheus that scripts/prometheus
@@ -181,7 +182,7 @@ var alertNames = []string{"TransactionCommitIndeterminate", "TransactionCommitUn
 // (no_reference) and TransactionReconciledUnknown pages. The series have the names and
 // labels the README documents.
 func TestPrometheusAlert(t *testing.T) {
-	ctx := testCtx(t, 4*time.Minute)
+	ctx := pgtest.Context(t, 4*time.Minute)
 	ports := freePorts(t, 2)
 	var out, errOut syncBuffer
 	cfg := config{

@@ -9,6 +9,7 @@ import (
 	"go.opentelemetry.io/otel/codes"
 
 	"github.com/txevidence/otelpgxtx"
+	"github.com/txevidence/otelpgxtx/pgtest"
 )
 
 // TestTailSampling runs the shipped tail-sampling.yaml in the real Jaeger v2 and sends
@@ -41,7 +42,7 @@ func TestTailSampling(t *testing.T) {
 		// (telemetry.go) and the transactions are short, so a trace is whole long before.
 		"TAIL_SAMPLING_COMMITTED_PERCENT=10")
 
-	ctx := testCtx(t, 8*time.Minute)
+	ctx := pgtest.Context(t, 8*time.Minute)
 	var out, errOut syncBuffer
 	cfg := config{
 		databaseURL:     srv.ConnString(),

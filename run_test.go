@@ -8,7 +8,6 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
-	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -25,6 +24,24 @@ func insertFn(table string, id int) func(context.Context, pgx.Tx) (int, error) {
 		_, err := tx.Exec(ctx, fmt.Sprintf("insert into %s (id, k) values (%d, %d)", table, id, id))
 		return id, err
 	}
+}
+
+// insertThen returns a Run function that inserts row 1 into table and then runs fn: the
+// outer transaction of the tests that run more work, or a nested call, inside one.
+func insertThen(table string, fn func(context.Context, pgx.Tx) (int, error)) func(context.Context, pgx.Tx) (int, error) {
+	return func(ctx context.Context, tx pgx.Tx) (int, error) {
+		if _, err := insertFn(table, 1)(ctx, tx); err != nil {
+			return 0, err
+		}
+		return fn(ctx, tx)
+	}
+}
+
+// policyWith is the default policy with propagation prop.
+func policyWith(prop Propagation) Policy {
+	p := DefaultPolicy()
+	p.Propagation = prop
+	return p
 }
 
 func TestRunCommitted(t *testing.T) {
@@ -305,13 +322,10 @@ func TestRunIdleTermination(t *testing.T) {
 	table := newTable(t, ctx)
 	p := DefaultPolicy()
 	p.MaxAttempts = 1
-	res := Run(ctx, h.pool, p, func(ctx context.Context, tx pgx.Tx) (int, error) {
-		if _, err := insertFn(table, 1)(ctx, tx); err != nil {
-			return 0, err
-		}
+	res := Run(ctx, h.pool, p, insertThen(table, func(ctx context.Context, tx pgx.Tx) (int, error) {
 		terminateIdle(t, ctx, tx.Conn())
 		return 1, nil
-	})
+	}))
 	rb, ok := res.(outcome.DeterminateRollback[int])
 	if !ok || !rb.Retryable() || rb.Phase() != outcome.PhaseCommitting {
 		t.Fatalf("result = %T %+v", res, res)
@@ -319,101 +333,6 @@ func TestRunIdleTermination(t *testing.T) {
 	wantAttr(t, onlyFrame(t, h), "error.type", "session_ended_before_commit")
 	if rowExists(t, ctx, table, 1) {
 		t.Fatal("row present")
-	}
-}
-
-func TestReconcilerAbortedNoWritesAndUnknowns(t *testing.T) {
-	ctx := testCtx(t)
-	h := newHarness(t, "", 2)
-	table := newTable(t, ctx)
-	rec, err := NewReconciler(h.pool, WithReconcileWait(0, time.Millisecond))
-	if err != nil {
-		t.Fatal(err)
-	}
-	// A real transaction's reference, then rolled back: aborted.
-	var ref outcome.ReconciliationRef
-	res := Run(ctx, h.pool, DefaultPolicy(), func(ctx context.Context, tx pgx.Tx) (int, error) {
-		if _, err := insertFn(table, 1)(ctx, tx); err != nil {
-			return 0, err
-		}
-		var xid uint64
-		if err := tx.QueryRow(ctx, "select pg_current_xact_id()::text::bigint").Scan(&xid); err != nil {
-			return 0, err
-		}
-		st := stateOf(tx.Conn().PgConn())
-		if err := readIdentity(ctx, tx.Conn().PgConn(), st); err != nil {
-			return 0, err
-		}
-		ref = outcome.ReconciliationRef{XID: xid, SystemIdentifier: st.systemID, Timeline: st.timeline}
-		return 0, errors.New("roll it back")
-	})
-	if _, ok := res.(outcome.DeterminateRollback[int]); !ok {
-		t.Fatalf("result = %T", res)
-	}
-	// A real committed transaction's reference, with the server start it was read under.
-	var committed outcome.ReconciliationRef
-	res = Run(ctx, h.pool, DefaultPolicy(), func(ctx context.Context, tx pgx.Tx) (int, error) {
-		if _, err := insertFn(table, 2)(ctx, tx); err != nil {
-			return 0, err
-		}
-		var xid uint64
-		err := tx.QueryRow(ctx, "select pg_current_xact_id()::text::bigint").Scan(&xid)
-		st := stateOf(tx.Conn().PgConn())
-		committed = outcome.ReconciliationRef{XID: xid, SystemIdentifier: st.systemID, Timeline: st.timeline, ServerStart: st.serverStart}
-		return 0, err
-	})
-	if res.Outcome() != outcome.OutcomeCommitted || committed.ServerStart == 0 {
-		t.Fatalf("result = %T, server start %d", res, committed.ServerStart)
-	}
-	restarted, unknownStart := committed, committed
-	restarted.ServerStart++
-	unknownStart.ServerStart = 0
-	cases := []struct {
-		name   string
-		ref    outcome.ReconciliationRef
-		want   Resolved
-		reason string
-	}{
-		{"aborted", ref, ResolvedAborted, ""},
-		{"committed", committed, ResolvedCommitted, ""},
-		// A crash restart hands out again xids whose records had not reached the WAL:
-		// "committed" after a restart may be another transaction's.
-		{"committed, server restarted since", restarted, ResolvedUnknown, UnknownServerRestarted},
-		{"committed, start unknown", unknownStart, ResolvedUnknown, UnknownServerRestarted},
-		{"no writes", outcome.ReconciliationRef{XID: 0, SystemIdentifier: ref.SystemIdentifier, Timeline: ref.Timeline}, ResolvedNoWrites, ""},
-		{"other system", outcome.ReconciliationRef{XID: ref.XID, SystemIdentifier: ref.SystemIdentifier + 1, Timeline: ref.Timeline}, ResolvedUnknown, UnknownOtherSystem},
-		{"other timeline", outcome.ReconciliationRef{XID: ref.XID, SystemIdentifier: ref.SystemIdentifier, Timeline: ref.Timeline + 1}, ResolvedUnknown, UnknownOtherTimeline},
-		{"in the future", outcome.ReconciliationRef{XID: ref.XID + 1_000_000, SystemIdentifier: ref.SystemIdentifier, Timeline: ref.Timeline}, ResolvedUnknown, UnknownInTheFuture},
-		{"too old", outcome.ReconciliationRef{XID: 3, SystemIdentifier: ref.SystemIdentifier, Timeline: ref.Timeline}, ResolvedUnknown, UnknownTooOld},
-	}
-	for _, tc := range cases {
-		got, err := rec.Resolve(ctx, tc.ref, trace.SpanContext{})
-		if err != nil || got.Resolved() != tc.want || got.Reason() != tc.reason {
-			t.Errorf("%s: %v %q %v; want %v %q", tc.name, got.Resolved(), got.Reason(), err, tc.want, tc.reason)
-		}
-	}
-	// In progress: a transaction that stays open past the bounded wait.
-	conn, err := srv.Conn(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close(ctx)
-	var open uint64
-	mustExec(t, ctx, conn, "begin")
-	if err := conn.QueryRow(ctx, "select pg_current_xact_id()::text::bigint").Scan(&open); err != nil {
-		t.Fatal(err)
-	}
-	got, err := rec.Resolve(ctx, outcome.ReconciliationRef{XID: open, SystemIdentifier: ref.SystemIdentifier, Timeline: ref.Timeline}, trace.SpanContext{})
-	if err != nil || got.Resolved() != ResolvedUnknown || got.Reason() != UnknownInProgress {
-		t.Fatalf("open transaction: %v %q %v", got.Resolved(), got.Reason(), err)
-	}
-	mustExec(t, ctx, conn, "rollback")
-	// Malformed references are errors, not guesses.
-	if _, err := rec.Resolve(ctx, outcome.ReconciliationRef{XID: 5}, trace.SpanContext{}); !errors.Is(err, ErrInvalidArgument) {
-		t.Fatalf("malformed reference: %v", err)
-	}
-	if _, err := outcome.ParseReconciliationRef("pg:1/x/3"); err == nil {
-		t.Fatal("malformed reference text parsed")
 	}
 }
 
@@ -474,15 +393,11 @@ func TestRunRequiresNewInsideRequired(t *testing.T) {
 	h := newHarness(t, "", 2)
 	table := newTable(t, ctx)
 	var inner outcome.Result[int]
-	res := Run(ctx, h.pool, DefaultPolicy(), func(ctx context.Context, tx pgx.Tx) (int, error) {
-		if _, err := insertFn(table, 1)(ctx, tx); err != nil {
-			return 0, err
-		}
-		p := DefaultPolicy()
-		p.Propagation = RequiresNew
+	res := Run(ctx, h.pool, DefaultPolicy(), insertThen(table, func(ctx context.Context, tx pgx.Tx) (int, error) {
+		p := policyWith(RequiresNew)
 		inner = Run(ctx, h.pool, p, insertFn(table, 2))
 		return 0, errors.New("outer rolls back")
-	})
+	}))
 	if _, ok := inner.(outcome.Committed[int]); !ok {
 		t.Fatalf("inner = %T %+v", inner, inner)
 	}
@@ -512,12 +427,8 @@ func TestRunNestedSavepoint(t *testing.T) {
 	table := newTable(t, ctx)
 	var hooks []string
 	var nested outcome.Result[int]
-	res := Run(ctx, h.pool, DefaultPolicy(), func(ctx context.Context, tx pgx.Tx) (int, error) {
-		if _, err := insertFn(table, 1)(ctx, tx); err != nil {
-			return 0, err
-		}
-		p := DefaultPolicy()
-		p.Propagation = Nested
+	res := Run(ctx, h.pool, DefaultPolicy(), insertThen(table, func(ctx context.Context, tx pgx.Tx) (int, error) {
+		p := policyWith(Nested)
 		nested = Run(ctx, h.pool, p, func(ctx context.Context, tx pgx.Tx) (int, error) {
 			AfterCommit(ctx, func(context.Context) error { hooks = append(hooks, "nested"); return nil })
 			insertFn(table, 2)(ctx, tx)
@@ -528,7 +439,7 @@ func TestRunNestedSavepoint(t *testing.T) {
 			t.Errorf("released savepoint = %T", ok)
 		}
 		return 1, nil
-	})
+	}))
 	if _, ok := res.(outcome.Committed[int]); !ok {
 		t.Fatalf("outer = %T %+v", res, res)
 	}
@@ -633,8 +544,7 @@ func TestRunBadInput(t *testing.T) {
 
 // requiresNewOn runs a RequiresNew on db and returns the inner result's cause as error.
 func requiresNewOn(ctx context.Context, db DB) (int, error) {
-	p := DefaultPolicy()
-	p.Propagation = RequiresNew
+	p := policyWith(RequiresNew)
 	r := Run(ctx, db, p, func(context.Context, pgx.Tx) (int, error) { return 0, nil })
 	if rb, ok := r.(outcome.DeterminateRollback[int]); ok {
 		return 0, rb.Cause()
@@ -680,13 +590,10 @@ func TestRunUnreadResult(t *testing.T) {
 			table := newTable(t, ctx)
 			p := DefaultPolicy()
 			p.CaptureReference = capture
-			res := Run(ctx, h.pool, p, func(ctx context.Context, tx pgx.Tx) (int, error) {
-				if _, err := insertFn(table, 1)(ctx, tx); err != nil {
-					return 0, err
-				}
+			res := Run(ctx, h.pool, p, insertThen(table, func(ctx context.Context, tx pgx.Tx) (int, error) {
 				_, err := tx.Query(ctx, "select generate_series(1, 100000)")
 				return 1, err // the rows are left open
-			})
+			}))
 			rb, ok := res.(outcome.DeterminateRollback[int])
 			if !ok {
 				t.Fatalf("result = %T %+v, want DeterminateRollback", res, res)

@@ -1,0 +1,329 @@
+package otelpgxtx
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"go.opentelemetry.io/otel/trace"
+
+	"github.com/txevidence/otelpgxtx/classifier"
+	"github.com/txevidence/otelpgxtx/outcome"
+)
+
+// ErrUnreadResult is the cause of the rollback of a [Run] whose function returned nil
+// with a result it had not read (a pgx.Rows not closed): the connection is still busy
+// with it, so COMMIT cannot be sent. Run rolls back instead; close rows before returning.
+var ErrUnreadResult = errors.New("otelpgxtx: the transaction function returned with an unread result (a pgx.Rows not closed); rolled back")
+
+// errCommitUnobserved is the cause of an unknown commit whose end no statement showed
+// (the frame was abandoned while committing).
+var errCommitUnobserved = errors.New("otelpgxtx: the COMMIT's reply was never observed")
+
+// heldConn is the connection Run holds for one attempt, and how to give it back.
+type heldConn struct {
+	conn    *pgx.Conn
+	release func()
+}
+
+// acquire takes the connection an attempt runs on: from a pool, the connection itself,
+// or none for any other DB, which begins the transaction on its own.
+func acquire(ctx context.Context, db DB) (heldConn, error) {
+	switch db := db.(type) {
+	case *pgxpool.Pool:
+		pc, err := db.Acquire(ctx)
+		if err != nil {
+			return heldConn{}, err
+		}
+		return heldConn{conn: pc.Conn(), release: pc.Release}, nil
+	case *pgx.Conn:
+		return heldConn{conn: db, release: func() {}}, nil
+	}
+	return heldConn{}, nil // any other DB: BeginTx, then Tx.Commit
+}
+
+// attempt is one physical transaction of Run: the connection it holds, the transaction
+// begun on it with opts, the scope fn runs in and fn's context, which carries the scope.
+type attempt struct {
+	held heldConn
+	tx   pgx.Tx
+	sc   *scope
+	ctx  *runContext
+	opts pgx.TxOptions
+}
+
+// runAlloc is what Run allocates per attempt, in one allocation: the scope, the Tx
+// handle given to fn, and fn's context.
+type runAlloc struct {
+	sc  scope
+	tx  runTx
+	ctx runContext
+}
+
+// release ends every handle of the attempt's transaction and gives its connection back.
+func (a *attempt) release() {
+	a.sc.tx.end()
+	if a.held.release != nil {
+		a.held.release()
+	}
+}
+
+// runAttempt is one attempt: it begins a transaction, runs fn in it and ends it. It ends
+// the frame too, here only, once fn has returned or panicked: the frame's span outlives
+// the commit, for the post-commit hooks and the retry event. retry says whether Run
+// tries again.
+func runAttempt[T any](ctx context.Context, db DB, p Policy, fn func(context.Context, pgx.Tx) (T, error), n int) (res outcome.Result[T], retry bool) {
+	a, res := beginAttempt[T](ctx, db, p, n)
+	if res != nil {
+		return res, shouldRetry(ctx, p, res, n)
+	}
+	if f := a.sc.frame; f != nil {
+		defer func() { endFrame(f, res, retry, n) }()
+	}
+	value, err := callFn(ctx, &a, fn)
+	res = endAttempt(ctx, &a, p, value, err)
+	return res, shouldRetry(ctx, p, res, n)
+}
+
+// endFrame ends attempt n's frame with its result. A nil result is a panic in fn, which
+// rolled the transaction back; a retried attempt says so with a tx.retry event first.
+func endFrame[T any](f *frame, res outcome.Result[T], retry bool, n int) {
+	if res == nil {
+		f.endSpan(outcome.OutcomeRolledBack, nil)
+		return
+	}
+	if retry && f.span.IsRecording() {
+		f.span.AddEvent(EventRetry, trace.WithAttributes(AttemptKey.Int(n+1),
+			errorTypeKey.String(f.verdict.Reason())))
+	}
+	f.endSpan(res.Outcome(), postCommitFailure(res))
+}
+
+// postCommitFailure is the error of res's post-commit hooks, or nil.
+func postCommitFailure[T any](res outcome.Result[T]) error {
+	if r, ok := res.(outcome.CommittedWithPostCommitFailure[T]); ok {
+		return r.Failure()
+	}
+	return nil
+}
+
+// beginAttempt acquires a connection and begins attempt n's transaction on it. When
+// nothing could be begun it returns the not_started rollback instead. The attempt is a
+// value, so that Run allocates nothing for it.
+func beginAttempt[T any](ctx context.Context, db DB, p Policy, n int) (attempt, outcome.Result[T]) {
+	opts := p.txOptions()
+	held, err := acquire(ctx, db)
+	if err != nil {
+		v := classifier.Classify(outcome.PhaseNotStarted, err, classifier.Facts{})
+		return attempt{}, determinateRollback[T](outcome.OperationID{}, outcome.PhaseNotStarted, err, v.Retryable())
+	}
+	var tx pgx.Tx
+	if held.conn != nil && p.CaptureReference {
+		// Before BEGIN, so that the library's own query never runs inside the transaction;
+		// a connection it broke is handled like a failed BEGIN, and the pool discards it.
+		err = prepareCapture(ctx, held.conn)
+	}
+	if err == nil && held.conn != nil {
+		tx, err = held.conn.BeginTx(ctx, opts)
+	} else if err == nil {
+		tx, err = db.BeginTx(ctx, opts)
+	}
+	if err != nil {
+		closed := held.conn != nil && held.conn.IsClosed()
+		if held.release != nil {
+			held.release()
+		}
+		v := classifier.Classify(outcome.PhaseNotStarted, err, classifier.Facts{ConnClosed: closed})
+		return attempt{}, determinateRollback[T](outcome.OperationID{}, outcome.PhaseNotStarted, err, v.Retryable())
+	}
+	alloc := &runAlloc{}
+	alloc.tx.tx = tx
+	alloc.sc = scope{tx: &alloc.tx, frame: frameOfTx(tx), suspended: scopeFromContext(ctx)}
+	sc := &alloc.sc
+	sc.pool, _ = db.(*pgxpool.Pool)
+	if f := sc.frame; f != nil {
+		f.managed, f.propagation, f.attempt = true, p.Propagation.String(), n
+		sc.id = f.id
+	} else {
+		sc.id = outcome.NewOperationID()
+	}
+	alloc.ctx = runContext{Context: ctx, sc: sc}
+	return attempt{held: held, tx: tx, sc: sc, ctx: &alloc.ctx, opts: opts}, nil
+}
+
+// callFn runs fn in the attempt's transaction, with its scope and frame in the context.
+// A panic in fn rolls back, releases the connection and panics again.
+func callFn[T any](ctx context.Context, a *attempt, fn func(context.Context, pgx.Tx) (T, error)) (T, error) {
+	sc := a.sc
+	var fctx context.Context = a.ctx
+	if f := sc.frame; f != nil {
+		fctx = f.withSpan(fctx)
+	}
+	defer func() {
+		if pv := recover(); pv != nil {
+			cause := fmt.Errorf("otelpgxtx: panic in the transaction function: %v", pv)
+			rollback(ctx, sc, a.tx, cause)
+			sc.takeHooks()
+			a.release()
+			panic(pv)
+		}
+	}()
+	return fn(fctx, sc.tx)
+}
+
+// endAttempt ends the transaction after fn returned err: it rolls back when fn failed, a
+// participant doomed the transaction or a result is unread, and commits otherwise.
+func endAttempt[T any](ctx context.Context, a *attempt, p Policy, value T, err error) outcome.Result[T] {
+	sc, tx := a.sc, a.tx
+	if err == nil {
+		err = sc.rollbackCause()
+	}
+	if err == nil && tx.Conn() != nil && tx.Conn().PgConn().IsBusy() {
+		// pgconn would refuse COMMIT on a busy connection before sending a byte, so the
+		// transaction is rolled back, for certain, instead of being left to look unknown.
+		err = ErrUnreadResult
+	}
+	if err != nil {
+		v := rollback(ctx, sc, tx, err)
+		sc.takeHooks()
+		a.release()
+		return determinateRollback[T](sc.id, outcome.PhaseActive, err, v.Retryable())
+	}
+	cr := commit(ctx, sc, tx, a.held, p, a.opts)
+	hooks := sc.takeHooks()
+	a.release()
+	return resultOfCommit(ctx, sc, cr, hooks, value)
+}
+
+// resultOfCommit is the result of the COMMIT that cr describes: a confirmed commit runs
+// the AfterCommit hooks, an unobserved one is indeterminate, and anything else rolled back.
+func resultOfCommit[T any](ctx context.Context, sc *scope, cr commitOutcome, hooks []func(context.Context) error, value T) outcome.Result[T] {
+	f := sc.frame
+	v := cr.verdict
+	switch v.Evidence() {
+	case classifier.EvidenceCommitted:
+		if perr := runHooks(ctx, f, hooks); perr != nil {
+			// perr is not nil: the constructor has nothing to refuse.
+			r, _ := outcome.NewCommittedWithPostCommitFailure(sc.id, value, perr)
+			return r
+		}
+		return outcome.NewCommitted(sc.id, value, v.CommittedLocally())
+	case classifier.EvidenceUnknown:
+		cause := cr.err
+		if cause == nil {
+			cause = errCommitUnobserved
+		}
+		// Committing, a cause and a fresh id: the constructor has nothing to refuse.
+		r, _ := outcome.NewIndeterminate[T](sc.id, cause, cr.ref, v.CommittedLocally())
+		if f != nil {
+			r = r.WithTraceParent(traceParent(f.span.SpanContext()))
+		}
+		return r
+	}
+	cause := cr.err
+	if cause == nil {
+		cause = pgx.ErrTxCommitRollback
+	}
+	return determinateRollback[T](sc.id, outcome.PhaseCommitting, cause, v.Retryable())
+}
+
+// rollback ends the transaction after fn failed with cause, and returns the verdict:
+// the cause decides whether a retry can help.
+func rollback(ctx context.Context, sc *scope, tx pgx.Tx, cause error) classifier.Verdict {
+	conn := tx.Conn()
+	closed := conn != nil && conn.IsClosed()
+	v := classifier.Classify(outcome.PhaseActive, cause, classifier.Facts{ConnClosed: closed})
+	if f := sc.frame; f != nil {
+		f.cause = cause
+		if !f.hasErr {
+			f.firstErr, f.hasErr = v, true
+		}
+	}
+	// The caller's context may be what failed; the rollback must still be sent. Its error
+	// changes nothing: a failed rollback closes the connection, which rolls back too.
+	_ = tx.Rollback(context.WithoutCancel(ctx))
+	if f := sc.frame; f != nil {
+		if st := stateOf(f.conn); st != nil {
+			st.mu.Lock()
+			defer st.mu.Unlock()
+		}
+		if f.open() {
+			// The rollback never reached the tracer (the connection was gone).
+			f.conclude(stateOf(f.conn), f.firstErr)
+		}
+		return f.verdict
+	}
+	return v
+}
+
+// commitOutcome is what commit observed: the verdict, the COMMIT's error and the
+// reference captured before it.
+type commitOutcome struct {
+	verdict classifier.Verdict
+	err     error
+	ref     *outcome.ReconciliationRef
+}
+
+// commit ends the transaction with COMMIT — with reference capture when Run holds the
+// connection — and returns the verdict: the frame's, which has seen the server's
+// notices, or else the classifier's on the error alone.
+func commit(ctx context.Context, sc *scope, tx pgx.Tx, held heldConn, p Policy, opts pgx.TxOptions) commitOutcome {
+	f := sc.frame
+	var st *connState
+	if held.conn != nil {
+		st = connStateOf(held.conn)
+	}
+	if !p.CaptureReference || !st.identityKnown() {
+		err := tx.Commit(ctx)
+		if f != nil && !f.open() {
+			return commitOutcome{verdict: f.verdict, err: err}
+		}
+		return commitOutcome{verdict: classifier.Classify(outcome.PhaseCommitting, err,
+			classifier.Facts{RollbackTag: errors.Is(err, pgx.ErrTxCommitRollback)}), err: err}
+	}
+	pg := held.conn.PgConn()
+	st.mu.Lock()
+	st.committing = true // no hook marks this COMMIT in flight
+	if f != nil {
+		f.transition(outcome.PhaseCommitting) // before COMMIT reaches the driver
+		st.armCommit(f)
+	}
+	st.mu.Unlock()
+	var marker string
+	if p.CommitMarker != nil && p.AccessMode != pgx.ReadOnly { // a read-only one writes nothing to mark
+		marker, _ = outcome.QuoteMarkerTable(p.CommitMarker...) // validated with the policy
+	}
+	commitSQL := commitSQLOf(opts)
+	// The COMMIT statement span the inner tracer makes when pgx sends COMMIT, so that
+	// traces look the same with capture on and off; the capture itself makes none.
+	var qctx context.Context
+	if f != nil {
+		qctx = f.t.innerQueryStart(innerStartCtx(ctx, f), held.conn, pgx.TraceQueryStartData{SQL: commitSQL})
+	}
+	cr := commitWithCapture(ctx, pg, st, commitSQL, marker, sc.id)
+	if f != nil {
+		f.t.innerQueryEnd(innerEndCtx(qctx, f), held.conn, pgx.TraceQueryEndData{CommandTag: cr.tag, Err: cr.err})
+	}
+	if cr.err != nil && !pg.IsClosed() && pg.TxStatus() != 'I' {
+		// pgx closes a connection whose failed COMMIT left it in a transaction; so do we.
+		_ = held.conn.Close(context.WithoutCancel(ctx))
+	}
+	closePgxTx(tx, st)
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	st.committing = false
+	facts := classifier.Facts{RollbackTag: cr.rollbackTag, ConnClosed: pg.IsClosed()}
+	if f != nil {
+		f.ref = cr.ref
+		facts.CommittedLocally = f.committedLocally
+		st.commitFacts(f, &facts)
+	}
+	facts.SessionEndedBeforeCommit = facts.SessionEndedBeforeCommit || cr.endedBeforeCommit
+	v := classifier.Classify(outcome.PhaseCommitting, cr.err, facts)
+	if f != nil {
+		f.conclude(st, v)
+	}
+	return commitOutcome{verdict: v, err: cr.err, ref: cr.ref}
+}

@@ -1,0 +1,245 @@
+package otelpgxtx
+
+import (
+	"context"
+	"math/rand/v2"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/txevidence/otelpgxtx/outcome"
+)
+
+// DB is what [Run] and [Begin] begin transactions on: *pgxpool.Pool and *pgx.Conn are.
+// With a pool, Run acquires a connection itself, so that it can commit with reference
+// capture; any other DB is used through BeginTx and Tx.Commit, without capture.
+type DB interface {
+	BeginTx(ctx context.Context, txOptions pgx.TxOptions) (pgx.Tx, error)
+}
+
+// Run runs fn in a transaction according to policy and returns how it ended, as one of
+// the five variants of [outcome.Result]. fn commits by returning a nil error and rolls
+// back by returning an error; it must not call Commit or Rollback on tx.
+//
+//   - A retryable rollback (serialization failure, deadlock, connection lost before
+//     COMMIT was sent) is retried up to policy.MaxAttempts, with jittered exponential
+//     backoff. An Indeterminate outcome is never retried: replaying it could apply the
+//     work twice.
+//   - A call that joins an outer transaction returns Participating, never Committed.
+//   - A panic in fn rolls back, ends the frame as rolled_back, and panics again.
+//   - Once Run has returned, tx and every handle derived from it (savepoints,
+//     LargeObjects) fail with an error wrapping pgx.ErrTxClosed and send nothing.
+//   - Bad input (nil db or fn, an invalid policy, RequiresNew on the outer
+//     transaction's own connection) returns a DeterminateRollback in phase not_started
+//     whose cause wraps [ErrInvalidArgument]; nothing was begun.
+func Run[T any](ctx context.Context, db DB, policy Policy, fn func(ctx context.Context, tx pgx.Tx) (T, error)) outcome.Result[T] {
+	if err := checkRun(db, fn != nil, policy); err != nil {
+		return notStarted[T](err)
+	}
+	sc := scopeFromContext(ctx)
+	if sc != nil && !sc.open() {
+		sc = nil
+	}
+	switch policy.Propagation {
+	case Mandatory:
+		if sc == nil {
+			return notStarted[T](invalid("Mandatory propagation needs a transaction of Run in the context"))
+		}
+		return join(ctx, policy, sc, fn)
+	case Required:
+		if sc != nil {
+			return join(ctx, policy, sc, fn)
+		}
+	case Nested:
+		if sc != nil {
+			return nested(ctx, policy, sc, fn)
+		}
+	case RequiresNew:
+		if sc != nil {
+			if err := checkSecondConnection(ctx, db, sc); err != nil {
+				return notStarted[T](err)
+			}
+		}
+	}
+	return runOwner(ctx, db, policy, fn)
+}
+
+// checkRun refuses Run's bad input before anything is begun.
+func checkRun(db DB, hasFn bool, p Policy) error {
+	switch {
+	case db == nil:
+		return invalid("Run: nil db")
+	case isNilHandle(db):
+		return invalid("Run: nil %T", db)
+	case !hasFn:
+		return invalid("Run: nil function")
+	}
+	return p.validate()
+}
+
+// isNilHandle reports a typed nil pool or connection, which would panic on first use.
+func isNilHandle(v any) bool {
+	switch v := v.(type) {
+	case *pgxpool.Pool:
+		return v == nil
+	case *pgx.Conn:
+		return v == nil
+	}
+	return false
+}
+
+// checkSecondConnection refuses a RequiresNew that could only wait for itself: on the
+// outer transaction's own connection, or on a pool whose every connection is held by a
+// suspended transaction of this call chain (transactions on other pools hold none of it).
+func checkSecondConnection(ctx context.Context, db DB, sc *scope) error {
+	switch db := db.(type) {
+	case *pgx.Conn:
+		if db == sc.owner().tx.Conn() {
+			return invalid("RequiresNew needs a second connection, and db is the outer transaction's *pgx.Conn")
+		}
+	case *pgxpool.Pool:
+		held := 0
+		for s := sc; s != nil; s = s.owner().suspended { // each suspended owner holds one
+			if s.owner().pool == db {
+				held++
+			}
+		}
+		if max := db.Config().MaxConns; int(max) <= held {
+			return invalid("RequiresNew needs a second connection, and the pool's %d connection(s) are held by the suspended transactions of this call", max)
+		}
+	}
+	return nil
+}
+
+// notStarted is the result of a call that began nothing: err is never nil here, and
+// not_started is a rollback phase, so the constructor cannot refuse it.
+func notStarted[T any](err error) outcome.Result[T] {
+	return determinateRollback[T](outcome.OperationID{}, outcome.PhaseNotStarted, err, false)
+}
+
+// determinateRollback is the result of a transaction rolled back for certain. Every
+// caller passes the error that ended it and a phase a rollback can be observed in, so
+// the constructor has nothing to refuse.
+func determinateRollback[T any](id outcome.OperationID, phase outcome.Phase, cause error, retryable bool) outcome.DeterminateRollback[T] {
+	r, _ := outcome.NewDeterminateRollback[T](id, phase, cause, retryable)
+	return r
+}
+
+// join runs fn as a participant of sc. Its failure dooms the owner's transaction, so
+// the rollback it reports is certain; it is never retried on its own.
+func join[T any](ctx context.Context, p Policy, sc *scope, fn func(context.Context, pgx.Tx) (T, error)) outcome.Result[T] {
+	v, err := fn(ctx, sc.tx)
+	if err != nil {
+		sc.markRollbackOnly(err)
+		r := determinateRollback[T](sc.id, outcome.PhaseActive, err, false)
+		sc.participated(p, r.Outcome())
+		return r
+	}
+	sc.participated(p, outcome.OutcomeParticipating)
+	return outcome.NewParticipating(sc.id, v)
+}
+
+// nested runs fn inside a savepoint of sc's transaction. A failure rolls back to the
+// savepoint and discards the hooks fn registered; success releases it and hands them to
+// the parent. Either way nothing is committed yet: success is Participating.
+func nested[T any](ctx context.Context, p Policy, sc *scope, fn func(context.Context, pgx.Tx) (T, error)) outcome.Result[T] {
+	res := nestedSavepoint(ctx, sc, fn)
+	sc.participated(p, res.Outcome())
+	return res
+}
+
+// nestedSavepoint is nested without its participant event: the savepoint, fn in a child
+// scope, and the savepoint's release or rollback.
+func nestedSavepoint[T any](ctx context.Context, sc *scope, fn func(context.Context, pgx.Tx) (T, error)) outcome.Result[T] {
+	sp, err := sc.tx.tx.Begin(ctx)
+	if err != nil {
+		if !txIntact(sc.tx.tx) {
+			// The SAVEPOINT failed in the server or lost the connection: the outer
+			// transaction cannot commit. A context that had already expired sent nothing.
+			sc.markRollbackOnly(err)
+		}
+		return determinateRollback[T](sc.id, outcome.PhaseActive, err, false)
+	}
+	child := &scope{tx: &runTx{tx: sp}, frame: sc.frame, id: sc.id, parent: sc}
+	var v T
+	func() {
+		defer func() {
+			if p := recover(); p != nil {
+				_ = sp.Rollback(context.WithoutCancel(ctx))
+				child.takeHooks()
+				child.tx.end()
+				panic(p)
+			}
+		}()
+		v, err = fn(context.WithValue(ctx, scopeKey{}, child), child.tx)
+	}()
+	hooks := child.takeHooks()
+	child.tx.end()
+	if err == nil && ctx.Err() != nil {
+		// The call's deadline passed (or it was cancelled) while fn ran: its work is not
+		// what the caller asked for in time, so it is undone, as a failed call's is.
+		err = context.Cause(ctx)
+	}
+	// The savepoint belongs to the outer transaction, which outlives this call's context:
+	// ending it with an expired context would send nothing, leave the savepoint open and
+	// doom the outer transaction for a deadline that was only the inner call's.
+	octx := context.WithoutCancel(ctx)
+	if err != nil {
+		if rbErr := sp.Rollback(octx); rbErr != nil {
+			sc.markRollbackOnly(rbErr)
+		}
+		return determinateRollback[T](sc.id, outcome.PhaseActive, err, false)
+	}
+	if err := sp.Commit(octx); err != nil {
+		sc.markRollbackOnly(err)
+		return determinateRollback[T](sc.id, outcome.PhaseActive, err, false)
+	}
+	sc.mu.Lock()
+	sc.hooks = append(sc.hooks, hooks...)
+	sc.mu.Unlock()
+	return outcome.NewParticipating(sc.id, v)
+}
+
+// txIntact reports whether tx's connection is open and in a transaction that can still
+// commit.
+func txIntact(tx pgx.Tx) bool {
+	conn := tx.Conn()
+	return conn != nil && !conn.IsClosed() && conn.PgConn().TxStatus() == 'T'
+}
+
+// runOwner begins, runs and ends the physical transaction, retrying a retryable rollback.
+func runOwner[T any](ctx context.Context, db DB, p Policy, fn func(context.Context, pgx.Tx) (T, error)) outcome.Result[T] {
+	for n := 1; ; n++ {
+		res, retry := runAttempt(ctx, db, p, fn, n)
+		if !retry {
+			return res
+		}
+		timer := time.NewTimer(backoff(p, n))
+		select {
+		case <-ctx.Done():
+			timer.Stop()
+			return res
+		case <-timer.C:
+		}
+	}
+}
+
+// shouldRetry reports whether Run tries again after attempt n ended with res: only a
+// retryable rollback is, and only while attempts and the caller's time are left.
+func shouldRetry[T any](ctx context.Context, p Policy, res outcome.Result[T], n int) bool {
+	rb, ok := res.(outcome.DeterminateRollback[T])
+	return ok && rb.Retryable() && n < p.MaxAttempts && ctx.Err() == nil
+}
+
+// backoff draws the wait before attempt+1 uniformly from [0, min(max, base·2^(attempt-1))].
+func backoff(p Policy, attempt int) time.Duration {
+	d := p.BackoffBase << min(attempt-1, 30)
+	if d <= 0 || (p.BackoffMax > 0 && d > p.BackoffMax) {
+		d = p.BackoffMax
+	}
+	if d <= 0 {
+		return 0
+	}
+	return rand.N(d + 1)
+}
