@@ -944,29 +944,25 @@ func (s *soak) nemesis(ctx context.Context, stop <-chan struct{}) {
 		if faults >= s.cfg.maxFaults {
 			continue // only crashes are left
 		}
+		// terminate ends one backend in the given state, if any; a failed lookup drops the
+		// admin connection, to be dialled again.
+		terminate := func(where, fault string) {
+			pids, err := soakPids(ctx, &a, where)
+			if err != nil {
+				a.close()
+				a.c = nil
+				return
+			}
+			if len(pids) > 0 && soakSignal(ctx, &a, "pg_terminate_backend", pids[rng.IntN(len(pids))]) {
+				s.faults.add(fault, 1)
+				faults++
+			}
+		}
 		switch r := rng.IntN(100); {
 		case r < 35:
-			pids, err := soakPids(ctx, &a, "state = 'idle in transaction'")
-			if err != nil {
-				a.close()
-				a.c = nil
-				continue
-			}
-			if len(pids) > 0 && soakSignal(ctx, &a, "pg_terminate_backend", pids[rng.IntN(len(pids))]) {
-				s.faults.add("terminate: idle in transaction", 1)
-				faults++
-			}
+			terminate("state = 'idle in transaction'", "terminate: idle in transaction")
 		case r < 45:
-			pids, err := soakPids(ctx, &a, "state = 'active' and wait_event is distinct from 'SyncRep'")
-			if err != nil {
-				a.close()
-				a.c = nil
-				continue
-			}
-			if len(pids) > 0 && soakSignal(ctx, &a, "pg_terminate_backend", pids[rng.IntN(len(pids))]) {
-				s.faults.add("terminate: active backend", 1)
-				faults++
-			}
+			terminate("state = 'active' and wait_event is distinct from 'SyncRep'", "terminate: active backend")
 		case r < 70:
 			s.proxy.CutAfterCommit()
 			s.faults.add("proxy: cut after COMMIT (armed)", 1)
