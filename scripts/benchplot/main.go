@@ -290,7 +290,8 @@ func draw2(out, title string, plots []*plot.Plot) error {
 	for i, p := range plots {
 		grid[i/cols][i%cols] = p
 	}
-	width, height := 15*vg.Inch, vg.Length(rows)*4.5*vg.Inch+0.4*vg.Inch
+	const header = 0.5 * vg.Inch // the title's band above the plots
+	width, height := 15*vg.Inch, vg.Length(rows)*4.5*vg.Inch+header
 	var c vg.CanvasWriterTo = vgsvg.New(width, height)
 	if strings.HasSuffix(out, ".png") { // for a quick look where no SVG viewer is at hand
 		c = vgimg.PngCanvas{Canvas: vgimg.New(width, height)}
@@ -298,9 +299,11 @@ func draw2(out, title string, plots []*plot.Plot) error {
 	dc := draw.New(c)
 	titleStyle := plot.New().Title.TextStyle // gonum's default font, embedded
 	titleStyle.Font.Size = vg.Points(13)
-	titleStyle.XAlign = draw.XLeft // plot.New centres titles: at the left margin half of it would fall off the canvas
-	dc.FillText(titleStyle, vg.Point{X: 0.2 * vg.Inch, Y: height - 0.3*vg.Inch}, title)
-	body := draw.Crop(dc, 0, 0, 0, -0.4*vg.Inch)
+	// plot.New's title style is centred and hangs from its point: here it starts at the
+	// left margin and stands on its point, in the band above the plots.
+	titleStyle.XAlign, titleStyle.YAlign = draw.XLeft, draw.YBottom
+	dc.FillText(titleStyle, vg.Point{X: 0.2 * vg.Inch, Y: height - 0.35*vg.Inch}, title)
+	body := draw.Crop(dc, 0, 0, 0, -header)
 	tiles := draw.Tiles{Rows: rows, Cols: cols, PadX: vg.Millimeter * 4, PadY: vg.Millimeter * 4,
 		PadTop: vg.Millimeter * 2, PadBottom: vg.Millimeter * 2, PadLeft: vg.Millimeter * 2, PadRight: vg.Millimeter * 2}
 	canvases := plot.Align(grid, tiles, body)
