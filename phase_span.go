@@ -246,7 +246,9 @@ func (f *frame) endSpan(o outcome.Outcome, postCommitErr error) {
 	if o == outcome.OutcomeIndeterminate {
 		f.t.logIndeterminate(f)
 		if f.t.auto != nil {
-			f.t.auto.enqueue(f)
+			// Handed over once the span has ended, so that a reconciliation never starts
+			// before the frame it settles has ended.
+			defer f.t.auto.enqueue(f)
 		}
 	}
 	if !f.span.IsRecording() {
