@@ -189,7 +189,7 @@ func innerStartCtx(ctx context.Context, f *frame) context.Context {
 		return ctx
 	}
 	in := trace.SpanFromContext(ctx)
-	if !f.span.IsRecording() && !in.IsRecording() || sameSpan(in, f.span) {
+	if !f.recording && !in.IsRecording() || sameSpan(in, f.span) {
 		return ctx
 	}
 	if sameContext(ctx, f.framedIn) {
@@ -219,13 +219,11 @@ func innerEndCtx(ctx context.Context, f *frame) context.Context {
 // sameSpan reports whether a and b are one span. Spans are told apart by their ids,
 // never with ==: a span's dynamic type need not be comparable (the SDK's non-recording
 // span is not, and == on two of them panics). Only a recording span is compared: its ids
-// are its own, where a no-op span may carry its parent's.
+// are its own, where a no-op span may carry its parent's. The ids go first: the SDK's
+// IsRecording takes the span's lock, and on the hook paths the spans mostly differ.
 func sameSpan(a, b trace.Span) bool {
-	if !a.IsRecording() || !b.IsRecording() {
-		return false
-	}
 	sa, sb := a.SpanContext(), b.SpanContext()
-	return sa.SpanID() == sb.SpanID() && sa.TraceID() == sb.TraceID()
+	return sa.SpanID() == sb.SpanID() && sa.TraceID() == sb.TraceID() && a.IsRecording() && b.IsRecording()
 }
 
 var noopSpan = noop.Span{}

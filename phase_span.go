@@ -55,7 +55,10 @@ type frame struct {
 	// unrecorded: a Filter rejected the frame; its span only carries the caller's span
 	// context, and nothing is parented to it.
 	unrecorded bool
-	name       string // the span's name, for the next frame of COMMIT AND CHAIN
+	// recording is the span's IsRecording at start, which holds until it ends: the SDK's
+	// IsRecording takes the span's lock, and the hooks ask on every statement.
+	recording bool
+	name      string // the span's name, for the next frame of COMMIT AND CHAIN
 
 	committingAt     time.Time
 	concludedAt      time.Time
@@ -147,7 +150,8 @@ func (t *Tracer) startFrame(ctx context.Context, conn *pgx.Conn, st *connState, 
 		}
 		f.spanCtx, f.span = t.tracer.Start(ctx, f.name, frameStartOptions...)
 	}
-	if f.span.IsRecording() {
+	f.recording = f.span.IsRecording()
+	if f.recording {
 		// Written with the outcome attributes when the frame ends, in one SetAttributes.
 		if st.attrs == nil {
 			st.attrs = []attribute.KeyValue{dbSystemPostgreSQL}
@@ -182,7 +186,7 @@ func (f *frame) transition(to outcome.Phase) bool {
 	if to == outcome.PhaseCommitting {
 		f.committingAt = time.Now()
 	}
-	if f.span.IsRecording() {
+	if f.recording {
 		f.span.AddEvent(phaseEvents[to])
 	}
 	return true

@@ -95,7 +95,7 @@ func (t *Tracer) beforeQuery(ctx context.Context, conn *pgx.Conn, st *connState,
 	}
 	if f == nil && set.has(stmtBegin) && pg.TxStatus() == 'I' {
 		f = t.startFrame(ctx, conn, st, outcome.PhaseNotStarted, beginSQL, nil)
-		if f.span.IsRecording() { // they are only ever attributes
+		if f.recording { // they are only ever attributes
 			_, rest := classifyOne(beginSQL)
 			f.isolation, f.accessMode = beginOptions(rest)
 		}
