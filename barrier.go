@@ -25,10 +25,12 @@ type incarnation struct {
 	start    int64
 }
 
-// incarnationSQL reads the incarnation and whether synchronous replication is
-// configured (synchronous_standby_names is not empty).
-const incarnationSQL = "coalesce(" + timelineSQL + ", '0'), " + serverStartSQL +
-	", current_setting('synchronous_standby_names') <> ''"
+// incarnationSQL reads the incarnation: the timeline written on, and the server start.
+const incarnationSQL = "coalesce(" + timelineSQL + ", '0'), " + serverStartSQL
+
+// syncStandbysSQL reads whether synchronous replication is configured: only then can a
+// commit be local to the primary, and a committed answer need the barrier.
+const syncStandbysSQL = "current_setting('synchronous_standby_names') <> ''"
 
 // barrierSQL commits an implicit transaction that writes WAL, a transactional logical
 // decoding message (prefix "otelpgxtx.barrier", empty; any role may emit one, at any
@@ -40,7 +42,7 @@ const incarnationSQL = "coalesce(" + timelineSQL + ", '0'), " + serverStartSQL +
 // SyncRepWaitForLSN), so a barrier that returns makes every earlier commit as durable as
 // an acknowledged one. It runs at the synchronous_commit of the reconciler's connection.
 // The application_name, local to the transaction and shown in pg_stat_activity while it
-// waits, names the backend for cancelBarrier.
+// waits, names the backend for replicatedByName.
 const barrierSQL = "select pg_logical_emit_message(true, 'otelpgxtx.barrier', '')::text, " +
 	"set_config('application_name', $1, true), " + incarnationSQL
 
@@ -137,8 +139,7 @@ const cancelGrace = 5 * time.Second
 // scanBarrier reads the incarnation a barrier committed on.
 func scanBarrier(row pgx.Row) (incarnation, error) {
 	var lsn, setName, tli, start string
-	var syncStandbys bool
-	if err := row.Scan(&lsn, &setName, &tli, &start, &syncStandbys); err != nil {
+	if err := row.Scan(&lsn, &setName, &tli, &start); err != nil {
 		return incarnation{}, err
 	}
 	return parseIncarnation(tli, start)

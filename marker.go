@@ -134,7 +134,7 @@ func (r *Reconciler) lookupMarker(ctx context.Context, table string, op outcome.
 	// failover fenced nothing that survives there either.
 	wait := max(r.wait, time.Millisecond)
 	var lockTimeout, syncCommit, tli, start string
-	if err := tx.QueryRow(ctx, "select set_config('lock_timeout', $1, true), set_config('synchronous_commit', 'local', true), "+incarnationSQL,
+	if err := tx.QueryRow(ctx, "select set_config('lock_timeout', $1, true), set_config('synchronous_commit', 'local', true), "+incarnationSQL+", "+syncStandbysSQL,
 		strconv.FormatInt(wait.Milliseconds()+1, 10)).Scan(&lockTimeout, &syncCommit, &tli, &start, &seen.syncStandbys); err != nil {
 		return ResolvedUnknown, "", seen, err
 	}

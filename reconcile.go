@@ -337,7 +337,7 @@ func decide(ref outcome.ReconciliationRef, v serverView) (res Resolved, reason s
 
 // reconcileIdentitySQL reads the server's identity and its latest checkpoint.
 const reconcileIdentitySQL = "s.system_identifier::text, coalesce(" + timelineSQL + ", c.timeline_id::text), pg_is_in_recovery(), " +
-	serverStartSQL + ", c.timeline_id::text, c.next_xid::text, current_setting('synchronous_standby_names') <> '' " +
+	serverStartSQL + ", c.timeline_id::text, c.next_xid::text, " + syncStandbysSQL + " " +
 	"from pg_control_system() s, pg_control_checkpoint() c"
 
 // query reads the xid's status together with the server's identity, in one round trip,
