@@ -17,11 +17,13 @@ import (
 
 // identitySQL reads what makes an xid meaningful: the cluster's system identifier, its
 // current timeline and the server's start time. After a failover, and after a crash
-// restart, the same xid may name another transaction. It also calls the function
-// captureSQL calls, so that capture is only attempted where that call cannot fail for
-// want of a privilege: an ERROR there would abort the transaction being committed.
+// restart, the same xid may name another transaction. It also reads the OID of the
+// function the xid read calls, and calls it, so that capture is only attempted where
+// that call cannot fail for want of a privilege: an ERROR there would abort the
+// transaction being committed.
 const identitySQL = "select s.system_identifier::text, " + timelineSQL + ", " + serverStartSQL +
-	", pg_current_xact_id_if_assigned()::text from pg_control_system() s"
+	", " + captureXIDExpr + ", 'pg_catalog.pg_current_xact_id_if_assigned()'::pg_catalog.regprocedure::pg_catalog.oid::text" +
+	" from pg_control_system() s"
 
 // timelineSQL is the timeline the server writes WAL on, the first eight hex digits of
 // the current WAL file's name, NULL on a standby. pg_control_checkpoint() shows the
@@ -34,16 +36,10 @@ const timelineSQL = "case when pg_is_in_recovery() then null else " +
 // serverStartSQL is pg_postmaster_start_time() in microseconds since the Unix epoch.
 const serverStartSQL = "(extract(epoch from pg_postmaster_start_time()) * 1000000)::bigint::text"
 
-// captureSQL reads the transaction's xid without assigning one: NULL means the
-// transaction wrote nothing, so its commit changes nothing.
-const captureSQL = "select " + captureXIDExpr
-
-// captureXIDExpr is the xid read alone, which the commit marker's INSERT returns too, so
-// that a marked commit needs no second query for its xid.
+// captureXIDExpr reads the transaction's xid without assigning one: NULL means the
+// transaction wrote nothing, so its commit changes nothing. The commit marker's INSERT
+// returns it, so that a marked commit needs no second call for its xid.
 const captureXIDExpr = "pg_current_xact_id_if_assigned()::text"
-
-// captureQueryMsg is captureSQL's Query message; encoding only reads it.
-var captureQueryMsg = pgproto3.Query{String: captureSQL}
 
 // readIdentity reads the cluster identity into st, once per connection. It goes through
 // pgconn directly: it is the instrumentation's own query, not the application's, and
@@ -63,7 +59,7 @@ func readIdentity(ctx context.Context, pg *pgconn.PgConn, st *connState) error {
 	if err != nil {
 		return fmt.Errorf("otelpgxtx: reading the cluster identity: %w", err)
 	}
-	if len(results) != 1 || len(results[0].Rows) != 1 || len(results[0].Rows[0]) != 4 {
+	if len(results) != 1 || len(results[0].Rows) != 1 || len(results[0].Rows[0]) != 5 {
 		return errors.New("otelpgxtx: reading the cluster identity: unexpected result shape")
 	}
 	row := results[0].Rows[0]
@@ -73,10 +69,12 @@ func readIdentity(ctx context.Context, pg *pgconn.PgConn, st *connState) error {
 	sys, err1 := strconv.ParseUint(string(row[0]), 10, 64)
 	tli, err2 := strconv.ParseUint(string(row[1]), 10, 32)
 	start, err3 := strconv.ParseInt(string(row[2]), 10, 64)
-	if err1 != nil || err2 != nil || err3 != nil || sys == 0 || tli == 0 || start <= 0 {
+	fn, err4 := strconv.ParseUint(string(row[4]), 10, 32)
+	if err1 != nil || err2 != nil || err3 != nil || err4 != nil || sys == 0 || tli == 0 || start <= 0 || fn == 0 {
 		return fmt.Errorf("otelpgxtx: reading the cluster identity: unexpected values %q", row)
 	}
 	st.systemID, st.timeline, st.serverStart = sys, uint32(tli), start
+	st.xidCall = pgproto3.FunctionCall{Function: uint32(fn)} // result in text format
 	return nil
 }
 
@@ -142,26 +140,39 @@ type commitResult struct {
 	ref               *outcome.ReconciliationRef
 }
 
-// commitWithCapture sends the xid read and COMMIT as two simple-protocol Query messages
-// in one write: one network round trip, as plain COMMIT takes. The server ends each Query
-// with ReadyForQuery and flushes its output there, so the xid arrives before it reads
-// COMMIT, even if the commit never answers. With a marker table (quoted), see
-// commitWithMarker. The caller has read the identity (see identityKnown).
+// commitWithCapture sends the xid read and COMMIT in one write: one network round trip,
+// as plain COMMIT takes. The xid read is a fast-path FunctionCall message of
+// pg_current_xact_id_if_assigned: the server calls the function by OID, with no parse, plan
+// or portal, which a Query message of the same call costs it three times over (README,
+// Performance). The server ends each message with ReadyForQuery and flushes its output
+// there, so the xid arrives before it reads COMMIT, even if the commit never answers. With
+// a marker table (quoted), see commitWithMarker. The caller has read the identity (see
+// identityKnown).
 func commitWithCapture(ctx context.Context, pg *pgconn.PgConn, st *connState, commitSQL, marker string, id outcome.OperationID) commitResult {
 	if marker != "" {
 		return commitWithMarker(ctx, pg, st, commitSQL, marker, id)
 	}
 	var res commitResult
 	if ctx.Err() != nil || pg.IsClosed() || pg.IsBusy() {
-		// pgconn refuses before writing a byte, and says why as pgx's Commit would:
-		// queue nothing that could be left behind in its buffer.
+		// pgconn refuses before writing a byte, and says why as pgx's Commit would.
 		res.err = pg.Exec(ctx, commitSQL).Close()
 		return res
 	}
-	// pgconn has no call that sends two Query messages: queue the first where Exec's
-	// write takes it along, and read the second's reply message by message.
-	pg.Frontend().SendQuery(&captureQueryMsg)
-	xid, xidOK, err := readXID(pg.Exec(ctx, commitSQL))
+	// pgconn has no call that sends a FunctionCall, nor one that returns its reply: the
+	// two messages go out through its frontend and the replies come back message by
+	// message. The connection is idle, so its socket has room for the few bytes and the
+	// write cannot block on the context's behalf.
+	fe := pg.Frontend()
+	fe.Send(&st.xidCall)
+	fe.SendQuery(&pgproto3.Query{String: commitSQL})
+	if err := fe.Flush(); err != nil {
+		// Some bytes may have left (the error says whether none did): the connection is
+		// unusable either way, and closing it makes the server roll back what it lacks.
+		_ = pg.Close(cancelledCtx)
+		res.err = err
+		return res
+	}
+	xid, xidOK, err := readXIDReply(ctx, pg)
 	if xidOK {
 		res.ref = st.ref(xid)
 	}
@@ -171,41 +182,41 @@ func commitWithCapture(ctx context.Context, pg *pgconn.PgConn, st *connState, co
 		// answers COMMIT with ROLLBACK next.
 		res.tag, res.err = readCommitReply(ctx, pg)
 		res.rollbackTag = res.tag.String() == "ROLLBACK"
-	case !pg.IsClosed():
-		// Exec refused to write (the context ended after the check above), so the xid
-		// read is still queued: close the socket under it so that it is never sent.
-		_ = pg.Conn().Close()
-		_ = pg.Close(cancelledCtx)
-		res.err = err
+	case classifier.IsFatal(err):
+		// The server reads the messages in order and nothing after a FATAL.
+		res.err, res.endedBeforeCommit = err, true
 	default:
-		res.err = err
-		res.endedBeforeCommit = classifier.IsFatal(err)
+		res.err = commitReplyError{err}
 	}
 	return res
 }
 
-// readXID reads the xid read's reply, up to its ReadyForQuery, where the
-// MultiResultReader stops and leaves COMMIT's reply unread.
-func readXID(mrr *pgconn.MultiResultReader) (xid uint64, ok bool, err error) {
-	rows := 0
-	for mrr.NextResult() {
-		rr := mrr.ResultReader()
-		for rr.NextRow() {
-			rows++
-			if v := rr.Values(); len(v) == 1 && rows == 1 {
-				if v[0] == nil {
-					ok = true // NULL: no xid, the transaction wrote nothing
-				} else if n, perr := strconv.ParseUint(string(v[0]), 10, 64); perr == nil {
-					xid, ok = n, true
-				}
+// readXIDReply reads the xid read's reply up to its ReadyForQuery, leaving COMMIT's reply
+// unread. A failure to read closes the connection, as readCommitReply's does.
+func readXIDReply(ctx context.Context, pg *pgconn.PgConn) (xid uint64, ok bool, err error) {
+	for {
+		msg, rerr := pg.ReceiveMessage(ctx)
+		if rerr != nil {
+			if !pg.IsClosed() {
+				_ = pg.Close(cancelledCtx)
 			}
+			return xid, ok, rerr
 		}
-		_, _ = rr.Close() // its error is also the MultiResultReader's
+		switch m := msg.(type) {
+		case *pgproto3.FunctionCallResponse:
+			if m.Result == nil {
+				ok = true // NULL: no xid, the transaction wrote nothing
+			} else if n, perr := strconv.ParseUint(string(m.Result), 10, 64); perr == nil {
+				xid, ok = n, true
+			}
+		case *pgproto3.ErrorResponse:
+			if err == nil {
+				err = pgconn.ErrorResponseToPgError(m)
+			}
+		case *pgproto3.ReadyForQuery:
+			return xid, ok, err
+		}
 	}
-	if err = mrr.Close(); err != nil || rows != 1 {
-		return 0, false, err
-	}
-	return xid, ok, nil
 }
 
 // readCommitReply reads COMMIT's reply up to its ReadyForQuery, as pgx reads a simple

@@ -11,13 +11,11 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/txevidence/otelpgxtx/outcome"
 	"github.com/txevidence/otelpgxtx/pgtest"
 )
-
-// captureQuery is the xid read's Query message text as it appears on the wire.
-var captureQuery = []byte(captureSQL + "\x00")
 
 // instrumentedConn connects to connString with InstrumentConnConfig's defaults; the
 // connection is closed when tb ends.
@@ -39,7 +37,7 @@ func instrumentedConn(tb testing.TB, ctx context.Context, connString string) *pg
 }
 
 // endsAfterCheck is a context that has ended but whose first Err call says it has not:
-// the context ending between commitWithCapture's check and pgconn's own.
+// the context ending between commitWithCapture's check and its write.
 type endsAfterCheck struct {
 	context.Context
 	checked bool
@@ -54,13 +52,14 @@ func (c *endsAfterCheck) Err() error {
 }
 
 // TestCaptureContextEnded: a context that has ended before the write sends nothing — no
-// xid read, no COMMIT — whether commitWithCapture or pgconn notices it. Noticed first,
-// the connection is left as it was, still in its transaction, with nothing queued (the
-// next statement on it gets its own answer). Noticed by pgconn after the xid read was
-// queued, the connection is closed under it, and the server rolls back.
+// xid read, no COMMIT. The connection is left as it was, still in its transaction, with
+// nothing queued (the next statement on it gets its own answer). A context that ends
+// after the check, once both messages are written, reads no reply: the connection is
+// closed, the error is not safe to retry and no reference is claimed — and the server,
+// which reads its input in order, commits.
 func TestCaptureContextEnded(t *testing.T) {
 	for _, late := range []bool{false, true} {
-		t.Run(fmt.Sprintf("noticed by pgconn %v", late), func(t *testing.T) {
+		t.Run(fmt.Sprintf("ended after the write %v", late), func(t *testing.T) {
 			pgtest.LeakCheck(t)
 			ctx := testCtx(t)
 			proxy := newProxy(t)
@@ -88,36 +87,77 @@ func TestCaptureContextEnded(t *testing.T) {
 				commitCtx = &endsAfterCheck{Context: cctx}
 			}
 			pg := conn.PgConn()
+			pid := pg.PID()
 			res := commitWithCapture(commitCtx, pg, st, "commit", "", outcome.NewOperationID())
 			if !errors.Is(res.err, context.Canceled) || res.ref != nil || res.endedBeforeCommit || res.tag.String() != "" {
 				t.Fatalf("commit result %+v, want a cancellation and nothing else", res)
 			}
+			xidCall, err := st.xidCall.Encode(nil)
+			if err != nil {
+				t.Fatal(err)
+			}
 			if late {
 				if !pg.IsClosed() {
-					t.Fatal("the connection with the xid read queued is still open")
+					t.Fatal("the connection with replies unread is still open")
+				}
+				if pgconn.SafeToRetry(res.err) {
+					t.Fatal("an error after COMMIT was sent says it is safe to retry")
 				}
 				<-rec.Conversations()[0].Done()
-			} else {
-				if pg.IsClosed() || pg.IsBusy() || pg.TxStatus() != 'T' {
-					t.Fatalf("connection closed %v busy %v status %c; want it idle in its transaction",
-						pg.IsClosed(), pg.IsBusy(), pg.TxStatus())
+				if sent := rec.Conversations()[0].ClientBytes(); !bytes.Contains(sent, append(xidCall, []byte("Q\x00\x00\x00\x0bcommit\x00")...)) {
+					t.Fatalf("the xid read and COMMIT were not sent in order: %q", sent)
 				}
-				var one int
-				if err := conn.QueryRow(ctx, "select 1").Scan(&one); err != nil || one != 1 {
-					t.Fatalf("the next statement on the connection: %d, %v", one, err)
+				waitBackendGone(t, ctx, pid)
+				if !rowExists(t, ctx, table, 1) {
+					t.Fatal("the server did not commit what it was sent")
 				}
-				if err := tx.Rollback(ctx); err != nil {
-					t.Fatal(err)
-				}
+				return
+			}
+			if pg.IsClosed() || pg.IsBusy() || pg.TxStatus() != 'T' {
+				t.Fatalf("connection closed %v busy %v status %c; want it idle in its transaction",
+					pg.IsClosed(), pg.IsBusy(), pg.TxStatus())
+			}
+			var one int
+			if err := conn.QueryRow(ctx, "select 1").Scan(&one); err != nil || one != 1 {
+				t.Fatalf("the next statement on the connection: %d, %v", one, err)
+			}
+			if err := tx.Rollback(ctx); err != nil {
+				t.Fatal(err)
 			}
 			sent := rec.Conversations()[0].ClientBytes()
-			if bytes.Contains(sent, captureQuery) || bytes.Contains(sent, []byte("commit\x00")) {
+			if bytes.Contains(sent, xidCall) || bytes.Contains(sent, []byte("commit\x00")) {
 				t.Fatalf("sent the xid read or COMMIT with an ended context: %q", sent)
 			}
 			if rowExists(t, ctx, table, 1) {
 				t.Fatal("row present")
 			}
 		})
+	}
+}
+
+// waitBackendGone waits until the server process pid has left pg_stat_activity.
+func waitBackendGone(t *testing.T, ctx context.Context, pid uint32) {
+	t.Helper()
+	conn, err := srv.Conn(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	tick := time.NewTicker(time.Millisecond)
+	defer tick.Stop()
+	for {
+		var n int
+		if err := conn.QueryRow(ctx, "select count(*) from pg_stat_activity where pid = $1", pid).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		if n == 0 {
+			return
+		}
+		select {
+		case <-ctx.Done():
+			t.Fatalf("backend %d never ended", pid)
+		case <-tick.C:
+		}
 	}
 }
 

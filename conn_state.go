@@ -6,6 +6,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgproto3"
 	"go.opentelemetry.io/otel/attribute"
 
 	"github.com/txevidence/otelpgxtx/classifier"
@@ -31,6 +32,8 @@ type connState struct {
 	timeline     uint32
 	serverStart  int64 // µs since the epoch; a connection never outlives a restart
 	identityRead bool
+	// xidCall is the xid read, a fast-path call by the OID the identity read found.
+	xidCall pgproto3.FunctionCall
 
 	// silent hides Run's closing of pgx's Tx object (see closePgxTx) from the hooks.
 	silent bool

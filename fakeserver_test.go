@@ -26,7 +26,7 @@ import (
 // BEGIN ('T') and COMMIT/ROLLBACK ('I'), so pgconn's TxStatus is what a real server
 // would make it. Every SELECT returns one row with one int8 column (42), except Run's
 // cluster-identity read, which gets its text columns so that reference
-// capture works over the fake too; INSERT, UPDATE and DELETE affect one row. It
+// capture works over the fake too, and a FunctionCall (the xid read) returns 42; INSERT, UPDATE and DELETE affect one row. It
 // allocates nothing per message once warm, so allocation counts over it are pgx's and
 // the tracers'.
 type fakePG struct {
@@ -48,6 +48,7 @@ type fakePG struct {
 	cc       pgproto3.CommandComplete
 	rowDesc  pgproto3.RowDescription
 	dataRow  pgproto3.DataRow
+	fcr      pgproto3.FunctionCallResponse
 	params   pgproto3.ParameterDescription
 	oids     [8]uint32
 	textVal  [][]byte
@@ -313,6 +314,10 @@ func (c *fakePG) message(typ byte, body []byte) error {
 			delete(c.stmts, string(name))
 		}
 		c.send(&pgproto3.CloseComplete{})
+	case 'F': // FunctionCall: only Run's xid read is ever called, and answered 42
+		c.fcr.Result = c.textVal[0]
+		c.send(&c.fcr)
+		c.sendReady()
 	case 'H': // Flush: answers are never held back
 	case 'X': // Terminate
 		return io.EOF
@@ -343,6 +348,8 @@ func (c *fakePG) identity(sql []byte) {
 			v = "7000000000000000001" // system identifier
 		case 1:
 			v = "1" // timeline
+		case 4:
+			v = "5060" // the xid read's function OID
 		}
 		c.idVals = append(c.idVals, []byte(v))
 	}
