@@ -682,6 +682,44 @@ func BenchmarkHookQuery(b *testing.B) {
 	}
 }
 
+// TestBenchFloorModel checks BenchmarkHookFloor's model of a statement span against the
+// real thing: over fakePG, otelpgx starts each with len(benchStatementAttrs) attributes,
+// the Tracer adds db.query.summary, once, and otelpgx pgx.rows_affected at the end.
+func TestBenchFloorModel(t *testing.T) {
+	exp := tracetest.NewInMemoryExporter()
+	tp := sdktrace.NewTracerProvider(sdktrace.WithSyncer(exp))
+	cfg := fakePGConfig()
+	cfg.Tracer = NewTracer(WithTracerProvider(tp))
+	conn, err := pgx.ConnectConfig(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(context.Background())
+	const sql = "update t set v = v + 1 where id = $1"
+	if _, err := conn.Exec(context.Background(), sql, 1); err != nil { // prepared once, untraced, as in the benchmarks
+		t.Fatal(err)
+	}
+	ctx, req := tp.Tracer("request").Start(context.Background(), "request") // otelpgx records under a recording parent
+	if _, err := conn.Exec(ctx, sql, 1); err != nil {
+		t.Fatal(err)
+	}
+	req.End()
+	spans := exp.GetSpans()
+	if len(spans) != 2 || spans[0].Name == "request" {
+		t.Fatalf("%d spans, want the statement's and the request's", len(spans))
+	}
+	got := spans[0].Attributes
+	want := append(slices.Clone(benchStatementAttrs), benchSummary[0], benchRowsAffected)
+	if len(got) != len(want) {
+		t.Fatalf("statement span attributes %v: want the %d of the model", got, len(want))
+	}
+	for i, a := range want {
+		if got[i].Key != a.Key {
+			t.Errorf("attribute %d is %s, the model has %s", i, got[i].Key, a.Key)
+		}
+	}
+}
+
 // TestBenchFakeServer checks that the fake is a faithful enough stand-in: over it, the
 // Tracer sees a committed frame with every phase, and Run with capture returns a
 // Committed result after reading the cluster identity and the xid.
@@ -735,12 +773,18 @@ var (
 //     start options, no explicit timestamps, all attributes in one SetAttributes at the
 //     end, the context Start returned reused for the exemplars);
 //   - v=bare_span: a span with nothing on it, Start and End: the least one more span
-//     per transaction can cost.
+//     per transaction can cost;
+//   - v=statement_spans: the 5 statement spans otelpgx makes of that transaction (Start
+//     with its kind and its 7 attributes, pgx.rows_affected at the end, End), and
+//     v=statement_spans_summary the same with the db.query.summary the Tracer sets on each
+//     after Start: their difference is what the SDK charges for that attribute, which the
+//     frame span does not include.
 //
-// BenchmarkHookTx's c−b minus this floor is the Tracer's logic.
+// BenchmarkHookTx's c−b minus frame_span and minus statement_spans_summary −
+// statement_spans is the Tracer's logic.
 func BenchmarkHookFloor(b *testing.B) {
 	for _, s := range benchSamplings {
-		for _, v := range []string{"frame_span", "frame_span_lean", "bare_span"} {
+		for _, v := range []string{"frame_span", "frame_span_lean", "bare_span", "statement_spans", "statement_spans_summary"} {
 			b.Run(s.name+"/v="+v, func(b *testing.B) {
 				tel := newBenchTelemetry(s)
 				defer tel.shutdown()
@@ -750,6 +794,8 @@ func BenchmarkHookFloor(b *testing.B) {
 				defer req.End()
 				frame := map[string]func(context.Context, trace.Tracer, *metrics){
 					"frame_span": benchFrameSpan, "frame_span_lean": benchFrameSpanLean, "bare_span": benchBareSpan,
+					"statement_spans":         func(ctx context.Context, tr trace.Tracer, _ *metrics) { benchStatementSpans(ctx, tr, false) },
+					"statement_spans_summary": func(ctx context.Context, tr trace.Tracer, _ *metrics) { benchStatementSpans(ctx, tr, true) },
 				}[v]
 				b.ReportAllocs()
 				benchLoopCPU(b, func() { frame(ctx, tr, m) })
@@ -796,6 +842,36 @@ func benchFrameSpan(ctx context.Context, tr trace.Tracer, m *metrics) {
 	span.SetStatus(codes.Ok, "")
 	span.SetAttributes(attrs...)
 	span.End(trace.WithTimestamp(now))
+}
+
+// benchStatementAttrs are the attributes otelpgx v0.13 starts a statement span with over
+// fakePG (TestBenchFloorModel checks the count): the connection's five, the query text and
+// the operation name.
+var benchStatementAttrs = []attribute.KeyValue{
+	dbSystemPostgreSQL, attribute.String("server.address", "127.0.0.1"), attribute.Int("server.port", 5432),
+	attribute.String("user.name", "bench"), attribute.String("db.namespace", "bench"),
+	attribute.String("db.query.text", "update t set v = v + 1 where id = $1"), attribute.String("db.operation.name", "update"),
+}
+
+// benchSummary is a statement's db.query.summary as the Tracer's sanitizer caches it.
+var benchSummary = []attribute.KeyValue{dbQuerySummaryKey.String("update t")}
+
+// benchRowsAffected is what otelpgx sets on a statement span at its end.
+var benchRowsAffected = otelpgx.RowsAffectedKey.Int64(1)
+
+// benchStatementSpans makes a transaction's statement spans as otelpgx does, with the
+// Tracer's db.query.summary on each if summary.
+func benchStatementSpans(ctx context.Context, tr trace.Tracer, summary bool) {
+	for range benchFloorStatement {
+		_, span := tr.Start(ctx, "update", trace.WithSpanKind(trace.SpanKindClient), trace.WithAttributes(benchStatementAttrs...))
+		if summary && span.IsRecording() {
+			span.SetAttributes(benchSummary...)
+		}
+		if span.IsRecording() {
+			span.SetAttributes(benchRowsAffected)
+		}
+		span.End()
+	}
 }
 
 func benchBareSpan(ctx context.Context, tr trace.Tracer, _ *metrics) {

@@ -134,8 +134,8 @@ type commitResult struct {
 	err         error
 	tag         pgconn.CommandTag // COMMIT's
 	rollbackTag bool
-	// endedBeforeCommit: the server answered the xid read with a FATAL. It reads the
-	// Query messages in order and nothing after a FATAL, so COMMIT never ran.
+	// endedBeforeCommit: the server answered the xid read with a FATAL. It reads its
+	// messages in order and nothing after a FATAL, so COMMIT never ran.
 	endedBeforeCommit bool
 	ref               *outcome.ReconciliationRef
 }
@@ -172,18 +172,25 @@ func commitWithCapture(ctx context.Context, pg *pgconn.PgConn, st *connState, co
 		res.err = err
 		return res
 	}
-	xid, xidOK, err := readXIDReply(ctx, pg)
-	if xidOK {
-		res.ref = st.ref(xid)
+	xr, err := readReply(ctx, pg)
+	if xr.xidOK {
+		res.ref = st.ref(xr.xid)
 	}
 	switch {
-	case err == nil || isServerError(err) && !pg.IsClosed():
+	case err == nil:
 		// An ERROR (an aborted transaction answers 25P02) is not the commit's: the server
 		// answers COMMIT with ROLLBACK next.
-		res.tag, res.err = readCommitReply(ctx, pg)
+		cr, err := readReply(ctx, pg)
+		res.tag, res.err = cr.tag, cr.err
+		if err != nil {
+			res.tag = pgconn.CommandTag{}
+			if res.err == nil {
+				res.err = commitReplyError{err}
+			}
+		}
 		res.rollbackTag = res.tag.String() == "ROLLBACK"
 	case classifier.IsFatal(err):
-		// The server reads the messages in order and nothing after a FATAL.
+		// The server reads its messages in order and nothing after a FATAL.
 		res.err, res.endedBeforeCommit = err, true
 	default:
 		res.err = commitReplyError{err}
@@ -191,59 +198,42 @@ func commitWithCapture(ctx context.Context, pg *pgconn.PgConn, st *connState, co
 	return res
 }
 
-// readXIDReply reads the xid read's reply up to its ReadyForQuery, leaving COMMIT's reply
-// unread. A failure to read closes the connection, as readCommitReply's does.
-func readXIDReply(ctx context.Context, pg *pgconn.PgConn) (xid uint64, ok bool, err error) {
-	for {
-		msg, rerr := pg.ReceiveMessage(ctx)
-		if rerr != nil {
-			if !pg.IsClosed() {
-				_ = pg.Close(cancelledCtx)
-			}
-			return xid, ok, rerr
-		}
-		switch m := msg.(type) {
-		case *pgproto3.FunctionCallResponse:
-			if m.Result == nil {
-				ok = true // NULL: no xid, the transaction wrote nothing
-			} else if n, perr := strconv.ParseUint(string(m.Result), 10, 64); perr == nil {
-				xid, ok = n, true
-			}
-		case *pgproto3.ErrorResponse:
-			if err == nil {
-				err = pgconn.ErrorResponseToPgError(m)
-			}
-		case *pgproto3.ReadyForQuery:
-			return xid, ok, err
-		}
-	}
+// reply is what the server answered to one message, read up to its ReadyForQuery.
+type reply struct {
+	tag   pgconn.CommandTag // the last command tag
+	xid   uint64            // a FunctionCallResponse's result, the xid read's
+	xidOK bool              // a FunctionCallResponse came: xid, or none if it was NULL
+	err   error             // the first ErrorResponse (an ERROR: pgconn returns a FATAL as readErr)
 }
 
-// readCommitReply reads COMMIT's reply up to its ReadyForQuery, as pgx reads a simple
-// Query: the last command tag and the first error. A failure to read closes the
-// connection, which pgconn leaves open on a timeout, so that no unread reply remains on
-// a connection pgconn believes idle.
-func readCommitReply(ctx context.Context, pg *pgconn.PgConn) (tag pgconn.CommandTag, err error) {
+// readReply reads one reply up to its ReadyForQuery, as pgx reads a simple Query. A
+// failure to read is returned as readErr and closes the connection, which pgconn leaves
+// open on a timeout, so that no unread reply remains on a connection pgconn believes
+// idle.
+func readReply(ctx context.Context, pg *pgconn.PgConn) (r reply, readErr error) {
 	for {
-		msg, rerr := pg.ReceiveMessage(ctx)
-		if rerr != nil {
+		msg, err := pg.ReceiveMessage(ctx)
+		if err != nil {
 			if !pg.IsClosed() {
 				_ = pg.Close(cancelledCtx)
 			}
-			if err == nil {
-				err = commitReplyError{rerr}
-			}
-			return pgconn.CommandTag{}, err
+			return r, err
 		}
 		switch m := msg.(type) {
 		case *pgproto3.CommandComplete:
-			tag = pgconn.NewCommandTag(string(m.CommandTag))
+			r.tag = pgconn.NewCommandTag(string(m.CommandTag))
+		case *pgproto3.FunctionCallResponse:
+			if m.Result == nil {
+				r.xidOK = true // NULL: no xid, the transaction wrote nothing
+			} else if n, perr := strconv.ParseUint(string(m.Result), 10, 64); perr == nil {
+				r.xid, r.xidOK = n, true
+			}
 		case *pgproto3.ErrorResponse:
-			if err == nil {
-				err = pgconn.ErrorResponseToPgError(m)
+			if r.err == nil {
+				r.err = pgconn.ErrorResponseToPgError(m)
 			}
 		case *pgproto3.ReadyForQuery:
-			return tag, err
+			return r, nil
 		}
 	}
 }
