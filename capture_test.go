@@ -161,6 +161,38 @@ func waitBackendGone(t *testing.T, ctx context.Context, pid uint32) {
 	}
 }
 
+// TestCaptureAfterDiscardAll: the xid read keeps no session state (a fast-path call by
+// OID, no prepared statement), so a connection whose session was reset — DISCARD ALL, as a
+// pooler in transaction mode does between clients — still commits with a reference: no
+// missing statement can abort the transaction being committed.
+func TestCaptureAfterDiscardAll(t *testing.T) {
+	ctx := testCtx(t)
+	h := newHarness(t, srv.ConnString()+"&default_query_exec_mode=simple_protocol", 1)
+	table := newTable(t, ctx)
+	for id := 1; id <= 2; id++ {
+		if id == 2 {
+			if _, err := h.pool.Exec(ctx, "discard all"); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if res := Run(ctx, h.pool, DefaultPolicy(), insertFn(table, id)); res.Outcome() != outcome.OutcomeCommitted {
+			t.Fatalf("Run %d: %T %+v", id, res, res)
+		}
+		if !rowExists(t, ctx, table, id) {
+			t.Fatalf("row %d missing", id)
+		}
+	}
+	frames := h.frames()
+	if len(frames) != 2 {
+		t.Fatalf("%d frames, want the two Runs'", len(frames))
+	}
+	for _, f := range frames {
+		if _, ok := attr(f, ReconciliationXIDKey); !ok {
+			t.Errorf("frame %s has no reconciliation xid", f.SpanContext.SpanID())
+		}
+	}
+}
+
 // TestCaptureFailedTransaction: in a transaction that had already failed, the xid read
 // gets 25P02 and COMMIT is still read, answered ROLLBACK: a certain rollback, with no
 // reference, on a connection left idle and usable.
