@@ -653,6 +653,69 @@ func BenchmarkHookTx(b *testing.B) {
 	}
 }
 
+// benchPairs are the differences issue 13's targets are about: the Tracer (c−b), Run
+// (d−c) and reference capture (e−d).
+var benchPairs = [][2]string{{benchB, benchC}, {benchC, benchD}, {benchD, benchE}}
+
+// benchPairBlock is how many transactions one side of a BenchmarkHookPair sample runs.
+const benchPairBlock = 32
+
+// BenchmarkHookPair measures what one variant of BenchmarkHookTx adds to another with
+// the two paired in time: each iteration runs a block of benchPairBlock transactions of
+// each, in alternating order, and makes one sample of the difference per transaction;
+// the median sample is reported (Δns/tx wall, Δcpu-ns/tx process CPU). What a shared
+// machine does meanwhile (other processes, the SDK's export goroutine, garbage
+// collection) then falls on both sides of most samples alike, where BenchmarkHookTx's
+// separate runs charge it whole to whichever variant it hit, by several µs per
+// transaction on 2 cores.
+func BenchmarkHookPair(b *testing.B) {
+	for _, s := range benchSamplings {
+		for _, p := range benchPairs {
+			b.Run(s.name+"/v="+p[1]+"-"+p[0], func(b *testing.B) {
+				base, head := newBenchFake(b, p[0], s), newBenchFake(b, p[1], s)
+				defer base.close()
+				defer head.close()
+				block := func(f *benchFake) (wall, cpu time.Duration) {
+					c, t := benchProcessCPU(b), time.Now()
+					for range benchPairBlock {
+						if err := f.tx(context.Background()); err != nil {
+							b.Fatal(err)
+						}
+					}
+					return time.Since(t), benchProcessCPU(b) - c
+				}
+				var walls, cpus []float64
+				for i := 0; b.Loop(); i++ {
+					var bw, bc, hw, hc time.Duration
+					if i%2 == 0 {
+						bw, bc = block(base)
+						hw, hc = block(head)
+					} else {
+						hw, hc = block(head)
+						bw, bc = block(base)
+					}
+					walls = append(walls, float64(hw-bw)/benchPairBlock)
+					cpus = append(cpus, float64(hc-bc)/benchPairBlock)
+				}
+				b.ReportMetric(benchMedian(walls), "Δns/tx")
+				b.ReportMetric(benchMedian(cpus), "Δcpu-ns/tx")
+			})
+		}
+	}
+}
+
+// benchMedian returns the median of xs, which it sorts.
+func benchMedian(xs []float64) float64 {
+	if len(xs) == 0 {
+		return 0
+	}
+	slices.Sort(xs)
+	if n := len(xs); n%2 == 0 {
+		return (xs[n/2-1] + xs[n/2]) / 2
+	}
+	return xs[len(xs)/2]
+}
+
 // BenchmarkHookQuery is one statement inside an open transaction over fakePG: the
 // Tracer's per-query cost is c_otelpgxtx − b_otelpgx.
 func BenchmarkHookQuery(b *testing.B) {
@@ -720,6 +783,46 @@ func TestBenchFloorModel(t *testing.T) {
 	}
 }
 
+// TestBenchFloorRunFrame checks frame_span_run's model: over fakePG a Run frame has the
+// attributes of a hand-written transaction's frame and benchRunAttrs, nothing else.
+func TestBenchFloorRunFrame(t *testing.T) {
+	exp := tracetest.NewInMemoryExporter()
+	tp := sdktrace.NewTracerProvider(sdktrace.WithSyncer(exp))
+	cfg := fakePGConfig()
+	cfg.Tracer = NewTracer(WithTracerProvider(tp), WithInnerTracer(nil))
+	conn, err := pgx.ConnectConfig(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(context.Background())
+	plain := &benchFake{v: benchC, conn: conn}
+	run := &benchFake{v: benchD, conn: conn, policy: DefaultPolicy()}
+	run.policy.CaptureReference = false
+	for _, f := range []*benchFake{plain, run} {
+		if err := f.tx(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	spans := exp.GetSpans()
+	if len(spans) != 2 {
+		t.Fatalf("%d spans, want 2 frames", len(spans))
+	}
+	keys := func(s tracetest.SpanStub) []attribute.Key {
+		var ks []attribute.Key
+		for _, a := range s.Attributes {
+			ks = append(ks, a.Key)
+		}
+		return ks
+	}
+	want := keys(spans[0])
+	for _, a := range benchRunAttrs {
+		want = append(want, a.Key)
+	}
+	if got := keys(spans[1]); !slices.Equal(got, want) {
+		t.Fatalf("Run frame attributes %v, want %v", got, want)
+	}
+}
+
 // TestBenchFakeServer checks that the fake is a faithful enough stand-in: over it, the
 // Tracer sees a committed frame with every phase, and Run with capture returns a
 // Committed result after reading the cluster identity and the xid.
@@ -769,6 +872,9 @@ var (
 //     timestamp, 6 attributes after Start, 3 phase events, 2 end attributes, status,
 //     End with timestamp), the 3 metric recordings with an exemplar context, and one
 //     context per statement that parents the statement span to the frame;
+//   - v=frame_span_run: the same with the two attributes a Run frame adds
+//     (tx.propagation, tx.attempt): ten attributes, past the eight up to which the SDK
+//     deduplicates them with a small map, so that it costs 2 allocations more;
 //   - v=frame_span_lean: the same telemetry made the way the report proposes (static
 //     start options, no explicit timestamps, all attributes in one SetAttributes at the
 //     end, the context Start returned reused for the exemplars);
@@ -781,10 +887,10 @@ var (
 //     frame span does not include.
 //
 // BenchmarkHookTx's c−b minus frame_span and minus statement_spans_summary −
-// statement_spans is the Tracer's logic.
+// statement_spans is the Tracer's logic; d−c minus frame_span_run − frame_span is Run's.
 func BenchmarkHookFloor(b *testing.B) {
 	for _, s := range benchSamplings {
-		for _, v := range []string{"frame_span", "frame_span_lean", "bare_span", "statement_spans", "statement_spans_summary"} {
+		for _, v := range []string{"frame_span", "frame_span_run", "frame_span_lean", "bare_span", "statement_spans", "statement_spans_summary"} {
 			b.Run(s.name+"/v="+v, func(b *testing.B) {
 				tel := newBenchTelemetry(s)
 				defer tel.shutdown()
@@ -793,7 +899,10 @@ func BenchmarkHookFloor(b *testing.B) {
 				ctx, req := tel.request(context.Background())
 				defer req.End()
 				frame := map[string]func(context.Context, trace.Tracer, *metrics){
-					"frame_span": benchFrameSpan, "frame_span_lean": benchFrameSpanLean, "bare_span": benchBareSpan,
+					"frame_span":              func(ctx context.Context, tr trace.Tracer, m *metrics) { benchFrameSpan(ctx, tr, m, nil) },
+					"frame_span_run":          func(ctx context.Context, tr trace.Tracer, m *metrics) { benchFrameSpan(ctx, tr, m, benchRunAttrs) },
+					"frame_span_lean":         benchFrameSpanLean,
+					"bare_span":               benchBareSpan,
 					"statement_spans":         func(ctx context.Context, tr trace.Tracer, _ *metrics) { benchStatementSpans(ctx, tr, false) },
 					"statement_spans_summary": func(ctx context.Context, tr trace.Tracer, _ *metrics) { benchStatementSpans(ctx, tr, true) },
 				}[v]
@@ -804,7 +913,12 @@ func BenchmarkHookFloor(b *testing.B) {
 	}
 }
 
-func benchFrameSpan(ctx context.Context, tr trace.Tracer, m *metrics) {
+// benchRunAttrs are the attributes a Run frame has that a frame of hand-written pgx has not.
+var benchRunAttrs = []attribute.KeyValue{PropagationKey.String("required"), AttemptKey.Int(1)}
+
+// benchFrameSpan makes a frame's span and metrics as phase_span.go does, with extra
+// attributes at its end.
+func benchFrameSpan(ctx context.Context, tr trace.Tracer, m *metrics, extra []attribute.KeyValue) {
 	id := outcome.NewOperationID()
 	start := time.Now()
 	_, span := tr.Start(ctx, DefaultSpanName, trace.WithSpanKind(trace.SpanKindInternal), trace.WithTimestamp(start))
@@ -839,6 +953,7 @@ func benchFrameSpan(ctx context.Context, tr trace.Tracer, m *metrics) {
 	}
 	attrs := make([]attribute.KeyValue, 0, 12)
 	attrs = append(attrs, OutcomeKey.String(o.String()), PhaseKey.String(outcome.PhaseCommitted.String()))
+	attrs = append(attrs, extra...)
 	span.SetStatus(codes.Ok, "")
 	span.SetAttributes(attrs...)
 	span.End(trace.WithTimestamp(now))
