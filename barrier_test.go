@@ -62,27 +62,8 @@ func commitLocallyOnly(t *testing.T, ctx context.Context, s *pgtest.Server, conn
 // given up must have been cancelled, or it would hold a backend until the standbys answer.
 func waitNoBarrier(t *testing.T, ctx context.Context, s *pgtest.Server) {
 	t.Helper()
-	tick := time.NewTicker(10 * time.Millisecond)
-	defer tick.Stop()
-	for {
-		var n int
-		conn, err := s.Conn(ctx)
-		if err == nil {
-			err = conn.QueryRow(ctx, "select count(*) from pg_stat_activity where application_name like 'otelpgxtx barrier %'").Scan(&n)
-			_ = conn.Close(ctx)
-		}
-		if err != nil {
-			t.Fatal(err)
-		}
-		if n == 0 {
-			return
-		}
-		select {
-		case <-ctx.Done():
-			t.Fatalf("%d replication barriers still waiting: %v", n, ctx.Err())
-		case <-tick.C:
-		}
-	}
+	waitCount(t, ctx, s, func(n int) bool { return n == 0 }, "replication barriers still waiting",
+		"select count(*) from pg_stat_activity where application_name like 'otelpgxtx barrier %'")
 }
 
 // TestReconcileReplicationBarrier: on a primary with a synchronous standby, a commit

@@ -746,19 +746,27 @@ func BenchmarkHookQuery(b *testing.B) {
 	}
 }
 
-// TestBenchFloorModel checks BenchmarkHookFloor's model of a statement span against the
-// real thing: over fakePG, otelpgx starts each with len(benchStatementAttrs) attributes,
-// the Tracer adds db.query.summary, once, and otelpgx pgx.rows_affected at the end.
-func TestBenchFloorModel(t *testing.T) {
+// fakeTraced connects to a fakePG with a Tracer (opts added) recording into exp through
+// tp, synchronously; the connection is closed when t ends.
+func fakeTraced(t *testing.T, opts ...Option) (*pgx.Conn, *tracetest.InMemoryExporter, *sdktrace.TracerProvider) {
+	t.Helper()
 	exp := tracetest.NewInMemoryExporter()
 	tp := sdktrace.NewTracerProvider(sdktrace.WithSyncer(exp))
 	cfg := fakePGConfig()
-	cfg.Tracer = NewTracer(WithTracerProvider(tp))
+	cfg.Tracer = NewTracer(append([]Option{WithTracerProvider(tp)}, opts...)...)
 	conn, err := pgx.ConnectConfig(context.Background(), cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer conn.Close(context.Background())
+	t.Cleanup(func() { _ = conn.Close(context.Background()) })
+	return conn, exp, tp
+}
+
+// TestBenchFloorModel checks BenchmarkHookFloor's model of a statement span against the
+// real thing: over fakePG, otelpgx starts each with len(benchStatementAttrs) attributes,
+// the Tracer adds db.query.summary, once, and otelpgx pgx.rows_affected at the end.
+func TestBenchFloorModel(t *testing.T) {
+	conn, exp, tp := fakeTraced(t)
 	const sql = "update t set v = v + 1 where id = $1"
 	if _, err := conn.Exec(context.Background(), sql, 1); err != nil { // prepared once, untraced, as in the benchmarks
 		t.Fatal(err)
@@ -787,15 +795,7 @@ func TestBenchFloorModel(t *testing.T) {
 // TestBenchFloorRunFrame checks frame_span_run's model: over fakePG a Run frame has the
 // attributes of a hand-written transaction's frame and benchRunAttrs, nothing else.
 func TestBenchFloorRunFrame(t *testing.T) {
-	exp := tracetest.NewInMemoryExporter()
-	tp := sdktrace.NewTracerProvider(sdktrace.WithSyncer(exp))
-	cfg := fakePGConfig()
-	cfg.Tracer = NewTracer(WithTracerProvider(tp), WithInnerTracer(nil))
-	conn, err := pgx.ConnectConfig(context.Background(), cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close(context.Background())
+	conn, exp, _ := fakeTraced(t, WithInnerTracer(nil))
 	plain := &benchFake{v: benchC, conn: conn}
 	run := &benchFake{v: benchD, conn: conn, policy: DefaultPolicy()}
 	run.policy.CaptureReference = false
@@ -828,15 +828,7 @@ func TestBenchFloorRunFrame(t *testing.T) {
 // Tracer sees a committed frame with every phase, and Run with capture returns a
 // Committed result after reading the cluster identity and the xid.
 func TestBenchFakeServer(t *testing.T) {
-	exp := tracetest.NewInMemoryExporter()
-	tp := sdktrace.NewTracerProvider(sdktrace.WithSyncer(exp))
-	cfg := fakePGConfig()
-	cfg.Tracer = NewTracer(WithTracerProvider(tp), WithInnerTracer(nil))
-	conn, err := pgx.ConnectConfig(context.Background(), cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close(context.Background())
+	conn, exp, _ := fakeTraced(t, WithInnerTracer(nil))
 	f := &benchFake{v: benchC, conn: conn}
 	if err := f.tx(context.Background()); err != nil {
 		t.Fatal(err)

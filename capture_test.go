@@ -138,7 +138,15 @@ func TestCaptureContextEnded(t *testing.T) {
 // waitBackendGone waits until the server process pid has left pg_stat_activity.
 func waitBackendGone(t *testing.T, ctx context.Context, pid uint32) {
 	t.Helper()
-	conn, err := srv.Conn(ctx)
+	waitCount(t, ctx, srv, func(n int) bool { return n == 0 }, "backend still there",
+		"select count(*) from pg_stat_activity where pid = $1", pid)
+}
+
+// waitCount polls a count(*) query on s, every millisecond, until done accepts its
+// answer; the test fails with what and the last count if ctx ends first.
+func waitCount(t *testing.T, ctx context.Context, s *pgtest.Server, done func(n int) bool, what, sql string, args ...any) {
+	t.Helper()
+	conn, err := s.Conn(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -147,15 +155,15 @@ func waitBackendGone(t *testing.T, ctx context.Context, pid uint32) {
 	defer tick.Stop()
 	for {
 		var n int
-		if err := conn.QueryRow(ctx, "select count(*) from pg_stat_activity where pid = $1", pid).Scan(&n); err != nil {
+		if err := conn.QueryRow(ctx, sql, args...).Scan(&n); err != nil {
 			t.Fatal(err)
 		}
-		if n == 0 {
+		if done(n) {
 			return
 		}
 		select {
 		case <-ctx.Done():
-			t.Fatalf("backend %d never ended", pid)
+			t.Fatalf("%s: count %d: %v", what, n, ctx.Err())
 		case <-tick.C:
 		}
 	}
@@ -257,22 +265,8 @@ func TestCaptureReferenceBeforeCommitAnswers(t *testing.T) {
 	defer cancel()
 	done := make(chan outcome.Result[int], 1)
 	go func() { done <- Run(rctx, h.pool, DefaultPolicy(), insertFn(table, 1)) }()
-	tick := time.NewTicker(time.Millisecond)
-	defer tick.Stop()
-	for {
-		var n int
-		if err := holder.QueryRow(ctx, "select count(*) from pg_stat_activity where pid = $1 and wait_event = 'advisory'", pid).Scan(&n); err != nil {
-			t.Fatal(err)
-		}
-		if n == 1 {
-			break
-		}
-		select {
-		case <-ctx.Done():
-			t.Fatal("COMMIT never waited for the lock")
-		case <-tick.C:
-		}
-	}
+	waitCount(t, ctx, srv, func(n int) bool { return n == 1 }, "COMMIT never waited for the lock",
+		"select count(*) from pg_stat_activity where pid = $1 and wait_event = 'advisory'", pid)
 	waitSocket(t, ctx, conn, func(n int, err error) bool { return errors.Is(err, syscall.EAGAIN) })
 	cancel()
 	res := <-done
@@ -287,6 +281,8 @@ func TestCaptureReferenceBeforeCommitAnswers(t *testing.T) {
 	if _, err := holder.Exec(ctx, "select pg_advisory_unlock("+lockKey+")"); err != nil {
 		t.Fatal(err)
 	}
+	tick := time.NewTicker(time.Millisecond)
+	defer tick.Stop()
 	for {
 		var status *string
 		if err := holder.QueryRow(ctx, "select pg_xact_status($1::text::xid8)", strconv.FormatUint(ref.XID, 10)).Scan(&status); err != nil {
