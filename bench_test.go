@@ -29,6 +29,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"runtime"
 	"slices"
 	"strconv"
 	"strings"
@@ -653,40 +654,103 @@ func BenchmarkHookTx(b *testing.B) {
 	}
 }
 
-// benchPairs are the differences issue 13's targets are about: the Tracer (c−b), Run
-// (d−c) and reference capture (e−d); and a null pair, c against itself, whose
-// difference is the measure's own noise in that run.
-var benchPairs = [][2]string{{benchB, benchC}, {benchC, benchD}, {benchD, benchE}, {benchC, benchC}}
+// benchPairs are the differences issue 13's targets are about, head against base: the
+// Tracer (c−b), Run (d−c) and reference capture (e−d); a null pair, c against itself,
+// whose difference is the measure's own noise in that run; and the SDK floors of
+// BenchmarkHookFloor measured the same way: the frame span (against nothing), what a
+// Run frame's two attributes add to it, and what db.query.summary adds to the
+// statement spans.
+var benchPairs = [][2]string{
+	{benchB, benchC}, {benchC, benchD}, {benchD, benchE}, {benchC, benchC},
+	{benchNone, "frame_span"}, {"frame_span", "frame_span_run"}, {"statement_spans", "statement_spans_summary"},
+}
 
-// benchPairBlock is how many transactions one side of a BenchmarkHookPair sample runs.
-const benchPairBlock = 32
+// benchNone is a pair side that does nothing: against it, a floor's own cost.
+const benchNone = "none"
 
-// BenchmarkHookPair measures what one variant of BenchmarkHookTx adds to another with
-// the two paired in time: each iteration runs a block of benchPairBlock transactions of
-// each, in alternating order, and makes one sample of the difference per transaction;
-// the median sample is reported (Δns/tx wall, Δcpu-ns/tx process CPU). What a shared
-// machine does meanwhile (other processes, the SDK's export goroutine, garbage
-// collection) then falls on both sides of most samples alike, where BenchmarkHookTx's
-// separate runs charge it whole to whichever variant it hit, by several µs per
-// transaction on 2 cores.
+// benchPairBlock is how many transactions one side of a BenchmarkHookPair sample runs,
+// some 1 ms of work; a floor's block runs benchPairFloorBlock calls, each a few µs.
+const (
+	benchPairBlock      = 32
+	benchPairFloorBlock = 64
+)
+
+// benchPairSide is one side of a BenchmarkHookPair pair: one transaction (or one
+// floor's telemetry) per call, and what settles its background work between samples.
+type benchPairSide struct {
+	block int // calls per block
+	run   func() error
+	quiet func() // flushes the side's spans to its exporter
+	close func()
+}
+
+// newBenchPairSide builds the side named v: a variant of BenchmarkHookTx over the fake,
+// a floor of BenchmarkHookFloor, or benchNone.
+func newBenchPairSide(b *testing.B, v string, s benchSampling) benchPairSide {
+	if v == benchNone {
+		return benchPairSide{block: benchPairFloorBlock, run: func() error { return nil }, quiet: func() {}, close: func() {}}
+	}
+	if floor, ok := benchFloors[v]; ok {
+		tel := newBenchTelemetry(s)
+		m := newMetrics(tel.mp, nil)
+		tr := tel.tp.Tracer(ScopeName)
+		ctx, req := tel.request(context.Background())
+		return benchPairSide{
+			block: benchPairFloorBlock,
+			run:   func() error { floor(ctx, tr, m); return nil },
+			quiet: func() { _ = tel.tp.ForceFlush(context.Background()) },
+			close: func() { req.End(); tel.shutdown() },
+		}
+	}
+	f := newBenchFake(b, v, s)
+	return benchPairSide{
+		block: benchPairBlock,
+		run:   func() error { return f.tx(context.Background()) },
+		quiet: func() { _ = f.tel.tp.ForceFlush(context.Background()) },
+		close: f.close,
+	}
+}
+
+// BenchmarkHookPair measures what one side adds to another (a variant of BenchmarkHookTx
+// to another, or a floor of BenchmarkHookFloor to another) with the two paired in time:
+// each iteration runs a block of benchPairBlock transactions of each (benchPairFloorBlock
+// calls of a floor), in alternating order, and makes one sample of the difference per
+// transaction; the median sample is reported (Δns/tx wall, Δcpu-ns/tx process CPU).
+//
+// Before each pair of blocks, outside them, both sides' spans are flushed, the heap is
+// collected and each side runs two transactions to warm its caches again. The blocks
+// then measure the code the transaction runs, with neither the SDK's export goroutine
+// nor the garbage collector in them: on 2 cores those land on the blocks unevenly and
+// moved sampled differences by ±2 µs between runs, where now the null pair stays within
+// ±0.2 µs. What they leave out grows with allocs/op, B/op and spans/op, which
+// BenchmarkHookTx reports.
 func BenchmarkHookPair(b *testing.B) {
 	for _, s := range benchSamplings {
 		for _, p := range benchPairs {
 			b.Run(s.name+"/v="+p[1]+"-"+p[0], func(b *testing.B) {
-				base, head := newBenchFake(b, p[0], s), newBenchFake(b, p[1], s)
+				base, head := newBenchPairSide(b, p[0], s), newBenchPairSide(b, p[1], s)
 				defer base.close()
 				defer head.close()
-				block := func(f *benchFake) (wall, cpu time.Duration) {
-					c, t := benchProcessCPU(b), time.Now()
-					for range benchPairBlock {
-						if err := f.tx(context.Background()); err != nil {
+				run := func(side benchPairSide, n int) {
+					for range n {
+						if err := side.run(); err != nil {
 							b.Fatal(err)
 						}
 					}
+				}
+				n := max(base.block, head.block)
+				block := func(side benchPairSide) (wall, cpu time.Duration) {
+					c, t := benchProcessCPU(b), time.Now()
+					run(side, n)
 					return time.Since(t), benchProcessCPU(b) - c
 				}
 				var walls, cpus []float64
 				for i := 0; b.Loop(); i++ {
+					base.quiet()
+					head.quiet()
+					runtime.GC()
+					run(base, 2)
+					run(head, 2)
 					var bw, bc, hw, hc time.Duration
 					if i%2 == 0 {
 						bw, bc = block(base)
@@ -695,8 +759,8 @@ func BenchmarkHookPair(b *testing.B) {
 						hw, hc = block(head)
 						bw, bc = block(base)
 					}
-					walls = append(walls, float64(hw-bw)/benchPairBlock)
-					cpus = append(cpus, float64(hc-bc)/benchPairBlock)
+					walls = append(walls, float64(hw-bw)/float64(n))
+					cpus = append(cpus, float64(hc-bc)/float64(n))
 				}
 				b.ReportMetric(benchMedian(walls), "Δns/tx")
 				b.ReportMetric(benchMedian(cpus), "Δcpu-ns/tx")
@@ -891,19 +955,22 @@ func BenchmarkHookFloor(b *testing.B) {
 				tr := tel.tp.Tracer(ScopeName)
 				ctx, req := tel.request(context.Background())
 				defer req.End()
-				frame := map[string]func(context.Context, trace.Tracer, *metrics){
-					"frame_span":              func(ctx context.Context, tr trace.Tracer, m *metrics) { benchFrameSpan(ctx, tr, m, nil) },
-					"frame_span_run":          func(ctx context.Context, tr trace.Tracer, m *metrics) { benchFrameSpan(ctx, tr, m, benchRunAttrs) },
-					"frame_span_lean":         benchFrameSpanLean,
-					"bare_span":               benchBareSpan,
-					"statement_spans":         func(ctx context.Context, tr trace.Tracer, _ *metrics) { benchStatementSpans(ctx, tr, false) },
-					"statement_spans_summary": func(ctx context.Context, tr trace.Tracer, _ *metrics) { benchStatementSpans(ctx, tr, true) },
-				}[v]
+				frame := benchFloors[v]
 				b.ReportAllocs()
 				benchLoopCPU(b, func() { frame(ctx, tr, m) })
 			})
 		}
 	}
+}
+
+// benchFloors are BenchmarkHookFloor's variants by name.
+var benchFloors = map[string]func(context.Context, trace.Tracer, *metrics){
+	"frame_span":              func(ctx context.Context, tr trace.Tracer, m *metrics) { benchFrameSpan(ctx, tr, m, nil) },
+	"frame_span_run":          func(ctx context.Context, tr trace.Tracer, m *metrics) { benchFrameSpan(ctx, tr, m, benchRunAttrs) },
+	"frame_span_lean":         benchFrameSpanLean,
+	"bare_span":               benchBareSpan,
+	"statement_spans":         func(ctx context.Context, tr trace.Tracer, _ *metrics) { benchStatementSpans(ctx, tr, false) },
+	"statement_spans_summary": func(ctx context.Context, tr trace.Tracer, _ *metrics) { benchStatementSpans(ctx, tr, true) },
 }
 
 // benchRunAttrs are the attributes a Run frame has that a frame of hand-written pgx has not.
