@@ -115,6 +115,7 @@ func (st *connState) commitFacts(f *frame, facts *classifier.Facts) {
 func (st *connState) push(q queryState) { st.queries = append(st.queries, q) }
 
 // pop removes and returns the query whose Start returned ctx; the last one if none did.
+// Contexts are matched with sameContext: == on a context passed by value can panic.
 // ok is false when no query was started: the caller has nothing to end.
 func (st *connState) pop(ctx context.Context) (q queryState, ok bool) {
 	n := len(st.queries)
@@ -123,7 +124,7 @@ func (st *connState) pop(ctx context.Context) (q queryState, ok bool) {
 	}
 	i := n - 1
 	for j := n - 1; j >= 0; j-- {
-		if st.queries[j].ctx == ctx {
+		if sameContext(st.queries[j].ctx, ctx) {
 			i = j
 			break
 		}
@@ -138,7 +139,7 @@ func (st *connState) pop(ctx context.Context) (q queryState, ok bool) {
 // top returns the innermost running query, for batch-query hooks.
 func (st *connState) top(ctx context.Context) *queryState {
 	for j := len(st.queries) - 1; j >= 0; j-- {
-		if st.queries[j].ctx == ctx {
+		if sameContext(st.queries[j].ctx, ctx) {
 			return &st.queries[j]
 		}
 	}

@@ -7,6 +7,8 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/txevidence/otelpgxtx/outcome"
 )
 
 func TestBeginBadInput(t *testing.T) {
@@ -129,4 +131,63 @@ func TestCommitWithoutState(t *testing.T) {
 	if st.identityKnown() {
 		t.Fatal("a nil state knows an identity")
 	}
+}
+
+// uncomparableCtx is a context passed by value whose type == cannot compare: a
+// comparison of two of them panics at run time.
+type uncomparableCtx struct {
+	context.Context
+	tags []string
+}
+
+// TestUncomparableContext runs statements, in and out of a transaction, under a context
+// of a type that == cannot compare: the hooks must match a query's End to its Start
+// without comparing such contexts, which would panic.
+func TestUncomparableContext(t *testing.T) {
+	for _, inner := range []struct {
+		name string
+		opts []Option
+	}{{"otelpgx", nil}, {"no inner tracer", []Option{WithInnerTracer(nil)}}} {
+		t.Run(inner.name, func(t *testing.T) { testUncomparableContext(t, inner.opts...) })
+	}
+}
+
+func testUncomparableContext(t *testing.T, opts ...Option) {
+	ctx := testCtx(t)
+	h := newHarness(t, "", 1, opts...)
+	uctx := uncomparableCtx{Context: ctx, tags: []string{"a"}}
+	if _, err := h.pool.Exec(uctx, "select 1"); err != nil {
+		t.Fatal(err)
+	}
+	batch := &pgx.Batch{}
+	batch.Queue("select 1")
+	batch.Queue("select 2")
+	if err := h.pool.SendBatch(uctx, batch).Close(); err != nil {
+		t.Fatal(err)
+	}
+	tx, err := h.pool.Begin(uctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tx.Exec(uctx, "select 1"); err != nil {
+		t.Fatal(err)
+	}
+	if err := tx.Commit(uctx); err != nil {
+		t.Fatal(err)
+	}
+	res := Run(uctx, h.pool, DefaultPolicy(), func(ctx context.Context, tx pgx.Tx) (int, error) {
+		var n int
+		return n, tx.QueryRow(ctx, "select 1").Scan(&n)
+	})
+	if res.Outcome() != outcome.OutcomeCommitted {
+		t.Fatalf("Run under an uncomparable context: %s", res.Outcome())
+	}
+	frames := h.frames()
+	if len(frames) != 2 {
+		t.Fatalf("%d frames, want 2", len(frames))
+	}
+	for _, f := range frames {
+		wantAttr(t, f, "tx.outcome", "committed")
+	}
+	h.wantNoFrames(t, ctx)
 }
