@@ -717,8 +717,9 @@ func newBenchPairSide(b *testing.B, v string, s benchSampling) benchPairSide {
 // calls of a floor), in alternating order, and makes one sample of the difference per
 // transaction; the median sample is reported (Δns/tx wall, Δcpu-ns/tx process CPU).
 //
-// Before each pair of blocks, outside them, both sides' spans are flushed, the heap is
-// collected and each side runs two transactions to warm its caches again. The blocks
+// Before each pair of blocks, outside them, both sides' spans are flushed and the heap is
+// collected, and right before its block each side runs two transactions to warm its
+// caches again, so that neither side's block follows its own warm-up closer. The blocks
 // then measure the code the transaction runs, with neither the SDK's export goroutine
 // nor the garbage collector in them: on 2 cores those land on the blocks unevenly and
 // moved sampled differences by ±2 µs between runs, where now the null pair stays within
@@ -740,6 +741,7 @@ func BenchmarkHookPair(b *testing.B) {
 				}
 				n := max(base.block, head.block)
 				block := func(side benchPairSide) (wall, cpu time.Duration) {
+					run(side, 2) // its caches warm again after the other side's block
 					c, t := benchProcessCPU(b), time.Now()
 					run(side, n)
 					return time.Since(t), benchProcessCPU(b) - c
@@ -749,8 +751,6 @@ func BenchmarkHookPair(b *testing.B) {
 					base.quiet()
 					head.quiet()
 					runtime.GC()
-					run(base, 2)
-					run(head, 2)
 					var bw, bc, hw, hc time.Duration
 					if i%2 == 0 {
 						bw, bc = block(base)
