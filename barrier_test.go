@@ -62,7 +62,7 @@ func commitLocallyOnly(t *testing.T, ctx context.Context, s *pgtest.Server, conn
 // given up must have been cancelled, or it would hold a backend until the standbys answer.
 func waitNoBarrier(t *testing.T, ctx context.Context, s *pgtest.Server) {
 	t.Helper()
-	waitCount(t, ctx, s, func(n int) bool { return n == 0 }, "replication barriers still waiting",
+	waitCount(t, ctx, s, 0, "replication barriers still waiting",
 		"select count(*) from pg_stat_activity where application_name like 'otelpgxtx barrier %'")
 }
 

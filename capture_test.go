@@ -138,13 +138,13 @@ func TestCaptureContextEnded(t *testing.T) {
 // waitBackendGone waits until the server process pid has left pg_stat_activity.
 func waitBackendGone(t *testing.T, ctx context.Context, pid uint32) {
 	t.Helper()
-	waitCount(t, ctx, srv, func(n int) bool { return n == 0 }, "backend still there",
+	waitCount(t, ctx, srv, 0, "backend still there",
 		"select count(*) from pg_stat_activity where pid = $1", pid)
 }
 
-// waitCount polls a count(*) query on s, every millisecond, until done accepts its
-// answer; the test fails with what and the last count if ctx ends first.
-func waitCount(t *testing.T, ctx context.Context, s *pgtest.Server, done func(n int) bool, what, sql string, args ...any) {
+// waitCount polls a count(*) query on s, every millisecond, until it answers want; the
+// test fails with what and the last count if ctx ends first.
+func waitCount(t *testing.T, ctx context.Context, s *pgtest.Server, want int, what, sql string, args ...any) {
 	t.Helper()
 	conn, err := s.Conn(ctx)
 	if err != nil {
@@ -158,7 +158,7 @@ func waitCount(t *testing.T, ctx context.Context, s *pgtest.Server, done func(n 
 		if err := conn.QueryRow(ctx, sql, args...).Scan(&n); err != nil {
 			t.Fatal(err)
 		}
-		if done(n) {
+		if n == want {
 			return
 		}
 		select {
@@ -265,7 +265,7 @@ func TestCaptureReferenceBeforeCommitAnswers(t *testing.T) {
 	defer cancel()
 	done := make(chan outcome.Result[int], 1)
 	go func() { done <- Run(rctx, h.pool, DefaultPolicy(), insertFn(table, 1)) }()
-	waitCount(t, ctx, srv, func(n int) bool { return n == 1 }, "COMMIT never waited for the lock",
+	waitCount(t, ctx, srv, 1, "COMMIT never waited for the lock",
 		"select count(*) from pg_stat_activity where pid = $1 and wait_event = 'advisory'", pid)
 	waitSocket(t, ctx, conn, func(n int, err error) bool { return errors.Is(err, syscall.EAGAIN) })
 	cancel()
