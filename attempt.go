@@ -300,7 +300,7 @@ func commit(ctx context.Context, sc *scope, tx pgx.Tx, held heldConn, p Policy, 
 	// traces look the same with capture on and off; the capture itself makes none.
 	var qctx context.Context
 	if f != nil {
-		qctx = f.t.innerQueryStart(innerStartCtx(ctx, f), held.conn, pgx.TraceQueryStartData{SQL: commitSQL})
+		qctx = f.t.innerQueryStart(innerStartCtx(ctx, f), held.conn, pgx.TraceQueryStartData{SQL: commitSQL}, f.t.sanitized.get(commitSQL))
 	}
 	cr := commitWithCapture(ctx, pg, st, commitSQL, marker, sc.id)
 	if f != nil {

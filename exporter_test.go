@@ -542,12 +542,23 @@ func TestSpanConcurrentFrames(t *testing.T) {
 		var n int
 		fmt.Sscan(id, &n)
 		ins := fmt.Sprintf("insert into %s (id, k) values (?, ?)", table) // literals sanitized
+		// The frames end concurrently, each writing its attributes through one of
+		// endSpan's pooled slices: none may carry another's, nor any left over.
+		if f.DroppedAttributes != 0 {
+			t.Fatalf("frame dropped %d attributes", f.DroppedAttributes)
+		}
 		if n%3 == 0 {
 			wantEvents(t, f, "tx.phase.active", "tx.phase.rolled_back")
 			wantStatementChildren(t, h, f, "begin", ins, "rollback")
+			wantAttr(t, f, "tx.outcome", "rolled_back")
+			wantAttr(t, f, "tx.retryable", "false")
 		} else {
 			wantEvents(t, f, "tx.phase.active", "tx.phase.committing", "tx.phase.committed")
 			wantStatementChildren(t, h, f, "begin", ins, "commit")
+			wantAttr(t, f, "tx.outcome", "committed")
+			if v, ok := attr(f, RetryableKey); ok {
+				t.Fatalf("committed frame has tx.retryable %v", v.Emit())
+			}
 		}
 	}
 	for id, n := range h.ends.ends {

@@ -11,14 +11,13 @@ import (
 	"go.opentelemetry.io/otel/trace/noop"
 )
 
-// innerSQL returns what the inner tracer is given of sql: its sanitized text unless
-// [WithRawQueryText] was passed. s carries its db.query.summary.
-func (t *Tracer) innerSQL(sql string) (string, *sanitized) {
-	s := t.sanitized.get(sql)
+// innerSQL returns what the inner tracer is given of sql, which s is what the sanitizer
+// knows of: its sanitized text unless [WithRawQueryText] was passed.
+func (t *Tracer) innerSQL(sql string, s *sanitized) string {
 	if t.cfg.rawQueryText {
-		return sql, s
+		return sql
 	}
-	return s.text, s
+	return s.text
 }
 
 // innerErr returns what the inner tracer is given of err: see [recordedError].
@@ -43,13 +42,13 @@ func startedSpan(before, after context.Context) trace.Span {
 	return span
 }
 
-// innerQueryStart hands a query's start to the inner tracer, sanitized.
-func (t *Tracer) innerQueryStart(ctx context.Context, conn *pgx.Conn, data pgx.TraceQueryStartData) context.Context {
+// innerQueryStart hands a query's start to the inner tracer, sanitized; s is what the
+// sanitizer knows of its SQL.
+func (t *Tracer) innerQueryStart(ctx context.Context, conn *pgx.Conn, data pgx.TraceQueryStartData, s *sanitized) context.Context {
 	if t.query == nil {
 		return ctx
 	}
-	var s *sanitized
-	data.SQL, s = t.innerSQL(data.SQL)
+	data.SQL = t.innerSQL(data.SQL, s)
 	return summarized(ctx, t.query.TraceQueryStart(ctx, conn, data), s)
 }
 
@@ -88,7 +87,7 @@ func (t *Tracer) innerBatchStart(ctx context.Context, conn *pgx.Conn, data pgx.T
 // innerBatchQuery hands one result of a batch to the inner tracer, sanitized.
 func (t *Tracer) innerBatchQuery(ctx context.Context, conn *pgx.Conn, data pgx.TraceBatchQueryData) {
 	if t.batch != nil {
-		data.SQL, _ = t.innerSQL(data.SQL)
+		data.SQL = t.innerSQL(data.SQL, t.sanitized.get(data.SQL))
 		data.Err = t.innerErr(data.Err)
 		t.batch.TraceBatchQuery(ctx, conn, data)
 	}
@@ -128,8 +127,8 @@ func (t *Tracer) innerCopyFromEnd(ctx context.Context, conn *pgx.Conn, data pgx.
 // innerPrepareStart hands a prepare's start to the inner tracer, sanitized.
 func (t *Tracer) innerPrepareStart(ctx context.Context, conn *pgx.Conn, data pgx.TracePrepareStartData) context.Context {
 	if t.prepare != nil {
-		var s *sanitized
-		data.SQL, s = t.innerSQL(data.SQL)
+		s := t.sanitized.get(data.SQL)
+		data.SQL = t.innerSQL(data.SQL, s)
 		if !t.cfg.rawQueryText && strings.HasPrefix(data.Name, "stmtcache_") {
 			data.Name = "stmtcache" // pgx names it by a digest of the raw SQL, literals and all
 		}
@@ -183,20 +182,22 @@ func (t *Tracer) innerBatch(b *pgx.Batch) *pgx.Batch {
 
 // innerStartCtx makes f's span the parent of what the inner tracer starts. It allocates only
 // when someone records and ctx does not already carry the frame's span (inside Run or
-// Begin it does): an unsampled frame under an unsampled caller costs nothing.
+// Begin it does): an unsampled frame under an unsampled caller costs nothing. The answer
+// is kept for the context it was given, which a transaction's statements mostly share,
+// so that the frame's statements are parented alike.
 func innerStartCtx(ctx context.Context, f *frame) context.Context {
 	if f == nil || f.unrecorded {
 		return ctx
 	}
-	in := trace.SpanFromContext(ctx)
-	if !f.recording && !in.IsRecording() || sameSpan(in, f.span) {
-		return ctx
-	}
 	if sameContext(ctx, f.framedIn) {
-		return f.framedOut // a transaction's statements mostly share the caller's context
+		return f.framedOut
 	}
-	f.framedIn, f.framedOut = ctx, trace.ContextWithSpan(ctx, f.span)
-	return f.framedOut
+	out := ctx
+	if in := trace.SpanFromContext(ctx); (f.recording || in.IsRecording()) && !sameSpan(in, f.span) {
+		out = trace.ContextWithSpan(ctx, f.span)
+	}
+	f.framedIn, f.framedOut = ctx, out
+	return out
 }
 
 // sameContext reports whether a and b are one context. Only pointers are compared: ==
@@ -210,7 +211,7 @@ func sameContext(a, b context.Context) bool {
 // "Composition with the inner tracer" in the package documentation).
 // A span that does not record has nothing an End hook could change.
 func innerEndCtx(ctx context.Context, f *frame) context.Context {
-	if f != nil && sameSpan(trace.SpanFromContext(ctx), f.span) {
+	if f != nil && f.recording && sameSpan(trace.SpanFromContext(ctx), f.span) {
 		return trace.ContextWithSpan(ctx, noopSpan)
 	}
 	return ctx

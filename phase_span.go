@@ -3,6 +3,7 @@ package otelpgxtx
 import (
 	"context"
 	"strconv"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -131,7 +132,7 @@ func (t *Tracer) startFrame(ctx context.Context, conn *pgx.Conn, st *connState, 
 	}
 	if chained == nil && (t.cfg.filter != nil || t.cfg.spanNameFunc != nil) {
 		// A span name leaves the process: both get the text the statement spans get.
-		begin, _ = t.innerSQL(begin)
+		begin = t.innerSQL(begin, t.sanitized.get(begin))
 	}
 	if chained != nil && chained.unrecorded || chained == nil && t.cfg.filter != nil && !t.cfg.filter(ctx, begin) {
 		// Not recorded: a span that only carries the caller's span context, so that the
@@ -259,19 +260,30 @@ func (f *frame) endSpan(o outcome.Outcome, postCommitErr error) {
 		f.span.End()
 		return
 	}
-	attrs := f.setOutcomeStatus(o, f.outcomeAttrs(o))
+	buf := frameAttrs.Get().(*[]attribute.KeyValue)
+	attrs := f.setOutcomeStatus(o, f.outcomeAttrs(o, (*buf)[:0]))
 	f.span.SetAttributes(attrs...)
+	clear(attrs) // what the span was given must not stay reachable from the pool
+	*buf = attrs[:0]
+	frameAttrs.Put(buf)
 	if postCommitErr != nil {
 		f.span.AddEvent(EventPostCommitFailed)
 	}
 	f.span.End()
 }
 
-// outcomeAttrs returns the attributes a recording frame span ends with, whatever its
-// status, in one slice so that they are written in one SetAttributes call.
-func (f *frame) outcomeAttrs(o outcome.Outcome) []attribute.KeyValue {
+// frameAttrs holds the slices endSpan builds a frame's attributes in: SetAttributes
+// copies what it is given (the SDK appends each value to the span's own), so one slice
+// serves frame after frame, where a new one would cost each frame some 1 KB of heap.
+var frameAttrs = sync.Pool{New: func() any {
+	s := make([]attribute.KeyValue, 0, 20)
+	return &s
+}}
+
+// outcomeAttrs appends to attrs the attributes a recording frame span ends with, whatever
+// its status, so that they are written in one SetAttributes call.
+func (f *frame) outcomeAttrs(o outcome.Outcome, attrs []attribute.KeyValue) []attribute.KeyValue {
 	v := f.verdict
-	attrs := make([]attribute.KeyValue, 0, 18+len(f.t.cfg.spanAttributes))
 	attrs = append(attrs, f.connAttrs...)
 	attrs = append(attrs, OperationIDKey.String(f.id.String()), FrameDepthKey.Int(f.depth))
 	attrs = append(attrs, f.t.cfg.spanAttributes...)

@@ -439,8 +439,10 @@ func (b *summaryBuilder) append(w string) {
 // String returns the summary built so far.
 func (b *summaryBuilder) String() string { return string(b.out) }
 
-// sanitized is what the tracer records of one SQL string.
+// sanitized is what the tracer knows of one SQL string: what its statements do to the
+// transaction, and what it records of it.
 type sanitized struct {
+	set     stmtSet              // classifyStatements of the SQL string
 	text    string               // the sanitized query text
 	summary []attribute.KeyValue // db.query.summary, ready for SetAttributes; nil if none
 }
@@ -454,8 +456,9 @@ const (
 	sanitizeCacheBytes   = 4 << 20
 )
 
-// sanitizer caches sanitized text per SQL string, so that a repeated statement costs
-// one map lookup and no allocation. It is safe for concurrent use.
+// sanitizer caches what the tracer knows of each SQL string (see sanitized), so that a
+// repeated statement costs one map lookup and no allocation, for its kinds and its text
+// alike. It is safe for concurrent use.
 type sanitizer struct {
 	mu    sync.RWMutex
 	m     map[string]*sanitized
@@ -470,7 +473,7 @@ func (s *sanitized) size(sql string) int {
 	return len(sql) + len(s.text)
 }
 
-// get returns what to record for sql.
+// get returns what the tracer knows of sql.
 func (z *sanitizer) get(sql string) *sanitized {
 	z.mu.RLock()
 	s, ok := z.m[sql]
@@ -478,7 +481,7 @@ func (z *sanitizer) get(sql string) *sanitized {
 	if ok {
 		return s
 	}
-	s = &sanitized{text: sanitizeSQL(sql)}
+	s = &sanitized{set: classifyStatements(sql), text: sanitizeSQL(sql)}
 	if sum := querySummary(s.text); sum != "" {
 		s.summary = []attribute.KeyValue{dbQuerySummaryKey.String(sum)}
 	}

@@ -91,8 +91,13 @@ func TestSanitizerCache(t *testing.T) {
 	var z sanitizer
 	sql := "select * from t where k = 'x' and v = $1"
 	first := z.get(sql)
-	if first.text != "select * from t where k = ? and v = $1" || first.summary[0].Value.AsString() != "SELECT t" {
-		t.Fatalf("get = %q %v", first.text, first.summary)
+	if first.text != "select * from t where k = ? and v = $1" || first.summary[0].Value.AsString() != "SELECT t" ||
+		first.set != 1<<stmtOther {
+		t.Fatalf("get = %q %v %b", first.text, first.summary, first.set)
+	}
+	// The hooks take a statement's kinds from the cache: they must be its own.
+	if set := z.get("commit; begin").set; set != classifyStatements("commit; begin") || !set.commits() || !set.has(stmtBegin) {
+		t.Errorf("get(commit; begin).set = %b, want %b", set, classifyStatements("commit; begin"))
 	}
 	if allocs := testing.AllocsPerRun(100, func() { z.get(sql) }); allocs != 0 {
 		t.Errorf("a cached statement costs %v allocations, want 0", allocs)

@@ -55,12 +55,12 @@ func classifyStatements(sql string) stmtSet {
 
 // classifyBatch returns what the queued queries of b do to the transaction, and the SQL
 // of the query that begins the frame (the one with BEGIN, else the first).
-func classifyBatch(b *pgx.Batch) (stmtSet, string) {
+func (t *Tracer) classifyBatch(b *pgx.Batch) (stmtSet, string) {
 	var set stmtSet
 	beginSQL := ""
 	if b != nil {
 		for i, qq := range b.QueuedQueries {
-			s := classifyStatements(qq.SQL)
+			s := t.sanitized.get(qq.SQL).set
 			if i == 0 || beginSQL == "" && s.has(stmtBegin) {
 				beginSQL = qq.SQL
 			}

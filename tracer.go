@@ -107,8 +107,9 @@ func (t *Tracer) setInner(inner pgx.QueryTracer) {
 
 // TraceQueryStart implements pgx.QueryTracer.
 func (t *Tracer) TraceQueryStart(ctx context.Context, conn *pgx.Conn, data pgx.TraceQueryStartData) context.Context {
-	return t.startQuery(ctx, conn, classifyStatements(data.SQL), data.SQL, func(ctx context.Context) context.Context {
-		return t.innerQueryStart(ctx, conn, data)
+	s := t.sanitized.get(data.SQL) // one lookup for the statement's kinds and its text
+	return t.startQuery(ctx, conn, s.set, data.SQL, func(ctx context.Context) context.Context {
+		return t.innerQueryStart(ctx, conn, data, s)
 	})
 }
 
@@ -122,7 +123,7 @@ func (t *Tracer) TraceQueryEnd(ctx context.Context, conn *pgx.Conn, data pgx.Tra
 // TraceBatchStart implements pgx.BatchTracer. A batch is handed to the driver whole, so
 // a COMMIT anywhere in it marks committing before anything is sent.
 func (t *Tracer) TraceBatchStart(ctx context.Context, conn *pgx.Conn, data pgx.TraceBatchStartData) context.Context {
-	set, beginSQL := classifyBatch(data.Batch)
+	set, beginSQL := t.classifyBatch(data.Batch)
 	return t.startQuery(ctx, conn, set, beginSQL, func(ctx context.Context) context.Context {
 		return t.innerBatchStart(ctx, conn, data)
 	})
@@ -137,7 +138,7 @@ func (t *Tracer) TraceBatchQuery(ctx context.Context, conn *pgx.Conn, data pgx.T
 			if data.Err != nil && q.batch.err == nil {
 				q.batch.err = data.Err
 			}
-			if data.CommandTag.String() == "ROLLBACK" && classifyStatements(data.SQL).commits() {
+			if data.CommandTag.String() == "ROLLBACK" && t.sanitized.get(data.SQL).set.commits() {
 				q.batch.rollbackTag = true
 			}
 		}
