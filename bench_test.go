@@ -49,6 +49,7 @@ import (
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 	"go.opentelemetry.io/otel/trace"
+	"go.opentelemetry.io/otel/trace/embedded"
 
 	"github.com/txevidence/otelpgxtx/outcome"
 	"github.com/txevidence/otelpgxtx/pgtest"
@@ -857,10 +858,14 @@ func TestBenchFloorModel(t *testing.T) {
 	}
 }
 
-// TestBenchFloorRunFrame checks frame_span_run's model: over fakePG a Run frame has the
-// attributes of a hand-written transaction's frame and benchRunAttrs, nothing else.
-func TestBenchFloorRunFrame(t *testing.T) {
-	conn, exp, _ := fakeTraced(t, WithInnerTracer(nil))
+// TestBenchFloorFrame checks frame_span's and frame_span_run's model against the real
+// frames: over fakePG, the frame of a hand-written transaction and a Run frame make the
+// SDK calls, in order, that benchFrameSpan makes, without and with benchRunAttrs, and end
+// with the same kind, attributes, events and status.
+func TestBenchFloorFrame(t *testing.T) {
+	exp := tracetest.NewInMemoryExporter()
+	tp := &callLogProvider{tp: sdktrace.NewTracerProvider(sdktrace.WithSyncer(exp))}
+	conn, _, _ := fakeTraced(t, WithInnerTracer(nil), WithTracerProvider(tp))
 	plain := &benchFake{v: benchC, conn: conn}
 	run := &benchFake{v: benchD, conn: conn, policy: DefaultPolicy()}
 	run.policy.CaptureReference = false
@@ -869,24 +874,87 @@ func TestBenchFloorRunFrame(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
+	m := newMetrics(sdkmetric.NewMeterProvider(), nil)
+	benchFrameSpan(context.Background(), tp.Tracer(ScopeName), m, nil)
+	benchFrameSpan(context.Background(), tp.Tracer(ScopeName), m, benchRunAttrs)
 	spans := exp.GetSpans()
-	if len(spans) != 2 {
-		t.Fatalf("%d spans, want 2 frames", len(spans))
+	if len(spans) != 4 || len(tp.logs) != 4 {
+		t.Fatalf("%d spans, %d call logs: want 2 frames and 2 models", len(spans), len(tp.logs))
 	}
-	keys := func(s tracetest.SpanStub) []attribute.Key {
-		var ks []attribute.Key
+	shape := func(s tracetest.SpanStub) string {
+		var b strings.Builder
+		fmt.Fprintf(&b, "%s %s %v", s.Name, s.SpanKind, s.Status.Code)
 		for _, a := range s.Attributes {
-			ks = append(ks, a.Key)
+			b.WriteString(" " + string(a.Key))
 		}
-		return ks
+		for _, e := range s.Events {
+			b.WriteString(" event:" + e.Name)
+		}
+		return b.String()
 	}
-	want := keys(spans[0])
-	for _, a := range benchRunAttrs {
-		want = append(want, a.Key)
+	for i, name := range []string{"frame_span", "frame_span_run"} {
+		if real, model := shape(spans[i]), shape(spans[i+2]); real != model {
+			t.Errorf("%s ends as\n\t%s\nbut the frame ends as\n\t%s", name, model, real)
+		}
+		if real, model := *tp.logs[i], *tp.logs[i+2]; !slices.Equal(real, model) {
+			t.Errorf("%s calls\n\t%v\nbut the frame calls\n\t%v", name, model, real)
+		}
 	}
-	if got := keys(spans[1]); !slices.Equal(got, want) {
-		t.Fatalf("Run frame attributes %v, want %v", got, want)
-	}
+}
+
+// callLogProvider is a TracerProvider that logs, per span, the calls that change it:
+// what the SDK charges for.
+type callLogProvider struct {
+	embedded.TracerProvider
+	tp   trace.TracerProvider
+	logs []*[]string
+}
+
+func (p *callLogProvider) Tracer(name string, opts ...trace.TracerOption) trace.Tracer {
+	return callLogTracer{tr: p.tp.Tracer(name, opts...), p: p}
+}
+
+type callLogTracer struct {
+	embedded.Tracer
+	tr trace.Tracer
+	p  *callLogProvider
+}
+
+func (t callLogTracer) Start(ctx context.Context, name string, opts ...trace.SpanStartOption) (context.Context, trace.Span) {
+	log := &[]string{fmt.Sprintf("Start(%d options)", len(opts))}
+	t.p.logs = append(t.p.logs, log)
+	ctx, span := t.tr.Start(ctx, name, opts...)
+	s := callLogSpan{Span: span, log: log}
+	return trace.ContextWithSpan(ctx, s), s
+}
+
+type callLogSpan struct {
+	trace.Span
+	log *[]string
+}
+
+func (s callLogSpan) add(call string, args ...any) {
+	*s.log = append(*s.log, fmt.Sprintf(call, args...))
+}
+
+func (s callLogSpan) SetAttributes(kv ...attribute.KeyValue) {
+	s.add("SetAttributes(%d)", len(kv))
+	s.Span.SetAttributes(kv...)
+}
+
+func (s callLogSpan) AddEvent(name string, opts ...trace.EventOption) {
+	s.add("AddEvent(%s, %d options)", name, len(opts))
+	s.Span.AddEvent(name, opts...)
+}
+
+func (s callLogSpan) SetStatus(code codes.Code, desc string) {
+	s.add("SetStatus(%v)", code)
+	s.Span.SetStatus(code, desc)
+}
+
+func (s callLogSpan) End(opts ...trace.SpanEndOption) {
+	s.add("End(%d options)", len(opts))
+	s.Span.End(opts...)
 }
 
 // TestBenchFakeServer checks that the fake is a faithful enough stand-in: over it, the
@@ -919,23 +987,20 @@ func TestBenchFakeServer(t *testing.T) {
 
 var (
 	benchSinkCtx        context.Context
-	benchLeanStartOpts  = []trace.SpanStartOption{trace.WithSpanKind(trace.SpanKindInternal)}
-	benchFloorStatement = 5 // BEGIN, 3 statements, COMMIT: one parent context each
+	benchFloorStatement = 5 // BEGIN, 3 statements, COMMIT: one statement span each
 )
 
 // BenchmarkHookFloor is what the OpenTelemetry SDK alone charges for one frame of a
 // committed BEGIN + 3 statements + COMMIT, without the Tracer's own logic:
 //
-//   - v=frame_span: the span as phase_span.go makes it today (Start with kind and
-//     timestamp, 6 attributes after Start, 3 phase events, 2 end attributes, status,
-//     End with timestamp), the 3 metric recordings with an exemplar context, and one
-//     context per statement that parents the statement span to the frame;
+//   - v=frame_span: the span as phase_span.go makes it today (Start with its kind, 2
+//     phase events, the context that parents the statements to it, once per frame as
+//     innerStartCtx keeps it, the third event, the 3 metric recordings with the
+//     context Start returned, then status and the 8 attributes in one SetAttributes
+//     from a pooled slice, End); TestBenchFloorFrame checks the model;
 //   - v=frame_span_run: the same with the two attributes a Run frame adds
 //     (tx.propagation, tx.attempt): ten attributes, past the eight up to which the SDK
 //     deduplicates them with a map on the stack, so that it costs 3 allocations more;
-//   - v=frame_span_lean: the same telemetry made the way the report proposes (static
-//     start options, no explicit timestamps, all attributes in one SetAttributes at the
-//     end, the context Start returned reused for the exemplars);
 //   - v=bare_span: a span with nothing on it, Start and End: the least one more span
 //     per transaction can cost;
 //   - v=statement_spans: the 5 statement spans otelpgx makes of that transaction (Start
@@ -968,7 +1033,6 @@ func BenchmarkHookFloor(b *testing.B) {
 var benchFloors = map[string]func(context.Context, trace.Tracer, *metrics){
 	"frame_span":              func(ctx context.Context, tr trace.Tracer, m *metrics) { benchFrameSpan(ctx, tr, m, nil) },
 	"frame_span_run":          func(ctx context.Context, tr trace.Tracer, m *metrics) { benchFrameSpan(ctx, tr, m, benchRunAttrs) },
-	"frame_span_lean":         benchFrameSpanLean,
 	"bare_span":               benchBareSpan,
 	"statement_spans":         func(ctx context.Context, tr trace.Tracer, _ *metrics) { benchStatementSpans(ctx, tr, false) },
 	"statement_spans_summary": func(ctx context.Context, tr trace.Tracer, _ *metrics) { benchStatementSpans(ctx, tr, true) },
@@ -982,42 +1046,38 @@ var benchRunAttrs = []attribute.KeyValue{PropagationKey.String("required"), Atte
 func benchFrameSpan(ctx context.Context, tr trace.Tracer, m *metrics, extra []attribute.KeyValue) {
 	id := outcome.NewOperationID()
 	start := time.Now()
-	_, span := tr.Start(ctx, DefaultSpanName, trace.WithSpanKind(trace.SpanKindInternal), trace.WithTimestamp(start))
+	sctx, span := tr.Start(ctx, DefaultSpanName, frameStartOptions...)
 	rec := span.IsRecording()
 	if rec {
-		span.SetAttributes(dbSystemPostgreSQL, dbNamespaceKey.String("bench"), serverAddressKey.String("127.0.0.1"),
-			serverPortKey.Int(5432), OperationIDKey.String(id.String()), FrameDepthKey.Int(0))
-	}
-	for i := range benchFloorStatement {
-		if rec {
-			benchSinkCtx = trace.ContextWithSpan(ctx, span)
-		}
-		if rec && (i == 0 || i == benchFloorStatement-1) {
-			span.AddEvent(phaseEvents[outcome.PhaseActive+outcome.Phase(min(i, 1))])
-		}
-	}
-	now := time.Now()
-	if rec {
+		span.AddEvent(phaseEvents[outcome.PhaseActive])
+		benchSinkCtx = trace.ContextWithSpan(ctx, span)
+		span.AddEvent(phaseEvents[outcome.PhaseCommitting])
 		span.AddEvent(phaseEvents[outcome.PhaseCommitted])
 	}
+	now := time.Now()
 	mctx := context.Background()
 	if span.SpanContext().IsSampled() {
-		mctx = trace.ContextWithSpan(mctx, span)
+		mctx = sctx
 	}
 	o := outcome.OutcomeCommitted
 	m.transactions.Add(mctx, 1, m.addOpts[o]...)
 	m.duration.Record(mctx, now.Sub(start).Seconds(), m.recordOpts[o]...)
 	m.commit.Record(mctx, now.Sub(start).Seconds(), m.recordOpts[o]...)
 	if !rec {
-		span.End(trace.WithTimestamp(now))
+		span.End()
 		return
 	}
-	attrs := make([]attribute.KeyValue, 0, 12)
-	attrs = append(attrs, OutcomeKey.String(o.String()), PhaseKey.String(outcome.PhaseCommitted.String()))
-	attrs = append(attrs, extra...)
 	span.SetStatus(codes.Ok, "")
+	buf := frameAttrs.Get().(*[]attribute.KeyValue)
+	attrs := append((*buf)[:0], dbSystemPostgreSQL, dbNamespaceKey.String("bench"), serverAddressKey.String("127.0.0.1"),
+		serverPortKey.Int(5432), OperationIDKey.String(id.String()), FrameDepthKey.Int(0),
+		OutcomeKey.String(o.String()), PhaseKey.String(outcome.PhaseCommitted.String()))
+	attrs = append(attrs, extra...)
 	span.SetAttributes(attrs...)
-	span.End(trace.WithTimestamp(now))
+	clear(attrs)
+	*buf = attrs[:0]
+	frameAttrs.Put(buf)
+	span.End()
 }
 
 // benchStatementAttrs are the attributes otelpgx v0.13 starts a statement span with over
@@ -1050,43 +1110,8 @@ func benchStatementSpans(ctx context.Context, tr trace.Tracer, summary bool) {
 	}
 }
 
+// benchBareSpan starts and ends a span with nothing on it.
 func benchBareSpan(ctx context.Context, tr trace.Tracer, _ *metrics) {
-	_, span := tr.Start(ctx, DefaultSpanName, benchLeanStartOpts...)
-	span.End()
-}
-
-func benchFrameSpanLean(ctx context.Context, tr trace.Tracer, m *metrics) {
-	id := outcome.NewOperationID()
-	sctx, span := tr.Start(ctx, DefaultSpanName, benchLeanStartOpts...)
-	start := time.Now()
-	rec := span.IsRecording()
-	for i := range benchFloorStatement {
-		if rec {
-			benchSinkCtx = trace.ContextWithSpan(ctx, span)
-		}
-		if rec && (i == 0 || i == benchFloorStatement-1) {
-			span.AddEvent(phaseEvents[outcome.PhaseActive+outcome.Phase(min(i, 1))])
-		}
-	}
-	now := time.Now()
-	if rec {
-		span.AddEvent(phaseEvents[outcome.PhaseCommitted])
-	}
-	mctx := context.Background()
-	if span.SpanContext().IsSampled() {
-		mctx = sctx
-	}
-	o := outcome.OutcomeCommitted
-	m.transactions.Add(mctx, 1, m.addOpts[o]...)
-	m.duration.Record(mctx, now.Sub(start).Seconds(), m.recordOpts[o]...)
-	m.commit.Record(mctx, now.Sub(start).Seconds(), m.recordOpts[o]...)
-	if !rec {
-		span.End()
-		return
-	}
-	span.SetStatus(codes.Ok, "")
-	span.SetAttributes(dbSystemPostgreSQL, dbNamespaceKey.String("bench"), serverAddressKey.String("127.0.0.1"),
-		serverPortKey.Int(5432), OperationIDKey.String(id.String()), FrameDepthKey.Int(0),
-		OutcomeKey.String(o.String()), PhaseKey.String(outcome.PhaseCommitted.String()))
+	_, span := tr.Start(ctx, DefaultSpanName, frameStartOptions...)
 	span.End()
 }
