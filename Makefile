@@ -10,6 +10,7 @@ test: vet tools test-library test-examples test-scripts
 
 test-library:
 	$(GO) test -race -count=1 ./...
+	$(GO) test -count=1 -run 'TestHookAllocs$$' .
 
 # The chart of scripts/bench (its own go.mod, so that the library does not depend on gonum).
 test-scripts:

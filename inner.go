@@ -182,9 +182,9 @@ func (t *Tracer) innerBatch(b *pgx.Batch) *pgx.Batch {
 
 // innerStartCtx makes f's span the parent of what the inner tracer starts. It allocates only
 // when someone records and ctx does not already carry the frame's span (inside Run or
-// Begin it does): an unsampled frame under an unsampled caller costs nothing. The answer
-// is kept for the context it was given, which a transaction's statements mostly share,
-// so that the frame's statements are parented alike.
+// Begin it does): an unsampled frame under an unsampled caller costs nothing. The context
+// it makes is kept for the caller's context it was made from, which a transaction's
+// statements mostly share, and looked up first.
 func innerStartCtx(ctx context.Context, f *frame) context.Context {
 	if f == nil || f.unrecorded {
 		return ctx
@@ -192,12 +192,12 @@ func innerStartCtx(ctx context.Context, f *frame) context.Context {
 	if sameContext(ctx, f.framedIn) {
 		return f.framedOut
 	}
-	out := ctx
-	if in := trace.SpanFromContext(ctx); (f.recording || in.IsRecording()) && !sameSpan(in, f.span) {
-		out = trace.ContextWithSpan(ctx, f.span)
+	in := trace.SpanFromContext(ctx)
+	if !f.recording && !in.IsRecording() || sameSpan(in, f.span) {
+		return ctx
 	}
-	f.framedIn, f.framedOut = ctx, out
-	return out
+	f.framedIn, f.framedOut = ctx, trace.ContextWithSpan(ctx, f.span)
+	return f.framedOut
 }
 
 // sameContext reports whether a and b are one context. Only pointers are compared: ==
