@@ -910,10 +910,12 @@ type callLogProvider struct {
 	logs []*[]string
 }
 
+// Tracer implements trace.TracerProvider.
 func (p *callLogProvider) Tracer(name string, opts ...trace.TracerOption) trace.Tracer {
 	return callLogTracer{tr: p.tp.Tracer(name, opts...), p: p}
 }
 
+// callLogTracer starts spans that log into a new entry of its provider's logs.
 type callLogTracer struct {
 	embedded.Tracer
 	tr trace.Tracer
@@ -928,6 +930,7 @@ func (t callLogTracer) Start(ctx context.Context, name string, opts ...trace.Spa
 	return trace.ContextWithSpan(ctx, s), s
 }
 
+// callLogSpan is a span that logs its changing calls, then makes them.
 type callLogSpan struct {
 	trace.Span
 	log *[]string
