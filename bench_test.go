@@ -1075,11 +1075,7 @@ func benchFrameSpan(ctx context.Context, tr trace.Tracer, m *metrics, extra []at
 	attrs := append((*buf)[:0], dbSystemPostgreSQL, dbNamespaceKey.String("bench"), serverAddressKey.String("127.0.0.1"),
 		serverPortKey.Int(5432), OperationIDKey.String(id.String()), FrameDepthKey.Int(0),
 		OutcomeKey.String(o.String()), PhaseKey.String(outcome.PhaseCommitted.String()))
-	attrs = append(attrs, extra...)
-	span.SetAttributes(attrs...)
-	clear(attrs)
-	*buf = attrs[:0]
-	frameAttrs.Put(buf)
+	setFrameAttrs(span, buf, append(attrs, extra...))
 	span.End()
 }
 

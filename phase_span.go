@@ -261,11 +261,7 @@ func (f *frame) endSpan(o outcome.Outcome, postCommitErr error) {
 		return
 	}
 	buf := frameAttrs.Get().(*[]attribute.KeyValue)
-	attrs := f.setOutcomeStatus(o, f.outcomeAttrs(o, (*buf)[:0]))
-	f.span.SetAttributes(attrs...)
-	clear(attrs) // what the span was given must not stay reachable from the pool
-	*buf = attrs[:0]
-	frameAttrs.Put(buf)
+	setFrameAttrs(f.span, buf, f.setOutcomeStatus(o, f.outcomeAttrs(o, (*buf)[:0])))
 	if postCommitErr != nil {
 		f.span.AddEvent(EventPostCommitFailed)
 	}
@@ -279,6 +275,15 @@ var frameAttrs = sync.Pool{New: func() any {
 	s := make([]attribute.KeyValue, 0, 20)
 	return &s
 }}
+
+// setFrameAttrs writes attrs, built in buf from frameAttrs, to span in one SetAttributes
+// call, and gives buf back to the pool.
+func setFrameAttrs(span trace.Span, buf *[]attribute.KeyValue, attrs []attribute.KeyValue) {
+	span.SetAttributes(attrs...)
+	clear(attrs) // what the span was given must not stay reachable from the pool
+	*buf = attrs[:0]
+	frameAttrs.Put(buf)
+}
 
 // outcomeAttrs appends to attrs the attributes a recording frame span ends with, whatever
 // its status, so that they are written in one SetAttributes call.
