@@ -829,32 +829,39 @@ func fakeTraced(t *testing.T, opts ...Option) (*pgx.Conn, *tracetest.InMemoryExp
 }
 
 // TestBenchFloorModel checks BenchmarkHookFloor's model of a statement span against the
-// real thing: over fakePG, otelpgx starts each with len(benchStatementAttrs) attributes,
-// the Tracer adds db.query.summary, once, and otelpgx pgx.rows_affected at the end.
+// real thing: over fakePG, the statement span otelpgx makes under the Tracer gets the SDK
+// calls that benchStatementSpan makes, with the same start attributes in the same order
+// (db.system.name twice: otelpgx's own tracer attribute and the connection's), and ends
+// with the same attributes.
 func TestBenchFloorModel(t *testing.T) {
-	conn, exp, tp := fakeTraced(t)
+	exp := tracetest.NewInMemoryExporter()
+	tp := &callLogProvider{tp: sdktrace.NewTracerProvider(sdktrace.WithSyncer(exp))}
+	conn, _, _ := fakeTraced(t, WithTracerProvider(tp))
 	const sql = "update t set v = v + 1 where id = $1"
 	if _, err := conn.Exec(context.Background(), sql, 1); err != nil { // prepared once, untraced, as in the benchmarks
 		t.Fatal(err)
 	}
-	ctx, req := tp.Tracer("request").Start(context.Background(), "request") // otelpgx records under a recording parent
+	ctx, req := tp.tp.Tracer("request").Start(context.Background(), "request") // otelpgx records under a recording parent
 	if _, err := conn.Exec(ctx, sql, 1); err != nil {
 		t.Fatal(err)
 	}
+	benchStatementSpan(ctx, tp.Tracer("model"), true)
 	req.End()
 	spans := exp.GetSpans()
-	if len(spans) != 2 || spans[0].Name == "request" {
-		t.Fatalf("%d spans, want the statement's and the request's", len(spans))
+	if len(spans) != 3 || len(tp.logs) != 2 {
+		t.Fatalf("%d spans, %d call logs: want the statement's, the model's and the request's", len(spans), len(tp.logs))
 	}
-	got := spans[0].Attributes
-	want := append(slices.Clone(benchStatementAttrs), benchSummary[0], benchRowsAffected)
-	if len(got) != len(want) {
-		t.Fatalf("statement span attributes %v: want the %d of the model", got, len(want))
+	if real, model := *tp.logs[0], *tp.logs[1]; !slices.Equal(real, model) {
+		t.Errorf("the model calls\n\t%v\nbut the statement span calls\n\t%v", model, real)
 	}
-	for i, a := range want {
-		if got[i].Key != a.Key {
-			t.Errorf("attribute %d is %s, the model has %s", i, got[i].Key, a.Key)
+	keys := func(s tracetest.SpanStub) (k []attribute.Key) {
+		for _, a := range s.Attributes {
+			k = append(k, a.Key)
 		}
+		return k
+	}
+	if real, model := keys(spans[0]), keys(spans[1]); !slices.Equal(real, model) {
+		t.Errorf("the model ends with attributes %v, the statement span with %v", model, real)
 	}
 }
 
@@ -902,8 +909,8 @@ func TestBenchFloorFrame(t *testing.T) {
 	}
 }
 
-// callLogProvider is a TracerProvider that logs, per span, the calls that change it:
-// what the SDK charges for.
+// callLogProvider is a TracerProvider that logs, per span, the calls that change it, and
+// the kind and attribute keys it starts with: what the SDK charges for.
 type callLogProvider struct {
 	embedded.TracerProvider
 	tp   trace.TracerProvider
@@ -923,7 +930,12 @@ type callLogTracer struct {
 }
 
 func (t callLogTracer) Start(ctx context.Context, name string, opts ...trace.SpanStartOption) (context.Context, trace.Span) {
-	log := &[]string{fmt.Sprintf("Start(%d options)", len(opts))}
+	cfg := trace.NewSpanStartConfig(opts...)
+	var keys []attribute.Key
+	for _, a := range cfg.Attributes() {
+		keys = append(keys, a.Key)
+	}
+	log := &[]string{fmt.Sprintf("Start(%v, attributes %v)", cfg.SpanKind(), keys)}
 	t.p.logs = append(t.p.logs, log)
 	ctx, span := t.tr.Start(ctx, name, opts...)
 	s := callLogSpan{Span: span, log: log}
@@ -1007,7 +1019,7 @@ var (
 //   - v=bare_span: a span with nothing on it, Start and End: the least one more span
 //     per transaction can cost;
 //   - v=statement_spans: the 5 statement spans otelpgx makes of that transaction (Start
-//     with its kind and its 7 attributes, pgx.rows_affected at the end, End), and
+//     with its kind and its 8 attributes, pgx.rows_affected at the end, End), and
 //     v=statement_spans_summary the same with the db.query.summary the Tracer sets on each
 //     after Start: their difference is what the SDK charges for that attribute, which the
 //     frame span does not include.
@@ -1080,12 +1092,14 @@ func benchFrameSpan(ctx context.Context, tr trace.Tracer, m *metrics, extra []at
 }
 
 // benchStatementAttrs are the attributes otelpgx v0.13 starts a statement span with over
-// fakePG (TestBenchFloorModel checks the count): the connection's five, the query text and
-// the operation name.
+// fakePG, in its order (TestBenchFloorModel checks them): its own db.system.name, the
+// connection's five (db.system.name again among them: the SDK keeps both until it
+// deduplicates at export), the query text and the operation name.
 var benchStatementAttrs = []attribute.KeyValue{
+	dbSystemPostgreSQL,
 	dbSystemPostgreSQL, attribute.String("server.address", "127.0.0.1"), attribute.Int("server.port", 5432),
 	attribute.String("user.name", "bench"), attribute.String("db.namespace", "bench"),
-	attribute.String("db.query.text", "update t set v = v + 1 where id = $1"), attribute.String("db.operation.name", "update"),
+	attribute.String("db.query.text", "update t set v = v + 1 where id = $1"), attribute.String("db.operation.name", "UPDATE"),
 }
 
 // benchSummary is a statement's db.query.summary as the Tracer's sanitizer caches it.
@@ -1098,15 +1112,21 @@ var benchRowsAffected = otelpgx.RowsAffectedKey.Int64(1)
 // Tracer's db.query.summary on each if summary.
 func benchStatementSpans(ctx context.Context, tr trace.Tracer, summary bool) {
 	for range benchFloorStatement {
-		_, span := tr.Start(ctx, "update", trace.WithSpanKind(trace.SpanKindClient), trace.WithAttributes(benchStatementAttrs...))
-		if summary && span.IsRecording() {
-			span.SetAttributes(benchSummary...)
-		}
-		if span.IsRecording() {
-			span.SetAttributes(benchRowsAffected)
-		}
-		span.End()
+		benchStatementSpan(ctx, tr, summary)
 	}
+}
+
+// benchStatementSpan makes one statement span as otelpgx does, with the Tracer's
+// db.query.summary if summary.
+func benchStatementSpan(ctx context.Context, tr trace.Tracer, summary bool) {
+	_, span := tr.Start(ctx, "UPDATE", trace.WithSpanKind(trace.SpanKindClient), trace.WithAttributes(benchStatementAttrs...))
+	if summary && span.IsRecording() {
+		span.SetAttributes(benchSummary...)
+	}
+	if span.IsRecording() {
+		span.SetAttributes(benchRowsAffected)
+	}
+	span.End()
 }
 
 // benchBareSpan starts and ends a span with nothing on it.
