@@ -8,9 +8,10 @@ import (
 )
 
 // TestHookAllocs holds issue 13's allocation targets as a test, where the benchmarks only
-// report them: per transaction over fakePG, sampled, the Tracer adds fewer than 12
-// allocations to otelpgx's (c−b) and Run at most 6 to hand-written pgx's (d−c); per
-// unsampled statement the Tracer adds none. Allocation counts do not depend on the
+// report them: per transaction over fakePG, sampled, the Tracer adds at most 6
+// allocations to otelpgx's (c−b: its frame span alone costs 10, and the operation names
+// it hands otelpgx from its cache save otelpgx's one per statement) and Run at most 6 to
+// hand-written pgx's (d−c); per unsampled statement the Tracer adds none. Allocation counts do not depend on the
 // machine's speed, so this is a test that can fail only on a change of the code. The race
 // detector changes them (it makes sync.Pool drop what it is given at random), so this
 // file is built without it: `make test` runs it in a pass of its own.
@@ -27,8 +28,8 @@ func TestHookAllocs(t *testing.T) {
 	sampled, unsampled := benchSamplings[0], benchSamplings[1]
 	b, c, d := allocs(benchB, sampled), allocs(benchC, sampled), allocs(benchD, sampled)
 	t.Logf("sampled allocs/tx: b %.1f, c %.1f, d %.1f", b, c, d)
-	if c-b >= 12 {
-		t.Errorf("the Tracer adds %.1f allocations per sampled transaction, want fewer than 12", c-b)
+	if c-b > 6 {
+		t.Errorf("the Tracer adds %.1f allocations per sampled transaction, want at most 6", c-b)
 	}
 	if d-c > 6 {
 		t.Errorf("Run adds %.1f allocations per sampled transaction, want at most 6", d-c)

@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/exaring/otelpgx"
 	"github.com/jackc/pgx/v5"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/sdk/metric/metricdata"
@@ -127,6 +128,75 @@ func TestSpanNameCtxFunc(t *testing.T) {
 	}
 	if !slices.Equal(begins, []string{"begin isolation level serializable", "begin", "BEGIN", "begin; select ?"}) {
 		t.Fatalf("the function got %q, want pgx's BEGIN statements as the statement spans record them", begins)
+	}
+}
+
+// TestStatementSpanNames: the default otelpgx inner tracer takes its span names and
+// db.operation.name from the Tracer's cache, and they are the ones otelpgx makes itself
+// (otelpgx.SQLOperationName of the db.query.text it was given), for sanitized and raw
+// text, first and cached use, statements, prepares and batches alike; a user's own
+// otelpgx.WithSpanNameFunc still decides.
+func TestStatementSpanNames(t *testing.T) {
+	ctx := testCtx(t)
+	stmts := []struct {
+		sql  string
+		args []any
+	}{{"select 1", nil}, {"SeLeCt $1::int", []any{1}}, {"-- name: GetOne :one\nselect 2", nil}, {"/* hint */ values (3)", nil}, {"  \n\tselect 'x'", nil}}
+	for _, tc := range []struct {
+		name string
+		opts []Option
+		mine bool
+	}{
+		{"sanitized", nil, false},
+		{"raw", []Option{WithRawQueryText()}, false},
+		{"user's", []Option{WithOtelpgxOptions(otelpgx.WithSpanNameFunc(func(string) string { return "mine" }))}, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			h := newHarness(t, "", 1, tc.opts...)
+			withConn(t, ctx, h, func(c *pgx.Conn) {
+				for range 2 { // the first use fills the cache, the second finds it there
+					tx, err := c.Begin(ctx)
+					if err != nil {
+						t.Fatal(err)
+					}
+					for _, st := range stmts {
+						if _, err := tx.Exec(ctx, st.sql, st.args...); err != nil {
+							t.Fatal(err)
+						}
+					}
+					if _, err := tx.Prepare(ctx, "p", "select 4"); err != nil {
+						t.Fatal(err)
+					}
+					b := &pgx.Batch{}
+					b.Queue("select 5")
+					b.Queue("/* b */ select 6")
+					if err := tx.SendBatch(ctx, b).Close(); err != nil {
+						t.Fatal(err)
+					}
+					if err := tx.Commit(ctx); err != nil {
+						t.Fatal(err)
+					}
+				}
+			})
+			n := 0
+			for _, s := range h.exp.GetSpans() {
+				text, ok := attr(s, "db.query.text")
+				if !ok || s.InstrumentationScope.Name == ScopeName {
+					continue
+				}
+				n++
+				want := otelpgx.SQLOperationName(ctx, text.AsString())
+				if tc.mine {
+					want = "mine"
+				}
+				if op, _ := attr(s, "db.operation.name"); s.Name != want || op.AsString() != want {
+					t.Errorf("span of %q is %q with db.operation.name %q, want %q", text.AsString(), s.Name, op.AsString(), want)
+				}
+			}
+			if n < 2*(len(stmts)+4) { // BEGIN, the statements, the prepare, the batch's two, COMMIT
+				t.Fatalf("%d statement spans with db.query.text, want at least %d", n, 2*(len(stmts)+4))
+			}
+		})
 	}
 }
 

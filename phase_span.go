@@ -246,7 +246,10 @@ func (f *frame) endSpan(o outcome.Outcome, postCommitErr error) {
 	if !f.spanEnded.CompareAndSwap(false, true) {
 		return
 	}
-	now := time.Now()
+	now := f.concludedAt // conclude has just read the clock, unless the executor ends the span later
+	if f.managed || now.IsZero() {
+		now = time.Now()
+	}
 	f.t.metrics.record(o, f, now)
 	if o == outcome.OutcomeIndeterminate {
 		f.t.logIndeterminate(f)
@@ -256,7 +259,7 @@ func (f *frame) endSpan(o outcome.Outcome, postCommitErr error) {
 			defer f.t.auto.enqueue(f)
 		}
 	}
-	if !f.span.IsRecording() {
+	if !f.recording {
 		f.span.End()
 		return
 	}

@@ -9,6 +9,7 @@ import (
 	"strings"
 	"sync"
 
+	"github.com/exaring/otelpgx"
 	"github.com/jackc/pgx/v5/pgconn"
 	"go.opentelemetry.io/otel/attribute"
 )
@@ -445,6 +446,9 @@ type sanitized struct {
 	set     stmtSet              // classifyStatements of the SQL string
 	text    string               // the sanitized query text
 	summary []attribute.KeyValue // db.query.summary, ready for SetAttributes; nil if none
+	// op is otelpgx.SQLOperationName of what the inner tracer is given of the SQL string
+	// (see operationName).
+	op string
 }
 
 // Bounds of the sanitizer's cache: it keeps up to this many SQL strings (pgx's own
@@ -463,6 +467,8 @@ type sanitizer struct {
 	mu    sync.RWMutex
 	m     map[string]*sanitized
 	bytes int // the text the cache holds: SQL strings and the sanitized ones that differ
+	// raw: the inner tracer is given the SQL as written ([WithRawQueryText]).
+	raw bool
 }
 
 // size is what caching sql and s costs in text.
@@ -485,6 +491,11 @@ func (z *sanitizer) get(sql string) *sanitized {
 	if sum := querySummary(s.text); sum != "" {
 		s.summary = []attribute.KeyValue{dbQuerySummaryKey.String(sum)}
 	}
+	given := s.text
+	if z.raw {
+		given = sql
+	}
+	s.op = otelpgx.SQLOperationName(context.Background(), given)
 	if len(sql) > maxCachedSQL {
 		return s
 	}
@@ -506,6 +517,22 @@ func (z *sanitizer) get(sql string) *sanitized {
 	}
 	z.mu.Unlock()
 	return s
+}
+
+// operationName is otelpgx.SQLOperationName(ctx, given), for given the text an inner
+// otelpgx tracer was handed of a SQL string, from the cache: otelpgx would parse and
+// upper-case the statement on every sampled query (one allocation each). Sanitized
+// texts are cached as SQL strings of their own: they sanitize to themselves, and many
+// statements that differ only in their literals share one. A cached answer is used only
+// when given is what the inner tracer gets of its SQL string, so that the name is always
+// otelpgx's own.
+func (z *sanitizer) operationName(ctx context.Context, given string) string {
+	if len(given) <= maxCachedSQL {
+		if s := z.get(given); z.raw || s.text == given {
+			return s.op
+		}
+	}
+	return otelpgx.SQLOperationName(ctx, given)
 }
 
 // sqlStateClasses names the SQLSTATE classes of PostgreSQL's error codes appendix: the

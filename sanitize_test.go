@@ -8,6 +8,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/exaring/otelpgx"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 )
@@ -101,6 +102,18 @@ func TestSanitizerCache(t *testing.T) {
 	}
 	if allocs := testing.AllocsPerRun(100, func() { z.get(sql) }); allocs != 0 {
 		t.Errorf("a cached statement costs %v allocations, want 0", allocs)
+	}
+	// otelpgx's span name of the sanitized text, which it is given: otelpgx's own answer,
+	// from the cache at no allocation once the text is there, where otelpgx allocates.
+	ctx := context.Background()
+	if got, want := z.operationName(ctx, first.text), otelpgx.SQLOperationName(ctx, first.text); got != want || got != "SELECT" {
+		t.Errorf("operationName(%q) = %q, otelpgx's is %q", first.text, got, want)
+	}
+	if allocs := testing.AllocsPerRun(100, func() { z.operationName(ctx, first.text) }); allocs != 0 {
+		t.Errorf("a cached operation name costs %v allocations, want 0", allocs)
+	}
+	if allocs := testing.AllocsPerRun(100, func() { otelpgx.SQLOperationName(ctx, first.text) }); allocs == 0 {
+		t.Error("otelpgx.SQLOperationName no longer allocates: the cache of operation names may be redundant")
 	}
 	for i := range sanitizeCacheEntries + 10 {
 		z.get(fmt.Sprintf("select %d", i))
@@ -230,6 +243,18 @@ func FuzzSanitize(f *testing.F) {
 			t.Fatalf("not idempotent: %q → %q → %q", raw, once, twice)
 		}
 		querySummary(once)
+		// The span name otelpgx is given is its own, from text it was handed sanitized or raw.
+		for _, z := range []*sanitizer{{}, {raw: true}} {
+			given := z.get(raw).text
+			if z.raw {
+				given = raw
+			}
+			for range 2 { // filling the cache, then from it
+				if got, want := z.operationName(context.Background(), given), otelpgx.SQLOperationName(context.Background(), given); got != want {
+					t.Fatalf("raw %v: operationName(%q) = %q, otelpgx's is %q", z.raw, given, got, want)
+				}
+			}
+		}
 
 		r := rand.New(rand.NewPCG(seed, seed>>1))
 		var sql strings.Builder

@@ -70,6 +70,7 @@ func newTracer(opts []Option) (*Tracer, error) {
 		tracer:  cfg.tracerProvider.Tracer(ScopeName, trace.WithInstrumentationVersion(Version())),
 		metrics: newMetrics(cfg.meterProvider, cfg.meterAttributes),
 	}
+	t.sanitized.raw = cfg.rawQueryText
 	inner := cfg.inner
 	if !cfg.innerSet {
 		oo := []otelpgx.Option{
@@ -77,6 +78,7 @@ func newTracer(opts []Option) (*Tracer, error) {
 			otelpgx.WithMeterProvider(cfg.meterProvider),
 			otelpgx.WithTracerAttributes(cfg.spanAttributes...),
 			otelpgx.WithMeterAttributes(cfg.meterAttributes...),
+			otelpgx.WithSpanNameCtxFunc(t.sanitized.operationName), // a user's own, passed after, wins
 		}
 		if cfg.noConnDetails {
 			oo = append(oo, otelpgx.WithDisableConnectionDetailsInAttributes())
