@@ -32,12 +32,11 @@ func recordedError(err error, full bool) error {
 	return redactError(err)
 }
 
-// startedSpan returns the span an inner Start hook put into after, or nil if it left
-// before's span there. The span may not record: SetAttributes on it does nothing, and
-// asking first would take a recording span's lock once more per statement.
+// startedSpan returns the span an inner Start hook put into after, or nil if it started
+// none that records.
 func startedSpan(before, after context.Context) trace.Span {
 	span := trace.SpanFromContext(after)
-	if sameSpan(span, trace.SpanFromContext(before)) {
+	if !span.IsRecording() || sameSpan(span, trace.SpanFromContext(before)) {
 		return nil
 	}
 	return span
@@ -77,7 +76,7 @@ func (t *Tracer) innerBatchStart(ctx context.Context, conn *pgx.Conn, data pgx.T
 		inner := data
 		inner.Batch = t.innerBatch(data.Batch)
 		innerCtx := t.batch.TraceBatchStart(ctx, conn, inner)
-		if span := startedSpan(ctx, innerCtx); span != nil && span.IsRecording() && data.Batch != nil {
+		if span := startedSpan(ctx, innerCtx); span != nil && data.Batch != nil {
 			span.SetAttributes(t.batchSummary(data.Batch))
 		}
 		ctx = innerCtx
@@ -104,12 +103,12 @@ func (t *Tracer) innerBatchEnd(ctx context.Context, conn *pgx.Conn, data pgx.Tra
 
 // innerCopyFromStart hands a copy's start to the inner tracer, with a db.query.summary
 // made of the table name (a copy has no SQL text to summarize). Unlike summarized, it
-// asks whether the span records before it builds the summary, for the concatenation
+// builds the summary only once a recording span is there, for the concatenation
 // allocates; innerBatchStart does the same with its loop over the batch.
 func (t *Tracer) innerCopyFromStart(ctx context.Context, conn *pgx.Conn, data pgx.TraceCopyFromStartData) context.Context {
 	if t.copy != nil {
 		inner := t.copy.TraceCopyFromStart(ctx, conn, data)
-		if span := startedSpan(ctx, inner); span != nil && span.IsRecording() {
+		if span := startedSpan(ctx, inner); span != nil {
 			span.SetAttributes(dbQuerySummaryKey.String("COPY " + data.TableName.Sanitize()))
 		}
 		ctx = inner
