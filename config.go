@@ -149,7 +149,9 @@ func WithInnerTracer(inner pgx.QueryTracer) Option {
 }
 
 // WithOtelpgxOptions passes options to the default otelpgx inner tracer (for example
-// otelpgx.WithTrimSQLInSpanName()). The providers are set for it already.
+// otelpgx.WithTrimSQLInSpanName()). The providers are set for it already, and so is its
+// span name function: otelpgx.SQLOperationName, from the tracer's cache of SQL strings. They
+// are passed after those, so an otelpgx.WithSpanNameFunc of yours replaces it.
 func WithOtelpgxOptions(opts ...otelpgx.Option) Option {
 	return optionFunc(func(c *config) {
 		c.otelpgxOptions = append(c.otelpgxOptions, opts...)
