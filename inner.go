@@ -11,15 +11,6 @@ import (
 	"go.opentelemetry.io/otel/trace/noop"
 )
 
-// innerSQL returns what the inner tracer is given of sql, which s is what the sanitizer
-// knows of: its sanitized text unless [WithRawQueryText] was passed.
-func (t *Tracer) innerSQL(sql string, s *sanitized) string {
-	if t.cfg.rawQueryText {
-		return sql
-	}
-	return s.text
-}
-
 // innerErr returns what the inner tracer is given of err: see [recordedError].
 func (t *Tracer) innerErr(err error) error { return recordedError(err, t.cfg.errorMessages) }
 
@@ -48,7 +39,7 @@ func (t *Tracer) innerQueryStart(ctx context.Context, conn *pgx.Conn, data pgx.T
 	if t.query == nil {
 		return ctx
 	}
-	data.SQL = t.innerSQL(data.SQL, s)
+	data.SQL = t.sanitized.innerSQL(data.SQL, s)
 	return summarized(ctx, t.query.TraceQueryStart(ctx, conn, data), s)
 }
 
@@ -87,7 +78,7 @@ func (t *Tracer) innerBatchStart(ctx context.Context, conn *pgx.Conn, data pgx.T
 // innerBatchQuery hands one result of a batch to the inner tracer, sanitized.
 func (t *Tracer) innerBatchQuery(ctx context.Context, conn *pgx.Conn, data pgx.TraceBatchQueryData) {
 	if t.batch != nil {
-		data.SQL = t.innerSQL(data.SQL, t.sanitized.get(data.SQL))
+		data.SQL = t.sanitized.innerSQL(data.SQL, t.sanitized.get(data.SQL))
 		data.Err = t.innerErr(data.Err)
 		t.batch.TraceBatchQuery(ctx, conn, data)
 	}
@@ -128,7 +119,7 @@ func (t *Tracer) innerCopyFromEnd(ctx context.Context, conn *pgx.Conn, data pgx.
 func (t *Tracer) innerPrepareStart(ctx context.Context, conn *pgx.Conn, data pgx.TracePrepareStartData) context.Context {
 	if t.prepare != nil {
 		s := t.sanitized.get(data.SQL)
-		data.SQL = t.innerSQL(data.SQL, s)
+		data.SQL = t.sanitized.innerSQL(data.SQL, s)
 		if !t.cfg.rawQueryText && strings.HasPrefix(data.Name, "stmtcache_") {
 			data.Name = "stmtcache" // pgx names it by a digest of the raw SQL, literals and all
 		}

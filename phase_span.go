@@ -132,7 +132,7 @@ func (t *Tracer) startFrame(ctx context.Context, conn *pgx.Conn, st *connState, 
 	}
 	if chained == nil && (t.cfg.filter != nil || t.cfg.spanNameFunc != nil) {
 		// A span name leaves the process: both get the text the statement spans get.
-		begin = t.innerSQL(begin, t.sanitized.get(begin))
+		begin = t.sanitized.innerSQL(begin, t.sanitized.get(begin))
 	}
 	if chained != nil && chained.unrecorded || chained == nil && t.cfg.filter != nil && !t.cfg.filter(ctx, begin) {
 		// Not recorded: a span that only carries the caller's span context, so that the

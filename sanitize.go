@@ -491,11 +491,7 @@ func (z *sanitizer) get(sql string) *sanitized {
 	if sum := querySummary(s.text); sum != "" {
 		s.summary = []attribute.KeyValue{dbQuerySummaryKey.String(sum)}
 	}
-	given := s.text
-	if z.raw {
-		given = sql
-	}
-	s.op = otelpgx.SQLOperationName(context.Background(), given)
+	s.op = otelpgx.SQLOperationName(context.Background(), z.innerSQL(sql, s))
 	if len(sql) > maxCachedSQL {
 		return s
 	}
@@ -519,6 +515,15 @@ func (z *sanitizer) get(sql string) *sanitized {
 	return s
 }
 
+// innerSQL returns what the inner tracer is given of sql, which s is what the sanitizer
+// knows of: its sanitized text unless [WithRawQueryText] was passed.
+func (z *sanitizer) innerSQL(sql string, s *sanitized) string {
+	if z.raw {
+		return sql
+	}
+	return s.text
+}
+
 // operationName is otelpgx.SQLOperationName(ctx, given), for given the text an inner
 // otelpgx tracer was handed of a SQL string, from the cache: otelpgx would parse and
 // upper-case the statement on every sampled query (one allocation each). Sanitized
@@ -528,7 +533,7 @@ func (z *sanitizer) get(sql string) *sanitized {
 // otelpgx's own.
 func (z *sanitizer) operationName(ctx context.Context, given string) string {
 	if len(given) <= maxCachedSQL {
-		if s := z.get(given); z.raw || s.text == given {
+		if s := z.get(given); z.innerSQL(given, s) == given {
 			return s.op
 		}
 	}
