@@ -246,9 +246,9 @@ func (f *frame) endSpan(o outcome.Outcome, postCommitErr error) {
 	if !f.spanEnded.CompareAndSwap(false, true) {
 		return
 	}
-	now := f.concludedAt // conclude has just read the clock, unless the executor ends the span later
-	if f.managed || now.IsZero() {
-		now = time.Now()
+	now := f.concludedAt // conclude has just read the clock and called this
+	if f.managed {
+		now = time.Now() // the executor ends the span after its post-commit work
 	}
 	f.t.metrics.record(o, f, now)
 	if o == outcome.OutcomeIndeterminate {
