@@ -135,10 +135,7 @@ func TestReconcileReplicationBarrier(t *testing.T) {
 // server's default (local) says committed, as an acknowledged commit there would be.
 func TestReconcileBarrierLevel(t *testing.T) {
 	ctx := testCtx(t)
-	table := "barrier_level"
-	if err := srv.Exec(ctx, "create table "+table+" (id int primary key)"); err != nil {
-		t.Fatal(err)
-	}
+	table := newTable(t, ctx)
 	conn, err := srv.Conn(ctx)
 	if err != nil {
 		t.Fatal(err)

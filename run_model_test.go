@@ -97,9 +97,8 @@ func TestRunModel(t *testing.T) {
 	}
 }
 
-// modelSetup creates the rows table and the restricted role, and returns the role's
-// connection string. Revoking EXECUTE from PUBLIC is the only way to take it from one
-// role; it is granted back when t ends.
+// modelSetup creates the rows table and the restricted role (see revokeIdentity), and
+// returns the role's connection string.
 func modelSetup(t *testing.T, ctx context.Context) string {
 	t.Helper()
 	err := srv.Exec(ctx, `drop table if exists `+modelTable+`;
@@ -109,17 +108,11 @@ do $$ begin
 		create role `+modelRole+` login;
 	end if;
 end $$;
-revoke execute on function pg_control_system() from public;
 grant select, insert on `+modelTable+` to `+modelRole)
-	t.Cleanup(func() {
-		// PostgreSQL's default, which other tests rely on: any role may read the identity.
-		if err := srv.Exec(context.Background(), "grant execute on function pg_control_system() to public"); err != nil {
-			t.Error(err)
-		}
-	})
 	if err != nil {
 		t.Fatal(err)
 	}
+	revokeIdentity(t, ctx)
 	connString := strings.Replace(srv.ConnString(), "postgres@", modelRole+"@", 1)
 	conn, err := pgx.Connect(ctx, connString)
 	if err != nil {

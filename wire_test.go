@@ -332,6 +332,23 @@ func TestConnectSilentServerUnchanged(t *testing.T) {
 	}
 }
 
+// revokeIdentity takes EXECUTE on pg_control_system(), the function the cluster identity
+// is read with, from every role but superusers (every other test's role) until t ends.
+// Revoking it from PUBLIC is the only way to take it from one role; PostgreSQL's default
+// is given back at the end, for the tests after t read the identity as an ordinary role
+// (TestReconcilerAsOrdinaryRole), in the same process with -count=2 too.
+func revokeIdentity(t *testing.T, ctx context.Context) {
+	t.Helper()
+	t.Cleanup(func() {
+		if err := srv.Exec(context.WithoutCancel(ctx), "grant execute on function pg_control_system() to public"); err != nil {
+			t.Error(err)
+		}
+	})
+	if err := srv.Exec(ctx, "revoke execute on function pg_control_system() from public"); err != nil {
+		t.Fatal(err)
+	}
+}
+
 // TestRunIdentityRefused runs Run as a role that may not execute pg_control_system(),
 // the function the cluster identity is read with, on an uninstrumented and an
 // instrumented pool: the user's work commits and Run returns Committed, without a
@@ -344,13 +361,12 @@ func TestRunIdentityRefused(t *testing.T) {
 	for _, sql := range []string{
 		"create role " + role + " login",
 		"grant all on table " + table + " to " + role,
-		// Superusers (every other test's role) are not affected.
-		"revoke execute on function pg_control_system() from public",
 	} {
 		if err := srv.Exec(ctx, sql); err != nil {
 			t.Fatal(err)
 		}
 	}
+	revokeIdentity(t, ctx)
 	conn, err := srv.Conn(ctx)
 	if err != nil {
 		t.Fatal(err)
