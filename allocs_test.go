@@ -11,10 +11,11 @@ import (
 // report them: per transaction over fakePG, sampled, the Tracer adds at most 6
 // allocations to otelpgx's (c−b: its frame span alone costs 10, and the operation names
 // it hands otelpgx from its cache save otelpgx's one per statement) and Run at most 6 to
-// hand-written pgx's (d−c); per unsampled statement the Tracer adds none. Allocation counts do not depend on the
-// machine's speed, so this is a test that can fail only on a change of the code. The race
-// detector changes them (it makes sync.Pool drop what it is given at random), so this
-// file is built without it: `make test` runs it in a pass of its own.
+// hand-written pgx's (d−c); per unsampled statement the Tracer adds none. Allocation
+// counts do not depend on the machine's speed, so this is a test that can fail only on a
+// change of the code. The race detector changes them (it makes sync.Pool drop what it is
+// given at random), so this file is built without it: `make test` runs it in a pass of
+// its own.
 func TestHookAllocs(t *testing.T) {
 	allocs := func(v string, s benchSampling) float64 {
 		f := newBenchFake(t, v, s)

@@ -447,7 +447,7 @@ type sanitized struct {
 	text    string               // the sanitized query text
 	summary []attribute.KeyValue // db.query.summary, ready for SetAttributes; nil if none
 	// op is otelpgx.SQLOperationName of what the inner tracer is given of the SQL string
-	// (see operationName).
+	// (see operationName); only cached entries have it.
 	op string
 }
 
@@ -491,10 +491,10 @@ func (z *sanitizer) get(sql string) *sanitized {
 	if sum := querySummary(s.text); sum != "" {
 		s.summary = []attribute.KeyValue{dbQuerySummaryKey.String(sum)}
 	}
-	s.op = otelpgx.SQLOperationName(context.Background(), z.innerSQL(sql, s))
 	if len(sql) > maxCachedSQL {
-		return s
+		return s // uncached: operationName never reads its op
 	}
+	s.op = otelpgx.SQLOperationName(context.Background(), z.innerSQL(sql, s))
 	z.mu.Lock()
 	if z.m == nil {
 		z.m = make(map[string]*sanitized)
