@@ -170,9 +170,9 @@ func waitCount(t *testing.T, ctx context.Context, s *pgtest.Server, want int, wh
 }
 
 // TestCaptureAfterDiscardAll: the xid read keeps no session state (a fast-path call by
-// OID, no prepared statement), so a connection whose session was reset — DISCARD ALL, as a
-// pooler in transaction mode does between clients — still commits with a reference: no
-// missing statement can abort the transaction being committed.
+// OID, no prepared statement), so a connection whose session was reset — DISCARD ALL, as
+// PgBouncer in session mode does between clients (its server_reset_query) — still commits
+// with a reference: no missing statement can abort the transaction being committed.
 func TestCaptureAfterDiscardAll(t *testing.T) {
 	ctx := testCtx(t)
 	h := newHarness(t, srv.ConnString()+"&default_query_exec_mode=simple_protocol", 1)
@@ -230,15 +230,11 @@ func TestCaptureFailedTransaction(t *testing.T) {
 	}
 }
 
-// TestCaptureReferenceBeforeCommitAnswers: the server flushes the xid before it reads
-// COMMIT, so a COMMIT that never answers still leaves a reference, naming the transaction
-// that commits later. A deferred trigger makes COMMIT wait, silently, on a lock the test
-// holds; once the server shows that wait and the client has taken every byte from its
-// socket, the caller gives up (its context is cancelled), and the lock is released.
-func TestCaptureReferenceBeforeCommitAnswers(t *testing.T) {
-	ctx := testCtx(t)
-	h := newHarness(t, "", 1)
-	table := newTable(t, ctx)
+// commitWaitsOnLock makes every COMMIT that inserted into table wait, in a deferred
+// trigger, on a lock that the connection it returns holds until unlock is called; the
+// connection is closed when t ends.
+func commitWaitsOnLock(t *testing.T, ctx context.Context, table string) (holder *pgx.Conn, unlock func()) {
+	t.Helper()
 	lockKey := strconv.FormatInt(tableSeq.Add(1)+1<<40, 10)
 	if err := srv.Exec(ctx, "create function "+table+"_wait() returns trigger language plpgsql as "+
 		"$$ begin perform pg_advisory_xact_lock("+lockKey+"); return null; end $$; "+
@@ -250,23 +246,30 @@ func TestCaptureReferenceBeforeCommitAnswers(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer holder.Close(ctx)
+	t.Cleanup(func() { _ = holder.Close(context.Background()) })
 	if _, err := holder.Exec(ctx, "select pg_advisory_lock("+lockKey+")"); err != nil {
 		t.Fatal(err)
 	}
-	pc, err := h.pool.Acquire(ctx) // the pool's only connection, which Run will hold
-	if err != nil {
-		t.Fatal(err)
+	return holder, func() {
+		t.Helper()
+		if _, err := holder.Exec(ctx, "select pg_advisory_unlock("+lockKey+")"); err != nil {
+			t.Fatal(err)
+		}
 	}
-	conn := pc.Conn()
-	pid := conn.PgConn().PID()
-	pc.Release()
+}
+
+// cutWhileCommitWaits runs fn through Run on db, holding conn, with a COMMIT that waits
+// on commitWaitsOnLock's lock. Once the server shows that wait (waitSQL, with args,
+// counts 1) and conn has taken every byte from its socket, the caller gives up: Run's
+// context is cancelled. The result must be indeterminate with an xid reference.
+func cutWhileCommitWaits(t *testing.T, ctx context.Context, db DB, conn *pgx.Conn, fn func(context.Context, pgx.Tx) (int, error),
+	waitSQL string, args ...any) (outcome.Indeterminate[int], outcome.ReconciliationRef) {
+	t.Helper()
 	rctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	done := make(chan outcome.Result[int], 1)
-	go func() { done <- Run(rctx, h.pool, DefaultPolicy(), insertFn(table, 1)) }()
-	waitCount(t, ctx, srv, 1, "COMMIT never waited for the lock",
-		"select count(*) from pg_stat_activity where pid = $1 and wait_event = 'advisory'", pid)
+	go func() { done <- Run(rctx, db, DefaultPolicy(), fn) }()
+	waitCount(t, ctx, srv, 1, "COMMIT never waited for the lock", waitSQL, args...)
 	waitSocket(t, ctx, conn, func(n int, err error) bool { return errors.Is(err, syscall.EAGAIN) })
 	cancel()
 	res := <-done
@@ -278,9 +281,29 @@ func TestCaptureReferenceBeforeCommitAnswers(t *testing.T) {
 	if !ok || ref.XID == 0 {
 		t.Fatalf("no xid reference for a COMMIT cut while running: %+v %v", ref, ok)
 	}
-	if _, err := holder.Exec(ctx, "select pg_advisory_unlock("+lockKey+")"); err != nil {
+	return ind, ref
+}
+
+// TestCaptureReferenceBeforeCommitAnswers: the server flushes the xid before it reads
+// COMMIT, so a COMMIT that never answers still leaves a reference, naming the transaction
+// that commits later. A deferred trigger makes COMMIT wait, silently, on a lock the test
+// holds; once the server shows that wait and the client has taken every byte from its
+// socket, the caller gives up (its context is cancelled), and the lock is released.
+func TestCaptureReferenceBeforeCommitAnswers(t *testing.T) {
+	ctx := testCtx(t)
+	h := newHarness(t, "", 1)
+	table := newTable(t, ctx)
+	holder, unlock := commitWaitsOnLock(t, ctx, table)
+	pc, err := h.pool.Acquire(ctx) // the pool's only connection, which Run will hold
+	if err != nil {
 		t.Fatal(err)
 	}
+	conn := pc.Conn()
+	pid := conn.PgConn().PID()
+	pc.Release()
+	_, ref := cutWhileCommitWaits(t, ctx, h.pool, conn, insertFn(table, 1),
+		"select count(*) from pg_stat_activity where pid = $1 and wait_event = 'advisory'", pid)
+	unlock()
 	tick := time.NewTicker(time.Millisecond)
 	defer tick.Stop()
 	for {

@@ -1,8 +1,8 @@
-// Package pgtest runs a real, throw-away PostgreSQL cluster for tests and a
-// fault-injecting TCP proxy in front of it, and a primary with a streaming
-// standby that fails over and back (Cluster). Tests start the servers
-// themselves (see Main), so nothing but the PostgreSQL server programs has to
-// be installed.
+// Package pgtest runs a real, throw-away PostgreSQL cluster for tests, a
+// fault-injecting TCP proxy and a real PgBouncer in front of it, and a primary
+// with a streaming standby that fails over and back (Cluster). Tests start the
+// servers themselves (see Main), so nothing but the PostgreSQL server programs
+// (and PgBouncer, for StartPgBouncer) has to be installed.
 //
 // It is public so that the runnable examples, which are modules of their own, can
 // start the same server the tests use; it is a test harness, not part of the
@@ -307,8 +307,11 @@ func (s *Server) run(ctx context.Context, name string, args ...string) error {
 }
 
 // logTail returns the last n lines of the server log, for error messages.
-func (s *Server) logTail(n int) string {
-	b, err := os.ReadFile(s.logFile)
+func (s *Server) logTail(n int) string { return fileTail(s.logFile, n) }
+
+// fileTail returns the last n lines of the log file at path, for error messages.
+func fileTail(path string, n int) string {
+	b, err := os.ReadFile(path)
 	if err != nil {
 		return fmt.Sprintf("(cannot read log: %v)", err)
 	}

@@ -1,0 +1,265 @@
+package otelpgxtx
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"sync"
+	"testing"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"go.opentelemetry.io/otel/sdk/trace/tracetest"
+	"go.opentelemetry.io/otel/trace"
+
+	"github.com/txevidence/otelpgxtx/outcome"
+	"github.com/txevidence/otelpgxtx/pgtest"
+)
+
+// startPgBouncer starts a real PgBouncer in front of the test server, pooling in mode
+// over size server connections; it stops when t ends. In transaction mode over one
+// server connection every client connection's transactions share one backend: session
+// state set by one client is there for the next, and none of a client's own survives
+// between its transactions.
+func startPgBouncer(t *testing.T, ctx context.Context, mode string, size int) *pgtest.PgBouncer {
+	t.Helper()
+	b, err := pgtest.StartPgBouncer(ctx, srv, mode, size)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := b.Close(); err != nil {
+			t.Error(err)
+		}
+	})
+	return b
+}
+
+// checkReference checks that frame f's reference names the transaction that wrote row
+// id of table (if any) and that a reconciler working through db resolves it as want.
+func checkReference(t *testing.T, ctx context.Context, rec *Reconciler, f tracetest.SpanStub, table string, id int, want Resolved) {
+	t.Helper()
+	ref, err := outcome.ParseReconciliationRef(attrString(t, f, ReconciliationRefKey))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if id > 0 {
+		xid, err := strconv.ParseUint(attrString(t, f, ReconciliationXIDKey), 10, 64)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if xid != ref.XID {
+			t.Fatalf("frame's xid %d, its reference's %d", xid, ref.XID)
+		}
+		var xmin uint64
+		if err := srvQueryRow(t, ctx, "select xmin::text::bigint from "+table+" where id = $1", id).Scan(&xmin); err != nil {
+			t.Fatalf("row %d: %v", id, err)
+		}
+		if xmin != xid&0xffffffff {
+			t.Fatalf("row %d was written by xid %d; its frame's reference names %d", id, xmin, xid)
+		}
+	}
+	res, err := rec.Resolve(ctx, ref, trace.SpanContext{})
+	if err != nil || res.Resolved() != want {
+		t.Fatalf("Resolve(%s): %v %q, %v; want %v", ref, res.Resolved(), res.Reason(), err, want)
+	}
+}
+
+// srvQueryRow runs a query on a connection of its own to the server itself, not
+// through PgBouncer.
+func srvQueryRow(t *testing.T, ctx context.Context, sql string, args ...any) pgx.Row {
+	t.Helper()
+	c, err := srv.Conn(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = c.Close(context.Background()) })
+	return c.QueryRow(ctx, sql, args...)
+}
+
+// TestCaptureThroughPgBouncer: reference capture and reconciliation through a real
+// PgBouncer. In transaction mode a client connection's transactions run on whatever
+// server connection the pooler hands it; in session mode a client that disconnects
+// leaves its server connection, reset with DISCARD ALL, to the next. The capture needs
+// no session state (the xid read is a fast-path call by OID, FunctionCall, which
+// PgBouncer forwards inside the transaction like a query), and the cluster identity is
+// read by each client connection outside its transactions. So in transaction mode over
+// one server connection, in both of pgx's query modes that prepare nothing named (named
+// statements do not follow a client to another server connection before PgBouncer
+// 1.21), and in session mode with pgx's default mode:
+//   - three client connections held at once, taking turns, and six goroutines on a pool
+//     of client connections, each commit with a reference whose xid wrote the row,
+//     which a reconciler working through PgBouncer resolves as committed;
+//   - so do new client connections, after the pool closed all of its own;
+//   - a read-only transaction commits with a no-writes reference, and a transaction
+//     the function fails rolls back, with no reference.
+func TestCaptureThroughPgBouncer(t *testing.T) {
+	ctx := testCtx(t)
+	for _, c := range []struct {
+		pooling, queryMode string
+		servers            int
+		clients            int32
+	}{
+		{"transaction", "exec", 1, 6},
+		{"transaction", "simple_protocol", 1, 6},
+		{"session", "cache_statement", 3, 3}, // a session holds its server connection
+	} {
+		t.Run(c.pooling+"/"+c.queryMode, func(t *testing.T) {
+			bouncer := startPgBouncer(t, ctx, c.pooling, c.servers)
+			h := newHarness(t, bouncer.ConnString()+"&default_query_exec_mode="+c.queryMode, c.clients)
+			rec, err := NewReconciler(h.pool)
+			if err != nil {
+				t.Fatal(err)
+			}
+			table := newTable(t, ctx)
+			var mu sync.Mutex
+			rows := map[trace.SpanID]int{} // frame span → the row its transaction wrote
+			write := func(id int) func(context.Context, pgx.Tx) (int, error) {
+				return func(ctx context.Context, tx pgx.Tx) (int, error) {
+					mu.Lock()
+					rows[trace.SpanContextFromContext(ctx).SpanID()] = id
+					mu.Unlock()
+					return insertFn(table, id)(ctx, tx)
+				}
+			}
+
+			// Three client connections held at once take turns.
+			var held []*pgxpool.Conn
+			for range 3 {
+				c, err := h.pool.Acquire(ctx)
+				if err != nil {
+					t.Fatal(err)
+				}
+				held = append(held, c)
+			}
+			for id := 1; id <= 9; id++ {
+				if res := Run(ctx, held[id%3].Conn(), DefaultPolicy(), write(id)); res.Outcome() != outcome.OutcomeCommitted {
+					t.Fatalf("Run %d on client %d: %T %+v", id, id%3, res, res)
+				}
+			}
+			pids := map[uint32]bool{}
+			for _, c := range held {
+				pids[c.Conn().PgConn().PID()] = true
+			}
+			if len(pids) != 3 {
+				t.Fatalf("client connections with PgBouncer's PIDs %v, want three", pids)
+			}
+
+			for _, c := range held {
+				c.Release()
+			}
+
+			// Six goroutines, each with a connection of the pool's while it runs.
+			var wg sync.WaitGroup
+			errs := make(chan error, 24)
+			for g := range 6 {
+				wg.Go(func() {
+					for i := range 4 {
+						id := 100 + g*4 + i
+						if res := Run(ctx, h.pool, DefaultPolicy(), write(id)); res.Outcome() != outcome.OutcomeCommitted {
+							errs <- fmt.Errorf("Run %d: %T %+v", id, res, res)
+						}
+					}
+				})
+			}
+			wg.Wait()
+			close(errs)
+			for err := range errs {
+				t.Error(err)
+			}
+			if t.Failed() {
+				return
+			}
+
+			// New client connections: in session mode, on server connections that
+			// PgBouncer reset with DISCARD ALL when the old clients left.
+			h.pool.Reset()
+			for id := 200; id < 203; id++ {
+				if res := Run(ctx, h.pool, DefaultPolicy(), write(id)); res.Outcome() != outcome.OutcomeCommitted {
+					t.Fatalf("Run %d after the reset: %T %+v", id, res, res)
+				}
+			}
+
+			frames := h.frames()
+			if len(frames) != 9+24+3 {
+				t.Fatalf("%d frames, want %d", len(frames), 9+24+3)
+			}
+			xids := map[string]bool{}
+			for _, f := range frames {
+				id, ok := rows[f.SpanContext.SpanID()]
+				if !ok {
+					t.Fatalf("frame %s ran no function", f.SpanContext.SpanID())
+				}
+				checkReference(t, ctx, rec, f, table, id, ResolvedCommitted)
+				xids[attrString(t, f, ReconciliationXIDKey)] = true
+			}
+			if len(xids) != len(frames) {
+				t.Fatalf("%d distinct xids for %d transactions", len(xids), len(frames))
+			}
+
+			// Read-only: a reference without an xid; failed: a rollback without one.
+			h.exp.Reset()
+			res := Run(ctx, h.pool, DefaultPolicy(), func(ctx context.Context, tx pgx.Tx) (int, error) {
+				var n int
+				err := tx.QueryRow(ctx, "select count(*) from "+table).Scan(&n)
+				return n, err
+			})
+			if c, ok := res.(outcome.Committed[int]); !ok || c.Value() != 36 {
+				t.Fatalf("read-only Run: %T %+v, want committed with 36 rows", res, res)
+			}
+			checkReference(t, ctx, rec, onlyFrame(t, h), table, 0, ResolvedNoWrites)
+			h.exp.Reset()
+			boom := errors.New("boom")
+			res = Run(ctx, h.pool, DefaultPolicy(), func(ctx context.Context, tx pgx.Tx) (int, error) {
+				if _, err := insertFn(table, 999)(ctx, tx); err != nil {
+					return 0, err
+				}
+				return 0, boom
+			})
+			if rb, ok := res.(outcome.DeterminateRollback[int]); !ok || !errors.Is(rb.Cause(), boom) {
+				t.Fatalf("failing Run: %T %+v, want a rollback caused by the function", res, res)
+			}
+			if rowExists(t, ctx, table, 999) {
+				t.Fatal("the rolled-back row is there")
+			}
+			if _, ok := attr(onlyFrame(t, h), ReconciliationRefKey); ok {
+				t.Fatal("a reference for a transaction that rolled back")
+			}
+		})
+	}
+}
+
+// TestCaptureThroughPgBouncerIndeterminate: a COMMIT that never answers through
+// PgBouncer still leaves a reference, for the server flushed the xid before it read
+// COMMIT, and PgBouncer passed it on. A deferred trigger makes COMMIT wait on a lock the
+// test holds; once the backend shows that wait and the client has taken every byte
+// PgBouncer sent it, the caller gives up (its context is cancelled), and the lock is
+// released. The transaction commits on the server, and a reconciler working through
+// PgBouncer says so, from the reference alone.
+func TestCaptureThroughPgBouncerIndeterminate(t *testing.T) {
+	ctx := testCtx(t)
+	bouncer := startPgBouncer(t, ctx, "transaction", 1)
+	h := newHarness(t, bouncer.ConnString()+"&default_query_exec_mode=exec", 2)
+	rec, err := NewReconciler(h.pool)
+	if err != nil {
+		t.Fatal(err)
+	}
+	table := newTable(t, ctx)
+	_, unlock := commitWaitsOnLock(t, ctx, table)
+	pc, err := h.pool.Acquire(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pc.Release()
+	conn := pc.Conn()
+	// Through PgBouncer, conn's PID is PgBouncer's: the backend is found by its query.
+	ind, _ := cutWhileCommitWaits(t, ctx, conn, conn, insertFn(table, 1),
+		"select count(*) from pg_stat_activity where wait_event = 'advisory' and query = 'commit'")
+	unlock()
+	got, err := Reconcile(ctx, rec, ind)
+	if err != nil || got.Resolved() != ResolvedCommitted {
+		t.Fatalf("Reconcile: %v %q, %v; want committed", got.Resolved(), got.Reason(), err)
+	}
+	checkReference(t, ctx, rec, onlyFrame(t, h), table, 1, ResolvedCommitted)
+}
