@@ -93,7 +93,8 @@ func srvQueryRow(t *testing.T, ctx context.Context, sql string, args ...any) pgx
 //     which a reconciler working through PgBouncer resolves as committed;
 //   - so do new client connections, after the pool closed all of its own;
 //   - a read-only transaction commits with a no-writes reference, and a transaction
-//     the function fails rolls back, with no reference.
+//     the function fails rolls back, with no reference;
+//   - a commit marker is written and found.
 func TestCaptureThroughPgBouncer(t *testing.T) {
 	ctx := testCtx(t)
 	for _, c := range []struct {
@@ -225,6 +226,18 @@ func TestCaptureThroughPgBouncer(t *testing.T) {
 			}
 			if _, ok := attr(onlyFrame(t, h), ReconciliationRefKey); ok {
 				t.Fatal("a reference for a transaction that rolled back")
+			}
+
+			// A commit marker, written inside the transaction, is found through PgBouncer
+			// too (its fence and lock timeout are set for the transaction only).
+			marker := newMarkerTable(t, ctx, srv.Exec)
+			res = Run(ctx, h.pool, markerPolicy(marker), insertFn(table, 300))
+			if res.Outcome() != outcome.OutcomeCommitted {
+				t.Fatalf("Run with a commit marker: %T %+v", res, res)
+			}
+			got, err := rec.ResolveMarker(ctx, marker, res.OperationID(), trace.SpanContext{})
+			if err != nil || got.Resolved() != ResolvedCommitted {
+				t.Fatalf("ResolveMarker: %v %q, %v; want committed", got.Resolved(), got.Reason(), err)
 			}
 		})
 	}
