@@ -66,9 +66,24 @@ func TestPgBouncerTransactionMode(t *testing.T) {
 }
 
 // TestPgBouncerBadInput: an unknown pool mode and an empty pool are refused before
-// anything starts.
+// anything starts, and a machine without PgBouncer gets an error that says how to
+// install it.
 func TestPgBouncerBadInput(t *testing.T) {
 	ctx := testCtx(t)
+	t.Run("not installed", func(t *testing.T) {
+		t.Setenv("PATH", t.TempDir())
+		saved := pgbouncerDirs
+		pgbouncerDirs = []string{t.TempDir()}
+		defer func() { pgbouncerDirs = saved }()
+		b, err := StartPgBouncer(ctx, srv, "transaction", 1)
+		if err == nil {
+			_ = b.Close()
+			t.Fatal("started a PgBouncer that is not there")
+		}
+		if !strings.Contains(err.Error(), "apt-get install pgbouncer") {
+			t.Fatalf("error %q does not say how to install PgBouncer", err)
+		}
+	})
 	for _, c := range []struct {
 		mode string
 		size int
