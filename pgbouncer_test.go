@@ -276,3 +276,80 @@ func TestCaptureThroughPgBouncerIndeterminate(t *testing.T) {
 	}
 	checkReference(t, ctx, rec, onlyFrame(t, h), table, 1, ResolvedCommitted)
 }
+
+// TestPgBouncerBackendTerminated: through PgBouncer, what the client learns of a backend
+// that died is PgBouncer's word, not the server's, and the outcome stays sound. A backend
+// terminated in its synchronous-replication wait, after its commit record, is answered by
+// PgBouncer with its own FATAL 08P01 "server conn crashed?"; the server's "committed
+// locally" warning comes first, passed on: indeterminate, committed locally, never rolled
+// back (the truth is committed). One terminated while its COMMIT waits before the commit
+// record (on a lock, in a deferred trigger) passes on the server's FATAL 57P01:
+// indeterminate, for nothing shows how far COMMIT got (the truth is aborted). One
+// terminated during a statement: rolled back, as it is.
+func TestPgBouncerBackendTerminated(t *testing.T) {
+	ctx := testCtx(t)
+	bouncer := startPgBouncer(t, ctx, "transaction", 1)
+	for _, c := range []struct {
+		name, wait         string
+		commit             bool
+		truth, out, errTyp string
+		locally            bool
+	}{
+		{"sync-rep wait", "SyncRep", true, "committed", "indeterminate", "connection_lost", true},
+		{"commit before its record", "advisory", true, "aborted", "indeterminate", "server_fatal", false},
+		{"statement", "PgSleep", false, "aborted", "rolled_back", "server_fatal", false},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			h := newHarness(t, bouncer.ConnString()+"&default_query_exec_mode=exec", 1)
+			table := newTable(t, ctx)
+			unlock := func() {}
+			if c.wait == "advisory" {
+				_, unlock = commitWaitsOnLock(t, ctx, table)
+			}
+			tx := mustBegin(t, ctx, h.pool)
+			mustExec(t, ctx, tx, "insert into "+table+" (id, k) values (1, 1)")
+			var pid uint32 // the backend's: through PgBouncer the connection's PID is PgBouncer's
+			var xid uint64
+			if err := tx.QueryRow(ctx, "select pg_backend_pid(), pg_current_xact_id()::text::bigint").Scan(&pid, &xid); err != nil {
+				t.Fatal(err)
+			}
+			if c.wait == "SyncRep" {
+				mustExec(t, ctx, tx, "set local synchronous_commit = on")
+			}
+			done := make(chan error, 1)
+			go func() {
+				if c.commit {
+					done <- tx.Commit(ctx)
+					return
+				}
+				_, err := tx.Exec(ctx, "select pg_sleep(60)")
+				done <- err
+			}()
+			if err := srv.WaitForWaitEvent(ctx, pid, c.wait); err != nil {
+				t.Fatal(err)
+			}
+			if err := srv.Terminate(ctx, pid); err != nil {
+				t.Fatal(err)
+			}
+			if err := <-done; err == nil {
+				t.Fatal("no error from a terminated backend")
+			}
+			unlock()
+			if !c.commit {
+				_ = tx.Rollback(ctx)
+			}
+			if err := srv.WaitBackendGone(ctx, pid); err != nil {
+				t.Fatal(err)
+			}
+			if st, ok, err := srv.XactStatus(ctx, xid); err != nil || !ok || st != c.truth {
+				t.Fatalf("pg_xact_status = %q %v %v, want %s", st, ok, err, c.truth)
+			}
+			f := onlyFrame(t, h)
+			wantAttr(t, f, "tx.outcome", c.out)
+			wantAttr(t, f, "error.type", c.errTyp)
+			if _, locally := attr(f, CommittedLocallyKey); locally != c.locally {
+				t.Fatalf("tx.commit.committed_locally present %v, want %v", locally, c.locally)
+			}
+		})
+	}
+}
