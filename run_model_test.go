@@ -4,7 +4,8 @@ package otelpgxtx
 // propagation, nested calls on the same and on other pools, fn returning nil or an error
 // or panicking, contexts cancelled between two statements, AfterCommit hooks, handles
 // kept after Run returned, policy variants, connections cut after COMMIT by a proxy) run
-// against the real server and are compared with the reference model of
+// against the real server, pools A and B through a real transaction-mode PgBouncer, and
+// are compared with the reference model of
 // run_model_spec_test.go: rows in the table, each call's result, hook runs, the frame
 // spans, every span ended once, no frame left on a connection, no goroutine leaked.
 //
@@ -82,6 +83,12 @@ func modelConfigFromEnv(t *testing.T) modelConfig {
 func TestRunModel(t *testing.T) {
 	cfg := modelConfigFromEnv(t)
 	restricted := modelSetup(t, testCtx(t))
+	// Pools A and B reach the server through a transaction-mode PgBouncer with a server
+	// connection for each of their client connections, so that it never makes one wait:
+	// every transaction of theirs may run on another server connection than the client's
+	// last one, and two clients' transactions take turns on the same one.
+	bouncer := startPgBouncer(t, testCtx(t), "transaction", int(mPoolMaxConns[poolA]+mPoolMaxConns[poolB]))
+	pooled := bouncer.ConnString() + "&default_query_exec_mode=exec"
 	exclude := strings.Join(slices.Sorted(maps.Keys(cfg.exclude)), ",")
 	t.Logf("seed %d, %d trees, excluding %q", cfg.seed, cfg.trees, exclude)
 	seen := map[string]int{} // what the model expected, over all trees
@@ -90,7 +97,7 @@ func TestRunModel(t *testing.T) {
 	}()
 	for i := range cfg.trees {
 		seed := cfg.seed + uint64(i)
-		if !t.Run(fmt.Sprintf("tree%d", i), func(t *testing.T) { runModelTree(t, i, seed, cfg.exclude, restricted, seen) }) {
+		if !t.Run(fmt.Sprintf("tree%d", i), func(t *testing.T) { runModelTree(t, i, seed, cfg.exclude, pooled, restricted, seen) }) {
 			t.Fatalf("tree %d diverged; replay it alone with OTELPGXTX_MODEL_SEED=%d OTELPGXTX_MODEL_TREES=1 OTELPGXTX_MODEL_EXCLUDE=%q",
 				i, seed, exclude)
 		}
@@ -159,7 +166,7 @@ func (d *mDriver) note(format string, args ...any) {
 	d.notes = append(d.notes, fmt.Sprintf(format, args...))
 }
 
-func runModelTree(t *testing.T, n int, seed uint64, exclude map[string]bool, restricted string, seen map[string]int) {
+func runModelTree(t *testing.T, n int, seed uint64, exclude map[string]bool, pooled, restricted string, seen map[string]int) {
 	tree := (&mGen{rng: rand.New(rand.NewPCG(seed, 0)), exclude: exclude}).tree()
 	t.Cleanup(func() {
 		if t.Failed() {
@@ -182,8 +189,8 @@ func runModelTree(t *testing.T, n int, seed uint64, exclude map[string]bool, res
 	}
 
 	ctx := testCtx(t)
-	hA := newHarness(t, "", mPoolMaxConns[poolA])
-	hB := newHarness(t, "", mPoolMaxConns[poolB])
+	hA := newHarness(t, pooled, mPoolMaxConns[poolA])
+	hB := newHarness(t, pooled, mPoolMaxConns[poolB])
 	proxy := newProxy(t)
 	hP := newHarness(t, proxy.ConnString(srv.ConnString()), mPoolMaxConns[poolP])
 	cfg, err := pgxpool.ParseConfig(restricted)
