@@ -231,9 +231,9 @@ func TestCaptureFailedTransaction(t *testing.T) {
 }
 
 // commitWaitsOnLock makes every COMMIT that inserted into table wait, in a deferred
-// trigger, on a lock that the connection it returns holds until unlock is called; the
+// trigger, on a lock a connection of its own holds until unlock is called; the
 // connection is closed when t ends.
-func commitWaitsOnLock(t *testing.T, ctx context.Context, table string) (holder *pgx.Conn, unlock func()) {
+func commitWaitsOnLock(t *testing.T, ctx context.Context, table string) (unlock func()) {
 	t.Helper()
 	lockKey := strconv.FormatInt(tableSeq.Add(1)+1<<40, 10)
 	if err := srv.Exec(ctx, "create function "+table+"_wait() returns trigger language plpgsql as "+
@@ -250,7 +250,7 @@ func commitWaitsOnLock(t *testing.T, ctx context.Context, table string) (holder 
 	if _, err := holder.Exec(ctx, "select pg_advisory_lock("+lockKey+")"); err != nil {
 		t.Fatal(err)
 	}
-	return holder, func() {
+	return func() {
 		t.Helper()
 		if _, err := holder.Exec(ctx, "select pg_advisory_unlock("+lockKey+")"); err != nil {
 			t.Fatal(err)
@@ -293,7 +293,7 @@ func TestCaptureReferenceBeforeCommitAnswers(t *testing.T) {
 	ctx := testCtx(t)
 	h := newHarness(t, "", 1)
 	table := newTable(t, ctx)
-	holder, unlock := commitWaitsOnLock(t, ctx, table)
+	unlock := commitWaitsOnLock(t, ctx, table)
 	pc, err := h.pool.Acquire(ctx) // the pool's only connection, which Run will hold
 	if err != nil {
 		t.Fatal(err)
@@ -304,30 +304,26 @@ func TestCaptureReferenceBeforeCommitAnswers(t *testing.T) {
 	_, ref := cutWhileCommitWaits(t, ctx, h.pool, conn, insertFn(table, 1),
 		"select count(*) from pg_stat_activity where pid = $1 and wait_event = 'advisory'", pid)
 	unlock()
-	tick := time.NewTicker(time.Millisecond)
-	defer tick.Stop()
-	for {
-		var status *string
-		if err := holder.QueryRow(ctx, "select pg_xact_status($1::text::xid8)", strconv.FormatUint(ref.XID, 10)).Scan(&status); err != nil {
-			t.Fatal(err)
-		}
-		if status != nil && *status == "committed" {
-			break
-		}
-		if status == nil || *status != "in progress" {
-			t.Fatalf("the referenced transaction is %v", status)
-		}
-		select {
-		case <-ctx.Done():
-			t.Fatal("the referenced transaction never committed")
-		case <-tick.C:
-		}
+	if status, err := srv.WaitXactSettled(ctx, ref.XID); err != nil || status != "committed" {
+		t.Fatalf("the referenced transaction is %q, %v; want committed", status, err)
 	}
-	var xmin uint64
-	if err := holder.QueryRow(ctx, "select xmin::text::bigint from "+table+" where id = 1").Scan(&xmin); err != nil {
+	wantWrittenBy(t, ctx, table, 1, ref.XID)
+}
+
+// wantWrittenBy fails t unless row id of table was written by the transaction xid names
+// (its xmin is the xid's low 32 bits), read on the server directly.
+func wantWrittenBy(t *testing.T, ctx context.Context, table string, id int, xid uint64) {
+	t.Helper()
+	conn, err := srv.Conn(ctx)
+	if err != nil {
 		t.Fatal(err)
 	}
-	if xmin != ref.XID&0xffffffff {
-		t.Fatalf("row written by xid %d, reference names %d", xmin, ref.XID)
+	defer conn.Close(ctx)
+	var xmin uint64
+	if err := conn.QueryRow(ctx, "select xmin::text::bigint from "+table+" where id = $1", id).Scan(&xmin); err != nil {
+		t.Fatalf("row %d: %v", id, err)
+	}
+	if xmin != xid&0xffffffff {
+		t.Fatalf("row %d was written by xid %d; the reference names %d", id, xmin, xid)
 	}
 }

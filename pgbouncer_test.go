@@ -17,27 +17,8 @@ import (
 	"github.com/txevidence/otelpgxtx/pgtest"
 )
 
-// startPgBouncer starts a real PgBouncer in front of the test server, pooling in mode
-// over size server connections; it stops when t ends. In transaction mode over one
-// server connection every client connection's transactions share one backend: session
-// state set by one client is there for the next, and none of a client's own survives
-// between its transactions.
-func startPgBouncer(t *testing.T, ctx context.Context, mode string, size int) *pgtest.PgBouncer {
-	t.Helper()
-	b, err := pgtest.StartPgBouncer(ctx, srv, mode, size)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		if err := b.Close(); err != nil {
-			t.Error(err)
-		}
-	})
-	return b
-}
-
 // checkReference checks that frame f's reference names the transaction that wrote row
-// id of table (if any) and that a reconciler working through db resolves it as want.
+// id of table (if id > 0) and that rec resolves it as want.
 func checkReference(t *testing.T, ctx context.Context, rec *Reconciler, f tracetest.SpanStub, table string, id int, want Resolved) {
 	t.Helper()
 	ref, err := outcome.ParseReconciliationRef(attrString(t, f, ReconciliationRefKey))
@@ -52,30 +33,12 @@ func checkReference(t *testing.T, ctx context.Context, rec *Reconciler, f tracet
 		if xid != ref.XID {
 			t.Fatalf("frame's xid %d, its reference's %d", xid, ref.XID)
 		}
-		var xmin uint64
-		if err := srvQueryRow(t, ctx, "select xmin::text::bigint from "+table+" where id = $1", id).Scan(&xmin); err != nil {
-			t.Fatalf("row %d: %v", id, err)
-		}
-		if xmin != xid&0xffffffff {
-			t.Fatalf("row %d was written by xid %d; its frame's reference names %d", id, xmin, xid)
-		}
+		wantWrittenBy(t, ctx, table, id, xid)
 	}
 	res, err := rec.Resolve(ctx, ref, trace.SpanContext{})
 	if err != nil || res.Resolved() != want {
 		t.Fatalf("Resolve(%s): %v %q, %v; want %v", ref, res.Resolved(), res.Reason(), err, want)
 	}
-}
-
-// srvQueryRow runs a query on a connection of its own to the server itself, not
-// through PgBouncer.
-func srvQueryRow(t *testing.T, ctx context.Context, sql string, args ...any) pgx.Row {
-	t.Helper()
-	c, err := srv.Conn(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = c.Close(context.Background()) })
-	return c.QueryRow(ctx, sql, args...)
 }
 
 // TestCaptureThroughPgBouncer: reference capture and reconciliation through a real
@@ -107,7 +70,7 @@ func TestCaptureThroughPgBouncer(t *testing.T) {
 		{"session", "cache_statement", 3, 3}, // a session holds its server connection
 	} {
 		t.Run(c.pooling+"/"+c.queryMode, func(t *testing.T) {
-			bouncer := startPgBouncer(t, ctx, c.pooling, c.servers)
+			bouncer := pgtest.PgBouncerFor(t, ctx, srv, c.pooling, c.servers)
 			h := newHarness(t, bouncer.ConnString()+"&default_query_exec_mode="+c.queryMode, c.clients)
 			rec, err := NewReconciler(h.pool)
 			if err != nil {
@@ -252,14 +215,14 @@ func TestCaptureThroughPgBouncer(t *testing.T) {
 // PgBouncer says so, from the reference alone.
 func TestCaptureThroughPgBouncerIndeterminate(t *testing.T) {
 	ctx := testCtx(t)
-	bouncer := startPgBouncer(t, ctx, "transaction", 1)
+	bouncer := pgtest.PgBouncerFor(t, ctx, srv, "transaction", 1)
 	h := newHarness(t, bouncer.ConnString()+"&default_query_exec_mode=exec", 2)
 	rec, err := NewReconciler(h.pool)
 	if err != nil {
 		t.Fatal(err)
 	}
 	table := newTable(t, ctx)
-	_, unlock := commitWaitsOnLock(t, ctx, table)
+	unlock := commitWaitsOnLock(t, ctx, table)
 	pc, err := h.pool.Acquire(ctx)
 	if err != nil {
 		t.Fatal(err)
@@ -288,7 +251,7 @@ func TestCaptureThroughPgBouncerIndeterminate(t *testing.T) {
 // terminated during a statement: rolled back, as it is.
 func TestPgBouncerBackendTerminated(t *testing.T) {
 	ctx := testCtx(t)
-	bouncer := startPgBouncer(t, ctx, "transaction", 1)
+	bouncer := pgtest.PgBouncerFor(t, ctx, srv, "transaction", 1)
 	for _, c := range []struct {
 		name, wait         string
 		commit             bool
@@ -304,7 +267,7 @@ func TestPgBouncerBackendTerminated(t *testing.T) {
 			table := newTable(t, ctx)
 			unlock := func() {}
 			if c.wait == "advisory" {
-				_, unlock = commitWaitsOnLock(t, ctx, table)
+				unlock = commitWaitsOnLock(t, ctx, table)
 			}
 			tx := mustBegin(t, ctx, h.pool)
 			mustExec(t, ctx, tx, "insert into "+table+" (id, k) values (1, 1)")

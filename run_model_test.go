@@ -87,7 +87,7 @@ func TestRunModel(t *testing.T) {
 	// connection for each of their client connections, so that it never makes one wait:
 	// every transaction of theirs may run on another server connection than the client's
 	// last one, and two clients' transactions take turns on the same one.
-	bouncer := startPgBouncer(t, testCtx(t), "transaction", int(mPoolMaxConns[poolA]+mPoolMaxConns[poolB]))
+	bouncer := pgtest.PgBouncerFor(t, testCtx(t), srv, "transaction", int(mPoolMaxConns[poolA]+mPoolMaxConns[poolB]))
 	pooled := bouncer.ConnString() + "&default_query_exec_mode=exec"
 	exclude := strings.Join(slices.Sorted(maps.Keys(cfg.exclude)), ",")
 	t.Logf("seed %d, %d trees, excluding %q", cfg.seed, cfg.trees, exclude)

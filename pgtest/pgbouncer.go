@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"strings"
 	"syscall"
+	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -147,12 +148,28 @@ func (b *PgBouncer) waitReady(ctx context.Context) error {
 		}
 		select {
 		case <-b.exited:
-			return fmt.Errorf("pgtest: pgbouncer exited: %v\npgbouncer log (%s) ends with:\n%s", b.cmd.ProcessState, b.logFile, b.logTail(20))
+			return fmt.Errorf("pgtest: pgbouncer exited: %v\npgbouncer log (%s) ends with:\n%s", b.cmd.ProcessState, b.logFile, fileTail(b.logFile, 20))
 		case <-ctx.Done():
-			return fmt.Errorf("pgtest: pgbouncer does not answer: %w\npgbouncer log (%s) ends with:\n%s", err, b.logFile, b.logTail(20))
+			return fmt.Errorf("pgtest: pgbouncer does not answer: %w\npgbouncer log (%s) ends with:\n%s", err, b.logFile, fileTail(b.logFile, 20))
 		case <-tick.C:
 		}
 	}
+}
+
+// PgBouncerFor starts PgBouncer for a test, as StartPgBouncer does, and closes it when
+// the test ends; one that cannot start fails tb.
+func PgBouncerFor(tb testing.TB, ctx context.Context, s *Server, mode string, poolSize int) *PgBouncer {
+	tb.Helper()
+	b, err := StartPgBouncer(ctx, s, mode, poolSize)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(func() {
+		if err := b.Close(); err != nil {
+			tb.Error(err)
+		}
+	})
+	return b
 }
 
 // ping runs one query through PgBouncer on a connection of its own.
@@ -184,6 +201,3 @@ func (b *PgBouncer) Close() error {
 	}
 	return errors.Join(err, os.RemoveAll(b.root))
 }
-
-// logTail returns the last n lines of PgBouncer's log, for error messages.
-func (b *PgBouncer) logTail(n int) string { return fileTail(b.logFile, n) }

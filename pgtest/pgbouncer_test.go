@@ -47,8 +47,8 @@ func TestPgBouncerTransactionMode(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if a, b := pid(tx), pid(tx); a != b || a != p1 {
-		t.Fatalf("backends %d, %d inside one transaction, want %d", a, b, p1)
+	if q1, q2 := pid(tx), pid(tx); q1 != q2 || q1 != p1 {
+		t.Fatalf("backends %d, %d inside one transaction, want %d", q1, q2, p1)
 	}
 	if err := tx.Commit(ctx); err != nil {
 		t.Fatal(err)
