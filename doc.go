@@ -147,9 +147,11 @@
 // # What leaves the process
 //
 // By default no literal value, statement parameter or server message text is recorded:
-// the inner tracer gets query text with every literal replaced by "?", and errors with
-// their SQLSTATE and class but not their message. [WithRawQueryText] and
+// the default otelpgx inner tracer gets query text with every literal replaced by "?",
+// and errors with their SQLSTATE and class but not their message. [WithRawQueryText] and
 // [WithErrorMessages] reveal more, for deployments where the traces may hold user data.
+// A tracer of the application's ([WithInnerTracer]) is handed what pgx hands it, as
+// without this package, unless [WithSanitizedInnerTracer] says otherwise.
 //
 // [SpanKind]: https://opentelemetry.io/docs/specs/otel/trace/api/#spankind
 // [database client spans]: https://opentelemetry.io/docs/specs/semconv/db/database-spans/

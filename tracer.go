@@ -31,6 +31,10 @@ type Tracer struct {
 	auto *autoReconciler
 	// sanitized holds, per SQL string, what the inner tracer is given of it.
 	sanitized sanitizer
+	// innerAsIs: the inner tracer is the application's, and is handed what pgx hands a
+	// tracer — SQL, errors, batches and statement names as they are — unless
+	// WithSanitizedInnerTracer asks otherwise; its spans get no attribute of ours.
+	innerAsIs bool
 
 	query   pgx.QueryTracer
 	batch   pgx.BatchTracer
@@ -71,6 +75,7 @@ func newTracer(opts []Option) (*Tracer, error) {
 		metrics: newMetrics(cfg.meterProvider, cfg.meterAttributes),
 	}
 	t.sanitized.raw = cfg.rawQueryText
+	t.innerAsIs = cfg.innerSet && cfg.inner != nil && !cfg.sanitizeInner
 	inner := cfg.inner
 	if !cfg.innerSet {
 		oo := []otelpgx.Option{
