@@ -218,7 +218,7 @@ func (r *Reconciler) resolve(ctx context.Context, ref outcome.ReconciliationRef,
 		}
 		if ref.HasMarker() {
 			var err error
-			res.resolved, res.reason, err = r.resolveMarker(ctx, ref.MarkerTable, ref.Operation)
+			res.resolved, res.reason, err = r.resolveMarker(ctx, ref.MarkerTable, ref.Operation, ref.SystemIdentifier)
 			if err != nil {
 				err = fmt.Errorf("otelpgxtx: reconciling %s: %w", ref, err)
 			}
