@@ -263,7 +263,8 @@ func (t *Tracer) onNotice(pg *pgconn.PgConn, n *pgconn.Notice) {
 	if !classifier.CommittedLocallyNotice(n) {
 		return
 	}
-	if st := stateOf(pg); st != nil {
+	// The warnings' texts and 57P01's meaning are PostgreSQL's own.
+	if st := stateOf(pg); st != nil && st.server == classifier.ServerPostgreSQL {
 		st.mu.Lock()
 		if st.frame != nil && st.frame.currentPhase() == outcome.PhaseCommitting {
 			st.frame.committedLocally = true
