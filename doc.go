@@ -53,7 +53,11 @@
 // process dying inside the commit leaves the record "we asked and we don't know". Only a
 // failure observed while committing can make the phase unknown: neither the error alone
 // nor the phase alone does (see the classifier package for each rule and the real-server
-// test that shows it).
+// test that shows it). Two statements other than COMMIT commit: on CockroachDB, RELEASE
+// SAVEPOINT cockroach_restart, recorded as committing before it is sent like COMMIT; and
+// any statement the server answers with SQLSTATE 40003 (statement_completion_unknown:
+// the server itself cannot tell whether it completed, and it may have been the commit),
+// after which the frame is committing from that answer and unknown.
 //
 // # Span schema
 //
