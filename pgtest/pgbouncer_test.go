@@ -2,6 +2,7 @@ package pgtest
 
 import (
 	"context"
+	"fmt"
 	"strings"
 	"testing"
 
@@ -128,5 +129,39 @@ func TestPgBouncerSessionMode(t *testing.T) {
 	}
 	if pids[0] != pids[1] {
 		t.Fatalf("backends %d and %d: the second client did not get the first one's server connection", pids[0], pids[1])
+	}
+}
+
+// TestPgBouncerTLS: a client may reach PgBouncer over TLS, verified against PgBouncer's
+// CA file, directly or through a Proxy, while PgBouncer reaches the server in plain TCP;
+// a plain client of the same PgBouncer stays plain.
+func TestPgBouncerTLS(t *testing.T) {
+	LeakCheck(t)
+	ctx := testCtx(t)
+	b := PgBouncerFor(t, ctx, srv, "session", 1)
+	p, err := NewProxy(fmt.Sprintf("127.0.0.1:%d", b.port))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { p.Close() })
+	for _, c := range []struct {
+		name, connString string
+		tls              bool
+	}{
+		{"plain", b.ConnString(), false},
+		{"tls", b.TLSConnString(), true},
+		{"tls through a proxy", p.ConnString(b.TLSConnString()), true},
+	} {
+		conn := connect(t, parseConfig(t, c.connString))
+		serverSSL, st := sslOf(t, conn)
+		if serverSSL || (st != nil) != c.tls {
+			t.Fatalf("%s: PgBouncer's server connection ssl = %v (want false), the client has TLS: %v (want %v)", c.name, serverSSL, st != nil, c.tls)
+		}
+		if st != nil {
+			checkVerified(t, st)
+		}
+		if err := conn.Close(ctx); err != nil {
+			t.Fatal(err)
+		}
 	}
 }
