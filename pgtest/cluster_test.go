@@ -216,12 +216,7 @@ func TestClusterFailoverBackAndForth(t *testing.T) {
 	}
 
 	// The TLS follower's connections were TLS at the server, verified at the client.
-	conn := connect(t, parseConfig(t, c.TLSConnString()))
-	if serverSSL, st := sslOf(t, conn); !serverSSL || st == nil {
-		t.Fatalf("cluster TLSConnString: server ssl = %v, client TLS: %v; want TLS", serverSSL, st != nil)
-	} else {
-		checkVerified(t, st)
-	}
+	checkTransport(t, connect(t, parseConfig(t, c.TLSConnString())), true, true)
 }
 
 // TestClusterAsyncCommitLostInFailover documents the one loss synchronous replication

@@ -152,16 +152,8 @@ func TestPgBouncerTLS(t *testing.T) {
 		{"tls", b.TLSConnString(), true},
 		{"tls through a proxy", p.ConnString(b.TLSConnString()), true},
 	} {
-		conn := connect(t, parseConfig(t, c.connString))
-		serverSSL, st := sslOf(t, conn)
-		if serverSSL || (st != nil) != c.tls {
-			t.Fatalf("%s: PgBouncer's server connection ssl = %v (want false), the client has TLS: %v (want %v)", c.name, serverSSL, st != nil, c.tls)
-		}
-		if st != nil {
-			checkVerified(t, st)
-		}
-		if err := conn.Close(ctx); err != nil {
-			t.Fatal(err)
-		}
+		t.Run(c.name, func(t *testing.T) {
+			checkTransport(t, connect(t, parseConfig(t, c.connString)), false, c.tls)
+		})
 	}
 }

@@ -466,6 +466,12 @@ func TestProxyProcess(t *testing.T) {
 	if err := c.Close(ctx); err != nil {
 		t.Fatal(err)
 	}
+	// The child was handed this process's CA: TLS through it verifies as through a Proxy.
+	tc := connect(t, parseConfig(t, pp.ConnString(srv.TLSConnString())))
+	checkTransport(t, tc, true, true)
+	if err := tc.Close(ctx); err != nil {
+		t.Fatal(err)
+	}
 	if err := pp.Close(); err != nil {
 		t.Errorf("proxy process Close: %v", err)
 	}

@@ -8,6 +8,7 @@ import (
 	"crypto/x509"
 	"crypto/x509/pkix"
 	"encoding/pem"
+	"errors"
 	"fmt"
 	"net"
 	"net/url"
@@ -32,8 +33,18 @@ type authority struct {
 // certLifetime outlives any test run; the certificates are made anew by every process.
 const certLifetime = 7 * 24 * time.Hour
 
-// processAuthority returns the process's authority, made the first time it is asked for.
-var processAuthority = sync.OnceValues(newAuthority)
+// authorityEnv hands the parent's authority to a child started by StartProxyProcess, so
+// that its proxy's certificates verify against the parent servers' CA file.
+const authorityEnv = "PGTEST_AUTHORITY"
+
+// processAuthority returns the process's authority, made (or taken from authorityEnv)
+// the first time it is asked for.
+var processAuthority = sync.OnceValues(func() (*authority, error) {
+	if s, ok := os.LookupEnv(authorityEnv); ok {
+		return parseAuthority([]byte(s))
+	}
+	return newAuthority()
+})
 
 // newAuthority makes a self-signed CA with an ECDSA P-256 key.
 func newAuthority() (*authority, error) {
@@ -58,9 +69,45 @@ func newAuthority() (*authority, error) {
 	if err != nil {
 		return nil, err
 	}
+	return authorityOf(cert, key), nil
+}
+
+// authorityOf completes an authority from its certificate and key.
+func authorityOf(cert *x509.Certificate, key *ecdsa.PrivateKey) *authority {
 	pool := x509.NewCertPool()
 	pool.AddCert(cert)
-	return &authority{cert: cert, key: key, pem: pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), pool: pool}, nil
+	return &authority{cert: cert, key: key, pem: pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: cert.Raw}), pool: pool}
+}
+
+// marshal returns a's certificate and key in PEM, for parseAuthority.
+func (a *authority) marshal() ([]byte, error) {
+	key, err := x509.MarshalPKCS8PrivateKey(a.key)
+	if err != nil {
+		return nil, err
+	}
+	return append(append([]byte(nil), a.pem...), pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: key})...), nil
+}
+
+// parseAuthority is the authority that marshal wrote.
+func parseAuthority(b []byte) (*authority, error) {
+	certBlock, rest := pem.Decode(b)
+	keyBlock, _ := pem.Decode(rest)
+	if certBlock == nil || keyBlock == nil {
+		return nil, errors.New("pgtest: the CA handed down lacks a certificate or a key")
+	}
+	cert, err := x509.ParseCertificate(certBlock.Bytes)
+	if err != nil {
+		return nil, err
+	}
+	key, err := x509.ParsePKCS8PrivateKey(keyBlock.Bytes)
+	if err != nil {
+		return nil, err
+	}
+	ecKey, ok := key.(*ecdsa.PrivateKey)
+	if !ok {
+		return nil, fmt.Errorf("pgtest: the CA handed down has a %T key, want ECDSA", key)
+	}
+	return authorityOf(cert, ecKey), nil
 }
 
 // issue makes a key and a certificate signed by a for a server on 127.0.0.1 that

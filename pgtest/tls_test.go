@@ -21,25 +21,24 @@ import (
 	"github.com/jackc/pgx/v5"
 )
 
-// sslOf reports c's transport as each end sees it: pg_stat_ssl's ssl for c's backend,
-// and the client's TLS state (nil on plain TCP).
-func sslOf(t *testing.T, c *pgx.Conn) (serverSSL bool, client *tls.ConnectionState) {
+// checkTransport fails t unless c's transport is what each end should see: pg_stat_ssl's
+// ssl for c's backend is serverSSL, and the client speaks TLS or not as clientTLS says.
+// A client's TLS must be verified up to the process's CA, with a certificate for
+// 127.0.0.1 and localhost only.
+func checkTransport(t *testing.T, c *pgx.Conn, serverSSL, clientTLS bool) {
 	t.Helper()
-	ctx := testCtx(t)
-	if err := c.QueryRow(ctx, "select ssl from pg_stat_ssl where pid = pg_backend_pid()").Scan(&serverSSL); err != nil {
+	var gotSSL bool
+	if err := c.QueryRow(testCtx(t), "select ssl from pg_stat_ssl where pid = pg_backend_pid()").Scan(&gotSSL); err != nil {
 		t.Fatal(err)
 	}
-	if tc, ok := c.PgConn().Conn().(*tls.Conn); ok {
-		st := tc.ConnectionState()
-		client = &st
+	tc, gotTLS := c.PgConn().Conn().(*tls.Conn)
+	if gotSSL != serverSSL || gotTLS != clientTLS {
+		t.Fatalf("the server says ssl = %v (want %v), the client has TLS: %v (want %v)", gotSSL, serverSSL, gotTLS, clientTLS)
 	}
-	return serverSSL, client
-}
-
-// checkVerified fails t unless the client verified the peer's certificate up to the
-// process's CA, and the certificate is for 127.0.0.1 and localhost only.
-func checkVerified(t *testing.T, st *tls.ConnectionState) {
-	t.Helper()
+	if !gotTLS {
+		return
+	}
+	st := tc.ConnectionState()
 	a, err := processAuthority()
 	if err != nil {
 		t.Fatal(err)
@@ -109,14 +108,7 @@ func TestTLSConnString(t *testing.T) {
 		connString string
 		tls        bool
 	}{{srv.ConnString(), false}, {srv.TLSConnString(), true}} {
-		conn := connect(t, parseConfig(t, c.connString))
-		serverSSL, st := sslOf(t, conn)
-		if serverSSL != c.tls || (st != nil) != c.tls {
-			t.Fatalf("%s: the server says ssl = %v, the client has TLS: %v; want %v", c.connString, serverSSL, st != nil, c.tls)
-		}
-		if st != nil {
-			checkVerified(t, st)
-		}
+		checkTransport(t, connect(t, parseConfig(t, c.connString)), c.tls, c.tls)
 	}
 }
 
@@ -161,9 +153,7 @@ func TestTLSVerifyFull(t *testing.T) {
 					t.Fatal(err)
 				}
 				defer conn.Close(ctx)
-				if serverSSL, st := sslOf(t, conn); !serverSSL || st == nil {
-					t.Fatalf("server ssl = %v, client TLS: %v; want TLS", serverSSL, st != nil)
-				}
+				checkTransport(t, conn, true, true)
 				return
 			}
 			if err == nil {
@@ -198,13 +188,7 @@ func TestProxyTLS(t *testing.T) {
 		if got := c.PgConn().Conn().RemoteAddr().String(); got != p.Addr() {
 			t.Fatalf("%s: connected to %s, not the proxy %s", tr.name, got, p.Addr())
 		}
-		serverSSL, st := sslOf(t, c)
-		if want := tr.name == "tls"; serverSSL != want || (st != nil) != want {
-			t.Fatalf("%s: the server says ssl = %v, the client has TLS: %v", tr.name, serverSSL, st != nil)
-		}
-		if st != nil {
-			checkVerified(t, st)
-		}
+		checkTransport(t, c, tr.name == "tls", tr.name == "tls")
 	}
 	convs := rec.Conversations()
 	if len(convs) != 2 {
