@@ -4,6 +4,12 @@
 // servers themselves (see Main), so nothing but the PostgreSQL server programs
 // (and PgBouncer, for StartPgBouncer) has to be installed.
 //
+// Every server also serves TLS on its port (ssl = on), with a certificate for
+// 127.0.0.1 and localhost signed by a CA that the test process makes in Go: ConnString
+// connects in plain TCP, TLSConnString over TLS verified as sslmode=verify-full does.
+// The proxy, PgBouncer and the Cluster have a TLSConnString too, so a test can run
+// over either transport with the same faults.
+//
 // It is public so that the runnable examples, which are modules of their own, can
 // start the same server the tests use; it is a test harness, not part of the
 // instrumentation API.

@@ -346,3 +346,17 @@ func TestMainFailsWhenServerCannotStart(t *testing.T) {
 	}
 	t.Logf("output:\n%s", out)
 }
+
+// BenchmarkStart measures what a server of its own costs a test: Start (initdb, the
+// configuration, the TLS files, pg_ctl start) and Close.
+func BenchmarkStart(b *testing.B) {
+	for b.Loop() {
+		s, err := Start()
+		if err != nil {
+			b.Fatal(err)
+		}
+		if err := s.Close(); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
