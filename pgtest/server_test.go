@@ -41,6 +41,7 @@ func TestServerBasics(t *testing.T) {
 		"max_connections":           "200",
 		"max_prepared_transactions": "0",
 		"listen_addresses":          "127.0.0.1",
+		"ssl":                       "on",
 		"server_version_num":        "", // logged only
 	} {
 		var got string
