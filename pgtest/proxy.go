@@ -674,8 +674,10 @@ func isIdentByte(c byte) bool {
 }
 
 // Record makes the proxy record every connection it accepts from now on, byte for byte
-// in each direction, as received (inside TLS, the plain text): to compare what clients
-// send, not to inject faults.
+// in each direction, as received, from the startup message (or CancelRequest) on: to
+// compare what clients send, not to inject faults. An SSLRequest or GSSENCRequest and
+// its answer are not recorded, and over TLS the bytes are the plain text inside, so a
+// conversation reads the same over either transport.
 func (p *Proxy) Record() *Recording {
 	p.mu.Lock()
 	defer p.mu.Unlock()

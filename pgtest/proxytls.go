@@ -13,7 +13,8 @@ import (
 // SSLRequest is passed on to the target; if the target agrees, the proxy opens a TLS
 // session to it, agrees in turn and ends the client's TLS session itself, and the relays
 // use the two sessions. The first message that is neither request is left for the relay,
-// which reads it from the returned client connection.
+// which reads it from the returned client connection. A Recording starts there too, so
+// that it is the same over TLS as over plain TCP.
 func (p *Proxy) negotiate(pc *proxyConn) (client, server net.Conn, err error) {
 	for {
 		var req [8]byte
@@ -27,17 +28,11 @@ func (p *Proxy) negotiate(pc *proxyConn) (client, server net.Conn, err error) {
 		if pc.serverSpoke.Swap(false) {
 			p.roundTrips.Add(1)
 		}
-		if pc.conv != nil {
-			pc.conv.client.append(req[:])
-		}
 		answer, server := byte('N'), pc.server
 		if code == sslRequestCode {
 			if answer, server, err = p.targetTLS(pc.server); err != nil {
 				return nil, nil, err
 			}
-		}
-		if pc.conv != nil {
-			pc.conv.server.append([]byte{answer})
 		}
 		pc.serverSpoke.Store(true) // before the write, as the relay marks it
 		if _, err := pc.client.Write([]byte{answer}); err != nil {
