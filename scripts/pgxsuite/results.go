@@ -33,8 +33,8 @@ type results struct {
 	status map[string]string
 	// output of each test (the package's own under ""), for failure messages.
 	output map[string]*strings.Builder
-	// panics are the lines that start a panic or a fatal runtime error, with the test they
-	// were printed under.
+	// panics are the lines that start a panic, a fatal runtime error or a data race
+	// report, with the test they were printed under.
 	panics []string
 	// ended is whether the binary reported the package's result; passed is that result.
 	ended, passed bool
@@ -85,10 +85,12 @@ func (res *results) add(ev event) {
 	}
 }
 
-// isPanic reports whether a line of output starts a panic or a fatal runtime error (a
-// concurrent map write, a data race's exit is a failure of its own).
+// isPanic reports whether a line of output starts a panic, a fatal runtime error (a
+// concurrent map write, a select on a synctest channel from outside its bubble) or the
+// race detector's report, which fails a test only when it runs inside one.
 func isPanic(line string) bool {
-	return strings.HasPrefix(line, "panic: ") || strings.HasPrefix(line, "fatal error: ")
+	return strings.HasPrefix(line, "panic: ") || strings.HasPrefix(line, "fatal error: ") ||
+		strings.HasPrefix(line, "WARNING: DATA RACE")
 }
 
 // counts returns how many tests (subtests included) passed, failed, were skipped and
