@@ -59,8 +59,9 @@ func tops(names []string) []string {
 }
 
 // reportProblems lists what the probe's report of an instrumented run shows wrong; missing
-// is why there is no report.
-func reportProblems(rep *probe.Report, missing error) []string {
+// is why there is no report. wantFrames is whether the run ran tests that make frames
+// (all of them, not those of a -run pattern).
+func reportProblems(rep *probe.Report, missing error, wantFrames bool) []string {
 	if rep == nil {
 		return []string{fmt.Sprintf("no probe report (%v): the test binary ended before its TestMain finished (a panic, a timeout, os.Exit)", missing)}
 	}
@@ -84,7 +85,7 @@ func reportProblems(rep *probe.Report, missing error) []string {
 	if rep.MetricsError != "" {
 		out = append(out, "collecting the metrics failed: "+rep.MetricsError)
 	}
-	if rep.FramesStarted == 0 {
+	if wantFrames && rep.FramesStarted == 0 {
 		out = append(out, "no frame span at all: the library was not installed")
 	}
 	sort.Strings(out)
@@ -141,4 +142,25 @@ func unexpected(list []expected, pkg, mode string, reg []string) (rest []string,
 		}
 	}
 	return rest, hit, stale
+}
+
+// tally gives each distinct problem once, in the order first seen, with how many times
+// it was seen when more than once.
+func tally(problems []string) []string {
+	n := map[string]int{}
+	var order []string
+	for _, p := range problems {
+		if n[p] == 0 {
+			order = append(order, p)
+		}
+		n[p]++
+	}
+	out := make([]string, len(order))
+	for i, p := range order {
+		out[i] = p
+		if n[p] > 1 {
+			out[i] = fmt.Sprintf("(%d times) %s", n[p], p)
+		}
+	}
+	return out
 }

@@ -69,7 +69,7 @@ func TestUnexpected(t *testing.T) {
 
 func TestReportProblems(t *testing.T) {
 	clean := &probe.Report{Mode: probe.Parse, FramesStarted: 3, FramesEnded: 3}
-	if got := reportProblems(clean, nil); got != nil {
+	if got := reportProblems(clean, nil, true); got != nil {
 		t.Errorf("a clean report: %q", got)
 	}
 	for name, c := range map[string]struct {
@@ -86,9 +86,19 @@ func TestReportProblems(t *testing.T) {
 		"unended, busy": {&probe.Report{FramesStarted: 1, Busy: 2, Unended: []probe.Frame{{}}}, nil, "2 connections still running a query"},
 		"metrics":       {&probe.Report{FramesStarted: 1, MetricsError: "bad"}, nil, "collecting the metrics failed: bad"},
 	} {
-		got := reportProblems(c.rep, c.missing)
+		got := reportProblems(c.rep, c.missing, true)
 		if len(got) != 1 || !strings.Contains(got[0], c.want) {
 			t.Errorf("%s: problems %q, want one saying %q", name, got, c.want)
 		}
+	}
+}
+
+func TestTally(t *testing.T) {
+	got := tally([]string{"b", "a", "b", "b"})
+	if want := []string{"(3 times) b", "a"}; !reflect.DeepEqual(got, want) {
+		t.Errorf("tally = %q, want %q", got, want)
+	}
+	if got := reportProblems(&probe.Report{}, nil, false); got != nil {
+		t.Errorf("a run of some tests only, none of which made a frame: %q", got)
 	}
 }

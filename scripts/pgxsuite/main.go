@@ -101,11 +101,8 @@ func suite(ctx context.Context, w io.Writer, race bool, pattern string, keep boo
 	}
 	printCounts(w, runs)
 
-	ok = true
-	problem := func(format string, args ...any) {
-		ok = false
-		fmt.Fprintf(w, "FAIL: "+format+"\n", args...)
-	}
+	var problems []string
+	problem := func(format string, args ...any) { problems = append(problems, fmt.Sprintf(format, args...)) }
 	for _, p := range suitePackages {
 		base := runs[probe.Baseline][p.name()]
 		for _, name := range base.res.with(fail) {
@@ -119,7 +116,7 @@ func suite(ctx context.Context, w io.Writer, race bool, pattern string, keep boo
 			for _, line := range inst.res.panics {
 				problem("%s %s: %s", p.name(), mode, line)
 			}
-			for _, msg := range reportProblems(inst.report, inst.missing) {
+			for _, msg := range reportProblems(inst.report, inst.missing, pattern == "") {
 				problem("%s %s: %s", p.name(), mode, msg)
 			}
 			reg, hit, stale := unexpected(byConstruction, p.name(), mode, regressions(base.res, inst.res))
@@ -148,8 +145,11 @@ func suite(ctx context.Context, w io.Writer, race bool, pattern string, keep boo
 			}
 		}
 	}
+	for _, p := range tally(problems) {
+		fmt.Fprintln(w, "FAIL: "+p)
+	}
 	fmt.Fprintf(w, "pgxsuite: %s in all\n", time.Since(start).Round(time.Second))
-	return ok, nil
+	return len(problems) == 0, nil
 }
 
 // confirm reruns the top-level tests of regressions alone, in the baseline and in mode.

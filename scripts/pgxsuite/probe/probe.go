@@ -376,7 +376,7 @@ func attributes(s sdktrace.ReadOnlySpan) map[string]string {
 // when there is none (a goroutine a test started, a pool's background work), skipping
 // skip frames.
 func callerTest(skip int) string {
-	pcs := make([]uintptr, 64)
+	pcs := make([]uintptr, 256)
 	n := runtime.Callers(skip, pcs)
 	frames := runtime.CallersFrames(pcs[:n])
 	for {
