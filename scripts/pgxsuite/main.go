@@ -148,7 +148,11 @@ func suite(ctx context.Context, w io.Writer, race bool, pattern string, keep boo
 	for _, p := range tally(problems) {
 		fmt.Fprintln(w, "FAIL: "+p)
 	}
-	fmt.Fprintf(w, "pgxsuite: %s in all\n", time.Since(start).Round(time.Second))
+	verdict := "ok"
+	if len(problems) > 0 {
+		verdict = "FAIL"
+	}
+	fmt.Fprintf(w, "pgxsuite: %s, %s in all\n", verdict, time.Since(start).Round(time.Second))
 	return len(problems) == 0, nil
 }
 
@@ -171,16 +175,16 @@ func (r *runner) confirm(ctx context.Context, p suitePackage, mode string, reg [
 // printCounts prints the pass, fail, skip counts and the duration of every run.
 func printCounts(w io.Writer, runs map[string]map[string]*pkgRun) {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "mode\tpackage\tpass\tfail\tskip\tnot run\tframes\ttime\t")
+	fmt.Fprintln(tw, "mode\tpackage\tpass\tfail\tskip\tnot run\tframes\tinstrumented conns\ttime\t")
 	for _, mode := range probe.Modes {
 		for _, p := range suitePackages {
 			run := runs[mode][p.name()]
 			ps, f, s, n := run.res.counts()
-			frames := "-"
-			if run.report != nil && mode != probe.Baseline {
-				frames = fmt.Sprint(run.report.FramesStarted)
+			frames, conns := "-", "-"
+			if rep := run.report; rep != nil && mode != probe.Baseline {
+				frames, conns = fmt.Sprint(rep.FramesStarted), fmt.Sprintf("%d/%d", rep.Instrumented, rep.Connections)
 			}
-			fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%d\t%d\t%s\t%.1fs\t\n", mode, p.name(), ps, f, s, n, frames, run.duration.Seconds())
+			fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%d\t%d\t%s\t%s\t%.1fs\t\n", mode, p.name(), ps, f, s, n, frames, conns, run.duration.Seconds())
 		}
 	}
 	tw.Flush()
