@@ -101,11 +101,10 @@ type Report struct {
 	// tests left open; those are no failure.
 	EndedByProbe int `json:"ended_by_probe"`
 	// Connections counts the connections pgx made; Instrumented those whose tracer was
-	// otelpgxtx's (a test that sets its own tracer after pgx parsed the configuration
-	// replaces it, in the parse mode); LeftOpen those the
-	// tests left open (the probe closed them); Busy those it could not close: a query was
-	// still running on them, or they belong to a testing/synctest bubble, whose channels
-	// no code outside it may touch.
+	// otelpgxtx's (in the parse mode, a test that sets its own tracer after pgx parsed the
+	// configuration replaces it); LeftOpen those the tests left open (the probe closed
+	// them); Busy those it could not close: a query was still running on them, or they
+	// belong to a testing/synctest bubble, whose channels no code outside it may touch.
 	Connections  int `json:"connections"`
 	Instrumented int `json:"instrumented"`
 	LeftOpen     int `json:"left_open"`
@@ -114,7 +113,7 @@ type Report struct {
 	HandlerErrors []Call `json:"handler_errors,omitempty"`
 	// InstrumentErrors are the errors InstrumentPool and InstrumentConnConfig returned.
 	InstrumentErrors []Call `json:"instrument_errors,omitempty"`
-	// Metrics reports whether the metrics were collected at the end without error.
+	// MetricsError is the error of collecting the metrics at the end, if any.
 	MetricsError string `json:"metrics_error,omitempty"`
 }
 

@@ -72,6 +72,7 @@ func install(t *testing.T, p *Probe, f *fakePgx) {
 }
 
 func TestProbeReport(t *testing.T) {
+	pgtest.LeakCheck(t)
 	ctx := pgtest.Context(t, time.Minute)
 	for _, mode := range []string{Parse, Connect} {
 		t.Run(mode, func(t *testing.T) {
@@ -147,6 +148,7 @@ func TestProbeReport(t *testing.T) {
 // of an instrumented connection, as a test that reconnects with conn.Config() does: it
 // is used as it is, not instrumented twice.
 func TestProbeConnectOverInstrumented(t *testing.T) {
+	pgtest.LeakCheck(t)
 	ctx := pgtest.Context(t, time.Minute)
 	p, err := New(Connect)
 	if err != nil {
@@ -172,6 +174,7 @@ func TestProbeConnectOverInstrumented(t *testing.T) {
 // pgxpool's tests do: Finish must not touch their channels from outside it (the runtime
 // ends the process if it does), and counts one left open as busy.
 func TestProbeSynctestBubble(t *testing.T) {
+	pgtest.LeakCheck(t)
 	p, err := New(Parse)
 	if err != nil {
 		t.Fatal(err)
