@@ -139,8 +139,10 @@
 //
 // # Metrics
 //
-// Counted whether or not the trace is sampled: [MetricTransactions] by tx.outcome, and
-// [MetricDuration] and [MetricCommitDuration] in seconds; with automatic reconciliation,
+// Counted whether or not the trace is sampled: [MetricTransactions], one per frame, by
+// tx.outcome and, for rolled_back, [RollbackKey] (a deliberate rollback is not a failure);
+// [MetricDuration] and [MetricCommitDuration] in seconds; [MetricParticipations], the Run
+// calls that joined an outer transaction, which are not transactions; with automatic reconciliation,
 // [MetricReconciliations], [MetricUnresolved], [MetricUnresolvedAge] and
 // [MetricReconciliationDuration]. Every series of the counters exists from the start at 0.
 //

@@ -335,8 +335,10 @@ func (f *frame) setOutcomeStatus(o outcome.Outcome, attrs []attribute.KeyValue) 
 	case outcome.OutcomeRolledBack:
 		attrs = append(attrs, RetryableKey.Bool(v.Retryable()))
 		// A deliberate rollback with nothing gone wrong is not an error.
-		if f.hasErr || f.cause != nil || v.Reason() != classifier.ReasonRolledBack {
-			attrs = append(attrs, errorTypeKey.String(v.Reason()))
+		if f.deliberateRollback() {
+			attrs = append(attrs, RollbackKey.String(RollbackDeliberate))
+		} else {
+			attrs = append(attrs, RollbackKey.String(RollbackFailure), errorTypeKey.String(v.Reason()))
 			f.span.SetStatus(codes.Error, StatusDescriptionRolledBack)
 		}
 	case outcome.OutcomeIndeterminate:

@@ -14,24 +14,12 @@ import (
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 )
 
-// countsByOutcome reads the transactions counter from the manual reader.
+// countsByOutcome reads the transactions counter from the manual reader, by tx.outcome.
 func (h *harness) countsByOutcome(t *testing.T, ctx context.Context) map[string]int64 {
 	t.Helper()
-	var rm metricdata.ResourceMetrics
-	if err := h.reader.Collect(ctx, &rm); err != nil {
-		t.Fatal(err)
-	}
 	out := map[string]int64{}
-	for _, sm := range rm.ScopeMetrics {
-		for _, m := range sm.Metrics {
-			if m.Name != MetricTransactions {
-				continue
-			}
-			for _, dp := range m.Data.(metricdata.Sum[int64]).DataPoints {
-				v, _ := dp.Attributes.Value(OutcomeKey)
-				out[v.AsString()] += dp.Value
-			}
-		}
+	for k, n := range h.sums(t, ctx, MetricTransactions, OutcomeKey) {
+		out[strings.TrimPrefix(k, string(OutcomeKey)+"=")] = n
 	}
 	return out
 }
