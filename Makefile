@@ -39,6 +39,7 @@ fuzz:
 	$(GO) test -run '^$$' -fuzz FuzzClassify -fuzztime 60s ./classifier/
 	$(GO) test -run '^$$' -fuzz FuzzClassifyStatements -fuzztime 60s .
 	$(GO) test -run '^$$' -fuzz FuzzSanitize -fuzztime 60s .
+	$(GO) test -run '^$$' -fuzz FuzzErrorDescription -fuzztime 60s .
 
 # A longer soundness run, on the single server (crash restarts) and on the cluster
 # (failovers alternating with crash restarts); the CI-sized ones are part of `make test`.

@@ -48,7 +48,9 @@ type config struct {
 	// What may leave the process; both off by default.
 	rawQueryText  bool
 	errorMessages bool
-	err           error
+	// expected decides which failures leave span status Unset (WithExpectedErrors).
+	expected []ExpectedErrorFunc
+	err      error
 }
 
 // Option configures a [Tracer].
@@ -66,6 +68,7 @@ func newConfig(opts []Option) config {
 		tracerProvider: otel.GetTracerProvider(),
 		meterProvider:  otel.GetMeterProvider(),
 		spanName:       DefaultSpanName,
+		expected:       defaultExpected,
 	}
 	for _, o := range opts {
 		if o != nil {

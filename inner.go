@@ -78,6 +78,7 @@ func (t *Tracer) innerBatchStart(ctx context.Context, conn *pgx.Conn, data pgx.T
 // innerBatchQuery hands one result of a batch to the inner tracer, sanitized.
 func (t *Tracer) innerBatchQuery(ctx context.Context, conn *pgx.Conn, data pgx.TraceBatchQueryData) {
 	if t.batch != nil {
+		ctx = t.innerBatchQueryCtx(ctx, data.Err)
 		data.SQL = t.sanitized.innerSQL(data.SQL, t.sanitized.get(data.SQL))
 		data.Err = t.innerErr(data.Err)
 		t.batch.TraceBatchQuery(ctx, conn, data)

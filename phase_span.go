@@ -68,9 +68,12 @@ type frame struct {
 	endedBeforeCommit bool
 	firstErr          classifier.Verdict // the verdict of the first failed query, if any
 	hasErr            bool
-	verdict           classifier.Verdict // the final verdict, once concluded
-	isolation         string
-	accessMode        string
+	// errJudged and errExpected: whether the first failure was an expected one (see
+	// judgeErr); an expected failure leaves the span's status Unset.
+	errJudged, errExpected bool
+	verdict                classifier.Verdict // the final verdict, once concluded
+	isolation              string
+	accessMode             string
 
 	// Set by the executor.
 	managed     bool  // the executor ends the span, after post-commit work
@@ -339,7 +342,9 @@ func (f *frame) setOutcomeStatus(o outcome.Outcome, attrs []attribute.KeyValue) 
 			attrs = append(attrs, RollbackKey.String(RollbackDeliberate))
 		} else {
 			attrs = append(attrs, RollbackKey.String(RollbackFailure), errorTypeKey.String(v.Reason()))
-			f.span.SetStatus(codes.Error, StatusDescriptionRolledBack)
+			if !f.errExpected {
+				f.span.SetStatus(codes.Error, StatusDescriptionRolledBack)
+			}
 		}
 	case outcome.OutcomeIndeterminate:
 		// Neither Ok nor Error: nothing was determined. tx.outcome says which.

@@ -74,7 +74,9 @@ func newTracer(opts []Option) (*Tracer, error) {
 	inner := cfg.inner
 	if !cfg.innerSet {
 		oo := []otelpgx.Option{
-			otelpgx.WithTracerProvider(cfg.tracerProvider),
+			// Wrapped, so that a batch query failing with an expected error keeps its span's
+			// status Unset (see expectedCtx).
+			otelpgx.WithTracerProvider(expectedStatusProvider{cfg.tracerProvider}),
 			otelpgx.WithMeterProvider(cfg.meterProvider),
 			otelpgx.WithTracerAttributes(cfg.spanAttributes...),
 			otelpgx.WithMeterAttributes(cfg.meterAttributes...),
@@ -196,6 +198,7 @@ func (t *Tracer) TraceConnectStart(ctx context.Context, data pgx.TraceConnectSta
 // TraceConnectEnd implements pgx.ConnectTracer.
 func (t *Tracer) TraceConnectEnd(ctx context.Context, data pgx.TraceConnectEndData) {
 	if t.connect != nil {
+		ctx = t.innerEndStatus(ctx, data.Err)
 		data.Err = t.innerErr(data.Err)
 		t.connect.TraceConnectEnd(ctx, data)
 	}
@@ -223,6 +226,7 @@ func (t *Tracer) TraceAcquireEnd(ctx context.Context, pool *pgxpool.Pool, data p
 		}
 	}
 	if t.acquire != nil {
+		ctx = t.innerEndStatus(ctx, data.Err)
 		data.Err = t.innerErr(data.Err)
 		t.acquire.TraceAcquireEnd(ctx, pool, data)
 	}
