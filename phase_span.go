@@ -68,12 +68,13 @@ type frame struct {
 	endedBeforeCommit bool
 	firstErr          classifier.Verdict // the verdict of the first failed query, if any
 	hasErr            bool
+	verdict           classifier.Verdict // the final verdict, once concluded
+	isolation         string
+	accessMode        string
+
 	// errJudged and errExpected: whether the first failure was an expected one (see
 	// judgeErr); an expected failure leaves the span's status Unset.
 	errJudged, errExpected bool
-	verdict                classifier.Verdict // the final verdict, once concluded
-	isolation              string
-	accessMode             string
 
 	// Set by the executor.
 	managed     bool  // the executor ends the span, after post-commit work
