@@ -50,6 +50,8 @@ type config struct {
 	errorMessages bool
 	// expected decides which failures leave span status Unset (WithExpectedErrors).
 	expected []ExpectedErrorFunc
+	// omitSpans has bit k set for each InnerSpan kind turned off (WithoutInnerSpans).
+	omitSpans uint8
 	err      error
 }
 

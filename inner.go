@@ -78,7 +78,11 @@ func (t *Tracer) innerBatchStart(ctx context.Context, conn *pgx.Conn, data pgx.T
 // innerBatchQuery hands one result of a batch to the inner tracer, sanitized.
 func (t *Tracer) innerBatchQuery(ctx context.Context, conn *pgx.Conn, data pgx.TraceBatchQueryData) {
 	if t.batch != nil {
-		ctx = t.innerBatchQueryCtx(ctx, data.Err)
+		if t.omits(InnerSpanBatchQuery) {
+			ctx = withoutSpan(ctx)
+		} else {
+			ctx = t.innerBatchQueryCtx(ctx, data.Err)
+		}
 		data.SQL = t.sanitized.innerSQL(data.SQL, t.sanitized.get(data.SQL))
 		data.Err = t.innerErr(data.Err)
 		t.batch.TraceBatchQuery(ctx, conn, data)
@@ -124,7 +128,9 @@ func (t *Tracer) innerPrepareStart(ctx context.Context, conn *pgx.Conn, data pgx
 		if !t.cfg.rawQueryText && strings.HasPrefix(data.Name, "stmtcache_") {
 			data.Name = "stmtcache" // pgx names it by a digest of the raw SQL, literals and all
 		}
-		ctx = summarized(ctx, t.prepare.TracePrepareStart(ctx, conn, data), s)
+		ctx = summarized(ctx, t.innerStart(InnerSpanPrepare, ctx, func(ctx context.Context) context.Context {
+			return t.prepare.TracePrepareStart(ctx, conn, data)
+		}), s)
 	}
 	return ctx
 }
@@ -132,6 +138,9 @@ func (t *Tracer) innerPrepareStart(ctx context.Context, conn *pgx.Conn, data pgx
 // innerPrepareEnd hands a prepare's end to the inner tracer, its error redacted.
 func (t *Tracer) innerPrepareEnd(ctx context.Context, conn *pgx.Conn, data pgx.TracePrepareEndData) {
 	if t.prepare != nil {
+		if t.omits(InnerSpanPrepare) {
+			ctx = withoutSpan(ctx)
+		}
 		data.Err = t.innerErr(data.Err)
 		t.prepare.TracePrepareEnd(ctx, conn, data)
 	}

@@ -65,6 +65,9 @@ func NewTracer(opts ...Option) *Tracer {
 // functions to return rather than hand to otel.Handle.
 func newTracer(opts []Option) (*Tracer, error) {
 	cfg := newConfig(opts)
+	if cfg.err == nil {
+		cfg.err = cfg.checkOmitSpans()
+	}
 	t := &Tracer{
 		cfg:     cfg,
 		tracer:  cfg.tracerProvider.Tracer(ScopeName, trace.WithInstrumentationVersion(Version())),
@@ -190,7 +193,9 @@ func (t *Tracer) TracePrepareEnd(ctx context.Context, conn *pgx.Conn, data pgx.T
 // TraceConnectStart implements pgx.ConnectTracer.
 func (t *Tracer) TraceConnectStart(ctx context.Context, data pgx.TraceConnectStartData) context.Context {
 	if t.connect != nil {
-		return t.connect.TraceConnectStart(ctx, data)
+		return t.innerStart(InnerSpanConnect, ctx, func(ctx context.Context) context.Context {
+			return t.connect.TraceConnectStart(ctx, data)
+		})
 	}
 	return ctx
 }
@@ -198,7 +203,7 @@ func (t *Tracer) TraceConnectStart(ctx context.Context, data pgx.TraceConnectSta
 // TraceConnectEnd implements pgx.ConnectTracer.
 func (t *Tracer) TraceConnectEnd(ctx context.Context, data pgx.TraceConnectEndData) {
 	if t.connect != nil {
-		ctx = t.innerEndStatus(ctx, data.Err)
+		ctx = t.innerEnd(InnerSpanConnect, ctx, data.Err)
 		data.Err = t.innerErr(data.Err)
 		t.connect.TraceConnectEnd(ctx, data)
 	}
@@ -207,7 +212,9 @@ func (t *Tracer) TraceConnectEnd(ctx context.Context, data pgx.TraceConnectEndDa
 // TraceAcquireStart implements pgxpool.AcquireTracer.
 func (t *Tracer) TraceAcquireStart(ctx context.Context, pool *pgxpool.Pool, data pgxpool.TraceAcquireStartData) context.Context {
 	if t.acquire != nil {
-		return t.acquire.TraceAcquireStart(ctx, pool, data)
+		return t.innerStart(InnerSpanAcquire, ctx, func(ctx context.Context) context.Context {
+			return t.acquire.TraceAcquireStart(ctx, pool, data)
+		})
 	}
 	return ctx
 }
@@ -226,7 +233,7 @@ func (t *Tracer) TraceAcquireEnd(ctx context.Context, pool *pgxpool.Pool, data p
 		}
 	}
 	if t.acquire != nil {
-		ctx = t.innerEndStatus(ctx, data.Err)
+		ctx = t.innerEnd(InnerSpanAcquire, ctx, data.Err)
 		data.Err = t.innerErr(data.Err)
 		t.acquire.TraceAcquireEnd(ctx, pool, data)
 	}
