@@ -52,7 +52,7 @@ type config struct {
 	expected []ExpectedErrorFunc
 	// omitSpans has bit k set for each InnerSpan kind turned off (WithoutInnerSpans).
 	omitSpans uint8
-	err      error
+	err       error
 }
 
 // Option configures a [Tracer].
