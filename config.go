@@ -48,11 +48,12 @@ type config struct {
 	// What may leave the process; both off by default.
 	rawQueryText  bool
 	errorMessages bool
+	err           error
+
 	// expected decides which failures leave span status Unset (WithExpectedErrors).
 	expected []ExpectedErrorFunc
 	// omitSpans has bit k set for each InnerSpan kind turned off (WithoutInnerSpans).
 	omitSpans uint8
-	err       error
 }
 
 // Option configures a [Tracer].
