@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"log/slog"
+	"slices"
 	"strings"
 	"testing"
 
@@ -91,6 +92,15 @@ func TestMetricsByOutcome(t *testing.T) {
 					t.Fatalf("%s outcome = %v", m.Name, v)
 				}
 			case metricdata.Sum[int64]:
+				if m.Name == MetricParticipations {
+					// No Run call joined a transaction: six series, each at 0.
+					if m.Unit != "{call}" || !d.IsMonotonic || len(d.DataPoints) != 6 || slices.ContainsFunc(d.DataPoints,
+						func(dp metricdata.DataPoint[int64]) bool { return dp.Value != 0 }) {
+						t.Fatalf("%s: %+v", m.Name, d)
+					}
+					break
+				}
+				// The four frame outcomes, rolled_back twice (tx.rollback).
 				if m.Unit != "{transaction}" || !d.IsMonotonic || len(d.DataPoints) != 5 {
 					t.Fatalf("%s: %+v", m.Name, d)
 				}
