@@ -55,6 +55,9 @@ type config struct {
 	expected []ExpectedErrorFunc
 	// omitSpans has bit k set for each InnerSpan kind turned off (WithoutInnerSpans).
 	omitSpans uint8
+	// The connection-pool metrics of InstrumentPool: WithPoolName, WithDisablePoolMetrics.
+	poolName      string
+	noPoolMetrics bool
 }
 
 // Option configures a [Tracer].
