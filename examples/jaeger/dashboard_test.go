@@ -82,21 +82,7 @@ var alertLink = regexp.MustCompile(`^\$\{prometheus_ui\}/alerts\?search=([A-Za-z
 func TestDashboard(t *testing.T) {
 	ctx := pgtest.Context(t, 4*time.Minute)
 	d := readDashboard(t)
-	ports := freePorts(t, 2)
-	var out, errOut syncBuffer
-	a, err := newApp(ctx, config{
-		databaseURL: srv.ConnString(), otlpEndpoint: "http://" + ports[0], otlpProtocol: protoHTTP,
-		serviceName: "otelpgxtx-dashboard", metricsAddr: ports[1], tree: treeNever, scenarioTimeout: time.Minute,
-	}, &out, &errOut)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer func() {
-		if err := a.close(context.WithoutCancel(ctx)); err != nil {
-			t.Error(err)
-		}
-	}()
-	p := startPrometheus(t, ports[1])
+	a, p, out, errOut := scrapedDemo(t, ctx, "otelpgxtx-dashboard")
 	// A scrape before the work, with every series at its start (0): rate() and
 	// increase() need two samples of a series.
 	waitFor(t, ctx, time.Minute, "a scrape of the demo before its round", func() bool {
@@ -315,20 +301,7 @@ func samples(r []promSample) string {
 // query uses is defined.
 func TestDashboardProvisioned(t *testing.T) {
 	d := readDashboard(t)
-	b, err := os.ReadFile("../../docker-compose.yml")
-	if err != nil {
-		t.Fatal(err)
-	}
-	var compose struct {
-		Services map[string]struct {
-			Image   string   `yaml:"image"`
-			Volumes []string `yaml:"volumes"`
-			Ports   []string `yaml:"ports"`
-		} `yaml:"services"`
-	}
-	if err := yaml.Unmarshal(b, &compose); err != nil {
-		t.Fatal(err)
-	}
+	compose := readCompose(t)
 	g, ok := compose.Services["grafana"]
 	if !ok {
 		t.Fatal("docker-compose.yml has no grafana service")

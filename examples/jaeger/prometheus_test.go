@@ -182,27 +182,7 @@ var alertNames = []string{"TransactionCommitIndeterminate", "TransactionCommitUn
 // labels the README documents.
 func TestPrometheusAlert(t *testing.T) {
 	ctx := pgtest.Context(t, 4*time.Minute)
-	ports := freePorts(t, 2)
-	var out, errOut syncBuffer
-	cfg := config{
-		databaseURL:     srv.ConnString(),
-		otlpEndpoint:    "http://" + ports[0], // nothing listens: no export
-		otlpProtocol:    protoHTTP,
-		serviceName:     "otelpgxtx-prometheus",
-		metricsAddr:     ports[1],
-		tree:            treeNever,
-		scenarioTimeout: time.Minute,
-	}
-	a, err := newApp(ctx, cfg, &out, &errOut)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer func() {
-		if err := a.close(context.WithoutCancel(ctx)); err != nil {
-			t.Error(err)
-		}
-	}()
-	p := startPrometheus(t, ports[1])
+	a, p, out, errOut := scrapedDemo(t, ctx, "otelpgxtx-prometheus")
 	const indeterminate = `otelpgxtx_transactions_total{tx_outcome="indeterminate"}`
 
 	// Scraped, at 0, and the rules evaluated since: nothing may be firing yet.
@@ -237,7 +217,7 @@ func TestPrometheusAlert(t *testing.T) {
 		})
 		l := got[0].Labels
 		if l["tx_outcome"] != want.outcome || l["severity"] != want.severity || l["job"] != "otelpgxtx-demo" ||
-			l["instance"] != ports[1] || l["db_system_name"] != "postgresql" {
+			l["instance"] != a.cfg.metricsAddr || l["db_system_name"] != "postgresql" {
 			t.Errorf("%s labels %v", want.name, l)
 		}
 	}
@@ -329,6 +309,27 @@ func TestPrometheusAlert(t *testing.T) {
 	if l := unknown[0].Labels; l["error_type"] != "no_reference" || l["severity"] != "page" || l["tx_outcome_resolved"] != "unknown" {
 		t.Errorf("TransactionReconciledUnknown labels %v", l)
 	}
+}
+
+// scrapedDemo starts the demo serving its metrics (its traces go nowhere: nothing listens
+// at the OTLP endpoint) and a real Prometheus scraping it; both stop when t ends.
+func scrapedDemo(t *testing.T, ctx context.Context, service string) (a *app, p *promProc, out, errOut *syncBuffer) {
+	t.Helper()
+	ports := freePorts(t, 2)
+	out, errOut = &syncBuffer{}, &syncBuffer{}
+	a, err := newApp(ctx, config{
+		databaseURL: srv.ConnString(), otlpEndpoint: "http://" + ports[0], otlpProtocol: protoHTTP,
+		serviceName: service, metricsAddr: ports[1], tree: treeNever, scenarioTimeout: time.Minute,
+	}, out, errOut)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := a.close(context.WithoutCancel(ctx)); err != nil {
+			t.Error(err)
+		}
+	})
+	return a, startPrometheus(t, ports[1]), out, errOut
 }
 
 // plainIndeterminate makes a plain pgx transaction on the demo's pool whose COMMIT waits
