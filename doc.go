@@ -149,6 +149,8 @@
 // calls that joined an outer transaction, which are not transactions; with automatic reconciliation,
 // [MetricReconciliations], [MetricUnresolved], [MetricUnresolvedAge] and
 // [MetricReconciliationDuration]. Every series of the counters exists from the start at 0.
+// [InstrumentPool] also records the connection-pool metrics of the semantic conventions
+// ([MetricConnectionCount] and the other db.client.connection.* names).
 //
 // # What leaves the process
 //
