@@ -71,6 +71,9 @@ type frame struct {
 	verdict           classifier.Verdict // the final verdict, once concluded
 	isolation         string
 	accessMode        string
+	// wrote: a statement that may write was sent in the transaction; readOnly: it began
+	// READ ONLY. Commit references are taken only for a frame that wrote and can.
+	wrote, readOnly bool
 
 	// errJudged and errExpected: whether the first failure was an expected one (see
 	// judgeErr); an expected failure leaves the span's status Unset.
