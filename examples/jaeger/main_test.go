@@ -11,8 +11,6 @@ import (
 	"testing"
 	"time"
 
-	"go.yaml.in/yaml/v3"
-
 	"github.com/txevidence/otelpgxtx/pgtest"
 )
 
@@ -142,21 +140,7 @@ func TestParseConfig(t *testing.T) {
 // metrics where Prometheus scrapes them, and Prometheus loads the tested rules.
 func TestComposeMatchesPgtest(t *testing.T) {
 	ctx := pgtest.Context(t, time.Minute)
-	b, err := os.ReadFile("../../docker-compose.yml")
-	if err != nil {
-		t.Fatal(err)
-	}
-	var compose struct {
-		Services map[string]struct {
-			Image       string            `yaml:"image"`
-			Command     []string          `yaml:"command"`
-			Environment map[string]string `yaml:"environment"`
-			Volumes     []string          `yaml:"volumes"`
-		} `yaml:"services"`
-	}
-	if err := yaml.Unmarshal(b, &compose); err != nil {
-		t.Fatal(err)
-	}
+	compose := readCompose(t)
 	pg := compose.Services["postgres"]
 	if pg.Image != "postgres:15" {
 		t.Errorf("postgres image %q", pg.Image)
@@ -221,4 +205,21 @@ func TestComposeMatchesPgtest(t *testing.T) {
 			t.Errorf("prometheus volume %s: %v", v, err)
 		}
 	}
+}
+
+// composeFile is what the tests read of docker-compose.yml.
+type composeFile struct {
+	Services map[string]struct {
+		Image       string            `yaml:"image"`
+		Command     []string          `yaml:"command"`
+		Environment map[string]string `yaml:"environment"`
+		Volumes     []string          `yaml:"volumes"`
+	} `yaml:"services"`
+}
+
+func readCompose(t *testing.T) composeFile {
+	t.Helper()
+	var c composeFile
+	readYAML(t, "../../docker-compose.yml", &c)
+	return c
 }
