@@ -2,6 +2,7 @@ package otelpgxtx
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"net"
 	"syscall"
@@ -57,8 +58,14 @@ func resetBy(proxyReset func()) commitFault {
 // it shows (a peek of waiting bytes, or the pending error) is there.
 func waitSocket(t *testing.T, ctx context.Context, conn *pgx.Conn, done func(n int, err error) bool) {
 	t.Helper()
-	nc := conn.PgConn().Conn().(*netConn).Conn.(syscall.Conn)
-	rc, err := nc.SyscallConn()
+	c := conn.PgConn().Conn().(*netConn).Conn
+	if tc, ok := c.(*tls.Conn); ok {
+		c = tc.NetConn() // ciphertext: only whether something came, or the reset, is read
+	}
+	if d, ok := c.(*dialedConn); ok {
+		c = d.Conn
+	}
+	rc, err := c.(syscall.Conn).SyscallConn()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -84,11 +91,17 @@ func waitSocket(t *testing.T, ctx context.Context, conn *pgx.Conn, done func(n i
 	}
 }
 
-// TestCommitNotExecuted: a COMMIT the server provably never executed is a retryable
+// TestCommitNotExecuted, over plain TCP and TLS: a COMMIT the server provably never executed is a retryable
 // rollback with its own error.type, for plain pgx and for Run, against the real faults
 // each rule names; the row is absent. A write the kernel accepted (the proxy holding
 // COMMIT back) stays unknown.
 func TestCommitNotExecuted(t *testing.T) {
+	for _, tr := range transports {
+		t.Run(tr.name, func(t *testing.T) { commitNotExecuted(t, tr.base()) })
+	}
+}
+
+func commitNotExecuted(t *testing.T, base string) {
 	proxy := newProxy(t)
 	for _, tc := range []struct {
 		name     string
@@ -102,7 +115,7 @@ func TestCommitNotExecuted(t *testing.T) {
 	} {
 		t.Run(tc.name+"/pgx", func(t *testing.T) {
 			ctx := testCtx(t)
-			h := newHarness(t, proxy.ConnString(srv.ConnString()), 1)
+			h := newHarness(t, proxy.ConnString(base), 1)
 			table := newTable(t, ctx)
 			pc, err := h.pool.Acquire(ctx)
 			if err != nil {
@@ -127,7 +140,7 @@ func TestCommitNotExecuted(t *testing.T) {
 		})
 		t.Run(tc.name+"/Run", func(t *testing.T) {
 			ctx := testCtx(t)
-			h := newHarness(t, proxy.ConnString(srv.ConnString()), 1)
+			h := newHarness(t, proxy.ConnString(base), 1)
 			table := newTable(t, ctx)
 			attempts := 0
 			res := Run(ctx, h.pool, DefaultPolicy(), func(ctx context.Context, tx pgx.Tx) (int, error) {
@@ -158,7 +171,7 @@ func TestCommitNotExecuted(t *testing.T) {
 	t.Run("commit held back by the proxy", func(t *testing.T) {
 		// The kernel accepted COMMIT's bytes: whether the server read them is unknown.
 		ctx := testCtx(t)
-		h := newHarness(t, proxy.ConnString(srv.ConnString()), 1)
+		h := newHarness(t, proxy.ConnString(base), 1)
 		table := newTable(t, ctx)
 		p := DefaultPolicy()
 		res := Run(ctx, h.pool, p, func(ctx context.Context, tx pgx.Tx) (int, error) {

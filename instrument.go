@@ -65,8 +65,22 @@ func InstrumentConnConfig(cfg *pgx.ConnConfig, opts ...Option) (*Tracer, error) 
 		return nil, err
 	}
 	cfg.Tracer = t
+	if userDial := cfg.DialFunc; userDial != nil && mayUseTLS(&cfg.Config) {
+		// The socket under TLS: what its writes got into the kernel tells a COMMIT that
+		// never left from one that did (see dialedConn).
+		cfg.DialFunc = func(ctx context.Context, network, addr string) (net.Conn, error) {
+			conn, err := userDial(ctx, network, addr)
+			if err != nil || conn == nil {
+				return conn, err
+			}
+			return &dialedConn{Conn: conn}, nil
+		}
+	}
 	userAfterNetConnect := cfg.AfterNetConnect
 	cfg.AfterNetConnect = func(ctx context.Context, pcfg *pgconn.Config, conn net.Conn) (net.Conn, error) {
+		if d, ok := conn.(*dialedConn); ok {
+			conn = d.Conn // no TLS on this connection: the socket, as it was dialed
+		}
 		if userAfterNetConnect != nil {
 			var err error
 			if conn, err = userAfterNetConnect(ctx, pcfg, conn); err != nil {
@@ -83,4 +97,17 @@ func InstrumentConnConfig(cfg *pgx.ConnConfig, opts ...Option) (*Tracer, error) 
 		}
 	}
 	return t, nil
+}
+
+// mayUseTLS reports whether a connection made with cfg may be TLS.
+func mayUseTLS(cfg *pgconn.Config) bool {
+	if cfg.TLSConfig != nil {
+		return true
+	}
+	for _, fb := range cfg.Fallbacks {
+		if fb.TLSConfig != nil {
+			return true
+		}
+	}
+	return false
 }

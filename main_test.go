@@ -22,6 +22,14 @@ var srv *pgtest.Server
 
 func TestMain(m *testing.M) { pgtest.Main(m, &srv) }
 
+// transports are the ways the commit-path tests reach the server: plain TCP, and TLS
+// verified against the test server's own CA (pgtest's TLS mode). base gives a connection
+// string of the test server for that transport; a proxy's ConnString keeps its TLS.
+var transports = []struct {
+	name string
+	base func() string
+}{{"tcp", func() string { return srv.ConnString() }}, {"tls", func() string { return srv.TLSConnString() }}}
+
 // testCtx bounds every server interaction of a test.
 func testCtx(t *testing.T) context.Context { return pgtest.Context(t, 2*time.Minute) }
 

@@ -35,6 +35,12 @@ type netConn struct {
 	// peek looks at unread bytes; nil where the socket cannot be peeked at. Only the
 	// connection's user calls it (under the connection state's mutex).
 	peek *socketPeek
+	// dialed is the socket under TLS, whose count of bytes sent tells whether a COMMIT
+	// write reached the kernel; sentAtArm is that count when the COMMIT was armed.
+	dialed    *dialedConn
+	sentAtArm int64
+	// rawPeek peeks at the socket under TLS: whether anything waits to be read ahead.
+	rawPeek *socketPeek
 
 	// What follows is the library's part in the stream, with commit references
 	// (wire_reply.go) and above TLS (readAhead). Without either, special stays false and
@@ -77,8 +83,35 @@ type addition struct {
 
 // newNetConn wraps conn; track follows message boundaries (commit references on).
 func newNetConn(conn net.Conn, t *Tracer, track bool) *netConn {
-	return &netConn{Conn: conn, t: t, peek: newSocketPeek(conn), track: track}
+	c := &netConn{Conn: conn, t: t, track: track}
+	if tc, ok := conn.(*tls.Conn); ok {
+		// Under TLS the socket's writes are counted, and whether bytes wait in it is peeked.
+		if c.dialed, _ = tc.NetConn().(*dialedConn); c.dialed != nil {
+			c.rawPeek = newSocketPeek(c.dialed.Conn)
+		}
+	} else {
+		c.peek = newSocketPeek(conn)
+	}
+	return c
 }
+
+// dialedConn is the net.Conn pgconn dialed, as the instrumented DialFunc returns it. It
+// counts the bytes its writes got into the kernel: above TLS, where a write's n counts
+// plaintext and a failed record says nothing of how much of it left, that count is what
+// tells a COMMIT whose bytes never reached the kernel (see netConn.wrote).
+type dialedConn struct {
+	net.Conn
+	sent atomic.Int64
+}
+
+func (c *dialedConn) Write(b []byte) (int, error) {
+	n, err := c.Conn.Write(b)
+	c.sent.Add(int64(n))
+	return n, err
+}
+
+// NetConn returns the dialed net.Conn, as tls.Conn does.
+func (c *dialedConn) NetConn() net.Conn { return c.Conn }
 
 // The states of netConn.commitWrite.
 const (
@@ -106,6 +139,10 @@ func (c *netConn) Write(b []byte) (int, error) {
 // the kernel.
 func (c *netConn) wrote(sent bool) {
 	if c.commitWrite.Load() == commitArmed {
+		if c.dialed != nil {
+			// Under TLS: whether any byte of this write's records reached the kernel.
+			sent = c.dialed.sent.Load() > c.sentAtArm
+		}
 		s := commitSent
 		if !sent {
 			s = commitUnsent
@@ -288,29 +325,35 @@ func (c *netConn) settle() {
 	}
 }
 
+// readAheadWait bounds readAhead's read once bytes are known to wait in the socket.
+const readAheadWait = 5 * time.Millisecond
+
 // isTimeout reports a read that ended at its deadline.
 func isTimeout(err error) bool {
 	var ne net.Error
 	return errors.As(err, &ne) && ne.Timeout()
 }
 
-// readAhead reads, without waiting, what the server has sent that pgconn has not read,
-// and keeps it for pgconn's next Read: above TLS (a *tls.Conn from pgconn's own
-// handshake), where the socket's bytes are ciphertext and cannot be peeked at, it is how a
-// FATAL waiting before COMMIT is seen. It sets a read
-// deadline in the past for the one read, and clears it: only the connection's user calls
-// it, between statements, when pgconn has no deadline set. A read still in flight then is
+// readAhead reads what the server has sent that pgconn has not read, and keeps it for
+// pgconn's next Read: above TLS (a *tls.Conn from pgconn's own handshake), where the
+// socket's bytes are ciphertext and cannot be peeked at, it is how a FATAL waiting before
+// COMMIT is seen. It reads only when bytes wait in the socket (a peek), under a read
+// deadline of readAheadWait that it clears after: only the connection's user calls it,
+// between statements, when pgconn has no deadline set. A read still in flight then is
 // pgconn's background reader's, which drops a timeout and stops, and whose bytes pgconn
 // reads before these.
 func (c *netConn) readAhead() []byte {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if _, isTLS := c.Conn.(*tls.Conn); !isTLS || c.filter != nil || len(c.ahead) > 0 || c.aheadErr != nil {
+	if _, isTLS := c.Conn.(*tls.Conn); !isTLS || !c.rawPeek.waiting() || c.filter != nil || len(c.ahead) > 0 || c.aheadErr != nil {
 		// Only crypto/tls is known here to end a read at its deadline and to resume after
-		// it; another net.Conn could block the COMMIT.
+		// it; another net.Conn could block the COMMIT. Nothing waiting in the socket:
+		// nothing to read, and no wait.
 		return nil
 	}
-	if err := c.Conn.SetReadDeadline(time.Now()); err != nil {
+	// Something waits: a record arriving whole is read at once; one still arriving is
+	// waited for this long at most, only in this rare case.
+	if err := c.Conn.SetReadDeadline(time.Now().Add(readAheadWait)); err != nil {
 		return nil
 	}
 	buf := make([]byte, peekSize)
@@ -333,6 +376,9 @@ func (c *netConn) readAhead() []byte {
 // waiting unread in the socket (see socketPeek) or, where the socket cannot be peeked at
 // (TLS), read ahead (see readAhead).
 func (c *netConn) armCommit() (sessionEnded bool) {
+	if c.dialed != nil {
+		c.sentAtArm = c.dialed.sent.Load()
+	}
 	c.commitWrite.Store(commitArmed)
 	if c.peek != nil {
 		return c.peek.sessionEnded()

@@ -10,3 +10,5 @@ type socketPeek struct{}
 func newSocketPeek(net.Conn) *socketPeek { return nil }
 
 func (p *socketPeek) sessionEnded() bool { return false }
+
+func (p *socketPeek) waiting() bool { return false }

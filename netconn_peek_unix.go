@@ -60,3 +60,15 @@ func (p *socketPeek) sessionEnded() bool {
 	}
 	return fatalBeforeCommit(p.buf[:p.n])
 }
+
+// waiting reports whether any byte is waiting unread in the socket, whatever it is
+// (under TLS, ciphertext): one system call, no allocation.
+func (p *socketPeek) waiting() bool {
+	if p == nil {
+		return false
+	}
+	p.buf = p.buf[:1]
+	err := p.rc.Control(p.fn)
+	p.buf = p.buf[:5]
+	return err == nil && p.err == nil && p.n > 0
+}
