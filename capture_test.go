@@ -290,8 +290,14 @@ func cutWhileCommitWaits(t *testing.T, ctx context.Context, db DB, conn *pgx.Con
 // holds; once the server shows that wait and the client has taken every byte from its
 // socket, the caller gives up (its context is cancelled), and the lock is released.
 func TestCaptureReferenceBeforeCommitAnswers(t *testing.T) {
+	for _, tr := range transports {
+		t.Run(tr.name, func(t *testing.T) { overCaptureReferenceBeforeCommitAnswers(t, tr.base()) })
+	}
+}
+
+func overCaptureReferenceBeforeCommitAnswers(t *testing.T, base string) {
 	ctx := testCtx(t)
-	h := newHarness(t, "", 1)
+	h := newHarness(t, base, 1)
 	table := newTable(t, ctx)
 	unlock := commitWaitsOnLock(t, ctx, table)
 	pc, err := h.pool.Acquire(ctx) // the pool's only connection, which Run will hold

@@ -31,11 +31,11 @@ func newMarkerTable(t *testing.T, ctx context.Context, exec func(context.Context
 
 // markerProxied is the setup of the marker tests through the proxy: a harness of
 // maxConns connections behind it, a table and a marker table.
-func markerProxied(t *testing.T, maxConns int32) (context.Context, *pgtest.Proxy, *harness, string, pgx.Identifier) {
+func markerProxied(t *testing.T, base string, maxConns int32) (context.Context, *pgtest.Proxy, *harness, string, pgx.Identifier) {
 	t.Helper()
 	ctx := testCtx(t)
 	proxy := newProxy(t)
-	h := newHarness(t, proxy.ConnString(srv.ConnString()), maxConns)
+	h := newHarness(t, proxy.ConnString(base), maxConns)
 	return ctx, proxy, h, newTable(t, ctx), newMarkerTable(t, ctx, srv.Exec)
 }
 
@@ -65,7 +65,13 @@ func TestMarkerTableDDL(t *testing.T) {
 // TestMarkerAddsNoRoundTrip: with the marker, a Run takes as many round trips as without
 // capture at all, and the marker row is there.
 func TestMarkerAddsNoRoundTrip(t *testing.T) {
-	ctx, proxy, h, table, marker := markerProxied(t, 1)
+	for _, tr := range transports {
+		t.Run(tr.name, func(t *testing.T) { overMarkerAddsNoRoundTrip(t, tr.base()) })
+	}
+}
+
+func overMarkerAddsNoRoundTrip(t *testing.T, base string) {
+	ctx, proxy, h, table, marker := markerProxied(t, base, 1)
 	count := func(p Policy, id int) int64 {
 		proxy.ResetRoundTrips()
 		if r := Run(ctx, h.pool, p, insertFn(table, id)); r.Outcome() != outcome.OutcomeCommitted {
@@ -111,7 +117,13 @@ func TestMarkerMissingTable(t *testing.T) {
 // reference is nothing but the marker), and a commit waiting for synchronous replication
 // is in progress until its wait ends, then committed.
 func TestMarkerReconcile(t *testing.T) {
-	ctx, proxy, h, table, marker := markerProxied(t, 2)
+	for _, tr := range transports {
+		t.Run(tr.name, func(t *testing.T) { overMarkerReconcile(t, tr.base()) })
+	}
+}
+
+func overMarkerReconcile(t *testing.T, base string) {
+	ctx, proxy, h, table, marker := markerProxied(t, base, 2)
 	rec, err := NewReconciler(h.pool, WithReconcileWait(20*time.Millisecond, time.Millisecond))
 	if err != nil {
 		t.Fatal(err)

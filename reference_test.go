@@ -3,6 +3,7 @@ package otelpgxtx
 import (
 	"bytes"
 	"context"
+	"crypto/tls"
 	"fmt"
 	"log/slog"
 	"strings"
@@ -23,15 +24,34 @@ import (
 type refHarness struct {
 	*harness
 	proxy *pgtest.Proxy
+	rec   *pgtest.Recording // the proxy's conversations from the start
 	logs  *lockedBuffer
 }
 
 func newRefHarness(t *testing.T, base string, opts ...Option) *refHarness {
 	t.Helper()
 	proxy := newProxy(t)
+	rec := proxy.Record()
 	logs := &lockedBuffer{}
 	opts = append([]Option{WithLogger(slog.New(slog.NewJSONHandler(logs, nil)))}, opts...)
-	return &refHarness{harness: newHarness(t, proxy.ConnString(base), 1, opts...), proxy: proxy, logs: logs}
+	h := &refHarness{harness: newHarness(t, proxy.ConnString(base), 1, opts...), proxy: proxy, rec: rec, logs: logs}
+	wantTLS(t, h.pool, strings.Contains(base, "sslmode=verify-full"))
+	return h
+}
+
+// wantTLS checks that pool's connections are TLS, or not, as the transport says: a test
+// over "tls" that fell back to plain TCP would prove nothing about TLS.
+func wantTLS(t *testing.T, pool *pgxpool.Pool, want bool) {
+	t.Helper()
+	c, err := pool.Acquire(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Release()
+	_, isTLS := c.Conn().PgConn().Conn().(*netConn).Conn.(*tls.Conn)
+	if isTLS != want {
+		t.Fatalf("connection is TLS: %v, want %v", isTLS, want)
+	}
 }
 
 // plainInsert is a plain pgx transaction that inserts id into table and commits, with
@@ -80,10 +100,16 @@ func lastFrame(t *testing.T, h *harness) tracetest.SpanStub {
 // the commit takes as many round trips as without the option (counted at the proxy), and
 // an indeterminate commit (the proxy cuts after COMMIT) is reconciled from it.
 func TestPlainReference(t *testing.T) {
+	for _, tr := range transports {
+		t.Run(tr.name, func(t *testing.T) { overPlainReference(t, tr.base()) })
+	}
+}
+
+func overPlainReference(t *testing.T, base string) {
 	ctx := testCtx(t)
 	table := newTable(t, ctx)
-	with := newRefHarness(t, srv.ConnString(), WithCaptureReference())
-	without := newRefHarness(t, srv.ConnString())
+	with := newRefHarness(t, base, WithCaptureReference())
+	without := newRefHarness(t, base)
 	trips := func(h *refHarness, id int) int64 {
 		h.proxy.ResetRoundTrips()
 		if err := plainInsert(ctx, h.pool, table, id, nil); err != nil {
@@ -149,11 +175,17 @@ func TestPlainReference(t *testing.T) {
 // reply still has its marker reference (xid 0), which reconciles aborted, fenced; one cut
 // after COMMIT reconciles committed.
 func TestPlainMarker(t *testing.T) {
+	for _, tr := range transports {
+		t.Run(tr.name, func(t *testing.T) { overPlainMarker(t, tr.base()) })
+	}
+}
+
+func overPlainMarker(t *testing.T, base string) {
 	ctx := testCtx(t)
 	table := newTable(t, ctx)
 	marker := newMarkerTable(t, ctx, srv.Exec)
-	h := newRefHarness(t, srv.ConnString(), WithCommitMarker(marker))
-	without := newRefHarness(t, srv.ConnString())
+	h := newRefHarness(t, base, WithCommitMarker(marker))
+	without := newRefHarness(t, base)
 	for id := 1; id <= 2; id++ {
 		h.proxy.ResetRoundTrips()
 		without.proxy.ResetRoundTrips()
@@ -211,6 +243,12 @@ func TestPlainMarker(t *testing.T) {
 // nothing, a batch with COMMIT, COMMIT AND CHAIN, BEGIN and COMMIT in one string, a
 // rollback — once the connection's identity check is done.
 func TestPlainReferenceLeavesTheRestAlone(t *testing.T) {
+	for _, tr := range transports {
+		t.Run(tr.name, func(t *testing.T) { overPlainReferenceLeavesTheRestAlone(t, tr.base()) })
+	}
+}
+
+func overPlainReferenceLeavesTheRestAlone(t *testing.T, base string) {
 	ctx := testCtx(t)
 	table := newTable(t, ctx)
 	work := func(pool *pgxpool.Pool) {
@@ -261,10 +299,9 @@ func TestPlainReferenceLeavesTheRestAlone(t *testing.T) {
 		if err := srv.Exec(ctx, "truncate "+table); err != nil {
 			t.Fatal(err)
 		}
-		h := newRefHarness(t, srv.ConnString(), opts...)
-		rec := h.proxy.Record()
+		h := newRefHarness(t, base, opts...)
 		work(h.pool)
-		convs := rec.Conversations()
+		convs := h.rec.Conversations()
 		if len(convs) != 1 {
 			t.Fatalf("%d connections, want 1", len(convs))
 		}

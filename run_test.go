@@ -242,8 +242,14 @@ func TestRunDeferredViolationNotRetried(t *testing.T) {
 // The result is Indeterminate with a reference, fn ran once, and the reconciler finds the
 // commit.
 func TestRunIndeterminateNeverRetried(t *testing.T) {
+	for _, tr := range transports {
+		t.Run(tr.name, func(t *testing.T) { overRunIndeterminateNeverRetried(t, tr.base()) })
+	}
+}
+
+func overRunIndeterminateNeverRetried(t *testing.T, base string) {
 	ctx := testCtx(t)
-	h := newHarness(t, "", 2)
+	h := newHarness(t, base, 2)
 	table := newTable(t, ctx)
 	p := DefaultPolicy()
 	p.MaxAttempts = 5
@@ -559,9 +565,15 @@ func requiresNewOn(ctx context.Context, db DB) (int, error) {
 // TestRunCaptureAddsNoRoundTrip counts round trips at the proxy: a Run with one statement
 // takes as many with reference capture as without.
 func TestRunCaptureAddsNoRoundTrip(t *testing.T) {
+	for _, tr := range transports {
+		t.Run(tr.name, func(t *testing.T) { overRunCaptureAddsNoRoundTrip(t, tr.base()) })
+	}
+}
+
+func overRunCaptureAddsNoRoundTrip(t *testing.T, base string) {
 	ctx := testCtx(t)
 	proxy := newProxy(t)
-	h := newHarness(t, proxy.ConnString(srv.ConnString()), 1)
+	h := newHarness(t, proxy.ConnString(base), 1)
 	table := newTable(t, ctx)
 	count := func(capture bool, id int) int64 {
 		p := DefaultPolicy()
