@@ -7,11 +7,14 @@ import (
 	"fmt"
 	"log/slog"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 	"go.opentelemetry.io/otel/trace"
 
@@ -361,4 +364,109 @@ func terminateInSyncRepWait(t *testing.T, ctx context.Context, tx pgx.Tx) {
 			t.Error(err)
 		}
 	}()
+}
+
+// TestPlainReferenceAsyncMessages: with the xid read or the marker in COMMIT's write, the
+// server's asynchronous messages still reach the application, whole and in order: the
+// NOTICEs a deferred trigger raises while COMMIT runs, the NOTIFY the transaction sent
+// (delivered with COMMIT's reply), and the "committed locally" WARNING of a
+// synchronous-replication wait that is cancelled, which the classifier needs: that frame
+// is committed, tx.commit.committed_locally, with its reference.
+func TestPlainReferenceAsyncMessages(t *testing.T) {
+	for _, tr := range transports {
+		for _, mode := range []string{"xid", "marker"} {
+			t.Run(tr.name+"/"+mode, func(t *testing.T) { plainReferenceAsyncMessages(t, tr.base(), mode) })
+		}
+	}
+}
+
+func plainReferenceAsyncMessages(t *testing.T, base, mode string) {
+	ctx := testCtx(t)
+	table := newTable(t, ctx)
+	if err := srv.Exec(ctx, fmt.Sprintf(`create function %[1]s_notice() returns trigger language plpgsql as $$
+		begin raise notice 'n1 %%', new.id; raise notice 'n2 %%', new.id; return null; end $$;
+		create constraint trigger %[1]s_t after insert on %[1]s deferrable initially deferred
+		for each row execute function %[1]s_notice()`, table)); err != nil {
+		t.Fatal(err)
+	}
+	opt := WithCaptureReference()
+	if mode == "marker" {
+		opt = WithCommitMarker(newMarkerTable(t, ctx, srv.Exec))
+	}
+	pgtest.LeakCheck(t)
+	exp := tracetest.NewInMemoryExporter()
+	tp := sdktrace.NewTracerProvider(sdktrace.WithSyncer(exp))
+	cfg, err := pgxpool.ParseConfig(base)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.MaxConns = 1
+	var mu sync.Mutex
+	var got []string
+	note := func(s string) { mu.Lock(); got = append(got, s); mu.Unlock() }
+	cfg.ConnConfig.OnNotice = func(_ *pgconn.PgConn, n *pgconn.Notice) { note("notice " + n.Message) }
+	cfg.ConnConfig.OnNotification = func(_ *pgconn.PgConn, n *pgconn.Notification) { note("notify " + n.Payload) }
+	if _, err := InstrumentPool(cfg, WithTracerProvider(tp), opt); err != nil {
+		t.Fatal(err)
+	}
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	for id := 1; id <= 2; id++ { // the first BEGIN carries the identity check
+		tx, err := pool.Begin(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		mustExec(t, ctx, tx, "listen ch", fmt.Sprintf("insert into %s (id) values (%d)", table, id), fmt.Sprintf("notify ch, 'p%d'", id))
+		if err := tx.Commit(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	mu.Lock()
+	want := []string{"notice n1 1", "notice n2 1", "notify p1", "notice n1 2", "notice n2 2", "notify p2"}
+	if strings.Join(got, "|") != strings.Join(want, "|") {
+		t.Errorf("the application got %q, want %q", got, want)
+	}
+	mu.Unlock()
+
+	// The synchronous-replication wait cancelled: the WARNING arrives before COMMIT's
+	// tag, and the frame is committed locally.
+	tx, err := pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	mustExec(t, ctx, tx, fmt.Sprintf("insert into %s (id) values (3)", table), "set local synchronous_commit = on")
+	pid := tx.Conn().PgConn().PID()
+	go func() {
+		if err := srv.WaitForWaitEvent(ctx, pid, "SyncRep"); err != nil {
+			t.Error(err)
+			return
+		}
+		if err := srv.Cancel(ctx, pid); err != nil {
+			t.Error(err)
+		}
+	}()
+	if err := tx.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	var frames []tracetest.SpanStub
+	for _, s := range exp.GetSpans() {
+		if _, ok := attr(s, FrameDepthKey); ok {
+			frames = append(frames, s)
+		}
+	}
+	if len(frames) != 3 {
+		t.Fatalf("%d frames", len(frames))
+	}
+	for i, f := range frames {
+		wantAttr(t, f, string(OutcomeKey), "committed")
+		ref, ok := refOf(t, f)
+		if !ok || mode == "marker" && !ref.HasMarker() {
+			t.Fatalf("frame %d: reference %v %v", i, ref, ok)
+		}
+		wantWrittenBy(t, ctx, table, i+1, ref.XID)
+	}
+	wantAttr(t, frames[2], string(CommittedLocallyKey), "true")
 }
