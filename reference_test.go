@@ -351,10 +351,13 @@ func TestPlainReferenceCheckFails(t *testing.T) {
 // synchronous standby, and terminates its backend there.
 func terminateInSyncRepWait(t *testing.T, ctx context.Context, tx pgx.Tx) {
 	t.Helper()
+	var pid uint32 // the backend's: through PgBouncer the connection's PID is PgBouncer's
 	if _, err := tx.Exec(ctx, "set local synchronous_commit = on"); err != nil {
 		t.Fatal(err)
 	}
-	pid := tx.Conn().PgConn().PID()
+	if err := tx.QueryRow(ctx, "select pg_backend_pid()").Scan(&pid); err != nil {
+		t.Fatal(err)
+	}
 	go func() {
 		if err := srv.WaitForWaitEvent(ctx, pid, "SyncRep"); err != nil {
 			t.Error(err)
@@ -469,4 +472,85 @@ func plainReferenceAsyncMessages(t *testing.T, base, mode string) {
 		wantWrittenBy(t, ctx, table, i+1, ref.XID)
 	}
 	wantAttr(t, frames[2], string(CommittedLocallyKey), "true")
+}
+
+// TestPlainReferenceThroughPgBouncer: plain pgx commit references through a real
+// PgBouncer in transaction mode, over one server connection that three client
+// connections take turns on: the identity check ahead of a client's first BEGIN and the
+// xid read (a FunctionCall) or the marker ahead of its COMMIT go to whichever server
+// connection the transaction gets, and each reference names the xid that wrote its row;
+// a COMMIT whose backend is terminated in its synchronous-replication wait, which
+// PgBouncer reports as its own FATAL, is indeterminate with a reference that reconciles
+// committed through PgBouncer.
+func TestPlainReferenceThroughPgBouncer(t *testing.T) {
+	ctx := testCtx(t)
+	bouncer := pgtest.PgBouncerFor(t, ctx, srv, "transaction", 1)
+	for _, mode := range []string{"xid", "marker"} {
+		t.Run(mode, func(t *testing.T) {
+			table := newTable(t, ctx)
+			opt := WithCaptureReference()
+			if mode == "marker" {
+				opt = WithCommitMarker(newMarkerTable(t, ctx, srv.Exec))
+			}
+			h := newHarness(t, bouncer.ConnString()+"&default_query_exec_mode=exec", 3, opt)
+			var held []*pgxpool.Conn
+			for range 3 {
+				c, err := h.pool.Acquire(ctx)
+				if err != nil {
+					t.Fatal(err)
+				}
+				held = append(held, c)
+			}
+			for id := 1; id <= 6; id++ {
+				tx, err := held[id%3].Begin(ctx)
+				if err != nil {
+					t.Fatal(err)
+				}
+				mustExec(t, ctx, tx, fmt.Sprintf("insert into %s (id) values (%d)", table, id))
+				if err := tx.Commit(ctx); err != nil {
+					t.Fatal(err)
+				}
+			}
+			tx, err := held[0].Begin(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			mustExec(t, ctx, tx, fmt.Sprintf("insert into %s (id) values (7)", table))
+			terminateInSyncRepWait(t, ctx, tx)
+			if err := tx.Commit(ctx); err == nil {
+				t.Fatal("the terminated commit succeeded")
+			}
+			for _, c := range held {
+				c.Release()
+			}
+			frames := h.frames()
+			if len(frames) != 7 {
+				t.Fatalf("%d frames", len(frames))
+			}
+			for i, f := range frames {
+				ref, ok := refOf(t, f)
+				if !ok || mode == "marker" && !ref.HasMarker() {
+					t.Fatalf("frame %d: reference %v %v", i, ref, ok)
+				}
+				if i < 6 {
+					wantAttr(t, f, string(OutcomeKey), "committed")
+					wantWrittenBy(t, ctx, table, i+1, ref.XID)
+				}
+			}
+			last := frames[6]
+			wantAttr(t, last, string(OutcomeKey), "indeterminate")
+			ref, _ := refOf(t, last)
+			if err := srv.WaitQuiet(ctx); err != nil {
+				t.Fatal(err)
+			}
+			rec, err := NewReconciler(h.pool, WithReconcileWait(5*time.Second, 10*time.Millisecond))
+			if err != nil {
+				t.Fatal(err)
+			}
+			res, err := rec.Resolve(ctx, ref, trace.SpanContext{})
+			if err != nil || res.Resolved() != ResolvedCommitted || !rowExists(t, ctx, table, 7) {
+				t.Fatalf("reconciled %v (%s), %v; row present %v", res.Resolved(), res.Reason(), err, rowExists(t, ctx, table, 7))
+			}
+		})
+	}
 }
