@@ -2,6 +2,9 @@ module github.com/txevidence/otelpgxtx/scripts/otelcol
 
 go 1.26.0
 
+// The load_balancing exporter v0.161.0 requires servicediscovery v1.48.0 (for its
+// aws_cloud_map resolver, which this pipeline does not use), and the module proxy refuses
+// that version; v1.40.2 is one it serves, and it builds.
 replace github.com/aws/aws-sdk-go-v2/service/servicediscovery => github.com/aws/aws-sdk-go-v2/service/servicediscovery v1.40.2
 
 require (
