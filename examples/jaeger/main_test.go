@@ -20,7 +20,16 @@ import (
 // docker compose does; TestDemoEmbedded covers the demo starting its own.
 var srv *pgtest.Server
 
-func TestMain(m *testing.M) { pgtest.Main(m, &srv) }
+// demoProcessEnv makes the test binary the demo program itself, so that a test can run
+// the front service as a process of its own (startFront).
+const demoProcessEnv = "OTELPGXTX_DEMO_PROCESS"
+
+func TestMain(m *testing.M) {
+	if os.Getenv(demoProcessEnv) != "" {
+		main() // exits
+	}
+	pgtest.Main(m, &srv)
+}
 
 // syncBuffer is a bytes.Buffer for writers on several goroutines (the logger).
 type syncBuffer struct {

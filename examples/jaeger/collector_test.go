@@ -1,0 +1,131 @@
+package main
+
+// The OpenTelemetry Collector the two-tier pipeline runs (scripts/collector builds it from
+// scripts/otelcol), one process per collector, and its own metrics.
+
+import (
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"testing"
+	"time"
+
+	dto "github.com/prometheus/client_model/go"
+	"github.com/prometheus/common/expfmt"
+	"github.com/prometheus/common/model"
+)
+
+// collectorBinary returns the binary scripts/collector builds and caches (or
+// $OTELPGXTX_OTELCOL). Its cache entry is named by the same digest of scripts/otelcol.
+func collectorBinary(t *testing.T) string {
+	t.Helper()
+	h := sha256.New()
+	for _, f := range []string{"go.mod", "go.sum", "main.go"} {
+		b, err := os.ReadFile(filepath.Join("../../scripts/otelcol", f))
+		if err != nil {
+			t.Fatal(err)
+		}
+		h.Write(b)
+	}
+	return toolPath(t, "OTELPGXTX_OTELCOL", "scripts/collector", "otelcol-"+hex.EncodeToString(h.Sum(nil))[:12], "otelcol")
+}
+
+// collectorProc is one collector running a configuration of examples/jaeger, every
+// listener on 127.0.0.1 and a port of its own, which it keeps across restarts.
+type collectorProc struct {
+	name, bin, conf, dir string
+	env                  []string
+	otlpGRPC, otlpHTTP   string
+	health, telemetry    string
+	client               *http.Client
+	proc                 *toolProc
+}
+
+// startCollector runs bin with the configuration file conf (of this directory) and env
+// added to the environment, and waits until it is healthy.
+func startCollector(t *testing.T, bin, name, conf string, env ...string) *collectorProc {
+	t.Helper()
+	abs, err := filepath.Abs(conf)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ports := freePorts(t, 4)
+	c := &collectorProc{
+		name: name, bin: bin, conf: abs, dir: t.TempDir(), env: env,
+		otlpGRPC: ports[0], otlpHTTP: ports[1], health: ports[2], telemetry: ports[3],
+		client: &http.Client{Timeout: 10 * time.Second},
+	}
+	c.start(t)
+	return c
+}
+
+func (c *collectorProc) start(t *testing.T) {
+	t.Helper()
+	host, port := splitHostPort(t, c.telemetry)
+	cmd := exec.Command(c.bin, "--config", "file:"+c.conf)
+	cmd.Env = append(append(os.Environ(),
+		"OTLP_GRPC_ENDPOINT="+c.otlpGRPC, "OTLP_HTTP_ENDPOINT="+c.otlpHTTP, "HEALTH_ENDPOINT="+c.health,
+		"TELEMETRY_HOST="+host, "TELEMETRY_PORT="+port), c.env...)
+	c.proc = runTool(t, c.name, c.dir, cmd, c.client, "http://"+c.health+"/")
+}
+
+// metrics reads the collector's own metrics: the value of each series by metric name,
+// summed over the series whose labels include every one of match (name=value).
+func (c *collectorProc) metrics(t *testing.T, ctx context.Context, match ...string) map[string]float64 {
+	t.Helper()
+	code, body, err := httpGet(ctx, c.client, c.telemetry, "/metrics", nil)
+	if err != nil || code != http.StatusOK {
+		t.Fatalf("%s metrics: %d %v", c.name, code, err)
+	}
+	return sumSeries(t, body, match...)
+}
+
+// metric is one metric of the collector (see metrics).
+func (c *collectorProc) metric(t *testing.T, ctx context.Context, name string, match ...string) float64 {
+	t.Helper()
+	return c.metrics(t, ctx, match...)[name]
+}
+
+func sumSeries(t *testing.T, exposition []byte, match ...string) map[string]float64 {
+	t.Helper()
+	p := expfmt.NewTextParser(model.UTF8Validation)
+	mfs, err := p.TextToMetricFamilies(bytes.NewReader(exposition))
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := map[string]float64{}
+	for name, mf := range mfs {
+		for _, m := range mf.GetMetric() {
+			if !hasLabels(m, match) {
+				continue
+			}
+			switch {
+			case m.Counter != nil:
+				out[name] += m.GetCounter().GetValue()
+			case m.Gauge != nil:
+				out[name] += m.GetGauge().GetValue()
+			case m.Untyped != nil:
+				out[name] += m.GetUntyped().GetValue()
+			}
+		}
+	}
+	return out
+}
+
+func hasLabels(m *dto.Metric, match []string) bool {
+	have := map[string]bool{}
+	for _, l := range m.GetLabel() {
+		have[l.GetName()+"="+l.GetValue()] = true
+	}
+	for _, kv := range match {
+		if !have[kv] {
+			return false
+		}
+	}
+	return true
+}
