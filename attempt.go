@@ -189,6 +189,11 @@ func endAttempt[T any](ctx context.Context, a *attempt, p Policy, value T, err e
 		v := rollback(ctx, sc, tx, err)
 		sc.takeHooks()
 		a.release()
+		if v.Evidence() == classifier.EvidenceUnknown {
+			// The server could not tell whether a statement completed, and that statement
+			// may have been the commit (see afterActiveQuery): never a rollback.
+			return resultOfCommit[T](ctx, sc, commitOutcome{verdict: v, err: err}, nil, value)
+		}
 		return determinateRollback[T](sc.id, outcome.PhaseActive, err, v.Retryable())
 	}
 	cr := commit(ctx, sc, tx, a.held, p, a.opts)
@@ -275,13 +280,16 @@ func commit(ctx context.Context, sc *scope, tx pgx.Tx, held heldConn, p Policy, 
 	if held.conn != nil {
 		st = connStateOf(held.conn)
 	}
-	if !p.CaptureReference || !st.identityKnown() {
+	if !p.CaptureReference || !st.identityKnown() || f != nil && !f.open() {
 		err := tx.Commit(ctx)
 		if f != nil && !f.open() {
 			return commitOutcome{verdict: f.verdict, err: err}
 		}
-		return commitOutcome{verdict: classifier.Classify(outcome.PhaseCommitting, err,
-			classifier.Facts{RollbackTag: errors.Is(err, pgx.ErrTxCommitRollback)}), err: err}
+		facts := classifier.Facts{RollbackTag: errors.Is(err, pgx.ErrTxCommitRollback)}
+		if conn := tx.Conn(); conn != nil {
+			facts.Server = classifier.ServerOf(conn.PgConn().ParameterStatus)
+		}
+		return commitOutcome{verdict: classifier.Classify(outcome.PhaseCommitting, err, facts), err: err}
 	}
 	pg := held.conn.PgConn()
 	st.mu.Lock()

@@ -76,7 +76,7 @@ func (f autoOptionFunc) applyAuto(c *autoConfig) { f(c) }
 // transaction still in progress after the reconcile wait, is retried with exponential
 // backoff until it settles or the tracer is closed; each attempt is a tx.reconcile span
 // linked to the frame, in the frame's trace (a child of the span the frame was begun
-// under). The tracer's workers run until [Tracer.Close]: close it when the pool is done.
+// under, or of the frame span when it was begun under none). The tracer's workers run until [Tracer.Close]: close it when the pool is done.
 func WithAutoReconcile(db Querier, opts ...AutoReconcileOption) Option {
 	return optionFunc(func(c *config) {
 		a := autoConfig{db: db, queue: 1024, workers: 2, retryMin: 100 * time.Millisecond, retryMax: 30 * time.Second,
@@ -140,7 +140,9 @@ type pendingOutcome struct {
 	hasRef bool
 	link   trace.SpanContext
 	// parent is the span the frame was begun under: the attempts' parent, so that they
-	// join the frame's trace, as a follow-up of the work that began it.
+	// join the frame's trace, as a follow-up of the work that began it. When the frame
+	// was begun under none, the attempts are children of the frame span (see
+	// Reconciler.trace).
 	parent   trace.SpanContext
 	at       time.Time
 	local    bool // the frame's committedLocally

@@ -200,6 +200,11 @@ func TestAutoReconcile(t *testing.T) {
 		if len(s.Links) != 1 {
 			t.Fatalf("tx.reconcile span with %d links", len(s.Links))
 		}
+		// The frames were begun on a context without a span: each attempt is a child of
+		// its frame span, in the frame's trace.
+		if l := s.Links[0].SpanContext; s.Parent.TraceID() != l.TraceID() || s.Parent.SpanID() != l.SpanID() {
+			t.Fatalf("tx.reconcile parent %v, want its frame span %v", s.Parent, l)
+		}
 		op, isFrame := frames[s.Links[0].SpanContext.SpanID().String()]
 		if !isFrame || attrString(t, s, OperationIDKey) != op {
 			t.Fatalf("tx.reconcile span linked to %v, not to its indeterminate frame", s.Links[0].SpanContext)

@@ -93,6 +93,12 @@ func prepareCapture(ctx context.Context, conn *pgx.Conn) error {
 	if st == nil || st.identityRead || pg.TxStatus() != 'I' {
 		return nil
 	}
+	if st.server != classifier.ServerPostgreSQL {
+		// The xid read, the fast-path call and what a marker's failed insert proves are
+		// PostgreSQL's: capture stays off, and nothing is sent.
+		st.identityRead = true
+		return nil
+	}
 	err := readIdentity(ctx, pg, st)
 	if err == nil {
 		return nil

@@ -36,6 +36,7 @@ type config struct {
 	status         StatusMapping
 	inner          pgx.QueryTracer
 	innerSet       bool
+	sanitizeInner  bool // WithSanitizedInnerTracer
 	otelpgxOptions []otelpgx.Option
 	logger         *slog.Logger
 	auto           *autoConfig // WithAutoReconcile
@@ -140,12 +141,26 @@ func WithStatusMapping(m StatusMapping) Option {
 // tracer built with the same providers). Besides pgx.QueryTracer it may implement any of
 // pgx's other tracer interfaces and pgxpool's acquire and release tracers; each one it
 // implements is forwarded, with the frame span as the parent of what it starts. nil turns
-// statement spans off. It is given sanitized SQL and redacted errors, as otelpgx is (see
-// [WithRawQueryText] and [WithErrorMessages]); statement arguments reach it unchanged.
+// statement spans off. It is the application's tracer, so it is handed exactly what pgx
+// hands a tracer — SQL text, arguments, errors, batches and statement names — as it
+// would be without this package, and its spans get no attribute of this package's;
+// [WithSanitizedInnerTracer] hands it what the default otelpgx tracer gets instead.
+// A tracer the connection config already has when it is instrumented is passed here.
 func WithInnerTracer(inner pgx.QueryTracer) Option {
 	return optionFunc(func(c *config) {
 		c.inner, c.innerSet = inner, true
 	})
+}
+
+// WithSanitizedInnerTracer hands an inner tracer of the application's ([WithInnerTracer],
+// or the tracer the connection config had) what the default otelpgx tracer is handed:
+// query text with every literal replaced by "?" (unless [WithRawQueryText]), errors
+// redacted (unless [WithErrorMessages]), a copy of each batch with sanitized SQL, pgx's
+// statement cache names replaced by "stmtcache", and db.query.summary on the spans it
+// starts. Use it when that tracer sends what it is given out of the process. Without an
+// inner tracer of the application's it changes nothing.
+func WithSanitizedInnerTracer() Option {
+	return optionFunc(func(c *config) { c.sanitizeInner = true })
 }
 
 // WithOtelpgxOptions passes options to the default otelpgx inner tracer (for example

@@ -42,6 +42,15 @@ type connState struct {
 	committing bool
 	// nc is the connection's net.Conn wrapper, nil where pgconn uses another.
 	nc *netConn
+	// server is the kind of server, from what it reported at connection start: the
+	// classifier's PostgreSQL-only rules, the committed-locally notices and reference
+	// capture apply to PostgreSQL alone.
+	server classifier.Server
+	// committedInBlock: a frame was concluded committed while the session is still in
+	// its transaction block (CockroachDB's RELEASE SAVEPOINT cockroach_restart commits,
+	// and only the COMMIT after it ends the block): what follows until the block ends is
+	// no new transaction.
+	committedInBlock bool
 }
 
 // queryState is what a query's Start hook hands to its End hook (see startQuery).
@@ -78,7 +87,7 @@ func stateOf(pg *pgconn.PgConn) *connState {
 	}
 	st, _ := data[stateKey].(*connState)
 	if st == nil {
-		st = &connState{queries: make([]queryState, 0, 2)}
+		st = &connState{queries: make([]queryState, 0, 2), server: classifier.ServerOf(pg.ParameterStatus)}
 		data[stateKey] = st
 		if nc, ok := pg.Conn().(*netConn); ok {
 			nc.st.Store(st)
@@ -103,8 +112,10 @@ func (st *connState) armCommit(f *frame) {
 	}
 }
 
-// commitFacts adds what the net.Conn saw of f's COMMIT to facts, and disarms it.
+// commitFacts adds what the net.Conn saw of f's COMMIT, and the kind of server, to
+// facts, and disarms it.
 func (st *connState) commitFacts(f *frame, facts *classifier.Facts) {
+	facts.Server = st.server
 	if st.nc != nil {
 		facts.CommitNotSent = st.nc.commitNotSent()
 	}

@@ -53,7 +53,11 @@
 // process dying inside the commit leaves the record "we asked and we don't know". Only a
 // failure observed while committing can make the phase unknown: neither the error alone
 // nor the phase alone does (see the classifier package for each rule and the real-server
-// test that shows it).
+// test that shows it). Two statements other than COMMIT commit: on CockroachDB, RELEASE
+// SAVEPOINT cockroach_restart, recorded as committing before it is sent like COMMIT; and
+// any statement the server answers with SQLSTATE 40003 (statement_completion_unknown:
+// the server itself cannot tell whether it completed, and it may have been the commit),
+// after which the frame is committing from that answer and unknown.
 //
 // # Span schema
 //
@@ -147,9 +151,11 @@
 // # What leaves the process
 //
 // By default no literal value, statement parameter or server message text is recorded:
-// the inner tracer gets query text with every literal replaced by "?", and errors with
-// their SQLSTATE and class but not their message. [WithRawQueryText] and
+// the default otelpgx inner tracer gets query text with every literal replaced by "?",
+// and errors with their SQLSTATE and class but not their message. [WithRawQueryText] and
 // [WithErrorMessages] reveal more, for deployments where the traces may hold user data.
+// A tracer of the application's ([WithInnerTracer]) is handed what pgx hands it, as
+// without this package, unless [WithSanitizedInnerTracer] says otherwise.
 //
 // [SpanKind]: https://opentelemetry.io/docs/specs/otel/trace/api/#spankind
 // [database client spans]: https://opentelemetry.io/docs/specs/semconv/db/database-spans/

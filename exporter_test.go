@@ -37,16 +37,22 @@ func newTable(t *testing.T, ctx context.Context) string {
 
 func rowExists(t *testing.T, ctx context.Context, table string, id int) bool {
 	t.Helper()
+	return srvCount(t, ctx, "select count(*) from "+table+" where id = $1", id) > 0
+}
+
+// srvCount runs a count query on a connection of its own to the test server.
+func srvCount(t *testing.T, ctx context.Context, query string, args ...any) int {
+	t.Helper()
 	conn, err := srv.Conn(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer conn.Close(ctx)
 	var n int
-	if err := conn.QueryRow(ctx, "select count(*) from "+table+" where id = $1", id).Scan(&n); err != nil {
+	if err := conn.QueryRow(ctx, query, args...).Scan(&n); err != nil {
 		t.Fatal(err)
 	}
-	return n > 0
+	return n
 }
 
 // onlyFrame returns the single frame span, failing otherwise.

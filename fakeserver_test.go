@@ -57,6 +57,28 @@ type fakePG struct {
 	binCols  []pgproto3.FieldDescription
 	idCols   []pgproto3.FieldDescription
 	idVals   [][]byte
+
+	// Scripting, for the tests of servers that are not PostgreSQL; all nil or false in
+	// the benchmarks, where they cost nothing.
+	//
+	// startup replaces the ParameterStatus messages sent at connection start.
+	startup [][2]string
+	// replies answers a simple Query of exactly this text instead of the defaults.
+	replies map[string]fakeReply
+	// record keeps, in seen, every simple Query's text and "FunctionCall" for each
+	// FunctionCall, in order.
+	record bool
+	seen   []string
+	// closing: a FATAL was sent; Read returns EOF once it has been read.
+	closing bool
+}
+
+// fakeReply is a scripted answer to one simple Query.
+type fakeReply struct {
+	notices []*pgproto3.NoticeResponse // sent first, in order
+	err     *pgproto3.ErrorResponse    // instead of the command's completion
+	tag     string                     // the command tag when err is nil
+	status  byte                       // the transaction status afterwards; 0 leaves it
 }
 
 // fakeKind is what a statement is, for the fake's answers.
@@ -125,7 +147,7 @@ var errFakeProtocol = errors.New("fakePG: unexpected frontend message")
 func (c *fakePG) Read(p []byte) (int, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	for len(c.out) == 0 && !c.closed {
+	for len(c.out) == 0 && !c.closed && !c.closing {
 		c.cond.Wait()
 	}
 	if len(c.out) == 0 {
@@ -205,11 +227,11 @@ func (c *fakePG) process(data []byte) (int, error) {
 			}
 			c.started = true
 			c.send(&pgproto3.AuthenticationOk{})
-			for _, ps := range [][2]string{
-				{"server_version", "16.0"}, {"server_encoding", "UTF8"}, {"client_encoding", "UTF8"},
-				{"DateStyle", "ISO, MDY"}, {"integer_datetimes", "on"}, {"TimeZone", "UTC"},
-				{"standard_conforming_strings", "on"},
-			} {
+			startup := c.startup
+			if startup == nil {
+				startup = fakeStartup
+			}
+			for _, ps := range startup {
 				c.send(&pgproto3.ParameterStatus{Name: ps[0], Value: ps[1]})
 			}
 			c.send(&pgproto3.BackendKeyData{ProcessID: 1, SecretKey: []byte{0, 0, 0, 1}})
@@ -233,11 +255,50 @@ func (c *fakePG) process(data []byte) (int, error) {
 	}
 }
 
+// fakeStartup is what the fake reports at connection start unless scripted otherwise:
+// what PostgreSQL 16 reports.
+var fakeStartup = [][2]string{
+	{"server_version", "16.0"}, {"server_encoding", "UTF8"}, {"client_encoding", "UTF8"},
+	{"DateStyle", "ISO, MDY"}, {"integer_datetimes", "on"}, {"TimeZone", "UTC"},
+	{"standard_conforming_strings", "on"},
+}
+
+// reply sends a scripted answer, up to its ReadyForQuery; a FATAL ends the session.
+func (c *fakePG) reply(r fakeReply) {
+	for _, n := range r.notices {
+		c.send(n)
+	}
+	if r.status != 0 {
+		c.status = r.status
+	}
+	if r.err != nil {
+		c.send(r.err)
+		if r.err.Severity == "FATAL" || r.err.Severity == "PANIC" {
+			c.closing = true
+			return
+		}
+	} else {
+		c.cc.CommandTag = []byte(r.tag)
+		c.send(&c.cc)
+	}
+	c.sendReady()
+}
+
 // message answers one typed frontend message.
 func (c *fakePG) message(typ byte, body []byte) error {
+	if c.closing {
+		return io.EOF // a FATAL was sent: the session reads nothing more
+	}
 	switch typ {
 	case 'Q': // Query
 		sql, _ := fakeCString(body)
+		if c.record {
+			c.seen = append(c.seen, string(sql))
+		}
+		if r, ok := c.replies[string(sql)]; ok {
+			c.reply(r)
+			break
+		}
 		k := fakeClassify(sql)
 		if k == fakeEmpty {
 			c.send(&pgproto3.EmptyQueryResponse{})
@@ -315,6 +376,9 @@ func (c *fakePG) message(typ byte, body []byte) error {
 		}
 		c.send(&pgproto3.CloseComplete{})
 	case 'F': // FunctionCall: only Run's xid read is ever called, and answered 42
+		if c.record {
+			c.seen = append(c.seen, "FunctionCall")
+		}
 		c.fcr.Result = c.textVal[0]
 		c.send(&c.fcr)
 		c.sendReady()

@@ -11,8 +11,24 @@ import (
 	"go.opentelemetry.io/otel/trace/noop"
 )
 
-// innerErr returns what the inner tracer is given of err: see [recordedError].
-func (t *Tracer) innerErr(err error) error { return recordedError(err, t.cfg.errorMessages) }
+// innerErr returns what the inner tracer is given of err: err itself for a tracer of the
+// application's (see innerAsIs), else what may be recorded of it (see [recordedError]).
+func (t *Tracer) innerErr(err error) error {
+	if t.innerAsIs {
+		return err
+	}
+	return recordedError(err, t.cfg.errorMessages)
+}
+
+// innerSQL returns what the inner tracer is given of sql, which s is what the sanitizer
+// knows of: sql itself for a tracer of the application's (see innerAsIs), else the
+// sanitizer's text.
+func (t *Tracer) innerSQL(sql string, s *sanitized) string {
+	if t.innerAsIs {
+		return sql
+	}
+	return t.sanitized.innerSQL(sql, s)
+}
 
 // recordedError returns what may be recorded of err: all of it only if full (the
 // [WithErrorMessages] option), for a server message can quote the statement's values.
@@ -39,8 +55,8 @@ func (t *Tracer) innerQueryStart(ctx context.Context, conn *pgx.Conn, data pgx.T
 	if t.query == nil {
 		return ctx
 	}
-	data.SQL = t.sanitized.innerSQL(data.SQL, s)
-	return summarized(ctx, t.query.TraceQueryStart(ctx, conn, data), s)
+	data.SQL = t.innerSQL(data.SQL, s)
+	return t.summarized(ctx, t.query.TraceQueryStart(ctx, conn, data), s)
 }
 
 // innerQueryEnd hands a query's end to the inner tracer, its error redacted.
@@ -52,9 +68,10 @@ func (t *Tracer) innerQueryEnd(ctx context.Context, conn *pgx.Conn, data pgx.Tra
 }
 
 // summarized sets s's db.query.summary on the span an inner Start hook started (from
-// before to after), if it started one that records, and returns after.
-func summarized(before, after context.Context, s *sanitized) context.Context {
-	if span := startedSpan(before, after); span != nil && s.summary != nil {
+// before to after), if it started one that records, and returns after. A tracer of the
+// application's keeps its spans as it made them.
+func (t *Tracer) summarized(before, after context.Context, s *sanitized) context.Context {
+	if span := t.ownStartedSpan(before, after); span != nil && s.summary != nil {
 		span.SetAttributes(s.summary...)
 	}
 	return after
@@ -67,7 +84,7 @@ func (t *Tracer) innerBatchStart(ctx context.Context, conn *pgx.Conn, data pgx.T
 		inner := data
 		inner.Batch = t.innerBatch(data.Batch)
 		innerCtx := t.batch.TraceBatchStart(ctx, conn, inner)
-		if span := startedSpan(ctx, innerCtx); span != nil && data.Batch != nil {
+		if span := t.ownStartedSpan(ctx, innerCtx); span != nil && data.Batch != nil {
 			span.SetAttributes(t.batchSummary(data.Batch))
 		}
 		ctx = innerCtx
@@ -78,7 +95,9 @@ func (t *Tracer) innerBatchStart(ctx context.Context, conn *pgx.Conn, data pgx.T
 // innerBatchQuery hands one result of a batch to the inner tracer, sanitized.
 func (t *Tracer) innerBatchQuery(ctx context.Context, conn *pgx.Conn, data pgx.TraceBatchQueryData) {
 	if t.batch != nil {
-		data.SQL = t.sanitized.innerSQL(data.SQL, t.sanitized.get(data.SQL))
+		if !t.innerAsIs {
+			data.SQL = t.sanitized.innerSQL(data.SQL, t.sanitized.get(data.SQL))
+		}
 		data.Err = t.innerErr(data.Err)
 		t.batch.TraceBatchQuery(ctx, conn, data)
 	}
@@ -99,7 +118,7 @@ func (t *Tracer) innerBatchEnd(ctx context.Context, conn *pgx.Conn, data pgx.Tra
 func (t *Tracer) innerCopyFromStart(ctx context.Context, conn *pgx.Conn, data pgx.TraceCopyFromStartData) context.Context {
 	if t.copy != nil {
 		inner := t.copy.TraceCopyFromStart(ctx, conn, data)
-		if span := startedSpan(ctx, inner); span != nil {
+		if span := t.ownStartedSpan(ctx, inner); span != nil {
 			span.SetAttributes(dbQuerySummaryKey.String("COPY " + data.TableName.Sanitize()))
 		}
 		ctx = inner
@@ -119,11 +138,11 @@ func (t *Tracer) innerCopyFromEnd(ctx context.Context, conn *pgx.Conn, data pgx.
 func (t *Tracer) innerPrepareStart(ctx context.Context, conn *pgx.Conn, data pgx.TracePrepareStartData) context.Context {
 	if t.prepare != nil {
 		s := t.sanitized.get(data.SQL)
-		data.SQL = t.sanitized.innerSQL(data.SQL, s)
-		if !t.cfg.rawQueryText && strings.HasPrefix(data.Name, "stmtcache_") {
+		data.SQL = t.innerSQL(data.SQL, s)
+		if !t.cfg.rawQueryText && !t.innerAsIs && strings.HasPrefix(data.Name, "stmtcache_") {
 			data.Name = "stmtcache" // pgx names it by a digest of the raw SQL, literals and all
 		}
-		ctx = summarized(ctx, t.prepare.TracePrepareStart(ctx, conn, data), s)
+		ctx = t.summarized(ctx, t.prepare.TracePrepareStart(ctx, conn, data), s)
 	}
 	return ctx
 }
@@ -158,10 +177,11 @@ func (t *Tracer) batchSummary(b *pgx.Batch) attribute.KeyValue {
 }
 
 // innerBatch returns the batch an inner tracer is given: the default otelpgx tracer
-// reads only its length, but a user's tracer may read its SQL, which it then gets
-// sanitized, in a copy (the queued queries are the caller's).
+// reads only its length, but a user's tracer that asked for sanitized text
+// ([WithSanitizedInnerTracer]) may read its SQL, which it then gets sanitized, in a copy
+// (the queued queries are the caller's).
 func (t *Tracer) innerBatch(b *pgx.Batch) *pgx.Batch {
-	if b == nil || !t.cfg.innerSet || t.cfg.rawQueryText {
+	if b == nil || !t.cfg.innerSet || t.cfg.rawQueryText || t.innerAsIs {
 		return b
 	}
 	c := &pgx.Batch{QueuedQueries: make([]*pgx.QueuedQuery, len(b.QueuedQueries))}
@@ -169,6 +189,15 @@ func (t *Tracer) innerBatch(b *pgx.Batch) *pgx.Batch {
 		c.QueuedQueries[i] = &pgx.QueuedQuery{SQL: t.sanitized.get(q.SQL).text, Arguments: q.Arguments}
 	}
 	return c
+}
+
+// ownStartedSpan is startedSpan for the spans this library may add attributes to: those
+// of its own inner tracer, never those of a tracer of the application's.
+func (t *Tracer) ownStartedSpan(before, after context.Context) trace.Span {
+	if t.innerAsIs {
+		return nil
+	}
+	return startedSpan(before, after)
 }
 
 // innerStartCtx makes f's span the parent of what the inner tracer starts. It allocates only

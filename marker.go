@@ -55,9 +55,18 @@ func markerSQL(table string, id outcome.OperationID) string {
 	return "insert into " + table + " (operation_id) values ('" + id.String() + "') returning " + captureXIDExpr
 }
 
-// ResolveMarker settles the operation id by its row in the commit-marker table alone
-// (see [Policy].CommitMarker), without a reference: what an operator has when only the
-// tx.operation_id reached the logs. link, if valid, is the span that observed it.
+// ResolveMarker settles an operation by its row in the commit-marker table alone, without
+// a reference: for an operator who has only the tx.operation_id of an operation that was
+// committed with a marker ([Run] with [Policy].CommitMarker set to table), its reference
+// lost. link, if valid, is the span that observed it.
+//
+// Calling it asserts that the operation's COMMIT was sent with a marker insert into
+// table: the answer aborted rests on that, for it means that no marker row with the id
+// committed (a fence now stops one from ever committing). Only the operation's reference
+// proves that a marker was written; a frame without one (a plain pgx transaction, [Run]
+// without a marker) stays unknown with [UnknownNoReference] — never give its id here, or
+// a commit that wrote no marker would be answered aborted, and redone. [Reconciler.Resolve]
+// of a reference that names a marker is the way to settle one.
 func (r *Reconciler) ResolveMarker(ctx context.Context, table pgx.Identifier, op outcome.OperationID, link trace.SpanContext) (Resolution, error) {
 	name, err := outcome.QuoteMarkerTable(table...)
 	if err != nil {
@@ -68,7 +77,7 @@ func (r *Reconciler) ResolveMarker(ctx context.Context, table pgx.Identifier, op
 	}
 	return r.trace(ctx, link, op, outcome.ReconciliationRef{}, func(ctx context.Context) (Resolution, error) {
 		var res Resolution
-		res.resolved, res.reason, err = r.resolveMarker(ctx, name, op)
+		res.resolved, res.reason, err = r.resolveMarker(ctx, name, op, 0)
 		if err != nil {
 			err = fmt.Errorf("otelpgxtx: reconciling operation %s by its marker: %w", op, err)
 		}
@@ -97,9 +106,14 @@ type beginner interface {
 // free, the fence is committed, and the original's insert, should it still arrive,
 // fails on the key and rolls its transaction back: aborted, for good.
 // The reconciler's role needs INSERT and SELECT on the table.
-func (r *Reconciler) resolveMarker(ctx context.Context, table string, op outcome.OperationID) (Resolved, string, error) {
+//
+// sys, when not 0, is the system identifier of the cluster the marker was written to: a
+// marker table of another cluster (a copy restored from a logical dump, a staging
+// database) proves nothing about this one, and a fence there would answer aborted for a
+// commit that stands where it was made, so it is not fenced ([UnknownOtherSystem]).
+func (r *Reconciler) resolveMarker(ctx context.Context, table string, op outcome.OperationID, sys uint64) (Resolved, string, error) {
 	deadline := time.Now().Add(r.wait)
-	res, reason, seen, err := r.lookupMarker(ctx, table, op)
+	res, reason, seen, err := r.lookupMarker(ctx, table, op, sys)
 	if err != nil || res != ResolvedCommitted || !seen.syncStandbys {
 		return res, reason, err
 	}
@@ -118,7 +132,7 @@ type markerView struct {
 }
 
 // lookupMarker fences or finds the marker row (see resolveMarker).
-func (r *Reconciler) lookupMarker(ctx context.Context, table string, op outcome.OperationID) (res Resolved, reason string, seen markerView, err error) {
+func (r *Reconciler) lookupMarker(ctx context.Context, table string, op outcome.OperationID, sys uint64) (res Resolved, reason string, seen markerView, err error) {
 	b, ok := r.db.(beginner)
 	if !ok {
 		return ResolvedUnknown, "", seen, invalid("reconciling a marker needs a db that can Begin (a *pgxpool.Pool or *pgx.Conn), not %T", r.db)
@@ -133,13 +147,17 @@ func (r *Reconciler) lookupMarker(ctx context.Context, table string, op outcome.
 	// commit on the server it runs on, so a fence lost with this server in a later
 	// failover fenced nothing that survives there either.
 	wait := max(r.wait, time.Millisecond)
-	var lockTimeout, syncCommit, tli, start string
-	if err := tx.QueryRow(ctx, "select set_config('lock_timeout', $1, true), set_config('synchronous_commit', 'local', true), "+incarnationSQL+", "+syncStandbysSQL,
-		strconv.FormatInt(wait.Milliseconds()+1, 10)).Scan(&lockTimeout, &syncCommit, &tli, &start, &seen.syncStandbys); err != nil {
+	var lockTimeout, syncCommit, tli, start, sysText string
+	if err := tx.QueryRow(ctx, "select set_config('lock_timeout', $1, true), set_config('synchronous_commit', 'local', true), "+incarnationSQL+", "+syncStandbysSQL+
+		", case when $2 then (select system_identifier::text from pg_control_system()) else '' end",
+		strconv.FormatInt(wait.Milliseconds()+1, 10), sys != 0).Scan(&lockTimeout, &syncCommit, &tli, &start, &seen.syncStandbys, &sysText); err != nil {
 		return ResolvedUnknown, "", seen, err
 	}
 	if seen.incarnation, err = parseIncarnation(tli, start); err != nil {
 		return ResolvedUnknown, "", seen, err
+	}
+	if sys != 0 && sysText != strconv.FormatUint(sys, 10) {
+		return ResolvedUnknown, UnknownOtherSystem, seen, nil
 	}
 	id := op.String()
 	var fenced bool

@@ -138,6 +138,20 @@ func TestMarkerReconcile(t *testing.T) {
 	if err := srv.WaitQuiet(ctx); err != nil {
 		t.Fatal(err)
 	}
+	// The same marker asked of another cluster (here: a reference naming another system
+	// identifier) proves nothing there, and must not be fenced: a fence would answer
+	// aborted for a commit that stands where it was made.
+	for _, ind := range []outcome.Indeterminate[int]{after, before} {
+		other, _ := ind.Reference()
+		other.SystemIdentifier++
+		got, err := rec.Resolve(ctx, other, trace.SpanContext{})
+		if err != nil || got.Resolved() != ResolvedUnknown || got.Reason() != UnknownOtherSystem {
+			t.Fatalf("%s: %s %q %v, want unknown other_system", other, got.Resolved(), got.Reason(), err)
+		}
+	}
+	if n := srvCount(t, ctx, "select count(*) from "+marker.Sanitize()); n != 1 {
+		t.Fatalf("%d marker rows after asking another system, want only the committed one", n)
+	}
 	for _, tc := range []struct {
 		ind  outcome.Indeterminate[int]
 		want Resolved

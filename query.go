@@ -2,6 +2,7 @@ package otelpgxtx
 
 import (
 	"context"
+	"strings"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -100,7 +101,7 @@ func (t *Tracer) beforeQuery(ctx context.Context, conn *pgx.Conn, st *connState,
 			f.isolation, f.accessMode = beginOptions(rest)
 		}
 	}
-	if f != nil && set.commits() && !pg.IsBusy() {
+	if f != nil && (set.commits() || st.server == classifier.ServerCockroachDB && releasesRestart(set, beginSQL)) && !pg.IsBusy() {
 		// A busy connection (a result the application has not read) refuses the
 		// statement before sending a byte: COMMIT never leaves, so the phase stays.
 		if f.currentPhase() == outcome.PhaseNotStarted {
@@ -120,8 +121,11 @@ func (t *Tracer) afterQuery(conn *pgx.Conn, st *connState, q *queryState, tag pg
 	status := pg.TxStatus()
 	inTx := !closed && (status == 'T' || status == 'E')
 	f := q.frame
+	if !inTx {
+		st.committedInBlock = false
+	}
 	if f == nil || !f.open() {
-		if inTx && st.frame == nil {
+		if inTx && st.frame == nil && !st.committedInBlock {
 			// A transaction we did not see begin (BEGIN inside a string we could not
 			// read): track it from here rather than not at all.
 			t.startFrame(q.callerCtx, conn, st, outcome.PhaseActive, "", nil)
@@ -144,6 +148,7 @@ func (t *Tracer) afterQuery(conn *pgx.Conn, st *connState, q *queryState, tag pg
 	case outcome.PhaseCommitting:
 		st.commitFacts(f, &facts)
 		f.conclude(st, classifier.Classify(outcome.PhaseCommitting, err, facts))
+		st.committedInBlock = inTx && f.currentPhase() == outcome.PhaseCommitted
 	case outcome.PhaseActive:
 		t.afterActiveQuery(st, f, q, err, facts, inTx)
 	}
@@ -158,6 +163,16 @@ func (t *Tracer) afterQuery(conn *pgx.Conn, st *connState, q *queryState, tag pg
 // cause of the rollback that must follow, a rollback concludes f, and a savepoint
 // statement becomes an event (savepoints never change the frame's phase).
 func (t *Tracer) afterActiveQuery(st *connState, f *frame, q *queryState, err error, facts classifier.Facts, inTx bool) {
+	if classifier.CompletionUnknown(err) {
+		// The server says it cannot tell whether the statement completed (40003): on
+		// CockroachDB that can be the commit (RELEASE SAVEPOINT cockroach_restart), and no
+		// server that sends it has proven a rollback. The frame is committing from the
+		// moment the answer came, and unknown.
+		f.transition(outcome.PhaseCommitting)
+		facts.Server = st.server
+		f.conclude(st, classifier.Classify(outcome.PhaseCommitting, err, facts))
+		return
+	}
 	if err != nil && !f.hasErr {
 		f.firstErr, f.hasErr = classifier.Classify(outcome.PhaseActive, err, facts), true
 	}
@@ -179,6 +194,13 @@ func (t *Tracer) afterActiveQuery(st *connState, f *frame, q *queryState, err er
 		}
 		f.span.AddEvent(name, trace.WithAttributes(SavepointNameKey.String(q.savepoint)))
 	}
+}
+
+// releasesRestart reports whether sql, of kinds set, is RELEASE SAVEPOINT
+// cockroach_restart: CockroachDB commits the transaction there (the client retry protocol
+// of its documentation and of cockroach-go), and the COMMIT after it only ends the block.
+func releasesRestart(set stmtSet, sql string) bool {
+	return set.has(stmtRelease) && strings.EqualFold(savepointName(sql), "cockroach_restart")
 }
 
 // abandon concludes a frame whose transaction ended where no query showed it: the

@@ -218,7 +218,7 @@ func (r *Reconciler) resolve(ctx context.Context, ref outcome.ReconciliationRef,
 		}
 		if ref.HasMarker() {
 			var err error
-			res.resolved, res.reason, err = r.resolveMarker(ctx, ref.MarkerTable, ref.Operation)
+			res.resolved, res.reason, err = r.resolveMarker(ctx, ref.MarkerTable, ref.Operation, ref.SystemIdentifier)
 			if err != nil {
 				err = fmt.Errorf("otelpgxtx: reconciling %s: %w", ref, err)
 			}
@@ -382,13 +382,19 @@ func parseFullXID(s string) (uint64, error) {
 	return epoch<<32 | xid, nil
 }
 
-// trace runs one reconciliation in a tx.reconcile span linked to the original frame.
+// trace runs one reconciliation in a tx.reconcile span linked to the original frame. The
+// span is a child of the span in ctx; when ctx has none, of the frame span it links to,
+// so that it is in the frame's trace: trace-id routing and tail sampling keep the two
+// together only then.
 func (r *Reconciler) trace(ctx context.Context, link trace.SpanContext, id outcome.OperationID, ref outcome.ReconciliationRef,
 	do func(context.Context) (Resolution, error)) (Resolution, error) {
 	// INTERNAL like the frame: its queries are the CLIENT spans of the db's tracer.
 	opts := []trace.SpanStartOption{trace.WithSpanKind(trace.SpanKindInternal)}
 	if link.IsValid() {
 		opts = append(opts, trace.WithLinks(trace.Link{SpanContext: link}))
+		if !trace.SpanContextFromContext(ctx).IsValid() {
+			ctx = trace.ContextWithSpanContext(ctx, link)
+		}
 	}
 	ctx, span := r.tracer.Start(ctx, SpanNameReconcile, opts...)
 	defer span.End()

@@ -305,6 +305,10 @@ func TestRunIndeterminateNeverRetried(t *testing.T) {
 			for _, l := range s.Links {
 				linked = linked || l.SpanContext.SpanID() == f.SpanContext.SpanID()
 			}
+			// Reconcile was called on a context without a span: the span is the frame's child.
+			if s.Parent.TraceID() != f.SpanContext.TraceID() || s.Parent.SpanID() != f.SpanContext.SpanID() {
+				t.Fatalf("tx.reconcile parent %v, want the frame span %v", s.Parent, f.SpanContext)
+			}
 		}
 	}
 	if !linked {

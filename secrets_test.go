@@ -6,12 +6,14 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"sort"
 	"strings"
 	"sync"
 	"testing"
 
 	"github.com/exaring/otelpgx"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/tracelog"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/sdk/metric/metricdata"
 
@@ -370,13 +372,98 @@ func (s *seenByInner) text() string {
 	return strings.Join(s.seen, "\n")
 }
 
-// TestUserInnerTracerGetsSanitizedText: a tracer of the user's own, in otelpgx's place,
-// is handed sanitized SQL (a copy of the batch too) and redacted errors; the statement
-// arguments reach it unchanged, as the README says.
-func TestUserInnerTracerGetsSanitizedText(t *testing.T) {
+// TestApplicationTracerSeesWhatPgxGives: a tracer of the application's own (pgx's
+// tracelog, already on the connection config when it is instrumented) is handed exactly
+// what pgx hands it without this package — the SQL with its literals, the server's
+// message, pgx's statement name — and the library's own statement spans stay sanitized
+// (there are none here: the application's tracer takes otelpgx's place).
+func TestApplicationTracerSeesWhatPgxGives(t *testing.T) {
+	ctx := testCtx(t)
+	for _, tc := range []struct {
+		name      string
+		opts      []Option
+		sanitized bool
+	}{{"as is", nil, false}, {"WithSanitizedInnerTracer", []Option{WithSanitizedInnerTracer()}, true}} {
+		t.Run(tc.name, func(t *testing.T) {
+			logged := &tracelogRecords{}
+			cfg, err := pgx.ParseConfig(srv.ConnString())
+			if err != nil {
+				t.Fatal(err)
+			}
+			cfg.Tracer = &tracelog.TraceLog{Logger: logged, LogLevel: tracelog.LogLevelTrace}
+			if _, err := InstrumentConnConfig(cfg, tc.opts...); err != nil {
+				t.Fatal(err)
+			}
+			conn, err := pgx.ConnectConfig(ctx, cfg)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer conn.Close(context.WithoutCancel(ctx))
+			if _, err := conn.Exec(ctx, "select '"+secretSimple+"'::int, $1::text", "arg-visible"); err == nil {
+				t.Fatal("want the invalid input error")
+			}
+			b := &pgx.Batch{}
+			b.Queue("select '" + secretBatch + "'")
+			if err := conn.SendBatch(ctx, b).Close(); err != nil {
+				t.Fatal(err)
+			}
+			seen := logged.text()
+			raw := []string{"select '" + secretSimple + "'::int, $1::text", `invalid input syntax for type integer: "` + secretSimple + `"`,
+				"select '" + secretBatch + "'", "name=stmtcache_"}
+			clean := []string{"select ?::int, $1::text", "SQLSTATE 22P02", "select ?", "name=stmtcache "}
+			want, never := raw, []string{"select ?", "(message redacted)"}
+			if tc.sanitized {
+				want, never = clean, []string{secretSimple, secretBatch, "stmtcache_"}
+			}
+			for _, w := range append(want, "arg-visible") {
+				if !strings.Contains(seen, w) {
+					t.Errorf("the application's tracer was not handed %q:\n%s", w, seen)
+				}
+			}
+			for _, n := range never {
+				if strings.Contains(seen, n) {
+					t.Errorf("the application's tracer was handed %q:\n%s", n, seen)
+				}
+			}
+		})
+	}
+}
+
+// tracelogRecords is a tracelog.Logger that keeps every record as a line of text.
+type tracelogRecords struct {
+	mu    sync.Mutex
+	lines []string
+}
+
+func (l *tracelogRecords) Log(_ context.Context, _ tracelog.LogLevel, msg string, data map[string]any) {
+	keys := make([]string, 0, len(data))
+	for k := range data {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	line := msg
+	for _, k := range keys {
+		line += fmt.Sprintf(" %s=%v", k, data[k])
+	}
+	l.mu.Lock()
+	l.lines = append(l.lines, line)
+	l.mu.Unlock()
+}
+
+func (l *tracelogRecords) text() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return strings.Join(l.lines, "\n")
+}
+
+// TestSanitizedInnerTracerBatchCopy: with WithSanitizedInnerTracer a tracer of the
+// application's, in otelpgx's place, is handed sanitized SQL in a copy of the batch (the
+// caller's batch is unchanged) and redacted errors; the statement arguments reach it
+// unchanged, as the README says.
+func TestSanitizedInnerTracerBatchCopy(t *testing.T) {
 	ctx := testCtx(t)
 	inner := &seenByInner{}
-	h := newHarness(t, "", 1, WithInnerTracer(inner))
+	h := newHarness(t, "", 1, WithInnerTracer(inner), WithSanitizedInnerTracer())
 	if _, err := h.pool.Exec(ctx, "select '"+secretSimple+"'::int, $1::text", "arg-visible"); err == nil {
 		t.Fatal("want the invalid input error")
 	}

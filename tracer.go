@@ -31,6 +31,10 @@ type Tracer struct {
 	auto *autoReconciler
 	// sanitized holds, per SQL string, what the inner tracer is given of it.
 	sanitized sanitizer
+	// innerAsIs: the inner tracer is the application's, and is handed what pgx hands a
+	// tracer — SQL, errors, batches and statement names as they are — unless
+	// WithSanitizedInnerTracer asks otherwise; its spans get no attribute of ours.
+	innerAsIs bool
 
 	query   pgx.QueryTracer
 	batch   pgx.BatchTracer
@@ -71,6 +75,7 @@ func newTracer(opts []Option) (*Tracer, error) {
 		metrics: newMetrics(cfg.meterProvider, cfg.meterAttributes),
 	}
 	t.sanitized.raw = cfg.rawQueryText
+	t.innerAsIs = cfg.innerSet && cfg.inner != nil && !cfg.sanitizeInner
 	inner := cfg.inner
 	if !cfg.innerSet {
 		oo := []otelpgx.Option{
@@ -258,7 +263,8 @@ func (t *Tracer) onNotice(pg *pgconn.PgConn, n *pgconn.Notice) {
 	if !classifier.CommittedLocallyNotice(n) {
 		return
 	}
-	if st := stateOf(pg); st != nil {
+	// The warnings' texts and 57P01's meaning are PostgreSQL's own.
+	if st := stateOf(pg); st != nil && st.server == classifier.ServerPostgreSQL {
 		st.mu.Lock()
 		if st.frame != nil && st.frame.currentPhase() == outcome.PhaseCommitting {
 			st.frame.committedLocally = true

@@ -30,6 +30,9 @@ type Facts struct {
 	// SessionEndedBeforeCommit: before COMMIT was written, the server had already sent
 	// a FATAL (or PANIC) error, after which it reads nothing more from the session.
 	SessionEndedBeforeCommit bool
+	// Server is the kind of server that answered (see [ServerOf]); the rules that rest on
+	// PostgreSQL's own behaviour apply only to [ServerPostgreSQL].
+	Server Server
 }
 
 // Reasons returned by [Verdict.Reason]. They are few and fixed so that they can be used
@@ -56,6 +59,10 @@ const (
 	// ReasonIdleInTransactionTimeout: the server ended the session for
 	// idle_in_transaction_session_timeout, which it only does before reading COMMIT.
 	ReasonIdleInTransactionTimeout = "idle_in_transaction_timeout"
+	// ReasonCompletionUnknown: the server itself said that it does not know whether the
+	// statement completed (SQLSTATE 40003, statement_completion_unknown: CockroachDB's
+	// "result is ambiguous").
+	ReasonCompletionUnknown = "completion_unknown"
 )
 
 // SQLSTATE codes the classifier knows; they are PostgreSQL's, not this package's
@@ -68,6 +75,9 @@ const (
 	// sqlStateIdleInTransactionTimeout is idle_in_transaction_session_timeout's FATAL
 	// (57P05 is idle_session_timeout, sent only outside a transaction).
 	sqlStateIdleInTransactionTimeout = "25P03"
+	// sqlStateCompletionUnknown is statement_completion_unknown: the SQL standard's code
+	// for a statement whose completion the server cannot tell.
+	sqlStateCompletionUnknown = "40003"
 )
 
 // Classify returns the evidence about a transaction's fate, given the phase it was in
@@ -121,12 +131,36 @@ func classifyCommit(err error, f Facts) Verdict {
 	if errors.Is(err, pgx.ErrTxCommitRollback) {
 		return Verdict{evidence: EvidenceRolledBack, reason: ReasonCommitRollback}
 	}
-	if pgErr, ok := errors.AsType[*pgconn.PgError](err); ok && !isFatal(pgErr) && !isConnectionClass(pgErr) {
-		// PostgreSQL raises no ERROR once the commit record is written (it would be a
-		// PANIC), so an ERROR in reply to COMMIT is a rollback.
+	if pgErr, ok := errors.AsType[*pgconn.PgError](err); ok && !isFatal(pgErr) && rolledBackError(pgErr, f.Server) {
 		return serverError(pgErr)
 	}
 	return unknown(err, f)
+}
+
+// rolledBackError reports whether pgErr, an ERROR in reply to COMMIT, proves that the
+// transaction rolled back. PostgreSQL raises no ERROR once its commit record is written
+// (it would be a PANIC), so on PostgreSQL every ERROR does — except class 08, which only
+// a proxy in between sends, after the server may have committed, and 40003, which says
+// itself that the outcome is not known. Any other server may raise an ERROR after it
+// committed (CockroachDB's XXA00, "transaction committed with schema change failure"):
+// there only the SQL standard's class 40, transaction rollback, proves a rollback, and
+// 40003 is in that class but says the opposite.
+func rolledBackError(pgErr *pgconn.PgError, server Server) bool {
+	switch {
+	case pgErr.Code == sqlStateCompletionUnknown, isConnectionClass(pgErr):
+		return false
+	case server == ServerPostgreSQL:
+		return true
+	}
+	return len(pgErr.Code) == 5 && pgErr.Code[:2] == "40"
+}
+
+// CompletionUnknown reports whether err is the server's own statement that it does not
+// know whether the statement completed (SQLSTATE 40003), which, in reply to a statement
+// that can commit, leaves the commit unknown, whatever else the error says.
+func CompletionUnknown(err error) bool {
+	pgErr, ok := errors.AsType[*pgconn.PgError](err)
+	return ok && pgErr.Code == sqlStateCompletionUnknown
 }
 
 // notCommitted recognises a failed COMMIT the server provably never executed. Each rule
@@ -139,7 +173,7 @@ func notCommitted(err error, f Facts) (Verdict, bool) {
 		// block, disarms it once a message is read and checks for it before executing
 		// that message (postgres.c PostgresMain, steps 4–5; ProcessInterrupts): its FATAL
 		// always precedes the COMMIT, which then never runs.
-		if pgErr.Code == sqlStateIdleInTransactionTimeout && isFatal(pgErr) {
+		if pgErr.Code == sqlStateIdleInTransactionTimeout && isFatal(pgErr) && f.Server == ServerPostgreSQL {
 			v.reason = ReasonIdleInTransactionTimeout
 			return v, true
 		}
@@ -152,7 +186,8 @@ func notCommitted(err error, f Facts) (Verdict, bool) {
 		return Verdict{}, false
 	case f.CommitNotSent:
 		v.reason = ReasonCommitNotSent
-	case f.SessionEndedBeforeCommit:
+	case f.SessionEndedBeforeCommit && f.Server == ServerPostgreSQL:
+		// After a FATAL, a PostgreSQL backend exits and reads nothing more.
 		v.reason = ReasonSessionEndedBeforeCommit
 	default:
 		return Verdict{}, false
@@ -166,7 +201,12 @@ func unknown(err error, f Facts) Verdict {
 	v := Verdict{evidence: EvidenceUnknown, committedLocally: f.CommittedLocally, reason: ReasonConnectionLost}
 	if pgErr, ok := errors.AsType[*pgconn.PgError](err); ok {
 		v.sqlstate = pgErr.Code
-		if !isConnectionClass(pgErr) {
+		switch {
+		case pgErr.Code == sqlStateCompletionUnknown:
+			v.reason = ReasonCompletionUnknown
+		case !isFatal(pgErr) && !isConnectionClass(pgErr):
+			v.reason = ReasonServerError // an ERROR that, on this server, proves nothing
+		case !isConnectionClass(pgErr):
 			v.reason = ReasonServerFatal
 		}
 	} else if r := contextReason(err); r != "" {

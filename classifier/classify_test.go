@@ -109,18 +109,18 @@ const (
 // per reply to COMMIT.
 func TestClassifyCommitting(t *testing.T) {
 	c := outcome.PhaseCommitting
-	none := classifier.Facts{}
-	local := classifier.Facts{CommittedLocally: true}
+	none := classifier.Facts{Server: classifier.ServerPostgreSQL}
+	local := classifier.Facts{Server: classifier.ServerPostgreSQL, CommittedLocally: true}
 	runClassifyCases(t, []classifyCase{
 		// tag COMMIT, session idle
 		{"nil is committed", c, nil, none, want{committed, false, false, "", classifier.ReasonCommitted}},
-		{"nil with conn-closed fact is still committed", c, nil, classifier.Facts{ConnClosed: true}, want{committed, false, false, "", classifier.ReasonCommitted}},
+		{"nil with conn-closed fact is still committed", c, nil, classifier.Facts{Server: classifier.ServerPostgreSQL, ConnClosed: true}, want{committed, false, false, "", classifier.ReasonCommitted}},
 		// tag ROLLBACK
-		{"rollback tag", c, nil, classifier.Facts{RollbackTag: true}, want{rolledBack, false, false, "", classifier.ReasonCommitRollback}},
+		{"rollback tag", c, nil, classifier.Facts{Server: classifier.ServerPostgreSQL, RollbackTag: true}, want{rolledBack, false, false, "", classifier.ReasonCommitRollback}},
 		{"ErrTxCommitRollback", c, pgx.ErrTxCommitRollback, none, want{rolledBack, false, false, "", classifier.ReasonCommitRollback}},
 		{"ErrTxCommitRollback wrapped", c, fmt.Errorf("commit: %w", pgx.ErrTxCommitRollback), none, want{rolledBack, false, false, "", classifier.ReasonCommitRollback}},
 		{"ErrTxCommitRollback wrapped twice", c, fmt.Errorf("outer: %w", fmt.Errorf("commit: %w", pgx.ErrTxCommitRollback)), none, want{rolledBack, false, false, "", classifier.ReasonCommitRollback}},
-		{"ErrTxCommitRollback with rollback tag", c, pgx.ErrTxCommitRollback, classifier.Facts{RollbackTag: true}, want{rolledBack, false, false, "", classifier.ReasonCommitRollback}},
+		{"ErrTxCommitRollback with rollback tag", c, pgx.ErrTxCommitRollback, classifier.Facts{Server: classifier.ServerPostgreSQL, RollbackTag: true}, want{rolledBack, false, false, "", classifier.ReasonCommitRollback}},
 		// ERROR-severity PgError
 		{"ERROR 23505 deferred constraint", c, errUnique, none, want{rolledBack, false, false, "23505", classifier.ReasonConstraintViolation}},
 		{"ERROR 23505 wrapped", c, fmt.Errorf("commit: %w", errUnique), none, want{rolledBack, false, false, "23505", classifier.ReasonConstraintViolation}},
@@ -151,7 +151,7 @@ func TestClassifyCommitting(t *testing.T) {
 		// conn closed with SafeToRetry true: was committed in a real run
 		{"SafeToRetry true", c, retryableErr{safe: true}, none, want{unknown, false, false, "", ""}},
 		{"SafeToRetry true wrapped", c, fmt.Errorf("commit: %w", retryableErr{safe: true}), none, want{unknown, false, false, "", ""}},
-		{"SafeToRetry true with conn-closed fact", c, retryableErr{safe: true}, classifier.Facts{ConnClosed: true}, want{unknown, false, false, "", ""}},
+		{"SafeToRetry true with conn-closed fact", c, retryableErr{safe: true}, classifier.Facts{Server: classifier.ServerPostgreSQL, ConnClosed: true}, want{unknown, false, false, "", ""}},
 		{"SafeToRetry false", c, retryableErr{safe: false}, none, want{unknown, false, false, "", ""}},
 		{"plain error", c, errApp, none, want{unknown, false, false, "", ""}},
 		// WARNING "already committed locally"
@@ -166,8 +166,8 @@ func TestClassifyCommitting(t *testing.T) {
 
 func TestClassifyActive(t *testing.T) {
 	a := outcome.PhaseActive
-	none := classifier.Facts{}
-	closed := classifier.Facts{ConnClosed: true}
+	none := classifier.Facts{Server: classifier.ServerPostgreSQL}
+	closed := classifier.Facts{Server: classifier.ServerPostgreSQL, ConnClosed: true}
 	runClassifyCases(t, []classifyCase{
 		{"nil", a, nil, none, want{rolledBack, false, false, "", classifier.ReasonRolledBack}},
 		{"ERROR 40001", a, errSerialization, none, want{rolledBack, true, false, "40001", classifier.ReasonSerializationFailure}},
@@ -191,13 +191,13 @@ func TestClassifyActive(t *testing.T) {
 		{"context.Canceled with conn-closed fact", a, context.Canceled, closed, want{rolledBack, false, false, "", classifier.ReasonCanceled}},
 		{"context.DeadlineExceeded", a, context.DeadlineExceeded, none, want{rolledBack, false, false, "", classifier.ReasonDeadlineExceeded}},
 		{"ErrTxCommitRollback", a, pgx.ErrTxCommitRollback, none, want{rolledBack, false, false, "", ""}},
-		{"committed-locally fact is ignored", a, io.EOF, classifier.Facts{CommittedLocally: true}, want{rolledBack, true, false, "", classifier.ReasonConnectionLost}},
+		{"committed-locally fact is ignored", a, io.EOF, classifier.Facts{Server: classifier.ServerPostgreSQL, CommittedLocally: true}, want{rolledBack, true, false, "", classifier.ReasonConnectionLost}},
 	})
 }
 
 func TestClassifyNotStarted(t *testing.T) {
 	n := outcome.PhaseNotStarted
-	none := classifier.Facts{}
+	none := classifier.Facts{Server: classifier.ServerPostgreSQL}
 	runClassifyCases(t, []classifyCase{
 		{"nil", n, nil, none, want{rolledBack, false, false, "", classifier.ReasonRolledBack}},
 		{"io.EOF", n, io.EOF, none, want{rolledBack, true, false, "", classifier.ReasonConnectionLost}},
@@ -213,8 +213,8 @@ func TestClassifyNotStarted(t *testing.T) {
 }
 
 func TestClassifyTerminalPhases(t *testing.T) {
-	none := classifier.Facts{}
-	local := classifier.Facts{CommittedLocally: true}
+	none := classifier.Facts{Server: classifier.ServerPostgreSQL}
+	local := classifier.Facts{Server: classifier.ServerPostgreSQL, CommittedLocally: true}
 	var cases []classifyCase
 	for _, e := range []struct {
 		name string
@@ -233,7 +233,7 @@ func TestClassifyTerminalPhases(t *testing.T) {
 		classifyCase{"rolled_back/ERROR 40001 is not retryable", outcome.PhaseRolledBack, errSerialization, none, want{rolledBack, false, false, "40001", ""}},
 		classifyCase{"rolled_back/EOF is not retryable", outcome.PhaseRolledBack, io.EOF, none, want{rolledBack, false, false, "", ""}},
 		classifyCase{"rolled_back/FATAL is not retryable", outcome.PhaseRolledBack, errAdminShutdown, none, want{rolledBack, false, false, "57P01", ""}},
-		classifyCase{"rolled_back/conn-closed fact", outcome.PhaseRolledBack, errApp, classifier.Facts{ConnClosed: true}, want{rolledBack, false, false, "", ""}},
+		classifyCase{"rolled_back/conn-closed fact", outcome.PhaseRolledBack, errApp, classifier.Facts{Server: classifier.ServerPostgreSQL, ConnClosed: true}, want{rolledBack, false, false, "", ""}},
 		classifyCase{"unknown/nil", outcome.PhaseUnknown, nil, none, want{unknown, false, false, "", classifier.ReasonUnknown}},
 		classifyCase{"unknown/nil/locally", outcome.PhaseUnknown, nil, local, want{unknown, false, true, "", classifier.ReasonUnknown}},
 		classifyCase{"unknown/EOF", outcome.PhaseUnknown, io.EOF, none, want{unknown, false, false, "", classifier.ReasonUnknown}},
@@ -269,8 +269,11 @@ func allFacts() []classifier.Facts {
 	return fs
 }
 
+// factsFromBits makes facts from the low bits of b; bits 3 and 4 choose the server,
+// PostgreSQL for 0, so that b < 8 is a PostgreSQL server.
 func factsFromBits(b byte) classifier.Facts {
-	return classifier.Facts{RollbackTag: b&1 != 0, CommittedLocally: b&2 != 0, ConnClosed: b&4 != 0}
+	servers := [...]classifier.Server{classifier.ServerPostgreSQL, classifier.ServerUnknown, classifier.ServerCockroachDB, classifier.ServerOther}
+	return classifier.Facts{Server: servers[b>>3&3], RollbackTag: b&1 != 0, CommittedLocally: b&2 != 0, ConnClosed: b&4 != 0}
 }
 
 func TestEvidenceString(t *testing.T) {
@@ -365,11 +368,11 @@ func TestZeroVerdictIsNoVerdict(t *testing.T) {
 // possibly after the server committed: that is no evidence of rollback.
 func TestClassifyConnectionClassErrorWhileCommitting(t *testing.T) {
 	err := &pgconn.PgError{Severity: "ERROR", SeverityUnlocalized: "ERROR", Code: "08P01", Message: "server conn crashed?"}
-	v := classifier.Classify(outcome.PhaseCommitting, err, classifier.Facts{})
+	v := classifier.Classify(outcome.PhaseCommitting, err, classifier.Facts{Server: classifier.ServerPostgreSQL})
 	if v.Evidence() != classifier.EvidenceUnknown || v.Retryable() || v.SQLState() != "08P01" {
 		t.Fatalf("got %v retryable=%v sqlstate=%q, want unknown, not retryable, 08P01", v.Evidence(), v.Retryable(), v.SQLState())
 	}
-	if v := classifier.Classify(outcome.PhaseActive, err, classifier.Facts{}); v.Evidence() != classifier.EvidenceRolledBack {
+	if v := classifier.Classify(outcome.PhaseActive, err, classifier.Facts{Server: classifier.ServerPostgreSQL}); v.Evidence() != classifier.EvidenceRolledBack {
 		t.Fatalf("before COMMIT a class 08 error is a rollback, got %v", v.Evidence())
 	}
 }
@@ -382,19 +385,19 @@ func TestClassifyCommitNotExecuted(t *testing.T) {
 	c := outcome.PhaseCommitting
 	idle := pgErr("FATAL", "FATAL", codeIdleInTransactionTimeout)
 	runClassifyCases(t, []classifyCase{
-		{"not sent, conn closed", c, errNetOp, classifier.Facts{CommitNotSent: true, ConnClosed: true},
+		{"not sent, conn closed", c, errNetOp, classifier.Facts{Server: classifier.ServerPostgreSQL, CommitNotSent: true, ConnClosed: true},
 			want{evidence: classifier.EvidenceRolledBack, retryable: true, reason: classifier.ReasonCommitNotSent}},
-		{"not sent, conn open", c, retryableErr{}, classifier.Facts{CommitNotSent: true},
+		{"not sent, conn open", c, retryableErr{}, classifier.Facts{Server: classifier.ServerPostgreSQL, CommitNotSent: true},
 			want{evidence: classifier.EvidenceUnknown, reason: classifier.ReasonConnectionLost}},
-		{"FATAL before COMMIT", c, errAdminShutdown, classifier.Facts{SessionEndedBeforeCommit: true, ConnClosed: true},
+		{"FATAL before COMMIT", c, errAdminShutdown, classifier.Facts{Server: classifier.ServerPostgreSQL, SessionEndedBeforeCommit: true, ConnClosed: true},
 			want{evidence: classifier.EvidenceRolledBack, retryable: true, sqlstate: "57P01", reason: classifier.ReasonSessionEndedBeforeCommit}},
-		{"FATAL after COMMIT was written", c, errAdminShutdown, classifier.Facts{ConnClosed: true},
+		{"FATAL after COMMIT was written", c, errAdminShutdown, classifier.Facts{Server: classifier.ServerPostgreSQL, ConnClosed: true},
 			want{evidence: classifier.EvidenceUnknown, sqlstate: "57P01", reason: classifier.ReasonServerFatal}},
-		{"committed locally wins", c, errAdminShutdown, classifier.Facts{SessionEndedBeforeCommit: true, CommitNotSent: true, ConnClosed: true, CommittedLocally: true},
+		{"committed locally wins", c, errAdminShutdown, classifier.Facts{Server: classifier.ServerPostgreSQL, SessionEndedBeforeCommit: true, CommitNotSent: true, ConnClosed: true, CommittedLocally: true},
 			want{evidence: classifier.EvidenceUnknown, committedLocally: true, sqlstate: "57P01"}},
-		{"idle in transaction timeout", c, idle, classifier.Facts{},
+		{"idle in transaction timeout", c, idle, classifier.Facts{Server: classifier.ServerPostgreSQL},
 			want{evidence: classifier.EvidenceRolledBack, retryable: true, sqlstate: "25P03", reason: classifier.ReasonIdleInTransactionTimeout}},
-		{"idle_session_timeout is no proof", c, pgErr("FATAL", "FATAL", "57P05"), classifier.Facts{ConnClosed: true},
+		{"idle_session_timeout is no proof", c, pgErr("FATAL", "FATAL", "57P05"), classifier.Facts{Server: classifier.ServerPostgreSQL, ConnClosed: true},
 			want{evidence: classifier.EvidenceUnknown, sqlstate: "57P05"}},
 	})
 }

@@ -25,7 +25,9 @@
 //   - an ERROR-severity *pgconn.PgError (23505 from a deferred constraint, 40001 from
 //     serializable snapshot isolation): rolled back, retryable for 40001 and 40P01.
 //     PostgreSQL cannot raise an ERROR once the commit record is written (it would PANIC
-//     instead) (TestRealCommitDeferredUniqueViolation, TestRealCommitSerializationFailure);
+//     instead) (TestRealCommitDeferredUniqueViolation, TestRealCommitSerializationFailure).
+//     Not 40003, statement_completion_unknown, which says itself that the outcome is
+//     unknown, whichever server raises it;
 //   - FATAL or PANIC (recognised by SeverityUnlocalized, whatever the session's language):
 //     unknown. A backend terminated while COMMIT runs a deferred trigger has not committed,
 //     one terminated after its commit record has, and the client sees the same FATAL
@@ -62,6 +64,34 @@
 //
 // A 57P01 FATAL that arrives after COMMIT was written proves nothing: a backend
 // terminated during the commit may already have written its commit record.
+//
+// # Which servers each rule holds for
+//
+// pgx also talks to servers that speak PostgreSQL's protocol but are not PostgreSQL, and
+// to poolers in front of PostgreSQL. [Facts.Server] says which server answered (from what
+// it reported at connection start, see [ServerOf]); a rule that rests on PostgreSQL's own
+// behaviour makes a verdict determinate only for [ServerPostgreSQL], and the zero value,
+// [ServerUnknown], gets only the rules every server keeps:
+//
+//   - every server: success is committed; the tag ROLLBACK (pgx.ErrTxCommitRollback) is a
+//     rollback, the server's own statement; [ReasonCommitNotSent] (bytes that never left
+//     the process cannot be read); an ERROR of the SQL standard's class 40, transaction
+//     rollback, is a rollback; SQLSTATE 40003, statement_completion_unknown, is unknown
+//     ([ReasonCompletionUnknown]: CockroachDB's "result is ambiguous"), and never a
+//     rollback, although class 40; FATAL, class 08 and a lost connection are unknown;
+//   - PostgreSQL only (measured on PostgreSQL 15, and through PgBouncer 1.18 in front of
+//     it): any other ERROR in reply to COMMIT is a rollback (elsewhere it is unknown:
+//     CockroachDB answers XXA00 for a transaction that committed with a failed schema
+//     change); [ReasonIdleInTransactionTimeout] (25P03 is PostgreSQL's code, and the
+//     timer's order its own); [ReasonSessionEndedBeforeCommit] (a PostgreSQL backend exits
+//     after a FATAL); and, in the otelpgxtx tracer, the committed-locally warnings, whose
+//     texts and 57P01 code are PostgreSQL's.
+//
+// CockroachDB's documented replies (40003 for an ambiguous commit, RELEASE SAVEPOINT
+// cockroach_restart as the commit of its retry protocol) are tested against a scripted
+// server that answers as its documentation says (the otelpgxtx package's
+// TestCommitAnswerOnOtherServers, TestCockroachRestartProtocol); no CockroachDB runs in
+// these tests.
 //
 // Two server behaviours the rules rely on, also measured: statement_timeout does not
 // interrupt COMMIT's synchronous-replication wait (TestRealStatementTimeoutDoesNotInterruptSyncRepWait),

@@ -85,7 +85,12 @@ func FuzzClassify(f *testing.F) {
 	f.Add(byte(outcome.PhaseCommitted), byte(shapeEOF), "", "", "", byte(2))
 	f.Add(byte(outcome.PhaseRolledBack), byte(shapePgError), "40001", "ERROR", "ERROR", byte(0))
 	f.Add(byte(outcome.PhaseUnknown), byte(shapeNil), "", "", "", byte(7))
-	f.Add(byte(200), byte(shapeDeadlineExceeded), "", "", "", byte(0)) // invalid phase
+	f.Add(byte(200), byte(shapeDeadlineExceeded), "", "", "", byte(0))                            // invalid phase
+	f.Add(byte(outcome.PhaseCommitting), byte(shapePgError), "40003", "ERROR", "ERROR", byte(0))  // completion unknown, PostgreSQL
+	f.Add(byte(outcome.PhaseCommitting), byte(shapePgError), "40003", "ERROR", "ERROR", byte(16)) // CockroachDB's "result is ambiguous"
+	f.Add(byte(outcome.PhaseCommitting), byte(shapePgError), "XXA00", "ERROR", "ERROR", byte(16)) // CockroachDB: committed, schema change failed
+	f.Add(byte(outcome.PhaseCommitting), byte(shapePgError), "40001", "ERROR", "ERROR", byte(24)) // another server's serialization failure
+	f.Add(byte(outcome.PhaseCommitting), byte(shapePgError), "25P03", "FATAL", "FATAL", byte(12)) // idle timeout's code, unidentified server
 
 	f.Fuzz(func(t *testing.T, phaseB, shape byte, sqlstate, severity, unlocalized string, bits byte) {
 		phase := outcome.Phase(phaseB)
@@ -164,14 +169,30 @@ func FuzzClassify(f *testing.F) {
 					sev = severity
 				}
 				fatal := sev == "FATAL" || sev == "PANIC"
-				if fatal != (ev == classifier.EvidenceUnknown) {
-					t.Fatalf("server error severity %q: %s", sev, ctx())
+				class := ""
+				if len(sqlstate) == 5 {
+					class = sqlstate[:2]
 				}
-				if !fatal {
-					retry := sqlstate == "40001" || sqlstate == "40P01"
-					if ev != classifier.EvidenceRolledBack || v.Retryable() != retry {
-						t.Fatalf("ERROR in committing: %s", ctx())
-					}
+				postgres := facts.Server == classifier.ServerPostgreSQL
+				// An ERROR proves a rollback on PostgreSQL, which cannot raise one after its
+				// commit record; elsewhere only the standard's class 40 does. Never 40003
+				// (completion unknown) nor class 08 (a proxy's). A FATAL proves one only as
+				// PostgreSQL's idle-in-transaction timeout.
+				var rolledBack, retry bool
+				switch {
+				case fatal:
+					rolledBack = sqlstate == "25P03" && postgres && !facts.CommittedLocally
+					retry = rolledBack
+				case sqlstate == "40003" || class == "08":
+				default:
+					rolledBack = postgres || class == "40"
+					retry = sqlstate == "40001" || sqlstate == "40P01"
+				}
+				if rolledBack != (ev == classifier.EvidenceRolledBack) || ev == classifier.EvidenceCommitted {
+					t.Fatalf("server error severity %q on %v: %s", sev, facts.Server, ctx())
+				}
+				if rolledBack && v.Retryable() != retry {
+					t.Fatalf("server error in committing, retryable: %s", ctx())
 				}
 				if v.SQLState() != sqlstate {
 					t.Fatalf("SQLSTATE lost: %s", ctx())

@@ -99,6 +99,9 @@ func (c *noticeConn) facts() classifier.Facts {
 		}
 	}
 	f.ConnClosed = c.IsClosed()
+	// What the server reported at connection start: PostgreSQL 15 here, so that the
+	// PostgreSQL rules apply (TestServerOfRealServer).
+	f.Server = classifier.ServerOf(c.PgConn().ParameterStatus)
 	return f
 }
 

@@ -26,42 +26,88 @@ func QuoteMarkerTable(parts ...string) (string, error) {
 	return b.String(), nil
 }
 
+// ParseMarkerTable reads a marker table's name as an operator writes it and returns its
+// parts, for [QuoteMarkerTable]: the quoted form a [ReconciliationRef] carries
+// ("app"."tx_marker"), or, for parts that quoting leaves unchanged (lower-case letters,
+// digits, _ and $, not starting with a digit or $), the same parts unquoted
+// (app.tx_marker). Any other unquoted part is refused rather than guessed at:
+// PostgreSQL folds App to app, while a quoted "App" is another table.
+func ParseMarkerTable(s string) ([]string, error) {
+	return splitTableName(s, true)
+}
+
 // checkQuotedTable checks that s is what QuoteMarkerTable returns: quoted parts joined
 // by dots, so that it can be placed in SQL as it is.
 func checkQuotedTable(s string) error {
-	bad := errors.New("outcome: malformed marker table " + fmt.Sprintf("%q", s) + `: want "name" or "schema"."name"`)
-	parts := 0
+	_, err := splitTableName(s, false)
+	return err
+}
+
+// splitTableName splits s into its 1 to 3 parts, each quoted ("a""b") or, if bare is
+// set, a plain lower-case identifier.
+func splitTableName(s string, bare bool) ([]string, error) {
+	want := `"name" or "schema"."name"`
+	if bare {
+		want += " (or schema.name for lower-case names)"
+	}
+	bad := errors.New("outcome: malformed marker table " + fmt.Sprintf("%q", s) + ": want " + want)
+	var parts []string
 	for {
-		if len(s) < 2 || s[0] != '"' {
-			return bad
-		}
-		i, n := 1, 0
-		for ; i < len(s); i++ {
-			if s[i] == 0 {
-				return bad
-			}
-			if s[i] == '"' {
-				if i+1 < len(s) && s[i+1] == '"' {
-					i++
-					n++
-					continue
+		var part string
+		switch {
+		case len(s) >= 2 && s[0] == '"':
+			var b strings.Builder
+			i := 1
+			for ; i < len(s); i++ {
+				if s[i] == 0 {
+					return nil, bad
 				}
-				break
+				if s[i] == '"' {
+					if i+1 < len(s) && s[i+1] == '"' {
+						i++
+					} else {
+						break
+					}
+				}
+				b.WriteByte(s[i])
 			}
-			n++
+			if i == len(s) || b.Len() == 0 {
+				return nil, bad
+			}
+			part, s = b.String(), s[i+1:]
+		case bare:
+			end := strings.IndexByte(s, '.')
+			if end < 0 {
+				end = len(s)
+			}
+			part, s = s[:end], s[end:]
+			if !plainIdentifier(part) {
+				return nil, bad
+			}
+		default:
+			return nil, bad
 		}
-		if i == len(s) || n == 0 {
-			return bad
-		}
-		parts++
-		s = s[i+1:]
+		parts = append(parts, part)
 		if s == "" {
-			break
+			return parts, nil
 		}
-		if s[0] != '.' || parts == 3 {
-			return bad
+		if s[0] != '.' || len(parts) == 3 {
+			return nil, bad
 		}
 		s = s[1:]
 	}
-	return nil
+}
+
+// plainIdentifier reports whether w is an identifier that quoting leaves unchanged.
+func plainIdentifier(w string) bool {
+	if w == "" || w[0] >= '0' && w[0] <= '9' || w[0] == '$' {
+		return false
+	}
+	for i := 0; i < len(w); i++ {
+		c := w[i]
+		if !(c >= 'a' && c <= 'z' || c >= '0' && c <= '9' || c == '_' || c == '$') {
+			return false
+		}
+	}
+	return true
 }

@@ -1,23 +1,36 @@
 // Command otelpgxtx is the operator's tool for otelpgxtx. Its one subcommand, reconcile,
 // asks PostgreSQL what became of transactions whose commit outcome is indeterminate:
 //
-//	otelpgxtx reconcile [-dsn URL] [-wait 5s] [-marker table] [reference ...]
+//	otelpgxtx reconcile [-dsn URL] [-wait 5s] [-assert-marker table] [reference|operation-id ...]
 //
 // Each argument is a reconciliation reference (tx.reconciliation.ref, e.g.
-// pg:7713899101641277397/1/725/1796032293925689, from the span in the trace backend) or an
-// operation id (tx.operation_id), which settles by itself with -marker, the commit-marker
-// table the application's Policy.CommitMarker names. Without arguments it reads standard input, one per line:
-// references, operation ids, or the JSON log records the library writes for each
-// indeterminate frame (slog's JSON handler; see otelpgxtx.WithLogger) and, at Tracer.Close,
-// for each outcome automatic reconciliation had not settled (otelpgxtx.MessagePendingAtShutdown),
-// so a log query can be piped in as it is.
+// pg:7713899101641277397/1/725/1796032293925689, from the span in the trace backend; quote
+// it in the shell: a reference with a commit marker holds ';' and '"') or an operation id
+// (tx.operation_id). Without arguments it reads standard input, one per line: references,
+// operation ids, or the JSON log records the library writes for each indeterminate frame
+// (slog's JSON handler; see otelpgxtx.WithLogger) and, at Tracer.Close, for each outcome
+// automatic reconciliation had not settled (otelpgxtx.MessagePendingAtShutdown), so a log
+// query can be piped in as it is.
 //
-// It prints one line per input, "ref=<reference> operation=<id> resolved=<resolution>",
-// with "reason=<why>" when the answer stays unknown, and exits 0 when every one is settled
-// (committed, aborted or no_writes), 1 when some stay unknown, and 2 on malformed input
-// (named on standard error; nothing is asked of the database then) or when the database
-// cannot be reached. The database is -dsn, else $DATABASE_URL, else the PG* environment
-// variables; ask the surviving primary. Its password never appears in any output.
+// Only a reference is evidence: it names the transaction's xid, and the commit marker when
+// one was written with the COMMIT. An operation id, or a log record, without a reference
+// stays unknown (reason no_reference). The one exception is -assert-marker table: the
+// operator asserts that every operation id given as an argument was committed by Run
+// with Policy.CommitMarker set to that table, so that its marker row settles it. The
+// command then fences each id it does not find, and answers aborted, which is true only if
+// that operation's COMMIT carried a marker: never use it for a plain pgx transaction or
+// for Run without a marker. It never applies to standard input.
+//
+// A table is written as references print it ("app"."tx_marker") or, for lower-case names,
+// as app.tx_marker.
+//
+// It prints one line per input, "ref=<reference> operation=<id> resolved=<resolution>"
+// ("-" for what the input did not give), with "reason=<why>" when the answer stays
+// unknown, and exits 0 when every one is settled (committed, aborted or no_writes), 1 when
+// some stay unknown, and 2 on malformed input (named on standard error; nothing is asked
+// of the database then) or when the database cannot be reached. The database is -dsn,
+// else $DATABASE_URL, else the PG* environment variables; ask the surviving primary. Its
+// password never appears in any output.
 package main
 
 import (
@@ -55,11 +68,13 @@ func main() {
 	os.Exit(code)
 }
 
-const usage = `usage: otelpgxtx reconcile [-dsn URL] [-wait duration] [-marker table] [reference|operation-id ...]
+const usage = `usage: otelpgxtx reconcile [-dsn URL] [-wait duration] [-assert-marker table] [reference|operation-id ...]
 
 Without arguments, reads references, operation ids or the library's JSON log records from
-standard input, one per line. Exit status: 0 all settled, 1 some unknown, 2 bad input or
-no database.
+standard input, one per line. Only a reference settles anything: an operation id or a log
+record without one stays unknown (no_reference), unless -assert-marker names the
+commit-marker table that the operations given as arguments wrote with their COMMIT.
+Exit status: 0 all settled, 1 some unknown, 2 bad input or no database.
 `
 
 // run is the whole command, with its environment passed in so tests run it in-process.
@@ -73,9 +88,18 @@ func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 	fs.Usage = func() { fmt.Fprint(stderr, usage); fs.PrintDefaults() }
 	dsn := fs.String("dsn", "", "the database to ask, a PostgreSQL URL or key=value string (default $DATABASE_URL, else the PG* variables)")
 	wait := fs.Duration("wait", 5*time.Second, "how long to wait for a transaction still in progress")
-	marker := fs.String("marker", "", "the commit-marker table (name or schema.name) that settles operation ids given without a reference")
+	assertMarker := fs.String("assert-marker", "", `asserts that every operation id given as an argument was committed with a marker in this table ("schema"."name", or schema.name for lower-case names), so that its marker row settles it; an id it does not find is fenced and answered aborted`)
 	if err := fs.Parse(args[1:]); err != nil {
 		return exitBad
+	}
+	var markerTable pgx.Identifier
+	if *assertMarker != "" {
+		parts, err := outcome.ParseMarkerTable(*assertMarker)
+		if err != nil {
+			fmt.Fprintln(stderr, "otelpgxtx reconcile: -assert-marker:", err)
+			return exitBad
+		}
+		markerTable = parts
 	}
 	if *dsn == "" {
 		*dsn = getenv("DATABASE_URL")
@@ -91,7 +115,7 @@ func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 		fmt.Fprintln(stderr, "otelpgxtx reconcile: nothing to reconcile")
 		return exitBad
 	}
-	return reconcile(ctx, items, *dsn, *wait, *marker, stdout, stderr)
+	return reconcile(ctx, items, *dsn, *wait, markerTable, stdout, stderr)
 }
 
 // readItems parses the arguments, or standard input when there are none, and returns
@@ -113,6 +137,9 @@ func readItems(args []string, stdin io.Reader) (items []item, bad []string) {
 		for i, a := range args {
 			add(fmt.Sprintf("argument %d", i+1), a)
 		}
+		for i := range items {
+			items[i].argument = true
+		}
 	} else {
 		sc := bufio.NewScanner(stdin)
 		sc.Buffer(make([]byte, 64*1024), 1<<20)
@@ -128,7 +155,7 @@ func readItems(args []string, stdin io.Reader) (items []item, bad []string) {
 
 // reconcile asks the database at dsn about each item, prints one line for each, and
 // returns the exit status.
-func reconcile(ctx context.Context, items []item, dsn string, wait time.Duration, marker string, stdout, stderr io.Writer) int {
+func reconcile(ctx context.Context, items []item, dsn string, wait time.Duration, markerTable pgx.Identifier, stdout, stderr io.Writer) int {
 	conn, err := pgx.Connect(ctx, dsn)
 	if err != nil {
 		fmt.Fprintln(stderr, "otelpgxtx reconcile: connecting to the database:", redact(err.Error(), dsn))
@@ -140,17 +167,14 @@ func reconcile(ctx context.Context, items []item, dsn string, wait time.Duration
 		fmt.Fprintln(stderr, "otelpgxtx reconcile:", err)
 		return exitBad
 	}
-	var markerTable pgx.Identifier
-	if marker != "" {
-		markerTable = strings.Split(marker, ".")
-	}
 	code := exitSettled
 	for _, it := range items {
 		res := otelpgxtx.Resolution{}
 		switch {
 		case it.hasRef:
 			res, err = rec.Resolve(ctx, it.ref, it.link)
-		case markerTable != nil:
+		case markerTable != nil && it.argument && !it.record:
+			// The operator asserted that this operation wrote a marker (see -assert-marker).
 			res, err = rec.ResolveMarker(ctx, markerTable, it.op, it.link)
 			it.byMarker = true
 		}
@@ -170,22 +194,29 @@ func reconcile(ctx context.Context, items []item, dsn string, wait time.Duration
 type item struct {
 	ref    outcome.ReconciliationRef
 	hasRef bool
-	// byMarker: settled by the -marker table alone.
+	// argument: given on the command line; record: a JSON log record.
+	argument, record bool
+	// byMarker: settled by the -assert-marker table alone.
 	byMarker bool
 	op       outcome.OperationID
 	link     trace.SpanContext
 }
 
-// line formats the answer for it.
+// line formats the answer for it, in one format whatever the input: "-" stands for what
+// the input did not give.
 func (it item) line(res otelpgxtx.Resolution) string {
-	var b strings.Builder
+	ref, op := "-", "-"
 	if it.hasRef {
-		b.WriteString("ref=" + it.ref.String() + " ")
+		ref = it.ref.String()
 	}
-	if !it.op.IsZero() {
-		b.WriteString("operation=" + it.op.String() + " ")
+	switch {
+	case !it.op.IsZero():
+		op = it.op.String()
+	case it.ref.HasMarker():
+		op = it.ref.Operation.String()
 	}
-	b.WriteString("resolved=" + res.Resolved().String())
+	var b strings.Builder
+	b.WriteString("ref=" + ref + " operation=" + op + " resolved=" + res.Resolved().String())
 	switch {
 	case !it.hasRef && !it.byMarker:
 		b.WriteString(" reason=" + otelpgxtx.UnknownNoReference)
@@ -219,7 +250,7 @@ func parseRecord(text string) (item, error) {
 		return item{}, fmt.Errorf("not a JSON log record: %v", err)
 	}
 	str := func(k string) string { s, _ := rec[k].(string); return s }
-	var it item
+	it := item{record: true}
 	ref, op := str(string(otelpgxtx.ReconciliationRefKey)), str(string(otelpgxtx.OperationIDKey))
 	if ref == "" && op == "" {
 		return item{}, fmt.Errorf("the JSON record has neither %s nor %s", otelpgxtx.ReconciliationRefKey, otelpgxtx.OperationIDKey)

@@ -109,7 +109,7 @@ func TestReconcileRealIndeterminate(t *testing.T) {
 	}
 	// The reference as an argument.
 	code, out, _ = cli(t, ctx, "", "reconcile", ref.String())
-	if want := fmt.Sprintf("ref=%s resolved=committed\n", ref); code != exitSettled || out != want {
+	if want := fmt.Sprintf("ref=%s operation=- resolved=committed\n", ref); code != exitSettled || out != want {
 		t.Errorf("from the argument: exit %d, %q; want 0, %q", code, out, want)
 	}
 	// One per line on stdin, with one that stays unknown (another cluster's) and a bare
@@ -120,9 +120,9 @@ func TestReconcileRealIndeterminate(t *testing.T) {
 	code, out, _ = cli(t, ctx, ref.String()+"\n\n"+other.String()+"\n"+op.String()+"\n", "reconcile")
 	lines := strings.Split(strings.TrimSuffix(out, "\n"), "\n")
 	wantLines := []string{
-		fmt.Sprintf("ref=%s resolved=committed", ref),
-		fmt.Sprintf("ref=%s resolved=unknown reason=other_system", other),
-		fmt.Sprintf("operation=%s resolved=unknown reason=no_reference", op),
+		fmt.Sprintf("ref=%s operation=- resolved=committed", ref),
+		fmt.Sprintf("ref=%s operation=- resolved=unknown reason=other_system", other),
+		fmt.Sprintf("ref=- operation=%s resolved=unknown reason=no_reference", op),
 	}
 	if code != exitUnknown || strings.Join(lines, "|") != strings.Join(wantLines, "|") {
 		t.Errorf("stdin: exit %d, %q; want 1, %q", code, lines, wantLines)
@@ -144,6 +144,9 @@ func TestReconcileBadInput(t *testing.T) {
 		{"nothing", "\n\n", []string{"reconcile"}, "nothing to reconcile"},
 		{"no subcommand", "", nil, "usage: otelpgxtx reconcile"},
 		{"unknown flag", "", []string{"reconcile", "-x"}, "flag provided but not defined: -x"},
+		{"the old -marker flag", "", []string{"reconcile", "-marker", "public.m", "pg:7/1/3"}, "flag provided but not defined: -marker"},
+		{"a table PostgreSQL would fold", "", []string{"reconcile", "-assert-marker", "App.tx_marker", "pg:7/1/3"}, `-assert-marker: outcome: malformed marker table "App.tx_marker"`},
+		{"an unclosed quote", "", []string{"reconcile", "-assert-marker", `"app.tx_marker`, "pg:7/1/3"}, `-assert-marker: outcome: malformed marker table`},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			code, out, errOut := cli(t, ctx, tc.stdin, tc.args...)
@@ -195,16 +198,23 @@ func deadPort(t *testing.T) int {
 	return 0
 }
 
-// TestBuild builds the command as an operator gets it (go build, go run) and runs it once.
-func TestBuild(t *testing.T) {
+// buildCLI builds the command as an operator gets it and returns the program's path.
+func buildCLI(t *testing.T) string {
+	t.Helper()
 	bin := filepath.Join(t.TempDir(), "otelpgxtx")
 	if out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput(); err != nil {
 		t.Fatalf("go build: %v\n%s", err, out)
 	}
+	return bin
+}
+
+// TestBuild builds the command as an operator gets it (go build) and runs it once.
+func TestBuild(t *testing.T) {
+	bin := buildCLI(t)
 	cmd := exec.Command(bin, "reconcile", "pg:7/1/0")
 	cmd.Env = append(os.Environ(), "DATABASE_URL="+srv.ConnString())
 	out, err := cmd.CombinedOutput()
-	if err != nil || string(out) != "ref=pg:7/1/0 resolved=no_writes\n" {
+	if err != nil || string(out) != "ref=pg:7/1/0 operation=- resolved=no_writes\n" {
 		t.Fatalf("otelpgxtx reconcile pg:7/1/0: %v, %q", err, out)
 	}
 	cmd = exec.Command(bin)
@@ -213,12 +223,38 @@ func TestBuild(t *testing.T) {
 	}
 }
 
-// TestReconcileByMarker: with -marker, a bare operation id settles by the commit-marker
-// table: committed for an operation Run committed with the marker, aborted (and fenced)
-// for one that never committed.
+// TestReconcileByMarker: with -assert-marker, a bare operation id given as an argument
+// settles by the commit-marker table: committed for an operation Run committed with the
+// marker, aborted (and fenced) for one that never committed. The table is read in both
+// spellings; the same ids on standard input stay unknown: the assertion is the operator's,
+// for what they typed.
 func TestReconcileByMarker(t *testing.T) {
 	pgtest.LeakCheck(t)
 	ctx := testCtx(t)
+	pool := cliMarkerPool(t, ctx)
+	p := otelpgxtx.DefaultPolicy()
+	p.CommitMarker = pgx.Identifier{"public", "cli_marker"}
+	res := otelpgxtx.Run(ctx, pool, p, func(context.Context, pgx.Tx) (int, error) { return 1, nil })
+	if res.Outcome() != outcome.OutcomeCommitted {
+		t.Fatalf("result %T", res)
+	}
+	never := outcome.NewOperationID()
+	want := fmt.Sprintf("ref=- operation=%s resolved=committed\nref=- operation=%s resolved=aborted\n", res.OperationID(), never)
+	for _, table := range []string{"public.cli_marker", `"public"."cli_marker"`} {
+		code, out, _ := cli(t, ctx, "", "reconcile", "-assert-marker", table, res.OperationID().String(), never.String())
+		if code != exitSettled || out != want {
+			t.Errorf("-assert-marker %s: exit %d, %q; want 0, %q", table, code, out, want)
+		}
+	}
+	code, out, _ := cli(t, ctx, res.OperationID().String()+"\n", "reconcile", "-assert-marker", "public.cli_marker")
+	if want := fmt.Sprintf("ref=- operation=%s resolved=unknown reason=no_reference\n", res.OperationID()); code != exitUnknown || out != want {
+		t.Errorf("an operation id on standard input: exit %d, %q; want 1, %q", code, out, want)
+	}
+}
+
+// cliMarkerPool creates public.cli_marker, empty, and returns an instrumented pool.
+func cliMarkerPool(t *testing.T, ctx context.Context, opts ...otelpgxtx.Option) *pgxpool.Pool {
+	t.Helper()
 	ddl, err := otelpgxtx.MarkerTableDDL(pgx.Identifier{"public", "cli_marker"})
 	if err != nil {
 		t.Fatal(err)
@@ -230,25 +266,81 @@ func TestReconcileByMarker(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := otelpgxtx.InstrumentPool(cfg); err != nil {
+	if _, err := otelpgxtx.InstrumentPool(cfg, opts...); err != nil {
 		t.Fatal(err)
 	}
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer pool.Close()
-	p := otelpgxtx.DefaultPolicy()
-	p.CommitMarker = pgx.Identifier{"public", "cli_marker"}
-	res := otelpgxtx.Run(ctx, pool, p, func(context.Context, pgx.Tx) (int, error) { return 1, nil })
-	if res.Outcome() != outcome.OutcomeCommitted {
-		t.Fatalf("result %T", res)
+	t.Cleanup(pool.Close)
+	return pool
+}
+
+// TestPlainCommitNeverAborted is the runbook as an operator follows it, through the built
+// command and its standard input: a plain pgx transaction of an application that also
+// uses a commit marker (for its Run calls) commits locally and loses its connection in the
+// synchronous-replication wait. Its log record has an operation id and no reference: it
+// wrote no marker, so the marker table proves nothing about it. Piped to the command with
+// -assert-marker, it stays unknown (no_reference), exit 1, and nothing is fenced; the row
+// it wrote is there. (Answered aborted, the runbook would have the work redone: applied
+// twice.)
+func TestPlainCommitNeverAborted(t *testing.T) {
+	pgtest.LeakCheck(t)
+	ctx := testCtx(t)
+	var logs bytes.Buffer
+	pool := cliMarkerPool(t, ctx, otelpgxtx.WithLogger(slog.New(slog.NewJSONHandler(&logs, nil))))
+	if err := srv.Exec(ctx, "drop table if exists cli_plain; create table cli_plain (id int primary key)"); err != nil {
+		t.Fatal(err)
 	}
-	never := outcome.NewOperationID()
-	code, out, _ := cli(t, ctx, "", "reconcile", "-marker", "public.cli_marker", res.OperationID().String(), never.String())
-	want := fmt.Sprintf("operation=%s resolved=committed\noperation=%s resolved=aborted\n", res.OperationID(), never)
-	if code != exitSettled || out != want {
-		t.Errorf("exit %d, %q; want 0, %q", code, out, want)
+	tx, err := pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pid := tx.Conn().PgConn().PID()
+	if _, err := tx.Exec(ctx, "set local synchronous_commit = on; insert into cli_plain values (1)"); err != nil {
+		t.Fatal(err)
+	}
+	committed := make(chan error, 1)
+	go func() { committed <- tx.Commit(ctx) }()
+	if err := srv.WaitForWaitEvent(ctx, pid, "SyncRep"); err != nil {
+		t.Fatal(err)
+	}
+	if err := srv.Terminate(ctx, pid); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-committed; err == nil {
+		t.Fatal("the terminated COMMIT succeeded")
+	}
+	if err := srv.WaitBackendGone(ctx, pid); err != nil {
+		t.Fatal(err)
+	}
+	record := strings.TrimSpace(logs.String())
+	if !strings.Contains(record, `"tx.operation_id"`) || strings.Contains(record, `"tx.reconciliation.ref"`) {
+		t.Fatalf("want one indeterminate record with an operation id and no reference:\n%s", record)
+	}
+
+	cmd := exec.CommandContext(ctx, buildCLI(t), "reconcile", "-assert-marker", "public.cli_marker")
+	cmd.Env = append(os.Environ(), "DATABASE_URL="+srv.ConnString())
+	cmd.Stdin = strings.NewReader(record + "\n")
+	var stdout, stderr bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	_ = cmd.Run()
+	t.Logf("stdout: %s\nstderr: %s", stdout.String(), stderr.String())
+	if code := cmd.ProcessState.ExitCode(); code != exitUnknown || !strings.HasSuffix(stdout.String(), " resolved=unknown reason=no_reference\n") {
+		t.Errorf("exit %d, %q; want 1, unknown no_reference", code, stdout.String())
+	}
+	conn, err := srv.Conn(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	var rows, fences int
+	if err := conn.QueryRow(ctx, "select (select count(*) from cli_plain), (select count(*) from cli_marker)").Scan(&rows, &fences); err != nil {
+		t.Fatal(err)
+	}
+	if rows != 1 || fences != 0 {
+		t.Errorf("the transaction's row: %d (it committed), marker rows: %d; want 1 and no fence", rows, fences)
 	}
 }
 
