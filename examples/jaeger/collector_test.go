@@ -12,12 +12,14 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"reflect"
 	"testing"
 	"time"
 
 	dto "github.com/prometheus/client_model/go"
 	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
+	"go.yaml.in/yaml/v3"
 )
 
 // collectorBinary returns the binary scripts/collector builds and caches (or
@@ -128,4 +130,33 @@ func hasLabels(m *dto.Metric, match []string) bool {
 		}
 	}
 	return true
+}
+
+// TestSamplerPoliciesMatch: the samplers of the two-tier pipeline decide as the single
+// collector does, so the policies of collector-sampler.yaml are those of
+// tail-sampling.yaml, to the letter.
+func TestSamplerPoliciesMatch(t *testing.T) {
+	policies := func(file string) any {
+		b, err := os.ReadFile(file)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var conf struct {
+			Processors struct {
+				TailSampling struct {
+					Policies any `yaml:"policies"`
+				} `yaml:"tail_sampling"`
+			} `yaml:"processors"`
+		}
+		if err := yaml.Unmarshal(b, &conf); err != nil {
+			t.Fatal(err)
+		}
+		if conf.Processors.TailSampling.Policies == nil {
+			t.Fatalf("%s has no tail_sampling policies", file)
+		}
+		return conf.Processors.TailSampling.Policies
+	}
+	if single, sampler := policies("tail-sampling.yaml"), policies("collector-sampler.yaml"); !reflect.DeepEqual(single, sampler) {
+		t.Errorf("the policies differ:\ntail-sampling.yaml:     %v\ncollector-sampler.yaml: %v", single, sampler)
+	}
 }

@@ -32,6 +32,7 @@ const (
 	frontService = "otelpgxtx-front"
 	dbService    = "otelpgxtx-orders"
 	probeService = "otelpgxtx-probe"
+	floodService = "otelpgxtx-flood"
 )
 
 // twoTier is the pipeline of the README's "Several collectors": first-tier collectors
@@ -43,6 +44,14 @@ type twoTier struct {
 	tier1    []*collectorProc
 }
 
+// numTraces is the samplers' num_traces in these tests: several times the undecided traces
+// a sampler holds at the tests' paced load (loadRate / 2 samplers x 11 s), and small enough
+// for flood to push a decided trace out of memory.
+const (
+	numTraces = 5000
+	loadRate  = 300 // requests a second
+)
+
 func startTwoTier(t *testing.T, samplers, percent int) *twoTier {
 	t.Helper()
 	bin := collectorBinary(t)
@@ -50,7 +59,8 @@ func startTwoTier(t *testing.T, samplers, percent int) *twoTier {
 	var addrs []string
 	for i := range samplers {
 		s := startCollector(t, bin, fmt.Sprintf("sampler-%d", i+1), "collector-sampler.yaml",
-			"BACKEND_OTLP_GRPC="+p.jaeger.otlpGRPC, fmt.Sprintf("TAIL_SAMPLING_COMMITTED_PERCENT=%d", percent))
+			"BACKEND_OTLP_GRPC="+p.jaeger.otlpGRPC, fmt.Sprintf("TAIL_SAMPLING_COMMITTED_PERCENT=%d", percent),
+			fmt.Sprintf("TAIL_SAMPLING_NUM_TRACES=%d", numTraces))
 		p.samplers = append(p.samplers, s)
 		addrs = append(addrs, s.otlpGRPC)
 	}
@@ -73,20 +83,7 @@ func (p *twoTier) drain(t *testing.T, ctx context.Context) {
 	const perCollector = 32 // a sampler misses all of them with probability 2^-31
 	from := time.Now().Add(-time.Minute)
 	for _, c := range p.tier1 {
-		exp, err := otlptracehttp.New(ctx, otlptracehttp.WithEndpointURL("http://"+c.otlpHTTP+"/v1/traces"))
-		if err != nil {
-			t.Fatal(err)
-		}
-		tp := sdktrace.NewTracerProvider(sdktrace.WithSyncer(exp),
-			sdktrace.WithResource(resource.NewSchemaless(attribute.String("service.name", probeService))))
-		for range perCollector {
-			_, span := tp.Tracer("probe").Start(ctx, "probe")
-			span.SetStatus(codes.Error, "probe")
-			span.End()
-		}
-		if err := tp.Shutdown(ctx); err != nil {
-			t.Fatal(err)
-		}
+		sendTraces(t, ctx, c, probeService, perCollector, codes.Error)
 	}
 	waitFor(t, ctx, 2*time.Minute, "every probe trace in Jaeger", func() bool {
 		return len(p.jaeger.spansByTrace(t, ctx, probeService, from, 1000)) == perCollector*len(p.tier1)
@@ -99,6 +96,73 @@ func (p *twoTier) drain(t *testing.T, ctx context.Context) {
 		}
 		return true
 	})
+}
+
+// flood waits until no sampler holds an undecided trace, then sends perCollector traces
+// of one span each (status Unset: a sampler keeps the configured share) to each
+// first-tier collector, and waits until the samplers have them. More than num_traces per
+// sampler push every decided trace out of the samplers' memory: only the decision caches
+// remember them.
+func (p *twoTier) flood(t *testing.T, ctx context.Context, perCollector int) {
+	t.Helper()
+	sum := func(name string) float64 {
+		var v float64
+		for _, s := range p.samplers {
+			v += s.metric(t, ctx, name)
+		}
+		return v
+	}
+	// Every trace a sampler took in has been decided, or dropped undecided.
+	waitFor(t, ctx, time.Minute, "every held trace decided", func() bool {
+		for _, s := range p.samplers {
+			m := s.metrics(t, ctx)
+			if m["otelcol_processor_tail_sampling_new_trace_id_received"] != m["otelcol_processor_tail_sampling_global_count_traces_sampled"]+
+				m["otelcol_processor_tail_sampling_sampling_trace_dropped_too_early"] {
+				return false
+			}
+		}
+		return true
+	})
+	before := sum("otelcol_processor_tail_sampling_new_trace_id_received")
+	for _, c := range p.tier1 {
+		sendTraces(t, ctx, c, floodService, perCollector, codes.Unset)
+	}
+	waitFor(t, ctx, time.Minute, "the samplers receiving the flood", func() bool {
+		return sum("otelcol_processor_tail_sampling_new_trace_id_received") >= before+float64(perCollector*len(p.tier1))
+	})
+}
+
+// sendTraces sends n traces of one span each from service to the collector c.
+func sendTraces(t *testing.T, ctx context.Context, c *collectorProc, service string, n int, status codes.Code) {
+	t.Helper()
+	exp, err := otlptracehttp.New(ctx, otlptracehttp.WithEndpointURL("http://"+c.otlpHTTP+"/v1/traces"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	tp := sdktrace.NewTracerProvider(sdktrace.WithBatcher(exp, sdktrace.WithBlocking()),
+		sdktrace.WithResource(resource.NewSchemaless(attribute.String("service.name", service))))
+	for range n {
+		_, span := tp.Tracer(service).Start(ctx, service)
+		span.SetStatus(status, "")
+		span.End()
+	}
+	if err := tp.Shutdown(ctx); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// paced makes one wait its turn, so that calls start at most rate a second.
+func paced(t *testing.T, one loadFunc, rate int) loadFunc {
+	tick := time.NewTicker(time.Second / time.Duration(rate))
+	t.Cleanup(tick.Stop)
+	return func(ctx context.Context, i int, k loadKind) (trace.TraceID, error) {
+		select {
+		case <-tick.C:
+		case <-ctx.Done():
+			return trace.TraceID{}, ctx.Err()
+		}
+		return one(ctx, i, k)
+	}
 }
 
 // twoServices is the two-service demo: the database service runs in the test process, so
@@ -394,7 +458,7 @@ func TestTwoTierTailSampling(t *testing.T) {
 
 	start := time.Now()
 	load := httpLoad(s.frontURL, time.Minute)
-	rep := runLoadWith(ctx, 0, n, 4, load)
+	rep := runLoadWith(ctx, 0, n, 4, paced(t, load, loadRate))
 	checkLoad(t, rep, n)
 	t.Logf("%d requests through the front service in %v", n, time.Since(start).Round(time.Millisecond))
 
@@ -435,6 +499,26 @@ func TestTwoTierTailSampling(t *testing.T) {
 		return err == nil && code == http.StatusOK
 	})
 	decided := time.Now()
+	// A failed attempt after the decision, sent on: the next attempt comes a whole
+	// backoff later (it doubles), time for other traffic — more traces than a sampler
+	// holds, so that the decision is no longer in its memory, only in its decision cache
+	// — and for the database to come back.
+	waitFor(t, ctx, time.Minute, "a failed reconciliation attempt after the decision", func() bool {
+		a.tel.collector.mu.Lock()
+		defer a.tel.collector.mu.Unlock()
+		for _, sp := range a.tel.collector.spans {
+			if sp.SpanContext().TraceID() == outageID && sp.Name() == otelpgxtx.SpanNameReconcile &&
+				sp.Status().Code == codes.Error && sp.EndTime().After(decided) {
+				return true
+			}
+		}
+		return false
+	})
+	if err := a.flush(ctx); err != nil {
+		t.Fatal(err)
+	}
+	const flood = 3 * numTraces // per first-tier collector
+	p.flood(t, ctx, flood)
 	if err := s.dbServer.Restart(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -460,9 +544,11 @@ func TestTwoTierTailSampling(t *testing.T) {
 		frontSpans += 2 * rep.count(k)
 	}
 	frontSpans += 2 // the outage's request
-	// Each service's spans went through its own first-tier collector.
-	if accepted[0] != float64(frontSpans) || accepted[1] != float64(len(dbSpans)) {
-		t.Errorf("first-tier collectors accepted %v spans, want %d (front) and %d (orders)", accepted, frontSpans, len(dbSpans))
+	// Each service's spans went through its own first-tier collector (and a share of the
+	// flood through each).
+	if accepted[0] != float64(frontSpans+flood) || accepted[1] != float64(len(dbSpans)+flood) {
+		t.Errorf("first-tier collectors accepted %v spans, want %d (front) and %d (orders), each with %d of the flood",
+			accepted, frontSpans, len(dbSpans), flood)
 	}
 	p.drain(t, ctx)
 
@@ -547,18 +633,15 @@ func splitHostPort(t *testing.T, addr string) (string, string) {
 	return host, port
 }
 
-// TestTwoTierSamplerRestart runs TestTwoTierTailSampling's load, paced, and stops one of
-// the two samplers a third of the way through (SIGTERM, as a rolling restart does;
-// OTELPGXTX_SAMPLER_STOP=kill for SIGKILL) and starts it again half way, on the same
-// address. It measures what that costs — the undecided traces the sampler held when it
+// TestTwoTierSamplerRestart runs TestTwoTierTailSampling's load and stops one of the two
+// samplers a quarter of the way through (SIGTERM, as a rolling restart does;
+// OTELPGXTX_SAMPLER_STOP=kill for SIGKILL) and starts it again at three quarters (5 s
+// later at the paced rate), on the same address. It measures what that costs — the undecided traces the sampler held when it
 // stopped, and which traces that must be kept are missing or incomplete in Jaeger, by
 // when their request began — and requires every one begun after the restart to be
 // there, complete.
 func TestTwoTierSamplerRestart(t *testing.T) {
-	const (
-		n    = 3000
-		rate = 200 // requests a second
-	)
+	const n = 3000
 	sig, sigName := os.Signal(syscall.SIGTERM), "SIGTERM"
 	if os.Getenv("OTELPGXTX_SAMPLER_STOP") == "kill" {
 		sig, sigName = syscall.SIGKILL, "SIGKILL"
@@ -568,9 +651,7 @@ func TestTwoTierSamplerRestart(t *testing.T) {
 	from := time.Now().Add(-time.Minute)
 	s := startServices(t, ctx, p)
 
-	load := httpLoad(s.frontURL, time.Minute)
-	tick := time.NewTicker(time.Second / rate)
-	defer tick.Stop()
+	load := paced(t, httpLoad(s.frontURL, time.Minute), loadRate)
 	var done atomic.Int64
 	lctx, cancel := context.WithCancel(ctx)
 	var rep *loadReport
@@ -579,23 +660,18 @@ func TestTwoTierSamplerRestart(t *testing.T) {
 		defer close(loaded)
 		rep = runLoadWith(lctx, 0, n, 4, func(ctx context.Context, i int, k loadKind) (trace.TraceID, error) {
 			defer done.Add(1)
-			select {
-			case <-tick.C:
-			case <-ctx.Done():
-				return trace.TraceID{}, ctx.Err()
-			}
 			return load(ctx, i, k)
 		})
 	}()
 	t.Cleanup(func() { cancel(); <-loaded })
 
 	victim := p.samplers[1]
-	waitFor(t, ctx, 5*time.Minute, "a third of the load", func() bool { return done.Load() >= n/3 })
+	waitFor(t, ctx, 5*time.Minute, "a quarter of the load", func() bool { return done.Load() >= n/4 })
 	held := victim.metric(t, ctx, "otelcol_processor_tail_sampling_sampling_traces_on_memory")
 	stopAt := time.Now()
 	stopErr := victim.proc.stop(sig, 30*time.Second)
 	stopped := time.Since(stopAt)
-	waitFor(t, ctx, 5*time.Minute, "half of the load", func() bool { return done.Load() >= n/2 })
+	waitFor(t, ctx, 5*time.Minute, "three quarters of the load", func() bool { return done.Load() >= 3*n/4 })
 	victim.start(t)
 	restartedAt := time.Now()
 	<-loaded
