@@ -8,11 +8,15 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
+	"net"
 	"net/http"
+	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"reflect"
+	"regexp"
+	"slices"
 	"testing"
 	"time"
 
@@ -158,5 +162,87 @@ func TestSamplerPoliciesMatch(t *testing.T) {
 	}
 	if single, sampler := policies("tail-sampling.yaml"), policies("collector-sampler.yaml"); !reflect.DeepEqual(single, sampler) {
 		t.Errorf("the policies differ:\ntail-sampling.yaml:     %v\ncollector-sampler.yaml: %v", single, sampler)
+	}
+}
+
+// TestComposeTwoTier: the compose profile two-tier runs the tested pipeline. Its
+// collectors run collector-sampler.yaml and collector-tier1.yaml in otelcol-contrib at
+// the release scripts/otelcol builds; the first tier lists exactly the profile's
+// samplers, the samplers send to its Jaeger, each service sends to a first-tier
+// collector of its own, the front calls the database service and the load the front.
+func TestComposeTwoTier(t *testing.T) {
+	services := readCompose(t).Services
+	mod, err := os.ReadFile("../../scripts/otelcol/go.mod")
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := regexp.MustCompile(`tailsamplingprocessor v(\S+)`).FindSubmatch(mod)
+	if m == nil {
+		t.Fatal("scripts/otelcol/go.mod requires no tailsamplingprocessor")
+	}
+	image := "otel/opentelemetry-collector-contrib:" + string(m[1])
+	// host:port → the service it names, or "".
+	hostOf := func(what, addr string) string {
+		if u, err := url.Parse(addr); err == nil && u.Host != "" {
+			addr = u.Host
+		}
+		host, _, err := net.SplitHostPort(addr)
+		if err != nil || len(services[host].Profiles) == 0 {
+			t.Errorf("%s %q names no service of the profile", what, addr)
+			return ""
+		}
+		return host
+	}
+	byConf := map[string][]string{}
+	for name, s := range services {
+		if !slices.Contains(s.Profiles, "two-tier") {
+			continue
+		}
+		for _, conf := range []string{"collector-sampler.yaml", "collector-tier1.yaml"} {
+			if slices.Contains(s.Command, "file:/etc/otelcol/"+conf) {
+				byConf[conf] = append(byConf[conf], name)
+				if s.Image != image || !slices.Contains(s.Volumes, "./examples/jaeger/"+conf+":/etc/otelcol/"+conf+":ro") {
+					t.Errorf("%s: image %q, volumes %q; want %s with examples/jaeger/%s", name, s.Image, s.Volumes, image, conf)
+				}
+			}
+		}
+	}
+	samplers, tier1 := byConf["collector-sampler.yaml"], byConf["collector-tier1.yaml"]
+	slices.Sort(samplers)
+	if len(samplers) < 2 || len(tier1) < 2 {
+		t.Fatalf("samplers %q, first-tier collectors %q: want two or more of each", samplers, tier1)
+	}
+	for _, name := range samplers {
+		if jaeger := hostOf(name+" BACKEND_OTLP_GRPC", services[name].Environment["BACKEND_OTLP_GRPC"]); services[jaeger].Image != services["jaeger"].Image {
+			t.Errorf("%s sends to %s, image %q; want the Jaeger the tests run, %q", name, jaeger, services[jaeger].Image, services["jaeger"].Image)
+		}
+	}
+	for _, name := range tier1 {
+		var listed []string
+		if err := yaml.Unmarshal([]byte(services[name].Environment["SAMPLERS"]), &listed); err != nil {
+			t.Fatalf("%s SAMPLERS: %v", name, err)
+		}
+		var hosts []string
+		for _, addr := range listed {
+			hosts = append(hosts, hostOf(name+" SAMPLERS", addr))
+		}
+		slices.Sort(hosts)
+		if !slices.Equal(hosts, samplers) {
+			t.Errorf("%s lists samplers %q, the profile has %q", name, hosts, samplers)
+		}
+	}
+	front, orders, load := services["front"].Environment, services["orders"].Environment, services["load"].Environment
+	frontTier, ordersTier := hostOf("front's OTLP endpoint", front["OTEL_EXPORTER_OTLP_ENDPOINT"]), hostOf("orders' OTLP endpoint", orders["OTEL_EXPORTER_OTLP_ENDPOINT"])
+	if frontTier == ordersTier || !slices.Contains(tier1, frontTier) || !slices.Contains(tier1, ordersTier) {
+		t.Errorf("front sends to %q, orders to %q: want two first-tier collectors", frontTier, ordersTier)
+	}
+	for _, c := range []struct{ what, url, service, listen string }{
+		{"front's DEMO_BACKEND", front["DEMO_BACKEND"], "orders", orders["DEMO_SERVE"]},
+		{"load's DEMO_LOAD_VIA", load["DEMO_LOAD_VIA"], "front", front["DEMO_FRONT"]},
+	} {
+		u, err := url.Parse(c.url)
+		if err != nil || hostOf(c.what, c.url) != c.service || ":"+u.Port() != c.listen {
+			t.Errorf("%s is %q; %s listens on %q", c.what, c.url, c.service, c.listen)
+		}
 	}
 }

@@ -37,6 +37,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/url"
 	"os"
 	"os/signal"
 	"strconv"
@@ -194,6 +195,19 @@ func run(ctx context.Context, cfg config, out, errOut io.Writer) int {
 	case cfg.frontAddr != "":
 		return runFront(ctx, cfg, out, errOut)
 	case cfg.loadVia != "":
+		// In docker compose the front service may still be starting.
+		u, err := url.Parse(cfg.loadVia)
+		if err == nil {
+			port := u.Port()
+			if port == "" {
+				port = u.Scheme // "http" and "https" are service names the dialer knows
+			}
+			err = waitReachable(ctx, net.JoinHostPort(u.Hostname(), port), time.Minute)
+		}
+		if err != nil {
+			fmt.Fprintf(errOut, "demo: the front service at %s: %v\n", cfg.loadVia, err)
+			return exitSetup
+		}
 		rep := runLoadWith(ctx, 0, cfg.load, 4, httpLoad(cfg.loadVia, cfg.scenarioTimeout))
 		printLoad(out, rep)
 		if len(rep.errs) > 0 || ctx.Err() != nil {

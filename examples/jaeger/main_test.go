@@ -146,26 +146,36 @@ func TestParseConfig(t *testing.T) {
 	}
 }
 
+// composeFile is what the tests read of docker-compose.yml.
+type composeFile struct {
+	Services map[string]struct {
+		Image       string            `yaml:"image"`
+		Command     []string          `yaml:"command"`
+		Environment map[string]string `yaml:"environment"`
+		Volumes     []string          `yaml:"volumes"`
+		Profiles    []string          `yaml:"profiles"`
+	} `yaml:"services"`
+}
+
+func readCompose(t *testing.T) composeFile {
+	t.Helper()
+	b, err := os.ReadFile("../../docker-compose.yml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var compose composeFile
+	if err := yaml.Unmarshal(b, &compose); err != nil {
+		t.Fatal(err)
+	}
+	return compose
+}
+
 // TestComposeMatchesPgtest: docker-compose.yml runs PostgreSQL with the settings the tests'
 // throw-away server has (the indeterminate scenario depends on them), the demo serves
 // metrics where Prometheus scrapes them, and Prometheus loads the tested rules.
 func TestComposeMatchesPgtest(t *testing.T) {
 	ctx := pgtest.Context(t, time.Minute)
-	b, err := os.ReadFile("../../docker-compose.yml")
-	if err != nil {
-		t.Fatal(err)
-	}
-	var compose struct {
-		Services map[string]struct {
-			Image       string            `yaml:"image"`
-			Command     []string          `yaml:"command"`
-			Environment map[string]string `yaml:"environment"`
-			Volumes     []string          `yaml:"volumes"`
-		} `yaml:"services"`
-	}
-	if err := yaml.Unmarshal(b, &compose); err != nil {
-		t.Fatal(err)
-	}
+	compose := readCompose(t)
 	pg := compose.Services["postgres"]
 	if pg.Image != "postgres:15" {
 		t.Errorf("postgres image %q", pg.Image)
