@@ -1,16 +1,22 @@
 # The two commands of the README's quick start are `make demo` and `make test`.
 GO ?= go
 
-.PHONY: demo test test-library test-examples test-scripts tools vet fuzz soak model bench bench-quick
+.PHONY: demo test test-library test-examples test-scripts test-pgx tools vet fuzz soak model bench bench-quick
 
 demo:
 	cd examples/jaeger && $(GO) run .
 
-test: vet tools test-library test-examples test-scripts
+test: vet tools test-library test-examples test-scripts test-pgx
 
 test-library:
 	$(GO) test -race -count=1 ./...
 	$(GO) test -count=1 -run 'TestHookAllocs$$' .
+
+# pgx's own tests (root package, pgxpool, stdlib of the pgx in go.mod), with -race, without
+# the library, with it installed where pgx parses each config and at connect time
+# (scripts/pgxsuite; about 1.5 minutes warm).
+test-pgx:
+	$(GO) run ./scripts/pgxsuite -race
 
 # The chart of scripts/bench (its own go.mod, so that the library does not depend on gonum).
 test-scripts:

@@ -283,7 +283,8 @@ func commit(ctx context.Context, sc *scope, tx pgx.Tx, held heldConn, p Policy, 
 	if !p.CaptureReference || !st.identityKnown() || f != nil && !f.open() {
 		err := tx.Commit(ctx)
 		if f != nil && !f.open() {
-			return commitOutcome{verdict: f.verdict, err: err}
+			// The tracer's own commit reference, if it took one (WithCaptureReference).
+			return commitOutcome{verdict: f.verdict, err: err, ref: f.ref}
 		}
 		facts := classifier.Facts{RollbackTag: errors.Is(err, pgx.ErrTxCommitRollback)}
 		if conn := tx.Conn(); conn != nil {

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"strings"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -21,9 +22,23 @@ import (
 // function the xid read calls, and calls it, so that capture is only attempted where
 // that call cannot fail for want of a privilege: an ERROR there would abort the
 // transaction being committed.
-const identitySQL = "select s.system_identifier::text, " + timelineSQL + ", " + serverStartSQL +
-	", " + captureXIDExpr + ", 'pg_catalog.pg_current_xact_id_if_assigned()'::pg_catalog.regprocedure::pg_catalog.oid::text" +
-	" from pg_control_system() s"
+const identitySQL = identitySelect + identityFrom
+
+// identitySelect and identityFrom are identitySQL's two halves, so that the tracer's
+// check (see Tracer.identityMessage) can add the marker table's column between them.
+const (
+	identitySelect = "select s.system_identifier::text, " + timelineSQL + ", " + serverStartSQL +
+		", " + captureXIDExpr + ", 'pg_catalog.pg_current_xact_id_if_assigned()'::pg_catalog.regprocedure::pg_catalog.oid::text"
+	identityFrom = " from pg_control_system() s"
+)
+
+// markerCheckSQL is the identity read's column that says whether the marker table (the
+// quoted name) exists and the role may insert into it: NULL when it does not exist,
+// without an error, so that a missing table leaves the xid read on.
+func markerCheckSQL(table string) string {
+	lit := "'" + strings.ReplaceAll(table, "'", "''") + "'"
+	return "(case when pg_catalog.to_regclass(" + lit + ") is null then null else pg_catalog.has_table_privilege(pg_catalog.to_regclass(" + lit + "), 'INSERT') end)::text"
+}
 
 // timelineSQL is the timeline the server writes WAL on, the first eight hex digits of
 // the current WAL file's name, NULL on a standby. pg_control_checkpoint() shows the
@@ -59,10 +74,18 @@ func readIdentity(ctx context.Context, pg *pgconn.PgConn, st *connState) error {
 	if err != nil {
 		return fmt.Errorf("otelpgxtx: reading the cluster identity: %w", err)
 	}
-	if len(results) != 1 || len(results[0].Rows) != 1 || len(results[0].Rows[0]) != 5 {
+	if len(results) != 1 || len(results[0].Rows) != 1 {
 		return errors.New("otelpgxtx: reading the cluster identity: unexpected result shape")
 	}
-	row := results[0].Rows[0]
+	return st.setIdentity(results[0].Rows[0])
+}
+
+// setIdentity keeps the cluster identity of row, identitySQL's columns (and, when the
+// tracer's check asked, the marker table's after them).
+func (st *connState) setIdentity(row [][]byte) error {
+	if len(row) < 5 {
+		return errors.New("otelpgxtx: reading the cluster identity: unexpected result shape")
+	}
 	if row[1] == nil {
 		return errors.New("otelpgxtx: reading the cluster identity: the server is a standby; no reconciliation references on this connection")
 	}
@@ -268,8 +291,7 @@ func (st *connState) ref(xid uint64) *outcome.ReconciliationRef {
 func commitWithMarker(ctx context.Context, pg *pgconn.PgConn, st *connState, commitSQL, marker string, id outcome.OperationID) commitResult {
 	var res commitResult
 	results, err := pg.Exec(ctx, markerSQL(marker, id)+"; "+commitSQL).ReadAll()
-	res.ref = st.ref(0)
-	res.ref.MarkerTable, res.ref.Operation = marker, id
+	res.ref = st.markerRef(marker, id)
 	insertDone := len(results) > 0 && results[0].Err == nil
 	if insertDone && len(results[0].Rows) == 1 && len(results[0].Rows[0]) == 1 {
 		if xid, perr := strconv.ParseUint(string(results[0].Rows[0][0]), 10, 64); perr == nil {

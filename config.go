@@ -11,6 +11,8 @@ import (
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/metric"
 	"go.opentelemetry.io/otel/trace"
+
+	"github.com/txevidence/otelpgxtx/outcome"
 )
 
 // DefaultSpanName is the name of a frame span unless [WithSpanName] says otherwise.
@@ -40,6 +42,10 @@ type config struct {
 	otelpgxOptions []otelpgx.Option
 	logger         *slog.Logger
 	auto           *autoConfig // WithAutoReconcile
+	// reference is what plain pgx commits carry (WithCaptureReference, WithCommitMarker);
+	// marker is the quoted marker table.
+	reference referenceMode
+	marker    string
 	// Set by the options grouped below WithOtelpgxOptions.
 	spanAttributes  []attribute.KeyValue
 	meterAttributes []attribute.KeyValue
@@ -279,3 +285,55 @@ type errorMessagesOption struct{}
 
 func (errorMessagesOption) apply(c *config)                     { c.errorMessages = true }
 func (errorMessagesOption) applyReconciler(c *reconcilerConfig) { c.errorMessages = true }
+
+// referenceMode is what the library adds to a plain pgx COMMIT for reconciliation.
+type referenceMode uint8
+
+const (
+	referenceNone   referenceMode = iota // nothing: the default, no byte of the library's
+	referenceXID                         // the xid read (WithCaptureReference)
+	referenceMarker                      // the commit marker (WithCommitMarker)
+)
+
+// WithCaptureReference gives plain pgx and database/sql transactions — pool.Begin …
+// Commit, pgx.BeginFunc, BeginTx, stdlib, a raw begin … commit — the reconciliation
+// reference [Run] gives its own: the xid read (a fast-path call of
+// pg_current_xact_id_if_assigned) is sent in the same write as the application's COMMIT,
+// so it costs no round trip, and its reply is taken out of the stream: pgconn reads
+// exactly the reply to its COMMIT. An indeterminate frame then carries
+// tx.reconciliation.ref, for its log record, automatic reconciliation and the operator's
+// command.
+//
+// What it needs is checked once per connection, outside any transaction, ahead of the
+// first BEGIN in the same write (the cluster identity, and the privilege to call the
+// function): a check that fails turns it off for that connection, with one log record.
+// Only PostgreSQL servers get it. A COMMIT is left exactly as it is when the transaction is
+// read-only or wrote nothing the library saw (only SELECT, SHOW, SET, … statements), or
+// when it is not a lone simple-protocol Query (a batch, a pipeline, COMMIT AND CHAIN, BEGIN
+// and COMMIT in one string, a COMMIT inside a function). See the README, "Commit
+// references for plain pgx", for what it sends and costs.
+func WithCaptureReference() Option {
+	return optionFunc(func(c *config) {
+		if c.reference == referenceNone {
+			c.reference = referenceXID
+		}
+	})
+}
+
+// WithCommitMarker is [WithCaptureReference] with a commit marker: instead of the xid read,
+// the frame's operation id is inserted into table (create it with [MarkerTableDDL]) as the
+// first statement of the application's COMMIT Query, so that the reference names a row
+// that exists exactly when the transaction committed, even after a crash restart or a
+// failover, and exists before any reply comes. The table and the role's INSERT privilege
+// on it are checked with the cluster identity; without them the connection's commits
+// carry the xid read alone.
+func WithCommitMarker(table pgx.Identifier) Option {
+	return optionFunc(func(c *config) {
+		name, err := outcome.QuoteMarkerTable(table...)
+		if err != nil {
+			c.err = fmt.Errorf("otelpgxtx: WithCommitMarker: %w", err)
+			return
+		}
+		c.reference, c.marker = referenceMarker, name
+	})
+}

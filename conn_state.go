@@ -32,8 +32,14 @@ type connState struct {
 	timeline     uint32
 	serverStart  int64 // µs since the epoch; a connection never outlives a restart
 	identityRead bool
-	// xidCall is the xid read, a fast-path call by the OID the identity read found.
-	xidCall pgproto3.FunctionCall
+	// xidCall is the xid read, a fast-path call by the OID the identity read found;
+	// xidCallMsg the same encoded, for the tracer's commit references.
+	xidCall    pgproto3.FunctionCall
+	xidCallMsg []byte
+	// Commit references for plain pgx (reference.go). adding: an addition is armed for,
+	// or was made to, the query in flight; refsOff: the identity check failed; markerOK:
+	// the marker table exists and the role may insert into it.
+	adding, refsOff, markerOK bool
 
 	// silent hides Run's closing of pgx's Tx object (see closePgxTx) from the hooks.
 	silent bool

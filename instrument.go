@@ -70,7 +70,7 @@ func InstrumentConnConfig(cfg *pgx.ConnConfig, opts ...Option) (*Tracer, error) 
 				return conn, err
 			}
 		}
-		return newNetConn(conn, t), nil
+		return newNetConn(conn, t, t.cfg.reference != referenceNone), nil
 	}
 	userOnNotice := cfg.OnNotice
 	cfg.OnNotice = func(pg *pgconn.PgConn, n *pgconn.Notice) {

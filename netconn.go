@@ -1,8 +1,15 @@
 package otelpgxtx
 
 import (
+	"crypto/tls"
+	"encoding/binary"
+	"errors"
 	"net"
+	"sync"
 	"sync/atomic"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgproto3"
 )
 
 // netConn is the net.Conn pgconn uses on an instrumented connection: [InstrumentConnConfig]
@@ -28,10 +35,49 @@ type netConn struct {
 	// peek looks at unread bytes; nil where the socket cannot be peeked at. Only the
 	// connection's user calls it (under the connection state's mutex).
 	peek *socketPeek
+
+	// What follows is the library's part in the stream, with commit references
+	// (wire_reply.go) and above TLS (readAhead). Without either, special stays false and
+	// Read and Write pass straight through.
+	//
+	// track: follow message boundaries in what pgconn is given (commit references on).
+	track bool
+	// special: Read must look at mu's fields: a reply filter, bytes read ahead, tracking.
+	special atomic.Bool
+	// next is what the library adds to the next write, if that write is the one it was
+	// armed for; taken by Write.
+	next atomic.Pointer[addition]
+	mu   sync.Mutex
+	// pos follows message boundaries in what pgconn was given (track).
+	pos streamPos
+	// filter takes the library's part out of the reply to a write it added to.
+	filter *replyFilter
+	// ahead are bytes read from the connection but not yet given to pgconn (readAhead),
+	// and aheadErr the error that read ended with, if not a timeout.
+	ahead    []byte
+	aheadErr error
+	// added is what became of the last addition: whether it went out, and the library's
+	// reply, for the tracer to take (takeAddition).
+	added *addition
 }
 
-func newNetConn(conn net.Conn, t *Tracer) *netConn {
-	return &netConn{Conn: conn, t: t, peek: newSocketPeek(conn)}
+// addition is a message the library adds to one write of the application's: the write
+// must be exactly one simple Query of the text match, else nothing is added.
+type addition struct {
+	kind  libraryMessage
+	match string
+	// before is sent ahead of the application's message (libraryQuery, libraryCall);
+	// for libraryInsert, insert is put ahead of match in the same Query.
+	before []byte
+	insert string
+	// sent: the write carried it; reply: what the server answered to it.
+	sent  bool
+	reply libraryReply
+}
+
+// newNetConn wraps conn; track follows message boundaries (commit references on).
+func newNetConn(conn net.Conn, t *Tracer, track bool) *netConn {
+	return &netConn{Conn: conn, t: t, peek: newSocketPeek(conn), track: track}
 }
 
 // The states of netConn.commitWrite.
@@ -43,26 +89,265 @@ const (
 )
 
 // Write writes b and, for the first write after armCommit, records whether any byte
-// was accepted: net.Conn's n counts exactly the bytes the kernel took.
+// was accepted: net.Conn's n counts exactly the bytes the kernel took. A write the library
+// armed an addition for carries it (see addTo).
 func (c *netConn) Write(b []byte) (int, error) {
+	if a := c.next.Swap(nil); a != nil {
+		if out, cut, ok := a.addTo(b); ok {
+			return c.writeAdded(a, b, out, cut)
+		}
+	}
 	n, err := c.Conn.Write(b)
+	c.wrote(n > 0 || err == nil)
+	return n, err
+}
+
+// wrote records, for the first write after armCommit, whether COMMIT's bytes reached
+// the kernel.
+func (c *netConn) wrote(sent bool) {
 	if c.commitWrite.Load() == commitArmed {
 		s := commitSent
-		if n == 0 && err != nil {
+		if !sent {
 			s = commitUnsent
 		}
 		c.commitWrite.CompareAndSwap(commitArmed, s)
 	}
-	return n, err
+}
+
+// writeAdded writes out, which is b with a's message added, the first cut bytes of it the
+// library's alone. The reply filter is in place before a byte leaves: the reply may come
+// before Write returns. pgconn is told how much of b was sent, so that what it says of a
+// failed write (safe to retry when nothing was) stays true of its own bytes.
+func (c *netConn) writeAdded(a *addition, b, out []byte, cut int) (int, error) {
+	c.mu.Lock()
+	c.filter = &replyFilter{kind: a.kind}
+	c.added = a
+	c.special.Store(true)
+	c.mu.Unlock()
+	m, err := c.Conn.Write(out)
+	a.sent = m > 0
+	mine := m > cut // some of the application's bytes left
+	c.wrote(mine || err == nil)
+	if err == nil {
+		return len(b), nil
+	}
+	if !mine {
+		return 0, err
+	}
+	return min(max(m-cut, 1), len(b)-1), err
+}
+
+// addTo returns b with a's message added, and how many of its first bytes are the
+// library's alone; ok is false, and nothing is added, unless b is exactly one simple
+// Query of the text a was armed for: a batch, a pipeline, the extended protocol or any
+// other statement is left exactly as it is.
+func (a *addition) addTo(b []byte) (out []byte, cut int, ok bool) {
+	if len(b) != 1+4+len(a.match)+1 || b[0] != 'Q' || int(binary.BigEndian.Uint32(b[1:5])) != len(b)-1 ||
+		string(b[5:len(b)-1]) != a.match || b[len(b)-1] != 0 {
+		return nil, 0, false
+	}
+	if a.kind != libraryInsert {
+		out = append(append(make([]byte, 0, len(a.before)+len(b)), a.before...), b...)
+		return out, len(a.before), true
+	}
+	q := pgproto3.Query{String: a.insert + "; " + a.match}
+	out, err := q.Encode(nil)
+	return out, 0, err == nil
+}
+
+// arm has the next write carry a, if it is the one a was armed for. It is refused, and
+// nothing is added, when the server's stream is not at a message boundary or a reply
+// filter is still at work: a reply reader must start at the reply's first message.
+func (c *netConn) arm(a *addition) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.filter != nil || !c.pos.atBoundary() || len(c.ahead) > 0 || c.aheadErr != nil {
+		return false
+	}
+	c.added = nil
+	c.next.Store(a)
+	return true
+}
+
+// disarm withdraws an addition the next write did not take.
+func (c *netConn) disarm() { c.next.Store(nil) }
+
+// takeAddition returns what became of the last addition, once: nil if none was made.
+func (c *netConn) takeAddition() *addition {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	a := c.added
+	c.added = nil
+	if a != nil && c.filter != nil && c.filter.kind == a.kind {
+		a.reply = c.filter.lib // as far as it was read
+	}
+	return a
+}
+
+// Read reads what the server sent, less the library's part of a reply (see replyFilter),
+// after the bytes read ahead. Without commit references and with nothing read ahead it
+// is the connection's Read.
+func (c *netConn) Read(p []byte) (int, error) {
+	if !c.special.Load() && !c.track {
+		return c.Conn.Read(p)
+	}
+	for {
+		c.mu.Lock()
+		n, err, done := c.deliver(p)
+		c.mu.Unlock()
+		if done {
+			return n, err
+		}
+		n, err = c.Conn.Read(p)
+		c.mu.Lock()
+		if c.filter == nil || n == 0 && err == nil {
+			c.pos.advance(p[:n])
+			c.mu.Unlock()
+			return n, err
+		}
+		c.filter.feed(p[:n])
+		if err != nil && !isTimeout(err) {
+			c.aheadErr = err
+		}
+		c.mu.Unlock()
+		if err != nil && isTimeout(err) {
+			// A timeout belongs to the deadline of this read; with nothing to give, it is the
+			// answer. With something to give, the next read meets the deadline again.
+			c.mu.Lock()
+			n, _, done := c.deliver(p)
+			c.mu.Unlock()
+			if done && n > 0 {
+				return n, nil
+			}
+			return 0, err
+		}
+	}
+}
+
+// deliver gives p what is ready for pgconn — the filter's output, bytes read ahead, or an
+// error they ended with — and reports whether Read is done. c.mu is held.
+func (c *netConn) deliver(p []byte) (n int, err error, done bool) {
+	if f := c.filter; f != nil {
+		if len(c.ahead) > 0 {
+			f.feed(c.ahead)
+			c.ahead = nil
+		}
+		switch {
+		case f.err != nil:
+			_ = c.Conn.Close()
+			return 0, f.err, true
+		case len(f.out) > 0:
+			n = copy(p, f.out)
+			f.out = f.out[n:]
+			c.pos.advance(p[:n])
+			if f.lib.done && len(f.out) == 0 {
+				c.endFilter()
+			}
+			return n, nil, true
+		case f.lib.done:
+			c.endFilter()
+		case c.aheadErr != nil:
+			err, c.aheadErr = c.aheadErr, nil
+			return 0, err, true
+		default:
+			return 0, nil, false
+		}
+	}
+	if len(c.ahead) > 0 {
+		n = copy(p, c.ahead)
+		c.ahead = c.ahead[n:]
+		c.pos.advance(p[:n])
+		if len(c.ahead) == 0 {
+			c.ahead = nil
+			c.settle()
+		}
+		return n, nil, true
+	}
+	if c.aheadErr != nil {
+		err, c.aheadErr = c.aheadErr, nil
+		c.settle()
+		return 0, err, true
+	}
+	return 0, nil, false
+}
+
+// endFilter keeps what the library read of its reply and goes back to passing bytes
+// through. c.mu is held.
+func (c *netConn) endFilter() {
+	if c.added != nil {
+		c.added.reply = c.filter.lib
+	}
+	c.filter = nil
+	c.settle()
+}
+
+// settle clears special once nothing is left for Read to look at. c.mu is held.
+func (c *netConn) settle() {
+	if c.filter == nil && len(c.ahead) == 0 && c.aheadErr == nil {
+		c.special.Store(false)
+	}
+}
+
+// isTimeout reports a read that ended at its deadline.
+func isTimeout(err error) bool {
+	var ne net.Error
+	return errors.As(err, &ne) && ne.Timeout()
+}
+
+// readAhead reads, without waiting, what the server has sent that pgconn has not read,
+// and keeps it for pgconn's next Read: above TLS (a *tls.Conn from pgconn's own
+// handshake), where the socket's bytes are ciphertext and cannot be peeked at, it is how a
+// FATAL waiting before COMMIT is seen. It sets a read
+// deadline in the past for the one read, and clears it: only the connection's user calls
+// it, between statements, when pgconn has no deadline set. A read still in flight then is
+// pgconn's background reader's, which drops a timeout and stops, and whose bytes pgconn
+// reads before these.
+func (c *netConn) readAhead() []byte {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if _, isTLS := c.Conn.(*tls.Conn); !isTLS || c.filter != nil || len(c.ahead) > 0 || c.aheadErr != nil {
+		// Only crypto/tls is known here to end a read at its deadline and to resume after
+		// it; another net.Conn could block the COMMIT.
+		return nil
+	}
+	if err := c.Conn.SetReadDeadline(time.Now()); err != nil {
+		return nil
+	}
+	buf := make([]byte, peekSize)
+	n, err := c.Conn.Read(buf)
+	_ = c.Conn.SetReadDeadline(time.Time{})
+	if n > 0 {
+		c.ahead = buf[:n]
+		c.special.Store(true)
+	}
+	if err != nil && !isTimeout(err) {
+		c.aheadErr = err
+		c.special.Store(true)
+	}
+	return c.ahead
 }
 
 // armCommit marks the position before a COMMIT is handed to pgconn: the next write
 // carries it (or something before it, which only makes commitUnsent rarer). It also
 // reports whether the server had already ended the session before that write: a FATAL
-// waiting unread in the socket (see socketPeek).
+// waiting unread in the socket (see socketPeek) or, where the socket cannot be peeked at
+// (TLS), read ahead (see readAhead).
 func (c *netConn) armCommit() (sessionEnded bool) {
 	c.commitWrite.Store(commitArmed)
-	return c.peek.sessionEnded()
+	if c.peek != nil {
+		return c.peek.sessionEnded()
+	}
+	if c.track && !c.atBoundary() {
+		return false // bytes from the middle of a message cannot be judged
+	}
+	return fatalBeforeCommit(c.readAhead())
+}
+
+// atBoundary reports whether pgconn was given whole messages so far (track).
+func (c *netConn) atBoundary() bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.pos.atBoundary()
 }
 
 // commitUnsent reports whether the write armCommit marked failed before the kernel

@@ -71,6 +71,9 @@ type frame struct {
 	verdict           classifier.Verdict // the final verdict, once concluded
 	isolation         string
 	accessMode        string
+	// wrote: a statement that may write was sent in the transaction; readOnly: it began
+	// READ ONLY. Commit references are taken only for a frame that wrote and can.
+	wrote, readOnly bool
 
 	// Set by the executor.
 	managed     bool  // the executor ends the span, after post-commit work

@@ -95,11 +95,16 @@ func (t *Tracer) beforeQuery(ctx context.Context, conn *pgx.Conn, st *connState,
 		f = nil
 	}
 	if f == nil && set.has(stmtBegin) && pg.TxStatus() == 'I' {
+		t.armIdentity(st, set, beginSQL)
 		f = t.startFrame(ctx, conn, st, outcome.PhaseNotStarted, beginSQL, nil)
-		if f.recording { // they are only ever attributes
+		if f.recording || t.cfg.reference != referenceNone { // attributes, and whether a reference can be taken
 			_, rest := classifyOne(beginSQL)
 			f.isolation, f.accessMode = beginOptions(rest)
+			f.readOnly = f.accessMode == "read only"
 		}
+	}
+	if f != nil && set.writes() {
+		f.wrote = true
 	}
 	if f != nil && (set.commits() || st.server == classifier.ServerCockroachDB && releasesRestart(set, beginSQL)) && !pg.IsBusy() {
 		// A busy connection (a result the application has not read) refuses the
@@ -109,6 +114,7 @@ func (t *Tracer) beforeQuery(ctx context.Context, conn *pgx.Conn, st *connState,
 		}
 		f.transition(outcome.PhaseCommitting)
 		st.armCommit(f)
+		t.armReference(st, f, pg, set, beginSQL)
 	}
 	return f
 }
@@ -124,11 +130,15 @@ func (t *Tracer) afterQuery(conn *pgx.Conn, st *connState, q *queryState, tag pg
 	if !inTx {
 		st.committedInBlock = false
 	}
+	if t.takeAddition(st, f) && f != nil {
+		f.endedBeforeCommit = true // the server answered the xid read with a FATAL
+	}
 	if f == nil || !f.open() {
 		if inTx && st.frame == nil && !st.committedInBlock {
 			// A transaction we did not see begin (BEGIN inside a string we could not
 			// read): track it from here rather than not at all.
-			t.startFrame(q.callerCtx, conn, st, outcome.PhaseActive, "", nil)
+			nf := t.startFrame(q.callerCtx, conn, st, outcome.PhaseActive, "", nil)
+			nf.wrote = q.set.writes()
 		}
 		return
 	}

@@ -93,7 +93,7 @@ func TestSanitizerCache(t *testing.T) {
 	sql := "select * from t where k = 'x' and v = $1"
 	first := z.get(sql)
 	if first.text != "select * from t where k = ? and v = $1" || first.summary[0].Value.AsString() != "SELECT t" ||
-		first.set != 1<<stmtOther {
+		first.set.kinds() != 1<<stmtOther {
 		t.Fatalf("get = %q %v %b", first.text, first.summary, first.set)
 	}
 	// The hooks take a statement's kinds from the cache: they must be its own.

@@ -21,11 +21,24 @@ const (
 	stmtRollbackTo             // ROLLBACK [WORK|TRANSACTION] TO [SAVEPOINT] name
 )
 
-// stmtSet is what a query string does, as a set of kinds. Nearly every query holds one
-// statement; a simple-protocol string may hold several ("begin; …; commit").
+// stmtSet is what a query string does, as a set of kinds and two flags. Nearly every
+// query holds one statement; a simple-protocol string may hold several ("begin; …;
+// commit").
 type stmtSet uint16
 
+// Flags of a stmtSet, beside its kinds.
+const (
+	// setWrites: a statement may write (one not known to only read), so that the
+	// transaction it runs in may have an xid: commit references are taken only then.
+	setWrites stmtSet = 1 << 14
+	// setSingle: the string holds one statement.
+	setSingle stmtSet = 1 << 15
+)
+
 func (s stmtSet) has(k stmtKind) bool { return s&(1<<k) != 0 }
+func (s stmtSet) writes() bool        { return s&setWrites != 0 }
+func (s stmtSet) kinds() stmtSet      { return s &^ (setWrites | setSingle) }
+func (s stmtSet) single() bool        { return s&setSingle != 0 }
 
 func (s stmtSet) commits() bool   { return s.has(stmtCommit) || s.has(stmtCommitChain) }
 func (s stmtSet) rollsBack() bool { return s.has(stmtRollback) || s.has(stmtRollbackChain) }
@@ -39,7 +52,7 @@ func (s stmtSet) savepoint() bool {
 // on semicolons outside quotes, quoted identifiers, dollar quotes and comments.
 func classifyStatements(sql string) stmtSet {
 	kind, rest := classifyOne(sql)
-	set := stmtSet(1) << kind
+	set := stmtSet(1)<<kind | setSingle | writes(kind, sql)
 	// The common case is a single statement: one IndexByte, no allocation.
 	for strings.IndexByte(rest, ';') >= 0 {
 		end := statementEnd(rest)
@@ -47,11 +60,39 @@ func classifyStatements(sql string) stmtSet {
 			break
 		}
 		rest = rest[end+1:]
+		if skipSpace(rest) == "" {
+			break // a trailing semicolon
+		}
+		stmt := rest
 		kind, rest = classifyOne(rest)
-		set |= 1 << kind
+		set = set&^setSingle | 1<<kind | writes(kind, stmt)
 	}
 	return set.transactional()
 }
+
+// writes returns setWrites unless the statement sql, of kind k, is known to only read:
+// transaction control, and the statements whose first keyword only reads or sets session
+// state. A SELECT is taken to read, though a function it calls may write: such a
+// transaction is treated as one that wrote nothing (no reference is taken for it, which
+// loses precision, never soundness).
+func writes(k stmtKind, sql string) stmtSet {
+	if k != stmtOther {
+		return 0
+	}
+	w, _ := nextWord(sql)
+	for _, r := range readOnlyWords {
+		if eq(w, r) {
+			return 0
+		}
+	}
+	if w == "" && skipSpace(sql) == "" {
+		return 0 // an empty statement
+	}
+	return setWrites
+}
+
+// readOnlyWords are the first keywords of statements that assign no transaction id.
+var readOnlyWords = [...]string{"select", "show", "set", "reset", "values", "table", "fetch", "move", "close", "declare", "listen", "unlisten", "discard"}
 
 // classifyBatch returns what the queued queries of b do to the transaction, and the SQL
 // of the query that begins the frame (the one with BEGIN, else the first).
@@ -67,13 +108,13 @@ func (t *Tracer) classifyBatch(b *pgx.Batch) (stmtSet, string) {
 			set |= s
 		}
 	}
-	return set.transactional(), beginSQL
+	return (set &^ setSingle).transactional(), beginSQL
 }
 
 // transactional drops stmtOther from a set that holds a transaction-control kind: only
 // a set of plain statements is "other".
 func (s stmtSet) transactional() stmtSet {
-	if s != 1<<stmtOther {
+	if s.kinds() != 1<<stmtOther {
 		s &^= 1 << stmtOther
 	}
 	return s

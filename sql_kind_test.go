@@ -54,8 +54,41 @@ func TestClassifyStatements(t *testing.T) {
 		{"", 1 << stmtOther},
 		{";;;", 1 << stmtOther},
 	} {
-		if got := classifyStatements(tc.sql); got != tc.want {
+		if got := classifyStatements(tc.sql).kinds(); got != tc.want {
 			t.Errorf("classifyStatements(%q) = %b, want %b", tc.sql, got, tc.want)
+		}
+	}
+}
+
+// TestStatementFlags: whether a string may write (so that its transaction may have an xid
+// to reference), and whether it holds one statement (so that a COMMIT in it is a lone one).
+func TestStatementFlags(t *testing.T) {
+	for _, tc := range []struct {
+		sql            string
+		writes, single bool
+	}{
+		{"commit", false, true},
+		{"commit;", false, true},
+		{"begin", false, true},
+		{"select * from t", false, true},
+		{"SHOW transaction_isolation", false, true},
+		{"set local synchronous_commit = on", false, true},
+		{"  /* c */ values (1)", false, true},
+		{"insert into t values (1)", true, true},
+		{"update t set v = 1", true, true},
+		{"with x as (delete from t returning *) select * from x", true, true},
+		{"copy t from stdin", true, true},
+		{"call p()", true, true},
+		{"lock table t", true, true},
+		{"select 1; commit", false, false},
+		{"insert into t values (1); commit", true, false},
+		{"begin; insert into t values (1); commit", true, false},
+		{"savepoint a", false, true},
+		{"", false, true},
+	} {
+		set := classifyStatements(tc.sql)
+		if set.writes() != tc.writes || set.single() != tc.single {
+			t.Errorf("classifyStatements(%q): writes %v single %v, want %v %v", tc.sql, set.writes(), set.single(), tc.writes, tc.single)
 		}
 	}
 }
@@ -117,7 +150,7 @@ func FuzzClassifyStatements(f *testing.F) {
 		_, rest := classifyOne(sql)
 		beginOptions(rest)
 		savepointName(sql)
-		if !containsTxKeyword(sql) && set != 1<<stmtOther {
+		if !containsTxKeyword(sql) && set.kinds() != 1<<stmtOther {
 			t.Fatalf("%q has no transaction keyword but classified as %b", sql, set)
 		}
 	})

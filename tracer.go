@@ -35,6 +35,9 @@ type Tracer struct {
 	// tracer — SQL, errors, batches and statement names as they are — unless
 	// WithSanitizedInnerTracer asks otherwise; its spans get no attribute of ours.
 	innerAsIs bool
+	// identityMsg is the identity check sent ahead of a connection's first BEGIN, with
+	// commit references on (reference.go).
+	identityMsg []byte
 
 	query   pgx.QueryTracer
 	batch   pgx.BatchTracer
@@ -76,6 +79,9 @@ func newTracer(opts []Option) (*Tracer, error) {
 	}
 	t.sanitized.raw = cfg.rawQueryText
 	t.innerAsIs = cfg.innerSet && cfg.inner != nil && !cfg.sanitizeInner
+	if cfg.reference != referenceNone {
+		t.identityMsg = t.identityMessage()
+	}
 	inner := cfg.inner
 	if !cfg.innerSet {
 		oo := []otelpgx.Option{

@@ -91,10 +91,11 @@ func ClusterFor(tb testing.TB, ctx context.Context) *Cluster {
 
 // nodeConfig is node i's own part of postgresql.conf; the standby's primary_conninfo
 // names the other node (ignored while i is primary: it has no standby.signal).
+// Replication stays on plain TCP, as it was before the nodes served TLS.
 func (c *Cluster) nodeConfig(i int) string {
 	other := c.nodes[1-i]
 	return clusterConfig + fmt.Sprintf(`cluster_name = 'node%d'
-primary_conninfo = 'host=127.0.0.1 port=%d user=postgres application_name=node%d'
+primary_conninfo = 'host=127.0.0.1 port=%d user=postgres application_name=node%d sslmode=disable'
 `, i, other.port, i)
 }
 
@@ -154,6 +155,13 @@ func (c *Cluster) Standby() *Server {
 func (c *Cluster) ConnString() string {
 	return fmt.Sprintf("postgres://postgres@127.0.0.1:%d,127.0.0.1:%d/postgres?sslmode=disable&target_session_attrs=read-write",
 		c.nodes[0].port, c.nodes[1].port)
+}
+
+// TLSConnString is ConnString over TLS, verified as Server.TLSConnString is: one CA
+// signed both nodes' certificates.
+func (c *Cluster) TLSConnString() string {
+	return fmt.Sprintf("postgres://postgres@127.0.0.1:%d,127.0.0.1:%d/postgres?%s&target_session_attrs=read-write",
+		c.nodes[0].port, c.nodes[1].port, tlsQuery(c.nodes[0].certs.ca))
 }
 
 // Promote fails over: it stops the primary like a crash (pg_ctl stop -m immediate) unless

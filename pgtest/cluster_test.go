@@ -97,11 +97,12 @@ func (f *follower) waitProgress(ctx context.Context, n int) error {
 	}
 }
 
-// TestClusterFailoverBackAndForth fails over twice, back and forth, while a client that
-// follows the primary (both hosts, target_session_attrs=read-write) keeps committing: the
-// client loses its connection at each promotion and carries on with the new primary, no
-// acknowledged commit is lost (synchronous replication), each promotion starts a new
-// timeline, and the old primary comes back as a streaming standby.
+// TestClusterFailoverBackAndForth fails over twice, back and forth, while two clients
+// that follow the primary (both hosts, target_session_attrs=read-write), one on plain TCP
+// and one over verified TLS, keep committing: each loses its connection at each promotion
+// and carries on with the new primary, no acknowledged commit is lost (synchronous
+// replication), each promotion starts a new timeline, and the old primary comes back as a
+// streaming standby.
 func TestClusterFailoverBackAndForth(t *testing.T) {
 	LeakCheck(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
@@ -111,32 +112,43 @@ func TestClusterFailoverBackAndForth(t *testing.T) {
 	if in, err := c.Standby().InRecovery(ctx); err != nil || !in {
 		t.Fatalf("standby: pg_is_in_recovery() = %v, %v; want true", in, err)
 	}
-	const table = "cluster_follow"
-	if err := first.Exec(ctx, "CREATE TABLE "+table+" (id int PRIMARY KEY)"); err != nil {
-		t.Fatal(err)
+	followers := []struct {
+		table, connString string
+		f                 follower
+	}{{table: "cluster_follow", connString: c.ConnString()}, {table: "cluster_follow_tls", connString: c.TLSConnString()}}
+	for i := range followers {
+		if err := first.Exec(ctx, "CREATE TABLE "+followers[i].table+" (id int PRIMARY KEY)"); err != nil {
+			t.Fatal(err)
+		}
 	}
 	if got := timeline(t, ctx, first); got != 1 {
 		t.Fatalf("initial timeline = %d, want 1", got)
 	}
 
-	var f follower
 	stop := make(chan struct{})
 	var wg sync.WaitGroup
-	wg.Go(func() { f.run(ctx, c.ConnString(), table, stop) })
+	for i := range followers {
+		fl := &followers[i]
+		wg.Go(func() { fl.f.run(ctx, fl.connString, fl.table, stop) })
+	}
 	stopped := false
-	stopFollower := func() {
+	stopFollowers := func() {
 		if !stopped {
 			stopped = true
 			close(stop)
 			wg.Wait()
 		}
 	}
-	defer stopFollower()
+	defer stopFollowers()
 
 	for round, wantTLI := range []int64{2, 3} {
-		acked, errs := f.progress()
-		if err := f.waitProgress(ctx, acked); err != nil {
-			t.Fatal(err)
+		var errs [2]int
+		for i := range followers {
+			var acked int
+			acked, errs[i] = followers[i].f.progress()
+			if err := followers[i].f.waitProgress(ctx, acked); err != nil {
+				t.Fatal(err)
+			}
 		}
 		old := c.Primary()
 		if err := c.Promote(ctx); err != nil {
@@ -154,42 +166,30 @@ func TestClusterFailoverBackAndForth(t *testing.T) {
 		if in, err := old.InRecovery(ctx); err != nil || !in {
 			t.Fatalf("round %d: old primary after Rejoin: pg_is_in_recovery() = %v, %v; want true", round, in, err)
 		}
-		// The client follows: it commits again, on the new primary.
-		acked2, _ := f.progress()
-		if err := f.waitProgress(ctx, acked2); err != nil {
-			t.Fatal(err)
-		}
-		if _, errs2 := f.progress(); errs2 <= errs {
-			t.Errorf("round %d: the follower saw no error across the promotion", round)
+		// The clients follow: they commit again, on the new primary.
+		for i := range followers {
+			acked2, _ := followers[i].f.progress()
+			if err := followers[i].f.waitProgress(ctx, acked2); err != nil {
+				t.Fatal(err)
+			}
+			if _, errs2 := followers[i].f.progress(); errs2 <= errs[i] {
+				t.Errorf("round %d: the follower on %s saw no error across the promotion", round, followers[i].table)
+			}
 		}
 	}
-	stopFollower()
+	stopFollowers()
 	if c.Primary() != first {
 		t.Error("after two failovers the first node is not primary again")
 	}
 
 	// Every acknowledged insert is on the primary, and the standby replays them all.
-	f.mu.Lock()
-	acked := append([]int(nil), f.acked...)
-	f.mu.Unlock()
-	t.Logf("acknowledged inserts: %d, failed attempts: %d", len(acked), f.errs)
-	var missing int
-	err := c.Primary().withConn(ctx, func(conn *pgx.Conn) error {
-		return conn.QueryRow(ctx, "SELECT count(*) FROM unnest($1::int[]) a(id) WHERE NOT EXISTS (SELECT FROM "+table+" t WHERE t.id = a.id)", acked).Scan(&missing)
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if missing != 0 {
-		t.Errorf("%d acknowledged inserts are missing on the primary", missing)
-	}
 	var lsn string
 	if err := c.Primary().withConn(ctx, func(conn *pgx.Conn) error {
 		return conn.QueryRow(ctx, "SELECT pg_current_wal_lsn()::text").Scan(&lsn)
 	}); err != nil {
 		t.Fatal(err)
 	}
-	err = c.Standby().poll(ctx, "the standby to replay "+lsn, func(conn *pgx.Conn) (bool, error) {
+	err := c.Standby().poll(ctx, "the standby to replay "+lsn, func(conn *pgx.Conn) (bool, error) {
 		var ok bool
 		err := conn.QueryRow(ctx, "SELECT pg_last_wal_replay_lsn() >= $1::pg_lsn", lsn).Scan(&ok)
 		return ok, err
@@ -197,15 +197,26 @@ func TestClusterFailoverBackAndForth(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	err = c.Standby().withConn(ctx, func(conn *pgx.Conn) error {
-		return conn.QueryRow(ctx, "SELECT count(*) FROM unnest($1::int[]) a(id) WHERE NOT EXISTS (SELECT FROM "+table+" t WHERE t.id = a.id)", acked).Scan(&missing)
-	})
-	if err != nil {
-		t.Fatal(err)
+	for i := range followers {
+		fl := &followers[i]
+		acked, errs := fl.f.progress()
+		t.Logf("%s: acknowledged inserts: %d, failed attempts: %d", fl.table, acked, errs)
+		for role, node := range map[string]*Server{"primary": c.Primary(), "standby": c.Standby()} {
+			var missing int
+			err := node.withConn(ctx, func(conn *pgx.Conn) error {
+				return conn.QueryRow(ctx, "SELECT count(*) FROM unnest($1::int[]) a(id) WHERE NOT EXISTS (SELECT FROM "+fl.table+" t WHERE t.id = a.id)", fl.f.acked).Scan(&missing)
+			})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if missing != 0 {
+				t.Errorf("%s: %d acknowledged inserts are missing on the %s", fl.table, missing, role)
+			}
+		}
 	}
-	if missing != 0 {
-		t.Errorf("%d acknowledged inserts are missing on the standby", missing)
-	}
+
+	// The TLS follower's connections were TLS at the server, verified at the client.
+	checkTransport(t, connect(t, parseConfig(t, c.TLSConnString())), true, true)
 }
 
 // TestClusterAsyncCommitLostInFailover documents the one loss synchronous replication

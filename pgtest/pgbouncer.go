@@ -26,6 +26,7 @@ type PgBouncer struct {
 	root    string
 	logFile string
 	port    int
+	certs   certFiles // in root: PgBouncer's certificate and key, and the CA's certificate
 }
 
 // pgbouncerDirs are where Debian/Ubuntu's package installs the program, which is not on
@@ -84,6 +85,13 @@ func StartPgBouncer(ctx context.Context, s *Server, mode string, poolSize int) (
 func (b *PgBouncer) start(ctx context.Context, exe string, s *Server, mode string, poolSize int) error {
 	conf := filepath.Join(b.root, "pgbouncer.ini")
 	users := filepath.Join(b.root, "userlist.txt")
+	certs, err := writeCertFiles(b.root, s.cred)
+	if err != nil {
+		return err
+	}
+	b.certs = certs
+	// Clients may ask for TLS (TLSConnString) or not (ConnString); PgBouncer's own
+	// connections to the server stay plain.
 	ini := fmt.Sprintf(`[databases]
 * = host=%s port=%d
 
@@ -97,7 +105,10 @@ pool_mode = %s
 default_pool_size = %d
 max_client_conn = 200
 logfile = %s
-`, s.Host(), s.Port(), b.port, users, mode, poolSize, b.logFile)
+client_tls_sslmode = allow
+client_tls_cert_file = %s
+client_tls_key_file = %s
+`, s.Host(), s.Port(), b.port, users, mode, poolSize, b.logFile, b.certs.cert, b.certs.key)
 	if err := os.WriteFile(conf, []byte(ini), 0o600); err != nil {
 		return err
 	}
@@ -188,6 +199,14 @@ func (b *PgBouncer) ping(ctx context.Context) error {
 // simple_protocol).
 func (b *PgBouncer) ConnString() string {
 	return fmt.Sprintf("postgres://postgres@127.0.0.1:%d/postgres?sslmode=disable", b.port)
+}
+
+// TLSConnString is ConnString over TLS: PgBouncer presents a certificate for 127.0.0.1
+// and localhost from the CA that signed the servers', and the URL verifies it as
+// sslmode=verify-full does against that CA (sslrootcert, in PgBouncer's directory). The
+// TLS session ends at PgBouncer, which reaches the server in plain TCP.
+func (b *PgBouncer) TLSConnString() string {
+	return fmt.Sprintf("postgres://postgres@127.0.0.1:%d/postgres?%s", b.port, tlsQuery(b.certs.ca))
 }
 
 // Close stops PgBouncer, which closes every client and server connection it holds, and

@@ -2,6 +2,7 @@ package pgtest
 
 import (
 	"context"
+	"fmt"
 	"strings"
 	"testing"
 
@@ -128,5 +129,31 @@ func TestPgBouncerSessionMode(t *testing.T) {
 	}
 	if pids[0] != pids[1] {
 		t.Fatalf("backends %d and %d: the second client did not get the first one's server connection", pids[0], pids[1])
+	}
+}
+
+// TestPgBouncerTLS: a client may reach PgBouncer over TLS, verified against PgBouncer's
+// CA file, directly or through a Proxy, while PgBouncer reaches the server in plain TCP;
+// a plain client of the same PgBouncer stays plain.
+func TestPgBouncerTLS(t *testing.T) {
+	LeakCheck(t)
+	ctx := testCtx(t)
+	b := PgBouncerFor(t, ctx, srv, "session", 1)
+	p, err := NewProxy(fmt.Sprintf("127.0.0.1:%d", b.port))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { p.Close() })
+	for _, c := range []struct {
+		name, connString string
+		tls              bool
+	}{
+		{"plain", b.ConnString(), false},
+		{"tls", b.TLSConnString(), true},
+		{"tls through a proxy", p.ConnString(b.TLSConnString()), true},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			checkTransport(t, connect(t, parseConfig(t, c.connString)), false, c.tls)
+		})
 	}
 }

@@ -2,6 +2,7 @@ package pgtest
 
 import (
 	"context"
+	"crypto/tls"
 	"encoding/binary"
 	"fmt"
 	"net"
@@ -16,9 +17,15 @@ import (
 // Proxy forwards TCP between clients and the server and injects faults.
 //
 // It parses the frontend (client to server) protocol to find the message that
-// carries a COMMIT; server bytes are relayed unparsed. TLS is not supported:
-// an SSLRequest or GSSENCRequest is answered 'N' by the proxy itself, so the
-// client continues in plain text (or fails if it requires TLS).
+// carries a COMMIT; server bytes are relayed unparsed. A client that asks for TLS
+// (an SSLRequest) gets it if the target agrees, so a Server's TLSConnString works
+// through the proxy: to see the COMMIT, the proxy ends the client's TLS session itself,
+// with a certificate for 127.0.0.1 and localhost from the CA that signed the servers'
+// (so the client still verifies it against the server's sslrootcert), and opens its own
+// to the target, which it verifies against the same CA. Faults and delays then apply
+// as on plain TCP; a cut closes the TCP connections under both sessions, as a broken
+// network would (no TLS close_notify), and TLS handshakes are not delayed. A
+// GSSENCRequest is answered 'N' by the proxy itself.
 //
 // A message carries COMMIT if it is a Query ('Q') one of whose ';'-separated
 // statements, or a Parse ('P') whose SQL, after leading whitespace and comments,
@@ -35,6 +42,7 @@ import (
 // "cut after COMMIT" would end committed or aborted by chance.
 type Proxy struct {
 	target string
+	cert   func() (tls.Certificate, error) // the proxy's own, made for its first TLS client
 	ln     net.Listener
 	ctx    context.Context // cancelled by Close to abort dials in progress
 	cancel context.CancelFunc
@@ -79,6 +87,13 @@ func NewProxy(target string) (*Proxy, error) {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	p := &Proxy{target: target, ln: ln, ctx: ctx, cancel: cancel, conns: map[*proxyConn]struct{}{}}
+	p.cert = sync.OnceValues(func() (tls.Certificate, error) {
+		a, err := processAuthority()
+		if err != nil {
+			return tls.Certificate{}, err
+		}
+		return a.issue()
+	})
 	p.wg.Add(1)
 	go p.acceptLoop()
 	return p, nil
@@ -196,9 +211,10 @@ func (p *Proxy) ResetAll() {
 // relayed server data (or answered an SSLRequest) to the client since the
 // last counted round trip. In other words it counts the transitions
 // "server replied" -> "client sends". Examples: connecting with trust auth is
-// 1; a query sent in one write and answered is 1; a batch that pipelines many
-// messages before reading the reply is 1; a pgx query with arguments whose
-// statement is not cached yet is 2 (prepare, then execute).
+// 1 (over TLS 2: the SSLRequest, then the startup; the handshake is not
+// counted); a query sent in one write and answered is 1; a batch that
+// pipelines many messages before reading the reply is 1; a pgx query with
+// arguments whose statement is not cached yet is 2 (prepare, then execute).
 func (p *Proxy) RoundTrips() int64 { return p.roundTrips.Load() }
 
 // ResetRoundTrips sets the RoundTrips counter to zero.
@@ -270,12 +286,7 @@ func (p *Proxy) serve(client net.Conn) {
 		pc.close()
 		return
 	}
-	pc.toServer = p.newLink(pc, server, p.toServer, nil)
-	// Mark before writing: once the client has the reply it may send again, and
-	// that send must see the mark.
-	pc.toClient = p.newLink(pc, client, p.toClient, func() { pc.serverSpoke.Store(true) })
-	defer pc.toServer.stop()
-	defer pc.toClient.stop()
+	toServer, toClient := p.toServer, p.toClient
 	p.conns[pc] = struct{}{}
 	if p.rec != nil {
 		pc.conv = p.rec.add()
@@ -287,6 +298,17 @@ func (p *Proxy) serve(client net.Conn) {
 		delete(p.conns, pc)
 		p.mu.Unlock()
 	}()
+
+	if pc.clientIO, pc.serverIO, err = p.negotiate(pc); err != nil {
+		pc.close()
+		return
+	}
+	pc.toServer = p.newLink(pc, pc.serverIO, toServer, nil)
+	// Mark before writing: once the client has the reply it may send again, and
+	// that send must see the mark.
+	pc.toClient = p.newLink(pc, pc.clientIO, toClient, func() { pc.serverSpoke.Store(true) })
+	defer pc.toServer.stop()
+	defer pc.toClient.stop()
 
 	done := make(chan struct{})
 	go func() {
@@ -302,8 +324,11 @@ func (p *Proxy) serve(client net.Conn) {
 // proxyConn is one client connection and its server connection. Fields
 // below "client goroutine only" are touched by relayClient alone.
 type proxyConn struct {
-	client, server net.Conn
+	client, server net.Conn // the TCP connections, which a cut closes
 	closeOnce      sync.Once
+	// clientIO and serverIO are what the relays read and write: client and server, or
+	// TLS sessions over them (see negotiate). Set before the relays start.
+	clientIO, serverIO net.Conn
 
 	// blocked stops relaying server bytes: set before a COMMIT that will be
 	// cut is forwarded, so its reply can never reach the client.
@@ -340,7 +365,7 @@ func (pc *proxyConn) close() bool {
 func (p *Proxy) relayServer(pc *proxyConn) {
 	buf := make([]byte, 32<<10)
 	for {
-		n, err := pc.server.Read(buf)
+		n, err := pc.serverIO.Read(buf)
 		if n > 0 && pc.conv != nil {
 			pc.conv.server.append(buf[:n])
 		}
@@ -361,7 +386,7 @@ func (p *Proxy) relayClient(pc *proxyConn) {
 	buf := make([]byte, 32<<10)
 	var pending []byte // received but not yet complete messages
 	for {
-		n, err := pc.client.Read(buf)
+		n, err := pc.clientIO.Read(buf)
 		if n > 0 && pc.conv != nil {
 			pc.conv.client.append(buf[:n])
 		}
@@ -417,10 +442,6 @@ func (p *Proxy) scan(pc *proxyConn, data []byte) (out []byte, consumed int, cut 
 			}
 			consumed += n
 			code := binary.BigEndian.Uint32(rest[4:])
-			if code == sslRequestCode || code == gssEncRequestCode {
-				_ = pc.toClient.write([]byte{'N'}) // a failure shows up on the next read
-				continue
-			}
 			if code == cancelRequestCode && p.cuts.Load() > 0 {
 				pc.dropped = true
 				return out, consumed, false
@@ -653,7 +674,10 @@ func isIdentByte(c byte) bool {
 }
 
 // Record makes the proxy record every connection it accepts from now on, byte for byte
-// in each direction, as received: to compare what clients send, not to inject faults.
+// in each direction, as received, from the startup message (or CancelRequest) on: to
+// compare what clients send, not to inject faults. An SSLRequest or GSSENCRequest and
+// its answer are not recorded, and over TLS the bytes are the plain text inside, so a
+// conversation reads the same over either transport.
 func (p *Proxy) Record() *Recording {
 	p.mu.Lock()
 	defer p.mu.Unlock()

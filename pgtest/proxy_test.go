@@ -24,9 +24,21 @@ func newProxy(t *testing.T) *Proxy {
 	return p
 }
 
-func connectVia(t *testing.T, ctx context.Context, p *Proxy) *pgx.Conn {
+// transports are the two ways a client reaches the server: plain TCP and verified TLS.
+// Connecting through a proxy takes connectTrips round trips (see Proxy.RoundTrips).
+var transports = []struct {
+	name         string
+	connString   func() string
+	connectTrips int64
+}{
+	{"plain", func() string { return srv.ConnString() }, 1},
+	{"tls", func() string { return srv.TLSConnString() }, 2},
+}
+
+// connectVia connects through p with base's settings (see Proxy.ConnString).
+func connectVia(t *testing.T, ctx context.Context, p *Proxy, base string) *pgx.Conn {
 	t.Helper()
-	c, err := pgx.Connect(ctx, p.ConnString(srv.ConnString()))
+	c, err := pgx.Connect(ctx, p.ConnString(base))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -38,7 +50,7 @@ func TestProxyForwards(t *testing.T) {
 	LeakCheck(t)
 	ctx := testCtx(t)
 	p := newProxy(t)
-	c := connectVia(t, ctx, p)
+	c := connectVia(t, ctx, p, srv.ConnString())
 	var port int
 	if err := c.QueryRow(ctx, "SELECT inet_server_port()").Scan(&port); err != nil {
 		t.Fatal(err)
@@ -71,43 +83,47 @@ func TestProxyConnString(t *testing.T) {
 func TestProxyRoundTrips(t *testing.T) {
 	LeakCheck(t)
 	ctx := testCtx(t)
-	p := newProxy(t)
-	c := connectVia(t, ctx, p)
-	if got := p.RoundTrips(); got != 1 {
-		t.Errorf("round trips to connect = %d, want 1 (startup, trust auth)", got)
-	}
+	for _, tr := range transports {
+		t.Run(tr.name, func(t *testing.T) {
+			p := newProxy(t)
+			c := connectVia(t, ctx, p, tr.connString())
+			if got := p.RoundTrips(); got != tr.connectTrips {
+				t.Errorf("round trips to connect = %d, want %d (SSLRequest over TLS, startup, trust auth)", got, tr.connectTrips)
+			}
 
-	p.ResetRoundTrips()
-	for range 3 {
-		if _, err := c.Exec(ctx, "SELECT 1"); err != nil { // no arguments: simple protocol
-			t.Fatal(err)
-		}
-	}
-	if got := p.RoundTrips(); got != 3 {
-		t.Errorf("round trips for 3 simple queries = %d, want 3", got)
-	}
+			p.ResetRoundTrips()
+			for range 3 {
+				if _, err := c.Exec(ctx, "SELECT 1"); err != nil { // no arguments: simple protocol
+					t.Fatal(err)
+				}
+			}
+			if got := p.RoundTrips(); got != 3 {
+				t.Errorf("round trips for 3 simple queries = %d, want 3", got)
+			}
 
-	var n int
-	for i, want := range []int64{2, 1} { // prepare+execute, then cached execute
-		p.ResetRoundTrips()
-		if err := c.QueryRow(ctx, "SELECT $1::int", i).Scan(&n); err != nil {
-			t.Fatal(err)
-		}
-		if got := p.RoundTrips(); got != want {
-			t.Errorf("query with arguments, run %d: %d round trips, want %d", i+1, got, want)
-		}
-	}
+			var n int
+			for i, want := range []int64{2, 1} { // prepare+execute, then cached execute
+				p.ResetRoundTrips()
+				if err := c.QueryRow(ctx, "SELECT $1::int", i).Scan(&n); err != nil {
+					t.Fatal(err)
+				}
+				if got := p.RoundTrips(); got != want {
+					t.Errorf("query with arguments, run %d: %d round trips, want %d", i+1, got, want)
+				}
+			}
 
-	p.ResetRoundTrips()
-	b := &pgx.Batch{}
-	for i := range 5 {
-		b.Queue("SELECT $1::int", i)
-	}
-	if err := c.SendBatch(ctx, b).Close(); err != nil {
-		t.Fatal(err)
-	}
-	if got := p.RoundTrips(); got != 1 {
-		t.Errorf("batch of 5 cached queries: %d round trips, want 1", got)
+			p.ResetRoundTrips()
+			b := &pgx.Batch{}
+			for i := range 5 {
+				b.Queue("SELECT $1::int", i)
+			}
+			if err := c.SendBatch(ctx, b).Close(); err != nil {
+				t.Fatal(err)
+			}
+			if got := p.RoundTrips(); got != 1 {
+				t.Errorf("batch of 5 cached queries: %d round trips, want 1", got)
+			}
+		})
 	}
 }
 
@@ -155,84 +171,88 @@ func TestProxyCutCommit(t *testing.T) {
 	LeakCheck(t)
 	ctx := testCtx(t)
 	freshTable(t, ctx, "proxy_cut")
-	p := newProxy(t)
 	id := 0
-	for _, style := range commitStyles {
-		for _, after := range []bool{true, false} {
-			name := style.name + "/cut before commit"
-			if after {
-				name = style.name + "/cut after commit"
+	for _, tr := range transports {
+		t.Run(tr.name, func(t *testing.T) {
+			p := newProxy(t)
+			for _, style := range commitStyles {
+				for _, after := range []bool{true, false} {
+					name := style.name + "/cut before commit"
+					if after {
+						name = style.name + "/cut after commit"
+					}
+					t.Run(name, func(t *testing.T) {
+						c, err := pgx.Connect(ctx, p.ConnString(tr.connString()))
+						if err != nil {
+							t.Fatal(err)
+						}
+						defer c.Close(ctx)
+						if style.setup != nil {
+							if err := style.setup(ctx, c); err != nil {
+								t.Fatal(err)
+							}
+						}
+						begin := func() (rowID int, xid uint64) {
+							id++
+							if _, err := c.Exec(ctx, "BEGIN"); err != nil {
+								t.Fatal(err)
+							}
+							if _, err := c.Exec(ctx, "INSERT INTO proxy_cut VALUES ($1)", id); err != nil {
+								t.Fatal(err)
+							}
+							if err := c.QueryRow(ctx, "SELECT pg_current_xact_id()").Scan(&xid); err != nil {
+								t.Fatal(err)
+							}
+							return id, xid
+						}
+
+						unarmed, _ := begin()
+						if err := style.commit(ctx, c); err != nil {
+							t.Fatalf("un-armed commit: %v", err)
+						}
+						if countRows(t, ctx, "proxy_cut", unarmed) != 1 {
+							t.Fatal("un-armed commit lost its row")
+						}
+						var cached int
+						if err := c.QueryRow(ctx, "SELECT count(*) FROM pg_prepared_statements WHERE statement ILIKE '%commit'").Scan(&cached); err != nil {
+							t.Fatal(err)
+						}
+						if style.bindOnly && cached != 1 {
+							t.Fatalf("%d prepared COMMIT statements on the connection, want 1: the Bind-only path is not exercised", cached)
+						}
+
+						cuts := p.Cuts()
+						row, xid := begin()
+						if after {
+							p.CutAfterCommit()
+						} else {
+							p.CutBeforeCommit()
+						}
+						err = style.commit(ctx, c)
+						if err == nil {
+							t.Fatal("armed commit returned no error")
+						}
+						t.Logf("client error: %v", err)
+						if got := p.Cuts() - cuts; got != 1 {
+							t.Errorf("cuts = %d, want 1", got)
+						}
+						wantStatus, wantRows := "aborted", 0
+						if after {
+							wantStatus, wantRows = "committed", 1
+						}
+						if st := waitXactDone(t, ctx, xid); st != wantStatus {
+							t.Errorf("transaction status = %q, want %q", st, wantStatus)
+						}
+						if n := countRows(t, ctx, "proxy_cut", row); n != wantRows {
+							t.Errorf("rows = %d, want %d", n, wantRows)
+						}
+					})
+				}
 			}
-			t.Run(name, func(t *testing.T) {
-				c, err := pgx.Connect(ctx, p.ConnString(srv.ConnString()))
-				if err != nil {
-					t.Fatal(err)
-				}
-				defer c.Close(ctx)
-				if style.setup != nil {
-					if err := style.setup(ctx, c); err != nil {
-						t.Fatal(err)
-					}
-				}
-				begin := func() (rowID int, xid uint64) {
-					id++
-					if _, err := c.Exec(ctx, "BEGIN"); err != nil {
-						t.Fatal(err)
-					}
-					if _, err := c.Exec(ctx, "INSERT INTO proxy_cut VALUES ($1)", id); err != nil {
-						t.Fatal(err)
-					}
-					if err := c.QueryRow(ctx, "SELECT pg_current_xact_id()").Scan(&xid); err != nil {
-						t.Fatal(err)
-					}
-					return id, xid
-				}
-
-				unarmed, _ := begin()
-				if err := style.commit(ctx, c); err != nil {
-					t.Fatalf("un-armed commit: %v", err)
-				}
-				if countRows(t, ctx, "proxy_cut", unarmed) != 1 {
-					t.Fatal("un-armed commit lost its row")
-				}
-				var cached int
-				if err := c.QueryRow(ctx, "SELECT count(*) FROM pg_prepared_statements WHERE statement ILIKE '%commit'").Scan(&cached); err != nil {
-					t.Fatal(err)
-				}
-				if style.bindOnly && cached != 1 {
-					t.Fatalf("%d prepared COMMIT statements on the connection, want 1: the Bind-only path is not exercised", cached)
-				}
-
-				cuts := p.Cuts()
-				row, xid := begin()
-				if after {
-					p.CutAfterCommit()
-				} else {
-					p.CutBeforeCommit()
-				}
-				err = style.commit(ctx, c)
-				if err == nil {
-					t.Fatal("armed commit returned no error")
-				}
-				t.Logf("client error: %v", err)
-				if got := p.Cuts() - cuts; got != 1 {
-					t.Errorf("cuts = %d, want 1", got)
-				}
-				wantStatus, wantRows := "aborted", 0
-				if after {
-					wantStatus, wantRows = "committed", 1
-				}
-				if st := waitXactDone(t, ctx, xid); st != wantStatus {
-					t.Errorf("transaction status = %q, want %q", st, wantStatus)
-				}
-				if n := countRows(t, ctx, "proxy_cut", row); n != wantRows {
-					t.Errorf("rows = %d, want %d", n, wantRows)
-				}
-			})
-		}
-	}
-	if want := int64(2 * len(commitStyles)); p.Cuts() != want {
-		t.Errorf("total cuts = %d, want %d", p.Cuts(), want)
+			if want := int64(2 * len(commitStyles)); p.Cuts() != want {
+				t.Errorf("total cuts = %d, want %d", p.Cuts(), want)
+			}
+		})
 	}
 }
 
@@ -278,7 +298,7 @@ func TestProxyCutAll(t *testing.T) {
 	LeakCheck(t)
 	ctx := testCtx(t)
 	p := newProxy(t)
-	a, b := connectVia(t, ctx, p), connectVia(t, ctx, p)
+	a, b := connectVia(t, ctx, p, srv.ConnString()), connectVia(t, ctx, p, srv.ConnString())
 	p.CutAll()
 	if got := p.Cuts(); got != 2 {
 		t.Errorf("cuts = %d, want 2", got)
@@ -289,7 +309,7 @@ func TestProxyCutAll(t *testing.T) {
 		}
 	}
 	// The proxy itself keeps working.
-	c := connectVia(t, ctx, p)
+	c := connectVia(t, ctx, p, srv.ConnString())
 	if _, err := c.Exec(ctx, "SELECT 1"); err != nil {
 		t.Fatal(err)
 	}
@@ -352,7 +372,7 @@ func TestProxyDelay(t *testing.T) {
 	p := newProxy(t)
 	const toServer, toClient = 3 * time.Millisecond, 2 * time.Millisecond
 	p.SetDelay(toServer, toClient)
-	c := connectVia(t, ctx, p)
+	c := connectVia(t, ctx, p, srv.ConnString())
 
 	p.ResetRoundTrips()
 	for range 3 {
@@ -446,6 +466,12 @@ func TestProxyProcess(t *testing.T) {
 	if err := c.Close(ctx); err != nil {
 		t.Fatal(err)
 	}
+	// The child was handed this process's CA: TLS through it verifies as through a Proxy.
+	tc := connect(t, parseConfig(t, pp.ConnString(srv.TLSConnString())))
+	checkTransport(t, tc, true, true)
+	if err := tc.Close(ctx); err != nil {
+		t.Fatal(err)
+	}
 	if err := pp.Close(); err != nil {
 		t.Errorf("proxy process Close: %v", err)
 	}
@@ -456,41 +482,45 @@ func TestProxyProcess(t *testing.T) {
 // that pgx's own cancel of the broken connection cannot abort a COMMIT it forwarded.
 func TestProxyDropsCancelAfterCut(t *testing.T) {
 	ctx := testCtx(t)
-	p := newProxy(t)
-	// sleep runs pg_sleep through the proxy and cancels it once the server runs it.
-	sleep := func() error {
-		c := connectVia(t, ctx, p)
-		defer c.Close(ctx)
-		pid := c.PgConn().PID()
-		done := make(chan error, 1)
-		go func() {
-			_, err := c.Exec(ctx, "select pg_sleep(1)")
-			done <- err
-		}()
-		if err := srv.WaitForWaitEvent(ctx, pid, "PgSleep"); err != nil {
-			t.Fatal(err)
-		}
-		if err := c.PgConn().CancelRequest(ctx); err != nil {
-			t.Fatal(err)
-		}
-		return <-done
-	}
-	if err := sleep(); err == nil {
-		t.Fatal("before any cut: the cancel request did not reach the server")
-	}
-	c := connectVia(t, ctx, p)
-	defer c.Close(ctx)
-	if _, err := c.Exec(ctx, "begin"); err != nil {
-		t.Fatal(err)
-	}
-	p.CutAfterCommit()
-	if _, err := c.Exec(ctx, "commit"); err == nil || p.Cuts() != 1 {
-		t.Fatalf("cut after commit: %v, %d cuts", err, p.Cuts())
-	}
-	if err := sleep(); err != nil {
-		t.Fatalf("after a cut: %v, want the cancel request dropped", err)
-	}
-	if p.Cuts() != 1 {
-		t.Fatalf("%d cuts: a dropped cancel request is no cut", p.Cuts())
+	for _, tr := range transports {
+		t.Run(tr.name, func(t *testing.T) {
+			p := newProxy(t)
+			// sleep runs pg_sleep through the proxy and cancels it once the server runs it.
+			sleep := func() error {
+				c := connectVia(t, ctx, p, tr.connString())
+				defer c.Close(ctx)
+				pid := c.PgConn().PID()
+				done := make(chan error, 1)
+				go func() {
+					_, err := c.Exec(ctx, "select pg_sleep(1)")
+					done <- err
+				}()
+				if err := srv.WaitForWaitEvent(ctx, pid, "PgSleep"); err != nil {
+					t.Fatal(err)
+				}
+				if err := c.PgConn().CancelRequest(ctx); err != nil {
+					t.Fatal(err)
+				}
+				return <-done
+			}
+			if err := sleep(); err == nil {
+				t.Fatal("before any cut: the cancel request did not reach the server")
+			}
+			c := connectVia(t, ctx, p, tr.connString())
+			defer c.Close(ctx)
+			if _, err := c.Exec(ctx, "begin"); err != nil {
+				t.Fatal(err)
+			}
+			p.CutAfterCommit()
+			if _, err := c.Exec(ctx, "commit"); err == nil || p.Cuts() != 1 {
+				t.Fatalf("cut after commit: %v, %d cuts", err, p.Cuts())
+			}
+			if err := sleep(); err != nil {
+				t.Fatalf("after a cut: %v, want the cancel request dropped", err)
+			}
+			if p.Cuts() != 1 {
+				t.Fatalf("%d cuts: a dropped cancel request is no cut", p.Cuts())
+			}
+		})
 	}
 }

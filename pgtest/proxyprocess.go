@@ -20,7 +20,8 @@ const proxyProcessEnv = "PGTEST_PROXY_PROCESS"
 // ProxyProcess is a delaying Proxy (see Proxy.SetDelay) in a child process, so that the
 // proxy's CPU time and threads are not the test process's: a benchmark that measures
 // its own CPU time per transaction through a simulated network stays exact. The child
-// is the test binary itself, which must call Main from TestMain.
+// is the test binary itself, which must call Main from TestMain. It is handed this
+// process's CA, so TLS through it verifies as through a Proxy.
 type ProxyProcess struct {
 	cmd   *exec.Cmd
 	stdin io.WriteCloser
@@ -36,8 +37,16 @@ func StartProxyProcess(target string, toServer, toClient time.Duration) (*ProxyP
 	if err != nil {
 		return nil, err
 	}
+	a, err := processAuthority()
+	if err != nil {
+		return nil, err
+	}
+	ca, err := a.marshal()
+	if err != nil {
+		return nil, err
+	}
 	cmd := exec.Command(exe, "-test.run=^$")
-	cmd.Env = append(os.Environ(), fmt.Sprintf("%s=%s %d %d", proxyProcessEnv, target, toServer, toClient))
+	cmd.Env = append(os.Environ(), fmt.Sprintf("%s=%s %d %d", proxyProcessEnv, target, toServer, toClient), authorityEnv+"="+string(ca))
 	cmd.Stderr = os.Stderr
 	stdin, err := cmd.StdinPipe()
 	if err != nil {

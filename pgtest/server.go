@@ -4,6 +4,12 @@
 // servers themselves (see Main), so nothing but the PostgreSQL server programs
 // (and PgBouncer, for StartPgBouncer) has to be installed.
 //
+// Every server also serves TLS on its port (ssl = on), with a certificate for
+// 127.0.0.1 and localhost signed by a CA that the test process makes in Go: ConnString
+// connects in plain TCP, TLSConnString over TLS verified as sslmode=verify-full does.
+// The proxy, PgBouncer and the Cluster have a TLSConnString too, so a test can run
+// over either transport with the same faults.
+//
 // It is public so that the runnable examples, which are modules of their own, can
 // start the same server the tests use; it is a test harness, not part of the
 // instrumentation API.
@@ -12,6 +18,7 @@ package pgtest
 import (
 	"bytes"
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"io"
@@ -40,6 +47,7 @@ type Server struct {
 	sockDir string
 	logFile string
 	port    int
+	certs   certFiles // in root: the server's certificate and key, and the CA's certificate
 
 	// reaperIn is the write end of the reaper's stdin; see startReaper.
 	reaper   *exec.Cmd
@@ -99,8 +107,8 @@ func newServer(prefix, logIn string) (*Server, error) {
 	return s, nil
 }
 
-// layout makes the socket directory, hands the directories to the server's user and
-// starts the cleanup process.
+// layout makes the socket directory and the TLS files, hands the directories to the
+// server's user and starts the cleanup process.
 func (s *Server) layout() error {
 	if err := os.Mkdir(s.sockDir, 0o700); err != nil {
 		return err
@@ -113,6 +121,11 @@ func (s *Server) layout() error {
 			}
 		}
 	}
+	certs, err := writeCertFiles(s.root, s.cred)
+	if err != nil {
+		return err
+	}
+	s.certs = certs
 	return s.startReaper()
 }
 
@@ -154,7 +167,12 @@ full_page_writes = off
 # commit record is in local WAL; everything else commits locally.
 synchronous_standby_names = 'phantom_standby'
 synchronous_commit = local
-`, s.port, s.sockDir) + extra
+# TLS on the same port, for clients that ask for it (TLSConnString); the others get
+# plain TCP as before.
+ssl = on
+ssl_cert_file = '%s'
+ssl_key_file = '%s'
+`, s.port, s.sockDir, s.certs.cert, s.certs.key) + extra
 	f, err := os.OpenFile(filepath.Join(s.dataDir, "postgresql.conf"), os.O_APPEND|os.O_WRONLY, 0)
 	if err != nil {
 		return err
@@ -177,6 +195,22 @@ func (s *Server) startServer(ctx context.Context) error {
 // (trust auth, no TLS).
 func (s *Server) ConnString() string {
 	return fmt.Sprintf("postgres://postgres@%s:%d/postgres?sslmode=disable", s.Host(), s.port)
+}
+
+// TLSConnString returns a URL for the postgres superuser over TLS that verifies the
+// server as sslmode=verify-full does: its certificate, for 127.0.0.1 and localhost, is
+// signed by the CA whose certificate is the file sslrootcert names, in the server's
+// directory. Through a Proxy (Proxy.ConnString) it verifies the same way.
+func (s *Server) TLSConnString() string {
+	return fmt.Sprintf("postgres://postgres@%s:%d/postgres?%s", s.Host(), s.port, tlsQuery(s.certs.ca))
+}
+
+// TLSConfig returns a client configuration that verifies the server as TLSConnString
+// does, for a test that sets pgconn.Config.TLSConfig itself; each call returns a new one.
+func (s *Server) TLSConfig() *tls.Config {
+	// The authority exists: the server's certificate was made by it.
+	a, _ := processAuthority()
+	return a.clientConfig(s.Host())
 }
 
 // Host is the address the server listens on: always 127.0.0.1.

@@ -41,6 +41,7 @@ func TestServerBasics(t *testing.T) {
 		"max_connections":           "200",
 		"max_prepared_transactions": "0",
 		"listen_addresses":          "127.0.0.1",
+		"ssl":                       "on",
 		"server_version_num":        "", // logged only
 	} {
 		var got string
@@ -345,4 +346,18 @@ func TestMainFailsWhenServerCannotStart(t *testing.T) {
 		t.Errorf("tests ran or skipped without a server:\n%s", out)
 	}
 	t.Logf("output:\n%s", out)
+}
+
+// BenchmarkStart measures what a server of its own costs a test: Start (initdb, the
+// configuration, the TLS files, pg_ctl start) and Close.
+func BenchmarkStart(b *testing.B) {
+	for b.Loop() {
+		s, err := Start()
+		if err != nil {
+			b.Fatal(err)
+		}
+		if err := s.Close(); err != nil {
+			b.Fatal(err)
+		}
+	}
 }

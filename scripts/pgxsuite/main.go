@@ -1,0 +1,199 @@
+// Command pgxsuite runs pgx's own tests — the root package, pgxpool and stdlib, of the pgx
+// version in the library's go.mod — against a pgtest server three ways: without any
+// tracer (baseline), with otelpgxtx installed where pgx parses each configuration
+// (InstrumentPool, InstrumentConnConfig), and installed when each connection is made over
+// whatever tracer the test set. It fails on a test that passes in the baseline and fails
+// with the library (rerun alone in both to confirm), a panic, a frame span never ended on
+// a closed connection, a frame span without tx.outcome, and a call of the OpenTelemetry
+// error handler.
+//
+// It copies pgx from the module cache to a temporary directory, adds three hook
+// variables to the copy (patch.go) and a TestMain to each package that installs the probe
+// (package probe), and runs the compiled test binaries through test2json.
+//
+//	go run ./scripts/pgxsuite [-race] [-run regexp] [-keep]
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/txevidence/otelpgxtx/scripts/pgxsuite/probe"
+)
+
+func main() {
+	race := flag.Bool("race", false, "build pgx's tests with the race detector")
+	pattern := flag.String("run", "", "run only the tests matching this regexp (as go test -run)")
+	keep := flag.Bool("keep", false, "keep the copy of pgx, the test2json output and the probe reports")
+	timeout := flag.Duration("timeout", 10*time.Minute, "the timeout of each test binary run")
+	flag.Parse()
+	ok, err := suite(context.Background(), os.Stdout, *race, *pattern, *keep, *timeout)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(2)
+	}
+	if !ok {
+		os.Exit(1)
+	}
+}
+
+// suite does the whole run and reports to w; ok is false when it found a problem.
+func suite(ctx context.Context, w io.Writer, race bool, pattern string, keep bool, timeout time.Duration) (ok bool, err error) {
+	start := time.Now()
+	out, err := goCmd(".", nil, "list", "-m", "-f", "{{.Dir}}")
+	if err != nil {
+		return false, err
+	}
+	repo := strings.TrimSpace(string(out))
+	version, src, err := pgxSource(repo)
+	if err != nil {
+		return false, err
+	}
+	work, err := os.MkdirTemp("", "otelpgxtx-pgxsuite-")
+	if err != nil {
+		return false, err
+	}
+	if keep {
+		fmt.Fprintf(w, "pgxsuite: keeping %s\n", work)
+	} else {
+		defer os.RemoveAll(work)
+	}
+	root, logs := filepath.Join(work, "pgx"), filepath.Join(work, "runs")
+	if err := os.MkdirAll(logs, 0o755); err != nil {
+		return false, err
+	}
+	fmt.Fprintf(w, "pgxsuite: pgx %s from %s, patched copy in %s\n", version, src, root)
+	if err := prepareCopy(src, root, repo); err != nil {
+		return false, err
+	}
+	bins, err := buildTests(root, filepath.Join(work, "bin"), race)
+	if err != nil {
+		return false, err
+	}
+	built := time.Since(start)
+	fmt.Fprintf(w, "pgxsuite: copied, patched and built in %s\n", built.Round(time.Second))
+
+	db, err := startDatabase(ctx, src)
+	if err != nil {
+		return false, err
+	}
+	defer func() {
+		if cerr := db.Close(); cerr != nil && err == nil {
+			err = cerr
+		}
+	}()
+	r := &runner{root: root, bins: bins, db: db, logs: logs, timeout: timeout}
+
+	runs := map[string]map[string]*pkgRun{}
+	for _, mode := range probe.Modes {
+		t := time.Now()
+		if runs[mode], err = r.runAll(ctx, mode, pattern); err != nil {
+			return false, err
+		}
+		fmt.Fprintf(w, "pgxsuite: %s run in %s\n", mode, time.Since(t).Round(100*time.Millisecond))
+	}
+	printCounts(w, runs)
+
+	var problems []string
+	problem := func(format string, args ...any) { problems = append(problems, fmt.Sprintf(format, args...)) }
+	for _, p := range suitePackages {
+		base := runs[probe.Baseline][p.name()]
+		for _, name := range base.res.with(fail) {
+			problem("%s %s fails in the baseline, without the library:\n%s", p.name(), name, indent(base.res.tail(name, 15)))
+		}
+		for _, line := range base.res.panics {
+			problem("%s baseline: %s", p.name(), line)
+		}
+		for _, mode := range probe.Modes[1:] {
+			inst := runs[mode][p.name()]
+			for _, line := range inst.res.panics {
+				problem("%s %s: %s", p.name(), mode, line)
+			}
+			for _, msg := range reportProblems(inst.report, inst.missing, pattern == "") {
+				problem("%s %s: %s", p.name(), mode, msg)
+			}
+			reg, hit, stale := unexpected(byConstruction, p.name(), mode, regressions(base.res, inst.res))
+			for _, e := range hit {
+				fmt.Fprintf(w, "expected: %s %s: %s fails by construction: %s\n", p.name(), mode, e.test, e.why)
+			}
+			if pattern == "" {
+				for _, e := range stale {
+					problem("%s %s: %s is listed as failing by construction (byConstruction in scripts/pgxsuite/judge.go) but did not fail: remove it", p.name(), mode, e.test)
+				}
+			}
+			if len(reg) == 0 {
+				continue
+			}
+			yes, no, err := r.confirm(ctx, p, mode, reg)
+			if err != nil {
+				return false, err
+			}
+			for _, name := range yes {
+				problem("%s %s: %s passes in the baseline and ends %q with the library, in the full run and alone:\n%s",
+					p.name(), mode, name, inst.res.get(name), indent(inst.res.tail(name, 15)))
+			}
+			for _, name := range no {
+				fmt.Fprintf(w, "note: %s %s: %s passed in the baseline and ended %q with the library in the full run, but not again when rerun alone:\n%s\n",
+					p.name(), mode, name, inst.res.get(name), indent(inst.res.tail(name, 15)))
+			}
+		}
+	}
+	for _, p := range tally(problems) {
+		fmt.Fprintln(w, "FAIL: "+p)
+	}
+	verdict := "ok"
+	if len(problems) > 0 {
+		verdict = "FAIL"
+	}
+	fmt.Fprintf(w, "pgxsuite: %s, %s in all\n", verdict, time.Since(start).Round(time.Second))
+	return len(problems) == 0, nil
+}
+
+// confirm reruns the top-level tests of regressions alone, in the baseline and in mode.
+func (r *runner) confirm(ctx context.Context, p suitePackage, mode string, reg []string) (yes, no []string, err error) {
+	baseAlone, instAlone := map[string]*results{}, map[string]*results{}
+	for _, top := range tops(reg) {
+		for m, into := range map[string]map[string]*results{probe.Baseline: baseAlone, mode: instAlone} {
+			run, err := r.run(ctx, p, m, "^"+top+"$")
+			if err != nil {
+				return nil, nil, err
+			}
+			into[top] = run.res
+		}
+	}
+	yes, no = confirmed(reg, baseAlone, instAlone)
+	return yes, no, nil
+}
+
+// printCounts prints the pass, fail, skip counts and the duration of every run.
+func printCounts(w io.Writer, runs map[string]map[string]*pkgRun) {
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(tw, "mode\tpackage\tpass\tfail\tskip\tnot run\tframes\tinstrumented conns\ttime\t")
+	for _, mode := range probe.Modes {
+		for _, p := range suitePackages {
+			run := runs[mode][p.name()]
+			ps, f, s, n := run.res.counts()
+			frames, conns := "-", "-"
+			if rep := run.report; rep != nil && mode != probe.Baseline {
+				frames, conns = fmt.Sprint(rep.FramesStarted), fmt.Sprintf("%d/%d", rep.Instrumented, rep.Connections)
+			}
+			fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%d\t%d\t%s\t%s\t%.1fs\t\n", mode, p.name(), ps, f, s, n, frames, conns, run.duration.Seconds())
+		}
+	}
+	tw.Flush()
+}
+
+// indent indents a block of output for a message.
+func indent(s string) string {
+	if s == "" {
+		return "    (no output)"
+	}
+	return "    " + strings.ReplaceAll(s, "\n", "\n    ")
+}

@@ -1,0 +1,208 @@
+package otelpgxtx
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+
+	"github.com/jackc/pgx/v5/pgproto3"
+)
+
+// With commit references for plain pgx ([WithCaptureReference], [WithCommitMarker]), the
+// library adds a message of its own to a write of the application's — a query ahead of
+// BEGIN, the xid read ahead of COMMIT, or the marker insert as the first statement of
+// COMMIT's Query — and takes its reply out of what the server sends back, so that pgconn
+// reads exactly the reply to what it sent. This file is that reply reader; netconn.go
+// wires it between the socket and pgconn.
+
+// libraryMessage is what the library added to a write, and so which part of the server's
+// reply is the library's.
+type libraryMessage uint8
+
+const (
+	// libraryQuery: a Query sent ahead of the application's; its reply runs up to its
+	// ReadyForQuery.
+	libraryQuery libraryMessage = iota + 1
+	// libraryCall: a FunctionCall sent ahead; its reply is a FunctionCallResponse (or an
+	// ErrorResponse) and a ReadyForQuery.
+	libraryCall
+	// libraryInsert: an INSERT … RETURNING made the first statement of the application's
+	// Query; its reply runs up to its CommandComplete. An ErrorResponse in its place ends
+	// the whole Query, so it is the application's reply: the server ran nothing after it.
+	libraryInsert
+)
+
+// libraryReply is what the server answered to the library's message.
+type libraryReply struct {
+	row      [][]byte // the DataRow's values (libraryQuery, libraryInsert); nil if none came
+	value    []byte   // the FunctionCallResponse's result (libraryCall); nil for NULL
+	gotValue bool     // a FunctionCallResponse came
+	errCode  string   // the SQLSTATE of an ErrorResponse to the library's message
+	fatal    bool     // that ErrorResponse was FATAL or PANIC: the session ended there
+	done     bool     // the library's part of the reply was read whole
+}
+
+// maxLibraryMessage bounds a message read while the library's part is being taken out:
+// PostgreSQL's replies to it are a few hundred bytes, and an asynchronous message larger
+// than this is not expected there either.
+const maxLibraryMessage = 1 << 20
+
+// errUnaccountedReply is a message the library cannot account for in its part of the
+// reply: the connection is closed rather than pgconn left reading the wrong reply.
+var errUnaccountedReply = errors.New("otelpgxtx: the server's reply to the library's message is not the one the protocol defines; the connection is closed")
+
+// replyFilter splits the server's bytes, from the start of the reply to a write the
+// library added to, into the library's part (kept in lib) and everything else (out, for
+// pgconn, in the order it came). Asynchronous messages — NoticeResponse, ParameterStatus,
+// NotificationResponse — are pgconn's wherever they come. Bytes may arrive split anywhere.
+type replyFilter struct {
+	kind libraryMessage
+	lib  libraryReply
+	in   []byte // bytes of a message not yet complete
+	out  []byte // bytes for pgconn, not yet read
+	err  error  // errUnaccountedReply, once something could not be accounted for
+}
+
+// feed takes bytes the server sent. Once the library's part is read, the rest goes to out
+// unparsed.
+func (f *replyFilter) feed(b []byte) {
+	if f.err != nil {
+		return
+	}
+	if f.lib.done {
+		f.out = append(f.out, b...)
+		return
+	}
+	f.in = append(f.in, b...)
+	for !f.lib.done && f.err == nil {
+		if len(f.in) < 5 {
+			return
+		}
+		n := int(binary.BigEndian.Uint32(f.in[1:5]))
+		if n < 4 || n > maxLibraryMessage {
+			f.fail(fmt.Errorf("message %q of length %d", f.in[0], n))
+			return
+		}
+		if len(f.in) < 1+n {
+			return
+		}
+		f.message(f.in[:1+n])
+		f.in = f.in[1+n:]
+	}
+	if f.lib.done {
+		f.out = append(f.out, f.in...)
+		f.in = nil
+	}
+}
+
+// message judges one whole message: the library's, or pgconn's.
+func (f *replyFilter) message(m []byte) {
+	typ, body := m[0], m[5:]
+	switch typ {
+	case 'N', 'S', 'A': // NoticeResponse, ParameterStatus, NotificationResponse
+		f.out = append(f.out, m...)
+		return
+	case 'E':
+		var e pgproto3.ErrorResponse
+		if err := e.Decode(body); err != nil {
+			f.fail(err)
+			return
+		}
+		f.lib.errCode = e.Code
+		sev := e.SeverityUnlocalized
+		if sev == "" {
+			sev = e.Severity
+		}
+		f.lib.fatal = sev == "FATAL" || sev == "PANIC"
+		if f.lib.fatal || f.kind == libraryInsert {
+			// The server reads nothing after a FATAL, and runs nothing of a Query after an
+			// error: the error is the reply to what pgconn sent.
+			f.out = append(f.out, m...)
+			f.lib.done = true
+		}
+		return
+	}
+	switch f.kind {
+	case libraryQuery, libraryInsert:
+		switch typ {
+		case 'T', 'I': // RowDescription, EmptyQueryResponse
+			return
+		case 'D':
+			var d pgproto3.DataRow
+			if err := d.Decode(body); err != nil {
+				f.fail(err)
+				return
+			}
+			f.lib.row = make([][]byte, len(d.Values))
+			for i, v := range d.Values {
+				if v != nil {
+					f.lib.row[i] = append([]byte{}, v...)
+				}
+			}
+			return
+		case 'C':
+			f.lib.done = f.kind == libraryInsert
+			return
+		case 'Z':
+			if f.kind == libraryQuery {
+				f.lib.done = true
+				return
+			}
+		}
+	case libraryCall:
+		switch typ {
+		case 'V':
+			var r pgproto3.FunctionCallResponse
+			if err := r.Decode(body); err != nil {
+				f.fail(err)
+				return
+			}
+			f.lib.gotValue = true
+			if r.Result != nil {
+				f.lib.value = append([]byte{}, r.Result...)
+			}
+			return
+		case 'Z':
+			f.lib.done = true
+			return
+		}
+	}
+	f.fail(fmt.Errorf("message %q", typ))
+}
+
+// fail records a reply that cannot be accounted for; nothing more is given to pgconn.
+func (f *replyFilter) fail(cause error) {
+	f.err = fmt.Errorf("%w (%v)", errUnaccountedReply, cause)
+	f.in, f.out = nil, nil
+}
+
+// streamPos follows message boundaries in the bytes pgconn is given, so that the library
+// adds to a write only when the server's stream is at a boundary: a reply reader that
+// started in the middle of a message would misread it.
+type streamPos struct {
+	hdr  [5]byte
+	hdrN int // bytes of the current message's header seen
+	skip int // bytes of the current message's body still to come
+}
+
+// advance moves past b.
+func (p *streamPos) advance(b []byte) {
+	for len(b) > 0 {
+		if p.skip > 0 {
+			k := min(p.skip, len(b))
+			p.skip -= k
+			b = b[k:]
+			continue
+		}
+		k := copy(p.hdr[p.hdrN:], b)
+		p.hdrN += k
+		b = b[k:]
+		if p.hdrN == 5 {
+			p.hdrN = 0
+			p.skip = max(int(binary.BigEndian.Uint32(p.hdr[1:]))-4, 0)
+		}
+	}
+}
+
+// atBoundary reports whether the bytes so far end with a whole message.
+func (p *streamPos) atBoundary() bool { return p.hdrN == 0 && p.skip == 0 }
