@@ -37,7 +37,6 @@ import (
 	"io"
 	"net"
 	"net/http"
-	"net/url"
 	"os"
 	"os/signal"
 	"strconv"
@@ -195,25 +194,7 @@ func run(ctx context.Context, cfg config, out, errOut io.Writer) int {
 	case cfg.frontAddr != "":
 		return runFront(ctx, cfg, out, errOut)
 	case cfg.loadVia != "":
-		// In docker compose the front service may still be starting.
-		u, err := url.Parse(cfg.loadVia)
-		if err == nil {
-			port := u.Port()
-			if port == "" {
-				port = u.Scheme // "http" and "https" are service names the dialer knows
-			}
-			err = waitReachable(ctx, net.JoinHostPort(u.Hostname(), port), time.Minute)
-		}
-		if err != nil {
-			fmt.Fprintf(errOut, "demo: the front service at %s: %v\n", cfg.loadVia, err)
-			return exitSetup
-		}
-		rep := runLoadWith(ctx, 0, cfg.load, 4, httpLoad(cfg.loadVia, cfg.scenarioTimeout))
-		printLoad(out, rep)
-		if len(rep.errs) > 0 || ctx.Err() != nil {
-			return exitMismatch
-		}
-		return exitOK
+		return runLoadVia(ctx, cfg, out, errOut)
 	}
 	a, err := newApp(ctx, cfg, out, errOut)
 	if err != nil {
@@ -271,6 +252,22 @@ func runLoadOnly(ctx context.Context, a *app, n int, out, errOut io.Writer) int 
 		code = exitMismatch
 	}
 	return code
+}
+
+// runLoadVia runs the load generator through the front service: no database here.
+func runLoadVia(ctx context.Context, cfg config, out, errOut io.Writer) int {
+	// In docker compose the two services may still be starting: the front is ready when
+	// the database service is.
+	if err := waitHealthy(ctx, cfg.loadVia, time.Minute); err != nil {
+		fmt.Fprintf(errOut, "demo: the front service at %s: %v\n", cfg.loadVia, err)
+		return exitSetup
+	}
+	rep := runLoadWith(ctx, 0, cfg.load, 4, httpLoad(cfg.loadVia, cfg.scenarioTimeout))
+	printLoad(out, rep)
+	if len(rep.errs) > 0 || ctx.Err() != nil {
+		return exitMismatch
+	}
+	return exitOK
 }
 
 // runFront is the front service: no database, only telemetry and the backend.

@@ -16,6 +16,7 @@ import (
 	"net/http"
 	"net/url"
 	"strconv"
+	"strings"
 	"time"
 
 	"go.opentelemetry.io/contrib/instrumentation/net/http/otelhttp"
@@ -56,7 +57,7 @@ func (a *app) ordersHandler() http.Handler {
 		}
 		writeReply(w, r, http.StatusOK, orderReply{Outcome: k.outcome().String()})
 	})
-	return instrumentHTTP(mux, a.tel)
+	return instrumentHTTP(mux, a.tel, func(context.Context) error { return nil })
 }
 
 // frontHandler is the front service: it passes each order to the database service at
@@ -85,13 +86,21 @@ func frontHandler(tel *telemetry, backend string, timeout time.Duration) http.Ha
 			writeReply(w, r, code, reply)
 		}
 	})
-	return instrumentHTTP(mux, tel)
+	// Ready when the database service is: an order taken before would fail.
+	health := &http.Client{Transport: newTransport(), Timeout: 5 * time.Second}
+	return instrumentHTTP(mux, tel, func(ctx context.Context) error { return checkHealth(ctx, health, backend) })
 }
 
-// instrumentHTTP adds a health check and makes every other request a server span that
-// continues the caller's trace.
-func instrumentHTTP(mux *http.ServeMux, tel *telemetry) http.Handler {
-	mux.HandleFunc("GET "+healthPath, func(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(http.StatusOK) })
+// instrumentHTTP adds a health check, which answers 200 when ready says so, and makes
+// every other request a server span that continues the caller's trace.
+func instrumentHTTP(mux *http.ServeMux, tel *telemetry, ready func(context.Context) error) http.Handler {
+	mux.HandleFunc("GET "+healthPath, func(w http.ResponseWriter, r *http.Request) {
+		if err := ready(r.Context()); err != nil {
+			http.Error(w, err.Error(), http.StatusServiceUnavailable)
+			return
+		}
+		w.WriteHeader(http.StatusOK)
+	})
 	return otelhttp.NewHandler(mux, "orders",
 		otelhttp.WithTracerProvider(tel.tp),
 		otelhttp.WithPropagators(propagation.TraceContext{}),
@@ -153,6 +162,44 @@ func postOrder(ctx context.Context, client *http.Client, base, query string) (or
 		return reply, resp.StatusCode, fmt.Errorf("HTTP %d: %q: %w", resp.StatusCode, b, err)
 	}
 	return reply, resp.StatusCode, nil
+}
+
+// checkHealth asks the service at base whether it is ready.
+func checkHealth(ctx context.Context, client *http.Client, base string) error {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, base+healthPath, nil)
+	if err != nil {
+		return err
+	}
+	resp, err := client.Do(req)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	if resp.StatusCode != http.StatusOK {
+		return fmt.Errorf("%s: HTTP %d %s", base+healthPath, resp.StatusCode, strings.TrimSpace(string(b)))
+	}
+	return nil
+}
+
+// waitHealthy polls the service at base until it is ready, for at most wait.
+func waitHealthy(ctx context.Context, base string, wait time.Duration) error {
+	ctx, cancel := context.WithTimeout(ctx, wait)
+	defer cancel()
+	client := &http.Client{Timeout: 5 * time.Second}
+	tick := time.NewTicker(200 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		err := checkHealth(ctx, client, base)
+		if err == nil {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("not ready within %v: %w", wait, err)
+		case <-tick.C:
+		}
+	}
 }
 
 // newTransport keeps a connection per load worker, instead of opening one per request.
