@@ -1,7 +1,7 @@
 # The two commands of the README's quick start are `make demo` and `make test`.
 GO ?= go
 
-.PHONY: demo test test-library test-examples test-scripts test-pgx tools vet fuzz soak model bench bench-quick
+.PHONY: demo test test-library test-examples test-scripts test-pgx tools vet fuzz soak model bench bench-quick dashboard
 
 demo:
 	cd examples/jaeger && $(GO) run .
@@ -18,9 +18,16 @@ test-library:
 test-pgx:
 	$(GO) run ./scripts/pgxsuite -race
 
-# The chart of scripts/bench (its own go.mod, so that the library does not depend on gonum).
+# The chart of scripts/bench (its own go.mod, so that the library does not depend on gonum),
+# and the Grafana dashboard's generator (its own go.mod, for grafana-foundation-sdk): its
+# test fails when examples/jaeger/grafana/otelpgxtx.json is not what it writes.
 test-scripts:
 	cd scripts/benchplot && $(GO) test -count=1 ./...
+	cd scripts/dashboard && $(GO) test -count=1 ./...
+
+# Writes examples/jaeger/grafana/otelpgxtx.json from scripts/dashboard.
+dashboard:
+	cd scripts/dashboard && $(GO) run .
 
 # The demo module (its own go.mod): end to end against a real Jaeger v2 and a real
 # Prometheus, and the alert rules' unit tests with promtool.
@@ -42,12 +49,14 @@ vet:
 	$(GO) vet ./...
 	cd examples/jaeger && $(GO) vet ./...
 	cd scripts/benchplot && $(GO) vet ./...
+	cd scripts/dashboard && $(GO) vet ./...
 	cd scripts/otelcol && GOFLAGS="-trimpath -mod=readonly" $(GO) vet ./... # the flags of its build: one compile serves both
 
 fuzz:
 	$(GO) test -run '^$$' -fuzz FuzzClassify -fuzztime 60s ./classifier/
 	$(GO) test -run '^$$' -fuzz FuzzClassifyStatements -fuzztime 60s .
 	$(GO) test -run '^$$' -fuzz FuzzSanitize -fuzztime 60s .
+	$(GO) test -run '^$$' -fuzz FuzzErrorDescription -fuzztime 60s .
 
 # A longer soundness run, on the single server (crash restarts) and on the cluster
 # (failovers alternating with crash restarts); the CI-sized ones are part of `make test`.

@@ -245,6 +245,7 @@ func rollback(ctx context.Context, sc *scope, tx pgx.Tx, cause error) classifier
 		if !f.hasErr {
 			f.firstErr, f.hasErr = v, true
 		}
+		f.judgeErr(ctx, cause)
 	}
 	// The caller's context may be what failed; the rollback must still be sent. Its error
 	// changes nothing: a failed rollback closes the connection, which rolls back too.

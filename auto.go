@@ -403,9 +403,9 @@ func (a *autoReconciler) oldest() (n int, age time.Duration) {
 	return len(a.pending), age
 }
 
-// Close stops the tracer's automatic reconciliation ([WithAutoReconcile]); without it,
-// Close does nothing. An attempt in flight may finish until ctx is done, then it is
-// cancelled. Every outcome not settled by then gets a warning log record
+// Close stops the tracer's automatic reconciliation ([WithAutoReconcile]), and the
+// observation of the connection counts of the pool it instruments ([InstrumentPool]).
+// An attempt in flight may finish until ctx is done, then it is cancelled. Every outcome not settled by then gets a warning log record
 // ([MessagePendingAtShutdown], with its operation id and reference, on the [WithLogger]
 // logger, else slog's default) for "otelpgxtx reconcile" to settle it after the restart,
 // and is handed to the [WithOnReconciled] callback unknown with reason [UnknownStopped];
@@ -413,7 +413,11 @@ func (a *autoReconciler) oldest() (n int, age time.Duration) {
 // stopped using the pool, and before closing the db it reconciles with. It returns
 // ctx's error if ctx ended first; calling it again does nothing.
 func (t *Tracer) Close(ctx context.Context) error {
-	if t == nil || t.auto == nil {
+	if t == nil {
+		return nil
+	}
+	t.pool.close()
+	if t.auto == nil {
 		return nil
 	}
 	return t.auto.close(ctx)

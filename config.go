@@ -56,6 +56,14 @@ type config struct {
 	rawQueryText  bool
 	errorMessages bool
 	err           error
+
+	// expected decides which failures leave span status Unset (WithExpectedErrors).
+	expected []ExpectedErrorFunc
+	// omitSpans has bit k set for each InnerSpan kind turned off (WithoutInnerSpans).
+	omitSpans uint8
+	// The connection-pool metrics of InstrumentPool: WithPoolName, WithDisablePoolMetrics.
+	poolName      string
+	noPoolMetrics bool
 }
 
 // Option configures a [Tracer].
@@ -73,6 +81,7 @@ func newConfig(opts []Option) config {
 		tracerProvider: otel.GetTracerProvider(),
 		meterProvider:  otel.GetMeterProvider(),
 		spanName:       DefaultSpanName,
+		expected:       defaultExpected,
 	}
 	for _, o := range opts {
 		if o != nil {

@@ -57,6 +57,8 @@ type connState struct {
 	// and only the COMMIT after it ends the block): what follows until the block ends is
 	// no new transaction.
 	committedInBlock bool
+	// pool is what the connection-pool metrics keep on it.
+	pool poolConnState
 }
 
 // queryState is what a query's Start hook hands to its End hook (see startQuery).

@@ -143,10 +143,14 @@
 //
 // # Metrics
 //
-// Counted whether or not the trace is sampled: [MetricTransactions] by tx.outcome, and
-// [MetricDuration] and [MetricCommitDuration] in seconds; with automatic reconciliation,
+// Counted whether or not the trace is sampled: [MetricTransactions], one per frame, by
+// tx.outcome and, for rolled_back, [RollbackKey] (a deliberate rollback is not a failure);
+// [MetricDuration] and [MetricCommitDuration] in seconds; [MetricParticipations], the Run
+// calls that joined an outer transaction, which are not transactions; with automatic reconciliation,
 // [MetricReconciliations], [MetricUnresolved], [MetricUnresolvedAge] and
 // [MetricReconciliationDuration]. Every series of the counters exists from the start at 0.
+// [InstrumentPool] also records the connection-pool metrics of the semantic conventions
+// ([MetricConnectionCount] and the other db.client.connection.* names).
 //
 // # What leaves the process
 //

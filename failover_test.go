@@ -131,13 +131,9 @@ func frameRef(t *testing.T, h *harness, want string) outcome.ReconciliationRef {
 		if v, _ := attr(f, OutcomeKey); v.AsString() != want {
 			continue
 		}
-		s, ok := attr(f, ReconciliationRefKey)
+		ref, ok := refOf(t, f)
 		if !ok {
 			t.Fatalf("the %s frame has no %s", want, ReconciliationRefKey)
-		}
-		ref, err := outcome.ParseReconciliationRef(s.AsString())
-		if err != nil {
-			t.Fatal(err)
 		}
 		return ref
 	}

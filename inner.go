@@ -95,6 +95,11 @@ func (t *Tracer) innerBatchStart(ctx context.Context, conn *pgx.Conn, data pgx.T
 // innerBatchQuery hands one result of a batch to the inner tracer, sanitized.
 func (t *Tracer) innerBatchQuery(ctx context.Context, conn *pgx.Conn, data pgx.TraceBatchQueryData) {
 	if t.batch != nil {
+		if t.omits(InnerSpanBatchQuery) {
+			ctx = withoutSpan(ctx)
+		} else {
+			ctx = t.innerBatchQueryCtx(ctx, data.Err)
+		}
 		if !t.innerAsIs {
 			data.SQL = t.sanitized.innerSQL(data.SQL, t.sanitized.get(data.SQL))
 		}
@@ -142,7 +147,9 @@ func (t *Tracer) innerPrepareStart(ctx context.Context, conn *pgx.Conn, data pgx
 		if !t.cfg.rawQueryText && !t.innerAsIs && strings.HasPrefix(data.Name, "stmtcache_") {
 			data.Name = "stmtcache" // pgx names it by a digest of the raw SQL, literals and all
 		}
-		ctx = t.summarized(ctx, t.prepare.TracePrepareStart(ctx, conn, data), s)
+		ctx = t.summarized(ctx, t.innerStart(InnerSpanPrepare, ctx, func(ctx context.Context) context.Context {
+			return t.prepare.TracePrepareStart(ctx, conn, data)
+		}), s)
 	}
 	return ctx
 }
@@ -150,6 +157,9 @@ func (t *Tracer) innerPrepareStart(ctx context.Context, conn *pgx.Conn, data pgx
 // innerPrepareEnd hands a prepare's end to the inner tracer, its error redacted.
 func (t *Tracer) innerPrepareEnd(ctx context.Context, conn *pgx.Conn, data pgx.TracePrepareEndData) {
 	if t.prepare != nil {
+		if t.omits(InnerSpanPrepare) {
+			ctx = withoutSpan(ctx)
+		}
 		data.Err = t.innerErr(data.Err)
 		t.prepare.TracePrepareEnd(ctx, conn, data)
 	}

@@ -27,6 +27,9 @@ func InstrumentPool(cfg *pgxpool.Config, opts ...Option) (*Tracer, error) {
 	if err != nil {
 		return nil, err
 	}
+	if !t.cfg.noPoolMetrics {
+		t.pool = newPoolMetrics(t.cfg, cfg)
+	}
 	userBeforeClose := cfg.BeforeClose
 	cfg.BeforeClose = func(conn *pgx.Conn) {
 		t.connClosing(conn)

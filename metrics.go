@@ -15,49 +15,97 @@ import (
 )
 
 // Metric names. With the Prometheus exporter they become
-// otelpgxtx_transactions_total{tx_outcome="…"}, otelpgxtx_transaction_duration_seconds and
-// otelpgxtx_transaction_commit_duration_seconds.
+// otelpgxtx_transactions_total{tx_outcome="…"}, otelpgxtx_transaction_duration_seconds,
+// otelpgxtx_transaction_commit_duration_seconds and
+// otelpgxtx_participations_total{tx_participant_outcome="…", tx_propagation="…"}.
 const (
-	// MetricTransactions counts concluded frames, by tx.outcome.
+	// MetricTransactions counts physical transactions: one per frame, when it ends, by its
+	// tx.outcome (committed, rolled_back, indeterminate, committed_with_post_commit_failure)
+	// and, for rolled_back, tx.rollback ([RollbackDeliberate] or [RollbackFailure]).
+	// Plain pgx transactions and each attempt of [Run] count alike; a Run call that
+	// joined an outer transaction has no frame and is counted by [MetricParticipations].
 	MetricTransactions = "otelpgxtx.transactions"
-	// MetricDuration is the time from BEGIN to a frame's outcome, in seconds.
+	// MetricDuration is the time from BEGIN to a frame's outcome, in seconds, with the
+	// attributes of [MetricTransactions].
 	MetricDuration = "otelpgxtx.transaction.duration"
-	// MetricCommitDuration is the time a frame spent committing, in seconds.
+	// MetricCommitDuration is the time a frame spent committing, in seconds, with the
+	// attributes of [MetricTransactions]; frames that never sent COMMIT have none.
 	MetricCommitDuration = "otelpgxtx.transaction.commit.duration"
+	// MetricParticipations counts [Run] calls that joined a transaction already in their
+	// context (Required, Mandatory, Nested): one per call, by tx.participant.outcome
+	// (participating, or rolled_back when the call failed: a Nested call's savepoint was
+	// rolled back, a Required or Mandatory call's failure dooms the owner's transaction,
+	// whose own frame counts in [MetricTransactions]) and tx.propagation. Participants
+	// commit nothing, so they are kept out of the transaction counts.
+	MetricParticipations = "otelpgxtx.participations"
 )
 
 // durationBuckets spans a fast local commit (sub-millisecond) to a stuck synchronous
 // replication wait (tens of seconds).
 var durationBuckets = []float64{0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60}
 
+// frameOutcomes are the outcomes a frame ends with: participating is a Run call's, never
+// a frame's.
+var frameOutcomes = []outcome.Outcome{outcome.OutcomeCommitted, outcome.OutcomeRolledBack,
+	outcome.OutcomeIndeterminate, outcome.OutcomeCommittedWithPostCommitFailure}
+
+// seriesDeliberate indexes the rolled_back series with tx.rollback=deliberate in the
+// metrics' option tables; every other series is indexed by its outcome (rolled_back by
+// the failure one).
+const seriesDeliberate = outcome.OutcomeCommittedWithPostCommitFailure + 1
+
+// participantPropagations are the propagations whose calls can join a transaction.
+var participantPropagations = []Propagation{Required, Nested, Mandatory}
+
 // metrics are recorded for every frame, sampled or not: an indeterminate commit must be
 // countable even when its trace was dropped.
 type metrics struct {
-	transactions metric.Int64Counter
-	duration     metric.Float64Histogram
-	commit       metric.Float64Histogram
-	// Per-outcome options, built once so recording allocates nothing.
-	addOpts    [outcome.OutcomeCommittedWithPostCommitFailure + 1][]metric.AddOption
-	recordOpts [outcome.OutcomeCommittedWithPostCommitFailure + 1][]metric.RecordOption
+	transactions   metric.Int64Counter
+	participations metric.Int64Counter
+	duration       metric.Float64Histogram
+	commit         metric.Float64Histogram
+	// Per-series options, built once so recording allocates nothing.
+	addOpts    [seriesDeliberate + 1][]metric.AddOption
+	recordOpts [seriesDeliberate + 1][]metric.RecordOption
+	// participantOpts[failed][propagation]
+	participantOpts [2][Mandatory + 1][]metric.AddOption
 }
 
 func newMetrics(mp metric.MeterProvider, extra []attribute.KeyValue) *metrics {
 	meter := mp.Meter(ScopeName, metric.WithInstrumentationVersion(Version()))
 	m := &metrics{
 		transactions: counter(meter, MetricTransactions, "{transaction}",
-			"Finished transaction frames, by tx.outcome."),
+			"Physical transactions (frames) that ended, by tx.outcome and, for rolled_back, tx.rollback (deliberate or failure)."),
+		participations: counter(meter, MetricParticipations, "{call}",
+			"Run calls that joined a transaction already in their context, by tx.participant.outcome and tx.propagation."),
 		duration: histogram(meter, MetricDuration, "s",
-			"Duration of transaction frames from BEGIN to their outcome, by tx.outcome.", durationBuckets),
+			"Duration of transaction frames from BEGIN to their outcome, by tx.outcome and tx.rollback.", durationBuckets),
 		commit: histogram(meter, MetricCommitDuration, "s",
-			"Time spent in the committing phase, by tx.outcome.", durationBuckets),
+			"Time spent in the committing phase, by tx.outcome and tx.rollback.", durationBuckets),
 	}
-	for _, o := range outcome.Outcomes() {
-		set := attribute.NewSet(append([]attribute.KeyValue{OutcomeKey.String(o.String()), dbSystemPostgreSQL}, extra...)...)
-		m.addOpts[o] = []metric.AddOption{metric.WithAttributeSet(set)}
-		m.recordOpts[o] = []metric.RecordOption{metric.WithAttributeSet(set)}
-		// Every outcome's series exists from the start at 0, so that an alert on
+	series := func(i outcome.Outcome, kv ...attribute.KeyValue) {
+		set := attribute.NewSet(append(append(kv, dbSystemPostgreSQL), extra...)...)
+		m.addOpts[i] = []metric.AddOption{metric.WithAttributeSet(set)}
+		m.recordOpts[i] = []metric.RecordOption{metric.WithAttributeSet(set)}
+		// Every series exists from the start at 0, so that an alert on
 		// increase(…{tx_outcome="indeterminate"}) sees the very first one.
-		m.transactions.Add(context.Background(), 0, m.addOpts[o]...)
+		m.transactions.Add(context.Background(), 0, m.addOpts[i]...)
+	}
+	for _, o := range frameOutcomes {
+		if o == outcome.OutcomeRolledBack {
+			series(o, OutcomeKey.String(o.String()), RollbackKey.String(RollbackFailure))
+			series(seriesDeliberate, OutcomeKey.String(o.String()), RollbackKey.String(RollbackDeliberate))
+			continue
+		}
+		series(o, OutcomeKey.String(o.String()))
+	}
+	for failed, o := range []outcome.Outcome{outcome.OutcomeParticipating, outcome.OutcomeRolledBack} {
+		for _, p := range participantPropagations {
+			set := attribute.NewSet(append([]attribute.KeyValue{ParticipantOutcomeKey.String(o.String()),
+				PropagationKey.String(p.String()), dbSystemPostgreSQL}, extra...)...)
+			m.participantOpts[failed][p] = []metric.AddOption{metric.WithAttributeSet(set)}
+			m.participations.Add(context.Background(), 0, m.participantOpts[failed][p]...)
+		}
 	}
 	return m
 }
@@ -83,28 +131,37 @@ func histogram(meter metric.Meter, name, unit, description string, buckets []flo
 	return h
 }
 
-// participant counts a Run call that joined an outer transaction: it has no frame, but
-// tx.outcome=participating must be countable like every outcome.
-func (m *metrics) participant() {
-	if m != nil {
-		m.transactions.Add(context.Background(), 1, m.addOpts[outcome.OutcomeParticipating]...)
+// participant counts a Run call with propagation p that joined an outer transaction and
+// ended with o: participating, or rolled_back when it failed.
+func (m *metrics) participant(p Propagation, o outcome.Outcome) {
+	if m == nil || p < Required || p > Mandatory || m.participantOpts[0][p] == nil {
+		return
 	}
+	failed := 0
+	if o != outcome.OutcomeParticipating {
+		failed = 1
+	}
+	m.participations.Add(context.Background(), 1, m.participantOpts[failed][p]...)
 }
 
 // record counts f, which ended with outcome o at now, and its durations.
 func (m *metrics) record(o outcome.Outcome, f *frame, now time.Time) {
-	if m == nil || !o.Valid() {
+	if m == nil || !o.Valid() || o == outcome.OutcomeParticipating {
 		return
+	}
+	i := o
+	if o == outcome.OutcomeRolledBack && f.deliberateRollback() {
+		i = seriesDeliberate
 	}
 	// The instruments are never nil: a failed creation returns a no-op instrument.
 	ctx := context.Background()
 	if f.span.SpanContext().IsSampled() && f.spanCtx != nil {
 		ctx = f.spanCtx // carries the frame span: links exemplars to the frame's trace
 	}
-	m.transactions.Add(ctx, 1, m.addOpts[o]...)
-	m.duration.Record(ctx, now.Sub(f.startedAt).Seconds(), m.recordOpts[o]...)
+	m.transactions.Add(ctx, 1, m.addOpts[i]...)
+	m.duration.Record(ctx, now.Sub(f.startedAt).Seconds(), m.recordOpts[i]...)
 	if !f.committingAt.IsZero() && !f.concludedAt.IsZero() {
-		m.commit.Record(ctx, f.concludedAt.Sub(f.committingAt).Seconds(), m.recordOpts[o]...)
+		m.commit.Record(ctx, f.concludedAt.Sub(f.committingAt).Seconds(), m.recordOpts[i]...)
 	}
 }
 

@@ -75,6 +75,10 @@ type frame struct {
 	// READ ONLY. Commit references are taken only for a frame that wrote and can.
 	wrote, readOnly bool
 
+	// errJudged and errExpected: whether the first failure was an expected one (see
+	// judgeErr); an expected failure leaves the span's status Unset.
+	errJudged, errExpected bool
+
 	// Set by the executor.
 	managed     bool  // the executor ends the span, after post-commit work
 	cause       error // why the executor rolled back
@@ -338,9 +342,13 @@ func (f *frame) setOutcomeStatus(o outcome.Outcome, attrs []attribute.KeyValue) 
 	case outcome.OutcomeRolledBack:
 		attrs = append(attrs, RetryableKey.Bool(v.Retryable()))
 		// A deliberate rollback with nothing gone wrong is not an error.
-		if f.hasErr || f.cause != nil || v.Reason() != classifier.ReasonRolledBack {
-			attrs = append(attrs, errorTypeKey.String(v.Reason()))
-			f.span.SetStatus(codes.Error, StatusDescriptionRolledBack)
+		if f.deliberateRollback() {
+			attrs = append(attrs, RollbackKey.String(RollbackDeliberate))
+		} else {
+			attrs = append(attrs, RollbackKey.String(RollbackFailure), errorTypeKey.String(v.Reason()))
+			if !f.errExpected {
+				f.span.SetStatus(codes.Error, StatusDescriptionRolledBack)
+			}
 		}
 	case outcome.OutcomeIndeterminate:
 		// Neither Ok nor Error: nothing was determined. tx.outcome says which.

@@ -54,9 +54,9 @@ func (t *Tracer) endQuery(ctx context.Context, conn *pgx.Conn, tag pgconn.Comman
 		defer st.mu.Unlock()
 		q, started = st.pop(ctx)
 	}
-	inner(innerEndCtx(ctx, q.frame))
+	inner(t.innerEndStatus(innerEndCtx(ctx, q.frame), err))
 	if started {
-		t.leave(conn, st, &q, tag, err)
+		t.leave(ctx, conn, st, &q, tag, err)
 	}
 }
 
@@ -76,10 +76,10 @@ func (t *Tracer) enter(ctx context.Context, conn *pgx.Conn, st *connState, set s
 	return innerStartCtx(ctx, f), q
 }
 
-// leave records the end of what enter started.
-func (t *Tracer) leave(conn *pgx.Conn, st *connState, q *queryState, tag pgconn.CommandTag, err error) {
+// leave records the end of what enter started, in ctx.
+func (t *Tracer) leave(ctx context.Context, conn *pgx.Conn, st *connState, q *queryState, tag pgconn.CommandTag, err error) {
 	if !q.nested {
-		t.afterQuery(conn, st, q, tag, err)
+		t.afterQuery(ctx, conn, st, q, tag, err)
 	}
 }
 
@@ -119,9 +119,9 @@ func (t *Tracer) beforeQuery(ctx context.Context, conn *pgx.Conn, st *connState,
 	return f
 }
 
-// afterQuery runs after a query completed, when the connection's transaction status is
-// known again. It is where evidence becomes a verdict.
-func (t *Tracer) afterQuery(conn *pgx.Conn, st *connState, q *queryState, tag pgconn.CommandTag, err error) {
+// afterQuery runs after a query made in ctx completed, when the connection's transaction
+// status is known again. It is where evidence becomes a verdict.
+func (t *Tracer) afterQuery(ctx context.Context, conn *pgx.Conn, st *connState, q *queryState, tag pgconn.CommandTag, err error) {
 	pg := conn.PgConn()
 	closed := pg.IsClosed()
 	status := pg.TxStatus()
@@ -147,6 +147,7 @@ func (t *Tracer) afterQuery(conn *pgx.Conn, st *connState, q *queryState, tag pg
 	if q.batch.err != nil && err == nil {
 		err = q.batch.err
 	}
+	f.judgeErr(ctx, err)
 	switch f.currentPhase() {
 	case outcome.PhaseNotStarted:
 		if !inTx {

@@ -116,7 +116,7 @@ func TestRunParticipating(t *testing.T) {
 			} else {
 				wantEvents(t, onlyFrame(t, h), "tx.phase.active", "tx.participant", "tx.phase.rolled_back")
 			}
-			if got := h.countsByOutcome(t, ctx)["participating"]; got != 1 {
+			if got := h.sums(t, ctx, MetricParticipations, ParticipantOutcomeKey)["tx.participant.outcome=participating"]; got != 1 {
 				t.Fatalf("participating counted %d times", got)
 			}
 		})

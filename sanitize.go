@@ -4,8 +4,6 @@ import (
 	"context"
 	"database/sql"
 	"errors"
-	"fmt"
-	"net"
 	"strings"
 	"sync"
 
@@ -569,8 +567,9 @@ const redactedNote = " (message redacted)"
 // redactError returns what may be recorded of err by default: a server error becomes a
 // *pgconn.PgError with only its severity, SQLSTATE and the SQLSTATE class as message
 // (the server's message, detail and hint can quote the statement's values); any other
-// error becomes one that names its type and kind. Errors whose text is fixed pass as
-// they are.
+// error becomes one that names its type and, for the kinds that carry no user data
+// (a lost or closed connection, a timeout, a cancellation), says in fixed words what
+// happened (see describeError). Errors whose text is fixed pass as they are.
 func redactError(err error) error {
 	if err == nil || err == context.Canceled || err == context.DeadlineExceeded || errors.Is(err, sql.ErrNoRows) {
 		return err
@@ -586,17 +585,7 @@ func redactError(err error) error {
 		return &pgconn.PgError{Severity: pgErr.Severity, SeverityUnlocalized: pgErr.SeverityUnlocalized,
 			Code: pgErr.Code, Message: desc + redactedNote}
 	}
-	kind := "error"
-	var netErr net.Error
-	switch {
-	case errors.Is(err, context.Canceled):
-		kind = "canceled"
-	case errors.Is(err, context.DeadlineExceeded) || pgconn.Timeout(err):
-		kind = "timeout"
-	case errors.As(err, &netErr):
-		kind = "network error"
-	}
-	return &redactedError{msg: fmt.Sprintf("otelpgxtx: %s of type %T%s", kind, err, redactedNote)}
+	return describeError(err)
 }
 
 // redactedError stands for an error whose message must not be recorded.

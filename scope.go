@@ -95,15 +95,14 @@ func (sc *scope) rollbackCause() error {
 }
 
 // participated records a participant's call on the owner's frame: a participant has no
-// frame of its own, so its outcome is an event there, and a count.
+// frame of its own, so its outcome is an event there, and a count of its own, whether it
+// joined or failed.
 func (sc *scope) participated(p Policy, o outcome.Outcome) {
 	f := sc.frame
 	if f == nil {
 		return
 	}
-	if o == outcome.OutcomeParticipating {
-		f.t.metrics.participant()
-	}
+	f.t.metrics.participant(p.Propagation, o)
 	if f.span.IsRecording() {
 		f.span.AddEvent(EventParticipant, trace.WithAttributes(
 			ParticipantOutcomeKey.String(o.String()), PropagationKey.String(p.Propagation.String())))

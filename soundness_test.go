@@ -177,7 +177,7 @@ type soakFrame struct {
 	sqlstate         string
 	attempt          int64
 	committedLocally bool
-	participants     int64 // tx.participant events with tx.outcome=participating
+	participants     map[string]int64 // tx.participant events by tx.participant.outcome
 }
 
 // soakSpans is a span processor that records the start and end of every span of this
@@ -235,8 +235,11 @@ func (p *soakSpans) OnEnd(s sdktrace.ReadOnlySpan) {
 				continue
 			}
 			for _, kv := range e.Attributes {
-				if kv.Key == ParticipantOutcomeKey && kv.Value.AsString() == "participating" {
-					fr.participants++
+				if kv.Key == ParticipantOutcomeKey {
+					if fr.participants == nil {
+						fr.participants = map[string]int64{}
+					}
+					fr.participants[kv.Value.AsString()]++
 				}
 			}
 		}
@@ -1206,22 +1209,22 @@ func (s *soak) check(ctx context.Context, workload, total time.Duration) {
 		fail(0, "%d frame span(s) belong to no operation", orphans)
 	}
 
-	// The metrics count what the spans say.
-	metricCounts := (&harness{reader: s.reader}).countsByOutcome(t, ctx)
+	// The metrics count what the spans say: frames by outcome, participant calls by theirs.
+	h := &harness{reader: s.reader}
+	metricCounts := nonZero(h.countsByOutcome(t, ctx)) // every outcome's series starts at 0
 	spanCounts := map[string]int64{}
+	participantCounts := map[string]int64{}
 	for _, f := range frames {
 		spanCounts[f.outcome]++
-		if f.participants > 0 {
-			spanCounts["participating"] += f.participants
-		}
-	}
-	for o, n := range metricCounts {
-		if n == 0 {
-			delete(metricCounts, o) // every outcome's series starts at 0
+		for o, n := range f.participants {
+			participantCounts["tx.participant.outcome="+o] += n
 		}
 	}
 	if fmt.Sprint(metricCounts) != fmt.Sprint(spanCounts) {
 		fail(0, "metrics by outcome %v, frame spans by outcome %v", metricCounts, spanCounts)
+	}
+	if got := nonZero(h.sums(t, ctx, MetricParticipations, ParticipantOutcomeKey)); fmt.Sprint(got) != fmt.Sprint(participantCounts) {
+		fail(0, "participations by outcome %v, tx.participant events %v", got, participantCounts)
 	}
 
 	// Automatic reconciliation: one final answer per indeterminate frame, none contradicting

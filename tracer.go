@@ -29,6 +29,8 @@ type Tracer struct {
 	metrics *metrics
 	// auto reconciles indeterminate frames in the background (WithAutoReconcile), or is nil.
 	auto *autoReconciler
+	// pool records the connection-pool metrics (InstrumentPool), or is nil.
+	pool *poolMetrics
 	// sanitized holds, per SQL string, what the inner tracer is given of it.
 	sanitized sanitizer
 	// innerAsIs: the inner tracer is the application's, and is handed what pgx hands a
@@ -72,6 +74,9 @@ func NewTracer(opts ...Option) *Tracer {
 // functions to return rather than hand to otel.Handle.
 func newTracer(opts []Option) (*Tracer, error) {
 	cfg := newConfig(opts)
+	if cfg.err == nil {
+		cfg.err = cfg.checkOmitSpans()
+	}
 	t := &Tracer{
 		cfg:     cfg,
 		tracer:  cfg.tracerProvider.Tracer(ScopeName, trace.WithInstrumentationVersion(Version())),
@@ -85,7 +90,9 @@ func newTracer(opts []Option) (*Tracer, error) {
 	inner := cfg.inner
 	if !cfg.innerSet {
 		oo := []otelpgx.Option{
-			otelpgx.WithTracerProvider(cfg.tracerProvider),
+			// Wrapped, so that a batch query failing with an expected error keeps its span's
+			// status Unset (see expectedCtx).
+			otelpgx.WithTracerProvider(expectedStatusProvider{cfg.tracerProvider}),
 			otelpgx.WithMeterProvider(cfg.meterProvider),
 			otelpgx.WithTracerAttributes(cfg.spanAttributes...),
 			otelpgx.WithMeterAttributes(cfg.meterAttributes...),
@@ -198,15 +205,20 @@ func (t *Tracer) TracePrepareEnd(ctx context.Context, conn *pgx.Conn, data pgx.T
 
 // TraceConnectStart implements pgx.ConnectTracer.
 func (t *Tracer) TraceConnectStart(ctx context.Context, data pgx.TraceConnectStartData) context.Context {
+	ctx = t.pool.connectStart(ctx)
 	if t.connect != nil {
-		return t.connect.TraceConnectStart(ctx, data)
+		return t.innerStart(InnerSpanConnect, ctx, func(ctx context.Context) context.Context {
+			return t.connect.TraceConnectStart(ctx, data)
+		})
 	}
 	return ctx
 }
 
 // TraceConnectEnd implements pgx.ConnectTracer.
 func (t *Tracer) TraceConnectEnd(ctx context.Context, data pgx.TraceConnectEndData) {
+	t.pool.connectEnd(ctx, data.Err)
 	if t.connect != nil {
+		ctx = t.innerEnd(InnerSpanConnect, ctx, data.Err)
 		data.Err = t.innerErr(data.Err)
 		t.connect.TraceConnectEnd(ctx, data)
 	}
@@ -214,8 +226,11 @@ func (t *Tracer) TraceConnectEnd(ctx context.Context, data pgx.TraceConnectEndDa
 
 // TraceAcquireStart implements pgxpool.AcquireTracer.
 func (t *Tracer) TraceAcquireStart(ctx context.Context, pool *pgxpool.Pool, data pgxpool.TraceAcquireStartData) context.Context {
+	ctx = t.pool.acquireStart(ctx)
 	if t.acquire != nil {
-		return t.acquire.TraceAcquireStart(ctx, pool, data)
+		return t.innerStart(InnerSpanAcquire, ctx, func(ctx context.Context) context.Context {
+			return t.acquire.TraceAcquireStart(ctx, pool, data)
+		})
 	}
 	return ctx
 }
@@ -233,7 +248,9 @@ func (t *Tracer) TraceAcquireEnd(ctx context.Context, pool *pgxpool.Pool, data p
 			st.mu.Unlock()
 		}
 	}
+	t.pool.acquireEnd(ctx, pool, connStateOf(data.Conn), data.Err)
 	if t.acquire != nil {
+		ctx = t.innerEnd(InnerSpanAcquire, ctx, data.Err)
 		data.Err = t.innerErr(data.Err)
 		t.acquire.TraceAcquireEnd(ctx, pool, data)
 	}
@@ -243,6 +260,7 @@ func (t *Tracer) TraceAcquireEnd(ctx context.Context, pool *pgxpool.Pool, data p
 // a transaction is destroyed by the pool, which rolls the transaction back; one released
 // idle or closed with a frame on it had its transaction end where no query showed it.
 func (t *Tracer) TraceRelease(pool *pgxpool.Pool, data pgxpool.TraceReleaseData) {
+	t.pool.release(connStateOf(data.Conn))
 	if data.Conn != nil {
 		if st := connStateOf(data.Conn); st != nil {
 			st.mu.Lock()

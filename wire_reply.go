@@ -87,6 +87,9 @@ func (f *replyFilter) feed(b []byte) {
 			return
 		}
 		f.message(f.in[:1+n])
+		if f.err != nil {
+			return
+		}
 		f.in = f.in[1+n:]
 	}
 	if f.lib.done {

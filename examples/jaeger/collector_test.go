@@ -141,10 +141,6 @@ func hasLabels(m *dto.Metric, match []string) bool {
 // tail-sampling.yaml, to the letter.
 func TestSamplerPoliciesMatch(t *testing.T) {
 	policies := func(file string) any {
-		b, err := os.ReadFile(file)
-		if err != nil {
-			t.Fatal(err)
-		}
 		var conf struct {
 			Processors struct {
 				TailSampling struct {
@@ -152,9 +148,7 @@ func TestSamplerPoliciesMatch(t *testing.T) {
 				} `yaml:"tail_sampling"`
 			} `yaml:"processors"`
 		}
-		if err := yaml.Unmarshal(b, &conf); err != nil {
-			t.Fatal(err)
-		}
+		readYAML(t, file, &conf)
 		if conf.Processors.TailSampling.Policies == nil {
 			t.Fatalf("%s has no tail_sampling policies", file)
 		}

@@ -133,7 +133,7 @@ func checkScenarios(t *testing.T, tr map[string]*jTrace) {
 			}
 			for _, k := range []string{"tx.outcome", "tx.phase", "tx.operation_id", "tx.frame.depth", "tx.propagation", "tx.attempt",
 				"db.system.name", "db.namespace", "server.address", "server.port"} {
-				if _, ok := f.attrs[k]; !ok {
+				if _, ok := f.attrs[k]; !ok && (name != "read_only" || k != "tx.propagation" && k != "tx.attempt") { // plain pgx: no Run
 					t.Errorf("%s: frame %s has no %s", name, f.spanID, k)
 				}
 			}
@@ -179,6 +179,17 @@ func checkScenarios(t *testing.T, tr map[string]*jTrace) {
 	wantEvents(t, "rolled_back", f, "tx.phase.active", "tx.phase.rolled_back")
 	wantStatements(t, "rolled_back", tr["rolled_back"], f, "begin", "insert", "rollback")
 	wantAttr(t, "rolled_back", f, "tx.retryable", "false")
+
+	// A deliberate Rollback(): rolled back, not an error (wantStatus, by tx.rollback).
+	f = one("read_only")
+	wantOutcome(t, "read_only", f, "rolled_back")
+	wantEvents(t, "read_only", f, "tx.phase.active", "tx.phase.rolled_back")
+	wantStatements(t, "read_only", tr["read_only"], f, "begin", "select", "rollback")
+	wantAttr(t, "read_only", f, "tx.rollback", "deliberate")
+	wantAttr(t, "read_only", f, "tx.access_mode", "read only")
+	if _, ok := f.attrs["error.type"]; ok {
+		t.Errorf("read_only: a deliberate rollback has error.type %q", f.attrs["error.type"])
+	}
 
 	f = one("rolled_back_at_commit")
 	wantOutcome(t, "rolled_back_at_commit", f, "rolled_back")
@@ -319,8 +330,13 @@ func wantStatus(t *testing.T, name string, f *jSpan) {
 			t.Errorf("%s: %s frame status %d %q, want Ok", name, f.attrs["tx.outcome"], f.status, f.statusMsg)
 		}
 	case "rolled_back":
-		if f.status != statusError || f.statusMsg != "transaction rolled back" {
-			t.Errorf("%s: rolled_back frame status %d %q, want Error \"transaction rolled back\"", name, f.status, f.statusMsg)
+		if f.attrs["tx.rollback"] == "deliberate" {
+			if f.status != statusUnset {
+				t.Errorf("%s: deliberately rolled_back frame status %d %q, want Unset", name, f.status, f.statusMsg)
+			}
+		} else if f.status != statusError || f.statusMsg != "transaction rolled back" || f.attrs["tx.rollback"] != "failure" {
+			t.Errorf("%s: rolled_back frame status %d %q, tx.rollback %q, want Error \"transaction rolled back\", failure",
+				name, f.status, f.statusMsg, f.attrs["tx.rollback"])
 		}
 	case "indeterminate":
 		if f.status != statusUnset {

@@ -11,8 +11,6 @@ import (
 	"testing"
 	"time"
 
-	"go.yaml.in/yaml/v3"
-
 	"github.com/txevidence/otelpgxtx/pgtest"
 )
 
@@ -162,30 +160,6 @@ func TestParseConfig(t *testing.T) {
 	}
 }
 
-// composeFile is what the tests read of docker-compose.yml.
-type composeFile struct {
-	Services map[string]struct {
-		Image       string            `yaml:"image"`
-		Command     []string          `yaml:"command"`
-		Environment map[string]string `yaml:"environment"`
-		Volumes     []string          `yaml:"volumes"`
-		Profiles    []string          `yaml:"profiles"`
-	} `yaml:"services"`
-}
-
-func readCompose(t *testing.T) composeFile {
-	t.Helper()
-	b, err := os.ReadFile("../../docker-compose.yml")
-	if err != nil {
-		t.Fatal(err)
-	}
-	var compose composeFile
-	if err := yaml.Unmarshal(b, &compose); err != nil {
-		t.Fatal(err)
-	}
-	return compose
-}
-
 // TestComposeMatchesPgtest: docker-compose.yml runs PostgreSQL with the settings the tests'
 // throw-away server has (the indeterminate scenario depends on them), the demo serves
 // metrics where Prometheus scrapes them, and Prometheus loads the tested rules.
@@ -256,4 +230,22 @@ func TestComposeMatchesPgtest(t *testing.T) {
 			t.Errorf("prometheus volume %s: %v", v, err)
 		}
 	}
+}
+
+// composeFile is what the tests read of docker-compose.yml.
+type composeFile struct {
+	Services map[string]struct {
+		Image       string            `yaml:"image"`
+		Command     []string          `yaml:"command"`
+		Environment map[string]string `yaml:"environment"`
+		Volumes     []string          `yaml:"volumes"`
+		Profiles    []string          `yaml:"profiles"`
+	} `yaml:"services"`
+}
+
+func readCompose(t *testing.T) composeFile {
+	t.Helper()
+	var c composeFile
+	readYAML(t, "../../docker-compose.yml", &c)
+	return c
 }

@@ -15,7 +15,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/txevidence/otelpgxtx/outcome"
 	"github.com/txevidence/otelpgxtx/pgtest"
 )
 
@@ -183,27 +182,7 @@ var alertNames = []string{"TransactionCommitIndeterminate", "TransactionCommitUn
 // labels the README documents.
 func TestPrometheusAlert(t *testing.T) {
 	ctx := pgtest.Context(t, 4*time.Minute)
-	ports := freePorts(t, 2)
-	var out, errOut syncBuffer
-	cfg := config{
-		databaseURL:     srv.ConnString(),
-		otlpEndpoint:    "http://" + ports[0], // nothing listens: no export
-		otlpProtocol:    protoHTTP,
-		serviceName:     "otelpgxtx-prometheus",
-		metricsAddr:     ports[1],
-		tree:            treeNever,
-		scenarioTimeout: time.Minute,
-	}
-	a, err := newApp(ctx, cfg, &out, &errOut)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer func() {
-		if err := a.close(context.WithoutCancel(ctx)); err != nil {
-			t.Error(err)
-		}
-	}()
-	p := startPrometheus(t, ports[1])
+	a, p, out, errOut := scrapedDemo(t, ctx, "otelpgxtx-prometheus")
 	const indeterminate = `otelpgxtx_transactions_total{tx_outcome="indeterminate"}`
 
 	// Scraped, at 0, and the rules evaluated since: nothing may be firing yet.
@@ -238,7 +217,7 @@ func TestPrometheusAlert(t *testing.T) {
 		})
 		l := got[0].Labels
 		if l["tx_outcome"] != want.outcome || l["severity"] != want.severity || l["job"] != "otelpgxtx-demo" ||
-			l["instance"] != ports[1] || l["db_system_name"] != "postgresql" {
+			l["instance"] != a.cfg.metricsAddr || l["db_system_name"] != "postgresql" {
 			t.Errorf("%s labels %v", want.name, l)
 		}
 	}
@@ -273,29 +252,35 @@ func TestPrometheusAlert(t *testing.T) {
 		}
 	}
 
-	// The names and labels of the README: one series per outcome of the counter, and
-	// the two duration histograms by tx.outcome.
+	// The names and labels of the README: one series per frame outcome of the counter
+	// (rolled_back twice, deliberate and failure; participating calls are counted
+	// apart), and the two duration histograms by tx.outcome.
 	var outcomes []string
 	for _, s := range p.query(t, ctx, `otelpgxtx_transactions_total{job="otelpgxtx-demo"}`) {
-		outcomes = append(outcomes, s.Metric["tx_outcome"])
+		outcomes = append(outcomes, s.Metric["tx_outcome"]+" "+s.Metric["tx_rollback"])
 		if s.Metric["db_system_name"] != "postgresql" {
 			t.Errorf("series %v: want db_system_name=postgresql", s.Metric)
 		}
 	}
-	var want []string
-	for _, o := range outcome.Outcomes() {
-		want = append(want, o.String())
-	}
+	want := []string{"committed ", "committed_with_post_commit_failure ", "indeterminate ", "rolled_back deliberate", "rolled_back failure"}
 	slices.Sort(outcomes)
-	slices.Sort(want)
 	if !slices.Equal(outcomes, want) {
-		t.Errorf("otelpgxtx_transactions_total has tx_outcome %v, want every outcome %v", outcomes, want)
+		t.Errorf("otelpgxtx_transactions_total has tx_outcome and tx_rollback %q, want %q", outcomes, want)
+	}
+	// The demo's one participating call, and its deliberate rollback.
+	for q, v := range map[string]string{
+		`otelpgxtx_participations_total{tx_participant_outcome="participating", tx_propagation="required"}`: "1",
+		`otelpgxtx_transactions_total{tx_outcome="rolled_back", tx_rollback="deliberate"}`:                  "1",
+	} {
+		if r := p.query(t, ctx, q); len(r) != 1 || r[0].Value[1] != v {
+			t.Errorf("%s = %v, want %s", q, r, v)
+		}
 	}
 	var names []string
 	if err := p.api(ctx, "/api/v1/label/__name__/values", url.Values{"match[]": {`{__name__=~"otelpgxtx_.*"}`}}, &names); err != nil {
 		t.Fatal(err)
 	}
-	wantNames := []string{"otelpgxtx_transactions_total", "otelpgxtx_reconciliations_total",
+	wantNames := []string{"otelpgxtx_transactions_total", "otelpgxtx_participations_total", "otelpgxtx_reconciliations_total",
 		"otelpgxtx_reconciliation_unresolved", "otelpgxtx_reconciliation_unresolved_age_seconds"}
 	for _, h := range []string{"otelpgxtx_transaction_commit_duration_seconds", "otelpgxtx_transaction_duration_seconds",
 		"otelpgxtx_reconciliation_duration_seconds"} {
@@ -324,6 +309,27 @@ func TestPrometheusAlert(t *testing.T) {
 	if l := unknown[0].Labels; l["error_type"] != "no_reference" || l["severity"] != "page" || l["tx_outcome_resolved"] != "unknown" {
 		t.Errorf("TransactionReconciledUnknown labels %v", l)
 	}
+}
+
+// scrapedDemo starts the demo serving its metrics (its traces go nowhere: nothing listens
+// at the OTLP endpoint) and a real Prometheus scraping it; both stop when t ends.
+func scrapedDemo(t *testing.T, ctx context.Context, service string) (a *app, p *promProc, out, errOut *syncBuffer) {
+	t.Helper()
+	ports := freePorts(t, 2)
+	out, errOut = &syncBuffer{}, &syncBuffer{}
+	a, err := newApp(ctx, config{
+		databaseURL: srv.ConnString(), otlpEndpoint: "http://" + ports[0], otlpProtocol: protoHTTP,
+		serviceName: service, metricsAddr: ports[1], tree: treeNever, scenarioTimeout: time.Minute,
+	}, out, errOut)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := a.close(context.WithoutCancel(ctx)); err != nil {
+			t.Error(err)
+		}
+	})
+	return a, startPrometheus(t, ports[1]), out, errOut
 }
 
 // plainIndeterminate makes a plain pgx transaction on the demo's pool whose COMMIT waits

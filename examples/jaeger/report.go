@@ -87,8 +87,9 @@ func (a *app) whereToLook(rep roundReport, indeterminate []string) {
 	}
 }
 
-// metricSummary renders the library's metrics from the registry: the counters and gauges
-// by their labels, and the histograms' sample counts.
+// metricSummary renders the library's metrics from the registry — its own and the
+// connection pool's (db.client.connection.*) —: the counters and gauges by their labels,
+// and the histograms' sample counts.
 func metricSummary(reg interface {
 	Gather() ([]*dto.MetricFamily, error)
 }) []string {
@@ -99,7 +100,7 @@ func metricSummary(reg interface {
 	var lines []string
 	for _, mf := range mfs {
 		name := mf.GetName()
-		if !strings.HasPrefix(name, "otelpgxtx_") {
+		if !strings.HasPrefix(name, "otelpgxtx_") && !strings.HasPrefix(name, "db_client_connection_") {
 			continue
 		}
 		for _, m := range mf.GetMetric() {

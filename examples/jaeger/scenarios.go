@@ -68,7 +68,7 @@ var scenarios = []*scenario{
 	},
 	{
 		name:   "rolled_back",
-		title:  "the function returns an error: Run rolls back (deliberate, not retryable)",
+		title:  "the function returns an error: Run rolls back (a failure, not retryable)",
 		frames: []string{"rolled_back"},
 		run: func(ctx context.Context, a *app, s *scenarioRun) error {
 			res := otelpgxtx.Run(ctx, a.pool, otelpgxtx.DefaultPolicy(), func(ctx context.Context, tx pgx.Tx) (int, error) {
@@ -83,6 +83,21 @@ var scenarios = []*scenario{
 				return unexpected("run", res, "rolled_back in phase active, not retryable")
 			}
 			return a.wantRows(ctx, map[int]bool{2: false})
+		},
+	},
+	{
+		name:   "read_only",
+		title:  "a read-only report ends with Rollback(), the usual Go way: rolled_back, tx.rollback=deliberate, not an error",
+		frames: []string{"rolled_back"},
+		run: func(ctx context.Context, a *app, s *scenarioRun) error {
+			tx, err := a.pool.BeginTx(ctx, pgx.TxOptions{AccessMode: pgx.ReadOnly})
+			if err != nil {
+				return err
+			}
+			var n int
+			err = tx.QueryRow(ctx, fmt.Sprintf("select count(*) from %s", a.table)).Scan(&n)
+			s.note(fmt.Sprintf("orders=%d", n))
+			return errors.Join(err, tx.Rollback(ctx))
 		},
 	},
 	{

@@ -1,0 +1,137 @@
+package otelpgxtx
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/trace"
+)
+
+// ExpectedErrorFunc reports whether err, which a statement, a connect, a pool acquire or
+// a transaction of the caller's failed with, is one the application expects: a span
+// that failed with an expected error keeps status Unset instead of Error (its exception
+// event stays). ctx is the caller's context of the failed call, err the error as the
+// driver returned it, never redacted: the function runs in the process and records
+// nothing. It must be fast and safe for concurrent use; it runs only on failures.
+//
+// Only the status changes: tx.outcome, error.type, tx.rollback, the metrics and [Run]'s
+// results are the same whatever it says — an indeterminate commit stays indeterminate.
+type ExpectedErrorFunc func(ctx context.Context, err error) bool
+
+// CallerCanceled is the default [ExpectedErrorFunc]: err is a cancellation and ctx, the
+// caller's context, was canceled — the caller gave up (a user navigated away, a hedged
+// request lost its race), which is not a failure of the database or of the query. A
+// deadline that passed is not a cancellation (it is a timeout an operator should see),
+// nor is a cancellation the caller did not ask for (the server's query_canceled, 57014,
+// or a context of the library's own).
+func CallerCanceled(ctx context.Context, err error) bool {
+	return errors.Is(err, context.Canceled) && ctx != nil && ctx.Err() == context.Canceled
+}
+
+// WithExpectedErrors sets the functions that decide which failures are expected (see
+// [ExpectedErrorFunc]); a failure is expected when one of them says so. It replaces the
+// default, [CallerCanceled]: keep it in the list to keep it, and call WithExpectedErrors()
+// with none to make every failure an Error, as otelpgx does. A nil function is an error.
+//
+// It applies to the frame spans, and to the statement, connect and acquire spans of the
+// default otelpgx inner tracer; a tracer of your own ([WithInnerTracer]) sets its spans'
+// status itself.
+func WithExpectedErrors(fns ...ExpectedErrorFunc) Option {
+	return optionFunc(func(c *config) {
+		for i, fn := range fns {
+			if fn == nil {
+				c.err = fmt.Errorf("otelpgxtx: WithExpectedErrors: function %d is nil", i)
+				return
+			}
+		}
+		c.expected = append([]ExpectedErrorFunc(nil), fns...)
+	})
+}
+
+// defaultExpected is the default of [WithExpectedErrors].
+var defaultExpected = []ExpectedErrorFunc{CallerCanceled}
+
+// expectedErr reports whether err, a failure of a call made in ctx, is expected.
+func (t *Tracer) expectedErr(ctx context.Context, err error) bool {
+	if err == nil {
+		return false
+	}
+	for _, fn := range t.cfg.expected {
+		if fn(ctx, err) {
+			return true
+		}
+	}
+	return false
+}
+
+// judgeErr records whether the first failure f saw, of a call made in ctx, was expected:
+// the failure that decides its span's status.
+func (f *frame) judgeErr(ctx context.Context, err error) {
+	if err != nil && !f.errJudged {
+		f.errJudged, f.errExpected = true, f.t.expectedErr(ctx, err)
+	}
+}
+
+// innerEndStatus returns the context for the default otelpgx tracer's End hook of a call
+// in ctx that failed with err: when err is expected, the span it ends is wrapped so that
+// it cannot set status Error. A tracer of the user's own gets ctx as it is.
+func (t *Tracer) innerEndStatus(ctx context.Context, err error) context.Context {
+	if t.cfg.innerSet || !t.expectedErr(ctx, err) {
+		return ctx
+	}
+	span := trace.SpanFromContext(ctx)
+	if !span.IsRecording() {
+		return ctx
+	}
+	return trace.ContextWithSpan(ctx, expectedSpan{span})
+}
+
+// expectedSpan is a span that ended with an expected error: it takes every call but the
+// Error status.
+type expectedSpan struct{ trace.Span }
+
+// SetStatus drops codes.Error, which an expected error must not set.
+func (s expectedSpan) SetStatus(code codes.Code, description string) {
+	if code != codes.Error {
+		s.Span.SetStatus(code, description)
+	}
+}
+
+// expectedCtx marks the context of a batch query that failed with an expected error:
+// otelpgx starts and ends that span inside one hook, from its own tracer, so the mark
+// travels to the tracer the default otelpgx is given (expectedStatusTracer), which wraps
+// the span it starts.
+type expectedCtx struct{ context.Context }
+
+// expectedStatusProvider is the tracer provider of the default otelpgx inner tracer: its
+// tracers wrap the spans started in an expectedCtx. Any other start is the SDK's, as it is.
+type expectedStatusProvider struct{ trace.TracerProvider }
+
+// Tracer returns the provider's tracer, wrapped.
+func (p expectedStatusProvider) Tracer(name string, opts ...trace.TracerOption) trace.Tracer {
+	return expectedStatusTracer{p.TracerProvider.Tracer(name, opts...)}
+}
+
+type expectedStatusTracer struct{ trace.Tracer }
+
+// Start starts the span; in an expectedCtx (a type assertion, no lookup) it returns it
+// wrapped in expectedSpan.
+func (t expectedStatusTracer) Start(ctx context.Context, name string, opts ...trace.SpanStartOption) (context.Context, trace.Span) {
+	ctx2, span := t.Tracer.Start(ctx, name, opts...)
+	if _, ok := ctx.(expectedCtx); ok {
+		span = expectedSpan{span}
+		ctx2 = trace.ContextWithSpan(ctx2, span)
+	}
+	return ctx2, span
+}
+
+// innerBatchQueryCtx returns the context for the default otelpgx tracer's TraceBatchQuery
+// of a query that failed with err: marked when err is expected.
+func (t *Tracer) innerBatchQueryCtx(ctx context.Context, err error) context.Context {
+	if t.cfg.innerSet || !t.expectedErr(ctx, err) {
+		return ctx
+	}
+	return expectedCtx{ctx}
+}

@@ -1,0 +1,326 @@
+package otelpgxtx
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+	"weak"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"go.opentelemetry.io/otel"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/metric"
+)
+
+// Connection-pool metric names, as the OpenTelemetry semantic conventions for database
+// client metrics define them (db.client.connection.*). Every one of them, and their
+// attributes db.client.connection.pool.name and db.client.connection.state, has
+// Development status in the conventions: the names may still change there. With the
+// Prometheus exporter they become db_client_connection_count,
+// db_client_connection_timeouts_total, db_client_connection_wait_time_seconds and so on.
+const (
+	// MetricConnectionCount is the number of connections in each state: idle, and used
+	// (acquired). Connections being created are in neither.
+	MetricConnectionCount = "db.client.connection.count"
+	// MetricConnectionIdleMax is the most idle connections the pool keeps: pgxpool closes
+	// an idle connection only for its idle time or lifetime, so this is its MaxConns.
+	MetricConnectionIdleMax = "db.client.connection.idle.max"
+	// MetricConnectionIdleMin is the fewest idle connections the pool keeps (MinIdleConns).
+	MetricConnectionIdleMin = "db.client.connection.idle.min"
+	// MetricConnectionMax is the most connections the pool opens (MaxConns).
+	MetricConnectionMax = "db.client.connection.max"
+	// MetricConnectionPendingRequests is the number of acquires in progress: begun and not
+	// yet handed a connection or failed.
+	MetricConnectionPendingRequests = "db.client.connection.pending_requests"
+	// MetricConnectionTimeouts counts acquires that failed because their context's
+	// deadline passed (pgxpool's acquire timeout is the context's).
+	MetricConnectionTimeouts = "db.client.connection.timeouts"
+	// MetricConnectionCreateTime is the time a new connection of the pool took to
+	// connect, in seconds (connections that failed to connect are not recorded).
+	MetricConnectionCreateTime = "db.client.connection.create_time"
+	// MetricConnectionWaitTime is the time an acquire took to obtain a connection, in
+	// seconds (failed acquires are counted by their error, not here).
+	MetricConnectionWaitTime = "db.client.connection.wait_time"
+	// MetricConnectionUseTime is the time from an acquire to the release of its
+	// connection, in seconds, whatever state the connection was released in.
+	MetricConnectionUseTime = "db.client.connection.use_time"
+)
+
+// Attribute keys of the connection-pool metrics.
+const (
+	// PoolNameKey is db.client.connection.pool.name: by default
+	// server.address:server.port/db.namespace of the pool's configuration, as the
+	// conventions suggest for a pool that has no name; see [WithPoolName].
+	PoolNameKey = attribute.Key("db.client.connection.pool.name")
+	// ConnectionStateKey is db.client.connection.state: "idle" or "used".
+	ConnectionStateKey = attribute.Key("db.client.connection.state")
+)
+
+// WithPoolName names the pool [InstrumentPool] instruments, as
+// db.client.connection.pool.name. The default is server.address:server.port/db.namespace
+// of its configuration; two instrumented pools of one process on the same database report
+// to the same series unless each has a name of its own. An empty name is an error.
+func WithPoolName(name string) Option {
+	return optionFunc(func(c *config) {
+		if name == "" {
+			c.err = errors.New("otelpgxtx: WithPoolName: empty pool name")
+			return
+		}
+		c.poolName = name
+	})
+}
+
+// WithDisablePoolMetrics turns off the connection-pool metrics [InstrumentPool] records
+// (db.client.connection.*); the transaction metrics stay.
+func WithDisablePoolMetrics() Option {
+	return optionFunc(func(c *config) { c.noPoolMetrics = true })
+}
+
+// poolMetrics records the connection-pool metrics of the pools a tracer instruments. The
+// counts come from pgxpool.Stat in an asynchronous callback; the times, the timeouts and
+// the pending acquires from the tracer's hooks, which see every acquire, connect and
+// release.
+type poolMetrics struct {
+	timeouts                      metric.Int64Counter
+	createTime, waitTime, useTime metric.Float64Histogram
+	addOpts                       []metric.AddOption
+	recordOpts                    []metric.RecordOption
+	pending                       atomic.Int64
+
+	mu sync.Mutex
+	// pools are the pools seen acquiring, held weakly: a pool the application dropped is
+	// no longer observed, and never kept alive by its metrics.
+	pools []seenPool
+	reg   metric.Registration
+}
+
+// seenPool is one pool a tracer instruments, and what its configuration says once.
+type seenPool struct {
+	p       weak.Pointer[pgxpool.Pool]
+	minIdle int64
+}
+
+// newPoolMetrics creates the instruments on the tracer's meter, for the pool cfg
+// configures, and registers the callback that observes its counts.
+func newPoolMetrics(c config, cfg *pgxpool.Config) *poolMetrics {
+	name := c.poolName
+	if name == "" {
+		cc := cfg.ConnConfig
+		name = cc.Host + ":" + strconv.Itoa(int(cc.Port)) + "/" + cc.Database
+	}
+	meter := c.meterProvider.Meter(ScopeName, metric.WithInstrumentationVersion(Version()))
+	base := append([]attribute.KeyValue{PoolNameKey.String(name)}, c.meterAttributes...)
+	set := attribute.NewSet(base...)
+	pm := &poolMetrics{
+		timeouts: counter(meter, MetricConnectionTimeouts, "{timeout}",
+			"The number of connection timeouts that have occurred trying to obtain a connection from the pool."),
+		createTime: histogram(meter, MetricConnectionCreateTime, "s", "The time it took to create a new connection.", durationBuckets),
+		waitTime:   histogram(meter, MetricConnectionWaitTime, "s", "The time it took to obtain an open connection from the pool.", durationBuckets),
+		useTime: histogram(meter, MetricConnectionUseTime, "s",
+			"The time between borrowing a connection and returning it to the pool.", durationBuckets),
+		addOpts:    []metric.AddOption{metric.WithAttributeSet(set)},
+		recordOpts: []metric.RecordOption{metric.WithAttributeSet(set)},
+	}
+	// Born at 0, as the transaction counters are: the first timeout is an increase.
+	pm.timeouts.Add(context.Background(), 0, pm.addOpts...)
+	pm.register(meter, set, base)
+	return pm
+}
+
+// register creates the asynchronous instruments and the callback that observes the
+// pools' counts at each collection.
+func (pm *poolMetrics) register(meter metric.Meter, set attribute.Set, base []attribute.KeyValue) {
+	upDown := func(name, unit, description string) metric.Int64ObservableUpDownCounter {
+		i, err := meter.Int64ObservableUpDownCounter(name, metric.WithUnit(unit), metric.WithDescription(description))
+		if err != nil {
+			otel.Handle(err)
+		}
+		return i
+	}
+	count := upDown(MetricConnectionCount, "{connection}",
+		"The number of connections that are currently in state described by the state attribute.")
+	idleMax := upDown(MetricConnectionIdleMax, "{connection}", "The maximum number of idle open connections allowed.")
+	idleMin := upDown(MetricConnectionIdleMin, "{connection}", "The minimum number of idle open connections allowed.")
+	maxConns := upDown(MetricConnectionMax, "{connection}", "The maximum number of open connections allowed.")
+	pending := upDown(MetricConnectionPendingRequests, "{request}", "The number of current pending requests for an open connection.")
+	opt := metric.WithAttributeSet(set)
+	idle := metric.WithAttributeSet(attribute.NewSet(append(base, ConnectionStateKey.String("idle"))...))
+	used := metric.WithAttributeSet(attribute.NewSet(append(base, ConnectionStateKey.String("used"))...))
+	var err error
+	pm.reg, err = meter.RegisterCallback(func(_ context.Context, o metric.Observer) error {
+		var n poolCounts
+		if !pm.count(&n) {
+			return nil // no pool has acquired yet: nothing to report
+		}
+		o.ObserveInt64(count, n.idle, idle)
+		o.ObserveInt64(count, n.used, used)
+		o.ObserveInt64(idleMax, n.max, opt)
+		o.ObserveInt64(idleMin, n.minIdle, opt)
+		o.ObserveInt64(maxConns, n.max, opt)
+		o.ObserveInt64(pending, pm.pending.Load(), opt)
+		return nil
+	}, count, idleMax, idleMin, maxConns, pending)
+	if err != nil {
+		otel.Handle(fmt.Errorf("otelpgxtx: registering the pool metrics: %w", err))
+	}
+}
+
+// poolCounts are the counts of a tracer's pools, summed.
+type poolCounts struct{ idle, used, max, minIdle int64 }
+
+// count sums the counts of the pools still alive into n, dropping the others, and
+// reports whether any pool was there.
+func (pm *poolMetrics) count(n *poolCounts) bool {
+	pm.mu.Lock()
+	defer pm.mu.Unlock()
+	live := pm.pools[:0]
+	for _, sp := range pm.pools {
+		p := sp.p.Value()
+		if p == nil {
+			continue
+		}
+		live = append(live, sp)
+		s := p.Stat()
+		n.idle += int64(s.IdleConns())
+		n.used += int64(s.AcquiredConns())
+		n.max += int64(s.MaxConns())
+		n.minIdle += sp.minIdle
+	}
+	clear(pm.pools[len(live):])
+	pm.pools = live
+	return len(live) > 0
+}
+
+// seen adds pool to the observed pools, once.
+func (pm *poolMetrics) seen(pool *pgxpool.Pool) {
+	w := weak.Make(pool)
+	pm.mu.Lock()
+	defer pm.mu.Unlock()
+	for _, sp := range pm.pools {
+		if sp.p == w {
+			return
+		}
+	}
+	pm.pools = append(pm.pools, seenPool{p: w, minIdle: int64(pool.Config().MinIdleConns)})
+}
+
+// close stops observing the pools; again, it does nothing.
+func (pm *poolMetrics) close() {
+	if pm == nil {
+		return
+	}
+	pm.mu.Lock()
+	reg := pm.reg
+	pm.reg = nil
+	pm.mu.Unlock()
+	if reg == nil {
+		return
+	}
+	if err := reg.Unregister(); err != nil {
+		otel.Handle(err)
+	}
+}
+
+// startedCtx carries the time an acquire or a connect started from its Start hook to its
+// End hook, in one allocation (context.WithValue and a boxed time.Time would take two).
+type startedCtx struct {
+	context.Context
+	kind  startedKey
+	start time.Time
+}
+
+// startedKey tells an acquire's start from a connect's: a connect runs inside an acquire.
+type startedKey uint8
+
+const (
+	startedAcquire startedKey = iota + 1
+	startedConnect
+)
+
+// Value returns c for its own kind's key.
+func (c *startedCtx) Value(key any) any {
+	if k, ok := key.(startedKey); ok && k == c.kind {
+		return c
+	}
+	return c.Context.Value(key)
+}
+
+// since returns the time since the start of kind in ctx, and whether there was one.
+func since(ctx context.Context, kind startedKey) (time.Duration, bool) {
+	c, ok := ctx.Value(kind).(*startedCtx)
+	if !ok {
+		return 0, false
+	}
+	return time.Since(c.start), true
+}
+
+// acquireStart counts an acquire as pending and notes its start.
+func (pm *poolMetrics) acquireStart(ctx context.Context) context.Context {
+	if pm == nil {
+		return ctx
+	}
+	pm.pending.Add(1)
+	return &startedCtx{Context: ctx, kind: startedAcquire, start: time.Now()}
+}
+
+// acquireEnd records an acquire of pool that ended with conn (nil when it failed with
+// err): its wait, or its timeout; and the start of the connection's use.
+func (pm *poolMetrics) acquireEnd(ctx context.Context, pool *pgxpool.Pool, st *connState, err error) {
+	if pm == nil {
+		return
+	}
+	pm.pending.Add(-1)
+	if err != nil {
+		if errors.Is(err, context.DeadlineExceeded) {
+			pm.timeouts.Add(context.Background(), 1, pm.addOpts...)
+		}
+		return
+	}
+	if d, ok := since(ctx, startedAcquire); ok {
+		pm.waitTime.Record(context.Background(), d.Seconds(), pm.recordOpts...)
+	}
+	if st != nil {
+		if !st.pool.seen && pool != nil {
+			st.pool.seen = true // a connection belongs to one pool: one lookup per connection
+			pm.seen(pool)
+		}
+		st.pool.acquiredAt = time.Now()
+	}
+}
+
+// release records the use of a connection the pool gets back, in whatever state.
+func (pm *poolMetrics) release(st *connState) {
+	if pm == nil || st == nil || st.pool.acquiredAt.IsZero() {
+		return // not acquired through the tracer's hooks (pgxpool's AcquireAllIdle)
+	}
+	pm.useTime.Record(context.Background(), time.Since(st.pool.acquiredAt).Seconds(), pm.recordOpts...)
+	st.pool.acquiredAt = time.Time{}
+}
+
+// connectStart notes the start of a connect.
+func (pm *poolMetrics) connectStart(ctx context.Context) context.Context {
+	if pm == nil {
+		return ctx
+	}
+	return &startedCtx{Context: ctx, kind: startedConnect, start: time.Now()}
+}
+
+// connectEnd records the time a successful connect took.
+func (pm *poolMetrics) connectEnd(ctx context.Context, err error) {
+	if pm == nil || err != nil {
+		return
+	}
+	if d, ok := since(ctx, startedConnect); ok {
+		pm.createTime.Record(context.Background(), d.Seconds(), pm.recordOpts...)
+	}
+}
+
+// poolConnState is what the pool metrics keep on a connection, in its connState.
+type poolConnState struct {
+	seen       bool      // its pool is among the observed ones
+	acquiredAt time.Time // when it was last acquired; zero once released
+}

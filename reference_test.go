@@ -1,0 +1,327 @@
+package otelpgxtx
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"log/slog"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"go.opentelemetry.io/otel/sdk/trace/tracetest"
+	"go.opentelemetry.io/otel/trace"
+
+	"github.com/txevidence/otelpgxtx/outcome"
+	"github.com/txevidence/otelpgxtx/pgtest"
+)
+
+// refHarness is an instrumented pool of one connection through a proxy, with commit
+// references on as opts say, and the log the library writes.
+type refHarness struct {
+	*harness
+	proxy *pgtest.Proxy
+	logs  *lockedBuffer
+}
+
+func newRefHarness(t *testing.T, base string, opts ...Option) *refHarness {
+	t.Helper()
+	proxy := newProxy(t)
+	logs := &lockedBuffer{}
+	opts = append([]Option{WithLogger(slog.New(slog.NewJSONHandler(logs, nil)))}, opts...)
+	return &refHarness{harness: newHarness(t, proxy.ConnString(base), 1, opts...), proxy: proxy, logs: logs}
+}
+
+// plainInsert is a plain pgx transaction that inserts id into table and commits, with
+// arm called right before COMMIT.
+func plainInsert(ctx context.Context, pool *pgxpool.Pool, table string, id int, arm func(pgx.Tx)) error {
+	tx, err := pool.Begin(ctx)
+	if err != nil {
+		return err
+	}
+	if _, err := tx.Exec(ctx, fmt.Sprintf("insert into %s (id) values ($1)", table), id); err != nil {
+		_ = tx.Rollback(ctx)
+		return err
+	}
+	if arm != nil {
+		arm(tx)
+	}
+	return tx.Commit(ctx)
+}
+
+// refOf returns a span's reference, parsed, and whether it has one.
+func refOf(t *testing.T, s tracetest.SpanStub) (outcome.ReconciliationRef, bool) {
+	t.Helper()
+	v, ok := attr(s, ReconciliationRefKey)
+	if !ok {
+		return outcome.ReconciliationRef{}, false
+	}
+	ref, err := outcome.ParseReconciliationRef(v.AsString())
+	if err != nil {
+		t.Fatal(err)
+	}
+	return ref, true
+}
+
+// lastFrame returns the frame span that started last.
+func lastFrame(t *testing.T, h *harness) tracetest.SpanStub {
+	t.Helper()
+	fs := h.frames()
+	if len(fs) == 0 {
+		t.Fatal("no frame span")
+	}
+	return fs[len(fs)-1]
+}
+
+// TestPlainReference: with WithCaptureReference, a plain pgx transaction's COMMIT carries
+// the xid read in the same write: the frame's reference names the xid that wrote the row,
+// the commit takes as many round trips as without the option (counted at the proxy), and
+// an indeterminate commit (the proxy cuts after COMMIT) is reconciled from it.
+func TestPlainReference(t *testing.T) {
+	ctx := testCtx(t)
+	table := newTable(t, ctx)
+	with := newRefHarness(t, srv.ConnString(), WithCaptureReference())
+	without := newRefHarness(t, srv.ConnString())
+	trips := func(h *refHarness, id int) int64 {
+		h.proxy.ResetRoundTrips()
+		if err := plainInsert(ctx, h.pool, table, id, nil); err != nil {
+			t.Fatal(err)
+		}
+		return h.proxy.RoundTrips()
+	}
+	// The first transaction of each connection: connect, and with the option the identity
+	// check, which goes ahead of BEGIN in BEGIN's own write.
+	first, firstWithout := trips(with, 1), trips(without, 2)
+	if first != firstWithout {
+		t.Errorf("first transaction: %d round trips with the option, %d without", first, firstWithout)
+	}
+	n, nWithout := trips(with, 3), trips(without, 4)
+	t.Logf("round trips per transaction: %d with the option, %d without (first: %d, %d)", n, nWithout, first, firstWithout)
+	if n != nWithout {
+		t.Errorf("%d round trips with the option, %d without", n, nWithout)
+	}
+	for i, id := range []int{1, 3} {
+		ref, ok := refOf(t, with.frames()[i])
+		if !ok {
+			t.Fatalf("frame %d has no reference", i)
+		}
+		wantWrittenBy(t, ctx, table, id, ref.XID)
+	}
+	if _, ok := refOf(t, without.frames()[0]); ok {
+		t.Error("a reference without the option")
+	}
+
+	// COMMIT waits for the (phantom) synchronous standby and its backend is terminated:
+	// indeterminate, with the reference that the xid read brought before COMMIT answered.
+	if err := plainInsert(ctx, with.pool, table, 5, func(tx pgx.Tx) { terminateInSyncRepWait(t, ctx, tx) }); err == nil {
+		t.Fatal("the terminated commit succeeded")
+	}
+	last := lastFrame(t, with.harness)
+	wantAttr(t, last, "tx.outcome", "indeterminate")
+	ref, ok := refOf(t, last)
+	if !ok {
+		t.Fatal("the indeterminate frame has no reference")
+	}
+	if err := srv.WaitQuiet(ctx); err != nil {
+		t.Fatal(err)
+	}
+	rec, err := NewReconciler(without.pool, WithReconcileWait(5*time.Second, 10*time.Millisecond))
+	if err != nil {
+		t.Fatal(err)
+	}
+	res, err := rec.Resolve(ctx, ref, trace.SpanContext{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if committed := rowExists(t, ctx, table, 5); res.Resolved() != ResolvedCommitted || !committed {
+		t.Fatalf("reconciled %v (%s), row present %v; want committed and present", res.Resolved(), res.Reason(), committed)
+	}
+	wantWrittenBy(t, ctx, table, 5, ref.XID)
+	if !strings.Contains(with.logs.String(), ref.String()) {
+		t.Errorf("the indeterminate log record has no reference %s:\n%s", ref, with.logs.String())
+	}
+}
+
+// TestPlainMarker: with WithCommitMarker, the operation id goes out as the first statement
+// of COMMIT's Query: one message, as many round trips as without; a commit cut before any
+// reply still has its marker reference (xid 0), which reconciles aborted, fenced; one cut
+// after COMMIT reconciles committed.
+func TestPlainMarker(t *testing.T) {
+	ctx := testCtx(t)
+	table := newTable(t, ctx)
+	marker := newMarkerTable(t, ctx, srv.Exec)
+	h := newRefHarness(t, srv.ConnString(), WithCommitMarker(marker))
+	without := newRefHarness(t, srv.ConnString())
+	for id := 1; id <= 2; id++ {
+		h.proxy.ResetRoundTrips()
+		without.proxy.ResetRoundTrips()
+		if err := plainInsert(ctx, h.pool, table, id, nil); err != nil {
+			t.Fatal(err)
+		}
+		if err := plainInsert(ctx, without.pool, table, 10+id, nil); err != nil {
+			t.Fatal(err)
+		}
+		if a, b := h.proxy.RoundTrips(), without.proxy.RoundTrips(); a != b {
+			t.Errorf("transaction %d: %d round trips with the marker, %d without", id, a, b)
+		}
+	}
+	ref, ok := refOf(t, h.frames()[1])
+	if !ok || !ref.HasMarker() || ref.XID == 0 {
+		t.Fatalf("committed frame's reference %v %v, want a marker and its xid", ref, ok)
+	}
+	wantWrittenBy(t, ctx, table, 2, ref.XID)
+	if n := srvCount(t, ctx, "select count(*) from "+marker.Sanitize()+" where operation_id = $1", ref.Operation.String()); n != 1 {
+		t.Fatalf("%d marker rows for %s", n, ref.Operation)
+	}
+
+	rec, err := NewReconciler(without.pool, WithReconcileWait(5*time.Second, 10*time.Millisecond))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		name string
+		cut  func(pgx.Tx)
+		id   int
+		want Resolved
+	}{{"before", func(pgx.Tx) { h.proxy.CutBeforeCommit() }, 20, ResolvedAborted}, {"after", func(pgx.Tx) { h.proxy.CutAfterCommit() }, 21, ResolvedCommitted}} {
+		if err := plainInsert(ctx, h.pool, table, tc.id, tc.cut); err == nil {
+			t.Fatalf("cut %s: the commit succeeded", tc.name)
+		}
+		ref, ok := refOf(t, lastFrame(t, h.harness))
+		if !ok || !ref.HasMarker() {
+			t.Fatalf("cut %s: reference %v %v, want a marker reference", tc.name, ref, ok)
+		}
+		if err := srv.WaitQuiet(ctx); err != nil {
+			t.Fatal(err)
+		}
+		res, err := rec.Resolve(ctx, ref, trace.SpanContext{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if res.Resolved() != tc.want || rowExists(t, ctx, table, tc.id) != (tc.want == ResolvedCommitted) {
+			t.Fatalf("cut %s: reconciled %v (%s), row present %v", tc.name, res.Resolved(), res.Reason(), rowExists(t, ctx, table, tc.id))
+		}
+	}
+}
+
+// TestPlainReferenceLeavesTheRestAlone: with the option on, what the library adds nothing
+// to is on the wire exactly as without it — a read-only transaction, one that wrote
+// nothing, a batch with COMMIT, COMMIT AND CHAIN, BEGIN and COMMIT in one string, a
+// rollback — once the connection's identity check is done.
+func TestPlainReferenceLeavesTheRestAlone(t *testing.T) {
+	ctx := testCtx(t)
+	table := newTable(t, ctx)
+	work := func(pool *pgxpool.Pool) {
+		// A write transaction first: its BEGIN carries the identity check with the option.
+		if err := plainInsert(ctx, pool, table, 1, nil); err != nil {
+			t.Fatal(err)
+		}
+	}
+	untouched := func(pool *pgxpool.Pool) {
+		tx, err := pool.BeginTx(ctx, pgx.TxOptions{AccessMode: pgx.ReadOnly})
+		if err != nil {
+			t.Fatal(err)
+		}
+		mustExec(t, ctx, tx, "select 1")
+		if err := tx.Commit(ctx); err != nil {
+			t.Fatal(err)
+		}
+		tx, err = pool.Begin(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		mustExec(t, ctx, tx, "select 2", "set local work_mem = '8MB'")
+		if err := tx.Commit(ctx); err != nil {
+			t.Fatal(err)
+		}
+		tx, err = pool.Begin(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b := &pgx.Batch{}
+		b.Queue(fmt.Sprintf("insert into %s (id) values (2)", table))
+		b.Queue("commit")
+		if err := tx.SendBatch(ctx, b).Close(); err != nil {
+			t.Fatal(err)
+		}
+		_ = tx.Rollback(ctx)
+		conn, err := pool.Acquire(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		mustExec(t, ctx, conn, "begin", fmt.Sprintf("insert into %s (id) values (3)", table), "commit and chain",
+			"select 4", "commit",
+			fmt.Sprintf("begin; insert into %s (id) values (5); commit", table),
+			"begin", fmt.Sprintf("insert into %s (id) values (6)", table), "rollback")
+		conn.Release()
+	}
+	record := func(opts ...Option) []byte {
+		if err := srv.Exec(ctx, "truncate "+table); err != nil {
+			t.Fatal(err)
+		}
+		h := newRefHarness(t, srv.ConnString(), opts...)
+		rec := h.proxy.Record()
+		work(h.pool)
+		convs := rec.Conversations()
+		if len(convs) != 1 {
+			t.Fatalf("%d connections, want 1", len(convs))
+		}
+		before := len(convs[0].ClientBytes())
+		untouched(h.pool)
+		return convs[0].ClientBytes()[before:]
+	}
+	plain, with := record(), record(WithCaptureReference())
+	if !bytes.Equal(plain, with) {
+		t.Fatalf("client bytes differ with the option:\nwithout %q\nwith    %q", plain, with)
+	}
+	t.Logf("%d client bytes, identical", len(plain))
+}
+
+// TestPlainReferenceCheckFails: a role that may not read the cluster identity turns commit
+// references off for its connection, with one log record, at the first BEGIN; its
+// transactions commit as without the option, without a reference.
+func TestPlainReferenceCheckFails(t *testing.T) {
+	ctx := testCtx(t)
+	table := newTable(t, ctx)
+	role := fmt.Sprintf("noref_%d", tableSeq.Add(1))
+	if err := srv.Exec(ctx, "create role "+role+" login; grant all on table "+table+" to "+role); err != nil {
+		t.Fatal(err)
+	}
+	revokeIdentity(t, ctx)
+	h := newRefHarness(t, strings.Replace(srv.ConnString(), "postgres@", role+"@", 1), WithCaptureReference())
+	for id := 1; id <= 3; id++ {
+		if err := plainInsert(ctx, h.pool, table, id, nil); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, ok := refOf(t, lastFrame(t, h.harness)); ok {
+		t.Error("a reference though the identity check failed")
+	}
+	if n := strings.Count(h.logs.String(), "commit references are off for this connection"); n != 1 {
+		t.Fatalf("%d log records, want 1:\n%s", n, h.logs.String())
+	}
+	if !strings.Contains(h.logs.String(), "42501") {
+		t.Errorf("the log record does not say why (SQLSTATE 42501):\n%s", h.logs.String())
+	}
+}
+
+// terminateInSyncRepWait has tx's COMMIT, about to be sent, wait for the phantom
+// synchronous standby, and terminates its backend there.
+func terminateInSyncRepWait(t *testing.T, ctx context.Context, tx pgx.Tx) {
+	t.Helper()
+	if _, err := tx.Exec(ctx, "set local synchronous_commit = on"); err != nil {
+		t.Fatal(err)
+	}
+	pid := tx.Conn().PgConn().PID()
+	go func() {
+		if err := srv.WaitForWaitEvent(ctx, pid, "SyncRep"); err != nil {
+			t.Error(err)
+			return
+		}
+		if err := srv.Terminate(ctx, pid); err != nil {
+			t.Error(err)
+		}
+	}()
+}

@@ -1,0 +1,264 @@
+package otelpgxtx
+
+import (
+	"bytes"
+	"encoding/binary"
+	"fmt"
+	"testing"
+
+	"github.com/jackc/pgx/v5/pgproto3"
+)
+
+// msg encodes one backend message.
+func msg(t testing.TB, m pgproto3.BackendMessage) []byte {
+	t.Helper()
+	b, err := m.Encode(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+// replyCase is a server reply to a write the library added to: the library's part and the
+// application's, as message lists, and what the library must read of its part.
+type replyCase struct {
+	name      string
+	kind      libraryMessage
+	library   [][]byte // taken out
+	passed    [][]byte // of the library's part, but pgconn's (an error that ends the Query)
+	app       [][]byte // pgconn's
+	wantValue string   // the xid read's value or the DataRow's first column; "" for none
+	wantErr   string   // the SQLSTATE of an error to the library's message
+	wantFatal bool
+}
+
+func replyCases(t testing.TB) []replyCase {
+	rfq := func(s byte) []byte { return msg(t, &pgproto3.ReadyForQuery{TxStatus: s}) }
+	cc := func(tag string) []byte { return msg(t, &pgproto3.CommandComplete{CommandTag: []byte(tag)}) }
+	errMsg := func(sev, code string) []byte {
+		return msg(t, &pgproto3.ErrorResponse{Severity: sev, SeverityUnlocalized: sev, Code: code, Message: "m"})
+	}
+	rowDesc := msg(t, &pgproto3.RowDescription{Fields: []pgproto3.FieldDescription{{Name: []byte("c"), DataTypeOID: 25, DataTypeSize: -1, TypeModifier: -1}}})
+	row := func(v string) []byte { return msg(t, &pgproto3.DataRow{Values: [][]byte{[]byte(v)}}) }
+	return []replyCase{
+		{name: "xid", kind: libraryCall, library: [][]byte{msg(t, &pgproto3.FunctionCallResponse{Result: []byte("725")}), rfq('T')},
+			app: [][]byte{cc("COMMIT"), rfq('I')}, wantValue: "725"},
+		{name: "xid NULL", kind: libraryCall, library: [][]byte{msg(t, &pgproto3.FunctionCallResponse{}), rfq('T')},
+			app: [][]byte{cc("COMMIT"), rfq('I')}},
+		{name: "xid ERROR", kind: libraryCall, library: [][]byte{errMsg("ERROR", "42501"), rfq('E')},
+			app: [][]byte{cc("ROLLBACK"), rfq('I')}, wantErr: "42501"},
+		{name: "xid FATAL", kind: libraryCall, passed: [][]byte{errMsg("FATAL", "57P01")}, wantErr: "57P01", wantFatal: true},
+		{name: "COMMIT fails after xid", kind: libraryCall, library: [][]byte{msg(t, &pgproto3.FunctionCallResponse{Result: []byte("9")}), rfq('T')},
+			app: [][]byte{errMsg("ERROR", "23505"), rfq('I')}, wantValue: "9"},
+		{name: "identity", kind: libraryQuery, library: [][]byte{rowDesc, row("7713899101641277397"), cc("SELECT 1"), rfq('I')},
+			app: [][]byte{cc("BEGIN"), rfq('T')}, wantValue: "7713899101641277397"},
+		{name: "identity refused", kind: libraryQuery, library: [][]byte{errMsg("ERROR", "42501"), rfq('I')},
+			app: [][]byte{cc("BEGIN"), rfq('T')}, wantErr: "42501"},
+		{name: "marker", kind: libraryInsert, library: [][]byte{rowDesc, row("731"), cc("INSERT 0 1")},
+			app: [][]byte{cc("COMMIT"), rfq('I')}, wantValue: "731"},
+		{name: "marker insert fails", kind: libraryInsert, passed: [][]byte{errMsg("ERROR", "42P01")},
+			app: [][]byte{rfq('E')}, wantErr: "42P01"},
+		{name: "marker FATAL", kind: libraryInsert, library: [][]byte{rowDesc}, passed: [][]byte{errMsg("FATAL", "57P01")},
+			wantErr: "57P01", wantFatal: true},
+	}
+}
+
+// asyncMessages are the messages a server may send at any time; pgconn's wherever they come.
+func asyncMessages(t testing.TB) [][]byte {
+	return [][]byte{
+		msg(t, &pgproto3.NoticeResponse{Severity: "WARNING", SeverityUnlocalized: "WARNING", Code: "01000", Message: "canceling wait for synchronous replication",
+			Detail: "The transaction has already committed locally, but might not have been replicated to the standby."}),
+		msg(t, &pgproto3.ParameterStatus{Name: "application_name", Value: "x"}),
+		msg(t, &pgproto3.NotificationResponse{PID: 1, Channel: "ch", Payload: "p"}),
+	}
+}
+
+// TestReplyFilter feeds every reply case, with each asynchronous message put in every
+// gap between messages, split at every byte and one byte at a time: pgconn always gets
+// the application's messages and the asynchronous ones, whole and in order, and the
+// library reads its own part the same.
+func TestReplyFilter(t *testing.T) {
+	asyncs := asyncMessages(t)
+	for _, rc := range replyCases(t) {
+		type part struct {
+			b       []byte
+			library bool
+		}
+		var base []part
+		for _, m := range rc.library {
+			base = append(base, part{m, true})
+		}
+		for _, m := range append(append([][]byte{}, rc.passed...), rc.app...) {
+			base = append(base, part{m, false})
+		}
+		for gap := 0; gap <= len(base); gap++ {
+			for ai, async := range asyncs {
+				stream := append(append(append([]part{}, base[:gap]...), part{async, false}), base[gap:]...)
+				var input, want []byte
+				for _, p := range stream {
+					input = append(input, p.b...)
+					if !p.library {
+						want = append(want, p.b...)
+					}
+				}
+				for _, split := range splitsOf(len(input)) {
+					name := fmt.Sprintf("%s/async %d at %d/split %v", rc.name, ai, gap, split)
+					f := &replyFilter{kind: rc.kind}
+					var out []byte
+					for _, piece := range pieces(input, split) {
+						f.feed(piece)
+						out = append(out, f.out...)
+						f.out = f.out[:0]
+					}
+					if f.err != nil {
+						t.Fatalf("%s: %v", name, f.err)
+					}
+					if !bytes.Equal(out, want) {
+						t.Fatalf("%s: pgconn got\n%q\nwant\n%q", name, out, want)
+					}
+					checkLibraryReply(t, name, rc, f.lib)
+				}
+			}
+		}
+	}
+}
+
+// splitsOf returns the ways a stream of n bytes is cut: whole, at every byte once, and
+// into single bytes (-1).
+func splitsOf(n int) []int {
+	s := []int{0, -1}
+	for i := 1; i < n; i++ {
+		s = append(s, i)
+	}
+	return s
+}
+
+// pieces cuts b at split (see splitsOf).
+func pieces(b []byte, split int) [][]byte {
+	switch {
+	case split == 0:
+		return [][]byte{b}
+	case split < 0:
+		out := make([][]byte, len(b))
+		for i := range b {
+			out[i] = b[i : i+1]
+		}
+		return out
+	}
+	return [][]byte{b[:split], b[split:]}
+}
+
+func checkLibraryReply(t *testing.T, name string, rc replyCase, r libraryReply) {
+	t.Helper()
+	got := ""
+	switch {
+	case rc.kind == libraryCall:
+		got = string(r.value)
+	case len(r.row) > 0:
+		got = string(r.row[0])
+	}
+	if !r.done || got != rc.wantValue || r.errCode != rc.wantErr || r.fatal != rc.wantFatal {
+		t.Fatalf("%s: library read %+v (value %q), want value %q, error %q, fatal %v", name, r, got, rc.wantValue, rc.wantErr, rc.wantFatal)
+	}
+	if rc.kind == libraryCall && rc.wantErr == "" && !r.gotValue {
+		t.Fatalf("%s: no FunctionCallResponse read", name)
+	}
+}
+
+// TestReplyFilterUnaccounted: a message the protocol does not allow in the library's part
+// is an error, and nothing more is given to pgconn.
+func TestReplyFilterUnaccounted(t *testing.T) {
+	for _, tc := range []struct {
+		kind libraryMessage
+		m    pgproto3.BackendMessage
+	}{
+		{libraryCall, &pgproto3.DataRow{}},
+		{libraryCall, &pgproto3.CommandComplete{CommandTag: []byte("COMMIT")}},
+		{libraryQuery, &pgproto3.FunctionCallResponse{}},
+		{libraryInsert, &pgproto3.ReadyForQuery{TxStatus: 'T'}},
+		{libraryInsert, &pgproto3.CopyInResponse{}},
+	} {
+		f := &replyFilter{kind: tc.kind}
+		f.feed(msg(t, tc.m))
+		if f.err == nil || len(f.out) != 0 {
+			t.Errorf("%d, %T: err %v, out %q; want an error and nothing for pgconn", tc.kind, tc.m, f.err, f.out)
+		}
+	}
+	f := &replyFilter{kind: libraryCall}
+	f.feed([]byte{'V', 0, 0, 0, 2})
+	if f.err == nil {
+		t.Error("a message length below 4 was taken")
+	}
+}
+
+// TestStreamPos: message boundaries are followed across any split.
+func TestStreamPos(t *testing.T) {
+	var stream []byte
+	var ends []int
+	for _, m := range asyncMessages(t) {
+		stream = append(stream, m...)
+		ends = append(ends, len(stream))
+	}
+	for split := 1; split < len(stream); split++ {
+		var p streamPos
+		p.advance(stream[:split])
+		atEnd := false
+		for _, e := range ends {
+			atEnd = atEnd || e == split
+		}
+		if p.atBoundary() != atEnd {
+			t.Fatalf("after %d bytes: at a boundary %v, want %v", split, p.atBoundary(), atEnd)
+		}
+		p.advance(stream[split:])
+		if !p.atBoundary() {
+			t.Fatalf("split at %d: not at a boundary at the end", split)
+		}
+	}
+}
+
+// FuzzReplyFilter: any bytes, cut anywhere, never panic, and what pgconn gets is the
+// input with some whole messages of the library's taken out, none of them asynchronous,
+// in the order the server sent them.
+func FuzzReplyFilter(f *testing.F) {
+	for _, rc := range replyCases(f) {
+		var in []byte
+		for _, m := range append(append(append([][]byte{}, rc.library...), rc.passed...), rc.app...) {
+			in = append(in, m...)
+		}
+		f.Add(byte(rc.kind), in, uint16(len(in)/2))
+	}
+	f.Fuzz(func(t *testing.T, kind byte, in []byte, cut uint16) {
+		fl := &replyFilter{kind: libraryMessage(kind%3 + 1)}
+		c := int(cut) % (len(in) + 1)
+		var out []byte
+		for _, piece := range [][]byte{in[:c], in[c:]} {
+			fl.feed(piece)
+			out = append(out, fl.out...)
+			fl.out = fl.out[:0]
+		}
+		if fl.err != nil {
+			return // the connection is closed: nothing more reaches pgconn
+		}
+		// Walk the input's whole messages: each is in out, in order, or was the library's.
+		j := 0
+		rest := in
+		for len(rest) >= 5 {
+			n := int(binary.BigEndian.Uint32(rest[1:5]))
+			if len(rest) < 1+n {
+				break
+			}
+			m := rest[:1+n]
+			rest = rest[1+n:]
+			if bytes.HasPrefix(out[j:], m) {
+				j += len(m)
+				continue
+			}
+			if m[0] == 'N' || m[0] == 'S' || m[0] == 'A' {
+				t.Fatalf("message %q was taken from pgconn (out %q)", m, out)
+			}
+		}
+		if !bytes.Equal(out[j:], rest) && len(out[j:]) != 0 {
+			t.Fatalf("pgconn got %q after the whole messages, want the rest %q", out[j:], rest)
+		}
+	})
+}
