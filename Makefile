@@ -36,11 +36,13 @@ test-examples: tools
 	"$$(scripts/prometheus)/promtool" check config examples/jaeger/prometheus.yml
 	"$$(scripts/prometheus)/promtool" test rules examples/jaeger/alerts_test.yml
 
-# The pinned programs the end-to-end tests run, built from the Go module proxy the first
+# The pinned programs the end-to-end tests run (Jaeger v2, Prometheus and promtool, the
+# two-tier pipeline's collector from scripts/otelcol), built from the Go module proxy the first
 # time (minutes each) and cached in ~/.cache/otelpgxtx (or $$OTELPGXTX_CACHE).
 tools:
-	@TOOL_STEP=1/2 scripts/jaeger >/dev/null
-	@TOOL_STEP=2/2 scripts/prometheus >/dev/null
+	@TOOL_STEP=1/3 scripts/jaeger >/dev/null
+	@TOOL_STEP=2/3 scripts/prometheus >/dev/null
+	@TOOL_STEP=3/3 scripts/collector >/dev/null
 
 vet:
 	@test -z "$$(gofmt -l $$(git ls-files '*.go'))" || { echo "gofmt needed:"; gofmt -l $$(git ls-files '*.go'); exit 1; }
@@ -48,6 +50,7 @@ vet:
 	cd examples/jaeger && $(GO) vet ./...
 	cd scripts/benchplot && $(GO) vet ./...
 	cd scripts/dashboard && $(GO) vet ./...
+	cd scripts/otelcol && GOFLAGS="-trimpath -mod=readonly" $(GO) vet ./... # the flags of its build: one compile serves both
 
 fuzz:
 	$(GO) test -run '^$$' -fuzz FuzzClassify -fuzztime 60s ./classifier/

@@ -265,8 +265,9 @@ func (c sqlControl) Terminate(ctx context.Context, pid uint32) error {
 // reconciledOutcomes hands each automatic reconciliation's answer to the scenario that
 // waits for it, whichever comes first.
 type reconciledOutcomes struct {
-	mu sync.Mutex
-	ch map[outcome.OperationID]chan otelpgxtx.Reconciliation
+	mu        sync.Mutex
+	ch        map[outcome.OperationID]chan otelpgxtx.Reconciliation
+	delivered int
 }
 
 func (r *reconciledOutcomes) chanOf(id outcome.OperationID) chan otelpgxtx.Reconciliation {
@@ -284,7 +285,19 @@ func (r *reconciledOutcomes) chanOf(id outcome.OperationID) chan otelpgxtx.Recon
 }
 
 // deliver is the WithOnReconciled callback: once per indeterminate frame.
-func (r *reconciledOutcomes) deliver(rec otelpgxtx.Reconciliation) { r.chanOf(rec.OperationID) <- rec }
+func (r *reconciledOutcomes) deliver(rec otelpgxtx.Reconciliation) {
+	r.chanOf(rec.OperationID) <- rec
+	r.mu.Lock()
+	r.delivered++
+	r.mu.Unlock()
+}
+
+// count is how many answers have been delivered.
+func (r *reconciledOutcomes) count() int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.delivered
+}
 
 // wait returns the answer for id.
 func (r *reconciledOutcomes) wait(ctx context.Context, id outcome.OperationID) (otelpgxtx.Reconciliation, error) {

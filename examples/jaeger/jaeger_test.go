@@ -192,6 +192,17 @@ func (j *jaegerProc) findTracesV3(t *testing.T, ctx context.Context, service str
 // (at most limit traces), through the v3 API.
 func (j *jaegerProc) spansByTrace(t *testing.T, ctx context.Context, service string, from time.Time, limit int) map[string]int {
 	t.Helper()
+	n := map[string]int{}
+	for _, s := range j.findSpans(t, ctx, service, from, limit).spans {
+		n[s.traceID]++
+	}
+	return n
+}
+
+// findSpans returns every span of the traces that have a span of the service since from
+// (at most limit traces), through the v3 API.
+func (j *jaegerProc) findSpans(t *testing.T, ctx context.Context, service string, from time.Time, limit int) *jTrace {
+	t.Helper()
 	q := url.Values{
 		"query.service_name":   {service},
 		"query.start_time_min": {from.UTC().Format(time.RFC3339Nano)},
@@ -200,7 +211,7 @@ func (j *jaegerProc) spansByTrace(t *testing.T, ctx context.Context, service str
 	}
 	code, body, err := j.get(ctx, "/api/v3/traces", q)
 	if err == nil && code == http.StatusNotFound {
-		return map[string]int{} // the v3 API's answer to an empty result
+		return &jTrace{byID: map[string]*jSpan{}} // the v3 API's answer to an empty result
 	}
 	if err != nil || code != http.StatusOK {
 		t.Fatalf("v3 find traces: %d %v %s", code, err, body)
@@ -209,11 +220,7 @@ func (j *jaegerProc) spansByTrace(t *testing.T, ctx context.Context, service str
 	if err != nil {
 		t.Fatal(err)
 	}
-	n := map[string]int{}
-	for _, s := range jt.spans {
-		n[s.traceID]++
-	}
-	return n
+	return jt
 }
 
 // searchByTag searches as the UI does (the HTTP JSON API behind "Tags"), and returns the
@@ -288,6 +295,7 @@ func statusCode(c codes.Code) int {
 type jSpan struct {
 	traceID, spanID, parent string
 	name, scope             string
+	service                 string // the resource's service.name
 	kind                    int
 	start, end              int64
 	attrs                   map[string]string
@@ -433,6 +441,9 @@ func parseV3(body []byte) (*jTrace, error) {
 	var resp struct {
 		Result struct {
 			ResourceSpans []struct {
+				Resource struct {
+					Attributes []v3KV `json:"attributes"`
+				} `json:"resource"`
 				ScopeSpans []struct {
 					Scope struct {
 						Name string `json:"name"`
@@ -470,10 +481,11 @@ func parseV3(body []byte) (*jTrace, error) {
 	kinds := map[string]int{"SPAN_KIND_INTERNAL": 1, "SPAN_KIND_SERVER": 2, "SPAN_KIND_CLIENT": 3, "SPAN_KIND_PRODUCER": 4, "SPAN_KIND_CONSUMER": 5}
 	statuses := map[string]int{"STATUS_CODE_OK": statusOk, "STATUS_CODE_ERROR": statusError}
 	for _, rs := range resp.Result.ResourceSpans {
+		service := attrMap(rs.Resource.Attributes)["service.name"]
 		for _, ss := range rs.ScopeSpans {
 			for _, s := range ss.Spans {
 				js := &jSpan{
-					traceID: s.TraceID, spanID: s.SpanID, parent: s.ParentSpanID, name: s.Name, scope: ss.Scope.Name,
+					traceID: s.TraceID, spanID: s.SpanID, parent: s.ParentSpanID, name: s.Name, scope: ss.Scope.Name, service: service,
 					kind:  enumInt(s.Kind, kinds),
 					start: nanos(s.StartTimeUnixNano), end: nanos(s.EndTimeUnixNano),
 					attrs:  attrMap(s.Attributes),

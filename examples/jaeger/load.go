@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"io"
 	"sync"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"go.opentelemetry.io/otel/attribute"
@@ -52,18 +53,62 @@ func loadKindOf(i int) loadKind {
 	return loadCommitted
 }
 
+// outcome is the frame outcome a transaction of kind k is built to end in (the owner's,
+// for a participating one).
+func (k loadKind) outcome() outcome.Outcome {
+	switch k {
+	case loadRolledBack:
+		return outcome.OutcomeRolledBack
+	case loadPostCommitFailure:
+		return outcome.OutcomeCommittedWithPostCommitFailure
+	case loadIndeterminate:
+		return outcome.OutcomeIndeterminate
+	}
+	return outcome.OutcomeCommitted
+}
+
 // loadReport is what the generator produced: the trace of every transaction, by kind.
 type loadReport struct {
-	traces [numLoadKinds][]trace.TraceID
-	errs   []error // transactions that did not end as built
+	traces  [numLoadKinds][]trace.TraceID
+	started map[trace.TraceID]time.Time // when each transaction (or request) was begun
+	errs    []error                     // transactions that did not end as built
 }
 
 func (r *loadReport) count(k loadKind) int { return len(r.traces[k]) }
 
+// first is when the first transaction began.
+func (r *loadReport) first() time.Time {
+	var t time.Time
+	for _, at := range r.started {
+		if t.IsZero() || at.Before(t) {
+			t = at
+		}
+	}
+	return t
+}
+
+// loadFunc runs transaction i, of kind k, and returns the trace it is in.
+type loadFunc func(ctx context.Context, i int, k loadKind) (trace.TraceID, error)
+
 // runLoad runs n transactions on workers goroutines, each under a root span
 // "load.<kind>", and checks that each ended in the outcome it was built for.
 func (a *app) runLoad(ctx context.Context, n, workers int) *loadReport {
-	rep := &loadReport{}
+	return runLoadWith(ctx, 0, n, workers, func(ctx context.Context, i int, k loadKind) (trace.TraceID, error) {
+		ctx, span := a.tracer.Start(ctx, "load."+k.String(), trace.WithAttributes(
+			attribute.String("load.kind", k.String()), attribute.Int("load.index", i)))
+		defer span.End()
+		err := a.loadOne(ctx, k, loadRowID(i))
+		if err != nil {
+			span.SetStatus(codes.Error, "load: unexpected outcome")
+		}
+		return span.SpanContext().TraceID(), err
+	})
+}
+
+// runLoadWith runs transactions from to to (exclusive) of the mix through one, on
+// workers goroutines.
+func runLoadWith(ctx context.Context, from, to, workers int, one loadFunc) *loadReport {
+	rep := &loadReport{started: map[trace.TraceID]time.Time{}}
 	var mu sync.Mutex
 	next := make(chan int)
 	var wg sync.WaitGroup
@@ -71,15 +116,13 @@ func (a *app) runLoad(ctx context.Context, n, workers int) *loadReport {
 		wg.Go(func() {
 			for i := range next {
 				k := loadKindOf(i)
-				tctx, span := a.tracer.Start(ctx, "load."+k.String(), trace.WithAttributes(
-					attribute.String("load.kind", k.String()), attribute.Int("load.index", i)))
-				err := a.loadOne(tctx, k, 1_000_000+i)
-				if err != nil {
-					span.SetStatus(codes.Error, "load: unexpected outcome")
-				}
-				span.End()
+				start := time.Now()
+				id, err := one(ctx, i, k)
 				mu.Lock()
-				rep.traces[k] = append(rep.traces[k], span.SpanContext().TraceID())
+				if id.IsValid() {
+					rep.traces[k] = append(rep.traces[k], id)
+					rep.started[id] = start
+				}
 				if err != nil {
 					rep.errs = append(rep.errs, fmt.Errorf("transaction %d (%s): %w", i, k, err))
 				}
@@ -87,7 +130,7 @@ func (a *app) runLoad(ctx context.Context, n, workers int) *loadReport {
 			}
 		})
 	}
-	for i := range n {
+	for i := from; i < to; i++ {
 		if ctx.Err() != nil {
 			break
 		}
@@ -97,6 +140,9 @@ func (a *app) runLoad(ctx context.Context, n, workers int) *loadReport {
 	wg.Wait()
 	return rep
 }
+
+// loadRowID is the row transaction i of the mix inserts.
+func loadRowID(i int) int { return 1_000_000 + i }
 
 // loadOne runs one transaction of kind k that inserts row id.
 func (a *app) loadOne(ctx context.Context, k loadKind, id int) error {
@@ -136,16 +182,7 @@ func (a *app) loadOne(ctx context.Context, k loadKind, id int) error {
 			return errors.Join(unexpected("run", res, "indeterminate"), werr)
 		}
 	}
-	want := outcome.OutcomeCommitted
-	switch k {
-	case loadRolledBack:
-		want = outcome.OutcomeRolledBack
-	case loadPostCommitFailure:
-		want = outcome.OutcomeCommittedWithPostCommitFailure
-	case loadIndeterminate:
-		want = outcome.OutcomeIndeterminate
-	}
-	if res == nil || res.Outcome() != want {
+	if want := k.outcome(); res == nil || res.Outcome() != want {
 		return unexpected("run", res, want.String())
 	}
 	return nil

@@ -15,6 +15,13 @@
 //	DEMO_REPEAT                   run the scenarios again every interval (e.g. 30s) until stopped
 //	DEMO_LOAD                     instead of the scenarios, run this many transactions in the
 //	                              load generator's mix of outcomes (for tail-sampling.yaml)
+//	DEMO_LOAD_VIA                 send the load's transactions as requests to the front
+//	                              service at this URL instead (no database needed)
+//	DEMO_SERVE                    instead of the scenarios, be the database service: serve
+//	                              POST /orders?kind=K&index=I on this address (e.g. :8081)
+//	DEMO_FRONT, DEMO_BACKEND      instead, be the front service: serve the same API on
+//	                              DEMO_FRONT and pass each request to the database service
+//	                              at DEMO_BACKEND (no database needed)
 //	DEMO_TREE                     auto (default: print trees when nothing receives OTLP), always, never
 //	JAEGER_UI_URL                 where to tell the reader to look (default http://localhost:16686)
 //
@@ -28,9 +35,12 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"net"
+	"net/http"
 	"os"
 	"os/signal"
 	"strconv"
+	"strings"
 	"syscall"
 	"time"
 )
@@ -67,6 +77,10 @@ type config struct {
 	metricsAddr  string
 	repeat       time.Duration
 	load         int    // transactions of the load generator; 0 runs the scenarios
+	loadVia      string // the front service's URL the load is sent to; "" runs it here
+	serveAddr    string // be the database service, on this address
+	frontAddr    string // be the front service, on this address
+	backendURL   string // the database service the front service calls
 	tree         string // treeAuto, treeAlways, treeNever
 	jaegerUI     string
 	// scenarioTimeout bounds each scenario: every wait in it is on an observable
@@ -124,6 +138,10 @@ func parseConfig(args []string, getenv func(string) string, errOut io.Writer) (c
 	fs.StringVar(&cfg.metricsAddr, "metrics-addr", env("METRICS_ADDR", ""), "serve Prometheus metrics at this address under /metrics, e.g. :9464 ($METRICS_ADDR)")
 	fs.DurationVar(&cfg.repeat, "repeat", durationEnv("DEMO_REPEAT", 0), "run the scenarios again every interval until stopped; 0 runs them once ($DEMO_REPEAT)")
 	fs.IntVar(&cfg.load, "load", intEnv("DEMO_LOAD"), "run this many transactions of every outcome instead of the scenarios ($DEMO_LOAD)")
+	fs.StringVar(&cfg.loadVia, "load-via", env("DEMO_LOAD_VIA", ""), "send the load's transactions to the front service at this URL ($DEMO_LOAD_VIA)")
+	fs.StringVar(&cfg.serveAddr, "serve", env("DEMO_SERVE", ""), "be the database service: serve POST /orders on this address ($DEMO_SERVE)")
+	fs.StringVar(&cfg.frontAddr, "front", env("DEMO_FRONT", ""), "be the front service: serve POST /orders on this address, calling -backend ($DEMO_FRONT)")
+	fs.StringVar(&cfg.backendURL, "backend", env("DEMO_BACKEND", ""), "the database service the front service calls, e.g. http://localhost:8081 ($DEMO_BACKEND)")
 	fs.StringVar(&cfg.tree, "tree", env("DEMO_TREE", treeAuto), "print the traces as trees: auto (when nothing receives OTLP), always, never ($DEMO_TREE)")
 	fs.StringVar(&cfg.jaegerUI, "jaeger-ui", env("JAEGER_UI_URL", "http://localhost:16686"), "Jaeger UI address to point at ($JAEGER_UI_URL)")
 	fs.DurationVar(&cfg.scenarioTimeout, "scenario-timeout", 60*time.Second, "bound on each scenario")
@@ -152,11 +170,32 @@ func parseConfig(args []string, getenv func(string) string, errOut io.Writer) (c
 	if cfg.load < 0 {
 		return cfg, errors.New("load must not be negative")
 	}
+	modes := 0
+	for _, on := range []bool{cfg.load > 0, cfg.serveAddr != "", cfg.frontAddr != ""} {
+		if on {
+			modes++
+		}
+	}
+	switch {
+	case modes > 1:
+		return cfg, errors.New("load, serve and front are different programs: give one")
+	case (cfg.frontAddr != "") != (cfg.backendURL != ""):
+		return cfg, errors.New("the front service needs a backend, and only it has one")
+	case cfg.loadVia != "" && cfg.load == 0:
+		return cfg, errors.New("load-via needs a load")
+	}
+	cfg.backendURL, cfg.loadVia = strings.TrimRight(cfg.backendURL, "/"), strings.TrimRight(cfg.loadVia, "/")
 	return cfg, nil
 }
 
 // run runs the demo and returns the exit code.
 func run(ctx context.Context, cfg config, out, errOut io.Writer) int {
+	switch {
+	case cfg.frontAddr != "":
+		return runFront(ctx, cfg, out, errOut)
+	case cfg.loadVia != "":
+		return runLoadVia(ctx, cfg, out, errOut)
+	}
 	a, err := newApp(ctx, cfg, out, errOut)
 	if err != nil {
 		fmt.Fprintln(errOut, "demo:", err)
@@ -164,6 +203,9 @@ func run(ctx context.Context, cfg config, out, errOut io.Writer) int {
 	}
 	if cfg.load > 0 {
 		return runLoadOnly(ctx, a, cfg.load, out, errOut)
+	}
+	if cfg.serveAddr != "" {
+		return serveUntilDone(ctx, "database service", cfg.serveAddr, a.ordersHandler(), out, errOut, a.close)
 	}
 	failed := false
 	for n := 1; ; n++ {
@@ -206,6 +248,53 @@ func runLoadOnly(ctx context.Context, a *app, n int, out, errOut io.Writer) int 
 		code = exitMismatch
 	}
 	if err := a.close(context.WithoutCancel(ctx)); err != nil {
+		fmt.Fprintln(errOut, "demo: shutting down:", err)
+		code = exitMismatch
+	}
+	return code
+}
+
+// runLoadVia runs the load generator through the front service: no database here.
+func runLoadVia(ctx context.Context, cfg config, out, errOut io.Writer) int {
+	// In docker compose the two services may still be starting: the front is ready when
+	// the database service is.
+	if err := waitHealthy(ctx, cfg.loadVia, time.Minute); err != nil {
+		fmt.Fprintf(errOut, "demo: the front service at %s: %v\n", cfg.loadVia, err)
+		return exitSetup
+	}
+	rep := runLoadWith(ctx, 0, cfg.load, 4, httpLoad(cfg.loadVia, cfg.scenarioTimeout))
+	printLoad(out, rep)
+	if len(rep.errs) > 0 || ctx.Err() != nil {
+		return exitMismatch
+	}
+	return exitOK
+}
+
+// runFront is the front service: no database, only telemetry and the backend.
+func runFront(ctx context.Context, cfg config, out, errOut io.Writer) int {
+	tel, err := newTelemetry(ctx, cfg, out)
+	if err != nil {
+		fmt.Fprintln(errOut, "demo:", err)
+		return exitSetup
+	}
+	return serveUntilDone(ctx, "front service", cfg.frontAddr, frontHandler(tel, cfg.backendURL, cfg.scenarioTimeout), out, errOut, tel.shutdown)
+}
+
+// serveUntilDone serves h on addr until ctx ends (a signal), then calls closer.
+func serveUntilDone(ctx context.Context, name, addr string, h http.Handler, out, errOut io.Writer, closer func(context.Context) error) int {
+	code := exitOK
+	l, err := net.Listen("tcp", addr)
+	if err != nil {
+		fmt.Fprintf(errOut, "demo: %s: %v\n", name, err)
+		code = exitSetup
+	} else {
+		fmt.Fprintf(out, "%s: POST http://%s%s?kind=…&index=… until stopped\n", name, l.Addr(), ordersPath)
+		if err := serveHTTP(ctx, l, h); err != nil {
+			fmt.Fprintf(errOut, "demo: %s: %v\n", name, err)
+			code = exitMismatch
+		}
+	}
+	if err := closer(context.WithoutCancel(ctx)); err != nil {
 		fmt.Fprintln(errOut, "demo: shutting down:", err)
 		code = exitMismatch
 	}

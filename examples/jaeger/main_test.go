@@ -18,7 +18,16 @@ import (
 // docker compose does; TestDemoEmbedded covers the demo starting its own.
 var srv *pgtest.Server
 
-func TestMain(m *testing.M) { pgtest.Main(m, &srv) }
+// demoProcessEnv makes the test binary the demo program itself, so that a test can run
+// the front service as a process of its own (startFront).
+const demoProcessEnv = "OTELPGXTX_DEMO_PROCESS"
+
+func TestMain(m *testing.M) {
+	if os.Getenv(demoProcessEnv) != "" {
+		main() // exits
+	}
+	pgtest.Main(m, &srv)
+}
 
 // syncBuffer is a bytes.Buffer for writers on several goroutines (the logger).
 type syncBuffer struct {
@@ -110,6 +119,17 @@ func TestParseConfig(t *testing.T) {
 		cfg.metricsAddr != ":9464" || cfg.repeat != 30*time.Second || cfg.tree != treeNever {
 		t.Fatalf("config from the environment: %+v", cfg)
 	}
+	// The two services and the load through the front.
+	for _, args := range [][]string{
+		{"-serve", ":8081"},
+		{"-front", ":8080", "-backend", "http://orders:8081/"},
+		{"-load", "10", "-load-via", "http://front:8080/"},
+	} {
+		cfg, err := parseConfig(args, func(string) string { return "" }, &bytes.Buffer{})
+		if err != nil || strings.HasSuffix(cfg.backendURL, "/") || strings.HasSuffix(cfg.loadVia, "/") {
+			t.Errorf("%q: %+v %v", args, cfg, err)
+		}
+	}
 	// Flags win over the environment.
 	cfg, err = parseConfig([]string{"-repeat", "0", "-otlp-protocol", "http/protobuf"}, func(k string) string { return env[k] }, &bytes.Buffer{})
 	if err != nil || cfg.repeat != 0 || cfg.otlpProtocol != protoHTTP {
@@ -119,6 +139,11 @@ func TestParseConfig(t *testing.T) {
 		{"OTEL_EXPORTER_OTLP_PROTOCOL": "http/json"},
 		{"DEMO_TREE": "sometimes"},
 		{"DEMO_REPEAT": "soon"},
+		{"DEMO_FRONT": ":8080"}, // no backend
+		{"DEMO_BACKEND": "http://orders:8081"},
+		{"DEMO_FRONT": ":8080", "DEMO_BACKEND": "http://orders:8081", "DEMO_SERVE": ":8081"},
+		{"DEMO_LOAD": "10", "DEMO_SERVE": ":8081"},
+		{"DEMO_LOAD_VIA": "http://front:8080"}, // no load
 	} {
 		if _, err := parseConfig(nil, func(k string) string { return bad[k] }, &bytes.Buffer{}); err == nil {
 			t.Errorf("%v accepted", bad)
@@ -214,6 +239,7 @@ type composeFile struct {
 		Command     []string          `yaml:"command"`
 		Environment map[string]string `yaml:"environment"`
 		Volumes     []string          `yaml:"volumes"`
+		Profiles    []string          `yaml:"profiles"`
 	} `yaml:"services"`
 }
 

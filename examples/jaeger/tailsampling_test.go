@@ -60,18 +60,7 @@ func TestTailSampling(t *testing.T) {
 	}
 	start := time.Now()
 	rep := a.runLoad(ctx, n, 4)
-	for _, err := range rep.errs {
-		t.Error(err)
-	}
-	var want [numLoadKinds]int
-	for i := range n {
-		want[loadKindOf(i)]++
-	}
-	for k := range numLoadKinds {
-		if rep.count(k) != want[k] || want[k] == 0 {
-			t.Errorf("%d transactions built for %s, want %d (> 0)", rep.count(k), k, want[k])
-		}
-	}
+	checkLoad(t, rep, n)
 	if err := a.flush(ctx); err != nil {
 		t.Fatal(err)
 	}

@@ -65,40 +65,41 @@ func httpGet(ctx context.Context, client *http.Client, addr, path string, q url.
 	return resp.StatusCode, b, err
 }
 
-// runTool starts cmd (its output to name.log in dir) until the test ends, and waits
-// until readyURL answers 200 through client.
-func runTool(t *testing.T, name, dir string, cmd *exec.Cmd, client *http.Client, readyURL string) {
+// toolProc is a program runTool started.
+type toolProc struct {
+	name    string
+	cmd     *exec.Cmd
+	exited  chan struct{} // closed when it has exited; err is then set
+	err     error
+	logPath string
+}
+
+// runTool starts cmd (its output appended to name.log in dir) until the test ends, and
+// waits until readyURL answers 200 through client.
+func runTool(t *testing.T, name, dir string, cmd *exec.Cmd, client *http.Client, readyURL string) *toolProc {
 	t.Helper()
-	logPath := filepath.Join(dir, name+".log")
-	logFile, err := os.Create(logPath)
+	p := &toolProc{name: name, cmd: cmd, exited: make(chan struct{}), logPath: filepath.Join(dir, name+".log")}
+	logFile, err := os.OpenFile(p.logPath, os.O_CREATE|os.O_APPEND|os.O_WRONLY, 0o600)
 	if err != nil {
 		t.Fatal(err)
 	}
 	cmd.Dir = dir
 	cmd.Stdout, cmd.Stderr = logFile, logFile
 	if err := cmd.Start(); err != nil {
+		logFile.Close()
 		t.Fatal(err)
 	}
-	exited := make(chan error, 1)
-	go func() { exited <- cmd.Wait() }()
-	logTail := func() string {
-		b, _ := os.ReadFile(logPath)
-		lines := strings.Split(strings.TrimSpace(string(b)), "\n")
-		return strings.Join(lines[max(0, len(lines)-20):], "\n")
-	}
+	go func() {
+		p.err = cmd.Wait()
+		logFile.Close()
+		close(p.exited)
+	}()
 	t.Cleanup(func() {
 		client.CloseIdleConnections()
-		_ = cmd.Process.Signal(syscall.SIGTERM)
 		// Whatever it stores is the test's own: a slow shutdown is not waited for.
-		select {
-		case <-exited:
-		case <-time.After(3 * time.Second):
-			_ = cmd.Process.Kill()
-			<-exited
-		}
-		logFile.Close()
+		p.stop(syscall.SIGTERM, 3*time.Second)
 		if t.Failed() {
-			t.Logf("%s log (last lines):\n%s", name, logTail())
+			t.Logf("%s log (last lines):\n%s", name, p.logTail())
 		}
 	})
 	deadline := time.Now().Add(60 * time.Second)
@@ -107,16 +108,35 @@ func runTool(t *testing.T, name, dir string, cmd *exec.Cmd, client *http.Client,
 		if err == nil {
 			resp.Body.Close()
 			if resp.StatusCode == http.StatusOK {
-				return
+				return p
 			}
 		}
 		select {
-		case err := <-exited:
-			t.Fatalf("%s exited before it was ready: %v\n%s", name, err, logTail())
+		case <-p.exited:
+			t.Fatalf("%s exited before it was ready: %v\n%s", name, p.err, p.logTail())
 		case <-time.After(100 * time.Millisecond):
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("%s not ready after 60s (last: %v)\n%s", name, err, logTail())
+			t.Fatalf("%s not ready after 60s (last: %v)\n%s", name, err, p.logTail())
 		}
 	}
+}
+
+// stop sends sig and waits for the program to exit, killing it after wait; it returns
+// how the program ended. A second call only waits.
+func (p *toolProc) stop(sig os.Signal, wait time.Duration) error {
+	_ = p.cmd.Process.Signal(sig)
+	select {
+	case <-p.exited:
+	case <-time.After(wait):
+		_ = p.cmd.Process.Kill()
+		<-p.exited
+	}
+	return p.err
+}
+
+func (p *toolProc) logTail() string {
+	b, _ := os.ReadFile(p.logPath)
+	lines := strings.Split(strings.TrimSpace(string(b)), "\n")
+	return strings.Join(lines[max(0, len(lines)-20):], "\n")
 }
