@@ -13,8 +13,9 @@ test-library:
 	$(GO) test -count=1 -run 'TestHookAllocs$$' .
 
 # pgx's own tests (root package, pgxpool, stdlib of the pgx in go.mod), with -race, without
-# the library, with it installed where pgx parses each config and at connect time
-# (scripts/pgxsuite; about 1.5 minutes warm).
+# the library, with it installed where pgx parses each config, at connect time, and where
+# pgx parses with commit references on (the xid read; the marker) (scripts/pgxsuite; about
+# 2 minutes warm).
 test-pgx:
 	$(GO) run ./scripts/pgxsuite -race
 

@@ -330,8 +330,9 @@ func WithCaptureReference() Option {
 }
 
 // WithCommitMarker is [WithCaptureReference] with a commit marker: instead of the xid read,
-// the frame's operation id is inserted into table (create it with [MarkerTableDDL]) as the
-// first statement of the application's COMMIT Query, so that the reference names a row
+// the frame's operation id is inserted into table (create it with [MarkerTableDDL]) by a
+// Query sent ahead of the application's COMMIT in the same write, so that the reference
+// names a row
 // that exists exactly when the transaction committed, even after a crash restart or a
 // failover, and exists before any reply comes. The table and the role's INSERT privilege
 // on it are checked with the cluster identity; without them the connection's commits

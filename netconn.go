@@ -8,8 +8,6 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
-
-	"github.com/jackc/pgx/v5/pgproto3"
 )
 
 // netConn is the net.Conn pgconn uses on an instrumented connection: [InstrumentConnConfig]
@@ -72,10 +70,8 @@ type netConn struct {
 type addition struct {
 	kind  libraryMessage
 	match string
-	// before is sent ahead of the application's message (libraryQuery, libraryCall);
-	// for libraryInsert, insert is put ahead of match in the same Query.
+	// before is sent ahead of the application's message, in the same write.
 	before []byte
-	insert string
 	// sent: the write carried it; reply: what the server answered to it.
 	sent  bool
 	reply libraryReply
@@ -183,13 +179,8 @@ func (a *addition) addTo(b []byte) (out []byte, cut int, ok bool) {
 		string(b[5:len(b)-1]) != a.match || b[len(b)-1] != 0 {
 		return nil, 0, false
 	}
-	if a.kind != libraryInsert {
-		out = append(append(make([]byte, 0, len(a.before)+len(b)), a.before...), b...)
-		return out, len(a.before), true
-	}
-	q := pgproto3.Query{String: a.insert + "; " + a.match}
-	out, err := q.Encode(nil)
-	return out, 0, err == nil
+	out = append(append(make([]byte, 0, len(a.before)+len(b)), a.before...), b...)
+	return out, len(a.before), true
 }
 
 // arm has the next write carry a, if it is the one a was armed for. It is refused, and
@@ -277,11 +268,11 @@ func (c *netConn) deliver(p []byte) (n int, err error, done bool) {
 			n = copy(p, f.out)
 			f.out = f.out[n:]
 			c.pos.advance(p[:n])
-			if f.lib.done && len(f.out) == 0 {
+			if f.finished() && len(f.out) == 0 {
 				c.endFilter()
 			}
 			return n, nil, true
-		case f.lib.done:
+		case f.finished():
 			c.endFilter()
 		case c.aheadErr != nil:
 			err, c.aheadErr = c.aheadErr, nil

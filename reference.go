@@ -59,7 +59,8 @@ func (t *Tracer) armReference(st *connState, f *frame, pg *pgconn.PgConn, set st
 	}
 	a := &addition{kind: libraryCall, match: sql}
 	if t.cfg.reference == referenceMarker && st.markerOK {
-		a.kind, a.insert = libraryInsert, markerSQL(t.cfg.marker, f.id)
+		a.kind = libraryInsert
+		a.before, _ = (&pgproto3.Query{String: markerSQL(t.cfg.marker, f.id)}).Encode(nil)
 	} else {
 		if st.xidCallMsg == nil {
 			st.xidCallMsg, _ = st.xidCall.Encode(nil)

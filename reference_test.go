@@ -554,3 +554,53 @@ func TestPlainReferenceThroughPgBouncer(t *testing.T) {
 		})
 	}
 }
+
+// TestPlainMarkerSerializationFailure: a SERIALIZABLE transaction doomed by another's
+// commit fails at its next statement — with the marker, the insert ahead of COMMIT
+// instead of COMMIT. The application sees what it sees without the marker: COMMIT fails
+// with 40001 and the connection is idle and usable (pgx closes one left inside a failed
+// transaction), and the frame is a retryable rollback. pgx's own
+// TestTxCommitSerializationFailure found this (make test-pgx, marker mode).
+func TestPlainMarkerSerializationFailure(t *testing.T) {
+	ctx := testCtx(t)
+	table := newTable(t, ctx) + "_sums"
+	if err := srv.Exec(ctx, "create table "+table+" (num int)"); err != nil { // no key: the two do not wait on each other
+		t.Fatal(err)
+	}
+	marker := newMarkerTable(t, ctx, srv.Exec)
+	for _, opts := range [][]Option{nil, {WithCommitMarker(marker)}} {
+		h := newHarness(t, srv.ConnString(), 2, opts...)
+		c1, err := h.pool.Acquire(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		c2, err := h.pool.Acquire(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var txs []pgx.Tx
+		for _, c := range []*pgxpool.Conn{c1, c2} {
+			tx, err := c.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.Serializable})
+			if err != nil {
+				t.Fatal(err)
+			}
+			txs = append(txs, tx)
+		}
+		for _, tx := range txs {
+			mustExec(t, ctx, tx, fmt.Sprintf("insert into %s (num) select coalesce(sum(num), 0) + 1 from %s", table, table))
+		}
+		if err := txs[0].Commit(ctx); err != nil {
+			t.Fatal(err)
+		}
+		err = txs[1].Commit(ctx)
+		if !strings.Contains(fmt.Sprint(err), "40001") || c2.Conn().IsClosed() || c2.Conn().PgConn().TxStatus() != 'I' {
+			t.Fatalf("options %d: commit %v; closed %v, status %c; want 40001 on an idle connection", len(opts), err, c2.Conn().IsClosed(), c2.Conn().PgConn().TxStatus())
+		}
+		mustExec(t, ctx, c2, "select 1")
+		c1.Release()
+		c2.Release()
+		f := lastFrame(t, h)
+		wantAttr(t, f, string(OutcomeKey), "rolled_back")
+		wantAttr(t, f, string(RetryableKey), "true")
+	}
+}

@@ -1,6 +1,7 @@
 package otelpgxtx
 
 import (
+	"bytes"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -10,25 +11,29 @@ import (
 
 // With commit references for plain pgx ([WithCaptureReference], [WithCommitMarker]), the
 // library adds a message of its own to a write of the application's — a query ahead of
-// BEGIN, the xid read ahead of COMMIT, or the marker insert as the first statement of
-// COMMIT's Query — and takes its reply out of what the server sends back, so that pgconn
-// reads exactly the reply to what it sent. This file is that reply reader; netconn.go
-// wires it between the socket and pgconn.
+// BEGIN, the xid read or the marker insert ahead of COMMIT — and takes its reply out of
+// what the server sends back, so that pgconn reads exactly the reply to what it sent.
+// This file is that reply reader; netconn.go wires it between the socket and pgconn.
 
 // libraryMessage is what the library added to a write, and so which part of the server's
 // reply is the library's.
 type libraryMessage uint8
 
 const (
-	// libraryQuery: a Query sent ahead of the application's; its reply runs up to its
-	// ReadyForQuery.
+	// libraryQuery: a Query sent ahead of the application's, outside any transaction; its
+	// reply runs up to its ReadyForQuery, an error included (it changes nothing of the
+	// application's).
 	libraryQuery libraryMessage = iota + 1
 	// libraryCall: a FunctionCall sent ahead; its reply is a FunctionCallResponse (or an
 	// ErrorResponse) and a ReadyForQuery.
 	libraryCall
-	// libraryInsert: an INSERT … RETURNING made the first statement of the application's
-	// Query; its reply runs up to its CommandComplete. An ErrorResponse in its place ends
-	// the whole Query, so it is the application's reply: the server ran nothing after it.
+	// libraryInsert: the marker's INSERT … RETURNING, a Query sent ahead of COMMIT inside
+	// the transaction; its reply runs up to its ReadyForQuery. When it fails with an ERROR
+	// the transaction is aborted and COMMIT answers ROLLBACK: pgconn is given that error
+	// in place of the ROLLBACK tag, then COMMIT's ReadyForQuery, which is what COMMIT
+	// itself answers when it fails (a serialization failure the server would have raised at
+	// COMMIT, say, is raised at the insert instead), and leaves the session idle as that
+	// would.
 	libraryInsert
 )
 
@@ -61,6 +66,10 @@ type replyFilter struct {
 	in   []byte // bytes of a message not yet complete
 	out  []byte // bytes for pgconn, not yet read
 	err  error  // errUnaccountedReply, once something could not be accounted for
+	// held is the marker insert's ERROR, given to pgconn in place of COMMIT's ROLLBACK
+	// tag; replacing says the library's part is read and that tag is still to come.
+	held      []byte
+	replacing bool
 }
 
 // feed takes bytes the server sent. Once the library's part is read, the rest goes to out
@@ -69,12 +78,12 @@ func (f *replyFilter) feed(b []byte) {
 	if f.err != nil {
 		return
 	}
-	if f.lib.done {
+	if f.finished() {
 		f.out = append(f.out, b...)
 		return
 	}
 	f.in = append(f.in, b...)
-	for !f.lib.done && f.err == nil {
+	for !f.finished() && f.err == nil {
 		if len(f.in) < 5 {
 			return
 		}
@@ -92,11 +101,15 @@ func (f *replyFilter) feed(b []byte) {
 		}
 		f.in = f.in[1+n:]
 	}
-	if f.lib.done {
+	if f.finished() {
 		f.out = append(f.out, f.in...)
 		f.in = nil
 	}
 }
+
+// finished reports whether the library's part of the reply is read and nothing of it is
+// still to be given to pgconn in place of something else.
+func (f *replyFilter) finished() bool { return f.lib.done && !f.replacing }
 
 // message judges one whole message: the library's, or pgconn's.
 func (f *replyFilter) message(m []byte) {
@@ -105,7 +118,21 @@ func (f *replyFilter) message(m []byte) {
 	case 'N', 'S', 'A': // NoticeResponse, ParameterStatus, NotificationResponse
 		f.out = append(f.out, m...)
 		return
-	case 'E':
+	}
+	if f.replacing {
+		// COMMIT's reply after the marker insert failed: ROLLBACK, then ReadyForQuery.
+		switch {
+		case typ == 'C' && string(bytes.TrimRight(body, "\x00")) == "ROLLBACK":
+			f.out = append(f.out, f.held...)
+		case typ == 'Z':
+			f.out = append(f.out, m...)
+			f.replacing = false
+		default:
+			f.fail(fmt.Errorf("message %q after the marker insert failed", typ))
+		}
+		return
+	}
+	if typ == 'E' {
 		var e pgproto3.ErrorResponse
 		if err := e.Decode(body); err != nil {
 			f.fail(err)
@@ -117,11 +144,13 @@ func (f *replyFilter) message(m []byte) {
 			sev = e.Severity
 		}
 		f.lib.fatal = sev == "FATAL" || sev == "PANIC"
-		if f.lib.fatal || f.kind == libraryInsert {
-			// The server reads nothing after a FATAL, and runs nothing of a Query after an
-			// error: the error is the reply to what pgconn sent.
+		switch {
+		case f.lib.fatal:
+			// The server reads nothing after a FATAL: it is the reply to what pgconn sent.
 			f.out = append(f.out, m...)
 			f.lib.done = true
+		case f.kind == libraryInsert:
+			f.held = append([]byte{}, m...)
 		}
 		return
 	}
@@ -144,13 +173,11 @@ func (f *replyFilter) message(m []byte) {
 			}
 			return
 		case 'C':
-			f.lib.done = f.kind == libraryInsert
 			return
 		case 'Z':
-			if f.kind == libraryQuery {
-				f.lib.done = true
-				return
-			}
+			f.lib.done = true
+			f.replacing = f.held != nil
+			return
 		}
 	case libraryCall:
 		switch typ {

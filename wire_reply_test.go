@@ -54,10 +54,8 @@ func replyCases(t testing.TB) []replyCase {
 			app: [][]byte{cc("BEGIN"), rfq('T')}, wantValue: "7713899101641277397"},
 		{name: "identity refused", kind: libraryQuery, library: [][]byte{errMsg("ERROR", "42501"), rfq('I')},
 			app: [][]byte{cc("BEGIN"), rfq('T')}, wantErr: "42501"},
-		{name: "marker", kind: libraryInsert, library: [][]byte{rowDesc, row("731"), cc("INSERT 0 1")},
+		{name: "marker", kind: libraryInsert, library: [][]byte{rowDesc, row("731"), cc("INSERT 0 1"), rfq('T')},
 			app: [][]byte{cc("COMMIT"), rfq('I')}, wantValue: "731"},
-		{name: "marker insert fails", kind: libraryInsert, passed: [][]byte{errMsg("ERROR", "42P01")},
-			app: [][]byte{rfq('E')}, wantErr: "42P01"},
 		{name: "marker FATAL", kind: libraryInsert, library: [][]byte{rowDesc}, passed: [][]byte{errMsg("FATAL", "57P01")},
 			wantErr: "57P01", wantFatal: true},
 	}
@@ -165,6 +163,49 @@ func checkLibraryReply(t *testing.T, name string, rc replyCase, r libraryReply) 
 	}
 }
 
+// TestReplyFilterMarkerFails: when the marker insert fails with an ERROR, COMMIT answers
+// ROLLBACK; pgconn gets the insert's error in its place, and COMMIT's ReadyForQuery: the
+// reply of a COMMIT that failed, with the session idle. Asynchronous messages anywhere
+// still pass, in order, whatever the split.
+func TestReplyFilterMarkerFails(t *testing.T) {
+	e := msg(t, &pgproto3.ErrorResponse{Severity: "ERROR", SeverityUnlocalized: "ERROR", Code: "40001", Message: "could not serialize access"})
+	rollback := msg(t, &pgproto3.CommandComplete{CommandTag: []byte("ROLLBACK")})
+	idle, failed := msg(t, &pgproto3.ReadyForQuery{TxStatus: 'I'}), msg(t, &pgproto3.ReadyForQuery{TxStatus: 'E'})
+	async := asyncMessages(t)[0]
+	reply := [][]byte{e, failed, rollback, idle}
+	for gap := 0; gap <= len(reply); gap++ {
+		stream := append(append(append([][]byte{}, reply[:gap]...), async), reply[gap:]...)
+		input := bytes.Join(stream, nil)
+		want := bytes.Join([][]byte{e, idle}, nil)
+		// The asynchronous message comes out where it came, relative to what pgconn gets:
+		// before the error when it came before the ROLLBACK tag, else after it.
+		if gap <= 2 {
+			want = bytes.Join([][]byte{async, e, idle}, nil)
+		} else if gap == 3 {
+			want = bytes.Join([][]byte{e, async, idle}, nil)
+		} else {
+			want = bytes.Join([][]byte{e, idle, async}, nil)
+		}
+		for _, split := range splitsOf(len(input)) {
+			f := &replyFilter{kind: libraryInsert}
+			var out []byte
+			for _, piece := range pieces(input, split) {
+				f.feed(piece)
+				out = append(out, f.out...)
+				f.out = f.out[:0]
+			}
+			if f.err != nil || !bytes.Equal(out, want) || f.lib.errCode != "40001" || f.lib.fatal {
+				t.Fatalf("gap %d, split %d: err %v, pgconn got %q, want %q; library read %+v", gap, split, f.err, out, want, f.lib)
+			}
+		}
+	}
+	f := &replyFilter{kind: libraryInsert}
+	f.feed(bytes.Join([][]byte{e, failed, msg(t, &pgproto3.CommandComplete{CommandTag: []byte("COMMIT")})}, nil))
+	if f.err == nil {
+		t.Fatal("COMMIT answered with its tag after the insert failed: accounted for")
+	}
+}
+
 // TestReplyFilterUnaccounted: a message the protocol does not allow in the library's part
 // is an error, and nothing more is given to pgconn.
 func TestReplyFilterUnaccounted(t *testing.T) {
@@ -175,7 +216,7 @@ func TestReplyFilterUnaccounted(t *testing.T) {
 		{libraryCall, &pgproto3.DataRow{}},
 		{libraryCall, &pgproto3.CommandComplete{CommandTag: []byte("COMMIT")}},
 		{libraryQuery, &pgproto3.FunctionCallResponse{}},
-		{libraryInsert, &pgproto3.ReadyForQuery{TxStatus: 'T'}},
+		{libraryInsert, &pgproto3.FunctionCallResponse{}},
 		{libraryInsert, &pgproto3.CopyInResponse{}},
 	} {
 		f := &replyFilter{kind: tc.kind}

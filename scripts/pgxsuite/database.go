@@ -11,7 +11,9 @@ import (
 	"path/filepath"
 	"sort"
 
+	"github.com/txevidence/otelpgxtx"
 	"github.com/txevidence/otelpgxtx/pgtest"
+	"github.com/txevidence/otelpgxtx/scripts/pgxsuite/probe"
 )
 
 // database is the pgtest server the runs share, with a template database set up by pgx's
@@ -70,6 +72,19 @@ func (db *database) setup(ctx context.Context, pgxDir string) error {
 	cmd.Env = withoutPG(os.Environ())
 	if err := cmd.Run(); err != nil {
 		return fmt.Errorf("pgxsuite: %s -f %s: %w\n%s", psql, script, err, out.Bytes())
+	}
+	// The marker mode's commit-marker table, which pgx's tests' roles may write to.
+	ddl, err := otelpgxtx.MarkerTableDDL(probe.MarkerTable)
+	if err != nil {
+		return err
+	}
+	cmd = exec.CommandContext(ctx, psql, "-X", "-q", "-v", "ON_ERROR_STOP=1", "-c", ddl,
+		"-c", "grant insert, select on "+probe.MarkerTable.Sanitize()+" to public", db.connString(db.template))
+	out.Reset()
+	cmd.Stdout, cmd.Stderr = &out, &out
+	cmd.Env = withoutPG(os.Environ())
+	if err := cmd.Run(); err != nil {
+		return fmt.Errorf("pgxsuite: creating the marker table: %w\n%s", err, out.Bytes())
 	}
 	return nil
 }

@@ -183,6 +183,9 @@ func printCounts(w io.Writer, runs map[string]map[string]*pkgRun) {
 			frames, conns := "-", "-"
 			if rep := run.report; rep != nil && mode != probe.Baseline {
 				frames, conns = fmt.Sprint(rep.FramesStarted), fmt.Sprintf("%d/%d", rep.Instrumented, rep.Connections)
+				if rep.WithReference > 0 {
+					frames += fmt.Sprintf(" (%d with a reference)", rep.WithReference)
+				}
 			}
 			fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%d\t%d\t%s\t%s\t%.1fs\t\n", mode, p.name(), ps, f, s, n, frames, conns, run.duration.Seconds())
 		}

@@ -31,15 +31,23 @@ import (
 )
 
 // The modes of a run: pgx alone, otelpgxtx installed where pgx parses each configuration,
-// and otelpgxtx installed when each connection is made, over whatever tracer the test set.
+// otelpgxtx installed when each connection is made, over whatever tracer the test set,
+// and installed where pgx parses with commit references on: the xid read
+// (WithCaptureReference) or the commit marker (WithCommitMarker, MarkerTable).
 const (
-	Baseline = "baseline"
-	Parse    = "parse"
-	Connect  = "connect"
+	Baseline   = "baseline"
+	Parse      = "parse"
+	Connect    = "connect"
+	References = "references"
+	Marker     = "marker"
 )
 
+// MarkerTable is the commit-marker table of the Marker mode; the harness creates it in
+// the template database.
+var MarkerTable = pgx.Identifier{"otelpgxtx_marker"}
+
 // Modes are the modes in the order the harness runs them.
-var Modes = []string{Baseline, Parse, Connect}
+var Modes = []string{Baseline, Parse, Connect, References, Marker}
 
 // The environment variables through which the harness tells a test binary its mode and
 // where to write its report.
@@ -93,6 +101,9 @@ type Report struct {
 	// FramesStarted and FramesEnded count the frame spans.
 	FramesStarted int `json:"frames_started"`
 	FramesEnded   int `json:"frames_ended"`
+	// WithReference counts the ended frame spans with a tx.reconciliation.ref (the
+	// references and marker modes take them).
+	WithReference int `json:"with_reference"`
 	// NoOutcome are frame spans that ended without tx.outcome.
 	NoOutcome []Frame `json:"no_outcome,omitempty"`
 	// Unended are frame spans still open once every connection pgx made had closed.
@@ -169,7 +180,7 @@ type Probe struct {
 // New returns a probe for mode, with its own tracer and meter providers.
 func New(mode string) (*Probe, error) {
 	switch mode {
-	case Baseline, Parse, Connect:
+	case Baseline, Parse, Connect, References, Marker:
 	default:
 		return nil, fmt.Errorf("probe: %s=%q: want one of %s", ModeEnv, mode, strings.Join(Modes, ", "))
 	}
@@ -194,13 +205,20 @@ func (p *Probe) Install(h Hooks) {
 	otel.SetMeterProvider(p.mp)
 	otel.SetErrorHandler(otel.ErrorHandlerFunc(p.handle))
 	switch p.mode {
-	case Parse:
+	case Parse, References, Marker:
+		var opts []otelpgxtx.Option
+		switch p.mode {
+		case References:
+			opts = append(opts, otelpgxtx.WithCaptureReference())
+		case Marker:
+			opts = append(opts, otelpgxtx.WithCommitMarker(MarkerTable))
+		}
 		h.ParseConn(func(cfg *pgx.ConnConfig) {
-			_, err := otelpgxtx.InstrumentConnConfig(cfg)
+			_, err := otelpgxtx.InstrumentConnConfig(cfg, opts...)
 			p.instrumented(err)
 		})
 		h.ParsePool(func(cfg *pgxpool.Config) {
-			_, err := otelpgxtx.InstrumentPool(cfg)
+			_, err := otelpgxtx.InstrumentPool(cfg, opts...)
 			p.instrumented(err)
 		})
 	case Connect:
@@ -285,6 +303,11 @@ func (p *Probe) OnEnd(s sdktrace.ReadOnlySpan) {
 	p.rep.FramesEnded++
 	f := p.open[id]
 	delete(p.open, id)
+	for _, kv := range s.Attributes() {
+		if kv.Key == otelpgxtx.ReconciliationRefKey {
+			p.rep.WithReference++
+		}
+	}
 	for _, kv := range s.Attributes() {
 		if kv.Key == otelpgxtx.OutcomeKey && kv.Value.AsString() != "" {
 			return
