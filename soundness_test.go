@@ -147,6 +147,9 @@ type soakOp struct {
 	postCommitFail bool // Run: a post-commit hook fails
 	participant    bool // Run: a Required call joins and inserts a second row
 	marker         bool // Run: with the commit marker (Policy.CommitMarker)
+	// ref: plain pgx: the commit references of its pool ("", "xid": WithCaptureReference,
+	// "marker": WithCommitMarker).
+	ref string
 
 	// Plain pgx: what the caller saw.
 	failedAt  string // "", "begin", "statement"
@@ -310,6 +313,9 @@ type soak struct {
 	reader  *sdkmetric.ManualReader
 	direct  *pgxpool.Pool
 	proxied *pgxpool.Pool
+	// refPools are the plain pgx operations' pools with commit references, by op.ref and
+	// then direct and proxied.
+	refPools map[string][2]*pgxpool.Pool
 	proxy   *pgtest.Proxy
 	admin   *pgxpool.Pool // uninstrumented, for the reconciler and the checker
 	// cluster, when not nil, replaces srv: the workload follows its primary, and the
@@ -465,7 +471,7 @@ func newSoak(t *testing.T, ctx context.Context, cfg soakConfig, cluster *pgtest.
 	}
 	t.Cleanup(s.admin.Close)
 	perPool := int32(max(2, cfg.workers))
-	mkPool := func(connString string) *pgxpool.Pool {
+	mkPool := func(connString string, opts ...Option) *pgxpool.Pool {
 		pc, err := pgxpool.ParseConfig(connString)
 		if err != nil {
 			t.Fatal(err)
@@ -473,9 +479,9 @@ func newSoak(t *testing.T, ctx context.Context, cfg soakConfig, cluster *pgtest.
 		pc.MaxConns = perPool
 		pc.ConnConfig.RuntimeParams["application_name"] = soakAppName
 		pc.ConnConfig.ConnectTimeout = 5 * time.Second
-		tr, err := InstrumentPool(pc, WithTracerProvider(s.tp), WithMeterProvider(mp),
+		tr, err := InstrumentPool(pc, append([]Option{WithTracerProvider(s.tp), WithMeterProvider(mp),
 			WithAutoReconcile(s.admin, WithRetryBackoff(10*time.Millisecond, 500*time.Millisecond),
-				WithReconcileWait(2*time.Second, 10*time.Millisecond), WithOnReconciled(s.onReconciled)))
+				WithReconcileWait(2*time.Second, 10*time.Millisecond), WithOnReconciled(s.onReconciled))}, opts...)...)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -490,6 +496,10 @@ func newSoak(t *testing.T, ctx context.Context, cfg soakConfig, cluster *pgtest.
 	}
 	s.direct = mkPool(connString)
 	s.proxied = mkPool(proxied)
+	s.refPools = map[string][2]*pgxpool.Pool{}
+	for ref, opt := range map[string]Option{"xid": WithCaptureReference(), "marker": WithCommitMarker(soakMarker)} {
+		s.refPools[ref] = [2]*pgxpool.Pool{mkPool(connString, opt), mkPool(proxied, opt)}
+	}
 	s.ops = make([]soakOp, cfg.tx)
 	return s
 }
@@ -546,6 +556,8 @@ func (s *soak) plan(op *soakOp, id int64, rng *rand.Rand) {
 		op.postCommitFail = rng.IntN(100) < 5
 		op.participant = rng.IntN(100) < 8
 		op.marker = rng.IntN(2) == 0
+	} else {
+		op.ref = [...]string{"", "xid", "marker"}[rng.IntN(3)]
 	}
 }
 
@@ -553,9 +565,14 @@ func (s *soak) plan(op *soakOp, id int64, rng *rand.Rand) {
 var soakMarker = pgx.Identifier{"soak_marker"}
 
 // mode is how an operation's indeterminate outcome can be settled: plain pgx frames have
-// no reference, Run's carry an xid, and with the marker its row too.
+// no reference without the tracer's option, an xid with WithCaptureReference, and a marker
+// row too with WithCommitMarker; Run's carry an xid, and with the marker its row too.
 func (o *soakOp) mode() string {
 	switch {
+	case !o.run && o.ref == "xid":
+		return "pgx, xid only"
+	case !o.run && o.ref == "marker":
+		return "pgx, xid + marker"
 	case !o.run:
 		return "pgx"
 	case o.marker:
@@ -571,10 +588,14 @@ func soakAtSource(errType string) bool {
 }
 
 func (s *soak) pool(op *soakOp) *pgxpool.Pool {
+	i := 0
 	if op.via == "proxy" {
-		return s.proxied
+		i = 1
 	}
-	return s.direct
+	if !op.run && op.ref != "" {
+		return s.refPools[op.ref][i]
+	}
+	return [2]*pgxpool.Pool{s.direct, s.proxied}[i]
 }
 
 var errSoakAppRollback = errors.New("soak: the application rolls back")
@@ -1085,7 +1106,11 @@ func (s *soak) check(ctx context.Context, workload, total time.Duration) {
 	ran := len(ops)
 
 	// No frame on any pooled connection: every one is idle now.
-	for _, p := range []*pgxpool.Pool{s.direct, s.proxied} {
+	pools := []*pgxpool.Pool{s.direct, s.proxied}
+	for _, ps := range s.refPools {
+		pools = append(pools, ps[:]...)
+	}
+	for _, p := range pools {
 		conns := p.AcquireAllIdle(ctx)
 		for _, c := range conns {
 			if st := connStateOf(c.Conn()); st != nil && st.frame != nil {
@@ -1359,6 +1384,13 @@ func (s *soak) check(ctx context.Context, workload, total time.Duration) {
 		row, present := rows[op.id]
 		here := present && row == f.op
 		resolvedRefs[f.outcome+" → "+soakResolutionLabel(got)]++
+		if f.outcome == "indeterminate" && !op.run {
+			// Plain pgx has no Result: its indeterminate frames are what Reconcile settles.
+			reconciled[op.mode()+": "+soakResolutionLabel(got)]++
+			if got.Resolved() != ResolvedUnknown {
+				settled[op.mode()]++
+			}
+		}
 		if msg := soakResolutionContradicts(got, here); msg != "" {
 			fail(op.id, "Resolve of the reference %s of a %s frame %s: %s [%s]", ref, f.outcome, f.op, msg, op.describe())
 		}
@@ -1423,16 +1455,16 @@ func (s *soak) check(ctx context.Context, workload, total time.Duration) {
 	}
 	fmt.Fprintf(tw, "  attempts unknown %s (retried)\t%d\t\n", UnknownNotReplicated, notReplicated)
 	tw.Flush()
-	fmt.Fprintln(&b, "\nReconcile on indeterminate Run results:")
+	fmt.Fprintln(&b, "\nReconcile on indeterminate Run results, and on the references of indeterminate plain pgx frames:")
 	for _, k := range slices.Sorted(maps.Keys(reconciled)) {
 		fmt.Fprintf(tw, "  %s\t%d\t\n", k, reconciled[k])
 	}
 	tw.Flush()
 	fmt.Fprintln(&b, "\nsettled, by mode: indeterminate frames; made determinate at the source (each checked against the table);")
 	fmt.Fprintln(&b, "indeterminate results; settled by Reconcile; settled of all that would have been indeterminate:")
-	for _, m := range []string{"pgx", "run, xid only", "run, xid + marker"} {
+	for _, m := range []string{"pgx", "pgx, xid only", "pgx, xid + marker", "run, xid only", "run, xid + marker"} {
 		would := atSource[m] + indetResults[m]
-		if m == "pgx" {
+		if strings.HasPrefix(m, "pgx") {
 			would = atSource[m] + indetFrames[m]
 		}
 		pct := 0.0
