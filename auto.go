@@ -69,7 +69,7 @@ func (f autoOptionFunc) applyAuto(c *autoConfig) { f(c) }
 // WithAutoReconcile reconciles every indeterminate frame of the tracer — those of [Run]
 // and plain pgx transactions alike — in the background, asking db (a pool of its own is
 // best: it must not wait behind the application for a connection). A frame without a
-// reference (a plain pgx COMMIT, or Run without Policy.CaptureReference) has nothing to
+// reference (a plain pgx COMMIT without WithCaptureReference, or Run without Policy.CaptureReference, or one whose xid never arrived) has nothing to
 // ask and ends unknown with reason no_reference at once. The frame's goroutine only
 // enqueues, without blocking: when the queue is full the frame is counted unknown with
 // reason [UnknownQueueFull]. An attempt that cannot reach the database, or finds the

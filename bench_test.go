@@ -16,6 +16,8 @@ package otelpgxtx
 //	d_run          c through Run, CaptureReference off
 //	e_run_capture  d with CaptureReference on
 //	f_run_marker   e with the commit marker (Policy.CommitMarker); real server only
+//	g_otelpgxtx_xid     c with WithCaptureReference (the xid read in COMMIT's write); real server only
+//	h_otelpgxtx_marker  c with WithCommitMarker; real server only
 //
 // b–e run every transaction under an application "request" span, as a traced service
 // does: otelpgx (v0.13) starts statement spans only under a recording parent, so
@@ -62,6 +64,8 @@ const (
 	benchD = "d_run"
 	benchE = "e_run_capture"
 	benchF = "f_run_marker"
+	benchG = "g_otelpgxtx_xid"
+	benchH = "h_otelpgxtx_marker"
 
 	benchKeyGroups = 64  // disjoint groups of bench_kv rows: goroutine g writes group g % 64
 	benchKeysPerG  = 128 // rows of bench_kv per group
@@ -69,8 +73,9 @@ const (
 
 var benchVariants = []string{benchA, benchB, benchC, benchD, benchE}
 
-// benchServerVariants are the variants run against the real server: f needs its table.
-var benchServerVariants = append(slices.Clone(benchVariants), benchF)
+// benchServerVariants are the variants run against the real server: f and h need the
+// marker table, and g and h's references need the server's identity.
+var benchServerVariants = append(slices.Clone(benchVariants), benchF, benchG, benchH)
 
 // benchMarker is f_run_marker's commit-marker table.
 var benchMarker = pgx.Identifier{"bench_marker"}
@@ -151,7 +156,14 @@ func benchInstrument(tb testing.TB, cfg *pgx.ConnConfig, pool *pgxpool.Config, v
 	case v == benchB:
 		cfg.Tracer = otelpgx.NewTracer(otelpgx.WithTracerProvider(tel.tp), otelpgx.WithMeterProvider(tel.mp))
 	case pool != nil:
-		if _, err := InstrumentPool(pool, WithTracerProvider(tel.tp), WithMeterProvider(tel.mp)); err != nil {
+		opts := []Option{WithTracerProvider(tel.tp), WithMeterProvider(tel.mp)}
+		switch v {
+		case benchG:
+			opts = append(opts, WithCaptureReference())
+		case benchH:
+			opts = append(opts, WithCommitMarker(benchMarker))
+		}
+		if _, err := InstrumentPool(pool, opts...); err != nil {
 			tb.Fatal(err)
 		}
 	default:

@@ -89,6 +89,11 @@ func (t *Tracer) takeAddition(st *connState, f *frame) (endedBeforeCommit bool) 
 	r := a.reply
 	switch a.kind {
 	case libraryQuery:
+		if !r.done || r.fatal {
+			// The connection ended before the check was answered: nothing was checked, and
+			// the connection is gone with whatever BEGIN it carried.
+			return false
+		}
 		st.identityRead = true
 		t.identityChecked(st, r)
 	case libraryCall:
@@ -120,8 +125,6 @@ func (t *Tracer) takeAddition(st *connState, f *frame) (endedBeforeCommit bool) 
 func (t *Tracer) identityChecked(st *connState, r libraryReply) {
 	reason := ""
 	switch {
-	case !r.done:
-		reason = "the identity check got no complete reply"
 	case r.errCode != "":
 		reason = "the identity check failed with SQLSTATE " + r.errCode
 	default:
