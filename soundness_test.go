@@ -316,8 +316,8 @@ type soak struct {
 	// refPools are the plain pgx operations' pools with commit references, by op.ref and
 	// then direct and proxied.
 	refPools map[string][2]*pgxpool.Pool
-	proxy   *pgtest.Proxy
-	admin   *pgxpool.Pool // uninstrumented, for the reconciler and the checker
+	proxy    *pgtest.Proxy
+	admin    *pgxpool.Pool // uninstrumented, for the reconciler and the checker
 	// cluster, when not nil, replaces srv: the workload follows its primary, and the
 	// nemesis's server events alternate between a failover and a crash of the primary.
 	cluster *pgtest.Cluster
