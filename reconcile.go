@@ -15,6 +15,7 @@ import (
 	"go.opentelemetry.io/otel/propagation"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/txevidence/otelpgxtx/internal/redact"
 	"github.com/txevidence/otelpgxtx/outcome"
 )
 
@@ -411,7 +412,7 @@ func (r *Reconciler) trace(ctx context.Context, link trace.SpanContext, id outco
 			span.SetAttributes(errorTypeKey.String(res.reason))
 		}
 		if err != nil {
-			span.RecordError(recordedError(err, r.errorMessages))
+			span.RecordError(redact.Error(err, r.errorMessages))
 			span.SetStatus(codes.Error, "reconciliation failed")
 		}
 	}

@@ -2,13 +2,10 @@ package otelpgxtx
 
 import (
 	"context"
-	"database/sql"
-	"errors"
 	"strings"
 	"sync"
 
 	"github.com/exaring/otelpgx"
-	"github.com/jackc/pgx/v5/pgconn"
 	"go.opentelemetry.io/otel/attribute"
 )
 
@@ -537,59 +534,3 @@ func (z *sanitizer) operationName(ctx context.Context, given string) string {
 	}
 	return otelpgx.SQLOperationName(ctx, given)
 }
-
-// sqlStateClasses names the SQLSTATE classes of PostgreSQL's error codes appendix: the
-// fixed description that replaces a server message.
-var sqlStateClasses = map[string]string{
-	"00": "successful completion", "01": "warning", "02": "no data",
-	"03": "SQL statement not yet complete", "08": "connection exception",
-	"09": "triggered action exception", "0A": "feature not supported",
-	"0B": "invalid transaction initiation", "0F": "locator exception", "0L": "invalid grantor",
-	"0P": "invalid role specification", "0Z": "diagnostics exception", "20": "case not found",
-	"21": "cardinality violation", "22": "data exception", "23": "integrity constraint violation",
-	"24": "invalid cursor state", "25": "invalid transaction state",
-	"26": "invalid SQL statement name", "27": "triggered data change violation",
-	"28": "invalid authorization specification",
-	"2B": "dependent privilege descriptors still exist", "2D": "invalid transaction termination",
-	"2F": "SQL routine exception", "34": "invalid cursor name", "38": "external routine exception",
-	"39": "external routine invocation exception", "3B": "savepoint exception",
-	"3D": "invalid catalog name", "3F": "invalid schema name", "40": "transaction rollback",
-	"42": "syntax error or access rule violation", "44": "WITH CHECK OPTION violation",
-	"53": "insufficient resources", "54": "program limit exceeded",
-	"55": "object not in prerequisite state", "57": "operator intervention",
-	"58": "system error", "72": "snapshot failure", "F0": "configuration file error",
-	"HV": "foreign data wrapper error", "P0": "PL/pgSQL error", "XX": "internal error",
-}
-
-// redactedNote ends every redacted message, so that a reader knows the text is withheld.
-const redactedNote = " (message redacted)"
-
-// redactError returns what may be recorded of err by default: a server error becomes a
-// *pgconn.PgError with only its severity, SQLSTATE and the SQLSTATE class as message
-// (the server's message, detail and hint can quote the statement's values); any other
-// error becomes one that names its type and, for the kinds that carry no user data
-// (a lost or closed connection, a timeout, a cancellation), says in fixed words what
-// happened (see describeError). Errors whose text is fixed pass as they are.
-func redactError(err error) error {
-	if err == nil || err == context.Canceled || err == context.DeadlineExceeded || errors.Is(err, sql.ErrNoRows) {
-		return err
-	}
-	var pgErr *pgconn.PgError
-	if errors.As(err, &pgErr) {
-		desc := "server error"
-		if len(pgErr.Code) == 5 {
-			if c, ok := sqlStateClasses[pgErr.Code[:2]]; ok {
-				desc = c
-			}
-		}
-		return &pgconn.PgError{Severity: pgErr.Severity, SeverityUnlocalized: pgErr.SeverityUnlocalized,
-			Code: pgErr.Code, Message: desc + redactedNote}
-	}
-	return describeError(err)
-}
-
-// redactedError stands for an error whose message must not be recorded.
-type redactedError struct{ msg string }
-
-// Error returns the redacted text: the error's kind and type, never its message.
-func (e *redactedError) Error() string { return e.msg }

@@ -1,6 +1,10 @@
 package otelpgxtx
 
-import "go.opentelemetry.io/otel/attribute"
+import (
+	"go.opentelemetry.io/otel/attribute"
+
+	"github.com/txevidence/otelpgxtx/internal/schema"
+)
 
 // Attribute keys of the frame span (see "Span schema" in the package documentation).
 // They are a public contract: dashboards and alert rules select on them.
@@ -10,7 +14,7 @@ const (
 	// PhaseKey is tx.phase: the last observed phase.
 	PhaseKey = attribute.Key("tx.phase")
 	// OperationIDKey is tx.operation_id: the frame's operation id.
-	OperationIDKey = attribute.Key("tx.operation_id")
+	OperationIDKey = schema.OperationIDKey
 	// FrameDepthKey is tx.frame.depth: 0 for a top-level transaction, n for one begun
 	// while n others are suspended.
 	FrameDepthKey = attribute.Key("tx.frame.depth")
@@ -25,14 +29,14 @@ const (
 	// ReconciliationXIDKey is tx.reconciliation.xid: the xid8 captured before COMMIT.
 	ReconciliationXIDKey = attribute.Key("tx.reconciliation.xid")
 	// ReconciliationRefKey is tx.reconciliation.ref: the whole reconciliation reference.
-	ReconciliationRefKey = attribute.Key("tx.reconciliation.ref")
+	ReconciliationRefKey = schema.ReconciliationRefKey
 	// CommittedLocallyKey is tx.commit.committed_locally: the server said the commit is in
 	// its local WAL but synchronous replication was not confirmed.
 	CommittedLocallyKey = attribute.Key("tx.commit.committed_locally")
 	// RetryableKey is tx.retryable, set on rolled-back frames.
 	RetryableKey = attribute.Key("tx.retryable")
 	// ResolvedOutcomeKey is tx.outcome.resolved, on reconciliation spans.
-	ResolvedOutcomeKey = attribute.Key("tx.outcome.resolved")
+	ResolvedOutcomeKey = schema.ResolvedOutcomeKey
 	// ParticipantOutcomeKey is tx.participant.outcome, on tx.participant events: the
 	// participant's own result. It is not tx.outcome, so that a search for a frame
 	// outcome never finds a participant's.
@@ -41,12 +45,12 @@ const (
 	SavepointNameKey = attribute.Key("tx.savepoint.name")
 
 	// Semantic-convention keys.
-	dbSystemNameKey     = attribute.Key("db.system.name")
+	dbSystemNameKey     = schema.DBSystemNameKey
 	dbNamespaceKey      = attribute.Key("db.namespace")
 	dbResponseStatusKey = attribute.Key("db.response.status_code")
 	serverAddressKey    = attribute.Key("server.address")
 	serverPortKey       = attribute.Key("server.port")
-	errorTypeKey        = attribute.Key("error.type")
+	errorTypeKey        = schema.ErrorTypeKey
 )
 
 // Event names on the frame span.
@@ -79,11 +83,11 @@ const (
 	// SpanNamePostCommit is the child span of a frame that runs its post-commit hooks.
 	SpanNamePostCommit = "tx.post_commit"
 	// SpanNameReconcile is the span of one reconciliation, linked to the original frame.
-	SpanNameReconcile = "tx.reconcile"
+	SpanNameReconcile = schema.SpanNameReconcile
 )
 
 // StatusDescriptionRolledBack is the fixed description of the Error status of a
 // rolled-back frame; the cause is in error.type and db.response.status_code.
 const StatusDescriptionRolledBack = "transaction rolled back"
 
-var dbSystemPostgreSQL = dbSystemNameKey.String("postgresql")
+var dbSystemPostgreSQL = schema.DBSystemPostgreSQL
