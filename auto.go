@@ -10,6 +10,8 @@ import (
 	"github.com/jackc/pgx/v5"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/txevidence/otelpgxtx/internal/pg"
+	"github.com/txevidence/otelpgxtx/internal/schema"
 	"github.com/txevidence/otelpgxtx/outcome"
 )
 
@@ -81,7 +83,7 @@ func WithAutoReconcile(db Querier, opts ...AutoReconcileOption) Option {
 	return optionFunc(func(c *config) {
 		a := autoConfig{db: db, queue: 1024, workers: 2, retryMin: 100 * time.Millisecond, retryMax: 30 * time.Second,
 			wait: 5 * time.Second, interval: 50 * time.Millisecond}
-		if db == nil || isNilHandle(db) {
+		if db == nil || pg.IsNilHandle(db) {
 			a.err = invalid("WithAutoReconcile: nil db")
 		} else if _, ok := db.(pgx.Tx); ok {
 			a.err = invalid("WithAutoReconcile: db is a transaction; give it a pool or a connection")
@@ -321,7 +323,7 @@ func (a *autoReconciler) attempt(p *pendingOutcome) {
 func (a *autoReconciler) settle(p *pendingOutcome, res Resolution) {
 	a.metrics.record(res, time.Since(p.at))
 	if a.cfg.onReconciled != nil {
-		a.cfg.onReconciled(Reconciliation{OperationID: p.id, Resolution: res, TraceParent: traceParent(p.link),
+		a.cfg.onReconciled(Reconciliation{OperationID: p.id, Resolution: res, TraceParent: schema.TraceParent(p.link),
 			IndeterminateAt: p.at, Attempts: p.attempts, CommittedLocally: p.local})
 	}
 }

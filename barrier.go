@@ -9,6 +9,8 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/txevidence/otelpgxtx/internal/pg"
 )
 
 // UnknownNotReplicated: the server's commit log says committed, but synchronous
@@ -26,7 +28,7 @@ type incarnation struct {
 }
 
 // incarnationSQL reads the incarnation: the timeline written on, and the server start.
-const incarnationSQL = "coalesce(" + timelineSQL + ", '0'), " + serverStartSQL
+const incarnationSQL = "coalesce(" + pg.TimelineSQL + ", '0'), " + pg.ServerStartSQL
 
 // syncStandbysSQL reads whether synchronous replication is configured: only then can a
 // commit be local to the primary, and a committed answer need the barrier.

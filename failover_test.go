@@ -12,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/txevidence/otelpgxtx/internal/pg"
 	"github.com/txevidence/otelpgxtx/outcome"
 	"github.com/txevidence/otelpgxtx/pgtest"
 )
@@ -228,7 +229,7 @@ func TestReconcileAfterFailover(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer conn.Close(ctx)
-	if err := conn.QueryRow(ctx, "select c.timeline_id, "+timelineSQL+"::int from pg_control_checkpoint() c").Scan(&ckptTLI, &walTLI); err != nil {
+	if err := conn.QueryRow(ctx, "select c.timeline_id, "+pg.TimelineSQL+"::int from pg_control_checkpoint() c").Scan(&ckptTLI, &walTLI); err != nil {
 		t.Fatal(err)
 	}
 	if ckptTLI != 2 || walTLI != 2 {

@@ -11,6 +11,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/txevidence/otelpgxtx/internal/pg"
 	"github.com/txevidence/otelpgxtx/outcome"
 )
 
@@ -41,7 +42,7 @@ func PruneMarkers(ctx context.Context, db interface {
 	if err != nil {
 		return 0, invalid("PruneMarkers: %v", err)
 	}
-	if db == nil || isNilHandle(db) || retention <= 0 {
+	if db == nil || pg.IsNilHandle(db) || retention <= 0 {
 		return 0, invalid("PruneMarkers: nil db or non-positive retention")
 	}
 	tag, err := db.Exec(ctx, "delete from "+name+" where created_at < now() - $1::bigint * interval '1 microsecond'",

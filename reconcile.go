@@ -12,10 +12,11 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/codes"
-	"go.opentelemetry.io/otel/propagation"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/txevidence/otelpgxtx/internal/pg"
 	"github.com/txevidence/otelpgxtx/internal/redact"
+	"github.com/txevidence/otelpgxtx/internal/schema"
 	"github.com/txevidence/otelpgxtx/outcome"
 )
 
@@ -162,7 +163,7 @@ func (o reconcileWaitOption) applyAuto(c *autoConfig) {
 // NewReconciler returns a reconciler that queries db, a pool or a connection outside any
 // transaction (a [pgx.Tx] is refused): reconciling commits transactions of its own.
 func NewReconciler(db Querier, opts ...ReconcilerOption) (*Reconciler, error) {
-	if db == nil || isNilHandle(db) {
+	if db == nil || pg.IsNilHandle(db) {
 		return nil, invalid("NewReconciler: nil db")
 	}
 	if _, ok := db.(pgx.Tx); ok {
@@ -190,7 +191,7 @@ func Reconcile[T any](ctx context.Context, r *Reconciler, ind outcome.Indetermin
 		return Resolution{}, invalid("Reconcile: nil reconciler")
 	}
 	ref, ok := ind.Reference()
-	link := spanContextFromTraceParent(ind.TraceParent())
+	link := schema.SpanContextOf(ind.TraceParent())
 	if !ok {
 		return r.trace(ctx, link, ind.OperationID(), outcome.ReconciliationRef{}, func(context.Context) (Resolution, error) {
 			return Resolution{reason: UnknownNoReference}, nil
@@ -337,8 +338,8 @@ func decide(ref outcome.ReconciliationRef, v serverView) (res Resolved, reason s
 }
 
 // reconcileIdentitySQL reads the server's identity and its latest checkpoint.
-const reconcileIdentitySQL = "s.system_identifier::text, coalesce(" + timelineSQL + ", c.timeline_id::text), pg_is_in_recovery(), " +
-	serverStartSQL + ", c.timeline_id::text, c.next_xid::text, " + syncStandbysSQL + " " +
+const reconcileIdentitySQL = "s.system_identifier::text, coalesce(" + pg.TimelineSQL + ", c.timeline_id::text), pg_is_in_recovery(), " +
+	pg.ServerStartSQL + ", c.timeline_id::text, c.next_xid::text, " + syncStandbysSQL + " " +
 	"from pg_control_system() s, pg_control_checkpoint() c"
 
 // query reads the xid's status together with the server's identity, in one round trip,
@@ -417,24 +418,4 @@ func (r *Reconciler) trace(ctx context.Context, link trace.SpanContext, id outco
 		}
 	}
 	return res, err
-}
-
-// traceParent returns sc as a W3C traceparent value.
-func traceParent(sc trace.SpanContext) string {
-	if !sc.IsValid() {
-		return ""
-	}
-	carrier := propagation.MapCarrier{}
-	propagation.TraceContext{}.Inject(trace.ContextWithSpanContext(context.Background(), sc), carrier)
-	return carrier.Get("traceparent")
-}
-
-// spanContextFromTraceParent reads a W3C traceparent back into the span context to link
-// to; an empty or malformed one gives the zero span context, which links nothing.
-func spanContextFromTraceParent(tp string) trace.SpanContext {
-	if tp == "" {
-		return trace.SpanContext{}
-	}
-	ctx := propagation.TraceContext{}.Extract(context.Background(), propagation.MapCarrier{"traceparent": tp})
-	return trace.SpanContextFromContext(ctx)
 }
