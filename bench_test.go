@@ -55,6 +55,7 @@ import (
 
 	"github.com/txevidence/otelpgxtx/outcome"
 	"github.com/txevidence/otelpgxtx/pgtest"
+	"github.com/txevidence/otelpgxtx/reconcile"
 )
 
 const (
@@ -250,7 +251,7 @@ func benchSchema(b *testing.B) *pgx.Conn {
 }
 
 func benchMarkerDDL(b *testing.B) string {
-	ddl, err := MarkerTableDDL(benchMarker)
+	ddl, err := reconcile.MarkerTableDDL(benchMarker)
 	if err != nil {
 		b.Fatal(err)
 	}

@@ -319,3 +319,9 @@ func commitSQLOf(opts pgx.TxOptions) string {
 	}
 	return "commit"
 }
+
+// markerSQL is the marker insert of id into the quoted table name, returning the xid,
+// which the insert has just assigned. The id is inlined: 32 hex digits, nothing to quote.
+func markerSQL(table string, id outcome.OperationID) string {
+	return "insert into " + table + " (operation_id) values ('" + id.String() + "') returning " + captureXIDExpr
+}

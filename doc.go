@@ -20,7 +20,7 @@
 // Application code does not change: every Begin … Commit becomes a frame span, with the
 // statement spans of the inner tracer (otelpgx by default) as its children. The tracer
 // sends nothing of its own on a plain pgx connection. [Run] is an executor that returns
-// the outcome as a sealed [outcome.Result]; a [Reconciler] (or [WithAutoReconcile])
+// the outcome as a sealed [outcome.Result]; a reconciler (package reconcile; or [WithAutoReconcile])
 // settles indeterminate commits from the database's own records.
 //
 // # Frames
@@ -104,10 +104,10 @@
 //
 // A reconciliation is a tx.reconcile span ([SpanNameReconcile]), INTERNAL too, linked to
 // the frame that observed the indeterminate outcome, with tx.outcome.resolved and, when
-// unknown, error.type set to the reason ([UnknownInProgress], [UnknownNotReplicated], …);
+// unknown, error.type set to the reason (reconcile.ReasonInProgress, reconcile.ReasonNotReplicated, …);
 // its queries are the statement spans of the database's own tracer. A committed answer
 // where synchronous replication is configured waits for the synchronous standbys (the
-// replication barrier, see [Reconciler]), so that it survives a failover.
+// replication barrier, see package reconcile), so that it survives a failover.
 //
 // # Span kind
 //

@@ -1,4 +1,4 @@
-package otelpgxtx
+package reconcile
 
 import (
 	"context"
@@ -12,13 +12,6 @@ import (
 
 	"github.com/txevidence/otelpgxtx/internal/pg"
 )
-
-// UnknownNotReplicated: the server's commit log says committed, but synchronous
-// replication is configured and the synchronous standbys did not confirm the commit
-// record within the wait. Its synchronous-replication wait was ended early (a
-// cancelled or terminated backend, a client deadline), so it is committed locally only,
-// and a failover to a standby that lacks it would lose it. Ask again later.
-const UnknownNotReplicated = "not_replicated"
 
 // incarnation is what names one run of one server's history: a reference's xid means
 // the same transaction only on the same timeline and the same server start.
