@@ -7,133 +7,13 @@ import (
 
 	"github.com/exaring/otelpgx"
 	"go.opentelemetry.io/otel/attribute"
+
+	"github.com/txevidence/otelpgxtx/internal/sqltext"
 )
 
 // dbQuerySummaryKey is db.query.summary (stable since semantic conventions v1.26; this
 // module's newest, semconv/v1.43.0, defines it the same way).
 const dbQuerySummaryKey = attribute.Key("db.query.summary")
-
-// sqlToken is the kind of one lexical token of PostgreSQL's SQL.
-type sqlToken uint8
-
-const (
-	tokOther        sqlToken = iota // an operator or punctuation byte
-	tokSpace                        // white space
-	tokComment                      // -- line or /* nestable block */ comment
-	tokWord                         // keyword or identifier
-	tokQuotedIdent                  // "identifier" or U&"identifier"
-	tokParam                        // $n
-	tokLiteral                      // string, bit string, dollar-quoted string or number
-	tokUnterminated                 // a quote that does not close: the rest of the text
-)
-
-// nextToken returns the kind of the token at s[i] and the index just after it. It
-// follows PostgreSQL's lexer with standard_conforming_strings on (pgx requires it).
-func nextToken(s string, i int) (sqlToken, int) {
-	c := s[i]
-	switch {
-	case isSpaceByte(c):
-		j := i + 1
-		for j < len(s) && isSpaceByte(s[j]) {
-			j++
-		}
-		return tokSpace, j
-	case c == '-' && i+1 < len(s) && s[i+1] == '-':
-		if j := strings.IndexByte(s[i:], '\n'); j >= 0 {
-			return tokComment, i + j
-		}
-		return tokComment, len(s)
-	case c == '/' && i+1 < len(s) && s[i+1] == '*':
-		return tokComment, i + blockCommentEnd(s[i:])
-	case c == '\'':
-		return quoted(s, i, '\'', false, tokLiteral)
-	case c == '"':
-		return quoted(s, i, '"', false, tokQuotedIdent)
-	case c == '$':
-		return dollarToken(s, i)
-	case isDigit(c) || c == '.' && i+1 < len(s) && isDigit(s[i+1]):
-		return numberToken(s, i)
-	case isWordStart(c):
-		return wordToken(s, i)
-	}
-	return tokOther, i + 1
-}
-
-// dollarToken returns the token at s[i] == '$': a $n parameter, a dollar-quoted string,
-// or a lone dollar sign.
-func dollarToken(s string, i int) (sqlToken, int) {
-	if i+1 < len(s) && isDigit(s[i+1]) {
-		j := i + 1
-		for j < len(s) && isDigit(s[j]) {
-			j++
-		}
-		return tokParam, j
-	}
-	switch end := dollarQuoteEnd(s, i); {
-	case end == i:
-		return tokOther, i + 1
-	case end >= len(s):
-		return tokUnterminated, len(s)
-	default:
-		return tokLiteral, end + 1
-	}
-}
-
-// numberToken returns the numeric literal that starts at s[i].
-func numberToken(s string, i int) (sqlToken, int) {
-	// Decimal, exponent, 0x/0o/0b and 1_000 forms alike: everything that can
-	// continue a number, so that no digit of it survives.
-	j := i + 1
-	for j < len(s) {
-		d := s[j]
-		if isDigit(d) || isLetter(d) || d == '_' || d == '.' {
-			j++
-		} else if (d == '+' || d == '-') && (s[j-1] == 'e' || s[j-1] == 'E') {
-			j++
-		} else {
-			break
-		}
-	}
-	return tokLiteral, j
-}
-
-// wordToken returns the keyword or identifier that starts at s[i], or the string that
-// it prefixes (E'…', B'…', X'…', N'…', U&'…', U&"…").
-func wordToken(s string, i int) (sqlToken, int) {
-	c := s[i]
-	j := i + 1
-	for j < len(s) && (isWordStart(s[j]) || isDigit(s[j]) || s[j] == '$') {
-		j++
-	}
-	if j < len(s) && j == i+1 {
-		switch {
-		case s[j] == '\'' && (c|0x20 == 'e'):
-			return quoted(s, j, '\'', true, tokLiteral)
-		case s[j] == '\'' && (c|0x20 == 'b' || c|0x20 == 'x' || c|0x20 == 'n'):
-			return quoted(s, j, '\'', false, tokLiteral)
-		case s[j] == '&' && c|0x20 == 'u' && j+1 < len(s) && s[j+1] == '\'':
-			return quoted(s, j+1, '\'', false, tokLiteral)
-		case s[j] == '&' && c|0x20 == 'u' && j+1 < len(s) && s[j+1] == '"':
-			return quoted(s, j+1, '"', false, tokQuotedIdent)
-		}
-	}
-	return tokWord, j
-}
-
-// quoted returns the token whose opening quote is at s[q].
-func quoted(s string, q int, quote byte, escapes bool, kind sqlToken) (sqlToken, int) {
-	end := quoteEnd(s, q, quote, escapes)
-	if end >= len(s) {
-		return tokUnterminated, len(s)
-	}
-	return kind, end + 1
-}
-
-func isDigit(c byte) bool { return c >= '0' && c <= '9' }
-
-// isWordStart reports whether c may start an identifier: PostgreSQL counts every
-// non-ASCII byte as a letter.
-func isWordStart(c byte) bool { return isLetter(c) || c == '_' || c >= 0x80 }
 
 // sanitizeSQL returns sql with every literal replaced by "?" and every comment by a
 // space; keywords, identifiers and $n parameters stay as written. From a quote that does
@@ -145,28 +25,28 @@ func sanitizeSQL(sql string) string {
 	var out []byte // nil until the first replacement
 	first, isCopy, stdin := true, false, false
 	for i := 0; i < len(sql); {
-		kind, end := nextToken(sql, i)
-		if stdin && (kind == tokOther && sql[i] == ';' || kind == tokSpace && strings.IndexByte(sql[i:end], '\n') >= 0) {
+		kind, end := sqltext.Next(sql, i)
+		if stdin && (kind == sqltext.Other && sql[i] == ';' || kind == sqltext.Space && strings.IndexByte(sql[i:end], '\n') >= 0) {
 			if rest := sql[end:]; strings.TrimLeft(rest, " \t\n\r\f\v") != "" {
 				out = append(append(copied(out, sql, i), sql[i:end]...), '?')
 				return string(out)
 			}
 		}
 		switch {
-		case kind == tokWord && first:
+		case kind == sqltext.Word && first:
 			first, isCopy = false, eq(sql[i:end], "copy")
-		case kind == tokWord && isCopy && eq(sql[i:end], "stdin"):
+		case kind == sqltext.Word && isCopy && eq(sql[i:end], "stdin"):
 			stdin = true
-		case kind == tokOther && sql[i] == ';':
+		case kind == sqltext.Other && sql[i] == ';':
 			first, isCopy = true, false
 		}
 		switch kind {
-		case tokLiteral, tokUnterminated:
+		case sqltext.Literal, sqltext.Unterminated:
 			out = append(copied(out, sql, i), '?')
-		case tokComment:
+		case sqltext.Comment:
 			out = copied(out, sql, i)
 			// A space keeps the neighbours apart: "-/**/-" must not become a comment.
-			if n := len(out); n > 0 && !isSpaceByte(out[n-1]) {
+			if n := len(out); n > 0 && !sqltext.IsSpace(out[n-1]) {
 				out = append(out, ' ')
 			}
 		default:
@@ -191,10 +71,6 @@ func copied(out []byte, sql string, i int) []byte {
 	return append(make([]byte, 0, len(sql)), sql[:i]...)
 }
 
-func isSpaceByte(c byte) bool {
-	return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\f' || c == '\v'
-}
-
 // maxSummary bounds db.query.summary, as the semantic conventions recommend.
 const maxSummary = 255
 
@@ -207,9 +83,9 @@ const maxSummary = 255
 func querySummary(sql string) string {
 	var b summaryBuilder
 	for i := 0; i < len(sql); {
-		kind, end := nextToken(sql, i)
+		kind, end := sqltext.Next(sql, i)
 		b.token(kind, sql[i:end])
-		if kind == tokUnterminated {
+		if kind == sqltext.Unterminated {
 			break
 		}
 		i = end
@@ -269,12 +145,12 @@ func wordSet(words string) map[string]bool {
 // summaryDDLKinds are the object kinds whose name is a target.
 var summaryDDLKinds = map[string]bool{"table": true, "view": true, "index": true, "sequence": true}
 
-func (b *summaryBuilder) token(kind sqlToken, text string) {
+func (b *summaryBuilder) token(kind sqltext.Kind, text string) {
 	switch kind {
-	case tokSpace, tokComment:
+	case sqltext.Space, sqltext.Comment:
 		b.inName = false
 		return
-	case tokWord, tokQuotedIdent:
+	case sqltext.Word, sqltext.QuotedIdent:
 		b.word(kind, text)
 		return
 	}
@@ -303,9 +179,9 @@ func (b *summaryBuilder) token(kind sqlToken, text string) {
 	b.prev = text
 }
 
-func (b *summaryBuilder) word(kind sqlToken, text string) {
+func (b *summaryBuilder) word(kind sqltext.Kind, text string) {
 	lower := ""
-	if kind == tokWord && len(text) <= 16 {
+	if kind == sqltext.Word && len(text) <= 16 {
 		lower = strings.ToLower(text)
 	}
 	if b.inName { // the rest of a qualified name: schema.table
