@@ -98,10 +98,12 @@ func invalid(format string, args ...any) error {
 // validate refuses a policy that cannot be run, naming the field.
 func (p Policy) validate() error {
 	switch {
+	case p.Propagation == 0 && p.MaxAttempts == 0:
+		return invalid("a zero Policy; start from DefaultPolicy() and change the fields you need")
 	case p.Propagation < Required || p.Propagation > Mandatory:
-		return invalid("unknown propagation %s", p.Propagation)
+		return invalid("unknown propagation %s; use Required, RequiresNew, Nested or Mandatory (DefaultPolicy() has Required)", p.Propagation)
 	case p.MaxAttempts < 1:
-		return invalid("MaxAttempts is %d; it must be at least 1", p.MaxAttempts)
+		return invalid("MaxAttempts is %d; it must be at least 1 (DefaultPolicy() has 3)", p.MaxAttempts)
 	case p.BackoffBase < 0 || p.BackoffMax < 0:
 		return invalid("negative backoff")
 	case p.CommitMarker != nil && !p.CaptureReference:

@@ -532,6 +532,12 @@ func TestRunBadInput(t *testing.T) {
 			continue
 		}
 		t.Logf("%s: %v", name, rb.Cause())
+		// An invalid policy's error names the fix.
+		if strings.Contains(name, "policy") || strings.Contains(name, "propagation") || strings.Contains(name, "attempts") {
+			if !strings.Contains(rb.Cause().Error(), "DefaultPolicy()") {
+				t.Errorf("%s: %q does not point at DefaultPolicy()", name, rb.Cause())
+			}
+		}
 	}
 	if _, err := reconcile.New(nil); !errors.Is(err, reconcile.ErrInvalidArgument) {
 		t.Fatalf("reconcile.New(nil) = %v", err)
