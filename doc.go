@@ -11,15 +11,30 @@
 // # Setup
 //
 // [InstrumentPool] (or [InstrumentConnConfig]) sets a [Tracer] as the connection
-// config's tracer and chains the notice, close and net.Conn hooks it needs:
+// config's tracer and chains the notice, close and net.Conn hooks it needs. Check its
+// error: an invalid option leaves the config without a tracer. Close the tracer after the
+// pool: with [WithAutoReconcile] its workers run until [Tracer.Close]. As in the example
+// of InstrumentPool:
 //
-//	cfg, _ := pgxpool.ParseConfig(dsn)
-//	tracer, err := otelpgxtx.InstrumentPool(cfg)
-//	pool, _ := pgxpool.NewWithConfig(ctx, cfg)
+//	cfg, err := pgxpool.ParseConfig(os.Getenv("DATABASE_URL"))
+//	if err != nil {
+//		log.Fatal(err)
+//	}
+//	tracer, err := otelpgxtx.InstrumentPool(cfg) // options: otelpgxtx.With…
+//	if err != nil {
+//		log.Fatal(err)
+//	}
+//	defer tracer.Close(ctx) // deferred first, so it runs after pool.Close
+//	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+//	if err != nil {
+//		log.Fatal(err)
+//	}
+//	defer pool.Close()
 //
 // Application code does not change: every Begin … Commit becomes a frame span, with the
 // statement spans of the inner tracer (otelpgx by default) as its children. The tracer
-// sends nothing of its own on a plain pgx connection. [Run] is an executor that returns
+// sends nothing of its own on a plain pgx connection, unless asked for commit references
+// ([WithCaptureReference], [WithCommitMarker]). [Run] is an executor that returns
 // the outcome as a sealed [outcome.Result]; a reconciler (package reconcile; or [WithAutoReconcile])
 // settles indeterminate commits from the database's own records.
 //
@@ -72,11 +87,16 @@
 //   - tx.operation_id: 32 hex digits, also on Run's results and on log records;
 //   - tx.frame.depth: 0 for a top-level transaction, n when n others are suspended;
 //   - tx.isolation, tx.access_mode: as pgx spells them, when BEGIN says;
-//   - tx.propagation, tx.attempt: set by [Run];
+//   - tx.propagation, tx.attempt: set by [Run] (required, requires_new, nested, mandatory;
+//     1, 2, …);
 //   - tx.reconciliation.ref, tx.reconciliation.xid: the reference captured before COMMIT;
 //   - tx.commit.committed_locally: the server said the commit is in its local WAL but its
 //     synchronous replication was not confirmed;
 //   - tx.retryable: on rolled-back frames;
+//   - tx.rollback ([RollbackKey]): on rolled-back frames, deliberate (the application
+//     rolled back with nothing gone wrong: no statement failed, Run's function returned
+//     nil, the server answered the ROLLBACK) or failure (everything else; error.type
+//     says what);
 //   - db.system.name=postgresql, db.namespace, server.address, server.port (semantic
 //     conventions; [WithDisableConnectionDetailsInAttributes] leaves the last three out);
 //   - db.response.status_code (the SQLSTATE) and error.type on failures. error.type is a
@@ -89,8 +109,11 @@
 // tx.phase.committed, tx.phase.rolled_back, tx.phase.unknown ([EventPhasePrefix] and the
 // phase); tx.suspended and tx.resumed around a nested frame; tx.savepoint.created,
 // tx.savepoint.released, tx.savepoint.rolled_back with tx.savepoint.name (savepoints are
-// events, not spans: they never change the frame's phase); tx.participant; tx.retry on an
-// attempt Run retries; tx.post_commit.failed.
+// events, not spans: they never change the frame's phase, and spans would double the span
+// count of code that uses pgx's pseudo-nested Tx.Begin); tx.participant, with
+// tx.participant.outcome and tx.propagation (not tx.outcome, so that a search for a frame
+// outcome never finds a participant); tx.retry on an attempt Run retries;
+// tx.post_commit.failed.
 //
 // Status, three codes with three meanings:
 //
@@ -101,6 +124,12 @@
 //   - indeterminate: Unset: nothing was determined, and tx.outcome says so;
 //   - committed_with_post_commit_failure: Ok on the frame, Error on its tx.post_commit
 //     child span ([SpanNamePostCommit]).
+//
+// A failure the application expects leaves the status Unset where it would be Error, on
+// the frame span and on the default otelpgx tracer's spans: by default the caller's own
+// cancellation ([CallerCanceled]), which says nothing about the database;
+// [WithExpectedErrors] replaces the list. Only the status changes: tx.outcome,
+// error.type, tx.rollback, the metrics and Run's results stay the same.
 //
 // A reconciliation is a tx.reconcile span ([SpanNameReconcile]), INTERNAL too, linked to
 // the frame that observed the indeterminate outcome, with tx.outcome.resolved and, when

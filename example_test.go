@@ -16,34 +16,33 @@ import (
 	"github.com/txevidence/otelpgxtx/reconcile"
 )
 
-// Instrumenting a pool: every transaction becomes one span with its evidence phases and
-// its tx.outcome, with otelpgx's statement spans under it.
+// The setup: instrument the pool's config before the pool is made, check the error (an
+// invalid option leaves the config without a tracer), and close the tracer after the pool.
+// Application code does not change: each transaction becomes one frame span with its
+// tx.outcome, with otelpgx's statement spans under it.
 func ExampleInstrumentPool() {
 	ctx := context.Background()
 	cfg, err := pgxpool.ParseConfig(os.Getenv("DATABASE_URL"))
 	if err != nil {
 		log.Fatal(err)
 	}
-	if _, err := otelpgxtx.InstrumentPool(cfg); err != nil {
+	tracer, err := otelpgxtx.InstrumentPool(cfg) // options: otelpgxtx.With…
+	if err != nil {
 		log.Fatal(err)
 	}
+	defer tracer.Close(ctx) // deferred first, so it runs after pool.Close
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
 		log.Fatal(err)
 	}
 	defer pool.Close()
 
-	// Unchanged application code: this transaction is traced as one frame span.
-	tx, err := pool.Begin(ctx)
-	if err != nil {
-		log.Fatal(err)
-	}
-	if _, err := tx.Exec(ctx, "insert into orders (id) values (1)"); err != nil {
-		log.Fatal(err)
-	}
-	if err := tx.Commit(ctx); err != nil {
-		log.Print(err) // the span says whether this was a rollback or an unknown commit
-	}
+	err = pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+		_, err := tx.Exec(ctx, "select 1")
+		return err
+	})
+	fmt.Println("committed:", err == nil)
+	// Output: committed: true
 }
 
 // Run returns the outcome algebra as a type: each case does only what its outcome allows.

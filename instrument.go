@@ -10,11 +10,10 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 )
 
-// InstrumentPool instruments every connection of a pool that cfg will create:
-//
-//	cfg, _ := pgxpool.ParseConfig(dsn)
-//	if err := otelpgxtx.InstrumentPool(cfg); err != nil { … }
-//	pool, _ := pgxpool.NewWithConfig(ctx, cfg)
+// InstrumentPool instruments every connection of a pool that cfg will create; call it
+// before pgxpool.NewWithConfig (the package documentation and the example show the whole
+// setup). An error means cfg was left as it was, without a tracer: check it, or the
+// pool records nothing. Close the returned Tracer after the pool.
 //
 // It does what [InstrumentConnConfig] does for cfg.ConnConfig, and chains (never
 // replaces) cfg.BeforeClose so that a frame never outlives its connection. A connection

@@ -3,6 +3,7 @@ package otelpgxtx
 import (
 	"context"
 	"fmt"
+	"os"
 	"sort"
 	"sync"
 	"testing"
@@ -21,7 +22,11 @@ import (
 
 var srv *pgtest.Server
 
-func TestMain(m *testing.M) { pgtest.Main(m, &srv) }
+// TestMain starts the test server and names it in DATABASE_URL, where the examples read
+// it the way an application reads its database.
+func TestMain(m *testing.M) {
+	pgtest.Main(m, &srv, func(s *pgtest.Server) { os.Setenv("DATABASE_URL", s.ConnString()) })
+}
 
 // transports are the ways the commit-path tests reach the server: plain TCP, and TLS
 // verified against the test server's own CA (pgtest's TLS mode). base gives a connection

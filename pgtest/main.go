@@ -23,8 +23,11 @@ import (
 // panicking test ends the process from its own goroutine, where no defer in
 // Main can run, so Start arms a separate cleanup process for that case.
 //
+// Each setup function runs once the server is up, before the tests: a package whose
+// examples read the server from the environment, as an application would, sets it there.
+//
 // A test binary started by StartProxyProcess runs that proxy instead.
-func Main(m *testing.M, srv **Server) {
+func Main(m *testing.M, srv **Server, setup ...func(*Server)) {
 	if isProxy, err := runProxyProcess(); isProxy {
 		if err != nil {
 			fmt.Fprintf(os.Stderr, "pgtest: proxy process: %v\n", err)
@@ -39,6 +42,9 @@ func Main(m *testing.M, srv **Server) {
 		os.Exit(1)
 	}
 	*srv = s
+	for _, f := range setup {
+		f(s)
+	}
 	os.Exit(runAndClose(m, s))
 }
 
