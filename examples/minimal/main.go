@@ -1,0 +1,122 @@
+// Command minimal is the smallest service built on otelpgxtx: the OpenTelemetry SDK with
+// a stdout exporter, an instrumented pool with automatic reconciliation, one transaction
+// through Run, and the shutdown in its order. docs/minimal-service.md walks through it.
+//
+//	DATABASE_URL='postgres://…' go run .
+//	DATABASE_URL='postgres://…' go run . -wait-for-standby   # COMMIT waits for a synchronous standby
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"log"
+	"log/slog"
+	"os"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"go.opentelemetry.io/otel"
+	"go.opentelemetry.io/otel/exporters/stdout/stdouttrace"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+
+	"github.com/txevidence/otelpgxtx"
+	"github.com/txevidence/otelpgxtx/outcome"
+	"github.com/txevidence/otelpgxtx/reconcile"
+)
+
+func main() {
+	waitForStandby := flag.Bool("wait-for-standby", false, "commit with synchronous_commit = on, so that COMMIT waits for the synchronous standby")
+	flag.Parse()
+	ctx := context.Background()
+	dsn := os.Getenv("DATABASE_URL")
+
+	// The SDK: every span to standard output. A real service exports OTLP instead
+	// (otlptracegrpc or otlptracehttp) and samples as its collector expects.
+	exp, err := stdouttrace.New(stdouttrace.WithPrettyPrint())
+	if err != nil {
+		log.Fatal(err)
+	}
+	tp := sdktrace.NewTracerProvider(sdktrace.WithBatcher(exp))
+	otel.SetTracerProvider(tp) // otelpgxtx uses the global providers unless told otherwise
+
+	// Reconciliation asks the database through a pool of its own, so that it never waits
+	// behind the application for a connection.
+	recPool, err := pgxpool.New(ctx, dsn)
+	if err != nil {
+		log.Fatal(err)
+	}
+	rec, err := reconcile.New(recPool)
+	if err != nil {
+		log.Fatal(err)
+	}
+	settled := make(chan otelpgxtx.Reconciliation, 1)
+
+	cfg, err := pgxpool.ParseConfig(dsn)
+	if err != nil {
+		log.Fatal(err)
+	}
+	tracer, err := otelpgxtx.InstrumentPool(cfg,
+		// One JSON record per indeterminate commit: what an operator settles it from.
+		otelpgxtx.WithLogger(slog.New(slog.NewJSONHandler(os.Stderr, nil))),
+		otelpgxtx.WithAutoReconcile(rec, otelpgxtx.WithOnReconciled(func(r otelpgxtx.Reconciliation) {
+			settled <- r
+		})),
+	)
+	if err != nil {
+		log.Fatal(err) // an invalid option: the config has no tracer, so stop here
+	}
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		log.Fatal(err)
+	}
+
+	if _, err := pool.Exec(ctx, "create table if not exists minimal_orders (id bigserial primary key, total int not null)"); err != nil {
+		log.Fatal(err)
+	}
+	res := otelpgxtx.Run(ctx, pool, otelpgxtx.DefaultPolicy(), func(ctx context.Context, tx pgx.Tx) (int64, error) {
+		if *waitForStandby {
+			if _, err := tx.Exec(ctx, "set local synchronous_commit = on"); err != nil {
+				return 0, err
+			}
+		}
+		var id int64
+		err := tx.QueryRow(ctx, "insert into minimal_orders (total) values (42) returning id").Scan(&id)
+		return id, err
+	})
+	switch r := res.(type) {
+	case outcome.Committed[int64]:
+		fmt.Println("committed: order", r.Value())
+	case outcome.DeterminateRollback[int64]:
+		fmt.Println("rolled back:", r.Cause())
+	case outcome.Indeterminate[int64]:
+		// Never replay it: automatic reconciliation asks the database in the background.
+		ref, _ := r.Reference()
+		fmt.Printf("indeterminate: operation %s, reference %s\n", r.OperationID(), ref)
+		select {
+		case s := <-settled:
+			fmt.Println("reconciled:", s.Answer.Status(), s.Answer.Reason())
+		case <-time.After(time.Minute):
+			fmt.Println("not reconciled within a minute: Tracer.Close logs it for the operator")
+		}
+	default:
+		fmt.Println("outcome:", res.Outcome())
+	}
+
+	// Shutdown, in this order. The pool first: no transaction ends after it. Then the
+	// tracer: it stops automatic reconciliation's workers (two goroutines that a
+	// forgotten Close leaves running) and logs every outcome still unknown. Then the
+	// reconciler's pool, which those workers used. The SDK last, so that it exports the
+	// spans the others ended.
+	pool.Close()
+	closeCtx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	if err := tracer.Close(closeCtx); err != nil {
+		log.Print(err)
+	}
+	recPool.Close()
+	if err := tp.Shutdown(closeCtx); err != nil {
+		log.Print(err)
+	}
+}
