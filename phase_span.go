@@ -79,6 +79,15 @@ type frame struct {
 	// judgeErr); an expected failure leaves the span's status Unset.
 	errJudged, errExpected bool
 
+	// standIn takes the span's place for the inner tracer's hooks of a statement that is
+	// an event of the frame; answer is such a statement's, waiting for the event its
+	// answer makes while answering (control_events.go).
+	standIn   frameStandIn
+	answer    statementAnswer
+	answering bool
+	// savepoints are the names of the open savepoints, outermost first (savepoint_depth.go).
+	savepoints []string
+
 	// Set by the executor.
 	managed     bool  // the executor ends the span, after post-commit work
 	cause       error // why the executor rolled back
@@ -160,6 +169,7 @@ func (t *Tracer) startFrame(ctx context.Context, conn *pgx.Conn, st *connState, 
 	}
 	f.recording = f.span.IsRecording()
 	if f.recording {
+		f.standIn.sc = f.span.SpanContext()
 		// Written with the outcome attributes when the frame ends, in one SetAttributes.
 		if st.attrs == nil {
 			st.attrs = []attribute.KeyValue{dbSystemPostgreSQL}
@@ -194,8 +204,12 @@ func (f *frame) transition(to outcome.Phase) bool {
 	if to == outcome.PhaseCommitting {
 		f.committingAt = time.Now()
 	}
-	if f.recording {
-		f.span.AddEvent(phaseEvents[to])
+	switch {
+	case !f.recording:
+	case to == outcome.PhaseCommitting:
+		f.span.AddEvent(phaseEvents[to]) // before COMMIT is sent: no statement's answer
+	default:
+		f.event(phaseEvents[to])
 	}
 	return true
 }

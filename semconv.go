@@ -39,11 +39,21 @@ const (
 	ParticipantOutcomeKey = attribute.Key("tx.participant.outcome")
 	// SavepointNameKey is tx.savepoint.name, on savepoint events.
 	SavepointNameKey = attribute.Key("tx.savepoint.name")
+	// SavepointDepthKey is tx.savepoint.depth, on savepoint events: 1 for the outermost
+	// savepoint of the transaction, n for one made while n−1 others were open — for a
+	// release or rollback to, the depth of the savepoint it names.
+	SavepointDepthKey = attribute.Key("tx.savepoint.depth")
+	// StatementDurationKey is tx.statement.duration, in seconds: on the event that stands
+	// for a statement without a span of its own (a transaction-control statement's event on
+	// its frame, an implicit prepare's on its statement span), how long the statement
+	// took, from its start hook to its end hook; the event is recorded when it ended.
+	StatementDurationKey = attribute.Key("tx.statement.duration")
 
 	// Semantic-convention keys.
 	dbSystemNameKey     = attribute.Key("db.system.name")
 	dbNamespaceKey      = attribute.Key("db.namespace")
 	dbResponseStatusKey = attribute.Key("db.response.status_code")
+	dbOperationNameKey  = attribute.Key("db.operation.name")
 	serverAddressKey    = attribute.Key("server.address")
 	serverPortKey       = attribute.Key("server.port")
 	errorTypeKey        = attribute.Key("error.type")
@@ -65,6 +75,16 @@ const (
 	EventSavepointReleased = "tx.savepoint.released"
 	// EventSavepointRolledBack records a ROLLBACK TO SAVEPOINT, with tx.savepoint.name.
 	EventSavepointRolledBack = "tx.savepoint.rolled_back"
+	// EventStatement records a transaction-control statement, without a span of its own,
+	// whose answer made no other event of the frame: a savepoint statement that failed, a
+	// BEGIN inside the transaction. It carries db.operation.name, tx.statement.duration and,
+	// on a server error, db.response.status_code.
+	EventStatement = "tx.statement"
+	// EventPrepare, on a statement's span, records the implicit prepare of the statement
+	// (pgx prepares it before it runs it), with tx.statement.duration, otelpgx's
+	// pgx.prepare_stmt.name when the statement is named, and db.response.status_code on a
+	// server error.
+	EventPrepare = "pgx.prepare"
 	// EventRetry is on the frame of an attempt that [Run] retries.
 	EventRetry = "tx.retry"
 	// EventPostCommitFailed is on a committed frame whose post-commit work failed.
