@@ -73,7 +73,7 @@ func (t *Tracer) fold(ctx context.Context, q *queryState, k foldKind, op string)
 	switch {
 	case k == foldControl && t.foldsControl(q):
 		q.folded, q.start, q.op = true, time.Now(), op
-		return trace.ContextWithSpan(ctx, &q.frame.standIn)
+		return q.frame.standInCtx(ctx)
 	case k == foldPrepare && t.foldsPrepare(ctx, q):
 		q.folded, q.start, q.op = true, time.Now(), op
 	}
@@ -95,10 +95,22 @@ func (t *Tracer) foldsControl(q *queryState) bool {
 type frameStandIn struct {
 	noop.Span
 	sc trace.SpanContext
+	// in and out are standInCtx's last context and its answer.
+	in, out context.Context
 }
 
 // SpanContext returns the frame span's context.
 func (s *frameStandIn) SpanContext() trace.SpanContext { return s.sc }
+
+// standInCtx returns ctx with the frame's stand-in as its span. The context it makes is
+// kept for the context it was made from, which a transaction's BEGIN and COMMIT mostly
+// share (see innerStartCtx), and looked up first.
+func (f *frame) standInCtx(ctx context.Context) context.Context {
+	if !sameContext(ctx, f.standIn.in) {
+		f.standIn.in, f.standIn.out = ctx, trace.ContextWithSpan(ctx, &f.standIn)
+	}
+	return f.standIn.out
+}
 
 // answered records a, the answer of a statement folded into the frame: the next event of
 // the frame that answers a statement carries it (see frame.event).
@@ -111,7 +123,8 @@ func (f *frame) answered(a statementAnswer) {
 func (f *frame) event(name string, attrs ...attribute.KeyValue) {
 	if f.answering {
 		f.answering = false
-		attrs = f.answer.attrs(attrs)
+		// Built in the frame's own array: the SDK copies an event's attributes.
+		attrs = f.answer.attrs(append(f.eventAttrs[:0], attrs...))
 	}
 	if len(attrs) == 0 {
 		f.span.AddEvent(name)

@@ -82,9 +82,10 @@ type frame struct {
 	// standIn takes the span's place for the inner tracer's hooks of a statement that is
 	// an event of the frame; answer is such a statement's, waiting for the event its
 	// answer makes while answering (control_events.go).
-	standIn   frameStandIn
-	answer    statementAnswer
-	answering bool
+	standIn    frameStandIn
+	answer     statementAnswer
+	answering  bool
+	eventAttrs [5]attribute.KeyValue // an answering event's attributes are built here
 	// savepoints are the names of the open savepoints, outermost first (savepoint_depth.go).
 	savepoints []string
 
