@@ -81,7 +81,7 @@ func wantControlEvents(t *testing.T, f tracetest.SpanStub, ops ...string) {
 // with that pgx.sql_state.
 func wantAnswer(t *testing.T, h *harness, f tracetest.SpanStub, event, op, sqlState string) {
 	t.Helper()
-	if !h.tracer.folds(InnerSpanTransactionControl) {
+	if !h.controlEvents {
 		for _, c := range h.children(f) {
 			if v, _ := attr(c, otelpgx.SQLStateKey); c.Name == op && v.AsString() == sqlState {
 				return
@@ -123,6 +123,10 @@ func TestControlEventsAnswers(t *testing.T) {
 		if err := sp1.Commit(rctx); err != nil { // release savepoint sp_1
 			t.Fatal(err)
 		}
+		sp3 := mustBegin(t, rctx, tx) // savepoint sp_3, outermost again
+		if err := sp3.Commit(rctx); err != nil {
+			t.Fatal(err)
+		}
 		_, err := tx.Exec(rctx, "release savepoint nosuch")
 		var pgErr *pgconn.PgError
 		if !errors.As(err, &pgErr) || pgErr.Code != "3B001" {
@@ -136,9 +140,10 @@ func TestControlEventsAnswers(t *testing.T) {
 		f := onlyFrame(t, h)
 		wantStatementChildren(t, h, f, "begin", "begin", "savepoint sp_1", "savepoint sp_2",
 			"insert into "+table+" (id, k) values (?, ?)", "rollback to savepoint sp_2", "release savepoint sp_1",
-			"release savepoint nosuch", "commit")
+			"savepoint sp_3", "release savepoint sp_3", "release savepoint nosuch", "commit")
 		wantEvents(t, f, slices.Concat([]string{"tx.phase.active"}, h.eventsIfFolded(EventStatement),
-			[]string{"tx.savepoint.created", "tx.savepoint.created", "tx.savepoint.rolled_back", "tx.savepoint.released"},
+			[]string{"tx.savepoint.created", "tx.savepoint.created", "tx.savepoint.rolled_back", "tx.savepoint.released",
+				"tx.savepoint.created", "tx.savepoint.released"},
 			h.eventsIfFolded(EventStatement), []string{"tx.phase.committing", "tx.phase.rolled_back"})...)
 		wantAnswer(t, h, f, "tx.phase.active", "BEGIN", "")
 		wantAnswer(t, h, f, EventStatement, "RELEASE", "3B001")
@@ -149,8 +154,8 @@ func TestControlEventsAnswers(t *testing.T) {
 				depths = append(depths, v.AsInt64())
 			}
 		}
-		if !slices.Equal(depths, []int64{1, 2, 2, 1}) {
-			t.Fatalf("tx.savepoint.depth of the savepoint events = %v, want [1 2 2 1]", depths)
+		if !slices.Equal(depths, []int64{1, 2, 2, 1, 1, 1}) {
+			t.Fatalf("tx.savepoint.depth of the savepoint events = %v, want [1 2 2 1 1 1]", depths)
 		}
 		wantAttr(t, f, "tx.outcome", "rolled_back")
 	})
@@ -158,7 +163,7 @@ func TestControlEventsAnswers(t *testing.T) {
 
 // eventsIfFolded returns names when the harness's control statements are events, else none.
 func (h *harness) eventsIfFolded(names ...string) []string {
-	if h.tracer.folds(InnerSpanTransactionControl) {
+	if h.controlEvents {
 		return names
 	}
 	return nil

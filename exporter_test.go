@@ -101,7 +101,7 @@ func wantAttr(t *testing.T, s tracetest.SpanStub, k, want string) {
 // wantControlEvents).
 func wantStatementChildren(t *testing.T, h *harness, f tracetest.SpanStub, want ...string) {
 	t.Helper()
-	folded := h.tracer.folds(InnerSpanTransactionControl)
+	folded := h.controlEvents
 	var spans, ops []string
 	for _, w := range want {
 		if folded && classifyStatements(w).control() {
