@@ -91,3 +91,49 @@ const (
 const StatusDescriptionRolledBack = "transaction rolled back"
 
 var dbSystemPostgreSQL = schema.DBSystemPostgreSQL
+
+// ---- error.type values ------------------------------------------------------------
+//
+// A frame that did not commit says why in error.type: one of the classifier's reasons
+// (classifier.ReasonSerializationFailure, classifier.ReasonConnectionLost,
+// classifier.ReasonCompletionUnknown, …: what the server or the connection answered),
+// or one of the tracer's below (the transaction ended where no statement showed it). A
+// tx.reconcile span's error.type is one of package reconcile's reasons.
+
+// Reasons of a frame whose transaction ended where no query showed it, written as
+// error.type beside the [classifier] reasons: the frame is rolled_back (unknown if COMMIT
+// had been sent). They are the tracer's, not the classifier's, because only the tracer
+// sees pool releases, closed connections and idle sessions.
+const (
+	// ReasonEndedUnobserved: the connection was found outside a transaction at its next
+	// query, acquire or release: the transaction was ended by a path that bypasses
+	// pgx's tracer (a statement sent through *pgconn.PgConn directly).
+	ReasonEndedUnobserved = "ended_unobserved"
+	// ReasonReleasedInTransaction: the connection went back to the pool in the middle of
+	// the transaction; the pool destroys it, which rolls the transaction back.
+	ReasonReleasedInTransaction = "released_in_transaction"
+	// ReasonConnectionClosed: the connection closed with the transaction open (a
+	// *pgx.Conn closed mid-transaction, a connection database/sql discards).
+	ReasonConnectionClosed = "connection_closed"
+)
+
+// RollbackKey is tx.rollback: on a rolled_back frame span, and on the rolled_back series
+// of [MetricTransactions], [MetricDuration] and [MetricCommitDuration], whether the
+// application ended the transaction on purpose ([RollbackDeliberate]) or something failed
+// ([RollbackFailure]). A deliberate Rollback() is how Go code usually ends a read-only
+// transaction; an alert on rollbacks must not count it. Its two values are the only ones,
+// so it adds one series to each metric.
+const RollbackKey = attribute.Key("tx.rollback")
+
+// The values of [RollbackKey].
+const (
+	// RollbackDeliberate: the application rolled back with nothing gone wrong — no
+	// statement failed, [Run]'s function returned nil, no participant failed, and the
+	// server answered the ROLLBACK. Its span status stays Unset.
+	RollbackDeliberate = "deliberate"
+	// RollbackFailure: a statement, the COMMIT or the connection failed, [Run]'s function
+	// returned an error or panicked, or the transaction ended where no statement showed
+	// it (error.type says which). Its span status is Error, unless the failure was an
+	// expected one ([WithExpectedErrors]).
+	RollbackFailure = "failure"
+)
