@@ -7,6 +7,8 @@ import (
 
 	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/codes"
+
+	"github.com/txevidence/otelpgxtx/internal/redact"
 )
 
 // AfterCommit registers hook to run after the physical commit of the transaction that
@@ -59,7 +61,7 @@ func runHooks(ctx context.Context, f *frame, hooks []func(context.Context) error
 	}
 	if err != nil {
 		// A hook's error is the application's own and may quote its data.
-		span.RecordError(recordedError(err, f != nil && f.t.cfg.errorMessages))
+		span.RecordError(redact.Error(err, f != nil && f.t.cfg.errorMessages))
 		span.SetStatus(codes.Error, "post-commit work failed")
 		return err
 	}

@@ -10,6 +10,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/txevidence/otelpgxtx/classifier"
+	"github.com/txevidence/otelpgxtx/internal/schema"
 	"github.com/txevidence/otelpgxtx/outcome"
 )
 
@@ -223,7 +224,7 @@ func resultOfCommit[T any](ctx context.Context, sc *scope, cr commitOutcome, hoo
 		// Committing, a cause and a fresh id: the constructor has nothing to refuse.
 		r, _ := outcome.NewIndeterminate[T](sc.id, cause, cr.ref, v.CommittedLocally())
 		if f != nil {
-			r = r.WithTraceParent(traceParent(f.span.SpanContext()))
+			r = r.WithTraceParent(schema.TraceParent(f.span.SpanContext()))
 		}
 		return r
 	}

@@ -2,26 +2,15 @@ package otelpgxtx
 
 import (
 	"context"
-	"fmt"
 	"log/slog"
 	"sync"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/txevidence/otelpgxtx/internal/schema"
 	"github.com/txevidence/otelpgxtx/outcome"
-)
-
-// Reasons an automatic reconciliation ends unknown without asking the database.
-const (
-	// UnknownQueueFull: the reconciliation queue was full when the frame ended; the
-	// frame's log record (see [WithLogger]) is what is left to reconcile it with.
-	UnknownQueueFull = "queue_full"
-	// UnknownStopped: the tracer was closed ([Tracer.Close]) before the outcome was
-	// settled; a log record "transaction commit outcome still unknown at shutdown" carries
-	// what the operator command needs to settle it later.
-	UnknownStopped = "stopped"
+	"github.com/txevidence/otelpgxtx/reconcile"
 )
 
 // Reconciliation is what automatic reconciliation ([WithAutoReconcile]) learned of one
@@ -29,9 +18,9 @@ const (
 type Reconciliation struct {
 	// OperationID is the frame's tx.operation_id.
 	OperationID outcome.OperationID
-	// Resolution is the final answer: committed, aborted or no_writes, or unknown with
-	// its reason (including [UnknownQueueFull] and [UnknownStopped]).
-	Resolution Resolution
+	// Answer is the final answer: committed, aborted or no_writes, or unknown with its
+	// reason (including [reconcile.ReasonQueueFull] and [reconcile.ReasonStopped]).
+	Answer reconcile.Answer
 	// TraceParent names the frame span (W3C traceparent), "" when it had none.
 	TraceParent string
 	// IndeterminateAt is when the frame ended indeterminate.
@@ -52,10 +41,9 @@ type AutoReconcileOption interface {
 
 // autoConfig is what the AutoReconcileOptions set; err is the first option refused.
 type autoConfig struct {
-	db                 Querier
+	r                  *reconcile.Reconciler
 	queue, workers     int
 	retryMin, retryMax time.Duration
-	wait, interval     time.Duration
 	onReconciled       func(Reconciliation)
 	err                error
 }
@@ -67,24 +55,25 @@ type autoOptionFunc func(*autoConfig)
 func (f autoOptionFunc) applyAuto(c *autoConfig) { f(c) }
 
 // WithAutoReconcile reconciles every indeterminate frame of the tracer — those of [Run]
-// and plain pgx transactions alike — in the background, asking db (a pool of its own is
-// best: it must not wait behind the application for a connection). A frame without a
-// reference (a plain pgx COMMIT without WithCaptureReference, or Run without Policy.CaptureReference, or one whose xid never arrived) has nothing to
-// ask and ends unknown with reason no_reference at once. The frame's goroutine only
-// enqueues, without blocking: when the queue is full the frame is counted unknown with
-// reason [UnknownQueueFull]. An attempt that cannot reach the database, or finds the
-// transaction still in progress after the reconcile wait, is retried with exponential
-// backoff until it settles or the tracer is closed; each attempt is a tx.reconcile span
-// linked to the frame, in the frame's trace (a child of the span the frame was begun
-// under, or of the frame span when it was begun under none). The tracer's workers run until [Tracer.Close]: close it when the pool is done.
-func WithAutoReconcile(db Querier, opts ...AutoReconcileOption) Option {
+// and plain pgx transactions alike — in the background, asking r (give it a pool of its
+// own: it must not wait behind the application for a connection; its options — the wait
+// for a transaction still in progress, the tracer provider of its tx.reconcile spans —
+// are its own, see package reconcile). A frame without a reference (a plain pgx COMMIT
+// without [WithCaptureReference], [Run] without Policy.CaptureReference, or one whose xid
+// never arrived) has nothing to ask and ends unknown with reason no_reference at once.
+// The frame's goroutine only enqueues, without blocking: when the queue is full the frame
+// is counted unknown with reason queue_full. An attempt that cannot reach the database,
+// or finds the transaction still in progress after the reconciler's wait, is retried with
+// exponential backoff until it settles or the tracer is closed; each attempt is a
+// tx.reconcile span linked to the frame, in the frame's trace (a child of the span the
+// frame was begun under, or of the frame span when it was begun under none). The
+// workers start with the first indeterminate frame and run until [Tracer.Close]: close it
+// when the pool is done, or outcomes still pending are neither logged nor settled.
+func WithAutoReconcile(r *reconcile.Reconciler, opts ...AutoReconcileOption) Option {
 	return optionFunc(func(c *config) {
-		a := autoConfig{db: db, queue: 1024, workers: 2, retryMin: 100 * time.Millisecond, retryMax: 30 * time.Second,
-			wait: 5 * time.Second, interval: 50 * time.Millisecond}
-		if db == nil || isNilHandle(db) {
-			a.err = invalid("WithAutoReconcile: nil db")
-		} else if _, ok := db.(pgx.Tx); ok {
-			a.err = invalid("WithAutoReconcile: db is a transaction; give it a pool or a connection")
+		a := autoConfig{r: r, queue: 1024, workers: 2, retryMin: 100 * time.Millisecond, retryMax: 30 * time.Second}
+		if r == nil {
+			a.err = invalid("WithAutoReconcile: nil reconciler (make one with reconcile.New)")
 		}
 		for _, o := range opts {
 			if o != nil {
@@ -104,7 +93,7 @@ func WithAutoReconcile(db Querier, opts ...AutoReconcileOption) Option {
 func WithQueue(size, workers int) AutoReconcileOption {
 	return autoOptionFunc(func(c *autoConfig) {
 		if size <= 0 || workers <= 0 {
-			c.err = fmt.Errorf("otelpgxtx: WithQueue: size and workers must be > 0, got %d, %d", size, workers)
+			c.err = invalid("WithQueue: size and workers must be > 0, got %d, %d", size, workers)
 			return
 		}
 		c.queue, c.workers = size, workers
@@ -116,7 +105,7 @@ func WithQueue(size, workers int) AutoReconcileOption {
 func WithRetryBackoff(first, most time.Duration) AutoReconcileOption {
 	return autoOptionFunc(func(c *autoConfig) {
 		if first <= 0 || most < first {
-			c.err = fmt.Errorf("otelpgxtx: WithRetryBackoff: want 0 < first <= most, got %v, %v", first, most)
+			c.err = invalid("WithRetryBackoff: want 0 < first <= most, got %v, %v", first, most)
 			return
 		}
 		c.retryMin, c.retryMax = first, most
@@ -142,7 +131,7 @@ type pendingOutcome struct {
 	// parent is the span the frame was begun under: the attempts' parent, so that they
 	// join the frame's trace, as a follow-up of the work that began it. When the frame
 	// was begun under none, the attempts are children of the frame span (see
-	// Reconciler.trace).
+	// reconcile.Reconciler.ResolveOperation).
 	parent   trace.SpanContext
 	at       time.Time
 	local    bool // the frame's committedLocally
@@ -150,14 +139,14 @@ type pendingOutcome struct {
 	attempts int
 	inFlight bool
 	// final is the answer of an outcome dropped from the queue, settled without asking.
-	final *Resolution
+	final *reconcile.Answer
 }
 
 // autoReconciler is the tracer's background reconciliation: a bounded set of pending
 // outcomes and a fixed number of workers.
 type autoReconciler struct {
 	cfg     autoConfig
-	r       *Reconciler
+	r       *reconcile.Reconciler
 	t       *Tracer
 	metrics *reconcileMetrics
 
@@ -167,6 +156,7 @@ type autoReconciler struct {
 	// reference, and those over the queue's bound (unknown, queue_full).
 	ready   []*pendingOutcome
 	closed  bool
+	started bool // the workers run (startLocked)
 	wake    chan struct{}
 	stop    chan struct{}
 	ctx     context.Context // cancelled when Close gives up waiting for an attempt
@@ -175,26 +165,29 @@ type autoReconciler struct {
 	closing sync.Once
 }
 
-// newAutoReconciler builds the reconciler for t from a's options and starts its workers,
-// which run until Tracer.Close.
-func newAutoReconciler(t *Tracer, a *autoConfig) (*autoReconciler, error) {
-	ropts := []ReconcilerOption{WithTracerProvider(t.cfg.tracerProvider), WithReconcileWait(a.wait, a.interval)}
-	if t.cfg.errorMessages {
-		ropts = append(ropts, WithErrorMessages())
-	}
-	r, err := NewReconciler(a.db, ropts...)
-	if err != nil {
-		return nil, err
-	}
-	ar := &autoReconciler{cfg: *a, r: r, t: t, pending: make(map[*pendingOutcome]struct{}),
+// newAutoReconciler starts the workers of t's automatic reconciliation, which run until
+// Tracer.Close.
+func newAutoReconciler(t *Tracer, a *autoConfig) *autoReconciler {
+	ar := &autoReconciler{cfg: *a, r: a.r, t: t, pending: make(map[*pendingOutcome]struct{}),
 		wake: make(chan struct{}, a.workers), stop: make(chan struct{})}
 	ar.ctx, ar.cancel = context.WithCancel(context.Background())
 	ar.metrics = newReconcileMetrics(t.cfg.meterProvider, t.cfg.meterAttributes, ar.oldest)
-	ar.wg.Add(a.workers)
-	for range a.workers {
-		go ar.work()
+	return ar
+}
+
+// startLocked starts the workers, the first time an outcome is enqueued: a tracer whose
+// frames never end indeterminate runs no goroutine, so that one never closed leaves none
+// behind. a.mu is held, and the reconciler is not closed: the workers are counted before
+// Close waits for them.
+func (a *autoReconciler) startLocked() {
+	if a.started {
+		return
 	}
-	return ar, nil
+	a.started = true
+	a.wg.Add(a.cfg.workers)
+	for range a.cfg.workers {
+		go a.work()
+	}
 }
 
 // enqueue hands an indeterminate frame to the workers; it never blocks.
@@ -217,11 +210,13 @@ func (a *autoReconciler) enqueue(f *frame) {
 		// may hold its connection's lock, and the callback is the application's.
 		a.ready = append(a.ready, p)
 	case len(a.pending) >= a.cfg.queue:
-		p.final = &Resolution{reason: UnknownQueueFull, ref: p.ref}
+		final := reconcile.UnknownAnswer(reconcile.ReasonQueueFull, p.ref)
+		p.final = &final
 		a.ready = append(a.ready, p)
 	default:
 		a.pending[p] = struct{}{}
 	}
+	a.startLocked()
 	a.mu.Unlock()
 	select {
 	case a.wake <- struct{}{}:
@@ -289,21 +284,18 @@ func (a *autoReconciler) attempt(p *pendingOutcome) {
 		a.settle(p, *p.final)
 		return
 	}
-	var res Resolution
+	var res reconcile.Answer
 	var err error
 	ctx := trace.ContextWithSpanContext(a.ctx, p.parent)
+	var ref *outcome.ReconciliationRef // nil: nothing to ask, settled at once in a span of its own
 	if p.hasRef {
-		res, err = a.r.resolve(ctx, p.ref, p.link, p.id)
-	} else {
-		// Nothing to ask: settled at once, in a span of its own like every answer.
-		res, err = a.r.trace(ctx, p.link, p.id, outcome.ReconciliationRef{}, func(context.Context) (Resolution, error) {
-			return Resolution{reason: UnknownNoReference}, nil
-		})
+		ref = &p.ref
 	}
+	res, err = a.r.ResolveOperation(ctx, p.id, ref, p.link)
 	a.mu.Lock()
 	p.attempts++
 	p.inFlight = false
-	if err != nil || res.resolved == ResolvedUnknown && (res.reason == UnknownInProgress || res.reason == UnknownNotReplicated) {
+	if err != nil || res.Status() == reconcile.Unknown && (res.Reason() == reconcile.ReasonInProgress || res.Reason() == reconcile.ReasonNotReplicated) {
 		backoff := a.cfg.retryMin << min(p.attempts-1, 30)
 		if backoff <= 0 || backoff > a.cfg.retryMax {
 			backoff = a.cfg.retryMax
@@ -318,10 +310,10 @@ func (a *autoReconciler) attempt(p *pendingOutcome) {
 }
 
 // settle counts the final answer and hands it to the application.
-func (a *autoReconciler) settle(p *pendingOutcome, res Resolution) {
+func (a *autoReconciler) settle(p *pendingOutcome, res reconcile.Answer) {
 	a.metrics.record(res, time.Since(p.at))
 	if a.cfg.onReconciled != nil {
-		a.cfg.onReconciled(Reconciliation{OperationID: p.id, Resolution: res, TraceParent: traceParent(p.link),
+		a.cfg.onReconciled(Reconciliation{OperationID: p.id, Answer: res, TraceParent: schema.TraceParent(p.link),
 			IndeterminateAt: p.at, Attempts: p.attempts, CommittedLocally: p.local})
 	}
 }
@@ -345,7 +337,7 @@ func (a *autoReconciler) leave(p *pendingOutcome) {
 		attrs = append(attrs, slog.String("trace_id", p.link.TraceID().String()), slog.String("span_id", p.link.SpanID().String()))
 	}
 	l.LogAttrs(context.Background(), slog.LevelWarn, MessagePendingAtShutdown, attrs...)
-	a.settle(p, Resolution{reason: UnknownStopped, ref: p.ref})
+	a.settle(p, reconcile.UnknownAnswer(reconcile.ReasonStopped, p.ref))
 }
 
 // MessagePendingAtShutdown is the message of the log record [Tracer.Close] writes for each
@@ -408,7 +400,7 @@ func (a *autoReconciler) oldest() (n int, age time.Duration) {
 // An attempt in flight may finish until ctx is done, then it is cancelled. Every outcome not settled by then gets a warning log record
 // ([MessagePendingAtShutdown], with its operation id and reference, on the [WithLogger]
 // logger, else slog's default) for "otelpgxtx reconcile" to settle it after the restart,
-// and is handed to the [WithOnReconciled] callback unknown with reason [UnknownStopped];
+// and is handed to the [WithOnReconciled] callback unknown with reason [reconcile.ReasonStopped];
 // so is every frame that ends indeterminate after Close. Call it after the application
 // stopped using the pool, and before closing the db it reconciles with. It returns
 // ctx's error if ctx ended first; calling it again does nothing.

@@ -3,6 +3,7 @@ package otelpgxtx
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"strings"
@@ -18,6 +19,7 @@ import (
 
 	"github.com/txevidence/otelpgxtx/outcome"
 	"github.com/txevidence/otelpgxtx/pgtest"
+	"github.com/txevidence/otelpgxtx/reconcile"
 )
 
 // reconciled collects the callback's reconciliations, per operation id.
@@ -88,7 +90,7 @@ func TestAutoReconcile(t *testing.T) {
 	proxy := newProxy(t)
 	var logs bytes.Buffer
 	h := newHarness(t, proxy.ConnString(srv.ConnString()), 2, WithLogger(slog.New(slog.NewJSONHandler(&logs, nil))),
-		WithAutoReconcile(db, WithOnReconciled(rec.on)))
+		withAutoReconcile(t, db, WithOnReconciled(rec.on)))
 	t.Cleanup(func() { _ = h.tracer.Close(context.Background()) })
 	counts, _, unresolved := h.reconcileCounts(t, ctx)
 	if len(counts) != 11 || unresolved != 0 {
@@ -132,8 +134,8 @@ func TestAutoReconcile(t *testing.T) {
 	answers := map[outcome.OperationID]string{}
 	for range 2 {
 		r := <-rec.ch
-		key := r.Resolution.Resolved().String() + "/" + r.Resolution.Reason()
-		want := "unknown/" + UnknownNoReference
+		key := r.Answer.Status().String() + "/" + r.Answer.Reason()
+		want := "unknown/" + reconcile.ReasonNoReference
 		if r.OperationID == ind.OperationID() {
 			want = "committed/"
 			if key == "aborted/" {
@@ -168,7 +170,7 @@ func TestAutoReconcile(t *testing.T) {
 	}
 	select {
 	case r := <-rec.ch:
-		if r.OperationID != late.OperationID() || r.Resolution.Reason() != UnknownStopped {
+		if r.OperationID != late.OperationID() || r.Answer.Reason() != reconcile.ReasonStopped {
 			t.Fatalf("after Close: %+v, want %s stopped", r, late.OperationID())
 		}
 	default:
@@ -216,7 +218,7 @@ func TestAutoReconcile(t *testing.T) {
 	}
 
 	counts, hist, _ := h.reconcileCounts(t, ctx)
-	wantCounts := map[string]int64{answers[ind.OperationID()]: 1, "unknown/" + UnknownNoReference: 1, "unknown/" + UnknownStopped: 1}
+	wantCounts := map[string]int64{answers[ind.OperationID()]: 1, "unknown/" + reconcile.ReasonNoReference: 1, "unknown/" + reconcile.ReasonStopped: 1}
 	for k, v := range counts {
 		if v != wantCounts[k] {
 			t.Errorf("reconciliations %s = %d, want %d", k, v, wantCounts[k])
@@ -228,15 +230,18 @@ func TestAutoReconcile(t *testing.T) {
 }
 
 func TestAutoReconcileOptions(t *testing.T) {
+	rec, err := reconcile.New(srvQuerier{})
+	if err != nil {
+		t.Fatal(err)
+	}
 	for name, o := range map[string]Option{
-		"nil db":        WithAutoReconcile(nil),
-		"queue 0":       WithAutoReconcile(srvQuerier{}, WithQueue(0, 1)),
-		"workers 0":     WithAutoReconcile(srvQuerier{}, WithQueue(1, 0)),
-		"backoff":       WithAutoReconcile(srvQuerier{}, WithRetryBackoff(time.Second, time.Millisecond)),
-		"negative wait": WithAutoReconcile(srvQuerier{}, WithReconcileWait(-1, time.Millisecond)),
+		"nil reconciler": WithAutoReconcile(nil),
+		"queue 0":        WithAutoReconcile(rec, WithQueue(0, 1)),
+		"workers 0":      WithAutoReconcile(rec, WithQueue(1, 0)),
+		"backoff":        WithAutoReconcile(rec, WithRetryBackoff(time.Second, time.Millisecond)),
 	} {
 		tr, err := newTracer([]Option{o})
-		if err == nil || tr.auto != nil {
+		if !errors.Is(err, ErrInvalidArgument) || tr.auto != nil {
 			t.Errorf("%s: accepted (%v)", name, err)
 		}
 	}
@@ -250,6 +255,24 @@ func TestAutoReconcileOptions(t *testing.T) {
 type srvQuerier struct{}
 
 func (srvQuerier) QueryRow(context.Context, string, ...any) pgx.Row { return nil }
+
+// TestAutoReconcileStartsOnDemand: a tracer with automatic reconciliation runs no
+// goroutine until a frame ends indeterminate, so that one that is never closed, and never
+// saw an indeterminate commit, leaves none behind (pgtest.LeakCheck, with no Close).
+func TestAutoReconcileStartsOnDemand(t *testing.T) {
+	ctx := testCtx(t)
+	db, err := pgxpool.New(ctx, srv.ConnString())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(db.Close)
+	h := newHarness(t, "", 1, withAutoReconcile(t, db)) // its LeakCheck runs after the pool's Close
+	table := newTable(t, ctx)
+	commitOne(t, ctx, h, table, 1)
+	if h.tracer.auto == nil || h.tracer.auto.started {
+		t.Fatal("the reconciler's workers started without an indeterminate frame")
+	}
+}
 
 // TestUnresolvedGaugesShared: automatic reconcilers of two tracers on one meter provider
 // with the same attributes report one series, the sum of their pending frames and the

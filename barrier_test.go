@@ -3,6 +3,7 @@ package otelpgxtx
 import (
 	"context"
 	"errors"
+	"strconv"
 	"testing"
 	"time"
 
@@ -12,6 +13,7 @@ import (
 
 	"github.com/txevidence/otelpgxtx/outcome"
 	"github.com/txevidence/otelpgxtx/pgtest"
+	"github.com/txevidence/otelpgxtx/reconcile"
 )
 
 // commitLocallyOnly inserts id into table on conn in a transaction whose COMMIT waits for
@@ -39,7 +41,7 @@ func commitLocallyOnly(t *testing.T, ctx context.Context, s *pgtest.Server, conn
 	if err := tx.QueryRow(ctx, "select pg_current_xact_id()::text").Scan(&xidText); err != nil {
 		t.Fatal(err)
 	}
-	xid, err := parseFullXID("0:" + xidText)
+	xid, err := strconv.ParseUint(xidText, 10, 64)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -88,20 +90,20 @@ func TestReconcileReplicationBarrier(t *testing.T) {
 		t.Fatalf("pg_xact_status = %q, %v; want committed (locally)", status, err)
 	}
 
-	rec, err := NewReconciler(conn, WithReconcileWait(200*time.Millisecond, 20*time.Millisecond))
+	rec, err := reconcile.New(conn, reconcile.WithWait(200*time.Millisecond, 20*time.Millisecond))
 	if err != nil {
 		t.Fatal(err)
 	}
 	got, err := rec.Resolve(ctx, ref, trace.SpanContext{})
-	if err != nil || got.Resolved() != ResolvedUnknown || got.Reason() != UnknownNotReplicated {
-		t.Fatalf("standby down: %s/%s, %v; want unknown/%s", got.Resolved(), got.Reason(), err, UnknownNotReplicated)
+	if err != nil || got.Status() != reconcile.Unknown || got.Reason() != reconcile.ReasonNotReplicated {
+		t.Fatalf("standby down: %s/%s, %v; want unknown/%s", got.Status(), got.Reason(), err, reconcile.ReasonNotReplicated)
 	}
 	waitNoBarrier(t, ctx, c.Primary())
 
 	// A caller's context that ends during the barrier ends the call with its error, and
 	// the barrier is cancelled as well.
 	short, cancel := context.WithTimeout(ctx, 50*time.Millisecond)
-	slow, err := NewReconciler(conn, WithReconcileWait(time.Minute, 20*time.Millisecond))
+	slow, err := reconcile.New(conn, reconcile.WithWait(time.Minute, 20*time.Millisecond))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -117,8 +119,8 @@ func TestReconcileReplicationBarrier(t *testing.T) {
 	}
 	// The reconciler's connection was idle meanwhile; its next statement works.
 	got, err = rec.Resolve(ctx, ref, trace.SpanContext{})
-	if err != nil || got.Resolved() != ResolvedCommitted {
-		t.Fatalf("standby back: %s/%s, %v; want committed", got.Resolved(), got.Reason(), err)
+	if err != nil || got.Status() != reconcile.Committed {
+		t.Fatalf("standby back: %s/%s, %v; want committed", got.Status(), got.Reason(), err)
 	}
 	if err := c.Failover(ctx); err != nil {
 		t.Fatal(err)
@@ -143,12 +145,12 @@ func TestReconcileBarrierLevel(t *testing.T) {
 	defer conn.Close(ctx)
 	ref := commitLocallyOnly(t, ctx, srv, conn, "set local synchronous_commit = on", table, 1)
 
-	local, err := NewReconciler(conn, WithReconcileWait(100*time.Millisecond, 10*time.Millisecond))
+	local, err := reconcile.New(conn, reconcile.WithWait(100*time.Millisecond, 10*time.Millisecond))
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got, err := local.Resolve(ctx, ref, trace.SpanContext{}); err != nil || got.Resolved() != ResolvedCommitted {
-		t.Fatalf("synchronous_commit = local: %s/%s, %v; want committed", got.Resolved(), got.Reason(), err)
+	if got, err := local.Resolve(ctx, ref, trace.SpanContext{}); err != nil || got.Status() != reconcile.Committed {
+		t.Fatalf("synchronous_commit = local: %s/%s, %v; want committed", got.Status(), got.Reason(), err)
 	}
 
 	cfg, err := pgx.ParseConfig(srv.ConnString())
@@ -171,20 +173,20 @@ func TestReconcileBarrierLevel(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer onPool.Close()
-	var on *Reconciler
-	// A connection and a pool are cancelled by their cancel key; any other Querier by the
+	var on *reconcile.Reconciler
+	// A connection and a pool are cancelled by their cancel key; any other reconcile.Querier by the
 	// barrier's name. Each is asked twice: the connection stays usable after a give-up.
 	for _, db := range []struct {
 		name string
-		q    Querier
-	}{{"pool", onPool}, {"other Querier", struct{ Querier }{onPool}}, {"conn", onConn}} {
-		rec, err := NewReconciler(db.q, WithReconcileWait(100*time.Millisecond, 10*time.Millisecond))
+		q    reconcile.Querier
+	}{{"pool", onPool}, {"other reconcile.Querier", struct{ reconcile.Querier }{onPool}}, {"conn", onConn}} {
+		rec, err := reconcile.New(db.q, reconcile.WithWait(100*time.Millisecond, 10*time.Millisecond))
 		if err != nil {
 			t.Fatal(err)
 		}
 		for range 2 {
-			if got, err := rec.Resolve(ctx, ref, trace.SpanContext{}); err != nil || got.Resolved() != ResolvedUnknown || got.Reason() != UnknownNotReplicated {
-				t.Fatalf("%s, synchronous_commit = on: %s/%s, %v; want unknown/%s", db.name, got.Resolved(), got.Reason(), err, UnknownNotReplicated)
+			if got, err := rec.Resolve(ctx, ref, trace.SpanContext{}); err != nil || got.Status() != reconcile.Unknown || got.Reason() != reconcile.ReasonNotReplicated {
+				t.Fatalf("%s, synchronous_commit = on: %s/%s, %v; want unknown/%s", db.name, got.Status(), got.Reason(), err, reconcile.ReasonNotReplicated)
 			}
 			waitNoBarrier(t, ctx, srv)
 		}
@@ -193,7 +195,7 @@ func TestReconcileBarrierLevel(t *testing.T) {
 
 	// The marker's committed answer goes through the same barrier (no commit on this
 	// server ever reaches the phantom standby).
-	ddl, err := MarkerTableDDL(pgx.Identifier{"barrier_markers"})
+	ddl, err := reconcile.MarkerTableDDL(pgx.Identifier{"barrier_markers"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -205,13 +207,13 @@ func TestReconcileBarrierLevel(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, tc := range []struct {
-		rec  *Reconciler
-		want Resolved
+		rec  *reconcile.Reconciler
+		want reconcile.Status
 		why  string
-	}{{on, ResolvedUnknown, UnknownNotReplicated}, {local, ResolvedCommitted, ""}} {
-		got, err := tc.rec.ResolveMarker(ctx, pgx.Identifier{"barrier_markers"}, op, trace.SpanContext{})
-		if err != nil || got.Resolved() != tc.want || got.Reason() != tc.why {
-			t.Fatalf("marker: %s/%s, %v; want %s/%s", got.Resolved(), got.Reason(), err, tc.want, tc.why)
+	}{{on, reconcile.Unknown, reconcile.ReasonNotReplicated}, {local, reconcile.Committed, ""}} {
+		got, err := tc.rec.ResolveAssertedMarker(ctx, pgx.Identifier{"barrier_markers"}, op, trace.SpanContext{})
+		if err != nil || got.Status() != tc.want || got.Reason() != tc.why {
+			t.Fatalf("marker: %s/%s, %v; want %s/%s", got.Status(), got.Reason(), err, tc.want, tc.why)
 		}
 		waitNoBarrier(t, ctx, srv)
 	}

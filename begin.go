@@ -5,6 +5,8 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"go.opentelemetry.io/otel/trace"
+
+	"github.com/txevidence/otelpgxtx/internal/pg"
 )
 
 // Begin begins a transaction on db and returns a context that carries its frame, with
@@ -19,7 +21,7 @@ func Begin(ctx context.Context, db DB, txOptions pgx.TxOptions) (context.Context
 	if db == nil {
 		return ctx, nil, invalid("Begin: nil db")
 	}
-	if isNilHandle(db) {
+	if pg.IsNilHandle(db) {
 		return ctx, nil, invalid("Begin: nil %T", db)
 	}
 	tx, err := db.BeginTx(ctx, txOptions)

@@ -60,6 +60,7 @@ import (
 
 	"github.com/txevidence/otelpgxtx/outcome"
 	"github.com/txevidence/otelpgxtx/pgtest"
+	"github.com/txevidence/otelpgxtx/reconcile"
 )
 
 const (
@@ -293,7 +294,7 @@ func benchSchema(b *testing.B) *pgx.Conn {
 }
 
 func benchMarkerDDL(b *testing.B) string {
-	ddl, err := MarkerTableDDL(benchMarker)
+	ddl, err := reconcile.MarkerTableDDL(benchMarker)
 	if err != nil {
 		b.Fatal(err)
 	}

@@ -13,6 +13,7 @@ import (
 	"go.opentelemetry.io/otel"
 
 	"github.com/txevidence/otelpgxtx/classifier"
+	"github.com/txevidence/otelpgxtx/internal/pg"
 	"github.com/txevidence/otelpgxtx/outcome"
 )
 
@@ -27,7 +28,7 @@ const identitySQL = identitySelect + identityFrom
 // identitySelect and identityFrom are identitySQL's two halves, so that the tracer's
 // check (see Tracer.identityMessage) can add the marker table's column between them.
 const (
-	identitySelect = "select s.system_identifier::text, " + timelineSQL + ", " + serverStartSQL +
+	identitySelect = "select s.system_identifier::text, " + pg.TimelineSQL + ", " + pg.ServerStartSQL +
 		", " + captureXIDExpr + ", 'pg_catalog.pg_current_xact_id_if_assigned()'::pg_catalog.regprocedure::pg_catalog.oid::text"
 	identityFrom = " from pg_control_system() s"
 )
@@ -39,17 +40,6 @@ func markerCheckSQL(table string) string {
 	lit := "'" + strings.ReplaceAll(table, "'", "''") + "'"
 	return "(case when pg_catalog.to_regclass(" + lit + ") is null then null else pg_catalog.has_table_privilege(pg_catalog.to_regclass(" + lit + "), 'INSERT') end)::text"
 }
-
-// timelineSQL is the timeline the server writes WAL on, the first eight hex digits of
-// the current WAL file's name, NULL on a standby. pg_control_checkpoint() shows the
-// previous timeline until the first checkpoint after a promotion, which PostgreSQL 15 only
-// requests after writing its end-of-recovery record (xlog.c, PerformRecoveryXLogAction),
-// so an xid assigned meanwhile would be filed under the wrong history.
-const timelineSQL = "case when pg_is_in_recovery() then null else " +
-	"('x' || substr(pg_walfile_name(pg_current_wal_lsn()), 1, 8))::bit(32)::bigint::text end"
-
-// serverStartSQL is pg_postmaster_start_time() in microseconds since the Unix epoch.
-const serverStartSQL = "(extract(epoch from pg_postmaster_start_time()) * 1000000)::bigint::text"
 
 // captureXIDExpr reads the transaction's xid without assigning one: NULL means the
 // transaction wrote nothing, so its commit changes nothing. The commit marker's INSERT
@@ -328,4 +318,10 @@ func commitSQLOf(opts pgx.TxOptions) string {
 		return opts.CommitQuery
 	}
 	return "commit"
+}
+
+// markerSQL is the marker insert of id into the quoted table name, returning the xid,
+// which the insert has just assigned. The id is inlined: 32 hex digits, nothing to quote.
+func markerSQL(table string, id outcome.OperationID) string {
+	return "insert into " + table + " (operation_id) values ('" + id.String() + "') returning " + captureXIDExpr
 }

@@ -94,31 +94,14 @@ func newConfig(opts []Option) config {
 	return c
 }
 
-// SharedOption is an [Option] and a [ReconcilerOption]: a setting a [Tracer] and a
-// [Reconciler] share ([WithTracerProvider], [WithErrorMessages]).
-type SharedOption interface {
-	Option
-	ReconcilerOption
-}
-
-type tracerProviderOption struct{ tp trace.TracerProvider }
-
-func (o tracerProviderOption) apply(c *config) {
-	if o.tp != nil {
-		c.tracerProvider = o.tp
-	}
-}
-
-func (o tracerProviderOption) applyReconciler(c *reconcilerConfig) {
-	if o.tp != nil {
-		c.tracerProvider = o.tp
-	}
-}
-
-// WithTracerProvider sets the tracer provider of a [Tracer] or a [Reconciler]; the global
-// one by default. A nil provider keeps the default.
-func WithTracerProvider(tp trace.TracerProvider) SharedOption {
-	return tracerProviderOption{tp}
+// WithTracerProvider sets the tracer provider; the global one by default. A nil provider
+// keeps the default. (A reconcile.Reconciler has an option of its own.)
+func WithTracerProvider(tp trace.TracerProvider) Option {
+	return optionFunc(func(c *config) {
+		if tp != nil {
+			c.tracerProvider = tp
+		}
+	})
 }
 
 // WithMeterProvider sets the meter provider; the global one by default. A nil provider
@@ -285,18 +268,13 @@ func WithRawQueryText() Option {
 // WithErrorMessages records errors with their full text: the server's message, which
 // can quote the statement's values (invalid input syntax for type integer: "…"), in
 // the statement spans' status descriptions and exception events, and post-commit hook
-// and reconciliation errors as they are. By default only the SQLSTATE, its class and
-// the error's type are recorded.
+// errors as they are. By default only the SQLSTATE, its class and the error's type are
+// recorded. (A reconcile.Reconciler has an option of its own.)
 //
 // Warning: the full text may carry user data out of the process, as WithRawQueryText does.
-func WithErrorMessages() SharedOption {
-	return errorMessagesOption{}
+func WithErrorMessages() Option {
+	return optionFunc(func(c *config) { c.errorMessages = true })
 }
-
-type errorMessagesOption struct{}
-
-func (errorMessagesOption) apply(c *config)                     { c.errorMessages = true }
-func (errorMessagesOption) applyReconciler(c *reconcilerConfig) { c.errorMessages = true }
 
 // referenceMode is what the library adds to a plain pgx COMMIT for reconciliation.
 type referenceMode uint8
@@ -333,7 +311,7 @@ func WithCaptureReference() Option {
 }
 
 // WithCommitMarker is [WithCaptureReference] with a commit marker: instead of the xid read,
-// the frame's operation id is inserted into table (create it with [MarkerTableDDL]) by a
+// the frame's operation id is inserted into table (create it with reconcile.MarkerTableDDL) by a
 // Query sent ahead of the application's COMMIT in the same write, so that the reference
 // names a row
 // that exists exactly when the transaction committed, even after a crash restart or a

@@ -3,6 +3,7 @@ package otelpgxtx
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"slices"
@@ -19,6 +20,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/txevidence/otelpgxtx/outcome"
+	"github.com/txevidence/otelpgxtx/reconcile"
 )
 
 // metricAttrs returns the attribute sets of the transactions counter's data points with
@@ -299,12 +301,12 @@ func TestFilter(t *testing.T) {
 	if !strings.Contains(logs.String(), "indeterminate") || !strings.Contains(logs.String(), "trace_id="+root.SpanContext().TraceID().String()) {
 		t.Errorf("no indeterminate log record: %q", logs.String())
 	}
-	rec, err := NewReconciler(h.pool, WithTracerProvider(h.tp))
+	rec, err := reconcile.New(h.pool, reconcile.WithTracerProvider(h.tp))
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got, err := Reconcile(ctx, rec, ind); err != nil || got.Resolved() != ResolvedCommitted {
-		t.Fatalf("reconciled %v (%s), %v; want committed", got.Resolved(), got.Reason(), err)
+	if got, err := reconcile.Indeterminate(ctx, rec, ind); err != nil || got.Status() != reconcile.Committed {
+		t.Fatalf("reconciled %v (%s), %v; want committed", got.Status(), got.Reason(), err)
 	}
 
 	// Not rejected: recorded as usual.
@@ -405,48 +407,20 @@ func TestWithInnerTracer(t *testing.T) {
 	}
 }
 
-// TestReconcilerOptions: the Reconciler has its own option type, so that a tracer option
-// cannot be passed to NewReconciler nor a reconciler option to NewTracer (both are
-// compile errors); WithTracerProvider is both.
+// TestReconcilerOptions: the reconciler's options are package reconcile's (a tracer
+// option passed to reconcile.New, or the reverse, does not compile); a refused option or
+// an empty reference is an error wrapping reconcile.ErrInvalidArgument.
 func TestReconcilerOptions(t *testing.T) {
-	if _, ok := any(WithReconcileWait(time.Second, time.Millisecond)).(Option); ok {
-		t.Error("WithReconcileWait is an Option: NewTracer would accept and ignore it")
-	}
-	tracerOnly := map[string]any{
-		"WithMeterProvider":    WithMeterProvider(nil),
-		"WithSpanName":         WithSpanName("x"),
-		"WithStatusMapping":    WithStatusMapping(StatusStrict),
-		"WithInnerTracer":      WithInnerTracer(nil),
-		"WithOtelpgxOptions":   WithOtelpgxOptions(),
-		"WithLogger":           WithLogger(nil),
-		"WithSpanAttributes":   WithSpanAttributes(),
-		"WithMeterAttributes":  WithMeterAttributes(),
-		"WithSpanNameCtxFunc":  WithSpanNameCtxFunc(nil),
-		"WithFilter":           WithFilter(),
-		"WithDisableConnDetai": WithDisableConnectionDetailsInAttributes(),
-	}
-	for name, o := range tracerOnly {
-		if _, ok := o.(ReconcilerOption); ok {
-			t.Errorf("%s is a ReconcilerOption: NewReconciler would accept and ignore it", name)
-		}
-	}
-	var both any = WithTracerProvider(nil)
-	if _, ok := both.(Option); !ok {
-		t.Error("WithTracerProvider is not an Option")
-	}
-	if _, ok := both.(ReconcilerOption); !ok {
-		t.Error("WithTracerProvider is not a ReconcilerOption")
-	}
 	ctx := testCtx(t)
 	h := newHarness(t, "", 1)
-	if _, err := NewReconciler(h.pool, WithReconcileWait(-time.Second, 0)); err == nil {
-		t.Error("NewReconciler accepted a negative wait")
+	if _, err := reconcile.New(h.pool, reconcile.WithWait(-time.Second, 0)); !errors.Is(err, reconcile.ErrInvalidArgument) {
+		t.Errorf("reconcile.New with a negative wait: %v, want ErrInvalidArgument", err)
 	}
-	rec, err := NewReconciler(h.pool, WithTracerProvider(h.tp), WithReconcileWait(0, time.Millisecond))
+	rec, err := reconcile.New(h.pool, reconcile.WithTracerProvider(h.tp), reconcile.WithWait(0, time.Millisecond))
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := rec.Resolve(ctx, outcome.ReconciliationRef{}, trace.SpanContext{}); err == nil {
-		t.Error("Resolve accepted an empty reference")
+	if _, err := rec.Resolve(ctx, outcome.ReconciliationRef{}, trace.SpanContext{}); !errors.Is(err, reconcile.ErrInvalidArgument) {
+		t.Errorf("Resolve of an empty reference: %v, want ErrInvalidArgument", err)
 	}
 }

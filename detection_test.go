@@ -50,6 +50,11 @@ func acquireInTransaction(t *testing.T, ctx context.Context, h *harness) *pgxpoo
 	return pc
 }
 
+// beginner is what mustBegin needs of db.
+type beginner interface {
+	Begin(ctx context.Context) (pgx.Tx, error)
+}
+
 // mustBegin begins a transaction on db (a pool, a *pgx.Conn, or a pgx.Tx for a
 // savepoint) and fails the test if it cannot.
 func mustBegin(t *testing.T, ctx context.Context, db beginner) pgx.Tx {

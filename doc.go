@@ -22,7 +22,7 @@
 // ROLLBACK and the savepoint statements are events of the frame, not spans of their own,
 // unless [WithInnerSpans] asks for their spans (see "Statements as events"). The tracer
 // sends nothing of its own on a plain pgx connection. [Run] is an executor that returns
-// the outcome as a sealed [outcome.Result]; a [Reconciler] (or [WithAutoReconcile])
+// the outcome as a sealed [outcome.Result]; a reconciler (package reconcile; or [WithAutoReconcile])
 // settles indeterminate commits from the database's own records.
 //
 // # Frames
@@ -121,10 +121,10 @@
 //
 // A reconciliation is a tx.reconcile span ([SpanNameReconcile]), INTERNAL too, linked to
 // the frame that observed the indeterminate outcome, with tx.outcome.resolved and, when
-// unknown, error.type set to the reason ([UnknownInProgress], [UnknownNotReplicated], …);
+// unknown, error.type set to the reason (reconcile.ReasonInProgress, reconcile.ReasonNotReplicated, …);
 // its queries are the statement spans of the database's own tracer. A committed answer
 // where synchronous replication is configured waits for the synchronous standbys (the
-// replication barrier, see [Reconciler]), so that it survives a failover.
+// replication barrier, see package reconcile), so that it survives a failover.
 //
 // # Span kind
 //

@@ -13,6 +13,7 @@ import (
 
 	"github.com/txevidence/otelpgxtx"
 	"github.com/txevidence/otelpgxtx/outcome"
+	"github.com/txevidence/otelpgxtx/reconcile"
 )
 
 // Instrumenting a pool: every transaction becomes one span with its evidence phases and
@@ -79,33 +80,6 @@ func ExampleRun() {
 	}
 }
 
-// A reconciliation loop resolves indeterminate commits from PostgreSQL's own records.
-func ExampleReconcile() {
-	ctx := context.Background()
-	var pool *pgxpool.Pool
-	var pending []outcome.Indeterminate[int64] // e.g. read back from a durable queue
-
-	rec, err := otelpgxtx.NewReconciler(pool)
-	if err != nil {
-		log.Fatal(err)
-	}
-	for _, ind := range pending {
-		res, err := otelpgxtx.Reconcile(ctx, rec, ind)
-		switch {
-		case err != nil:
-			log.Print(err) // the database did not answer: try again later
-		case res.Resolved() == otelpgxtx.ResolvedCommitted:
-			fmt.Println(ind.OperationID(), "committed: continue with follow-up work")
-		case res.Resolved() == otelpgxtx.ResolvedAborted:
-			fmt.Println(ind.OperationID(), "not applied: safe to run again")
-		case res.Resolved() == otelpgxtx.ResolvedNoWrites:
-			fmt.Println(ind.OperationID(), "wrote nothing: its commit changed nothing")
-		default:
-			fmt.Println(ind.OperationID(), "still unknown:", res.Reason()) // never guess
-		}
-	}
-}
-
 func publishOrderCreated(context.Context, int64) error {
 	return errors.New("not wired in this example")
 }
@@ -122,20 +96,24 @@ func ExampleWithAutoReconcile() {
 		log.Fatal(err)
 	}
 	defer recDB.Close() // deferred first: closed last
+	rec, err := reconcile.New(recDB)
+	if err != nil {
+		log.Fatal(err)
+	}
 	cfg, err := pgxpool.ParseConfig(dsn)
 	if err != nil {
 		log.Fatal(err)
 	}
 	tracer, err := otelpgxtx.InstrumentPool(cfg,
 		otelpgxtx.WithLogger(slog.New(slog.NewJSONHandler(os.Stderr, nil))),
-		otelpgxtx.WithAutoReconcile(recDB, otelpgxtx.WithOnReconciled(func(r otelpgxtx.Reconciliation) {
-			switch r.Resolution.Resolved() {
-			case otelpgxtx.ResolvedCommitted:
+		otelpgxtx.WithAutoReconcile(rec, otelpgxtx.WithOnReconciled(func(r otelpgxtx.Reconciliation) {
+			switch r.Answer.Status() {
+			case reconcile.Committed:
 				log.Printf("operation %s committed after all: resuming its follow-up work", r.OperationID)
-			case otelpgxtx.ResolvedAborted:
+			case reconcile.Aborted:
 				log.Printf("operation %s did not commit: redo it or tell the user", r.OperationID)
-			case otelpgxtx.ResolvedUnknown:
-				log.Printf("operation %s stays unknown (%s): the operator settles it", r.OperationID, r.Resolution.Reason())
+			case reconcile.Unknown:
+				log.Printf("operation %s stays unknown (%s): the operator settles it", r.OperationID, r.Answer.Reason())
 			}
 		})))
 	if err != nil {

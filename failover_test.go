@@ -12,8 +12,10 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/txevidence/otelpgxtx/internal/pg"
 	"github.com/txevidence/otelpgxtx/outcome"
 	"github.com/txevidence/otelpgxtx/pgtest"
+	"github.com/txevidence/otelpgxtx/reconcile"
 )
 
 // startCluster starts a pgtest.Cluster for the test, with table t (id int primary key).
@@ -43,14 +45,14 @@ func clusterRowExists(t *testing.T, ctx context.Context, c *pgtest.Cluster, id i
 
 // clusterReconciler returns a reconciler on a fresh connection that follows the primary
 // (the pool's connections to a crashed primary fail once before the pool drops them).
-func clusterReconciler(t *testing.T, ctx context.Context, c *pgtest.Cluster) *Reconciler {
+func clusterReconciler(t *testing.T, ctx context.Context, c *pgtest.Cluster) *reconcile.Reconciler {
 	t.Helper()
 	conn, err := pgx.Connect(ctx, c.ConnString())
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = conn.Close(context.Background()) })
-	rec, err := NewReconciler(conn, WithReconcileWait(0, time.Millisecond))
+	rec, err := reconcile.New(conn, reconcile.WithWait(0, time.Millisecond))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -98,16 +100,16 @@ func loseInFailover(t *testing.T, ctx context.Context, c *pgtest.Cluster, pool *
 type resolveCase struct {
 	name   string
 	ref    outcome.ReconciliationRef
-	want   Resolved
+	want   reconcile.Status
 	reason string
 }
 
 // checkResolutions resolves every case with rec; an error is retried twice, since a pool's
 // connections to a crashed server fail once each before the pool drops them.
-func checkResolutions(t *testing.T, ctx context.Context, rec *Reconciler, cases []resolveCase) {
+func checkResolutions(t *testing.T, ctx context.Context, rec *reconcile.Reconciler, cases []resolveCase) {
 	t.Helper()
 	for _, tc := range cases {
-		var got Resolution
+		var got reconcile.Answer
 		var err error
 		for range 3 {
 			if got, err = rec.Resolve(ctx, tc.ref, trace.SpanContext{}); err == nil {
@@ -117,9 +119,9 @@ func checkResolutions(t *testing.T, ctx context.Context, rec *Reconciler, cases 
 		if err != nil {
 			t.Fatalf("%s: %v", tc.name, err)
 		}
-		t.Logf("%s: %s: %s %q", tc.name, tc.ref, got.Resolved(), got.Reason())
-		if got.Resolved() != tc.want || got.Reason() != tc.reason {
-			t.Errorf("%s: Resolve = %s %q, want %s %q", tc.name, got.Resolved(), got.Reason(), tc.want, tc.reason)
+		t.Logf("%s: %s: %s %q", tc.name, tc.ref, got.Status(), got.Reason())
+		if got.Status() != tc.want || got.Reason() != tc.reason {
+			t.Errorf("%s: Resolve = %s %q, want %s %q", tc.name, got.Status(), got.Reason(), tc.want, tc.reason)
 		}
 	}
 }
@@ -176,9 +178,9 @@ func TestAsyncCommitLostInFailover(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Logf("committed frame %s after the failover: %s %q", ref, got.Resolved(), got.Reason())
-	if got.Resolved() != ResolvedAborted {
-		t.Errorf("Resolve = %s %q, want aborted: the commit is not in the surviving history", got.Resolved(), got.Reason())
+	t.Logf("committed frame %s after the failover: %s %q", ref, got.Status(), got.Reason())
+	if got.Status() != reconcile.Aborted {
+		t.Errorf("Resolve = %s %q, want aborted: the commit is not in the surviving history", got.Status(), got.Reason())
 	}
 }
 
@@ -228,7 +230,7 @@ func TestReconcileAfterFailover(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer conn.Close(ctx)
-	if err := conn.QueryRow(ctx, "select c.timeline_id, "+timelineSQL+"::int from pg_control_checkpoint() c").Scan(&ckptTLI, &walTLI); err != nil {
+	if err := conn.QueryRow(ctx, "select c.timeline_id, "+pg.TimelineSQL+"::int from pg_control_checkpoint() c").Scan(&ckptTLI, &walTLI); err != nil {
 		t.Fatal(err)
 	}
 	if ckptTLI != 2 || walTLI != 2 {
@@ -252,8 +254,8 @@ func TestReconcileAfterFailover(t *testing.T) {
 	}
 
 	checkResolutions(t, ctx, clusterReconciler(t, ctx, c), []resolveCase{
-		{"lost in the failover, xid reused", lost, ResolvedAborted, ""},
-		{"replicated commit", replicated, ResolvedUnknown, UnknownOtherTimeline},
+		{"lost in the failover, xid reused", lost, reconcile.Aborted, ""},
+		{"replicated commit", replicated, reconcile.Unknown, reconcile.ReasonOtherTimeline},
 	})
 	if clusterRowExists(t, ctx, c, 3) || !clusterRowExists(t, ctx, c, 1) || clusterRowExists(t, ctx, c, 2) {
 		t.Error("the table does not match: want row 1 only")
@@ -288,13 +290,13 @@ func TestReconcilerAsOrdinaryRole(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	rec, err := NewReconciler(conn, WithReconcileWait(0, time.Millisecond))
+	rec, err := reconcile.New(conn, reconcile.WithWait(0, time.Millisecond))
 	if err != nil {
 		t.Fatal(err)
 	}
 	got, err := rec.Resolve(ctx, ref, trace.SpanContext{})
-	if err != nil || got.Resolved() != ResolvedCommitted {
-		t.Fatalf("Resolve as an ordinary role = %s %q, %v; want committed", got.Resolved(), got.Reason(), err)
+	if err != nil || got.Status() != reconcile.Committed {
+		t.Fatalf("Resolve as an ordinary role = %s %q, %v; want committed", got.Status(), got.Reason(), err)
 	}
 	for q, code := range map[string]string{
 		"select pg_read_binary_file('pg_wal/00000001.history')": "42501",

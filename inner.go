@@ -9,15 +9,17 @@ import (
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/trace"
 	"go.opentelemetry.io/otel/trace/noop"
+
+	"github.com/txevidence/otelpgxtx/internal/redact"
 )
 
 // innerErr returns what the inner tracer is given of err: err itself for a tracer of the
-// application's (see innerAsIs), else what may be recorded of it (see [recordedError]).
+// application's (see innerAsIs), else what may be recorded of it (see redact.Error).
 func (t *Tracer) innerErr(err error) error {
 	if t.innerAsIs {
 		return err
 	}
-	return recordedError(err, t.cfg.errorMessages)
+	return redact.Error(err, t.cfg.errorMessages)
 }
 
 // innerSQL returns what the inner tracer is given of sql, which s is what the sanitizer
@@ -28,15 +30,6 @@ func (t *Tracer) innerSQL(sql string, s *sanitized) string {
 		return sql
 	}
 	return t.sanitized.innerSQL(sql, s)
-}
-
-// recordedError returns what may be recorded of err: all of it only if full (the
-// [WithErrorMessages] option), for a server message can quote the statement's values.
-func recordedError(err error, full bool) error {
-	if full {
-		return err
-	}
-	return redactError(err)
 }
 
 // startedSpan returns the span an inner Start hook put into after, or nil if it started

@@ -16,6 +16,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/txevidence/otelpgxtx/pgtest"
+	"github.com/txevidence/otelpgxtx/reconcile"
 )
 
 var srv *pgtest.Server
@@ -82,6 +83,11 @@ func newHarnessSampled(t *testing.T, connString string, maxConns int32, sampler 
 		t.Fatal(err)
 	}
 	cfg.MaxConns = maxConns
+	for i, o := range opts {
+		if ho, ok := o.(harnessOption); ok {
+			opts[i] = ho(h.tp)
+		}
+	}
 	oc := newConfig(opts)
 	h.controlEvents = !oc.innerSet && oc.keepSpans&(1<<InnerSpanTransactionControl) == 0
 	h.tracer, err = InstrumentPool(cfg, append([]Option{WithTracerProvider(h.tp), WithMeterProvider(mp)}, opts...)...)
@@ -94,6 +100,24 @@ func newHarnessSampled(t *testing.T, connString string, maxConns int32, sampler 
 	}
 	t.Cleanup(h.pool.Close)
 	return h
+}
+
+// harnessOption is an option made once the harness's tracer provider exists: automatic
+// reconciliation's reconciler records its spans with it.
+type harnessOption func(tp trace.TracerProvider) Option
+
+func (harnessOption) apply(*config) {}
+
+// withAutoReconcile is WithAutoReconcile over a reconciler of db that records to the
+// harness's tracer provider.
+func withAutoReconcile(t *testing.T, db reconcile.Querier, opts ...AutoReconcileOption) Option {
+	return harnessOption(func(tp trace.TracerProvider) Option {
+		rec, err := reconcile.New(db, reconcile.WithTracerProvider(tp))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return WithAutoReconcile(rec, opts...)
+	})
 }
 
 // frames returns the ended frame spans, in start order.

@@ -13,13 +13,14 @@ import (
 
 	"github.com/txevidence/otelpgxtx/outcome"
 	"github.com/txevidence/otelpgxtx/pgtest"
+	"github.com/txevidence/otelpgxtx/reconcile"
 )
 
 // newMarkerTable creates a commit-marker table for the test on the test server.
 func newMarkerTable(t *testing.T, ctx context.Context, exec func(context.Context, string, ...any) error) pgx.Identifier {
 	t.Helper()
 	name := pgx.Identifier{fmt.Sprintf("m %d", tableSeq.Add(1))} // a space: quoting matters
-	ddl, err := MarkerTableDDL(name)
+	ddl, err := reconcile.MarkerTableDDL(name)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -46,13 +47,13 @@ func markerPolicy(table pgx.Identifier) Policy {
 }
 
 func TestMarkerTableDDL(t *testing.T) {
-	ddl, err := MarkerTableDDL(pgx.Identifier{"app", `tx "marker"`})
+	ddl, err := reconcile.MarkerTableDDL(pgx.Identifier{"app", `tx "marker"`})
 	if err != nil || !strings.HasPrefix(ddl, `create table if not exists "app"."tx ""marker""" (`) {
 		t.Fatalf("%q %v", ddl, err)
 	}
 	for _, bad := range []pgx.Identifier{nil, {""}, {"a\x00b"}, {"a", "b", "c", "d"}} {
-		if _, err := MarkerTableDDL(bad); err == nil {
-			t.Errorf("MarkerTableDDL(%q) accepted", bad)
+		if _, err := reconcile.MarkerTableDDL(bad); err == nil {
+			t.Errorf("reconcile.MarkerTableDDL(%q) accepted", bad)
 		}
 	}
 	p := DefaultPolicy()
@@ -91,7 +92,7 @@ func overMarkerAddsNoRoundTrip(t *testing.T, base string) {
 	if err := h.pool.QueryRow(ctx, "select count(*) from "+marker.Sanitize()+" where not fenced").Scan(&n); err != nil || n != 2 {
 		t.Fatalf("%d marker rows, %v; want 2", n, err)
 	}
-	if got, err := PruneMarkers(ctx, h.pool, marker, time.Microsecond); err != nil || got != 2 {
+	if got, err := reconcile.PruneMarkers(ctx, h.pool, marker, time.Microsecond); err != nil || got != 2 {
 		t.Fatalf("PruneMarkers = %d, %v; want 2", got, err)
 	}
 }
@@ -124,7 +125,7 @@ func TestMarkerReconcile(t *testing.T) {
 
 func overMarkerReconcile(t *testing.T, base string) {
 	ctx, proxy, h, table, marker := markerProxied(t, base, 2)
-	rec, err := NewReconciler(h.pool, WithReconcileWait(20*time.Millisecond, time.Millisecond))
+	rec, err := reconcile.New(h.pool, reconcile.WithWait(20*time.Millisecond, time.Millisecond))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -157,8 +158,8 @@ func overMarkerReconcile(t *testing.T, base string) {
 		other, _ := ind.Reference()
 		other.SystemIdentifier++
 		got, err := rec.Resolve(ctx, other, trace.SpanContext{})
-		if err != nil || got.Resolved() != ResolvedUnknown || got.Reason() != UnknownOtherSystem {
-			t.Fatalf("%s: %s %q %v, want unknown other_system", other, got.Resolved(), got.Reason(), err)
+		if err != nil || got.Status() != reconcile.Unknown || got.Reason() != reconcile.ReasonOtherSystem {
+			t.Fatalf("%s: %s %q %v, want unknown other_system", other, got.Status(), got.Reason(), err)
 		}
 	}
 	if n := srvCount(t, ctx, "select count(*) from "+marker.Sanitize()); n != 1 {
@@ -166,31 +167,31 @@ func overMarkerReconcile(t *testing.T, base string) {
 	}
 	for _, tc := range []struct {
 		ind  outcome.Indeterminate[int]
-		want Resolved
+		want reconcile.Status
 		id   int
 		row  bool
-	}{{after, ResolvedCommitted, 1, true}, {before, ResolvedAborted, 2, false}} {
+	}{{after, reconcile.Committed, 1, true}, {before, reconcile.Aborted, 2, false}} {
 		ref, _ := tc.ind.Reference()
 		parsed, err := outcome.ParseReconciliationRef(ref.String())
 		if err != nil || parsed != ref {
 			t.Fatalf("reference %q round trip: %+v %v", ref, parsed, err)
 		}
 		// The server may still be finishing: the reconciler waits for it, so ask until settled.
-		var got Resolution
-		for got.Resolved() == ResolvedUnknown {
-			if got, err = Reconcile(ctx, rec, tc.ind); err != nil {
+		var got reconcile.Answer
+		for got.Status() == reconcile.Unknown {
+			if got, err = reconcile.Indeterminate(ctx, rec, tc.ind); err != nil {
 				t.Fatal(err)
 			}
-			if got.Resolved() == ResolvedUnknown && got.Reason() != UnknownInProgress {
+			if got.Status() == reconcile.Unknown && got.Reason() != reconcile.ReasonInProgress {
 				t.Fatalf("%s: unknown %q", ref, got.Reason())
 			}
 		}
-		if got.Resolved() != tc.want || rowExists(t, ctx, table, tc.id) != tc.row {
-			t.Fatalf("%s: %s, want %s", ref, got.Resolved(), tc.want)
+		if got.Status() != tc.want || rowExists(t, ctx, table, tc.id) != tc.row {
+			t.Fatalf("%s: %s, want %s", ref, got.Status(), tc.want)
 		}
 		// A second reconciliation gives the same answer (the fence is durable).
-		if again, err := Reconcile(ctx, rec, tc.ind); err != nil || again.Resolved() != tc.want {
-			t.Fatalf("again: %s %v", again.Resolved(), err)
+		if again, err := reconcile.Indeterminate(ctx, rec, tc.ind); err != nil || again.Status() != tc.want {
+			t.Fatalf("again: %s %v", again.Status(), err)
 		}
 	}
 
@@ -220,8 +221,8 @@ func overMarkerReconcile(t *testing.T, base string) {
 	if err := srv.WaitForWaitEvent(ctx, s.pid, "SyncRep"); err != nil {
 		t.Fatal(err)
 	}
-	if got, err := rec.Resolve(ctx, s.ref, trace.SpanContext{}); err != nil || got.Resolved() != ResolvedUnknown || got.Reason() != UnknownInProgress {
-		t.Fatalf("during the wait: %s %q %v", got.Resolved(), got.Reason(), err)
+	if got, err := rec.Resolve(ctx, s.ref, trace.SpanContext{}); err != nil || got.Status() != reconcile.Unknown || got.Reason() != reconcile.ReasonInProgress {
+		t.Fatalf("during the wait: %s %q %v", got.Status(), got.Reason(), err)
 	}
 	if err := srv.Terminate(ctx, s.pid); err != nil {
 		t.Fatal(err)
@@ -230,8 +231,8 @@ func overMarkerReconcile(t *testing.T, base string) {
 	if !ok || !ind.CommittedLocally() {
 		t.Fatal("the terminated sync-rep wait is not indeterminate, committed locally")
 	}
-	if got, err := Reconcile(ctx, rec, ind); err != nil || got.Resolved() != ResolvedCommitted {
-		t.Fatalf("after the wait: %s %q %v", got.Resolved(), got.Reason(), err)
+	if got, err := reconcile.Indeterminate(ctx, rec, ind); err != nil || got.Status() != reconcile.Committed {
+		t.Fatalf("after the wait: %s %q %v", got.Status(), got.Reason(), err)
 	}
 }
 
@@ -263,8 +264,8 @@ func TestMarkerAfterFailover(t *testing.T) {
 	// rejoins: nothing confirms its WAL, so the replication barrier gives up.
 	rec := clusterReconciler(t, ctx, c)
 	checkResolutions(t, ctx, rec, []resolveCase{
-		{"lost in the failover", lost, ResolvedAborted, ""},
-		{"replicated commit, no standby yet", replicatedRef, ResolvedUnknown, UnknownNotReplicated},
+		{"lost in the failover", lost, reconcile.Aborted, ""},
+		{"replicated commit, no standby yet", replicatedRef, reconcile.Unknown, reconcile.ReasonNotReplicated},
 	})
 	if err := c.Rejoin(ctx); err != nil {
 		t.Fatal(err)
@@ -274,17 +275,17 @@ func TestMarkerAfterFailover(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer conn.Close(ctx)
-	rec, err = NewReconciler(conn, WithReconcileWait(30*time.Second, 10*time.Millisecond))
+	rec, err = reconcile.New(conn, reconcile.WithWait(30*time.Second, 10*time.Millisecond))
 	if err != nil {
 		t.Fatal(err)
 	}
 	checkResolutions(t, ctx, rec, []resolveCase{
-		{"lost in the failover", lost, ResolvedAborted, ""},
-		{"replicated commit", replicatedRef, ResolvedCommitted, ""},
+		{"lost in the failover", lost, reconcile.Aborted, ""},
+		{"replicated commit", replicatedRef, reconcile.Committed, ""},
 	})
-	byID, err := rec.ResolveMarker(ctx, marker, replicated.OperationID(), trace.SpanContext{})
-	if err != nil || byID.Resolved() != ResolvedCommitted {
-		t.Fatalf("ResolveMarker of the replicated commit: %s %v", byID.Resolved(), err)
+	byID, err := rec.ResolveAssertedMarker(ctx, marker, replicated.OperationID(), trace.SpanContext{})
+	if err != nil || byID.Status() != reconcile.Committed {
+		t.Fatalf("ResolveMarker of the replicated commit: %s %v", byID.Status(), err)
 	}
 	if clusterRowExists(t, ctx, c, 2) || !clusterRowExists(t, ctx, c, 1) {
 		t.Error("the table does not match: want row 1 only")

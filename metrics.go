@@ -12,6 +12,7 @@ import (
 	"go.opentelemetry.io/otel/metric"
 
 	"github.com/txevidence/otelpgxtx/outcome"
+	"github.com/txevidence/otelpgxtx/reconcile"
 )
 
 // Metric names. With the Prometheus exporter they become
@@ -186,8 +187,8 @@ const (
 var reconcileBuckets = []float64{0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800, 3600}
 
 // finalReasons are the reasons an automatic reconciliation can end unknown with.
-var finalReasons = []string{UnknownNoReference, UnknownTooOld, UnknownInTheFuture, UnknownOtherSystem,
-	UnknownOtherTimeline, UnknownServerRestarted, UnknownQueueFull, UnknownStopped}
+var finalReasons = []string{reconcile.ReasonNoReference, reconcile.ReasonTooOld, reconcile.ReasonInTheFuture, reconcile.ReasonOtherSystem,
+	reconcile.ReasonOtherTimeline, reconcile.ReasonServerRestarted, reconcile.ReasonQueueFull, reconcile.ReasonStopped}
 
 // reconcileMetrics count what automatic reconciliation learned, whether the frames were
 // sampled or not.
@@ -210,16 +211,16 @@ func newReconcileMetrics(mp metric.MeterProvider, extra []attribute.KeyValue, pe
 	set := attribute.NewSet(append([]attribute.KeyValue{dbSystemPostgreSQL}, extra...)...)
 	m.leave = unresolvedGauges.join(meter, set, pending)
 	// Every series exists from the start at 0, as the outcome series do.
-	for _, r := range []Resolved{ResolvedCommitted, ResolvedAborted, ResolvedNoWrites} {
+	for _, r := range []reconcile.Status{reconcile.Committed, reconcile.Aborted, reconcile.NoWrites} {
 		m.reconciliations.Add(context.Background(), 0, metric.WithAttributeSet(m.attrs(r, "")))
 	}
 	for _, reason := range finalReasons {
-		m.reconciliations.Add(context.Background(), 0, metric.WithAttributeSet(m.attrs(ResolvedUnknown, reason)))
+		m.reconciliations.Add(context.Background(), 0, metric.WithAttributeSet(m.attrs(reconcile.Unknown, reason)))
 	}
 	return m
 }
 
-func (m *reconcileMetrics) attrs(r Resolved, reason string) attribute.Set {
+func (m *reconcileMetrics) attrs(r reconcile.Status, reason string) attribute.Set {
 	kv := append([]attribute.KeyValue{ResolvedOutcomeKey.String(r.String()), dbSystemPostgreSQL}, m.extra...)
 	if reason != "" {
 		kv = append(kv, errorTypeKey.String(reason))
@@ -228,10 +229,10 @@ func (m *reconcileMetrics) attrs(r Resolved, reason string) attribute.Set {
 }
 
 // record counts one final answer, age after its indeterminate commit.
-func (m *reconcileMetrics) record(res Resolution, age time.Duration) {
+func (m *reconcileMetrics) record(res reconcile.Answer, age time.Duration) {
 	ctx := context.Background()
-	m.reconciliations.Add(ctx, 1, metric.WithAttributeSet(m.attrs(res.resolved, res.reason)))
-	m.duration.Record(ctx, age.Seconds(), metric.WithAttributeSet(m.attrs(res.resolved, "")))
+	m.reconciliations.Add(ctx, 1, metric.WithAttributeSet(m.attrs(res.Status(), res.Reason())))
+	m.duration.Record(ctx, age.Seconds(), metric.WithAttributeSet(m.attrs(res.Status(), "")))
 }
 
 func (m *reconcileMetrics) unregister() { m.leave() }

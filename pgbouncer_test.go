@@ -15,11 +15,12 @@ import (
 
 	"github.com/txevidence/otelpgxtx/outcome"
 	"github.com/txevidence/otelpgxtx/pgtest"
+	"github.com/txevidence/otelpgxtx/reconcile"
 )
 
 // checkReference checks that frame f's reference names the transaction that wrote row
 // id of table (if id > 0) and that rec resolves it as want.
-func checkReference(t *testing.T, ctx context.Context, rec *Reconciler, f tracetest.SpanStub, table string, id int, want Resolved) {
+func checkReference(t *testing.T, ctx context.Context, rec *reconcile.Reconciler, f tracetest.SpanStub, table string, id int, want reconcile.Status) {
 	t.Helper()
 	ref, err := outcome.ParseReconciliationRef(attrString(t, f, ReconciliationRefKey))
 	if err != nil {
@@ -36,8 +37,8 @@ func checkReference(t *testing.T, ctx context.Context, rec *Reconciler, f tracet
 		wantWrittenBy(t, ctx, table, id, xid)
 	}
 	res, err := rec.Resolve(ctx, ref, trace.SpanContext{})
-	if err != nil || res.Resolved() != want {
-		t.Fatalf("Resolve(%s): %v %q, %v; want %v", ref, res.Resolved(), res.Reason(), err, want)
+	if err != nil || res.Status() != want {
+		t.Fatalf("Resolve(%s): %v %q, %v; want %v", ref, res.Status(), res.Reason(), err, want)
 	}
 }
 
@@ -72,7 +73,7 @@ func TestCaptureThroughPgBouncer(t *testing.T) {
 		t.Run(c.pooling+"/"+c.queryMode, func(t *testing.T) {
 			bouncer := pgtest.PgBouncerFor(t, ctx, srv, c.pooling, c.servers)
 			h := newHarness(t, bouncer.ConnString()+"&default_query_exec_mode="+c.queryMode, c.clients)
-			rec, err := NewReconciler(h.pool)
+			rec, err := reconcile.New(h.pool)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -155,7 +156,7 @@ func TestCaptureThroughPgBouncer(t *testing.T) {
 				if !ok {
 					t.Fatalf("frame %s ran no function", f.SpanContext.SpanID())
 				}
-				checkReference(t, ctx, rec, f, table, id, ResolvedCommitted)
+				checkReference(t, ctx, rec, f, table, id, reconcile.Committed)
 				xids[attrString(t, f, ReconciliationXIDKey)] = true
 			}
 			if len(xids) != len(frames) {
@@ -172,7 +173,7 @@ func TestCaptureThroughPgBouncer(t *testing.T) {
 			if c, ok := res.(outcome.Committed[int]); !ok || c.Value() != 36 {
 				t.Fatalf("read-only Run: %T %+v, want committed with 36 rows", res, res)
 			}
-			checkReference(t, ctx, rec, onlyFrame(t, h), table, 0, ResolvedNoWrites)
+			checkReference(t, ctx, rec, onlyFrame(t, h), table, 0, reconcile.NoWrites)
 			h.exp.Reset()
 			boom := errors.New("boom")
 			res = Run(ctx, h.pool, DefaultPolicy(), func(ctx context.Context, tx pgx.Tx) (int, error) {
@@ -198,9 +199,9 @@ func TestCaptureThroughPgBouncer(t *testing.T) {
 			if res.Outcome() != outcome.OutcomeCommitted {
 				t.Fatalf("Run with a commit marker: %T %+v", res, res)
 			}
-			got, err := rec.ResolveMarker(ctx, marker, res.OperationID(), trace.SpanContext{})
-			if err != nil || got.Resolved() != ResolvedCommitted {
-				t.Fatalf("ResolveMarker: %v %q, %v; want committed", got.Resolved(), got.Reason(), err)
+			got, err := rec.ResolveAssertedMarker(ctx, marker, res.OperationID(), trace.SpanContext{})
+			if err != nil || got.Status() != reconcile.Committed {
+				t.Fatalf("ResolveMarker: %v %q, %v; want committed", got.Status(), got.Reason(), err)
 			}
 		})
 	}
@@ -217,7 +218,7 @@ func TestCaptureThroughPgBouncerIndeterminate(t *testing.T) {
 	ctx := testCtx(t)
 	bouncer := pgtest.PgBouncerFor(t, ctx, srv, "transaction", 1)
 	h := newHarness(t, bouncer.ConnString()+"&default_query_exec_mode=exec", 2)
-	rec, err := NewReconciler(h.pool)
+	rec, err := reconcile.New(h.pool)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -233,11 +234,11 @@ func TestCaptureThroughPgBouncerIndeterminate(t *testing.T) {
 	ind, _ := cutWhileCommitWaits(t, ctx, conn, conn, insertFn(table, 1),
 		"select count(*) from pg_stat_activity where wait_event = 'advisory' and query = 'commit'")
 	unlock()
-	got, err := Reconcile(ctx, rec, ind)
-	if err != nil || got.Resolved() != ResolvedCommitted {
-		t.Fatalf("Reconcile: %v %q, %v; want committed", got.Resolved(), got.Reason(), err)
+	got, err := reconcile.Indeterminate(ctx, rec, ind)
+	if err != nil || got.Status() != reconcile.Committed {
+		t.Fatalf("Reconcile: %v %q, %v; want committed", got.Status(), got.Reason(), err)
 	}
-	checkReference(t, ctx, rec, onlyFrame(t, h), table, 1, ResolvedCommitted)
+	checkReference(t, ctx, rec, onlyFrame(t, h), table, 1, reconcile.Committed)
 }
 
 // TestPgBouncerBackendTerminated: through PgBouncer, what the client learns of a backend

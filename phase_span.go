@@ -345,6 +345,12 @@ func (f *frame) outcomeAttrs(o outcome.Outcome, attrs []attribute.KeyValue) []at
 	return attrs
 }
 
+// deliberateRollback reports whether f, rolled back, was ended on purpose with nothing
+// gone wrong: the one rule behind its span status and its metric series.
+func (f *frame) deliberateRollback() bool {
+	return !f.hasErr && f.cause == nil && f.verdict.Reason() == classifier.ReasonRolledBack
+}
+
 // setOutcomeStatus sets the span status of outcome o and returns attrs with the
 // attributes that go with that status (tx.retryable, error.type).
 func (f *frame) setOutcomeStatus(o outcome.Outcome, attrs []attribute.KeyValue) []attribute.KeyValue {

@@ -63,7 +63,7 @@ type Policy struct {
 	// its COMMIT, so that an indeterminate outcome carries a reconciliation reference.
 	CaptureReference bool
 	// CommitMarker, if set, names a commit-marker table (create it with
-	// [MarkerTableDDL]): Run inserts the operation id into it in the same write as COMMIT
+	// reconcile.MarkerTableDDL): Run inserts the operation id into it in the same write as COMMIT
 	// (no extra round trip; the insert's RETURNING replaces the xid read), so that an
 	// indeterminate commit's reference settles by a lookup that survives crash restarts,
 	// failovers and xid wraparound, even when the connection broke before the xid
@@ -86,7 +86,7 @@ func DefaultPolicy() Policy {
 }
 
 // ErrInvalidArgument is wrapped by every error about a bad argument to [Run], [Begin]
-// or the [Reconciler]: a nil db or function, an invalid policy, a malformed reference.
+// or automatic reconciliation: a nil db or function, an invalid policy, a refused option.
 var ErrInvalidArgument = errors.New("otelpgxtx: invalid argument")
 
 // invalid is an error wrapping ErrInvalidArgument, so that callers can tell bad input
@@ -98,10 +98,12 @@ func invalid(format string, args ...any) error {
 // validate refuses a policy that cannot be run, naming the field.
 func (p Policy) validate() error {
 	switch {
+	case p.Propagation == 0 && p.MaxAttempts == 0:
+		return invalid("a zero Policy; start from DefaultPolicy() and change the fields you need")
 	case p.Propagation < Required || p.Propagation > Mandatory:
-		return invalid("unknown propagation %s", p.Propagation)
+		return invalid("unknown propagation %s; use Required, RequiresNew, Nested or Mandatory (DefaultPolicy() has Required)", p.Propagation)
 	case p.MaxAttempts < 1:
-		return invalid("MaxAttempts is %d; it must be at least 1", p.MaxAttempts)
+		return invalid("MaxAttempts is %d; it must be at least 1 (DefaultPolicy() has 3)", p.MaxAttempts)
 	case p.BackoffBase < 0 || p.BackoffMax < 0:
 		return invalid("negative backoff")
 	case p.CommitMarker != nil && !p.CaptureReference:

@@ -242,20 +242,3 @@ func (t *Tracer) abandon(st *connState, f *frame, reason string) {
 	f.hasErr = true
 	f.conclude(st, v)
 }
-
-// Reasons of a frame whose transaction ended where no query showed it, written as
-// error.type beside the [classifier] reasons: the frame is rolled_back (unknown if COMMIT
-// had been sent). They are the tracer's, not the classifier's, because only the tracer
-// sees pool releases, closed connections and idle sessions.
-const (
-	// ReasonEndedUnobserved: the connection was found outside a transaction at its next
-	// query, acquire or release: the transaction was ended by a path that bypasses
-	// pgx's tracer (a statement sent through *pgconn.PgConn directly).
-	ReasonEndedUnobserved = "ended_unobserved"
-	// ReasonReleasedInTransaction: the connection went back to the pool in the middle of
-	// the transaction; the pool destroys it, which rolls the transaction back.
-	ReasonReleasedInTransaction = "released_in_transaction"
-	// ReasonConnectionClosed: the connection closed with the transaction open (a
-	// *pgx.Conn closed mid-transaction, a connection database/sql discards).
-	ReasonConnectionClosed = "connection_closed"
-)

@@ -20,6 +20,7 @@ import (
 
 	"github.com/txevidence/otelpgxtx/outcome"
 	"github.com/txevidence/otelpgxtx/pgtest"
+	"github.com/txevidence/otelpgxtx/reconcile"
 )
 
 // refHarness is an instrumented pool of one connection through a proxy, with commit
@@ -156,7 +157,7 @@ func overPlainReference(t *testing.T, base string) {
 	if err := srv.WaitQuiet(ctx); err != nil {
 		t.Fatal(err)
 	}
-	rec, err := NewReconciler(without.pool, WithReconcileWait(5*time.Second, 10*time.Millisecond))
+	rec, err := reconcile.New(without.pool, reconcile.WithWait(5*time.Second, 10*time.Millisecond))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -164,8 +165,8 @@ func overPlainReference(t *testing.T, base string) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if committed := rowExists(t, ctx, table, 5); res.Resolved() != ResolvedCommitted || !committed {
-		t.Fatalf("reconciled %v (%s), row present %v; want committed and present", res.Resolved(), res.Reason(), committed)
+	if committed := rowExists(t, ctx, table, 5); res.Status() != reconcile.Committed || !committed {
+		t.Fatalf("reconciled %v (%s), row present %v; want committed and present", res.Status(), res.Reason(), committed)
 	}
 	wantWrittenBy(t, ctx, table, 5, ref.XID)
 	if !strings.Contains(with.logs.String(), ref.String()) {
@@ -211,7 +212,7 @@ func overPlainMarker(t *testing.T, base string) {
 		t.Fatalf("%d marker rows for %s", n, ref.Operation)
 	}
 
-	rec, err := NewReconciler(without.pool, WithReconcileWait(5*time.Second, 10*time.Millisecond))
+	rec, err := reconcile.New(without.pool, reconcile.WithWait(5*time.Second, 10*time.Millisecond))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -219,8 +220,8 @@ func overPlainMarker(t *testing.T, base string) {
 		name string
 		cut  func(pgx.Tx)
 		id   int
-		want Resolved
-	}{{"before", func(pgx.Tx) { h.proxy.CutBeforeCommit() }, 20, ResolvedAborted}, {"after", func(pgx.Tx) { h.proxy.CutAfterCommit() }, 21, ResolvedCommitted}} {
+		want reconcile.Status
+	}{{"before", func(pgx.Tx) { h.proxy.CutBeforeCommit() }, 20, reconcile.Aborted}, {"after", func(pgx.Tx) { h.proxy.CutAfterCommit() }, 21, reconcile.Committed}} {
 		if err := plainInsert(ctx, h.pool, table, tc.id, tc.cut); err == nil {
 			t.Fatalf("cut %s: the commit succeeded", tc.name)
 		}
@@ -235,8 +236,8 @@ func overPlainMarker(t *testing.T, base string) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if res.Resolved() != tc.want || rowExists(t, ctx, table, tc.id) != (tc.want == ResolvedCommitted) {
-			t.Fatalf("cut %s: reconciled %v (%s), row present %v", tc.name, res.Resolved(), res.Reason(), rowExists(t, ctx, table, tc.id))
+		if res.Status() != tc.want || rowExists(t, ctx, table, tc.id) != (tc.want == reconcile.Committed) {
+			t.Fatalf("cut %s: reconciled %v (%s), row present %v", tc.name, res.Status(), res.Reason(), rowExists(t, ctx, table, tc.id))
 		}
 	}
 }
@@ -543,13 +544,13 @@ func TestPlainReferenceThroughPgBouncer(t *testing.T) {
 			if err := srv.WaitQuiet(ctx); err != nil {
 				t.Fatal(err)
 			}
-			rec, err := NewReconciler(h.pool, WithReconcileWait(5*time.Second, 10*time.Millisecond))
+			rec, err := reconcile.New(h.pool, reconcile.WithWait(5*time.Second, 10*time.Millisecond))
 			if err != nil {
 				t.Fatal(err)
 			}
 			res, err := rec.Resolve(ctx, ref, trace.SpanContext{})
-			if err != nil || res.Resolved() != ResolvedCommitted || !rowExists(t, ctx, table, 7) {
-				t.Fatalf("reconciled %v (%s), %v; row present %v", res.Resolved(), res.Reason(), err, rowExists(t, ctx, table, 7))
+			if err != nil || res.Status() != reconcile.Committed || !rowExists(t, ctx, table, 7) {
+				t.Fatalf("reconciled %v (%s), %v; row present %v", res.Status(), res.Reason(), err, rowExists(t, ctx, table, 7))
 			}
 		})
 	}

@@ -8,6 +8,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/txevidence/otelpgxtx/internal/pg"
 	"github.com/txevidence/otelpgxtx/outcome"
 )
 
@@ -70,23 +71,12 @@ func checkRun(db DB, hasFn bool, p Policy) error {
 	switch {
 	case db == nil:
 		return invalid("Run: nil db")
-	case isNilHandle(db):
+	case pg.IsNilHandle(db):
 		return invalid("Run: nil %T", db)
 	case !hasFn:
 		return invalid("Run: nil function")
 	}
 	return p.validate()
-}
-
-// isNilHandle reports a typed nil pool or connection, which would panic on first use.
-func isNilHandle(v any) bool {
-	switch v := v.(type) {
-	case *pgxpool.Pool:
-		return v == nil
-	case *pgx.Conn:
-		return v == nil
-	}
-	return false
 }
 
 // checkSecondConnection refuses a RequiresNew that could only wait for itself: on the

@@ -16,6 +16,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/txevidence/otelpgxtx/outcome"
+	"github.com/txevidence/otelpgxtx/reconcile"
 )
 
 // insertFn returns a Run function that inserts id into table and returns it.
@@ -289,13 +290,13 @@ func overRunIndeterminateNeverRetried(t *testing.T, base string) {
 	wantAttr(t, f, "tx.reconciliation.xid", fmt.Sprint(ref.XID))
 	wantStatus(t, f, codes.Unset, "")
 
-	rec, err := NewReconciler(h.pool, WithTracerProvider(h.tp))
+	rec, err := reconcile.New(h.pool, reconcile.WithTracerProvider(h.tp))
 	if err != nil {
 		t.Fatal(err)
 	}
-	got, err := Reconcile(ctx, rec, ind)
-	if err != nil || got.Resolved() != ResolvedCommitted {
-		t.Fatalf("reconciled %v (%s), %v; want committed", got.Resolved(), got.Reason(), err)
+	got, err := reconcile.Indeterminate(ctx, rec, ind)
+	if err != nil || got.Status() != reconcile.Committed {
+		t.Fatalf("reconciled %v (%s), %v; want committed", got.Status(), got.Reason(), err)
 	}
 	if !rowExists(t, ctx, table, 1) {
 		t.Fatal("row absent after a reconciled commit")
@@ -531,9 +532,15 @@ func TestRunBadInput(t *testing.T) {
 			continue
 		}
 		t.Logf("%s: %v", name, rb.Cause())
+		// An invalid policy's error names the fix.
+		if strings.Contains(name, "policy") || strings.Contains(name, "propagation") || strings.Contains(name, "attempts") {
+			if !strings.Contains(rb.Cause().Error(), "DefaultPolicy()") {
+				t.Errorf("%s: %q does not point at DefaultPolicy()", name, rb.Cause())
+			}
+		}
 	}
-	if _, err := NewReconciler(nil); !errors.Is(err, ErrInvalidArgument) {
-		t.Fatalf("NewReconciler(nil) = %v", err)
+	if _, err := reconcile.New(nil); !errors.Is(err, reconcile.ErrInvalidArgument) {
+		t.Fatalf("reconcile.New(nil) = %v", err)
 	}
 	// Reconciling commits transactions of its own: a transaction as its db is refused.
 	tx, err := conn.Begin(ctx)
@@ -541,11 +548,8 @@ func TestRunBadInput(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer func() { _ = tx.Rollback(ctx) }()
-	if _, err := NewReconciler(tx); !errors.Is(err, ErrInvalidArgument) {
-		t.Fatalf("NewReconciler(a pgx.Tx) = %v", err)
-	}
-	if tr, err := newTracer([]Option{WithAutoReconcile(tx)}); !errors.Is(err, ErrInvalidArgument) || tr != nil && tr.auto != nil {
-		t.Fatalf("WithAutoReconcile(a pgx.Tx) = %v", err)
+	if _, err := reconcile.New(tx); !errors.Is(err, reconcile.ErrInvalidArgument) {
+		t.Fatalf("reconcile.New(a pgx.Tx) = %v", err)
 	}
 	if err := AfterCommit(ctx, func(context.Context) error { return nil }); !errors.Is(err, ErrInvalidArgument) {
 		t.Fatalf("AfterCommit outside Run = %v", err)

@@ -2,141 +2,18 @@ package otelpgxtx
 
 import (
 	"context"
-	"database/sql"
-	"errors"
 	"strings"
 	"sync"
 
 	"github.com/exaring/otelpgx"
-	"github.com/jackc/pgx/v5/pgconn"
 	"go.opentelemetry.io/otel/attribute"
+
+	"github.com/txevidence/otelpgxtx/internal/sqltext"
 )
 
 // dbQuerySummaryKey is db.query.summary (stable since semantic conventions v1.26; this
 // module's newest, semconv/v1.43.0, defines it the same way).
 const dbQuerySummaryKey = attribute.Key("db.query.summary")
-
-// sqlToken is the kind of one lexical token of PostgreSQL's SQL.
-type sqlToken uint8
-
-const (
-	tokOther        sqlToken = iota // an operator or punctuation byte
-	tokSpace                        // white space
-	tokComment                      // -- line or /* nestable block */ comment
-	tokWord                         // keyword or identifier
-	tokQuotedIdent                  // "identifier" or U&"identifier"
-	tokParam                        // $n
-	tokLiteral                      // string, bit string, dollar-quoted string or number
-	tokUnterminated                 // a quote that does not close: the rest of the text
-)
-
-// nextToken returns the kind of the token at s[i] and the index just after it. It
-// follows PostgreSQL's lexer with standard_conforming_strings on (pgx requires it).
-func nextToken(s string, i int) (sqlToken, int) {
-	c := s[i]
-	switch {
-	case isSpaceByte(c):
-		j := i + 1
-		for j < len(s) && isSpaceByte(s[j]) {
-			j++
-		}
-		return tokSpace, j
-	case c == '-' && i+1 < len(s) && s[i+1] == '-':
-		if j := strings.IndexByte(s[i:], '\n'); j >= 0 {
-			return tokComment, i + j
-		}
-		return tokComment, len(s)
-	case c == '/' && i+1 < len(s) && s[i+1] == '*':
-		return tokComment, i + blockCommentEnd(s[i:])
-	case c == '\'':
-		return quoted(s, i, '\'', false, tokLiteral)
-	case c == '"':
-		return quoted(s, i, '"', false, tokQuotedIdent)
-	case c == '$':
-		return dollarToken(s, i)
-	case isDigit(c) || c == '.' && i+1 < len(s) && isDigit(s[i+1]):
-		return numberToken(s, i)
-	case isWordStart(c):
-		return wordToken(s, i)
-	}
-	return tokOther, i + 1
-}
-
-// dollarToken returns the token at s[i] == '$': a $n parameter, a dollar-quoted string,
-// or a lone dollar sign.
-func dollarToken(s string, i int) (sqlToken, int) {
-	if i+1 < len(s) && isDigit(s[i+1]) {
-		j := i + 1
-		for j < len(s) && isDigit(s[j]) {
-			j++
-		}
-		return tokParam, j
-	}
-	switch end := dollarQuoteEnd(s, i); {
-	case end == i:
-		return tokOther, i + 1
-	case end >= len(s):
-		return tokUnterminated, len(s)
-	default:
-		return tokLiteral, end + 1
-	}
-}
-
-// numberToken returns the numeric literal that starts at s[i].
-func numberToken(s string, i int) (sqlToken, int) {
-	// Decimal, exponent, 0x/0o/0b and 1_000 forms alike: everything that can
-	// continue a number, so that no digit of it survives.
-	j := i + 1
-	for j < len(s) {
-		d := s[j]
-		if isDigit(d) || isLetter(d) || d == '_' || d == '.' {
-			j++
-		} else if (d == '+' || d == '-') && (s[j-1] == 'e' || s[j-1] == 'E') {
-			j++
-		} else {
-			break
-		}
-	}
-	return tokLiteral, j
-}
-
-// wordToken returns the keyword or identifier that starts at s[i], or the string that
-// it prefixes (E'…', B'…', X'…', N'…', U&'…', U&"…").
-func wordToken(s string, i int) (sqlToken, int) {
-	c := s[i]
-	j := i + 1
-	for j < len(s) && (isWordStart(s[j]) || isDigit(s[j]) || s[j] == '$') {
-		j++
-	}
-	if j < len(s) && j == i+1 {
-		switch {
-		case s[j] == '\'' && (c|0x20 == 'e'):
-			return quoted(s, j, '\'', true, tokLiteral)
-		case s[j] == '\'' && (c|0x20 == 'b' || c|0x20 == 'x' || c|0x20 == 'n'):
-			return quoted(s, j, '\'', false, tokLiteral)
-		case s[j] == '&' && c|0x20 == 'u' && j+1 < len(s) && s[j+1] == '\'':
-			return quoted(s, j+1, '\'', false, tokLiteral)
-		case s[j] == '&' && c|0x20 == 'u' && j+1 < len(s) && s[j+1] == '"':
-			return quoted(s, j+1, '"', false, tokQuotedIdent)
-		}
-	}
-	return tokWord, j
-}
-
-// quoted returns the token whose opening quote is at s[q].
-func quoted(s string, q int, quote byte, escapes bool, kind sqlToken) (sqlToken, int) {
-	end := quoteEnd(s, q, quote, escapes)
-	if end >= len(s) {
-		return tokUnterminated, len(s)
-	}
-	return kind, end + 1
-}
-
-func isDigit(c byte) bool { return c >= '0' && c <= '9' }
-
-// isWordStart reports whether c may start an identifier: PostgreSQL counts every
-// non-ASCII byte as a letter.
-func isWordStart(c byte) bool { return isLetter(c) || c == '_' || c >= 0x80 }
 
 // sanitizeSQL returns sql with every literal replaced by "?" and every comment by a
 // space; keywords, identifiers and $n parameters stay as written. From a quote that does
@@ -148,28 +25,28 @@ func sanitizeSQL(sql string) string {
 	var out []byte // nil until the first replacement
 	first, isCopy, stdin := true, false, false
 	for i := 0; i < len(sql); {
-		kind, end := nextToken(sql, i)
-		if stdin && (kind == tokOther && sql[i] == ';' || kind == tokSpace && strings.IndexByte(sql[i:end], '\n') >= 0) {
+		kind, end := sqltext.Next(sql, i)
+		if stdin && (kind == sqltext.Other && sql[i] == ';' || kind == sqltext.Space && strings.IndexByte(sql[i:end], '\n') >= 0) {
 			if rest := sql[end:]; strings.TrimLeft(rest, " \t\n\r\f\v") != "" {
 				out = append(append(copied(out, sql, i), sql[i:end]...), '?')
 				return string(out)
 			}
 		}
 		switch {
-		case kind == tokWord && first:
+		case kind == sqltext.Word && first:
 			first, isCopy = false, eq(sql[i:end], "copy")
-		case kind == tokWord && isCopy && eq(sql[i:end], "stdin"):
+		case kind == sqltext.Word && isCopy && eq(sql[i:end], "stdin"):
 			stdin = true
-		case kind == tokOther && sql[i] == ';':
+		case kind == sqltext.Other && sql[i] == ';':
 			first, isCopy = true, false
 		}
 		switch kind {
-		case tokLiteral, tokUnterminated:
+		case sqltext.Literal, sqltext.Unterminated:
 			out = append(copied(out, sql, i), '?')
-		case tokComment:
+		case sqltext.Comment:
 			out = copied(out, sql, i)
 			// A space keeps the neighbours apart: "-/**/-" must not become a comment.
-			if n := len(out); n > 0 && !isSpaceByte(out[n-1]) {
+			if n := len(out); n > 0 && !sqltext.IsSpace(out[n-1]) {
 				out = append(out, ' ')
 			}
 		default:
@@ -194,10 +71,6 @@ func copied(out []byte, sql string, i int) []byte {
 	return append(make([]byte, 0, len(sql)), sql[:i]...)
 }
 
-func isSpaceByte(c byte) bool {
-	return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\f' || c == '\v'
-}
-
 // maxSummary bounds db.query.summary, as the semantic conventions recommend.
 const maxSummary = 255
 
@@ -210,9 +83,9 @@ const maxSummary = 255
 func querySummary(sql string) string {
 	var b summaryBuilder
 	for i := 0; i < len(sql); {
-		kind, end := nextToken(sql, i)
+		kind, end := sqltext.Next(sql, i)
 		b.token(kind, sql[i:end])
-		if kind == tokUnterminated {
+		if kind == sqltext.Unterminated {
 			break
 		}
 		i = end
@@ -272,12 +145,12 @@ func wordSet(words string) map[string]bool {
 // summaryDDLKinds are the object kinds whose name is a target.
 var summaryDDLKinds = map[string]bool{"table": true, "view": true, "index": true, "sequence": true}
 
-func (b *summaryBuilder) token(kind sqlToken, text string) {
+func (b *summaryBuilder) token(kind sqltext.Kind, text string) {
 	switch kind {
-	case tokSpace, tokComment:
+	case sqltext.Space, sqltext.Comment:
 		b.inName = false
 		return
-	case tokWord, tokQuotedIdent:
+	case sqltext.Word, sqltext.QuotedIdent:
 		b.word(kind, text)
 		return
 	}
@@ -306,9 +179,9 @@ func (b *summaryBuilder) token(kind sqlToken, text string) {
 	b.prev = text
 }
 
-func (b *summaryBuilder) word(kind sqlToken, text string) {
+func (b *summaryBuilder) word(kind sqltext.Kind, text string) {
 	lower := ""
-	if kind == tokWord && len(text) <= 16 {
+	if kind == sqltext.Word && len(text) <= 16 {
 		lower = strings.ToLower(text)
 	}
 	if b.inName { // the rest of a qualified name: schema.table
@@ -537,59 +410,3 @@ func (z *sanitizer) operationName(ctx context.Context, given string) string {
 	}
 	return otelpgx.SQLOperationName(ctx, given)
 }
-
-// sqlStateClasses names the SQLSTATE classes of PostgreSQL's error codes appendix: the
-// fixed description that replaces a server message.
-var sqlStateClasses = map[string]string{
-	"00": "successful completion", "01": "warning", "02": "no data",
-	"03": "SQL statement not yet complete", "08": "connection exception",
-	"09": "triggered action exception", "0A": "feature not supported",
-	"0B": "invalid transaction initiation", "0F": "locator exception", "0L": "invalid grantor",
-	"0P": "invalid role specification", "0Z": "diagnostics exception", "20": "case not found",
-	"21": "cardinality violation", "22": "data exception", "23": "integrity constraint violation",
-	"24": "invalid cursor state", "25": "invalid transaction state",
-	"26": "invalid SQL statement name", "27": "triggered data change violation",
-	"28": "invalid authorization specification",
-	"2B": "dependent privilege descriptors still exist", "2D": "invalid transaction termination",
-	"2F": "SQL routine exception", "34": "invalid cursor name", "38": "external routine exception",
-	"39": "external routine invocation exception", "3B": "savepoint exception",
-	"3D": "invalid catalog name", "3F": "invalid schema name", "40": "transaction rollback",
-	"42": "syntax error or access rule violation", "44": "WITH CHECK OPTION violation",
-	"53": "insufficient resources", "54": "program limit exceeded",
-	"55": "object not in prerequisite state", "57": "operator intervention",
-	"58": "system error", "72": "snapshot failure", "F0": "configuration file error",
-	"HV": "foreign data wrapper error", "P0": "PL/pgSQL error", "XX": "internal error",
-}
-
-// redactedNote ends every redacted message, so that a reader knows the text is withheld.
-const redactedNote = " (message redacted)"
-
-// redactError returns what may be recorded of err by default: a server error becomes a
-// *pgconn.PgError with only its severity, SQLSTATE and the SQLSTATE class as message
-// (the server's message, detail and hint can quote the statement's values); any other
-// error becomes one that names its type and, for the kinds that carry no user data
-// (a lost or closed connection, a timeout, a cancellation), says in fixed words what
-// happened (see describeError). Errors whose text is fixed pass as they are.
-func redactError(err error) error {
-	if err == nil || err == context.Canceled || err == context.DeadlineExceeded || errors.Is(err, sql.ErrNoRows) {
-		return err
-	}
-	var pgErr *pgconn.PgError
-	if errors.As(err, &pgErr) {
-		desc := "server error"
-		if len(pgErr.Code) == 5 {
-			if c, ok := sqlStateClasses[pgErr.Code[:2]]; ok {
-				desc = c
-			}
-		}
-		return &pgconn.PgError{Severity: pgErr.Severity, SeverityUnlocalized: pgErr.SeverityUnlocalized,
-			Code: pgErr.Code, Message: desc + redactedNote}
-	}
-	return describeError(err)
-}
-
-// redactedError stands for an error whose message must not be recorded.
-type redactedError struct{ msg string }
-
-// Error returns the redacted text: the error's kind and type, never its message.
-func (e *redactedError) Error() string { return e.msg }

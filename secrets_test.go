@@ -18,6 +18,7 @@ import (
 	"go.opentelemetry.io/otel/sdk/metric/metricdata"
 
 	"github.com/txevidence/otelpgxtx/outcome"
+	"github.com/txevidence/otelpgxtx/reconcile"
 )
 
 // lockedBuffer is a log destination safe for the goroutines of a test.
@@ -244,15 +245,15 @@ func runSecretWorkload(t *testing.T, optIn bool) secretTelemetry {
 	if !ok {
 		t.Fatalf("want an indeterminate outcome, got %s", ind.Outcome())
 	}
-	recOpts := []ReconcilerOption{WithTracerProvider(h.tp)}
+	recOpts := []reconcile.Option{reconcile.WithTracerProvider(h.tp)}
 	if optIn {
-		recOpts = append(recOpts, WithErrorMessages())
+		recOpts = append(recOpts, reconcile.WithErrorMessages())
 	}
-	rec, err := NewReconciler(h.pool, recOpts...)
+	rec, err := reconcile.New(h.pool, recOpts...)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := Reconcile(rctx, rec, indet); err != nil {
+	if _, err := reconcile.Indeterminate(rctx, rec, indet); err != nil {
 		t.Fatal(err)
 	}
 	root.End()

@@ -1,6 +1,10 @@
 package otelpgxtx
 
-import "go.opentelemetry.io/otel/attribute"
+import (
+	"go.opentelemetry.io/otel/attribute"
+
+	"github.com/txevidence/otelpgxtx/internal/schema"
+)
 
 // Attribute keys of the frame span (see "Span schema" in the package documentation).
 // They are a public contract: dashboards and alert rules select on them.
@@ -10,7 +14,7 @@ const (
 	// PhaseKey is tx.phase: the last observed phase.
 	PhaseKey = attribute.Key("tx.phase")
 	// OperationIDKey is tx.operation_id: the frame's operation id.
-	OperationIDKey = attribute.Key("tx.operation_id")
+	OperationIDKey = schema.OperationIDKey
 	// FrameDepthKey is tx.frame.depth: 0 for a top-level transaction, n for one begun
 	// while n others are suspended.
 	FrameDepthKey = attribute.Key("tx.frame.depth")
@@ -25,14 +29,14 @@ const (
 	// ReconciliationXIDKey is tx.reconciliation.xid: the xid8 captured before COMMIT.
 	ReconciliationXIDKey = attribute.Key("tx.reconciliation.xid")
 	// ReconciliationRefKey is tx.reconciliation.ref: the whole reconciliation reference.
-	ReconciliationRefKey = attribute.Key("tx.reconciliation.ref")
+	ReconciliationRefKey = schema.ReconciliationRefKey
 	// CommittedLocallyKey is tx.commit.committed_locally: the server said the commit is in
 	// its local WAL but synchronous replication was not confirmed.
 	CommittedLocallyKey = attribute.Key("tx.commit.committed_locally")
 	// RetryableKey is tx.retryable, set on rolled-back frames.
 	RetryableKey = attribute.Key("tx.retryable")
 	// ResolvedOutcomeKey is tx.outcome.resolved, on reconciliation spans.
-	ResolvedOutcomeKey = attribute.Key("tx.outcome.resolved")
+	ResolvedOutcomeKey = schema.ResolvedOutcomeKey
 	// ParticipantOutcomeKey is tx.participant.outcome, on tx.participant events: the
 	// participant's own result. It is not tx.outcome, so that a search for a frame
 	// outcome never finds a participant's.
@@ -50,13 +54,13 @@ const (
 	StatementDurationKey = attribute.Key("tx.statement.duration")
 
 	// Semantic-convention keys.
-	dbSystemNameKey     = attribute.Key("db.system.name")
+	dbSystemNameKey     = schema.DBSystemNameKey
 	dbNamespaceKey      = attribute.Key("db.namespace")
 	dbResponseStatusKey = attribute.Key("db.response.status_code")
 	dbOperationNameKey  = attribute.Key("db.operation.name")
 	serverAddressKey    = attribute.Key("server.address")
 	serverPortKey       = attribute.Key("server.port")
-	errorTypeKey        = attribute.Key("error.type")
+	errorTypeKey        = schema.ErrorTypeKey
 )
 
 // Event names on the frame span.
@@ -99,11 +103,57 @@ const (
 	// SpanNamePostCommit is the child span of a frame that runs its post-commit hooks.
 	SpanNamePostCommit = "tx.post_commit"
 	// SpanNameReconcile is the span of one reconciliation, linked to the original frame.
-	SpanNameReconcile = "tx.reconcile"
+	SpanNameReconcile = schema.SpanNameReconcile
 )
 
 // StatusDescriptionRolledBack is the fixed description of the Error status of a
 // rolled-back frame; the cause is in error.type and db.response.status_code.
 const StatusDescriptionRolledBack = "transaction rolled back"
 
-var dbSystemPostgreSQL = dbSystemNameKey.String("postgresql")
+var dbSystemPostgreSQL = schema.DBSystemPostgreSQL
+
+// ---- error.type values ------------------------------------------------------------
+//
+// A frame that did not commit says why in error.type: one of the classifier's reasons
+// (classifier.ReasonSerializationFailure, classifier.ReasonConnectionLost,
+// classifier.ReasonCompletionUnknown, …: what the server or the connection answered),
+// or one of the tracer's below (the transaction ended where no statement showed it). A
+// tx.reconcile span's error.type is one of package reconcile's reasons.
+
+// Reasons of a frame whose transaction ended where no query showed it, written as
+// error.type beside the [classifier] reasons: the frame is rolled_back (unknown if COMMIT
+// had been sent). They are the tracer's, not the classifier's, because only the tracer
+// sees pool releases, closed connections and idle sessions.
+const (
+	// ReasonEndedUnobserved: the connection was found outside a transaction at its next
+	// query, acquire or release: the transaction was ended by a path that bypasses
+	// pgx's tracer (a statement sent through *pgconn.PgConn directly).
+	ReasonEndedUnobserved = "ended_unobserved"
+	// ReasonReleasedInTransaction: the connection went back to the pool in the middle of
+	// the transaction; the pool destroys it, which rolls the transaction back.
+	ReasonReleasedInTransaction = "released_in_transaction"
+	// ReasonConnectionClosed: the connection closed with the transaction open (a
+	// *pgx.Conn closed mid-transaction, a connection database/sql discards).
+	ReasonConnectionClosed = "connection_closed"
+)
+
+// RollbackKey is tx.rollback: on a rolled_back frame span, and on the rolled_back series
+// of [MetricTransactions], [MetricDuration] and [MetricCommitDuration], whether the
+// application ended the transaction on purpose ([RollbackDeliberate]) or something failed
+// ([RollbackFailure]). A deliberate Rollback() is how Go code usually ends a read-only
+// transaction; an alert on rollbacks must not count it. Its two values are the only ones,
+// so it adds one series to each metric.
+const RollbackKey = attribute.Key("tx.rollback")
+
+// The values of [RollbackKey].
+const (
+	// RollbackDeliberate: the application rolled back with nothing gone wrong — no
+	// statement failed, [Run]'s function returned nil, no participant failed, and the
+	// server answered the ROLLBACK. Its span status stays Unset.
+	RollbackDeliberate = "deliberate"
+	// RollbackFailure: a statement, the COMMIT or the connection failed, [Run]'s function
+	// returned an error or panicked, or the transaction ended where no statement showed
+	// it (error.type says which). Its span status is Error, unless the failure was an
+	// expected one ([WithExpectedErrors]).
+	RollbackFailure = "failure"
+)

@@ -45,6 +45,7 @@ import (
 	"github.com/txevidence/otelpgxtx/classifier"
 	"github.com/txevidence/otelpgxtx/outcome"
 	"github.com/txevidence/otelpgxtx/pgtest"
+	"github.com/txevidence/otelpgxtx/reconcile"
 )
 
 // soakAppName marks the workload's sessions in pg_stat_activity, so that the nemesis
@@ -195,8 +196,11 @@ type soakSpans struct {
 	reconciles map[string][]string
 }
 
+// soakScope reports a span of the library's: the tracer's, or the reconciler's.
+func soakScope(name string) bool { return name == ScopeName || name == reconcile.ScopeName }
+
 func (p *soakSpans) OnStart(_ context.Context, s sdktrace.ReadWriteSpan) {
-	if s.InstrumentationScope().Name != ScopeName {
+	if !soakScope(s.InstrumentationScope().Name) {
 		return
 	}
 	p.mu.Lock()
@@ -205,7 +209,7 @@ func (p *soakSpans) OnStart(_ context.Context, s sdktrace.ReadWriteSpan) {
 }
 
 func (p *soakSpans) OnEnd(s sdktrace.ReadOnlySpan) {
-	if s.InstrumentationScope().Name != ScopeName {
+	if !soakScope(s.InstrumentationScope().Name) {
 		return
 	}
 	var fr soakFrame
@@ -439,7 +443,7 @@ func newSoak(t *testing.T, ctx context.Context, cfg soakConfig, cluster *pgtest.
 	if cluster != nil {
 		first, connString = cluster.Primary(), cluster.ConnString()
 	}
-	markerDDL, err := MarkerTableDDL(soakMarker)
+	markerDDL, err := reconcile.MarkerTableDDL(soakMarker)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -479,9 +483,12 @@ func newSoak(t *testing.T, ctx context.Context, cfg soakConfig, cluster *pgtest.
 		pc.MaxConns = perPool
 		pc.ConnConfig.RuntimeParams["application_name"] = soakAppName
 		pc.ConnConfig.ConnectTimeout = 5 * time.Second
+		rec, err := reconcile.New(s.admin, reconcile.WithTracerProvider(s.tp), reconcile.WithWait(2*time.Second, 10*time.Millisecond))
+		if err != nil {
+			t.Fatal(err)
+		}
 		tr, err := InstrumentPool(pc, append([]Option{WithTracerProvider(s.tp), WithMeterProvider(mp),
-			WithAutoReconcile(s.admin, WithRetryBackoff(10*time.Millisecond, 500*time.Millisecond),
-				WithReconcileWait(2*time.Second, 10*time.Millisecond), WithOnReconciled(s.onReconciled))}, opts...)...)
+			WithAutoReconcile(rec, WithRetryBackoff(10*time.Millisecond, 500*time.Millisecond), WithOnReconciled(s.onReconciled))}, opts...)...)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -1273,14 +1280,14 @@ func (s *soak) check(ctx context.Context, workload, total time.Duration) {
 			fail(0, "indeterminate frame %s reconciled automatically %d times, want once", f.op, len(got))
 			continue
 		}
-		r := got[0].Resolution
-		key := r.Resolved().String() + "/" + r.Reason()
+		r := got[0].Answer
+		key := r.Status().String() + "/" + r.Reason()
 		autoCounts[key]++
 		if op == nil {
 			continue
 		}
 		autoByMode[op.mode()+": "+soakResolutionLabel(r)]++
-		if (f.ref != "") == (r.Reason() == UnknownNoReference) {
+		if (f.ref != "") == (r.Reason() == reconcile.ReasonNoReference) {
 			fail(op.id, "frame %s with reference %q reconciled automatically %s", f.op, f.ref, key)
 		}
 		row, present := rows[op.id]
@@ -1295,12 +1302,12 @@ func (s *soak) check(ctx context.Context, workload, total time.Duration) {
 		}
 		spans := autoSpans[f.op]
 		for _, sp := range spans {
-			if sp == ResolvedUnknown.String()+"/"+UnknownNotReplicated {
+			if sp == reconcile.Unknown.String()+"/"+reconcile.ReasonNotReplicated {
 				notReplicated++
 			}
 		}
 		switch r.Reason() {
-		case UnknownQueueFull, UnknownStopped:
+		case reconcile.ReasonQueueFull, reconcile.ReasonStopped:
 			// Settled without a final attempt: every span it has is a retried one.
 		default:
 			if len(spans) == 0 || spans[len(spans)-1] != key {
@@ -1333,7 +1340,7 @@ func (s *soak) check(ctx context.Context, workload, total time.Duration) {
 
 	// Reconciliation: every indeterminate Run result, and every reference on any frame
 	// span, resolved against the table.
-	rec, err := NewReconciler(s.admin, WithTracerProvider(s.tp), WithReconcileWait(5*time.Second, 10*time.Millisecond))
+	rec, err := reconcile.New(s.admin, reconcile.WithTracerProvider(s.tp), reconcile.WithWait(5*time.Second, 10*time.Millisecond))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -1346,7 +1353,7 @@ func (s *soak) check(ctx context.Context, workload, total time.Duration) {
 			continue
 		}
 		indetResults[op.mode()]++
-		got, err := Reconcile(ctx, rec, ind)
+		got, err := reconcile.Indeterminate(ctx, rec, ind)
 		if err != nil {
 			fail(op.id, "Reconcile: %v", err)
 			continue
@@ -1354,7 +1361,7 @@ func (s *soak) check(ctx context.Context, workload, total time.Duration) {
 		row, present := rows[op.id]
 		here := present && row == ind.OperationID().String()
 		reconciled[op.mode()+": "+soakResolutionLabel(got)]++
-		if got.Resolved() != ResolvedUnknown {
+		if got.Status() != reconcile.Unknown {
 			settled[op.mode()]++
 		}
 		if msg := soakResolutionContradicts(got, here); msg != "" {
@@ -1387,16 +1394,16 @@ func (s *soak) check(ctx context.Context, workload, total time.Duration) {
 		if f.outcome == "indeterminate" && !op.run {
 			// Plain pgx has no Result: its indeterminate frames are what Reconcile settles.
 			reconciled[op.mode()+": "+soakResolutionLabel(got)]++
-			if got.Resolved() != ResolvedUnknown {
+			if got.Status() != reconcile.Unknown {
 				settled[op.mode()]++
 			}
 		}
 		if msg := soakResolutionContradicts(got, here); msg != "" {
 			fail(op.id, "Resolve of the reference %s of a %s frame %s: %s [%s]", ref, f.outcome, f.op, msg, op.describe())
 		}
-		if f.outcome == "committed" && got.Resolved() == ResolvedAborted && !(!here && s.lostInFailover(f)) ||
-			f.outcome == "rolled_back" && got.Resolved() == ResolvedCommitted {
-			fail(op.id, "the reconciler says %s of a frame the tracer saw %s", got.Resolved(), f.outcome)
+		if f.outcome == "committed" && got.Status() == reconcile.Aborted && !(!here && s.lostInFailover(f)) ||
+			f.outcome == "rolled_back" && got.Status() == reconcile.Committed {
+			fail(op.id, "the reconciler says %s of a frame the tracer saw %s", got.Status(), f.outcome)
 		}
 	}
 
@@ -1453,7 +1460,7 @@ func (s *soak) check(ctx context.Context, workload, total time.Duration) {
 	for _, k := range slices.Sorted(maps.Keys(autoByMode)) {
 		fmt.Fprintf(tw, "  %s\t%d\t\n", k, autoByMode[k])
 	}
-	fmt.Fprintf(tw, "  attempts unknown %s (retried)\t%d\t\n", UnknownNotReplicated, notReplicated)
+	fmt.Fprintf(tw, "  attempts unknown %s (retried)\t%d\t\n", reconcile.ReasonNotReplicated, notReplicated)
 	tw.Flush()
 	fmt.Fprintln(&b, "\nReconcile on indeterminate Run results, and on the references of indeterminate plain pgx frames:")
 	for _, k := range slices.Sorted(maps.Keys(reconciled)) {
@@ -1514,25 +1521,25 @@ func soakPrintByPath(tw *tabwriter.Writer, counts map[soakPathKey]int) {
 	fmt.Fprintf(tw, "  total\t%d\t%d\t%d\t\n", tp, tr, tp+tr)
 }
 
-func soakResolutionLabel(r Resolution) string {
-	if r.Resolved() == ResolvedUnknown {
+func soakResolutionLabel(r reconcile.Answer) string {
+	if r.Status() == reconcile.Unknown {
 		return "unknown: " + r.Reason()
 	}
-	return r.Resolved().String()
+	return r.Status().String()
 }
 
 // soakResolutionContradicts says how a resolution contradicts the table, or "".
-func soakResolutionContradicts(r Resolution, present bool) string {
-	switch r.Resolved() {
-	case ResolvedCommitted:
+func soakResolutionContradicts(r reconcile.Answer, present bool) string {
+	switch r.Status() {
+	case reconcile.Committed:
 		if !present {
 			return "resolved committed; the row is absent"
 		}
-	case ResolvedAborted, ResolvedNoWrites:
+	case reconcile.Aborted, reconcile.NoWrites:
 		if present {
-			return "resolved " + r.Resolved().String() + "; the row is present"
+			return "resolved " + r.Status().String() + "; the row is present"
 		}
-	case ResolvedUnknown:
+	case reconcile.Unknown:
 		if r.Reason() == "" {
 			return "unresolved without a reason"
 		}
@@ -1739,24 +1746,24 @@ func TestReconcileXIDReusedAfterCrash(t *testing.T) {
 	if err := tx.Commit(ctx); err != nil {
 		t.Fatal(err)
 	}
-	rec, err := NewReconciler(h.pool)
+	rec, err := reconcile.New(h.pool)
 	if err != nil {
 		t.Fatal(err)
 	}
-	got, err := Reconcile(ctx, rec, ind)
+	got, err := reconcile.Indeterminate(ctx, rec, ind)
 	if err != nil {
 		t.Fatal(err)
 	}
 	present := rowExists(t, ctx, "xr_held", 1)
 	t.Logf("captured %s; the first transaction after the restart got xid %d; Reconcile: %s %q; row present: %v",
-		ref, next, got.Resolved(), got.Reason(), present)
+		ref, next, got.Status(), got.Reason(), present)
 	if msg := soakResolutionContradicts(got, present); msg != "" {
 		t.Fatalf("Reconcile contradicts the database: %s (xid %d was reused by a transaction after the crash restart)", msg, ref.XID)
 	}
 	// The end-of-recovery checkpoint's next xid is the boundary: the xid is at or above
 	// it (reused) or below it with its own "aborted" (its insert reached the WAL).
-	if got.Resolved() != ResolvedAborted {
-		t.Fatalf("Reconcile = %s %q, want aborted", got.Resolved(), got.Reason())
+	if got.Status() != reconcile.Aborted {
+		t.Fatalf("Reconcile = %s %q, want aborted", got.Status(), got.Reason())
 	}
 }
 
@@ -1805,13 +1812,13 @@ func TestReconcileAfterCrashRestart(t *testing.T) {
 	if err := srv.Restart(ctx); err != nil {
 		t.Fatal(err)
 	}
-	rec, err := NewReconciler(h.pool, WithReconcileWait(0, time.Millisecond))
+	rec, err := reconcile.New(h.pool, reconcile.WithWait(0, time.Millisecond))
 	if err != nil {
 		t.Fatal(err)
 	}
 	checkResolutions(t, ctx, rec, []resolveCase{
-		{"assigned, never logged", unlogged, ResolvedAborted, ""},
-		{"committed before the crash", durable, ResolvedUnknown, UnknownServerRestarted},
+		{"assigned, never logged", unlogged, reconcile.Aborted, ""},
+		{"committed before the crash", durable, reconcile.Unknown, reconcile.ReasonServerRestarted},
 	})
 	if !rowExists(t, ctx, table, 1) {
 		t.Error("the committed row is gone after the crash restart")

@@ -4,6 +4,8 @@ import (
 	"strings"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/txevidence/otelpgxtx/internal/sqltext"
 )
 
 // stmtKind is what a statement does to the session's transaction.
@@ -55,12 +57,12 @@ func classifyStatements(sql string) stmtSet {
 	set := stmtSet(1)<<kind | setSingle | writes(kind, sql)
 	// The common case is a single statement: one IndexByte, no allocation.
 	for strings.IndexByte(rest, ';') >= 0 {
-		end := statementEnd(rest)
+		end := sqltext.StatementEnd(rest)
 		if end >= len(rest) {
 			break
 		}
 		rest = rest[end+1:]
-		if skipSpace(rest) == "" {
+		if sqltext.SkipSpace(rest) == "" {
 			break // a trailing semicolon
 		}
 		stmt := rest
@@ -79,13 +81,13 @@ func writes(k stmtKind, sql string) stmtSet {
 	if k != stmtOther {
 		return 0
 	}
-	w, _ := nextWord(sql)
+	w, _ := sqltext.NextWord(sql)
 	for _, r := range readOnlyWords {
 		if eq(w, r) {
 			return 0
 		}
 	}
-	if w == "" && skipSpace(sql) == "" {
+	if w == "" && sqltext.SkipSpace(sql) == "" {
 		return 0 // an empty statement
 	}
 	return setWrites
@@ -123,30 +125,30 @@ func (s stmtSet) transactional() stmtSet {
 // classifyOne classifies the statement at the start of sql and returns the text after
 // its leading keywords.
 func classifyOne(sql string) (stmtKind, string) {
-	w1, rest := nextWord(sql)
+	w1, rest := sqltext.NextWord(sql)
 	switch {
 	case eq(w1, "begin"):
 		return stmtBegin, rest
 	case eq(w1, "start"):
-		if w2, r := nextWord(rest); eq(w2, "transaction") {
+		if w2, r := sqltext.NextWord(rest); eq(w2, "transaction") {
 			return stmtBegin, r
 		}
 	case eq(w1, "commit"), eq(w1, "end"):
-		w2, r := nextWord(rest)
+		w2, r := sqltext.NextWord(rest)
 		if eq(w2, "prepared") {
 			return stmtOther, rest // COMMIT PREPARED runs outside a transaction
 		}
 		if eq(w2, "work") || eq(w2, "transaction") {
-			w2, r = nextWord(r)
+			w2, r = sqltext.NextWord(r)
 		}
 		return endKind(w2, r, stmtCommit, stmtCommitChain)
 	case eq(w1, "rollback"), eq(w1, "abort"):
-		w2, r := nextWord(rest)
+		w2, r := sqltext.NextWord(rest)
 		if eq(w2, "prepared") && eq(w1, "rollback") {
 			return stmtOther, rest
 		}
 		if eq(w2, "work") || eq(w2, "transaction") {
-			w2, r = nextWord(r)
+			w2, r = sqltext.NextWord(r)
 		}
 		if eq(w2, "to") && eq(w1, "rollback") {
 			return stmtRollbackTo, r
@@ -165,7 +167,7 @@ func endKind(w, rest string, plain, chain stmtKind) (stmtKind, string) {
 	if !eq(w, "and") {
 		return plain, rest
 	}
-	w2, r := nextWord(rest)
+	w2, r := sqltext.NextWord(rest)
 	if eq(w2, "chain") {
 		return chain, r
 	}
@@ -177,144 +179,23 @@ func eq(word, keyword string) bool {
 	return len(word) == len(keyword) && strings.EqualFold(word, keyword)
 }
 
-// nextWord skips white space and comments and returns the keyword-like word at the
-// start of s (letters and underscores) and what follows it.
-func nextWord(s string) (string, string) {
-	s = skipSpace(s)
-	i := 0
-	for i < len(s) && (isLetter(s[i]) || s[i] == '_') {
-		i++
-	}
-	return s[:i], s[i:]
-}
-
-func isLetter(c byte) bool { return c|0x20 >= 'a' && c|0x20 <= 'z' }
-
-// skipSpace returns s after its leading white space and comments.
-func skipSpace(s string) string {
-	for len(s) > 0 {
-		switch c := s[0]; {
-		case c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\f' || c == '\v':
-			s = s[1:]
-		case strings.HasPrefix(s, "--"):
-			i := strings.IndexByte(s, '\n')
-			if i < 0 {
-				return ""
-			}
-			s = s[i+1:]
-		case strings.HasPrefix(s, "/*"):
-			s = s[blockCommentEnd(s):]
-		default:
-			return s
-		}
-	}
-	return s
-}
-
-// blockCommentEnd returns the index just after the (nestable) block comment at s[0].
-func blockCommentEnd(s string) int {
-	depth := 0
-	for i := 0; i+1 < len(s); i++ {
-		switch {
-		case s[i] == '/' && s[i+1] == '*':
-			depth++
-			i++
-		case s[i] == '*' && s[i+1] == '/':
-			depth--
-			i++
-			if depth == 0 {
-				return i + 1
-			}
-		}
-	}
-	return len(s)
-}
-
-// statementEnd returns the index of the first semicolon in s that ends a statement, or
-// len(s).
-func statementEnd(s string) int {
-	for i := 0; i < len(s); i++ {
-		switch c := s[i]; c {
-		case ';':
-			return i
-		case '\'':
-			escapes := i > 0 && (s[i-1] == 'e' || s[i-1] == 'E')
-			i = quoteEnd(s, i, '\'', escapes)
-		case '"':
-			i = quoteEnd(s, i, '"', false)
-		case '-':
-			if i+1 < len(s) && s[i+1] == '-' {
-				j := strings.IndexByte(s[i:], '\n')
-				if j < 0 {
-					return len(s)
-				}
-				i += j
-			}
-		case '/':
-			if i+1 < len(s) && s[i+1] == '*' {
-				i += blockCommentEnd(s[i:]) - 1
-			}
-		case '$':
-			i = dollarQuoteEnd(s, i)
-		}
-	}
-	return len(s)
-}
-
-// quoteEnd returns the index of the quote that closes the one at s[i]; a doubled quote
-// is part of the text, and so is a backslash-escaped one in an E” string.
-func quoteEnd(s string, i int, q byte, escapes bool) int {
-	for j := i + 1; j < len(s); j++ {
-		switch {
-		case escapes && s[j] == '\\':
-			j++
-		case s[j] == q:
-			if j+1 < len(s) && s[j+1] == q {
-				j++
-				continue
-			}
-			return j
-		}
-	}
-	return len(s)
-}
-
-// dollarQuoteEnd returns the index of the last byte of the dollar-quoted string that
-// starts at s[i] ($tag$…$tag$, the tag's letters non-ASCII too, as PostgreSQL allows),
-// or i when s[i] starts no dollar quote (a $1 parameter).
-func dollarQuoteEnd(s string, i int) int {
-	j := i + 1
-	for j < len(s) && (isLetter(s[j]) || s[j] == '_' || s[j] >= 0x80 || (j > i+1 && s[j] >= '0' && s[j] <= '9')) {
-		j++
-	}
-	if j >= len(s) || s[j] != '$' {
-		return i
-	}
-	tag := s[i : j+1]
-	k := strings.Index(s[j+1:], tag)
-	if k < 0 {
-		return len(s)
-	}
-	return j + 1 + k + len(tag) - 1
-}
-
 // beginOptions reads the isolation level and access mode from the text after BEGIN or
 // START TRANSACTION. It returns pgx's spellings ("repeatable read", "read only"), or ""
 // where the statement does not say.
 func beginOptions(rest string) (isolation, accessMode string) {
 	for {
-		w, r := nextWord(rest)
+		w, r := sqltext.NextWord(rest)
 		switch {
 		case w == "":
-			r = skipSpace(r)
+			r = sqltext.SkipSpace(r)
 			if r == "" || r[0] != ',' {
 				return isolation, accessMode
 			}
 			r = r[1:]
 		case eq(w, "isolation"):
-			_, r = nextWord(r) // LEVEL
-			a, r2 := nextWord(r)
-			b, r3 := nextWord(r2)
+			_, r = sqltext.NextWord(r) // LEVEL
+			a, r2 := sqltext.NextWord(r)
+			b, r3 := sqltext.NextWord(r2)
 			switch {
 			case eq(a, "serializable"):
 				isolation, r = "serializable", r2
@@ -326,7 +207,7 @@ func beginOptions(rest string) (isolation, accessMode string) {
 				isolation, r = "read uncommitted", r3
 			}
 		case eq(w, "read"):
-			b, r2 := nextWord(r)
+			b, r2 := sqltext.NextWord(r)
 			switch {
 			case eq(b, "only"):
 				accessMode, r = "read only", r2
@@ -346,11 +227,11 @@ func beginOptions(rest string) (isolation, accessMode string) {
 func savepointName(sql string) string {
 	kind, rest := classifyOne(sql)
 	if kind == stmtRelease || kind == stmtRollbackTo {
-		if w, r := nextWord(rest); eq(w, "savepoint") {
+		if w, r := sqltext.NextWord(rest); eq(w, "savepoint") {
 			rest = r
 		}
 	}
-	rest = skipSpace(rest)
+	rest = sqltext.SkipSpace(rest)
 	i := 0
 	for i < len(rest) && rest[i] != ';' && rest[i] != ' ' && rest[i] != '\n' && rest[i] != '\t' {
 		i++

@@ -105,10 +105,7 @@ func newTracer(opts []Option) (*Tracer, error) {
 	}
 	t.setInner(inner)
 	if cfg.err == nil && cfg.auto != nil {
-		var err error
-		if t.auto, err = newAutoReconciler(t, cfg.auto); err != nil {
-			return t, err
-		}
+		t.auto = newAutoReconciler(t, cfg.auto)
 	}
 	return t, cfg.err
 }

@@ -50,8 +50,9 @@ import (
 	"github.com/jackc/pgx/v5"
 	"go.opentelemetry.io/otel/trace"
 
-	"github.com/txevidence/otelpgxtx"
+	"github.com/txevidence/otelpgxtx/internal/schema"
 	"github.com/txevidence/otelpgxtx/outcome"
+	"github.com/txevidence/otelpgxtx/reconcile"
 )
 
 // Exit statuses.
@@ -115,7 +116,7 @@ func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 		fmt.Fprintln(stderr, "otelpgxtx reconcile: nothing to reconcile")
 		return exitBad
 	}
-	return reconcile(ctx, items, *dsn, *wait, markerTable, stdout, stderr)
+	return settle(ctx, items, *dsn, *wait, markerTable, stdout, stderr)
 }
 
 // readItems parses the arguments, or standard input when there are none, and returns
@@ -153,29 +154,29 @@ func readItems(args []string, stdin io.Reader) (items []item, bad []string) {
 	return items, bad
 }
 
-// reconcile asks the database at dsn about each item, prints one line for each, and
+// settle asks the database at dsn about each item, prints one line for each, and
 // returns the exit status.
-func reconcile(ctx context.Context, items []item, dsn string, wait time.Duration, markerTable pgx.Identifier, stdout, stderr io.Writer) int {
+func settle(ctx context.Context, items []item, dsn string, wait time.Duration, markerTable pgx.Identifier, stdout, stderr io.Writer) int {
 	conn, err := pgx.Connect(ctx, dsn)
 	if err != nil {
 		fmt.Fprintln(stderr, "otelpgxtx reconcile: connecting to the database:", redact(err.Error(), dsn))
 		return exitBad
 	}
 	defer conn.Close(context.WithoutCancel(ctx))
-	rec, err := otelpgxtx.NewReconciler(conn, otelpgxtx.WithReconcileWait(wait, 50*time.Millisecond))
+	rec, err := reconcile.New(conn, reconcile.WithWait(wait, 50*time.Millisecond))
 	if err != nil {
 		fmt.Fprintln(stderr, "otelpgxtx reconcile:", err)
 		return exitBad
 	}
 	code := exitSettled
 	for _, it := range items {
-		res := otelpgxtx.Resolution{}
+		res := reconcile.Answer{}
 		switch {
 		case it.hasRef:
 			res, err = rec.Resolve(ctx, it.ref, it.link)
 		case markerTable != nil && it.argument && !it.record:
 			// The operator asserted that this operation wrote a marker (see -assert-marker).
-			res, err = rec.ResolveMarker(ctx, markerTable, it.op, it.link)
+			res, err = rec.ResolveAssertedMarker(ctx, markerTable, it.op, it.link)
 			it.byMarker = true
 		}
 		if err != nil {
@@ -183,7 +184,7 @@ func reconcile(ctx context.Context, items []item, dsn string, wait time.Duration
 			return exitBad
 		}
 		fmt.Fprintln(stdout, it.line(res))
-		if res.Resolved() == otelpgxtx.ResolvedUnknown {
+		if res.Status() == reconcile.Unknown {
 			code = exitUnknown
 		}
 	}
@@ -204,7 +205,7 @@ type item struct {
 
 // line formats the answer for it, in one format whatever the input: "-" stands for what
 // the input did not give.
-func (it item) line(res otelpgxtx.Resolution) string {
+func (it item) line(res reconcile.Answer) string {
 	ref, op := "-", "-"
 	if it.hasRef {
 		ref = it.ref.String()
@@ -216,10 +217,10 @@ func (it item) line(res otelpgxtx.Resolution) string {
 		op = it.ref.Operation.String()
 	}
 	var b strings.Builder
-	b.WriteString("ref=" + ref + " operation=" + op + " resolved=" + res.Resolved().String())
+	b.WriteString("ref=" + ref + " operation=" + op + " resolved=" + res.Status().String())
 	switch {
 	case !it.hasRef && !it.byMarker:
-		b.WriteString(" reason=" + otelpgxtx.UnknownNoReference)
+		b.WriteString(" reason=" + reconcile.ReasonNoReference)
 	case res.Reason() != "":
 		b.WriteString(" reason=" + res.Reason())
 	}
@@ -251,9 +252,9 @@ func parseRecord(text string) (item, error) {
 	}
 	str := func(k string) string { s, _ := rec[k].(string); return s }
 	it := item{record: true}
-	ref, op := str(string(otelpgxtx.ReconciliationRefKey)), str(string(otelpgxtx.OperationIDKey))
+	ref, op := str(string(schema.ReconciliationRefKey)), str(string(schema.OperationIDKey))
 	if ref == "" && op == "" {
-		return item{}, fmt.Errorf("the JSON record has neither %s nor %s", otelpgxtx.ReconciliationRefKey, otelpgxtx.OperationIDKey)
+		return item{}, fmt.Errorf("the JSON record has neither %s nor %s", schema.ReconciliationRefKey, schema.OperationIDKey)
 	}
 	if ref != "" {
 		r, err := outcome.ParseReconciliationRef(ref)
@@ -265,7 +266,7 @@ func parseRecord(text string) (item, error) {
 	if op != "" {
 		id, err := outcome.ParseOperationID(op)
 		if err != nil {
-			return item{}, fmt.Errorf("%s: %w", otelpgxtx.OperationIDKey, err)
+			return item{}, fmt.Errorf("%s: %w", schema.OperationIDKey, err)
 		}
 		it.op = id
 	}

@@ -18,6 +18,7 @@ import (
 	"github.com/txevidence/otelpgxtx"
 	"github.com/txevidence/otelpgxtx/outcome"
 	"github.com/txevidence/otelpgxtx/pgtest"
+	"github.com/txevidence/otelpgxtx/reconcile"
 )
 
 var srv *pgtest.Server
@@ -255,7 +256,7 @@ func TestReconcileByMarker(t *testing.T) {
 // cliMarkerPool creates public.cli_marker, empty, and returns an instrumented pool.
 func cliMarkerPool(t *testing.T, ctx context.Context, opts ...otelpgxtx.Option) *pgxpool.Pool {
 	t.Helper()
-	ddl, err := otelpgxtx.MarkerTableDDL(pgx.Identifier{"public", "cli_marker"})
+	ddl, err := reconcile.MarkerTableDDL(pgx.Identifier{"public", "cli_marker"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -353,7 +354,7 @@ func TestSettleAfterRestart(t *testing.T) {
 	pgtest.LeakCheck(t)
 	ctx := testCtx(t)
 	marker := pgx.Identifier{"public", "cli_restart_marker"}
-	ddl, err := otelpgxtx.MarkerTableDDL(marker)
+	ddl, err := reconcile.MarkerTableDDL(marker)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -377,8 +378,12 @@ func TestSettleAfterRestart(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	rec, err := reconcile.New(down)
+	if err != nil {
+		t.Fatal(err)
+	}
 	tracer, err := otelpgxtx.InstrumentPool(cfg, otelpgxtx.WithLogger(slog.New(slog.NewJSONHandler(&logs, nil))),
-		otelpgxtx.WithAutoReconcile(down, otelpgxtx.WithQueue(1, 1), otelpgxtx.WithRetryBackoff(time.Millisecond, 20*time.Millisecond),
+		otelpgxtx.WithAutoReconcile(rec, otelpgxtx.WithQueue(1, 1), otelpgxtx.WithRetryBackoff(time.Millisecond, 20*time.Millisecond),
 			otelpgxtx.WithOnReconciled(func(r otelpgxtx.Reconciliation) { got <- r })))
 	if err != nil {
 		t.Fatal(err)
@@ -403,14 +408,14 @@ func TestSettleAfterRestart(t *testing.T) {
 		ids = append(ids, res.OperationID())
 	}
 	// The second found the queue full.
-	if r := <-got; r.OperationID != ids[1] || r.Resolution.Reason() != otelpgxtx.UnknownQueueFull {
+	if r := <-got; r.OperationID != ids[1] || r.Answer.Reason() != reconcile.ReasonQueueFull {
 		t.Fatalf("first reconciliation %+v, want %s dropped (queue_full)", r, ids[1])
 	}
 	// The application stops; the first is still pending.
 	if err := tracer.Close(ctx); err != nil {
 		t.Fatal(err)
 	}
-	if r := <-got; r.OperationID != ids[0] || r.Resolution.Reason() != otelpgxtx.UnknownStopped {
+	if r := <-got; r.OperationID != ids[0] || r.Answer.Reason() != reconcile.ReasonStopped {
 		t.Fatalf("reconciliation at Close %+v, want %s stopped", r, ids[0])
 	}
 	select {

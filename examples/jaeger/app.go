@@ -20,6 +20,7 @@ import (
 	"github.com/txevidence/otelpgxtx"
 	"github.com/txevidence/otelpgxtx/outcome"
 	"github.com/txevidence/otelpgxtx/pgtest"
+	"github.com/txevidence/otelpgxtx/reconcile"
 )
 
 // app is one demo process: a database, an instrumented pool on it, and the telemetry.
@@ -100,12 +101,16 @@ func newApp(ctx context.Context, cfg config, out, errOut io.Writer) (a *app, err
 	pcfg.MaxConns = 4 // two writers at once, an outer and a RequiresNew inner transaction
 	// Indeterminate commits are reconciled in the background on the admin pool (a pool of
 	// its own: reconciliation never waits behind the application for a connection).
+	rec, err := reconcile.New(a.admin, reconcile.WithTracerProvider(a.tel.tp))
+	if err != nil {
+		return a, err
+	}
 	opts := []otelpgxtx.Option{
 		otelpgxtx.WithTracerProvider(a.tel.tp),
 		otelpgxtx.WithMeterProvider(a.tel.mp),
 		otelpgxtx.WithLogger(a.logger),
 		otelpgxtx.WithOtelpgxOptions(otelpgx.WithDisableAcquireTracer()),
-		otelpgxtx.WithAutoReconcile(a.admin, otelpgxtx.WithOnReconciled(a.reconciled.deliver)),
+		otelpgxtx.WithAutoReconcile(rec, otelpgxtx.WithOnReconciled(a.reconciled.deliver)),
 	}
 	if cfg.spans == spansStatements {
 		opts = append(opts, otelpgxtx.WithInnerSpans(otelpgxtx.InnerSpanTransactionControl, otelpgxtx.InnerSpanPrepare))

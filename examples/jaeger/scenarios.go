@@ -18,6 +18,7 @@ import (
 
 	"github.com/txevidence/otelpgxtx"
 	"github.com/txevidence/otelpgxtx/outcome"
+	"github.com/txevidence/otelpgxtx/reconcile"
 )
 
 // scenario is one trace of the demo: a piece of application code that ends, for real,
@@ -320,10 +321,10 @@ func runIndeterminate(ctx context.Context, a *app, s *scenarioRun) error {
 	if err != nil {
 		return err
 	}
-	got := rec.Resolution
-	s.note("reconciled=" + got.Resolved().String())
-	if got.Resolved() != otelpgxtx.ResolvedCommitted {
-		return fmt.Errorf("reconciled %s (%s), want committed", got.Resolved(), got.Reason())
+	got := rec.Answer
+	s.note("reconciled=" + got.Status().String())
+	if got.Status() != reconcile.Committed {
+		return fmt.Errorf("reconciled %s (%s), want committed", got.Status(), got.Reason())
 	}
 	// Ground truth: the row is there.
 	return a.wantRows(ctx, map[int]bool{13: true})

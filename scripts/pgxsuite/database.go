@@ -11,8 +11,8 @@ import (
 	"path/filepath"
 	"sort"
 
-	"github.com/txevidence/otelpgxtx"
 	"github.com/txevidence/otelpgxtx/pgtest"
+	"github.com/txevidence/otelpgxtx/reconcile"
 	"github.com/txevidence/otelpgxtx/scripts/pgxsuite/probe"
 )
 
@@ -74,7 +74,7 @@ func (db *database) setup(ctx context.Context, pgxDir string) error {
 		return fmt.Errorf("pgxsuite: %s -f %s: %w\n%s", psql, script, err, out.Bytes())
 	}
 	// The marker mode's commit-marker table, which pgx's tests' roles may write to.
-	ddl, err := otelpgxtx.MarkerTableDDL(probe.MarkerTable)
+	ddl, err := reconcile.MarkerTableDDL(probe.MarkerTable)
 	if err != nil {
 		return err
 	}

@@ -1,4 +1,4 @@
-package otelpgxtx
+package reconcile
 
 import (
 	"context"
@@ -9,14 +9,9 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
-)
 
-// UnknownNotReplicated: the server's commit log says committed, but synchronous
-// replication is configured and the synchronous standbys did not confirm the commit
-// record within the wait. Its synchronous-replication wait was ended early (a
-// cancelled or terminated backend, a client deadline), so it is committed locally only,
-// and a failover to a standby that lacks it would lose it. Ask again later.
-const UnknownNotReplicated = "not_replicated"
+	"github.com/txevidence/otelpgxtx/internal/pg"
+)
 
 // incarnation is what names one run of one server's history: a reference's xid means
 // the same transaction only on the same timeline and the same server start.
@@ -26,7 +21,7 @@ type incarnation struct {
 }
 
 // incarnationSQL reads the incarnation: the timeline written on, and the server start.
-const incarnationSQL = "coalesce(" + timelineSQL + ", '0'), " + serverStartSQL
+const incarnationSQL = "coalesce(" + pg.TimelineSQL + ", '0'), " + pg.ServerStartSQL
 
 // syncStandbysSQL reads whether synchronous replication is configured: only then can a
 // commit be local to the primary, and a committed answer need the barrier.

@@ -1,4 +1,4 @@
-package otelpgxtx
+package reconcile
 
 import (
 	"context"
@@ -11,12 +11,13 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/txevidence/otelpgxtx/internal/pg"
 	"github.com/txevidence/otelpgxtx/outcome"
 )
 
 // MarkerTableDDL returns the statement that creates a commit-marker table named table
 // (its parts are quoted as identifiers: pgx.Identifier{"app", "tx_marker"}). With
-// [Policy].CommitMarker set, [Run] inserts the operation id into it in the same write as
+// otelpgxtx.Policy.CommitMarker set, otelpgxtx.Run inserts the operation id into it in the same write as
 // COMMIT; fenced rows are the reconciler's (see [Reconciler.Resolve]). Run's role needs
 // INSERT on it, the reconciler's INSERT and SELECT, [PruneMarkers]' DELETE.
 func MarkerTableDDL(table pgx.Identifier) (string, error) {
@@ -41,7 +42,7 @@ func PruneMarkers(ctx context.Context, db interface {
 	if err != nil {
 		return 0, invalid("PruneMarkers: %v", err)
 	}
-	if db == nil || isNilHandle(db) || retention <= 0 {
+	if db == nil || pg.IsNilHandle(db) || retention <= 0 {
 		return 0, invalid("PruneMarkers: nil db or non-positive retention")
 	}
 	tag, err := db.Exec(ctx, "delete from "+name+" where created_at < now() - $1::bigint * interval '1 microsecond'",
@@ -49,47 +50,35 @@ func PruneMarkers(ctx context.Context, db interface {
 	return tag.RowsAffected(), err
 }
 
-// markerSQL is the marker insert of id into the quoted table name, returning the xid,
-// which the insert has just assigned. The id is inlined: 32 hex digits, nothing to quote.
-func markerSQL(table string, id outcome.OperationID) string {
-	return "insert into " + table + " (operation_id) values ('" + id.String() + "') returning " + captureXIDExpr
-}
-
-// ResolveMarker settles an operation by its row in the commit-marker table alone, without
+// ResolveAssertedMarker settles an operation by its row in the commit-marker table alone, without
 // a reference: for an operator who has only the tx.operation_id of an operation that was
-// committed with a marker ([Run] with [Policy].CommitMarker set to table), its reference
+// committed with a marker (otelpgxtx.Run with otelpgxtx.Policy.CommitMarker set to table), its reference
 // lost. link, if valid, is the span that observed it.
 //
 // Calling it asserts that the operation's COMMIT was sent with a marker insert into
 // table: the answer aborted rests on that, for it means that no marker row with the id
 // committed (a fence now stops one from ever committing). Only the operation's reference
-// proves that a marker was written; a frame without one (a plain pgx transaction, [Run]
-// without a marker) stays unknown with [UnknownNoReference] — never give its id here, or
+// proves that a marker was written; a frame without one (a plain pgx transaction, otelpgxtx.Run
+// without a marker) stays unknown with [ReasonNoReference] — never give its id here, or
 // a commit that wrote no marker would be answered aborted, and redone. [Reconciler.Resolve]
 // of a reference that names a marker is the way to settle one.
-func (r *Reconciler) ResolveMarker(ctx context.Context, table pgx.Identifier, op outcome.OperationID, link trace.SpanContext) (Resolution, error) {
+func (r *Reconciler) ResolveAssertedMarker(ctx context.Context, table pgx.Identifier, op outcome.OperationID, link trace.SpanContext) (Answer, error) {
 	name, err := outcome.QuoteMarkerTable(table...)
 	if err != nil {
-		return Resolution{}, invalid("ResolveMarker: %v", err)
+		return Answer{}, invalid("ResolveAssertedMarker: %v", err)
 	}
 	if op.IsZero() {
-		return Resolution{}, invalid("ResolveMarker: zero operation id")
+		return Answer{}, invalid("ResolveAssertedMarker: zero operation id")
 	}
-	return r.trace(ctx, link, op, outcome.ReconciliationRef{}, func(ctx context.Context) (Resolution, error) {
-		var res Resolution
-		res.resolved, res.reason, err = r.resolveMarker(ctx, name, op, 0)
+	return r.trace(ctx, link, op, outcome.ReconciliationRef{}, func(ctx context.Context) (Answer, error) {
+		var res Answer
+		res.status, res.reason, err = r.resolveMarker(ctx, name, op, 0)
 		if err != nil {
-			err = fmt.Errorf("otelpgxtx: reconciling operation %s by its marker: %w", op, err)
+			err = fmt.Errorf("reconcile: reconciling operation %s by its marker: %w", op, err)
 		}
 		return res, err
 	})
 }
-
-// Reasons a marker reconciliation stays unknown.
-const (
-	// UnknownMarkerGone: the marker row was pruned between the fence and the lookup.
-	UnknownMarkerGone = "marker_gone"
-)
 
 // beginner is what marker reconciliation needs of the reconciler's db.
 type beginner interface {
@@ -110,19 +99,19 @@ type beginner interface {
 // sys, when not 0, is the system identifier of the cluster the marker was written to: a
 // marker table of another cluster (a copy restored from a logical dump, a staging
 // database) proves nothing about this one, and a fence there would answer aborted for a
-// commit that stands where it was made, so it is not fenced ([UnknownOtherSystem]).
-func (r *Reconciler) resolveMarker(ctx context.Context, table string, op outcome.OperationID, sys uint64) (Resolved, string, error) {
+// commit that stands where it was made, so it is not fenced ([ReasonOtherSystem]).
+func (r *Reconciler) resolveMarker(ctx context.Context, table string, op outcome.OperationID, sys uint64) (Status, string, error) {
 	deadline := time.Now().Add(r.wait)
 	res, reason, seen, err := r.lookupMarker(ctx, table, op, sys)
-	if err != nil || res != ResolvedCommitted || !seen.syncStandbys {
+	if err != nil || res != Committed || !seen.syncStandbys {
 		return res, reason, err
 	}
 	// After the lookup's transaction ended: on a *pgx.Conn the barrier must not run in it.
 	ok, err := r.replicated(ctx, seen.incarnation, deadline)
 	if err != nil || !ok {
-		return ResolvedUnknown, UnknownNotReplicated, err
+		return Unknown, ReasonNotReplicated, err
 	}
-	return ResolvedCommitted, "", nil
+	return Committed, "", nil
 }
 
 // markerView is what the marker lookup saw of the server.
@@ -132,14 +121,14 @@ type markerView struct {
 }
 
 // lookupMarker fences or finds the marker row (see resolveMarker).
-func (r *Reconciler) lookupMarker(ctx context.Context, table string, op outcome.OperationID, sys uint64) (res Resolved, reason string, seen markerView, err error) {
+func (r *Reconciler) lookupMarker(ctx context.Context, table string, op outcome.OperationID, sys uint64) (res Status, reason string, seen markerView, err error) {
 	b, ok := r.db.(beginner)
 	if !ok {
-		return ResolvedUnknown, "", seen, invalid("reconciling a marker needs a db that can Begin (a *pgxpool.Pool or *pgx.Conn), not %T", r.db)
+		return Unknown, "", seen, invalid("reconciling a marker needs a db that can Begin (a *pgxpool.Pool or *pgx.Conn), not %T", r.db)
 	}
 	tx, err := b.Begin(ctx)
 	if err != nil {
-		return ResolvedUnknown, "", seen, err
+		return Unknown, "", seen, err
 	}
 	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
 	// lock_timeout 0 would wait forever. The fence commits locally, without waiting for
@@ -151,13 +140,13 @@ func (r *Reconciler) lookupMarker(ctx context.Context, table string, op outcome.
 	if err := tx.QueryRow(ctx, "select set_config('lock_timeout', $1, true), set_config('synchronous_commit', 'local', true), "+incarnationSQL+", "+syncStandbysSQL+
 		", case when $2 then (select system_identifier::text from pg_control_system()) else '' end",
 		strconv.FormatInt(wait.Milliseconds()+1, 10), sys != 0).Scan(&lockTimeout, &syncCommit, &tli, &start, &seen.syncStandbys, &sysText); err != nil {
-		return ResolvedUnknown, "", seen, err
+		return Unknown, "", seen, err
 	}
 	if seen.incarnation, err = parseIncarnation(tli, start); err != nil {
-		return ResolvedUnknown, "", seen, err
+		return Unknown, "", seen, err
 	}
 	if sys != 0 && sysText != strconv.FormatUint(sys, 10) {
-		return ResolvedUnknown, UnknownOtherSystem, seen, nil
+		return Unknown, ReasonOtherSystem, seen, nil
 	}
 	id := op.String()
 	var fenced bool
@@ -166,25 +155,25 @@ func (r *Reconciler) lookupMarker(ctx context.Context, table string, op outcome.
 	switch {
 	case err == nil:
 		if err := tx.Commit(ctx); err != nil {
-			return ResolvedUnknown, "", seen, err
+			return Unknown, "", seen, err
 		}
-		return ResolvedAborted, "", seen, nil
+		return Aborted, "", seen, nil
 	case isLockTimeout(err):
-		return ResolvedUnknown, UnknownInProgress, seen, nil
+		return Unknown, ReasonInProgress, seen, nil
 	case !errors.Is(err, pgx.ErrNoRows):
-		return ResolvedUnknown, "", seen, err
+		return Unknown, "", seen, err
 	}
 	// The key was taken by a committed row: a new statement's snapshot sees it.
 	err = tx.QueryRow(ctx, "select fenced from "+table+" where operation_id = $1", id).Scan(&fenced)
 	switch {
 	case errors.Is(err, pgx.ErrNoRows):
-		return ResolvedUnknown, UnknownMarkerGone, seen, nil
+		return Unknown, ReasonMarkerGone, seen, nil
 	case err != nil:
-		return ResolvedUnknown, "", seen, err
+		return Unknown, "", seen, err
 	case fenced:
-		return ResolvedAborted, "", seen, nil // an earlier reconciliation fenced it
+		return Aborted, "", seen, nil // an earlier reconciliation fenced it
 	}
-	return ResolvedCommitted, "", seen, nil
+	return Committed, "", seen, nil
 }
 
 // isLockTimeout reports the server's lock_not_available (55P03), which a lock_timeout ends

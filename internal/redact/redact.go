@@ -1,7 +1,12 @@
-package otelpgxtx
+// Package redact decides what of an error the otelpgxtx packages may record by default:
+// a server error keeps its severity, SQLSTATE and the SQLSTATE's class, never its message
+// (which can quote the statement's values); an error that carries no user data is
+// described in fixed words an operator can act on; anything else is named by its type.
+package redact
 
 import (
 	"context"
+	"database/sql"
 	"errors"
 	"fmt"
 	"io"
@@ -12,6 +17,71 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 )
+
+// Error returns what may be recorded of err: all of it when full (the user asked for
+// error messages), else its redacted form.
+func Error(err error, full bool) error {
+	if full {
+		return err
+	}
+	return redact(err)
+}
+
+// sqlStateClasses names the SQLSTATE classes of PostgreSQL's error codes appendix: the
+// fixed description that replaces a server message.
+var sqlStateClasses = map[string]string{
+	"00": "successful completion", "01": "warning", "02": "no data",
+	"03": "SQL statement not yet complete", "08": "connection exception",
+	"09": "triggered action exception", "0A": "feature not supported",
+	"0B": "invalid transaction initiation", "0F": "locator exception", "0L": "invalid grantor",
+	"0P": "invalid role specification", "0Z": "diagnostics exception", "20": "case not found",
+	"21": "cardinality violation", "22": "data exception", "23": "integrity constraint violation",
+	"24": "invalid cursor state", "25": "invalid transaction state",
+	"26": "invalid SQL statement name", "27": "triggered data change violation",
+	"28": "invalid authorization specification",
+	"2B": "dependent privilege descriptors still exist", "2D": "invalid transaction termination",
+	"2F": "SQL routine exception", "34": "invalid cursor name", "38": "external routine exception",
+	"39": "external routine invocation exception", "3B": "savepoint exception",
+	"3D": "invalid catalog name", "3F": "invalid schema name", "40": "transaction rollback",
+	"42": "syntax error or access rule violation", "44": "WITH CHECK OPTION violation",
+	"53": "insufficient resources", "54": "program limit exceeded",
+	"55": "object not in prerequisite state", "57": "operator intervention",
+	"58": "system error", "72": "snapshot failure", "F0": "configuration file error",
+	"HV": "foreign data wrapper error", "P0": "PL/pgSQL error", "XX": "internal error",
+}
+
+// redactedNote ends every redacted message, so that a reader knows the text is withheld.
+const redactedNote = " (message redacted)"
+
+// redact returns what may be recorded of err by default: a server error becomes a
+// *pgconn.PgError with only its severity, SQLSTATE and the SQLSTATE class as message
+// (the server's message, detail and hint can quote the statement's values); any other
+// error becomes one that names its type and, for the kinds that carry no user data
+// (a lost or closed connection, a timeout, a cancellation), says in fixed words what
+// happened (see describeError). Errors whose text is fixed pass as they are.
+func redact(err error) error {
+	if err == nil || err == context.Canceled || err == context.DeadlineExceeded || errors.Is(err, sql.ErrNoRows) {
+		return err
+	}
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) {
+		desc := "server error"
+		if len(pgErr.Code) == 5 {
+			if c, ok := sqlStateClasses[pgErr.Code[:2]]; ok {
+				desc = c
+			}
+		}
+		return &pgconn.PgError{Severity: pgErr.Severity, SeverityUnlocalized: pgErr.SeverityUnlocalized,
+			Code: pgErr.Code, Message: desc + redactedNote}
+	}
+	return describeError(err)
+}
+
+// redactedError stands for an error whose message must not be recorded.
+type redactedError struct{ msg string }
+
+// Error returns the redacted text: the error's kind and type, never its message.
+func (e *redactedError) Error() string { return e.msg }
 
 // errorDescription names one kind of error that carries no user data, in words an
 // operator can act on. The words are the library's own: nothing of the error's text is

@@ -1,0 +1,32 @@
+// Package pg holds what the otelpgxtx packages share about PostgreSQL and pgx: the SQL
+// that reads the identity a reconciliation reference carries, which the instrumentation
+// captures and the reconciler compares, and the check for a nil pgx handle in an
+// interface.
+package pg
+
+import (
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+)
+
+// TimelineSQL is the timeline the server writes WAL on, the first eight hex digits of
+// the current WAL file's name, NULL on a standby. pg_control_checkpoint() shows the
+// previous timeline until the first checkpoint after a promotion, which PostgreSQL 15 only
+// requests after writing its end-of-recovery record (xlog.c, PerformRecoveryXLogAction),
+// so an xid assigned meanwhile would be filed under the wrong history.
+const TimelineSQL = "case when pg_is_in_recovery() then null else " +
+	"('x' || substr(pg_walfile_name(pg_current_wal_lsn()), 1, 8))::bit(32)::bigint::text end"
+
+// ServerStartSQL is pg_postmaster_start_time() in microseconds since the Unix epoch.
+const ServerStartSQL = "(extract(epoch from pg_postmaster_start_time()) * 1000000)::bigint::text"
+
+// IsNilHandle reports a typed nil pool or connection, which would panic on first use.
+func IsNilHandle(v any) bool {
+	switch v := v.(type) {
+	case *pgxpool.Pool:
+		return v == nil
+	case *pgx.Conn:
+		return v == nil
+	}
+	return false
+}

@@ -1,0 +1,50 @@
+// Package schema holds the names of the telemetry the otelpgxtx packages share: the
+// instrumentation scope's version, the attribute keys and span names that both the
+// instrumentation (the root package) and the reconciler (package reconcile) record, and
+// the W3C traceparent form in which a frame's span travels to its reconciliation. The
+// root package re-exports them, documented, in semconv.go: that is their home for users.
+package schema
+
+import (
+	"context"
+
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/propagation"
+	"go.opentelemetry.io/otel/trace"
+)
+
+// Version is the version of the instrumentation, for its tracers and meters.
+const Version = "0.1.0"
+
+// Keys and names both packages record.
+const (
+	OperationIDKey       = attribute.Key("tx.operation_id")
+	ReconciliationRefKey = attribute.Key("tx.reconciliation.ref")
+	ResolvedOutcomeKey   = attribute.Key("tx.outcome.resolved")
+	ErrorTypeKey         = attribute.Key("error.type")
+	DBSystemNameKey      = attribute.Key("db.system.name")
+	SpanNameReconcile    = "tx.reconcile"
+)
+
+// DBSystemPostgreSQL is db.system.name=postgresql, on every span and metric.
+var DBSystemPostgreSQL = DBSystemNameKey.String("postgresql")
+
+// TraceParent returns sc as a W3C traceparent value.
+func TraceParent(sc trace.SpanContext) string {
+	if !sc.IsValid() {
+		return ""
+	}
+	carrier := propagation.MapCarrier{}
+	propagation.TraceContext{}.Inject(trace.ContextWithSpanContext(context.Background(), sc), carrier)
+	return carrier.Get("traceparent")
+}
+
+// SpanContextOf reads a W3C traceparent back into the span context to link
+// to; an empty or malformed one gives the zero span context, which links nothing.
+func SpanContextOf(tp string) trace.SpanContext {
+	if tp == "" {
+		return trace.SpanContext{}
+	}
+	ctx := propagation.TraceContext{}.Extract(context.Background(), propagation.MapCarrier{"traceparent": tp})
+	return trace.SpanContextFromContext(ctx)
+}

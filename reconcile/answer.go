@@ -1,0 +1,95 @@
+package reconcile
+
+import (
+	"fmt"
+
+	"github.com/txevidence/otelpgxtx/outcome"
+)
+
+// Status is what reconciliation learned of a transaction: its tx.outcome.resolved.
+type Status uint8
+
+const (
+	// Unknown: still unknown; [Answer.Reason] says why. Never guess.
+	Unknown Status = iota
+	// Committed: the transaction committed, in the history of the server asked (and, where
+	// synchronous replication is configured, its standbys confirmed it).
+	Committed
+	// Aborted: it did not commit, and never will: the work is not there.
+	Aborted
+	// NoWrites: the transaction had no xid when COMMIT was sent; it wrote nothing, so
+	// whether it committed changes nothing.
+	NoWrites
+)
+
+// statusNames are the tx.outcome.resolved values, indexed by Status.
+var statusNames = [...]string{Unknown: "unknown", Committed: "committed", Aborted: "aborted", NoWrites: "no_writes"}
+
+// String returns the tx.outcome.resolved value.
+func (s Status) String() string {
+	if int(s) < len(statusNames) {
+		return statusNames[s]
+	}
+	return fmt.Sprintf("status(%d)", uint8(s))
+}
+
+// Answer is what a [Reconciler] answers: a [Status], and why it is unknown.
+type Answer struct {
+	status Status
+	reason string
+	ref    outcome.ReconciliationRef
+}
+
+// UnknownAnswer is the answer unknown for reason, about ref: for an outcome settled
+// without asking the database (automatic reconciliation's [ReasonQueueFull] and
+// [ReasonStopped]).
+func UnknownAnswer(reason string, ref outcome.ReconciliationRef) Answer {
+	return Answer{reason: reason, ref: ref}
+}
+
+// Status returns what is known now.
+func (a Answer) Status() Status { return a.status }
+
+// Reason returns why the status is unknown, or "".
+func (a Answer) Reason() string { return a.reason }
+
+// Reference returns the reference that was resolved (the zero reference when there was
+// none).
+func (a Answer) Reference() outcome.ReconciliationRef { return a.ref }
+
+// Reasons an answer is unknown, its error.type (tx.reconcile spans; the
+// error_type label of otelpgxtx.reconciliations). Each says why PostgreSQL's records
+// cannot prove the outcome now, or why nothing was asked.
+const (
+	// ReasonInProgress: still in progress after the wait (a synchronous-replication wait).
+	ReasonInProgress = "in_progress"
+	// ReasonTooOld: pg_xact_status is NULL: the commit log no longer covers the xid.
+	ReasonTooOld = "too_old"
+	// ReasonInTheFuture: the server has not assigned the xid yet: another history.
+	ReasonInTheFuture = "in_the_future"
+	// ReasonOtherSystem: the reference names another cluster.
+	ReasonOtherSystem = "other_system"
+	// ReasonNoReference: nothing was captured before COMMIT (a frame without references,
+	// or whose xid never arrived).
+	ReasonNoReference = "no_reference"
+	// ReasonOtherTimeline: a failover happened since and the commit log says committed
+	// below the new timeline's proven boundary (or no boundary is proven yet, or the
+	// server is not on a later timeline): an xid may be handed out again after a fork.
+	ReasonOtherTimeline = "other_timeline"
+	// ReasonServerRestarted: the commit log says committed, but the server restarted
+	// since the xid was captured (or the reference has no start time), the xid is below
+	// the restart's boundary, and another restart in between could have handed it out.
+	ReasonServerRestarted = "server_restarted"
+	// ReasonNotReplicated: committed on the server asked, but its synchronous standbys did
+	// not confirm the commit within the wait: a failover could still lose it. Retried.
+	ReasonNotReplicated = "not_replicated"
+	// ReasonMarkerGone: the marker row was pruned between the fence and the lookup.
+	ReasonMarkerGone = "marker_gone"
+	// ReasonQueueFull: automatic reconciliation's queue was full when the frame ended; its
+	// log record is what is left to settle it with.
+	ReasonQueueFull = "queue_full"
+	// ReasonStopped: the tracer was closed before the outcome was settled; a log record
+	// "transaction commit outcome still unknown at shutdown" carries what the operator
+	// command needs to settle it.
+	ReasonStopped = "stopped"
+)

@@ -1,0 +1,136 @@
+package reconcile
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/txevidence/otelpgxtx/internal/pg"
+	"github.com/txevidence/otelpgxtx/outcome"
+)
+
+// serverView is what one reconciliation query saw of the server and of the xid.
+type serverView struct {
+	status   *string // pg_xact_status; nil when the commit log no longer covers the xid
+	inFuture bool    // pg_xact_status refused: the server has not assigned the xid yet
+	sys      uint64
+	// timeline the server writes WAL on; on a standby (inRecovery) its last restartpoint's.
+	timeline   uint32
+	inRecovery bool
+	start      int64
+	// The latest checkpoint's timeline and next full xid (pg_control_checkpoint()).
+	checkpointTimeline uint32
+	checkpointNextXID  uint64
+	// syncStandbys: synchronous replication is configured (synchronous_standby_names).
+	syncStandbys bool
+}
+
+// decide resolves ref from v, or asks to look again (the xid is in progress).
+//
+// An xid names the reference's transaction only in the server incarnation that assigned
+// it: PostgreSQL does not WAL-log xid assignment, so after a crash restart or a failover
+// an xid whose records never reached the surviving WAL is handed out again. What the
+// server proves about a later incarnation is a boundary, the next xid of a checkpoint
+// made after the reference's incarnation ended:
+//
+//   - crash recovery replays every WAL record and advances the next xid past each
+//     record's xid (xlogrecovery.c, ApplyWalRecord: AdvanceNextFullTransactionIdPastXid),
+//     then writes the end-of-recovery checkpoint and waits for it before it accepts
+//     connections (xlog.c, PerformRecoveryXLogAction: CHECKPOINT_END_OF_RECOVERY |
+//     CHECKPOINT_WAIT); after a clean restart the latest checkpoint is the shutdown one.
+//     So, in a later incarnation on the same timeline, the latest checkpoint was made
+//     after the reference's incarnation ended;
+//   - a promoted standby replays the same way, and a checkpoint on the new timeline was
+//     made after the switch.
+//
+// Such a checkpoint's next xid is above every xid with a WAL record in the history before
+// it, so an xid at or above it never wrote its commit record there: the transaction did
+// not commit in this server's history, whatever pg_xact_status says now (it may describe
+// a reuser). TestReconcileXIDReusedAfterCrash and TestReconcileAfterFailover show both.
+// Below the boundary a "committed" status stays unknown: an intermediate incarnation the
+// server keeps no record of may have reused the xid and committed it.
+func decide(ref outcome.ReconciliationRef, v serverView) (res Status, reason string, again bool) {
+	if v.sys != ref.SystemIdentifier {
+		return Unknown, ReasonOtherSystem, false
+	}
+	sameTimeline := v.timeline == ref.Timeline
+	same := sameTimeline && ref.ServerStart != 0 && v.start == ref.ServerStart
+	// later: the server is a later incarnation of the reference's history (a primary on a
+	// higher timeline, or restarted since on the same one), so the rules above apply.
+	later := !v.inRecovery && (v.timeline > ref.Timeline ||
+		sameTimeline && ref.ServerStart != 0 && v.start > ref.ServerStart)
+	if later && (v.inFuture || v.checkpointTimeline == v.timeline && ref.XID >= v.checkpointNextXID) {
+		// Not yet assigned now means not assigned before the restart or fork either: the
+		// next xid only grows from the boundary.
+		return Aborted, "", false
+	}
+	switch {
+	case v.inFuture:
+		return Unknown, ReasonInTheFuture, false
+	case !sameTimeline && !later:
+		return Unknown, ReasonOtherTimeline, false
+	case v.status == nil:
+		return Unknown, ReasonTooOld, false
+	case *v.status == "aborted":
+		// A reuser's status means the original's records were lost: it never committed.
+		return Aborted, "", false
+	case *v.status == "committed" && same:
+		return Committed, "", false
+	case *v.status == "committed" && !sameTimeline:
+		return Unknown, ReasonOtherTimeline, false
+	case *v.status == "committed":
+		return Unknown, ReasonServerRestarted, false
+	}
+	return Unknown, "", true
+}
+
+// reconcileIdentitySQL reads the server's identity and its latest checkpoint.
+const reconcileIdentitySQL = "s.system_identifier::text, coalesce(" + pg.TimelineSQL + ", c.timeline_id::text), pg_is_in_recovery(), " +
+	pg.ServerStartSQL + ", c.timeline_id::text, c.next_xid::text, " + syncStandbysSQL + " " +
+	"from pg_control_system() s, pg_control_checkpoint() c"
+
+// query reads the xid's status together with the server's identity, in one round trip,
+// so that both describe the same server; when the server refuses the xid as not yet
+// assigned, a second query reads the identity alone.
+func (r *Reconciler) query(ctx context.Context, xid uint64) (serverView, error) {
+	var v serverView
+	var sysText, tliText, startText, ckptTLIText, nextText string
+	dest := []any{&sysText, &tliText, &v.inRecovery, &startText, &ckptTLIText, &nextText, &v.syncStandbys}
+	err := r.db.QueryRow(ctx, "select pg_xact_status($1::text::xid8), "+reconcileIdentitySQL,
+		strconv.FormatUint(xid, 10)).Scan(append([]any{&v.status}, dest...)...)
+	if pgErr, ok := errors.AsType[*pgconn.PgError](err); ok && pgErr.Code == "22023" {
+		v.inFuture = true
+		err = r.db.QueryRow(ctx, "select "+reconcileIdentitySQL).Scan(dest...)
+	}
+	if err != nil {
+		return v, err
+	}
+	var errs [5]error
+	v.sys, errs[0] = strconv.ParseUint(sysText, 10, 64)
+	tli, e1 := strconv.ParseUint(tliText, 10, 32)
+	ctli, e2 := strconv.ParseUint(ckptTLIText, 10, 32)
+	v.start, errs[3] = strconv.ParseInt(startText, 10, 64)
+	v.checkpointNextXID, errs[4] = parseFullXID(nextText)
+	errs[1], errs[2] = e1, e2
+	if err := errors.Join(errs[:]...); err != nil {
+		return v, err
+	}
+	v.timeline, v.checkpointTimeline = uint32(tli), uint32(ctli)
+	return v, nil
+}
+
+// parseFullXID parses pg_control_checkpoint()'s next_xid, "<epoch>:<xid>", into a full
+// (xid8) transaction id.
+func parseFullXID(s string) (uint64, error) {
+	e, x, ok := strings.Cut(s, ":")
+	epoch, err1 := strconv.ParseUint(e, 10, 32)
+	xid, err2 := strconv.ParseUint(x, 10, 32)
+	if !ok || err1 != nil || err2 != nil {
+		return 0, fmt.Errorf("unexpected next_xid %q", s)
+	}
+	return epoch<<32 | xid, nil
+}

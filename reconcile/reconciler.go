@@ -1,0 +1,240 @@
+package reconcile
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"go.opentelemetry.io/otel"
+	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/trace"
+
+	"github.com/txevidence/otelpgxtx/internal/pg"
+	"github.com/txevidence/otelpgxtx/internal/redact"
+	"github.com/txevidence/otelpgxtx/internal/schema"
+	"github.com/txevidence/otelpgxtx/outcome"
+)
+
+// Querier runs a query returning one row: *pgxpool.Pool and *pgx.Conn are.
+type Querier interface {
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+}
+
+// Reconciler resolves indeterminate commits from PostgreSQL's own records
+// (pg_xact_status, and the latest checkpoint's next xid after a crash restart or a
+// failover). It never guesses: anything it cannot prove stays unknown, with the reason.
+// Its answers describe the history of the server it asks: give it the surviving primary.
+// Where synchronous replication is configured, a committed answer waits until the
+// synchronous standbys confirm the commit (a replication barrier at the synchronous_commit
+// of the reconciler's connection), so that a failover cannot undo it; otherwise it is
+// unknown with [ReasonNotReplicated].
+type Reconciler struct {
+	db       Querier
+	tracer   trace.Tracer
+	wait     time.Duration
+	interval time.Duration
+	// errorMessages records errors with their full text ([WithErrorMessages]).
+	errorMessages bool
+}
+
+// Option configures a [Reconciler]: [WithTracerProvider], [WithWait] and
+// [WithErrorMessages].
+type Option interface {
+	apply(*config)
+}
+
+type optionFunc func(*config)
+
+func (f optionFunc) apply(c *config) { f(c) }
+
+// config is what the options set; err is the first option refused.
+type config struct {
+	tracerProvider trace.TracerProvider
+	wait, interval time.Duration
+	errorMessages  bool
+	err            error
+}
+
+// WithTracerProvider sets the tracer provider of the tx.reconcile spans; the global one
+// by default. A nil provider keeps the default.
+func WithTracerProvider(tp trace.TracerProvider) Option {
+	return optionFunc(func(c *config) {
+		if tp != nil {
+			c.tracerProvider = tp
+		}
+	})
+}
+
+// WithWait bounds how long a [Reconciler] polls a transaction that is still in progress (a
+// backend can sit in a synchronous-replication wait), and how often; 5 s and 50 ms by
+// default. A zero wait asks once. It also bounds the replication barrier of a committed
+// answer (see [Reconciler]), which is given at least a second.
+func WithWait(wait, interval time.Duration) Option {
+	return optionFunc(func(c *config) {
+		if wait < 0 || interval <= 0 {
+			c.err = invalid("WithWait: wait must be >= 0 and interval > 0, got %v, %v", wait, interval)
+			return
+		}
+		c.wait, c.interval = wait, interval
+	})
+}
+
+// WithErrorMessages records errors with their full text in the tx.reconcile spans. By
+// default only the SQLSTATE, its class and the error's type are recorded: a server's
+// message can quote values.
+func WithErrorMessages() Option {
+	return optionFunc(func(c *config) { c.errorMessages = true })
+}
+
+// New returns a reconciler that queries db, a pool or a connection outside any
+// transaction (a [pgx.Tx] is refused): reconciling commits transactions of its own.
+func New(db Querier, opts ...Option) (*Reconciler, error) {
+	if db == nil || pg.IsNilHandle(db) {
+		return nil, invalid("New: nil db")
+	}
+	if _, ok := db.(pgx.Tx); ok {
+		// The marker's fence and the replication barrier commit transactions of their own.
+		return nil, invalid("New: db is a transaction; give it a pool or a connection")
+	}
+	cfg := config{tracerProvider: otel.GetTracerProvider(), wait: 5 * time.Second, interval: 50 * time.Millisecond}
+	for _, o := range opts {
+		if o != nil {
+			o.apply(&cfg)
+		}
+	}
+	if cfg.err != nil {
+		return nil, cfg.err
+	}
+	r := &Reconciler{db: db, tracer: cfg.tracerProvider.Tracer(ScopeName, trace.WithInstrumentationVersion(schema.Version)),
+		wait: cfg.wait, interval: cfg.interval, errorMessages: cfg.errorMessages}
+	return r, nil
+}
+
+// Indeterminate settles an indeterminate result of the executor (otelpgxtx.Run) from its
+// reference, linking its span to the frame that observed it (from the result's
+// traceparent). A result without a reference stays unknown, [ReasonNoReference].
+func Indeterminate[T any](ctx context.Context, r *Reconciler, ind outcome.Indeterminate[T]) (Answer, error) {
+	if r == nil {
+		return Answer{}, invalid("Indeterminate: nil reconciler")
+	}
+	var refp *outcome.ReconciliationRef
+	if ref, ok := ind.Reference(); ok {
+		refp = &ref
+	}
+	return r.ResolveOperation(ctx, ind.OperationID(), refp, schema.SpanContextOf(ind.TraceParent()))
+}
+
+// Resolve settles the transaction a reference names (one stored, say, with the operation
+// in a queue). link, if valid, is the span that observed the indeterminate outcome.
+func (r *Reconciler) Resolve(ctx context.Context, ref outcome.ReconciliationRef, link trace.SpanContext) (Answer, error) {
+	if err := ref.Validate(); err != nil {
+		return Answer{ref: ref}, fmt.Errorf("%w: %w", ErrInvalidArgument, err)
+	}
+	return r.resolve(ctx, ref, link, outcome.OperationID{})
+}
+
+// ResolveOperation settles operation op from its reference, or, when it has none (ref is
+// nil), answers unknown with [ReasonNoReference] without asking: either way in a
+// tx.reconcile span naming op and linked to link. It is what automatic reconciliation
+// asks for each indeterminate frame.
+func (r *Reconciler) ResolveOperation(ctx context.Context, op outcome.OperationID, ref *outcome.ReconciliationRef, link trace.SpanContext) (Answer, error) {
+	if ref == nil {
+		return r.trace(ctx, link, op, outcome.ReconciliationRef{}, func(context.Context) (Answer, error) {
+			return Answer{reason: ReasonNoReference}, nil
+		})
+	}
+	if err := ref.Validate(); err != nil {
+		return Answer{ref: *ref}, fmt.Errorf("%w: %w", ErrInvalidArgument, err)
+	}
+	return r.resolve(ctx, *ref, link, op)
+}
+
+// resolve is Resolve for a validated reference, in a tx.reconcile span; id names the
+// operation when the caller knows it.
+func (r *Reconciler) resolve(ctx context.Context, ref outcome.ReconciliationRef, link trace.SpanContext, id outcome.OperationID) (Answer, error) {
+	return r.trace(ctx, link, id, ref, func(ctx context.Context) (Answer, error) {
+		res := Answer{ref: ref}
+		if ref.NoWrites() {
+			res.status = NoWrites
+			return res, nil
+		}
+		if ref.HasMarker() {
+			var err error
+			res.status, res.reason, err = r.resolveMarker(ctx, ref.MarkerTable, ref.Operation, ref.SystemIdentifier)
+			if err != nil {
+				err = fmt.Errorf("reconcile: reconciling %s: %w", ref, err)
+			}
+			return res, err
+		}
+		deadline := time.Now().Add(r.wait)
+		for {
+			v, err := r.query(ctx, ref.XID)
+			if err != nil {
+				return res, fmt.Errorf("reconcile: reconciling %s: %w", ref, err)
+			}
+			var again bool
+			res.status, res.reason, again = decide(ref, v)
+			if res.status == Committed && v.syncStandbys {
+				ok, err := r.replicated(ctx, incarnation{v.timeline, v.start}, deadline)
+				if err != nil {
+					return Answer{ref: ref}, fmt.Errorf("reconcile: reconciling %s: %w", ref, err)
+				}
+				if !ok {
+					res.status, res.reason = Unknown, ReasonNotReplicated
+				}
+			}
+			if !again {
+				return res, nil
+			}
+			// In progress: a backend may still sit in a synchronous-replication wait.
+			if !time.Now().Before(deadline) {
+				res.reason = ReasonInProgress
+				return res, nil
+			}
+			t := time.NewTimer(r.interval)
+			select {
+			case <-ctx.Done():
+				t.Stop()
+				return res, ctx.Err()
+			case <-t.C:
+			}
+		}
+	})
+}
+
+// trace runs one reconciliation in a tx.reconcile span linked to the original frame. The
+// span is a child of the span in ctx; when ctx has none, of the frame span it links to,
+// so that it is in the frame's trace: trace-id routing and tail sampling keep the two
+// together only then.
+func (r *Reconciler) trace(ctx context.Context, link trace.SpanContext, id outcome.OperationID, ref outcome.ReconciliationRef,
+	do func(context.Context) (Answer, error)) (Answer, error) {
+	// INTERNAL like the frame: its queries are the CLIENT spans of the db's tracer.
+	opts := []trace.SpanStartOption{trace.WithSpanKind(trace.SpanKindInternal)}
+	if link.IsValid() {
+		opts = append(opts, trace.WithLinks(trace.Link{SpanContext: link}))
+		if !trace.SpanContextFromContext(ctx).IsValid() {
+			ctx = trace.ContextWithSpanContext(ctx, link)
+		}
+	}
+	ctx, span := r.tracer.Start(ctx, schema.SpanNameReconcile, opts...)
+	defer span.End()
+	res, err := do(ctx)
+	if span.IsRecording() {
+		span.SetAttributes(schema.DBSystemPostgreSQL, schema.ResolvedOutcomeKey.String(res.status.String()))
+		if !id.IsZero() {
+			span.SetAttributes(schema.OperationIDKey.String(id.String()))
+		}
+		if ref.SystemIdentifier != 0 {
+			span.SetAttributes(schema.ReconciliationRefKey.String(ref.String()))
+		}
+		if res.reason != "" {
+			span.SetAttributes(schema.ErrorTypeKey.String(res.reason))
+		}
+		if err != nil {
+			span.RecordError(redact.Error(err, r.errorMessages))
+			span.SetStatus(codes.Error, "reconciliation failed")
+		}
+	}
+	return res, err
+}
