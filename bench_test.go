@@ -223,7 +223,7 @@ type benchWorkload struct {
 	name string
 	opts pgx.TxOptions
 	work func(ctx context.Context, tx pgx.Tx, key int64) error
-	mode pgx.QueryExecMode // the pool's DefaultQueryExecMode; 0 is pgx's default
+	mode pgx.QueryExecMode // the pool's DefaultQueryExecMode; 0 keeps the connection string's (pgx's default)
 }
 
 var benchWorkloads = []benchWorkload{
@@ -321,7 +321,9 @@ func newBenchDB(b *testing.B, connString, v string, s benchSampling, w benchWork
 		b.Fatal(err)
 	}
 	cfg.MaxConns = int32(conns)
-	cfg.ConnConfig.DefaultQueryExecMode = w.mode
+	if w.mode != 0 { // pgx's zero QueryExecMode is invalid, not its default
+		cfg.ConnConfig.DefaultQueryExecMode = w.mode
+	}
 	d := &benchDB{v: v, w: w, policy: DefaultPolicy()}
 	d.policy.AccessMode = w.opts.AccessMode
 	d.policy.CaptureReference = v == benchE || v == benchF
