@@ -25,14 +25,16 @@ func ExampleWithExpectedErrors() {
 		var pgErr *pgconn.PgError
 		return errors.As(err, &pgErr) && pgErr.Code == "23505"
 	}
-	if _, err := otelpgxtx.InstrumentPool(cfg,
+	tracer, err := otelpgxtx.InstrumentPool(cfg,
 		// Replaces the default: keep CallerCanceled to keep it.
 		otelpgxtx.WithExpectedErrors(otelpgxtx.CallerCanceled, duplicateKey),
 		otelpgxtx.WithoutInnerSpans(otelpgxtx.InnerSpanBatchQuery),
 		otelpgxtx.WithPoolName("orders"), // db.client.connection.pool.name
-	); err != nil {
+	)
+	if err != nil {
 		log.Fatal(err)
 	}
+	defer tracer.Close(ctx) // deferred first, so it runs after pool.Close
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
 		log.Fatal(err)
