@@ -1,0 +1,226 @@
+// Package docs holds the project's documentation pages; its test checks that they hold
+// together: every link between pages resolves, and every alert rule links to its section
+// of the runbook.
+package docs
+
+import (
+	"io/fs"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"testing"
+)
+
+// repoURL is where the pages live once pushed: a link to a file of this repository there
+// (an alert rule's runbook_url, say) is checked against the checkout.
+const repoURL = "https://github.com/txevidence/otelpgxtx/blob/main/"
+
+// pages are the Markdown files of the repository, relative to its root.
+func pages(t *testing.T) []string {
+	t.Helper()
+	var out []string
+	err := filepath.WalkDir("..", func(path string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		name := d.Name()
+		if d.IsDir() && path != ".." && (strings.HasPrefix(name, ".") || name == "testdata" || path == filepath.Join("..", "bench")) {
+			return filepath.SkipDir
+		}
+		if !d.IsDir() && strings.HasSuffix(name, ".md") {
+			out = append(out, path)
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(out) < 2 {
+		t.Fatalf("found only %v: the walk is broken", out)
+	}
+	return out
+}
+
+var (
+	headingRe = regexp.MustCompile(`^#{1,6}\s+(.*?)\s*#*\s*$`)
+	fenceRe   = regexp.MustCompile("^\\s*(```|~~~)")
+	// linkRe finds inline links and images, [text](target); the text may hold `code`.
+	linkRe  = regexp.MustCompile(`\]\(([^()\s]+)(?:\s+"[^"]*")?\)`)
+	notSlug = regexp.MustCompile(`[^\p{L}\p{N}\- _]`)
+)
+
+// slug is GitHub's anchor for a heading: lower case, punctuation dropped (hyphens and
+// underscores kept), each space a hyphen.
+func slug(heading string) string {
+	s := strings.ToLower(heading)
+	s = notSlug.ReplaceAllString(s, "")
+	return strings.ReplaceAll(s, " ", "-")
+}
+
+// anchors returns the anchors of a Markdown file's headings, with GitHub's -1, -2 … for
+// repeated ones; headings inside code fences do not count.
+func anchors(t *testing.T, path string) map[string]bool {
+	t.Helper()
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := map[string]bool{}
+	seen := map[string]int{}
+	inFence := false
+	for _, line := range strings.Split(string(b), "\n") {
+		if fenceRe.MatchString(line) {
+			inFence = !inFence
+			continue
+		}
+		if inFence {
+			continue
+		}
+		if m := headingRe.FindStringSubmatch(line); m != nil {
+			a := slug(m[1])
+			if n := seen[a]; n > 0 {
+				out[a+"-"+itoa(n)] = true
+			} else {
+				out[a] = true
+			}
+			seen[a]++
+		}
+	}
+	return out
+}
+
+func itoa(n int) string {
+	if n < 10 {
+		return string(rune('0' + n))
+	}
+	return itoa(n/10) + itoa(n%10)
+}
+
+// links returns the link targets of a Markdown file outside code fences and code spans.
+func links(t *testing.T, path string) []string {
+	t.Helper()
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []string
+	inFence := false
+	codeSpan := regexp.MustCompile("`[^`]*`")
+	for _, line := range strings.Split(string(b), "\n") {
+		if fenceRe.MatchString(line) {
+			inFence = !inFence
+			continue
+		}
+		if inFence {
+			continue
+		}
+		// Link text may be code, [`x`](y); a code span never holds a link.
+		line = codeSpan.ReplaceAllStringFunc(line, func(s string) string {
+			return strings.Repeat("x", len(s))
+		})
+		for _, m := range linkRe.FindAllStringSubmatch(line, -1) {
+			out = append(out, m[1])
+		}
+	}
+	return out
+}
+
+// checkTarget reports whether target, a link in the file from, resolves in the checkout:
+// the file (or directory) exists and, for a Markdown file, the anchor names a heading.
+func checkTarget(t *testing.T, from, target string) {
+	t.Helper()
+	if strings.HasPrefix(target, repoURL) {
+		target = filepath.Join("..", strings.TrimPrefix(target, repoURL))
+		from = filepath.Join("..", "x")
+	} else if strings.Contains(target, "://") || strings.HasPrefix(target, "mailto:") {
+		return // outside the repository
+	}
+	file, anchor, _ := strings.Cut(target, "#")
+	path := from
+	if file != "" {
+		path = filepath.Join(filepath.Dir(from), filepath.FromSlash(file))
+		if _, err := os.Stat(path); err != nil {
+			t.Errorf("%s: link %q: %v", from, target, err)
+			return
+		}
+	}
+	if anchor == "" {
+		return
+	}
+	if !strings.HasSuffix(path, ".md") {
+		t.Errorf("%s: link %q has an anchor into a file that is not Markdown", from, target)
+		return
+	}
+	if !anchors(t, path)[anchor] {
+		t.Errorf("%s: link %q: no heading of %s has the anchor #%s", from, target, path, anchor)
+	}
+}
+
+// TestLinks: every relative link between the pages names a file of the checkout and, with
+// an anchor, a heading of that page.
+func TestLinks(t *testing.T) {
+	n := 0
+	for _, p := range pages(t) {
+		for _, l := range links(t, p) {
+			checkTarget(t, p, l)
+			n++
+		}
+	}
+	if n < 20 {
+		t.Errorf("found only %d links: the scan is broken", n)
+	}
+}
+
+// TestAlertRunbooks: every alert rule of examples/jaeger/alerts.yml carries a runbook_url
+// annotation that names its own section of docs/runbook.md (the anchor of a heading that is
+// the alert's name).
+func TestAlertRunbooks(t *testing.T) {
+	b, err := os.ReadFile(filepath.Join("..", "examples", "jaeger", "alerts.yml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	alertRe := regexp.MustCompile(`(?m)^\s*- alert:\s*(\S+)\s*$`)
+	runbookRe := regexp.MustCompile(`(?m)^\s*runbook_url:\s*(\S+)\s*$`)
+	text := string(b)
+	idx := alertRe.FindAllStringSubmatchIndex(text, -1)
+	if len(idx) < 7 {
+		t.Fatalf("found %d alert rules in alerts.yml, want at least 7", len(idx))
+	}
+	runbook := anchors(t, "runbook.md")
+	for i, m := range idx {
+		name := text[m[2]:m[3]]
+		end := len(text)
+		if i+1 < len(idx) {
+			end = idx[i+1][0]
+		}
+		urls := runbookRe.FindAllStringSubmatch(text[m[1]:end], -1)
+		if len(urls) != 1 {
+			t.Errorf("%s: %d runbook_url annotations, want 1", name, len(urls))
+			continue
+		}
+		want := repoURL + "docs/runbook.md#" + slug(name)
+		if urls[0][1] != want {
+			t.Errorf("%s: runbook_url %s, want %s", name, urls[0][1], want)
+		}
+		if !runbook[slug(name)] {
+			t.Errorf("%s: docs/runbook.md has no section %q", name, name)
+		}
+	}
+}
+
+// TestSlug pins the anchor rule on headings these pages use.
+func TestSlug(t *testing.T) {
+	for heading, want := range map[string]string{
+		"TransactionCommitIndeterminate":                                  "transactioncommitindeterminate",
+		"The command: `otelpgxtx reconcile`":                              "the-command-otelpgxtx-reconcile",
+		"The commit marker and `-assert-marker`":                          "the-commit-marker-and--assert-marker",
+		"The operator's dashboard":                                        "the-operators-dashboard",
+		"Keeping every transaction that did not commit: tail sampling":    "keeping-every-transaction-that-did-not-commit-tail-sampling",
+		"A commit acknowledged under asynchronous replication, then lost": "a-commit-acknowledged-under-asynchronous-replication-then-lost",
+	} {
+		if got := slug(heading); got != want {
+			t.Errorf("slug(%q) = %q, want %q", heading, got, want)
+		}
+	}
+}
