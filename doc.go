@@ -112,7 +112,8 @@
 // phase); tx.suspended and tx.resumed around a nested frame; tx.savepoint.created,
 // tx.savepoint.released, tx.savepoint.rolled_back with tx.savepoint.name (savepoints are
 // events, not spans: they never change the frame's phase, and spans would double the span
-// count of code that uses pgx's pseudo-nested Tx.Begin) and tx.savepoint.depth;
+// count of code that uses pgx's pseudo-nested Tx.Begin) and tx.savepoint.depth (1 for the
+// outermost savepoint; for RELEASE and ROLLBACK TO, the depth of the one they name);
 // tx.statement; tx.participant, with tx.participant.outcome and tx.propagation (not
 // tx.outcome, so that a search for a frame outcome never finds a participant); tx.retry
 // on an attempt Run retries; tx.post_commit.failed.
@@ -131,6 +132,15 @@
 // ([InnerSpanPrepare]). The inner otelpgx tracer still gets both hooks of each, so its
 // metrics are the same; their exemplars name the frame. [WithInnerSpans] makes them spans
 // again; a tracer of the application's gets every statement as pgx gives it.
+//
+// Statements outside a recorded frame keep their spans: those of a frame the filter
+// rejected, a COMMIT with no transaction, and a batch (its span and its query spans, BEGIN
+// and COMMIT included); an explicit Prepare has no statement around it and stays a span.
+// Run's COMMIT with reference capture is the same event. With the default, a transaction of
+// BEGIN, one INSERT and COMMIT is two spans, the frame and the INSERT, where otelpgx alone
+// makes three. What changes is what one searches for: no span is named COMMIT, so search
+// the frame spans by tx.outcome, read COMMIT's latency from [MetricCommitDuration], and keep
+// the spans with WithInnerSpans where dashboards are built from spans named BEGIN or COMMIT.
 //
 // Status, three codes with three meanings:
 //
