@@ -58,25 +58,32 @@ func slug(heading string) string {
 	return strings.ReplaceAll(s, " ", "-")
 }
 
-// anchors returns the anchors of a Markdown file's headings, with GitHub's -1, -2 … for
-// repeated ones; headings inside code fences do not count.
-func anchors(t *testing.T, path string) map[string]bool {
+// proseLines returns the lines of a Markdown file outside its code fences.
+func proseLines(t *testing.T, path string) []string {
 	t.Helper()
 	b, err := os.ReadFile(path)
 	if err != nil {
 		t.Fatal(err)
 	}
-	out := map[string]bool{}
-	seen := map[string]int{}
+	var out []string
 	inFence := false
 	for _, line := range strings.Split(string(b), "\n") {
 		if fenceRe.MatchString(line) {
 			inFence = !inFence
-			continue
+		} else if !inFence {
+			out = append(out, line)
 		}
-		if inFence {
-			continue
-		}
+	}
+	return out
+}
+
+// anchors returns the anchors of a Markdown file's headings, with GitHub's -1, -2 … for
+// repeated ones; headings inside code fences do not count.
+func anchors(t *testing.T, path string) map[string]bool {
+	t.Helper()
+	out := map[string]bool{}
+	seen := map[string]int{}
+	for _, line := range proseLines(t, path) {
 		if m := headingRe.FindStringSubmatch(line); m != nil {
 			a := slug(m[1])
 			if n := seen[a]; n > 0 {
@@ -100,21 +107,9 @@ func itoa(n int) string {
 // links returns the link targets of a Markdown file outside code fences and code spans.
 func links(t *testing.T, path string) []string {
 	t.Helper()
-	b, err := os.ReadFile(path)
-	if err != nil {
-		t.Fatal(err)
-	}
 	var out []string
-	inFence := false
 	codeSpan := regexp.MustCompile("`[^`]*`")
-	for _, line := range strings.Split(string(b), "\n") {
-		if fenceRe.MatchString(line) {
-			inFence = !inFence
-			continue
-		}
-		if inFence {
-			continue
-		}
+	for _, line := range proseLines(t, path) {
 		// Link text may be code, [`x`](y); a code span never holds a link.
 		line = codeSpan.ReplaceAllStringFunc(line, func(s string) string {
 			return strings.Repeat("x", len(s))
