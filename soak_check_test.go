@@ -1,0 +1,713 @@
+package otelpgxtx
+
+// The soak's checker (see soak_test.go): what it records of the spans while the soak
+// runs, and its steps once the server is quiet, each comparing one record with the
+// database or with another record, then the report.
+
+import (
+	"context"
+	"fmt"
+	"maps"
+	"slices"
+	"strings"
+	"sync"
+	"text/tabwriter"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+	"go.opentelemetry.io/otel/trace"
+
+	"github.com/txevidence/otelpgxtx/classifier"
+	"github.com/txevidence/otelpgxtx/outcome"
+	"github.com/txevidence/otelpgxtx/reconcile"
+)
+
+// soakFrame is what the checker needs of one ended frame span.
+type soakFrame struct {
+	span, parent     trace.SpanID
+	trace            trace.TraceID
+	start            time.Time
+	outcome, phase   string
+	op, ref, errType string
+	sqlstate         string
+	attempt          int64
+	committedLocally bool
+	participants     map[string]int64 // tx.participant events by tx.participant.outcome
+}
+
+// soakSpans is a span processor that records the start and end of every span of this
+// library's scope, and the frame spans' attributes. It keeps nothing else, so that a long
+// run does not hold hundreds of thousands of statement spans in memory.
+type soakSpans struct {
+	mu      sync.Mutex
+	started map[trace.SpanID]string
+	ends    map[trace.SpanID]int
+	frames  []soakFrame
+	// reconciles are the tx.reconcile spans, by operation id, in end order.
+	reconciles map[string][]string
+}
+
+// soakScope reports a span of the library's: the tracer's, or the reconciler's.
+func soakScope(name string) bool { return name == ScopeName || name == reconcile.ScopeName }
+
+func (p *soakSpans) OnStart(_ context.Context, s sdktrace.ReadWriteSpan) {
+	if !soakScope(s.InstrumentationScope().Name) {
+		return
+	}
+	p.mu.Lock()
+	p.started[s.SpanContext().SpanID()] = s.Name()
+	p.mu.Unlock()
+}
+
+func (p *soakSpans) OnEnd(s sdktrace.ReadOnlySpan) {
+	if !soakScope(s.InstrumentationScope().Name) {
+		return
+	}
+	var fr soakFrame
+	isFrame := false
+	if s.Name() == DefaultSpanName {
+		isFrame = true
+		fr = soakFrame{span: s.SpanContext().SpanID(), trace: s.SpanContext().TraceID(), parent: s.Parent().SpanID(), start: s.StartTime()}
+		for _, kv := range s.Attributes() {
+			switch kv.Key {
+			case OutcomeKey:
+				fr.outcome = kv.Value.AsString()
+			case PhaseKey:
+				fr.phase = kv.Value.AsString()
+			case OperationIDKey:
+				fr.op = kv.Value.AsString()
+			case ReconciliationRefKey:
+				fr.ref = kv.Value.AsString()
+			case errorTypeKey:
+				fr.errType = kv.Value.AsString()
+			case dbResponseStatusKey:
+				fr.sqlstate = kv.Value.AsString()
+			case AttemptKey:
+				fr.attempt = kv.Value.AsInt64()
+			case CommittedLocallyKey:
+				fr.committedLocally = kv.Value.AsBool()
+			}
+		}
+		for _, e := range s.Events() {
+			if e.Name != EventParticipant {
+				continue
+			}
+			for _, kv := range e.Attributes {
+				if kv.Key == ParticipantOutcomeKey {
+					if fr.participants == nil {
+						fr.participants = map[string]int64{}
+					}
+					fr.participants[kv.Value.AsString()]++
+				}
+			}
+		}
+	}
+	if s.Name() == SpanNameReconcile {
+		var op, resolved, reason string
+		for _, kv := range s.Attributes() {
+			switch kv.Key {
+			case OperationIDKey:
+				op = kv.Value.AsString()
+			case ResolvedOutcomeKey:
+				resolved = kv.Value.AsString()
+			case errorTypeKey:
+				reason = kv.Value.AsString()
+			}
+		}
+		p.mu.Lock()
+		p.reconciles[op] = append(p.reconciles[op], resolved+"/"+reason)
+		p.mu.Unlock()
+	}
+	p.mu.Lock()
+	p.ends[s.SpanContext().SpanID()]++
+	if isFrame {
+		p.frames = append(p.frames, fr)
+	}
+	p.mu.Unlock()
+}
+
+func (p *soakSpans) Shutdown(context.Context) error   { return nil }
+func (p *soakSpans) ForceFlush(context.Context) error { return nil }
+
+// soakAtSource reports an error.type the tracer gives a COMMIT it proved never executed.
+func soakAtSource(errType string) bool {
+	return errType == classifier.ReasonCommitNotSent || errType == classifier.ReasonSessionEndedBeforeCommit ||
+		errType == classifier.ReasonIdleInTransactionTimeout
+}
+
+type soakViolation struct {
+	op   int64
+	what string
+}
+
+func (s *soak) check(ctx context.Context, workload, total time.Duration) {
+	t := s.t
+	var bad []soakViolation
+	fail := func(id int64, format string, args ...any) {
+		bad = append(bad, soakViolation{id, fmt.Sprintf(format, args...)})
+	}
+	var ops []soakOp
+	for i := range s.ops {
+		if s.ops[i].ran {
+			ops = append(ops, s.ops[i])
+		}
+	}
+	ran := len(ops)
+
+	// No frame on any pooled connection: every one is idle now.
+	pools := []*pgxpool.Pool{s.direct, s.proxied}
+	for _, ps := range s.refPools {
+		pools = append(pools, ps[:]...)
+	}
+	for _, p := range pools {
+		conns := p.AcquireAllIdle(ctx)
+		for _, c := range conns {
+			if st := connStateOf(c.Conn()); st != nil && st.frame != nil {
+				fail(0, "an idle pooled connection still holds a frame in phase %s (operation %s)", st.frame.currentPhase(), st.frame.id)
+			}
+			c.Release()
+		}
+	}
+
+	// The database's answer.
+	rows := map[int64]string{}
+	{
+		r, err := s.admin.Query(ctx, "select id, op from soak_rows where id > 0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		for r.Next() {
+			var id int64
+			var op string
+			if err := r.Scan(&id, &op); err != nil {
+				t.Fatal(err)
+			}
+			rows[id] = op
+		}
+		if err := r.Err(); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	// Every span of the library's scope started was ended, exactly once.
+	s.spans.mu.Lock()
+	frames := slices.Clone(s.spans.frames)
+	unended := 0
+	for id, name := range s.spans.started {
+		if n := s.spans.ends[id]; n != 1 {
+			unended++
+			if unended <= 5 {
+				fail(0, "span %s %q ended %d times", id, name, n)
+			}
+		}
+	}
+	started, ended := len(s.spans.started), len(s.spans.ends)
+	autoSpans := maps.Clone(s.spans.reconciles) // before the checker's own reconciliations
+	s.spans.mu.Unlock()
+
+	byParent := map[trace.SpanID][]*soakFrame{}
+	for i := range frames {
+		byParent[frames[i].parent] = append(byParent[frames[i].parent], &frames[i])
+	}
+	for _, fs := range byParent {
+		slices.SortFunc(fs, func(a, b *soakFrame) int { return a.start.Compare(b.start) })
+	}
+	orphans := len(frames)
+
+	frameOutcomes := map[soakPathKey]int{}
+	resultOutcomes := map[soakPathKey]int{}
+	indetTruth := map[string]int{}  // "pgx present" ...
+	lost := map[string]int{}        // committed locally, lost in a failover, by path
+	atSource := map[string]int{}    // frames made determinate at the source, by mode
+	indetFrames := map[string]int{} // indeterminate frames, by mode
+	opOfFrame := map[*soakFrame]*soakOp{}
+
+	for i := range ops {
+		op := &ops[i]
+		fs := byParent[op.span]
+		orphans -= len(fs)
+		row, present := rows[op.id]
+		known := false
+		for _, f := range fs {
+			opOfFrame[f] = op
+			frameOutcomes[soakPathKey{op.path(), f.outcome}]++
+			if soakAtSource(f.errType) {
+				// Checked below like every rolled_back frame: its row must be absent.
+				atSource[op.mode()]++
+				if f.outcome != "rolled_back" {
+					fail(op.id, "frame %s has error.type %s but tx.outcome %s", f.op, f.errType, f.outcome)
+				}
+			}
+			if f.outcome == "indeterminate" {
+				indetFrames[op.mode()]++
+			}
+			here := present && row == f.op
+			known = known || here
+			switch f.outcome {
+			case "committed", "committed_with_post_commit_failure":
+				if !here && s.lostInFailover(f) {
+					lost[op.path()]++
+				} else if !here {
+					fail(op.id, "%s frame %s says %s; its row is absent (row names %q) [%s]", op.path(), f.op, f.outcome, row, op.describe())
+				}
+			case "rolled_back":
+				if here {
+					fail(op.id, "%s frame %s says rolled_back (%s %s); its row is present [%s]", op.path(), f.op, f.errType, f.sqlstate, op.describe())
+				}
+			case "indeterminate":
+				if here {
+					indetTruth[op.path()+": committed"]++
+				} else {
+					indetTruth[op.path()+": not committed"]++
+				}
+			default:
+				fail(op.id, "%s frame %s has tx.outcome %q", op.path(), f.op, f.outcome)
+			}
+		}
+		if present && !known {
+			fail(op.id, "row %d was committed by %q, which is none of the operation's %d frame(s) [%s]", op.id, row, len(fs), op.describe())
+		}
+		if op.run {
+			s.checkRun(op, fs, present, row, rows, fail)
+			resultOutcomes[soakPathKey{"run", op.res.Outcome().String()}]++
+		} else {
+			s.checkPlain(op, fs, present, fail)
+			o := "none (BEGIN failed before a frame)"
+			if len(fs) > 0 {
+				o = fs[len(fs)-1].outcome
+			}
+			resultOutcomes[soakPathKey{"pgx", o}]++
+		}
+	}
+	if orphans != 0 {
+		fail(0, "%d frame span(s) belong to no operation", orphans)
+	}
+
+	// The metrics count what the spans say: frames by outcome, participant calls by theirs.
+	h := &harness{reader: s.reader}
+	metricCounts := nonZero(h.countsByOutcome(t, ctx)) // every outcome's series starts at 0
+	spanCounts := map[string]int64{}
+	participantCounts := map[string]int64{}
+	for _, f := range frames {
+		spanCounts[f.outcome]++
+		for o, n := range f.participants {
+			participantCounts["tx.participant.outcome="+o] += n
+		}
+	}
+	if fmt.Sprint(metricCounts) != fmt.Sprint(spanCounts) {
+		fail(0, "metrics by outcome %v, frame spans by outcome %v", metricCounts, spanCounts)
+	}
+	if got := nonZero(h.sums(t, ctx, MetricParticipations, ParticipantOutcomeKey)); fmt.Sprint(got) != fmt.Sprint(participantCounts) {
+		fail(0, "participations by outcome %v, tx.participant events %v", got, participantCounts)
+	}
+
+	// Automatic reconciliation: one final answer per indeterminate frame, none contradicting
+	// the table, the last tx.reconcile span saying the same, the metrics counting the same.
+	s.autoMu.Lock()
+	auto := maps.Clone(s.auto)
+	s.autoMu.Unlock()
+	autoCounts := map[string]int{}       // resolution/reason → callbacks
+	autoByMode := map[string]int{}       // mode: resolution → callbacks
+	indeterminate, notReplicated := 0, 0 // notReplicated: attempts a barrier gave up on, retried
+	for i := range frames {
+		f := &frames[i]
+		if f.outcome != "indeterminate" {
+			continue
+		}
+		indeterminate++
+		op := opOfFrame[f]
+		got := auto[f.op]
+		delete(auto, f.op)
+		if len(got) != 1 {
+			fail(0, "indeterminate frame %s reconciled automatically %d times, want once", f.op, len(got))
+			continue
+		}
+		r := got[0].Answer
+		key := r.Status().String() + "/" + r.Reason()
+		autoCounts[key]++
+		if op == nil {
+			continue
+		}
+		autoByMode[op.mode()+": "+soakResolutionLabel(r)]++
+		if (f.ref != "") == (r.Reason() == reconcile.ReasonNoReference) {
+			fail(op.id, "frame %s with reference %q reconciled automatically %s", f.op, f.ref, key)
+		}
+		row, present := rows[op.id]
+		here := present && row == f.op
+		if got[0].CommittedLocally != f.committedLocally {
+			fail(op.id, "frame %s: committed_locally %v, the reconciliation says %v", f.op, f.committedLocally, got[0].CommittedLocally)
+		}
+		// A committed answer waited for the synchronous standby (the replication barrier),
+		// so a later failover keeps what it confirmed: any loss is a contradiction.
+		if msg := soakResolutionContradicts(r, here); msg != "" {
+			fail(op.id, "automatic reconciliation of frame %s: %s [%s]", f.op, msg, op.describe())
+		}
+		spans := autoSpans[f.op]
+		for _, sp := range spans {
+			if sp == reconcile.Unknown.String()+"/"+reconcile.ReasonNotReplicated {
+				notReplicated++
+			}
+		}
+		switch r.Reason() {
+		case reconcile.ReasonQueueFull, reconcile.ReasonStopped:
+			// Settled without a final attempt: every span it has is a retried one.
+		default:
+			if len(spans) == 0 || spans[len(spans)-1] != key {
+				fail(op.id, "frame %s reconciled %s; its tx.reconcile spans say %v", f.op, key, spans)
+			}
+		}
+	}
+	for op, rs := range auto {
+		fail(0, "automatic reconciliation of %s (%d answers), which is no indeterminate frame", op, len(rs))
+	}
+	{
+		counts, _, _ := (&harness{reader: s.reader}).reconcileCounts(t, ctx)
+		metricAuto := map[string]int{}
+		for k, n := range counts {
+			if n > 0 { // every series starts at 0
+				metricAuto[k] = int(n)
+			}
+		}
+		if fmt.Sprint(metricAuto) != fmt.Sprint(autoCounts) {
+			fail(0, "reconciliation metrics %v, callbacks %v", metricAuto, autoCounts)
+		}
+		total := 0
+		for _, n := range metricAuto {
+			total += n
+		}
+		if total != indeterminate {
+			fail(0, "reconciliation metrics count %d, indeterminate frame spans %d", total, indeterminate)
+		}
+	}
+
+	// Reconciliation: every indeterminate Run result, and every reference on any frame
+	// span, resolved against the table.
+	rec, err := reconcile.New(s.admin, reconcile.WithTracerProvider(s.tp), reconcile.WithWait(5*time.Second, 10*time.Millisecond))
+	if err != nil {
+		t.Fatal(err)
+	}
+	reconciled := map[string]int{}
+	indetResults, settled := map[string]int{}, map[string]int{}
+	for i := range ops {
+		op := &ops[i]
+		ind, ok := op.res.(outcome.Indeterminate[int64])
+		if !ok {
+			continue
+		}
+		indetResults[op.mode()]++
+		got, err := reconcile.Indeterminate(ctx, rec, ind)
+		if err != nil {
+			fail(op.id, "Reconcile: %v", err)
+			continue
+		}
+		row, present := rows[op.id]
+		here := present && row == ind.OperationID().String()
+		reconciled[op.mode()+": "+soakResolutionLabel(got)]++
+		if got.Status() != reconcile.Unknown {
+			settled[op.mode()]++
+		}
+		if msg := soakResolutionContradicts(got, here); msg != "" {
+			fail(op.id, "Reconcile of an indeterminate Run result: %s [%s]", msg, op.describe())
+		}
+	}
+	resolvedRefs := map[string]int{}
+	for i := range frames {
+		f := &frames[i]
+		if f.ref == "" {
+			continue
+		}
+		ref, err := outcome.ParseReconciliationRef(f.ref)
+		if err != nil {
+			fail(0, "frame %s: tx.reconciliation.ref %q: %v", f.op, f.ref, err)
+			continue
+		}
+		got, err := rec.Resolve(ctx, ref, trace.NewSpanContext(trace.SpanContextConfig{TraceID: f.trace, SpanID: f.span, TraceFlags: trace.FlagsSampled}))
+		if err != nil {
+			fail(0, "Resolve %s: %v", ref, err)
+			continue
+		}
+		op := opOfFrame[f]
+		if op == nil {
+			continue
+		}
+		row, present := rows[op.id]
+		here := present && row == f.op
+		resolvedRefs[f.outcome+" → "+soakResolutionLabel(got)]++
+		if f.outcome == "indeterminate" && !op.run {
+			// Plain pgx has no Result: its indeterminate frames are what Reconcile settles.
+			reconciled[op.mode()+": "+soakResolutionLabel(got)]++
+			if got.Status() != reconcile.Unknown {
+				settled[op.mode()]++
+			}
+		}
+		if msg := soakResolutionContradicts(got, here); msg != "" {
+			fail(op.id, "Resolve of the reference %s of a %s frame %s: %s [%s]", ref, f.outcome, f.op, msg, op.describe())
+		}
+		if f.outcome == "committed" && got.Status() == reconcile.Aborted && !(!here && s.lostInFailover(f)) ||
+			f.outcome == "rolled_back" && got.Status() == reconcile.Committed {
+			fail(op.id, "the reconciler says %s of a frame the tracer saw %s", got.Status(), f.outcome)
+		}
+	}
+
+	for k, n := range s.errs.snapshot() {
+		fail(0, "harness: %s (%d times)", k, n)
+	}
+
+	// The report.
+	var b strings.Builder
+	tw := tabwriter.NewWriter(&b, 0, 0, 2, ' ', tabwriter.AlignRight|tabwriter.Debug)
+	fmt.Fprintf(&b, "\nsoundness: seed %d, %d workers, %d operations (of %d) in %s (workload %s), %d frame spans, %d/%d library spans ended\n",
+		s.cfg.seed, s.cfg.workers, ran, s.cfg.tx, total.Round(time.Millisecond), workload.Round(time.Millisecond), len(frames), ended, started)
+	fmt.Fprintln(&b, "\nframe spans by tx.outcome (every physical transaction, retries included):")
+	soakPrintByPath(tw, frameOutcomes)
+	tw.Flush()
+	fmt.Fprintln(&b, "\nper operation: Run's returned result / plain pgx's last frame span:")
+	soakPrintByPath(tw, resultOutcomes)
+	tw.Flush()
+	fmt.Fprintln(&b, "\nfaults injected:")
+	faults := s.faults.snapshot()
+	var dup, serialFailures, deadlines int
+	for i := range frames {
+		switch {
+		case frames[i].sqlstate == "23505" && frames[i].phase == "rolled_back" && strings.Contains(frames[i].errType, "constraint"):
+			dup++
+		case frames[i].sqlstate == "40001":
+			serialFailures++
+		}
+		if frames[i].errType == "deadline_exceeded" && frames[i].outcome == "indeterminate" {
+			deadlines++
+		}
+	}
+	faults["workload: deferred unique violation (23505 frames)"] = dup
+	faults["workload: serialization failure (40001 frames)"] = serialFailures
+	faults["client: context deadline during COMMIT (indeterminate frames)"] = deadlines
+	faults["proxy: connections cut (fired)"] = int(s.proxy.Cuts())
+	for _, k := range slices.Sorted(maps.Keys(faults)) {
+		fmt.Fprintf(tw, "  %s\t%d\t\n", k, faults[k])
+	}
+	tw.Flush()
+	fmt.Fprintln(&b, "\nindeterminate frames, ground truth after the fact:")
+	for _, k := range slices.Sorted(maps.Keys(indetTruth)) {
+		fmt.Fprintf(tw, "  %s\t%d\t\n", k, indetTruth[k])
+	}
+	tw.Flush()
+	if s.cluster != nil {
+		fmt.Fprintln(&b, "\ncommitted locally (synchronous-replication wait ended), lost in a failover:")
+		for _, k := range slices.Sorted(maps.Keys(lost)) {
+			fmt.Fprintf(tw, "  %s\t%d\t\n", k, lost[k])
+		}
+		tw.Flush()
+	}
+	fmt.Fprintf(&b, "\nautomatic reconciliation of the %d indeterminate frames (one answer each; metrics = callbacks = spans):\n", indeterminate)
+	for _, k := range slices.Sorted(maps.Keys(autoByMode)) {
+		fmt.Fprintf(tw, "  %s\t%d\t\n", k, autoByMode[k])
+	}
+	fmt.Fprintf(tw, "  attempts unknown %s (retried)\t%d\t\n", reconcile.ReasonNotReplicated, notReplicated)
+	tw.Flush()
+	fmt.Fprintln(&b, "\nReconcile on indeterminate Run results, and on the references of indeterminate plain pgx frames:")
+	for _, k := range slices.Sorted(maps.Keys(reconciled)) {
+		fmt.Fprintf(tw, "  %s\t%d\t\n", k, reconciled[k])
+	}
+	tw.Flush()
+	fmt.Fprintln(&b, "\nsettled, by mode: indeterminate frames; made determinate at the source (each checked against the table);")
+	fmt.Fprintln(&b, "indeterminate results; settled by Reconcile; settled of all that would have been indeterminate:")
+	for _, m := range []string{"pgx", "pgx, xid only", "pgx, xid + marker", "run, xid only", "run, xid + marker"} {
+		would := atSource[m] + indetResults[m]
+		if strings.HasPrefix(m, "pgx") {
+			would = atSource[m] + indetFrames[m]
+		}
+		pct := 0.0
+		if would > 0 {
+			pct = 100 * float64(atSource[m]+settled[m]) / float64(would)
+		}
+		fmt.Fprintf(tw, "  %s\t%d\t%d\t%d\t%d\t%.1f%%\t\n", m, indetFrames[m], atSource[m], indetResults[m], settled[m], pct)
+	}
+	tw.Flush()
+	fmt.Fprintln(&b, "\nResolve on every frame span's reference (outcome → resolution):")
+	for _, k := range slices.Sorted(maps.Keys(resolvedRefs)) {
+		fmt.Fprintf(tw, "  %s\t%d\t\n", k, resolvedRefs[k])
+	}
+	tw.Flush()
+	fmt.Fprintf(&b, "\nmisclassifications: %d\n", len(bad))
+	t.Log(b.String())
+	for i, v := range bad {
+		if i == 30 {
+			t.Errorf("… and %d more", len(bad)-i)
+			break
+		}
+		t.Errorf("operation %d: %s", v.op, v.what)
+	}
+}
+
+// lostInFailover reports whether a committed frame may be absent from the surviving
+// history: it only committed locally, on a cluster that failed over.
+func (s *soak) lostInFailover(f *soakFrame) bool {
+	return s.cluster != nil && f.committedLocally
+}
+
+// soakPathKey counts outcomes per path ("pgx", "run").
+type soakPathKey struct{ path, outcome string }
+
+func soakPrintByPath(tw *tabwriter.Writer, counts map[soakPathKey]int) {
+	outcomes := map[string]bool{}
+	for k := range counts {
+		outcomes[k.outcome] = true
+	}
+	fmt.Fprintf(tw, "  outcome\tpgx\trun\ttotal\t\n")
+	var tp, tr int
+	for _, o := range slices.Sorted(maps.Keys(outcomes)) {
+		p, r := counts[soakPathKey{"pgx", o}], counts[soakPathKey{"run", o}]
+		tp, tr = tp+p, tr+r
+		fmt.Fprintf(tw, "  %s\t%d\t%d\t%d\t\n", o, p, r, p+r)
+	}
+	fmt.Fprintf(tw, "  total\t%d\t%d\t%d\t\n", tp, tr, tp+tr)
+}
+
+func soakResolutionLabel(r reconcile.Answer) string {
+	if r.Status() == reconcile.Unknown {
+		return "unknown: " + r.Reason()
+	}
+	return r.Status().String()
+}
+
+// soakResolutionContradicts says how a resolution contradicts the table, or "".
+func soakResolutionContradicts(r reconcile.Answer, present bool) string {
+	switch r.Status() {
+	case reconcile.Committed:
+		if !present {
+			return "resolved committed; the row is absent"
+		}
+	case reconcile.Aborted, reconcile.NoWrites:
+		if present {
+			return "resolved " + r.Status().String() + "; the row is present"
+		}
+	case reconcile.Unknown:
+		if r.Reason() == "" {
+			return "unresolved without a reason"
+		}
+	}
+	return ""
+}
+
+func (o *soakOp) describe() string {
+	var parts []string
+	parts = append(parts, o.path(), o.via)
+	for _, f := range []struct {
+		on   bool
+		name string
+	}{{o.syncRep, "syncrep"}, {o.control == soakCommitCancel, "cancellable"}, {o.control == soakCommitDeadline, "deadline"},
+		{o.dup, "dup"}, {o.serial, "serializable"}, {o.appRollback, "app-rollback"}, {o.pause, "pause"},
+		{o.postCommitFail, "post-commit-fail"}, {o.participant, "participant"}, {o.marker, "marker"}} {
+		if f.on {
+			parts = append(parts, f.name)
+		}
+	}
+	if o.run {
+		parts = append(parts, fmt.Sprintf("calls=%d", o.calls))
+		if o.res != nil {
+			parts = append(parts, "result="+o.res.Outcome().String())
+			switch r := o.res.(type) {
+			case outcome.DeterminateRollback[int64]:
+				parts = append(parts, fmt.Sprintf("phase=%s cause=%v", r.Phase(), r.Cause()))
+			case outcome.Indeterminate[int64]:
+				parts = append(parts, fmt.Sprintf("cause=%v", r.Cause()))
+			}
+		}
+	} else {
+		if o.failedAt != "" {
+			parts = append(parts, "failed at "+o.failedAt+": "+fmt.Sprint(o.err))
+		}
+		if o.committed {
+			parts = append(parts, fmt.Sprintf("Commit error=%v", o.commitErr))
+		}
+	}
+	return strings.Join(parts, " ")
+}
+
+// checkPlain: the plain caller's own view must agree with the span.
+func (s *soak) checkPlain(op *soakOp, fs []*soakFrame, present bool, fail func(int64, string, ...any)) {
+	if len(fs) > 1 {
+		fail(op.id, "plain pgx operation has %d frames, want at most one [%s]", len(fs), op.describe())
+		return
+	}
+	if len(fs) == 0 {
+		if op.failedAt != "begin" {
+			fail(op.id, "plain pgx transaction began but has no frame span [%s]", op.describe())
+		}
+		if present {
+			fail(op.id, "no transaction began, yet row is present [%s]", op.describe())
+		}
+		return
+	}
+	f := fs[0]
+	switch {
+	case op.committed && op.commitErr == nil && f.outcome != "committed":
+		fail(op.id, "Commit returned nil; the span says %s [%s]", f.outcome, op.describe())
+	case f.outcome == "committed" && (!op.committed || op.commitErr != nil):
+		fail(op.id, "the span says committed; the caller's Commit said %v [%s]", op.commitErr, op.describe())
+	case f.outcome == "indeterminate" && !op.committed:
+		fail(op.id, "the span says indeterminate, but COMMIT was never sent [%s]", op.describe())
+	}
+}
+
+// checkRun: the returned result agrees with its frame span and with the table.
+func (s *soak) checkRun(op *soakOp, fs []*soakFrame, present bool, row string, rows map[int64]string, fail func(int64, string, ...any)) {
+	res := op.res
+	if res == nil {
+		fail(op.id, "Run returned no result")
+		return
+	}
+	id := res.OperationID()
+	if len(fs) == 0 {
+		if !soakNotStarted(res) {
+			fail(op.id, "Run result %s has no frame span [%s]", res.Outcome(), op.describe())
+		}
+	} else {
+		last := fs[len(fs)-1]
+		if last.outcome != res.Outcome().String() {
+			fail(op.id, "Run returned %s; its frame span says %s [%s]", res.Outcome(), last.outcome, op.describe())
+		}
+		if !id.IsZero() && last.op != id.String() {
+			fail(op.id, "Run result names operation %s; the last frame span is %s", id, last.op)
+		}
+		for _, f := range fs[:len(fs)-1] {
+			if f.outcome != "rolled_back" {
+				fail(op.id, "an attempt that was retried ended %s [%s]", f.outcome, op.describe())
+			}
+		}
+	}
+	switch res.Outcome() {
+	case outcome.OutcomeCommitted, outcome.OutcomeCommittedWithPostCommitFailure:
+		if !present && len(fs) > 0 && s.lostInFailover(fs[len(fs)-1]) {
+			break // counted with its frame
+		}
+		if !present || row != id.String() {
+			fail(op.id, "Run returned %s; row present %v (named %q) [%s]", res.Outcome(), present, row, op.describe())
+		}
+		if res.Outcome() == outcome.OutcomeCommittedWithPostCommitFailure && !op.postCommitFail {
+			fail(op.id, "committed_with_post_commit_failure without a failing hook")
+		}
+	case outcome.OutcomeRolledBack:
+		if present {
+			fail(op.id, "Run returned rolled_back; the row is present (committed by %s) [%s]", row, op.describe())
+		}
+	case outcome.OutcomeIndeterminate:
+		if ind := res.(outcome.Indeterminate[int64]); ind.TraceParent() == "" {
+			fail(op.id, "indeterminate Run result without a traceparent")
+		}
+	default:
+		fail(op.id, "Run returned %s", res.Outcome())
+	}
+	if op.participant && op.inner != nil {
+		switch op.inner.Outcome() {
+		case outcome.OutcomeParticipating, outcome.OutcomeRolledBack:
+		default:
+			fail(op.id, "the participant claims %s", op.inner.Outcome())
+		}
+		innerRow, innerPresent := rows[op.id+soakParticipantOffset]
+		if innerPresent != present || innerPresent && innerRow != row {
+			fail(op.id, "participant's row present %v (%q), owner's %v (%q): one transaction, two fates", innerPresent, innerRow, present, row)
+		}
+	}
+}
