@@ -11,6 +11,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"testing"
 	"text/tabwriter"
 	"time"
 
@@ -136,76 +137,148 @@ func soakAtSource(errType string) bool {
 		errType == classifier.ReasonIdleInTransactionTimeout
 }
 
+// soakViolation is one finding of the checker: the operation it is about (0: none) and
+// what is wrong.
 type soakViolation struct {
 	op   int64
 	what string
 }
 
+// check compares what the soak recorded with the database and with itself, once the
+// server is back and quiet, step by step, then reports: the figures in the test's log,
+// each violation as an error. The order matters: a step reads what the steps before it
+// gathered (the rows, the frames, which operation each frame belongs to).
 func (s *soak) check(ctx context.Context, workload, total time.Duration) {
-	t := s.t
-	var bad []soakViolation
-	fail := func(id int64, format string, args ...any) {
-		bad = append(bad, soakViolation{id, fmt.Sprintf(format, args...)})
-	}
-	var ops []soakOp
+	c := newSoakCheck(ctx, s)
+	c.framesLeftOnConnections()
+	c.databaseRows()
+	c.spansEndedOnce()
+	c.framesAgainstRows()
+	c.metricsAgainstSpans()
+	c.automaticReconciliation()
+	c.reconcilingReferences()
+	c.harnessErrors()
+	c.report(workload, total)
+}
+
+// soakCheck is the checker's state: the violations found so far, and what each step
+// gathers for the steps after it and for the report.
+type soakCheck struct {
+	s   *soak
+	t   *testing.T
+	ctx context.Context
+	bad []soakViolation
+	ops []soakOp // the operations that ran
+
+	// databaseRows: the table, each row's id and the operation id it names.
+	rows map[int64]string
+
+	// spansEndedOnce: the frame spans, how many spans of the library's scope started and
+	// ended, and the tx.reconcile spans by operation id (before the checker's own).
+	frames         []soakFrame
+	started, ended int
+	autoSpans      map[string][]string
+
+	// framesAgainstRows: the operation of each frame, and the report's counts.
+	opOfFrame      map[*soakFrame]*soakOp
+	frameOutcomes  map[soakPathKey]int // frame spans by path and tx.outcome
+	resultOutcomes map[soakPathKey]int // per operation: Run's result, plain pgx's last frame
+	indetTruth     map[string]int      // "pgx: committed" ...: indeterminate frames against the table
+	lost           map[string]int      // committed locally, lost in a failover, by path
+	atSource       map[string]int      // frames made determinate at the source, by mode
+	indetFrames    map[string]int      // indeterminate frames, by mode
+
+	// automaticReconciliation.
+	indeterminate int            // indeterminate frame spans
+	autoByMode    map[string]int // mode: resolution → callbacks
+	notReplicated int            // attempts a barrier gave up on, retried
+
+	// reconcilingReferences.
+	reconciled   map[string]int // mode: resolution → Reconcile's answers
+	indetResults map[string]int // indeterminate Run results, by mode
+	settled      map[string]int // Reconcile's answers other than unknown, by mode
+	resolvedRefs map[string]int // "outcome → resolution": Resolve of every frame's reference
+}
+
+func newSoakCheck(ctx context.Context, s *soak) *soakCheck {
+	c := &soakCheck{s: s, t: s.t, ctx: ctx}
 	for i := range s.ops {
 		if s.ops[i].ran {
-			ops = append(ops, s.ops[i])
+			c.ops = append(c.ops, s.ops[i])
 		}
 	}
-	ran := len(ops)
+	return c
+}
 
-	// No frame on any pooled connection: every one is idle now.
+// fail records a violation about operation id (0: about none).
+func (c *soakCheck) fail(id int64, format string, args ...any) {
+	c.bad = append(c.bad, soakViolation{id, fmt.Sprintf(format, args...)})
+}
+
+// framesLeftOnConnections: no frame on any pooled connection; every one is idle now.
+func (c *soakCheck) framesLeftOnConnections() {
+	s := c.s
 	pools := []*pgxpool.Pool{s.direct, s.proxied}
 	for _, ps := range s.refPools {
 		pools = append(pools, ps[:]...)
 	}
 	for _, p := range pools {
-		conns := p.AcquireAllIdle(ctx)
-		for _, c := range conns {
-			if st := connStateOf(c.Conn()); st != nil && st.frame != nil {
-				fail(0, "an idle pooled connection still holds a frame in phase %s (operation %s)", st.frame.currentPhase(), st.frame.id)
+		conns := p.AcquireAllIdle(c.ctx)
+		for _, pc := range conns {
+			if st := connStateOf(pc.Conn()); st != nil && st.frame != nil {
+				c.fail(0, "an idle pooled connection still holds a frame in phase %s (operation %s)", st.frame.currentPhase(), st.frame.id)
 			}
-			c.Release()
+			pc.Release()
 		}
 	}
+}
 
-	// The database's answer.
-	rows := map[int64]string{}
-	{
-		r, err := s.admin.Query(ctx, "select id, op from soak_rows where id > 0")
-		if err != nil {
-			t.Fatal(err)
-		}
-		for r.Next() {
-			var id int64
-			var op string
-			if err := r.Scan(&id, &op); err != nil {
-				t.Fatal(err)
-			}
-			rows[id] = op
-		}
-		if err := r.Err(); err != nil {
-			t.Fatal(err)
-		}
+// databaseRows reads the database's answer: the workload's rows.
+func (c *soakCheck) databaseRows() {
+	t := c.t
+	c.rows = map[int64]string{}
+	r, err := c.s.admin.Query(c.ctx, "select id, op from soak_rows where id > 0")
+	if err != nil {
+		t.Fatal(err)
 	}
+	for r.Next() {
+		var id int64
+		var op string
+		if err := r.Scan(&id, &op); err != nil {
+			t.Fatal(err)
+		}
+		c.rows[id] = op
+	}
+	if err := r.Err(); err != nil {
+		t.Fatal(err)
+	}
+}
 
-	// Every span of the library's scope started was ended, exactly once.
-	s.spans.mu.Lock()
-	frames := slices.Clone(s.spans.frames)
+// spansEndedOnce: every span of the library's scope started was ended, exactly once. It
+// takes the frame spans and the tx.reconcile spans for the steps after it.
+func (c *soakCheck) spansEndedOnce() {
+	sp := c.s.spans
+	sp.mu.Lock()
+	c.frames = slices.Clone(sp.frames)
 	unended := 0
-	for id, name := range s.spans.started {
-		if n := s.spans.ends[id]; n != 1 {
+	for id, name := range sp.started {
+		if n := sp.ends[id]; n != 1 {
 			unended++
 			if unended <= 5 {
-				fail(0, "span %s %q ended %d times", id, name, n)
+				c.fail(0, "span %s %q ended %d times", id, name, n)
 			}
 		}
 	}
-	started, ended := len(s.spans.started), len(s.spans.ends)
-	autoSpans := maps.Clone(s.spans.reconciles) // before the checker's own reconciliations
-	s.spans.mu.Unlock()
+	c.started, c.ended = len(sp.started), len(sp.ends)
+	c.autoSpans = maps.Clone(sp.reconciles) // before the checker's own reconciliations
+	sp.mu.Unlock()
+}
 
+// framesAgainstRows: each operation's frames against its row (committed: present;
+// rolled_back: absent; a present row written by one of its frames), the caller's own view
+// against the frames (checkPlain, checkRun), and no frame without an operation.
+func (c *soakCheck) framesAgainstRows() {
+	s, frames := c.s, c.frames
 	byParent := map[trace.SpanID][]*soakFrame{}
 	for i := range frames {
 		byParent[frames[i].parent] = append(byParent[frames[i].parent], &frames[i])
@@ -215,112 +288,114 @@ func (s *soak) check(ctx context.Context, workload, total time.Duration) {
 	}
 	orphans := len(frames)
 
-	frameOutcomes := map[soakPathKey]int{}
-	resultOutcomes := map[soakPathKey]int{}
-	indetTruth := map[string]int{}  // "pgx present" ...
-	lost := map[string]int{}        // committed locally, lost in a failover, by path
-	atSource := map[string]int{}    // frames made determinate at the source, by mode
-	indetFrames := map[string]int{} // indeterminate frames, by mode
-	opOfFrame := map[*soakFrame]*soakOp{}
+	c.frameOutcomes, c.resultOutcomes = map[soakPathKey]int{}, map[soakPathKey]int{}
+	c.indetTruth, c.lost, c.atSource, c.indetFrames = map[string]int{}, map[string]int{}, map[string]int{}, map[string]int{}
+	c.opOfFrame = map[*soakFrame]*soakOp{}
 
-	for i := range ops {
-		op := &ops[i]
+	for i := range c.ops {
+		op := &c.ops[i]
 		fs := byParent[op.span]
 		orphans -= len(fs)
-		row, present := rows[op.id]
+		row, present := c.rows[op.id]
 		known := false
 		for _, f := range fs {
-			opOfFrame[f] = op
-			frameOutcomes[soakPathKey{op.path(), f.outcome}]++
+			c.opOfFrame[f] = op
+			c.frameOutcomes[soakPathKey{op.path(), f.outcome}]++
 			if soakAtSource(f.errType) {
 				// Checked below like every rolled_back frame: its row must be absent.
-				atSource[op.mode()]++
+				c.atSource[op.mode()]++
 				if f.outcome != "rolled_back" {
-					fail(op.id, "frame %s has error.type %s but tx.outcome %s", f.op, f.errType, f.outcome)
+					c.fail(op.id, "frame %s has error.type %s but tx.outcome %s", f.op, f.errType, f.outcome)
 				}
 			}
 			if f.outcome == "indeterminate" {
-				indetFrames[op.mode()]++
+				c.indetFrames[op.mode()]++
 			}
 			here := present && row == f.op
 			known = known || here
 			switch f.outcome {
 			case "committed", "committed_with_post_commit_failure":
 				if !here && s.lostInFailover(f) {
-					lost[op.path()]++
+					c.lost[op.path()]++
 				} else if !here {
-					fail(op.id, "%s frame %s says %s; its row is absent (row names %q) [%s]", op.path(), f.op, f.outcome, row, op.describe())
+					c.fail(op.id, "%s frame %s says %s; its row is absent (row names %q) [%s]", op.path(), f.op, f.outcome, row, op.describe())
 				}
 			case "rolled_back":
 				if here {
-					fail(op.id, "%s frame %s says rolled_back (%s %s); its row is present [%s]", op.path(), f.op, f.errType, f.sqlstate, op.describe())
+					c.fail(op.id, "%s frame %s says rolled_back (%s %s); its row is present [%s]", op.path(), f.op, f.errType, f.sqlstate, op.describe())
 				}
 			case "indeterminate":
 				if here {
-					indetTruth[op.path()+": committed"]++
+					c.indetTruth[op.path()+": committed"]++
 				} else {
-					indetTruth[op.path()+": not committed"]++
+					c.indetTruth[op.path()+": not committed"]++
 				}
 			default:
-				fail(op.id, "%s frame %s has tx.outcome %q", op.path(), f.op, f.outcome)
+				c.fail(op.id, "%s frame %s has tx.outcome %q", op.path(), f.op, f.outcome)
 			}
 		}
 		if present && !known {
-			fail(op.id, "row %d was committed by %q, which is none of the operation's %d frame(s) [%s]", op.id, row, len(fs), op.describe())
+			c.fail(op.id, "row %d was committed by %q, which is none of the operation's %d frame(s) [%s]", op.id, row, len(fs), op.describe())
 		}
 		if op.run {
-			s.checkRun(op, fs, present, row, rows, fail)
-			resultOutcomes[soakPathKey{"run", op.res.Outcome().String()}]++
+			c.checkRun(op, fs, present, row)
+			c.resultOutcomes[soakPathKey{"run", op.res.Outcome().String()}]++
 		} else {
-			s.checkPlain(op, fs, present, fail)
+			c.checkPlain(op, fs, present)
 			o := "none (BEGIN failed before a frame)"
 			if len(fs) > 0 {
 				o = fs[len(fs)-1].outcome
 			}
-			resultOutcomes[soakPathKey{"pgx", o}]++
+			c.resultOutcomes[soakPathKey{"pgx", o}]++
 		}
 	}
 	if orphans != 0 {
-		fail(0, "%d frame span(s) belong to no operation", orphans)
+		c.fail(0, "%d frame span(s) belong to no operation", orphans)
 	}
+}
 
-	// The metrics count what the spans say: frames by outcome, participant calls by theirs.
-	h := &harness{reader: s.reader}
+// metricsAgainstSpans: the metrics count what the spans say: frames by outcome,
+// participant calls by theirs.
+func (c *soakCheck) metricsAgainstSpans() {
+	t, ctx := c.t, c.ctx
+	h := &harness{reader: c.s.reader}
 	metricCounts := nonZero(h.countsByOutcome(t, ctx)) // every outcome's series starts at 0
 	spanCounts := map[string]int64{}
 	participantCounts := map[string]int64{}
-	for _, f := range frames {
+	for _, f := range c.frames {
 		spanCounts[f.outcome]++
 		for o, n := range f.participants {
 			participantCounts["tx.participant.outcome="+o] += n
 		}
 	}
 	if fmt.Sprint(metricCounts) != fmt.Sprint(spanCounts) {
-		fail(0, "metrics by outcome %v, frame spans by outcome %v", metricCounts, spanCounts)
+		c.fail(0, "metrics by outcome %v, frame spans by outcome %v", metricCounts, spanCounts)
 	}
 	if got := nonZero(h.sums(t, ctx, MetricParticipations, ParticipantOutcomeKey)); fmt.Sprint(got) != fmt.Sprint(participantCounts) {
-		fail(0, "participations by outcome %v, tx.participant events %v", got, participantCounts)
+		c.fail(0, "participations by outcome %v, tx.participant events %v", got, participantCounts)
 	}
+}
 
-	// Automatic reconciliation: one final answer per indeterminate frame, none contradicting
-	// the table, the last tx.reconcile span saying the same, the metrics counting the same.
+// automaticReconciliation: one final answer per indeterminate frame, none contradicting
+// the table, the last tx.reconcile span saying the same, the metrics counting the same.
+func (c *soakCheck) automaticReconciliation() {
+	s, frames := c.s, c.frames
 	s.autoMu.Lock()
 	auto := maps.Clone(s.auto)
 	s.autoMu.Unlock()
-	autoCounts := map[string]int{}       // resolution/reason → callbacks
-	autoByMode := map[string]int{}       // mode: resolution → callbacks
-	indeterminate, notReplicated := 0, 0 // notReplicated: attempts a barrier gave up on, retried
+	autoCounts := map[string]int{} // resolution/reason → callbacks
+	c.autoByMode = map[string]int{}
 	for i := range frames {
 		f := &frames[i]
 		if f.outcome != "indeterminate" {
 			continue
 		}
-		indeterminate++
-		op := opOfFrame[f]
+		c.indeterminate++
+		op := c.opOfFrame[f]
 		got := auto[f.op]
 		delete(auto, f.op)
 		if len(got) != 1 {
-			fail(0, "indeterminate frame %s reconciled automatically %d times, want once", f.op, len(got))
+			c.fail(0, "indeterminate frame %s reconciled automatically %d times, want once", f.op, len(got))
 			continue
 		}
 		r := got[0].Answer
@@ -329,24 +404,24 @@ func (s *soak) check(ctx context.Context, workload, total time.Duration) {
 		if op == nil {
 			continue
 		}
-		autoByMode[op.mode()+": "+soakResolutionLabel(r)]++
+		c.autoByMode[op.mode()+": "+soakResolutionLabel(r)]++
 		if (f.ref != "") == (r.Reason() == reconcile.ReasonNoReference) {
-			fail(op.id, "frame %s with reference %q reconciled automatically %s", f.op, f.ref, key)
+			c.fail(op.id, "frame %s with reference %q reconciled automatically %s", f.op, f.ref, key)
 		}
-		row, present := rows[op.id]
+		row, present := c.rows[op.id]
 		here := present && row == f.op
 		if got[0].CommittedLocally != f.committedLocally {
-			fail(op.id, "frame %s: committed_locally %v, the reconciliation says %v", f.op, f.committedLocally, got[0].CommittedLocally)
+			c.fail(op.id, "frame %s: committed_locally %v, the reconciliation says %v", f.op, f.committedLocally, got[0].CommittedLocally)
 		}
 		// A committed answer waited for the synchronous standby (the replication barrier),
 		// so a later failover keeps what it confirmed: any loss is a contradiction.
 		if msg := soakResolutionContradicts(r, here); msg != "" {
-			fail(op.id, "automatic reconciliation of frame %s: %s [%s]", f.op, msg, op.describe())
+			c.fail(op.id, "automatic reconciliation of frame %s: %s [%s]", f.op, msg, op.describe())
 		}
-		spans := autoSpans[f.op]
+		spans := c.autoSpans[f.op]
 		for _, sp := range spans {
 			if sp == reconcile.Unknown.String()+"/"+reconcile.ReasonNotReplicated {
-				notReplicated++
+				c.notReplicated++
 			}
 		}
 		switch r.Reason() {
@@ -354,64 +429,65 @@ func (s *soak) check(ctx context.Context, workload, total time.Duration) {
 			// Settled without a final attempt: every span it has is a retried one.
 		default:
 			if len(spans) == 0 || spans[len(spans)-1] != key {
-				fail(op.id, "frame %s reconciled %s; its tx.reconcile spans say %v", f.op, key, spans)
+				c.fail(op.id, "frame %s reconciled %s; its tx.reconcile spans say %v", f.op, key, spans)
 			}
 		}
 	}
 	for op, rs := range auto {
-		fail(0, "automatic reconciliation of %s (%d answers), which is no indeterminate frame", op, len(rs))
+		c.fail(0, "automatic reconciliation of %s (%d answers), which is no indeterminate frame", op, len(rs))
 	}
-	{
-		counts, _, _ := (&harness{reader: s.reader}).reconcileCounts(t, ctx)
-		metricAuto := map[string]int{}
-		for k, n := range counts {
-			if n > 0 { // every series starts at 0
-				metricAuto[k] = int(n)
-			}
-		}
-		if fmt.Sprint(metricAuto) != fmt.Sprint(autoCounts) {
-			fail(0, "reconciliation metrics %v, callbacks %v", metricAuto, autoCounts)
-		}
-		total := 0
-		for _, n := range metricAuto {
-			total += n
-		}
-		if total != indeterminate {
-			fail(0, "reconciliation metrics count %d, indeterminate frame spans %d", total, indeterminate)
+	counts, _, _ := (&harness{reader: s.reader}).reconcileCounts(c.t, c.ctx)
+	metricAuto := map[string]int{}
+	for k, n := range counts {
+		if n > 0 { // every series starts at 0
+			metricAuto[k] = int(n)
 		}
 	}
+	if fmt.Sprint(metricAuto) != fmt.Sprint(autoCounts) {
+		c.fail(0, "reconciliation metrics %v, callbacks %v", metricAuto, autoCounts)
+	}
+	total := 0
+	for _, n := range metricAuto {
+		total += n
+	}
+	if total != c.indeterminate {
+		c.fail(0, "reconciliation metrics count %d, indeterminate frame spans %d", total, c.indeterminate)
+	}
+}
 
-	// Reconciliation: every indeterminate Run result, and every reference on any frame
-	// span, resolved against the table.
+// reconcilingReferences: every indeterminate Run result reconciled, and every reference on
+// any frame span resolved, against the table.
+func (c *soakCheck) reconcilingReferences() {
+	s, ctx, frames := c.s, c.ctx, c.frames
 	rec, err := reconcile.New(s.admin, reconcile.WithTracerProvider(s.tp), reconcile.WithWait(5*time.Second, 10*time.Millisecond))
 	if err != nil {
-		t.Fatal(err)
+		c.t.Fatal(err)
 	}
-	reconciled := map[string]int{}
-	indetResults, settled := map[string]int{}, map[string]int{}
-	for i := range ops {
-		op := &ops[i]
+	c.reconciled = map[string]int{}
+	c.indetResults, c.settled = map[string]int{}, map[string]int{}
+	for i := range c.ops {
+		op := &c.ops[i]
 		ind, ok := op.res.(outcome.Indeterminate[int64])
 		if !ok {
 			continue
 		}
-		indetResults[op.mode()]++
+		c.indetResults[op.mode()]++
 		got, err := reconcile.Indeterminate(ctx, rec, ind)
 		if err != nil {
-			fail(op.id, "Reconcile: %v", err)
+			c.fail(op.id, "Reconcile: %v", err)
 			continue
 		}
-		row, present := rows[op.id]
+		row, present := c.rows[op.id]
 		here := present && row == ind.OperationID().String()
-		reconciled[op.mode()+": "+soakResolutionLabel(got)]++
+		c.reconciled[op.mode()+": "+soakResolutionLabel(got)]++
 		if got.Status() != reconcile.Unknown {
-			settled[op.mode()]++
+			c.settled[op.mode()]++
 		}
 		if msg := soakResolutionContradicts(got, here); msg != "" {
-			fail(op.id, "Reconcile of an indeterminate Run result: %s [%s]", msg, op.describe())
+			c.fail(op.id, "Reconcile of an indeterminate Run result: %s [%s]", msg, op.describe())
 		}
 	}
-	resolvedRefs := map[string]int{}
+	c.resolvedRefs = map[string]int{}
 	for i := range frames {
 		f := &frames[i]
 		if f.ref == "" {
@@ -419,51 +495,58 @@ func (s *soak) check(ctx context.Context, workload, total time.Duration) {
 		}
 		ref, err := outcome.ParseReconciliationRef(f.ref)
 		if err != nil {
-			fail(0, "frame %s: tx.reconciliation.ref %q: %v", f.op, f.ref, err)
+			c.fail(0, "frame %s: tx.reconciliation.ref %q: %v", f.op, f.ref, err)
 			continue
 		}
 		got, err := rec.Resolve(ctx, ref, trace.NewSpanContext(trace.SpanContextConfig{TraceID: f.trace, SpanID: f.span, TraceFlags: trace.FlagsSampled}))
 		if err != nil {
-			fail(0, "Resolve %s: %v", ref, err)
+			c.fail(0, "Resolve %s: %v", ref, err)
 			continue
 		}
-		op := opOfFrame[f]
+		op := c.opOfFrame[f]
 		if op == nil {
 			continue
 		}
-		row, present := rows[op.id]
+		row, present := c.rows[op.id]
 		here := present && row == f.op
-		resolvedRefs[f.outcome+" → "+soakResolutionLabel(got)]++
+		c.resolvedRefs[f.outcome+" → "+soakResolutionLabel(got)]++
 		if f.outcome == "indeterminate" && !op.run {
 			// Plain pgx has no Result: its indeterminate frames are what Reconcile settles.
-			reconciled[op.mode()+": "+soakResolutionLabel(got)]++
+			c.reconciled[op.mode()+": "+soakResolutionLabel(got)]++
 			if got.Status() != reconcile.Unknown {
-				settled[op.mode()]++
+				c.settled[op.mode()]++
 			}
 		}
 		if msg := soakResolutionContradicts(got, here); msg != "" {
-			fail(op.id, "Resolve of the reference %s of a %s frame %s: %s [%s]", ref, f.outcome, f.op, msg, op.describe())
+			c.fail(op.id, "Resolve of the reference %s of a %s frame %s: %s [%s]", ref, f.outcome, f.op, msg, op.describe())
 		}
 		if f.outcome == "committed" && got.Status() == reconcile.Aborted && !(!here && s.lostInFailover(f)) ||
 			f.outcome == "rolled_back" && got.Status() == reconcile.Committed {
-			fail(op.id, "the reconciler says %s of a frame the tracer saw %s", got.Status(), f.outcome)
+			c.fail(op.id, "the reconciler says %s of a frame the tracer saw %s", got.Status(), f.outcome)
 		}
 	}
+}
 
-	for k, n := range s.errs.snapshot() {
-		fail(0, "harness: %s (%d times)", k, n)
+// harnessErrors: an unexpected error of the soak's own machinery (not of the workload)
+// fails the soak too.
+func (c *soakCheck) harnessErrors() {
+	for k, n := range c.s.errs.snapshot() {
+		c.fail(0, "harness: %s (%d times)", k, n)
 	}
+}
 
-	// The report.
+// report logs the figures of the run and fails the test with each violation (the first 30).
+func (c *soakCheck) report(workload, total time.Duration) {
+	s, t, frames := c.s, c.t, c.frames
 	var b strings.Builder
 	tw := tabwriter.NewWriter(&b, 0, 0, 2, ' ', tabwriter.AlignRight|tabwriter.Debug)
 	fmt.Fprintf(&b, "\nsoundness: seed %d, %d workers, %d operations (of %d) in %s (workload %s), %d frame spans, %d/%d library spans ended\n",
-		s.cfg.seed, s.cfg.workers, ran, s.cfg.tx, total.Round(time.Millisecond), workload.Round(time.Millisecond), len(frames), ended, started)
+		s.cfg.seed, s.cfg.workers, len(c.ops), s.cfg.tx, total.Round(time.Millisecond), workload.Round(time.Millisecond), len(frames), c.ended, c.started)
 	fmt.Fprintln(&b, "\nframe spans by tx.outcome (every physical transaction, retries included):")
-	soakPrintByPath(tw, frameOutcomes)
+	soakPrintByPath(tw, c.frameOutcomes)
 	tw.Flush()
 	fmt.Fprintln(&b, "\nper operation: Run's returned result / plain pgx's last frame span:")
-	soakPrintByPath(tw, resultOutcomes)
+	soakPrintByPath(tw, c.resultOutcomes)
 	tw.Flush()
 	fmt.Fprintln(&b, "\nfaults injected:")
 	faults := s.faults.snapshot()
@@ -488,52 +571,52 @@ func (s *soak) check(ctx context.Context, workload, total time.Duration) {
 	}
 	tw.Flush()
 	fmt.Fprintln(&b, "\nindeterminate frames, ground truth after the fact:")
-	for _, k := range slices.Sorted(maps.Keys(indetTruth)) {
-		fmt.Fprintf(tw, "  %s\t%d\t\n", k, indetTruth[k])
+	for _, k := range slices.Sorted(maps.Keys(c.indetTruth)) {
+		fmt.Fprintf(tw, "  %s\t%d\t\n", k, c.indetTruth[k])
 	}
 	tw.Flush()
 	if s.cluster != nil {
 		fmt.Fprintln(&b, "\ncommitted locally (synchronous-replication wait ended), lost in a failover:")
-		for _, k := range slices.Sorted(maps.Keys(lost)) {
-			fmt.Fprintf(tw, "  %s\t%d\t\n", k, lost[k])
+		for _, k := range slices.Sorted(maps.Keys(c.lost)) {
+			fmt.Fprintf(tw, "  %s\t%d\t\n", k, c.lost[k])
 		}
 		tw.Flush()
 	}
-	fmt.Fprintf(&b, "\nautomatic reconciliation of the %d indeterminate frames (one answer each; metrics = callbacks = spans):\n", indeterminate)
-	for _, k := range slices.Sorted(maps.Keys(autoByMode)) {
-		fmt.Fprintf(tw, "  %s\t%d\t\n", k, autoByMode[k])
+	fmt.Fprintf(&b, "\nautomatic reconciliation of the %d indeterminate frames (one answer each; metrics = callbacks = spans):\n", c.indeterminate)
+	for _, k := range slices.Sorted(maps.Keys(c.autoByMode)) {
+		fmt.Fprintf(tw, "  %s\t%d\t\n", k, c.autoByMode[k])
 	}
-	fmt.Fprintf(tw, "  attempts unknown %s (retried)\t%d\t\n", reconcile.ReasonNotReplicated, notReplicated)
+	fmt.Fprintf(tw, "  attempts unknown %s (retried)\t%d\t\n", reconcile.ReasonNotReplicated, c.notReplicated)
 	tw.Flush()
 	fmt.Fprintln(&b, "\nReconcile on indeterminate Run results, and on the references of indeterminate plain pgx frames:")
-	for _, k := range slices.Sorted(maps.Keys(reconciled)) {
-		fmt.Fprintf(tw, "  %s\t%d\t\n", k, reconciled[k])
+	for _, k := range slices.Sorted(maps.Keys(c.reconciled)) {
+		fmt.Fprintf(tw, "  %s\t%d\t\n", k, c.reconciled[k])
 	}
 	tw.Flush()
 	fmt.Fprintln(&b, "\nsettled, by mode: indeterminate frames; made determinate at the source (each checked against the table);")
 	fmt.Fprintln(&b, "indeterminate results; settled by Reconcile; settled of all that would have been indeterminate:")
 	for _, m := range []string{"pgx", "pgx, xid only", "pgx, xid + marker", "run, xid only", "run, xid + marker"} {
-		would := atSource[m] + indetResults[m]
+		would := c.atSource[m] + c.indetResults[m]
 		if strings.HasPrefix(m, "pgx") {
-			would = atSource[m] + indetFrames[m]
+			would = c.atSource[m] + c.indetFrames[m]
 		}
 		pct := 0.0
 		if would > 0 {
-			pct = 100 * float64(atSource[m]+settled[m]) / float64(would)
+			pct = 100 * float64(c.atSource[m]+c.settled[m]) / float64(would)
 		}
-		fmt.Fprintf(tw, "  %s\t%d\t%d\t%d\t%d\t%.1f%%\t\n", m, indetFrames[m], atSource[m], indetResults[m], settled[m], pct)
+		fmt.Fprintf(tw, "  %s\t%d\t%d\t%d\t%d\t%.1f%%\t\n", m, c.indetFrames[m], c.atSource[m], c.indetResults[m], c.settled[m], pct)
 	}
 	tw.Flush()
 	fmt.Fprintln(&b, "\nResolve on every frame span's reference (outcome → resolution):")
-	for _, k := range slices.Sorted(maps.Keys(resolvedRefs)) {
-		fmt.Fprintf(tw, "  %s\t%d\t\n", k, resolvedRefs[k])
+	for _, k := range slices.Sorted(maps.Keys(c.resolvedRefs)) {
+		fmt.Fprintf(tw, "  %s\t%d\t\n", k, c.resolvedRefs[k])
 	}
 	tw.Flush()
-	fmt.Fprintf(&b, "\nmisclassifications: %d\n", len(bad))
+	fmt.Fprintf(&b, "\nmisclassifications: %d\n", len(c.bad))
 	t.Log(b.String())
-	for i, v := range bad {
+	for i, v := range c.bad {
 		if i == 30 {
-			t.Errorf("… and %d more", len(bad)-i)
+			t.Errorf("… and %d more", len(c.bad)-i)
 			break
 		}
 		t.Errorf("operation %d: %s", v.op, v.what)
@@ -626,88 +709,88 @@ func (o *soakOp) describe() string {
 }
 
 // checkPlain: the plain caller's own view must agree with the span.
-func (s *soak) checkPlain(op *soakOp, fs []*soakFrame, present bool, fail func(int64, string, ...any)) {
+func (c *soakCheck) checkPlain(op *soakOp, fs []*soakFrame, present bool) {
 	if len(fs) > 1 {
-		fail(op.id, "plain pgx operation has %d frames, want at most one [%s]", len(fs), op.describe())
+		c.fail(op.id, "plain pgx operation has %d frames, want at most one [%s]", len(fs), op.describe())
 		return
 	}
 	if len(fs) == 0 {
 		if op.failedAt != "begin" {
-			fail(op.id, "plain pgx transaction began but has no frame span [%s]", op.describe())
+			c.fail(op.id, "plain pgx transaction began but has no frame span [%s]", op.describe())
 		}
 		if present {
-			fail(op.id, "no transaction began, yet row is present [%s]", op.describe())
+			c.fail(op.id, "no transaction began, yet row is present [%s]", op.describe())
 		}
 		return
 	}
 	f := fs[0]
 	switch {
 	case op.committed && op.commitErr == nil && f.outcome != "committed":
-		fail(op.id, "Commit returned nil; the span says %s [%s]", f.outcome, op.describe())
+		c.fail(op.id, "Commit returned nil; the span says %s [%s]", f.outcome, op.describe())
 	case f.outcome == "committed" && (!op.committed || op.commitErr != nil):
-		fail(op.id, "the span says committed; the caller's Commit said %v [%s]", op.commitErr, op.describe())
+		c.fail(op.id, "the span says committed; the caller's Commit said %v [%s]", op.commitErr, op.describe())
 	case f.outcome == "indeterminate" && !op.committed:
-		fail(op.id, "the span says indeterminate, but COMMIT was never sent [%s]", op.describe())
+		c.fail(op.id, "the span says indeterminate, but COMMIT was never sent [%s]", op.describe())
 	}
 }
 
 // checkRun: the returned result agrees with its frame span and with the table.
-func (s *soak) checkRun(op *soakOp, fs []*soakFrame, present bool, row string, rows map[int64]string, fail func(int64, string, ...any)) {
+func (c *soakCheck) checkRun(op *soakOp, fs []*soakFrame, present bool, row string) {
 	res := op.res
 	if res == nil {
-		fail(op.id, "Run returned no result")
+		c.fail(op.id, "Run returned no result")
 		return
 	}
 	id := res.OperationID()
 	if len(fs) == 0 {
 		if !soakNotStarted(res) {
-			fail(op.id, "Run result %s has no frame span [%s]", res.Outcome(), op.describe())
+			c.fail(op.id, "Run result %s has no frame span [%s]", res.Outcome(), op.describe())
 		}
 	} else {
 		last := fs[len(fs)-1]
 		if last.outcome != res.Outcome().String() {
-			fail(op.id, "Run returned %s; its frame span says %s [%s]", res.Outcome(), last.outcome, op.describe())
+			c.fail(op.id, "Run returned %s; its frame span says %s [%s]", res.Outcome(), last.outcome, op.describe())
 		}
 		if !id.IsZero() && last.op != id.String() {
-			fail(op.id, "Run result names operation %s; the last frame span is %s", id, last.op)
+			c.fail(op.id, "Run result names operation %s; the last frame span is %s", id, last.op)
 		}
 		for _, f := range fs[:len(fs)-1] {
 			if f.outcome != "rolled_back" {
-				fail(op.id, "an attempt that was retried ended %s [%s]", f.outcome, op.describe())
+				c.fail(op.id, "an attempt that was retried ended %s [%s]", f.outcome, op.describe())
 			}
 		}
 	}
 	switch res.Outcome() {
 	case outcome.OutcomeCommitted, outcome.OutcomeCommittedWithPostCommitFailure:
-		if !present && len(fs) > 0 && s.lostInFailover(fs[len(fs)-1]) {
+		if !present && len(fs) > 0 && c.s.lostInFailover(fs[len(fs)-1]) {
 			break // counted with its frame
 		}
 		if !present || row != id.String() {
-			fail(op.id, "Run returned %s; row present %v (named %q) [%s]", res.Outcome(), present, row, op.describe())
+			c.fail(op.id, "Run returned %s; row present %v (named %q) [%s]", res.Outcome(), present, row, op.describe())
 		}
 		if res.Outcome() == outcome.OutcomeCommittedWithPostCommitFailure && !op.postCommitFail {
-			fail(op.id, "committed_with_post_commit_failure without a failing hook")
+			c.fail(op.id, "committed_with_post_commit_failure without a failing hook")
 		}
 	case outcome.OutcomeRolledBack:
 		if present {
-			fail(op.id, "Run returned rolled_back; the row is present (committed by %s) [%s]", row, op.describe())
+			c.fail(op.id, "Run returned rolled_back; the row is present (committed by %s) [%s]", row, op.describe())
 		}
 	case outcome.OutcomeIndeterminate:
 		if ind := res.(outcome.Indeterminate[int64]); ind.TraceParent() == "" {
-			fail(op.id, "indeterminate Run result without a traceparent")
+			c.fail(op.id, "indeterminate Run result without a traceparent")
 		}
 	default:
-		fail(op.id, "Run returned %s", res.Outcome())
+		c.fail(op.id, "Run returned %s", res.Outcome())
 	}
 	if op.participant && op.inner != nil {
 		switch op.inner.Outcome() {
 		case outcome.OutcomeParticipating, outcome.OutcomeRolledBack:
 		default:
-			fail(op.id, "the participant claims %s", op.inner.Outcome())
+			c.fail(op.id, "the participant claims %s", op.inner.Outcome())
 		}
-		innerRow, innerPresent := rows[op.id+soakParticipantOffset]
+		innerRow, innerPresent := c.rows[op.id+soakParticipantOffset]
 		if innerPresent != present || innerPresent && innerRow != row {
-			fail(op.id, "participant's row present %v (%q), owner's %v (%q): one transaction, two fates", innerPresent, innerRow, present, row)
+			c.fail(op.id, "participant's row present %v (%q), owner's %v (%q): one transaction, two fates", innerPresent, innerRow, present, row)
 		}
 	}
 }
