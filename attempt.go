@@ -307,13 +307,21 @@ func commit(ctx context.Context, sc *scope, tx pgx.Tx, held heldConn, p Policy, 
 		marker, _ = outcome.QuoteMarkerTable(p.CommitMarker...) // validated with the policy
 	}
 	commitSQL := commitSQLOf(opts)
-	// The COMMIT statement span the inner tracer makes when pgx sends COMMIT, so that
-	// traces look the same with capture on and off; the capture itself makes none.
+	// The COMMIT statement span the inner tracer makes when pgx sends COMMIT, or the
+	// frame's event in its place, so that traces look the same with capture on and off;
+	// the capture itself makes none.
 	var qctx context.Context
+	var q queryState
 	if f != nil {
-		qctx = f.t.innerQueryStart(innerStartCtx(ctx, f), held.conn, pgx.TraceQueryStartData{SQL: commitSQL}, f.t.sanitized.get(commitSQL))
+		s := f.t.sanitized.get(commitSQL)
+		q = queryState{set: s.set, frame: f}
+		qctx = f.t.innerQueryStart(f.t.fold(innerStartCtx(ctx, f), &q, foldControl, s.op), held.conn, pgx.TraceQueryStartData{SQL: commitSQL}, s)
 	}
 	cr := commitWithCapture(ctx, pg, st, commitSQL, marker, sc.id)
+	var answer statementAnswer
+	if q.folded {
+		answer = answerOf(q.op, q.start, cr.err) // COMMIT's time, not what follows
+	}
 	if f != nil {
 		f.t.innerQueryEnd(innerEndCtx(qctx, f), held.conn, pgx.TraceQueryEndData{CommandTag: cr.tag, Err: cr.err})
 	}
@@ -334,6 +342,9 @@ func commit(ctx context.Context, sc *scope, tx pgx.Tx, held heldConn, p Policy, 
 	facts.SessionEndedBeforeCommit = facts.SessionEndedBeforeCommit || cr.endedBeforeCommit
 	v := classifier.Classify(outcome.PhaseCommitting, cr.err, facts)
 	if f != nil {
+		if q.folded {
+			f.answered(answer) // conclude's event answers COMMIT
+		}
 		f.conclude(st, v)
 	}
 	return commitOutcome{verdict: v, err: cr.err, ref: cr.ref}

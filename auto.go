@@ -67,7 +67,8 @@ func (f autoOptionFunc) applyAuto(c *autoConfig) { f(c) }
 // exponential backoff until it settles or the tracer is closed; each attempt is a
 // tx.reconcile span linked to the frame, in the frame's trace (a child of the span the
 // frame was begun under, or of the frame span when it was begun under none). The
-// tracer's workers run until [Tracer.Close]: close it when the pool is done.
+// workers start with the first indeterminate frame and run until [Tracer.Close]: close it
+// when the pool is done, or outcomes still pending are neither logged nor settled.
 func WithAutoReconcile(r *reconcile.Reconciler, opts ...AutoReconcileOption) Option {
 	return optionFunc(func(c *config) {
 		a := autoConfig{r: r, queue: 1024, workers: 2, retryMin: 100 * time.Millisecond, retryMax: 30 * time.Second}
@@ -155,6 +156,7 @@ type autoReconciler struct {
 	// reference, and those over the queue's bound (unknown, queue_full).
 	ready   []*pendingOutcome
 	closed  bool
+	started bool // the workers run (startLocked)
 	wake    chan struct{}
 	stop    chan struct{}
 	ctx     context.Context // cancelled when Close gives up waiting for an attempt
@@ -170,11 +172,22 @@ func newAutoReconciler(t *Tracer, a *autoConfig) *autoReconciler {
 		wake: make(chan struct{}, a.workers), stop: make(chan struct{})}
 	ar.ctx, ar.cancel = context.WithCancel(context.Background())
 	ar.metrics = newReconcileMetrics(t.cfg.meterProvider, t.cfg.meterAttributes, ar.oldest)
-	ar.wg.Add(a.workers)
-	for range a.workers {
-		go ar.work()
-	}
 	return ar
+}
+
+// startLocked starts the workers, the first time an outcome is enqueued: a tracer whose
+// frames never end indeterminate runs no goroutine, so that one never closed leaves none
+// behind. a.mu is held, and the reconciler is not closed: the workers are counted before
+// Close waits for them.
+func (a *autoReconciler) startLocked() {
+	if a.started {
+		return
+	}
+	a.started = true
+	a.wg.Add(a.cfg.workers)
+	for range a.cfg.workers {
+		go a.work()
+	}
 }
 
 // enqueue hands an indeterminate frame to the workers; it never blocks.
@@ -203,6 +216,7 @@ func (a *autoReconciler) enqueue(f *frame) {
 	default:
 		a.pending[p] = struct{}{}
 	}
+	a.startLocked()
 	a.mu.Unlock()
 	select {
 	case a.wake <- struct{}{}:

@@ -256,6 +256,24 @@ type srvQuerier struct{}
 
 func (srvQuerier) QueryRow(context.Context, string, ...any) pgx.Row { return nil }
 
+// TestAutoReconcileStartsOnDemand: a tracer with automatic reconciliation runs no
+// goroutine until a frame ends indeterminate, so that one that is never closed, and never
+// saw an indeterminate commit, leaves none behind (pgtest.LeakCheck, with no Close).
+func TestAutoReconcileStartsOnDemand(t *testing.T) {
+	ctx := testCtx(t)
+	db, err := pgxpool.New(ctx, srv.ConnString())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(db.Close)
+	h := newHarness(t, "", 1, withAutoReconcile(t, db)) // its LeakCheck runs after the pool's Close
+	table := newTable(t, ctx)
+	commitOne(t, ctx, h, table, 1)
+	if h.tracer.auto == nil || h.tracer.auto.started {
+		t.Fatal("the reconciler's workers started without an indeterminate frame")
+	}
+}
+
 // TestUnresolvedGaugesShared: automatic reconcilers of two tracers on one meter provider
 // with the same attributes report one series, the sum of their pending frames and the
 // oldest age (with a callback each, the last observation would win); another attribute

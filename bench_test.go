@@ -18,13 +18,18 @@ package otelpgxtx
 //	f_run_marker   e with the commit marker (Policy.CommitMarker); real server only
 //	g_otelpgxtx_xid     c with WithCaptureReference (the xid read in COMMIT's write); real server only
 //	h_otelpgxtx_marker  c with WithCommitMarker; real server only
+//	i_otelpgxtx_spans   c with every statement span, as before issue 29: WithInnerSpans
+//	                    (InnerSpanTransactionControl, InnerSpanPrepare)
+//	j_otelpgxtx_prepare_spans  c with the implicit prepares as spans (WithInnerSpans
+//	                    (InnerSpanPrepare)): BenchmarkTxExport's describe_exec workload
 //
 // b–e run every transaction under an application "request" span, as a traced service
 // does: otelpgx (v0.13) starts statement spans only under a recording parent, so
 // without one b would record no span at all and c would pay for otelpgx's spans as
 // well as its own. Tracing uses the SDK: a batch span processor exporting to a
 // discarding exporter, with an always-on sampler ("sampled") and a never-sample one
-// ("unsampled"), and an SDK MeterProvider with a manual reader (never collected).
+// ("unsampled"), and an SDK MeterProvider with a manual reader (never collected);
+// BenchmarkTxExport also exports through OTLP to a real Jaeger (bench_export_test.go).
 
 import (
 	"context"
@@ -67,12 +72,14 @@ const (
 	benchF = "f_run_marker"
 	benchG = "g_otelpgxtx_xid"
 	benchH = "h_otelpgxtx_marker"
+	benchI = "i_otelpgxtx_spans"
+	benchJ = "j_otelpgxtx_prepare_spans"
 
 	benchKeyGroups = 64  // disjoint groups of bench_kv rows: goroutine g writes group g % 64
 	benchKeysPerG  = 128 // rows of bench_kv per group
 )
 
-var benchVariants = []string{benchA, benchB, benchC, benchD, benchE}
+var benchVariants = []string{benchA, benchB, benchC, benchD, benchE, benchI}
 
 // benchServerVariants are the variants run against the real server: f and h need the
 // marker table, and g and h's references need the server's identity.
@@ -100,27 +107,47 @@ func (c *benchSpanCount) ForceFlush(context.Context) error                { retu
 type benchSampling struct {
 	name    string
 	sampler func() sdktrace.Sampler
+	// exporter makes the span exporter behind the batch span processor; nil: discard.
+	exporter func(testing.TB) sdktrace.SpanExporter
 }
 
 var benchSamplings = []benchSampling{
-	{"sampled", sdktrace.AlwaysSample},
-	{"unsampled", sdktrace.NeverSample},
+	{"sampled", sdktrace.AlwaysSample, nil},
+	{"unsampled", sdktrace.NeverSample, nil},
 }
 
 // benchTelemetry is one variant's SDK providers.
 type benchTelemetry struct {
-	tp    *sdktrace.TracerProvider
-	mp    *sdkmetric.MeterProvider
-	spans *benchSpanCount
-	app   trace.Tracer // the application's request spans
+	tp       *sdktrace.TracerProvider
+	mp       *sdkmetric.MeterProvider
+	spans    *benchSpanCount
+	exported *benchExportCount
+	app      trace.Tracer // the application's request spans
 }
 
-func newBenchTelemetry(s benchSampling) *benchTelemetry {
+func newBenchTelemetry(tb testing.TB, s benchSampling) *benchTelemetry {
 	spans := &benchSpanCount{}
+	var exp sdktrace.SpanExporter = benchDiscard{}
+	if s.exporter != nil {
+		exp = s.exporter(tb)
+	}
+	exported := &benchExportCount{SpanExporter: exp}
 	tp := sdktrace.NewTracerProvider(sdktrace.WithSampler(s.sampler()),
-		sdktrace.WithBatcher(benchDiscard{}), sdktrace.WithSpanProcessor(spans))
+		sdktrace.WithBatcher(exported), sdktrace.WithSpanProcessor(spans))
 	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(sdkmetric.NewManualReader()))
-	return &benchTelemetry{tp: tp, mp: mp, spans: spans, app: tp.Tracer("bench/app")}
+	return &benchTelemetry{tp: tp, mp: mp, spans: spans, exported: exported, app: tp.Tracer("bench/app")}
+}
+
+// benchExportCount counts the spans handed to the exporter it wraps: fewer than ended when
+// the batch span processor's queue was full and it dropped some.
+type benchExportCount struct {
+	sdktrace.SpanExporter
+	n atomic.Int64
+}
+
+func (e *benchExportCount) ExportSpans(ctx context.Context, spans []sdktrace.ReadOnlySpan) error {
+	e.n.Add(int64(len(spans)))
+	return e.SpanExporter.ExportSpans(ctx, spans)
 }
 
 // request starts the application's request span around one transaction.
@@ -146,31 +173,46 @@ func (t *benchTelemetry) spanCount() int64 {
 	return t.spans.n.Load()
 }
 
+// flushed exports every span ended so far and returns how many spans were exported in all.
+func (t *benchTelemetry) flushed() int64 {
+	if t == nil {
+		return 0
+	}
+	_ = t.tp.ForceFlush(context.Background())
+	return t.exported.n.Load()
+}
+
+// benchVariantOptions are the options of the variants that add some to c's.
+var benchVariantOptions = map[string][]Option{
+	benchG: {WithCaptureReference()},
+	benchH: {WithCommitMarker(benchMarker)},
+	benchI: {WithInnerSpans(InnerSpanTransactionControl, InnerSpanPrepare)},
+	benchJ: {WithInnerSpans(InnerSpanPrepare)},
+}
+
 // benchInstrument configures cfg (and pool, when the variant runs on a pool) for
 // variant v. It returns the telemetry, nil for a_pgx.
 func benchInstrument(tb testing.TB, cfg *pgx.ConnConfig, pool *pgxpool.Config, v string, s benchSampling) *benchTelemetry {
 	if v == benchA {
 		return nil
 	}
-	tel := newBenchTelemetry(s)
+	tel := newBenchTelemetry(tb, s)
+	opts := append([]Option{WithTracerProvider(tel.tp), WithMeterProvider(tel.mp)}, benchVariantOptions[v]...)
 	switch {
 	case v == benchB:
 		cfg.Tracer = otelpgx.NewTracer(otelpgx.WithTracerProvider(tel.tp), otelpgx.WithMeterProvider(tel.mp))
 	case pool != nil:
-		opts := []Option{WithTracerProvider(tel.tp), WithMeterProvider(tel.mp)}
-		switch v {
-		case benchG:
-			opts = append(opts, WithCaptureReference())
-		case benchH:
-			opts = append(opts, WithCommitMarker(benchMarker))
-		}
 		if _, err := InstrumentPool(pool, opts...); err != nil {
 			tb.Fatal(err)
 		}
 	default:
 		// A single connection: the Tracer alone is the per-transaction hook path
 		// (InstrumentConnConfig adds only per-connection and notice hooks).
-		cfg.Tracer = NewTracer(WithTracerProvider(tel.tp), WithMeterProvider(tel.mp))
+		t, err := newTracer(opts)
+		if err != nil {
+			tb.Fatal(err)
+		}
+		cfg.Tracer = t
 	}
 	return tel
 }
@@ -181,11 +223,12 @@ type benchWorkload struct {
 	name string
 	opts pgx.TxOptions
 	work func(ctx context.Context, tx pgx.Tx, key int64) error
+	mode pgx.QueryExecMode // the pool's DefaultQueryExecMode; 0 keeps the connection string's (pgx's default)
 }
 
 var benchWorkloads = []benchWorkload{
-	{"write", pgx.TxOptions{}, benchWrite},
-	{"readonly", pgx.TxOptions{AccessMode: pgx.ReadOnly}, benchRead},
+	{"write", pgx.TxOptions{}, benchWrite, 0},
+	{"readonly", pgx.TxOptions{AccessMode: pgx.ReadOnly}, benchRead, 0},
 }
 
 // benchWrite: BEGIN, insert, update, select, COMMIT.
@@ -278,6 +321,9 @@ func newBenchDB(b *testing.B, connString, v string, s benchSampling, w benchWork
 		b.Fatal(err)
 	}
 	cfg.MaxConns = int32(conns)
+	if w.mode != 0 { // pgx's zero QueryExecMode is invalid, not its default
+		cfg.ConnConfig.DefaultQueryExecMode = w.mode
+	}
 	d := &benchDB{v: v, w: w, policy: DefaultPolicy()}
 	d.policy.AccessMode = w.opts.AccessMode
 	d.policy.CaptureReference = v == benchE || v == benchF
@@ -466,13 +512,13 @@ func benchMs(d time.Duration) string {
 }
 
 // benchEach runs fn as BenchmarkX/<workload>/<sampling>/v=<variant> for each of
-// workloads, with one pool of conns connections to connString per variant, created
-// and warmed before the sub-benchmark and closed after it.
+// workloads, samplings and variants, with one pool of conns connections to connString per
+// variant, created and warmed before the sub-benchmark and closed after it.
 func benchEach(b *testing.B, admin *pgx.Conn, connString string, conns int, workloads []benchWorkload,
-	fn func(b *testing.B, d *benchDB, admin *pgx.Conn)) {
+	samplings []benchSampling, variants []string, fn func(b *testing.B, d *benchDB, admin *pgx.Conn)) {
 	for _, w := range workloads {
-		for _, s := range benchSamplings {
-			for _, v := range benchServerVariants {
+		for _, s := range samplings {
+			for _, v := range variants {
 				var d *benchDB
 				b.Run(w.name+"/"+s.name+"/v="+v, func(b *testing.B) {
 					if d == nil { // created on the first call, reused by the following ones
@@ -494,6 +540,7 @@ func benchLoop(b *testing.B, d *benchDB, admin *pgx.Conn, goroutines int) {
 	benchReset(b, admin)
 	lat := make([]time.Duration, b.N)
 	var next atomic.Int64
+	exported := d.tel.flushed() // none of the warm-up's left to export in the timed loop
 	spans := d.tel.spanCount()
 	b.ReportAllocs()
 	cpu := d.cpu(b)
@@ -520,6 +567,10 @@ func benchLoop(b *testing.B, d *benchDB, admin *pgx.Conn, goroutines int) {
 	b.StopTimer()
 	benchReportCPU(b, d, cpu, b.N)
 	benchReport(b, lat, d.tel.spanCount()-spans)
+	if d.tel != nil && len(lat) > 0 {
+		// Fewer than spans/op: the batch span processor's queue was full and it dropped some.
+		b.ReportMetric(float64(d.tel.flushed()-exported)/float64(len(lat)), "exported/op")
+	}
 }
 
 // BenchmarkTx runs one transaction at a time against the real server, at each added
@@ -538,7 +589,7 @@ func BenchmarkTx(b *testing.B) {
 			connString = proxy.ConnString(connString)
 		}
 		b.Run("rtt="+benchMs(rtt), func(b *testing.B) {
-			benchEach(b, admin, connString, 1, benchWorkloads, func(b *testing.B, d *benchDB, admin *pgx.Conn) {
+			benchEach(b, admin, connString, 1, benchWorkloads, benchSamplings, benchServerVariants, func(b *testing.B, d *benchDB, admin *pgx.Conn) {
 				benchLoop(b, d, admin, 1)
 			})
 		})
@@ -557,7 +608,7 @@ func BenchmarkTxScale(b *testing.B) {
 	admin := benchSchema(b)
 	for _, g := range benchGoroutineCounts(b) {
 		b.Run(fmt.Sprintf("g=%d", g), func(b *testing.B) {
-			benchEach(b, admin, srv.ConnString(), g, benchWorkloads[:1], func(b *testing.B, d *benchDB, admin *pgx.Conn) {
+			benchEach(b, admin, srv.ConnString(), g, benchWorkloads[:1], benchSamplings, benchServerVariants, func(b *testing.B, d *benchDB, admin *pgx.Conn) {
 				benchLoop(b, d, admin, g)
 			})
 		})
@@ -671,12 +722,14 @@ func BenchmarkHookTx(b *testing.B) {
 
 // benchPairs are the differences issue 13's targets are about, head against base: the
 // Tracer (c−b), Run (d−c) and reference capture (e−d); a null pair, c against itself,
-// whose difference is the measure's own noise in that run; and the SDK floors of
+// whose difference is the measure's own noise in that run; what the frame's events in
+// place of statement spans save (c−i, issue 29) and the Tracer with every span (i−b, which
+// the floors model); and the SDK floors of
 // BenchmarkHookFloor measured the same way: the frame span (against nothing), what a
 // Run frame's two attributes add to it, and what db.query.summary adds to the
 // statement spans.
 var benchPairs = [][2]string{
-	{benchB, benchC}, {benchC, benchD}, {benchD, benchE}, {benchC, benchC},
+	{benchB, benchC}, {benchC, benchD}, {benchD, benchE}, {benchC, benchC}, {benchI, benchC}, {benchB, benchI},
 	{benchNone, "frame_span"}, {"frame_span", "frame_span_run"}, {"statement_spans", "statement_spans_summary"},
 }
 
@@ -706,7 +759,7 @@ func newBenchPairSide(b *testing.B, v string, s benchSampling) benchPairSide {
 		return benchPairSide{block: benchPairFloorBlock, run: func() error { return nil }, quiet: func() {}, close: func() {}}
 	}
 	if floor, ok := benchFloors[v]; ok {
-		tel := newBenchTelemetry(s)
+		tel := newBenchTelemetry(b, s)
 		m := newMetrics(tel.mp, nil)
 		tr := tel.tp.Tracer(ScopeName)
 		ctx, req := tel.request(context.Background())
@@ -1040,7 +1093,7 @@ func BenchmarkHookFloor(b *testing.B) {
 	for _, s := range benchSamplings {
 		for _, v := range slices.Sorted(maps.Keys(benchFloors)) {
 			b.Run(s.name+"/v="+v, func(b *testing.B) {
-				tel := newBenchTelemetry(s)
+				tel := newBenchTelemetry(b, s)
 				defer tel.shutdown()
 				m := newMetrics(tel.mp, nil)
 				tr := tel.tp.Tracer(ScopeName)

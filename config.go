@@ -59,8 +59,11 @@ type config struct {
 
 	// expected decides which failures leave span status Unset (WithExpectedErrors).
 	expected []ExpectedErrorFunc
-	// omitSpans has bit k set for each InnerSpan kind turned off (WithoutInnerSpans).
-	omitSpans uint8
+	// omitSpans has bit k set for each InnerSpan kind turned off (WithoutInnerSpans),
+	// keepSpans for each made a span where by default it is an event (WithInnerSpans);
+	// spansChosen: either option was given.
+	omitSpans, keepSpans uint8
+	spansChosen          bool
 	// The connection-pool metrics of InstrumentPool: WithPoolName, WithDisablePoolMetrics.
 	poolName      string
 	noPoolMetrics bool

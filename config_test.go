@@ -154,7 +154,8 @@ func TestStatementSpanNames(t *testing.T) {
 		{"user's", []Option{WithOtelpgxOptions(otelpgx.WithSpanNameFunc(func(string) string { return "mine" }))}, true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			h := newHarness(t, "", 1, tc.opts...)
+			// BEGIN's and COMMIT's spans too, in place of the frame's events.
+			h := newHarness(t, "", 1, append(tc.opts, WithInnerSpans(InnerSpanTransactionControl))...)
 			withConn(t, ctx, h, func(c *pgx.Conn) {
 				for range 2 { // the first use fills the cache, the second finds it there
 					tx, err := c.Begin(ctx)

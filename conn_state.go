@@ -3,6 +3,7 @@ package otelpgxtx
 import (
 	"context"
 	"sync"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -70,6 +71,13 @@ type queryState struct {
 	savepoint string
 	batch     batchFacts
 	nested    bool // started while another call was in flight on the connection
+	// folded: the query is an event in place of a span — a transaction-control
+	// statement's of its frame (control_events.go), an implicit prepare's of its
+	// statement (prepare_event.go) —, which started at start. op is what the event names:
+	// the statement's db.operation.name, the prepared statement's name.
+	folded bool
+	start  time.Time
+	op     string
 }
 
 // batchFacts collects the results of a batch's queued queries until its end, when TxStatus is

@@ -18,7 +18,9 @@
 //	pool, _ := pgxpool.NewWithConfig(ctx, cfg)
 //
 // Application code does not change: every Begin … Commit becomes a frame span, with the
-// statement spans of the inner tracer (otelpgx by default) as its children. The tracer
+// statement spans of the inner tracer (otelpgx by default) as its children; BEGIN, COMMIT,
+// ROLLBACK and the savepoint statements are events of the frame, not spans of their own,
+// unless [WithInnerSpans] asks for their spans (see "Statements as events"). The tracer
 // sends nothing of its own on a plain pgx connection. [Run] is an executor that returns
 // the outcome as a sealed [outcome.Result]; a reconciler (package reconcile; or [WithAutoReconcile])
 // settles indeterminate commits from the database's own records.
@@ -89,8 +91,23 @@
 // tx.phase.committed, tx.phase.rolled_back, tx.phase.unknown ([EventPhasePrefix] and the
 // phase); tx.suspended and tx.resumed around a nested frame; tx.savepoint.created,
 // tx.savepoint.released, tx.savepoint.rolled_back with tx.savepoint.name (savepoints are
-// events, not spans: they never change the frame's phase); tx.participant; tx.retry on an
-// attempt Run retries; tx.post_commit.failed.
+// events, not spans: they never change the frame's phase) and tx.savepoint.depth;
+// tx.statement; tx.participant; tx.retry on an attempt Run retries; tx.post_commit.failed.
+//
+// # Statements as events
+//
+// The frame already says what the statement spans of BEGIN, COMMIT, ROLLBACK, SAVEPOINT,
+// RELEASE and ROLLBACK TO say: tx.phase.active is BEGIN's answer, tx.phase.committing to
+// tx.phase.committed is COMMIT's round trip, its status and error.type are COMMIT's
+// failure. So by default ([InnerSpanTransactionControl]) each of them, sent alone as a
+// query inside a frame whose span records, is no span: the event its answer makes carries
+// what only its span had, db.operation.name, [StatementDurationKey] and, on a server error,
+// db.response.status_code; a statement whose answer makes no other event (a savepoint
+// statement that failed, a BEGIN inside the transaction) is an [EventStatement] event. An
+// implicit prepare is likewise an [EventPrepare] event of its statement's span
+// ([InnerSpanPrepare]). The inner otelpgx tracer still gets both hooks of each, so its
+// metrics are the same; their exemplars name the frame. [WithInnerSpans] makes them spans
+// again; a tracer of the application's gets every statement as pgx gives it.
 //
 // Status, three codes with three meanings:
 //

@@ -10,6 +10,7 @@ import (
 	"sync/atomic"
 	"testing"
 
+	"github.com/exaring/otelpgx"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"go.opentelemetry.io/otel/codes"
@@ -95,9 +96,20 @@ func wantAttr(t *testing.T, s tracetest.SpanStub, k, want string) {
 }
 
 // wantStatementChildren asserts that the frame has statement spans (from otelpgx) as
-// children whose query texts are want, in order.
+// children whose query texts are want, in order — with transaction-control statements as
+// events of the frame (the default), those of want as the frame's events instead (see
+// wantControlEvents).
 func wantStatementChildren(t *testing.T, h *harness, f tracetest.SpanStub, want ...string) {
 	t.Helper()
+	folded := h.controlEvents
+	var spans, ops []string
+	for _, w := range want {
+		if folded && classifyStatements(w).control() {
+			ops = append(ops, otelpgx.SQLOperationName(context.Background(), w))
+		} else {
+			spans = append(spans, w)
+		}
+	}
 	var got []string
 	kids := h.children(f)
 	slices.SortFunc(kids, func(a, b tracetest.SpanStub) int { return a.StartTime.Compare(b.StartTime) })
@@ -110,9 +122,10 @@ func wantStatementChildren(t *testing.T, h *harness, f tracetest.SpanStub, want 
 			}
 		}
 	}
-	if !slices.Equal(got, want) {
-		t.Fatalf("statement children of the frame = %q, want %q", got, want)
+	if !slices.Equal(got, spans) {
+		t.Fatalf("statement children of the frame = %q, want %q", got, spans)
 	}
+	wantControlEvents(t, f, ops...)
 }
 
 // rootSpan starts a test span to parent the frame.
@@ -146,37 +159,39 @@ func frameContract(t *testing.T, f tracetest.SpanStub, depth int) {
 }
 
 func TestSpanCommitted(t *testing.T) {
-	ctx := testCtx(t)
-	h := newHarness(t, "", 2)
-	table := newTable(t, ctx)
-	rctx, root := rootSpan(ctx, h)
-	tx, err := h.pool.BeginTx(rctx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ins := "insert into " + table + " (id, k) values (1, 1)"
-	mustExec(t, rctx, tx, ins)
-	if err := tx.Commit(rctx); err != nil {
-		t.Fatal(err)
-	}
-	root.End()
+	eachSpanSetting(t, func(t *testing.T, opts ...Option) {
+		ctx := testCtx(t)
+		h := newHarness(t, "", 2, opts...)
+		table := newTable(t, ctx)
+		rctx, root := rootSpan(ctx, h)
+		tx, err := h.pool.BeginTx(rctx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead})
+		if err != nil {
+			t.Fatal(err)
+		}
+		ins := "insert into " + table + " (id, k) values (1, 1)"
+		mustExec(t, rctx, tx, ins)
+		if err := tx.Commit(rctx); err != nil {
+			t.Fatal(err)
+		}
+		root.End()
 
-	f := onlyFrame(t, h)
-	frameContract(t, f, 0)
-	wantParent(t, f, root)
-	wantAttr(t, f, "tx.outcome", "committed")
-	wantAttr(t, f, "tx.phase", "committed")
-	wantAttr(t, f, "tx.isolation", "repeatable read")
-	wantEvents(t, f, "tx.phase.active", "tx.phase.committing", "tx.phase.committed")
-	wantStatus(t, f, codes.Ok, "")
-	// The literals are recorded as placeholders by default.
-	wantStatementChildren(t, h, f, "begin isolation level repeatable read", "insert into "+table+" (id, k) values (?, ?)", "commit")
-	if _, ok := attr(f, errorTypeKey); ok {
-		t.Fatal("a committed frame has error.type")
-	}
-	if !rowExists(t, ctx, table, 1) {
-		t.Fatal("row absent after a committed outcome")
-	}
+		f := onlyFrame(t, h)
+		frameContract(t, f, 0)
+		wantParent(t, f, root)
+		wantAttr(t, f, "tx.outcome", "committed")
+		wantAttr(t, f, "tx.phase", "committed")
+		wantAttr(t, f, "tx.isolation", "repeatable read")
+		wantEvents(t, f, "tx.phase.active", "tx.phase.committing", "tx.phase.committed")
+		wantStatus(t, f, codes.Ok, "")
+		// The literals are recorded as placeholders by default.
+		wantStatementChildren(t, h, f, "begin isolation level repeatable read", "insert into "+table+" (id, k) values (?, ?)", "commit")
+		if _, ok := attr(f, errorTypeKey); ok {
+			t.Fatal("a committed frame has error.type")
+		}
+		if !rowExists(t, ctx, table, 1) {
+			t.Fatal("row absent after a committed outcome")
+		}
+	})
 }
 
 func TestSpanStrictStatus(t *testing.T) {
@@ -195,69 +210,76 @@ func TestSpanStrictStatus(t *testing.T) {
 }
 
 func TestSpanDeliberateRollback(t *testing.T) {
-	ctx := testCtx(t)
-	h := newHarness(t, "", 1)
-	table := newTable(t, ctx)
-	tx := mustBegin(t, ctx, h.pool)
-	mustExec(t, ctx, tx, "insert into "+table+" (id, k) values (1, 1)")
-	if err := tx.Rollback(ctx); err != nil {
-		t.Fatal(err)
-	}
-	f := onlyFrame(t, h)
-	frameContract(t, f, 0)
-	wantAttr(t, f, "tx.outcome", "rolled_back")
-	wantAttr(t, f, "tx.phase", "rolled_back")
-	wantEvents(t, f, "tx.phase.active", "tx.phase.rolled_back")
-	wantStatus(t, f, codes.Unset, "")
-	if rowExists(t, ctx, table, 1) {
-		t.Fatal("row present after rollback")
-	}
+	eachSpanSetting(t, func(t *testing.T, opts ...Option) {
+		ctx := testCtx(t)
+		h := newHarness(t, "", 1, opts...)
+		table := newTable(t, ctx)
+		tx := mustBegin(t, ctx, h.pool)
+		mustExec(t, ctx, tx, "insert into "+table+" (id, k) values (1, 1)")
+		if err := tx.Rollback(ctx); err != nil {
+			t.Fatal(err)
+		}
+		f := onlyFrame(t, h)
+		frameContract(t, f, 0)
+		wantAttr(t, f, "tx.outcome", "rolled_back")
+		wantAttr(t, f, "tx.phase", "rolled_back")
+		wantEvents(t, f, "tx.phase.active", "tx.phase.rolled_back")
+		wantStatus(t, f, codes.Unset, "")
+		if rowExists(t, ctx, table, 1) {
+			t.Fatal("row present after rollback")
+		}
+	})
 }
 
 func TestSpanRollbackAfterStatementError(t *testing.T) {
-	ctx := testCtx(t)
-	h := newHarness(t, "", 1)
-	tx := mustBegin(t, ctx, h.pool)
-	if _, err := tx.Exec(ctx, "select 1/0"); err == nil {
-		t.Fatal("division by zero succeeded")
-	}
-	if err := tx.Rollback(ctx); err != nil {
-		t.Fatal(err)
-	}
-	f := onlyFrame(t, h)
-	wantAttr(t, f, "tx.outcome", "rolled_back")
-	wantAttr(t, f, "db.response.status_code", "22012")
-	wantAttr(t, f, "error.type", "server_error")
-	wantStatus(t, f, codes.Error, StatusDescriptionRolledBack)
+	eachSpanSetting(t, func(t *testing.T, opts ...Option) {
+		ctx := testCtx(t)
+		h := newHarness(t, "", 1, opts...)
+		tx := mustBegin(t, ctx, h.pool)
+		if _, err := tx.Exec(ctx, "select 1/0"); err == nil {
+			t.Fatal("division by zero succeeded")
+		}
+		if err := tx.Rollback(ctx); err != nil {
+			t.Fatal(err)
+		}
+		f := onlyFrame(t, h)
+		wantAttr(t, f, "tx.outcome", "rolled_back")
+		wantAttr(t, f, "db.response.status_code", "22012")
+		wantAttr(t, f, "error.type", "server_error")
+		wantStatus(t, f, codes.Error, StatusDescriptionRolledBack)
+	})
 }
 
 func TestSpanDeferredConstraintAtCommit(t *testing.T) {
-	ctx := testCtx(t)
-	h := newHarness(t, "", 1)
-	table := newTable(t, ctx)
-	if err := srv.Exec(ctx, "insert into "+table+" (id, k) values (1, 7)"); err != nil {
-		t.Fatal(err)
-	}
-	tx := mustBegin(t, ctx, h.pool)
-	if _, err := tx.Exec(ctx, "insert into "+table+" (id, k) values (2, 7)"); err != nil {
-		t.Fatal(err) // deferred: the violation waits for COMMIT
-	}
-	err := tx.Commit(ctx)
-	var pgErr *pgconn.PgError
-	if !errors.As(err, &pgErr) || pgErr.Code != "23505" {
-		t.Fatalf("commit error = %v, want 23505", err)
-	}
-	f := onlyFrame(t, h)
-	frameContract(t, f, 0)
-	wantAttr(t, f, "tx.outcome", "rolled_back")
-	wantAttr(t, f, "tx.retryable", "false")
-	wantAttr(t, f, "db.response.status_code", "23505")
-	wantAttr(t, f, "error.type", "constraint_violation")
-	wantEvents(t, f, "tx.phase.active", "tx.phase.committing", "tx.phase.rolled_back")
-	wantStatus(t, f, codes.Error, StatusDescriptionRolledBack)
-	if rowExists(t, ctx, table, 2) {
-		t.Fatal("row present after a rollback at COMMIT")
-	}
+	eachSpanSetting(t, func(t *testing.T, opts ...Option) {
+		ctx := testCtx(t)
+		h := newHarness(t, "", 1, opts...)
+		table := newTable(t, ctx)
+		if err := srv.Exec(ctx, "insert into "+table+" (id, k) values (1, 7)"); err != nil {
+			t.Fatal(err)
+		}
+		tx := mustBegin(t, ctx, h.pool)
+		if _, err := tx.Exec(ctx, "insert into "+table+" (id, k) values (2, 7)"); err != nil {
+			t.Fatal(err) // deferred: the violation waits for COMMIT
+		}
+		err := tx.Commit(ctx)
+		var pgErr *pgconn.PgError
+		if !errors.As(err, &pgErr) || pgErr.Code != "23505" {
+			t.Fatalf("commit error = %v, want 23505", err)
+		}
+		f := onlyFrame(t, h)
+		frameContract(t, f, 0)
+		wantAttr(t, f, "tx.outcome", "rolled_back")
+		wantAttr(t, f, "tx.retryable", "false")
+		wantAttr(t, f, "db.response.status_code", "23505")
+		wantAttr(t, f, "error.type", "constraint_violation")
+		wantEvents(t, f, "tx.phase.active", "tx.phase.committing", "tx.phase.rolled_back")
+		wantAnswer(t, h, f, "tx.phase.rolled_back", "COMMIT", "23505")
+		wantStatus(t, f, codes.Error, StatusDescriptionRolledBack)
+		if rowExists(t, ctx, table, 2) {
+			t.Fatal("row present after a rollback at COMMIT")
+		}
+	})
 }
 
 // serializationFailureAtCommit runs the classic write-skew pair under SERIALIZABLE: both
@@ -296,30 +318,33 @@ func serializationFailureAtCommit(t *testing.T, ctx context.Context, h *harness,
 }
 
 func TestSpanSerializationFailureAtCommit(t *testing.T) {
-	ctx := testCtx(t)
-	h := newHarness(t, "", 2)
-	table := newTable(t, ctx)
-	err := serializationFailureAtCommit(t, ctx, h, table)
-	var pgErr *pgconn.PgError
-	if !errors.As(err, &pgErr) || pgErr.Code != "40001" {
-		t.Fatalf("second commit error = %v, want 40001", err)
-	}
-	fs := h.frames()
-	if len(fs) != 2 {
-		t.Fatalf("want 2 frames, got %d", len(fs))
-	}
-	var failed tracetest.SpanStub
-	for _, f := range fs {
-		if v, _ := attr(f, OutcomeKey); v.AsString() == "rolled_back" {
-			failed = f
+	eachSpanSetting(t, func(t *testing.T, opts ...Option) {
+		ctx := testCtx(t)
+		h := newHarness(t, "", 2, opts...)
+		table := newTable(t, ctx)
+		err := serializationFailureAtCommit(t, ctx, h, table)
+		var pgErr *pgconn.PgError
+		if !errors.As(err, &pgErr) || pgErr.Code != "40001" {
+			t.Fatalf("second commit error = %v, want 40001", err)
 		}
-	}
-	wantAttr(t, failed, "tx.retryable", "true")
-	wantAttr(t, failed, "error.type", "serialization_failure")
-	wantAttr(t, failed, "db.response.status_code", "40001")
-	wantAttr(t, failed, "tx.isolation", "serializable")
-	wantEvents(t, failed, "tx.phase.active", "tx.phase.committing", "tx.phase.rolled_back")
-	wantStatus(t, failed, codes.Error, StatusDescriptionRolledBack)
+		fs := h.frames()
+		if len(fs) != 2 {
+			t.Fatalf("want 2 frames, got %d", len(fs))
+		}
+		var failed tracetest.SpanStub
+		for _, f := range fs {
+			if v, _ := attr(f, OutcomeKey); v.AsString() == "rolled_back" {
+				failed = f
+			}
+		}
+		wantAttr(t, failed, "tx.retryable", "true")
+		wantAttr(t, failed, "error.type", "serialization_failure")
+		wantAttr(t, failed, "db.response.status_code", "40001")
+		wantAttr(t, failed, "tx.isolation", "serializable")
+		wantEvents(t, failed, "tx.phase.active", "tx.phase.committing", "tx.phase.rolled_back")
+		wantAnswer(t, h, failed, "tx.phase.rolled_back", "COMMIT", "40001")
+		wantStatus(t, failed, codes.Error, StatusDescriptionRolledBack)
+	})
 }
 
 // syncRepTerminate makes COMMIT wait for the phantom synchronous standby, terminates the
@@ -348,254 +373,288 @@ func syncRepTerminate(t *testing.T, ctx context.Context, conn *pgx.Conn, table s
 }
 
 func TestSpanIndeterminateSyncRepTerminated(t *testing.T) {
-	ctx := testCtx(t)
-	h := newHarness(t, "", 1)
-	table := newTable(t, ctx)
-	pc, err := h.pool.Acquire(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	commitErr, xid := syncRepTerminate(t, ctx, pc.Conn(), table, 1)
-	pc.Release()
-	if commitErr == nil {
-		t.Fatal("commit succeeded after its backend was terminated")
-	}
-	f := onlyFrame(t, h)
-	frameContract(t, f, 0)
-	wantAttr(t, f, "tx.outcome", "indeterminate")
-	wantAttr(t, f, "tx.phase", "unknown")
-	wantAttr(t, f, "tx.commit.committed_locally", "true")
-	wantEvents(t, f, "tx.phase.active", "tx.phase.committing", "tx.phase.unknown")
-	wantStatus(t, f, codes.Unset, "")
-	// Ground truth: the commit record was in local WAL.
-	if st, ok, err := srv.XactStatus(ctx, xid); err != nil || !ok || st != "committed" {
-		t.Fatalf("pg_xact_status = %q %v %v, want committed", st, ok, err)
-	}
-	if !rowExists(t, ctx, table, 1) {
-		t.Fatal("row absent")
-	}
+	eachSpanSetting(t, func(t *testing.T, opts ...Option) {
+		ctx := testCtx(t)
+		h := newHarness(t, "", 1, opts...)
+		table := newTable(t, ctx)
+		pc, err := h.pool.Acquire(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		commitErr, xid := syncRepTerminate(t, ctx, pc.Conn(), table, 1)
+		pc.Release()
+		if commitErr == nil {
+			t.Fatal("commit succeeded after its backend was terminated")
+		}
+		f := onlyFrame(t, h)
+		frameContract(t, f, 0)
+		wantAttr(t, f, "tx.outcome", "indeterminate")
+		wantAttr(t, f, "tx.phase", "unknown")
+		wantAttr(t, f, "tx.commit.committed_locally", "true")
+		wantEvents(t, f, "tx.phase.active", "tx.phase.committing", "tx.phase.unknown")
+		wantStatus(t, f, codes.Unset, "")
+		// Ground truth: the commit record was in local WAL.
+		if st, ok, err := srv.XactStatus(ctx, xid); err != nil || !ok || st != "committed" {
+			t.Fatalf("pg_xact_status = %q %v %v, want committed", st, ok, err)
+		}
+		if !rowExists(t, ctx, table, 1) {
+			t.Fatal("row absent")
+		}
+	})
 }
 
 func TestSpanIndeterminateProxyCut(t *testing.T) {
-	for _, tc := range []struct {
-		name    string
-		arm     func(*pgtest.Proxy)
-		present bool
-	}{
-		{"after commit", (*pgtest.Proxy).CutAfterCommit, true},
-		{"before commit", (*pgtest.Proxy).CutBeforeCommit, false},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			ctx := testCtx(t)
-			proxy := newProxy(t)
-			h := newHarness(t, proxy.ConnString(srv.ConnString()), 1)
-			table := newTable(t, ctx)
-			tx := mustBegin(t, ctx, h.pool)
-			mustExec(t, ctx, tx, "insert into "+table+" (id, k) values (1, 1)")
-			tc.arm(proxy)
-			if err := tx.Commit(ctx); err == nil {
-				t.Fatal("commit through a cut connection succeeded")
-			}
-			f := onlyFrame(t, h)
-			// Whether or not the server got COMMIT, the client cannot know: indeterminate.
-			wantAttr(t, f, "tx.outcome", "indeterminate")
-			wantAttr(t, f, "error.type", "connection_lost")
-			wantEvents(t, f, "tx.phase.active", "tx.phase.committing", "tx.phase.unknown")
-			wantStatus(t, f, codes.Unset, "")
-			if err := srv.WaitQuiet(ctx); err != nil { // the cut backend may still be committing
-				t.Fatal(err)
-			}
-			if got := rowExists(t, ctx, table, 1); got != tc.present {
-				t.Fatalf("row present = %v, want %v", got, tc.present)
-			}
-		})
-	}
+	eachSpanSetting(t, func(t *testing.T, opts ...Option) {
+		for _, tc := range []struct {
+			name    string
+			arm     func(*pgtest.Proxy)
+			present bool
+		}{
+			{"after commit", (*pgtest.Proxy).CutAfterCommit, true},
+			{"before commit", (*pgtest.Proxy).CutBeforeCommit, false},
+		} {
+			t.Run(tc.name, func(t *testing.T) {
+				ctx := testCtx(t)
+				proxy := newProxy(t)
+				h := newHarness(t, proxy.ConnString(srv.ConnString()), 1, opts...)
+				table := newTable(t, ctx)
+				tx := mustBegin(t, ctx, h.pool)
+				mustExec(t, ctx, tx, "insert into "+table+" (id, k) values (1, 1)")
+				tc.arm(proxy)
+				if err := tx.Commit(ctx); err == nil {
+					t.Fatal("commit through a cut connection succeeded")
+				}
+				f := onlyFrame(t, h)
+				// Whether or not the server got COMMIT, the client cannot know: indeterminate.
+				wantAttr(t, f, "tx.outcome", "indeterminate")
+				wantAttr(t, f, "error.type", "connection_lost")
+				wantEvents(t, f, "tx.phase.active", "tx.phase.committing", "tx.phase.unknown")
+				wantStatus(t, f, codes.Unset, "")
+				if err := srv.WaitQuiet(ctx); err != nil { // the cut backend may still be committing
+					t.Fatal(err)
+				}
+				if got := rowExists(t, ctx, table, 1); got != tc.present {
+					t.Fatalf("row present = %v, want %v", got, tc.present)
+				}
+			})
+		}
+	})
 }
 
 func TestSpanNestedSuspendedOuter(t *testing.T) {
-	ctx := testCtx(t)
-	h := newHarness(t, "", 2)
-	table := newTable(t, ctx)
-	rctx, root := rootSpan(ctx, h)
-	octx, outer, err := Begin(rctx, h.pool, pgx.TxOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	mustExec(t, octx, outer, "insert into "+table+" (id, k) values (1, 1)")
-	ictx, inner, err := Begin(octx, h.pool, pgx.TxOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	mustExec(t, ictx, inner, "insert into "+table+" (id, k) values (2, 2)")
-	if err := inner.Commit(ictx); err != nil {
-		t.Fatal(err)
-	}
-	if err := outer.Rollback(octx); err != nil {
-		t.Fatal(err)
-	}
-	root.End()
-	fs := h.frames()
-	if len(fs) != 2 {
-		t.Fatalf("want 2 frames, got %d", len(fs))
-	}
-	o, i := fs[0], fs[1]
-	frameContract(t, o, 0)
-	frameContract(t, i, 1)
-	wantParent(t, o, root)
-	if i.Parent.SpanID() != o.SpanContext.SpanID() {
-		t.Fatal("inner frame is not a child of the outer frame span")
-	}
-	wantEvents(t, o, "tx.phase.active", "tx.suspended", "tx.resumed", "tx.phase.rolled_back")
-	wantEvents(t, i, "tx.phase.active", "tx.phase.committing", "tx.phase.committed")
-	wantAttr(t, i, "tx.outcome", "committed")
-	wantAttr(t, o, "tx.outcome", "rolled_back")
-	if rowExists(t, ctx, table, 1) || !rowExists(t, ctx, table, 2) {
-		t.Fatal("want the inner row kept and the outer row gone")
-	}
+	eachSpanSetting(t, func(t *testing.T, opts ...Option) {
+		ctx := testCtx(t)
+		h := newHarness(t, "", 2, opts...)
+		table := newTable(t, ctx)
+		rctx, root := rootSpan(ctx, h)
+		octx, outer, err := Begin(rctx, h.pool, pgx.TxOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		mustExec(t, octx, outer, "insert into "+table+" (id, k) values (1, 1)")
+		ictx, inner, err := Begin(octx, h.pool, pgx.TxOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		mustExec(t, ictx, inner, "insert into "+table+" (id, k) values (2, 2)")
+		if err := inner.Commit(ictx); err != nil {
+			t.Fatal(err)
+		}
+		if err := outer.Rollback(octx); err != nil {
+			t.Fatal(err)
+		}
+		root.End()
+		fs := h.frames()
+		if len(fs) != 2 {
+			t.Fatalf("want 2 frames, got %d", len(fs))
+		}
+		o, i := fs[0], fs[1]
+		frameContract(t, o, 0)
+		frameContract(t, i, 1)
+		wantParent(t, o, root)
+		if i.Parent.SpanID() != o.SpanContext.SpanID() {
+			t.Fatal("inner frame is not a child of the outer frame span")
+		}
+		wantEvents(t, o, "tx.phase.active", "tx.suspended", "tx.resumed", "tx.phase.rolled_back")
+		wantEvents(t, i, "tx.phase.active", "tx.phase.committing", "tx.phase.committed")
+		wantAttr(t, i, "tx.outcome", "committed")
+		wantAttr(t, o, "tx.outcome", "rolled_back")
+		if rowExists(t, ctx, table, 1) || !rowExists(t, ctx, table, 2) {
+			t.Fatal("want the inner row kept and the outer row gone")
+		}
+	})
 }
 
 func TestSpanSavepoints(t *testing.T) {
-	ctx := testCtx(t)
-	h := newHarness(t, "", 1)
-	table := newTable(t, ctx)
-	tx := mustBegin(t, ctx, h.pool)
-	sp := mustBegin(t, ctx, tx)
-	mustExec(t, ctx, sp, "insert into "+table+" (id, k) values (1, 1)")
-	if err := sp.Rollback(ctx); err != nil {
-		t.Fatal(err)
-	}
-	sp2 := mustBegin(t, ctx, tx)
-	mustExec(t, ctx, sp2, "insert into "+table+" (id, k) values (2, 2)")
-	if err := sp2.Commit(ctx); err != nil {
-		t.Fatal(err)
-	}
-	if err := tx.Commit(ctx); err != nil {
-		t.Fatal(err)
-	}
-	f := onlyFrame(t, h)
-	wantEvents(t, f, "tx.phase.active", "tx.savepoint.created", "tx.savepoint.rolled_back",
-		"tx.savepoint.created", "tx.savepoint.released", "tx.phase.committing", "tx.phase.committed")
-	var spNames []string
-	for _, e := range f.Events {
-		for _, kv := range e.Attributes {
-			if kv.Key == SavepointNameKey {
-				spNames = append(spNames, kv.Value.AsString())
+	eachSpanSetting(t, func(t *testing.T, opts ...Option) {
+		ctx := testCtx(t)
+		h := newHarness(t, "", 1, opts...)
+		table := newTable(t, ctx)
+		tx := mustBegin(t, ctx, h.pool)
+		sp := mustBegin(t, ctx, tx)
+		mustExec(t, ctx, sp, "insert into "+table+" (id, k) values (1, 1)")
+		if err := sp.Rollback(ctx); err != nil {
+			t.Fatal(err)
+		}
+		sp2 := mustBegin(t, ctx, tx)
+		mustExec(t, ctx, sp2, "insert into "+table+" (id, k) values (2, 2)")
+		if err := sp2.Commit(ctx); err != nil {
+			t.Fatal(err)
+		}
+		if err := tx.Commit(ctx); err != nil {
+			t.Fatal(err)
+		}
+		f := onlyFrame(t, h)
+		wantEvents(t, f, "tx.phase.active", "tx.savepoint.created", "tx.savepoint.rolled_back",
+			"tx.savepoint.created", "tx.savepoint.released", "tx.phase.committing", "tx.phase.committed")
+		var spNames []string
+		for _, e := range f.Events {
+			for _, kv := range e.Attributes {
+				if kv.Key == SavepointNameKey {
+					spNames = append(spNames, kv.Value.AsString())
+				}
 			}
 		}
-	}
-	if !slices.Equal(spNames, []string{"sp_1", "sp_1", "sp_2", "sp_2"}) {
-		t.Fatalf("savepoint names = %v", spNames)
-	}
-	wantAttr(t, f, "tx.outcome", "committed")
-	if rowExists(t, ctx, table, 1) || !rowExists(t, ctx, table, 2) {
-		t.Fatal("savepoint rollback/release not as expected in the table")
-	}
+		if !slices.Equal(spNames, []string{"sp_1", "sp_1", "sp_2", "sp_2"}) {
+			t.Fatalf("savepoint names = %v", spNames)
+		}
+		wantAttr(t, f, "tx.outcome", "committed")
+		if rowExists(t, ctx, table, 1) || !rowExists(t, ctx, table, 2) {
+			t.Fatal("savepoint rollback/release not as expected in the table")
+		}
+	})
 }
 
 // TestSpanConcurrentFrames runs 64 goroutines over one pool: every frame's events and
 // statement spans must belong to its own transaction.
 func TestSpanConcurrentFrames(t *testing.T) {
-	ctx := testCtx(t)
-	h := newHarness(t, "", 8)
-	table := newTable(t, ctx)
-	const workers, perWorker = 64, 5
-	var wg sync.WaitGroup
-	errs := make(chan error, workers)
-	for w := range workers {
-		wg.Go(func() {
-			for i := range perWorker {
-				id := w*perWorker + i
-				wctx, span := h.tp.Tracer("test").Start(ctx, fmt.Sprintf("worker-%d", id))
-				tx, err := h.pool.Begin(wctx)
-				if err != nil {
-					errs <- err
-					return
+	eachSpanSetting(t, func(t *testing.T, opts ...Option) {
+		ctx := testCtx(t)
+		h := newHarness(t, "", 8, opts...)
+		table := newTable(t, ctx)
+		const workers, perWorker = 64, 5
+		var wg sync.WaitGroup
+		errs := make(chan error, workers)
+		for w := range workers {
+			wg.Go(func() {
+				for i := range perWorker {
+					id := w*perWorker + i
+					wctx, span := h.tp.Tracer("test").Start(ctx, fmt.Sprintf("worker-%d", id))
+					tx, err := h.pool.Begin(wctx)
+					if err != nil {
+						errs <- err
+						return
+					}
+					_, err = tx.Exec(wctx, fmt.Sprintf("insert into %s (id, k) values (%d, %d)", table, id, id))
+					if err == nil && id%3 == 0 {
+						err = tx.Rollback(wctx)
+					} else if err == nil {
+						err = tx.Commit(wctx)
+					}
+					span.End()
+					if err != nil {
+						errs <- err
+						return
+					}
 				}
-				_, err = tx.Exec(wctx, fmt.Sprintf("insert into %s (id, k) values (%d, %d)", table, id, id))
-				if err == nil && id%3 == 0 {
-					err = tx.Rollback(wctx)
-				} else if err == nil {
-					err = tx.Commit(wctx)
-				}
-				span.End()
-				if err != nil {
-					errs <- err
-					return
-				}
-			}
-		})
-	}
-	wg.Wait()
-	close(errs)
-	for err := range errs {
-		t.Fatal(err)
-	}
-	parents := map[trace.SpanID]string{}
-	for _, s := range h.exp.GetSpans() {
-		if strings.HasPrefix(s.Name, "worker-") {
-			parents[s.SpanContext.SpanID()] = strings.TrimPrefix(s.Name, "worker-")
+			})
 		}
-	}
-	fs := h.frames()
-	if len(fs) != workers*perWorker {
-		t.Fatalf("frames = %d, want %d", len(fs), workers*perWorker)
-	}
-	for _, f := range fs {
-		id := parents[f.Parent.SpanID()]
-		if id == "" {
-			t.Fatal("frame not parented to its worker span")
+		wg.Wait()
+		close(errs)
+		for err := range errs {
+			t.Fatal(err)
 		}
-		var n int
-		fmt.Sscan(id, &n)
-		ins := fmt.Sprintf("insert into %s (id, k) values (?, ?)", table) // literals sanitized
-		// The frames end concurrently, each writing its attributes through one of
-		// endSpan's pooled slices: none may carry another's, nor any left over.
-		if f.DroppedAttributes != 0 {
-			t.Fatalf("frame dropped %d attributes", f.DroppedAttributes)
-		}
-		if n%3 == 0 {
-			wantEvents(t, f, "tx.phase.active", "tx.phase.rolled_back")
-			wantStatementChildren(t, h, f, "begin", ins, "rollback")
-			wantAttr(t, f, "tx.outcome", "rolled_back")
-			wantAttr(t, f, "tx.retryable", "false")
-		} else {
-			wantEvents(t, f, "tx.phase.active", "tx.phase.committing", "tx.phase.committed")
-			wantStatementChildren(t, h, f, "begin", ins, "commit")
-			wantAttr(t, f, "tx.outcome", "committed")
-			if v, ok := attr(f, RetryableKey); ok {
-				t.Fatalf("committed frame has tx.retryable %v", v.Emit())
+		parents := map[trace.SpanID]string{}
+		for _, s := range h.exp.GetSpans() {
+			if strings.HasPrefix(s.Name, "worker-") {
+				parents[s.SpanContext.SpanID()] = strings.TrimPrefix(s.Name, "worker-")
 			}
 		}
-	}
-	for id, n := range h.ends.ends {
-		if n != 1 {
-			t.Fatalf("span %v ended %d times", id, n)
+		fs := h.frames()
+		if len(fs) != workers*perWorker {
+			t.Fatalf("frames = %d, want %d", len(fs), workers*perWorker)
 		}
-	}
+		for _, f := range fs {
+			id := parents[f.Parent.SpanID()]
+			if id == "" {
+				t.Fatal("frame not parented to its worker span")
+			}
+			var n int
+			fmt.Sscan(id, &n)
+			ins := fmt.Sprintf("insert into %s (id, k) values (?, ?)", table) // literals sanitized
+			// The frames end concurrently, each writing its attributes through one of
+			// endSpan's pooled slices: none may carry another's, nor any left over.
+			if f.DroppedAttributes != 0 {
+				t.Fatalf("frame dropped %d attributes", f.DroppedAttributes)
+			}
+			if n%3 == 0 {
+				wantEvents(t, f, "tx.phase.active", "tx.phase.rolled_back")
+				wantStatementChildren(t, h, f, "begin", ins, "rollback")
+				wantAttr(t, f, "tx.outcome", "rolled_back")
+				wantAttr(t, f, "tx.retryable", "false")
+			} else {
+				wantEvents(t, f, "tx.phase.active", "tx.phase.committing", "tx.phase.committed")
+				wantStatementChildren(t, h, f, "begin", ins, "commit")
+				wantAttr(t, f, "tx.outcome", "committed")
+				if v, ok := attr(f, RetryableKey); ok {
+					t.Fatalf("committed frame has tx.retryable %v", v.Emit())
+				}
+			}
+		}
+		for id, n := range h.ends.ends {
+			if n != 1 {
+				t.Fatalf("span %v ended %d times", id, n)
+			}
+		}
+	})
 }
 
 // TestSpanImplicitPrepareStaysUnderItsStatement: pgx prepares a statement with arguments
-// inside the query call; the prepare span belongs under that query's span, not beside it.
+// inside the query call; the prepare belongs to that query's span, not beside it: by
+// default an event of it, with WithInnerSpans(InnerSpanPrepare) a span under it.
 func TestSpanImplicitPrepareStaysUnderItsStatement(t *testing.T) {
-	ctx := testCtx(t)
-	h := newHarness(t, "", 1)
-	tx := mustBegin(t, ctx, h.pool)
-	var n int
-	if err := tx.QueryRow(ctx, "select $1::int + 1", 41).Scan(&n); err != nil || n != 42 {
-		t.Fatalf("n = %d, %v", n, err)
-	}
-	if err := tx.Commit(ctx); err != nil {
-		t.Fatal(err)
-	}
-	f := onlyFrame(t, h)
-	wantStatementChildren(t, h, f, "begin", "select $1::int + ?", "commit")
-	var query tracetest.SpanStub
-	for _, c := range h.children(f) {
-		if v, _ := attr(c, "db.query.text"); v.AsString() == "select $1::int + ?" {
-			query = c
-		}
-	}
-	if kids := h.children(query); len(kids) != 1 {
-		t.Fatalf("the query span has %d children, want its prepare span", len(kids))
+	for _, spans := range []bool{false, true} {
+		t.Run(fmt.Sprintf("spans=%v", spans), func(t *testing.T) {
+			var opts []Option
+			if spans {
+				opts = append(opts, WithInnerSpans(InnerSpanPrepare))
+			}
+			ctx := testCtx(t)
+			h := newHarness(t, "", 1, opts...)
+			rctx, root := rootSpan(ctx, h)
+			tx := mustBegin(t, rctx, h.pool)
+			var n int
+			if err := tx.QueryRow(rctx, "select $1::int + 1", 41).Scan(&n); err != nil || n != 42 {
+				t.Fatalf("n = %d, %v", n, err)
+			}
+			if err := tx.Commit(rctx); err != nil {
+				t.Fatal(err)
+			}
+			root.End()
+			f := onlyFrame(t, h)
+			wantStatementChildren(t, h, f, "begin", "select $1::int + ?", "commit")
+			var query tracetest.SpanStub
+			for _, c := range h.children(f) {
+				if v, _ := attr(c, "db.query.text"); v.AsString() == "select $1::int + ?" {
+					query = c
+				}
+			}
+			kids := h.children(query)
+			if spans {
+				if len(kids) != 1 || len(query.Events) != 0 {
+					t.Fatalf("the query span has %d children and events %v, want its prepare span and no event", len(kids), eventNames(query))
+				}
+				return
+			}
+			if len(kids) != 0 || !slices.Equal(eventNames(query), []string{EventPrepare}) {
+				t.Fatalf("the query span has %d children and events %v, want its prepare event", len(kids), eventNames(query))
+			}
+			e := query.Events[0]
+			name, _ := eventAttr(e, otelpgx.PrepareStmtNameKey)
+			took, _ := eventAttr(e, StatementDurationKey)
+			if name.AsString() != "stmtcache" || took.AsFloat64() <= 0 || took.AsFloat64() > query.EndTime.Sub(query.StartTime).Seconds() {
+				t.Fatalf("prepare event attributes %v: want pgx.prepare_stmt.name stmtcache and a duration within the query's", e.Attributes)
+			}
+		})
 	}
 }

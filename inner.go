@@ -132,30 +132,42 @@ func (t *Tracer) innerCopyFromEnd(ctx context.Context, conn *pgx.Conn, data pgx.
 	}
 }
 
-// innerPrepareStart hands a prepare's start to the inner tracer, sanitized.
-func (t *Tracer) innerPrepareStart(ctx context.Context, conn *pgx.Conn, data pgx.TracePrepareStartData) context.Context {
+// innerPrepareStart hands a prepare's start to the inner tracer, sanitized (its statement
+// name too: see innerStmtName). A folded prepare (prepare_event.go) starts no span: its
+// inner hook gets a context whose span does not record.
+func (t *Tracer) innerPrepareStart(ctx context.Context, conn *pgx.Conn, data pgx.TracePrepareStartData, folded bool) context.Context {
 	if t.prepare != nil {
 		s := t.sanitized.get(data.SQL)
 		data.SQL = t.innerSQL(data.SQL, s)
-		if !t.cfg.rawQueryText && !t.innerAsIs && strings.HasPrefix(data.Name, "stmtcache_") {
-			data.Name = "stmtcache" // pgx names it by a digest of the raw SQL, literals and all
+		start := func(ctx context.Context) context.Context { return t.prepare.TracePrepareStart(ctx, conn, data) }
+		if folded {
+			return quietStart(ctx, start)
 		}
-		ctx = t.summarized(ctx, t.innerStart(InnerSpanPrepare, ctx, func(ctx context.Context) context.Context {
-			return t.prepare.TracePrepareStart(ctx, conn, data)
-		}), s)
+		ctx = t.summarized(ctx, t.innerStart(InnerSpanPrepare, ctx, start), s)
 	}
 	return ctx
 }
 
 // innerPrepareEnd hands a prepare's end to the inner tracer, its error redacted.
-func (t *Tracer) innerPrepareEnd(ctx context.Context, conn *pgx.Conn, data pgx.TracePrepareEndData) {
+func (t *Tracer) innerPrepareEnd(ctx context.Context, conn *pgx.Conn, data pgx.TracePrepareEndData, folded bool) {
 	if t.prepare != nil {
-		if t.omits(InnerSpanPrepare) {
+		if folded || t.omits(InnerSpanPrepare) {
 			ctx = withoutSpan(ctx)
 		}
 		data.Err = t.innerErr(data.Err)
 		t.prepare.TracePrepareEnd(ctx, conn, data)
 	}
+}
+
+// innerStmtName returns what the inner tracer, and a prepare's event, are given of a
+// prepared statement's name: pgx names the statements it caches by a digest of the raw
+// SQL, literals and all, which becomes "stmtcache" unless [WithRawQueryText] or the tracer
+// is the application's.
+func (t *Tracer) innerStmtName(name string) string {
+	if !t.cfg.rawQueryText && !t.innerAsIs && strings.HasPrefix(name, "stmtcache_") {
+		return "stmtcache"
+	}
+	return name
 }
 
 // batchSummary returns db.query.summary of a batch as the semantic conventions define

@@ -19,14 +19,23 @@ const (
 	// InnerSpanBatchQuery: the span of each query of a batch (otelpgx #54: thousands of
 	// them under one batch); the batch's own span stays.
 	InnerSpanBatchQuery
-	// InnerSpanPrepare: the "prepare" span of each statement pgx prepares, implicitly the
-	// first time a statement runs in its default query mode.
+	// InnerSpanPrepare: the "prepare" span of each statement pgx prepares: implicitly, inside
+	// a query (the first time a statement runs in pgx's default query mode, every time in
+	// QueryExecModeDescribeExec), or explicitly (Conn.Prepare). By default an implicit
+	// prepare is no span but a [EventPrepare] event of its statement's span (see
+	// [WithInnerSpans]); an explicit one, which has no statement span, stays a span.
 	InnerSpanPrepare
+	// InnerSpanTransactionControl: the statement spans of BEGIN (START TRANSACTION),
+	// COMMIT (END), ROLLBACK (ABORT), their AND CHAIN forms, SAVEPOINT, RELEASE and ROLLBACK
+	// TO, each sent alone as a query inside a recorded frame. By default they are no spans
+	// but events of the frame (see [WithInnerSpans]).
+	InnerSpanTransactionControl
 	numInnerSpans
 )
 
 var innerSpanNames = [...]string{InnerSpanConnect: "connect", InnerSpanAcquire: "acquire",
-	InnerSpanBatchQuery: "batch query", InnerSpanPrepare: "prepare"}
+	InnerSpanBatchQuery: "batch query", InnerSpanPrepare: "prepare",
+	InnerSpanTransactionControl: "transaction control"}
 
 // String names the kind.
 func (k InnerSpan) String() string {
@@ -40,31 +49,71 @@ func (k InnerSpan) String() string {
 // Only the spans go: every pgx tracer interface is still forwarded to otelpgx, whose
 // metrics (db.client.operation.duration and its error count) still count each operation,
 // and the frame's own hooks still run — a connection acquired or prepared without a span is
-// tracked as before. An unknown kind is an error, and so is this option with a tracer of
-// your own ([WithInnerTracer], or a tracer the config already had), which decides its own
-// spans.
+// tracked as before. The kinds whose spans are events by default stay events:
+// InnerSpanTransactionControl (of the frame) and the implicit prepares of InnerSpanPrepare
+// (of their statement), whose explicit prepares lose their spans. An unknown kind is an
+// error, and so is this option with a tracer of your own ([WithInnerTracer], or a tracer
+// the config already had), which decides its own spans.
 func WithoutInnerSpans(kinds ...InnerSpan) Option {
+	return innerSpansOption("WithoutInnerSpans", kinds, func(c *config, bit uint8) {
+		c.omitSpans |= bit
+		c.keepSpans &^= bit
+	})
+}
+
+// WithInnerSpans makes the default otelpgx inner tracer's spans of the given kinds as
+// otelpgx makes them, where by default they are events: InnerSpanTransactionControl, a
+// statement span of its own for each BEGIN, COMMIT, ROLLBACK, SAVEPOINT, RELEASE and
+// ROLLBACK TO in place of the frame's events; InnerSpanPrepare, a span for each implicit
+// prepare under its statement's span (named like it, by otelpgx; its
+// otelpgx.WithQuerySpanNamePrefix, through [WithOtelpgxOptions], names them "prepare
+// INSERT"). For the other kinds, spans by default, it undoes an earlier
+// [WithoutInnerSpans]. An unknown kind is an error, and so is this option with a tracer of
+// your own.
+//
+// The events hold what those spans said that the frame does not already (README, "The
+// span contract"), for less: a transaction of BEGIN, one statement and COMMIT is then two
+// spans, the frame and the statement, where otelpgx alone makes three.
+func WithInnerSpans(kinds ...InnerSpan) Option {
+	return innerSpansOption("WithInnerSpans", kinds, func(c *config, bit uint8) {
+		c.keepSpans |= bit
+		c.omitSpans &^= bit
+	})
+}
+
+// innerSpansOption is the option named name that applies set to the bit of each kind.
+func innerSpansOption(name string, kinds []InnerSpan, set func(c *config, bit uint8)) Option {
 	return optionFunc(func(c *config) {
 		for _, k := range kinds {
 			if k < InnerSpanConnect || k >= numInnerSpans {
-				c.err = fmt.Errorf("otelpgxtx: WithoutInnerSpans: unknown kind %d", uint8(k))
+				c.err = fmt.Errorf("otelpgxtx: %s: unknown kind %d", name, uint8(k))
 				return
 			}
-			c.omitSpans |= 1 << k
+			set(c, 1<<k)
+			c.spansChosen = true
 		}
 	})
 }
 
-// checkOmitSpans refuses WithoutInnerSpans with a tracer of the user's own.
+// checkOmitSpans refuses WithoutInnerSpans and WithInnerSpans with a tracer of the user's
+// own.
 func (c *config) checkOmitSpans() error {
-	if c.omitSpans != 0 && c.innerSet {
-		return fmt.Errorf("otelpgxtx: WithoutInnerSpans applies to the default otelpgx inner tracer; a tracer of your own decides its own spans")
+	if c.spansChosen && c.innerSet {
+		return fmt.Errorf("otelpgxtx: WithoutInnerSpans and WithInnerSpans apply to the default otelpgx inner tracer; a tracer of your own decides its own spans")
 	}
 	return nil
 }
 
 // omits reports whether the inner tracer's spans of kind k are turned off.
 func (t *Tracer) omits(k InnerSpan) bool { return t.cfg.omitSpans&(1<<k) != 0 }
+
+// folds reports whether the spans of kind k — InnerSpanTransactionControl, or the implicit
+// prepares of InnerSpanPrepare — are events in place of spans: by default, with the
+// default otelpgx inner tracer. A tracer of the application's gets every statement as pgx
+// gives it and decides its own spans.
+func (t *Tracer) folds(k InnerSpan) bool {
+	return !t.cfg.innerSet && t.cfg.keepSpans&(1<<k) == 0
+}
 
 // innerStart runs start, an inner Start hook of kind k. For an omitted kind it is given a
 // span that does not record, so otelpgx starts none (and still notes the start time for
@@ -74,6 +123,12 @@ func (t *Tracer) innerStart(k InnerSpan, ctx context.Context, start func(context
 	if !t.omits(k) {
 		return start(ctx)
 	}
+	return quietStart(ctx, start)
+}
+
+// quietStart runs start, an inner Start hook, with a span that does not record in place of
+// ctx's, and puts ctx's span back into what it returns.
+func quietStart(ctx context.Context, start func(context.Context) context.Context) context.Context {
 	return trace.ContextWithSpan(start(withoutSpan(ctx)), trace.SpanFromContext(ctx))
 }
 

@@ -52,7 +52,10 @@ func innerSpanKinds(t *testing.T, opts ...Option) (spans, ops map[string]int64, 
 	spans = map[string]int64{}
 	for _, s := range all {
 		_, prepare := attr(s, otelpgx.PrepareStmtNameKey)
+		text, _ := attr(s, "db.query.text")
 		switch {
+		case classifyStatements(text.AsString()).control():
+			spans["transaction control"]++
 		case s.Name == "connect":
 			spans["connect"]++
 		case s.Name == "pool.acquire":
@@ -86,19 +89,24 @@ func innerSpanKinds(t *testing.T, opts ...Option) (spans, ops map[string]int64, 
 	return spans, ops, attrString(t, onlyFrame(t, h), OutcomeKey)
 }
 
+// allInnerSpans makes every kind of inner span a span.
+var allInnerSpans = WithInnerSpans(InnerSpanConnect, InnerSpanAcquire, InnerSpanBatchQuery, InnerSpanPrepare, InnerSpanTransactionControl)
+
 // TestWithoutInnerSpans: each kind turned off loses exactly its spans — the batch's own
 // span and the query spans stay, and the frame is the same — while otelpgx, still given
-// every hook, counts every operation in its metrics as before.
+// every hook, counts every operation in its metrics as before. By default, the implicit
+// prepare and the transaction-control statements are no spans: they are events (see
+// TestControlEventsAnswers, TestSpanImplicitPrepareStaysUnderItsStatement).
 func TestWithoutInnerSpans(t *testing.T) {
-	baseSpans, baseOps, baseFrame := innerSpanKinds(t)
-	for _, k := range []string{"connect", "acquire", "prepare", "batch query", "batch", "query"} {
+	baseSpans, baseOps, baseFrame := innerSpanKinds(t, allInnerSpans)
+	for _, k := range []string{"connect", "acquire", "prepare", "batch query", "batch", "query", "transaction control"} {
 		if baseSpans[k] == 0 {
-			t.Fatalf("without the option there is no %s span: %v", k, baseSpans)
+			t.Fatalf("with every kind on there is no %s span: %v", k, baseSpans)
 		}
 	}
-	for _, k := range []InnerSpan{InnerSpanConnect, InnerSpanAcquire, InnerSpanBatchQuery, InnerSpanPrepare} {
+	for _, k := range []InnerSpan{InnerSpanConnect, InnerSpanAcquire, InnerSpanBatchQuery, InnerSpanPrepare, InnerSpanTransactionControl} {
 		t.Run(k.String(), func(t *testing.T) {
-			spans, ops, frame := innerSpanKinds(t, WithoutInnerSpans(k))
+			spans, ops, frame := innerSpanKinds(t, allInnerSpans, WithoutInnerSpans(k))
 			want := maps.Clone(baseSpans)
 			delete(want, k.String())
 			if !maps.Equal(spans, want) {
@@ -109,16 +117,30 @@ func TestWithoutInnerSpans(t *testing.T) {
 			}
 		})
 	}
+	t.Run("default", func(t *testing.T) {
+		spans, ops, frame := innerSpanKinds(t)
+		want := maps.Clone(baseSpans)
+		delete(want, "prepare")
+		delete(want, "transaction control")
+		if !maps.Equal(spans, want) {
+			t.Errorf("spans %v, want %v (all but the implicit prepare and transaction control)", spans, want)
+		}
+		if !maps.Equal(ops, baseOps) || frame != baseFrame {
+			t.Errorf("otelpgx counted %v and the frame is %s, want %v and %s as with every span", ops, frame, baseOps, baseFrame)
+		}
+	})
 }
 
 // TestWithoutInnerSpansBadInput: an unknown kind, and the option with a tracer of the
 // user's own, are errors.
 func TestWithoutInnerSpansBadInput(t *testing.T) {
 	for name, opts := range map[string][]Option{
-		"unknown kind":    {WithoutInnerSpans(InnerSpanPrepare, InnerSpan(9))},
-		"zero kind":       {WithoutInnerSpans(0)},
-		"user's tracer":   {WithInnerTracer(&endSpanRecorder{}), WithoutInnerSpans(InnerSpanConnect)},
-		"config's tracer": nil, // below: the config already has a tracer
+		"unknown kind":                  {WithoutInnerSpans(InnerSpanPrepare, InnerSpan(9))},
+		"zero kind":                     {WithoutInnerSpans(0)},
+		"user's tracer":                 {WithInnerTracer(&endSpanRecorder{}), WithoutInnerSpans(InnerSpanConnect)},
+		"user's tracer, WithInnerSpans": {WithInnerTracer(&endSpanRecorder{}), WithInnerSpans(InnerSpanTransactionControl)},
+		"unknown kind, WithInnerSpans":  {WithInnerSpans(InnerSpan(7))},
+		"config's tracer":               nil, // below: the config already has a tracer
 	} {
 		cfg, err := pgxpool.ParseConfig(srv.ConnString())
 		if err != nil {
@@ -128,8 +150,8 @@ func TestWithoutInnerSpansBadInput(t *testing.T) {
 			cfg.ConnConfig.Tracer = &endSpanRecorder{}
 			opts = []Option{WithoutInnerSpans(InnerSpanAcquire)}
 		}
-		if _, err := InstrumentPool(cfg, opts...); err == nil || !strings.Contains(err.Error(), "WithoutInnerSpans") {
-			t.Errorf("%s: InstrumentPool = %v, want an error naming WithoutInnerSpans", name, err)
+		if _, err := InstrumentPool(cfg, opts...); err == nil || !strings.Contains(err.Error(), "InnerSpans") {
+			t.Errorf("%s: InstrumentPool = %v, want an error naming the option", name, err)
 		}
 	}
 	if got := InnerSpan(9).String(); got != "InnerSpan(9)" {

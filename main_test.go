@@ -57,6 +57,9 @@ type harness struct {
 	ends   *endCounter
 	pool   *pgxpool.Pool
 	tracer *Tracer
+	// controlEvents: the options ask for transaction-control statements as events of
+	// their frame (the default), read from the options, not from the tracer under test.
+	controlEvents bool
 }
 
 func newHarness(t *testing.T, connString string, maxConns int32, opts ...Option) *harness {
@@ -85,6 +88,8 @@ func newHarnessSampled(t *testing.T, connString string, maxConns int32, sampler 
 			opts[i] = ho(h.tp)
 		}
 	}
+	oc := newConfig(opts)
+	h.controlEvents = !oc.innerSet && oc.keepSpans&(1<<InnerSpanTransactionControl) == 0
 	h.tracer, err = InstrumentPool(cfg, append([]Option{WithTracerProvider(h.tp), WithMeterProvider(mp)}, opts...)...)
 	if err != nil {
 		t.Fatal(err)

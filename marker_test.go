@@ -292,32 +292,40 @@ func TestMarkerAfterFailover(t *testing.T) {
 	}
 }
 
-// TestCommitSpanSameWithCapture: the statement spans under a Run's frame are the same
-// with reference capture (and the marker) on and off, COMMIT's included.
+// TestCommitSpanSameWithCapture: the statement spans under a Run's frame, and its
+// statements' events, are the same with reference capture (and the marker) on and off,
+// COMMIT's included — its span, or with the default its event on the frame.
 func TestCommitSpanSameWithCapture(t *testing.T) {
-	ctx := testCtx(t)
-	table := newTable(t, ctx)
-	marker := newMarkerTable(t, ctx, srv.Exec)
-	plain := DefaultPolicy()
-	plain.CaptureReference = false
-	var want string
-	for i, p := range []Policy{plain, DefaultPolicy(), markerPolicy(marker)} {
-		h := newHarness(t, "", 1)
-		if r := Run(ctx, h.pool, p, insertFn(table, i+1)); r.Outcome() != outcome.OutcomeCommitted {
-			t.Fatalf("%T", r)
-		}
-		var got []string
-		for _, c := range h.children(onlyFrame(t, h)) {
-			got = append(got, c.Name+" "+fmt.Sprint(c.Status.Code))
-		}
-		slices.Sort(got)
-		if i == 0 {
-			want = strings.Join(got, "|")
-			if !strings.Contains(strings.ToLower(want), "commit") {
-				t.Fatalf("no COMMIT statement span without capture: %q", want)
+	eachSpanSetting(t, func(t *testing.T, opts ...Option) {
+		ctx := testCtx(t)
+		table := newTable(t, ctx)
+		marker := newMarkerTable(t, ctx, srv.Exec)
+		plain := DefaultPolicy()
+		plain.CaptureReference = false
+		var want string
+		for i, p := range []Policy{plain, DefaultPolicy(), markerPolicy(marker)} {
+			h := newHarness(t, "", 1, opts...)
+			if r := Run(ctx, h.pool, p, insertFn(table, i+1)); r.Outcome() != outcome.OutcomeCommitted {
+				t.Fatalf("%T", r)
 			}
-		} else if g := strings.Join(got, "|"); g != want {
-			t.Errorf("policy %d: statement spans %q, want %q", i, g, want)
+			f := onlyFrame(t, h)
+			var got []string
+			for _, c := range h.children(f) {
+				got = append(got, c.Name+" "+fmt.Sprint(c.Status.Code))
+			}
+			for _, e := range statementEvents(f) {
+				op, _ := eventAttr(e, dbOperationNameKey)
+				got = append(got, e.Name+" "+op.AsString())
+			}
+			slices.Sort(got)
+			if i == 0 {
+				want = strings.Join(got, "|")
+				if !strings.Contains(want, "COMMIT") {
+					t.Fatalf("no COMMIT statement span or event without capture: %q", want)
+				}
+			} else if g := strings.Join(got, "|"); g != want {
+				t.Errorf("policy %d: statement spans and events %q, want %q", i, g, want)
+			}
 		}
-	}
+	})
 }

@@ -79,6 +79,16 @@ type frame struct {
 	// judgeErr); an expected failure leaves the span's status Unset.
 	errJudged, errExpected bool
 
+	// standIn takes the span's place for the inner tracer's hooks of a statement that is
+	// an event of the frame; answer is such a statement's, waiting for the event its
+	// answer makes while answering (control_events.go).
+	standIn    frameStandIn
+	answer     statementAnswer
+	answering  bool
+	eventAttrs [5]attribute.KeyValue // an answering event's attributes are built here
+	// savepoints are the names of the open savepoints, outermost first (savepoint_depth.go).
+	savepoints []string
+
 	// Set by the executor.
 	managed     bool  // the executor ends the span, after post-commit work
 	cause       error // why the executor rolled back
@@ -160,6 +170,7 @@ func (t *Tracer) startFrame(ctx context.Context, conn *pgx.Conn, st *connState, 
 	}
 	f.recording = f.span.IsRecording()
 	if f.recording {
+		f.standIn.sc = f.span.SpanContext()
 		// Written with the outcome attributes when the frame ends, in one SetAttributes.
 		if st.attrs == nil {
 			st.attrs = []attribute.KeyValue{dbSystemPostgreSQL}
@@ -194,8 +205,12 @@ func (f *frame) transition(to outcome.Phase) bool {
 	if to == outcome.PhaseCommitting {
 		f.committingAt = time.Now()
 	}
-	if f.recording {
-		f.span.AddEvent(phaseEvents[to])
+	switch {
+	case !f.recording:
+	case to == outcome.PhaseCommitting:
+		f.span.AddEvent(phaseEvents[to]) // before COMMIT is sent: no statement's answer
+	default:
+		f.event(phaseEvents[to])
 	}
 	return true
 }
@@ -328,6 +343,12 @@ func (f *frame) outcomeAttrs(o outcome.Outcome, attrs []attribute.KeyValue) []at
 		attrs = append(attrs, dbResponseStatusKey.String(v.SQLState()))
 	}
 	return attrs
+}
+
+// deliberateRollback reports whether f, rolled back, was ended on purpose with nothing
+// gone wrong: the one rule behind its span status and its metric series.
+func (f *frame) deliberateRollback() bool {
+	return !f.hasErr && f.cause == nil && f.verdict.Reason() == classifier.ReasonRolledBack
 }
 
 // setOutcomeStatus sets the span status of outcome o and returns attrs with the

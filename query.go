@@ -6,7 +6,6 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
-	"go.opentelemetry.io/otel/trace"
 
 	"github.com/txevidence/otelpgxtx/classifier"
 	"github.com/txevidence/otelpgxtx/outcome"
@@ -19,13 +18,14 @@ import (
 // (the evidence becomes a verdict).
 
 // startQuery is the body of every Start hook: it records the start of a query whose
-// statements are of kinds set, lets the inner tracer start its span (inner), and pushes
-// what its End needs. With no state on the connection, or while Run closes pgx's Tx
-// object, only inner runs — for the latter not even that (see closePgxTx).
-func (t *Tracer) startQuery(ctx context.Context, conn *pgx.Conn, set stmtSet, sql string, inner func(context.Context) context.Context) context.Context {
+// statements are of kinds set, may make it an event in place of a span (fold, op: see
+// Tracer.fold), lets the inner tracer start its span (inner, told whether the query is
+// folded), and pushes what its End needs. With no state on the connection, or while Run
+// closes pgx's Tx object, only inner runs — for the latter not even that (see closePgxTx).
+func (t *Tracer) startQuery(ctx context.Context, conn *pgx.Conn, set stmtSet, sql string, fold foldKind, op string, inner func(context.Context, bool) context.Context) context.Context {
 	st := connStateOf(conn)
 	if st == nil {
-		return inner(ctx) // no frame to parent to, but the statement span stays
+		return inner(ctx, false) // no frame to parent to, but the statement span stays
 	}
 	if st.silent {
 		return ctx
@@ -33,16 +33,16 @@ func (t *Tracer) startQuery(ctx context.Context, conn *pgx.Conn, set stmtSet, sq
 	st.mu.Lock()
 	defer st.mu.Unlock()
 	ctx, q := t.enter(ctx, conn, st, set, sql)
-	ctx = inner(ctx)
+	ctx = inner(t.fold(ctx, &q, fold, op), q.folded)
 	q.ctx = ctx
 	st.push(q)
 	return ctx
 }
 
 // endQuery is the body of every End hook: it pops what startQuery pushed, lets the inner
-// tracer end its span (inner), and judges the query. An End without its Start has nothing
-// to judge.
-func (t *Tracer) endQuery(ctx context.Context, conn *pgx.Conn, tag pgconn.CommandTag, err error, inner func(context.Context)) {
+// tracer end its span (inner, told whether the query is folded), and judges the query. An
+// End without its Start has nothing to judge.
+func (t *Tracer) endQuery(ctx context.Context, conn *pgx.Conn, tag pgconn.CommandTag, err error, inner func(context.Context, bool)) {
 	st := connStateOf(conn)
 	var q queryState
 	started := false
@@ -54,9 +54,23 @@ func (t *Tracer) endQuery(ctx context.Context, conn *pgx.Conn, tag pgconn.Comman
 		defer st.mu.Unlock()
 		q, started = st.pop(ctx)
 	}
-	inner(t.innerEndStatus(innerEndCtx(ctx, q.frame), err))
+	// A folded query's event: a prepare's now, a statement's with the frame's next event.
+	answering := q.folded && !q.nested && q.frame.open()
+	var answer statementAnswer
+	if answering {
+		answer = answerOf(q.op, q.start, err)
+	} else if q.folded && q.nested {
+		prepareEvent(ctx, &q, err)
+	}
+	inner(t.innerEndStatus(innerEndCtx(ctx, q.frame), err), q.folded)
 	if started {
+		if answering {
+			q.frame.answered(answer)
+		}
 		t.leave(ctx, conn, st, &q, tag, err)
+		if answering {
+			q.frame.unanswered(&q)
+		}
 	}
 }
 
@@ -195,15 +209,13 @@ func (t *Tracer) afterActiveQuery(st *connState, f *frame, q *queryState, err er
 			v = f.firstErr
 		}
 		f.conclude(st, v)
-	case err == nil && q.set.savepoint() && f.span.IsRecording():
-		name := EventSavepointCreated
-		switch {
-		case q.set.has(stmtRelease):
-			name = EventSavepointReleased
-		case q.set.has(stmtRollbackTo):
-			name = EventSavepointRolledBack
+	case err == nil && q.set.savepoint() && f.recording:
+		name, depth := f.savepointMoved(q.set, q.savepoint)
+		if depth == 0 { // a savepoint made before the frame was found
+			f.event(name, SavepointNameKey.String(q.savepoint))
+			break
 		}
-		f.span.AddEvent(name, trace.WithAttributes(SavepointNameKey.String(q.savepoint)))
+		f.event(name, SavepointNameKey.String(q.savepoint), SavepointDepthKey.Int(depth))
 	}
 }
 
@@ -230,20 +242,3 @@ func (t *Tracer) abandon(st *connState, f *frame, reason string) {
 	f.hasErr = true
 	f.conclude(st, v)
 }
-
-// Reasons of a frame whose transaction ended where no query showed it, written as
-// error.type beside the [classifier] reasons: the frame is rolled_back (unknown if COMMIT
-// had been sent). They are the tracer's, not the classifier's, because only the tracer
-// sees pool releases, closed connections and idle sessions.
-const (
-	// ReasonEndedUnobserved: the connection was found outside a transaction at its next
-	// query, acquire or release: the transaction was ended by a path that bypasses
-	// pgx's tracer (a statement sent through *pgconn.PgConn directly).
-	ReasonEndedUnobserved = "ended_unobserved"
-	// ReasonReleasedInTransaction: the connection went back to the pool in the middle of
-	// the transaction; the pool destroys it, which rolls the transaction back.
-	ReasonReleasedInTransaction = "released_in_transaction"
-	// ReasonConnectionClosed: the connection closed with the transaction open (a
-	// *pgx.Conn closed mid-transaction, a connection database/sql discards).
-	ReasonConnectionClosed = "connection_closed"
-)

@@ -20,7 +20,8 @@ import (
 // kind, never "(message redacted)", and never an address or a statement.
 func TestErrorDescriptionsOfRealFaults(t *testing.T) {
 	proxy := newProxy(t)
-	h := newHarness(t, proxy.ConnString(srv.ConnString()), 1)
+	// COMMIT's own span (not the default event of its frame) holds its error.
+	h := newHarness(t, proxy.ConnString(srv.ConnString()), 1, WithInnerSpans(InnerSpanTransactionControl))
 	table := newTable(t, testCtx(t))
 	// Statement spans are made under a recording span, as in a traced request.
 	ctx, root := h.tp.Tracer("test").Start(testCtx(t), "request")

@@ -43,11 +43,21 @@ const (
 	ParticipantOutcomeKey = attribute.Key("tx.participant.outcome")
 	// SavepointNameKey is tx.savepoint.name, on savepoint events.
 	SavepointNameKey = attribute.Key("tx.savepoint.name")
+	// SavepointDepthKey is tx.savepoint.depth, on savepoint events: 1 for the outermost
+	// savepoint of the transaction, n for one made while n−1 others were open — for a
+	// release or rollback to, the depth of the savepoint it names.
+	SavepointDepthKey = attribute.Key("tx.savepoint.depth")
+	// StatementDurationKey is tx.statement.duration, in seconds: on the event that stands
+	// for a statement without a span of its own (a transaction-control statement's event on
+	// its frame, an implicit prepare's on its statement span), how long the statement
+	// took, from its start hook to its end hook; the event is recorded when it ended.
+	StatementDurationKey = attribute.Key("tx.statement.duration")
 
 	// Semantic-convention keys.
 	dbSystemNameKey     = schema.DBSystemNameKey
 	dbNamespaceKey      = attribute.Key("db.namespace")
 	dbResponseStatusKey = attribute.Key("db.response.status_code")
+	dbOperationNameKey  = attribute.Key("db.operation.name")
 	serverAddressKey    = attribute.Key("server.address")
 	serverPortKey       = attribute.Key("server.port")
 	errorTypeKey        = schema.ErrorTypeKey
@@ -69,6 +79,16 @@ const (
 	EventSavepointReleased = "tx.savepoint.released"
 	// EventSavepointRolledBack records a ROLLBACK TO SAVEPOINT, with tx.savepoint.name.
 	EventSavepointRolledBack = "tx.savepoint.rolled_back"
+	// EventStatement records a transaction-control statement, without a span of its own,
+	// whose answer made no other event of the frame: a savepoint statement that failed, a
+	// BEGIN inside the transaction. It carries db.operation.name, tx.statement.duration and,
+	// on a server error, db.response.status_code.
+	EventStatement = "tx.statement"
+	// EventPrepare, on a statement's span, records the implicit prepare of the statement
+	// (pgx prepares it before it runs it), with tx.statement.duration, otelpgx's
+	// pgx.prepare_stmt.name when the statement is named, and db.response.status_code on a
+	// server error.
+	EventPrepare = "pgx.prepare"
 	// EventRetry is on the frame of an attempt that [Run] retries.
 	EventRetry = "tx.retry"
 	// EventPostCommitFailed is on a committed frame whose post-commit work failed.
@@ -91,3 +111,49 @@ const (
 const StatusDescriptionRolledBack = "transaction rolled back"
 
 var dbSystemPostgreSQL = schema.DBSystemPostgreSQL
+
+// ---- error.type values ------------------------------------------------------------
+//
+// A frame that did not commit says why in error.type: one of the classifier's reasons
+// (classifier.ReasonSerializationFailure, classifier.ReasonConnectionLost,
+// classifier.ReasonCompletionUnknown, …: what the server or the connection answered),
+// or one of the tracer's below (the transaction ended where no statement showed it). A
+// tx.reconcile span's error.type is one of package reconcile's reasons.
+
+// Reasons of a frame whose transaction ended where no query showed it, written as
+// error.type beside the [classifier] reasons: the frame is rolled_back (unknown if COMMIT
+// had been sent). They are the tracer's, not the classifier's, because only the tracer
+// sees pool releases, closed connections and idle sessions.
+const (
+	// ReasonEndedUnobserved: the connection was found outside a transaction at its next
+	// query, acquire or release: the transaction was ended by a path that bypasses
+	// pgx's tracer (a statement sent through *pgconn.PgConn directly).
+	ReasonEndedUnobserved = "ended_unobserved"
+	// ReasonReleasedInTransaction: the connection went back to the pool in the middle of
+	// the transaction; the pool destroys it, which rolls the transaction back.
+	ReasonReleasedInTransaction = "released_in_transaction"
+	// ReasonConnectionClosed: the connection closed with the transaction open (a
+	// *pgx.Conn closed mid-transaction, a connection database/sql discards).
+	ReasonConnectionClosed = "connection_closed"
+)
+
+// RollbackKey is tx.rollback: on a rolled_back frame span, and on the rolled_back series
+// of [MetricTransactions], [MetricDuration] and [MetricCommitDuration], whether the
+// application ended the transaction on purpose ([RollbackDeliberate]) or something failed
+// ([RollbackFailure]). A deliberate Rollback() is how Go code usually ends a read-only
+// transaction; an alert on rollbacks must not count it. Its two values are the only ones,
+// so it adds one series to each metric.
+const RollbackKey = attribute.Key("tx.rollback")
+
+// The values of [RollbackKey].
+const (
+	// RollbackDeliberate: the application rolled back with nothing gone wrong — no
+	// statement failed, [Run]'s function returned nil, no participant failed, and the
+	// server answered the ROLLBACK. Its span status stays Unset.
+	RollbackDeliberate = "deliberate"
+	// RollbackFailure: a statement, the COMMIT or the connection failed, [Run]'s function
+	// returned an error or panicked, or the transaction ended where no statement showed
+	// it (error.type says which). Its span status is Error, unless the failure was an
+	// expected one ([WithExpectedErrors]).
+	RollbackFailure = "failure"
+)

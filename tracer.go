@@ -125,14 +125,14 @@ func (t *Tracer) setInner(inner pgx.QueryTracer) {
 // TraceQueryStart implements pgx.QueryTracer.
 func (t *Tracer) TraceQueryStart(ctx context.Context, conn *pgx.Conn, data pgx.TraceQueryStartData) context.Context {
 	s := t.sanitized.get(data.SQL) // one lookup for the statement's kinds and its text
-	return t.startQuery(ctx, conn, s.set, data.SQL, func(ctx context.Context) context.Context {
+	return t.startQuery(ctx, conn, s.set, data.SQL, foldControl, s.op, func(ctx context.Context, _ bool) context.Context {
 		return t.innerQueryStart(ctx, conn, data, s)
 	})
 }
 
 // TraceQueryEnd implements pgx.QueryTracer.
 func (t *Tracer) TraceQueryEnd(ctx context.Context, conn *pgx.Conn, data pgx.TraceQueryEndData) {
-	t.endQuery(ctx, conn, data.CommandTag, data.Err, func(ctx context.Context) {
+	t.endQuery(ctx, conn, data.CommandTag, data.Err, func(ctx context.Context, _ bool) {
 		t.innerQueryEnd(ctx, conn, data)
 	})
 }
@@ -141,7 +141,7 @@ func (t *Tracer) TraceQueryEnd(ctx context.Context, conn *pgx.Conn, data pgx.Tra
 // a COMMIT anywhere in it marks committing before anything is sent.
 func (t *Tracer) TraceBatchStart(ctx context.Context, conn *pgx.Conn, data pgx.TraceBatchStartData) context.Context {
 	set, beginSQL := t.classifyBatch(data.Batch)
-	return t.startQuery(ctx, conn, set, beginSQL, func(ctx context.Context) context.Context {
+	return t.startQuery(ctx, conn, set, beginSQL, foldNone, "", func(ctx context.Context, _ bool) context.Context {
 		return t.innerBatchStart(ctx, conn, data)
 	})
 }
@@ -166,21 +166,21 @@ func (t *Tracer) TraceBatchQuery(ctx context.Context, conn *pgx.Conn, data pgx.T
 
 // TraceBatchEnd implements pgx.BatchTracer.
 func (t *Tracer) TraceBatchEnd(ctx context.Context, conn *pgx.Conn, data pgx.TraceBatchEndData) {
-	t.endQuery(ctx, conn, pgconn.CommandTag{}, data.Err, func(ctx context.Context) {
+	t.endQuery(ctx, conn, pgconn.CommandTag{}, data.Err, func(ctx context.Context, _ bool) {
 		t.innerBatchEnd(ctx, conn, data)
 	})
 }
 
 // TraceCopyFromStart implements pgx.CopyFromTracer.
 func (t *Tracer) TraceCopyFromStart(ctx context.Context, conn *pgx.Conn, data pgx.TraceCopyFromStartData) context.Context {
-	return t.startQuery(ctx, conn, 1<<stmtOther, "", func(ctx context.Context) context.Context {
+	return t.startQuery(ctx, conn, 1<<stmtOther, "", foldNone, "", func(ctx context.Context, _ bool) context.Context {
 		return t.innerCopyFromStart(ctx, conn, data)
 	})
 }
 
 // TraceCopyFromEnd implements pgx.CopyFromTracer.
 func (t *Tracer) TraceCopyFromEnd(ctx context.Context, conn *pgx.Conn, data pgx.TraceCopyFromEndData) {
-	t.endQuery(ctx, conn, data.CommandTag, data.Err, func(ctx context.Context) {
+	t.endQuery(ctx, conn, data.CommandTag, data.Err, func(ctx context.Context, _ bool) {
 		t.innerCopyFromEnd(ctx, conn, data)
 	})
 }
@@ -188,15 +188,16 @@ func (t *Tracer) TraceCopyFromEnd(ctx context.Context, conn *pgx.Conn, data pgx.
 // TracePrepareStart implements pgx.PrepareTracer. Preparing a statement runs nothing: it
 // neither begins nor commits.
 func (t *Tracer) TracePrepareStart(ctx context.Context, conn *pgx.Conn, data pgx.TracePrepareStartData) context.Context {
-	return t.startQuery(ctx, conn, 1<<stmtOther, "", func(ctx context.Context) context.Context {
-		return t.innerPrepareStart(ctx, conn, data)
+	data.Name = t.innerStmtName(data.Name)
+	return t.startQuery(ctx, conn, 1<<stmtOther, "", foldPrepare, data.Name, func(ctx context.Context, folded bool) context.Context {
+		return t.innerPrepareStart(ctx, conn, data, folded)
 	})
 }
 
 // TracePrepareEnd implements pgx.PrepareTracer.
 func (t *Tracer) TracePrepareEnd(ctx context.Context, conn *pgx.Conn, data pgx.TracePrepareEndData) {
-	t.endQuery(ctx, conn, pgconn.CommandTag{}, data.Err, func(ctx context.Context) {
-		t.innerPrepareEnd(ctx, conn, data)
+	t.endQuery(ctx, conn, pgconn.CommandTag{}, data.Err, func(ctx context.Context, folded bool) {
+		t.innerPrepareEnd(ctx, conn, data, folded)
 	})
 }
 

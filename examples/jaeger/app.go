@@ -105,13 +105,17 @@ func newApp(ctx context.Context, cfg config, out, errOut io.Writer) (a *app, err
 	if err != nil {
 		return a, err
 	}
-	if a.otx, err = otelpgxtx.InstrumentPool(pcfg,
+	opts := []otelpgxtx.Option{
 		otelpgxtx.WithTracerProvider(a.tel.tp),
 		otelpgxtx.WithMeterProvider(a.tel.mp),
 		otelpgxtx.WithLogger(a.logger),
 		otelpgxtx.WithOtelpgxOptions(otelpgx.WithDisableAcquireTracer()),
 		otelpgxtx.WithAutoReconcile(rec, otelpgxtx.WithOnReconciled(a.reconciled.deliver)),
-	); err != nil {
+	}
+	if cfg.spans == spansStatements {
+		opts = append(opts, otelpgxtx.WithInnerSpans(otelpgxtx.InnerSpanTransactionControl, otelpgxtx.InnerSpanPrepare))
+	}
+	if a.otx, err = otelpgxtx.InstrumentPool(pcfg, opts...); err != nil {
 		return a, err
 	}
 	if a.pool, err = pgxpool.NewWithConfig(setupCtx, pcfg); err != nil {

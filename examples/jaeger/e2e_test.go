@@ -4,6 +4,7 @@ import (
 	"os"
 	"regexp"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -25,16 +26,21 @@ const jaegerModuleVersion = "v1.76.0"
 // through Jaeger's query APIs: the spans must arrive intact, with the outcome, status,
 // phase events and parent/child structure the span contract promises, and the search by
 // tag tx.outcome=indeterminate must find exactly the indeterminate frames.
+//
+// The demo runs with the library's default (transaction-control statements and implicit
+// prepares as events) over both protocols, and with their spans (-spans spans) over
+// OTLP/HTTP.
 func TestJaegerRoundTrip(t *testing.T) {
 	j := startJaeger(t)
-	for _, proto := range []string{protoHTTP, protoGRPC} {
-		t.Run(strings.ReplaceAll(proto, "/", "_"), func(t *testing.T) {
+	for _, run := range []struct{ proto, spans string }{{protoHTTP, spansEvents}, {protoGRPC, spansEvents}, {protoHTTP, spansStatements}} {
+		proto := run.proto
+		t.Run(strings.ReplaceAll(proto, "/", "_")+"/"+run.spans, func(t *testing.T) {
 			ctx := pgtest.Context(t, 3*time.Minute)
 			endpoint := "http://" + j.otlpHTTP
 			if proto == protoGRPC {
 				endpoint = "http://" + j.otlpGRPC
 			}
-			service := "otelpgxtx-e2e-" + strings.ReplaceAll(proto, "/", "-")
+			service := "otelpgxtx-e2e-" + strings.ReplaceAll(proto, "/", "-") + "-" + run.spans
 			var out, errOut syncBuffer
 			cfg := config{
 				databaseURL:     srv.ConnString(), // as docker compose passes DATABASE_URL
@@ -43,6 +49,7 @@ func TestJaegerRoundTrip(t *testing.T) {
 				otlpWait:        10 * time.Second,
 				serviceName:     service,
 				tree:            treeNever,
+				spans:           run.spans,
 				jaegerUI:        "http://" + j.query,
 				scenarioTimeout: time.Minute,
 			}
@@ -52,7 +59,7 @@ func TestJaegerRoundTrip(t *testing.T) {
 				t.Fatal(err)
 			}
 			rep := a.round(ctx, 1)
-			if proto == protoHTTP {
+			if proto == protoHTTP && run.spans == spansEvents {
 				checkAlertRulesAgainstMetrics(t, a)
 			}
 			a.report(rep)
@@ -74,7 +81,7 @@ func TestJaegerRoundTrip(t *testing.T) {
 				sameSpans(t, sr.sc.name, sr.spans, jt)
 				byName[sr.sc.name] = jt
 			}
-			checkScenarios(t, byName)
+			checkScenarios(t, byName, run.spans == spansEvents)
 			checkIndeterminateLog(t, errOut.String(), byName["indeterminate"])
 
 			// Search by tag through the query API the UI uses: each outcome finds exactly
@@ -114,12 +121,14 @@ func TestJaegerRoundTrip(t *testing.T) {
 	}
 }
 
-// checkScenarios asserts the span contract on what Jaeger returned, scenario by scenario.
-func checkScenarios(t *testing.T, tr map[string]*jTrace) {
+// checkScenarios asserts the span contract on what Jaeger returned, scenario by scenario;
+// events: transaction-control statements and implicit prepares are events (the default).
+func checkScenarios(t *testing.T, tr map[string]*jTrace, events bool) {
 	t.Helper()
 	// Every trace: one demo root; frames of depth 0 are its children, statement spans
 	// are children of frames (or of the reconciliation span, or of the statement they
 	// prepare), and every frame has the contract's attributes.
+	prepares := 0 // implicit prepares: spans, or with events, pgx.prepare events
 	for name, jt := range tr {
 		roots := jt.roots()
 		if len(roots) != 1 || roots[0].name != "demo."+name {
@@ -146,6 +155,12 @@ func checkScenarios(t *testing.T, tr map[string]*jTrace) {
 			if s.scope != "github.com/exaring/otelpgx" || s.name == "connect" {
 				continue
 			}
+			if s.isPrepare() {
+				prepares++
+			}
+			if events && slices.Contains(s.eventNames(), "pgx.prepare") {
+				prepares++
+			}
 			p := jt.byID[s.parent]
 			switch {
 			case p == nil:
@@ -155,6 +170,10 @@ func checkScenarios(t *testing.T, tr map[string]*jTrace) {
 				t.Errorf("%s: statement span %q is a child of %q, want a frame", name, s.attrs["db.query.text"], p.name)
 			}
 		}
+	}
+
+	if prepares == 0 {
+		t.Errorf("no implicit prepare recorded (as a span, or with events as a pgx.prepare event)")
 	}
 
 	one := func(name string) *jSpan {
@@ -168,7 +187,7 @@ func checkScenarios(t *testing.T, tr map[string]*jTrace) {
 	f := one("committed")
 	wantOutcome(t, "committed", f, "committed")
 	wantEvents(t, "committed", f, "tx.phase.active", "tx.phase.committing", "tx.phase.committed")
-	wantStatements(t, "committed", tr["committed"], f, "begin", "insert", "commit")
+	wantStatements(t, events, "committed", tr["committed"], f, "begin", "insert", "commit")
 	wantAttr(t, "committed", f, "tx.phase", "committed")
 	if _, ok := f.attrs["tx.reconciliation.xid"]; !ok {
 		t.Error("committed: no tx.reconciliation.xid (captured before COMMIT)")
@@ -177,14 +196,14 @@ func checkScenarios(t *testing.T, tr map[string]*jTrace) {
 	f = one("rolled_back")
 	wantOutcome(t, "rolled_back", f, "rolled_back")
 	wantEvents(t, "rolled_back", f, "tx.phase.active", "tx.phase.rolled_back")
-	wantStatements(t, "rolled_back", tr["rolled_back"], f, "begin", "insert", "rollback")
+	wantStatements(t, events, "rolled_back", tr["rolled_back"], f, "begin", "insert", "rollback")
 	wantAttr(t, "rolled_back", f, "tx.retryable", "false")
 
 	// A deliberate Rollback(): rolled back, not an error (wantStatus, by tx.rollback).
 	f = one("read_only")
 	wantOutcome(t, "read_only", f, "rolled_back")
 	wantEvents(t, "read_only", f, "tx.phase.active", "tx.phase.rolled_back")
-	wantStatements(t, "read_only", tr["read_only"], f, "begin", "select", "rollback")
+	wantStatements(t, events, "read_only", tr["read_only"], f, "begin", "select", "rollback")
 	wantAttr(t, "read_only", f, "tx.rollback", "deliberate")
 	wantAttr(t, "read_only", f, "tx.access_mode", "read only")
 	if _, ok := f.attrs["error.type"]; ok {
@@ -231,7 +250,7 @@ func checkScenarios(t *testing.T, tr map[string]*jTrace) {
 	f = one("participating")
 	wantOutcome(t, "participating", f, "committed")
 	wantEvents(t, "participating", f, "tx.phase.active", "tx.participant", "tx.phase.committing", "tx.phase.committed")
-	wantStatements(t, "participating", tr["participating"], f, "begin", "insert", "insert", "commit")
+	wantStatements(t, events, "participating", tr["participating"], f, "begin", "insert", "insert", "commit")
 	if r := tr["participating"].roots()[0].attrs["demo.results"]; !strings.Contains(r, "inner=participating") {
 		t.Errorf("participating: demo.results = %s", r)
 	}
@@ -269,14 +288,14 @@ func checkScenarios(t *testing.T, tr map[string]*jTrace) {
 	if susp, res := outer.events[1].time, outer.events[2].time; susp < inner.start || res < susp || res > inner.end {
 		t.Errorf("nested_frames: tx.suspended@%d and tx.resumed@%d do not lie within the inner frame [%d, %d]", susp, res, inner.start, inner.end)
 	}
-	wantStatements(t, "nested_frames outer", tr["nested_frames"], outer, "begin", "insert", "rollback")
-	wantStatements(t, "nested_frames inner", tr["nested_frames"], inner, "begin", "insert", "commit")
+	wantStatements(t, events, "nested_frames outer", tr["nested_frames"], outer, "begin", "insert", "rollback")
+	wantStatements(t, events, "nested_frames inner", tr["nested_frames"], inner, "begin", "insert", "commit")
 
 	f = one("savepoint")
 	wantOutcome(t, "savepoint", f, "committed")
 	wantEvents(t, "savepoint", f, "tx.phase.active", "tx.savepoint.created", "tx.savepoint.rolled_back", "tx.participant",
 		"tx.savepoint.created", "tx.savepoint.released", "tx.participant", "tx.phase.committing", "tx.phase.committed")
-	wantStatements(t, "savepoint", tr["savepoint"], f, "begin", "insert", "savepoint", "insert", "rollback", "savepoint", "insert", "release", "commit")
+	wantStatements(t, events, "savepoint", tr["savepoint"], f, "begin", "insert", "savepoint", "insert", "rollback", "savepoint", "insert", "release", "commit")
 
 	f = one("post_commit_failure")
 	wantOutcome(t, "post_commit_failure", f, "committed_with_post_commit_failure")
@@ -297,7 +316,7 @@ func checkScenarios(t *testing.T, tr map[string]*jTrace) {
 	f = one("indeterminate")
 	wantOutcome(t, "indeterminate", f, "indeterminate")
 	wantEvents(t, "indeterminate", f, "tx.phase.active", "tx.phase.committing", "tx.phase.unknown")
-	wantStatements(t, "indeterminate", tr["indeterminate"], f, "begin", "set", "insert", "commit")
+	wantStatements(t, events, "indeterminate", tr["indeterminate"], f, "begin", "set", "insert", "commit")
 	wantAttr(t, "indeterminate", f, "tx.phase", "unknown")
 	wantAttr(t, "indeterminate", f, "tx.commit.committed_locally", "true")
 	if f.attrs["tx.reconciliation.xid"] == "" || !strings.HasPrefix(f.attrs["tx.reconciliation.ref"], "pg:") || f.attrs["error.type"] == "" {
@@ -367,18 +386,36 @@ func wantEvents(t *testing.T, name string, s *jSpan, want ...string) {
 	}
 }
 
-// wantStatements compares the first words of the statement spans directly under a frame
-// (prepare spans left out), in time order.
-func wantStatements(t *testing.T, name string, jt *jTrace, f *jSpan, want ...string) {
+// wantStatements compares the first words of the statements of a frame, in time order,
+// with want: the statement spans directly under it (prepare spans left out), and, with
+// events, the transaction-control statements among want as its events that carry
+// db.operation.name and tx.statement.duration instead.
+func wantStatements(t *testing.T, events bool, name string, jt *jTrace, f *jSpan, want ...string) {
 	t.Helper()
-	var got []string
+	var spans, ops []string
+	for _, w := range want {
+		if events && slices.Contains([]string{"begin", "commit", "rollback", "savepoint", "release"}, w) {
+			ops = append(ops, strings.ToUpper(w))
+		} else {
+			spans = append(spans, w)
+		}
+	}
+	var got, gotOps []string
 	for _, c := range jt.children(f) {
 		if q, ok := c.attrs["db.query.text"]; ok && !c.isPrepare() {
 			got = append(got, strings.ToLower(strings.Fields(q)[0]))
 		}
 	}
-	if !slices.Equal(got, want) {
-		t.Errorf("%s: statements under the frame %v, want %v", name, got, want)
+	for _, e := range f.events {
+		if op, ok := e.attrs["db.operation.name"]; ok {
+			gotOps = append(gotOps, op)
+			if d, err := strconv.ParseFloat(e.attrs["tx.statement.duration"], 64); err != nil || d <= 0 {
+				t.Errorf("%s: event %s of %s: tx.statement.duration %q", name, e.name, op, e.attrs["tx.statement.duration"])
+			}
+		}
+	}
+	if !slices.Equal(got, spans) || !slices.Equal(gotOps, ops) {
+		t.Errorf("%s: statements under the frame %v and its statement events %v, want %v and %v", name, got, gotOps, spans, ops)
 	}
 }
 

@@ -24,6 +24,8 @@
 //	                              at DEMO_BACKEND (no database needed)
 //	DEMO_TREE                     auto (default: print trees when nothing receives OTLP), always, never
 //	JAEGER_UI_URL                 where to tell the reader to look (default http://localhost:16686)
+//	DEMO_SPANS                    BEGIN, COMMIT, ROLLBACK, savepoints and implicit prepares as
+//	                              events (default, the library's) or as spans of their own
 //
 // It is a check as well as a demo: it exits 0 only when every scenario produced the
 // outcome it was built to produce, and the frame spans say so.
@@ -82,6 +84,7 @@ type config struct {
 	frontAddr    string // be the front service, on this address
 	backendURL   string // the database service the front service calls
 	tree         string // treeAuto, treeAlways, treeNever
+	spans        string // spansEvents, spansStatements
 	jaegerUI     string
 	// scenarioTimeout bounds each scenario: every wait in it is on an observable
 	// condition, and this is the bound on all of them.
@@ -95,6 +98,11 @@ const (
 	treeAuto   = "auto"
 	treeAlways = "always"
 	treeNever  = "never"
+
+	// spansEvents: the library's default, transaction-control statements and implicit
+	// prepares as events; spansStatements: as spans of their own (WithInnerSpans).
+	spansEvents     = "events"
+	spansStatements = "spans"
 )
 
 func parseConfig(args []string, getenv func(string) string, errOut io.Writer) (config, error) {
@@ -143,6 +151,7 @@ func parseConfig(args []string, getenv func(string) string, errOut io.Writer) (c
 	fs.StringVar(&cfg.frontAddr, "front", env("DEMO_FRONT", ""), "be the front service: serve POST /orders on this address, calling -backend ($DEMO_FRONT)")
 	fs.StringVar(&cfg.backendURL, "backend", env("DEMO_BACKEND", ""), "the database service the front service calls, e.g. http://localhost:8081 ($DEMO_BACKEND)")
 	fs.StringVar(&cfg.tree, "tree", env("DEMO_TREE", treeAuto), "print the traces as trees: auto (when nothing receives OTLP), always, never ($DEMO_TREE)")
+	fs.StringVar(&cfg.spans, "spans", env("DEMO_SPANS", spansEvents), "BEGIN, COMMIT, ROLLBACK, savepoints and implicit prepares as events of their frame or statement (events, the library's default) or as spans of their own (spans) ($DEMO_SPANS)")
 	fs.StringVar(&cfg.jaegerUI, "jaeger-ui", env("JAEGER_UI_URL", "http://localhost:16686"), "Jaeger UI address to point at ($JAEGER_UI_URL)")
 	fs.DurationVar(&cfg.scenarioTimeout, "scenario-timeout", 60*time.Second, "bound on each scenario")
 	if err := errors.Join(envErrs...); err != nil {
@@ -153,6 +162,9 @@ func parseConfig(args []string, getenv func(string) string, errOut io.Writer) (c
 	}
 	if fs.NArg() > 0 {
 		return cfg, fmt.Errorf("unexpected arguments %q", fs.Args())
+	}
+	if cfg.spans != spansEvents && cfg.spans != spansStatements {
+		return cfg, fmt.Errorf("spans %q: want %s or %s", cfg.spans, spansEvents, spansStatements)
 	}
 	switch cfg.otlpProtocol {
 	case protoHTTP, protoGRPC:

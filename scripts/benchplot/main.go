@@ -1,7 +1,7 @@
 // Command benchplot draws the chart of scripts/bench from the raw output of the
 // otelpgxtx benchmarks (go test -bench format, any number of rounds):
 //
-//   - tx/s against goroutines for the variants a–e (BenchmarkTxScale, write), sampled
+//   - tx/s against goroutines for the variants a–e and i (BenchmarkTxScale, write), sampled
 //     and unsampled;
 //   - the client's CPU time per transaction against goroutines (sampled);
 //   - per added round-trip time (BenchmarkTx, write, sampled), the time of one
@@ -40,6 +40,7 @@ var variants = []struct{ key, label string }{
 	{"c_otelpgxtx", "c InstrumentPool"},
 	{"d_run", "d Run"},
 	{"e_run_capture", "e Run+capture"},
+	{"i_otelpgxtx_spans", "i every statement span"},
 }
 
 const (
