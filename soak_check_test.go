@@ -200,6 +200,8 @@ type soakCheck struct {
 	resolvedRefs map[string]int // "outcome → resolution": Resolve of every frame's reference
 }
 
+// newSoakCheck starts a check of s with the operations that ran, since an operation the
+// workload never reached has nothing to compare.
 func newSoakCheck(ctx context.Context, s *soak) *soakCheck {
 	c := &soakCheck{s: s, t: s.t, ctx: ctx}
 	for i := range s.ops {
@@ -215,7 +217,9 @@ func (c *soakCheck) fail(id int64, format string, args ...any) {
 	c.bad = append(c.bad, soakViolation{id, fmt.Sprintf(format, args...)})
 }
 
-// framesLeftOnConnections: no frame on any pooled connection; every one is idle now.
+// framesLeftOnConnections checks that no idle pooled connection still holds a frame,
+// because every transaction has ended by now and a frame left behind would never be
+// reported.
 func (c *soakCheck) framesLeftOnConnections() {
 	s := c.s
 	pools := []*pgxpool.Pool{s.direct, s.proxied}
@@ -233,7 +237,8 @@ func (c *soakCheck) framesLeftOnConnections() {
 	}
 }
 
-// databaseRows reads the database's answer: the workload's rows.
+// databaseRows reads the workload's rows, because the table is the ground truth every
+// later step compares a reported outcome with.
 func (c *soakCheck) databaseRows() {
 	t := c.t
 	c.rows = map[int64]string{}
@@ -254,8 +259,9 @@ func (c *soakCheck) databaseRows() {
 	}
 }
 
-// spansEndedOnce: every span of the library's scope started was ended, exactly once. It
-// takes the frame spans and the tx.reconcile spans for the steps after it.
+// spansEndedOnce checks that every span of the library's scope that started was ended
+// exactly once, because a span never ended is never exported, and takes the frame spans and
+// the tx.reconcile spans seen so far for the steps after it.
 func (c *soakCheck) spansEndedOnce() {
 	sp := c.s.spans
 	sp.mu.Lock()
@@ -274,9 +280,10 @@ func (c *soakCheck) spansEndedOnce() {
 	sp.mu.Unlock()
 }
 
-// framesAgainstRows: each operation's frames against its row (committed: present;
-// rolled_back: absent; a present row written by one of its frames), the caller's own view
-// against the frames (checkPlain, checkRun), and no frame without an operation.
+// framesAgainstRows checks each operation's frame spans against its row (committed:
+// present; rolled_back: absent; a present row written by one of its frames) and against
+// what the caller saw (checkPlain, checkRun), and that no frame belongs to no operation,
+// because a frame's tx.outcome is the promise the library makes about the database.
 func (c *soakCheck) framesAgainstRows() {
 	s, frames := c.s, c.frames
 	byParent := map[trace.SpanID][]*soakFrame{}
@@ -354,8 +361,9 @@ func (c *soakCheck) framesAgainstRows() {
 	}
 }
 
-// metricsAgainstSpans: the metrics count what the spans say: frames by outcome,
-// participant calls by theirs.
+// metricsAgainstSpans checks that the metrics count what the spans say (frames by
+// outcome, participant calls by theirs), because a dashboard reads the metrics, not the
+// spans.
 func (c *soakCheck) metricsAgainstSpans() {
 	t, ctx := c.t, c.ctx
 	h := &harness{reader: c.s.reader}
@@ -376,8 +384,10 @@ func (c *soakCheck) metricsAgainstSpans() {
 	}
 }
 
-// automaticReconciliation: one final answer per indeterminate frame, none contradicting
-// the table, the last tx.reconcile span saying the same, the metrics counting the same.
+// automaticReconciliation checks that every indeterminate frame got exactly one final
+// answer from automatic reconciliation, none contradicting the table, with its last
+// tx.reconcile span and the reconciliation metrics saying the same, because that answer is
+// what settles an indeterminate frame for the operator.
 func (c *soakCheck) automaticReconciliation() {
 	s, frames := c.s, c.frames
 	s.autoMu.Lock()
@@ -455,8 +465,9 @@ func (c *soakCheck) automaticReconciliation() {
 	}
 }
 
-// reconcilingReferences: every indeterminate Run result reconciled, and every reference on
-// any frame span resolved, against the table.
+// reconcilingReferences reconciles every indeterminate Run result and resolves every
+// reference on any frame span, checking each answer against the table, because a caller
+// or an operator settles an indeterminate outcome this way long after the fact.
 func (c *soakCheck) reconcilingReferences() {
 	s, ctx, frames := c.s, c.ctx, c.frames
 	rec, err := reconcile.New(s.admin, reconcile.WithTracerProvider(s.tp), reconcile.WithWait(5*time.Second, 10*time.Millisecond))
@@ -527,15 +538,16 @@ func (c *soakCheck) reconcilingReferences() {
 	}
 }
 
-// harnessErrors: an unexpected error of the soak's own machinery (not of the workload)
-// fails the soak too.
+// harnessErrors fails the check with each unexpected error of the soak's own machinery
+// (not of the workload), because a harness that broke may have checked less than it says.
 func (c *soakCheck) harnessErrors() {
 	for k, n := range c.s.errs.snapshot() {
 		c.fail(0, "harness: %s (%d times)", k, n)
 	}
 }
 
-// report logs the figures of the run and fails the test with each violation (the first 30).
+// report logs the run's figures and fails the test with each violation (the first 30),
+// because the figures show how much of each fault the run exercised, pass or fail.
 func (c *soakCheck) report(workload, total time.Duration) {
 	s, t, frames := c.s, c.t, c.frames
 	var b strings.Builder
