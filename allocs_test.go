@@ -7,8 +7,8 @@ import (
 	"testing"
 )
 
-// TestHookAllocs holds the allocation targets of issues 13 and 29 as a test, where the
-// benchmarks only report them: per transaction over fakePG, sampled, the Tracer with its
+// TestHookAllocs holds the allocation targets of the Tracer and of Run as a test, where
+// the benchmarks only report them: per transaction over fakePG, sampled, the Tracer with its
 // defaults allocates no more than otelpgx alone (c ≤ b: the frame's events stand for the
 // BEGIN and COMMIT spans); with every statement span (i) it adds at most 6 allocations to
 // otelpgx's (i−b: its frame span alone costs 10, and the operation names it hands otelpgx

@@ -81,25 +81,25 @@ func runAttempt[T any](ctx context.Context, db DB, p Policy, fn func(context.Con
 		return res, shouldRetry(ctx, p, res, n)
 	}
 	if f := a.sc.frame; f != nil {
-		defer func() { endFrame(f, res, retry, n) }()
+		defer func() { endAttemptFrame(f, res, retry, n) }()
 	}
 	value, err := callFn(ctx, &a, fn)
 	res = endAttempt(ctx, &a, p, value, err)
 	return res, shouldRetry(ctx, p, res, n)
 }
 
-// endFrame ends attempt n's frame with its result. A nil result is a panic in fn, which
+// endAttemptFrame ends attempt n's frame with its result. A nil result is a panic in fn, which
 // rolled the transaction back; a retried attempt says so with a tx.retry event first.
-func endFrame[T any](f *frame, res outcome.Result[T], retry bool, n int) {
+func endAttemptFrame[T any](f *frame, res outcome.Result[T], retry bool, n int) {
 	if res == nil {
-		f.endSpan(outcome.OutcomeRolledBack, nil)
+		f.t.endFrame(f, outcome.OutcomeRolledBack, nil)
 		return
 	}
 	if retry && f.span.IsRecording() {
 		f.span.AddEvent(EventRetry, trace.WithAttributes(AttemptKey.Int(n+1),
 			errorTypeKey.String(f.verdict.Reason())))
 	}
-	f.endSpan(res.Outcome(), postCommitFailure(res))
+	f.t.endFrame(f, res.Outcome(), postCommitFailure(res))
 }
 
 // postCommitFailure is the error of res's post-commit hooks, or nil.

@@ -34,94 +34,6 @@ type Reconciliation struct {
 	CommittedLocally bool
 }
 
-// AutoReconcileOption configures [WithAutoReconcile].
-type AutoReconcileOption interface {
-	applyAuto(*autoConfig)
-}
-
-// autoConfig is what the AutoReconcileOptions set; err is the first option refused.
-type autoConfig struct {
-	r                  *reconcile.Reconciler
-	queue, workers     int
-	retryMin, retryMax time.Duration
-	onReconciled       func(Reconciliation)
-	err                error
-}
-
-// autoOptionFunc is an AutoReconcileOption that sets one field of autoConfig.
-type autoOptionFunc func(*autoConfig)
-
-// applyAuto calls f.
-func (f autoOptionFunc) applyAuto(c *autoConfig) { f(c) }
-
-// WithAutoReconcile reconciles every indeterminate frame of the tracer — those of [Run]
-// and plain pgx transactions alike — in the background, asking r (give it a pool of its
-// own: it must not wait behind the application for a connection; its options — the wait
-// for a transaction still in progress, the tracer provider of its tx.reconcile spans —
-// are its own, see package reconcile). A frame without a reference (a plain pgx COMMIT
-// without [WithCaptureReference], [Run] without Policy.CaptureReference, or one whose xid
-// never arrived) has nothing to ask and ends unknown with reason no_reference at once.
-// The frame's goroutine only enqueues, without blocking: when the queue is full the frame
-// is counted unknown with reason queue_full. An attempt that cannot reach the database,
-// or finds the transaction still in progress after the reconciler's wait, is retried with
-// exponential backoff until it settles or the tracer is closed; each attempt is a
-// tx.reconcile span linked to the frame, in the frame's trace (a child of the span the
-// frame was begun under, or of the frame span when it was begun under none). The
-// workers start with the first indeterminate frame and run until [Tracer.Close]: close it
-// when the pool is done, or outcomes still pending are neither logged nor settled.
-func WithAutoReconcile(r *reconcile.Reconciler, opts ...AutoReconcileOption) Option {
-	return optionFunc(func(c *config) {
-		a := autoConfig{r: r, queue: 1024, workers: 2, retryMin: 100 * time.Millisecond, retryMax: 30 * time.Second}
-		if r == nil {
-			a.err = invalid("WithAutoReconcile: nil reconciler (make one with reconcile.New)")
-		}
-		for _, o := range opts {
-			if o != nil {
-				o.applyAuto(&a)
-			}
-		}
-		if a.err != nil {
-			c.err = a.err
-			return
-		}
-		c.auto = &a
-	})
-}
-
-// WithQueue bounds the outcomes waiting for reconciliation (1024 by default) and the
-// attempts made at once (2 by default).
-func WithQueue(size, workers int) AutoReconcileOption {
-	return autoOptionFunc(func(c *autoConfig) {
-		if size <= 0 || workers <= 0 {
-			c.err = invalid("WithQueue: size and workers must be > 0, got %d, %d", size, workers)
-			return
-		}
-		c.queue, c.workers = size, workers
-	})
-}
-
-// WithRetryBackoff sets the delay before an attempt is retried: first, doubling up to
-// most; 100 ms and 30 s by default.
-func WithRetryBackoff(first, most time.Duration) AutoReconcileOption {
-	return autoOptionFunc(func(c *autoConfig) {
-		if first <= 0 || most < first {
-			c.err = invalid("WithRetryBackoff: want 0 < first <= most, got %v, %v", first, most)
-			return
-		}
-		c.retryMin, c.retryMax = first, most
-	})
-}
-
-// WithOnReconciled registers fn to receive the final [Reconciliation] of every frame
-// given to automatic reconciliation, exactly once per frame: to resume follow-up work of
-// a commit that turned out committed, say. It runs on a reconciliation worker — for an
-// outcome pending at [Tracer.Close], on Close's goroutine; for a frame ending after Close,
-// on the goroutine that ended it — and should neither block for long, nor use the frame's
-// connection, nor call [Tracer.Close] (which waits for the workers).
-func WithOnReconciled(fn func(Reconciliation)) AutoReconcileOption {
-	return autoOptionFunc(func(c *autoConfig) { c.onReconciled = fn })
-}
-
 // pendingOutcome is one indeterminate frame waiting for its reconciliation.
 type pendingOutcome struct {
 	id     outcome.OperationID
@@ -393,24 +305,4 @@ func (a *autoReconciler) oldest() (n int, age time.Duration) {
 		age = max(age, now.Sub(p.at))
 	}
 	return len(a.pending), age
-}
-
-// Close stops the tracer's automatic reconciliation ([WithAutoReconcile]), and the
-// observation of the connection counts of the pool it instruments ([InstrumentPool]).
-// An attempt in flight may finish until ctx is done, then it is cancelled. Every outcome not settled by then gets a warning log record
-// ([MessagePendingAtShutdown], with its operation id and reference, on the [WithLogger]
-// logger, else slog's default) for "otelpgxtx reconcile" to settle it after the restart,
-// and is handed to the [WithOnReconciled] callback unknown with reason [reconcile.ReasonStopped];
-// so is every frame that ends indeterminate after Close. Call it after the application
-// stopped using the pool, and before closing the db it reconciles with. It returns
-// ctx's error if ctx ended first; calling it again does nothing.
-func (t *Tracer) Close(ctx context.Context) error {
-	if t == nil {
-		return nil
-	}
-	t.pool.close()
-	if t.auto == nil {
-		return nil
-	}
-	return t.auto.close(ctx)
 }

@@ -1,7 +1,8 @@
 package otelpgxtx
 
-// The end-to-end cost of issue 29: what a traced transaction costs the client the way
-// users pay it, with every span exported through the SDK's batch span processor and the
+// The end-to-end cost of statements as events of their frame (the target: c ≤ b, the
+// Tracer with its defaults costing the client no more than otelpgx alone): what a traced
+// transaction costs the client the way users pay it, with every span exported through the SDK's batch span processor and the
 // OTLP exporter to a real receiver on this machine (Jaeger v2, as the end-to-end tests
 // run it), beside the same with a discarding exporter.
 
@@ -25,8 +26,8 @@ import (
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 )
 
-// benchExportWorkloads are BEGIN, one parameterized INSERT and COMMIT, the transaction of
-// issue 29's measurement: in pgx's default query mode, where the INSERT is prepared once
+// benchExportWorkloads are BEGIN, one parameterized INSERT and COMMIT, the transaction the
+// end-to-end c ≤ b target is measured with: in pgx's default query mode, where the INSERT is prepared once
 // per connection, and in QueryExecModeDescribeExec (PgBouncer's transaction mode wants it
 // or another mode without named statements), where pgx prepares it in every transaction.
 var benchExportWorkloads = []struct {

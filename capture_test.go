@@ -17,25 +17,6 @@ import (
 	"github.com/txevidence/otelpgxtx/pgtest"
 )
 
-// instrumentedConn connects to connString with InstrumentConnConfig's defaults; the
-// connection is closed when tb ends.
-func instrumentedConn(tb testing.TB, ctx context.Context, connString string) *pgx.Conn {
-	tb.Helper()
-	cfg, err := pgx.ParseConfig(connString)
-	if err != nil {
-		tb.Fatal(err)
-	}
-	if _, err := InstrumentConnConfig(cfg); err != nil {
-		tb.Fatal(err)
-	}
-	conn, err := pgx.ConnectConfig(ctx, cfg)
-	if err != nil {
-		tb.Fatal(err)
-	}
-	tb.Cleanup(func() { _ = conn.Close(context.WithoutCancel(ctx)) })
-	return conn
-}
-
 // endsAfterCheck is a context that has ended but whose first Err call says it has not:
 // the context ending between commitWithCapture's check and its write.
 type endsAfterCheck struct {

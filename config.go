@@ -2,8 +2,8 @@ package otelpgxtx
 
 import (
 	"context"
-	"fmt"
 	"log/slog"
+	"time"
 
 	"github.com/exaring/otelpgx"
 	"github.com/jackc/pgx/v5"
@@ -13,6 +13,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/txevidence/otelpgxtx/outcome"
+	"github.com/txevidence/otelpgxtx/reconcile"
 )
 
 // DefaultSpanName is the name of a frame span unless [WithSpanName] says otherwise.
@@ -119,7 +120,7 @@ func WithMeterProvider(mp metric.MeterProvider) Option {
 func WithSpanName(name string) Option {
 	return optionFunc(func(c *config) {
 		if name == "" {
-			c.err = fmt.Errorf("otelpgxtx: WithSpanName: empty span name")
+			c.err = invalid("WithSpanName: empty span name")
 			return
 		}
 		c.spanName = name
@@ -131,7 +132,7 @@ func WithSpanName(name string) Option {
 func WithStatusMapping(m StatusMapping) Option {
 	return optionFunc(func(c *config) {
 		if m != StatusOkOnCommit && m != StatusStrict {
-			c.err = fmt.Errorf("otelpgxtx: WithStatusMapping: unknown status mapping %d", m)
+			c.err = invalid("WithStatusMapping: unknown status mapping %d", m)
 			return
 		}
 		c.status = m
@@ -322,9 +323,204 @@ func WithCommitMarker(table pgx.Identifier) Option {
 	return optionFunc(func(c *config) {
 		name, err := outcome.QuoteMarkerTable(table...)
 		if err != nil {
-			c.err = fmt.Errorf("otelpgxtx: WithCommitMarker: %w", err)
+			c.err = invalid("WithCommitMarker: %w", err)
 			return
 		}
 		c.reference, c.marker = referenceMarker, name
 	})
+}
+
+// ---- Which failures are errors ---------------------------------------------------
+
+// WithExpectedErrors sets the functions that decide which failures are expected (see
+// [ExpectedErrorFunc]); a failure is expected when one of them says so. It replaces the
+// default, [CallerCanceled]: keep it in the list to keep it, and call WithExpectedErrors()
+// with none to make every failure an Error, as otelpgx does. A nil function is an error.
+//
+// It applies to the frame spans, and to the statement, connect and acquire spans of the
+// default otelpgx inner tracer; a tracer of your own ([WithInnerTracer]) sets its spans'
+// status itself.
+func WithExpectedErrors(fns ...ExpectedErrorFunc) Option {
+	return optionFunc(func(c *config) {
+		for i, fn := range fns {
+			if fn == nil {
+				c.err = invalid("WithExpectedErrors: function %d is nil", i)
+				return
+			}
+		}
+		c.expected = append([]ExpectedErrorFunc(nil), fns...)
+	})
+}
+
+// ---- Which statements are spans --------------------------------------------------
+
+// WithoutInnerSpans turns off the default otelpgx inner tracer's spans of the given kinds.
+// Only the spans go: every pgx tracer interface is still forwarded to otelpgx, whose
+// metrics (db.client.operation.duration and its error count) still count each operation,
+// and the frame's own hooks still run — a connection acquired or prepared without a span is
+// tracked as before. The kinds whose spans are events by default stay events:
+// InnerSpanTransactionControl (of the frame) and the implicit prepares of InnerSpanPrepare
+// (of their statement), whose explicit prepares lose their spans. An unknown kind is an
+// error, and so is this option with a tracer of your own ([WithInnerTracer], or a tracer
+// the config already had), which decides its own spans.
+func WithoutInnerSpans(kinds ...InnerSpan) Option {
+	return innerSpansOption("WithoutInnerSpans", kinds, func(c *config, bit uint8) {
+		c.omitSpans |= bit
+		c.keepSpans &^= bit
+	})
+}
+
+// WithInnerSpans makes the default otelpgx inner tracer's spans of the given kinds as
+// otelpgx makes them, where by default they are events: InnerSpanTransactionControl, a
+// statement span of its own for each BEGIN, COMMIT, ROLLBACK, SAVEPOINT, RELEASE and
+// ROLLBACK TO in place of the frame's events; InnerSpanPrepare, a span for each implicit
+// prepare under its statement's span (named like it, by otelpgx; its
+// otelpgx.WithQuerySpanNamePrefix, through [WithOtelpgxOptions], names them "prepare
+// INSERT"). For the other kinds, spans by default, it undoes an earlier
+// [WithoutInnerSpans]. An unknown kind is an error, and so is this option with a tracer of
+// your own.
+//
+// The events hold what those spans said that the frame does not already (README, "The
+// span contract"), for less: a transaction of BEGIN, one statement and COMMIT is then two
+// spans, the frame and the statement, where otelpgx alone makes three.
+func WithInnerSpans(kinds ...InnerSpan) Option {
+	return innerSpansOption("WithInnerSpans", kinds, func(c *config, bit uint8) {
+		c.keepSpans |= bit
+		c.omitSpans &^= bit
+	})
+}
+
+// innerSpansOption is the option named name that applies set to the bit of each kind.
+func innerSpansOption(name string, kinds []InnerSpan, set func(c *config, bit uint8)) Option {
+	return optionFunc(func(c *config) {
+		for _, k := range kinds {
+			if k < InnerSpanConnect || k >= numInnerSpans {
+				c.err = invalid("%s: unknown kind %d", name, uint8(k))
+				return
+			}
+			set(c, 1<<k)
+			c.spansChosen = true
+		}
+	})
+}
+
+// checkOmitSpans refuses WithoutInnerSpans and WithInnerSpans with a tracer of the user's
+// own.
+func (c *config) checkOmitSpans() error {
+	if c.spansChosen && c.innerSet {
+		return invalid("WithoutInnerSpans and WithInnerSpans apply to the default otelpgx inner tracer; a tracer of your own decides its own spans")
+	}
+	return nil
+}
+
+// ---- The connection-pool metrics of InstrumentPool -------------------------------
+
+// WithPoolName names the pool [InstrumentPool] instruments, as
+// db.client.connection.pool.name. The default is server.address:server.port/db.namespace
+// of its configuration; two instrumented pools of one process on the same database report
+// to the same series unless each has a name of its own. An empty name is an error.
+func WithPoolName(name string) Option {
+	return optionFunc(func(c *config) {
+		if name == "" {
+			c.err = invalid("WithPoolName: empty pool name")
+			return
+		}
+		c.poolName = name
+	})
+}
+
+// WithDisablePoolMetrics turns off the connection-pool metrics [InstrumentPool] records
+// (db.client.connection.*); the transaction metrics stay.
+func WithDisablePoolMetrics() Option {
+	return optionFunc(func(c *config) { c.noPoolMetrics = true })
+}
+
+// ---- Automatic reconciliation: WithAutoReconcile and its AutoReconcileOptions ----
+
+// AutoReconcileOption configures [WithAutoReconcile].
+type AutoReconcileOption interface {
+	applyAuto(*autoConfig)
+}
+
+// autoConfig is what the AutoReconcileOptions set; err is the first option refused.
+type autoConfig struct {
+	r                  *reconcile.Reconciler
+	queue, workers     int
+	retryMin, retryMax time.Duration
+	onReconciled       func(Reconciliation)
+	err                error
+}
+
+// autoOptionFunc is an AutoReconcileOption that sets one field of autoConfig.
+type autoOptionFunc func(*autoConfig)
+
+// applyAuto calls f.
+func (f autoOptionFunc) applyAuto(c *autoConfig) { f(c) }
+
+// WithAutoReconcile reconciles every indeterminate frame of the tracer — those of [Run]
+// and plain pgx transactions alike — in the background, asking r (give it a pool of its
+// own: it must not wait behind the application for a connection; its options — the wait
+// for a transaction still in progress, the tracer provider of its tx.reconcile spans —
+// are its own, see package reconcile). A frame without a reference (a plain pgx COMMIT
+// without [WithCaptureReference], [Run] without Policy.CaptureReference, or one whose xid
+// never arrived) has nothing to ask and ends unknown with reason no_reference at once.
+// The frame's goroutine only enqueues, without blocking: when the queue is full the frame
+// is counted unknown with reason queue_full. An attempt that cannot reach the database,
+// or finds the transaction still in progress after the reconciler's wait, is retried with
+// exponential backoff until it settles or the tracer is closed; each attempt is a
+// tx.reconcile span linked to the frame, in the frame's trace (a child of the span the
+// frame was begun under, or of the frame span when it was begun under none). The
+// workers start with the first indeterminate frame and run until [Tracer.Close]: close it
+// when the pool is done, or outcomes still pending are neither logged nor settled.
+func WithAutoReconcile(r *reconcile.Reconciler, opts ...AutoReconcileOption) Option {
+	return optionFunc(func(c *config) {
+		a := autoConfig{r: r, queue: 1024, workers: 2, retryMin: 100 * time.Millisecond, retryMax: 30 * time.Second}
+		if r == nil {
+			a.err = invalid("WithAutoReconcile: nil reconciler (make one with reconcile.New)")
+		}
+		for _, o := range opts {
+			if o != nil {
+				o.applyAuto(&a)
+			}
+		}
+		if a.err != nil {
+			c.err = a.err
+			return
+		}
+		c.auto = &a
+	})
+}
+
+// WithQueue bounds the outcomes waiting for reconciliation (1024 by default) and the
+// attempts made at once (2 by default).
+func WithQueue(size, workers int) AutoReconcileOption {
+	return autoOptionFunc(func(c *autoConfig) {
+		if size <= 0 || workers <= 0 {
+			c.err = invalid("WithQueue: size and workers must be > 0, got %d, %d", size, workers)
+			return
+		}
+		c.queue, c.workers = size, workers
+	})
+}
+
+// WithRetryBackoff sets the delay before an attempt is retried: first, doubling up to
+// most; 100 ms and 30 s by default.
+func WithRetryBackoff(first, most time.Duration) AutoReconcileOption {
+	return autoOptionFunc(func(c *autoConfig) {
+		if first <= 0 || most < first {
+			c.err = invalid("WithRetryBackoff: want 0 < first <= most, got %v, %v", first, most)
+			return
+		}
+		c.retryMin, c.retryMax = first, most
+	})
+}
+
+// WithOnReconciled registers fn to receive the final [Reconciliation] of every frame
+// given to automatic reconciliation, exactly once per frame: to resume follow-up work of
+// a commit that turned out committed, say. It runs on a reconciliation worker — for an
+// outcome pending at [Tracer.Close], on Close's goroutine; for a frame ending after Close,
+// on the goroutine that ended it — and should neither block for long, nor use the frame's
+// connection, nor call [Tracer.Close] (which waits for the workers).
+func WithOnReconciled(fn func(Reconciliation)) AutoReconcileOption {
+	return autoOptionFunc(func(c *autoConfig) { c.onReconciled = fn })
 }

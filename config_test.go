@@ -424,3 +424,45 @@ func TestReconcilerOptions(t *testing.T) {
 		t.Errorf("Resolve of an empty reference: %v, want ErrInvalidArgument", err)
 	}
 }
+
+// TestRefusedOptionsWrapErrInvalidArgument: every option value the Instrument functions
+// refuse is an error wrapping ErrInvalidArgument that names the option, and leaves the
+// config without a tracer, so that a caller can tell bad input from a database failure.
+func TestRefusedOptionsWrapErrInvalidArgument(t *testing.T) {
+	ctx := testCtx(t)
+	pcfg, err := pgx.ParseConfig(srv.ConnString())
+	if err != nil {
+		t.Fatal(err)
+	}
+	admin, err := pgx.ConnectConfig(ctx, pcfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer admin.Close(ctx)
+	rec, err := reconcile.New(admin)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for name, opt := range map[string]Option{
+		"WithSpanName":       WithSpanName(""),
+		"WithStatusMapping":  WithStatusMapping(StatusMapping(9)),
+		"WithCommitMarker":   WithCommitMarker(pgx.Identifier{}),
+		"WithExpectedErrors": WithExpectedErrors(nil),
+		"WithoutInnerSpans":  WithoutInnerSpans(InnerSpan(9)),
+		"WithInnerSpans":     WithInnerSpans(InnerSpan(9)),
+		"WithPoolName":       WithPoolName(""),
+		"WithAutoReconcile":  WithAutoReconcile(nil),
+		"WithQueue":          WithAutoReconcile(rec, WithQueue(0, 1)),
+		"WithRetryBackoff":   WithAutoReconcile(rec, WithRetryBackoff(time.Second, time.Millisecond)),
+	} {
+		cfg := pcfg.Copy()
+		cfg.Tracer = nil
+		_, err := InstrumentConnConfig(cfg, opt)
+		if !errors.Is(err, ErrInvalidArgument) || !strings.Contains(err.Error(), name+":") {
+			t.Errorf("%s: err = %v, want one wrapping ErrInvalidArgument that names %s", name, err, name)
+		}
+		if cfg.Tracer != nil {
+			t.Errorf("%s: a refused option left a tracer on the config", name)
+		}
+	}
+}

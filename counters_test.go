@@ -12,50 +12,9 @@ import (
 	"github.com/jackc/pgx/v5"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/codes"
-	"go.opentelemetry.io/otel/sdk/metric/metricdata"
 
 	"github.com/txevidence/otelpgxtx/outcome"
 )
-
-// sums reads the int64 sum metric name from the harness's reader: its data points' values
-// by their attributes, each key the sorted key=value pairs of the keys asked for
-// (db.system.name and the like left out), "" for a point that has none of them.
-func (h *harness) sums(t *testing.T, ctx context.Context, name string, keys ...attribute.Key) map[string]int64 {
-	t.Helper()
-	var rm metricdata.ResourceMetrics
-	if err := h.reader.Collect(ctx, &rm); err != nil {
-		t.Fatal(err)
-	}
-	out := map[string]int64{}
-	for _, sm := range rm.ScopeMetrics {
-		for _, m := range sm.Metrics {
-			if m.Name != name {
-				continue
-			}
-			for _, dp := range m.Data.(metricdata.Sum[int64]).DataPoints {
-				out[pointKey(dp.Attributes, keys)] += dp.Value
-			}
-		}
-	}
-	return out
-}
-
-// pointKey renders the keys of set that are there, in the order given.
-func pointKey(set attribute.Set, keys []attribute.Key) string {
-	var parts []string
-	for _, k := range keys {
-		if v, ok := set.Value(k); ok {
-			parts = append(parts, string(k)+"="+v.Emit())
-		}
-	}
-	return strings.Join(parts, ",")
-}
-
-// nonZero drops the series still at 0 (every series is born at 0).
-func nonZero(m map[string]int64) map[string]int64 {
-	maps.DeleteFunc(m, func(_ string, v int64) bool { return v == 0 })
-	return m
-}
 
 // TestTransactionCounts holds what each counter counts, as a new user meets it: a
 // deliberate Rollback() of a read-only transaction is a rolled_back frame with

@@ -2,84 +2,10 @@ package otelpgxtx
 
 import (
 	"context"
-	"slices"
 	"testing"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
-	"github.com/jackc/pgx/v5/pgxpool"
 )
-
-// outcomes returns each frame's tx.outcome, in start order.
-func (h *harness) outcomes() []string {
-	var out []string
-	for _, f := range h.frames() {
-		v, _ := attr(f, OutcomeKey)
-		out = append(out, v.AsString())
-	}
-	return out
-}
-
-func wantOutcomes(t *testing.T, h *harness, want ...string) {
-	t.Helper()
-	if got := h.outcomes(); !slices.Equal(got, want) {
-		t.Fatalf("frame outcomes = %v, want %v", got, want)
-	}
-}
-
-// withConn runs fn on one pooled connection and releases it.
-func withConn(t *testing.T, ctx context.Context, h *harness, fn func(*pgx.Conn)) {
-	t.Helper()
-	pc, err := h.pool.Acquire(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer pc.Release()
-	fn(pc.Conn())
-}
-
-// acquireInTransaction acquires a pooled connection and leaves it in a transaction the
-// tracer saw begin, for tests that end it behind the tracer's back or not at all.
-func acquireInTransaction(t *testing.T, ctx context.Context, h *harness) *pgxpool.Conn {
-	t.Helper()
-	pc, err := h.pool.Acquire(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	mustExec(t, ctx, pc.Conn(), "begin", "select 1")
-	return pc
-}
-
-// beginner is what mustBegin needs of db.
-type beginner interface {
-	Begin(ctx context.Context) (pgx.Tx, error)
-}
-
-// mustBegin begins a transaction on db (a pool, a *pgx.Conn, or a pgx.Tx for a
-// savepoint) and fails the test if it cannot.
-func mustBegin(t *testing.T, ctx context.Context, db beginner) pgx.Tx {
-	t.Helper()
-	tx, err := db.Begin(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return tx
-}
-
-// execer is what mustExec runs statements on: a *pgx.Conn, a pgx.Tx or a pool.
-type execer interface {
-	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
-}
-
-// mustExec runs each of sqls on conn and fails the test at the first error.
-func mustExec(t *testing.T, ctx context.Context, conn execer, sqls ...string) {
-	t.Helper()
-	for _, sql := range sqls {
-		if _, err := conn.Exec(ctx, sql); err != nil {
-			t.Fatalf("%s: %v", sql, err)
-		}
-	}
-}
 
 // TestDetectionFromWhatPgxSends covers every way a transaction begins and ends that pgx
 // or a user can send, each against the real server.
@@ -201,22 +127,6 @@ func TestDetectionFromWhatPgxSends(t *testing.T) {
 				}
 			}
 		})
-	}
-}
-
-// wantNoFrames asserts that no idle connection of the pool holds a frame.
-func (h *harness) wantNoFrames(t *testing.T, ctx context.Context) {
-	t.Helper()
-	conns := h.pool.AcquireAllIdle(ctx)
-	defer func() {
-		for _, c := range conns {
-			c.Release()
-		}
-	}()
-	for _, c := range conns {
-		if st := connStateOf(c.Conn()); st != nil && st.frame != nil {
-			t.Fatalf("an idle connection still holds a frame in phase %s", st.frame.currentPhase())
-		}
 	}
 }
 

@@ -3,7 +3,6 @@ package otelpgxtx
 import (
 	"context"
 	"errors"
-	"fmt"
 
 	"go.opentelemetry.io/otel/codes"
 	"go.opentelemetry.io/otel/trace"
@@ -28,26 +27,6 @@ type ExpectedErrorFunc func(ctx context.Context, err error) bool
 // or a context of the library's own).
 func CallerCanceled(ctx context.Context, err error) bool {
 	return errors.Is(err, context.Canceled) && ctx != nil && ctx.Err() == context.Canceled
-}
-
-// WithExpectedErrors sets the functions that decide which failures are expected (see
-// [ExpectedErrorFunc]); a failure is expected when one of them says so. It replaces the
-// default, [CallerCanceled]: keep it in the list to keep it, and call WithExpectedErrors()
-// with none to make every failure an Error, as otelpgx does. A nil function is an error.
-//
-// It applies to the frame spans, and to the statement, connect and acquire spans of the
-// default otelpgx inner tracer; a tracer of your own ([WithInnerTracer]) sets its spans'
-// status itself.
-func WithExpectedErrors(fns ...ExpectedErrorFunc) Option {
-	return optionFunc(func(c *config) {
-		for i, fn := range fns {
-			if fn == nil {
-				c.err = fmt.Errorf("otelpgxtx: WithExpectedErrors: function %d is nil", i)
-				return
-			}
-		}
-		c.expected = append([]ExpectedErrorFunc(nil), fns...)
-	})
 }
 
 // defaultExpected is the default of [WithExpectedErrors].

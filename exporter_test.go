@@ -7,7 +7,6 @@ import (
 	"slices"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"testing"
 
 	"github.com/exaring/otelpgx"
@@ -19,81 +18,6 @@ import (
 
 	"github.com/txevidence/otelpgxtx/pgtest"
 )
-
-var tableSeq atomic.Int64
-
-// newTable creates a fresh table (id int primary key) with a deferred unique column, so
-// that a violation can be made to surface at COMMIT.
-func newTable(t *testing.T, ctx context.Context) string {
-	t.Helper()
-	name := fmt.Sprintf("t_%s_%d", strings.ToLower(strings.NewReplacer("/", "_", "-", "_").Replace(t.Name())), tableSeq.Add(1))
-	if len(name) > 60 {
-		name = fmt.Sprintf("t_%d", tableSeq.Add(1))
-	}
-	if err := srv.Exec(ctx, "create table "+name+" (id int primary key, k int unique deferrable initially deferred, v int)"); err != nil {
-		t.Fatal(err)
-	}
-	return name
-}
-
-func rowExists(t *testing.T, ctx context.Context, table string, id int) bool {
-	t.Helper()
-	return srvCount(t, ctx, "select count(*) from "+table+" where id = $1", id) > 0
-}
-
-// srvCount runs a count query on a connection of its own to the test server.
-func srvCount(t *testing.T, ctx context.Context, query string, args ...any) int {
-	t.Helper()
-	conn, err := srv.Conn(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close(ctx)
-	var n int
-	if err := conn.QueryRow(ctx, query, args...).Scan(&n); err != nil {
-		t.Fatal(err)
-	}
-	return n
-}
-
-// onlyFrame returns the single frame span, failing otherwise.
-func onlyFrame(t *testing.T, h *harness) tracetest.SpanStub {
-	t.Helper()
-	fs := h.frames()
-	if len(fs) != 1 {
-		t.Fatalf("want 1 frame span, got %d: %v", len(fs), names(fs))
-	}
-	return fs[0]
-}
-
-func names(ss []tracetest.SpanStub) []string {
-	out := make([]string, len(ss))
-	for i, s := range ss {
-		out[i] = s.Name + "/" + fmt.Sprint(s.Attributes)
-	}
-	return out
-}
-
-func wantEvents(t *testing.T, s tracetest.SpanStub, want ...string) {
-	t.Helper()
-	if got := eventNames(s); !slices.Equal(got, want) {
-		t.Fatalf("events of %q in time order = %v, want %v", s.Name, got, want)
-	}
-}
-
-func wantStatus(t *testing.T, s tracetest.SpanStub, code codes.Code, desc string) {
-	t.Helper()
-	if s.Status.Code != code || s.Status.Description != desc {
-		t.Fatalf("status = %v %q, want %v %q", s.Status.Code, s.Status.Description, code, desc)
-	}
-}
-
-func wantAttr(t *testing.T, s tracetest.SpanStub, k, want string) {
-	t.Helper()
-	if got := attrString(t, s, attributeKey(k)); got != want {
-		t.Fatalf("%s = %q, want %q", k, got, want)
-	}
-}
 
 // wantStatementChildren asserts that the frame has statement spans (from otelpgx) as
 // children whose query texts are want, in order — with transaction-control statements as
@@ -126,11 +50,6 @@ func wantStatementChildren(t *testing.T, h *harness, f tracetest.SpanStub, want 
 		t.Fatalf("statement children of the frame = %q, want %q", got, spans)
 	}
 	wantControlEvents(t, f, ops...)
-}
-
-// rootSpan starts a test span to parent the frame.
-func rootSpan(ctx context.Context, h *harness) (context.Context, trace.Span) {
-	return h.tp.Tracer("test").Start(ctx, "test-root")
 }
 
 func wantParent(t *testing.T, f tracetest.SpanStub, parent trace.Span) {

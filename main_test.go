@@ -10,7 +10,6 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
-	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/sdk/metric"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
@@ -147,37 +146,6 @@ func (h *harness) children(s tracetest.SpanStub) []tracetest.SpanStub {
 	}
 	return out
 }
-
-func attr(s tracetest.SpanStub, k attribute.Key) (attribute.Value, bool) {
-	for _, kv := range s.Attributes {
-		if kv.Key == k {
-			return kv.Value, true
-		}
-	}
-	return attribute.Value{}, false
-}
-
-func attrString(t *testing.T, s tracetest.SpanStub, k attribute.Key) string {
-	t.Helper()
-	v, ok := attr(s, k)
-	if !ok {
-		t.Fatalf("span %q has no attribute %s; attributes: %v", s.Name, k, s.Attributes)
-	}
-	return v.Emit()
-}
-
-// eventNames returns the span's event names in timestamp order.
-func eventNames(s tracetest.SpanStub) []string {
-	evs := append([]sdktrace.Event(nil), s.Events...)
-	sort.SliceStable(evs, func(i, j int) bool { return evs[i].Time.Before(evs[j].Time) })
-	names := make([]string, len(evs))
-	for i, e := range evs {
-		names[i] = e.Name
-	}
-	return names
-}
-
-func attributeKey(k string) attribute.Key { return attribute.Key(k) }
 
 // newProxy returns a fault-injecting proxy in front of the test server, closed when tb ends.
 func newProxy(tb testing.TB) *pgtest.Proxy {

@@ -21,9 +21,9 @@ import (
 // connection and id are fixed at creation; its phase moves on each transition.
 //
 // Its life has two ends, kept apart because the executor runs post-commit work between
-// them: conclude records the verdict and takes the frame off its connection; endSpan
-// writes the outcome and ends the span — called by conclude, unless the executor manages
-// the frame.
+// them: conclude records the verdict and takes the frame off its connection; the Tracer's
+// endFrame ends it — its span, metrics, log record and reconciliation — called by
+// conclude, unless the executor manages the frame.
 //
 // The owning connection's goroutine changes it; other goroutines only read its phase
 // and end state (atomics) and add events to its span (which is safe for concurrent use),
@@ -52,7 +52,7 @@ type frame struct {
 	phase atomic.Uint32 // outcome.Phase
 	// concluded: the verdict is recorded and the frame left its connection (conclude).
 	concluded atomic.Bool
-	spanEnded atomic.Bool // the span was ended (endSpan)
+	spanEnded atomic.Bool // the frame was ended (Tracer.endFrame)
 	// unrecorded: a Filter rejected the frame; its span only carries the caller's span
 	// context, and nothing is parented to it.
 	unrecorded bool
@@ -247,7 +247,7 @@ func (f *frame) conclude(st *connState, v classifier.Verdict) {
 		f.parent.span.AddEvent(EventResumed, trace.WithAttributes(OperationIDKey.String(f.id.String())))
 	}
 	if !f.managed {
-		f.endSpan(f.outcomeOf(), nil)
+		f.t.endFrame(f, f.outcomeOf(), nil)
 	}
 }
 
@@ -262,25 +262,10 @@ func (f *frame) outcomeOf() outcome.Outcome {
 	return outcome.OutcomeRolledBack
 }
 
-// endSpan writes the outcome attributes and status and ends the span, exactly once.
-// postCommitErr is the follow-up failure of a committed_with_post_commit_failure frame.
+// endSpan writes the outcome attributes and status and ends the span. It is called once,
+// by the Tracer's endFrame; postCommitErr is the follow-up failure of a
+// committed_with_post_commit_failure frame.
 func (f *frame) endSpan(o outcome.Outcome, postCommitErr error) {
-	if !f.spanEnded.CompareAndSwap(false, true) {
-		return
-	}
-	now := f.concludedAt // conclude has just read the clock and called this
-	if f.managed {
-		now = time.Now() // the executor ends the span after its post-commit work
-	}
-	f.t.metrics.record(o, f, now)
-	if o == outcome.OutcomeIndeterminate {
-		f.t.logIndeterminate(f)
-		if f.t.auto != nil {
-			// Handed over once the span has ended, so that a reconciliation never starts
-			// before the frame it settles has ended.
-			defer f.t.auto.enqueue(f)
-		}
-	}
 	if !f.recording {
 		f.span.End()
 		return

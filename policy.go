@@ -85,8 +85,9 @@ func DefaultPolicy() Policy {
 	}
 }
 
-// ErrInvalidArgument is wrapped by every error about a bad argument to [Run], [Begin]
-// or automatic reconciliation: a nil db or function, an invalid policy, a refused option.
+// ErrInvalidArgument is wrapped by every error about a bad argument to [Run], [Begin],
+// [AfterCommit] or an option: a nil db or function, an invalid policy, an option value
+// [InstrumentPool], [InstrumentConnConfig] or [NewTracer] refuses.
 var ErrInvalidArgument = errors.New("otelpgxtx: invalid argument")
 
 // invalid is an error wrapping ErrInvalidArgument, so that callers can tell bad input

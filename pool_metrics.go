@@ -60,26 +60,6 @@ const (
 	ConnectionStateKey = attribute.Key("db.client.connection.state")
 )
 
-// WithPoolName names the pool [InstrumentPool] instruments, as
-// db.client.connection.pool.name. The default is server.address:server.port/db.namespace
-// of its configuration; two instrumented pools of one process on the same database report
-// to the same series unless each has a name of its own. An empty name is an error.
-func WithPoolName(name string) Option {
-	return optionFunc(func(c *config) {
-		if name == "" {
-			c.err = errors.New("otelpgxtx: WithPoolName: empty pool name")
-			return
-		}
-		c.poolName = name
-	})
-}
-
-// WithDisablePoolMetrics turns off the connection-pool metrics [InstrumentPool] records
-// (db.client.connection.*); the transaction metrics stay.
-func WithDisablePoolMetrics() Option {
-	return optionFunc(func(c *config) { c.noPoolMetrics = true })
-}
-
 // poolMetrics records the connection-pool metrics of the pools a tracer instruments. The
 // counts come from pgxpool.Stat in an asynchronous callback; the times, the timeouts and
 // the pending acquires from the tracer's hooks, which see every acquire, connect and

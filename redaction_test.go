@@ -60,7 +60,7 @@ func TestErrorDescriptionsOfRealFaults(t *testing.T) {
 		}
 	}
 
-	// The example: a COMMIT whose answer never comes, then the same connection.
+	// An indeterminate COMMIT: its answer never comes; then the same connection.
 	conn, err := h.pool.Acquire(ctx)
 	if err != nil {
 		t.Fatal(err)

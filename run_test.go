@@ -19,25 +19,6 @@ import (
 	"github.com/txevidence/otelpgxtx/reconcile"
 )
 
-// insertFn returns a Run function that inserts id into table and returns it.
-func insertFn(table string, id int) func(context.Context, pgx.Tx) (int, error) {
-	return func(ctx context.Context, tx pgx.Tx) (int, error) {
-		_, err := tx.Exec(ctx, fmt.Sprintf("insert into %s (id, k) values (%d, %d)", table, id, id))
-		return id, err
-	}
-}
-
-// insertThen returns a Run function that inserts row 1 into table and then runs fn: the
-// outer transaction of the tests that run more work, or a nested call, inside one.
-func insertThen(table string, fn func(context.Context, pgx.Tx) (int, error)) func(context.Context, pgx.Tx) (int, error) {
-	return func(ctx context.Context, tx pgx.Tx) (int, error) {
-		if _, err := insertFn(table, 1)(ctx, tx); err != nil {
-			return 0, err
-		}
-		return fn(ctx, tx)
-	}
-}
-
 // policyWith is the default policy with propagation prop.
 func policyWith(prop Propagation) Policy {
 	p := DefaultPolicy()

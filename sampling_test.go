@@ -15,16 +15,6 @@ import (
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 )
 
-// countsByOutcome reads the transactions counter from the manual reader, by tx.outcome.
-func (h *harness) countsByOutcome(t *testing.T, ctx context.Context) map[string]int64 {
-	t.Helper()
-	out := map[string]int64{}
-	for k, n := range h.sums(t, ctx, MetricTransactions, OutcomeKey) {
-		out[strings.TrimPrefix(k, string(OutcomeKey)+"=")] = n
-	}
-	return out
-}
-
 // TestUnsampledFramesStillCounted: with a never-sample sampler no span is exported, but
 // every frame's phases are still tracked, and counted by outcome.
 func TestUnsampledFramesStillCounted(t *testing.T) {

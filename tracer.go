@@ -2,6 +2,7 @@ package otelpgxtx
 
 import (
 	"context"
+	"time"
 
 	"github.com/exaring/otelpgx"
 	"github.com/jackc/pgx/v5"
@@ -316,4 +317,49 @@ func (t *Tracer) netConnClosed(st *connState) {
 	if st.frame != nil && len(st.queries) == 0 && !st.committing {
 		t.abandon(st, st.frame, ReasonConnectionClosed)
 	}
+}
+
+// endFrame ends a concluded frame, exactly once: it hands the outcome to the metrics and,
+// for an indeterminate one, to the log and the automatic reconciliation, and ends the span.
+// Everything a frame's end feeds is called from here, so that the frame itself knows
+// only its span.
+func (t *Tracer) endFrame(f *frame, o outcome.Outcome, postCommitErr error) {
+	if !f.spanEnded.CompareAndSwap(false, true) {
+		return
+	}
+	now := f.concludedAt // conclude has just read the clock
+	if f.managed {
+		now = time.Now() // the executor ends the frame after its post-commit work
+	}
+	t.metrics.record(o, f, now)
+	if o == outcome.OutcomeIndeterminate {
+		t.logIndeterminate(f)
+	}
+	f.endSpan(o, postCommitErr)
+	if o == outcome.OutcomeIndeterminate && t.auto != nil {
+		// Handed over once the span has ended, so that a reconciliation never starts
+		// before the frame it settles has ended.
+		t.auto.enqueue(f)
+	}
+}
+
+// Close stops the tracer's automatic reconciliation ([WithAutoReconcile]), and the
+// observation of the connection counts of the pool it instruments ([InstrumentPool]).
+// An attempt in flight may finish until ctx is done, then it is cancelled. Every outcome
+// not settled by then gets a warning log record
+// ([MessagePendingAtShutdown], with its operation id and reference, on the [WithLogger]
+// logger, else slog's default) for "otelpgxtx reconcile" to settle it after the restart,
+// and is handed to the [WithOnReconciled] callback unknown with reason [reconcile.ReasonStopped];
+// so is every frame that ends indeterminate after Close. Call it after the application
+// stopped using the pool, and before closing the db it reconciles with. It returns
+// ctx's error if ctx ended first; calling it again does nothing.
+func (t *Tracer) Close(ctx context.Context) error {
+	if t == nil {
+		return nil
+	}
+	t.pool.close()
+	if t.auto == nil {
+		return nil
+	}
+	return t.auto.close(ctx)
 }
