@@ -1,4 +1,4 @@
-# The two commands of the README's quick start are `make demo` and `make test`.
+# The two commands of the README: make demo and make test.
 GO ?= go
 
 .PHONY: demo test test-library test-examples test-scripts test-pgx tools vet fuzz soak model bench bench-quick dashboard
