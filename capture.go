@@ -163,7 +163,7 @@ type commitResult struct {
 // as plain COMMIT takes. The xid read is a fast-path FunctionCall message of
 // pg_current_xact_id_if_assigned: the server calls the function by OID, with no parse,
 // plan or portal, which make a Query message of the same call cost it twice as much and
-// more (README, Performance). The server ends each message with ReadyForQuery and
+// more (docs/performance.md). The server ends each message with ReadyForQuery and
 // flushes its output there, so the xid arrives before it reads COMMIT, even if the
 // commit never answers. With a marker table (quoted), see commitWithMarker. The caller
 // has read the identity (see identityKnown).

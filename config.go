@@ -301,8 +301,8 @@ const (
 // Only PostgreSQL servers get it. A COMMIT is left exactly as it is when the transaction is
 // read-only or wrote nothing the library saw (only SELECT, SHOW, SET, … statements), or
 // when it is not a lone simple-protocol Query (a batch, a pipeline, COMMIT AND CHAIN, BEGIN
-// and COMMIT in one string, a COMMIT inside a function). See the README, "Commit
-// references for plain pgx", for what it sends and costs.
+// and COMMIT in one string, a COMMIT inside a function). docs/reconciliation.md ("Plain pgx
+// and database/sql") says what it sends; docs/performance.md what it costs.
 func WithCaptureReference() Option {
 	return optionFunc(func(c *config) {
 		if c.reference == referenceNone {
@@ -380,8 +380,8 @@ func WithoutInnerSpans(kinds ...InnerSpan) Option {
 // [WithoutInnerSpans]. An unknown kind is an error, and so is this option with a tracer of
 // your own.
 //
-// The events hold what those spans said that the frame does not already (README, "The
-// span contract"), for less: a transaction of BEGIN, one statement and COMMIT is then two
+// The events hold what those spans said that the frame does not already (the package
+// doc, "Statements as events"), for less: a transaction of BEGIN, one statement and COMMIT is then two
 // spans, the frame and the statement, where otelpgx alone makes three.
 func WithInnerSpans(kinds ...InnerSpan) Option {
 	return innerSpansOption("WithInnerSpans", kinds, func(c *config, bit uint8) {

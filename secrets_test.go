@@ -460,7 +460,8 @@ func (l *tracelogRecords) text() string {
 // TestSanitizedInnerTracerBatchCopy: with WithSanitizedInnerTracer a tracer of the
 // application's, in otelpgx's place, is handed sanitized SQL in a copy of the batch (the
 // caller's batch is unchanged) and redacted errors; the statement arguments reach it
-// unchanged, as the README says.
+// unchanged, as they reach the default otelpgx tracer (which records them only with
+// otelpgx.WithIncludeQueryParameters).
 func TestSanitizedInnerTracerBatchCopy(t *testing.T) {
 	ctx := testCtx(t)
 	inner := &seenByInner{}

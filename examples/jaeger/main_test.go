@@ -49,7 +49,7 @@ func (s *syncBuffer) String() string {
 
 // TestDemoEmbedded runs the program as `go run .` does with nothing installed but
 // PostgreSQL: no DATABASE_URL (it starts its own server) and no OTLP receiver (it
-// prints the trees). It must exit 0, and the trees must show what the README promises.
+// prints the trees). It must exit 0, and the trees must show what this example's README promises.
 func TestDemoEmbedded(t *testing.T) {
 	ctx := pgtest.Context(t, 3*time.Minute)
 	var out, errOut syncBuffer

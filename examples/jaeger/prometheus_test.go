@@ -179,7 +179,7 @@ var alertNames = []string{"TransactionCommitIndeterminate", "TransactionCommitUn
 // reconciliations series committed at 1, and no alert is pending or firing for them. Then
 // a plain pgx commit cut the same way, which has no reference, is settled unknown
 // (no_reference) and TransactionReconciledUnknown pages. The series have the names and
-// labels the README documents.
+// labels docs/metrics.md documents.
 func TestPrometheusAlert(t *testing.T) {
 	ctx := pgtest.Context(t, 4*time.Minute)
 	a, p, out, errOut := scrapedDemo(t, ctx, "otelpgxtx-prometheus")
@@ -252,7 +252,7 @@ func TestPrometheusAlert(t *testing.T) {
 		}
 	}
 
-	// The names and labels of the README: one series per frame outcome of the counter
+	// The names and labels of docs/metrics.md: one series per frame outcome of the counter
 	// (rolled_back twice, deliberate and failure; participating calls are counted
 	// apart), and the two duration histograms by tx.outcome.
 	var outcomes []string

@@ -35,9 +35,10 @@ const (
 	floodService = "otelpgxtx-flood"
 )
 
-// twoTier is the pipeline of the README's "Several collectors": first-tier collectors
-// (collector-tier1.yaml) that route every span by its trace id to one of the samplers
-// (collector-sampler.yaml), which send what they keep to a Jaeger that stores it all.
+// twoTier is the pipeline of "Several collectors: two tiers" in this example's README:
+// first-tier collectors (collector-tier1.yaml) that route every span by its trace id to
+// one of the samplers (collector-sampler.yaml), which send what they keep to a Jaeger that
+// stores it all.
 type twoTier struct {
 	jaeger   *jaegerProc
 	samplers []*collectorProc
