@@ -37,8 +37,19 @@
 // unless [WithInnerSpans] asks for their spans (see "Statements as events"). The tracer
 // sends nothing of its own on a plain pgx connection, unless asked for commit references
 // ([WithCaptureReference], [WithCommitMarker]). [Run] is an executor that returns
-// the outcome as a sealed [outcome.Result]; a reconciler (package reconcile; or [WithAutoReconcile])
-// settles indeterminate commits from the database's own records.
+// the outcome as a sealed [outcome.Result]; a reconciler (package reconcile; or
+// [WithAutoReconcile]) settles indeterminate commits from the database's own records.
+//
+// # Options
+//
+// There are three kinds, one for each thing configured, each with its own type so that
+// one cannot be passed where another is meant: an [Option] configures the [Tracer]
+// ([InstrumentPool], [InstrumentConnConfig], [NewTracer]); an [AutoReconcileOption]
+// configures [WithAutoReconcile] (the queue, the retry backoff, the callback); a
+// reconcile.Option configures a reconcile.Reconciler (the wait for a transaction still in
+// progress, its tracer provider, its error messages). The first two are declared in
+// config.go beside the config they set. A [Policy] configures one [Run] call. An option
+// value that is refused is an error wrapping [ErrInvalidArgument] that names the option.
 //
 // # Frames
 //
