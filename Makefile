@@ -76,7 +76,7 @@ model:
 	OTELPGXTX_MODEL_TREES=5000 $(GO) test -run 'TestRunModel$$' -count=1 -timeout 60m .
 
 # The performance figures of the README (bench/latest.txt, bench/latest.svg): every benchmark
-# in COUNT interleaved rounds, about 35 minutes on 2 cores; see scripts/bench for the settings
+# in COUNT interleaved rounds, about 55 minutes on 2 cores; see scripts/bench for the settings
 # (COUNT, BENCHTIME, RTTS, GOROUTINES, PROFILE_*). bench-quick runs each once, as a smoke test.
 bench:
 	scripts/bench
