@@ -63,7 +63,6 @@ fuzz:
 	$(GO) test -run '^$$' -fuzz FuzzReplyFilter -fuzztime 60s .
 	$(GO) test -run '^$$' -fuzz FuzzNext -fuzztime 60s ./internal/sqltext/
 	$(GO) test -run '^$$' -fuzz FuzzErrorDescription -fuzztime 60s ./internal/redact/
-	$(GO) test -run '^$$' -fuzz FuzzErrorDescription -fuzztime 60s .
 
 # A longer soundness run, on the single server (crash restarts) and on the cluster
 # (failovers alternating with crash restarts); the CI-sized ones are part of `make test`.

@@ -1,6 +1,6 @@
 // Package docs holds the project's documentation pages; its test checks that they hold
-// together: every link between pages resolves, and every alert rule links to its section
-// of the runbook.
+// together: every link between pages resolves, every alert rule links to its section of
+// the runbook, and `make fuzz` runs every fuzz target, as testing.md says.
 package docs
 
 import (
@@ -16,6 +16,13 @@ import (
 // (an alert rule's runbook_url, say) is checked against the checkout.
 const repoURL = "https://github.com/txevidence/otelpgxtx/blob/main/"
 
+// skipped reports whether the walk of the repository from its root ("..") leaves out
+// directory d at path: hidden ones, test data and the benchmark runs.
+func skipped(path string, d fs.DirEntry) bool {
+	name := d.Name()
+	return d.IsDir() && path != ".." && (strings.HasPrefix(name, ".") || name == "testdata" || path == filepath.Join("..", "bench"))
+}
+
 // pages are the Markdown files of the repository, relative to its root.
 func pages(t *testing.T) []string {
 	t.Helper()
@@ -24,10 +31,10 @@ func pages(t *testing.T) []string {
 		if err != nil {
 			return err
 		}
-		name := d.Name()
-		if d.IsDir() && path != ".." && (strings.HasPrefix(name, ".") || name == "testdata" || path == filepath.Join("..", "bench")) {
+		if skipped(path, d) {
 			return filepath.SkipDir
 		}
+		name := d.Name()
 		if !d.IsDir() && strings.HasSuffix(name, ".md") {
 			out = append(out, path)
 		}
@@ -216,6 +223,62 @@ func TestSlug(t *testing.T) {
 	} {
 		if got := slug(heading); got != want {
 			t.Errorf("slug(%q) = %q, want %q", heading, got, want)
+		}
+	}
+}
+
+// TestMakeFuzzRunsEveryFuzzTarget: testing.md promises that `make fuzz` runs every fuzz
+// target; a target that moved or was renamed would otherwise leave a recipe line that
+// fuzzes nothing (go test only warns) and a target that is never fuzzed.
+func TestMakeFuzzRunsEveryFuzzTarget(t *testing.T) {
+	fuzzFunc := regexp.MustCompile(`(?m)^func (Fuzz\w+)\(\w+ \*testing\.F\)`)
+	want := map[string]bool{}
+	err := filepath.WalkDir("..", func(path string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		if skipped(path, d) {
+			return filepath.SkipDir
+		}
+		if d.IsDir() || !strings.HasSuffix(d.Name(), "_test.go") {
+			return nil
+		}
+		src, err := os.ReadFile(path)
+		if err != nil {
+			return err
+		}
+		dir, err := filepath.Rel("..", filepath.Dir(path))
+		if err != nil {
+			return err
+		}
+		for _, m := range fuzzFunc.FindAllStringSubmatch(string(src), -1) {
+			want[m[1]+" "+dir] = true
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(want) == 0 {
+		t.Fatal("no fuzz target found: the walk is broken")
+	}
+	makefile, err := os.ReadFile(filepath.Join("..", "Makefile"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	recipe := regexp.MustCompile(`-fuzz (\w+) -fuzztime \S+ (\S+)`)
+	got := map[string]bool{}
+	for _, m := range recipe.FindAllStringSubmatch(string(makefile), -1) {
+		got[m[1]+" "+filepath.Clean(m[2])] = true
+	}
+	for k := range want {
+		if !got[k] {
+			t.Errorf("make fuzz does not run %s", k)
+		}
+	}
+	for k := range got {
+		if !want[k] {
+			t.Errorf("make fuzz runs %s, which is no fuzz target", k)
 		}
 	}
 }
