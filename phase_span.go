@@ -205,11 +205,9 @@ func (f *frame) transition(to outcome.Phase) bool {
 	if to == outcome.PhaseCommitting {
 		f.committingAt = time.Now()
 	}
-	switch {
-	case !f.recording:
-	case to == outcome.PhaseCommitting:
-		f.span.AddEvent(phaseEvents[to]) // before COMMIT is sent: no statement's answer
-	default:
+	if f.recording {
+		// A folded statement's answer, waiting, goes with the event it caused (f.event):
+		// BEGIN's with active, COMMIT's and ROLLBACK's with the ending phase.
 		f.event(phaseEvents[to])
 	}
 	return true
