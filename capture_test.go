@@ -271,9 +271,7 @@ func cutWhileCommitWaits(t *testing.T, ctx context.Context, db DB, conn *pgx.Con
 // holds; once the server shows that wait and the client has taken every byte from its
 // socket, the caller gives up (its context is cancelled), and the lock is released.
 func TestCaptureReferenceBeforeCommitAnswers(t *testing.T) {
-	for _, tr := range transports {
-		t.Run(tr.name, func(t *testing.T) { overCaptureReferenceBeforeCommitAnswers(t, tr.base()) })
-	}
+	overTransports(t, overCaptureReferenceBeforeCommitAnswers)
 }
 
 func overCaptureReferenceBeforeCommitAnswers(t *testing.T, base string) {

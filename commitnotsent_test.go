@@ -96,9 +96,7 @@ func waitSocket(t *testing.T, ctx context.Context, conn *pgx.Conn, done func(n i
 // each rule names; the row is absent. A write the kernel accepted (the proxy holding
 // COMMIT back) stays unknown.
 func TestCommitNotExecuted(t *testing.T) {
-	for _, tr := range transports {
-		t.Run(tr.name, func(t *testing.T) { commitNotExecuted(t, tr.base()) })
-	}
+	overTransports(t, commitNotExecuted)
 }
 
 func commitNotExecuted(t *testing.T, base string) {

@@ -110,6 +110,26 @@ func acquireInTransaction(t *testing.T, ctx context.Context, h *harness) *pgxpoo
 	return pc
 }
 
+// acquireConns acquires n connections of pool, held at once. Those the test has not
+// released are released when it ends, ahead of the pool's Close, which would wait for them.
+func acquireConns(t *testing.T, ctx context.Context, pool *pgxpool.Pool, n int) []*pgxpool.Conn {
+	t.Helper()
+	conns := make([]*pgxpool.Conn, 0, n)
+	t.Cleanup(func() {
+		for _, c := range conns {
+			c.Release() // a second Release is ignored
+		}
+	})
+	for range n {
+		c, err := pool.Acquire(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		conns = append(conns, c)
+	}
+	return conns
+}
+
 // beginner is what mustBegin needs of db.
 type beginner interface {
 	Begin(ctx context.Context) (pgx.Tx, error)

@@ -35,6 +35,14 @@ var transports = []struct {
 	base func() string
 }{{"tcp", func() string { return srv.ConnString() }}, {"tls", func() string { return srv.TLSConnString() }}}
 
+// overTransports runs test as a subtest for each of the transports, on its base
+// connection string.
+func overTransports(t *testing.T, test func(t *testing.T, base string)) {
+	for _, tr := range transports {
+		t.Run(tr.name, func(t *testing.T) { test(t, tr.base()) })
+	}
+}
+
 // testCtx bounds every server interaction of a test.
 func testCtx(t *testing.T) context.Context { return pgtest.Context(t, 2*time.Minute) }
 

@@ -66,9 +66,7 @@ func TestMarkerTableDDL(t *testing.T) {
 // TestMarkerAddsNoRoundTrip: with the marker, a Run takes as many round trips as without
 // capture at all, and the marker row is there.
 func TestMarkerAddsNoRoundTrip(t *testing.T) {
-	for _, tr := range transports {
-		t.Run(tr.name, func(t *testing.T) { overMarkerAddsNoRoundTrip(t, tr.base()) })
-	}
+	overTransports(t, overMarkerAddsNoRoundTrip)
 }
 
 func overMarkerAddsNoRoundTrip(t *testing.T, base string) {
@@ -118,9 +116,7 @@ func TestMarkerMissingTable(t *testing.T) {
 // reference is nothing but the marker), and a commit waiting for synchronous replication
 // is in progress until its wait ends, then committed.
 func TestMarkerReconcile(t *testing.T) {
-	for _, tr := range transports {
-		t.Run(tr.name, func(t *testing.T) { overMarkerReconcile(t, tr.base()) })
-	}
+	overTransports(t, overMarkerReconcile)
 }
 
 func overMarkerReconcile(t *testing.T, base string) {

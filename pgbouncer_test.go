@@ -9,7 +9,6 @@ import (
 	"testing"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 	"go.opentelemetry.io/otel/trace"
 
@@ -90,14 +89,7 @@ func TestCaptureThroughPgBouncer(t *testing.T) {
 			}
 
 			// Three client connections held at once take turns.
-			var held []*pgxpool.Conn
-			for range 3 {
-				c, err := h.pool.Acquire(ctx)
-				if err != nil {
-					t.Fatal(err)
-				}
-				held = append(held, c)
-			}
+			held := acquireConns(t, ctx, h.pool, 3)
 			for id := 1; id <= 9; id++ {
 				if res := Run(ctx, held[id%3].Conn(), DefaultPolicy(), write(id)); res.Outcome() != outcome.OutcomeCommitted {
 					t.Fatalf("Run %d on client %d: %T %+v", id, id%3, res, res)

@@ -104,9 +104,7 @@ func lastFrame(t *testing.T, h *harness) tracetest.SpanStub {
 // the commit takes as many round trips as without the option (counted at the proxy), and
 // an indeterminate commit (the proxy cuts after COMMIT) is reconciled from it.
 func TestPlainReference(t *testing.T) {
-	for _, tr := range transports {
-		t.Run(tr.name, func(t *testing.T) { overPlainReference(t, tr.base()) })
-	}
+	overTransports(t, overPlainReference)
 }
 
 func overPlainReference(t *testing.T, base string) {
@@ -179,9 +177,7 @@ func overPlainReference(t *testing.T, base string) {
 // reply still has its marker reference (xid 0), which reconciles aborted, fenced; one cut
 // after COMMIT reconciles committed.
 func TestPlainMarker(t *testing.T) {
-	for _, tr := range transports {
-		t.Run(tr.name, func(t *testing.T) { overPlainMarker(t, tr.base()) })
-	}
+	overTransports(t, overPlainMarker)
 }
 
 func overPlainMarker(t *testing.T, base string) {
@@ -247,9 +243,7 @@ func overPlainMarker(t *testing.T, base string) {
 // nothing, a batch with COMMIT, COMMIT AND CHAIN, BEGIN and COMMIT in one string, a
 // rollback — once the connection's identity check is done.
 func TestPlainReferenceLeavesTheRestAlone(t *testing.T) {
-	for _, tr := range transports {
-		t.Run(tr.name, func(t *testing.T) { overPlainReferenceLeavesTheRestAlone(t, tr.base()) })
-	}
+	overTransports(t, overPlainReferenceLeavesTheRestAlone)
 }
 
 func overPlainReferenceLeavesTheRestAlone(t *testing.T, base string) {
@@ -377,11 +371,11 @@ func terminateInSyncRepWait(t *testing.T, ctx context.Context, tx pgx.Tx) {
 // synchronous-replication wait that is cancelled, which the classifier needs: that frame
 // is committed, tx.commit.committed_locally, with its reference.
 func TestPlainReferenceAsyncMessages(t *testing.T) {
-	for _, tr := range transports {
+	overTransports(t, func(t *testing.T, base string) {
 		for _, mode := range []string{"xid", "marker"} {
-			t.Run(tr.name+"/"+mode, func(t *testing.T) { plainReferenceAsyncMessages(t, tr.base(), mode) })
+			t.Run(mode, func(t *testing.T) { plainReferenceAsyncMessages(t, base, mode) })
 		}
-	}
+	})
 }
 
 func plainReferenceAsyncMessages(t *testing.T, base, mode string) {
@@ -494,14 +488,7 @@ func TestPlainReferenceThroughPgBouncer(t *testing.T) {
 				opt = WithCommitMarker(newMarkerTable(t, ctx, srv.Exec))
 			}
 			h := newHarness(t, bouncer.ConnString()+"&default_query_exec_mode=exec", 3, opt)
-			var held []*pgxpool.Conn
-			for range 3 {
-				c, err := h.pool.Acquire(ctx)
-				if err != nil {
-					t.Fatal(err)
-				}
-				held = append(held, c)
-			}
+			held := acquireConns(t, ctx, h.pool, 3)
 			for id := 1; id <= 6; id++ {
 				tx, err := held[id%3].Begin(ctx)
 				if err != nil {
@@ -571,16 +558,10 @@ func TestPlainMarkerSerializationFailure(t *testing.T) {
 	marker := newMarkerTable(t, ctx, srv.Exec)
 	for _, opts := range [][]Option{nil, {WithCommitMarker(marker)}} {
 		h := newHarness(t, srv.ConnString(), 2, opts...)
-		c1, err := h.pool.Acquire(ctx)
-		if err != nil {
-			t.Fatal(err)
-		}
-		c2, err := h.pool.Acquire(ctx)
-		if err != nil {
-			t.Fatal(err)
-		}
+		conns := acquireConns(t, ctx, h.pool, 2)
+		c2 := conns[1]
 		var txs []pgx.Tx
-		for _, c := range []*pgxpool.Conn{c1, c2} {
+		for _, c := range conns {
 			tx, err := c.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.Serializable})
 			if err != nil {
 				t.Fatal(err)
@@ -593,13 +574,14 @@ func TestPlainMarkerSerializationFailure(t *testing.T) {
 		if err := txs[0].Commit(ctx); err != nil {
 			t.Fatal(err)
 		}
-		err = txs[1].Commit(ctx)
+		err := txs[1].Commit(ctx)
 		if !strings.Contains(fmt.Sprint(err), "40001") || c2.Conn().IsClosed() || c2.Conn().PgConn().TxStatus() != 'I' {
 			t.Fatalf("options %d: commit %v; closed %v, status %c; want 40001 on an idle connection", len(opts), err, c2.Conn().IsClosed(), c2.Conn().PgConn().TxStatus())
 		}
 		mustExec(t, ctx, c2, "select 1")
-		c1.Release()
-		c2.Release()
+		for _, c := range conns {
+			c.Release()
+		}
 		f := lastFrame(t, h)
 		wantAttr(t, f, string(OutcomeKey), "rolled_back")
 		wantAttr(t, f, string(RetryableKey), "true")

@@ -224,9 +224,7 @@ func TestRunDeferredViolationNotRetried(t *testing.T) {
 // The result is Indeterminate with a reference, fn ran once, and the reconciler finds the
 // commit.
 func TestRunIndeterminateNeverRetried(t *testing.T) {
-	for _, tr := range transports {
-		t.Run(tr.name, func(t *testing.T) { overRunIndeterminateNeverRetried(t, tr.base()) })
-	}
+	overTransports(t, overRunIndeterminateNeverRetried)
 }
 
 func overRunIndeterminateNeverRetried(t *testing.T, base string) {
@@ -550,9 +548,7 @@ func requiresNewOn(ctx context.Context, db DB) (int, error) {
 // TestRunCaptureAddsNoRoundTrip counts round trips at the proxy: a Run with one statement
 // takes as many with reference capture as without.
 func TestRunCaptureAddsNoRoundTrip(t *testing.T) {
-	for _, tr := range transports {
-		t.Run(tr.name, func(t *testing.T) { overRunCaptureAddsNoRoundTrip(t, tr.base()) })
-	}
+	overTransports(t, overRunCaptureAddsNoRoundTrip)
 }
 
 func overRunCaptureAddsNoRoundTrip(t *testing.T, base string) {

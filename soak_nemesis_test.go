@@ -39,9 +39,11 @@ func (a *soakAdmin) get(ctx context.Context) (*pgx.Conn, error) {
 	return c, nil
 }
 
+// close closes the connection, if any; the next get dials again.
 func (a *soakAdmin) close() {
 	if a.c != nil {
 		_ = a.c.Close(context.Background())
+		a.c = nil
 	}
 }
 
@@ -97,7 +99,6 @@ func (s *soak) watchSyncRep(ctx context.Context, stop <-chan struct{}) {
 		pids, err := soakPids(ctx, &a, "wait_event = 'SyncRep'")
 		if err != nil {
 			a.close()
-			a.c = nil
 			continue // the server is down, or restarting
 		}
 		now := time.Now()
@@ -152,15 +153,8 @@ func (s *soak) nemesis(ctx context.Context, stop <-chan struct{}) {
 	deadline := time.Now().Add(s.cfg.duration)
 	for faults := 0; faults < s.cfg.maxFaults+s.cfg.crashes; {
 		wait := time.Duration(rng.ExpFloat64() * float64(s.cfg.faultEvery))
-		t := time.NewTimer(wait)
-		select {
-		case <-stop:
-			t.Stop()
+		if !soakPause(ctx, stop, wait) {
 			return
-		case <-ctx.Done():
-			t.Stop()
-			return
-		case <-t.C:
 		}
 		if s.cfg.duration > 0 && time.Now().After(deadline) {
 			return
@@ -168,7 +162,6 @@ func (s *soak) nemesis(ctx context.Context, stop <-chan struct{}) {
 		if len(crashAt) > 0 && s.done.Load() >= crashAt[0] {
 			crashAt = crashAt[1:]
 			a.close()
-			a.c = nil
 			s.crash(ctx, rng)
 			faults++
 			continue
@@ -182,7 +175,6 @@ func (s *soak) nemesis(ctx context.Context, stop <-chan struct{}) {
 			pids, err := soakPids(ctx, &a, where)
 			if err != nil {
 				a.close()
-				a.c = nil
 				return
 			}
 			if len(pids) > 0 && soakSignal(ctx, &a, "pg_terminate_backend", pids[rng.IntN(len(pids))]) {
@@ -211,20 +203,27 @@ func (s *soak) nemesis(ctx context.Context, stop <-chan struct{}) {
 	}
 	// Out of budget: the remaining crashes still happen, when their moment comes.
 	for len(crashAt) > 0 {
-		t := time.NewTimer(s.cfg.faultEvery)
-		select {
-		case <-stop:
-			t.Stop()
+		if !soakPause(ctx, stop, s.cfg.faultEvery) {
 			return
-		case <-ctx.Done():
-			t.Stop()
-			return
-		case <-t.C:
 		}
 		if s.done.Load() >= crashAt[0] {
 			crashAt = crashAt[1:]
 			s.crash(ctx, rng)
 		}
+	}
+}
+
+// soakPause waits d, and reports false if stop closed or ctx ended first.
+func soakPause(ctx context.Context, stop <-chan struct{}, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-stop:
+		return false
+	case <-ctx.Done():
+		return false
+	case <-t.C:
+		return true
 	}
 }
 
@@ -282,7 +281,6 @@ func (s *soak) waitQuiet(ctx context.Context) {
 		}
 		if err != nil {
 			a.close()
-			a.c = nil
 		}
 		select {
 		case <-ctx.Done():

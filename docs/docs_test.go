@@ -23,8 +23,9 @@ func skipped(path string, d fs.DirEntry) bool {
 	return d.IsDir() && path != ".." && (strings.HasPrefix(name, ".") || name == "testdata" || path == filepath.Join("..", "bench"))
 }
 
-// pages are the Markdown files of the repository, relative to its root.
-func pages(t *testing.T) []string {
+// repoFiles returns the files of the repository whose names end in suffix, as paths from
+// this directory ("../…"), leaving out the directories skipped says.
+func repoFiles(t *testing.T, suffix string) []string {
 	t.Helper()
 	var out []string
 	err := filepath.WalkDir("..", func(path string, d fs.DirEntry, err error) error {
@@ -34,8 +35,7 @@ func pages(t *testing.T) []string {
 		if skipped(path, d) {
 			return filepath.SkipDir
 		}
-		name := d.Name()
-		if !d.IsDir() && strings.HasSuffix(name, ".md") {
+		if !d.IsDir() && strings.HasSuffix(d.Name(), suffix) {
 			out = append(out, path)
 		}
 		return nil
@@ -43,6 +43,13 @@ func pages(t *testing.T) []string {
 	if err != nil {
 		t.Fatal(err)
 	}
+	return out
+}
+
+// pages are the Markdown files of the repository, relative to its root.
+func pages(t *testing.T) []string {
+	t.Helper()
+	out := repoFiles(t, ".md")
 	if len(out) < 2 {
 		t.Fatalf("found only %v: the walk is broken", out)
 	}
@@ -233,31 +240,18 @@ func TestSlug(t *testing.T) {
 func TestMakeFuzzRunsEveryFuzzTarget(t *testing.T) {
 	fuzzFunc := regexp.MustCompile(`(?m)^func (Fuzz\w+)\(\w+ \*testing\.F\)`)
 	want := map[string]bool{}
-	err := filepath.WalkDir("..", func(path string, d fs.DirEntry, err error) error {
-		if err != nil {
-			return err
-		}
-		if skipped(path, d) {
-			return filepath.SkipDir
-		}
-		if d.IsDir() || !strings.HasSuffix(d.Name(), "_test.go") {
-			return nil
-		}
+	for _, path := range repoFiles(t, "_test.go") {
 		src, err := os.ReadFile(path)
 		if err != nil {
-			return err
+			t.Fatal(err)
 		}
 		dir, err := filepath.Rel("..", filepath.Dir(path))
 		if err != nil {
-			return err
+			t.Fatal(err)
 		}
 		for _, m := range fuzzFunc.FindAllStringSubmatch(string(src), -1) {
 			want[m[1]+" "+dir] = true
 		}
-		return nil
-	})
-	if err != nil {
-		t.Fatal(err)
 	}
 	if len(want) == 0 {
 		t.Fatal("no fuzz target found: the walk is broken")
