@@ -176,14 +176,16 @@ func TestReplyFilterMarkerFails(t *testing.T) {
 	for gap := 0; gap <= len(reply); gap++ {
 		stream := append(append(append([][]byte{}, reply[:gap]...), async), reply[gap:]...)
 		input := bytes.Join(stream, nil)
-		want := bytes.Join([][]byte{e, idle}, nil)
-		// The asynchronous message comes out where it came, relative to what pgconn gets:
-		// before the error when it came before the ROLLBACK tag, else after it.
-		if gap <= 2 {
+		// pgconn gets the error and ReadyForQuery; the asynchronous message comes out where
+		// it came, relative to them: before the error when it came before the ROLLBACK tag,
+		// else after it.
+		var want []byte
+		switch {
+		case gap <= 2:
 			want = bytes.Join([][]byte{async, e, idle}, nil)
-		} else if gap == 3 {
+		case gap == 3:
 			want = bytes.Join([][]byte{e, async, idle}, nil)
-		} else {
+		default:
 			want = bytes.Join([][]byte{e, idle, async}, nil)
 		}
 		for _, split := range splitsOf(len(input)) {
