@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"strconv"
 	"strings"
 	"testing"
 )
@@ -101,7 +102,7 @@ func anchors(t *testing.T, path string) map[string]bool {
 		if m := headingRe.FindStringSubmatch(line); m != nil {
 			a := slug(m[1])
 			if n := seen[a]; n > 0 {
-				out[a+"-"+itoa(n)] = true
+				out[a+"-"+strconv.Itoa(n)] = true
 			} else {
 				out[a] = true
 			}
@@ -109,13 +110,6 @@ func anchors(t *testing.T, path string) map[string]bool {
 		}
 	}
 	return out
-}
-
-func itoa(n int) string {
-	if n < 10 {
-		return string(rune('0' + n))
-	}
-	return itoa(n/10) + itoa(n%10)
 }
 
 // links returns the link targets of a Markdown file outside code fences and code spans.

@@ -721,6 +721,10 @@ func TestTwoTierSamplerRestart(t *testing.T) {
 			}
 		}
 	}
+	if when[2].mustKeep == 0 {
+		// Else the requirement above held of nothing: the load ended before the restart.
+		t.Errorf("no trace to keep began after %s restarted: the run says nothing of what it keeps", victim.name)
+	}
 	var b strings.Builder
 	for i, w := range when {
 		fmt.Fprintf(&b, "  %-24s must keep %4d: complete %4d, partial %3d, missing %3d; committed-only %4d: kept %3d, in part %d\n",
