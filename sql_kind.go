@@ -232,9 +232,13 @@ func savepointName(sql string) string {
 		}
 	}
 	rest = sqltext.SkipSpace(rest)
-	i := 0
-	for i < len(rest) && rest[i] != ';' && rest[i] != ' ' && rest[i] != '\n' && rest[i] != '\t' {
-		i++
+	if rest == "" {
+		return ""
 	}
-	return rest[:i]
+	// The name is one token, read as the lexer reads it: a quoted one may hold spaces or
+	// semicolons.
+	if kind, end := sqltext.Next(rest, 0); kind == sqltext.Word || kind == sqltext.QuotedIdent {
+		return rest[:end]
+	}
+	return ""
 }

@@ -118,6 +118,10 @@ func TestSavepointName(t *testing.T) {
 		"RELEASE x":                      "x",
 		"rollback to savepoint sp_3":     "sp_3",
 		"ROLLBACK WORK TO SAVEPOINT a_b": "a_b",
+		"savepoint sp_4;":                "sp_4",
+		`savepoint "my sp"`:              `"my sp"`,
+		`release savepoint "a;b"`:        `"a;b"`,
+		"savepoint /* why */ sp_5":       "sp_5",
 	} {
 		if got := savepointName(sql); got != want {
 			t.Errorf("savepointName(%q) = %q, want %q", sql, got, want)
