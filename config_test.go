@@ -427,7 +427,8 @@ func TestReconcilerOptions(t *testing.T) {
 
 // TestRefusedOptionsWrapErrInvalidArgument: every option value the Instrument functions
 // refuse is an error wrapping ErrInvalidArgument that names the option, and leaves the
-// config without a tracer, so that a caller can tell bad input from a database failure.
+// config without a tracer, so that a caller can tell bad input from a database failure;
+// it is the reconciler's ErrInvalidArgument too, one error for the whole module.
 func TestRefusedOptionsWrapErrInvalidArgument(t *testing.T) {
 	ctx := testCtx(t)
 	pcfg, err := pgx.ParseConfig(srv.ConnString())
@@ -458,7 +459,7 @@ func TestRefusedOptionsWrapErrInvalidArgument(t *testing.T) {
 		cfg := pcfg.Copy()
 		cfg.Tracer = nil
 		_, err := InstrumentConnConfig(cfg, opt)
-		if !errors.Is(err, ErrInvalidArgument) || !strings.Contains(err.Error(), name+":") {
+		if !errors.Is(err, ErrInvalidArgument) || !errors.Is(err, reconcile.ErrInvalidArgument) || !strings.Contains(err.Error(), name+":") {
 			t.Errorf("%s: err = %v, want one wrapping ErrInvalidArgument that names %s", name, err, name)
 		}
 		if cfg.Tracer != nil {

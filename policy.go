@@ -1,13 +1,13 @@
 package otelpgxtx
 
 import (
-	"errors"
 	"fmt"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 
 	"github.com/txevidence/otelpgxtx/outcome"
+	"github.com/txevidence/otelpgxtx/reconcile"
 )
 
 // Propagation says how [Run] relates to a transaction already in its context.
@@ -87,8 +87,10 @@ func DefaultPolicy() Policy {
 
 // ErrInvalidArgument is wrapped by every error about a bad argument to [Run], [Begin],
 // [AfterCommit] or an option: a nil db or function, an invalid policy, an option value
-// [InstrumentPool], [InstrumentConnConfig] or [NewTracer] refuses.
-var ErrInvalidArgument = errors.New("otelpgxtx: invalid argument")
+// [InstrumentPool], [InstrumentConnConfig] or [NewTracer] refuses. It is
+// reconcile.ErrInvalidArgument, the same error, so that one errors.Is tells bad input
+// from a database failure whichever package reported it.
+var ErrInvalidArgument = reconcile.ErrInvalidArgument
 
 // invalid is an error wrapping ErrInvalidArgument, so that callers can tell bad input
 // from a database failure with errors.Is.

@@ -10,8 +10,8 @@ const ScopeName = "github.com/txevidence/otelpgxtx/reconcile"
 
 // ErrInvalidArgument is wrapped by every error that reports bad input (a nil db, a
 // malformed reference or table name, a refused option): the caller's to fix, where any
-// other error is the database's.
-var ErrInvalidArgument = errors.New("reconcile: invalid argument")
+// other error is the database's. otelpgxtx.ErrInvalidArgument is this same error.
+var ErrInvalidArgument = errors.New("otelpgxtx: invalid argument")
 
 // invalid is an error wrapping ErrInvalidArgument.
 func invalid(format string, args ...any) error {
