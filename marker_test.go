@@ -2,6 +2,7 @@ package otelpgxtx
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"strings"
@@ -19,7 +20,7 @@ import (
 // newMarkerTable creates a commit-marker table for the test on the test server.
 func newMarkerTable(t *testing.T, ctx context.Context, exec func(context.Context, string, ...any) error) pgx.Identifier {
 	t.Helper()
-	name := pgx.Identifier{fmt.Sprintf("m %d", tableSeq.Add(1))} // a space: quoting matters
+	name := pgx.Identifier{"public", fmt.Sprintf("m %d", tableSeq.Add(1))} // a space: quoting matters
 	ddl, err := reconcile.MarkerTableDDL(name)
 	if err != nil {
 		t.Fatal(err)
@@ -48,12 +49,18 @@ func markerPolicy(table pgx.Identifier) Policy {
 
 func TestMarkerTableDDL(t *testing.T) {
 	ddl, err := reconcile.MarkerTableDDL(pgx.Identifier{"app", `tx "marker"`})
-	if err != nil || !strings.HasPrefix(ddl, `create table if not exists "app"."tx ""marker""" (`) {
+	if err != nil || !strings.HasPrefix(ddl, `create schema if not exists "app";`) ||
+		!strings.Contains(ddl, `create table if not exists "app"."tx ""marker""" (`) {
 		t.Fatalf("%q %v", ddl, err)
 	}
-	for _, bad := range []pgx.Identifier{nil, {""}, {"a\x00b"}, {"a", "b", "c", "d"}} {
-		if _, err := reconcile.MarkerTableDDL(bad); err == nil {
-			t.Errorf("reconcile.MarkerTableDDL(%q) accepted", bad)
+	for _, bad := range []pgx.Identifier{nil, {""}, {"tx_marker"}, {"a", "b\x00"}, {"a", "b", "c"}} {
+		if _, err := reconcile.MarkerTableDDL(bad); !errors.Is(err, ErrInvalidArgument) {
+			t.Errorf("reconcile.MarkerTableDDL(%q) = %v, want ErrInvalidArgument", bad, err)
+		}
+		p := DefaultPolicy()
+		p.CommitMarker = bad
+		if err := p.validate(); bad != nil && !errors.Is(err, ErrInvalidArgument) {
+			t.Errorf("Policy.CommitMarker %q: %v, want ErrInvalidArgument", bad, err)
 		}
 	}
 	p := DefaultPolicy()
@@ -95,19 +102,18 @@ func overMarkerAddsNoRoundTrip(t *testing.T, base string) {
 	}
 }
 
-// TestMarkerMissingTable: a marker insert that fails rolls the transaction back, with
-// the insert's error as the cause.
+// TestMarkerMissingTable: a marker table that does not exist changes no commit: Run
+// commits with the xid read alone, and its reference says so.
 func TestMarkerMissingTable(t *testing.T) {
 	ctx := testCtx(t)
 	h := newHarness(t, "", 1)
 	table := newTable(t, ctx)
-	res := Run(ctx, h.pool, markerPolicy(pgx.Identifier{"no_such_marker"}), insertFn(table, 1))
-	rb, ok := res.(outcome.DeterminateRollback[int])
-	if !ok || rb.Retryable() || !strings.Contains(rb.Cause().Error(), "commit marker") || !strings.Contains(rb.Cause().Error(), "42P01") {
+	res := Run(ctx, h.pool, markerPolicy(pgx.Identifier{"public", "no_such_marker"}), insertFn(table, 1))
+	if res.Outcome() != outcome.OutcomeCommitted || !rowExists(t, ctx, table, 1) {
 		t.Fatalf("result %T %v", res, res)
 	}
-	if rowExists(t, ctx, table, 1) {
-		t.Fatal("row present")
+	if ref := frameRef(t, h, "committed"); ref.HasMarker() || ref.XID == 0 {
+		t.Fatalf("reference %s, want the xid alone", ref)
 	}
 }
 
@@ -208,8 +214,9 @@ func overMarkerReconcile(t *testing.T, base string) {
 			}
 			st := stateOf(tx.Conn().PgConn())
 			q, _ := outcome.QuoteMarkerTable(marker...)
+			q, _ = outcome.MarkerRefTable(st.database, q)
 			began <- started{tx.Conn().PgConn().PID(), outcome.ReconciliationRef{SystemIdentifier: st.systemID,
-				Timeline: st.timeline, MarkerTable: q, Operation: scopeFromContext(ctx).id}}
+				Timeline: st.timeline, MarkerTable: q, Operation: scopeFromContext(ctx).id, CheckedAt: st.checkedAt}}
 			return 3, nil
 		})
 	}()
