@@ -40,7 +40,7 @@ const identitySQL = identitySelect + identityFrom
 const (
 	identitySelect = "select s.system_identifier::text, " + pg.TimelineSQL + ", " + pg.ServerStartSQL +
 		", pg_current_xact_id_if_assigned()::text, 'pg_catalog.pg_current_xact_id_if_assigned()'::pg_catalog.regprocedure::pg_catalog.oid::text" +
-		", pg_catalog.current_database(), (extract(epoch from pg_catalog.now()) * 1000000)::bigint::text"
+		", pg_catalog.current_database()::text, (extract(epoch from pg_catalog.now()) * 1000000)::bigint::text"
 	identityFrom = " from pg_control_system() s"
 )
 
@@ -187,8 +187,8 @@ func (st *connState) callRef(m *markerFn, id outcome.OperationID, r libraryReply
 // adds to a COMMIT write.
 type rawMessage []byte
 
-func (m rawMessage) Frontend()                          {}
-func (m rawMessage) Decode([]byte) error                { return errors.New("otelpgxtx: rawMessage is not decoded") }
+func (m rawMessage) Frontend()                         {}
+func (m rawMessage) Decode([]byte) error               { return errors.New("otelpgxtx: rawMessage is not decoded") }
 func (m rawMessage) Encode(dst []byte) ([]byte, error) { return append(dst, m...), nil }
 
 // readIdentity reads the cluster identity into st, once per connection. It goes through
