@@ -122,7 +122,10 @@ func TestMarkerOtherDatabase(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer other.Close(ctx)
-	createMarker(t, ctx, func(ctx context.Context, sql string, args ...any) error { _, err := other.Exec(ctx, sql, args...); return err }, marker)
+	createMarker(t, ctx, func(ctx context.Context, sql string, args ...any) error {
+		_, err := other.Exec(ctx, sql, args...)
+		return err
+	}, marker)
 	table := newTable(t, ctx)
 	h := newHarness(t, "", 1, WithCommitMarker(marker))
 	ref := commitInSyncRepWait(t, ctx, h, table, 1)
