@@ -111,7 +111,9 @@ const prunedMargin = 10 * time.Minute
 //
 // Calling it asserts that the operation's COMMIT was sent with a marker call for table in
 // this database: the answer aborted rests on that, for it means that no marker row with
-// the id committed (a fence now stops one from ever committing). Only the operation's
+// the id committed (a fence now stops one from ever committing) — and so that nothing of
+// the transaction is in the database: the function writes no row only for a transaction
+// that had no xid or was read-only, which leave nothing durable either. Only the operation's
 // reference proves that a marker was written; a frame without one (a plain pgx
 // transaction, otelpgxtx.Run without a marker) stays unknown with [ReasonNoReference] —
 // never give its id here, or a commit that wrote no marker would be answered aborted, and
