@@ -76,7 +76,7 @@ func (t *Tracer) takeAddition(st *connState, f *frame) (endedBeforeCommit bool) 
 	st.adding = false
 	st.nc.disarm() // a write that never came
 	a := st.nc.takeAddition()
-	if a == nil || !a.sent {
+	if a == nil || !a.sent() {
 		return false // tried again at the next BEGIN or COMMIT
 	}
 	r := a.reply
