@@ -234,4 +234,3 @@ func TestAdditionLife(t *testing.T) {
 		}
 	})
 }
-
