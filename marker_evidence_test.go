@@ -41,18 +41,7 @@ func commitInSyncRepWait(t *testing.T, ctx context.Context, h *harness, table st
 	}
 	defer conn.Release()
 	mustExec(t, ctx, conn, session...)
-	tx := mustBegin(t, ctx, conn)
-	mustExec(t, ctx, tx, fmt.Sprintf("insert into %s values (%d)", table, id), "set local synchronous_commit = on")
-	pid := conn.Conn().PgConn().PID()
-	done := make(chan error, 1)
-	go func() { done <- tx.Commit(ctx) }()
-	if err := srv.WaitForWaitEvent(ctx, pid, "SyncRep"); err != nil {
-		t.Fatal(err)
-	}
-	if err := srv.Terminate(ctx, pid); err != nil {
-		t.Fatal(err)
-	}
-	if err := <-done; err == nil {
+	if err, _ := syncRepTerminate(t, ctx, conn.Conn(), table, id); err == nil {
 		t.Fatal("COMMIT terminated in its wait returned no error")
 	}
 	if !rowExists(t, ctx, table, id) {
@@ -160,18 +149,7 @@ func TestMarkerPruned(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	cut := func(arm func(), id int) outcome.Indeterminate[int] {
-		t.Helper()
-		res := Run(ctx, h.pool, markerPolicy(marker), func(ctx context.Context, tx pgx.Tx) (int, error) {
-			arm()
-			return insertFn(table, id)(ctx, tx)
-		})
-		ind, ok := res.(outcome.Indeterminate[int])
-		if !ok {
-			t.Fatalf("result %T", res)
-		}
-		return ind
-	}
+	cut := func(arm func(), id int) outcome.Indeterminate[int] { return cutRun(t, ctx, h, marker, table, arm, id) }
 	after := cut(proxy.CutAfterCommit, 1)
 	ref, ok := after.Reference()
 	if !ok || !ref.HasMarker() || ref.XID != 0 || ref.CheckedAt == 0 {

@@ -131,18 +131,7 @@ func overMarkerReconcile(t *testing.T, base string) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	cut := func(arm func(), id int) outcome.Indeterminate[int] {
-		t.Helper()
-		res := Run(ctx, h.pool, markerPolicy(marker), func(ctx context.Context, tx pgx.Tx) (int, error) {
-			arm()
-			return insertFn(table, id)(ctx, tx)
-		})
-		ind, ok := res.(outcome.Indeterminate[int])
-		if !ok {
-			t.Fatalf("result %T", res)
-		}
-		return ind
-	}
+	cut := func(arm func(), id int) outcome.Indeterminate[int] { return cutRun(t, ctx, h, marker, table, arm, id) }
 	after := cut(proxy.CutAfterCommit, 1)
 	before := cut(proxy.CutBeforeCommit, 2)
 	if ref, ok := before.Reference(); !ok || ref.XID != 0 || !ref.HasMarker() || ref.Operation != before.OperationID() {
@@ -237,6 +226,21 @@ func overMarkerReconcile(t *testing.T, base string) {
 	if got, err := reconcile.Indeterminate(ctx, rec, ind); err != nil || got.Status() != reconcile.Committed {
 		t.Fatalf("after the wait: %s %q %v", got.Status(), got.Reason(), err)
 	}
+}
+
+// cutRun runs a Run with marker that inserts row id of table, arming a proxy fault with
+// arm in its transaction, and returns its indeterminate result.
+func cutRun(t *testing.T, ctx context.Context, h *harness, marker pgx.Identifier, table string, arm func(), id int) outcome.Indeterminate[int] {
+	t.Helper()
+	res := Run(ctx, h.pool, markerPolicy(marker), func(ctx context.Context, tx pgx.Tx) (int, error) {
+		arm()
+		return insertFn(table, id)(ctx, tx)
+	})
+	ind, ok := res.(outcome.Indeterminate[int])
+	if !ok {
+		t.Fatalf("result %T", res)
+	}
+	return ind
 }
 
 // TestMarkerAfterFailover settles by marker on the promoted standby what the xid cannot:
