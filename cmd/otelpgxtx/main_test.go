@@ -299,12 +299,51 @@ func TestPlainCommitNeverAborted(t *testing.T) {
 	if err := srv.Exec(ctx, "drop table if exists cli_plain; create table cli_plain (id int primary key)"); err != nil {
 		t.Fatal(err)
 	}
-	tx, err := pool.Begin(ctx)
+	conn, err := pool.Acquire(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
-	pid := tx.Conn().PgConn().PID()
-	if _, err := tx.Exec(ctx, "set local synchronous_commit = on; insert into cli_plain values (1)"); err != nil {
+	terminateInSyncRep(t, ctx, conn, "insert into cli_plain values (1)")
+	conn.Release()
+	record := strings.TrimSpace(logs.String())
+	if !strings.Contains(record, `"tx.operation_id"`) || strings.Contains(record, `"tx.reconciliation.ref"`) {
+		t.Fatalf("want one indeterminate record with an operation id and no reference:\n%s", record)
+	}
+
+	cmd := exec.CommandContext(ctx, buildCLI(t), "reconcile", "-assert-marker", "public.cli_marker")
+	cmd.Env = append(os.Environ(), "DATABASE_URL="+srv.ConnString())
+	cmd.Stdin = strings.NewReader(record + "\n")
+	var stdout, stderr bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	_ = cmd.Run()
+	t.Logf("stdout: %s\nstderr: %s", stdout.String(), stderr.String())
+	if code := cmd.ProcessState.ExitCode(); code != exitUnknown || !strings.HasSuffix(stdout.String(), " resolved=unknown reason=no_reference\n") {
+		t.Errorf("exit %d, %q; want 1, unknown no_reference", code, stdout.String())
+	}
+	admin, err := srv.Conn(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer admin.Close(ctx)
+	var rows, fences int
+	if err := admin.QueryRow(ctx, "select (select count(*) from cli_plain), (select count(*) from cli_marker)").Scan(&rows, &fences); err != nil {
+		t.Fatal(err)
+	}
+	if rows != 1 || fences != 0 {
+		t.Errorf("the transaction's row: %d (it committed), marker rows: %d; want 1 and no fence", rows, fences)
+	}
+}
+
+// terminateInSyncRep runs sql in a transaction on conn and terminates its backend in
+// COMMIT's synchronous-replication wait: the commit is local, its reply never comes.
+func terminateInSyncRep(t *testing.T, ctx context.Context, conn *pgxpool.Conn, sql string) {
+	t.Helper()
+	tx, err := conn.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pid := conn.Conn().PgConn().PID()
+	if _, err := tx.Exec(ctx, "set local synchronous_commit = on; "+sql); err != nil {
 		t.Fatal(err)
 	}
 	committed := make(chan error, 1)
@@ -321,32 +360,54 @@ func TestPlainCommitNeverAborted(t *testing.T) {
 	if err := srv.WaitBackendGone(ctx, pid); err != nil {
 		t.Fatal(err)
 	}
-	record := strings.TrimSpace(logs.String())
-	if !strings.Contains(record, `"tx.operation_id"`) || strings.Contains(record, `"tx.reconciliation.ref"`) {
-		t.Fatalf("want one indeterminate record with an operation id and no reference:\n%s", record)
-	}
+}
 
-	cmd := exec.CommandContext(ctx, buildCLI(t), "reconcile", "-assert-marker", "public.cli_marker")
-	cmd.Env = append(os.Environ(), "DATABASE_URL="+srv.ConnString())
-	cmd.Stdin = strings.NewReader(record + "\n")
-	var stdout, stderr bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &stdout, &stderr
-	_ = cmd.Run()
-	t.Logf("stdout: %s\nstderr: %s", stdout.String(), stderr.String())
-	if code := cmd.ProcessState.ExitCode(); code != exitUnknown || !strings.HasSuffix(stdout.String(), " resolved=unknown reason=no_reference\n") {
-		t.Errorf("exit %d, %q; want 1, unknown no_reference", code, stdout.String())
-	}
-	conn, err := srv.Conn(ctx)
+// TestSearchPathMarker is the wrong answer that made the marker a function, through the
+// command: the application's session has SET search_path TO tenant, public and the tenant
+// schema a marker table of its own; a plain pgx COMMIT with WithCommitMarker(public …)
+// terminated in its synchronous-replication wait committed. Its log record, piped to the
+// command with no flag, answers committed; the tenant's table is untouched.
+func TestSearchPathMarker(t *testing.T) {
+	pgtest.LeakCheck(t)
+	ctx := testCtx(t)
+	var logs bytes.Buffer
+	pool := cliMarkerPool(t, ctx, otelpgxtx.WithLogger(slog.New(slog.NewJSONHandler(&logs, nil))),
+		otelpgxtx.WithCommitMarker(pgx.Identifier{"public", "cli_marker"}))
+	decoy, err := reconcile.MarkerTableDDL(pgx.Identifier{"cli_tenant", "cli_marker"})
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer conn.Close(ctx)
-	var rows, fences int
-	if err := conn.QueryRow(ctx, "select (select count(*) from cli_plain), (select count(*) from cli_marker)").Scan(&rows, &fences); err != nil {
+	if err := srv.Exec(ctx, "drop table if exists cli_sp; create table cli_sp (id int primary key); drop table if exists cli_tenant.cli_marker; "+decoy); err != nil {
 		t.Fatal(err)
 	}
-	if rows != 1 || fences != 0 {
-		t.Errorf("the transaction's row: %d (it committed), marker rows: %d; want 1 and no fence", rows, fences)
+	conn, err := pool.Acquire(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := conn.Exec(ctx, "set search_path to cli_tenant, public"); err != nil {
+		t.Fatal(err)
+	}
+	terminateInSyncRep(t, ctx, conn, "insert into public.cli_sp values (1)")
+	conn.Release()
+	record := strings.TrimSpace(logs.String())
+	if !strings.Contains(record, `;marker=`) || !strings.Contains(record, `\"postgres\".\"public\".\"cli_marker\"`) {
+		t.Fatalf("want one indeterminate record whose reference names postgres.public.cli_marker:\n%s", record)
+	}
+	code, out, _ := cli(t, ctx, record+"\n", "reconcile")
+	if code != exitSettled || !strings.HasSuffix(out, " resolved=committed\n") {
+		t.Errorf("exit %d, %q; want 0, committed", code, out)
+	}
+	admin, err := srv.Conn(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer admin.Close(ctx)
+	var rows, decoys int
+	if err := admin.QueryRow(ctx, "select (select count(*) from public.cli_sp), (select count(*) from cli_tenant.cli_marker)").Scan(&rows, &decoys); err != nil {
+		t.Fatal(err)
+	}
+	if rows != 1 || decoys != 0 {
+		t.Errorf("the transaction's row: %d, the tenant's marker rows: %d; want 1 and 0", rows, decoys)
 	}
 }
 
