@@ -1,7 +1,9 @@
 package otelpgxtx
 
 import (
+	"bytes"
 	"context"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"slices"
@@ -335,4 +337,60 @@ func TestCommitSpanSameWithCapture(t *testing.T) {
 			}
 		}
 	})
+}
+
+// TestOneCapture: Run and the tracer send the same bytes ahead of COMMIT for the same kind
+// of reference — the marker function's call, the xid read's — but for the operation id,
+// recorded at the proxy.
+func TestOneCapture(t *testing.T) {
+	ctx := testCtx(t)
+	table := newTable(t, ctx)
+	marker := newMarkerTable(t, ctx, srv.Exec)
+	commit := []byte("Q\x00\x00\x00\x0bcommit\x00")
+	for _, tc := range []struct {
+		name   string
+		opt    Option
+		policy Policy
+	}{{"marker", WithCommitMarker(marker), markerPolicy(marker)}, {"xid", WithCaptureReference(), DefaultPolicy()}} {
+		id := 2 * len(tc.name) // distinct rows for each kind, two each
+		t.Run(tc.name, func(t *testing.T) {
+			proxy := newProxy(t)
+			rec := proxy.Record()
+			// The call ahead of the last COMMIT of conversation i, its 16-byte argument (if
+			// any) zeroed.
+			callOf := func(i int) []byte {
+				t.Helper()
+				sent := rec.Conversations()[i].ClientBytes()
+				end := bytes.LastIndex(sent, commit)
+				start := bytes.LastIndexByte(sent[:end], 'F')
+				for start > 0 && int(binary.BigEndian.Uint32(sent[start+1:]))+1 != end-start {
+					start = bytes.LastIndexByte(sent[:start], 'F')
+				}
+				if end < 0 || start < 0 {
+					t.Fatalf("no call ahead of COMMIT in %q", sent)
+				}
+				call := bytes.Clone(sent[start:end])
+				if tc.name == "marker" {
+					clear(call[len(call)-2-16 : len(call)-2])
+				}
+				return call
+			}
+			h := newHarness(t, proxy.ConnString(srv.ConnString()), 1, tc.opt)
+			tx := mustBegin(t, ctx, h.pool)
+			defer func() { _ = tx.Rollback(ctx) }() // a failed test leaves no connection held
+			mustExec(t, ctx, tx, fmt.Sprintf("insert into %s values (%d)", table, id))
+			if err := tx.Commit(ctx); err != nil {
+				t.Fatal(err)
+			}
+			h.pool.Close()
+			plain := newHarness(t, proxy.ConnString(srv.ConnString()), 1)
+			if r := Run(ctx, plain.pool, tc.policy, insertFn(table, id+1)); r.Outcome() != outcome.OutcomeCommitted {
+				t.Fatalf("%T", r)
+			}
+			plain.pool.Close()
+			if a, b := callOf(0), callOf(1); !bytes.Equal(a, b) || len(a) < 10 {
+				t.Fatalf("the tracer sent %q ahead of COMMIT, Run %q", a, b)
+			}
+		})
+	}
 }
