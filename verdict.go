@@ -69,9 +69,10 @@ func (e endReasonError) Error() string {
 // answer is always about a transaction of the caller's. Do not share one Verdict between
 // transactions that run at the same time.
 //
-// Asking costs one allocation (NewVerdict); a tracer whose callers never ask pays nothing
-// for it. It never changes what pgx or database/sql return. Its methods are safe for
-// concurrent use.
+// Asking costs three allocations per transaction (NewVerdict's two, Result's one), about
+// 0.4 µs; the hooks allocate nothing for it, and until a process first calls NewVerdict they
+// do not even look for one. It never changes what pgx or database/sql return. Its methods
+// are safe for concurrent use.
 type Verdict struct {
 	mu  sync.Mutex
 	err error // a bad argument to NewVerdict

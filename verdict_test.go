@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"testing"
 
@@ -46,7 +47,7 @@ func TestVerdictCommitted(t *testing.T) {
 	ctx := testCtx(t)
 	h := newHarness(t, "", 2)
 	table := newTable(t, ctx)
-	for i, how := range []string{"begin", "commit", "BeginFunc"} {
+	for i, how := range []string{"begin", "commit", "BeginFunc", "by hand"} {
 		t.Run(how, func(t *testing.T) {
 			h.exp.Reset()
 			vctx, v := NewVerdict(ctx)
@@ -60,6 +61,11 @@ func TestVerdictCommitted(t *testing.T) {
 				tx := mustBegin(t, bctx, h.pool)
 				mustExec(t, ctx, tx, fmt.Sprintf("insert into %s (id) values (%d)", table, i+1))
 				err = tx.Commit(vctx)
+			case "by hand":
+				withConn(t, ctx, h, func(conn *pgx.Conn) {
+					mustExec(t, ctx, conn, "begin", fmt.Sprintf("insert into %s (id) values (%d)", table, i+1))
+					_, err = conn.Exec(vctx, "commit")
+				})
 			case "BeginFunc":
 				err = pgx.BeginFunc(vctx, h.pool, func(tx pgx.Tx) error {
 					_, err := tx.Exec(vctx, fmt.Sprintf("insert into %s (id) values (%d)", table, i+1))
@@ -479,5 +485,36 @@ func TestRetry(t *testing.T) {
 	}
 	if err := srv.WaitQuiet(ctx); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// TestVerdictCauses: the cause a rollback's Result carries when no error of the
+// application's showed one (unit test, fabricated verdicts).
+func TestVerdictCauses(t *testing.T) {
+	id := outcome.NewOperationID()
+	for _, tc := range []struct {
+		d    verdictData
+		want error
+		text string
+	}{
+		{verdictData{reason: "rolled_back"}, errRolledBack, ""},
+		{verdictData{reason: "commit_rollback"}, pgx.ErrTxCommitRollback, ""},
+		{verdictData{reason: ReasonConnectionClosed}, nil, "rolled back: connection_closed"},
+		{verdictData{reason: "commit_rollback", cause: errSoakAppRollback}, errSoakAppRollback, ""},
+	} {
+		tc.d.set, tc.d.outcome, tc.d.id, tc.d.phase = true, outcome.OutcomeRolledBack, id, outcome.PhaseActive
+		rb, ok := tc.d.result().(outcome.DeterminateRollback[struct{}])
+		switch {
+		case !ok:
+			t.Errorf("%s: not a rollback", tc.d.reason)
+		case tc.want != nil && !errors.Is(rb.Cause(), tc.want):
+			t.Errorf("%s: cause %v, want %v", tc.d.reason, rb.Cause(), tc.want)
+		case tc.text != "" && !strings.Contains(rb.Cause().Error(), tc.text):
+			t.Errorf("%s: cause %q, want it to say %q", tc.d.reason, rb.Cause(), tc.text)
+		}
+	}
+	ind := verdictData{set: true, outcome: outcome.OutcomeIndeterminate, id: id}
+	if r, ok := ind.result().(outcome.Indeterminate[struct{}]); !ok || !errors.Is(r.Cause(), errCommitUnobserved) {
+		t.Errorf("indeterminate without an error: %#v", ind.result())
 	}
 }
