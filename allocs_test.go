@@ -47,3 +47,29 @@ func TestHookAllocs(t *testing.T) {
 		t.Errorf("the Tracer adds %.1f allocations per unsampled transaction, want at most 3 (none per statement)", uc-ub)
 	}
 }
+
+// TestVerdictAllocs: a transaction begun and committed with a Verdict in its context
+// allocates no more in the hooks than one without (NewVerdict's own allocations are made
+// before, by the caller who asks), sampled and unsampled.
+func TestVerdictAllocs(t *testing.T) {
+	for _, s := range benchSamplings {
+		f := newBenchFake(t, benchC, s)
+		vctx, v := NewVerdict(context.Background())
+		run := func(ctx context.Context) float64 {
+			return testing.AllocsPerRun(200, func() {
+				if err := f.tx(ctx); err != nil {
+					t.Fatal(err)
+				}
+			})
+		}
+		plain, asked := run(context.Background()), run(vctx)
+		f.close()
+		if res, err := v.Result(); err != nil || res.Outcome().String() != "committed" {
+			t.Fatalf("%s: verdict %v, %v", s.name, res, err)
+		}
+		t.Logf("%s allocs/tx: %.1f without a Verdict, %.1f with", s.name, plain, asked)
+		if asked > plain {
+			t.Errorf("%s: %.1f allocations per transaction with a Verdict, %.1f without: want no more", s.name, asked, plain)
+		}
+	}
+}

@@ -345,6 +345,7 @@ func commit(ctx context.Context, sc *scope, tx pgx.Tx, held heldConn, p Policy, 
 		if q.folded {
 			f.answered(answer) // conclude's event answers COMMIT
 		}
+		f.endErr = cr.err
 		f.conclude(st, v)
 	}
 	return commitOutcome{verdict: v, err: cr.err, ref: cr.ref}

@@ -178,41 +178,47 @@ func BenchmarkHookPair(b *testing.B) {
 				base, head := newBenchPairSide(b, p[0], s), newBenchPairSide(b, p[1], s)
 				defer base.close()
 				defer head.close()
-				run := func(side benchPairSide, n int) {
-					for range n {
-						if err := side.run(); err != nil {
-							b.Fatal(err)
-						}
-					}
-				}
-				n := max(base.block, head.block)
-				block := func(side benchPairSide) (wall, cpu time.Duration) {
-					run(side, 2) // its caches warm again after the other side's block
-					c, t := benchProcessCPU(b), time.Now()
-					run(side, n)
-					return time.Since(t), benchProcessCPU(b) - c
-				}
-				var walls, cpus []float64
-				for i := 0; b.Loop(); i++ {
-					base.quiet()
-					head.quiet()
-					runtime.GC()
-					var bw, bc, hw, hc time.Duration
-					if i%2 == 0 {
-						bw, bc = block(base)
-						hw, hc = block(head)
-					} else {
-						hw, hc = block(head)
-						bw, bc = block(base)
-					}
-					walls = append(walls, float64(hw-bw)/float64(n))
-					cpus = append(cpus, float64(hc-bc)/float64(n))
-				}
-				b.ReportMetric(benchMedian(walls), "Δns/tx")
-				b.ReportMetric(benchMedian(cpus), "Δcpu-ns/tx")
+				benchPair(b, base, head)
 			})
 		}
 	}
+}
+
+// benchPair is one pair of BenchmarkHookPair: the median of head's difference from base
+// per transaction, their blocks alternating, each after a flush and a collection.
+func benchPair(b *testing.B, base, head benchPairSide) {
+	run := func(side benchPairSide, n int) {
+		for range n {
+			if err := side.run(); err != nil {
+				b.Fatal(err)
+			}
+		}
+	}
+	n := max(base.block, head.block)
+	block := func(side benchPairSide) (wall, cpu time.Duration) {
+		run(side, 2) // its caches warm again after the other side's block
+		c, t := benchProcessCPU(b), time.Now()
+		run(side, n)
+		return time.Since(t), benchProcessCPU(b) - c
+	}
+	var walls, cpus []float64
+	for i := 0; b.Loop(); i++ {
+		base.quiet()
+		head.quiet()
+		runtime.GC()
+		var bw, bc, hw, hc time.Duration
+		if i%2 == 0 {
+			bw, bc = block(base)
+			hw, hc = block(head)
+		} else {
+			hw, hc = block(head)
+			bw, bc = block(base)
+		}
+		walls = append(walls, float64(hw-bw)/float64(n))
+		cpus = append(cpus, float64(hc-bc)/float64(n))
+	}
+	b.ReportMetric(benchMedian(walls), "Δns/tx")
+	b.ReportMetric(benchMedian(cpus), "Δcpu-ns/tx")
 }
 
 // benchMedian returns the median of xs, which it sorts.

@@ -40,6 +40,16 @@
 // the outcome as a sealed [outcome.Result]; a reconciler (package reconcile; or
 // [WithAutoReconcile]) settles indeterminate commits from the database's own records.
 //
+// # After Commit returns
+//
+// Code that keeps its own tx.Commit(ctx), pgx.BeginFunc or database/sql tx.Commit() asks
+// how the transaction ended with a [Verdict]: begin or end it with the context of
+// [NewVerdict] (for database/sql, the context given to BeginTx), then call
+// [Verdict.Result], an [outcome.Result] as Run's. Retry only a DeterminateRollback that is
+// Retryable; hand an Indeterminate to reconciliation, never to a replay. [Retry] is that
+// loop. [ErrNoVerdict] says the tracer cannot know (an uninstrumented connection, another
+// context).
+//
 // # Options
 //
 // There are three kinds, one for each thing configured, each with its own type so that

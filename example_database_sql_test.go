@@ -18,8 +18,9 @@ import (
 // database/sql: instrument a pgx pool, then open a *sql.DB on it with
 // stdlib.OpenDBFromPool. Every database/sql transaction is a pgx transaction on one of the
 // pool's connections, so it becomes a frame span with its tx.outcome, like any other.
-// Run needs a pgx.Tx, so database/sql code reads its outcome from the spans, the metrics
-// and the WithLogger records. The in-memory exporter stands in for an OTLP one, so that
+// Run needs a pgx.Tx; database/sql code asks for its outcome with a Verdict
+// (ExampleNewVerdict), and finds it in the spans, the metrics and the WithLogger records.
+// The in-memory exporter stands in for an OTLP one, so that
 // the example can print what was recorded.
 func Example_databaseSQL() {
 	ctx := context.Background()
@@ -54,7 +55,7 @@ func Example_databaseSQL() {
 		log.Fatal(err)
 	}
 	if err := tx.Commit(); err != nil {
-		log.Print(err) // the span says whether this was a rollback or an unknown commit
+		log.Print(err) // a Verdict says whether this was a rollback or an unknown commit (ExampleNewVerdict)
 	}
 
 	for _, s := range exp.GetSpans() {

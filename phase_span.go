@@ -69,8 +69,16 @@ type frame struct {
 	firstErr          classifier.Verdict // the verdict of the first failed query, if any
 	hasErr            bool
 	verdict           classifier.Verdict // the final verdict, once concluded
-	isolation         string
-	accessMode        string
+	// For a Verdict (verdict.go): asked is the one in the context the frame began in, or
+	// nil; firstCause the error of the first failed query; endErr the error of the query
+	// that concluded the frame; endedIn the phase it was concluded from.
+	asked      *Verdict
+	firstCause error
+	endErr     error
+	endedIn    outcome.Phase
+
+	isolation  string
+	accessMode string
 	// wrote: a statement that may write was sent in the transaction; readOnly: it began
 	// READ ONLY. Commit references are taken only for a frame that wrote and can.
 	wrote, readOnly bool
@@ -192,6 +200,9 @@ func (t *Tracer) startFrame(ctx context.Context, conn *pgx.Conn, st *connState, 
 	if phase != outcome.PhaseNotStarted {
 		f.transition(phase)
 	}
+	if f.asked = verdictFrom(ctx); f.asked != nil {
+		f.asked.began()
+	}
 	st.frame = f
 	return f
 }
@@ -221,6 +232,7 @@ func (f *frame) conclude(st *connState, v classifier.Verdict) {
 	if !f.concluded.CompareAndSwap(false, true) {
 		return
 	}
+	f.endedIn = f.currentPhase()
 	var to outcome.Phase
 	switch v.Evidence() {
 	case classifier.EvidenceCommitted:
@@ -245,6 +257,9 @@ func (f *frame) conclude(st *connState, v classifier.Verdict) {
 	}
 	if f.parent != nil && f.parent.span.IsRecording() {
 		f.parent.span.AddEvent(EventResumed, trace.WithAttributes(OperationIDKey.String(f.id.String())))
+	}
+	if f.asked != nil {
+		f.asked.frameEnded(f)
 	}
 	if !f.managed {
 		f.t.endFrame(f, f.outcomeOf(), nil)

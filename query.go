@@ -162,6 +162,9 @@ func (t *Tracer) afterQuery(ctx context.Context, conn *pgx.Conn, st *connState, 
 		err = q.batch.err
 	}
 	f.judgeErr(ctx, err)
+	if err != nil {
+		f.endErr = err // the cause, should this query conclude the frame
+	}
 	switch f.currentPhase() {
 	case outcome.PhaseNotStarted:
 		if !inTx {
@@ -182,6 +185,23 @@ func (t *Tracer) afterQuery(ctx context.Context, conn *pgx.Conn, st *connState, 
 		next := t.startFrame(f.chainCtx(), conn, st, outcome.PhaseActive, "", f)
 		next.isolation, next.accessMode = f.isolation, f.accessMode
 	}
+	if v := verdictFrom(ctx); v != nil {
+		callVerdict(v, f, q, err, inTx)
+	}
+}
+
+// callVerdict records in v, the Verdict in the context of a query of f's transaction, what
+// that query ended: f itself, or a savepoint of it. A Verdict f began with already has
+// f's verdict.
+func callVerdict(v *Verdict, f *frame, q *queryState, err error, inTx bool) {
+	switch {
+	case !f.open():
+		if v != f.asked {
+			v.frameEnded(f)
+		}
+	case err == nil && inTx && (q.set.has(stmtRelease) || q.set.has(stmtRollbackTo)) && !q.set.has(stmtSavepoint):
+		v.savepointEnded(f, q.set.has(stmtRollbackTo))
+	}
 }
 
 // afterActiveQuery judges a query that ran while f was active: a failure is kept as the
@@ -200,6 +220,7 @@ func (t *Tracer) afterActiveQuery(st *connState, f *frame, q *queryState, err er
 	}
 	if err != nil && !f.hasErr {
 		f.firstErr, f.hasErr = classifier.Classify(outcome.PhaseActive, err, facts), true
+		f.firstCause = err
 	}
 	switch {
 	case q.set.rollsBack() || !inTx:

@@ -202,16 +202,21 @@ func txIntact(tx pgx.Tx) bool {
 func runOwner[T any](ctx context.Context, db DB, p Policy, fn func(context.Context, pgx.Tx) (T, error)) outcome.Result[T] {
 	for n := 1; ; n++ {
 		res, retry := runAttempt(ctx, db, p, fn, n)
-		if !retry {
+		if !retry || !waitBackoff(ctx, p, n) {
 			return res
 		}
-		timer := time.NewTimer(backoff(p, n))
-		select {
-		case <-ctx.Done():
-			timer.Stop()
-			return res
-		case <-timer.C:
-		}
+	}
+}
+
+// waitBackoff waits the backoff before attempt n+1, and reports false if ctx ended first.
+func waitBackoff(ctx context.Context, p Policy, n int) bool {
+	timer := time.NewTimer(backoff(p, n))
+	defer timer.Stop()
+	select {
+	case <-ctx.Done():
+		return false
+	case <-timer.C:
+		return true
 	}
 }
 

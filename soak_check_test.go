@@ -170,8 +170,14 @@ type soakCheck struct {
 	bad []soakViolation
 	ops []soakOp // the operations that ran
 
-	// databaseRows: the table, each row's id and the operation id it names.
-	rows map[int64]string
+	// databaseRows: the table, each row's id and the operation id it names; the
+	// increments' counters by operation, and the frames that committed one.
+	rows     map[int64]string
+	counters map[int64]int
+	incrBy   map[string]int64
+
+	// increments: by arm (retry on error, with the verdict), the report's counts.
+	incr map[string]*soakIncrCounts
 
 	// spansEndedOnce: the frame spans, how many spans of the library's scope started and
 	// ended, and the tx.reconcile spans by operation id (before the checker's own).
@@ -257,6 +263,40 @@ func (c *soakCheck) databaseRows() {
 	if err := r.Err(); err != nil {
 		t.Fatal(err)
 	}
+	c.counters, c.incrBy = map[int64]int{}, map[string]int64{}
+	var id int64
+	var n int
+	var frame string
+	c.scanRows("select id, n from soak_counter", func() { c.counters[id] = n }, &id, &n)
+	c.scanRows("select frame, id from soak_incr", func() { c.incrBy[frame] = id }, &frame, &id)
+}
+
+// scanRows scans each row of query into dst and calls each after it.
+func (c *soakCheck) scanRows(query string, each func(), dst ...any) {
+	r, err := c.s.admin.Query(c.ctx, query)
+	if err != nil {
+		c.t.Fatal(err)
+	}
+	for r.Next() {
+		if err := r.Scan(dst...); err != nil {
+			c.t.Fatal(err)
+		}
+		each()
+	}
+	if err := r.Err(); err != nil {
+		c.t.Fatal(err)
+	}
+}
+
+// committedBy reports whether the table holds what frame (an operation id) of op
+// wrote: op's row naming it, or, for an increment, its soak_incr row.
+func (c *soakCheck) committedBy(op *soakOp, frame string) bool {
+	if op.incr {
+		id, ok := c.incrBy[frame]
+		return ok && id == op.id
+	}
+	row, present := c.rows[op.id]
+	return present && row == frame
 }
 
 // spansEndedOnce checks that every span of the library's scope that started was ended
@@ -304,6 +344,9 @@ func (c *soakCheck) framesAgainstRows() {
 		fs := byParent[op.span]
 		orphans -= len(fs)
 		row, present := c.rows[op.id]
+		if op.incr {
+			present, row = false, "" // its rows are in soak_counter and soak_incr
+		}
 		known := false
 		for _, f := range fs {
 			c.opOfFrame[f] = op
@@ -318,7 +361,7 @@ func (c *soakCheck) framesAgainstRows() {
 			if f.outcome == "indeterminate" {
 				c.indetFrames[op.mode()]++
 			}
-			here := present && row == f.op
+			here := c.committedBy(op, f.op)
 			known = known || here
 			switch f.outcome {
 			case "committed", "committed_with_post_commit_failure":
@@ -348,7 +391,11 @@ func (c *soakCheck) framesAgainstRows() {
 			c.checkRun(op, fs, present, row)
 			c.resultOutcomes[soakPathKey{"run", op.res.Outcome().String()}]++
 		} else {
-			c.checkPlain(op, fs, present)
+			if op.incr {
+				c.checkIncrement(op, fs)
+			} else {
+				c.checkPlain(op, fs, present)
+			}
 			o := "none (BEGIN failed before a frame)"
 			if len(fs) > 0 {
 				o = fs[len(fs)-1].outcome
@@ -418,8 +465,7 @@ func (c *soakCheck) automaticReconciliation() {
 		if (f.ref != "") == (r.Reason() == reconcile.ReasonNoReference) {
 			c.fail(op.id, "frame %s with reference %q reconciled automatically %s", f.op, f.ref, key)
 		}
-		row, present := c.rows[op.id]
-		here := present && row == f.op
+		here := c.committedBy(op, f.op)
 		if got[0].CommittedLocally != f.committedLocally {
 			c.fail(op.id, "frame %s: committed_locally %v, the reconciliation says %v", f.op, f.committedLocally, got[0].CommittedLocally)
 		}
@@ -518,8 +564,7 @@ func (c *soakCheck) reconcilingReferences() {
 		if op == nil {
 			continue
 		}
-		row, present := c.rows[op.id]
-		here := present && row == f.op
+		here := c.committedBy(op, f.op)
 		c.resolvedRefs[f.outcome+" → "+soakResolutionLabel(got)]++
 		if f.outcome == "indeterminate" && !op.run {
 			// Plain pgx has no Result: its indeterminate frames are what Reconcile settles.
@@ -624,6 +669,13 @@ func (c *soakCheck) report(workload, total time.Duration) {
 		fmt.Fprintf(tw, "  %s\t%d\t\n", k, c.resolvedRefs[k])
 	}
 	tw.Flush()
+	fmt.Fprintln(&b, "\nnon-idempotent increments through a retry loop, by arm: operations, calls, applications, applied twice or more,")
+	fmt.Fprintln(&b, "indeterminate verdicts, of those with a reference, settled by reconciliation:")
+	for _, arm := range slices.Sorted(maps.Keys(c.incr)) {
+		k := c.incr[arm]
+		fmt.Fprintf(tw, "  %s\t%d\t%d\t%d\t%d\t%d\t%d\t%d\t\n", arm, k.ops, k.calls, k.applied, k.double, k.indeterminate, k.withRef, k.settled)
+	}
+	tw.Flush()
 	fmt.Fprintf(&b, "\nmisclassifications: %d\n", len(c.bad))
 	t.Log(b.String())
 	for i, v := range c.bad {
@@ -693,7 +745,8 @@ func (o *soakOp) describe() string {
 		name string
 	}{{o.syncRep, "syncrep"}, {o.control == soakCommitCancel, "cancellable"}, {o.control == soakCommitDeadline, "deadline"},
 		{o.dup, "dup"}, {o.serial, "serializable"}, {o.appRollback, "app-rollback"}, {o.pause, "pause"},
-		{o.postCommitFail, "post-commit-fail"}, {o.participant, "participant"}, {o.marker, "marker"}} {
+		{o.postCommitFail, "post-commit-fail"}, {o.participant, "participant"}, {o.marker, "marker"},
+		{o.incr, "increment"}, {o.verdict, "verdict"}, {o.ref != "", "ref=" + o.ref}} {
 		if f.on {
 			parts = append(parts, f.name)
 		}
@@ -709,6 +762,8 @@ func (o *soakOp) describe() string {
 				parts = append(parts, fmt.Sprintf("cause=%v", r.Cause()))
 			}
 		}
+	} else if o.incr {
+		parts = append(parts, fmt.Sprintf("calls=%d error=%v verdicts=%d", o.calls, o.err, len(o.verdicts)))
 	} else {
 		if o.failedAt != "" {
 			parts = append(parts, "failed at "+o.failedAt+": "+fmt.Sprint(o.err))
@@ -718,6 +773,91 @@ func (o *soakOp) describe() string {
 		}
 	}
 	return strings.Join(parts, " ")
+}
+
+// soakIncrCounts are the report's counts of one arm of the increments.
+type soakIncrCounts struct {
+	ops, calls, applied, double int
+	// indeterminate: verdicts Indeterminate; settled: of those, with a reference, the ones
+	// reconciliation (in the loop, or else automatic) answered other than unknown.
+	indeterminate, withRef, settled int
+}
+
+// soakIncrArm names an increment's retry loop.
+func soakIncrArm(op *soakOp) string {
+	if op.verdict {
+		return "Retry + verdict + reconcile"
+	}
+	return "retry on error"
+}
+
+// checkIncrement: the counter says how often the increment was applied; soak_incr which
+// frames applied it (each checked against its span by framesAgainstRows). With the
+// verdict, it is never applied twice, each verdict is its frame's tx.outcome, and each
+// indeterminate one with a marker reference is settled by reconciliation.
+func (c *soakCheck) checkIncrement(op *soakOp, fs []*soakFrame) {
+	if c.incr == nil {
+		c.incr = map[string]*soakIncrCounts{}
+	}
+	arm := soakIncrArm(op)
+	k := c.incr[arm]
+	if k == nil {
+		k = &soakIncrCounts{}
+		c.incr[arm] = k
+	}
+	n := c.counters[op.id]
+	k.ops++
+	k.calls += op.calls
+	k.applied += n
+	logged := 0
+	for _, f := range fs {
+		if c.committedBy(op, f.op) {
+			logged++
+		}
+	}
+	if logged != n {
+		c.fail(op.id, "counter %d, but %d of its frames are in soak_incr [%s]", n, logged, op.describe())
+	}
+	if n > 1 {
+		k.double++
+		if op.verdict {
+			c.fail(op.id, "applied %d times through Retry with the verdict [%s]", n, op.describe())
+		}
+	}
+	outcomeOf := map[string]string{}
+	for _, f := range fs {
+		outcomeOf[f.op] = f.outcome
+	}
+	c.s.autoMu.Lock()
+	defer c.s.autoMu.Unlock()
+	for _, res := range op.verdicts {
+		id := res.OperationID().String()
+		if got := outcomeOf[id]; got != res.Outcome().String() {
+			c.fail(op.id, "verdict %s of frame %s, whose span says %q [%s]", res.Outcome(), id, got, op.describe())
+		}
+		ind, ok := res.(outcome.Indeterminate[struct{}])
+		if !ok {
+			continue
+		}
+		k.indeterminate++
+		ref, hasRef := ind.Reference()
+		if !hasRef {
+			continue
+		}
+		k.withRef++
+		settled := false
+		for _, a := range op.answers {
+			settled = settled || a.Status() != reconcile.Unknown && a.Reference() == ref
+		}
+		for _, r := range c.s.auto[id] {
+			settled = settled || r.Answer.Status() != reconcile.Unknown
+		}
+		if settled {
+			k.settled++
+		} else if ref.HasMarker() {
+			c.fail(op.id, "indeterminate verdict of frame %s, with a marker reference, never settled [%s]", id, op.describe())
+		}
+	}
 }
 
 // checkPlain: the plain caller's own view must agree with the span.

@@ -158,6 +158,10 @@ type soak struct {
 	refPools map[string][2]*pgxpool.Pool
 	proxy    *pgtest.Proxy
 	admin    *pgxpool.Pool // uninstrumented, for the reconciler and the checker
+	// rec reconciles the increments' indeterminate verdicts in the workload, with no
+	// spans of its own: the checker compares the tx.reconcile spans with the automatic
+	// reconciliation's answers.
+	rec *reconcile.Reconciler
 	// cluster, when not nil, replaces srv: the workload follows its primary, and the
 	// nemesis's server events alternate between a failover and a crash of the primary.
 	cluster *pgtest.Cluster
@@ -286,7 +290,9 @@ func newSoak(t *testing.T, ctx context.Context, cfg soakConfig, cluster *pgtest.
 	if err := first.Exec(ctx, "drop table if exists soak_marker; "+markerDDL); err != nil {
 		t.Fatal(err)
 	}
-	if err := first.Exec(ctx, `drop table if exists soak_rows, soak_shared;
+	if err := first.Exec(ctx, `drop table if exists soak_rows, soak_shared, soak_counter, soak_incr;
+		create table soak_counter (id bigint primary key, n int not null);
+		create table soak_incr (frame text primary key, id bigint not null);
 		create table soak_rows (id bigint primary key, k bigint unique deferrable initially deferred, op text not null, path text not null);
 		create table soak_shared (id int primary key, v bigint not null);
 		insert into soak_shared select g, 0 from generate_series(1, 4) g;
@@ -310,6 +316,9 @@ func newSoak(t *testing.T, ctx context.Context, cfg soakConfig, cluster *pgtest.
 		t.Fatal(err)
 	}
 	t.Cleanup(s.admin.Close)
+	if s.rec, err = reconcile.New(s.admin, reconcile.WithWait(2*time.Second, 10*time.Millisecond)); err != nil {
+		t.Fatal(err)
+	}
 	perPool := int32(max(2, cfg.workers))
 	mkPool := func(connString string, opts ...Option) *pgxpool.Pool {
 		pc, err := pgxpool.ParseConfig(connString)

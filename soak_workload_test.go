@@ -17,6 +17,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/txevidence/otelpgxtx/outcome"
+	"github.com/txevidence/otelpgxtx/reconcile"
 )
 
 // soakCommitControl says how an operation's COMMIT may be interrupted from the client side.
@@ -50,12 +51,21 @@ type soakOp struct {
 	// ref: plain pgx: the commit references of its pool ("", "xid": WithCaptureReference,
 	// "marker": WithCommitMarker).
 	ref string
+	// incr: plain pgx, not idempotent: increments the operation's counter row, through a
+	// retry loop (runIncrement): a plain retry on error, or, with verdict, Retry and
+	// reconciliation.
+	incr, verdict bool
 
 	// Plain pgx: what the caller saw.
 	failedAt  string // "", "begin", "statement"
 	err       error
 	committed bool // Commit was called
 	commitErr error
+
+	// incr with verdict: the verdict of each Retry call, and the answers of the
+	// reconciliations of its indeterminate ones.
+	verdicts []outcome.Result[struct{}]
+	answers  []reconcile.Answer
 
 	// Run.
 	res   outcome.Result[int64]
@@ -128,6 +138,10 @@ func (s *soak) plan(op *soakOp, id int64, rng *rand.Rand) {
 		op.marker = rng.IntN(2) == 0
 	} else {
 		op.ref = [...]string{"", "xid", "marker"}[rng.IntN(3)]
+		op.incr = rng.IntN(100) < 30
+		op.verdict = op.incr && rng.IntN(2) == 0
+		op.dup = op.dup && !op.incr // the deferred unique column is soak_rows'
+		op.appRollback = op.appRollback && !op.incr
 	}
 }
 
@@ -169,9 +183,12 @@ func (s *soak) runOp(ctx context.Context, op *soakOp, rng *rand.Rand) {
 		attribute.Int64("soak.id", op.id), attribute.String("soak.path", op.path()), attribute.String("soak.via", op.via)))
 	defer span.End()
 	op.span = span.SpanContext().SpanID()
-	if op.run {
+	switch {
+	case op.run:
 		s.runWithRun(ctx, op, rng)
-	} else {
+	case op.incr:
+		s.runIncrement(ctx, op, rng)
+	default:
 		s.runPlain(ctx, op, rng)
 	}
 }
@@ -192,12 +209,23 @@ func (s *soak) body(ctx context.Context, tx pgx.Tx, op *soakOp, opID string, rng
 			return err
 		}
 	}
-	k := op.id
-	if op.dup {
-		k = 0 // the seed row's: the deferred unique check fails at COMMIT
-	}
-	if _, err := tx.Exec(ctx, "insert into soak_rows (id, k, op, path) values ($1, $2, $3, $4)", op.id, k, opID, op.path()); err != nil {
-		return err
+	if op.incr {
+		// Not idempotent: each commit adds one. soak_incr names the frame that did, for
+		// the checker's ground truth per frame.
+		if _, err := tx.Exec(ctx, "insert into soak_counter (id, n) values ($1, 1) on conflict (id) do update set n = soak_counter.n + 1", op.id); err != nil {
+			return err
+		}
+		if _, err := tx.Exec(ctx, "insert into soak_incr (frame, id) values ($1, $2)", opID, op.id); err != nil {
+			return err
+		}
+	} else {
+		k := op.id
+		if op.dup {
+			k = 0 // the seed row's: the deferred unique check fails at COMMIT
+		}
+		if _, err := tx.Exec(ctx, "insert into soak_rows (id, k, op, path) values ($1, $2, $3, $4)", op.id, k, opID, op.path()); err != nil {
+			return err
+		}
 	}
 	if op.pause {
 		soakThink(ctx, time.Duration(rng.IntN(4000))*time.Microsecond)
@@ -285,6 +313,83 @@ func (s *soak) runPlain(ctx context.Context, op *soakOp, rng *rand.Rand) {
 	op.committed = true
 	op.commitErr = tx.Commit(cctx)
 	release()
+}
+
+// soakIncrCalls bounds the calls of an increment's retry loop.
+const soakIncrCalls = 4
+
+// runIncrement runs an increment through the retry loop callers write: without the
+// verdict, again on every error (a replay of a commit that did apply applies it twice);
+// with it, Retry (again only after a retryable rollback) and, for an indeterminate
+// commit with a reference, reconciliation, again only when it answers aborted.
+func (s *soak) runIncrement(ctx context.Context, op *soakOp, rng *rand.Rand) {
+	if !op.verdict {
+		for range soakIncrCalls {
+			op.calls++
+			if _, op.err = s.incrOnce(ctx, op, rng); op.err == nil || ctx.Err() != nil {
+				return
+			}
+			soakThink(ctx, time.Duration(1+rng.IntN(5))*time.Millisecond)
+		}
+		return
+	}
+	for op.calls < soakIncrCalls && ctx.Err() == nil {
+		began := false
+		res, err := Retry(ctx, soakIncrCalls-op.calls, func(ctx context.Context) error {
+			op.calls++
+			var err error
+			began, err = s.incrOnce(ctx, op, rng)
+			return err
+		})
+		op.err = err
+		if res == nil {
+			if errors.Is(err, ErrNoVerdict) && !began {
+				// The pool could not even begin (the server is down): nothing was sent.
+				soakThink(ctx, time.Duration(2+rng.IntN(10))*time.Millisecond)
+				continue
+			}
+			return
+		}
+		op.verdicts = append(op.verdicts, res)
+		ind, ok := res.(outcome.Indeterminate[struct{}])
+		if !ok {
+			return
+		}
+		if _, hasRef := ind.Reference(); !hasRef {
+			return // never replayed; nothing to ask the database
+		}
+		ans, err := reconcile.Indeterminate(ctx, s.rec, ind)
+		if err != nil {
+			return // unknown for now: automatic reconciliation settles it
+		}
+		op.answers = append(op.answers, ans)
+		if ans.Status() != reconcile.Aborted && ans.Status() != reconcile.NoWrites {
+			return
+		}
+	}
+}
+
+// incrOnce is one increment transaction, plain pgx; began says whether BEGIN was sent.
+func (s *soak) incrOnce(ctx context.Context, op *soakOp, rng *rand.Rand) (began bool, err error) {
+	opts := pgx.TxOptions{}
+	if op.serial {
+		opts.IsoLevel = pgx.Serializable
+	}
+	tx, err := s.pool(op).BeginTx(ctx, opts)
+	if err != nil {
+		return false, err
+	}
+	opID := ""
+	if f := frameOfTx(tx); f != nil {
+		opID = f.id.String()
+	}
+	if err := s.body(ctx, tx, op, opID, rng); err != nil {
+		_ = tx.Rollback(ctx)
+		return true, err
+	}
+	cctx, release := s.commitContext(ctx, op, tx.Conn().PgConn().PID(), rng)
+	defer release()
+	return true, tx.Commit(cctx)
 }
 
 // runWithRun is the executor path, with reference capture on.

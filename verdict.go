@@ -1,0 +1,259 @@
+package otelpgxtx
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+
+	"github.com/jackc/pgx/v5"
+	"go.opentelemetry.io/otel/trace"
+
+	"github.com/txevidence/otelpgxtx/classifier"
+	"github.com/txevidence/otelpgxtx/internal/schema"
+	"github.com/txevidence/otelpgxtx/outcome"
+)
+
+// ErrNoVerdict is wrapped by the error of [Verdict.Result] when the tracer cannot say how
+// the transaction ended: no instrumented transaction was begun or ended with the
+// Verdict's context (the connection is not instrumented, or the calls were made with
+// another context), or the transaction begun with it has not ended yet. Nothing can be
+// concluded from it: treat it as you would an error without the library, and never as
+// a rollback.
+var ErrNoVerdict = errors.New("otelpgxtx: no verdict")
+
+// errRolledBack is the cause of a deliberate rollback: the application's own ROLLBACK,
+// with nothing gone wrong.
+var errRolledBack = errors.New("otelpgxtx: the transaction was rolled back by the application (ROLLBACK)")
+
+// errSavepointRolledBack is the cause of the verdict of a ROLLBACK TO SAVEPOINT: the
+// savepoint's work is undone, the transaction goes on.
+var errSavepointRolledBack = errors.New("otelpgxtx: rolled back to the savepoint; the transaction goes on")
+
+// endReasonError is the cause of a rollback that no error of the application's showed:
+// the frame ended for reason (a classifier or tracer reason, e.g. connection_closed).
+type endReasonError struct{ reason string }
+
+func (e endReasonError) Error() string {
+	return "otelpgxtx: the transaction was rolled back: " + e.reason
+}
+
+// Verdict receives how the transaction that the caller ends ended, as the tracer
+// concluded it, for code that uses pgx or database/sql directly rather than [Run]. Make
+// one per transaction attempt with [NewVerdict], begin or end the transaction with the
+// context it returns, and ask [Verdict.Result] once the call that ended it (Commit,
+// Rollback, pgx.BeginFunc, a COMMIT sent by hand) has returned:
+//
+//	ctx, verdict := otelpgxtx.NewVerdict(ctx)
+//	err := pgx.BeginFunc(ctx, pool, work) // or pool.Begin(ctx) … tx.Commit(ctx), or db.BeginTx(ctx, nil) … tx.Commit()
+//	if err != nil {
+//		res, verr := verdict.Result()
+//		// DeterminateRollback with Retryable(): retry; Indeterminate: reconcile, never replay.
+//	}
+//
+// It answers for one transaction, whether or not its frame was sampled or filtered:
+//
+//   - the frame begun (BEGIN) with its context, when that frame ends, by whatever call
+//     or on whatever goroutine it ends (so database/sql's Commit, which takes no context,
+//     answers through the context given to BeginTx);
+//   - the frame ended by a call made with its context (Commit(ctx), Exec(ctx, "commit"));
+//   - a savepoint released with its context (pgx's pseudo-nested Tx.Commit): Participating,
+//     as [Run]'s Nested is: the work joined the transaction, which is not committed yet; a
+//     savepoint rolled back to: a DeterminateRollback that is not retryable, its
+//     transaction going on.
+//
+// The last of these to happen is the answer. A frame begun with the context and not yet
+// ended, or no frame at all, is [ErrNoVerdict]. Since the context belongs to the caller,
+// a pooled connection handed to another goroutine after Commit never writes to it: the
+// answer is always about a transaction of the caller's. Do not share one Verdict between
+// transactions that run at the same time.
+//
+// Asking costs three allocations per transaction (NewVerdict's two, Result's one), about
+// 0.4 µs; the hooks allocate nothing for it, and until a process first calls NewVerdict they
+// do not even look for one. It never changes what pgx or database/sql return. Its methods
+// are safe for concurrent use.
+type Verdict struct {
+	mu  sync.Mutex
+	err error // a bad argument to NewVerdict
+	d   verdictData
+}
+
+// verdictData is what a Verdict holds of the transaction, replaced whole at each record.
+type verdictData struct {
+	open    bool // a frame began with the context and has not ended
+	set     bool
+	outcome outcome.Outcome
+	id      outcome.OperationID
+	// phase is the phase a rollback became certain in.
+	phase            outcome.Phase
+	retryable        bool
+	committedLocally bool
+	ref              outcome.ReconciliationRef
+	hasRef           bool
+	cause            error  // the failure, nil when reason tells
+	reason           string // the verdict's reason, for a cause no error showed
+	span             trace.SpanContext
+}
+
+// verdictKey is the context key of a *Verdict.
+type verdictKey struct{}
+
+// verdictsAsked is set by the first NewVerdict: until then no hook looks for a Verdict in
+// a context, so that a tracer whose callers never ask pays not even the lookup.
+var verdictsAsked atomic.Bool
+
+// NewVerdict returns a context carrying a new [Verdict], and the Verdict. Begin or end one
+// transaction with the context (see Verdict). A nil ctx is a bad argument: the
+// Verdict's Result then returns an error wrapping [ErrInvalidArgument], and the context
+// returned is context.Background, so that nothing panics.
+func NewVerdict(ctx context.Context) (context.Context, *Verdict) {
+	v := &Verdict{}
+	if ctx == nil {
+		v.err = invalid("NewVerdict: nil context")
+		return context.Background(), v
+	}
+	verdictsAsked.Store(true)
+	return context.WithValue(ctx, verdictKey{}, v), v
+}
+
+// verdictFrom returns the Verdict ctx carries, or nil; without a lookup until one was made.
+func verdictFrom(ctx context.Context) *Verdict {
+	if !verdictsAsked.Load() || ctx == nil {
+		return nil
+	}
+	v, _ := ctx.Value(verdictKey{}).(*Verdict)
+	return v
+}
+
+// Result returns how the transaction ended, as one of the variants of [outcome.Result]
+// (with no value: struct{}):
+//
+//   - Committed: the commit was confirmed; CommittedLocally says its synchronous
+//     replication was not;
+//   - DeterminateRollback: rolled back for certain; Retryable() says whether running the
+//     whole transaction again is safe and may succeed (serialization failure, deadlock,
+//     connection lost before COMMIT was sent); Cause() is the first failure, or why it
+//     ended;
+//   - Indeterminate: COMMIT was sent and its fate is unknown: never replay it. Reference()
+//     is the reconciliation reference when the tracer captured one ([WithCaptureReference],
+//     [WithCommitMarker]); hand it to package reconcile (reconcile.Indeterminate), or wait
+//     for [WithAutoReconcile]'s callback with its OperationID();
+//   - Participating: a savepoint was released: nothing is committed yet.
+//
+// OperationID() is the frame's tx.operation_id. When the tracer cannot know, the error
+// wraps [ErrNoVerdict] and says why; a nil Verdict, or one from NewVerdict(nil), is an
+// error wrapping [ErrInvalidArgument].
+func (v *Verdict) Result() (outcome.Result[struct{}], error) {
+	if v == nil {
+		return nil, invalid("Verdict.Result: nil *Verdict")
+	}
+	v.mu.Lock()
+	d := v.d
+	err := v.err
+	v.mu.Unlock()
+	switch {
+	case err != nil:
+		return nil, err
+	case !d.set && d.open:
+		return nil, fmt.Errorf("%w: the transaction begun with this context has not ended", ErrNoVerdict)
+	case !d.set:
+		return nil, fmt.Errorf("%w: no transaction of an instrumented connection was begun or ended with this context", ErrNoVerdict)
+	}
+	return d.result(), nil
+}
+
+// result is d's verdict as a Result.
+func (d *verdictData) result() outcome.Result[struct{}] {
+	switch d.outcome {
+	case outcome.OutcomeCommitted:
+		return outcome.NewCommitted(d.id, struct{}{}, d.committedLocally)
+	case outcome.OutcomeParticipating:
+		return outcome.NewParticipating(d.id, struct{}{})
+	case outcome.OutcomeIndeterminate:
+		var ref *outcome.ReconciliationRef
+		if d.hasRef {
+			ref = &d.ref
+		}
+		r, err := outcome.NewIndeterminate[struct{}](d.id, d.causeErr(errCommitUnobserved), ref, d.committedLocally)
+		if err != nil {
+			// A reference the tracer took is well formed; should one not be, the outcome is
+			// still indeterminate, without it.
+			r, _ = outcome.NewIndeterminate[struct{}](d.id, d.causeErr(errCommitUnobserved), nil, d.committedLocally)
+		}
+		if d.span.IsValid() {
+			r = r.WithTraceParent(schema.TraceParent(d.span))
+		}
+		return r
+	}
+	var fallback error
+	switch d.reason {
+	case classifier.ReasonRolledBack:
+		fallback = errRolledBack
+	case classifier.ReasonCommitRollback:
+		fallback = pgx.ErrTxCommitRollback // as pgx's Commit says it
+	default:
+		fallback = endReasonError{d.reason}
+	}
+	// A cause, and a phase a rollback is observed in: the constructor has nothing to refuse.
+	r, _ := outcome.NewDeterminateRollback[struct{}](d.id, d.phase, d.causeErr(fallback), d.retryable)
+	return r
+}
+
+// causeErr is the recorded cause, or fallback when no error showed one.
+func (d *verdictData) causeErr(fallback error) error {
+	if d.cause != nil {
+		return d.cause
+	}
+	return fallback
+}
+
+// began records that a frame begun with v's context is under way: a verdict recorded
+// before belongs to an earlier transaction and is dropped.
+func (v *Verdict) began() {
+	v.mu.Lock()
+	v.d = verdictData{open: true}
+	v.mu.Unlock()
+}
+
+// frameEnded records the verdict of f, concluded. It runs under f's connection's lock,
+// on whichever goroutine concluded f.
+func (v *Verdict) frameEnded(f *frame) {
+	o := f.outcomeOf()
+	d := verdictData{set: true, outcome: o, id: f.id, committedLocally: f.committedLocally, reason: f.verdict.Reason()}
+	switch o {
+	case outcome.OutcomeIndeterminate:
+		d.cause = f.endErr
+		if f.ref != nil {
+			d.ref, d.hasRef = *f.ref, true
+		}
+		if !f.unrecorded {
+			d.span = f.span.SpanContext()
+		}
+	case outcome.OutcomeRolledBack:
+		d.retryable = f.verdict.Retryable()
+		d.phase = f.endedIn
+		d.cause = f.firstCause
+		if d.cause == nil {
+			d.cause = f.cause // Run's function's error
+		}
+		if d.cause == nil {
+			d.cause = f.endErr
+		}
+	}
+	v.mu.Lock()
+	v.d = d
+	v.mu.Unlock()
+}
+
+// savepointEnded records the verdict of a savepoint statement of f's transaction,
+// answered without error: released (Participating) or rolled back to.
+func (v *Verdict) savepointEnded(f *frame, rolledBack bool) {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	d := verdictData{set: true, open: v.d.open, outcome: outcome.OutcomeParticipating, id: f.id}
+	if rolledBack {
+		d.outcome, d.phase, d.cause = outcome.OutcomeRolledBack, outcome.PhaseActive, errSavepointRolledBack
+	}
+	v.d = d
+}
