@@ -152,9 +152,9 @@ func TestVerdictRollbacks(t *testing.T) {
 // synchronous-replication wait is Indeterminate, with the reference the tracer captured,
 // which reconciliation settles: it had committed.
 func TestVerdictIndeterminate(t *testing.T) {
-	for _, opt := range []Option{WithCaptureReference(), WithCommitMarker(pgx.Identifier{"verdict_marker"})} {
+	for _, opt := range []Option{WithCaptureReference(), WithCommitMarker(pgx.Identifier{"public", "verdict_marker"})} {
 		ctx := testCtx(t)
-		if err := srv.Exec(ctx, "drop table if exists verdict_marker; "+mustMarkerDDL(t, pgx.Identifier{"verdict_marker"})); err != nil {
+		if err := srv.Exec(ctx, "drop table if exists verdict_marker; "+mustMarkerDDL(t, pgx.Identifier{"public", "verdict_marker"})); err != nil {
 			t.Fatal(err)
 		}
 		h := newHarness(t, "", 1, opt)
