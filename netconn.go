@@ -180,12 +180,17 @@ func (c *netConn) writeAdded(a *addition, b, out []byte, cut int) (int, error) {
 	c.mu.Lock()
 	c.filter = &replyFilter{kind: a.kind}
 	c.added = a
+	// Written before a byte leaves, under mu: pgconn's background reader may read the
+	// whole reply, and move it on to replied, before Write returns.
+	a.state = additionWritten
 	c.special.Store(true)
 	c.mu.Unlock()
 	m, err := c.Conn.Write(out)
-	a.state = additionUnsent
-	if m > 0 {
-		a.state = additionWritten
+	if m == 0 {
+		// Nothing left, so no reply can come: nothing else moves it.
+		c.mu.Lock()
+		a.state = additionUnsent
+		c.mu.Unlock()
 	}
 	mine := m > cut // some of the application's bytes left
 	c.wrote(mine || err == nil)
