@@ -12,6 +12,9 @@
 // automatic reconciliation had not settled (otelpgxtx.MessagePendingAtShutdown), so a log
 // query can be piped in as it is.
 //
+// Each transaction is answered once, however often the input names it (a log query returns
+// both records of an operation that stayed unknown at shutdown).
+//
 // Only a reference is evidence: it names the transaction's xid, and the commit marker when
 // one was written with the COMMIT. An operation id, or a log record, without a reference
 // stays unknown (reason no_reference). The one exception is -assert-marker table: the
@@ -19,7 +22,8 @@
 // with Policy.CommitMarker set to that table, so that its marker row settles it. The
 // command then fences each id it does not find, and answers aborted, which is true only if
 // that operation's COMMIT carried a marker: never use it for a plain pgx transaction or
-// for Run without a marker. It never applies to standard input.
+// for Run without a marker. It never applies to standard input: given with nothing it can
+// apply to, the command says so on standard error.
 //
 // A table is written as references print it ("app"."tx_marker") or, for lower-case names,
 // as app.tx_marker.
@@ -44,6 +48,7 @@ import (
 	"os"
 	"os/signal"
 	"regexp"
+	"slices"
 	"strings"
 	"time"
 
@@ -116,6 +121,12 @@ func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 		fmt.Fprintln(stderr, "otelpgxtx reconcile: nothing to reconcile")
 		return exitBad
 	}
+	items = dedupe(items)
+	if markerTable != nil && !slices.ContainsFunc(items, item.asserted) {
+		// Said, not ignored: the operator believes the flag settles something.
+		fmt.Fprintln(stderr, "otelpgxtx reconcile: -assert-marker applies only to operation ids given as arguments, "+
+			"and there is none; the inputs are answered without it")
+	}
 	return settle(ctx, items, *dsn, *wait, markerTable, stdout, stderr)
 }
 
@@ -174,7 +185,7 @@ func settle(ctx context.Context, items []item, dsn string, wait time.Duration, m
 		switch {
 		case it.hasRef:
 			res, err = rec.Resolve(ctx, it.ref, it.link)
-		case markerTable != nil && it.argument && !it.record:
+		case markerTable != nil && it.asserted():
 			// The operator asserted that this operation wrote a marker (see -assert-marker).
 			res, err = rec.ResolveAssertedMarker(ctx, markerTable, it.op, it.link)
 			it.byMarker = true
@@ -201,6 +212,45 @@ type item struct {
 	byMarker bool
 	op       outcome.OperationID
 	link     trace.SpanContext
+}
+
+// asserted reports whether -assert-marker applies to it: a bare operation id given as an
+// argument (never one read from standard input, nor one that came with a reference).
+func (it item) asserted() bool { return it.argument && !it.record && !it.hasRef }
+
+// dedupe answers each transaction once, whatever the input repeats: a log query returns
+// both the indeterminate record and the pending-at-shutdown record of one operation, and
+// a reference may come alone and in a record. Items are one transaction when they have the
+// same reference, or the same operation id and at most one of them a reference; the first
+// keeps its place and gains what the others add (a reference, an operation id, a span).
+func dedupe(items []item) []item {
+	var out []item
+	for _, it := range items {
+		i := slices.IndexFunc(out, it.sameTransaction)
+		if i < 0 {
+			out = append(out, it)
+			continue
+		}
+		o := &out[i]
+		if !o.hasRef && it.hasRef {
+			o.ref, o.hasRef = it.ref, true
+		}
+		if o.op.IsZero() {
+			o.op = it.op
+		}
+		if !o.link.IsValid() {
+			o.link = it.link
+		}
+	}
+	return out
+}
+
+// sameTransaction reports whether it and o stand for one transaction (see dedupe).
+func (it item) sameTransaction(o item) bool {
+	if it.hasRef && o.hasRef {
+		return it.ref.String() == o.ref.String()
+	}
+	return !it.op.IsZero() && it.op == o.op
 }
 
 // line formats the answer for it, in one format whatever the input: "-" stands for what

@@ -108,6 +108,17 @@ func TestReconcileRealIndeterminate(t *testing.T) {
 	if code != exitSettled || out != want {
 		t.Errorf("from the log record: exit %d, %q; want 0, %q", code, out, want)
 	}
+	// What a log query returns when the operation also stayed unknown at shutdown: its
+	// indeterminate record and Tracer.Close's, and the reference alone once more, the
+	// bare operation id too. One answer for the one transaction.
+	shutdown := strings.Replace(record, `"msg":"`+otelpgxtx.MessageIndeterminate, `"msg":"`+otelpgxtx.MessagePendingAtShutdown, 1)
+	if shutdown == record {
+		t.Fatalf("the record %s has no message %q", record, otelpgxtx.MessageIndeterminate)
+	}
+	code, out, _ = cli(t, ctx, strings.Join([]string{ind.OperationID().String(), record, shutdown, ref.String(), record}, "\n")+"\n", "reconcile")
+	if code != exitSettled || out != want {
+		t.Errorf("the same transaction five times: exit %d, %q; want 0, %q once", code, out, want)
+	}
 	// The reference as an argument.
 	code, out, _ = cli(t, ctx, "", "reconcile", ref.String())
 	if want := fmt.Sprintf("ref=%s operation=- resolved=committed\n", ref); code != exitSettled || out != want {
@@ -247,9 +258,17 @@ func TestReconcileByMarker(t *testing.T) {
 			t.Errorf("-assert-marker %s: exit %d, %q; want 0, %q", table, code, out, want)
 		}
 	}
-	code, out, _ := cli(t, ctx, res.OperationID().String()+"\n", "reconcile", "-assert-marker", "public.cli_marker")
+	code, out, errOut := cli(t, ctx, res.OperationID().String()+"\n", "reconcile", "-assert-marker", "public.cli_marker")
 	if want := fmt.Sprintf("ref=- operation=%s resolved=unknown reason=no_reference\n", res.OperationID()); code != exitUnknown || out != want {
 		t.Errorf("an operation id on standard input: exit %d, %q; want 1, %q", code, out, want)
+	}
+	// The flag that did nothing is said on standard error, not ignored in silence.
+	const notice = "-assert-marker applies only to operation ids given as arguments"
+	if !strings.Contains(errOut, notice) {
+		t.Errorf("standard input with -assert-marker: stderr %q, want %q", errOut, notice)
+	}
+	if _, _, errOut := cli(t, ctx, "", "reconcile", "-assert-marker", "public.cli_marker", res.OperationID().String()); strings.Contains(errOut, notice) {
+		t.Errorf("an operation id as an argument: stderr %q says the flag does not apply", errOut)
 	}
 }
 
