@@ -28,6 +28,11 @@
 // A table is written as references print it ("app"."tx_marker") or, for lower-case names,
 // as app.tx_marker.
 //
+// The second subcommand, marker-ddl table, prints the SQL that creates a commit-marker
+// table (reconcile.MarkerTableDDL), for psql:
+//
+//	otelpgxtx marker-ddl '"app"."tx_marker"' | psql "$DATABASE_URL" -v ON_ERROR_STOP=1
+//
 // It prints one line per input, "ref=<reference> operation=<id> resolved=<resolution>"
 // ("-" for what the input did not give), with "reason=<why>" when the answer stays
 // unknown, and exits 0 when every one is settled (committed, aborted or no_writes), 1 when
@@ -75,16 +80,23 @@ func main() {
 }
 
 const usage = `usage: otelpgxtx reconcile [-dsn URL] [-wait duration] [-assert-marker table] [reference|operation-id ...]
+       otelpgxtx marker-ddl table
 
 Without arguments, reads references, operation ids or the library's JSON log records from
 standard input, one per line. Only a reference settles anything: an operation id or a log
 record without one stays unknown (no_reference), unless -assert-marker names the
 commit-marker table that the operations given as arguments wrote with their COMMIT.
 Exit status: 0 all settled, 1 some unknown, 2 bad input or no database.
+
+marker-ddl prints the SQL that creates the commit-marker table ("schema"."name", or
+schema.name for lower-case names), for psql.
 `
 
 // run is the whole command, with its environment passed in so tests run it in-process.
 func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.Writer, getenv func(string) string) int {
+	if len(args) == 2 && args[0] == "marker-ddl" {
+		return markerDDL(args[1], stdout, stderr)
+	}
 	if len(args) == 0 || args[0] != "reconcile" {
 		fmt.Fprint(stderr, usage)
 		return exitBad
@@ -128,6 +140,21 @@ func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 			"and there is none; the inputs are answered without it")
 	}
 	return settle(ctx, items, *dsn, *wait, markerTable, stdout, stderr)
+}
+
+// markerDDL prints reconcile.MarkerTableDDL's statement for the table an operator names,
+// so that the runbook's table is the library's, never a copy of its SQL that drifts.
+func markerDDL(table string, stdout, stderr io.Writer) int {
+	parts, err := outcome.ParseMarkerTable(table)
+	if err == nil {
+		var ddl string
+		if ddl, err = reconcile.MarkerTableDDL(parts); err == nil {
+			fmt.Fprintln(stdout, strings.TrimRight(ddl, "; \n")+";")
+			return exitSettled
+		}
+	}
+	fmt.Fprintln(stderr, "otelpgxtx marker-ddl:", err)
+	return exitBad
 }
 
 // readItems parses the arguments, or standard input when there are none, and returns

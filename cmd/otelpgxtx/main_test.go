@@ -282,6 +282,12 @@ func cliMarkerPool(t *testing.T, ctx context.Context, opts ...otelpgxtx.Option) 
 	if err := srv.Exec(ctx, "drop table if exists cli_marker; "+ddl); err != nil {
 		t.Fatal(err)
 	}
+	return cliPool(t, ctx, opts...)
+}
+
+// cliPool returns an instrumented pool on the test server, closed when the test ends.
+func cliPool(t *testing.T, ctx context.Context, opts ...otelpgxtx.Option) *pgxpool.Pool {
+	t.Helper()
 	cfg, err := pgxpool.ParseConfig(srv.ConnString())
 	if err != nil {
 		t.Fatal(err)
@@ -469,5 +475,49 @@ func TestSettleAfterRestart(t *testing.T) {
 	}
 	if code != exitSettled {
 		t.Errorf("exit %d, want 0", code)
+	}
+}
+
+// TestMarkerDDLAsDocumented runs the runbook's marker-table block as written, with the
+// built command on PATH and the test server as DATABASE_URL, then commits a Run with that
+// table as its marker and settles its operation id by -assert-marker: the table the
+// runbook makes is one the library writes and the command reads.
+func TestMarkerDDLAsDocumented(t *testing.T) {
+	pgtest.LeakCheck(t)
+	ctx := testCtx(t)
+	page, err := os.ReadFile(filepath.Join("..", "..", "docs", "runbook.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	const first = "```sh\npsql \"$DATABASE_URL\" -v ON_ERROR_STOP=1 -c 'create schema"
+	start := strings.Index(string(page), first)
+	if start < 0 {
+		t.Fatalf("docs/runbook.md has no block starting %q", first)
+	}
+	block, _, _ := strings.Cut(string(page)[start+len("```sh\n"):], "```")
+	if err := srv.Exec(ctx, "drop schema if exists app cascade"); err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command("bash", "-euo", "pipefail", "-c", block)
+	cmd.Env = append(os.Environ(), "PATH="+filepath.Dir(buildCLI(t))+string(os.PathListSeparator)+os.Getenv("PATH"),
+		"DATABASE_URL="+srv.ConnString())
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("the runbook's block\n%s\nfailed (it needs psql, the PostgreSQL client): %v\n%s", block, err, out)
+	}
+
+	pool := cliPool(t, ctx)
+	p := otelpgxtx.DefaultPolicy()
+	p.CommitMarker = pgx.Identifier{"app", "tx_marker"}
+	res := otelpgxtx.Run(ctx, pool, p, func(context.Context, pgx.Tx) (int, error) { return 1, nil })
+	if res.Outcome() != outcome.OutcomeCommitted {
+		t.Fatalf("Run with the runbook's marker table: %T", res)
+	}
+	code, out, _ := cli(t, ctx, "", "reconcile", "-assert-marker", `"app"."tx_marker"`, res.OperationID().String())
+	if want := fmt.Sprintf("ref=- operation=%s resolved=committed\n", res.OperationID()); code != exitSettled || out != want {
+		t.Errorf("-assert-marker on the runbook's table: exit %d, %q; want 0, %q", code, out, want)
+	}
+	// A table name PostgreSQL would fold is refused, not guessed at.
+	if code, _, errOut := cli(t, ctx, "", "marker-ddl", "App.tx_marker"); code != exitBad || !strings.Contains(errOut, "App.tx_marker") {
+		t.Errorf("marker-ddl App.tx_marker: exit %d, stderr %q; want 2 naming it", code, errOut)
 	}
 }
