@@ -243,13 +243,7 @@ func TestBuild(t *testing.T) {
 func TestReconcileByMarker(t *testing.T) {
 	pgtest.LeakCheck(t)
 	ctx := testCtx(t)
-	pool := cliMarkerPool(t, ctx)
-	p := otelpgxtx.DefaultPolicy()
-	p.CommitMarker = pgx.Identifier{"public", "cli_marker"}
-	res := otelpgxtx.Run(ctx, pool, p, func(context.Context, pgx.Tx) (int, error) { return 1, nil })
-	if res.Outcome() != outcome.OutcomeCommitted {
-		t.Fatalf("result %T", res)
-	}
+	res := commitWithMarker(t, ctx, cliMarkerPool(t, ctx), pgx.Identifier{"public", "cli_marker"})
 	never := outcome.NewOperationID()
 	want := fmt.Sprintf("ref=- operation=%s resolved=committed\nref=- operation=%s resolved=aborted\n", res.OperationID(), never)
 	for _, table := range []string{"public.cli_marker", `"public"."cli_marker"`} {
@@ -283,6 +277,18 @@ func cliMarkerPool(t *testing.T, ctx context.Context, opts ...otelpgxtx.Option) 
 		t.Fatal(err)
 	}
 	return cliPool(t, ctx, opts...)
+}
+
+// commitWithMarker commits an empty Run on pool with table as its commit marker, or fails t.
+func commitWithMarker(t *testing.T, ctx context.Context, pool *pgxpool.Pool, table pgx.Identifier) outcome.Result[int] {
+	t.Helper()
+	p := otelpgxtx.DefaultPolicy()
+	p.CommitMarker = table
+	res := otelpgxtx.Run(ctx, pool, p, func(context.Context, pgx.Tx) (int, error) { return 1, nil })
+	if res.Outcome() != outcome.OutcomeCommitted {
+		t.Fatalf("Run with the marker table %v: %T", table, res)
+	}
+	return res
 }
 
 // cliPool returns an instrumented pool on the test server, closed when the test ends.
@@ -505,13 +511,7 @@ func TestMarkerDDLAsDocumented(t *testing.T) {
 		t.Fatalf("the runbook's block\n%s\nfailed (it needs psql, the PostgreSQL client): %v\n%s", block, err, out)
 	}
 
-	pool := cliPool(t, ctx)
-	p := otelpgxtx.DefaultPolicy()
-	p.CommitMarker = pgx.Identifier{"app", "tx_marker"}
-	res := otelpgxtx.Run(ctx, pool, p, func(context.Context, pgx.Tx) (int, error) { return 1, nil })
-	if res.Outcome() != outcome.OutcomeCommitted {
-		t.Fatalf("Run with the runbook's marker table: %T", res)
-	}
+	res := commitWithMarker(t, ctx, cliPool(t, ctx), pgx.Identifier{"app", "tx_marker"})
 	code, out, _ := cli(t, ctx, "", "reconcile", "-assert-marker", `"app"."tx_marker"`, res.OperationID().String())
 	if want := fmt.Sprintf("ref=- operation=%s resolved=committed\n", res.OperationID()); code != exitSettled || out != want {
 		t.Errorf("-assert-marker on the runbook's table: exit %d, %q; want 0, %q", code, out, want)
