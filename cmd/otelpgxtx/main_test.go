@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -46,7 +47,7 @@ func cli(t *testing.T, ctx context.Context, stdin string, args ...string) (code 
 // indeterminate produces a real indeterminate commit through the library: COMMIT waits for
 // the phantom synchronous standby and the backend is terminated, after the commit record
 // reached the local WAL. It returns the result and the JSON log record the library wrote.
-func indeterminate(t *testing.T, ctx context.Context) (outcome.Indeterminate[int], string) {
+func indeterminate(t *testing.T, ctx context.Context, policy otelpgxtx.Policy) (outcome.Indeterminate[int], string) {
 	t.Helper()
 	var logs bytes.Buffer
 	cfg, err := pgxpool.ParseConfig(srv.ConnString())
@@ -67,7 +68,7 @@ func indeterminate(t *testing.T, ctx context.Context) (outcome.Indeterminate[int
 	pids := make(chan uint32, 1)
 	done := make(chan outcome.Result[int], 1)
 	go func() {
-		done <- otelpgxtx.Run(ctx, pool, otelpgxtx.DefaultPolicy(), func(ctx context.Context, tx pgx.Tx) (int, error) {
+		done <- otelpgxtx.Run(ctx, pool, policy, func(ctx context.Context, tx pgx.Tx) (int, error) {
 			pids <- tx.Conn().PgConn().PID()
 			if _, err := tx.Exec(ctx, "set local synchronous_commit = on"); err != nil {
 				return 0, err
@@ -96,7 +97,7 @@ func indeterminate(t *testing.T, ctx context.Context) (outcome.Indeterminate[int
 func TestReconcileRealIndeterminate(t *testing.T) {
 	pgtest.LeakCheck(t)
 	ctx := testCtx(t)
-	ind, record := indeterminate(t, ctx)
+	ind, record := indeterminate(t, ctx, otelpgxtx.DefaultPolicy())
 	ref, ok := ind.Reference()
 	if !ok {
 		t.Fatal("no reference")
@@ -108,6 +109,7 @@ func TestReconcileRealIndeterminate(t *testing.T) {
 	if code != exitSettled || out != want {
 		t.Errorf("from the log record: exit %d, %q; want 0, %q", code, out, want)
 	}
+	runbookShows(t, 3, out)
 	// What a log query returns when the operation also stayed unknown at shutdown: its
 	// indeterminate record and Tracer.Close's, and the reference alone once more, the
 	// bare operation id too. One answer for the one transaction.
@@ -124,6 +126,7 @@ func TestReconcileRealIndeterminate(t *testing.T) {
 	if want := fmt.Sprintf("ref=%s operation=- resolved=committed\n", ref); code != exitSettled || out != want {
 		t.Errorf("from the argument: exit %d, %q; want 0, %q", code, out, want)
 	}
+	runbookShows(t, 1, out)
 	// One per line on stdin, with one that stays unknown (another cluster's) and a bare
 	// operation id (no reference): exit 1, one line each, in order.
 	other := ref
@@ -516,8 +519,48 @@ func TestMarkerDDLAsDocumented(t *testing.T) {
 	if want := fmt.Sprintf("ref=- operation=%s resolved=committed\n", res.OperationID()); code != exitSettled || out != want {
 		t.Errorf("-assert-marker on the runbook's table: exit %d, %q; want 0, %q", code, out, want)
 	}
+	// An indeterminate commit that wrote its marker there settles by its reference alone,
+	// as the runbook's second sample line shows.
+	p := otelpgxtx.DefaultPolicy()
+	p.CommitMarker = pgx.Identifier{"app", "tx_marker"}
+	ind, _ := indeterminate(t, ctx, p)
+	ref, ok := ind.Reference()
+	if !ok || !ref.HasMarker() {
+		t.Fatalf("the indeterminate commit has no marker reference: %v", ref)
+	}
+	code, out, _ = cli(t, ctx, "", "reconcile", ref.String())
+	if code != exitSettled {
+		t.Errorf("reconcile %s: exit %d; want 0", ref, code)
+	}
+	runbookShows(t, 2, out)
+
 	// A table name PostgreSQL would fold is refused, not guessed at.
 	if code, _, errOut := cli(t, ctx, "", "marker-ddl", "App.tx_marker"); code != exitBad || !strings.Contains(errOut, "App.tx_marker") {
 		t.Errorf("marker-ddl App.tx_marker: exit %d, stderr %q; want 2 naming it", code, errOut)
+	}
+}
+
+// runbookShows checks that out, the command's one line of output, is the nth line of the
+// runbook's sample output but for what differs between runs (references' numbers, ids).
+func runbookShows(t *testing.T, n int, out string) {
+	t.Helper()
+	page, err := os.ReadFile(filepath.Join("..", "..", "docs", "runbook.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	const intro = "It prints one line per transaction"
+	_, after, ok := strings.Cut(string(page), intro)
+	_, sample, ok2 := strings.Cut(after, "```\n")
+	sample, _, ok3 := strings.Cut(sample, "```")
+	lines := strings.Split(strings.TrimSpace(sample), "\n")
+	if !ok || !ok2 || !ok3 || n > len(lines) {
+		t.Fatalf("docs/runbook.md has no sample output of %d lines after %q", n, intro)
+	}
+	shape := func(s string) string {
+		s = regexp.MustCompile(`pg:[0-9/]+`).ReplaceAllString(strings.TrimSpace(s), "pg:<reference>")
+		return regexp.MustCompile(`\b[0-9a-f]{32}\b`).ReplaceAllString(s, "<operation id>")
+	}
+	if got, want := shape(out), shape(lines[n-1]); got != want {
+		t.Errorf("the command printed, in shape:\n%s\nthe runbook's sample line %d, in shape:\n%s", got, n, want)
 	}
 }
