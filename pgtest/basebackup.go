@@ -8,6 +8,7 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"strings"
 
 	"github.com/jackc/pgx/v5"
 )
@@ -87,6 +88,8 @@ func (s *Server) copyDataDir(from string) error {
 		}
 		to := filepath.Join(s.dataDir, rel)
 		switch {
+		case d.IsDir() && strings.HasPrefix(d.Name(), "pgsql_tmp"):
+			return fs.SkipDir // a backend's temporary files
 		case d.IsDir():
 			if err := s.mkdirOwned(to); err != nil {
 				return err
@@ -101,8 +104,8 @@ func (s *Server) copyDataDir(from string) error {
 				return fs.SkipDir
 			}
 			return nil
-		case backupSkips[rel] || !d.Type().IsRegular():
-			return nil
+		case backupSkips[rel] || d.Name() == "pg_internal.init" || !d.Type().IsRegular():
+			return nil // the relation cache's files are rebuilt at start, as pg_basebackup leaves them out
 		}
 		b, err := readFileIfExists(path)
 		if err != nil || b == nil {
