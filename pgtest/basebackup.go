@@ -57,15 +57,15 @@ func (s *Server) baseBackup(ctx context.Context, src *Server) error {
 	})
 }
 
-// backupSkips are the parts of a running server's data directory that a base backup
-// leaves out, as pg_basebackup does: the running server's own files, and the contents of
-// the directories that are the server's state rather than the cluster's (the copy gets
-// them empty). WAL streams from the primary instead of being copied.
+// backupSkips are the files of a running server's data directory that a base backup
+// leaves out, as pg_basebackup does: the running server's own, and the signal and label
+// files of the source's own recovery.
 var backupSkips = map[string]bool{
 	"postmaster.pid": true, "postmaster.opts": true, "standby.signal": true, "backup_label": true,
 }
 
-// backupEmptied are the directories a base backup copies empty.
+// backupEmptied are the directories a base backup copies empty: the server's state rather
+// than the cluster's. WAL streams from the primary instead of being copied.
 var backupEmptied = map[string]bool{
 	"pg_wal": true, "pg_replslot": true, "pg_stat_tmp": true, "pg_dynshmem": true,
 	"pg_notify": true, "pg_serial": true, "pg_snapshots": true, "pg_subtrans": true,
