@@ -124,7 +124,7 @@ func beginAttempt[T any](ctx context.Context, db DB, p Policy, n int) (attempt, 
 	if held.conn != nil && p.CaptureReference {
 		// Before BEGIN, so that the library's own query never runs inside the transaction;
 		// a connection it broke is handled like a failed BEGIN, and the pool discards it.
-		err = prepareCapture(ctx, held.conn)
+		err = prepareCapture(ctx, held.conn, p.markerTable())
 	}
 	if err == nil && held.conn != nil {
 		tx, err = held.conn.BeginTx(ctx, opts)
@@ -302,9 +302,9 @@ func commit(ctx context.Context, sc *scope, tx pgx.Tx, held heldConn, p Policy, 
 		st.armCommit(f)
 	}
 	st.mu.Unlock()
-	var marker string
-	if p.CommitMarker != nil && p.AccessMode != pgx.ReadOnly { // a read-only one writes nothing to mark
-		marker, _ = outcome.QuoteMarkerTable(p.CommitMarker...) // validated with the policy
+	var marker *markerFn
+	if table := p.markerTable(); table != "" && p.AccessMode != pgx.ReadOnly { // a read-only one writes nothing to mark
+		marker, _ = st.marker(table)
 	}
 	commitSQL := commitSQLOf(opts)
 	// The COMMIT statement span the inner tracer makes when pgx sends COMMIT, or the

@@ -195,7 +195,7 @@ func TestReconcileBarrierLevel(t *testing.T) {
 
 	// The marker's committed answer goes through the same barrier (no commit on this
 	// server ever reaches the phantom standby).
-	ddl, err := reconcile.MarkerTableDDL(pgx.Identifier{"barrier_markers"})
+	ddl, err := reconcile.MarkerTableDDL(pgx.Identifier{"public", "barrier_markers"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -211,7 +211,7 @@ func TestReconcileBarrierLevel(t *testing.T) {
 		want reconcile.Status
 		why  string
 	}{{on, reconcile.Unknown, reconcile.ReasonNotReplicated}, {local, reconcile.Committed, ""}} {
-		got, err := tc.rec.ResolveAssertedMarker(ctx, pgx.Identifier{"barrier_markers"}, op, trace.SpanContext{})
+		got, err := tc.rec.ResolveAssertedMarker(ctx, pgx.Identifier{"public", "barrier_markers"}, op, trace.SpanContext{})
 		if err != nil || got.Status() != tc.want || got.Reason() != tc.why {
 			t.Fatalf("marker: %s/%s, %v; want %s/%s", got.Status(), got.Reason(), err, tc.want, tc.why)
 		}

@@ -83,7 +83,7 @@ var benchVariants = []string{benchA, benchB, benchC, benchD, benchE, benchI}
 var benchServerVariants = append(slices.Clone(benchVariants), benchF, benchG, benchH)
 
 // benchMarker is f_run_marker's commit-marker table.
-var benchMarker = pgx.Identifier{"bench_marker"}
+var benchMarker = pgx.Identifier{"public", "bench_marker"}
 
 // ---- telemetry ------------------------------------------------------------------
 

@@ -17,34 +17,179 @@ import (
 	"github.com/txevidence/otelpgxtx/outcome"
 )
 
+// One capture, for Run and for plain pgx alike: a commit reference is the reply to one
+// fast-path FunctionCall sent in the same write as COMMIT and ahead of it — the xid read
+// (pg_current_xact_id_if_assigned) or the commit-marker function of MarkerTableDDL —,
+// whose reply the server flushes before it reads COMMIT. Run writes the call and reads
+// its reply through pgconn (commitWithCapture); the tracer adds the same bytes to the
+// application's COMMIT write and takes the reply out of the stream (reference.go,
+// wire_reply.go). Both read the reply with libraryReply.take and turn it into a
+// reference with connState.callRef.
+
 // identitySQL reads what makes an xid meaningful: the cluster's system identifier, its
-// current timeline and the server's start time. After a failover, and after a crash
-// restart, the same xid may name another transaction. It also reads the OID of the
-// function the xid read calls, and calls it, so that capture is only attempted where
-// that call cannot fail for want of a privilege: an ERROR there would abort the
-// transaction being committed.
+// current timeline and the server's start time (after a failover, and after a crash
+// restart, the same xid may name another transaction), with the database (a marker
+// row is in one) and the server's clock (a marker row is never older than it). It also
+// reads the OID of the function the xid read calls, and calls it, so that capture is
+// only attempted where that call cannot fail for want of a privilege: an ERROR there
+// would abort the transaction being committed.
 const identitySQL = identitySelect + identityFrom
 
 // identitySelect and identityFrom are identitySQL's two halves, so that the tracer's
-// check (see Tracer.identityMessage) can add the marker table's column between them.
+// check (see Tracer.identityMessage) can add the marker function's column between them.
 const (
 	identitySelect = "select s.system_identifier::text, " + pg.TimelineSQL + ", " + pg.ServerStartSQL +
-		", " + captureXIDExpr + ", 'pg_catalog.pg_current_xact_id_if_assigned()'::pg_catalog.regprocedure::pg_catalog.oid::text"
+		", pg_current_xact_id_if_assigned()::text, 'pg_catalog.pg_current_xact_id_if_assigned()'::pg_catalog.regprocedure::pg_catalog.oid::text" +
+		", pg_catalog.current_database()::text, (extract(epoch from pg_catalog.now()) * 1000000)::bigint::text"
 	identityFrom = " from pg_control_system() s"
 )
 
-// markerCheckSQL is the identity read's column that says whether the marker table (the
-// quoted name) exists and the role may insert into it: NULL when it does not exist,
-// without an error, so that a missing table leaves the xid read on.
+// The columns of identitySQL, and the marker check's after them.
+const (
+	colSystem = iota
+	colTimeline
+	colStart
+	colXIDRead
+	colXIDFunction
+	colDatabase
+	colCheckedAt
+	colMarker
+)
+
+// markerCheckSQL is the column that checks the commit-marker function of table (quoted,
+// schema-qualified), as MarkerTableDDL creates it: its OID when a call of it cannot fail
+// for want of a privilege, whatever role the session has switched to (SECURITY DEFINER,
+// EXECUTE for PUBLIC, USAGE on its schema for PUBLIC, its owner may insert into the
+// table), else the word that says what is wrong. Nothing in it can fail: a missing
+// table or function is NULL, not an error.
 func markerCheckSQL(table string) string {
-	lit := "'" + strings.ReplaceAll(table, "'", "''") + "'"
-	return "(case when pg_catalog.to_regclass(" + lit + ") is null then null else pg_catalog.has_table_privilege(pg_catalog.to_regclass(" + lit + "), 'INSERT') end)::text"
+	lit := func(s string) string { return "'" + strings.ReplaceAll(s, "'", "''") + "'" }
+	return "(select case when r.t is null or p.oid is null then 'missing'" +
+		" when not p.prosecdef or p.prorettype <> 'pg_catalog.text'::pg_catalog.regtype then 'not_marker_function'" +
+		" when not pg_catalog.has_function_privilege('public', p.oid, 'EXECUTE') or not pg_catalog.has_schema_privilege('public', p.pronamespace, 'USAGE') then 'not_public'" +
+		" when not pg_catalog.has_table_privilege(p.proowner, r.t, 'INSERT') then 'owner_cannot_insert'" +
+		" else p.oid::text end" +
+		" from (select pg_catalog.to_regclass(" + lit(table) + ") t, pg_catalog.to_regprocedure(" + lit(table+"(pg_catalog.uuid)") + ") f) r" +
+		" left join pg_catalog.pg_proc p on p.oid = r.f)"
 }
 
-// captureXIDExpr reads the transaction's xid without assigning one: NULL means the
-// transaction wrote nothing, so its commit changes nothing. The commit marker's INSERT
-// returns it, so that a marked commit needs no second call for its xid.
-const captureXIDExpr = "pg_current_xact_id_if_assigned()::text"
+// markerProblems says, for each word of markerCheckSQL, why the marker is off.
+var markerProblems = map[string]string{
+	"missing":             "the marker table or its function does not exist (run reconcile.MarkerTableDDL)",
+	"not_marker_function": "the marker function is not the SECURITY DEFINER function of reconcile.MarkerTableDDL",
+	"not_public":          "the marker function or its schema is not usable by every role (reconcile.MarkerTableDDL grants EXECUTE and USAGE to PUBLIC)",
+	"owner_cannot_insert": "the marker function's owner may not insert into the marker table",
+}
+
+// markerFn is a commit-marker function checked on a connection.
+type markerFn struct {
+	table string // quoted, schema-qualified, as configured
+	ref   string // the reference's name of it: "database"."schema"."table"
+	// msg is its call, encoded with a zero operation id at argAt, which callMsg fills in;
+	// nil when the check found it unusable (problem says why).
+	msg     []byte
+	argAt   int
+	problem string
+}
+
+// newMarkerFn makes table's marker from what markerCheckSQL answered.
+func (st *connState) newMarkerFn(table string, check []byte) *markerFn {
+	m := &markerFn{table: table}
+	oid, err := strconv.ParseUint(string(check), 10, 32)
+	switch {
+	case check == nil:
+		m.problem = "the marker check answered nothing"
+	case err != nil:
+		m.problem = markerProblems[string(check)]
+		if m.problem == "" {
+			m.problem = "the marker check answered " + strconv.Quote(string(check))
+		}
+	default:
+		var zero outcome.OperationID
+		call := pgproto3.FunctionCall{Function: uint32(oid), ArgFormatCodes: []uint16{1}, Arguments: [][]byte{zero[:]}}
+		m.msg, _ = call.Encode(nil)
+		m.argAt = len(m.msg) - 2 - len(zero) // the argument is followed by the result's format code
+		if m.ref, err = outcome.MarkerRefTable(st.database, table); err != nil {
+			m.msg, m.problem = nil, err.Error()
+		}
+	}
+	st.markers = append(st.markers, m)
+	return m
+}
+
+// marker returns table's marker function as checked on st, and whether it was.
+func (st *connState) marker(table string) (*markerFn, bool) {
+	for _, m := range st.markers {
+		if m.table == table {
+			return m, true
+		}
+	}
+	return nil, false
+}
+
+// callMsg returns the call to send ahead of a COMMIT of operation id: m's marker
+// function when m is usable, else the xid read. The bytes are st's, valid until the next
+// call: both Run and the tracer write them out before that.
+func (st *connState) callMsg(m *markerFn, id outcome.OperationID) []byte {
+	if m != nil && m.msg != nil {
+		copy(m.msg[m.argAt:], id[:])
+		return m.msg
+	}
+	return st.xidCallMsg
+}
+
+// callRef is the reference of a COMMIT sent right after the call of m (nil: the xid read)
+// for operation id, from the call's reply r, which is whole (done) when it was read,
+// empty when no reply came. With a marker the reference stands without a reply: the
+// function inserts the marker unless the transaction had no xid or was read-only, and
+// neither can leave anything durable behind (PostgreSQL refuses a read-only
+// transaction every write to a permanent relation, 25006; one without an xid wrote none),
+// so the marker's absence still proves that none of the transaction's work is there.
+// A reply says exactly what the call did: 'm' and the xid (the marker was inserted),
+// 'r' and the xid (read-only: the xid alone), 'n' (no xid: nothing written).
+func (st *connState) callRef(m *markerFn, id outcome.OperationID, r libraryReply) *outcome.ReconciliationRef {
+	if r.errCode != "" {
+		return nil // the call failed: the transaction was aborted, COMMIT rolls it back
+	}
+	if m == nil || m.msg == nil {
+		if !r.gotValue {
+			return nil // the xid never arrived
+		}
+		xid, err := strconv.ParseUint(string(r.value), 10, 64) // NULL: 0, it wrote nothing
+		if r.value != nil && err != nil {
+			return nil
+		}
+		return st.ref(xid)
+	}
+	ref := st.ref(0)
+	if !r.gotValue {
+		ref.MarkerTable, ref.Operation, ref.CheckedAt = m.ref, id, st.checkedAt
+		return ref
+	}
+	v := string(r.value)
+	if v == "" {
+		return nil
+	}
+	xid, err := strconv.ParseUint(v[1:], 10, 64)
+	switch {
+	case v[0] == 'n' && len(v) == 1:
+	case v[0] == 'r' && err == nil:
+		ref.XID = xid
+	case v[0] == 'm' && err == nil:
+		ref.XID, ref.MarkerTable, ref.Operation, ref.CheckedAt = xid, m.ref, id, st.checkedAt
+	default:
+		return nil // not the function MarkerTableDDL makes
+	}
+	return ref
+}
+
+// rawMessage is a message encoded already, so that Run sends the very bytes the tracer
+// adds to a COMMIT write.
+type rawMessage []byte
+
+func (m rawMessage) Frontend()                         {}
+func (m rawMessage) Decode([]byte) error               { return errors.New("otelpgxtx: rawMessage is not decoded") }
+func (m rawMessage) Encode(dst []byte) ([]byte, error) { return append(dst, m...), nil }
 
 // readIdentity reads the cluster identity into st, once per connection. It goes through
 // pgconn directly: it is the instrumentation's own query, not the application's, and
@@ -54,40 +199,71 @@ func readIdentity(ctx context.Context, pg *pgconn.PgConn, st *connState) error {
 	if st.identityRead {
 		return nil
 	}
-	results, err := pg.Exec(ctx, identitySQL).ReadAll()
-	var pgErr *pgconn.PgError
-	if err == nil || errors.As(err, &pgErr) {
-		// The server answered: a refusal (no privilege) is not retried per commit. A
-		// context that had already expired sent nothing, and the next Run tries again.
-		st.identityRead = true
-	}
+	row, err := readRow(ctx, pg, identitySQL, &st.identityRead)
 	if err != nil {
 		return fmt.Errorf("otelpgxtx: reading the cluster identity: %w", err)
 	}
-	if len(results) != 1 || len(results[0].Rows) != 1 {
-		return errors.New("otelpgxtx: reading the cluster identity: unexpected result shape")
-	}
-	return st.setIdentity(results[0].Rows[0])
+	return st.setIdentity(row)
 }
 
-// setIdentity keeps the cluster identity of row, identitySQL's columns (and, when the
-// tracer's check asked, the marker table's after them).
+// checkMarker checks table's marker function on st's connection, once per connection
+// and table, before BEGIN, as readIdentity (Run's Policy.CommitMarker).
+func checkMarker(ctx context.Context, pg *pgconn.PgConn, st *connState, table string) error {
+	if _, ok := st.marker(table); ok {
+		return nil
+	}
+	var answered bool
+	row, err := readRow(ctx, pg, "select "+markerCheckSQL(table), &answered)
+	if err != nil {
+		if answered {
+			st.markers = append(st.markers, &markerFn{table: table, problem: err.Error()})
+		}
+		return fmt.Errorf("otelpgxtx: checking the commit marker %s: %w", table, err)
+	}
+	if m := st.newMarkerFn(table, row[0]); m.problem != "" {
+		return fmt.Errorf("otelpgxtx: the commit marker %s is off on this connection: %s", table, m.problem)
+	}
+	return nil
+}
+
+// readRow runs sql, the library's own one-row query, through pgconn. answered is set
+// when the server answered, a refusal included: that is not asked again per commit. A
+// context that had already expired sent nothing, and the next Run asks again.
+func readRow(ctx context.Context, pg *pgconn.PgConn, sql string, answered *bool) ([][]byte, error) {
+	results, err := pg.Exec(ctx, sql).ReadAll()
+	var pgErr *pgconn.PgError
+	if err == nil || errors.As(err, &pgErr) {
+		*answered = true
+	}
+	if err != nil {
+		return nil, err
+	}
+	if len(results) != 1 || len(results[0].Rows) != 1 {
+		return nil, errors.New("unexpected result shape")
+	}
+	return results[0].Rows[0], nil
+}
+
+// setIdentity keeps the cluster identity of row, identitySQL's columns.
 func (st *connState) setIdentity(row [][]byte) error {
-	if len(row) < 5 {
+	if len(row) < colMarker {
 		return errors.New("otelpgxtx: reading the cluster identity: unexpected result shape")
 	}
-	if row[1] == nil {
+	if row[colTimeline] == nil {
 		return errors.New("otelpgxtx: reading the cluster identity: the server is a standby; no reconciliation references on this connection")
 	}
-	sys, err1 := strconv.ParseUint(string(row[0]), 10, 64)
-	tli, err2 := strconv.ParseUint(string(row[1]), 10, 32)
-	start, err3 := strconv.ParseInt(string(row[2]), 10, 64)
-	fn, err4 := strconv.ParseUint(string(row[4]), 10, 32)
-	if err1 != nil || err2 != nil || err3 != nil || err4 != nil || sys == 0 || tli == 0 || start <= 0 || fn == 0 {
+	sys, err1 := strconv.ParseUint(string(row[colSystem]), 10, 64)
+	tli, err2 := strconv.ParseUint(string(row[colTimeline]), 10, 32)
+	start, err3 := strconv.ParseInt(string(row[colStart]), 10, 64)
+	fn, err4 := strconv.ParseUint(string(row[colXIDFunction]), 10, 32)
+	checked, err5 := strconv.ParseInt(string(row[colCheckedAt]), 10, 64)
+	if err1 != nil || err2 != nil || err3 != nil || err4 != nil || err5 != nil || sys == 0 || tli == 0 || start <= 0 || fn == 0 ||
+		checked <= 0 || len(row[colDatabase]) == 0 {
 		return fmt.Errorf("otelpgxtx: reading the cluster identity: unexpected values %q", row)
 	}
 	st.systemID, st.timeline, st.serverStart = sys, uint32(tli), start
-	st.xidCall = pgproto3.FunctionCall{Function: uint32(fn)} // result in text format
+	st.database, st.checkedAt = string(row[colDatabase]), checked
+	st.xidCallMsg, _ = (&pgproto3.FunctionCall{Function: uint32(fn)}).Encode(nil) // result in text format
 	return nil
 }
 
@@ -95,24 +271,28 @@ func (st *connState) setIdentity(row [][]byte) error {
 // could not be checked and capture is off.
 func (st *connState) identityKnown() bool { return st != nil && st.systemID != 0 }
 
-// prepareCapture reads conn's cluster identity once, while conn is idle: outside any
-// transaction, so that no failure of it can abort one. A refusal (no privilege for
-// pg_control_*) turns capture off for the connection. It returns an error only when the
-// read broke the connection, which then must not be used. A context that had already
-// ended sent nothing: BEGIN reports it as it would have without capture.
-func prepareCapture(ctx context.Context, conn *pgx.Conn) error {
+// prepareCapture reads conn's cluster identity once, and checks the marker function of
+// table (quoted; "" for none) once, while conn is idle: outside any transaction, so
+// that no failure of either can abort one. A refusal (no privilege for pg_control_*, no
+// marker function) turns capture, or the marker, off for the connection. It returns an
+// error only when the read broke the connection, which then must not be used. A context
+// that had already ended sent nothing: BEGIN reports it as it would have without capture.
+func prepareCapture(ctx context.Context, conn *pgx.Conn, table string) error {
 	pg := conn.PgConn()
 	st := stateOf(pg)
-	if st == nil || st.identityRead || pg.TxStatus() != 'I' {
+	if st == nil || pg.TxStatus() != 'I' {
 		return nil
 	}
 	if st.server != classifier.ServerPostgreSQL {
-		// The xid read, the fast-path call and what a marker's failed insert proves are
+		// The xid read, the fast-path call and what a marker's absence proves are
 		// PostgreSQL's: capture stays off, and nothing is sent.
 		st.identityRead = true
 		return nil
 	}
 	err := readIdentity(ctx, pg, st)
+	if err == nil && table != "" && st.identityKnown() {
+		err = checkMarker(ctx, pg, st, table)
+	}
 	if err == nil {
 		return nil
 	}
@@ -153,24 +333,21 @@ type commitResult struct {
 	err         error
 	tag         pgconn.CommandTag // COMMIT's
 	rollbackTag bool
-	// endedBeforeCommit: the server answered the xid read with a FATAL. It reads its
+	// endedBeforeCommit: the server answered the call with a FATAL. It reads its
 	// messages in order and nothing after a FATAL, so COMMIT never ran.
 	endedBeforeCommit bool
 	ref               *outcome.ReconciliationRef
 }
 
-// commitWithCapture sends the xid read and COMMIT in one write: one network round trip,
-// as plain COMMIT takes. The xid read is a fast-path FunctionCall message of
-// pg_current_xact_id_if_assigned: the server calls the function by OID, with no parse,
-// plan or portal, which make a Query message of the same call cost it twice as much and
-// more (docs/performance.md). The server ends each message with ReadyForQuery and
-// flushes its output there, so the xid arrives before it reads COMMIT, even if the
-// commit never answers. With a marker table (quoted), see commitWithMarker. The caller
-// has read the identity (see identityKnown).
-func commitWithCapture(ctx context.Context, pg *pgconn.PgConn, st *connState, commitSQL, marker string, id outcome.OperationID) commitResult {
-	if marker != "" {
-		return commitWithMarker(ctx, pg, st, commitSQL, marker, id)
-	}
+// commitWithCapture sends the call of m (nil: the xid read; see callMsg) and COMMIT in
+// one write: one network round trip, as plain COMMIT takes. A fast-path call is a
+// FunctionCall message: the server calls the function by OID, with no parse, plan or
+// portal, which make a Query message of the same call cost it twice as much and more
+// (docs/performance.md), and whatever the session's search_path. The server ends each
+// message with ReadyForQuery and flushes its output there, so the call's reply arrives
+// before it reads COMMIT, even if the commit never answers. The caller has read the
+// identity (see identityKnown).
+func commitWithCapture(ctx context.Context, pg *pgconn.PgConn, st *connState, commitSQL string, m *markerFn, id outcome.OperationID) commitResult {
 	var res commitResult
 	if ctx.Err() != nil || pg.IsClosed() || pg.IsBusy() {
 		// pgconn refuses before writing a byte, and says why as pgx's Commit would.
@@ -182,7 +359,7 @@ func commitWithCapture(ctx context.Context, pg *pgconn.PgConn, st *connState, co
 	// message. The connection is idle, so its socket has room for the few bytes and the
 	// write cannot block on the context's behalf.
 	fe := pg.Frontend()
-	fe.Send(&st.xidCall)
+	fe.Send(rawMessage(st.callMsg(m, id)))
 	fe.SendQuery(&pgproto3.Query{String: commitSQL})
 	if err := fe.Flush(); err != nil {
 		// Some bytes may have left (the error says whether none did): the connection is
@@ -191,14 +368,26 @@ func commitWithCapture(ctx context.Context, pg *pgconn.PgConn, st *connState, co
 		res.err = err
 		return res
 	}
-	xr, err := readReply(ctx, pg)
-	if xr.xidOK {
-		res.ref = st.ref(xr.xid)
-	}
+	var call libraryReply
+	err := readCallReply(ctx, pg, &call)
 	switch {
+	case err == nil && call.errCode != "":
+		// The call failed: COMMIT answers ROLLBACK. The call's error is what the
+		// application is told, in place of that tag — unless it only says that the
+		// transaction had already failed, when the ROLLBACK is COMMIT's own answer.
+		cr, rerr := readReply(ctx, pg)
+		res.rollbackTag = cr.tag.String() == "ROLLBACK"
+		switch {
+		case rerr != nil:
+			res.err = commitReplyError{rerr}
+		case call.errCode == sqlStateInFailedTransaction:
+			res.err = pgx.ErrTxCommitRollback
+		default:
+			res.err = fmt.Errorf("otelpgxtx: the commit reference's call failed: %w", call.err)
+		}
+		return res
 	case err == nil:
-		// An ERROR (an aborted transaction answers 25P02) is not the commit's: the server
-		// answers COMMIT with ROLLBACK next.
+		res.ref = st.callRef(m, id, call)
 		cr, err := readReply(ctx, pg)
 		res.tag, res.err = cr.tag, cr.err
 		if err != nil {
@@ -212,17 +401,41 @@ func commitWithCapture(ctx context.Context, pg *pgconn.PgConn, st *connState, co
 		// The server reads its messages in order and nothing after a FATAL.
 		res.err, res.endedBeforeCommit = err, true
 	default:
+		// The connection broke: the call's reply, if any came, says what the call did.
+		res.ref = st.callRef(m, id, call)
 		res.err = commitReplyError{err}
 	}
 	return res
 }
 
+// readCallReply reads the reply to the library's call into r, up to its ReadyForQuery.
+// A failure to read is returned and closes the connection (see readReply); a message
+// that has no place there too.
+func readCallReply(ctx context.Context, pg *pgconn.PgConn, r *libraryReply) error {
+	for !r.done {
+		msg, err := pg.ReceiveMessage(ctx)
+		if err != nil {
+			if !pg.IsClosed() {
+				_ = pg.Close(cancelledCtx)
+			}
+			return err
+		}
+		switch msg.(type) {
+		case *pgproto3.NoticeResponse, *pgproto3.ParameterStatus, *pgproto3.NotificationResponse:
+			continue // pgconn has handled them
+		}
+		if !r.take(libraryCall, msg) {
+			_ = pg.Close(cancelledCtx)
+			return errUnaccountedReply
+		}
+	}
+	return nil
+}
+
 // reply is what the server answered to one message, read up to its ReadyForQuery.
 type reply struct {
-	tag   pgconn.CommandTag // the last command tag
-	xid   uint64            // a FunctionCallResponse's result, the xid read's
-	xidOK bool              // a FunctionCallResponse came: xid, or none if it was NULL
-	err   error             // the first ErrorResponse (an ERROR: pgconn returns a FATAL as readErr)
+	tag pgconn.CommandTag // the last command tag
+	err error             // the first ErrorResponse (an ERROR: pgconn returns a FATAL as readErr)
 }
 
 // readReply reads one reply up to its ReadyForQuery, as pgx reads a simple Query. A
@@ -241,12 +454,6 @@ func readReply(ctx context.Context, pg *pgconn.PgConn) (r reply, readErr error) 
 		switch m := msg.(type) {
 		case *pgproto3.CommandComplete:
 			r.tag = pgconn.NewCommandTag(string(m.CommandTag))
-		case *pgproto3.FunctionCallResponse:
-			if m.Result == nil {
-				r.xidOK = true // NULL: no xid, the transaction wrote nothing
-			} else if n, perr := strconv.ParseUint(string(m.Result), 10, 64); perr == nil {
-				r.xid, r.xidOK = n, true
-			}
 		case *pgproto3.ErrorResponse:
 			if r.err == nil {
 				r.err = pgconn.ErrorResponseToPgError(m)
@@ -257,6 +464,9 @@ func readReply(ctx context.Context, pg *pgconn.PgConn) (r reply, readErr error) 
 	}
 }
 
+// sqlStateInFailedTransaction is what a statement in an already failed transaction gets.
+const sqlStateInFailedTransaction = "25P02"
+
 // commitReplyError is a failure to read COMMIT's reply. COMMIT was sent, so a retry is
 // never safe, whatever pgconn's receive error says (it says safe: it sent nothing).
 type commitReplyError struct{ err error }
@@ -265,51 +475,9 @@ func (e commitReplyError) Error() string     { return e.err.Error() }
 func (e commitReplyError) Unwrap() error     { return e.err }
 func (e commitReplyError) SafeToRetry() bool { return false }
 
-// sqlStateInFailedTransaction is what a statement in an already failed transaction gets.
-const sqlStateInFailedTransaction = "25P02"
-
 // ref returns a reference to xid on st's cluster.
 func (st *connState) ref(xid uint64) *outcome.ReconciliationRef {
 	return &outcome.ReconciliationRef{XID: xid, SystemIdentifier: st.systemID, Timeline: st.timeline, ServerStart: st.serverStart}
-}
-
-// commitWithMarker sends the marker insert of id (returning the xid) and COMMIT as one
-// simple Query: one message and one server flush, as a plain COMMIT — the marker needs
-// no xid before COMMIT runs, so nothing has to make the server flush it first. The server executes the two in order and abandons the rest of
-// the string at an error: an insert that did not complete (an ERROR, or a FATAL before
-// its command completed) means COMMIT never ran.
-func commitWithMarker(ctx context.Context, pg *pgconn.PgConn, st *connState, commitSQL, marker string, id outcome.OperationID) commitResult {
-	var res commitResult
-	results, err := pg.Exec(ctx, markerSQL(marker, id)+"; "+commitSQL).ReadAll()
-	res.ref = st.markerRef(marker, id)
-	insertDone := len(results) > 0 && results[0].Err == nil
-	if insertDone && len(results[0].Rows) == 1 && len(results[0].Rows[0]) == 1 {
-		if xid, perr := strconv.ParseUint(string(results[0].Rows[0][0]), 10, 64); perr == nil {
-			res.ref.XID = xid
-		}
-	}
-	if len(results) == 2 && results[1].Err == nil {
-		res.tag = results[1].CommandTag
-		res.rollbackTag = res.tag.String() == "ROLLBACK"
-	}
-	var pgErr *pgconn.PgError
-	switch {
-	case err == nil:
-	case !insertDone && errors.As(err, &pgErr) && pgErr.Code == sqlStateInFailedTransaction:
-		err = pgx.ErrTxCommitRollback // the transaction had already failed
-	case !insertDone && isServerError(err):
-		err = fmt.Errorf("otelpgxtx: inserting the commit marker: %w", err)
-	case !insertDone && classifier.IsFatal(err):
-		res.endedBeforeCommit = true
-	}
-	res.err = err
-	return res
-}
-
-// isServerError reports a server error that leaves the session alive.
-func isServerError(err error) bool {
-	var pgErr *pgconn.PgError
-	return errors.As(err, &pgErr) && !classifier.IsFatal(err)
 }
 
 // commitSQLOf returns the commit statement a pgx transaction would send.
@@ -318,10 +486,4 @@ func commitSQLOf(opts pgx.TxOptions) string {
 		return opts.CommitQuery
 	}
 	return "commit"
-}
-
-// markerSQL is the marker insert of id into the quoted table name, returning the xid,
-// which the insert has just assigned. The id is inlined: 32 hex digits, nothing to quote.
-func markerSQL(table string, id outcome.OperationID) string {
-	return "insert into " + table + " (operation_id) values ('" + id.String() + "') returning " + captureXIDExpr
 }

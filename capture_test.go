@@ -47,7 +47,7 @@ func TestCaptureContextEnded(t *testing.T) {
 			rec := proxy.Record()
 			table := newTable(t, ctx)
 			conn := instrumentedConn(t, ctx, proxy.ConnString(srv.ConnString()))
-			if err := prepareCapture(ctx, conn); err != nil {
+			if err := prepareCapture(ctx, conn, ""); err != nil {
 				t.Fatal(err)
 			}
 			st := connStateOf(conn)
@@ -69,14 +69,11 @@ func TestCaptureContextEnded(t *testing.T) {
 			}
 			pg := conn.PgConn()
 			pid := pg.PID()
-			res := commitWithCapture(commitCtx, pg, st, "commit", "", outcome.NewOperationID())
+			res := commitWithCapture(commitCtx, pg, st, "commit", nil, outcome.NewOperationID())
 			if !errors.Is(res.err, context.Canceled) || res.ref != nil || res.endedBeforeCommit || res.tag.String() != "" {
 				t.Fatalf("commit result %+v, want a cancellation and nothing else", res)
 			}
-			xidCall, err := st.xidCall.Encode(nil)
-			if err != nil {
-				t.Fatal(err)
-			}
+			xidCall := st.xidCallMsg
 			if late {
 				if !pg.IsClosed() {
 					t.Fatal("the connection with replies unread is still open")

@@ -100,6 +100,25 @@ func TestCommitNotExecuted(t *testing.T) {
 }
 
 func commitNotExecuted(t *testing.T, base string) {
+	marker := newMarkerTable(t, testCtx(t), srv.Exec)
+	noCapture := DefaultPolicy()
+	noCapture.CaptureReference = false
+	// Each fault with the references off, with the xid read and with the marker: the
+	// library's call in COMMIT's write changes none of the rules.
+	for _, m := range []struct {
+		name   string
+		opts   []Option
+		policy Policy
+	}{
+		{"references off", nil, noCapture},
+		{"xid", []Option{WithCaptureReference()}, DefaultPolicy()},
+		{"marker", []Option{WithCommitMarker(marker)}, markerPolicy(marker)},
+	} {
+		t.Run(m.name, func(t *testing.T) { commitNotExecutedWith(t, base, m.opts, m.policy) })
+	}
+}
+
+func commitNotExecutedWith(t *testing.T, base string, opts []Option, policy Policy) {
 	proxy := newProxy(t)
 	for _, tc := range []struct {
 		name     string
@@ -113,7 +132,7 @@ func commitNotExecuted(t *testing.T, base string) {
 	} {
 		t.Run(tc.name+"/pgx", func(t *testing.T) {
 			ctx := testCtx(t)
-			h := newHarness(t, proxy.ConnString(base), 1)
+			h := newHarness(t, proxy.ConnString(base), 1, opts...)
 			table := newTable(t, ctx)
 			pc, err := h.pool.Acquire(ctx)
 			if err != nil {
@@ -138,10 +157,10 @@ func commitNotExecuted(t *testing.T, base string) {
 		})
 		t.Run(tc.name+"/Run", func(t *testing.T) {
 			ctx := testCtx(t)
-			h := newHarness(t, proxy.ConnString(base), 1)
+			h := newHarness(t, proxy.ConnString(base), 1, opts...)
 			table := newTable(t, ctx)
 			attempts := 0
-			res := Run(ctx, h.pool, DefaultPolicy(), func(ctx context.Context, tx pgx.Tx) (int, error) {
+			res := Run(ctx, h.pool, policy, func(ctx context.Context, tx pgx.Tx) (int, error) {
 				attempts++
 				if _, err := insertFn(table, 1)(ctx, tx); err != nil {
 					return 0, err
@@ -169,10 +188,9 @@ func commitNotExecuted(t *testing.T, base string) {
 	t.Run("commit held back by the proxy", func(t *testing.T) {
 		// The kernel accepted COMMIT's bytes: whether the server read them is unknown.
 		ctx := testCtx(t)
-		h := newHarness(t, proxy.ConnString(base), 1)
+		h := newHarness(t, proxy.ConnString(base), 1, opts...)
 		table := newTable(t, ctx)
-		p := DefaultPolicy()
-		res := Run(ctx, h.pool, p, func(ctx context.Context, tx pgx.Tx) (int, error) {
+		res := Run(ctx, h.pool, policy, func(ctx context.Context, tx pgx.Tx) (int, error) {
 			proxy.CutBeforeCommit()
 			return insertFn(table, 1)(ctx, tx)
 		})

@@ -311,14 +311,19 @@ func WithCaptureReference() Option {
 	})
 }
 
-// WithCommitMarker is [WithCaptureReference] with a commit marker: instead of the xid read,
-// the frame's operation id is inserted into table (create it with reconcile.MarkerTableDDL) by a
-// Query sent ahead of the application's COMMIT in the same write, so that the reference
-// names a row
-// that exists exactly when the transaction committed, even after a crash restart or a
-// failover, and exists before any reply comes. The table and the role's INSERT privilege
-// on it are checked with the cluster identity; without them the connection's commits
-// carry the xid read alone.
+// WithCommitMarker is [WithCaptureReference] with a commit marker: in place of the xid
+// read, the call ahead of the application's COMMIT, in the same write, is the marker
+// function of table, schema and table (pgx.Identifier{"app", "tx_marker"}; an unqualified
+// name is refused; create both with reconcile.MarkerTableDDL), which inserts the frame's
+// operation id, so that the reference names a row that exists exactly when the
+// transaction committed, even after a crash restart or a failover, and is settled even
+// when no reply came. The function is called by OID as its owner (SECURITY DEFINER), so
+// what the application's transaction does — SET ROLE, search_path, row security — changes
+// nothing of it, and it writes nothing in a read-only transaction or one without writes,
+// which leave nothing durable to mark: a commit with the marker does and answers exactly
+// what it does without. The reference names the database and the table it wrote to. The
+// function is checked with the cluster identity; where it is missing or not callable by
+// every role, the connection's commits carry the xid read alone, with one log record.
 func WithCommitMarker(table pgx.Identifier) Option {
 	return optionFunc(func(c *config) {
 		name, err := outcome.QuoteMarkerTable(table...)

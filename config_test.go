@@ -445,21 +445,22 @@ func TestRefusedOptionsWrapErrInvalidArgument(t *testing.T) {
 		t.Fatal(err)
 	}
 	for name, opt := range map[string]Option{
-		"WithSpanName":       WithSpanName(""),
-		"WithStatusMapping":  WithStatusMapping(StatusMapping(9)),
-		"WithCommitMarker":   WithCommitMarker(pgx.Identifier{}),
-		"WithExpectedErrors": WithExpectedErrors(nil),
-		"WithoutInnerSpans":  WithoutInnerSpans(InnerSpan(9)),
-		"WithInnerSpans":     WithInnerSpans(InnerSpan(9)),
-		"WithPoolName":       WithPoolName(""),
-		"WithAutoReconcile":  WithAutoReconcile(nil),
-		"WithQueue":          WithAutoReconcile(rec, WithQueue(0, 1)),
-		"WithRetryBackoff":   WithAutoReconcile(rec, WithRetryBackoff(time.Second, time.Millisecond)),
+		"WithSpanName":                 WithSpanName(""),
+		"WithStatusMapping":            WithStatusMapping(StatusMapping(9)),
+		"WithCommitMarker":             WithCommitMarker(pgx.Identifier{}),
+		"WithCommitMarker unqualified": WithCommitMarker(pgx.Identifier{"tx_marker"}),
+		"WithExpectedErrors":           WithExpectedErrors(nil),
+		"WithoutInnerSpans":            WithoutInnerSpans(InnerSpan(9)),
+		"WithInnerSpans":               WithInnerSpans(InnerSpan(9)),
+		"WithPoolName":                 WithPoolName(""),
+		"WithAutoReconcile":            WithAutoReconcile(nil),
+		"WithQueue":                    WithAutoReconcile(rec, WithQueue(0, 1)),
+		"WithRetryBackoff":             WithAutoReconcile(rec, WithRetryBackoff(time.Second, time.Millisecond)),
 	} {
 		cfg := pcfg.Copy()
 		cfg.Tracer = nil
 		_, err := InstrumentConnConfig(cfg, opt)
-		if !errors.Is(err, ErrInvalidArgument) || !errors.Is(err, reconcile.ErrInvalidArgument) || !strings.Contains(err.Error(), name+":") {
+		if !errors.Is(err, ErrInvalidArgument) || !errors.Is(err, reconcile.ErrInvalidArgument) || !strings.Contains(err.Error(), strings.Fields(name)[0]+":") {
 			t.Errorf("%s: err = %v, want one wrapping ErrInvalidArgument that names %s", name, err, name)
 		}
 		if cfg.Tracer != nil {

@@ -7,7 +7,6 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
-	"github.com/jackc/pgx/v5/pgproto3"
 	"go.opentelemetry.io/otel/attribute"
 
 	"github.com/txevidence/otelpgxtx/classifier"
@@ -28,19 +27,21 @@ type connState struct {
 	// configuration, which is too dear for every transaction.
 	attrs []attribute.KeyValue
 
-	// The cluster identity, read once per connection for reconciliation references.
+	// The cluster identity, read once per connection for reconciliation references
+	// (capture.go), with the database and the server's clock at the check.
 	systemID     uint64
 	timeline     uint32
 	serverStart  int64 // µs since the epoch; a connection never outlives a restart
+	database     string
+	checkedAt    int64 // µs since the epoch
 	identityRead bool
-	// xidCall is the xid read, a fast-path call by the OID the identity read found;
-	// xidCallMsg the same encoded, for the tracer's commit references.
-	xidCall    pgproto3.FunctionCall
+	// xidCallMsg is the xid read, a fast-path call by the OID the identity read found.
 	xidCallMsg []byte
+	// markers are the commit-marker functions checked on the connection.
+	markers []*markerFn
 	// Commit references for plain pgx (reference.go). adding: an addition is armed for,
-	// or was made to, the query in flight; refsOff: the identity check failed; markerOK:
-	// the marker table exists and the role may insert into it.
-	adding, refsOff, markerOK bool
+	// or was made to, the query in flight; refsOff: the identity check failed.
+	adding, refsOff bool
 
 	// silent hides Run's closing of pgx's Tx object (see closePgxTx) from the hooks.
 	silent bool

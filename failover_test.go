@@ -278,12 +278,12 @@ func TestReconcilerAsOrdinaryRole(t *testing.T) {
 	}
 	defer conn.Close(ctx)
 	var xid uint64
-	var sys, tli, start, xidFunc string
+	var sys, tli, start, xidFunc, database, checked string
 	var xidNow *string // identitySQL's privilege probe: NULL outside a transaction
 	if err := conn.QueryRow(ctx, "select pg_current_xact_id()::text::bigint").Scan(&xid); err != nil {
 		t.Fatal(err)
 	}
-	if err := conn.QueryRow(ctx, identitySQL).Scan(&sys, &tli, &start, &xidNow, &xidFunc); err != nil {
+	if err := conn.QueryRow(ctx, identitySQL).Scan(&sys, &tli, &start, &xidNow, &xidFunc, &database, &checked); err != nil {
 		t.Fatalf("identity read as an ordinary role: %v", err)
 	}
 	ref, err := outcome.ParseReconciliationRef(fmt.Sprintf("pg:%s/%s/%d/%s", sys, tli, xid, start))
@@ -323,7 +323,7 @@ func TestIdentityOnStandby(t *testing.T) {
 		identity bool
 	}{{"standby", c.Standby(), false}, {"primary", c.Primary(), true}} {
 		conn := instrumentedConn(t, ctx, tc.s.ConnString())
-		if err := prepareCapture(ctx, conn); err != nil {
+		if err := prepareCapture(ctx, conn, ""); err != nil {
 			t.Fatalf("%s: the identity read broke the connection: %v", tc.name, err)
 		}
 		if err := conn.Ping(ctx); err != nil {

@@ -1,7 +1,10 @@
 package otelpgxtx
 
 import (
+	"bytes"
 	"context"
+	"encoding/binary"
+	"errors"
 	"fmt"
 	"slices"
 	"strings"
@@ -19,7 +22,7 @@ import (
 // newMarkerTable creates a commit-marker table for the test on the test server.
 func newMarkerTable(t *testing.T, ctx context.Context, exec func(context.Context, string, ...any) error) pgx.Identifier {
 	t.Helper()
-	name := pgx.Identifier{fmt.Sprintf("m %d", tableSeq.Add(1))} // a space: quoting matters
+	name := pgx.Identifier{"public", fmt.Sprintf("m %d", tableSeq.Add(1))} // a space: quoting matters
 	ddl, err := reconcile.MarkerTableDDL(name)
 	if err != nil {
 		t.Fatal(err)
@@ -48,12 +51,18 @@ func markerPolicy(table pgx.Identifier) Policy {
 
 func TestMarkerTableDDL(t *testing.T) {
 	ddl, err := reconcile.MarkerTableDDL(pgx.Identifier{"app", `tx "marker"`})
-	if err != nil || !strings.HasPrefix(ddl, `create table if not exists "app"."tx ""marker""" (`) {
+	if err != nil || !strings.HasPrefix(ddl, `create schema if not exists "app";`) ||
+		!strings.Contains(ddl, `create table if not exists "app"."tx ""marker""" (`) {
 		t.Fatalf("%q %v", ddl, err)
 	}
-	for _, bad := range []pgx.Identifier{nil, {""}, {"a\x00b"}, {"a", "b", "c", "d"}} {
-		if _, err := reconcile.MarkerTableDDL(bad); err == nil {
-			t.Errorf("reconcile.MarkerTableDDL(%q) accepted", bad)
+	for _, bad := range []pgx.Identifier{nil, {""}, {"tx_marker"}, {"a", "b\x00"}, {"a", "b", "c"}} {
+		if _, err := reconcile.MarkerTableDDL(bad); !errors.Is(err, ErrInvalidArgument) {
+			t.Errorf("reconcile.MarkerTableDDL(%q) = %v, want ErrInvalidArgument", bad, err)
+		}
+		p := DefaultPolicy()
+		p.CommitMarker = bad
+		if err := p.validate(); bad != nil && !errors.Is(err, ErrInvalidArgument) {
+			t.Errorf("Policy.CommitMarker %q: %v, want ErrInvalidArgument", bad, err)
 		}
 	}
 	p := DefaultPolicy()
@@ -95,19 +104,18 @@ func overMarkerAddsNoRoundTrip(t *testing.T, base string) {
 	}
 }
 
-// TestMarkerMissingTable: a marker insert that fails rolls the transaction back, with
-// the insert's error as the cause.
+// TestMarkerMissingTable: a marker table that does not exist changes no commit: Run
+// commits with the xid read alone, and its reference says so.
 func TestMarkerMissingTable(t *testing.T) {
 	ctx := testCtx(t)
 	h := newHarness(t, "", 1)
 	table := newTable(t, ctx)
-	res := Run(ctx, h.pool, markerPolicy(pgx.Identifier{"no_such_marker"}), insertFn(table, 1))
-	rb, ok := res.(outcome.DeterminateRollback[int])
-	if !ok || rb.Retryable() || !strings.Contains(rb.Cause().Error(), "commit marker") || !strings.Contains(rb.Cause().Error(), "42P01") {
+	res := Run(ctx, h.pool, markerPolicy(pgx.Identifier{"public", "no_such_marker"}), insertFn(table, 1))
+	if res.Outcome() != outcome.OutcomeCommitted || !rowExists(t, ctx, table, 1) {
 		t.Fatalf("result %T %v", res, res)
 	}
-	if rowExists(t, ctx, table, 1) {
-		t.Fatal("row present")
+	if ref := frameRef(t, h, "committed"); ref.HasMarker() || ref.XID == 0 {
+		t.Fatalf("reference %s, want the xid alone", ref)
 	}
 }
 
@@ -125,18 +133,7 @@ func overMarkerReconcile(t *testing.T, base string) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	cut := func(arm func(), id int) outcome.Indeterminate[int] {
-		t.Helper()
-		res := Run(ctx, h.pool, markerPolicy(marker), func(ctx context.Context, tx pgx.Tx) (int, error) {
-			arm()
-			return insertFn(table, id)(ctx, tx)
-		})
-		ind, ok := res.(outcome.Indeterminate[int])
-		if !ok {
-			t.Fatalf("result %T", res)
-		}
-		return ind
-	}
+	cut := func(arm func(), id int) outcome.Indeterminate[int] { return cutRun(t, ctx, h, marker, table, arm, id) }
 	after := cut(proxy.CutAfterCommit, 1)
 	before := cut(proxy.CutBeforeCommit, 2)
 	if ref, ok := before.Reference(); !ok || ref.XID != 0 || !ref.HasMarker() || ref.Operation != before.OperationID() {
@@ -208,8 +205,9 @@ func overMarkerReconcile(t *testing.T, base string) {
 			}
 			st := stateOf(tx.Conn().PgConn())
 			q, _ := outcome.QuoteMarkerTable(marker...)
+			q, _ = outcome.MarkerRefTable(st.database, q)
 			began <- started{tx.Conn().PgConn().PID(), outcome.ReconciliationRef{SystemIdentifier: st.systemID,
-				Timeline: st.timeline, MarkerTable: q, Operation: scopeFromContext(ctx).id}}
+				Timeline: st.timeline, MarkerTable: q, Operation: scopeFromContext(ctx).id, CheckedAt: st.checkedAt}}
 			return 3, nil
 		})
 	}()
@@ -230,6 +228,21 @@ func overMarkerReconcile(t *testing.T, base string) {
 	if got, err := reconcile.Indeterminate(ctx, rec, ind); err != nil || got.Status() != reconcile.Committed {
 		t.Fatalf("after the wait: %s %q %v", got.Status(), got.Reason(), err)
 	}
+}
+
+// cutRun runs a Run with marker that inserts row id of table, arming a proxy fault with
+// arm in its transaction, and returns its indeterminate result.
+func cutRun(t *testing.T, ctx context.Context, h *harness, marker pgx.Identifier, table string, arm func(), id int) outcome.Indeterminate[int] {
+	t.Helper()
+	res := Run(ctx, h.pool, markerPolicy(marker), func(ctx context.Context, tx pgx.Tx) (int, error) {
+		arm()
+		return insertFn(table, id)(ctx, tx)
+	})
+	ind, ok := res.(outcome.Indeterminate[int])
+	if !ok {
+		t.Fatalf("result %T", res)
+	}
+	return ind
 }
 
 // TestMarkerAfterFailover settles by marker on the promoted standby what the xid cannot:
@@ -324,4 +337,60 @@ func TestCommitSpanSameWithCapture(t *testing.T) {
 			}
 		}
 	})
+}
+
+// TestOneCapture: Run and the tracer send the same bytes ahead of COMMIT for the same kind
+// of reference — the marker function's call, the xid read's — but for the operation id,
+// recorded at the proxy.
+func TestOneCapture(t *testing.T) {
+	ctx := testCtx(t)
+	table := newTable(t, ctx)
+	marker := newMarkerTable(t, ctx, srv.Exec)
+	commit := []byte("Q\x00\x00\x00\x0bcommit\x00")
+	for _, tc := range []struct {
+		name   string
+		opt    Option
+		policy Policy
+	}{{"marker", WithCommitMarker(marker), markerPolicy(marker)}, {"xid", WithCaptureReference(), DefaultPolicy()}} {
+		id := 2 * len(tc.name) // distinct rows for each kind, two each
+		t.Run(tc.name, func(t *testing.T) {
+			proxy := newProxy(t)
+			rec := proxy.Record()
+			// The call ahead of the last COMMIT of conversation i, its 16-byte argument (if
+			// any) zeroed.
+			callOf := func(i int) []byte {
+				t.Helper()
+				sent := rec.Conversations()[i].ClientBytes()
+				end := bytes.LastIndex(sent, commit)
+				start := bytes.LastIndexByte(sent[:end], 'F')
+				for start > 0 && int(binary.BigEndian.Uint32(sent[start+1:]))+1 != end-start {
+					start = bytes.LastIndexByte(sent[:start], 'F')
+				}
+				if end < 0 || start < 0 {
+					t.Fatalf("no call ahead of COMMIT in %q", sent)
+				}
+				call := bytes.Clone(sent[start:end])
+				if tc.name == "marker" {
+					clear(call[len(call)-2-16 : len(call)-2])
+				}
+				return call
+			}
+			h := newHarness(t, proxy.ConnString(srv.ConnString()), 1, tc.opt)
+			tx := mustBegin(t, ctx, h.pool)
+			defer func() { _ = tx.Rollback(ctx) }() // a failed test leaves no connection held
+			mustExec(t, ctx, tx, fmt.Sprintf("insert into %s values (%d)", table, id))
+			if err := tx.Commit(ctx); err != nil {
+				t.Fatal(err)
+			}
+			h.pool.Close()
+			plain := newHarness(t, proxy.ConnString(srv.ConnString()), 1)
+			if r := Run(ctx, plain.pool, tc.policy, insertFn(table, id+1)); r.Outcome() != outcome.OutcomeCommitted {
+				t.Fatalf("%T", r)
+			}
+			plain.pool.Close()
+			if a, b := callOf(0), callOf(1); !bytes.Equal(a, b) || len(a) < 10 {
+				t.Fatalf("the tracer sent %q ahead of COMMIT, Run %q", a, b)
+			}
+		})
+	}
 }

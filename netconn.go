@@ -72,10 +72,35 @@ type addition struct {
 	match string
 	// before is sent ahead of the application's message, in the same write.
 	before []byte
-	// sent: the write carried it; reply: what the server answered to it.
-	sent  bool
+	state  additionState
+	// reply is what the server answered to it, as far as it was read.
 	reply libraryReply
 }
+
+// additionState is where an addition is in its life. Each connection has at most one
+// in flight: armed by the tracer before a BEGIN or COMMIT is handed to pgconn, taken by
+// that write, its reply filtered out of what pgconn reads.
+type additionState uint8
+
+const (
+	// additionArmed: waiting for the write it was armed for (netConn.next); a write that
+	// is not that one leaves it, and the tracer disarms it when the statement ends.
+	additionArmed additionState = iota + 1
+	// additionUnsent: the write carrying it failed before any of its bytes left: the
+	// server has seen nothing of it, and no reply will come.
+	additionUnsent
+	// additionWritten: some of its bytes left; the reply filter is taking its part of the
+	// reply out of what pgconn reads.
+	additionWritten
+	// additionReplied: its part of the reply was read whole (reply.done).
+	additionReplied
+)
+
+// The tracer collects an addition with netConn.takeAddition when the statement ends, in
+// whichever state it reached; the connection holds none after that.
+
+// sent reports whether any of a's bytes left: the server may have read it.
+func (a *addition) sent() bool { return a.state >= additionWritten }
 
 // newNetConn wraps conn; track follows message boundaries (commit references on).
 func newNetConn(conn net.Conn, t *Tracer, track bool) *netConn {
@@ -158,7 +183,10 @@ func (c *netConn) writeAdded(a *addition, b, out []byte, cut int) (int, error) {
 	c.special.Store(true)
 	c.mu.Unlock()
 	m, err := c.Conn.Write(out)
-	a.sent = m > 0
+	a.state = additionUnsent
+	if m > 0 {
+		a.state = additionWritten
+	}
 	mine := m > cut // some of the application's bytes left
 	c.wrote(mine || err == nil)
 	if err == nil {
@@ -193,6 +221,7 @@ func (c *netConn) arm(a *addition) bool {
 		return false
 	}
 	c.added = nil
+	a.state = additionArmed
 	c.next.Store(a)
 	return true
 }
@@ -304,6 +333,7 @@ func (c *netConn) deliver(p []byte) (n int, err error, done bool) {
 func (c *netConn) endFilter() {
 	if c.added != nil {
 		c.added.reply = c.filter.lib
+		c.added.state = additionReplied
 	}
 	c.filter = nil
 	c.settle()

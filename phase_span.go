@@ -95,6 +95,8 @@ type frame struct {
 	propagation string
 	attempt     int
 	ref         *outcome.ReconciliationRef
+	// marker is the marker function whose call the COMMIT write carries (WithCommitMarker).
+	marker *markerFn
 }
 
 // currentPhase is f's phase; other goroutines read it too, hence the atomic.

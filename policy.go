@@ -62,14 +62,15 @@ type Policy struct {
 	// CaptureReference reads the transaction's xid in the same network round trip as
 	// its COMMIT, so that an indeterminate outcome carries a reconciliation reference.
 	CaptureReference bool
-	// CommitMarker, if set, names a commit-marker table (create it with
-	// reconcile.MarkerTableDDL): Run inserts the operation id into it in the same write as COMMIT
-	// (no extra round trip; the insert's RETURNING replaces the xid read), so that an
-	// indeterminate commit's reference settles by a lookup that survives crash restarts,
-	// failovers and xid wraparound, even when the connection broke before the xid
-	// arrived. It needs CaptureReference. A marker insert that fails (no table, no
-	// privilege, a transaction made read-only inside the function) rolls the transaction
-	// back, with that error as its cause; with AccessMode ReadOnly no marker is written.
+	// CommitMarker, if set, names a commit-marker table, schema and table
+	// (pgx.Identifier{"app", "tx_marker"}; create it with reconcile.MarkerTableDDL): Run
+	// calls its marker function, which inserts the operation id, in place of the xid read
+	// (no extra round trip), so that an indeterminate commit's reference settles by a
+	// lookup that survives crash restarts, failovers and xid wraparound, even when the
+	// connection broke before any reply. It needs CaptureReference. The function is
+	// checked once per connection before BEGIN; where it is missing or not callable by
+	// every role, commits carry the xid read alone, and the marker never changes what a
+	// commit does (docs/reconciliation.md, "The commit marker").
 	CommitMarker pgx.Identifier
 }
 
@@ -96,6 +97,15 @@ var ErrInvalidArgument = reconcile.ErrInvalidArgument
 // from a database failure with errors.Is.
 func invalid(format string, args ...any) error {
 	return fmt.Errorf("%w: "+format, append([]any{ErrInvalidArgument}, args...)...)
+}
+
+// markerTable is CommitMarker quoted, "" when unset or malformed (validate refuses that).
+func (p Policy) markerTable() string {
+	if p.CommitMarker == nil {
+		return ""
+	}
+	name, _ := outcome.QuoteMarkerTable(p.CommitMarker...)
+	return name
 }
 
 // validate refuses a policy that cannot be run, naming the field.

@@ -3,23 +3,21 @@ package otelpgxtx
 import (
 	"context"
 	"log/slog"
-	"strconv"
 
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgproto3"
 
 	"github.com/txevidence/otelpgxtx/classifier"
-	"github.com/txevidence/otelpgxtx/outcome"
 )
 
 // Commit references for plain pgx ([WithCaptureReference], [WithCommitMarker]): what the
 // tracer adds to the application's writes, through the connection's net.Conn wrapper,
-// and what it makes of the replies (see wire_reply.go). Run captures its own references
-// through pgconn (capture.go).
+// and what it makes of the replies (see wire_reply.go). The call ahead of COMMIT and
+// what its reply means are capture.go's, which Run sends through pgconn.
 
 // identityMessage returns the Query the tracer sends ahead of a connection's first BEGIN:
 // the cluster identity, which also calls the xid read's function (so that a missing
-// privilege shows there, outside any transaction), and the marker table's check.
+// privilege shows there, outside any transaction), and the marker function's check.
 func (t *Tracer) identityMessage() []byte {
 	sql := identitySelect
 	if t.cfg.reference == referenceMarker {
@@ -31,7 +29,7 @@ func (t *Tracer) identityMessage() []byte {
 
 // referencesOn reports whether the tracer may add to st's connection's writes: the option
 // is on, the connection's net.Conn is the wrapper, and the server is PostgreSQL (the xid
-// read, the fast-path call and the marker's proof are PostgreSQL's).
+// read, the fast-path call and what a marker's absence proves are PostgreSQL's).
 func (t *Tracer) referencesOn(st *connState) bool {
 	return t.cfg.reference != referenceNone && st.nc != nil && st.server == classifier.ServerPostgreSQL && !st.refsOff
 }
@@ -49,33 +47,28 @@ func (t *Tracer) armIdentity(st *connState, set stmtSet, sql string) {
 	}
 }
 
-// armReference has the write of f's COMMIT (the statement sql) carry the xid read, or
-// the marker insert, when f's transaction can have one: it wrote something the tracer
-// saw, is not read-only, has not failed, and commits with a lone COMMIT Query.
+// armReference has the write of f's COMMIT (the statement sql) carry the call of the
+// marker function, or the xid read (see capture.go), when f's transaction can have a
+// reference: it wrote something the tracer saw, did not begin read-only, has not failed,
+// and commits with a lone COMMIT Query.
 func (t *Tracer) armReference(st *connState, f *frame, pg *pgconn.PgConn, set stmtSet, sql string) {
 	if !t.referencesOn(st) || !st.identityKnown() || st.adding || !f.wrote || f.readOnly ||
 		!set.single() || !set.has(stmtCommit) || pg.TxStatus() != 'T' {
 		return
 	}
-	a := &addition{kind: libraryCall, match: sql}
-	if t.cfg.reference == referenceMarker && st.markerOK {
-		a.kind = libraryInsert
-		a.before, _ = (&pgproto3.Query{String: markerSQL(t.cfg.marker, f.id)}).Encode(nil)
-	} else {
-		if st.xidCallMsg == nil {
-			st.xidCallMsg, _ = st.xidCall.Encode(nil)
-		}
-		a.before = st.xidCallMsg
+	f.marker = nil
+	if t.cfg.reference == referenceMarker {
+		f.marker, _ = st.marker(t.cfg.marker)
 	}
-	if st.nc.arm(a) {
+	if st.nc.arm(&addition{kind: libraryCall, match: sql, before: st.callMsg(f.marker, f.id)}) {
 		st.adding = true
 	}
 }
 
 // takeAddition collects, after the query it was armed for, what became of the library's
 // addition: the cluster identity after a BEGIN; f's reference after its COMMIT. It reports
-// whether the server answered the xid read (or the marker insert) with a FATAL, after
-// which it read nothing more: COMMIT never ran.
+// whether the server answered the call with a FATAL, after which it read nothing more:
+// COMMIT never ran.
 func (t *Tracer) takeAddition(st *connState, f *frame) (endedBeforeCommit bool) {
 	if !st.adding {
 		return false
@@ -83,7 +76,7 @@ func (t *Tracer) takeAddition(st *connState, f *frame) (endedBeforeCommit bool) 
 	st.adding = false
 	st.nc.disarm() // a write that never came
 	a := st.nc.takeAddition()
-	if a == nil || !a.sent {
+	if a == nil || !a.sent() {
 		return false // tried again at the next BEGIN or COMMIT
 	}
 	r := a.reply
@@ -97,23 +90,8 @@ func (t *Tracer) takeAddition(st *connState, f *frame) (endedBeforeCommit bool) 
 		st.identityRead = true
 		t.identityChecked(st, r)
 	case libraryCall:
-		if f != nil && r.gotValue && r.errCode == "" {
-			xid, err := strconv.ParseUint(string(r.value), 10, 64) // NULL: 0, it wrote nothing
-			if r.value == nil || err == nil {
-				f.ref = st.ref(xid)
-			}
-		}
-		return r.fatal
-	case libraryInsert:
-		if f != nil && r.errCode == "" {
-			// The operation id went out with COMMIT: the reference stands even if no reply
-			// ever came, for the marker row exists exactly when the transaction committed.
-			f.ref = st.markerRef(t.cfg.marker, f.id)
-			if len(r.row) == 1 && r.row[0] != nil {
-				if xid, err := strconv.ParseUint(string(r.row[0]), 10, 64); err == nil {
-					f.ref.XID = xid
-				}
-			}
+		if f != nil && !r.fatal {
+			f.ref = st.callRef(f.marker, f.id, r)
 		}
 		return r.fatal
 	}
@@ -138,13 +116,12 @@ func (t *Tracer) identityChecked(st *connState, r libraryReply) {
 		return
 	}
 	if t.cfg.reference == referenceMarker {
-		switch {
-		case len(r.row) > 5 && string(r.row[5]) == "true":
-			st.markerOK = true
-		case len(r.row) > 5 && r.row[5] == nil:
-			t.referenceLog("the commit marker is off for this connection; commits carry the xid read", "the marker table "+t.cfg.marker+" does not exist")
-		default:
-			t.referenceLog("the commit marker is off for this connection; commits carry the xid read", "the role may not insert into the marker table "+t.cfg.marker)
+		var check []byte
+		if len(r.row) > colMarker {
+			check = r.row[colMarker]
+		}
+		if m := st.newMarkerFn(t.cfg.marker, check); m.problem != "" {
+			t.referenceLog("the commit marker is off for this connection; commits carry the xid read", m.problem)
 		}
 	}
 }
@@ -158,11 +135,4 @@ func (t *Tracer) referenceLog(msg, reason string) {
 		l = slog.Default()
 	}
 	l.LogAttrs(context.Background(), slog.LevelWarn, "otelpgxtx: "+msg, slog.String("reason", reason))
-}
-
-// markerRef is the reference of a marked commit of operation id on st's cluster.
-func (st *connState) markerRef(table string, id outcome.OperationID) *outcome.ReconciliationRef {
-	r := st.ref(0)
-	r.MarkerTable, r.Operation = table, id
-	return r
 }

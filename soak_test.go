@@ -118,7 +118,7 @@ func soakConfigFromEnv(t *testing.T) soakConfig {
 }
 
 // soakMarker is the soak's commit-marker table.
-var soakMarker = pgx.Identifier{"soak_marker"}
+var soakMarker = pgx.Identifier{"public", "soak_marker"}
 
 // soakCounters is a set of named counts, safe for concurrent use.
 type soakCounters struct {

@@ -6,7 +6,10 @@ import (
 	"errors"
 	"fmt"
 
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgproto3"
+
+	"github.com/txevidence/otelpgxtx/classifier"
 )
 
 // With commit references for plain pgx ([WithCaptureReference], [WithCommitMarker]), the
@@ -24,27 +27,65 @@ const (
 	// reply runs up to its ReadyForQuery, an error included (it changes nothing of the
 	// application's).
 	libraryQuery libraryMessage = iota + 1
-	// libraryCall: a FunctionCall sent ahead; its reply is a FunctionCallResponse (or an
-	// ErrorResponse) and a ReadyForQuery.
+	// libraryCall: a FunctionCall sent ahead of COMMIT (capture.go); its reply is a
+	// FunctionCallResponse (or an ErrorResponse) and a ReadyForQuery. When it fails with
+	// an ERROR the transaction is aborted and COMMIT answers ROLLBACK: pgconn is given
+	// that error in place of the ROLLBACK tag, then COMMIT's ReadyForQuery, which is what
+	// COMMIT itself answers when it fails, and leaves the session idle as that would.
 	libraryCall
-	// libraryInsert: the marker's INSERT … RETURNING, a Query sent ahead of COMMIT inside
-	// the transaction; its reply runs up to its ReadyForQuery. When it fails with an ERROR
-	// the transaction is aborted and COMMIT answers ROLLBACK: pgconn is given that error
-	// in place of the ROLLBACK tag, then COMMIT's ReadyForQuery, which is what COMMIT
-	// itself answers when it fails (a serialization failure the server would have raised at
-	// COMMIT, say, is raised at the insert instead), and leaves the session idle as that
-	// would.
-	libraryInsert
 )
 
 // libraryReply is what the server answered to the library's message.
 type libraryReply struct {
-	row      [][]byte // the DataRow's values (libraryQuery, libraryInsert); nil if none came
+	row      [][]byte // the DataRow's values (libraryQuery); nil if none came
 	value    []byte   // the FunctionCallResponse's result (libraryCall); nil for NULL
 	gotValue bool     // a FunctionCallResponse came
 	errCode  string   // the SQLSTATE of an ErrorResponse to the library's message
+	err      error    // that error
 	fatal    bool     // that ErrorResponse was FATAL or PANIC: the session ended there
 	done     bool     // the library's part of the reply was read whole
+}
+
+// take records msg, one message of the reply to the library's message of kind, and
+// reports whether it has a place there. It is the one reader of that reply: the
+// tracer's reply filter decodes the bytes it takes out of the stream into messages for
+// it, Run reads them from pgconn.
+func (r *libraryReply) take(kind libraryMessage, msg pgproto3.BackendMessage) bool {
+	switch m := msg.(type) {
+	case *pgproto3.ErrorResponse:
+		r.errCode = m.Code
+		r.err = pgconn.ErrorResponseToPgError(m)
+		r.fatal = classifier.IsFatal(r.err)
+		r.done = r.fatal // the server reads nothing after a FATAL
+		return true
+	case *pgproto3.ReadyForQuery:
+		r.done = true
+		return true
+	}
+	switch kind {
+	case libraryQuery:
+		switch m := msg.(type) {
+		case *pgproto3.RowDescription, *pgproto3.EmptyQueryResponse, *pgproto3.CommandComplete:
+			return true
+		case *pgproto3.DataRow:
+			r.row = make([][]byte, len(m.Values))
+			for i, v := range m.Values {
+				if v != nil {
+					r.row[i] = append([]byte{}, v...)
+				}
+			}
+			return true
+		}
+	case libraryCall:
+		if m, ok := msg.(*pgproto3.FunctionCallResponse); ok {
+			r.gotValue = true
+			if m.Result != nil {
+				r.value = append([]byte{}, m.Result...)
+			}
+			return true
+		}
+	}
+	return false
 }
 
 // maxLibraryMessage bounds a message read while the library's part is being taken out:
@@ -66,8 +107,8 @@ type replyFilter struct {
 	in   []byte // bytes of a message not yet complete
 	out  []byte // bytes for pgconn, not yet read
 	err  error  // errUnaccountedReply, once something could not be accounted for
-	// held is the marker insert's ERROR, given to pgconn in place of COMMIT's ROLLBACK
-	// tag; replacing says the library's part is read and that tag is still to come.
+	// held is the call's ERROR, given to pgconn in place of COMMIT's ROLLBACK tag;
+	// replacing says the library's part is read and that tag is still to come.
 	held      []byte
 	replacing bool
 }
@@ -120,7 +161,7 @@ func (f *replyFilter) message(m []byte) {
 		return
 	}
 	if f.replacing {
-		// COMMIT's reply after the marker insert failed: ROLLBACK, then ReadyForQuery.
+		// COMMIT's reply after the call failed: ROLLBACK, then ReadyForQuery.
 		switch {
 		case typ == 'C' && string(bytes.TrimRight(body, "\x00")) == "ROLLBACK":
 			f.out = append(f.out, f.held...)
@@ -128,76 +169,58 @@ func (f *replyFilter) message(m []byte) {
 			f.out = append(f.out, m...)
 			f.replacing = false
 		default:
-			f.fail(fmt.Errorf("message %q after the marker insert failed", typ))
+			f.fail(fmt.Errorf("message %q after the library's call failed", typ))
 		}
 		return
 	}
-	if typ == 'E' {
-		var e pgproto3.ErrorResponse
-		if err := e.Decode(body); err != nil {
-			f.fail(err)
-			return
-		}
-		f.lib.errCode = e.Code
-		sev := e.SeverityUnlocalized
-		if sev == "" {
-			sev = e.Severity
-		}
-		f.lib.fatal = sev == "FATAL" || sev == "PANIC"
-		switch {
-		case f.lib.fatal:
-			// The server reads nothing after a FATAL: it is the reply to what pgconn sent.
-			f.out = append(f.out, m...)
-			f.lib.done = true
-		case f.kind == libraryInsert:
-			f.held = append([]byte{}, m...)
-		}
+	msg := backendMessage(typ)
+	if msg == nil {
+		f.fail(fmt.Errorf("message %q", typ))
 		return
 	}
-	switch f.kind {
-	case libraryQuery, libraryInsert:
-		switch typ {
-		case 'T', 'I': // RowDescription, EmptyQueryResponse
-			return
-		case 'D':
-			var d pgproto3.DataRow
-			if err := d.Decode(body); err != nil {
-				f.fail(err)
-				return
-			}
-			f.lib.row = make([][]byte, len(d.Values))
-			for i, v := range d.Values {
-				if v != nil {
-					f.lib.row[i] = append([]byte{}, v...)
-				}
-			}
-			return
-		case 'C':
-			return
-		case 'Z':
-			f.lib.done = true
-			f.replacing = f.held != nil
-			return
-		}
-	case libraryCall:
-		switch typ {
-		case 'V':
-			var r pgproto3.FunctionCallResponse
-			if err := r.Decode(body); err != nil {
-				f.fail(err)
-				return
-			}
-			f.lib.gotValue = true
-			if r.Result != nil {
-				f.lib.value = append([]byte{}, r.Result...)
-			}
-			return
-		case 'Z':
-			f.lib.done = true
-			return
-		}
+	if err := msg.Decode(body); err != nil {
+		f.fail(err)
+		return
 	}
-	f.fail(fmt.Errorf("message %q", typ))
+	if !f.lib.take(f.kind, msg) {
+		f.fail(fmt.Errorf("message %q", typ))
+		return
+	}
+	if typ != 'E' {
+		f.replacing = f.lib.done && f.held != nil
+		return
+	}
+	switch {
+	case f.lib.fatal:
+		// The server reads nothing after a FATAL: it is the reply to what pgconn sent.
+		f.out = append(f.out, m...)
+	case f.kind == libraryCall && f.lib.errCode != sqlStateInFailedTransaction:
+		// An error that only says the transaction had already failed is no cause: COMMIT's
+		// ROLLBACK is its own answer then.
+		f.held = append([]byte{}, m...)
+	}
+}
+
+// backendMessage returns an empty message of type typ for the library's part of a reply,
+// nil for one that has no place there.
+func backendMessage(typ byte) pgproto3.BackendMessage {
+	switch typ {
+	case 'E':
+		return &pgproto3.ErrorResponse{}
+	case 'Z':
+		return &pgproto3.ReadyForQuery{}
+	case 'V':
+		return &pgproto3.FunctionCallResponse{}
+	case 'D':
+		return &pgproto3.DataRow{}
+	case 'T':
+		return &pgproto3.RowDescription{}
+	case 'I':
+		return &pgproto3.EmptyQueryResponse{}
+	case 'C':
+		return &pgproto3.CommandComplete{}
+	}
+	return nil
 }
 
 // fail records a reply that cannot be accounted for; nothing more is given to pgconn.

@@ -1,9 +1,11 @@
 // Package docs holds the project's documentation pages; its test checks that they hold
 // together: every link between pages resolves, every alert rule links to its section of
-// the runbook, and `make fuzz` runs every fuzz target, as testing.md says.
+// the runbook, and `make fuzz` runs every fuzz target, as testing.md says; and that the
+// repository tracks nothing built.
 package docs
 
 import (
+	"bytes"
 	"io/fs"
 	"os"
 	"os/exec"
@@ -334,4 +336,46 @@ func shBlock(t *testing.T, page, first string) string {
 		t.Fatalf("%d sh blocks start with %q, want 1", len(found), first)
 	}
 	return found[0]
+}
+
+// maxTrackedFile is the largest file the repository may track: its largest today, the
+// benchmark run's raw summary, is a third of this; a compiled program is fifty times it.
+const maxTrackedFile = 1 << 20
+
+// TestNoBuildOutputsTracked: nothing built is committed — no tracked file is a compiled
+// program (an ELF, Mach-O or PE executable, or a Go archive) or larger than
+// maxTrackedFile. Build outputs belong in .gitignore.
+func TestNoBuildOutputsTracked(t *testing.T) {
+	out, err := exec.Command("git", "-C", "..", "ls-files", "-z").Output()
+	if err != nil {
+		t.Fatalf("listing the tracked files needs a git checkout: %v", err)
+	}
+	magics := [][]byte{{0x7f, 'E', 'L', 'F'}, {0xfe, 0xed, 0xfa, 0xce}, {0xfe, 0xed, 0xfa, 0xcf},
+		{0xce, 0xfa, 0xed, 0xfe}, {0xcf, 0xfa, 0xed, 0xfe}, {0xca, 0xfe, 0xba, 0xbe}, []byte("MZ"), []byte("!<arch>\n")}
+	files := strings.Split(strings.TrimRight(string(out), "\x00"), "\x00")
+	for _, f := range files {
+		path := filepath.Join("..", f)
+		info, err := os.Lstat(path)
+		if err != nil || !info.Mode().IsRegular() {
+			continue // deleted in the work tree, or a link
+		}
+		if info.Size() > maxTrackedFile {
+			t.Errorf("%s is tracked and %d bytes, over %d: a build output or data that belongs elsewhere", f, info.Size(), maxTrackedFile)
+		}
+		head := make([]byte, 8)
+		fh, err := os.Open(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		n, _ := fh.Read(head)
+		fh.Close()
+		for _, m := range magics {
+			if bytes.HasPrefix(head[:n], m) {
+				t.Errorf("%s is tracked and is a compiled program or archive: remove it and add it to .gitignore", f)
+			}
+		}
+	}
+	if len(files) < 100 {
+		t.Fatalf("git ls-files listed %d files; is this the repository?", len(files))
+	}
 }

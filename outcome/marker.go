@@ -6,13 +6,21 @@ import (
 	"strings"
 )
 
-// QuoteMarkerTable returns parts as a qualified SQL name with every part quoted as an
-// identifier ("schema"."table"), the form a [ReconciliationRef] carries. It refuses no
-// parts, an empty part and a NUL byte, which PostgreSQL identifiers cannot hold.
+// QuoteMarkerTable returns a commit-marker table's name, schema and table, as a qualified
+// SQL name with both parts quoted as identifiers ("app"."tx_marker"). The schema is
+// required: a marker written through an unqualified name would go wherever the session's
+// search_path pointed at commit time, and a reconciler looking it up with another
+// search_path would find another table, or none. It refuses an empty part and a NUL byte,
+// which PostgreSQL identifiers cannot hold.
 func QuoteMarkerTable(parts ...string) (string, error) {
-	if len(parts) == 0 || len(parts) > 3 {
-		return "", fmt.Errorf("outcome: a marker table name has 1 to 3 parts, not %d", len(parts))
+	if len(parts) != 2 {
+		return "", fmt.Errorf("outcome: a marker table is named by its schema and its name (2 parts), not %d part(s)", len(parts))
 	}
+	return quoteParts(parts)
+}
+
+// quoteParts quotes each part as an identifier and joins them with dots.
+func quoteParts(parts []string) (string, error) {
 	var b strings.Builder
 	for i, p := range parts {
 		if p == "" || strings.IndexByte(p, 0) >= 0 {
@@ -26,27 +34,51 @@ func QuoteMarkerTable(parts ...string) (string, error) {
 	return b.String(), nil
 }
 
-// ParseMarkerTable reads a marker table's name as an operator writes it and returns its
-// parts, for [QuoteMarkerTable]: the quoted form a [ReconciliationRef] carries
-// ("app"."tx_marker"), or, for parts that quoting leaves unchanged (lower-case letters,
+// ParseMarkerTable reads a marker table's name as an operator writes it, schema and
+// table, and returns its two parts, for [QuoteMarkerTable]: the quoted form
+// ("app"."tx_marker") or, for parts that quoting leaves unchanged (lower-case letters,
 // digits, _ and $, not starting with a digit or $), the same parts unquoted
 // (app.tx_marker). Any other unquoted part is refused rather than guessed at:
 // PostgreSQL folds App to app, while a quoted "App" is another table.
 func ParseMarkerTable(s string) ([]string, error) {
-	return splitTableName(s, true)
+	parts, err := splitTableName(s, true)
+	if err == nil && len(parts) != 2 {
+		err = fmt.Errorf("outcome: marker table %q is not schema-qualified: want schema.table", s)
+	}
+	return parts, err
 }
 
-// checkQuotedTable checks that s is what QuoteMarkerTable returns: quoted parts joined
-// by dots, so that it can be placed in SQL as it is.
-func checkQuotedTable(s string) error {
-	_, err := splitTableName(s, false)
-	return err
+// splitMarkerRef splits a reference's marker table, "database"."schema"."table", into the
+// database and the quoted relation ("schema"."table").
+func splitMarkerRef(s string) (database, relation string, err error) {
+	parts, err := splitTableName(s, false)
+	if err != nil {
+		return "", "", err
+	}
+	if len(parts) != 3 {
+		return "", "", fmt.Errorf("outcome: malformed marker table %q: want \"database\".\"schema\".\"table\"", s)
+	}
+	relation, _ = quoteParts(parts[1:])
+	return parts[0], relation, nil
+}
+
+// MarkerRefTable returns the marker table of a reference: table (as [QuoteMarkerTable]
+// returns it) in database, "database"."schema"."table".
+func MarkerRefTable(database, table string) (string, error) {
+	db, err := quoteParts([]string{database})
+	if err != nil {
+		return "", err
+	}
+	if _, _, err := splitMarkerRef(db + "." + table); err != nil {
+		return "", err
+	}
+	return db + "." + table, nil
 }
 
 // splitTableName splits s into its 1 to 3 parts, each quoted ("a""b") or, if bare is
 // set, a plain lower-case identifier.
 func splitTableName(s string, bare bool) ([]string, error) {
-	want := `"name" or "schema"."name"`
+	want := `"schema"."name"`
 	if bare {
 		want += " (or schema.name for lower-case names)"
 	}

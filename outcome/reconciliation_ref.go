@@ -20,10 +20,18 @@ import (
 // restart, an xid whose records had not reached the WAL is handed out again, so a
 // "committed" status found after a restart may belong to another transaction.
 //
-// MarkerTable and Operation are set when the transaction wrote its operation id into a
-// commit-marker table (the quoted name, see [QuoteMarkerTable]) in the same write as
-// COMMIT: its row exists in the surviving history exactly when the transaction committed
-// there. XID is then 0 when the xid never arrived.
+// MarkerTable and Operation are set when the transaction's COMMIT was sent right after
+// the call of the commit-marker function, which inserts the operation id into the marker
+// table named here as the database it is in and its quoted schema-qualified name
+// ("database"."schema"."table", see [MarkerRefTable]), unless the transaction is
+// read-only or has no xid (then it cannot have changed anything durable, so the marker's
+// absence still proves that nothing of it is in the database). The row exists in the
+// surviving history exactly when the transaction committed there with writes. XID is 0
+// when the call's reply never arrived.
+//
+// CheckedAt is the server's clock (µs since the Unix epoch) when the connection was
+// checked, before the transaction began: a marker row is never older than it, so a
+// reconciler can tell a row that may have been pruned from one never written.
 type ReconciliationRef struct {
 	XID              uint64
 	SystemIdentifier uint64
@@ -31,6 +39,7 @@ type ReconciliationRef struct {
 	ServerStart      int64
 	MarkerTable      string
 	Operation        OperationID
+	CheckedAt        int64
 }
 
 // NewReconciliationRef returns a reference, refusing a zero system identifier or timeline
@@ -56,9 +65,23 @@ func (r ReconciliationRef) Validate() error {
 		if r.Operation.IsZero() {
 			return fmt.Errorf("outcome: malformed reconciliation reference %s: a marker without an operation id", r)
 		}
-		return checkQuotedTable(r.MarkerTable)
+		_, _, err := splitMarkerRef(r.MarkerTable)
+		return err
 	}
 	return nil
+}
+
+// MarkerDatabase returns the database of the marker table, "" without a marker.
+func (r ReconciliationRef) MarkerDatabase() string {
+	db, _, _ := splitMarkerRef(r.MarkerTable)
+	return db
+}
+
+// MarkerRelation returns the marker table's quoted schema-qualified name, to be used in
+// SQL in [ReconciliationRef.MarkerDatabase]; "" without a marker.
+func (r ReconciliationRef) MarkerRelation() string {
+	_, rel, _ := splitMarkerRef(r.MarkerTable)
+	return rel
 }
 
 // NoWrites reports whether the transaction had no xid when COMMIT was sent.
@@ -69,13 +92,17 @@ func (r ReconciliationRef) NoWrites() bool { return r.XID == 0 && r.MarkerTable 
 func (r ReconciliationRef) HasMarker() bool { return r.MarkerTable != "" }
 
 // String returns "pg:<system identifier>/<timeline>/<xid8>/<server start>" (without the
-// last field when the start is unknown), followed by ";marker=<operation id>@<quoted
-// table>" with a marker, the form [ParseReconciliationRef] reads.
+// last field when the start is unknown), followed by ";checked=<µs>" when CheckedAt is
+// set and ";marker=<operation id>@<quoted table>" with a marker, the form
+// [ParseReconciliationRef] reads.
 func (r ReconciliationRef) String() string {
 	s := "pg:" + strconv.FormatUint(r.SystemIdentifier, 10) + "/" +
 		strconv.FormatUint(uint64(r.Timeline), 10) + "/" + strconv.FormatUint(r.XID, 10)
 	if r.ServerStart != 0 {
 		s += "/" + strconv.FormatInt(r.ServerStart, 10)
+	}
+	if r.CheckedAt != 0 {
+		s += ";checked=" + strconv.FormatInt(r.CheckedAt, 10)
 	}
 	if r.MarkerTable != "" {
 		s += ";marker=" + r.Operation.String() + "@" + r.MarkerTable
@@ -95,10 +122,18 @@ func ParseReconciliationRef(s string) (ReconciliationRef, error) {
 		if op, err = ParseOperationID(opText); err != nil || !found || op.IsZero() {
 			return ReconciliationRef{}, fmt.Errorf("outcome: malformed reconciliation reference %q: want ;marker=<operation id>@<quoted table>", s)
 		}
-		if err := checkQuotedTable(t); err != nil {
+		if _, _, err := splitMarkerRef(t); err != nil {
 			return ReconciliationRef{}, fmt.Errorf("outcome: malformed reconciliation reference: %w", err)
 		}
 		table = t
+	}
+	var checked int64
+	rest, checkedText, hasChecked := strings.Cut(rest, ";checked=")
+	if hasChecked {
+		var err error
+		if checked, err = strconv.ParseInt(checkedText, 10, 64); err != nil || checked <= 0 {
+			return ReconciliationRef{}, fmt.Errorf("outcome: malformed reconciliation reference %q: ;checked= wants a positive decimal number", s)
+		}
 	}
 	parts := strings.Split(rest, "/")
 	if !ok || len(parts) < 3 || len(parts) > 4 {
@@ -122,6 +157,6 @@ func ParseReconciliationRef(s string) (ReconciliationRef, error) {
 	if err != nil {
 		return ReconciliationRef{}, err
 	}
-	r.ServerStart, r.MarkerTable, r.Operation = start, table, op
+	r.ServerStart, r.MarkerTable, r.Operation, r.CheckedAt = start, table, op, checked
 	return r, nil
 }

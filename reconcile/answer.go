@@ -85,6 +85,17 @@ const (
 	ReasonNotReplicated = "not_replicated"
 	// ReasonMarkerGone: the marker row was pruned between the fence and the lookup.
 	ReasonMarkerGone = "marker_gone"
+	// ReasonMarkerPruned: no marker row, but reconcile.PruneMarkers has removed rows as
+	// recent as the reference (or, asked without a reference, any): absence proves nothing.
+	// Nothing was fenced.
+	ReasonMarkerPruned = "marker_pruned"
+	// ReasonOtherDatabase: the reference's marker table is in another database than the
+	// one the reconciler is connected to. Nothing was fenced.
+	ReasonOtherDatabase = "other_database"
+	// ReasonEvidenceConflict: the reference's xid is conclusive on the server asked (the
+	// incarnation that assigned it says committed or aborted) and the marker row says
+	// otherwise. Logged at level ERROR; nothing was fenced.
+	ReasonEvidenceConflict = "evidence_conflict"
 	// ReasonQueueFull: automatic reconciliation's queue was full when the frame ended; its
 	// log record is what is left to settle it with.
 	ReasonQueueFull = "queue_full"

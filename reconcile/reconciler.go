@@ -3,6 +3,7 @@ package reconcile
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -31,6 +32,7 @@ type Querier interface {
 // unknown with [ReasonNotReplicated].
 type Reconciler struct {
 	db       Querier
+	logger   *slog.Logger
 	tracer   trace.Tracer
 	wait     time.Duration
 	interval time.Duration
@@ -38,8 +40,8 @@ type Reconciler struct {
 	errorMessages bool
 }
 
-// Option configures a [Reconciler]: [WithTracerProvider], [WithWait] and
-// [WithErrorMessages].
+// Option configures a [Reconciler]: [WithTracerProvider], [WithWait],
+// [WithErrorMessages] and [WithLogger].
 type Option interface {
 	apply(*config)
 }
@@ -53,7 +55,19 @@ type config struct {
 	tracerProvider trace.TracerProvider
 	wait, interval time.Duration
 	errorMessages  bool
+	logger         *slog.Logger
 	err            error
+}
+
+// WithLogger sets the logger of what an operator must see beyond an answer (a marker that
+// contradicts its reference's xid); slog's default by default. A nil logger keeps the
+// default.
+func WithLogger(l *slog.Logger) Option {
+	return optionFunc(func(c *config) {
+		if l != nil {
+			c.logger = l
+		}
+	})
 }
 
 // WithTracerProvider sets the tracer provider of the tx.reconcile spans; the global one
@@ -97,7 +111,7 @@ func New(db Querier, opts ...Option) (*Reconciler, error) {
 		// The marker's fence and the replication barrier commit transactions of their own.
 		return nil, invalid("New: db is a transaction; give it a pool or a connection")
 	}
-	cfg := config{tracerProvider: otel.GetTracerProvider(), wait: 5 * time.Second, interval: 50 * time.Millisecond}
+	cfg := config{tracerProvider: otel.GetTracerProvider(), wait: 5 * time.Second, interval: 50 * time.Millisecond, logger: slog.Default()}
 	for _, o := range opts {
 		if o != nil {
 			o.apply(&cfg)
@@ -106,7 +120,7 @@ func New(db Querier, opts ...Option) (*Reconciler, error) {
 	if cfg.err != nil {
 		return nil, cfg.err
 	}
-	r := &Reconciler{db: db, tracer: cfg.tracerProvider.Tracer(ScopeName, trace.WithInstrumentationVersion(schema.Version)),
+	r := &Reconciler{db: db, logger: cfg.logger, tracer: cfg.tracerProvider.Tracer(ScopeName, trace.WithInstrumentationVersion(schema.Version)),
 		wait: cfg.wait, interval: cfg.interval, errorMessages: cfg.errorMessages}
 	return r, nil
 }
@@ -160,8 +174,15 @@ func (r *Reconciler) resolve(ctx context.Context, ref outcome.ReconciliationRef,
 			return res, nil
 		}
 		if ref.HasMarker() {
+			q := markerQuestion{relation: ref.MarkerRelation(), op: ref.Operation, database: ref.MarkerDatabase(),
+				sys: ref.SystemIdentifier, checkedAt: ref.CheckedAt}
 			var err error
-			res.status, res.reason, err = r.resolveMarker(ctx, ref.MarkerTable, ref.Operation, ref.SystemIdentifier)
+			if ref.XID != 0 {
+				q.xid, err = r.xidProof(ctx, ref)
+			}
+			if err == nil {
+				res.status, res.reason, err = r.resolveMarker(ctx, q)
+			}
 			if err != nil {
 				err = fmt.Errorf("reconcile: reconciling %s: %w", ref, err)
 			}
@@ -201,6 +222,24 @@ func (r *Reconciler) resolve(ctx context.Context, ref outcome.ReconciliationRef,
 			}
 		}
 	})
+}
+
+// xidProof returns what ref's xid proves on the server asked: Committed or Aborted where
+// the incarnation that assigned it answers (same system, timeline and server start),
+// else Unknown (in progress, another incarnation, where PostgreSQL may have reused it).
+func (r *Reconciler) xidProof(ctx context.Context, ref outcome.ReconciliationRef) (Status, error) {
+	v, err := r.query(ctx, ref.XID)
+	if err != nil || v.inFuture || v.inRecovery || v.status == nil || v.sys != ref.SystemIdentifier || v.timeline != ref.Timeline ||
+		ref.ServerStart == 0 || v.start != ref.ServerStart {
+		return Unknown, err
+	}
+	switch *v.status {
+	case "committed":
+		return Committed, nil
+	case "aborted":
+		return Aborted, nil
+	}
+	return Unknown, nil
 }
 
 // trace runs one reconciliation in a tx.reconcile span linked to the original frame. The

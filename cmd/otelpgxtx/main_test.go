@@ -282,12 +282,17 @@ func cliMarkerPool(t *testing.T, ctx context.Context, opts ...otelpgxtx.Option) 
 	return cliPool(t, ctx, opts...)
 }
 
-// commitWithMarker commits an empty Run on pool with table as its commit marker, or fails t.
+// commitWithMarker commits a Run on pool with table as its commit marker, or fails t. The
+// transaction takes an xid, so that the marker function writes its row (a transaction
+// without one leaves nothing durable, and no marker).
 func commitWithMarker(t *testing.T, ctx context.Context, pool *pgxpool.Pool, table pgx.Identifier) outcome.Result[int] {
 	t.Helper()
 	p := otelpgxtx.DefaultPolicy()
 	p.CommitMarker = table
-	res := otelpgxtx.Run(ctx, pool, p, func(context.Context, pgx.Tx) (int, error) { return 1, nil })
+	res := otelpgxtx.Run(ctx, pool, p, func(ctx context.Context, tx pgx.Tx) (int, error) {
+		_, err := tx.Exec(ctx, "select pg_current_xact_id()")
+		return 1, err
+	})
 	if res.Outcome() != outcome.OutcomeCommitted {
 		t.Fatalf("Run with the marker table %v: %T", table, res)
 	}
@@ -328,12 +333,51 @@ func TestPlainCommitNeverAborted(t *testing.T) {
 	if err := srv.Exec(ctx, "drop table if exists cli_plain; create table cli_plain (id int primary key)"); err != nil {
 		t.Fatal(err)
 	}
-	tx, err := pool.Begin(ctx)
+	conn, err := pool.Acquire(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
-	pid := tx.Conn().PgConn().PID()
-	if _, err := tx.Exec(ctx, "set local synchronous_commit = on; insert into cli_plain values (1)"); err != nil {
+	terminateInSyncRep(t, ctx, conn, "insert into cli_plain values (1)")
+	conn.Release()
+	record := strings.TrimSpace(logs.String())
+	if !strings.Contains(record, `"tx.operation_id"`) || strings.Contains(record, `"tx.reconciliation.ref"`) {
+		t.Fatalf("want one indeterminate record with an operation id and no reference:\n%s", record)
+	}
+
+	cmd := exec.CommandContext(ctx, buildCLI(t), "reconcile", "-assert-marker", "public.cli_marker")
+	cmd.Env = append(os.Environ(), "DATABASE_URL="+srv.ConnString())
+	cmd.Stdin = strings.NewReader(record + "\n")
+	var stdout, stderr bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	_ = cmd.Run()
+	t.Logf("stdout: %s\nstderr: %s", stdout.String(), stderr.String())
+	if code := cmd.ProcessState.ExitCode(); code != exitUnknown || !strings.HasSuffix(stdout.String(), " resolved=unknown reason=no_reference\n") {
+		t.Errorf("exit %d, %q; want 1, unknown no_reference", code, stdout.String())
+	}
+	admin, err := srv.Conn(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer admin.Close(ctx)
+	var rows, fences int
+	if err := admin.QueryRow(ctx, "select (select count(*) from cli_plain), (select count(*) from cli_marker)").Scan(&rows, &fences); err != nil {
+		t.Fatal(err)
+	}
+	if rows != 1 || fences != 0 {
+		t.Errorf("the transaction's row: %d (it committed), marker rows: %d; want 1 and no fence", rows, fences)
+	}
+}
+
+// terminateInSyncRep runs sql in a transaction on conn and terminates its backend in
+// COMMIT's synchronous-replication wait: the commit is local, its reply never comes.
+func terminateInSyncRep(t *testing.T, ctx context.Context, conn *pgxpool.Conn, sql string) {
+	t.Helper()
+	tx, err := conn.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pid := conn.Conn().PgConn().PID()
+	if _, err := tx.Exec(ctx, "set local synchronous_commit = on; "+sql); err != nil {
 		t.Fatal(err)
 	}
 	committed := make(chan error, 1)
@@ -350,32 +394,54 @@ func TestPlainCommitNeverAborted(t *testing.T) {
 	if err := srv.WaitBackendGone(ctx, pid); err != nil {
 		t.Fatal(err)
 	}
-	record := strings.TrimSpace(logs.String())
-	if !strings.Contains(record, `"tx.operation_id"`) || strings.Contains(record, `"tx.reconciliation.ref"`) {
-		t.Fatalf("want one indeterminate record with an operation id and no reference:\n%s", record)
-	}
+}
 
-	cmd := exec.CommandContext(ctx, buildCLI(t), "reconcile", "-assert-marker", "public.cli_marker")
-	cmd.Env = append(os.Environ(), "DATABASE_URL="+srv.ConnString())
-	cmd.Stdin = strings.NewReader(record + "\n")
-	var stdout, stderr bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &stdout, &stderr
-	_ = cmd.Run()
-	t.Logf("stdout: %s\nstderr: %s", stdout.String(), stderr.String())
-	if code := cmd.ProcessState.ExitCode(); code != exitUnknown || !strings.HasSuffix(stdout.String(), " resolved=unknown reason=no_reference\n") {
-		t.Errorf("exit %d, %q; want 1, unknown no_reference", code, stdout.String())
-	}
-	conn, err := srv.Conn(ctx)
+// TestSearchPathMarker is the wrong answer that made the marker a function, through the
+// command: the application's session has SET search_path TO tenant, public and the tenant
+// schema a marker table of its own; a plain pgx COMMIT with WithCommitMarker(public …)
+// terminated in its synchronous-replication wait committed. Its log record, piped to the
+// command with no flag, answers committed; the tenant's table is untouched.
+func TestSearchPathMarker(t *testing.T) {
+	pgtest.LeakCheck(t)
+	ctx := testCtx(t)
+	var logs bytes.Buffer
+	pool := cliMarkerPool(t, ctx, otelpgxtx.WithLogger(slog.New(slog.NewJSONHandler(&logs, nil))),
+		otelpgxtx.WithCommitMarker(pgx.Identifier{"public", "cli_marker"}))
+	decoy, err := reconcile.MarkerTableDDL(pgx.Identifier{"cli_tenant", "cli_marker"})
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer conn.Close(ctx)
-	var rows, fences int
-	if err := conn.QueryRow(ctx, "select (select count(*) from cli_plain), (select count(*) from cli_marker)").Scan(&rows, &fences); err != nil {
+	if err := srv.Exec(ctx, "drop table if exists cli_sp; create table cli_sp (id int primary key); drop table if exists cli_tenant.cli_marker; "+decoy); err != nil {
 		t.Fatal(err)
 	}
-	if rows != 1 || fences != 0 {
-		t.Errorf("the transaction's row: %d (it committed), marker rows: %d; want 1 and no fence", rows, fences)
+	conn, err := pool.Acquire(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := conn.Exec(ctx, "set search_path to cli_tenant, public"); err != nil {
+		t.Fatal(err)
+	}
+	terminateInSyncRep(t, ctx, conn, "insert into public.cli_sp values (1)")
+	conn.Release()
+	record := strings.TrimSpace(logs.String())
+	if !strings.Contains(record, `;marker=`) || !strings.Contains(record, `\"postgres\".\"public\".\"cli_marker\"`) {
+		t.Fatalf("want one indeterminate record whose reference names postgres.public.cli_marker:\n%s", record)
+	}
+	code, out, _ := cli(t, ctx, record+"\n", "reconcile")
+	if code != exitSettled || !strings.HasSuffix(out, " resolved=committed\n") {
+		t.Errorf("exit %d, %q; want 0, committed", code, out)
+	}
+	admin, err := srv.Conn(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer admin.Close(ctx)
+	var rows, decoys int
+	if err := admin.QueryRow(ctx, "select (select count(*) from public.cli_sp), (select count(*) from cli_tenant.cli_marker)").Scan(&rows, &decoys); err != nil {
+		t.Fatal(err)
+	}
+	if rows != 1 || decoys != 0 {
+		t.Errorf("the transaction's row: %d, the tenant's marker rows: %d; want 1 and 0", rows, decoys)
 	}
 }
 
@@ -498,7 +564,7 @@ func TestMarkerDDLAsDocumented(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	const first = "```sh\npsql \"$DATABASE_URL\" -v ON_ERROR_STOP=1 -c 'create schema"
+	const first = "```sh\notelpgxtx marker-ddl "
 	start := strings.Index(string(page), first)
 	if start < 0 {
 		t.Fatalf("docs/runbook.md has no block starting %q", first)
@@ -541,7 +607,8 @@ func TestMarkerDDLAsDocumented(t *testing.T) {
 }
 
 // runbookShows checks that out, the command's one line of output, is the nth line of the
-// runbook's sample output but for what differs between runs (references' numbers, ids).
+// runbook's sample output but for what differs between runs (references' numbers and
+// times, ids).
 func runbookShows(t *testing.T, n int, out string) {
 	t.Helper()
 	page, err := os.ReadFile(filepath.Join("..", "..", "docs", "runbook.md"))
@@ -557,7 +624,7 @@ func runbookShows(t *testing.T, n int, out string) {
 		t.Fatalf("docs/runbook.md has no sample output of %d lines after %q", n, intro)
 	}
 	shape := func(s string) string {
-		s = regexp.MustCompile(`pg:[0-9/]+`).ReplaceAllString(strings.TrimSpace(s), "pg:<reference>")
+		s = regexp.MustCompile(`pg:[0-9/]+(;checked=[0-9]+)?`).ReplaceAllString(strings.TrimSpace(s), "pg:<reference>")
 		return regexp.MustCompile(`\b[0-9a-f]{32}\b`).ReplaceAllString(s, "<operation id>")
 	}
 	if got, want := shape(out), shape(lines[n-1]); got != want {

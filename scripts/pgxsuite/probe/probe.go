@@ -44,7 +44,7 @@ const (
 
 // MarkerTable is the commit-marker table of the Marker mode; the harness creates it in
 // the template database.
-var MarkerTable = pgx.Identifier{"otelpgxtx_marker"}
+var MarkerTable = pgx.Identifier{"public", "otelpgxtx_marker"}
 
 // Modes are the modes in the order the harness runs them.
 var Modes = []string{Baseline, Parse, Connect, References, Marker}

@@ -1,0 +1,241 @@
+package otelpgxtx
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"testing"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/txevidence/otelpgxtx/outcome"
+	"github.com/txevidence/otelpgxtx/pgtest"
+	"github.com/txevidence/otelpgxtx/reconcile"
+)
+
+// diffMarker is the differential test's marker table, in a schema of its own on which the
+// application's role (diffRole) has no privilege but what MarkerTableDDL grants.
+var diffMarker = pgx.Identifier{"otelpgxtx_diff", "tx_marker"}
+
+// diffRole is the application role of PostgREST's pattern: it may write the
+// application's tables, nothing of the marker's.
+const diffRole = "otelpgxtx_web"
+
+// diffSetup creates what the patterns use, once per server.
+var diffSetup = []string{
+	"do $$ begin if not exists (select from pg_roles where rolname = '" + diffRole + "') then create role " + diffRole + " login; end if; end $$",
+	"create table if not exists public.diff_app (id int primary key)",
+	"grant select, insert on public.diff_app to " + diffRole,
+	"create table if not exists public.diff_rls (id int primary key)",
+	"alter table public.diff_rls enable row level security",
+	"drop policy if exists diff_rls_insert on public.diff_rls",
+	"create policy diff_rls_insert on public.diff_rls for insert to " + diffRole + " with check (id > 0)",
+	"drop policy if exists diff_rls_select on public.diff_rls",
+	"create policy diff_rls_select on public.diff_rls for select to " + diffRole + " using (true)",
+	"grant select, insert on public.diff_rls to " + diffRole,
+	"create or replace function public.diff_write(i int) returns void language sql security definer set search_path = public as 'insert into public.diff_app (id) values (i)'",
+	"create table if not exists public.diff_parent (id int primary key)",
+	"create table if not exists public.diff_child (parent int references public.diff_parent deferrable initially deferred)",
+}
+
+// diffPattern is one thing real applications do in a transaction: session statements run
+// before it (and undone by diffReset after), then tx inside it, then COMMIT.
+type diffPattern struct {
+	name    string
+	session []string
+	tx      func(ctx context.Context, tx pgx.Tx, id int) error
+	// table is where the pattern's row goes ("" for a temporary table: nothing durable).
+	table string
+	// readOnly: the transaction is read-only at COMMIT; the marker function inserts nothing.
+	readOnly bool
+	// unseen: the write is inside a function, which the tracer does not see: its plain
+	// pgx COMMIT carries no reference (WithCaptureReference says so).
+	unseen bool
+}
+
+// execs returns a tx function running each statement, $1 the row's id where it appears.
+func execs(sqls ...string) func(context.Context, pgx.Tx, int) error {
+	return func(ctx context.Context, tx pgx.Tx, id int) error {
+		for _, s := range sqls {
+			var args []any
+			if strings.Contains(s, "$1") {
+				args = []any{id}
+			}
+			if _, err := tx.Exec(ctx, s, args...); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+}
+
+const (
+	diffInsert = "insert into public.diff_app (id) values ($1)"
+	diffTemp   = "create temp table if not exists diff_tmp (id int)"
+)
+
+var diffPatterns = []diffPattern{
+	{name: "plain insert", tx: execs(diffInsert), table: "diff_app"},
+	{name: "SET LOCAL ROLE", tx: execs("set local role "+diffRole, diffInsert), table: "diff_app"},
+	{name: "session SET ROLE", session: []string{"set role " + diffRole}, tx: execs(diffInsert), table: "diff_app"},
+	{name: "SET SESSION AUTHORIZATION", session: []string{"set session authorization " + diffRole}, tx: execs(diffInsert), table: "diff_app"},
+	{name: "SECURITY DEFINER function", tx: execs("set local role "+diffRole, "select public.diff_write($1)"), table: "diff_app", unseen: true},
+	{name: "SET LOCAL search_path", tx: execs("set local search_path to pg_catalog", diffInsert), table: "diff_app"},
+	{name: "session search_path", session: []string{"set search_path to pg_catalog"}, tx: execs(diffInsert), table: "diff_app"},
+	{name: "set_config role and search_path", tx: execs("select set_config('role', '"+diffRole+"', true), set_config('search_path', 'pg_catalog', true)", diffInsert), table: "diff_app"},
+	{name: "row security", tx: execs("set local role "+diffRole, "insert into public.diff_rls (id) values ($1)"), table: "diff_rls"},
+	{name: "session read-only, temporary table", session: []string{diffTemp, "set default_transaction_read_only = on"},
+		tx: execs("insert into diff_tmp values ($1)"), readOnly: true},
+	{name: "SET SESSION CHARACTERISTICS read only, temporary table", session: []string{diffTemp, "set session characteristics as transaction read only"},
+		tx: execs("insert into diff_tmp values ($1)"), readOnly: true},
+	{name: "SET TRANSACTION READ ONLY, temporary table", session: []string{diffTemp},
+		tx: execs("set transaction read only", "insert into diff_tmp values ($1)"), readOnly: true},
+	{name: "read only after a write", session: []string{diffTemp},
+		tx: execs("insert into diff_tmp values ($1)", "set transaction read only"), readOnly: true},
+	{name: "tight statement_timeout", tx: execs("set local statement_timeout = '50ms'", diffInsert), table: "diff_app"},
+	{name: "tight lock_timeout", tx: execs("set local lock_timeout = '1ms'", diffInsert), table: "diff_app"},
+	{name: "failed statement swallowed", tx: func(ctx context.Context, tx pgx.Tx, id int) error {
+		if err := execs(diffInsert)(ctx, tx, id); err != nil {
+			return err
+		}
+		_, _ = tx.Exec(ctx, "select 1/0")
+		return nil
+	}, table: "diff_app"},
+	{name: "deferred constraint violated at COMMIT", tx: execs(diffInsert, "insert into public.diff_child values (0 - $1::int)"), table: "diff_app"},
+}
+
+// diffReset undoes a pattern's session statements.
+var diffReset = []string{"reset session authorization", "reset role", "reset all", "discard temp"}
+
+// diffMode is one way the transaction is made: plain pgx under a tracer with opts, or
+// Run with policy.
+type diffMode struct {
+	name   string
+	opts   []Option
+	run    bool
+	policy Policy
+}
+
+func diffModes() []diffMode {
+	noCapture := DefaultPolicy()
+	noCapture.CaptureReference = false
+	return []diffMode{
+		{name: "plain pgx, off"},
+		{name: "plain pgx, xid", opts: []Option{WithCaptureReference()}},
+		{name: "plain pgx, marker", opts: []Option{WithCommitMarker(diffMarker)}},
+		{name: "Run, off", run: true, policy: noCapture},
+		{name: "Run, xid", run: true, policy: DefaultPolicy()},
+		{name: "Run, marker", run: true, policy: markerPolicy(diffMarker)},
+	}
+}
+
+// TestMarkerNeverChangesCommit is the differential test of the commit references: every
+// pattern of diffPatterns, made with the references off, with the xid read and with the
+// marker, through plain pgx and through Run, over TCP, TLS and PgBouncer, ends the same
+// for the application — COMMIT's error (its SQLSTATE), whether the row is there, and
+// Run's result — and with the marker a committed transaction's reference names the
+// marker exactly when the transaction was not read-only.
+func TestMarkerNeverChangesCommit(t *testing.T) {
+	ctx := testCtx(t)
+	for _, s := range diffSetup {
+		if err := srv.Exec(ctx, s); err != nil {
+			t.Fatal(err)
+		}
+	}
+	ddl, err := reconcile.MarkerTableDDL(diffMarker)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := srv.Exec(ctx, ddl); err != nil {
+		t.Fatal(err)
+	}
+	bases := []struct{ name, conn string }{{"tcp", srv.ConnString()}, {"tls", srv.TLSConnString()}}
+	bouncer := pgtest.PgBouncerFor(t, ctx, srv, "session", 1)
+	bases = append(bases, struct{ name, conn string }{"pgbouncer", bouncer.ConnString()})
+	id := 1000000
+	for _, b := range bases {
+		t.Run(b.name, func(t *testing.T) {
+			seen := map[string]string{} // plain pgx or Run, and the pattern → what the first mode saw
+			for _, m := range diffModes() {
+				h := newHarness(t, b.conn, 1, m.opts...)
+				for _, p := range diffPatterns {
+					id++
+					got := diffRun(t, ctx, h, m, p, id)
+					key := fmt.Sprint(m.run, p.name)
+					if want, ok := seen[key]; !ok {
+						seen[key] = got
+					} else if got != want {
+						t.Errorf("%s, %s: the application saw %q; with the references off it saw %q", m.name, p.name, got, want)
+					}
+					if m.name == "plain pgx, marker" && strings.HasPrefix(got, "commit ok") {
+						frames := h.frames()
+						ref, ok := refOf(t, frames[len(frames)-1])
+						if p.unseen && ok || !p.unseen && (!ok || ref.HasMarker() == p.readOnly) {
+							t.Errorf("%s, %s: reference %v (%v); want a marker %v", m.name, p.name, ref, ok, !p.readOnly && !p.unseen)
+						}
+					}
+				}
+				h.pool.Close() // its server connection goes back to PgBouncer's pool
+			}
+			for _, p := range diffPatterns {
+				t.Logf("%s: plain pgx: %s; Run: %s", p.name, seen[fmt.Sprint(false, p.name)], seen[fmt.Sprint(true, p.name)])
+			}
+		})
+	}
+}
+
+// diffRun makes pattern p's transaction in mode m with row id and says what the
+// application saw.
+func diffRun(t *testing.T, ctx context.Context, h *harness, m diffMode, p diffPattern, id int) string {
+	t.Helper()
+	for _, s := range p.session {
+		if _, err := h.pool.Exec(ctx, s); err != nil {
+			t.Fatalf("%s: %s: %v", p.name, s, err)
+		}
+	}
+	var saw string
+	if m.run {
+		res := Run(ctx, h.pool, m.policy, func(ctx context.Context, tx pgx.Tx) (int, error) {
+			return id, p.tx(ctx, tx, id)
+		})
+		saw = fmt.Sprintf("%T", res)
+		if rb, ok := res.(outcome.DeterminateRollback[int]); ok {
+			saw += " " + diffErr(rb.Cause())
+		}
+	} else {
+		tx, err := h.pool.Begin(ctx)
+		if err != nil {
+			t.Fatalf("%s: begin: %v", p.name, err)
+		}
+		if err := p.tx(ctx, tx, id); err != nil {
+			_ = tx.Rollback(ctx)
+			t.Fatalf("%s: %v", p.name, err)
+		}
+		saw = "commit " + diffErr(tx.Commit(ctx))
+	}
+	for _, s := range diffReset {
+		if _, err := h.pool.Exec(ctx, s); err != nil {
+			t.Fatalf("%s: %s: %v", p.name, s, err)
+		}
+	}
+	if p.table != "" {
+		saw += fmt.Sprintf(", row %v", srvCount(t, ctx, "select count(*) from public."+p.table+" where id = $1", id) == 1)
+	}
+	return saw
+}
+
+// diffErr is what an application sees of a COMMIT's error: ok, pgx's rollback, a SQLSTATE.
+func diffErr(err error) string {
+	var pgErr *pgconn.PgError
+	switch {
+	case err == nil:
+		return "ok"
+	case errors.Is(err, pgx.ErrTxCommitRollback):
+		return "rollback"
+	case errors.As(err, &pgErr):
+		return "sqlstate " + pgErr.Code
+	}
+	return err.Error()
+}

@@ -1,0 +1,236 @@
+package otelpgxtx
+
+import (
+	"bytes"
+	"errors"
+	"io"
+	"net"
+	"os"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgproto3"
+
+	"github.com/txevidence/otelpgxtx/outcome"
+)
+
+// scriptConn is a net.Conn whose writes and reads follow a script: each write takes the
+// next of writes (how many bytes the kernel accepts, and the error), or all of it; each
+// read the next of reads (bytes, or an error).
+type scriptConn struct {
+	net.Conn // nil: only what the wrapper calls is implemented
+	writes   []scriptWrite
+	written  []byte
+	reads    []scriptRead
+}
+
+type scriptWrite struct {
+	n   int // bytes accepted; -1: all
+	err error
+}
+
+type scriptRead struct {
+	b   []byte
+	err error
+}
+
+func (c *scriptConn) Write(b []byte) (int, error) {
+	w := scriptWrite{n: -1}
+	if len(c.writes) > 0 {
+		w, c.writes = c.writes[0], c.writes[1:]
+	}
+	if w.n < 0 || w.n > len(b) {
+		w.n = len(b)
+	}
+	c.written = append(c.written, b[:w.n]...)
+	return w.n, w.err
+}
+
+func (c *scriptConn) Read(p []byte) (int, error) {
+	if len(c.reads) == 0 {
+		return 0, io.EOF
+	}
+	r := &c.reads[0]
+	if len(r.b) == 0 {
+		c.reads = c.reads[1:]
+		return 0, r.err
+	}
+	n := copy(p, r.b)
+	r.b = r.b[n:]
+	if len(r.b) == 0 && r.err == nil {
+		c.reads = c.reads[1:]
+	}
+	return n, nil
+}
+
+func (c *scriptConn) Close() error                     { return nil }
+func (c *scriptConn) SetReadDeadline(time.Time) error  { return nil }
+func (c *scriptConn) SetWriteDeadline(time.Time) error { return nil }
+func (c *scriptConn) SetDeadline(time.Time) error      { return nil }
+
+// additionFixture is a wrapper over a script, armed with a marker call ahead of COMMIT.
+func additionFixture(t *testing.T, sc *scriptConn) (*netConn, *addition, []byte, []byte) {
+	t.Helper()
+	nc := newNetConn(sc, nil, true)
+	commit := frontendMsg(t, &pgproto3.Query{String: "commit"})
+	call := frontendMsg(t, &pgproto3.FunctionCall{Function: 16400, ArgFormatCodes: []uint16{1}, Arguments: [][]byte{make([]byte, 16)}})
+	a := &addition{kind: libraryCall, match: "commit", before: call}
+	if !nc.arm(a) || a.state != additionArmed {
+		t.Fatalf("arm refused or state %d", a.state)
+	}
+	return nc, a, commit, call
+}
+
+// frontendMsg encodes m.
+func frontendMsg(t *testing.T, m pgproto3.FrontendMessage) []byte {
+	t.Helper()
+	b, err := m.Encode(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+// readAll reads what pgconn would get until the script's reads end with err (or io.EOF).
+func readAll(nc *netConn) ([]byte, error) {
+	var got []byte
+	buf := make([]byte, 7) // small: pgconn's reads need not line up with messages
+	for {
+		n, err := nc.Read(buf)
+		got = append(got, buf[:n]...)
+		if err != nil {
+			return got, err
+		}
+	}
+}
+
+// TestAdditionLife drives an addition through its states on a scripted connection,
+// directly: the write it was armed for, every split of the reply, a write that fails
+// before or after a byte left, short writes, a deadline and a broken connection while
+// its reply is in flight.
+func TestAdditionLife(t *testing.T) {
+	callReply := append(msg(t, &pgproto3.FunctionCallResponse{Result: []byte("m731")}), msg(t, &pgproto3.ReadyForQuery{TxStatus: 'T'})...)
+	commitReply := append(msg(t, &pgproto3.CommandComplete{CommandTag: []byte("COMMIT")}), msg(t, &pgproto3.ReadyForQuery{TxStatus: 'I'})...)
+	reply := append(append([]byte{}, callReply...), commitReply...)
+
+	t.Run("another write", func(t *testing.T) {
+		sc := &scriptConn{}
+		nc, a, _, _ := additionFixture(t, sc)
+		other := frontendMsg(t, &pgproto3.Query{String: "select 1"})
+		if n, err := nc.Write(other); n != len(other) || err != nil || !bytes.Equal(sc.written, other) {
+			t.Fatalf("Write = %d, %v; wrote %q", n, err, sc.written)
+		}
+		if a.state != additionArmed || a.sent() {
+			t.Fatalf("state %d after a write it was not armed for", a.state)
+		}
+		nc.disarm()
+		if got := nc.takeAddition(); got != nil {
+			t.Fatalf("collected %+v: it never went out", got)
+		}
+	})
+
+	t.Run("reply split anywhere", func(t *testing.T) {
+		for split := 0; split <= len(reply); split++ {
+			sc := &scriptConn{reads: []scriptRead{{b: reply[:split]}, {b: reply[split:]}}}
+			nc, a, commit, call := additionFixture(t, sc)
+			if n, err := nc.Write(commit); n != len(commit) || err != nil {
+				t.Fatalf("Write = %d, %v", n, err)
+			}
+			if !bytes.Equal(sc.written, append(append([]byte{}, call...), commit...)) || a.state != additionWritten {
+				t.Fatalf("wrote %q, state %d", sc.written, a.state)
+			}
+			got, err := readAll(nc)
+			if !errors.Is(err, io.EOF) || !bytes.Equal(got, commitReply) {
+				t.Fatalf("split %d: pgconn got %q, %v; want COMMIT's reply alone", split, got, err)
+			}
+			if a.state != additionReplied {
+				t.Fatalf("split %d: state %d, want replied", split, a.state)
+			}
+			if c := nc.takeAddition(); c != a || string(c.reply.value) != "m731" || !c.reply.done {
+				t.Fatalf("split %d: collected %+v", split, c)
+			}
+		}
+	})
+
+	t.Run("write fails before a byte left", func(t *testing.T) {
+		sc := &scriptConn{writes: []scriptWrite{{0, os.ErrDeadlineExceeded}}}
+		nc, a, commit, _ := additionFixture(t, sc)
+		if n, err := nc.Write(commit); n != 0 || err == nil {
+			t.Fatalf("Write = %d, %v; want 0 and the error", n, err)
+		}
+		if a.state != additionUnsent || a.sent() {
+			t.Fatalf("state %d", a.state)
+		}
+	})
+
+	for _, k := range []int{1, 10} { // inside the call's bytes: none of pgconn's left
+		t.Run("short write inside the call", func(t *testing.T) {
+			sc := &scriptConn{writes: []scriptWrite{{k, io.ErrClosedPipe}}}
+			nc, a, commit, _ := additionFixture(t, sc)
+			if n, err := nc.Write(commit); n != 0 || !errors.Is(err, io.ErrClosedPipe) {
+				t.Fatalf("Write = %d, %v; want 0 of pgconn's bytes and the error", n, err)
+			}
+			if a.state != additionWritten || !a.sent() {
+				t.Fatalf("state %d: some of the call left, the server may have read it", a.state)
+			}
+		})
+	}
+
+	t.Run("short write into COMMIT", func(t *testing.T) {
+		_, _, commit, call := additionFixture(t, &scriptConn{})
+		for k := len(call) + 1; k < len(call)+len(commit); k++ {
+			sc := &scriptConn{writes: []scriptWrite{{k, io.ErrClosedPipe}}}
+			nc, a, _, _ := additionFixture(t, sc)
+			n, err := nc.Write(commit)
+			if want := min(max(k-len(call), 1), len(commit)-1); n != want || err == nil {
+				t.Fatalf("%d bytes accepted: Write = %d, %v; want %d of pgconn's and the error", k, n, err, want)
+			}
+			if a.state != additionWritten {
+				t.Fatalf("state %d", a.state)
+			}
+		}
+	})
+
+	t.Run("deadline while the reply is in flight", func(t *testing.T) {
+		half := len(callReply) / 2
+		sc := &scriptConn{reads: []scriptRead{{b: reply[:half]}, {err: os.ErrDeadlineExceeded}, {b: reply[half:]}}}
+		nc, a, commit, _ := additionFixture(t, sc)
+		if _, err := nc.Write(commit); err != nil {
+			t.Fatal(err)
+		}
+		buf := make([]byte, 64)
+		n, err := nc.Read(buf)
+		if n != 0 || !errors.Is(err, os.ErrDeadlineExceeded) || a.state != additionWritten {
+			t.Fatalf("Read at the deadline = %d, %v, state %d; want the timeout, nothing of the call's", n, err, a.state)
+		}
+		got, err := readAll(nc)
+		if !errors.Is(err, io.EOF) || !bytes.Equal(got, commitReply) || a.state != additionReplied {
+			t.Fatalf("after the deadline: %q, %v, state %d", got, err, a.state)
+		}
+	})
+
+	t.Run("connection broken while the reply is in flight", func(t *testing.T) {
+		sc := &scriptConn{reads: []scriptRead{{b: callReply[:3]}, {err: io.ErrUnexpectedEOF}}}
+		nc, a, commit, _ := additionFixture(t, sc)
+		if _, err := nc.Write(commit); err != nil {
+			t.Fatal(err)
+		}
+		if got, err := readAll(nc); len(got) != 0 || !errors.Is(err, io.ErrUnexpectedEOF) {
+			t.Fatalf("pgconn got %q, %v; want the error alone", got, err)
+		}
+		c := nc.takeAddition()
+		if c != a || a.state != additionWritten || c.reply.done || c.reply.gotValue {
+			t.Fatalf("collected %+v", c)
+		}
+		// The marker's reference stands without its reply; the xid read's does not.
+		st := &connState{systemID: 7, timeline: 1, serverStart: 1, database: "d", checkedAt: 1}
+		m := st.newMarkerFn(`"s"."t"`, []byte("16400"))
+		id := outcome.NewOperationID()
+		if ref := st.callRef(m, id, c.reply); ref == nil || !ref.HasMarker() || ref.XID != 0 || ref.Operation != id {
+			t.Fatalf("marker reference %v", ref)
+		}
+		if ref := st.callRef(nil, id, c.reply); ref != nil {
+			t.Fatalf("xid reference %v without the xid", ref)
+		}
+	})
+}
