@@ -33,7 +33,7 @@
 //
 //	otelpgxtx marker-ddl '"app"."tx_marker"' | psql "$DATABASE_URL" -v ON_ERROR_STOP=1
 //
-// It prints one line per input, "ref=<reference> operation=<id> resolved=<resolution>"
+// It prints one line per transaction, "ref=<reference> operation=<id> resolved=<resolution>"
 // ("-" for what the input did not give), with "reason=<why>" when the answer stays
 // unknown, and exits 0 when every one is settled (committed, aborted or no_writes), 1 when
 // some stay unknown, and 2 on malformed input (named on standard error; nothing is asked
