@@ -421,9 +421,13 @@ func (c *config) checkOmitSpans() error {
 // ---- The connection-pool metrics of InstrumentPool -------------------------------
 
 // WithPoolName names the pool [InstrumentPool] instruments, as
-// db.client.connection.pool.name. The default is server.address:server.port/db.namespace
-// of its configuration; two instrumented pools of one process on the same database report
-// to the same series unless each has a name of its own. An empty name is an error.
+// db.client.connection.pool.name. Without it the name is the first that the pool's
+// configuration has of the semantic conventions' fallbacks (PR #4097): db.namespace (the
+// database), the server target (address:port of its first host, or a Unix socket's
+// directory), db.system.name ("postgresql"). Two instrumented pools of one process on the
+// same database report to the same series unless each has a name of its own; the series
+// also carry db.system.name, db.namespace, server.address and server.port, by which pools
+// of different servers stay apart. An empty name is an error.
 func WithPoolName(name string) Option {
 	return optionFunc(func(c *config) {
 		if name == "" {

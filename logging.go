@@ -26,5 +26,10 @@ func (t *Tracer) logIndeterminate(f *frame) {
 	if f.committedLocally {
 		attrs = append(attrs, slog.Bool(string(CommittedLocallyKey), true))
 	}
-	l.LogAttrs(context.Background(), slog.LevelWarn, "transaction commit outcome is indeterminate: do not replay it; reconcile it", attrs...)
+	l.LogAttrs(context.Background(), slog.LevelWarn, MessageIndeterminate, attrs...)
 }
+
+// MessageIndeterminate is the message of the log record written for each indeterminate
+// frame ([WithLogger]); a log query selects these records by it, and those of
+// [MessagePendingAtShutdown], for the operator's command (cmd/otelpgxtx).
+const MessageIndeterminate = "transaction commit outcome is indeterminate: do not replay it; reconcile it"

@@ -4,12 +4,16 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
+	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
 	"weak"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/attribute"
@@ -19,7 +23,10 @@ import (
 // Connection-pool metric names, as the OpenTelemetry semantic conventions for database
 // client metrics define them (db.client.connection.*). Every one of them, and their
 // attributes db.client.connection.pool.name and db.client.connection.state, has
-// Development status in the conventions: the names may still change there. With the
+// Development status in the conventions: the names may still change there. Each data
+// point also carries the pool's configured database identity, as semantic-conventions
+// PR #4097 has it: db.system.name ("postgresql"), db.namespace (the database, when the
+// configuration names one), server.address and server.port (its first host). With the
 // Prometheus exporter they become db_client_connection_count,
 // db_client_connection_timeouts_total, db_client_connection_wait_time_seconds and so on.
 const (
@@ -52,9 +59,10 @@ const (
 
 // Attribute keys of the connection-pool metrics.
 const (
-	// PoolNameKey is db.client.connection.pool.name: by default
-	// server.address:server.port/db.namespace of the pool's configuration, as the
-	// conventions suggest for a pool that has no name; see [WithPoolName].
+	// PoolNameKey is db.client.connection.pool.name: [WithPoolName]'s name, or for a
+	// pool without one the first of the conventions' fallbacks that its configuration
+	// has: db.namespace (the database), the server target (address:port), db.system.name
+	// ("postgresql"); see [WithPoolName].
 	PoolNameKey = attribute.Key("db.client.connection.pool.name")
 	// ConnectionStateKey is db.client.connection.state: "idle" or "used".
 	ConnectionStateKey = attribute.Key("db.client.connection.state")
@@ -87,13 +95,10 @@ type seenPool struct {
 // newPoolMetrics creates the instruments on the tracer's meter, for the pool cfg
 // configures, and registers the callback that observes its counts.
 func newPoolMetrics(c config, cfg *pgxpool.Config) *poolMetrics {
-	name := c.poolName
-	if name == "" {
-		cc := cfg.ConnConfig
-		name = cc.Host + ":" + strconv.Itoa(int(cc.Port)) + "/" + cc.Database
-	}
 	meter := c.meterProvider.Meter(ScopeName, metric.WithInstrumentationVersion(Version()))
-	base := append([]attribute.KeyValue{PoolNameKey.String(name)}, c.meterAttributes...)
+	// Clipped: attribute.NewSet sorts the slice it is given in place, so the idle and used
+	// sets appended to base must never share its array.
+	base := slices.Clip(append(poolAttributes(c.poolName, cfg.ConnConfig), c.meterAttributes...))
 	set := attribute.NewSet(base...)
 	pm := &poolMetrics{
 		timeouts: counter(meter, MetricConnectionTimeouts, "{timeout}",
@@ -109,6 +114,31 @@ func newPoolMetrics(c config, cfg *pgxpool.Config) *poolMetrics {
 	pm.timeouts.Add(context.Background(), 0, pm.addOpts...)
 	pm.register(meter, set, base)
 	return pm
+}
+
+// poolAttributes are the attributes of every data point of a pool's metrics: its name
+// (name, or the conventions' fallback) and its configured database identity.
+func poolAttributes(name string, cc *pgx.ConnConfig) []attribute.KeyValue {
+	var target string
+	if cc.Host != "" {
+		target = net.JoinHostPort(cc.Host, strconv.Itoa(int(cc.Port)))
+		if strings.HasPrefix(cc.Host, "/") {
+			target = cc.Host // a Unix socket's directory: no port to join
+		}
+	}
+	for _, fallback := range []string{cc.Database, target, dbSystemPostgreSQL.Value.AsString()} {
+		if name == "" {
+			name = fallback
+		}
+	}
+	attrs := []attribute.KeyValue{PoolNameKey.String(name), dbSystemPostgreSQL}
+	if cc.Database != "" {
+		attrs = append(attrs, dbNamespaceKey.String(cc.Database))
+	}
+	if cc.Host != "" {
+		attrs = append(attrs, serverAddressKey.String(cc.Host), serverPortKey.Int(int(cc.Port)))
+	}
+	return attrs
 }
 
 // register creates the asynchronous instruments and the callback that observes the

@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"go.opentelemetry.io/otel/attribute"
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
@@ -25,6 +26,9 @@ type poolReading struct {
 	units  map[string]string
 	kinds  map[string]string // "updown", "counter", "histogram"
 	pools  map[string]bool   // db.client.connection.pool.name values seen
+	// identity is each metric's database identity attributes (db.system.name,
+	// db.namespace, server.address, server.port) as "key=value", sorted.
+	identity map[string][]string
 }
 
 // readPool collects reader and keeps the db.client.connection.* metrics.
@@ -35,11 +39,19 @@ func readPool(t *testing.T, ctx context.Context, reader *sdkmetric.ManualReader)
 		t.Fatal(err)
 	}
 	r := poolReading{names: map[string]bool{}, points: map[string]int64{}, hist: map[string]metricdata.HistogramDataPoint[float64]{},
-		units: map[string]string{}, kinds: map[string]string{}, pools: map[string]bool{}}
+		units: map[string]string{}, kinds: map[string]string{}, pools: map[string]bool{}, identity: map[string][]string{}}
+	var name string
 	pool := func(s attribute.Set) {
 		if v, ok := s.Value(PoolNameKey); ok {
 			r.pools[v.AsString()] = true
 		}
+		var ids []string
+		for _, k := range []attribute.Key{dbNamespaceKey, dbSystemNameKey, serverAddressKey, serverPortKey} {
+			if v, ok := s.Value(k); ok {
+				ids = append(ids, string(k)+"="+v.Emit())
+			}
+		}
+		r.identity[name] = ids
 	}
 	for _, sm := range rm.ScopeMetrics {
 		if sm.Scope.Name != ScopeName {
@@ -50,6 +62,7 @@ func readPool(t *testing.T, ctx context.Context, reader *sdkmetric.ManualReader)
 				continue
 			}
 			r.names[m.Name], r.units[m.Name] = true, m.Unit
+			name = m.Name
 			switch d := m.Data.(type) {
 			case metricdata.Sum[int64]:
 				r.kinds[m.Name] = "updown"
@@ -241,7 +254,46 @@ func TestPoolMetrics(t *testing.T) {
 	}
 }
 
-// TestPoolMetricsOptions: the default pool name is server.address:server.port/db.namespace;
+// TestPoolAttributes: every data point's attributes as semantic-conventions PR #4097 has
+// them, and the unnamed pool's name by its fallback order: the database, the server target,
+// db.system.name.
+func TestPoolAttributes(t *testing.T) {
+	for _, c := range []struct {
+		name, conn, want string
+		attrs            []attribute.KeyValue
+	}{
+		{"orders", "postgres://u@db.example.com:6432/app", "orders", []attribute.KeyValue{
+			attribute.String("db.namespace", "app"), attribute.String("server.address", "db.example.com"), attribute.Int("server.port", 6432)}},
+		{"", "postgres://u@db.example.com:6432/app", "app", []attribute.KeyValue{
+			attribute.String("db.namespace", "app"), attribute.String("server.address", "db.example.com"), attribute.Int("server.port", 6432)}},
+		{"", "postgres://u@[::1]:5433/", "[::1]:5433", []attribute.KeyValue{
+			attribute.String("server.address", "::1"), attribute.Int("server.port", 5433)}},
+		{"", "host=/run/postgresql port=5432 user=u", "/run/postgresql", []attribute.KeyValue{
+			attribute.String("server.address", "/run/postgresql"), attribute.Int("server.port", 5432)}},
+	} {
+		cc, err := pgx.ParseConfig(c.conn)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if c.conn != "postgres://u@db.example.com:6432/app" {
+			cc.Database = "" // a connection string without one gets PGDATABASE or the user's name
+		}
+		got := attribute.NewSet(poolAttributes(c.name, cc)...)
+		want := attribute.NewSet(append(c.attrs, PoolNameKey.String(c.want), attribute.String("db.system.name", "postgresql"))...)
+		if !got.Equals(&want) {
+			t.Errorf("%q named %q: %v, want %v", c.conn, c.name, got.Encoded(attribute.DefaultEncoder()), want.Encoded(attribute.DefaultEncoder()))
+		}
+	}
+	// Nothing configured but the system: the name is db.system.name's.
+	got := attribute.NewSet(poolAttributes("", &pgx.ConnConfig{})...)
+	want := attribute.NewSet(PoolNameKey.String("postgresql"), attribute.String("db.system.name", "postgresql"))
+	if !got.Equals(&want) {
+		t.Errorf("empty config: %v", got.Encoded(attribute.DefaultEncoder()))
+	}
+}
+
+// TestPoolMetricsOptions: the default pool name is the database (db.namespace), and every
+// data point carries the pool's database identity;
 // WithDisablePoolMetrics records none; an empty name is an error; a pool the application
 // closed and dropped is no longer observed (nor kept alive).
 func TestPoolMetricsOptions(t *testing.T) {
@@ -251,8 +303,19 @@ func TestPoolMetricsOptions(t *testing.T) {
 		t.Fatal(err)
 	}
 	cc := h.pool.Config().ConnConfig
-	if r := readPool(t, ctx, h.reader); !r.pools[fmt.Sprintf("%s:%d/%s", cc.Host, cc.Port, cc.Database)] || len(r.pools) != 1 {
-		t.Errorf("pool names %v, want host:port/database", r.pools)
+	r := readPool(t, ctx, h.reader)
+	if !r.pools[cc.Database] || len(r.pools) != 1 {
+		t.Errorf("pool names %v, want the database %q", r.pools, cc.Database)
+	}
+	want := fmt.Sprint([]string{"db.namespace=" + cc.Database, "db.system.name=postgresql",
+		"server.address=" + cc.Host, fmt.Sprintf("server.port=%d", cc.Port)})
+	for name, ids := range r.identity {
+		if fmt.Sprint(ids) != want {
+			t.Errorf("%s: identity %v, want %v", name, ids, want)
+		}
+	}
+	if len(r.identity) != len(r.names) {
+		t.Errorf("identity on %d of the %d metrics", len(r.identity), len(r.names))
 	}
 	off := newHarness(t, "", 1, WithDisablePoolMetrics())
 	if _, err := off.pool.Exec(ctx, "select 1"); err != nil {

@@ -16,8 +16,9 @@
 // deadlock (40P01) and a lost connection, which a new connection can survive.
 //
 // While committing, each rule below was measured on PostgreSQL 15 through pgx v5 and is
-// kept by a real-server test that asserts the verdict and the ground truth
-// (pg_xact_status of the xid read before COMMIT, and the row itself):
+// kept by a real-server test, run on 13 and 18 as well (make test-majors), that asserts
+// the verdict and the ground truth (pg_xact_status of the xid read before COMMIT, and the
+// row itself):
 //
 //   - tag COMMIT, session idle: committed (TestRealCommitPlain);
 //   - tag ROLLBACK, which pgx turns into pgx.ErrTxCommitRollback (the transaction had

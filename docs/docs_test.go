@@ -274,6 +274,70 @@ func TestMakeFuzzRunsEveryFuzzTarget(t *testing.T) {
 	}
 }
 
+// TestBuildCommandAsDocumented runs the runbook's two ways to build the operator's command,
+// as written: from a checkout (here the repository, as ../otelpgxtx of a scratch directory)
+// and as a tool of a module of one's own beside it; each must leave a program that runs.
+func TestBuildCommandAsDocumented(t *testing.T) {
+	repo, err := filepath.Abs("..")
+	if err != nil {
+		t.Fatal(err)
+	}
+	page, err := os.ReadFile("runbook.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, first := range []string{"cd otelpgxtx ", "cd my-service "} {
+		t.Run(strings.Fields(first)[1], func(t *testing.T) {
+			block := shBlock(t, string(page), first)
+			dir := t.TempDir()
+			if err := os.Symlink(repo, filepath.Join(dir, "otelpgxtx")); err != nil {
+				t.Fatal(err)
+			}
+			svc := filepath.Join(dir, "my-service")
+			if err := os.Mkdir(svc, 0o755); err != nil {
+				t.Fatal(err)
+			}
+			bin := filepath.Join(dir, "bin")
+			env := append(os.Environ(), "GOBIN="+bin, "GOWORK=off", "GOFLAGS=")
+			run := func(name string, args ...string) {
+				t.Helper()
+				cmd := exec.Command(name, args...)
+				cmd.Dir, cmd.Env = svc, env
+				if out, err := cmd.CombinedOutput(); err != nil {
+					t.Fatalf("%s %v: %v\n%s", name, args, err, out)
+				}
+			}
+			run("go", "mod", "init", "example.com/my-service")
+			cmd := exec.Command("bash", "-euo", "pipefail", "-c", block)
+			cmd.Dir, cmd.Env = dir, env
+			if out, err := cmd.CombinedOutput(); err != nil {
+				t.Fatalf("the runbook's block\n%s\nfailed: %v\n%s", block, err, out)
+			}
+			// Built, it answers as the runbook says: nothing to reconcile is exit status 2.
+			cmd = exec.Command(filepath.Join(bin, "otelpgxtx"), "reconcile")
+			out, _ := cmd.CombinedOutput()
+			if cmd.ProcessState == nil || cmd.ProcessState.ExitCode() != 2 || !strings.Contains(string(out), "nothing to reconcile") {
+				t.Errorf("the built otelpgxtx reconcile: %v, %q; want exit 2, nothing to reconcile", cmd.ProcessState, out)
+			}
+		})
+	}
+}
+
+// shBlock returns the one ```sh block of page whose first line starts with first.
+func shBlock(t *testing.T, page, first string) string {
+	t.Helper()
+	var found []string
+	for _, b := range regexp.MustCompile("(?s)```sh\n(.*?)```").FindAllStringSubmatch(page, -1) {
+		if strings.HasPrefix(b[1], first) {
+			found = append(found, b[1])
+		}
+	}
+	if len(found) != 1 {
+		t.Fatalf("%d sh blocks start with %q, want 1", len(found), first)
+	}
+	return found[0]
+}
+
 // maxTrackedFile is the largest file the repository may track: its largest today, the
 // benchmark run's raw summary, is a third of this; a compiled program is fifty times it.
 const maxTrackedFile = 1 << 20

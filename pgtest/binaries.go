@@ -19,8 +19,31 @@ type binaries struct {
 	initdb, pgCtl, postgres string
 }
 
-// findBinaries locates the server programs on this machine.
-func findBinaries() (binaries, error) { return findBinariesIn(defaultBinGlob) }
+// BinEnv names the environment variable that points the harness at one PostgreSQL
+// installation's bin directory (initdb, pg_ctl, postgres), in place of the search below:
+// `make test-majors` sets it to the npm packages' builds of the oldest and newest majors
+// (scripts/postgres). Set and wrong, it is an error, never a fall back to another server.
+const BinEnv = "OTELPGXTX_PG_BIN"
+
+// findBinaries locates the server programs: BinEnv's directory when set, else the
+// machine's own.
+func findBinaries() (binaries, error) {
+	if dir := os.Getenv(BinEnv); dir != "" {
+		return binariesFromEnv(dir)
+	}
+	return findBinariesIn(defaultBinGlob)
+}
+
+// binariesFromEnv is the installation BinEnv names, or an error that says what is
+// missing there.
+func binariesFromEnv(dir string) (binaries, error) {
+	b, ok := inDir(dir)
+	if !ok {
+		return binaries{}, fmt.Errorf("%s=%q does not hold the PostgreSQL server programs (initdb, pg_ctl, postgres); "+
+			"scripts/postgres MAJOR prints such a directory (it installs the npm package's build)", BinEnv, dir)
+	}
+	return b, nil
+}
 
 // findBinariesIn searches PATH, then `pg_config --bindir`, then the
 // directories matching glob (highest version first). The glob is a parameter

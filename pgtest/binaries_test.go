@@ -65,3 +65,23 @@ func TestFindBinariesOnThisMachine(t *testing.T) {
 	}
 	t.Logf("using %+v", b)
 }
+
+func TestFindBinariesFromEnv(t *testing.T) {
+	root := t.TempDir()
+	want := fakeBinDir(t, root, "18", "initdb", "pg_ctl", "postgres")
+	t.Setenv(BinEnv, want)
+	b, err := findBinaries()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := filepath.Dir(b.postgres); got != want {
+		t.Errorf("picked %s, want %s", got, want)
+	}
+
+	// A wrong directory is an error naming it, not the machine's own server instead.
+	bad := fakeBinDir(t, root, "13", "initdb")
+	t.Setenv(BinEnv, bad)
+	if _, err := findBinaries(); err == nil || !strings.Contains(err.Error(), bad) || !strings.Contains(err.Error(), BinEnv) {
+		t.Errorf("findBinaries with %s=%s: err = %v, want one naming both", BinEnv, bad, err)
+	}
+}

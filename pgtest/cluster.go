@@ -12,7 +12,8 @@ import (
 	"github.com/jackc/pgx/v5"
 )
 
-// Cluster is a primary and a streaming standby made from it with pg_basebackup, with
+// Cluster is a primary and a streaming standby made from it with pg_basebackup (or, where
+// the installation lacks it, the server's low-level backup functions), with
 // synchronous replication to the standby, which can fail over and back as often as a
 // test wants: Promote crashes the primary and promotes the standby, Rejoin brings the old
 // primary back as the new primary's standby with pg_rewind.
@@ -64,7 +65,7 @@ func StartCluster(ctx context.Context) (*Cluster, error) {
 		return nil, errors.Join(err, c.Close())
 	}
 	sb := c.nodes[1]
-	if err := sb.run(ctx, sb.bin("pg_basebackup"), "-D", sb.dataDir, "-d", p.ConnString(), "-X", "stream", "--no-sync"); err != nil {
+	if err := sb.baseBackup(ctx, p); err != nil {
 		return nil, errors.Join(err, c.Close())
 	}
 	if err := c.startStandby(ctx, 1); err != nil {
@@ -195,6 +196,9 @@ func (c *Cluster) Promote(ctx context.Context) error {
 // Rejoin brings the old primary back as the new primary's synchronous standby:
 // pg_rewind winds its data directory back to the point where the histories forked (it
 // first runs crash recovery on it, since Promote crashed it), then it starts streaming.
+// An installation without pg_rewind (the npm packages' builds) replaces the old
+// primary's data directory with a new base backup of the new primary instead: the same
+// standby, without the rewind.
 func (c *Cluster) Rejoin(ctx context.Context) error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -209,7 +213,7 @@ func (c *Cluster) Rejoin(ctx context.Context) error {
 	if err := src.Exec(ctx, "CHECKPOINT"); err != nil {
 		return err
 	}
-	if err := s.run(ctx, s.bin("pg_rewind"), "--target-pgdata", s.dataDir, "--source-server", src.ConnString(), "--no-sync"); err != nil {
+	if err := s.rewind(ctx, src); err != nil {
 		return err
 	}
 	if err := c.startStandby(ctx, i); err != nil {
@@ -217,6 +221,18 @@ func (c *Cluster) Rejoin(ctx context.Context) error {
 	}
 	c.down = false
 	return nil
+}
+
+// rewind makes s, the stopped old primary, a copy of src's history: pg_rewind where the
+// installation has it, else a new base backup.
+func (s *Server) rewind(ctx context.Context, src *Server) error {
+	if s.hasProgram("pg_rewind") {
+		return s.run(ctx, s.bin("pg_rewind"), "--target-pgdata", s.dataDir, "--source-server", src.ConnString(), "--no-sync")
+	}
+	if err := os.RemoveAll(s.dataDir); err != nil {
+		return err
+	}
+	return s.baseBackup(ctx, src)
 }
 
 // ResumeStandby starts the standby again after a test stopped it (Standby().StopImmediate)

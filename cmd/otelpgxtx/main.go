@@ -12,6 +12,9 @@
 // automatic reconciliation had not settled (otelpgxtx.MessagePendingAtShutdown), so a log
 // query can be piped in as it is.
 //
+// Each transaction is answered once, however often the input names it (a log query returns
+// both records of an operation that stayed unknown at shutdown).
+//
 // Only a reference is evidence: it names the transaction's xid, and the commit marker when
 // one was written with the COMMIT. An operation id, or a log record, without a reference
 // stays unknown (reason no_reference). The one exception is -assert-marker table: the
@@ -19,12 +22,18 @@
 // with Policy.CommitMarker set to that table, so that its marker row settles it. The
 // command then fences each id it does not find, and answers aborted, which is true only if
 // that operation's COMMIT carried a marker: never use it for a plain pgx transaction or
-// for Run without a marker. It never applies to standard input.
+// for Run without a marker. It never applies to standard input: given with nothing it can
+// apply to, the command says so on standard error.
 //
 // A table is written as references print it ("app"."tx_marker") or, for lower-case names,
 // as app.tx_marker.
 //
-// It prints one line per input, "ref=<reference> operation=<id> resolved=<resolution>"
+// The second subcommand, marker-ddl table, prints the SQL that creates a commit-marker
+// table (reconcile.MarkerTableDDL), for psql:
+//
+//	otelpgxtx marker-ddl '"app"."tx_marker"' | psql "$DATABASE_URL" -v ON_ERROR_STOP=1
+//
+// It prints one line per transaction, "ref=<reference> operation=<id> resolved=<resolution>"
 // ("-" for what the input did not give), with "reason=<why>" when the answer stays
 // unknown, and exits 0 when every one is settled (committed, aborted or no_writes), 1 when
 // some stay unknown, and 2 on malformed input (named on standard error; nothing is asked
@@ -44,6 +53,7 @@ import (
 	"os"
 	"os/signal"
 	"regexp"
+	"slices"
 	"strings"
 	"time"
 
@@ -70,16 +80,23 @@ func main() {
 }
 
 const usage = `usage: otelpgxtx reconcile [-dsn URL] [-wait duration] [-assert-marker table] [reference|operation-id ...]
+       otelpgxtx marker-ddl table
 
 Without arguments, reads references, operation ids or the library's JSON log records from
 standard input, one per line. Only a reference settles anything: an operation id or a log
 record without one stays unknown (no_reference), unless -assert-marker names the
 commit-marker table that the operations given as arguments wrote with their COMMIT.
 Exit status: 0 all settled, 1 some unknown, 2 bad input or no database.
+
+marker-ddl prints the SQL that creates the commit-marker table ("schema"."name", or
+schema.name for lower-case names), for psql.
 `
 
 // run is the whole command, with its environment passed in so tests run it in-process.
 func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.Writer, getenv func(string) string) int {
+	if len(args) == 2 && args[0] == "marker-ddl" {
+		return markerDDL(args[1], stdout, stderr)
+	}
 	if len(args) == 0 || args[0] != "reconcile" {
 		fmt.Fprint(stderr, usage)
 		return exitBad
@@ -116,7 +133,28 @@ func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 		fmt.Fprintln(stderr, "otelpgxtx reconcile: nothing to reconcile")
 		return exitBad
 	}
+	items = dedupe(items)
+	if markerTable != nil && !slices.ContainsFunc(items, item.asserted) {
+		// Said, not ignored: the operator believes the flag settles something.
+		fmt.Fprintln(stderr, "otelpgxtx reconcile: -assert-marker applies only to operation ids given as arguments, "+
+			"and there is none; the inputs are answered without it")
+	}
 	return settle(ctx, items, *dsn, *wait, markerTable, stdout, stderr)
+}
+
+// markerDDL prints reconcile.MarkerTableDDL's statement for the table an operator names,
+// so that the runbook's table is the library's, never a copy of its SQL that drifts.
+func markerDDL(table string, stdout, stderr io.Writer) int {
+	parts, err := outcome.ParseMarkerTable(table)
+	if err == nil {
+		var ddl string
+		if ddl, err = reconcile.MarkerTableDDL(parts); err == nil {
+			fmt.Fprintln(stdout, strings.TrimRight(ddl, "; \n")+";")
+			return exitSettled
+		}
+	}
+	fmt.Fprintln(stderr, "otelpgxtx marker-ddl:", err)
+	return exitBad
 }
 
 // readItems parses the arguments, or standard input when there are none, and returns
@@ -174,7 +212,7 @@ func settle(ctx context.Context, items []item, dsn string, wait time.Duration, m
 		switch {
 		case it.hasRef:
 			res, err = rec.Resolve(ctx, it.ref, it.link)
-		case markerTable != nil && it.argument && !it.record:
+		case markerTable != nil && it.asserted():
 			// The operator asserted that this operation wrote a marker (see -assert-marker).
 			res, err = rec.ResolveAssertedMarker(ctx, markerTable, it.op, it.link)
 			it.byMarker = true
@@ -201,6 +239,45 @@ type item struct {
 	byMarker bool
 	op       outcome.OperationID
 	link     trace.SpanContext
+}
+
+// asserted reports whether -assert-marker applies to it: a bare operation id given as an
+// argument (never one read from standard input, nor one that came with a reference).
+func (it item) asserted() bool { return it.argument && !it.record && !it.hasRef }
+
+// dedupe answers each transaction once, whatever the input repeats: a log query returns
+// both the indeterminate record and the pending-at-shutdown record of one operation, and
+// a reference may come alone and in a record. Items are one transaction when they have the
+// same reference, or the same operation id and at most one of them a reference; the first
+// keeps its place and gains what the others add (a reference, an operation id, a span).
+func dedupe(items []item) []item {
+	var out []item
+	for _, it := range items {
+		i := slices.IndexFunc(out, it.sameTransaction)
+		if i < 0 {
+			out = append(out, it)
+			continue
+		}
+		o := &out[i]
+		if !o.hasRef && it.hasRef {
+			o.ref, o.hasRef = it.ref, true
+		}
+		if o.op.IsZero() {
+			o.op = it.op
+		}
+		if !o.link.IsValid() {
+			o.link = it.link
+		}
+	}
+	return out
+}
+
+// sameTransaction reports whether it and o stand for one transaction (see dedupe).
+func (it item) sameTransaction(o item) bool {
+	if it.hasRef && o.hasRef {
+		return it.ref.String() == o.ref.String()
+	}
+	return !it.op.IsZero() && it.op == o.op
 }
 
 // line formats the answer for it, in one format whatever the input: "-" stands for what

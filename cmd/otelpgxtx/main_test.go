@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -46,7 +47,7 @@ func cli(t *testing.T, ctx context.Context, stdin string, args ...string) (code 
 // indeterminate produces a real indeterminate commit through the library: COMMIT waits for
 // the phantom synchronous standby and the backend is terminated, after the commit record
 // reached the local WAL. It returns the result and the JSON log record the library wrote.
-func indeterminate(t *testing.T, ctx context.Context) (outcome.Indeterminate[int], string) {
+func indeterminate(t *testing.T, ctx context.Context, policy otelpgxtx.Policy) (outcome.Indeterminate[int], string) {
 	t.Helper()
 	var logs bytes.Buffer
 	cfg, err := pgxpool.ParseConfig(srv.ConnString())
@@ -67,7 +68,7 @@ func indeterminate(t *testing.T, ctx context.Context) (outcome.Indeterminate[int
 	pids := make(chan uint32, 1)
 	done := make(chan outcome.Result[int], 1)
 	go func() {
-		done <- otelpgxtx.Run(ctx, pool, otelpgxtx.DefaultPolicy(), func(ctx context.Context, tx pgx.Tx) (int, error) {
+		done <- otelpgxtx.Run(ctx, pool, policy, func(ctx context.Context, tx pgx.Tx) (int, error) {
 			pids <- tx.Conn().PgConn().PID()
 			if _, err := tx.Exec(ctx, "set local synchronous_commit = on"); err != nil {
 				return 0, err
@@ -96,7 +97,7 @@ func indeterminate(t *testing.T, ctx context.Context) (outcome.Indeterminate[int
 func TestReconcileRealIndeterminate(t *testing.T) {
 	pgtest.LeakCheck(t)
 	ctx := testCtx(t)
-	ind, record := indeterminate(t, ctx)
+	ind, record := indeterminate(t, ctx, otelpgxtx.DefaultPolicy())
 	ref, ok := ind.Reference()
 	if !ok {
 		t.Fatal("no reference")
@@ -108,11 +109,24 @@ func TestReconcileRealIndeterminate(t *testing.T) {
 	if code != exitSettled || out != want {
 		t.Errorf("from the log record: exit %d, %q; want 0, %q", code, out, want)
 	}
+	runbookShows(t, 3, out)
+	// What a log query returns when the operation also stayed unknown at shutdown: its
+	// indeterminate record and Tracer.Close's, and the reference alone once more, the
+	// bare operation id too. One answer for the one transaction.
+	shutdown := strings.Replace(record, `"msg":"`+otelpgxtx.MessageIndeterminate, `"msg":"`+otelpgxtx.MessagePendingAtShutdown, 1)
+	if shutdown == record {
+		t.Fatalf("the record %s has no message %q", record, otelpgxtx.MessageIndeterminate)
+	}
+	code, out, _ = cli(t, ctx, strings.Join([]string{ind.OperationID().String(), record, shutdown, ref.String(), record}, "\n")+"\n", "reconcile")
+	if code != exitSettled || out != want {
+		t.Errorf("the same transaction five times: exit %d, %q; want 0, %q once", code, out, want)
+	}
 	// The reference as an argument.
 	code, out, _ = cli(t, ctx, "", "reconcile", ref.String())
 	if want := fmt.Sprintf("ref=%s operation=- resolved=committed\n", ref); code != exitSettled || out != want {
 		t.Errorf("from the argument: exit %d, %q; want 0, %q", code, out, want)
 	}
+	runbookShows(t, 1, out)
 	// One per line on stdin, with one that stays unknown (another cluster's) and a bare
 	// operation id (no reference): exit 1, one line each, in order.
 	other := ref
@@ -232,18 +246,7 @@ func TestBuild(t *testing.T) {
 func TestReconcileByMarker(t *testing.T) {
 	pgtest.LeakCheck(t)
 	ctx := testCtx(t)
-	pool := cliMarkerPool(t, ctx)
-	p := otelpgxtx.DefaultPolicy()
-	p.CommitMarker = pgx.Identifier{"public", "cli_marker"}
-	// An xid, so that the marker function writes its row (a transaction without one
-	// leaves nothing durable, and no marker).
-	res := otelpgxtx.Run(ctx, pool, p, func(ctx context.Context, tx pgx.Tx) (int, error) {
-		_, err := tx.Exec(ctx, "select pg_current_xact_id()")
-		return 1, err
-	})
-	if res.Outcome() != outcome.OutcomeCommitted {
-		t.Fatalf("result %T", res)
-	}
+	res := commitWithMarker(t, ctx, cliMarkerPool(t, ctx), pgx.Identifier{"public", "cli_marker"})
 	never := outcome.NewOperationID()
 	want := fmt.Sprintf("ref=- operation=%s resolved=committed\nref=- operation=%s resolved=aborted\n", res.OperationID(), never)
 	for _, table := range []string{"public.cli_marker", `"public"."cli_marker"`} {
@@ -252,9 +255,17 @@ func TestReconcileByMarker(t *testing.T) {
 			t.Errorf("-assert-marker %s: exit %d, %q; want 0, %q", table, code, out, want)
 		}
 	}
-	code, out, _ := cli(t, ctx, res.OperationID().String()+"\n", "reconcile", "-assert-marker", "public.cli_marker")
+	code, out, errOut := cli(t, ctx, res.OperationID().String()+"\n", "reconcile", "-assert-marker", "public.cli_marker")
 	if want := fmt.Sprintf("ref=- operation=%s resolved=unknown reason=no_reference\n", res.OperationID()); code != exitUnknown || out != want {
 		t.Errorf("an operation id on standard input: exit %d, %q; want 1, %q", code, out, want)
+	}
+	// The flag that did nothing is said on standard error, not ignored in silence.
+	const notice = "-assert-marker applies only to operation ids given as arguments"
+	if !strings.Contains(errOut, notice) {
+		t.Errorf("standard input with -assert-marker: stderr %q, want %q", errOut, notice)
+	}
+	if _, _, errOut := cli(t, ctx, "", "reconcile", "-assert-marker", "public.cli_marker", res.OperationID().String()); strings.Contains(errOut, notice) {
+		t.Errorf("an operation id as an argument: stderr %q says the flag does not apply", errOut)
 	}
 }
 
@@ -268,6 +279,29 @@ func cliMarkerPool(t *testing.T, ctx context.Context, opts ...otelpgxtx.Option) 
 	if err := srv.Exec(ctx, "drop table if exists cli_marker; "+ddl); err != nil {
 		t.Fatal(err)
 	}
+	return cliPool(t, ctx, opts...)
+}
+
+// commitWithMarker commits a Run on pool with table as its commit marker, or fails t. The
+// transaction takes an xid, so that the marker function writes its row (a transaction
+// without one leaves nothing durable, and no marker).
+func commitWithMarker(t *testing.T, ctx context.Context, pool *pgxpool.Pool, table pgx.Identifier) outcome.Result[int] {
+	t.Helper()
+	p := otelpgxtx.DefaultPolicy()
+	p.CommitMarker = table
+	res := otelpgxtx.Run(ctx, pool, p, func(ctx context.Context, tx pgx.Tx) (int, error) {
+		_, err := tx.Exec(ctx, "select pg_current_xact_id()")
+		return 1, err
+	})
+	if res.Outcome() != outcome.OutcomeCommitted {
+		t.Fatalf("Run with the marker table %v: %T", table, res)
+	}
+	return res
+}
+
+// cliPool returns an instrumented pool on the test server, closed when the test ends.
+func cliPool(t *testing.T, ctx context.Context, opts ...otelpgxtx.Option) *pgxpool.Pool {
+	t.Helper()
 	cfg, err := pgxpool.ParseConfig(srv.ConnString())
 	if err != nil {
 		t.Fatal(err)
@@ -516,5 +550,84 @@ func TestSettleAfterRestart(t *testing.T) {
 	}
 	if code != exitSettled {
 		t.Errorf("exit %d, want 0", code)
+	}
+}
+
+// TestMarkerDDLAsDocumented runs the runbook's marker-table block as written, with the
+// built command on PATH and the test server as DATABASE_URL, then commits a Run with that
+// table as its marker and settles its operation id by -assert-marker: the table the
+// runbook makes is one the library writes and the command reads.
+func TestMarkerDDLAsDocumented(t *testing.T) {
+	pgtest.LeakCheck(t)
+	ctx := testCtx(t)
+	page, err := os.ReadFile(filepath.Join("..", "..", "docs", "runbook.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	const first = "```sh\notelpgxtx marker-ddl "
+	start := strings.Index(string(page), first)
+	if start < 0 {
+		t.Fatalf("docs/runbook.md has no block starting %q", first)
+	}
+	block, _, _ := strings.Cut(string(page)[start+len("```sh\n"):], "```")
+	if err := srv.Exec(ctx, "drop schema if exists app cascade"); err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command("bash", "-euo", "pipefail", "-c", block)
+	cmd.Env = append(os.Environ(), "PATH="+filepath.Dir(buildCLI(t))+string(os.PathListSeparator)+os.Getenv("PATH"),
+		"DATABASE_URL="+srv.ConnString())
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("the runbook's block\n%s\nfailed (it needs psql, the PostgreSQL client): %v\n%s", block, err, out)
+	}
+
+	res := commitWithMarker(t, ctx, cliPool(t, ctx), pgx.Identifier{"app", "tx_marker"})
+	code, out, _ := cli(t, ctx, "", "reconcile", "-assert-marker", `"app"."tx_marker"`, res.OperationID().String())
+	if want := fmt.Sprintf("ref=- operation=%s resolved=committed\n", res.OperationID()); code != exitSettled || out != want {
+		t.Errorf("-assert-marker on the runbook's table: exit %d, %q; want 0, %q", code, out, want)
+	}
+	// An indeterminate commit that wrote its marker there settles by its reference alone,
+	// as the runbook's second sample line shows.
+	p := otelpgxtx.DefaultPolicy()
+	p.CommitMarker = pgx.Identifier{"app", "tx_marker"}
+	ind, _ := indeterminate(t, ctx, p)
+	ref, ok := ind.Reference()
+	if !ok || !ref.HasMarker() {
+		t.Fatalf("the indeterminate commit has no marker reference: %v", ref)
+	}
+	code, out, _ = cli(t, ctx, "", "reconcile", ref.String())
+	if code != exitSettled {
+		t.Errorf("reconcile %s: exit %d; want 0", ref, code)
+	}
+	runbookShows(t, 2, out)
+
+	// A table name PostgreSQL would fold is refused, not guessed at.
+	if code, _, errOut := cli(t, ctx, "", "marker-ddl", "App.tx_marker"); code != exitBad || !strings.Contains(errOut, "App.tx_marker") {
+		t.Errorf("marker-ddl App.tx_marker: exit %d, stderr %q; want 2 naming it", code, errOut)
+	}
+}
+
+// runbookShows checks that out, the command's one line of output, is the nth line of the
+// runbook's sample output but for what differs between runs (references' numbers and
+// times, ids).
+func runbookShows(t *testing.T, n int, out string) {
+	t.Helper()
+	page, err := os.ReadFile(filepath.Join("..", "..", "docs", "runbook.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	const intro = "It prints one line per transaction"
+	_, after, ok := strings.Cut(string(page), intro)
+	_, sample, ok2 := strings.Cut(after, "```\n")
+	sample, _, ok3 := strings.Cut(sample, "```")
+	lines := strings.Split(strings.TrimSpace(sample), "\n")
+	if !ok || !ok2 || !ok3 || n > len(lines) {
+		t.Fatalf("docs/runbook.md has no sample output of %d lines after %q", n, intro)
+	}
+	shape := func(s string) string {
+		s = regexp.MustCompile(`pg:[0-9/]+(;checked=[0-9]+)?`).ReplaceAllString(strings.TrimSpace(s), "pg:<reference>")
+		return regexp.MustCompile(`\b[0-9a-f]{32}\b`).ReplaceAllString(s, "<operation id>")
+	}
+	if got, want := shape(out), shape(lines[n-1]); got != want {
+		t.Errorf("the command printed, in shape:\n%s\nthe runbook's sample line %d, in shape:\n%s", got, n, want)
 	}
 }

@@ -229,8 +229,14 @@ func checkPoolMetrics(t *testing.T, ctx context.Context, p *promProc, a *app) {
 		r := p.query(t, ctx, q)
 		t.Logf("pool: %s = %s", q, samples(r))
 		for _, s := range r {
-			if s.Metric["db_client_connection_pool_name"] == "" {
-				t.Errorf("%s: series %v without db_client_connection_pool_name", q, s.Metric)
+			// The pool's name and its database identity (semantic-conventions PR #4097).
+			for _, l := range []string{"db_client_connection_pool_name", "db_namespace", "server_address", "server_port"} {
+				if s.Metric[l] == "" {
+					t.Errorf("%s: series %v without %s", q, s.Metric, l)
+				}
+			}
+			if s.Metric["db_system_name"] != "postgresql" {
+				t.Errorf("%s: series %v: db_system_name is not postgresql", q, s.Metric)
 			}
 		}
 		if len(r) != 1 {
@@ -239,14 +245,14 @@ func checkPoolMetrics(t *testing.T, ctx context.Context, p *promProc, a *app) {
 		return fmt.Sprint(r[0].Value[1])
 	}
 	for q, want := range map[string]string{
-		`db_client_connection_max`:                                             fmt.Sprint(cfg.MaxConns),
-		`db_client_connection_idle_max`:                                        fmt.Sprint(cfg.MaxConns),
-		`db_client_connection_idle_min`:                                        fmt.Sprint(cfg.MinIdleConns),
-		`db_client_connection_pending_requests`:                                "0",
-		`db_client_connection_timeouts_total`:                                  "1",
-		`sum by (db_client_connection_pool_name) (db_client_connection_count)`: fmt.Sprint(stat.IdleConns() + stat.AcquiredConns()),
-		`db_client_connection_count{db_client_connection_state="used"}`:        "0",
-		`db_client_connection_create_time_seconds_count`:                       fmt.Sprint(stat.NewConnsCount()),
+		`db_client_connection_max`:                                              fmt.Sprint(cfg.MaxConns),
+		`db_client_connection_idle_max`:                                         fmt.Sprint(cfg.MaxConns),
+		`db_client_connection_idle_min`:                                         fmt.Sprint(cfg.MinIdleConns),
+		`db_client_connection_pending_requests`:                                 "0",
+		`db_client_connection_timeouts_total`:                                   "1",
+		`sum without (db_client_connection_state) (db_client_connection_count)`: fmt.Sprint(stat.IdleConns() + stat.AcquiredConns()),
+		`db_client_connection_count{db_client_connection_state="used"}`:         "0",
+		`db_client_connection_create_time_seconds_count`:                        fmt.Sprint(stat.NewConnsCount()),
 	} {
 		if got := value(q); got != want {
 			t.Errorf("%s = %s, want %s", q, got, want)

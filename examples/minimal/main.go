@@ -18,6 +18,7 @@ import (
 	"log"
 	"log/slog"
 	"os"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -131,7 +132,7 @@ func run(ctx context.Context, dsn string, waitForStandby bool, spans, out io.Wri
 		fmt.Fprintf(out, "indeterminate: operation %s, reference %s\n", r.OperationID(), ref)
 		select {
 		case s := <-settled:
-			fmt.Fprintln(out, "reconciled:", s.Answer.Status(), s.Answer.Reason())
+			fmt.Fprintln(out, strings.TrimSpace("reconciled: "+s.Answer.Status().String()+" "+s.Answer.Reason()))
 		case <-time.After(time.Minute):
 			fmt.Fprintln(out, "not reconciled within a minute: Tracer.Close logs it for the operator")
 		}

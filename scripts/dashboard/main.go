@@ -68,27 +68,24 @@ type row struct {
 // sel is the label selector every query carries: the job chosen at the top.
 const sel = `job=~"$job"`
 
+// poolBy are the labels the pool panels group by: the pool's name, and its server, which
+// keeps apart pools of two servers whose databases share a name (the default name).
+var poolBy = []string{"db_client_connection_pool_name", "server_address"}
+
 // quantiles are a latency panel's queries: p50, p90 and p99 of a histogram, by the labels.
-func quantiles(histogram, by string) []query {
+func quantiles(histogram string, by ...string) []query {
 	var qs []query
-	for _, q := range []string{"0.5", "0.9", "0.99"} {
-		legend := "p" + strings.TrimPrefix(q, "0.")
-		if by != "" {
-			legend += " {{" + by + "}}"
+	for _, q := range []struct{ q, name string }{{"0.5", "p50"}, {"0.9", "p90"}, {"0.99", "p99"}} {
+		legend := q.name
+		for _, l := range by {
+			legend += " {{" + l + "}}"
 		}
 		qs = append(qs, query{
-			expr:   fmt.Sprintf(`histogram_quantile(%s, sum by (le%s) (rate(%s_bucket{%s}[$__rate_interval])))`, q, prefixComma(by), histogram, sel),
+			expr:   fmt.Sprintf(`histogram_quantile(%s, sum by (%s) (rate(%s_bucket{%s}[$__rate_interval])))`, q.q, strings.Join(append([]string{"le"}, by...), ", "), histogram, sel),
 			legend: legend,
 		})
 	}
 	return qs
-}
-
-func prefixComma(s string) string {
-	if s == "" {
-		return ""
-	}
-	return ", " + s
 }
 
 // rows are the dashboard, top to bottom.
@@ -125,38 +122,38 @@ var rows = []row{
 			alerts:      []string{"TransactionReconciledUnknown", "TransactionCommitAborted"}},
 		{title: "Time to reconcile", width: 24, unit: "s",
 			description: "From an indeterminate commit to its reconciliation's final answer.",
-			queries:     quantiles("otelpgxtx_reconciliation_duration_seconds", "")},
+			queries:     quantiles("otelpgxtx_reconciliation_duration_seconds")},
 	}},
 	{"Latency", []panel{
 		{title: "Commit latency", width: 12, unit: "s",
 			description: "Time frames spent committing (COMMIT sent to its outcome), all outcomes.",
-			queries:     quantiles("otelpgxtx_transaction_commit_duration_seconds", "")},
+			queries:     quantiles("otelpgxtx_transaction_commit_duration_seconds")},
 		{title: "Transaction duration p99 by outcome", width: 12, unit: "s",
 			description: "BEGIN to outcome, by tx.outcome.",
 			queries:     []query{{`histogram_quantile(0.99, sum by (le, tx_outcome) (rate(otelpgxtx_transaction_duration_seconds_bucket{` + sel + `}[$__rate_interval])))`, "p99 {{tx_outcome}}"}}},
 	}},
 	{"Connection pool (db.client.connection.*)", []panel{
 		{title: "Connections by state", width: 8, stacked: true, unit: "short",
-			description: "Connections idle and used (acquired), and the most the pool opens, by db.client.connection.pool.name.",
+			description: "Connections idle and used (acquired), and the most the pool opens, by db.client.connection.pool.name and server.address.",
 			queries: []query{
-				{`sum by (db_client_connection_pool_name, db_client_connection_state) (db_client_connection_count{` + sel + `})`, "{{db_client_connection_state}} {{db_client_connection_pool_name}}"},
-				{`sum by (db_client_connection_pool_name) (db_client_connection_max{` + sel + `})`, "max {{db_client_connection_pool_name}}"},
+				{`sum by (db_client_connection_pool_name, server_address, db_client_connection_state) (db_client_connection_count{` + sel + `})`, "{{db_client_connection_state}} {{db_client_connection_pool_name}} {{server_address}}"},
+				{`sum by (db_client_connection_pool_name, server_address) (db_client_connection_max{` + sel + `})`, "max {{db_client_connection_pool_name}} {{server_address}}"},
 			}},
 		{title: "Pending acquires and timeouts", width: 8, unit: "short",
 			description: "Acquires waiting for a connection now, and acquires per second whose deadline passed first: pool exhaustion, which makes indeterminate commits read differently from a failover.",
 			queries: []query{
-				{`sum by (db_client_connection_pool_name) (db_client_connection_pending_requests{` + sel + `})`, "pending {{db_client_connection_pool_name}}"},
-				{`sum by (db_client_connection_pool_name) (rate(db_client_connection_timeouts_total{` + sel + `}[$__rate_interval]))`, "timeouts/s {{db_client_connection_pool_name}}"},
+				{`sum by (db_client_connection_pool_name, server_address) (db_client_connection_pending_requests{` + sel + `})`, "pending {{db_client_connection_pool_name}} {{server_address}}"},
+				{`sum by (db_client_connection_pool_name, server_address) (rate(db_client_connection_timeouts_total{` + sel + `}[$__rate_interval]))`, "timeouts/s {{db_client_connection_pool_name}} {{server_address}}"},
 			}},
 		{title: "Connection create time", width: 8, unit: "s",
 			description: "Time new connections took to connect.",
-			queries:     quantiles("db_client_connection_create_time_seconds", "")},
+			queries:     quantiles("db_client_connection_create_time_seconds")},
 		{title: "Pool wait time", width: 12, unit: "s",
 			description: "Time acquires waited for a connection.",
-			queries:     quantiles("db_client_connection_wait_time_seconds", "db_client_connection_pool_name")},
+			queries:     quantiles("db_client_connection_wait_time_seconds", poolBy...)},
 		{title: "Connection use time", width: 12, unit: "s",
 			description: "Time from an acquire to the connection's release.",
-			queries:     quantiles("db_client_connection_use_time_seconds", "db_client_connection_pool_name")},
+			queries:     quantiles("db_client_connection_use_time_seconds", poolBy...)},
 	}},
 }
 
