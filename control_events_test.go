@@ -20,14 +20,20 @@ import (
 )
 
 // spanSettings are the two ways transaction-control statements are recorded: as events
-// of their frame (the default) and as statement spans of their own.
+// of their frame (the default) and as statement spans of their own; and the default again
+// with the commit marker, so that every test of the span contract also shows that the
+// library's call in COMMIT's write changes nothing of it (TestMain creates spanMarker).
 var spanSettings = []struct {
 	name string
 	opts []Option
 }{
 	{"events", nil},
 	{"spans", []Option{WithInnerSpans(InnerSpanTransactionControl)}},
+	{"events with the commit marker", []Option{WithCommitMarker(spanMarker)}},
 }
+
+// spanMarker is the marker table of the span contract's commit-marker setting.
+var spanMarker = pgx.Identifier{"public", "span_marker"}
 
 // eachSpanSetting runs test once per setting of spanSettings, with its options.
 func eachSpanSetting(t *testing.T, test func(t *testing.T, opts ...Option)) {

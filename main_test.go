@@ -24,7 +24,16 @@ var srv *pgtest.Server
 // TestMain starts the test server and names it in DATABASE_URL, where the examples read
 // it the way an application reads its database.
 func TestMain(m *testing.M) {
-	pgtest.Main(m, &srv, func(s *pgtest.Server) { os.Setenv("DATABASE_URL", s.ConnString()) })
+	pgtest.Main(m, &srv, func(s *pgtest.Server) {
+		os.Setenv("DATABASE_URL", s.ConnString())
+		ddl, err := reconcile.MarkerTableDDL(spanMarker)
+		if err == nil {
+			err = s.Exec(context.Background(), ddl)
+		}
+		if err != nil {
+			panic(fmt.Sprintf("creating the span tests' marker table: %v", err))
+		}
+	})
 }
 
 // transports are the ways the commit-path tests reach the server: plain TCP, and TLS
