@@ -56,7 +56,8 @@ type config struct {
 	// What may leave the process; both off by default.
 	rawQueryText  bool
 	errorMessages bool
-	err           error
+	// err is the first option refused (see refuse).
+	err error
 
 	// expected decides which failures leave span status Unset (WithExpectedErrors).
 	expected []ExpectedErrorFunc
@@ -120,7 +121,7 @@ func WithMeterProvider(mp metric.MeterProvider) Option {
 func WithSpanName(name string) Option {
 	return optionFunc(func(c *config) {
 		if name == "" {
-			c.err = invalid("WithSpanName: empty span name")
+			c.refuse(invalid("WithSpanName: empty span name"))
 			return
 		}
 		c.spanName = name
@@ -132,7 +133,7 @@ func WithSpanName(name string) Option {
 func WithStatusMapping(m StatusMapping) Option {
 	return optionFunc(func(c *config) {
 		if m != StatusOkOnCommit && m != StatusStrict {
-			c.err = invalid("WithStatusMapping: unknown status mapping %d", m)
+			c.refuse(invalid("WithStatusMapping: unknown status mapping %d", m))
 			return
 		}
 		c.status = m
@@ -328,7 +329,7 @@ func WithCommitMarker(table pgx.Identifier) Option {
 	return optionFunc(func(c *config) {
 		name, err := outcome.QuoteMarkerTable(table...)
 		if err != nil {
-			c.err = invalid("WithCommitMarker: %w", err)
+			c.refuse(invalid("WithCommitMarker: %w", err))
 			return
 		}
 		c.reference, c.marker = referenceMarker, name
@@ -349,7 +350,7 @@ func WithExpectedErrors(fns ...ExpectedErrorFunc) Option {
 	return optionFunc(func(c *config) {
 		for i, fn := range fns {
 			if fn == nil {
-				c.err = invalid("WithExpectedErrors: function %d is nil", i)
+				c.refuse(invalid("WithExpectedErrors: function %d is nil", i))
 				return
 			}
 		}
@@ -400,7 +401,7 @@ func innerSpansOption(name string, kinds []InnerSpan, set func(c *config, bit ui
 	return optionFunc(func(c *config) {
 		for _, k := range kinds {
 			if k < InnerSpanConnect || k >= numInnerSpans {
-				c.err = invalid("%s: unknown kind %d", name, uint8(k))
+				c.refuse(invalid("%s: unknown kind %d", name, uint8(k)))
 				return
 			}
 			set(c, 1<<k)
@@ -431,7 +432,7 @@ func (c *config) checkOmitSpans() error {
 func WithPoolName(name string) Option {
 	return optionFunc(func(c *config) {
 		if name == "" {
-			c.err = invalid("WithPoolName: empty pool name")
+			c.refuse(invalid("WithPoolName: empty pool name"))
 			return
 		}
 		c.poolName = name
@@ -460,6 +461,21 @@ type autoConfig struct {
 	err                error
 }
 
+// refuse keeps err, a refused option value, unless an earlier one was refused: the first
+// is the one reported.
+func (c *config) refuse(err error) {
+	if c.err == nil {
+		c.err = err
+	}
+}
+
+// refuse keeps err unless an earlier AutoReconcileOption was refused.
+func (a *autoConfig) refuse(err error) {
+	if a.err == nil {
+		a.err = err
+	}
+}
+
 // autoOptionFunc is an AutoReconcileOption that sets one field of autoConfig.
 type autoOptionFunc func(*autoConfig)
 
@@ -485,7 +501,7 @@ func WithAutoReconcile(r *reconcile.Reconciler, opts ...AutoReconcileOption) Opt
 	return optionFunc(func(c *config) {
 		a := autoConfig{r: r, queue: 1024, workers: 2, retryMin: 100 * time.Millisecond, retryMax: 30 * time.Second}
 		if r == nil {
-			a.err = invalid("WithAutoReconcile: nil reconciler (make one with reconcile.New)")
+			a.refuse(invalid("WithAutoReconcile: nil reconciler (make one with reconcile.New)"))
 		}
 		for _, o := range opts {
 			if o != nil {
@@ -493,7 +509,7 @@ func WithAutoReconcile(r *reconcile.Reconciler, opts ...AutoReconcileOption) Opt
 			}
 		}
 		if a.err != nil {
-			c.err = a.err
+			c.refuse(a.err)
 			return
 		}
 		c.auto = &a
@@ -505,7 +521,7 @@ func WithAutoReconcile(r *reconcile.Reconciler, opts ...AutoReconcileOption) Opt
 func WithQueue(size, workers int) AutoReconcileOption {
 	return autoOptionFunc(func(c *autoConfig) {
 		if size <= 0 || workers <= 0 {
-			c.err = invalid("WithQueue: size and workers must be > 0, got %d, %d", size, workers)
+			c.refuse(invalid("WithQueue: size and workers must be > 0, got %d, %d", size, workers))
 			return
 		}
 		c.queue, c.workers = size, workers
@@ -517,7 +533,7 @@ func WithQueue(size, workers int) AutoReconcileOption {
 func WithRetryBackoff(first, most time.Duration) AutoReconcileOption {
 	return autoOptionFunc(func(c *autoConfig) {
 		if first <= 0 || most < first {
-			c.err = invalid("WithRetryBackoff: want 0 < first <= most, got %v, %v", first, most)
+			c.refuse(invalid("WithRetryBackoff: want 0 < first <= most, got %v, %v", first, most))
 			return
 		}
 		c.retryMin, c.retryMax = first, most

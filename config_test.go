@@ -468,3 +468,30 @@ func TestRefusedOptionsWrapErrInvalidArgument(t *testing.T) {
 		}
 	}
 }
+
+// TestFirstRefusedOptionReported: with several refused option values, the error reports the
+// first, as the docs say: for the tracer's options, automatic reconciliation's and the
+// reconciler's.
+func TestFirstRefusedOptionReported(t *testing.T) {
+	cfg, err := pgx.ParseConfig("postgres://localhost/db")
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = InstrumentConnConfig(cfg, WithSpanName(""), WithPoolName(""), WithCommitMarker(pgx.Identifier{"x"}))
+	if err == nil || !strings.Contains(err.Error(), "WithSpanName") || strings.Contains(err.Error(), "WithPoolName") {
+		t.Errorf("tracer options: %v, want WithSpanName's refusal", err)
+	}
+	conn := &pgx.Conn{} // never used: New only keeps it
+	rec, err := reconcile.New(conn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = InstrumentConnConfig(cfg.Copy(), WithAutoReconcile(rec, WithQueue(0, 1), WithRetryBackoff(time.Second, time.Millisecond)))
+	if err == nil || !strings.Contains(err.Error(), "WithQueue") {
+		t.Errorf("automatic reconciliation's options: %v, want WithQueue's refusal", err)
+	}
+	_, err = reconcile.New(conn, reconcile.WithWait(-time.Second, time.Millisecond), reconcile.WithWait(-2*time.Second, time.Millisecond))
+	if err == nil || !strings.Contains(err.Error(), "got -1s") {
+		t.Errorf("the reconciler's options: %v, want the first WithWait's refusal", err)
+	}
+}

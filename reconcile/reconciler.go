@@ -87,7 +87,9 @@ func WithTracerProvider(tp trace.TracerProvider) Option {
 func WithWait(wait, interval time.Duration) Option {
 	return optionFunc(func(c *config) {
 		if wait < 0 || interval <= 0 {
-			c.err = invalid("WithWait: wait must be >= 0 and interval > 0, got %v, %v", wait, interval)
+			if c.err == nil { // the first refused is the one reported
+				c.err = invalid("WithWait: wait must be >= 0 and interval > 0, got %v, %v", wait, interval)
+			}
 			return
 		}
 		c.wait, c.interval = wait, interval
