@@ -8,6 +8,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/txevidence/otelpgxtx/internal/pg"
 )
 
 // netConn is the net.Conn pgconn uses on an instrumented connection: [InstrumentConnConfig]
@@ -487,8 +489,5 @@ func fatalSeverity(body []byte) bool {
 		}
 		body = body[end+1:]
 	}
-	if v == "" {
-		v = s
-	}
-	return v == "FATAL" || v == "PANIC"
+	return pg.Fatal(s, v)
 }

@@ -9,6 +9,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
+	"github.com/txevidence/otelpgxtx/internal/pg"
 	"github.com/txevidence/otelpgxtx/outcome"
 )
 
@@ -262,11 +263,7 @@ func IsFatal(err error) bool {
 // isFatal reads the unlocalized severity (PostgreSQL 9.6+), so that a server with
 // lc_messages in another language is not mistaken for an ERROR.
 func isFatal(pgErr *pgconn.PgError) bool {
-	s := pgErr.SeverityUnlocalized
-	if s == "" {
-		s = pgErr.Severity
-	}
-	return s == "FATAL" || s == "PANIC"
+	return pg.Fatal(pgErr.Severity, pgErr.SeverityUnlocalized)
 }
 
 // isConnectionClass reports SQLSTATE class 08 (connection exception). PostgreSQL does

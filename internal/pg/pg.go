@@ -1,7 +1,7 @@
 // Package pg holds what the otelpgxtx packages share about PostgreSQL and pgx: the SQL
 // that reads the identity a reconciliation reference carries, which the instrumentation
-// captures and the reconciler compares, and the check for a nil pgx handle in an
-// interface.
+// captures and the reconciler compares, what an error's severity says, and the check for
+// a nil pgx handle in an interface.
 package pg
 
 import (
@@ -19,6 +19,19 @@ const TimelineSQL = "case when pg_is_in_recovery() then null else " +
 
 // ServerStartSQL is pg_postmaster_start_time() in microseconds since the Unix epoch.
 const ServerStartSQL = "(extract(epoch from pg_postmaster_start_time()) * 1000000)::bigint::text"
+
+// Fatal reports whether an ErrorResponse of severity (its S field, which may be
+// translated) and unlocalized (its V field, PostgreSQL 9.6+, never translated; "" when the
+// server sent none) ends the session: FATAL or PANIC. The server closes the connection after
+// one and reads nothing more, so what follows it was never executed. It is the one reading
+// of a severity in the module: a server with lc_messages in another language must not be
+// taken for one that sent an ERROR.
+func Fatal(severity, unlocalized string) bool {
+	if unlocalized == "" {
+		unlocalized = severity
+	}
+	return unlocalized == "FATAL" || unlocalized == "PANIC"
+}
 
 // IsNilHandle reports a typed nil pool or connection, which would panic on first use.
 func IsNilHandle(v any) bool {
