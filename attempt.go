@@ -299,7 +299,7 @@ func commit(ctx context.Context, sc *scope, tx pgx.Tx, held heldConn, p Policy, 
 	st.committing = true // no hook marks this COMMIT in flight
 	if f != nil {
 		f.transition(outcome.PhaseCommitting) // before COMMIT reaches the driver
-		st.armCommit(f)
+		st.markCommit(f)
 	}
 	st.mu.Unlock()
 	var marker *markerFn

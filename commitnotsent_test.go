@@ -235,9 +235,9 @@ func TestFatalBeforeCommit(t *testing.T) {
 
 var _ net.Conn = (*netConn)(nil)
 
-// BenchmarkArmCommit is what marking a COMMIT costs on a real TCP connection: the peek
+// BenchmarkMarkCommit is what marking a COMMIT costs on a real TCP connection: the peek
 // for a waiting FATAL (one non-blocking system call) and the write bookkeeping.
-func BenchmarkArmCommit(b *testing.B) {
+func BenchmarkMarkCommit(b *testing.B) {
 	conn := instrumentedConn(b, context.Background(), srv.ConnString())
 	nc := conn.PgConn().Conn().(*netConn)
 	if nc.peek == nil {
@@ -245,7 +245,7 @@ func BenchmarkArmCommit(b *testing.B) {
 	}
 	b.ReportAllocs()
 	for b.Loop() {
-		if nc.armCommit() || nc.commitNotSent() {
+		if nc.markCommit() || nc.commitNotSent() {
 			b.Fatal("evidence on an idle connection")
 		}
 	}

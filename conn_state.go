@@ -122,10 +122,10 @@ func connStateOf(conn *pgx.Conn) *connState {
 	return stateOf(conn.PgConn())
 }
 
-// armCommit marks the position before a COMMIT of f is handed over (see netConn).
-func (st *connState) armCommit(f *frame) {
+// markCommit marks the position before a COMMIT of f is handed over (see netConn).
+func (st *connState) markCommit(f *frame) {
 	if st.nc != nil {
-		f.endedBeforeCommit = st.nc.armCommit()
+		f.endedBeforeCommit = st.nc.markCommit()
 	}
 }
 

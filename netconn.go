@@ -19,7 +19,7 @@ import (
 // ends a connection (Close, the asynchronous close after a failure, a fatal error), so
 // that is where a frame still open on the connection learns that it has ended.
 //
-// It also sees the write that carries a COMMIT (see armCommit): whether any of its
+// It also sees the write that carries a COMMIT (see markCommit): whether any of its
 // bytes reached the kernel is what tells a commit that never left the process from one
 // the server may have executed.
 type netConn struct {
@@ -63,7 +63,7 @@ type netConn struct {
 	ahead    []byte
 	aheadErr error
 	// added is what became of the last addition: whether it went out, and the library's
-	// reply, for the tracer to take (takeAddition).
+	// reply, for the tracer to collect (netConn.takeAddition, Tracer.collectAddition).
 	added *addition
 }
 
@@ -139,12 +139,12 @@ func (c *dialedConn) NetConn() net.Conn { return c.Conn }
 // The states of netConn.commitWrite.
 const (
 	commitIdle   int32 = iota
-	commitArmed        // the tracer marked the position before COMMIT: the next write carries it
+	commitMarked        // the tracer marked the position before COMMIT: the next write carries it
 	commitSent         // that write got at least one byte into the kernel
 	commitUnsent       // that write failed before the kernel accepted any byte
 )
 
-// Write writes b and, for the first write after armCommit, records whether any byte
+// Write writes b and, for the first write after markCommit, records whether any byte
 // was accepted: net.Conn's n counts exactly the bytes the kernel took. A write the library
 // armed an addition for carries it (see addTo).
 func (c *netConn) Write(b []byte) (int, error) {
@@ -158,10 +158,10 @@ func (c *netConn) Write(b []byte) (int, error) {
 	return n, err
 }
 
-// wrote records, for the first write after armCommit, whether COMMIT's bytes reached
+// wrote records, for the first write after markCommit, whether COMMIT's bytes reached
 // the kernel.
 func (c *netConn) wrote(sent bool) {
-	if c.commitWrite.Load() == commitArmed {
+	if c.commitWrite.Load() == commitMarked {
 		if c.dialed != nil {
 			// Under TLS: whether any byte of this write's records reached the kernel.
 			sent = c.dialed.sent.Load() > c.sentAtArm
@@ -170,7 +170,7 @@ func (c *netConn) wrote(sent bool) {
 		if !sent {
 			s = commitUnsent
 		}
-		c.commitWrite.CompareAndSwap(commitArmed, s)
+		c.commitWrite.CompareAndSwap(commitMarked, s)
 	}
 }
 
@@ -398,16 +398,16 @@ func (c *netConn) readAhead() []byte {
 	return c.ahead
 }
 
-// armCommit marks the position before a COMMIT is handed to pgconn: the next write
+// markCommit marks the position before a COMMIT is handed to pgconn: the next write
 // carries it (or something before it, which only makes commitUnsent rarer). It also
 // reports whether the server had already ended the session before that write: a FATAL
 // waiting unread in the socket (see socketPeek) or, where the socket cannot be peeked at
 // (TLS), read ahead (see readAhead).
-func (c *netConn) armCommit() (sessionEnded bool) {
+func (c *netConn) markCommit() (sessionEnded bool) {
 	if c.dialed != nil {
 		c.sentAtArm = c.dialed.sent.Load()
 	}
-	c.commitWrite.Store(commitArmed)
+	c.commitWrite.Store(commitMarked)
 	if c.peek != nil {
 		return c.peek.sessionEnded()
 	}
@@ -424,7 +424,7 @@ func (c *netConn) atBoundary() bool {
 	return c.pos.atBoundary()
 }
 
-// commitUnsent reports whether the write armCommit marked failed before the kernel
+// commitUnsent reports whether the write markCommit marked failed before the kernel
 // accepted any of its bytes, and disarms it.
 func (c *netConn) commitNotSent() bool {
 	return c.commitWrite.Swap(commitIdle) == commitUnsent

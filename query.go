@@ -127,7 +127,7 @@ func (t *Tracer) beforeQuery(ctx context.Context, conn *pgx.Conn, st *connState,
 			f.transition(outcome.PhaseActive) // BEGIN and COMMIT in one string
 		}
 		f.transition(outcome.PhaseCommitting)
-		st.armCommit(f)
+		st.markCommit(f)
 		t.armReference(st, f, pg, set, beginSQL)
 	}
 	return f
@@ -144,7 +144,7 @@ func (t *Tracer) afterQuery(ctx context.Context, conn *pgx.Conn, st *connState, 
 	if !inTx {
 		st.committedInBlock = false
 	}
-	if t.takeAddition(st, f) && f != nil {
+	if t.collectAddition(st, f) && f != nil {
 		f.endedBeforeCommit = true // the server answered the xid read with a FATAL
 	}
 	if f == nil || !f.open() {

@@ -65,11 +65,11 @@ func (t *Tracer) armReference(st *connState, f *frame, pg *pgconn.PgConn, set st
 	}
 }
 
-// takeAddition collects, after the query it was armed for, what became of the library's
+// collectAddition collects, after the query it was armed for, what became of the library's
 // addition: the cluster identity after a BEGIN; f's reference after its COMMIT. It reports
 // whether the server answered the call with a FATAL, after which it read nothing more:
 // COMMIT never ran.
-func (t *Tracer) takeAddition(st *connState, f *frame) (endedBeforeCommit bool) {
+func (t *Tracer) collectAddition(st *connState, f *frame) (endedBeforeCommit bool) {
 	if !st.adding {
 		return false
 	}
