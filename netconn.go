@@ -139,7 +139,7 @@ func (c *dialedConn) NetConn() net.Conn { return c.Conn }
 // The states of netConn.commitWrite.
 const (
 	commitIdle   int32 = iota
-	commitMarked        // the tracer marked the position before COMMIT: the next write carries it
+	commitMarked       // the tracer marked the position before COMMIT: the next write carries it
 	commitSent         // that write got at least one byte into the kernel
 	commitUnsent       // that write failed before the kernel accepted any byte
 )
