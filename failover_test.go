@@ -13,6 +13,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/txevidence/otelpgxtx/internal/pg"
+	"github.com/txevidence/otelpgxtx/internal/reconciletest"
 	"github.com/txevidence/otelpgxtx/outcome"
 	"github.com/txevidence/otelpgxtx/pgtest"
 	"github.com/txevidence/otelpgxtx/reconcile"
@@ -104,25 +105,12 @@ type resolveCase struct {
 	reason string
 }
 
-// checkResolutions resolves every case with rec; an error is retried twice, since a pool's
-// connections to a crashed server fail once each before the pool drops them.
+// checkResolutions resolves every case with rec (reconciletest.Check, shared with the
+// reconcile package's tests).
 func checkResolutions(t *testing.T, ctx context.Context, rec *reconcile.Reconciler, cases []resolveCase) {
 	t.Helper()
-	for _, tc := range cases {
-		var got reconcile.Answer
-		var err error
-		for range 3 {
-			if got, err = rec.Resolve(ctx, tc.ref, trace.SpanContext{}); err == nil {
-				break
-			}
-		}
-		if err != nil {
-			t.Fatalf("%s: %v", tc.name, err)
-		}
-		t.Logf("%s: %s: %s %q", tc.name, tc.ref, got.Status(), got.Reason())
-		if got.Status() != tc.want || got.Reason() != tc.reason {
-			t.Errorf("%s: Resolve = %s %q, want %s %q", tc.name, got.Status(), got.Reason(), tc.want, tc.reason)
-		}
+	for _, c := range cases {
+		reconciletest.Check(t, ctx, rec, []reconciletest.Case{{Name: c.name, Ref: c.ref, Want: c.want, Reason: c.reason}})
 	}
 }
 
