@@ -94,4 +94,3 @@ func TestReconcilerAbortedNoWritesAndUnknowns(t *testing.T) {
 		t.Fatal("malformed reference text parsed")
 	}
 }
-
