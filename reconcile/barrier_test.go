@@ -1,9 +1,8 @@
-package otelpgxtx
+package reconcile_test
 
 import (
 	"context"
 	"errors"
-	"strconv"
 	"testing"
 	"time"
 
@@ -23,28 +22,17 @@ import (
 // confirmed.
 func commitLocallyOnly(t *testing.T, ctx context.Context, s *pgtest.Server, conn *pgx.Conn, setup, table string, id int) outcome.ReconciliationRef {
 	t.Helper()
-	st := &connState{}
-	if err := readIdentity(ctx, conn.PgConn(), st); err != nil {
-		t.Fatal(err)
-	}
 	tx, err := conn.Begin(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
-	var xidText string
 	if _, err := tx.Exec(ctx, setup); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := tx.Exec(ctx, "insert into "+table+" values ($1)", id); err != nil {
 		t.Fatal(err)
 	}
-	if err := tx.QueryRow(ctx, "select pg_current_xact_id()::text").Scan(&xidText); err != nil {
-		t.Fatal(err)
-	}
-	xid, err := strconv.ParseUint(xidText, 10, 64)
-	if err != nil {
-		t.Fatal(err)
-	}
+	ref := xactRef(t, ctx, tx)
 	done := make(chan error, 1)
 	go func() { done <- tx.Commit(ctx) }()
 	pid := conn.PgConn().PID()
@@ -57,15 +45,17 @@ func commitLocallyOnly(t *testing.T, ctx context.Context, s *pgtest.Server, conn
 	if err := <-done; err != nil {
 		t.Fatalf("COMMIT whose synchronous-replication wait was cancelled: %v, want success (committed locally)", err)
 	}
-	return *st.ref(xid)
+	return ref
 }
 
 // waitNoBarrier waits until no replication barrier of the reconciler is left on s: one
 // given up must have been cancelled, or it would hold a backend until the standbys answer.
 func waitNoBarrier(t *testing.T, ctx context.Context, s *pgtest.Server) {
 	t.Helper()
-	waitCount(t, ctx, s, 0, "replication barriers still waiting",
-		"select count(*) from pg_stat_activity where application_name like 'otelpgxtx barrier %'")
+	if err := s.WaitForCount(ctx, 0, "replication barriers still waiting",
+		"select count(*) from pg_stat_activity where application_name like 'otelpgxtx barrier %'"); err != nil {
+		t.Fatal(err)
+	}
 }
 
 // TestReconcileReplicationBarrier: on a primary with a synchronous standby, a commit
@@ -75,8 +65,10 @@ func waitNoBarrier(t *testing.T, ctx context.Context, s *pgtest.Server) {
 // not_replicated and leaves no barrier behind. Once the standby is back and confirms, the
 // barrier returns and the answer is committed, and a failover after that keeps the row.
 func TestReconcileReplicationBarrier(t *testing.T) {
+	pgtest.LeakCheck(t)
 	ctx := testCtx(t)
-	c := startCluster(t, ctx)
+	c := pgtest.ClusterFor(t, ctx)
+	table := newTable(t, ctx, c.Primary())
 	if err := c.Standby().StopImmediate(); err != nil {
 		t.Fatal(err)
 	}
@@ -85,7 +77,7 @@ func TestReconcileReplicationBarrier(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer conn.Close(ctx)
-	ref := commitLocallyOnly(t, ctx, c.Primary(), conn, "select 1", "t", 1)
+	ref := commitLocallyOnly(t, ctx, c.Primary(), conn, "select 1", table, 1)
 	if status, _, err := c.Primary().XactStatus(ctx, ref.XID); err != nil || status != "committed" {
 		t.Fatalf("pg_xact_status = %q, %v; want committed (locally)", status, err)
 	}
@@ -125,7 +117,7 @@ func TestReconcileReplicationBarrier(t *testing.T) {
 	if err := c.Failover(ctx); err != nil {
 		t.Fatal(err)
 	}
-	if !clusterRowExists(t, ctx, c, 1) {
+	if !rowExists(t, ctx, c.Primary(), table, 1) {
 		t.Fatal("resolved committed, then lost in the failover")
 	}
 }
@@ -136,8 +128,9 @@ func TestReconcileReplicationBarrier(t *testing.T) {
 // of a commit that only committed locally, for the xid and for the marker; one at the
 // server's default (local) says committed, as an acknowledged commit there would be.
 func TestReconcileBarrierLevel(t *testing.T) {
+	pgtest.LeakCheck(t) // registered first, so it runs after the pool's Close
 	ctx := testCtx(t)
-	table := newTable(t, ctx)
+	table := newTable(t, ctx, srv)
 	conn, err := srv.Conn(ctx)
 	if err != nil {
 		t.Fatal(err)
