@@ -67,16 +67,22 @@ func newTable(t *testing.T, ctx context.Context, s *pgtest.Server) string {
 // rowExists reports whether row id of table is there, read on s directly.
 func rowExists(t *testing.T, ctx context.Context, s *pgtest.Server, table string, id int) bool {
 	t.Helper()
+	return count(t, ctx, s, "select count(*) from "+table+" where id = $1", id) > 0
+}
+
+// count runs a count query on a connection of its own to s.
+func count(t *testing.T, ctx context.Context, s *pgtest.Server, query string, args ...any) int {
+	t.Helper()
 	conn, err := s.Conn(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer conn.Close(ctx)
 	var n int
-	if err := conn.QueryRow(ctx, "select count(*) from "+table+" where id = $1", id).Scan(&n); err != nil {
+	if err := conn.QueryRow(ctx, query, args...).Scan(&n); err != nil {
 		t.Fatal(err)
 	}
-	return n > 0
+	return n
 }
 
 // insertRef inserts id into table in a transaction on conn and returns the transaction,

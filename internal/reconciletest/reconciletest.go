@@ -1,12 +1,13 @@
 // Package reconciletest holds what the tests of the reconciler and of the instrumentation
-// share to check a reconciler's answers on a real server: a reference with the answer it
-// must get, and the check of a list of them.
+// share on a real server: a reference with the answer it must get, the check of a list of
+// them, and the creation of a commit-marker table.
 package reconciletest
 
 import (
 	"context"
 	"testing"
 
+	"github.com/jackc/pgx/v5"
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/txevidence/otelpgxtx/outcome"
@@ -40,5 +41,18 @@ func Check(t testing.TB, ctx context.Context, rec *reconcile.Reconciler, cases [
 		if got.Status() != tc.Want || got.Reason() != tc.Reason {
 			t.Errorf("%s: Resolve = %s %q, want %s %q", tc.Name, got.Status(), got.Reason(), tc.Want, tc.Reason)
 		}
+	}
+}
+
+// CreateMarker runs MarkerTableDDL for table through exec (a server's Exec, or a
+// connection's on another database).
+func CreateMarker(t testing.TB, ctx context.Context, exec func(context.Context, string, ...any) error, table pgx.Identifier) {
+	t.Helper()
+	ddl, err := reconcile.MarkerTableDDL(table)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := exec(ctx, ddl); err != nil {
+		t.Fatal(err)
 	}
 }
