@@ -33,13 +33,8 @@ func commitLocallyOnly(t *testing.T, ctx context.Context, s *pgtest.Server, conn
 		t.Fatal(err)
 	}
 	ref := xactRef(t, ctx, tx)
-	done := make(chan error, 1)
-	go func() { done <- tx.Commit(ctx) }()
-	pid := conn.PgConn().PID()
-	if err := s.WaitForWaitEvent(ctx, pid, "SyncRep"); err != nil {
-		t.Fatal(err)
-	}
-	if err := s.Cancel(ctx, pid); err != nil {
+	done := commitWaiting(t, ctx, s, conn, tx, "SyncRep")
+	if err := s.Cancel(ctx, conn.PgConn().PID()); err != nil {
 		t.Fatal(err)
 	}
 	if err := <-done; err != nil {

@@ -59,12 +59,8 @@ func TestReconcileXIDReusedAfterCrash(t *testing.T) {
 	}
 	defer held.Close(context.Background()) // the crash closes it; this only frees it
 	tx, ref := insertRef(t, ctx, held, "xr_held", 1)
-	done := make(chan error, 1)
-	go func() { done <- tx.Commit(ctx) }()
 	// COMMIT is in the deferred trigger: the xid was read, the commit record not written.
-	if err := srv.WaitForWaitEvent(ctx, held.PgConn().PID(), "advisory"); err != nil {
-		t.Fatal(err)
-	}
+	done := commitWaiting(t, ctx, srv, held, tx, "advisory")
 	if err := srv.StopImmediate(); err != nil {
 		t.Fatal(err)
 	}

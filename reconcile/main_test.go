@@ -98,3 +98,16 @@ func insertRef(t *testing.T, ctx context.Context, conn *pgx.Conn, table string, 
 	}
 	return tx, xactRef(t, ctx, tx)
 }
+
+// commitWaiting starts tx's COMMIT on conn and returns, once conn's backend waits for
+// event on s (a synchronous-replication wait, a lock in a deferred trigger), the COMMIT's
+// error to come.
+func commitWaiting(t *testing.T, ctx context.Context, s *pgtest.Server, conn *pgx.Conn, tx pgx.Tx, event string) <-chan error {
+	t.Helper()
+	done := make(chan error, 1)
+	go func() { done <- tx.Commit(ctx) }()
+	if err := s.WaitForWaitEvent(ctx, conn.PgConn().PID(), event); err != nil {
+		t.Fatal(err)
+	}
+	return done
+}
