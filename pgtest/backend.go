@@ -122,6 +122,12 @@ func (s *Server) poll(ctx context.Context, what string, check func(*pgx.Conn) (b
 	})
 }
 
+// Count runs query, a count(*), on a fresh admin connection and returns its answer.
+func (s *Server) Count(ctx context.Context, query string, args ...any) (n int, err error) {
+	err = s.withConn(ctx, func(c *pgx.Conn) error { return c.QueryRow(ctx, query, args...).Scan(&n) })
+	return n, err
+}
+
 // WaitForCount polls query, a count(*), until it answers want. It fails with what and the
 // last count when ctx ends: a test waits this way for the server to reach a state (a
 // backend gone, a lock waited on) rather than sleeping.

@@ -67,11 +67,7 @@ func TestReconcileReplicationBarrier(t *testing.T) {
 	if err := c.Standby().StopImmediate(); err != nil {
 		t.Fatal(err)
 	}
-	conn, err := c.Primary().Conn(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close(ctx)
+	conn := newConn(t, ctx, c.Primary())
 	ref := commitLocallyOnly(t, ctx, c.Primary(), conn, "select 1", table, 1)
 	if status, _, err := c.Primary().XactStatus(ctx, ref.XID); err != nil || status != "committed" {
 		t.Fatalf("pg_xact_status = %q, %v; want committed (locally)", status, err)
@@ -126,11 +122,7 @@ func TestReconcileBarrierLevel(t *testing.T) {
 	pgtest.LeakCheck(t) // registered first, so it runs after the pool's Close
 	ctx := testCtx(t)
 	table := newTable(t, ctx, srv)
-	conn, err := srv.Conn(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close(ctx)
+	conn := newConn(t, ctx, srv)
 	ref := commitLocallyOnly(t, ctx, srv, conn, "set local synchronous_commit = on", table, 1)
 
 	local, err := reconcile.New(conn, reconcile.WithWait(100*time.Millisecond, 10*time.Millisecond))

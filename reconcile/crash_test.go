@@ -1,11 +1,9 @@
 package reconcile_test
 
 import (
-	"context"
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5/pgxpool"
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/txevidence/otelpgxtx/internal/reconciletest"
@@ -40,24 +38,12 @@ func TestReconcileXIDReusedAfterCrash(t *testing.T) {
 		for each row execute function xr_hold()`); err != nil {
 		t.Fatal(err)
 	}
-	pool, err := pgxpool.New(ctx, srv.ConnString())
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(pool.Close)
-	holder, err := srv.Conn(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer holder.Close(context.Background()) // the crash closes it; this only frees it
+	pool := newPool(t, ctx)
+	holder := newConn(t, ctx, srv)
 	if _, err := holder.Exec(ctx, "select pg_advisory_lock(4242)"); err != nil {
 		t.Fatal(err)
 	}
-	held, err := srv.Conn(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer held.Close(context.Background()) // the crash closes it; this only frees it
+	held := newConn(t, ctx, srv)
 	tx, ref := insertRef(t, ctx, held, "xr_held", 1)
 	// COMMIT is in the deferred trigger: the xid was read, the commit record not written.
 	done := commitWaiting(t, ctx, srv, held, tx, "advisory")
@@ -74,11 +60,7 @@ func TestReconcileXIDReusedAfterCrash(t *testing.T) {
 		t.Fatalf("reference %v, want an xid", ref)
 	}
 	// The first transaction after the restart that needs an xid.
-	conn, err := srv.Conn(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close(context.Background())
+	conn := newConn(t, ctx, srv)
 	tx, nextRef := insertRef(t, ctx, conn, "xr_next", 1)
 	if err := tx.Commit(ctx); err != nil {
 		t.Fatal(err)
@@ -119,22 +101,14 @@ func TestReconcileAfterCrashRestart(t *testing.T) {
 	pgtest.LeakCheck(t) // registered first, so it runs after the pool's Close
 	ctx := testCtx(t)
 	table := newTable(t, ctx, srv)
-	pool, err := pgxpool.New(ctx, srv.ConnString())
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(pool.Close)
-	conn, err := srv.Conn(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close(context.Background()) // the crash closes it; this only frees it
+	pool := newPool(t, ctx)
+	conn := newConn(t, ctx, srv)
 	tx, durable := insertRef(t, ctx, conn, table, 1)
 	if err := tx.Commit(ctx); err != nil {
 		t.Fatal(err)
 	}
 	// An xid assigned inside an open transaction writes no WAL.
-	tx, err = conn.Begin(ctx)
+	tx, err := conn.Begin(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}

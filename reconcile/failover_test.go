@@ -64,11 +64,7 @@ func TestReconcileAfterFailover(t *testing.T) {
 	if err := c.Primary().Exec(ctx, "checkpoint"); err != nil {
 		t.Fatal(err)
 	}
-	conn, err := c.Primary().Conn(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close(ctx)
+	conn := newConn(t, ctx, c.Primary())
 	if err := conn.QueryRow(ctx, "select c.timeline_id, "+pg.TimelineSQL+"::int from pg_control_checkpoint() c").Scan(&ckptTLI, &walTLI); err != nil {
 		t.Fatal(err)
 	}

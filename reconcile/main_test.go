@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/txevidence/otelpgxtx/internal/pg"
 	"github.com/txevidence/otelpgxtx/outcome"
@@ -70,19 +71,38 @@ func rowExists(t *testing.T, ctx context.Context, s *pgtest.Server, table string
 	return count(t, ctx, s, "select count(*) from "+table+" where id = $1", id) > 0
 }
 
-// count runs a count query on a connection of its own to s.
+// count runs a count query on s.
 func count(t *testing.T, ctx context.Context, s *pgtest.Server, query string, args ...any) int {
+	t.Helper()
+	n, err := s.Count(ctx, query, args...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
+// newPool returns a pool on the test server, closed when the test ends (a test that
+// checks for leaks calls pgtest.LeakCheck first, so that the check runs after the close).
+func newPool(t *testing.T, ctx context.Context) *pgxpool.Pool {
+	t.Helper()
+	pool, err := pgxpool.New(ctx, srv.ConnString())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	return pool
+}
+
+// newConn returns a connection to s, closed when the test ends (a server crash closes it
+// first; the close then only frees it).
+func newConn(t *testing.T, ctx context.Context, s *pgtest.Server) *pgx.Conn {
 	t.Helper()
 	conn, err := s.Conn(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer conn.Close(ctx)
-	var n int
-	if err := conn.QueryRow(ctx, query, args...).Scan(&n); err != nil {
-		t.Fatal(err)
-	}
-	return n
+	t.Cleanup(func() { _ = conn.Close(context.Background()) })
+	return conn
 }
 
 // insertRef inserts id into table in a transaction on conn and returns the transaction,

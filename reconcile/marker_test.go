@@ -10,7 +10,6 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/txevidence/otelpgxtx/internal/reconciletest"
@@ -81,11 +80,7 @@ func TestMarkerOtherDatabase(t *testing.T) {
 		return err
 	}, marker)
 	table := newTable(t, ctx, srv)
-	conn, err := srv.Conn(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close(ctx)
+	conn := newConn(t, ctx, srv)
 	tx, ref := insertMarked(t, ctx, conn, marker, table, 1)
 	if err := tx.Commit(ctx); err != nil {
 		t.Fatal(err)
@@ -122,20 +117,12 @@ func TestMarkerPruned(t *testing.T) {
 	pgtest.LeakCheck(t) // registered first, so it runs after the pool's Close
 	ctx := testCtx(t)
 	table, marker := newTable(t, ctx, srv), newMarkerTable(t, ctx)
-	pool, err := pgxpool.New(ctx, srv.ConnString())
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(pool.Close)
+	pool := newPool(t, ctx)
 	rec, err := reconcile.New(pool, reconcile.WithWait(time.Second, 10*time.Millisecond))
 	if err != nil {
 		t.Fatal(err)
 	}
-	conn, err := srv.Conn(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close(ctx)
+	conn := newConn(t, ctx, srv)
 	// A reply that never came: the marker is committed, the xid never arrived.
 	tx, ref := insertMarked(t, ctx, conn, marker, table, 1)
 	if err := tx.Commit(ctx); err != nil {
@@ -185,21 +172,13 @@ func TestMarkerEvidenceConflict(t *testing.T) {
 	ctx := testCtx(t)
 	marker := newMarkerTable(t, ctx)
 	table := newTable(t, ctx, srv)
-	pool, err := pgxpool.New(ctx, srv.ConnString())
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(pool.Close)
+	pool := newPool(t, ctx)
 	var logs bytes.Buffer
 	rec, err := reconcile.New(pool, reconcile.WithLogger(slog.New(slog.NewJSONHandler(&logs, nil))))
 	if err != nil {
 		t.Fatal(err)
 	}
-	conn, err := srv.Conn(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close(ctx)
+	conn := newConn(t, ctx, srv)
 	tx, committed := insertMarked(t, ctx, conn, marker, table, 1)
 	if err := tx.Commit(ctx); err != nil {
 		t.Fatal(err)

@@ -5,7 +5,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5/pgxpool"
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/txevidence/otelpgxtx/outcome"
@@ -17,20 +16,12 @@ func TestReconcilerAbortedNoWritesAndUnknowns(t *testing.T) {
 	pgtest.LeakCheck(t) // registered first, so it runs after the pool's Close
 	ctx := testCtx(t)
 	table := newTable(t, ctx, srv)
-	pool, err := pgxpool.New(ctx, srv.ConnString())
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(pool.Close)
+	pool := newPool(t, ctx)
 	rec, err := reconcile.New(pool, reconcile.WithWait(0, time.Millisecond))
 	if err != nil {
 		t.Fatal(err)
 	}
-	conn, err := srv.Conn(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close(ctx)
+	conn := newConn(t, ctx, srv)
 	// A real transaction's reference, then rolled back: aborted. Read without the server
 	// start: no answer but committed depends on it.
 	tx, ref := insertRef(t, ctx, conn, table, 1)
