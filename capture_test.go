@@ -8,7 +8,6 @@ import (
 	"strconv"
 	"syscall"
 	"testing"
-	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -120,30 +119,12 @@ func waitBackendGone(t *testing.T, ctx context.Context, pid uint32) {
 		"select count(*) from pg_stat_activity where pid = $1", pid)
 }
 
-// waitCount polls a count(*) query on s, every millisecond, until it answers want; the
+// waitCount polls a count(*) query on s (pgtest's WaitForCount) until it answers want; the
 // test fails with what and the last count if ctx ends first.
 func waitCount(t *testing.T, ctx context.Context, s *pgtest.Server, want int, what, sql string, args ...any) {
 	t.Helper()
-	conn, err := s.Conn(ctx)
-	if err != nil {
+	if err := s.WaitForCount(ctx, want, what, sql, args...); err != nil {
 		t.Fatal(err)
-	}
-	defer conn.Close(ctx)
-	tick := time.NewTicker(time.Millisecond)
-	defer tick.Stop()
-	for {
-		var n int
-		if err := conn.QueryRow(ctx, sql, args...).Scan(&n); err != nil {
-			t.Fatal(err)
-		}
-		if n == want {
-			return
-		}
-		select {
-		case <-ctx.Done():
-			t.Fatalf("%s: count %d: %v", what, n, ctx.Err())
-		case <-tick.C:
-		}
 	}
 }
 

@@ -407,24 +407,6 @@ func TestWithInnerTracer(t *testing.T) {
 	}
 }
 
-// TestReconcilerOptions: the reconciler's options are package reconcile's (a tracer
-// option passed to reconcile.New, or the reverse, does not compile); a refused option or
-// an empty reference is an error wrapping reconcile.ErrInvalidArgument.
-func TestReconcilerOptions(t *testing.T) {
-	ctx := testCtx(t)
-	h := newHarness(t, "", 1)
-	if _, err := reconcile.New(h.pool, reconcile.WithWait(-time.Second, 0)); !errors.Is(err, reconcile.ErrInvalidArgument) {
-		t.Errorf("reconcile.New with a negative wait: %v, want ErrInvalidArgument", err)
-	}
-	rec, err := reconcile.New(h.pool, reconcile.WithTracerProvider(h.tp), reconcile.WithWait(0, time.Millisecond))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := rec.Resolve(ctx, outcome.ReconciliationRef{}, trace.SpanContext{}); !errors.Is(err, reconcile.ErrInvalidArgument) {
-		t.Errorf("Resolve of an empty reference: %v, want ErrInvalidArgument", err)
-	}
-}
-
 // TestRefusedOptionsWrapErrInvalidArgument: every option value the Instrument functions
 // refuse is an error wrapping ErrInvalidArgument that names the option, and leaves the
 // config without a tracer, so that a caller can tell bad input from a database failure;

@@ -12,7 +12,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"go.opentelemetry.io/otel/trace"
 
-	"github.com/txevidence/otelpgxtx/internal/pg"
+	"github.com/txevidence/otelpgxtx/internal/reconciletest"
 	"github.com/txevidence/otelpgxtx/outcome"
 	"github.com/txevidence/otelpgxtx/pgtest"
 	"github.com/txevidence/otelpgxtx/reconcile"
@@ -104,25 +104,12 @@ type resolveCase struct {
 	reason string
 }
 
-// checkResolutions resolves every case with rec; an error is retried twice, since a pool's
-// connections to a crashed server fail once each before the pool drops them.
+// checkResolutions resolves every case with rec (reconciletest.Check, shared with the
+// reconcile package's tests).
 func checkResolutions(t *testing.T, ctx context.Context, rec *reconcile.Reconciler, cases []resolveCase) {
 	t.Helper()
-	for _, tc := range cases {
-		var got reconcile.Answer
-		var err error
-		for range 3 {
-			if got, err = rec.Resolve(ctx, tc.ref, trace.SpanContext{}); err == nil {
-				break
-			}
-		}
-		if err != nil {
-			t.Fatalf("%s: %v", tc.name, err)
-		}
-		t.Logf("%s: %s: %s %q", tc.name, tc.ref, got.Status(), got.Reason())
-		if got.Status() != tc.want || got.Reason() != tc.reason {
-			t.Errorf("%s: Resolve = %s %q, want %s %q", tc.name, got.Status(), got.Reason(), tc.want, tc.reason)
-		}
+	for _, c := range cases {
+		reconciletest.Check(t, ctx, rec, []reconciletest.Case{{Name: c.name, Ref: c.ref, Want: c.want, Reason: c.reason}})
 	}
 }
 
@@ -181,84 +168,6 @@ func TestAsyncCommitLostInFailover(t *testing.T) {
 	t.Logf("committed frame %s after the failover: %s %q", ref, got.Status(), got.Reason())
 	if got.Status() != reconcile.Aborted {
 		t.Errorf("Resolve = %s %q, want aborted: the commit is not in the surviving history", got.Status(), got.Reason())
-	}
-}
-
-// TestReconcileAfterFailover resolves references from the old timeline on the promoted
-// standby: a commit lost while it waited for synchronous replication (the standby had
-// stopped receiving), whose xid the new timeline hands out again and commits, resolves
-// aborted although pg_xact_status says committed; a transaction rolled back before the
-// failover resolves aborted; a commit replicated before the failover stays unknown
-// (other_timeline), since the server cannot prove no intermediate incarnation reused it.
-func TestReconcileAfterFailover(t *testing.T) {
-	ctx := testCtx(t)
-	c := startCluster(t, ctx)
-	h := newHarness(t, c.ConnString(), 3)
-	insert := func(id int) func(context.Context, pgx.Tx) (int, error) {
-		return func(ctx context.Context, tx pgx.Tx) (int, error) {
-			_, err := tx.Exec(ctx, "insert into t values ($1)", id)
-			return id, err
-		}
-	}
-	// Replicated before the failover (synchronous_commit = on waits for the standby).
-	if res := Run(ctx, h.pool, DefaultPolicy(), insert(1)); res.Outcome() != outcome.OutcomeCommitted {
-		t.Fatalf("result = %T %+v", res, res)
-	}
-	replicated := frameRef(t, h, "committed")
-	if _, ok := Run(ctx, h.pool, DefaultPolicy(), func(ctx context.Context, tx pgx.Tx) (int, error) {
-		if _, err := insert(2)(ctx, tx); err != nil {
-			return 0, err
-		}
-		_, err := tx.Exec(ctx, "insert into t values (1)") // duplicate key: rolled back
-		return 0, err
-	}).(outcome.DeterminateRollback[int]); !ok {
-		t.Fatal("the duplicate insert did not roll back")
-	}
-
-	lost, ok := loseInFailover(t, ctx, c, h.pool, DefaultPolicy(), insert(3))
-	if !ok || lost.NoWrites() || lost.Timeline != 1 {
-		t.Fatalf("reference %v %v, want an xid on timeline 1", lost, ok)
-	}
-	// The promotion requests a checkpoint without waiting for it; until it is done
-	// pg_control_checkpoint() shows the old timeline, while WAL is written on the new one.
-	var ckptTLI, walTLI int
-	if err := c.Primary().Exec(ctx, "checkpoint"); err != nil {
-		t.Fatal(err)
-	}
-	conn, err := c.Primary().Conn(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close(ctx)
-	if err := conn.QueryRow(ctx, "select c.timeline_id, "+pg.TimelineSQL+"::int from pg_control_checkpoint() c").Scan(&ckptTLI, &walTLI); err != nil {
-		t.Fatal(err)
-	}
-	if ckptTLI != 2 || walTLI != 2 {
-		t.Fatalf("after the checkpoint: checkpoint timeline %d, WAL timeline %d; want 2, 2", ckptTLI, walTLI)
-	}
-	// The new timeline hands the lost xid out again until it is passed, and commits it.
-	// (synchronous_commit = local: the new primary's standby is down.)
-	var reused bool
-	for !reused {
-		var xid uint64
-		if err := conn.QueryRow(ctx, "select pg_current_xact_id()::text::bigint").Scan(&xid); err != nil {
-			t.Fatal(err)
-		}
-		if xid > lost.XID {
-			t.Fatalf("the new timeline passed xid %d without reusing it (next: %d)", lost.XID, xid)
-		}
-		reused = xid == lost.XID
-	}
-	if st, _, err := c.Primary().XactStatus(ctx, lost.XID); err != nil || st != "committed" {
-		t.Fatalf("pg_xact_status(%d) on the new timeline = %q, %v; want the reuser's committed", lost.XID, st, err)
-	}
-
-	checkResolutions(t, ctx, clusterReconciler(t, ctx, c), []resolveCase{
-		{"lost in the failover, xid reused", lost, reconcile.Aborted, ""},
-		{"replicated commit", replicated, reconcile.Unknown, reconcile.ReasonOtherTimeline},
-	})
-	if clusterRowExists(t, ctx, c, 3) || !clusterRowExists(t, ctx, c, 1) || clusterRowExists(t, ctx, c, 2) {
-		t.Error("the table does not match: want row 1 only")
 	}
 }
 

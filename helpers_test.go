@@ -51,16 +51,11 @@ func rowExists(t *testing.T, ctx context.Context, table string, id int) bool {
 	return srvCount(t, ctx, "select count(*) from "+table+" where id = $1", id) > 0
 }
 
-// srvCount runs a count query on a connection of its own to the test server.
+// srvCount runs a count query on the test server (pgtest's Count).
 func srvCount(t *testing.T, ctx context.Context, query string, args ...any) int {
 	t.Helper()
-	conn, err := srv.Conn(ctx)
+	n, err := srv.Count(ctx, query, args...)
 	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close(ctx)
-	var n int
-	if err := conn.QueryRow(ctx, query, args...).Scan(&n); err != nil {
 		t.Fatal(err)
 	}
 	return n

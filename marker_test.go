@@ -23,13 +23,7 @@ import (
 func newMarkerTable(t *testing.T, ctx context.Context, exec func(context.Context, string, ...any) error) pgx.Identifier {
 	t.Helper()
 	name := pgx.Identifier{"public", fmt.Sprintf("m %d", tableSeq.Add(1))} // a space: quoting matters
-	ddl, err := reconcile.MarkerTableDDL(name)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := exec(ctx, ddl); err != nil {
-		t.Fatal(err)
-	}
+	createMarker(t, ctx, exec, name)
 	return name
 }
 

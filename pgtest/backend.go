@@ -122,6 +122,29 @@ func (s *Server) poll(ctx context.Context, what string, check func(*pgx.Conn) (b
 	})
 }
 
+// Count runs query, a count(*), on a fresh admin connection and returns its answer.
+func (s *Server) Count(ctx context.Context, query string, args ...any) (n int, err error) {
+	err = s.withConn(ctx, func(c *pgx.Conn) error { return c.QueryRow(ctx, query, args...).Scan(&n) })
+	return n, err
+}
+
+// WaitForCount polls query, a count(*), until it answers want. It fails with what and the
+// last count when ctx ends: a test waits this way for the server to reach a state (a
+// backend gone, a lock waited on) rather than sleeping.
+func (s *Server) WaitForCount(ctx context.Context, want int, what, query string, args ...any) error {
+	last := -1
+	err := s.poll(ctx, what, func(c *pgx.Conn) (bool, error) {
+		if err := c.QueryRow(ctx, query, args...).Scan(&last); err != nil {
+			return false, err
+		}
+		return last == want, nil
+	})
+	if err != nil && ctx.Err() != nil {
+		return fmt.Errorf("%w (count %d, want %d)", err, last, want)
+	}
+	return err
+}
+
 // WaitXactSettled polls pg_xact_status until the transaction is no longer "in
 // progress" and returns "committed" or "aborted". A backend that lost its client
 // (terminated, cut by a proxy) finishes its transaction asynchronously.

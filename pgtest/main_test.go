@@ -28,13 +28,8 @@ func waitXactDone(t *testing.T, ctx context.Context, xid uint64) string {
 // countRows counts rows with id in table over a direct admin connection.
 func countRows(t *testing.T, ctx context.Context, table string, id int) int {
 	t.Helper()
-	c, err := srv.Conn(ctx)
+	n, err := srv.Count(ctx, "SELECT count(*) FROM "+table+" WHERE id = $1", id)
 	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close(ctx)
-	var n int
-	if err := c.QueryRow(ctx, "SELECT count(*) FROM "+table+" WHERE id = $1", id).Scan(&n); err != nil {
 		t.Fatal(err)
 	}
 	return n

@@ -3,6 +3,7 @@ package pgtest
 import (
 	"bufio"
 	"bytes"
+	"context"
 	"errors"
 	"fmt"
 	"net"
@@ -52,6 +53,37 @@ func TestServerBasics(t *testing.T) {
 			t.Errorf("%s = %q, want %q", setting, got, want)
 		}
 		t.Logf("%s = %s", setting, got)
+	}
+}
+
+// TestCount: Count answers a count query; WaitForCount returns once the count is the one
+// wanted (here: a backend that appears in pg_stat_activity, then leaves it), and fails
+// naming the last count when the context ends first.
+func TestCount(t *testing.T) {
+	ctx := testCtx(t)
+	if n, err := srv.Count(ctx, "select count(*) from generate_series(1, $1::int)", 3); err != nil || n != 3 {
+		t.Fatalf("Count = %d, %v; want 3", n, err)
+	}
+	c, err := srv.Conn(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const byPID = "select count(*) from pg_stat_activity where pid = $1"
+	pid := int64(c.PgConn().PID())
+	if err := srv.WaitForCount(ctx, 1, "the backend listed", byPID, pid); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Close(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := srv.WaitForCount(ctx, 0, "the backend gone", byPID, pid); err != nil {
+		t.Fatal(err)
+	}
+	short, cancel := context.WithTimeout(ctx, 20*time.Millisecond)
+	defer cancel()
+	err = srv.WaitForCount(short, 2, "a count never reached", "select 1::bigint")
+	if !errors.Is(err, context.DeadlineExceeded) || !strings.Contains(err.Error(), "count 1, want 2") {
+		t.Fatalf("WaitForCount past its deadline: %v, want DeadlineExceeded naming the last count", err)
 	}
 }
 

@@ -1,57 +1,38 @@
-package otelpgxtx
+package reconcile_test
 
 import (
-	"context"
 	"errors"
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/txevidence/otelpgxtx/outcome"
+	"github.com/txevidence/otelpgxtx/pgtest"
 	"github.com/txevidence/otelpgxtx/reconcile"
 )
 
 func TestReconcilerAbortedNoWritesAndUnknowns(t *testing.T) {
+	pgtest.LeakCheck(t) // registered first, so it runs after the pool's Close
 	ctx := testCtx(t)
-	h := newHarness(t, "", 2)
-	table := newTable(t, ctx)
-	rec, err := reconcile.New(h.pool, reconcile.WithWait(0, time.Millisecond))
+	table := newTable(t, ctx, srv)
+	pool := newPool(t, ctx)
+	rec, err := reconcile.New(pool, reconcile.WithWait(0, time.Millisecond))
 	if err != nil {
 		t.Fatal(err)
 	}
-	// A real transaction's reference, then rolled back: aborted.
-	var ref outcome.ReconciliationRef
-	res := Run(ctx, h.pool, DefaultPolicy(), insertThen(table, func(ctx context.Context, tx pgx.Tx) (int, error) {
-		var xid uint64
-		if err := tx.QueryRow(ctx, "select pg_current_xact_id()::text::bigint").Scan(&xid); err != nil {
-			return 0, err
-		}
-		st := stateOf(tx.Conn().PgConn())
-		if err := readIdentity(ctx, tx.Conn().PgConn(), st); err != nil {
-			return 0, err
-		}
-		ref = outcome.ReconciliationRef{XID: xid, SystemIdentifier: st.systemID, Timeline: st.timeline}
-		return 0, errors.New("roll it back")
-	}))
-	if _, ok := res.(outcome.DeterminateRollback[int]); !ok {
-		t.Fatalf("result = %T", res)
+	conn := newConn(t, ctx, srv)
+	// A real transaction's reference, then rolled back: aborted. Read without the server
+	// start: no answer but committed depends on it.
+	tx, ref := insertRef(t, ctx, conn, table, 1)
+	ref.ServerStart = 0
+	if err := tx.Rollback(ctx); err != nil {
+		t.Fatal(err)
 	}
 	// A real committed transaction's reference, with the server start it was read under.
-	var committed outcome.ReconciliationRef
-	res = Run(ctx, h.pool, DefaultPolicy(), func(ctx context.Context, tx pgx.Tx) (int, error) {
-		if _, err := insertFn(table, 2)(ctx, tx); err != nil {
-			return 0, err
-		}
-		var xid uint64
-		err := tx.QueryRow(ctx, "select pg_current_xact_id()::text::bigint").Scan(&xid)
-		st := stateOf(tx.Conn().PgConn())
-		committed = outcome.ReconciliationRef{XID: xid, SystemIdentifier: st.systemID, Timeline: st.timeline, ServerStart: st.serverStart}
-		return 0, err
-	})
-	if res.Outcome() != outcome.OutcomeCommitted || committed.ServerStart == 0 {
-		t.Fatalf("result = %T, server start %d", res, committed.ServerStart)
+	tx, committed := insertRef(t, ctx, conn, table, 2)
+	if err := tx.Commit(ctx); err != nil || committed.ServerStart == 0 {
+		t.Fatalf("commit: %v, server start %d", err, committed.ServerStart)
 	}
 	restarted, unknownStart := committed, committed
 	restarted.ServerStart++
@@ -81,21 +62,21 @@ func TestReconcilerAbortedNoWritesAndUnknowns(t *testing.T) {
 		}
 	}
 	// In progress: a transaction that stays open past the bounded wait.
-	conn, err := srv.Conn(ctx)
+	tx, err = conn.Begin(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer conn.Close(ctx)
 	var open uint64
-	mustExec(t, ctx, conn, "begin")
-	if err := conn.QueryRow(ctx, "select pg_current_xact_id()::text::bigint").Scan(&open); err != nil {
+	if err := tx.QueryRow(ctx, "select pg_current_xact_id()::text::bigint").Scan(&open); err != nil {
 		t.Fatal(err)
 	}
 	got, err := rec.Resolve(ctx, outcome.ReconciliationRef{XID: open, SystemIdentifier: ref.SystemIdentifier, Timeline: ref.Timeline}, trace.SpanContext{})
 	if err != nil || got.Status() != reconcile.Unknown || got.Reason() != reconcile.ReasonInProgress {
 		t.Fatalf("open transaction: %v %q %v", got.Status(), got.Reason(), err)
 	}
-	mustExec(t, ctx, conn, "rollback")
+	if err := tx.Rollback(ctx); err != nil {
+		t.Fatal(err)
+	}
 	// Malformed references are errors, not guesses.
 	if _, err := rec.Resolve(ctx, outcome.ReconciliationRef{XID: 5}, trace.SpanContext{}); !errors.Is(err, reconcile.ErrInvalidArgument) {
 		t.Fatalf("malformed reference: %v", err)

@@ -1,12 +1,12 @@
-package otelpgxtx
+package reconcile_test
 
 import (
-	"context"
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5"
+	"go.opentelemetry.io/otel/trace"
 
+	"github.com/txevidence/otelpgxtx/internal/reconciletest"
 	"github.com/txevidence/otelpgxtx/outcome"
 	"github.com/txevidence/otelpgxtx/pgtest"
 	"github.com/txevidence/otelpgxtx/reconcile"
@@ -22,13 +22,13 @@ import (
 // its xid free, and the next transaction after the restart takes it. pg_xact_status then
 // describes that other transaction.
 //
-// Here COMMIT is held in a deferred trigger (after Run captured the xid, before the
-// commit record), the server crashes, the first transaction after the restart takes
-// the same xid and commits, and the reconciler resolves the lost transaction committed.
+// Here COMMIT is held in a deferred trigger (after the xid was read, before the commit
+// record), the server crashes, the first transaction after the restart takes the same xid
+// and commits, and the reconciler must not resolve the lost transaction committed: the
+// end-of-recovery checkpoint's next xid is the boundary, and it resolves aborted.
 func TestReconcileXIDReusedAfterCrash(t *testing.T) {
-	pgtest.LeakCheck(t)
+	pgtest.LeakCheck(t) // registered first, so it runs after the pool's Close
 	ctx := testCtx(t)
-	h := newHarness(t, "", 2)
 	if err := srv.Exec(ctx, `drop table if exists xr_held, xr_next;
 		create table xr_held (id int primary key);
 		create table xr_next (id int primary key);
@@ -38,75 +38,57 @@ func TestReconcileXIDReusedAfterCrash(t *testing.T) {
 		for each row execute function xr_hold()`); err != nil {
 		t.Fatal(err)
 	}
-	holder, err := srv.Conn(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer holder.Close(context.Background()) // the crash closes it; this only frees it
+	pool := newPool(t, ctx)
+	holder := newConn(t, ctx, srv)
 	if _, err := holder.Exec(ctx, "select pg_advisory_lock(4242)"); err != nil {
 		t.Fatal(err)
 	}
-	pid, done := runInBackground(ctx, h.pool, DefaultPolicy(), func(ctx context.Context, tx pgx.Tx) (int, error) {
-		_, err := tx.Exec(ctx, "insert into xr_held values (1)")
-		return 1, err
-	})
+	held := newConn(t, ctx, srv)
+	tx, ref := insertRef(t, ctx, held, "xr_held", 1)
 	// COMMIT is in the deferred trigger: the xid was read, the commit record not written.
-	if err := srv.WaitForWaitEvent(ctx, pid, "advisory"); err != nil {
-		t.Fatal(err)
-	}
+	done := commitWaiting(t, ctx, srv, held, tx, "advisory")
 	if err := srv.StopImmediate(); err != nil {
 		t.Fatal(err)
 	}
-	res := <-done
+	if err := <-done; err == nil {
+		t.Fatal("COMMIT succeeded on a server that crashed before its commit record")
+	}
 	if err := srv.Restart(ctx); err != nil {
 		t.Fatal(err)
 	}
-	ind, ok := res.(outcome.Indeterminate[int])
-	if !ok {
-		t.Fatalf("result = %T %+v, want Indeterminate", res, res)
-	}
-	ref, ok := ind.Reference()
-	if !ok || ref.NoWrites() {
-		t.Fatalf("reference %v %v, want a captured xid", ref, ok)
+	if ref.NoWrites() {
+		t.Fatalf("reference %v, want an xid", ref)
 	}
 	// The first transaction after the restart that needs an xid.
-	conn, err := srv.Conn(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close(context.Background())
-	tx, err := conn.Begin(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var next uint64
-	if _, err := tx.Exec(ctx, "insert into xr_next values (1)"); err != nil {
-		t.Fatal(err)
-	}
-	if err := tx.QueryRow(ctx, "select pg_current_xact_id()::text::bigint").Scan(&next); err != nil {
-		t.Fatal(err)
-	}
+	conn := newConn(t, ctx, srv)
+	tx, nextRef := insertRef(t, ctx, conn, "xr_next", 1)
 	if err := tx.Commit(ctx); err != nil {
 		t.Fatal(err)
 	}
-	rec, err := reconcile.New(h.pool)
+	rec, err := reconcile.New(pool)
 	if err != nil {
 		t.Fatal(err)
 	}
-	got, err := reconcile.Indeterminate(ctx, rec, ind)
+	var got reconcile.Answer
+	for range 3 { // the pool's connections to the crashed server fail once each
+		if got, err = rec.ResolveOperation(ctx, outcome.NewOperationID(), &ref, trace.SpanContext{}); err == nil {
+			break
+		}
+	}
 	if err != nil {
 		t.Fatal(err)
 	}
-	present := rowExists(t, ctx, "xr_held", 1)
-	t.Logf("captured %s; the first transaction after the restart got xid %d; Reconcile: %s %q; row present: %v",
-		ref, next, got.Status(), got.Reason(), present)
-	if msg := soakResolutionContradicts(got, present); msg != "" {
-		t.Fatalf("Reconcile contradicts the database: %s (xid %d was reused by a transaction after the crash restart)", msg, ref.XID)
+	present := rowExists(t, ctx, srv, "xr_held", 1)
+	t.Logf("captured %s; the first transaction after the restart got xid %d; ResolveOperation: %s %q; row present: %v",
+		ref, nextRef.XID, got.Status(), got.Reason(), present)
+	if got.Status() == reconcile.Committed && !present || got.Status() == reconcile.Aborted && present ||
+		got.Status() == reconcile.Unknown && got.Reason() == "" {
+		t.Fatalf("ResolveOperation contradicts the database: %s, row present %v (xid %d was reused by a transaction after the crash restart)", got.Status(), present, ref.XID)
 	}
 	// The end-of-recovery checkpoint's next xid is the boundary: the xid is at or above
 	// it (reused) or below it with its own "aborted" (its insert reached the WAL).
 	if got.Status() != reconcile.Aborted {
-		t.Fatalf("Reconcile = %s %q, want aborted", got.Status(), got.Reason())
+		t.Fatalf("ResolveOperation = %s %q, want aborted", got.Status(), got.Reason())
 	}
 }
 
@@ -116,29 +98,16 @@ func TestReconcileXIDReusedAfterCrash(t *testing.T) {
 // commit that reached the WAL stays unknown (server_restarted), because another restart
 // in between could have reused its xid and the server keeps no record of it.
 func TestReconcileAfterCrashRestart(t *testing.T) {
-	pgtest.LeakCheck(t)
+	pgtest.LeakCheck(t) // registered first, so it runs after the pool's Close
 	ctx := testCtx(t)
-	h := newHarness(t, "", 2)
-	table := newTable(t, ctx)
-	if res := Run(ctx, h.pool, DefaultPolicy(), insertFn(table, 1)); res.Outcome() != outcome.OutcomeCommitted {
-		t.Fatalf("result = %T", res)
-	}
-	var durable outcome.ReconciliationRef
-	for _, f := range h.frames() {
-		if v, ok := attr(f, ReconciliationRefKey); ok {
-			r, err := outcome.ParseReconciliationRef(v.AsString())
-			if err != nil {
-				t.Fatal(err)
-			}
-			durable = r
-		}
-	}
-	// An xid assigned inside an open transaction writes no WAL.
-	conn, err := srv.Conn(ctx)
-	if err != nil {
+	table := newTable(t, ctx, srv)
+	pool := newPool(t, ctx)
+	conn := newConn(t, ctx, srv)
+	tx, durable := insertRef(t, ctx, conn, table, 1)
+	if err := tx.Commit(ctx); err != nil {
 		t.Fatal(err)
 	}
-	defer conn.Close(context.Background()) // the crash closes it; this only frees it
+	// An xid assigned inside an open transaction writes no WAL.
 	tx, err := conn.Begin(ctx)
 	if err != nil {
 		t.Fatal(err)
@@ -155,15 +124,15 @@ func TestReconcileAfterCrashRestart(t *testing.T) {
 	if err := srv.Restart(ctx); err != nil {
 		t.Fatal(err)
 	}
-	rec, err := reconcile.New(h.pool, reconcile.WithWait(0, time.Millisecond))
+	rec, err := reconcile.New(pool, reconcile.WithWait(0, time.Millisecond))
 	if err != nil {
 		t.Fatal(err)
 	}
-	checkResolutions(t, ctx, rec, []resolveCase{
-		{"assigned, never logged", unlogged, reconcile.Aborted, ""},
-		{"committed before the crash", durable, reconcile.Unknown, reconcile.ReasonServerRestarted},
+	reconciletest.Check(t, ctx, rec, []reconciletest.Case{
+		{Name: "assigned, never logged", Ref: unlogged, Want: reconcile.Aborted},
+		{Name: "committed before the crash", Ref: durable, Want: reconcile.Unknown, Reason: reconcile.ReasonServerRestarted},
 	})
-	if !rowExists(t, ctx, table, 1) {
+	if !rowExists(t, ctx, srv, table, 1) {
 		t.Error("the committed row is gone after the crash restart")
 	}
 }

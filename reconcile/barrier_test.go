@@ -1,9 +1,8 @@
-package otelpgxtx
+package reconcile_test
 
 import (
 	"context"
 	"errors"
-	"strconv"
 	"testing"
 	"time"
 
@@ -23,49 +22,35 @@ import (
 // confirmed.
 func commitLocallyOnly(t *testing.T, ctx context.Context, s *pgtest.Server, conn *pgx.Conn, setup, table string, id int) outcome.ReconciliationRef {
 	t.Helper()
-	st := &connState{}
-	if err := readIdentity(ctx, conn.PgConn(), st); err != nil {
-		t.Fatal(err)
-	}
 	tx, err := conn.Begin(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
-	var xidText string
 	if _, err := tx.Exec(ctx, setup); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := tx.Exec(ctx, "insert into "+table+" values ($1)", id); err != nil {
 		t.Fatal(err)
 	}
-	if err := tx.QueryRow(ctx, "select pg_current_xact_id()::text").Scan(&xidText); err != nil {
-		t.Fatal(err)
-	}
-	xid, err := strconv.ParseUint(xidText, 10, 64)
-	if err != nil {
-		t.Fatal(err)
-	}
-	done := make(chan error, 1)
-	go func() { done <- tx.Commit(ctx) }()
-	pid := conn.PgConn().PID()
-	if err := s.WaitForWaitEvent(ctx, pid, "SyncRep"); err != nil {
-		t.Fatal(err)
-	}
-	if err := s.Cancel(ctx, pid); err != nil {
+	ref := xactRef(t, ctx, tx)
+	done := commitWaiting(t, ctx, s, conn, tx, "SyncRep")
+	if err := s.Cancel(ctx, conn.PgConn().PID()); err != nil {
 		t.Fatal(err)
 	}
 	if err := <-done; err != nil {
 		t.Fatalf("COMMIT whose synchronous-replication wait was cancelled: %v, want success (committed locally)", err)
 	}
-	return *st.ref(xid)
+	return ref
 }
 
 // waitNoBarrier waits until no replication barrier of the reconciler is left on s: one
 // given up must have been cancelled, or it would hold a backend until the standbys answer.
 func waitNoBarrier(t *testing.T, ctx context.Context, s *pgtest.Server) {
 	t.Helper()
-	waitCount(t, ctx, s, 0, "replication barriers still waiting",
-		"select count(*) from pg_stat_activity where application_name like 'otelpgxtx barrier %'")
+	if err := s.WaitForCount(ctx, 0, "replication barriers still waiting",
+		"select count(*) from pg_stat_activity where application_name like 'otelpgxtx barrier %'"); err != nil {
+		t.Fatal(err)
+	}
 }
 
 // TestReconcileReplicationBarrier: on a primary with a synchronous standby, a commit
@@ -75,17 +60,15 @@ func waitNoBarrier(t *testing.T, ctx context.Context, s *pgtest.Server) {
 // not_replicated and leaves no barrier behind. Once the standby is back and confirms, the
 // barrier returns and the answer is committed, and a failover after that keeps the row.
 func TestReconcileReplicationBarrier(t *testing.T) {
+	pgtest.LeakCheck(t)
 	ctx := testCtx(t)
-	c := startCluster(t, ctx)
+	c := pgtest.ClusterFor(t, ctx)
+	table := newTable(t, ctx, c.Primary())
 	if err := c.Standby().StopImmediate(); err != nil {
 		t.Fatal(err)
 	}
-	conn, err := c.Primary().Conn(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close(ctx)
-	ref := commitLocallyOnly(t, ctx, c.Primary(), conn, "select 1", "t", 1)
+	conn := newConn(t, ctx, c.Primary())
+	ref := commitLocallyOnly(t, ctx, c.Primary(), conn, "select 1", table, 1)
 	if status, _, err := c.Primary().XactStatus(ctx, ref.XID); err != nil || status != "committed" {
 		t.Fatalf("pg_xact_status = %q, %v; want committed (locally)", status, err)
 	}
@@ -125,7 +108,7 @@ func TestReconcileReplicationBarrier(t *testing.T) {
 	if err := c.Failover(ctx); err != nil {
 		t.Fatal(err)
 	}
-	if !clusterRowExists(t, ctx, c, 1) {
+	if !rowExists(t, ctx, c.Primary(), table, 1) {
 		t.Fatal("resolved committed, then lost in the failover")
 	}
 }
@@ -136,13 +119,10 @@ func TestReconcileReplicationBarrier(t *testing.T) {
 // of a commit that only committed locally, for the xid and for the marker; one at the
 // server's default (local) says committed, as an acknowledged commit there would be.
 func TestReconcileBarrierLevel(t *testing.T) {
+	pgtest.LeakCheck(t) // registered first, so it runs after the pool's Close
 	ctx := testCtx(t)
-	table := newTable(t, ctx)
-	conn, err := srv.Conn(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close(ctx)
+	table := newTable(t, ctx, srv)
+	conn := newConn(t, ctx, srv)
 	ref := commitLocallyOnly(t, ctx, srv, conn, "set local synchronous_commit = on", table, 1)
 
 	local, err := reconcile.New(conn, reconcile.WithWait(100*time.Millisecond, 10*time.Millisecond))
