@@ -14,7 +14,7 @@ import (
 
 // With commit references for plain pgx ([WithCaptureReference], [WithCommitMarker]), the
 // library adds a message of its own to a write of the application's — a query ahead of
-// BEGIN, the xid read or the marker insert ahead of COMMIT — and takes its reply out of
+// BEGIN, the call of the xid read or of the marker function ahead of COMMIT — and takes its reply out of
 // what the server sends back, so that pgconn reads exactly the reply to what it sent.
 // This file is that reply reader; netconn.go wires it between the socket and pgconn.
 

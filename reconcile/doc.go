@@ -40,14 +40,19 @@
 // # The commit marker
 //
 // With a commit marker (otelpgxtx.Policy.CommitMarker, otelpgxtx.WithCommitMarker), the
-// transaction inserted its operation id into a table of yours ([MarkerTableDDL]) in the
-// write that carried COMMIT: the row exists in the surviving history exactly when the
-// transaction committed there, across crash restarts, failovers and xid wraparound. A row
-// not yet committed is invisible, so the reconciler fences: it inserts the same id itself,
-// under a lock_timeout; an original still in progress makes it wait ([ReasonInProgress]),
-// a committed original's key answers [Committed], and a fence that commits makes the
-// original fail for good: [Aborted]. Only a reference proves that a marker was written: an
-// operation without one is never answered from the table (see
+// transaction called the marker function of a table of yours ([MarkerTableDDL]) in the
+// write that carried COMMIT, which inserted its operation id unless the transaction could
+// leave nothing durable (no xid, or read-only): the row exists in the surviving history
+// exactly when the transaction committed there with writes, across crash restarts,
+// failovers and xid wraparound. A row not yet committed is invisible, so the reconciler
+// fences: it inserts the same id itself, under a lock_timeout; an original still in
+// progress makes it wait ([ReasonInProgress]), a committed original's key answers
+// [Committed], and a fence that commits makes the original fail for good: [Aborted]. It
+// fences nothing, and answers unknown, where the table cannot be the evidence: another
+// cluster ([ReasonOtherSystem]) or database ([ReasonOtherDatabase]), a row
+// [PruneMarkers] may have removed ([ReasonMarkerPruned]), a reference whose conclusive
+// xid says otherwise ([ReasonEvidenceConflict]). Only a reference proves that a marker
+// was written: an operation without one is never answered from the table (see
 // [Reconciler.ResolveAssertedMarker], the assertion made in code).
 //
 // Every answer is a tx.reconcile span, linked to the frame that observed the
