@@ -161,26 +161,23 @@ func (st *connState) callRef(m *markerFn, id outcome.OperationID, r libraryReply
 		}
 		return st.ref(xid)
 	}
-	ref := st.ref(0)
-	if !r.gotValue {
+	v := string(r.value)
+	var xid uint64
+	var err error
+	if len(v) > 1 {
+		xid, err = strconv.ParseUint(v[1:], 10, 64)
+	}
+	switch {
+	case !r.gotValue, len(v) > 1 && v[0] == 'm' && err == nil:
+		ref := st.ref(xid) // 0: no reply came
 		ref.MarkerTable, ref.Operation, ref.CheckedAt = m.ref, id, st.checkedAt
 		return ref
+	case v == "n":
+		return st.ref(0)
+	case len(v) > 1 && v[0] == 'r' && err == nil:
+		return st.ref(xid)
 	}
-	v := string(r.value)
-	if v == "" {
-		return nil
-	}
-	xid, err := strconv.ParseUint(v[1:], 10, 64)
-	switch {
-	case v[0] == 'n' && len(v) == 1:
-	case v[0] == 'r' && err == nil:
-		ref.XID = xid
-	case v[0] == 'm' && err == nil:
-		ref.XID, ref.MarkerTable, ref.Operation, ref.CheckedAt = xid, m.ref, id, st.checkedAt
-	default:
-		return nil // not the function MarkerTableDDL makes
-	}
-	return ref
+	return nil // not the function MarkerTableDDL makes
 }
 
 // rawMessage is a message encoded already, so that Run sends the very bytes the tracer

@@ -6,6 +6,7 @@ import (
 	"io"
 	"net"
 	"os"
+	"strings"
 	"testing"
 	"time"
 
@@ -233,4 +234,39 @@ func TestAdditionLife(t *testing.T) {
 			t.Fatalf("xid reference %v without the xid", ref)
 		}
 	})
+}
+
+// TestCallRef: what each reply to the call ahead of COMMIT makes of the reference.
+func TestCallRef(t *testing.T) {
+	st := &connState{systemID: 7, timeline: 1, serverStart: 1, database: "d", checkedAt: 5}
+	m := st.newMarkerFn(`"s"."t"`, []byte("16400"))
+	id := outcome.NewOperationID()
+	val := func(v string) libraryReply { return libraryReply{gotValue: true, value: []byte(v), done: true} }
+	for _, tc := range []struct {
+		name   string
+		m      *markerFn
+		r      libraryReply
+		want   string // the reference, "" for none
+		marker bool
+	}{
+		{"marker inserted", m, val("m731"), "pg:7/1/731/1;checked=5;marker=", true},
+		{"marker, no reply", m, libraryReply{}, "pg:7/1/0/1;checked=5;marker=", true},
+		{"read-only", m, val("r731"), "pg:7/1/731/1", false},
+		{"no xid", m, val("n"), "pg:7/1/0/1", false},
+		{"not the function's answer", m, val("m"), "", false},
+		{"garbage", m, val("x12"), "", false},
+		{"the call failed", m, libraryReply{errCode: "57014", done: true}, "", false},
+		{"xid read", nil, val("731"), "pg:7/1/731/1", false},
+		{"xid read, NULL", nil, libraryReply{gotValue: true, done: true}, "pg:7/1/0/1", false},
+		{"xid read, no reply", nil, libraryReply{}, "", false},
+	} {
+		ref := st.callRef(tc.m, id, tc.r)
+		got := ""
+		if ref != nil {
+			got = ref.String()
+		}
+		if tc.want == "" && got != "" || tc.want != "" && (!strings.HasPrefix(got, tc.want) || ref.HasMarker() != tc.marker) {
+			t.Errorf("%s: reference %q, want %q (marker %v)", tc.name, got, tc.want, tc.marker)
+		}
+	}
 }

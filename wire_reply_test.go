@@ -302,3 +302,20 @@ func FuzzReplyFilter(f *testing.F) {
 		}
 	})
 }
+
+// BenchmarkReplyFilterCall is the tracer's reading of the call's reply ahead of COMMIT's:
+// what a commit with a reference adds to reading its reply, per commit.
+func BenchmarkReplyFilterCall(b *testing.B) {
+	reply := bytes.Join([][]byte{
+		msg(b, &pgproto3.FunctionCallResponse{Result: []byte("m731")}), msg(b, &pgproto3.ReadyForQuery{TxStatus: 'T'}),
+		msg(b, &pgproto3.CommandComplete{CommandTag: []byte("COMMIT")}), msg(b, &pgproto3.ReadyForQuery{TxStatus: 'I'}),
+	}, nil)
+	b.ReportAllocs()
+	for b.Loop() {
+		f := &replyFilter{kind: libraryCall} // as netConn.writeAdded makes it
+		f.feed(reply)
+		if !f.finished() || len(f.out) == 0 {
+			b.Fatal("not read")
+		}
+	}
+}
