@@ -20,6 +20,7 @@ type scriptConn struct {
 	writes   []scriptWrite
 	written  []byte
 	reads    []scriptRead
+	closed   int
 }
 
 type scriptWrite struct {
@@ -61,7 +62,8 @@ func (c *scriptConn) Read(p []byte) (int, error) {
 	return n, nil
 }
 
-func (c *scriptConn) Close() error                     { return nil }
+// Close records the close: a reply the filter cannot account for closes the connection.
+func (c *scriptConn) Close() error                     { c.closed++; return nil }
 func (c *scriptConn) SetReadDeadline(time.Time) error  { return nil }
 func (c *scriptConn) SetWriteDeadline(time.Time) error { return nil }
 func (c *scriptConn) SetDeadline(time.Time) error      { return nil }
