@@ -17,7 +17,7 @@ import (
 //
 // The connection's user changes it, in the hooks and in Run; mu orders that with the
 // end of the connection's net.Conn, which may be closed on another goroutine (see
-// netConn). Uncontended, it costs a few nanoseconds per hook and allocates nothing.
+// wire.Conn). Uncontended, it costs a few nanoseconds per hook and allocates nothing.
 type connState struct {
 	mu      sync.Mutex
 	frame   *frame
