@@ -67,7 +67,7 @@ func TestConnNothingArmedAllocs(t *testing.T) {
 	for _, track := range []bool{false, true} {
 		c := NewConn(nopConn{}, nil, track)
 		b := make([]byte, 16)
-		b[0], b[4] = 'Z', 12 // one whole message of 16 bytes: the stream stays at a boundary
+		b[0], b[4] = 'Z', 15 // one whole message of 16 bytes: the stream stays at a boundary
 		if n := testing.AllocsPerRun(100, func() {
 			c.commit.mark()
 			_, _ = c.Write(b)
@@ -75,6 +75,9 @@ func TestConnNothingArmedAllocs(t *testing.T) {
 			_ = c.CommitNotSent()
 		}); n != 0 {
 			t.Errorf("track %v: %v allocations per write and read", track, n)
+		}
+		if !c.splice.pos.atBoundary() {
+			t.Errorf("track %v: whole messages read, yet not at a boundary", track)
 		}
 	}
 }
