@@ -80,7 +80,7 @@ fuzz:
 	$(GO) test -run '^$$' -fuzz FuzzClassify -fuzztime 60s ./classifier/
 	$(GO) test -run '^$$' -fuzz FuzzClassifyStatements -fuzztime 60s .
 	$(GO) test -run '^$$' -fuzz FuzzSanitize -fuzztime 60s .
-	$(GO) test -run '^$$' -fuzz FuzzReplyFilter -fuzztime 60s .
+	$(GO) test -run '^$$' -fuzz FuzzReplyFilter -fuzztime 60s ./internal/wire/
 	$(GO) test -run '^$$' -fuzz FuzzNext -fuzztime 60s ./internal/sqltext/
 	$(GO) test -run '^$$' -fuzz FuzzErrorDescription -fuzztime 60s ./internal/redact/
 

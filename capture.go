@@ -14,6 +14,7 @@ import (
 
 	"github.com/txevidence/otelpgxtx/classifier"
 	"github.com/txevidence/otelpgxtx/internal/pg"
+	"github.com/txevidence/otelpgxtx/internal/wire"
 	"github.com/txevidence/otelpgxtx/outcome"
 )
 
@@ -23,7 +24,7 @@ import (
 // whose reply the server flushes before it reads COMMIT. Run writes the call and reads
 // its reply through pgconn (commitWithCapture); the tracer adds the same bytes to the
 // application's COMMIT write and takes the reply out of the stream (reference.go,
-// wire_reply.go). Both read the reply with libraryReply.take and turn it into a
+// internal/wire). Both read the reply with wire.Reply.Take and turn it into a
 // reference with connState.callRef.
 
 // identitySQL reads what makes an xid meaningful: the cluster's system identifier, its
@@ -147,28 +148,28 @@ func (st *connState) callMsg(m *markerFn, id outcome.OperationID) []byte {
 // so the marker's absence still proves that none of the transaction's work is there.
 // A reply says exactly what the call did: 'm' and the xid (the marker was inserted),
 // 'r' and the xid (read-only: the xid alone), 'n' (no xid: nothing written).
-func (st *connState) callRef(m *markerFn, id outcome.OperationID, r libraryReply) *outcome.ReconciliationRef {
-	if r.errCode != "" {
+func (st *connState) callRef(m *markerFn, id outcome.OperationID, r wire.Reply) *outcome.ReconciliationRef {
+	if r.ErrCode != "" {
 		return nil // the call failed: the transaction was aborted, COMMIT rolls it back
 	}
 	if m == nil || m.msg == nil {
-		if !r.gotValue {
+		if !r.GotValue {
 			return nil // the xid never arrived
 		}
-		xid, err := strconv.ParseUint(string(r.value), 10, 64) // NULL: 0, it wrote nothing
-		if r.value != nil && err != nil {
+		xid, err := strconv.ParseUint(string(r.Value), 10, 64) // NULL: 0, it wrote nothing
+		if r.Value != nil && err != nil {
 			return nil
 		}
 		return st.ref(xid)
 	}
-	v := string(r.value)
+	v := string(r.Value)
 	var xid uint64
 	var err error
 	if len(v) > 1 {
 		xid, err = strconv.ParseUint(v[1:], 10, 64)
 	}
 	switch {
-	case !r.gotValue, len(v) > 1 && v[0] == 'm' && err == nil:
+	case !r.GotValue, len(v) > 1 && v[0] == 'm' && err == nil:
 		ref := st.ref(xid) // 0: no reply came
 		ref.MarkerTable, ref.Operation, ref.CheckedAt = m.ref, id, st.checkedAt
 		return ref
@@ -365,10 +366,10 @@ func commitWithCapture(ctx context.Context, pg *pgconn.PgConn, st *connState, co
 		res.err = err
 		return res
 	}
-	var call libraryReply
+	var call wire.Reply
 	err := readCallReply(ctx, pg, &call)
 	switch {
-	case err == nil && call.errCode != "":
+	case err == nil && call.ErrCode != "":
 		// The call failed: COMMIT answers ROLLBACK. The call's error is what the
 		// application is told, in place of that tag — unless it only says that the
 		// transaction had already failed, when the ROLLBACK is COMMIT's own answer.
@@ -377,10 +378,10 @@ func commitWithCapture(ctx context.Context, pg *pgconn.PgConn, st *connState, co
 		switch {
 		case rerr != nil:
 			res.err = commitReplyError{rerr}
-		case call.errCode == sqlStateInFailedTransaction:
+		case call.ErrCode == sqlStateInFailedTransaction:
 			res.err = pgx.ErrTxCommitRollback
 		default:
-			res.err = fmt.Errorf("otelpgxtx: the commit reference's call failed: %w", call.err)
+			res.err = fmt.Errorf("otelpgxtx: the commit reference's call failed: %w", call.Err)
 		}
 		return res
 	case err == nil:
@@ -408,8 +409,8 @@ func commitWithCapture(ctx context.Context, pg *pgconn.PgConn, st *connState, co
 // readCallReply reads the reply to the library's call into r, up to its ReadyForQuery.
 // A failure to read is returned and closes the connection (see readReply); a message
 // that has no place there too.
-func readCallReply(ctx context.Context, pg *pgconn.PgConn, r *libraryReply) error {
-	for !r.done {
+func readCallReply(ctx context.Context, pg *pgconn.PgConn, r *wire.Reply) error {
+	for !r.Done {
 		msg, err := pg.ReceiveMessage(ctx)
 		if err != nil {
 			if !pg.IsClosed() {
@@ -421,9 +422,9 @@ func readCallReply(ctx context.Context, pg *pgconn.PgConn, r *libraryReply) erro
 		case *pgproto3.NoticeResponse, *pgproto3.ParameterStatus, *pgproto3.NotificationResponse:
 			continue // pgconn has handled them
 		}
-		if !r.take(libraryCall, msg) {
+		if !r.Take(wire.LibraryCall, msg) {
 			_ = pg.Close(cancelledCtx)
-			return errUnaccountedReply
+			return wire.ErrUnaccountedReply
 		}
 	}
 	return nil

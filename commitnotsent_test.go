@@ -4,7 +4,6 @@ import (
 	"context"
 	"crypto/tls"
 	"errors"
-	"net"
 	"syscall"
 	"testing"
 	"time"
@@ -12,6 +11,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/txevidence/otelpgxtx/classifier"
+	"github.com/txevidence/otelpgxtx/internal/wire"
 	"github.com/txevidence/otelpgxtx/outcome"
 )
 
@@ -58,11 +58,11 @@ func resetBy(proxyReset func()) commitFault {
 // it shows (a peek of waiting bytes, or the pending error) is there.
 func waitSocket(t *testing.T, ctx context.Context, conn *pgx.Conn, done func(n int, err error) bool) {
 	t.Helper()
-	c := conn.PgConn().Conn().(*netConn).Conn
+	c := conn.PgConn().Conn().(*wire.Conn).NetConn()
 	if tc, ok := c.(*tls.Conn); ok {
 		c = tc.NetConn() // ciphertext: only whether something came, or the reset, is read
 	}
-	if d, ok := c.(*dialedConn); ok {
+	if d, ok := c.(*wire.Dialed); ok {
 		c = d.Conn
 	}
 	rc, err := c.(syscall.Conn).SyscallConn()
@@ -200,52 +200,17 @@ func commitNotExecutedWith(t *testing.T, base string, opts []Option, policy Poli
 	})
 }
 
-// TestFatalBeforeCommit: the parser of waiting bytes judges only complete FATAL or
-// PANIC ErrorResponses.
-func TestFatalBeforeCommit(t *testing.T) {
-	msg := func(typ byte, fields ...string) []byte {
-		var body []byte
-		for _, f := range fields {
-			body = append(append(body, f...), 0)
-		}
-		body = append(body, 0)
-		n := len(body) + 4
-		return append([]byte{typ, byte(n >> 24), byte(n >> 16), byte(n >> 8), byte(n)}, body...)
-	}
-	fatal := msg('E', "SFATAL", "VFATAL", "C57P01", "Mterminating connection due to administrator command")
-	for _, tc := range []struct {
-		name string
-		buf  []byte
-		want bool
-	}{
-		{"fatal", fatal, true},
-		{"panic, no V", msg('E', "SPANIC", "CXX000"), true},
-		{"localized S, V says FATAL", msg('E', "SSCHWERWIEGEND", "VFATAL"), true},
-		{"error", msg('E', "SERROR", "VERROR", "C42601"), false},
-		{"notice then fatal", append(msg('N', "SWARNING", "VWARNING"), fatal...), true},
-		{"cut off", fatal[:len(fatal)-1], false},
-		{"bad length", []byte{'E', 0, 0, 0, 1}, false},
-		{"empty", nil, false},
-	} {
-		if got := fatalBeforeCommit(tc.buf); got != tc.want {
-			t.Errorf("%s: %v, want %v", tc.name, got, tc.want)
-		}
-	}
-}
-
-var _ net.Conn = (*netConn)(nil)
-
 // BenchmarkMarkCommit is what marking a COMMIT costs on a real TCP connection: the peek
 // for a waiting FATAL (one non-blocking system call) and the write bookkeeping.
 func BenchmarkMarkCommit(b *testing.B) {
 	conn := instrumentedConn(b, context.Background(), srv.ConnString())
-	nc := conn.PgConn().Conn().(*netConn)
-	if nc.peek == nil {
-		b.Fatalf("no peek on %T", nc.Conn)
+	nc := conn.PgConn().Conn().(*wire.Conn)
+	if _, ok := nc.NetConn().(interface{ SetReadBuffer(int) error }); !ok {
+		b.Fatalf("no peek on %T", nc.NetConn())
 	}
 	b.ReportAllocs()
 	for b.Loop() {
-		if nc.markCommit() || nc.commitNotSent() {
+		if nc.MarkCommit() || nc.CommitNotSent() {
 			b.Fatal("evidence on an idle connection")
 		}
 	}

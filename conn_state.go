@@ -10,13 +10,14 @@ import (
 	"go.opentelemetry.io/otel/attribute"
 
 	"github.com/txevidence/otelpgxtx/classifier"
+	"github.com/txevidence/otelpgxtx/internal/wire"
 )
 
 // connState is what the tracer keeps on one connection, in its CustomData.
 //
 // The connection's user changes it, in the hooks and in Run; mu orders that with the
 // end of the connection's net.Conn, which may be closed on another goroutine (see
-// netConn). Uncontended, it costs a few nanoseconds per hook and allocates nothing.
+// wire.Conn). Uncontended, it costs a few nanoseconds per hook and allocates nothing.
 type connState struct {
 	mu      sync.Mutex
 	frame   *frame
@@ -49,7 +50,7 @@ type connState struct {
 	// marks the connection busy.
 	committing bool
 	// nc is the connection's net.Conn wrapper, nil where pgconn uses another.
-	nc *netConn
+	nc *wire.Conn
 	// server is the kind of server, from what it reported at connection start: the
 	// classifier's PostgreSQL-only rules, the committed-locally notices and reference
 	// capture apply to PostgreSQL alone.
@@ -106,8 +107,10 @@ func stateOf(pg *pgconn.PgConn) *connState {
 	if st == nil {
 		st = &connState{queries: make([]queryState, 0, 2), server: classifier.ServerOf(pg.ParameterStatus)}
 		data[stateKey] = st
-		if nc, ok := pg.Conn().(*netConn); ok {
-			nc.st.Store(st)
+		if nc, ok := pg.Conn().(*wire.Conn); ok {
+			if w, ok := nc.Listener().(*closeWatch); ok {
+				w.st.Store(st)
+			}
 			st.nc = nc
 		}
 	}
@@ -122,19 +125,19 @@ func connStateOf(conn *pgx.Conn) *connState {
 	return stateOf(conn.PgConn())
 }
 
-// markCommit marks the position before a COMMIT of f is handed over (see netConn).
+// markCommit marks the position before a COMMIT of f is handed over (see wire.Conn).
 func (st *connState) markCommit(f *frame) {
 	if st.nc != nil {
-		f.endedBeforeCommit = st.nc.markCommit()
+		f.endedBeforeCommit = st.nc.MarkCommit()
 	}
 }
 
 // commitFacts adds what the net.Conn saw of f's COMMIT, and the kind of server, to
-// facts, and disarms it.
+// facts, and returns the net.Conn's accounting of it to idle.
 func (st *connState) commitFacts(f *frame, facts *classifier.Facts) {
 	facts.Server = st.server
 	if st.nc != nil {
-		facts.CommitNotSent = st.nc.commitNotSent()
+		facts.CommitNotSent = st.nc.CommitNotSent()
 	}
 	facts.SessionEndedBeforeCommit = f.endedBeforeCommit
 }

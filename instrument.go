@@ -8,6 +8,8 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/txevidence/otelpgxtx/internal/wire"
 )
 
 // InstrumentPool instruments every connection of a pool that cfg will create; call it
@@ -66,18 +68,18 @@ func InstrumentConnConfig(cfg *pgx.ConnConfig, opts ...Option) (*Tracer, error) 
 	cfg.Tracer = t
 	if userDial := cfg.DialFunc; userDial != nil && mayUseTLS(&cfg.Config) {
 		// The socket under TLS: what its writes got into the kernel tells a COMMIT that
-		// never left from one that did (see dialedConn).
+		// never left from one that did (see wire.Dialed).
 		cfg.DialFunc = func(ctx context.Context, network, addr string) (net.Conn, error) {
 			conn, err := userDial(ctx, network, addr)
 			if err != nil || conn == nil {
 				return conn, err
 			}
-			return &dialedConn{Conn: conn}, nil
+			return &wire.Dialed{Conn: conn}, nil
 		}
 	}
 	userAfterNetConnect := cfg.AfterNetConnect
 	cfg.AfterNetConnect = func(ctx context.Context, pcfg *pgconn.Config, conn net.Conn) (net.Conn, error) {
-		if d, ok := conn.(*dialedConn); ok {
+		if d, ok := conn.(*wire.Dialed); ok {
 			conn = d.Conn // no TLS on this connection: the socket, as it was dialed
 		}
 		if userAfterNetConnect != nil {

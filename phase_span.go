@@ -28,7 +28,7 @@ import (
 // The owning connection's goroutine changes it; other goroutines only read its phase
 // and end state (atomics) and add events to its span (which is safe for concurrent use),
 // except that the close of its connection may conclude it on another goroutine, under the
-// connection state's mutex (see netConn).
+// connection state's mutex (see closeWatch).
 type frame struct {
 	t      *Tracer
 	span   trace.Span

@@ -8,11 +8,12 @@ import (
 	"github.com/jackc/pgx/v5/pgproto3"
 
 	"github.com/txevidence/otelpgxtx/classifier"
+	"github.com/txevidence/otelpgxtx/internal/wire"
 )
 
 // Commit references for plain pgx ([WithCaptureReference], [WithCommitMarker]): what the
 // tracer adds to the application's writes, through the connection's net.Conn wrapper,
-// and what it makes of the replies (see wire_reply.go). The call ahead of COMMIT and
+// and what it makes of the replies (see internal/wire). The call ahead of COMMIT and
 // what its reply means are capture.go's, which Run sends through pgconn.
 
 // identityMessage returns the Query the tracer sends ahead of a connection's first BEGIN:
@@ -42,7 +43,7 @@ func (t *Tracer) armIdentity(st *connState, set stmtSet, sql string) {
 	if !t.referencesOn(st) || st.identityRead || st.adding || !set.single() {
 		return
 	}
-	if st.nc.arm(&addition{kind: libraryQuery, match: sql, before: t.identityMsg}) {
+	if st.nc.Arm(&wire.Addition{Kind: wire.LibraryQuery, Match: sql, Before: t.identityMsg}) {
 		st.adding = true
 	}
 }
@@ -60,7 +61,7 @@ func (t *Tracer) armReference(st *connState, f *frame, pg *pgconn.PgConn, set st
 	if t.cfg.reference == referenceMarker {
 		f.marker, _ = st.marker(t.cfg.marker)
 	}
-	if st.nc.arm(&addition{kind: libraryCall, match: sql, before: st.callMsg(f.marker, f.id)}) {
+	if st.nc.Arm(&wire.Addition{Kind: wire.LibraryCall, Match: sql, Before: st.callMsg(f.marker, f.id)}) {
 		st.adding = true
 	}
 }
@@ -74,39 +75,38 @@ func (t *Tracer) collectAddition(st *connState, f *frame) (endedBeforeCommit boo
 		return false
 	}
 	st.adding = false
-	st.nc.disarm() // a write that never came
-	a := st.nc.takeAddition()
-	if a == nil || !a.sent() {
+	a := st.nc.Collect() // withdrawn if its write never came
+	if a == nil || !a.Sent() {
 		return false // tried again at the next BEGIN or COMMIT
 	}
-	r := a.reply
-	switch a.kind {
-	case libraryQuery:
-		if !r.done || r.fatal {
+	r := a.Reply()
+	switch a.Kind {
+	case wire.LibraryQuery:
+		if !r.Done || r.Fatal {
 			// The connection ended before the check was answered: nothing was checked, and
 			// the connection is gone with whatever BEGIN it carried.
 			return false
 		}
 		st.identityRead = true
 		t.identityChecked(st, r)
-	case libraryCall:
-		if f != nil && !r.fatal {
+	case wire.LibraryCall:
+		if f != nil && !r.Fatal {
 			f.ref = st.callRef(f.marker, f.id, r)
 		}
-		return r.fatal
+		return r.Fatal
 	}
 	return false
 }
 
 // identityChecked keeps the identity the check read, or turns references off for the
 // connection, with one log record saying why.
-func (t *Tracer) identityChecked(st *connState, r libraryReply) {
+func (t *Tracer) identityChecked(st *connState, r wire.Reply) {
 	reason := ""
 	switch {
-	case r.errCode != "":
-		reason = "the identity check failed with SQLSTATE " + r.errCode
+	case r.ErrCode != "":
+		reason = "the identity check failed with SQLSTATE " + r.ErrCode
 	default:
-		if err := st.setIdentity(r.row); err != nil {
+		if err := st.setIdentity(r.Row); err != nil {
 			reason = err.Error()
 		}
 	}
@@ -117,8 +117,8 @@ func (t *Tracer) identityChecked(st *connState, r libraryReply) {
 	}
 	if t.cfg.reference == referenceMarker {
 		var check []byte
-		if len(r.row) > colMarker {
-			check = r.row[colMarker]
+		if len(r.Row) > colMarker {
+			check = r.Row[colMarker]
 		}
 		if m := st.newMarkerFn(t.cfg.marker, check); m.problem != "" {
 			t.referenceLog("the commit marker is off for this connection; commits carry the xid read", m.problem)

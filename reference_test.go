@@ -18,6 +18,7 @@ import (
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/txevidence/otelpgxtx/internal/wire"
 	"github.com/txevidence/otelpgxtx/outcome"
 	"github.com/txevidence/otelpgxtx/pgtest"
 	"github.com/txevidence/otelpgxtx/reconcile"
@@ -52,7 +53,7 @@ func wantTLS(t *testing.T, pool *pgxpool.Pool, want bool) {
 		t.Fatal(err)
 	}
 	defer c.Release()
-	_, isTLS := c.Conn().PgConn().Conn().(*netConn).Conn.(*tls.Conn)
+	_, isTLS := c.Conn().PgConn().Conn().(*wire.Conn).NetConn().(*tls.Conn)
 	if isTLS != want {
 		t.Fatalf("connection is TLS: %v, want %v", isTLS, want)
 	}

@@ -1,4 +1,4 @@
-package otelpgxtx
+package wire
 
 import (
 	"bytes"
@@ -23,7 +23,7 @@ func msg(t testing.TB, m pgproto3.BackendMessage) []byte {
 // application's, as message lists, and what the library must read of its part.
 type replyCase struct {
 	name      string
-	kind      libraryMessage
+	kind      LibraryMessage
 	library   [][]byte // taken out
 	passed    [][]byte // of the library's part, but pgconn's (an error that ends the Query)
 	app       [][]byte // pgconn's
@@ -41,18 +41,18 @@ func replyCases(t testing.TB) []replyCase {
 	rowDesc := msg(t, &pgproto3.RowDescription{Fields: []pgproto3.FieldDescription{{Name: []byte("c"), DataTypeOID: 25, DataTypeSize: -1, TypeModifier: -1}}})
 	row := func(v string) []byte { return msg(t, &pgproto3.DataRow{Values: [][]byte{[]byte(v)}}) }
 	return []replyCase{
-		{name: "xid", kind: libraryCall, library: [][]byte{msg(t, &pgproto3.FunctionCallResponse{Result: []byte("725")}), rfq('T')},
+		{name: "xid", kind: LibraryCall, library: [][]byte{msg(t, &pgproto3.FunctionCallResponse{Result: []byte("725")}), rfq('T')},
 			app: [][]byte{cc("COMMIT"), rfq('I')}, wantValue: "725"},
-		{name: "xid NULL", kind: libraryCall, library: [][]byte{msg(t, &pgproto3.FunctionCallResponse{}), rfq('T')},
+		{name: "xid NULL", kind: LibraryCall, library: [][]byte{msg(t, &pgproto3.FunctionCallResponse{}), rfq('T')},
 			app: [][]byte{cc("COMMIT"), rfq('I')}},
-		{name: "xid FATAL", kind: libraryCall, passed: [][]byte{errMsg("FATAL", "57P01")}, wantErr: "57P01", wantFatal: true},
-		{name: "COMMIT fails after xid", kind: libraryCall, library: [][]byte{msg(t, &pgproto3.FunctionCallResponse{Result: []byte("9")}), rfq('T')},
+		{name: "xid FATAL", kind: LibraryCall, passed: [][]byte{errMsg("FATAL", "57P01")}, wantErr: "57P01", wantFatal: true},
+		{name: "COMMIT fails after xid", kind: LibraryCall, library: [][]byte{msg(t, &pgproto3.FunctionCallResponse{Result: []byte("9")}), rfq('T')},
 			app: [][]byte{errMsg("ERROR", "23505"), rfq('I')}, wantValue: "9"},
-		{name: "identity", kind: libraryQuery, library: [][]byte{rowDesc, row("7713899101641277397"), cc("SELECT 1"), rfq('I')},
+		{name: "identity", kind: LibraryQuery, library: [][]byte{rowDesc, row("7713899101641277397"), cc("SELECT 1"), rfq('I')},
 			app: [][]byte{cc("BEGIN"), rfq('T')}, wantValue: "7713899101641277397"},
-		{name: "identity refused", kind: libraryQuery, library: [][]byte{errMsg("ERROR", "42501"), rfq('I')},
+		{name: "identity refused", kind: LibraryQuery, library: [][]byte{errMsg("ERROR", "42501"), rfq('I')},
 			app: [][]byte{cc("BEGIN"), rfq('T')}, wantErr: "42501"},
-		{name: "marker", kind: libraryCall, library: [][]byte{msg(t, &pgproto3.FunctionCallResponse{Result: []byte("m731")}), rfq('T')},
+		{name: "marker", kind: LibraryCall, library: [][]byte{msg(t, &pgproto3.FunctionCallResponse{Result: []byte("m731")}), rfq('T')},
 			app: [][]byte{cc("COMMIT"), rfq('I')}, wantValue: "m731"},
 	}
 }
@@ -142,19 +142,19 @@ func pieces(b []byte, split int) [][]byte {
 	return [][]byte{b[:split], b[split:]}
 }
 
-func checkLibraryReply(t *testing.T, name string, rc replyCase, r libraryReply) {
+func checkLibraryReply(t *testing.T, name string, rc replyCase, r Reply) {
 	t.Helper()
 	got := ""
 	switch {
-	case rc.kind == libraryCall:
-		got = string(r.value)
-	case len(r.row) > 0:
-		got = string(r.row[0])
+	case rc.kind == LibraryCall:
+		got = string(r.Value)
+	case len(r.Row) > 0:
+		got = string(r.Row[0])
 	}
-	if !r.done || got != rc.wantValue || r.errCode != rc.wantErr || r.fatal != rc.wantFatal {
+	if !r.Done || got != rc.wantValue || r.ErrCode != rc.wantErr || r.Fatal != rc.wantFatal {
 		t.Fatalf("%s: library read %+v (value %q), want value %q, error %q, fatal %v", name, r, got, rc.wantValue, rc.wantErr, rc.wantFatal)
 	}
-	if rc.kind == libraryCall && rc.wantErr == "" && !r.gotValue {
+	if rc.kind == LibraryCall && rc.wantErr == "" && !r.GotValue {
 		t.Fatalf("%s: no FunctionCallResponse read", name)
 	}
 }
@@ -186,19 +186,19 @@ func TestReplyFilterCallFails(t *testing.T) {
 			want = bytes.Join([][]byte{e, idle, async}, nil)
 		}
 		for _, split := range splitsOf(len(input)) {
-			f := &replyFilter{kind: libraryCall}
+			f := &replyFilter{kind: LibraryCall}
 			var out []byte
 			for _, piece := range pieces(input, split) {
 				f.feed(piece)
 				out = append(out, f.out...)
 				f.out = f.out[:0]
 			}
-			if f.err != nil || !bytes.Equal(out, want) || f.lib.errCode != "40001" || f.lib.fatal {
+			if f.err != nil || !bytes.Equal(out, want) || f.lib.ErrCode != "40001" || f.lib.Fatal {
 				t.Fatalf("gap %d, split %d: err %v, pgconn got %q, want %q; library read %+v", gap, split, f.err, out, want, f.lib)
 			}
 		}
 	}
-	f := &replyFilter{kind: libraryCall}
+	f := &replyFilter{kind: LibraryCall}
 	f.feed(bytes.Join([][]byte{e, failed, msg(t, &pgproto3.CommandComplete{CommandTag: []byte("COMMIT")})}, nil))
 	if f.err == nil {
 		t.Fatal("COMMIT answered with its tag after the call failed: accounted for")
@@ -209,14 +209,14 @@ func TestReplyFilterCallFails(t *testing.T) {
 // is an error, and nothing more is given to pgconn.
 func TestReplyFilterUnaccounted(t *testing.T) {
 	for _, tc := range []struct {
-		kind libraryMessage
+		kind LibraryMessage
 		m    pgproto3.BackendMessage
 	}{
-		{libraryCall, &pgproto3.DataRow{}},
-		{libraryCall, &pgproto3.CommandComplete{CommandTag: []byte("COMMIT")}},
-		{libraryQuery, &pgproto3.FunctionCallResponse{}},
-		{libraryCall, &pgproto3.CopyInResponse{}},
-		{libraryQuery, &pgproto3.CopyInResponse{}},
+		{LibraryCall, &pgproto3.DataRow{}},
+		{LibraryCall, &pgproto3.CommandComplete{CommandTag: []byte("COMMIT")}},
+		{LibraryQuery, &pgproto3.FunctionCallResponse{}},
+		{LibraryCall, &pgproto3.CopyInResponse{}},
+		{LibraryQuery, &pgproto3.CopyInResponse{}},
 	} {
 		f := &replyFilter{kind: tc.kind}
 		f.feed(msg(t, tc.m))
@@ -224,7 +224,7 @@ func TestReplyFilterUnaccounted(t *testing.T) {
 			t.Errorf("%d, %T: err %v, out %q; want an error and nothing for pgconn", tc.kind, tc.m, f.err, f.out)
 		}
 	}
-	f := &replyFilter{kind: libraryCall}
+	f := &replyFilter{kind: LibraryCall}
 	f.feed([]byte{'V', 0, 0, 0, 2})
 	if f.err == nil {
 		t.Error("a message length below 4 was taken")
@@ -268,7 +268,7 @@ func FuzzReplyFilter(f *testing.F) {
 		f.Add(byte(rc.kind), in, uint16(len(in)/2))
 	}
 	f.Fuzz(func(t *testing.T, kind byte, in []byte, cut uint16) {
-		fl := &replyFilter{kind: libraryMessage(kind%2 + 1)}
+		fl := &replyFilter{kind: LibraryMessage(kind%2 + 1)}
 		c := int(cut) % (len(in) + 1)
 		var out []byte
 		for _, piece := range [][]byte{in[:c], in[c:]} {
@@ -312,7 +312,7 @@ func BenchmarkReplyFilterCall(b *testing.B) {
 	}, nil)
 	b.ReportAllocs()
 	for b.Loop() {
-		f := &replyFilter{kind: libraryCall} // as netConn.writeAdded makes it
+		f := &replyFilter{kind: LibraryCall} // as Conn.writeAdded makes it
 		f.feed(reply)
 		if !f.finished() || len(f.out) == 0 {
 			b.Fatal("not read")

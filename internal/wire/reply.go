@@ -1,4 +1,4 @@
-package otelpgxtx
+package wire
 
 import (
 	"bytes"
@@ -12,75 +12,69 @@ import (
 	"github.com/txevidence/otelpgxtx/classifier"
 )
 
-// With commit references for plain pgx ([WithCaptureReference], [WithCommitMarker]), the
-// library adds a message of its own to a write of the application's — a query ahead of
-// BEGIN, the call of the xid read or of the marker function ahead of COMMIT — and takes its reply out of
-// what the server sends back, so that pgconn reads exactly the reply to what it sent.
-// This file is that reply reader; netconn.go wires it between the socket and pgconn.
-
-// libraryMessage is what the library added to a write, and so which part of the server's
+// LibraryMessage is what the library added to a write, and so which part of the server's
 // reply is the library's.
-type libraryMessage uint8
+type LibraryMessage uint8
 
 const (
-	// libraryQuery: a Query sent ahead of the application's, outside any transaction; its
+	// LibraryQuery: a Query sent ahead of the application's, outside any transaction; its
 	// reply runs up to its ReadyForQuery, an error included (it changes nothing of the
 	// application's).
-	libraryQuery libraryMessage = iota + 1
-	// libraryCall: a FunctionCall sent ahead of COMMIT (capture.go); its reply is a
+	LibraryQuery LibraryMessage = iota + 1
+	// LibraryCall: a FunctionCall sent ahead of COMMIT; its reply is a
 	// FunctionCallResponse (or an ErrorResponse) and a ReadyForQuery. When it fails with
 	// an ERROR the transaction is aborted and COMMIT answers ROLLBACK: pgconn is given
 	// that error in place of the ROLLBACK tag, then COMMIT's ReadyForQuery, which is what
 	// COMMIT itself answers when it fails, and leaves the session idle as that would.
-	libraryCall
+	LibraryCall
 )
 
-// libraryReply is what the server answered to the library's message.
-type libraryReply struct {
-	row      [][]byte // the DataRow's values (libraryQuery); nil if none came
-	value    []byte   // the FunctionCallResponse's result (libraryCall); nil for NULL
-	gotValue bool     // a FunctionCallResponse came
-	errCode  string   // the SQLSTATE of an ErrorResponse to the library's message
-	err      error    // that error
-	fatal    bool     // that ErrorResponse was FATAL or PANIC: the session ended there
-	done     bool     // the library's part of the reply was read whole
+// Reply is what the server answered to the library's message.
+type Reply struct {
+	Row      [][]byte // the DataRow's values (LibraryQuery); nil if none came
+	Value    []byte   // the FunctionCallResponse's result (LibraryCall); nil for NULL
+	GotValue bool     // a FunctionCallResponse came
+	ErrCode  string   // the SQLSTATE of an ErrorResponse to the library's message
+	Err      error    // that error
+	Fatal    bool     // that ErrorResponse was FATAL or PANIC: the session ended there
+	Done     bool     // the library's part of the reply was read whole
 }
 
-// take records msg, one message of the reply to the library's message of kind, and
-// reports whether it has a place there. It is the one reader of that reply: the
-// tracer's reply filter decodes the bytes it takes out of the stream into messages for
-// it, Run reads them from pgconn.
-func (r *libraryReply) take(kind libraryMessage, msg pgproto3.BackendMessage) bool {
+// Take records msg, one message of the reply to the library's message of kind, and
+// reports whether it has a place there. It is the one reader of that reply: the reply
+// filter decodes the bytes it takes out of the stream into messages for it, Run reads
+// them from pgconn.
+func (r *Reply) Take(kind LibraryMessage, msg pgproto3.BackendMessage) bool {
 	switch m := msg.(type) {
 	case *pgproto3.ErrorResponse:
-		r.errCode = m.Code
-		r.err = pgconn.ErrorResponseToPgError(m)
-		r.fatal = classifier.IsFatal(r.err)
-		r.done = r.fatal // the server reads nothing after a FATAL
+		r.ErrCode = m.Code
+		r.Err = pgconn.ErrorResponseToPgError(m)
+		r.Fatal = classifier.IsFatal(r.Err)
+		r.Done = r.Fatal // the server reads nothing after a FATAL
 		return true
 	case *pgproto3.ReadyForQuery:
-		r.done = true
+		r.Done = true
 		return true
 	}
 	switch kind {
-	case libraryQuery:
+	case LibraryQuery:
 		switch m := msg.(type) {
 		case *pgproto3.RowDescription, *pgproto3.EmptyQueryResponse, *pgproto3.CommandComplete:
 			return true
 		case *pgproto3.DataRow:
-			r.row = make([][]byte, len(m.Values))
+			r.Row = make([][]byte, len(m.Values))
 			for i, v := range m.Values {
 				if v != nil {
-					r.row[i] = append([]byte{}, v...)
+					r.Row[i] = append([]byte{}, v...)
 				}
 			}
 			return true
 		}
-	case libraryCall:
+	case LibraryCall:
 		if m, ok := msg.(*pgproto3.FunctionCallResponse); ok {
-			r.gotValue = true
+			r.GotValue = true
 			if m.Result != nil {
-				r.value = append([]byte{}, m.Result...)
+				r.Value = append([]byte{}, m.Result...)
 			}
 			return true
 		}
@@ -93,38 +87,53 @@ func (r *libraryReply) take(kind libraryMessage, msg pgproto3.BackendMessage) bo
 // than this is not expected there either.
 const maxLibraryMessage = 1 << 20
 
-// errUnaccountedReply is a message the library cannot account for in its part of the
+// ErrUnaccountedReply is a message the library cannot account for in its part of the
 // reply: the connection is closed rather than pgconn left reading the wrong reply.
-var errUnaccountedReply = errors.New("otelpgxtx: the server's reply to the library's message is not the one the protocol defines; the connection is closed")
+var ErrUnaccountedReply = errors.New("otelpgxtx: the server's reply to the library's message is not the one the protocol defines; the connection is closed")
+
+// filterState is where a replyFilter is in the reply it splits.
+type filterState uint8
+
+const (
+	// filterLibrary: the library's part is still being read out of the stream.
+	filterLibrary filterState = iota
+	// filterReplacing: the library's part is read, the call failed with an ERROR (held),
+	// and COMMIT's ROLLBACK tag, which held replaces, is still to come.
+	filterReplacing
+	// filterPassing: the library's part is read and nothing is to be replaced: the rest
+	// goes to pgconn unparsed.
+	filterPassing
+	// filterFailed: something could not be accounted for (err); nothing more reaches
+	// pgconn.
+	filterFailed
+)
 
 // replyFilter splits the server's bytes, from the start of the reply to a write the
 // library added to, into the library's part (kept in lib) and everything else (out, for
 // pgconn, in the order it came). Asynchronous messages — NoticeResponse, ParameterStatus,
 // NotificationResponse — are pgconn's wherever they come. Bytes may arrive split anywhere.
 type replyFilter struct {
-	kind libraryMessage
-	lib  libraryReply
-	in   []byte // bytes of a message not yet complete
-	out  []byte // bytes for pgconn, not yet read
-	err  error  // errUnaccountedReply, once something could not be accounted for
-	// held is the call's ERROR, given to pgconn in place of COMMIT's ROLLBACK tag;
-	// replacing says the library's part is read and that tag is still to come.
-	held      []byte
-	replacing bool
+	kind  LibraryMessage
+	state filterState
+	lib   Reply
+	in    []byte // bytes of a message not yet complete
+	out   []byte // bytes for pgconn, not yet read
+	err   error  // ErrUnaccountedReply and its cause (filterFailed)
+	held  []byte // the call's ERROR, given to pgconn in place of COMMIT's ROLLBACK tag
 }
 
 // feed takes bytes the server sent. Once the library's part is read, the rest goes to out
 // unparsed.
 func (f *replyFilter) feed(b []byte) {
-	if f.err != nil {
+	switch f.state {
+	case filterFailed:
 		return
-	}
-	if f.finished() {
+	case filterPassing:
 		f.out = append(f.out, b...)
 		return
 	}
 	f.in = append(f.in, b...)
-	for !f.finished() && f.err == nil {
+	for f.state == filterLibrary || f.state == filterReplacing {
 		if len(f.in) < 5 {
 			return
 		}
@@ -137,20 +146,18 @@ func (f *replyFilter) feed(b []byte) {
 			return
 		}
 		f.message(f.in[:1+n])
-		if f.err != nil {
+		if f.state == filterFailed {
 			return
 		}
 		f.in = f.in[1+n:]
 	}
-	if f.finished() {
-		f.out = append(f.out, f.in...)
-		f.in = nil
-	}
+	f.out = append(f.out, f.in...) // filterPassing: what came after the library's part
+	f.in = nil
 }
 
 // finished reports whether the library's part of the reply is read and nothing of it is
 // still to be given to pgconn in place of something else.
-func (f *replyFilter) finished() bool { return f.lib.done && !f.replacing }
+func (f *replyFilter) finished() bool { return f.state == filterPassing }
 
 // message judges one whole message: the library's, or pgconn's.
 func (f *replyFilter) message(m []byte) {
@@ -160,14 +167,14 @@ func (f *replyFilter) message(m []byte) {
 		f.out = append(f.out, m...)
 		return
 	}
-	if f.replacing {
+	if f.state == filterReplacing {
 		// COMMIT's reply after the call failed: ROLLBACK, then ReadyForQuery.
 		switch {
 		case typ == 'C' && string(bytes.TrimRight(body, "\x00")) == "ROLLBACK":
 			f.out = append(f.out, f.held...)
 		case typ == 'Z':
 			f.out = append(f.out, m...)
-			f.replacing = false
+			f.state = filterPassing
 		default:
 			f.fail(fmt.Errorf("message %q after the library's call failed", typ))
 		}
@@ -182,24 +189,30 @@ func (f *replyFilter) message(m []byte) {
 		f.fail(err)
 		return
 	}
-	if !f.lib.take(f.kind, msg) {
+	if !f.lib.Take(f.kind, msg) {
 		f.fail(fmt.Errorf("message %q", typ))
 		return
 	}
-	if typ != 'E' {
-		f.replacing = f.lib.done && f.held != nil
-		return
-	}
 	switch {
-	case f.lib.fatal:
+	case typ == 'E' && f.lib.Fatal:
 		// The server reads nothing after a FATAL: it is the reply to what pgconn sent.
 		f.out = append(f.out, m...)
-	case f.kind == libraryCall && f.lib.errCode != sqlStateInFailedTransaction:
+	case typ == 'E' && f.kind == LibraryCall && f.lib.ErrCode != sqlStateInFailedTransaction:
 		// An error that only says the transaction had already failed is no cause: COMMIT's
 		// ROLLBACK is its own answer then.
 		f.held = append([]byte{}, m...)
 	}
+	switch {
+	case !f.lib.Done:
+	case f.held != nil && !f.lib.Fatal:
+		f.state = filterReplacing
+	default:
+		f.state = filterPassing
+	}
 }
+
+// sqlStateInFailedTransaction is what a statement in an already failed transaction gets.
+const sqlStateInFailedTransaction = "25P02"
 
 // backendMessage returns an empty message of type typ for the library's part of a reply,
 // nil for one that has no place there.
@@ -225,7 +238,8 @@ func backendMessage(typ byte) pgproto3.BackendMessage {
 
 // fail records a reply that cannot be accounted for; nothing more is given to pgconn.
 func (f *replyFilter) fail(cause error) {
-	f.err = fmt.Errorf("%w (%v)", errUnaccountedReply, cause)
+	f.state = filterFailed
+	f.err = fmt.Errorf("%w (%v)", ErrUnaccountedReply, cause)
 	f.in, f.out = nil, nil
 }
 

@@ -1,4 +1,4 @@
-package otelpgxtx
+package wire
 
 import (
 	"bytes"
@@ -6,13 +6,10 @@ import (
 	"io"
 	"net"
 	"os"
-	"strings"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgproto3"
-
-	"github.com/txevidence/otelpgxtx/outcome"
 )
 
 // scriptConn is a net.Conn whose writes and reads follow a script: each write takes the
@@ -23,6 +20,7 @@ type scriptConn struct {
 	writes   []scriptWrite
 	written  []byte
 	reads    []scriptRead
+	closed   int
 }
 
 type scriptWrite struct {
@@ -64,19 +62,20 @@ func (c *scriptConn) Read(p []byte) (int, error) {
 	return n, nil
 }
 
-func (c *scriptConn) Close() error                     { return nil }
+// Close records the close: a reply the filter cannot account for closes the connection.
+func (c *scriptConn) Close() error                     { c.closed++; return nil }
 func (c *scriptConn) SetReadDeadline(time.Time) error  { return nil }
 func (c *scriptConn) SetWriteDeadline(time.Time) error { return nil }
 func (c *scriptConn) SetDeadline(time.Time) error      { return nil }
 
 // additionFixture is a wrapper over a script, armed with a marker call ahead of COMMIT.
-func additionFixture(t *testing.T, sc *scriptConn) (*netConn, *addition, []byte, []byte) {
+func additionFixture(t *testing.T, sc *scriptConn) (*Conn, *Addition, []byte, []byte) {
 	t.Helper()
-	nc := newNetConn(sc, nil, true)
+	nc := NewConn(sc, nil, true)
 	commit := frontendMsg(t, &pgproto3.Query{String: "commit"})
 	call := frontendMsg(t, &pgproto3.FunctionCall{Function: 16400, ArgFormatCodes: []uint16{1}, Arguments: [][]byte{make([]byte, 16)}})
-	a := &addition{kind: libraryCall, match: "commit", before: call}
-	if !nc.arm(a) || a.state != additionArmed {
+	a := &Addition{Kind: LibraryCall, Match: "commit", Before: call}
+	if !nc.Arm(a) || a.state != additionArmed {
 		t.Fatalf("arm refused or state %d", a.state)
 	}
 	return nc, a, commit, call
@@ -93,7 +92,7 @@ func frontendMsg(t *testing.T, m pgproto3.FrontendMessage) []byte {
 }
 
 // readAll reads what pgconn would get until the script's reads end with err (or io.EOF).
-func readAll(nc *netConn) ([]byte, error) {
+func readAll(nc *Conn) ([]byte, error) {
 	var got []byte
 	buf := make([]byte, 7) // small: pgconn's reads need not line up with messages
 	for {
@@ -121,11 +120,10 @@ func TestAdditionLife(t *testing.T) {
 		if n, err := nc.Write(other); n != len(other) || err != nil || !bytes.Equal(sc.written, other) {
 			t.Fatalf("Write = %d, %v; wrote %q", n, err, sc.written)
 		}
-		if a.state != additionArmed || a.sent() {
+		if a.state != additionArmed || a.Sent() {
 			t.Fatalf("state %d after a write it was not armed for", a.state)
 		}
-		nc.disarm()
-		if got := nc.takeAddition(); got != nil {
+		if got := nc.Collect(); got != nil {
 			t.Fatalf("collected %+v: it never went out", got)
 		}
 	})
@@ -147,7 +145,7 @@ func TestAdditionLife(t *testing.T) {
 			if a.state != additionReplied {
 				t.Fatalf("split %d: state %d, want replied", split, a.state)
 			}
-			if c := nc.takeAddition(); c != a || string(c.reply.value) != "m731" || !c.reply.done {
+			if c := nc.Collect(); c != a || string(c.reply.Value) != "m731" || !c.reply.Done {
 				t.Fatalf("split %d: collected %+v", split, c)
 			}
 		}
@@ -159,7 +157,7 @@ func TestAdditionLife(t *testing.T) {
 		if n, err := nc.Write(commit); n != 0 || err == nil {
 			t.Fatalf("Write = %d, %v; want 0 and the error", n, err)
 		}
-		if a.state != additionUnsent || a.sent() {
+		if a.state != additionUnsent || a.Sent() {
 			t.Fatalf("state %d", a.state)
 		}
 	})
@@ -171,7 +169,7 @@ func TestAdditionLife(t *testing.T) {
 			if n, err := nc.Write(commit); n != 0 || !errors.Is(err, io.ErrClosedPipe) {
 				t.Fatalf("Write = %d, %v; want 0 of pgconn's bytes and the error", n, err)
 			}
-			if a.state != additionWritten || !a.sent() {
+			if a.state != additionWritten || !a.Sent() {
 				t.Fatalf("state %d: some of the call left, the server may have read it", a.state)
 			}
 		})
@@ -219,54 +217,11 @@ func TestAdditionLife(t *testing.T) {
 		if got, err := readAll(nc); len(got) != 0 || !errors.Is(err, io.ErrUnexpectedEOF) {
 			t.Fatalf("pgconn got %q, %v; want the error alone", got, err)
 		}
-		c := nc.takeAddition()
-		if c != a || a.state != additionWritten || c.reply.done || c.reply.gotValue {
+		c := nc.Collect()
+		if c != a || a.state != additionWritten || c.reply.Done || c.reply.GotValue {
 			t.Fatalf("collected %+v", c)
 		}
-		// The marker's reference stands without its reply; the xid read's does not.
-		st := &connState{systemID: 7, timeline: 1, serverStart: 1, database: "d", checkedAt: 1}
-		m := st.newMarkerFn(`"s"."t"`, []byte("16400"))
-		id := outcome.NewOperationID()
-		if ref := st.callRef(m, id, c.reply); ref == nil || !ref.HasMarker() || ref.XID != 0 || ref.Operation != id {
-			t.Fatalf("marker reference %v", ref)
-		}
-		if ref := st.callRef(nil, id, c.reply); ref != nil {
-			t.Fatalf("xid reference %v without the xid", ref)
-		}
+		// What the reference makes of a reply that never came whole is TestCallRef's (the
+		// root package): the marker's stands without it, the xid read's does not.
 	})
-}
-
-// TestCallRef: what each reply to the call ahead of COMMIT makes of the reference.
-func TestCallRef(t *testing.T) {
-	st := &connState{systemID: 7, timeline: 1, serverStart: 1, database: "d", checkedAt: 5}
-	m := st.newMarkerFn(`"s"."t"`, []byte("16400"))
-	id := outcome.NewOperationID()
-	val := func(v string) libraryReply { return libraryReply{gotValue: true, value: []byte(v), done: true} }
-	for _, tc := range []struct {
-		name   string
-		m      *markerFn
-		r      libraryReply
-		want   string // the reference, "" for none
-		marker bool
-	}{
-		{"marker inserted", m, val("m731"), "pg:7/1/731/1;checked=5;marker=", true},
-		{"marker, no reply", m, libraryReply{}, "pg:7/1/0/1;checked=5;marker=", true},
-		{"read-only", m, val("r731"), "pg:7/1/731/1", false},
-		{"no xid", m, val("n"), "pg:7/1/0/1", false},
-		{"not the function's answer", m, val("m"), "", false},
-		{"garbage", m, val("x12"), "", false},
-		{"the call failed", m, libraryReply{errCode: "57014", done: true}, "", false},
-		{"xid read", nil, val("731"), "pg:7/1/731/1", false},
-		{"xid read, NULL", nil, libraryReply{gotValue: true, done: true}, "pg:7/1/0/1", false},
-		{"xid read, no reply", nil, libraryReply{}, "", false},
-	} {
-		ref := st.callRef(tc.m, id, tc.r)
-		got := ""
-		if ref != nil {
-			got = ref.String()
-		}
-		if tc.want == "" && got != "" || tc.want != "" && (!strings.HasPrefix(got, tc.want) || ref.HasMarker() != tc.marker) {
-			t.Errorf("%s: reference %q, want %q (marker %v)", tc.name, got, tc.want, tc.marker)
-		}
-	}
 }

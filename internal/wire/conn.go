@@ -1,0 +1,265 @@
+// Package wire is the net.Conn pgconn uses on an instrumented connection: it passes every
+// call through unchanged — reads, writes, deadlines — and composes the four things the
+// instrumentation does there, each in a type and file of its own:
+//
+//   - closeNotice (close_notice.go): tells the tracer, through a Listener, that the
+//     connection was closed;
+//   - commitWrite (commit_write.go, with Dialed): accounts for what the write carrying a
+//     COMMIT got into the kernel;
+//   - readAhead (read_ahead.go, with socketPeek in peek_unix.go): reads ahead above TLS,
+//     where a FATAL waiting before COMMIT cannot be peeked at;
+//   - splice (splice.go, with the reply reader of reply.go): adds the library's message
+//     (an Addition) to one write of the application's, and takes its reply out of what
+//     pgconn reads.
+//
+// Conn is where they meet, and nowhere else. With nothing armed, a write costs one
+// atomic swap and one load, and a read one load, besides the wrapped connection's.
+package wire
+
+import (
+	"crypto/tls"
+	"net"
+	"sync"
+	"sync/atomic"
+)
+
+// Conn is the net.Conn pgconn uses on an instrumented connection (see the package doc).
+type Conn struct {
+	net.Conn
+	closing closeNotice
+	commit  commitWrite
+	// peek looks at unread bytes of a plain socket; nil under TLS and where the socket
+	// cannot be peeked at. Only the connection's user calls it.
+	peek *socketPeek
+	// special: Read must look at what mu guards — a reply filter, or bytes or an error
+	// read ahead. Without it, and without tracking, Read is the connection's Read.
+	special atomic.Bool
+	// mu orders the connection's user (Arm, Collect, MarkCommit, Write's addition) with
+	// pgconn's reads, which may run on its background reader's goroutine. It is never
+	// held across a read or write of the wrapped connection.
+	mu     sync.Mutex
+	ahead  readAhead
+	splice splice
+}
+
+// NewConn wraps conn. listener is told when it is closed (nil: nobody); track follows
+// message boundaries in what pgconn reads, which an Addition needs (commit references on).
+func NewConn(conn net.Conn, listener Listener, track bool) *Conn {
+	c := &Conn{Conn: conn}
+	c.closing.listener = listener
+	c.splice.track = track
+	if tc, ok := conn.(*tls.Conn); ok {
+		// Under TLS the socket's writes are counted, and whether bytes wait in it is peeked.
+		if d, _ := tc.NetConn().(*Dialed); d != nil {
+			c.commit.dialed = d
+			if p := newSocketPeek(d.Conn); p != nil {
+				c.ahead.tls, c.ahead.waiting = tc, p
+			}
+		}
+	} else {
+		c.peek = newSocketPeek(conn)
+	}
+	return c
+}
+
+// Listener returns the listener NewConn was given.
+func (c *Conn) Listener() Listener { return c.closing.listener }
+
+// Write writes b and, for the first write after MarkCommit, records whether any byte
+// was accepted: net.Conn's n counts exactly the bytes the kernel took. A write the library
+// armed an addition for carries it (see Arm).
+func (c *Conn) Write(b []byte) (int, error) {
+	if a := c.splice.next.Swap(nil); a != nil {
+		if out, cut, ok := a.addTo(b); ok {
+			return c.writeAdded(a, b, out, cut)
+		}
+	}
+	n, err := c.Conn.Write(b)
+	c.commit.wrote(n > 0 || err == nil)
+	return n, err
+}
+
+// writeAdded writes out, which is b with a's message added, the first cut bytes of it the
+// library's alone. The reply filter is in place before a byte leaves: the reply may come
+// before Write returns. pgconn is told how much of b was sent, so that what it says of a
+// failed write (safe to retry when nothing was) stays true of its own bytes.
+func (c *Conn) writeAdded(a *Addition, b, out []byte, cut int) (int, error) {
+	c.mu.Lock()
+	c.splice.start(a)
+	c.special.Store(true)
+	c.mu.Unlock()
+	m, err := c.Conn.Write(out)
+	if m == 0 {
+		// Nothing left, so no reply can come: nothing else moves it.
+		c.mu.Lock()
+		a.state = additionUnsent
+		c.mu.Unlock()
+	}
+	mine := m > cut // some of the application's bytes left
+	c.commit.wrote(mine || err == nil)
+	if err == nil {
+		return len(b), nil
+	}
+	if !mine {
+		return 0, err
+	}
+	return min(max(m-cut, 1), len(b)-1), err
+}
+
+// Arm has the next write carry a, if it is the one a was armed for. It is refused, and
+// nothing is added, when the server's stream is not at a message boundary, a reply
+// filter is still at work, or something read ahead is still to be given to pgconn: a
+// reply reader must start at the reply's first message.
+func (c *Conn) Arm(a *Addition) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.ahead.state() == aheadEmpty && c.splice.arm(a)
+}
+
+// Collect ends the life of the last addition on the connection: it withdraws one its
+// write never took, and returns what became of one that was written, once; nil if none
+// was. The connection holds no addition after it.
+func (c *Conn) Collect() *Addition {
+	c.splice.next.Store(nil)
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.splice.collect()
+}
+
+// Read reads what the server sent, less the library's part of a reply (see replyFilter),
+// after the bytes read ahead. Without tracking and with nothing held it is the
+// connection's Read. Otherwise each turn gives pgconn what is held, if anything, or reads
+// the connection and accounts for what came: two short sections under mu, none across
+// the read itself.
+func (c *Conn) Read(p []byte) (int, error) {
+	if !c.special.Load() && !c.splice.track {
+		return c.Conn.Read(p)
+	}
+	for {
+		c.mu.Lock()
+		n, err, done := c.deliver(p)
+		c.mu.Unlock()
+		if done {
+			return n, err
+		}
+		n, err = c.Conn.Read(p)
+		c.mu.Lock()
+		n, err, done = c.received(p, n, err)
+		c.mu.Unlock()
+		if done {
+			return n, err
+		}
+	}
+}
+
+// received accounts for what a read of the connection returned into p, and reports
+// whether Read is done with it. Without a reply filter it is pgconn's as it came. With
+// one, the bytes go through the filter, and an error is kept for after its output; a
+// timeout belongs to the deadline of this read: with nothing to give, it is the answer,
+// with something, the next read meets the deadline again. c.mu is held.
+func (c *Conn) received(p []byte, n int, err error) (int, error, bool) {
+	f := c.splice.filter
+	if f == nil || n == 0 && err == nil {
+		c.splice.pos.advance(p[:n])
+		return n, err, true
+	}
+	f.feed(p[:n])
+	if err == nil || !isTimeout(err) {
+		c.ahead.keepErr(err)
+		return 0, nil, false
+	}
+	if n, _, done := c.deliver(p); done && n > 0 {
+		return n, nil, true
+	}
+	return 0, err, true
+}
+
+// deliver gives p what is held for pgconn — the filter's output, bytes read ahead, or an
+// error they ended with — and reports whether Read is done. A reply the filter cannot
+// account for closes the connection. c.mu is held.
+func (c *Conn) deliver(p []byte) (n int, err error, done bool) {
+	if f := c.splice.filter; f != nil {
+		if b := c.ahead.takeBytes(); len(b) > 0 {
+			f.feed(b)
+		}
+		switch {
+		case f.state == filterFailed:
+			_ = c.Conn.Close()
+			return 0, f.err, true
+		case len(f.out) > 0:
+			n = copy(p, f.out)
+			f.out = f.out[n:]
+			c.splice.pos.advance(p[:n])
+			if f.finished() && len(f.out) == 0 {
+				c.endFilter()
+			}
+			return n, nil, true
+		case f.finished():
+			c.endFilter()
+		case c.ahead.err != nil:
+			return 0, c.ahead.takeErr(), true
+		default:
+			return 0, nil, false
+		}
+	}
+	if c.ahead.state() == aheadEmpty {
+		return 0, nil, false
+	}
+	n, err = c.ahead.give(p)
+	c.splice.pos.advance(p[:n])
+	c.settle()
+	return n, err, true
+}
+
+// endFilter ends the reply filter's work and goes back to passing bytes through. c.mu is
+// held.
+func (c *Conn) endFilter() {
+	c.splice.end()
+	c.settle()
+}
+
+// settle clears special once nothing is left for Read to look at. c.mu is held.
+func (c *Conn) settle() {
+	if c.splice.filter == nil && c.ahead.state() == aheadEmpty {
+		c.special.Store(false)
+	}
+}
+
+// MarkCommit marks the position before a COMMIT is handed to pgconn: the next write
+// carries it (see commitWrite). It also reports whether the server had already ended the
+// session before that write: a FATAL waiting unread in the socket (see socketPeek) or,
+// where the socket cannot be peeked at (TLS), read ahead (see readAhead).
+func (c *Conn) MarkCommit() (sessionEnded bool) {
+	c.commit.mark()
+	if c.peek != nil {
+		return c.peek.sessionEnded()
+	}
+	if c.ahead.tls == nil {
+		return false // nothing to read ahead on: no evidence
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.splice.track && !c.splice.pos.atBoundary() || c.splice.filter != nil {
+		return false // bytes from the middle of a message cannot be judged
+	}
+	b := c.ahead.fill()
+	if c.ahead.state() != aheadEmpty {
+		c.special.Store(true)
+	}
+	return fatalBeforeCommit(b)
+}
+
+// CommitNotSent reports whether the write MarkCommit marked failed before the kernel
+// accepted any of its bytes, and returns the accounting to idle.
+func (c *Conn) CommitNotSent() bool { return c.commit.notSent() }
+
+// Close closes the connection and, the first time, tells the listener.
+func (c *Conn) Close() error {
+	err := c.Conn.Close()
+	c.closing.closing()
+	return err
+}
+
+// NetConn returns the wrapped connection, as tls.Conn does: PgConn.Conn returns the
+// wrapper, not the net.Conn a chained AfterNetConnect returned.
+func (c *Conn) NetConn() net.Conn { return c.Conn }
