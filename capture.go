@@ -345,40 +345,40 @@ type commitResult struct {
 // message with ReadyForQuery and flushes its output there, so the call's reply arrives
 // before it reads COMMIT, even if the commit never answers. The caller has read the
 // identity (see identityKnown).
-func commitWithCapture(ctx context.Context, pg *pgconn.PgConn, st *connState, commitSQL string, m *markerFn, id outcome.OperationID) commitResult {
+func commitWithCapture(ctx context.Context, conn *pgconn.PgConn, st *connState, commitSQL string, m *markerFn, id outcome.OperationID) commitResult {
 	var res commitResult
-	if ctx.Err() != nil || pg.IsClosed() || pg.IsBusy() {
+	if ctx.Err() != nil || conn.IsClosed() || conn.IsBusy() {
 		// pgconn refuses before writing a byte, and says why as pgx's Commit would.
-		res.err = pg.Exec(ctx, commitSQL).Close()
+		res.err = conn.Exec(ctx, commitSQL).Close()
 		return res
 	}
 	// pgconn has no call that sends a FunctionCall, nor one that returns its reply: the
 	// two messages go out through its frontend and the replies come back message by
 	// message. The connection is idle, so its socket has room for the few bytes and the
 	// write cannot block on the context's behalf.
-	fe := pg.Frontend()
+	fe := conn.Frontend()
 	fe.Send(rawMessage(st.callMsg(m, id)))
 	fe.SendQuery(&pgproto3.Query{String: commitSQL})
 	if err := fe.Flush(); err != nil {
 		// Some bytes may have left (the error says whether none did): the connection is
 		// unusable either way, and closing it makes the server roll back what it lacks.
-		_ = pg.Close(cancelledCtx)
+		_ = conn.Close(cancelledCtx)
 		res.err = err
 		return res
 	}
 	var call wire.Reply
-	err := readCallReply(ctx, pg, &call)
+	err := readCallReply(ctx, conn, &call)
 	switch {
 	case err == nil && call.ErrCode != "":
 		// The call failed: COMMIT answers ROLLBACK. The call's error is what the
 		// application is told, in place of that tag — unless it only says that the
 		// transaction had already failed, when the ROLLBACK is COMMIT's own answer.
-		cr, rerr := readReply(ctx, pg)
+		cr, rerr := readReply(ctx, conn)
 		res.rollbackTag = cr.tag.String() == "ROLLBACK"
 		switch {
 		case rerr != nil:
 			res.err = commitReplyError{rerr}
-		case call.ErrCode == sqlStateInFailedTransaction:
+		case call.ErrCode == pg.InFailedTransaction:
 			res.err = pgx.ErrTxCommitRollback
 		default:
 			res.err = fmt.Errorf("otelpgxtx: the commit reference's call failed: %w", call.Err)
@@ -386,7 +386,7 @@ func commitWithCapture(ctx context.Context, pg *pgconn.PgConn, st *connState, co
 		return res
 	case err == nil:
 		res.ref = st.callRef(m, id, call)
-		cr, err := readReply(ctx, pg)
+		cr, err := readReply(ctx, conn)
 		res.tag, res.err = cr.tag, cr.err
 		if err != nil {
 			res.tag = pgconn.CommandTag{}
@@ -461,9 +461,6 @@ func readReply(ctx context.Context, pg *pgconn.PgConn) (r reply, readErr error) 
 		}
 	}
 }
-
-// sqlStateInFailedTransaction is what a statement in an already failed transaction gets.
-const sqlStateInFailedTransaction = "25P02"
 
 // commitReplyError is a failure to read COMMIT's reply. COMMIT was sent, so a retry is
 // never safe, whatever pgconn's receive error says (it says safe: it sent nothing).

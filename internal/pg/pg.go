@@ -20,6 +20,10 @@ const TimelineSQL = "case when pg_is_in_recovery() then null else " +
 // ServerStartSQL is pg_postmaster_start_time() in microseconds since the Unix epoch.
 const ServerStartSQL = "(extract(epoch from pg_postmaster_start_time()) * 1000000)::bigint::text"
 
+// InFailedTransaction is the SQLSTATE of a statement sent in a transaction that has
+// already failed (25P02): the statement was not executed.
+const InFailedTransaction = "25P02"
+
 // Fatal reports whether an ErrorResponse of severity (its S field, which may be
 // translated) and unlocalized (its V field, PostgreSQL 9.6+, never translated; "" when the
 // server sent none) ends the session: FATAL or PANIC. The server closes the connection after

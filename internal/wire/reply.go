@@ -10,6 +10,7 @@ import (
 	"github.com/jackc/pgx/v5/pgproto3"
 
 	"github.com/txevidence/otelpgxtx/classifier"
+	"github.com/txevidence/otelpgxtx/internal/pg"
 )
 
 // LibraryMessage is what the library added to a write, and so which part of the server's
@@ -197,7 +198,7 @@ func (f *replyFilter) message(m []byte) {
 	case typ == 'E' && f.lib.Fatal:
 		// The server reads nothing after a FATAL: it is the reply to what pgconn sent.
 		f.out = append(f.out, m...)
-	case typ == 'E' && f.kind == LibraryCall && f.lib.ErrCode != sqlStateInFailedTransaction:
+	case typ == 'E' && f.kind == LibraryCall && f.lib.ErrCode != pg.InFailedTransaction:
 		// An error that only says the transaction had already failed is no cause: COMMIT's
 		// ROLLBACK is its own answer then.
 		f.held = append([]byte{}, m...)
@@ -210,9 +211,6 @@ func (f *replyFilter) message(m []byte) {
 		f.state = filterPassing
 	}
 }
-
-// sqlStateInFailedTransaction is what a statement in an already failed transaction gets.
-const sqlStateInFailedTransaction = "25P02"
 
 // backendMessage returns an empty message of type typ for the library's part of a reply,
 // nil for one that has no place there.
