@@ -341,7 +341,7 @@ func nonZero(m map[string]int64) map[string]int64 {
 func (h *harness) countsByOutcome(t *testing.T, ctx context.Context) map[string]int64 {
 	t.Helper()
 	out := map[string]int64{}
-	for k, n := range h.sums(t, ctx, MetricTransactions, OutcomeKey) {
+	for k, n := range h.sums(t, ctx, metricTransactions, OutcomeKey) {
 		out[strings.TrimPrefix(k, string(OutcomeKey)+"=")] = n
 	}
 	return out

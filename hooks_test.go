@@ -109,7 +109,7 @@ func TestEndWithoutStart(t *testing.T) {
 
 // TestReleaseIdleWithFrame releases a connection whose transaction was ended through
 // pgconn, where the tracer could not see it: the connection is idle, so the frame is
-// [ReasonEndedUnobserved], not [ReasonReleasedInTransaction].
+// ended_unobserved, not released_in_transaction.
 func TestReleaseIdleWithFrame(t *testing.T) {
 	ctx := testCtx(t)
 	h := newHarness(t, "", 1)
@@ -120,7 +120,7 @@ func TestReleaseIdleWithFrame(t *testing.T) {
 	pc.Release()
 	f := onlyFrame(t, h)
 	wantAttr(t, f, "tx.outcome", "rolled_back")
-	wantAttr(t, f, "error.type", ReasonEndedUnobserved)
+	wantAttr(t, f, "error.type", reasonEndedUnobserved)
 	h.wantNoFrames(t, ctx)
 }
 

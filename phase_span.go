@@ -141,7 +141,7 @@ var frameStartOptions = []trace.SpanStartOption{trace.WithSpanKind(trace.SpanKin
 // phaseEvents are the event names per phase, built once so a transition allocates no name.
 var phaseEvents = func() (names [outcome.PhaseUnknown + 1]string) {
 	for p := range names {
-		names[p] = EventPhasePrefix + outcome.Phase(p).String()
+		names[p] = eventPhasePrefix + outcome.Phase(p).String()
 	}
 	return names
 }()
@@ -195,7 +195,7 @@ func (t *Tracer) startFrame(ctx context.Context, conn *pgx.Conn, st *connState, 
 		f.connAttrs = st.attrs
 	}
 	if f.parent != nil && f.parent.span.IsRecording() {
-		f.parent.span.AddEvent(EventSuspended, trace.WithAttributes(OperationIDKey.String(f.id.String())))
+		f.parent.span.AddEvent(eventSuspended, trace.WithAttributes(OperationIDKey.String(f.id.String())))
 	}
 	if phase != outcome.PhaseNotStarted {
 		f.transition(phase)
@@ -256,7 +256,7 @@ func (f *frame) conclude(st *connState, v classifier.Verdict) {
 		st.frame = nil
 	}
 	if f.parent != nil && f.parent.span.IsRecording() {
-		f.parent.span.AddEvent(EventResumed, trace.WithAttributes(OperationIDKey.String(f.id.String())))
+		f.parent.span.AddEvent(eventResumed, trace.WithAttributes(OperationIDKey.String(f.id.String())))
 	}
 	if f.asked != nil {
 		f.asked.frameEnded(f)
@@ -288,7 +288,7 @@ func (f *frame) endSpan(o outcome.Outcome, postCommitErr error) {
 	buf := frameAttrs.Get().(*[]attribute.KeyValue)
 	setFrameAttrs(f.span, buf, f.setOutcomeStatus(o, f.outcomeAttrs(o, (*buf)[:0])))
 	if postCommitErr != nil {
-		f.span.AddEvent(EventPostCommitFailed)
+		f.span.AddEvent(eventPostCommitFailed)
 	}
 	f.span.End()
 }
@@ -368,7 +368,7 @@ func (f *frame) setOutcomeStatus(o outcome.Outcome, attrs []attribute.KeyValue) 
 		} else {
 			attrs = append(attrs, RollbackKey.String(RollbackFailure), errorTypeKey.String(v.Reason()))
 			if !f.errExpected {
-				f.span.SetStatus(codes.Error, StatusDescriptionRolledBack)
+				f.span.SetStatus(codes.Error, statusDescriptionRolledBack)
 			}
 		}
 	case outcome.OutcomeIndeterminate:

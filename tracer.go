@@ -242,7 +242,7 @@ func (t *Tracer) TraceAcquireEnd(ctx context.Context, pool *pgxpool.Pool, data p
 		if st := connStateOf(data.Conn); st != nil {
 			st.mu.Lock()
 			if st.frame != nil && data.Conn.PgConn().TxStatus() == 'I' {
-				t.abandon(st, st.frame, ReasonEndedUnobserved)
+				t.abandon(st, st.frame, reasonEndedUnobserved)
 			}
 			st.mu.Unlock()
 		}
@@ -264,11 +264,11 @@ func (t *Tracer) TraceRelease(pool *pgxpool.Pool, data pgxpool.TraceReleaseData)
 		if st := connStateOf(data.Conn); st != nil {
 			st.mu.Lock()
 			if st.frame != nil {
-				reason := ReasonReleasedInTransaction
+				reason := reasonReleasedInTransaction
 				if pg := data.Conn.PgConn(); pg.IsClosed() {
-					reason = ReasonConnectionClosed
+					reason = reasonConnectionClosed
 				} else if pg.TxStatus() == 'I' {
-					reason = ReasonEndedUnobserved
+					reason = reasonEndedUnobserved
 				}
 				t.abandon(st, st.frame, reason)
 			}
@@ -301,7 +301,7 @@ func (t *Tracer) connClosing(conn *pgx.Conn) {
 	if st := connStateOf(conn); st != nil {
 		st.mu.Lock()
 		if st.frame != nil {
-			t.abandon(st, st.frame, ReasonConnectionClosed)
+			t.abandon(st, st.frame, reasonConnectionClosed)
 		}
 		st.mu.Unlock()
 	}
@@ -315,7 +315,7 @@ func (t *Tracer) netConnClosed(st *connState) {
 	st.mu.Lock()
 	defer st.mu.Unlock()
 	if st.frame != nil && len(st.queries) == 0 && !st.committing {
-		t.abandon(st, st.frame, ReasonConnectionClosed)
+		t.abandon(st, st.frame, reasonConnectionClosed)
 	}
 }
 
