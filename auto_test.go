@@ -246,7 +246,7 @@ func TestAutoReconcileOptions(t *testing.T) {
 		}
 	}
 	// Without the option, Close does nothing.
-	if err := NewTracer().Close(context.Background()); err != nil {
+	if err := mustTracer(t).Close(context.Background()); err != nil {
 		t.Fatal(err)
 	}
 }

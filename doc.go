@@ -54,7 +54,7 @@
 //
 // There are three kinds, one for each thing configured, each with its own type so that
 // one cannot be passed where another is meant: an [Option] configures the [Tracer]
-// ([InstrumentPool], [InstrumentConnConfig], [NewTracer]); an [AutoReconcileOption]
+// ([InstrumentPool], [InstrumentConnConfig]); an [AutoReconcileOption]
 // configures [WithAutoReconcile] (the queue, the retry backoff, the callback); a
 // reconcile.Option configures a reconcile.Reconciler (the wait for a transaction still in
 // progress, its tracer provider, its error messages). The first two are declared in

@@ -88,7 +88,7 @@ func DefaultPolicy() Policy {
 
 // ErrInvalidArgument is wrapped by every error about a bad argument to [Run], [Begin],
 // [AfterCommit] or an option: a nil db or function, an invalid policy, an option value
-// [InstrumentPool], [InstrumentConnConfig] or [NewTracer] refuses. It is
+// [InstrumentPool] or [InstrumentConnConfig] refuses. It is
 // reconcile.ErrInvalidArgument, the same error, so that one errors.Is tells bad input
 // from a database failure whichever package reported it.
 var ErrInvalidArgument = reconcile.ErrInvalidArgument

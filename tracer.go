@@ -8,7 +8,6 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
-	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/txevidence/otelpgxtx/classifier"
@@ -60,16 +59,6 @@ var (
 	_ pgxpool.AcquireTracer = (*Tracer)(nil)
 	_ pgxpool.ReleaseTracer = (*Tracer)(nil)
 )
-
-// NewTracer returns a tracer. An invalid option value is reported to otel.Handle and
-// ignored; [InstrumentPool] and [InstrumentConnConfig] return it as an error instead.
-func NewTracer(opts ...Option) *Tracer {
-	t, err := newTracer(opts)
-	if err != nil {
-		otel.Handle(err)
-	}
-	return t
-}
 
 // newTracer builds the tracer and returns an invalid option's error, for the Instrument
 // functions to return rather than hand to otel.Handle.
