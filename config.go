@@ -12,7 +12,7 @@ import (
 	"go.opentelemetry.io/otel/metric"
 	"go.opentelemetry.io/otel/trace"
 
-	"github.com/txevidence/otelpgxtx/outcome"
+	"github.com/txevidence/otelpgxtx/internal/markertable"
 	"github.com/txevidence/otelpgxtx/reconcile"
 )
 
@@ -327,7 +327,7 @@ func WithCaptureReference() Option {
 // every role, the connection's commits carry the xid read alone, with one log record.
 func WithCommitMarker(table pgx.Identifier) Option {
 	return optionFunc(func(c *config) {
-		name, err := outcome.QuoteMarkerTable(table...)
+		name, err := markertable.Quote(table...)
 		if err != nil {
 			c.refuse(invalid("WithCommitMarker: %w", err))
 			return

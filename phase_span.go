@@ -207,11 +207,27 @@ func (t *Tracer) startFrame(ctx context.Context, conn *pgx.Conn, st *connState, 
 	return f
 }
 
+// canTransition reports whether a transaction may move from one phase to another: the
+// graph of package outcome's documentation, which only the tracer walks.
+// In particular only committing may become unknown: an error outside committing is
+// never a reason to doubt a commit that was never asked for.
+func canTransition(from, to outcome.Phase) bool {
+	switch from {
+	case outcome.PhaseNotStarted:
+		return to == outcome.PhaseActive || to == outcome.PhaseRolledBack
+	case outcome.PhaseActive:
+		return to == outcome.PhaseCommitting || to == outcome.PhaseRolledBack
+	case outcome.PhaseCommitting:
+		return to == outcome.PhaseCommitted || to == outcome.PhaseRolledBack || to == outcome.PhaseUnknown
+	}
+	return false
+}
+
 // transition moves f to phase to and records the event. An illegal transition is a bug
 // in the caller; it is ignored rather than allowed to corrupt the evidence.
 func (f *frame) transition(to outcome.Phase) bool {
 	from := f.currentPhase()
-	if !outcome.CanTransition(from, to) {
+	if !canTransition(from, to) {
 		return false
 	}
 	f.phase.Store(uint32(to))
