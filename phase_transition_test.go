@@ -6,15 +6,13 @@ import (
 	"github.com/txevidence/otelpgxtx/outcome"
 )
 
-// transitionPhases are the six phases, in declaration order.
-var transitionPhases = []outcome.Phase{
-	outcome.PhaseNotStarted,
-	outcome.PhaseActive,
-	outcome.PhaseCommitting,
-	outcome.PhaseCommitted,
-	outcome.PhaseRolledBack,
-	outcome.PhaseUnknown,
-}
+// transitionPhases are the six phases, in declaration order: every valid one.
+var transitionPhases = func() (ps []outcome.Phase) {
+	for p := outcome.PhaseNotStarted; p.Valid(); p++ {
+		ps = append(ps, p)
+	}
+	return ps
+}()
 
 func TestCanTransitionAllPairs(t *testing.T) {
 	const (
