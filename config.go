@@ -16,7 +16,8 @@ import (
 	"github.com/txevidence/otelpgxtx/reconcile"
 )
 
-// DefaultSpanName is the name of a frame span unless [WithSpanName] says otherwise.
+// DefaultSpanName is the name of a frame span unless [WithSpanName] says otherwise;
+// exported, like the frame span's attribute keys, for code that picks frame spans out.
 const DefaultSpanName = "transaction"
 
 // StatusMapping says which span status a committed frame gets.
