@@ -44,7 +44,7 @@ func runHooks(ctx context.Context, f *frame, hooks []func(context.Context) error
 		tracer = f.t.tracer
 		ctx = f.withSpan(ctx)
 	}
-	ctx, span := tracer.Start(ctx, SpanNamePostCommit)
+	ctx, span := tracer.Start(ctx, spanNamePostCommit)
 	defer span.End()
 	if f != nil && span.IsRecording() {
 		span.SetAttributes(OperationIDKey.String(f.id.String()))

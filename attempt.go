@@ -96,7 +96,7 @@ func endAttemptFrame[T any](f *frame, res outcome.Result[T], retry bool, n int) 
 		return
 	}
 	if retry && f.span.IsRecording() {
-		f.span.AddEvent(EventRetry, trace.WithAttributes(AttemptKey.Int(n+1),
+		f.span.AddEvent(eventRetry, trace.WithAttributes(AttemptKey.Int(n+1),
 			errorTypeKey.String(f.verdict.Reason())))
 	}
 	f.t.endFrame(f, res.Outcome(), postCommitFailure(res))

@@ -17,8 +17,8 @@ import (
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
 	"go.opentelemetry.io/otel/sdk/metric/metricdata"
 
+	"github.com/txevidence/otelpgxtx/internal/pgtest"
 	"github.com/txevidence/otelpgxtx/outcome"
-	"github.com/txevidence/otelpgxtx/pgtest"
 	"github.com/txevidence/otelpgxtx/reconcile"
 )
 
@@ -53,17 +53,17 @@ func (h *harness) reconcileCounts(t *testing.T, ctx context.Context) (counts map
 	for _, sm := range rm.ScopeMetrics {
 		for _, m := range sm.Metrics {
 			switch m.Name {
-			case MetricReconciliations:
+			case metricReconciliations:
 				for _, dp := range m.Data.(metricdata.Sum[int64]).DataPoints {
 					res, _ := dp.Attributes.Value(ResolvedOutcomeKey)
 					reason, _ := dp.Attributes.Value(errorTypeKey)
 					counts[res.AsString()+"/"+reason.AsString()] += dp.Value
 				}
-			case MetricReconciliationDuration:
+			case metricReconciliationDuration:
 				for _, dp := range m.Data.(metricdata.Histogram[float64]).DataPoints {
 					histCount += dp.Count
 				}
-			case MetricUnresolved:
+			case metricUnresolved:
 				for _, dp := range m.Data.(metricdata.Gauge[int64]).DataPoints {
 					unresolved = dp.Value
 				}
@@ -246,7 +246,7 @@ func TestAutoReconcileOptions(t *testing.T) {
 		}
 	}
 	// Without the option, Close does nothing.
-	if err := NewTracer().Close(context.Background()); err != nil {
+	if err := mustTracer(t).Close(context.Background()); err != nil {
 		t.Fatal(err)
 	}
 }
@@ -313,15 +313,15 @@ func TestUnresolvedGaugesShared(t *testing.T) {
 	}
 	enc := func(s attribute.Set) string { return s.Encoded(attribute.DefaultEncoder()) }
 	want := map[string]string{
-		MetricUnresolved + " " + enc(set): "3", MetricUnresolvedAge + " " + enc(set): "5",
-		MetricUnresolved + " " + enc(other): "7", MetricUnresolvedAge + " " + enc(other): "1",
+		metricUnresolved + " " + enc(set): "3", metricUnresolvedAge + " " + enc(set): "5",
+		metricUnresolved + " " + enc(other): "7", metricUnresolvedAge + " " + enc(other): "1",
 	}
 	if got := collect(); fmt.Sprint(got) != fmt.Sprint(want) {
 		t.Fatalf("two members and another set: %v, want %v", got, want)
 	}
 	leaveB()
 	leaveC()
-	want = map[string]string{MetricUnresolved + " " + enc(set): "2", MetricUnresolvedAge + " " + enc(set): "3"}
+	want = map[string]string{metricUnresolved + " " + enc(set): "2", metricUnresolvedAge + " " + enc(set): "3"}
 	if got := collect(); fmt.Sprint(got) != fmt.Sprint(want) {
 		t.Fatalf("one member left: %v, want %v", got, want)
 	}

@@ -269,7 +269,7 @@ func fakeTraced(t *testing.T, opts ...Option) (*pgx.Conn, *tracetest.InMemoryExp
 	exp := tracetest.NewInMemoryExporter()
 	tp := sdktrace.NewTracerProvider(sdktrace.WithSyncer(exp))
 	cfg := fakePGConfig()
-	cfg.Tracer = NewTracer(append([]Option{WithTracerProvider(tp)}, opts...)...)
+	cfg.Tracer = mustTracer(t, append([]Option{WithTracerProvider(tp)}, opts...)...)
 	conn, err := pgx.ConnectConfig(context.Background(), cfg)
 	if err != nil {
 		t.Fatal(err)

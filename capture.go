@@ -13,6 +13,7 @@ import (
 	"go.opentelemetry.io/otel"
 
 	"github.com/txevidence/otelpgxtx/classifier"
+	"github.com/txevidence/otelpgxtx/internal/markertable"
 	"github.com/txevidence/otelpgxtx/internal/pg"
 	"github.com/txevidence/otelpgxtx/internal/wire"
 	"github.com/txevidence/otelpgxtx/outcome"
@@ -110,7 +111,7 @@ func (st *connState) newMarkerFn(table string, check []byte) *markerFn {
 		call := pgproto3.FunctionCall{Function: uint32(oid), ArgFormatCodes: []uint16{1}, Arguments: [][]byte{zero[:]}}
 		m.msg, _ = call.Encode(nil)
 		m.argAt = len(m.msg) - 2 - len(zero) // the argument is followed by the result's format code
-		if m.ref, err = outcome.MarkerRefTable(st.database, table); err != nil {
+		if m.ref, err = markertable.RefTable(st.database, table); err != nil {
 			m.msg, m.problem = nil, err.Error()
 		}
 	}

@@ -12,11 +12,12 @@ import (
 	"go.opentelemetry.io/otel/metric"
 	"go.opentelemetry.io/otel/trace"
 
-	"github.com/txevidence/otelpgxtx/outcome"
+	"github.com/txevidence/otelpgxtx/internal/markertable"
 	"github.com/txevidence/otelpgxtx/reconcile"
 )
 
-// DefaultSpanName is the name of a frame span unless [WithSpanName] says otherwise.
+// DefaultSpanName is the name of a frame span unless [WithSpanName] says otherwise;
+// exported, like the frame span's attribute keys, for code that picks frame spans out.
 const DefaultSpanName = "transaction"
 
 // StatusMapping says which span status a committed frame gets.
@@ -327,7 +328,7 @@ func WithCaptureReference() Option {
 // every role, the connection's commits carry the xid read alone, with one log record.
 func WithCommitMarker(table pgx.Identifier) Option {
 	return optionFunc(func(c *config) {
-		name, err := outcome.QuoteMarkerTable(table...)
+		name, err := markertable.Quote(table...)
 		if err != nil {
 			c.refuse(invalid("WithCommitMarker: %w", err))
 			return

@@ -34,7 +34,7 @@ func (h *harness) metricAttrs(t *testing.T, ctx context.Context) []attribute.Set
 	var out []attribute.Set
 	for _, sm := range rm.ScopeMetrics {
 		for _, m := range sm.Metrics {
-			if m.Name != MetricTransactions {
+			if m.Name != metricTransactions {
 				continue
 			}
 			for _, dp := range m.Data.(metricdata.Sum[int64]).DataPoints {

@@ -39,7 +39,7 @@ type statementAnswer struct {
 
 // attrs appends the answer's attributes to attrs.
 func (a *statementAnswer) attrs(attrs []attribute.KeyValue) []attribute.KeyValue {
-	attrs = append(attrs, dbOperationNameKey.String(a.op), StatementDurationKey.Float64(a.took.Seconds()))
+	attrs = append(attrs, dbOperationNameKey.String(a.op), statementDurationKey.Float64(a.took.Seconds()))
 	if a.sqlState != "" {
 		attrs = append(attrs, dbResponseStatusKey.String(a.sqlState))
 	}
@@ -135,14 +135,14 @@ func (f *frame) event(name string, attrs ...attribute.KeyValue) {
 
 // unanswered gives a statement that caused no event of its own — a BEGIN inside the
 // transaction, which the server only warns about; a savepoint statement that failed —
-// the event EventStatement, so that every statement folded into the frame is one event.
+// the event eventStatement, so that every statement folded into the frame is one event.
 func (f *frame) unanswered(q *queryState) {
 	if !f.answering {
 		return
 	}
 	if q.savepoint != "" {
-		f.event(EventStatement, SavepointNameKey.String(q.savepoint))
+		f.event(eventStatement, savepointNameKey.String(q.savepoint))
 		return
 	}
-	f.event(EventStatement)
+	f.event(eventStatement)
 }

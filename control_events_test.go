@@ -70,7 +70,7 @@ func wantControlEvents(t *testing.T, f tracetest.SpanStub, ops ...string) {
 	for _, e := range statementEvents(f) {
 		v, _ := eventAttr(e, dbOperationNameKey)
 		got = append(got, v.AsString())
-		d, ok := eventAttr(e, StatementDurationKey)
+		d, ok := eventAttr(e, statementDurationKey)
 		if took := d.AsFloat64(); !ok || took <= 0 || took > f.EndTime.Sub(f.StartTime).Seconds() {
 			t.Fatalf("event %s of %s: tx.statement.duration %v (present %v), want within the frame's %v",
 				e.Name, v.AsString(), took, ok, f.EndTime.Sub(f.StartTime))
@@ -147,16 +147,16 @@ func TestControlEventsAnswers(t *testing.T) {
 		wantStatementChildren(t, h, f, "begin", "begin", "savepoint sp_1", "savepoint sp_2",
 			"insert into "+table+" (id, k) values (?, ?)", "rollback to savepoint sp_2", "release savepoint sp_1",
 			"savepoint sp_3", "release savepoint sp_3", "release savepoint nosuch", "commit")
-		wantEvents(t, f, slices.Concat([]string{"tx.phase.active"}, h.eventsIfFolded(EventStatement),
+		wantEvents(t, f, slices.Concat([]string{"tx.phase.active"}, h.eventsIfFolded(eventStatement),
 			[]string{"tx.savepoint.created", "tx.savepoint.created", "tx.savepoint.rolled_back", "tx.savepoint.released",
 				"tx.savepoint.created", "tx.savepoint.released"},
-			h.eventsIfFolded(EventStatement), []string{"tx.phase.committing", "tx.phase.rolled_back"})...)
+			h.eventsIfFolded(eventStatement), []string{"tx.phase.committing", "tx.phase.rolled_back"})...)
 		wantAnswer(t, h, f, "tx.phase.active", "BEGIN", "")
-		wantAnswer(t, h, f, EventStatement, "RELEASE", "3B001")
+		wantAnswer(t, h, f, eventStatement, "RELEASE", "3B001")
 		wantAnswer(t, h, f, "tx.phase.rolled_back", "COMMIT", "")
 		var depths []int64
 		for _, e := range f.Events {
-			if v, ok := eventAttr(e, SavepointDepthKey); ok {
+			if v, ok := eventAttr(e, savepointDepthKey); ok {
 				depths = append(depths, v.AsInt64())
 			}
 		}

@@ -78,12 +78,12 @@ func TestTransactionCounts(t *testing.T) {
 		keys   []attribute.Key
 		counts map[string]int64
 	}{
-		{MetricTransactions, []attribute.Key{OutcomeKey, RollbackKey}, map[string]int64{
+		{metricTransactions, []attribute.Key{OutcomeKey, RollbackKey}, map[string]int64{
 			"tx.outcome=rolled_back,tx.rollback=deliberate": 1,
 			"tx.outcome=rolled_back,tx.rollback=failure":    2,
 			"tx.outcome=committed":                          1,
 		}},
-		{MetricParticipations, []attribute.Key{ParticipantOutcomeKey, PropagationKey}, map[string]int64{
+		{metricParticipations, []attribute.Key{participantOutcomeKey, PropagationKey}, map[string]int64{
 			"tx.participant.outcome=rolled_back,tx.propagation=nested":     1,
 			"tx.participant.outcome=participating,tx.propagation=nested":   1,
 			"tx.participant.outcome=participating,tx.propagation=required": 1,
@@ -96,12 +96,12 @@ func TestTransactionCounts(t *testing.T) {
 	// Every series exists from the start: the frame outcomes (rolled_back twice), and
 	// each participant outcome for each propagation that can join; never participating
 	// among the transactions.
-	all := h.sums(t, ctx, MetricTransactions, OutcomeKey, RollbackKey)
+	all := h.sums(t, ctx, metricTransactions, OutcomeKey, RollbackKey)
 	if len(all) != 5 || slices.ContainsFunc(slices.Collect(maps.Keys(all)), func(k string) bool { return strings.Contains(k, "participating") }) {
-		t.Errorf("%s series %v, want the four frame outcomes, rolled_back split in two", MetricTransactions, all)
+		t.Errorf("%s series %v, want the four frame outcomes, rolled_back split in two", metricTransactions, all)
 	}
-	if all := h.sums(t, ctx, MetricParticipations, ParticipantOutcomeKey, PropagationKey); len(all) != 6 {
-		t.Errorf("%s series %v, want 2 outcomes × 3 propagations", MetricParticipations, all)
+	if all := h.sums(t, ctx, metricParticipations, participantOutcomeKey, PropagationKey); len(all) != 6 {
+		t.Errorf("%s series %v, want 2 outcomes × 3 propagations", metricParticipations, all)
 	}
 
 	// The spans say the same: the deliberate rollback is not an error.
@@ -118,7 +118,7 @@ func TestTransactionCounts(t *testing.T) {
 			t.Errorf("frame %d: tx.rollback=%q status %v, want %q %v", i, v.AsString(), fs[i].Status.Code, want.rollback, want.status)
 		}
 	}
-	if got := fmt.Sprint(eventNames(fs[2])); strings.Count(got, EventParticipant) != 3 {
+	if got := fmt.Sprint(eventNames(fs[2])); strings.Count(got, eventParticipant) != 3 {
 		t.Errorf("owner's events %s: want 3 participant events", got)
 	}
 }

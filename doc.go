@@ -54,7 +54,7 @@
 //
 // There are three kinds, one for each thing configured, each with its own type so that
 // one cannot be passed where another is meant: an [Option] configures the [Tracer]
-// ([InstrumentPool], [InstrumentConnConfig], [NewTracer]); an [AutoReconcileOption]
+// ([InstrumentPool], [InstrumentConnConfig]); an [AutoReconcileOption]
 // configures [WithAutoReconcile] (the queue, the retry backoff, the callback); a
 // reconcile.Option configures a reconcile.Reconciler (the wait for a transaction still in
 // progress, its tracer provider, its error messages). The first two are declared in
@@ -125,11 +125,11 @@
 //   - db.response.status_code (the SQLSTATE) and error.type on failures. error.type is a
 //     fixed, low-cardinality reason: one of the classifier's Reason constants
 //     (serialization_failure, connection_lost, server_fatal, …), or, for a frame whose
-//     transaction ended where no statement showed it, [ReasonEndedUnobserved],
-//     [ReasonReleasedInTransaction] or [ReasonConnectionClosed].
+//     transaction ended where no statement showed it, ended_unobserved,
+//     released_in_transaction or connection_closed.
 //
 // Events, in time order: tx.phase.active, tx.phase.committing, then exactly one of
-// tx.phase.committed, tx.phase.rolled_back, tx.phase.unknown ([EventPhasePrefix] and the
+// tx.phase.committed, tx.phase.rolled_back, tx.phase.unknown (tx.phase. and the
 // phase); tx.suspended and tx.resumed around a nested frame; tx.savepoint.created,
 // tx.savepoint.released, tx.savepoint.rolled_back with tx.savepoint.name (savepoints are
 // events, not spans: they never change the frame's phase, and spans would double the span
@@ -146,10 +146,10 @@
 // tx.phase.committed is COMMIT's round trip, its status and error.type are COMMIT's
 // failure. So by default ([InnerSpanTransactionControl]) each of them, sent alone as a
 // query inside a frame whose span records, is no span: the event its answer makes carries
-// what only its span had, db.operation.name, [StatementDurationKey] and, on a server error,
+// what only its span had, db.operation.name, tx.statement.duration and, on a server error,
 // db.response.status_code; a statement whose answer makes no other event (a savepoint
-// statement that failed, a BEGIN inside the transaction) is an [EventStatement] event. An
-// implicit prepare is likewise an [EventPrepare] event of its statement's span
+// statement that failed, a BEGIN inside the transaction) is a tx.statement event. An
+// implicit prepare is likewise a pgx.prepare event of its statement's span
 // ([InnerSpanPrepare]). The inner otelpgx tracer still gets both hooks of each, so its
 // metrics are the same; their exemplars name the frame. [WithInnerSpans] makes them spans
 // again; a tracer of the application's gets every statement as pgx gives it.
@@ -160,18 +160,18 @@
 // Run's COMMIT with reference capture is the same event. With the default, a transaction of
 // BEGIN, one INSERT and COMMIT is two spans, the frame and the INSERT, where otelpgx alone
 // makes three. What changes is what one searches for: no span is named COMMIT, so search
-// the frame spans by tx.outcome, read COMMIT's latency from [MetricCommitDuration], and keep
-// the spans with WithInnerSpans where dashboards are built from spans named BEGIN or COMMIT.
+// the frame spans by tx.outcome, read COMMIT's latency from
+// otelpgxtx.transaction.commit.duration, and keep the spans with WithInnerSpans where dashboards are built from spans named BEGIN or COMMIT.
 //
 // Status, three codes with three meanings:
 //
 //   - committed: Ok, the documented meaning "commit confirmed" ([StatusStrict] leaves it
 //     Unset, as the specification asks of instrumentation not configured otherwise);
-//   - rolled_back: Error with the fixed description [StatusDescriptionRolledBack]; a
+//   - rolled_back: Error with the fixed description "transaction rolled back"; a
 //     deliberate Rollback with nothing gone wrong stays Unset;
 //   - indeterminate: Unset: nothing was determined, and tx.outcome says so;
 //   - committed_with_post_commit_failure: Ok on the frame, Error on its tx.post_commit
-//     child span ([SpanNamePostCommit]).
+//     child span (tx.post_commit).
 //
 // A failure the application expects leaves the status Unset where it would be Error, on
 // the frame span and on the default otelpgx tracer's spans: by default the caller's own
@@ -220,14 +220,16 @@
 //
 // # Metrics
 //
-// Counted whether or not the trace is sampled: [MetricTransactions], one per frame, by
+// Counted whether or not the trace is sampled: otelpgxtx.transactions, one per frame, by
 // tx.outcome and, for rolled_back, [RollbackKey] (a deliberate rollback is not a failure);
-// [MetricDuration] and [MetricCommitDuration] in seconds; [MetricParticipations], the Run
-// calls that joined an outer transaction, which are not transactions; with automatic reconciliation,
-// [MetricReconciliations], [MetricUnresolved], [MetricUnresolvedAge] and
-// [MetricReconciliationDuration]. Every series of the counters exists from the start at 0.
-// [InstrumentPool] also records the connection-pool metrics of the semantic conventions
-// ([MetricConnectionCount] and the other db.client.connection.* names).
+// otelpgxtx.transaction.duration and otelpgxtx.transaction.commit.duration in seconds;
+// otelpgxtx.participations, the Run calls that joined an outer transaction, which are not
+// transactions; with automatic reconciliation, otelpgxtx.reconciliations,
+// otelpgxtx.reconciliation.unresolved, otelpgxtx.reconciliation.unresolved.age and
+// otelpgxtx.reconciliation.duration. Every series of the counters exists from the start
+// at 0. [InstrumentPool] also records the connection-pool metrics of the semantic
+// conventions (db.client.connection.count and the other db.client.connection.* names).
+// docs/metrics.md lists every name with its attributes and units.
 //
 // # What leaves the process
 //

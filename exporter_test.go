@@ -16,7 +16,7 @@ import (
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 	"go.opentelemetry.io/otel/trace"
 
-	"github.com/txevidence/otelpgxtx/pgtest"
+	"github.com/txevidence/otelpgxtx/internal/pgtest"
 )
 
 // wantStatementChildren asserts that the frame has statement spans (from otelpgx) as
@@ -165,7 +165,7 @@ func TestSpanRollbackAfterStatementError(t *testing.T) {
 		wantAttr(t, f, "tx.outcome", "rolled_back")
 		wantAttr(t, f, "db.response.status_code", "22012")
 		wantAttr(t, f, "error.type", "server_error")
-		wantStatus(t, f, codes.Error, StatusDescriptionRolledBack)
+		wantStatus(t, f, codes.Error, statusDescriptionRolledBack)
 	})
 }
 
@@ -194,7 +194,7 @@ func TestSpanDeferredConstraintAtCommit(t *testing.T) {
 		wantAttr(t, f, "error.type", "constraint_violation")
 		wantEvents(t, f, "tx.phase.active", "tx.phase.committing", "tx.phase.rolled_back")
 		wantAnswer(t, h, f, "tx.phase.rolled_back", "COMMIT", "23505")
-		wantStatus(t, f, codes.Error, StatusDescriptionRolledBack)
+		wantStatus(t, f, codes.Error, statusDescriptionRolledBack)
 		if rowExists(t, ctx, table, 2) {
 			t.Fatal("row present after a rollback at COMMIT")
 		}
@@ -262,7 +262,7 @@ func TestSpanSerializationFailureAtCommit(t *testing.T) {
 		wantAttr(t, failed, "tx.isolation", "serializable")
 		wantEvents(t, failed, "tx.phase.active", "tx.phase.committing", "tx.phase.rolled_back")
 		wantAnswer(t, h, failed, "tx.phase.rolled_back", "COMMIT", "40001")
-		wantStatus(t, failed, codes.Error, StatusDescriptionRolledBack)
+		wantStatus(t, failed, codes.Error, statusDescriptionRolledBack)
 	})
 }
 
@@ -429,7 +429,7 @@ func TestSpanSavepoints(t *testing.T) {
 		var spNames []string
 		for _, e := range f.Events {
 			for _, kv := range e.Attributes {
-				if kv.Key == SavepointNameKey {
+				if kv.Key == savepointNameKey {
 					spNames = append(spNames, kv.Value.AsString())
 				}
 			}
@@ -565,12 +565,12 @@ func TestSpanImplicitPrepareStaysUnderItsStatement(t *testing.T) {
 				}
 				return
 			}
-			if len(kids) != 0 || !slices.Equal(eventNames(query), []string{EventPrepare}) {
+			if len(kids) != 0 || !slices.Equal(eventNames(query), []string{eventPrepare}) {
 				t.Fatalf("the query span has %d children and events %v, want its prepare event", len(kids), eventNames(query))
 			}
 			e := query.Events[0]
 			name, _ := eventAttr(e, otelpgx.PrepareStmtNameKey)
-			took, _ := eventAttr(e, StatementDurationKey)
+			took, _ := eventAttr(e, statementDurationKey)
 			if name.AsString() != "stmtcache" || took.AsFloat64() <= 0 || took.AsFloat64() > query.EndTime.Sub(query.StartTime).Seconds() {
 				t.Fatalf("prepare event attributes %v: want pgx.prepare_stmt.name stmtcache and a duration within the query's", e.Attributes)
 			}

@@ -31,6 +31,18 @@ import (
 // tableSeq makes each table name unique within the test binary.
 var tableSeq atomic.Int64
 
+// mustTracer returns a tracer made with opts, set on a connection config by the test
+// itself (the hooks alone, without InstrumentConnConfig's wrapper), failing tb on an
+// invalid option.
+func mustTracer(tb testing.TB, opts ...Option) *Tracer {
+	tb.Helper()
+	t, err := newTracer(opts)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	return t
+}
+
 // newTable creates a fresh table (id int primary key) with a deferred unique column, so
 // that a violation can be made to surface at COMMIT.
 func newTable(t *testing.T, ctx context.Context) string {
@@ -341,7 +353,7 @@ func nonZero(m map[string]int64) map[string]int64 {
 func (h *harness) countsByOutcome(t *testing.T, ctx context.Context) map[string]int64 {
 	t.Helper()
 	out := map[string]int64{}
-	for k, n := range h.sums(t, ctx, MetricTransactions, OutcomeKey) {
+	for k, n := range h.sums(t, ctx, metricTransactions, OutcomeKey) {
 		out[strings.TrimPrefix(k, string(OutcomeKey)+"=")] = n
 	}
 	return out

@@ -75,7 +75,7 @@ func callAllHooks(ctx context.Context, tr *Tracer, conn *pgx.Conn) {
 // still calls the inner tracer, so that statement spans never vanish.
 func TestHooksWithoutStateCallInner(t *testing.T) {
 	inner := &innerCounter{}
-	tr := NewTracer(WithInnerTracer(inner))
+	tr := mustTracer(t, WithInnerTracer(inner))
 	callAllHooks(context.Background(), tr, nil)
 	if inner.starts != 4 || inner.ends != 4 || inner.batchQueries != 1 {
 		t.Fatalf("inner tracer saw %d starts, %d ends, %d batch queries; want 4, 4, 1", inner.starts, inner.ends, inner.batchQueries)
@@ -94,7 +94,7 @@ func TestEndWithoutStart(t *testing.T) {
 	defer conn.Close(ctx)
 	mustExec(t, ctx, conn, "begin")
 	inner := &innerCounter{}
-	tr := NewTracer(WithInnerTracer(inner))
+	tr := mustTracer(t, WithInnerTracer(inner))
 	tr.TraceQueryEnd(ctx, conn, pgx.TraceQueryEndData{})
 	tr.TraceBatchEnd(ctx, conn, pgx.TraceBatchEndData{})
 	tr.TraceCopyFromEnd(ctx, conn, pgx.TraceCopyFromEndData{})
@@ -109,7 +109,7 @@ func TestEndWithoutStart(t *testing.T) {
 
 // TestReleaseIdleWithFrame releases a connection whose transaction was ended through
 // pgconn, where the tracer could not see it: the connection is idle, so the frame is
-// [ReasonEndedUnobserved], not [ReasonReleasedInTransaction].
+// ended_unobserved, not released_in_transaction.
 func TestReleaseIdleWithFrame(t *testing.T) {
 	ctx := testCtx(t)
 	h := newHarness(t, "", 1)
@@ -120,7 +120,7 @@ func TestReleaseIdleWithFrame(t *testing.T) {
 	pc.Release()
 	f := onlyFrame(t, h)
 	wantAttr(t, f, "tx.outcome", "rolled_back")
-	wantAttr(t, f, "error.type", ReasonEndedUnobserved)
+	wantAttr(t, f, "error.type", reasonEndedUnobserved)
 	h.wantNoFrames(t, ctx)
 }
 

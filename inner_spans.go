@@ -22,7 +22,7 @@ const (
 	// InnerSpanPrepare: the "prepare" span of each statement pgx prepares: implicitly, inside
 	// a query (the first time a statement runs in pgx's default query mode, every time in
 	// QueryExecModeDescribeExec), or explicitly (Conn.Prepare). By default an implicit
-	// prepare is no span but a [EventPrepare] event of its statement's span (see
+	// prepare is no span but a pgx.prepare event of its statement's span (see
 	// [WithInnerSpans]); an explicit one, which has no statement span, stays a span.
 	InnerSpanPrepare
 	// InnerSpanTransactionControl: the statement spans of BEGIN (START TRANSACTION),

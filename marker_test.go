@@ -14,8 +14,9 @@ import (
 	"github.com/jackc/pgx/v5"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/txevidence/otelpgxtx/internal/markertable"
+	"github.com/txevidence/otelpgxtx/internal/pgtest"
 	"github.com/txevidence/otelpgxtx/outcome"
-	"github.com/txevidence/otelpgxtx/pgtest"
 	"github.com/txevidence/otelpgxtx/reconcile"
 )
 
@@ -202,8 +203,8 @@ func overMarkerReconcile(t *testing.T, base string) {
 				return 0, err
 			}
 			st := stateOf(tx.Conn().PgConn())
-			q, _ := outcome.QuoteMarkerTable(marker...)
-			q, _ = outcome.MarkerRefTable(st.database, q)
+			q, _ := markertable.Quote(marker...)
+			q, _ = markertable.RefTable(st.database, q)
 			began <- started{tx.Conn().PgConn().PID(), outcome.ReconciliationRef{SystemIdentifier: st.systemID,
 				Timeline: st.timeline, MarkerTable: q, Operation: scopeFromContext(ctx).id, CheckedAt: st.checkedAt}}
 			return 3, nil

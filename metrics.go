@@ -15,30 +15,31 @@ import (
 	"github.com/txevidence/otelpgxtx/reconcile"
 )
 
-// Metric names. With the Prometheus exporter they become
+// Metric names, unexported: what selects a series is a query or an alert rule, by the
+// name docs/metrics.md documents, not Go code. With the Prometheus exporter they become
 // otelpgxtx_transactions_total{tx_outcome="…"}, otelpgxtx_transaction_duration_seconds,
 // otelpgxtx_transaction_commit_duration_seconds and
 // otelpgxtx_participations_total{tx_participant_outcome="…", tx_propagation="…"}.
 const (
-	// MetricTransactions counts physical transactions: one per frame, when it ends, by its
+	// metricTransactions counts physical transactions: one per frame, when it ends, by its
 	// tx.outcome (committed, rolled_back, indeterminate, committed_with_post_commit_failure)
 	// and, for rolled_back, tx.rollback ([RollbackDeliberate] or [RollbackFailure]).
 	// Plain pgx transactions and each attempt of [Run] count alike; a Run call that
-	// joined an outer transaction has no frame and is counted by [MetricParticipations].
-	MetricTransactions = "otelpgxtx.transactions"
-	// MetricDuration is the time from BEGIN to a frame's outcome, in seconds, with the
-	// attributes of [MetricTransactions].
-	MetricDuration = "otelpgxtx.transaction.duration"
-	// MetricCommitDuration is the time a frame spent committing, in seconds, with the
-	// attributes of [MetricTransactions]; frames that never sent COMMIT have none.
-	MetricCommitDuration = "otelpgxtx.transaction.commit.duration"
-	// MetricParticipations counts [Run] calls that joined a transaction already in their
+	// joined an outer transaction has no frame and is counted by otelpgxtx.participations.
+	metricTransactions = "otelpgxtx.transactions"
+	// metricDuration is the time from BEGIN to a frame's outcome, in seconds, with the
+	// attributes of otelpgxtx.transactions.
+	metricDuration = "otelpgxtx.transaction.duration"
+	// metricCommitDuration is the time a frame spent committing, in seconds, with the
+	// attributes of otelpgxtx.transactions; frames that never sent COMMIT have none.
+	metricCommitDuration = "otelpgxtx.transaction.commit.duration"
+	// metricParticipations counts [Run] calls that joined a transaction already in their
 	// context (Required, Mandatory, Nested): one per call, by tx.participant.outcome
 	// (participating, or rolled_back when the call failed: a Nested call's savepoint was
 	// rolled back, a Required or Mandatory call's failure dooms the owner's transaction,
-	// whose own frame counts in [MetricTransactions]) and tx.propagation. Participants
+	// whose own frame counts in otelpgxtx.transactions) and tx.propagation. Participants
 	// commit nothing, so they are kept out of the transaction counts.
-	MetricParticipations = "otelpgxtx.participations"
+	metricParticipations = "otelpgxtx.participations"
 )
 
 // durationBuckets spans a fast local commit (sub-millisecond) to a stuck synchronous
@@ -75,13 +76,13 @@ type metrics struct {
 func newMetrics(mp metric.MeterProvider, extra []attribute.KeyValue) *metrics {
 	meter := mp.Meter(ScopeName, metric.WithInstrumentationVersion(Version()))
 	m := &metrics{
-		transactions: counter(meter, MetricTransactions, "{transaction}",
+		transactions: counter(meter, metricTransactions, "{transaction}",
 			"Physical transactions (frames) that ended, by tx.outcome and, for rolled_back, tx.rollback (deliberate or failure)."),
-		participations: counter(meter, MetricParticipations, "{call}",
+		participations: counter(meter, metricParticipations, "{call}",
 			"Run calls that joined a transaction already in their context, by tx.participant.outcome and tx.propagation."),
-		duration: histogram(meter, MetricDuration, "s",
+		duration: histogram(meter, metricDuration, "s",
 			"Duration of transaction frames from BEGIN to their outcome, by tx.outcome and tx.rollback.", durationBuckets),
-		commit: histogram(meter, MetricCommitDuration, "s",
+		commit: histogram(meter, metricCommitDuration, "s",
 			"Time spent in the committing phase, by tx.outcome and tx.rollback.", durationBuckets),
 	}
 	series := func(i outcome.Outcome, kv ...attribute.KeyValue) {
@@ -102,7 +103,7 @@ func newMetrics(mp metric.MeterProvider, extra []attribute.KeyValue) *metrics {
 	}
 	for failed, o := range []outcome.Outcome{outcome.OutcomeParticipating, outcome.OutcomeRolledBack} {
 		for _, p := range participantPropagations {
-			set := attribute.NewSet(append([]attribute.KeyValue{ParticipantOutcomeKey.String(o.String()),
+			set := attribute.NewSet(append([]attribute.KeyValue{participantOutcomeKey.String(o.String()),
 				PropagationKey.String(p.String()), dbSystemPostgreSQL}, extra...)...)
 			m.participantOpts[failed][p] = []metric.AddOption{metric.WithAttributeSet(set)}
 			m.participations.Add(context.Background(), 0, m.participantOpts[failed][p]...)
@@ -166,21 +167,22 @@ func (m *metrics) record(o outcome.Outcome, f *frame, now time.Time) {
 	}
 }
 
-// Metric names of automatic reconciliation ([WithAutoReconcile]). With the Prometheus
+// Metric names of automatic reconciliation ([WithAutoReconcile]), unexported as the
+// others are. With the Prometheus
 // exporter they become otelpgxtx_reconciliations_total{tx_outcome_resolved="…",
 // error_type="…"}, otelpgxtx_reconciliation_unresolved, otelpgxtx_reconciliation_unresolved_age_seconds
 // and otelpgxtx_reconciliation_duration_seconds.
 const (
-	// MetricReconciliations counts settled indeterminate frames, by tx.outcome.resolved
+	// metricReconciliations counts settled indeterminate frames, by tx.outcome.resolved
 	// and, when unknown, error.type.
-	MetricReconciliations = "otelpgxtx.reconciliations"
-	// MetricUnresolved is the number of indeterminate frames waiting to be settled.
-	MetricUnresolved = "otelpgxtx.reconciliation.unresolved"
-	// MetricUnresolvedAge is the age of the oldest of them, in seconds; 0 when none is.
-	MetricUnresolvedAge = "otelpgxtx.reconciliation.unresolved.age"
-	// MetricReconciliationDuration is the time from an indeterminate commit to its final
+	metricReconciliations = "otelpgxtx.reconciliations"
+	// metricUnresolved is the number of indeterminate frames waiting to be settled.
+	metricUnresolved = "otelpgxtx.reconciliation.unresolved"
+	// metricUnresolvedAge is the age of the oldest of them, in seconds; 0 when none is.
+	metricUnresolvedAge = "otelpgxtx.reconciliation.unresolved.age"
+	// metricReconciliationDuration is the time from an indeterminate commit to its final
 	// answer, in seconds.
-	MetricReconciliationDuration = "otelpgxtx.reconciliation.duration"
+	metricReconciliationDuration = "otelpgxtx.reconciliation.duration"
 )
 
 // reconcileBuckets spans a commit settled at the first attempt to one left for an hour.
@@ -203,9 +205,9 @@ func newReconcileMetrics(mp metric.MeterProvider, extra []attribute.KeyValue, pe
 	meter := mp.Meter(ScopeName, metric.WithInstrumentationVersion(Version()))
 	m := &reconcileMetrics{
 		extra: extra,
-		reconciliations: counter(meter, MetricReconciliations, "{transaction}",
+		reconciliations: counter(meter, metricReconciliations, "{transaction}",
 			"Indeterminate frames settled by automatic reconciliation, by tx.outcome.resolved and, when unknown, error.type (the reason)."),
-		duration: histogram(meter, MetricReconciliationDuration, "s",
+		duration: histogram(meter, metricReconciliationDuration, "s",
 			"Time from an indeterminate commit to its reconciliation's final answer, by tx.outcome.resolved.", reconcileBuckets),
 	}
 	set := attribute.NewSet(append([]attribute.KeyValue{dbSystemPostgreSQL}, extra...)...)
@@ -308,10 +310,10 @@ func (g *gaugeGroups) join(meter metric.Meter, set attribute.Set, pending func()
 
 // register creates the gauges on meter and the callback that reports the group's members.
 func (grp *gaugeGroup) register(meter metric.Meter, set attribute.Set) {
-	count, err1 := meter.Int64ObservableGauge(MetricUnresolved,
+	count, err1 := meter.Int64ObservableGauge(metricUnresolved,
 		metric.WithUnit("{transaction}"),
 		metric.WithDescription("Indeterminate frames waiting for automatic reconciliation."))
-	age, err2 := meter.Float64ObservableGauge(MetricUnresolvedAge,
+	age, err2 := meter.Float64ObservableGauge(metricUnresolvedAge,
 		metric.WithUnit("s"),
 		metric.WithDescription("Age of the oldest indeterminate frame waiting for automatic reconciliation; 0 when none is."))
 	if err := errors.Join(err1, err2); err != nil {

@@ -141,7 +141,7 @@ var frameStartOptions = []trace.SpanStartOption{trace.WithSpanKind(trace.SpanKin
 // phaseEvents are the event names per phase, built once so a transition allocates no name.
 var phaseEvents = func() (names [outcome.PhaseUnknown + 1]string) {
 	for p := range names {
-		names[p] = EventPhasePrefix + outcome.Phase(p).String()
+		names[p] = eventPhasePrefix + outcome.Phase(p).String()
 	}
 	return names
 }()
@@ -195,7 +195,7 @@ func (t *Tracer) startFrame(ctx context.Context, conn *pgx.Conn, st *connState, 
 		f.connAttrs = st.attrs
 	}
 	if f.parent != nil && f.parent.span.IsRecording() {
-		f.parent.span.AddEvent(EventSuspended, trace.WithAttributes(OperationIDKey.String(f.id.String())))
+		f.parent.span.AddEvent(eventSuspended, trace.WithAttributes(OperationIDKey.String(f.id.String())))
 	}
 	if phase != outcome.PhaseNotStarted {
 		f.transition(phase)
@@ -207,11 +207,27 @@ func (t *Tracer) startFrame(ctx context.Context, conn *pgx.Conn, st *connState, 
 	return f
 }
 
+// canTransition reports whether a transaction may move from one phase to another: the
+// graph of package outcome's documentation, which only the tracer walks.
+// In particular only committing may become unknown: an error outside committing is
+// never a reason to doubt a commit that was never asked for.
+func canTransition(from, to outcome.Phase) bool {
+	switch from {
+	case outcome.PhaseNotStarted:
+		return to == outcome.PhaseActive || to == outcome.PhaseRolledBack
+	case outcome.PhaseActive:
+		return to == outcome.PhaseCommitting || to == outcome.PhaseRolledBack
+	case outcome.PhaseCommitting:
+		return to == outcome.PhaseCommitted || to == outcome.PhaseRolledBack || to == outcome.PhaseUnknown
+	}
+	return false
+}
+
 // transition moves f to phase to and records the event. An illegal transition is a bug
 // in the caller; it is ignored rather than allowed to corrupt the evidence.
 func (f *frame) transition(to outcome.Phase) bool {
 	from := f.currentPhase()
-	if !outcome.CanTransition(from, to) {
+	if !canTransition(from, to) {
 		return false
 	}
 	f.phase.Store(uint32(to))
@@ -256,7 +272,7 @@ func (f *frame) conclude(st *connState, v classifier.Verdict) {
 		st.frame = nil
 	}
 	if f.parent != nil && f.parent.span.IsRecording() {
-		f.parent.span.AddEvent(EventResumed, trace.WithAttributes(OperationIDKey.String(f.id.String())))
+		f.parent.span.AddEvent(eventResumed, trace.WithAttributes(OperationIDKey.String(f.id.String())))
 	}
 	if f.asked != nil {
 		f.asked.frameEnded(f)
@@ -288,7 +304,7 @@ func (f *frame) endSpan(o outcome.Outcome, postCommitErr error) {
 	buf := frameAttrs.Get().(*[]attribute.KeyValue)
 	setFrameAttrs(f.span, buf, f.setOutcomeStatus(o, f.outcomeAttrs(o, (*buf)[:0])))
 	if postCommitErr != nil {
-		f.span.AddEvent(EventPostCommitFailed)
+		f.span.AddEvent(eventPostCommitFailed)
 	}
 	f.span.End()
 }
@@ -368,7 +384,7 @@ func (f *frame) setOutcomeStatus(o outcome.Outcome, attrs []attribute.KeyValue) 
 		} else {
 			attrs = append(attrs, RollbackKey.String(RollbackFailure), errorTypeKey.String(v.Reason()))
 			if !f.errExpected {
-				f.span.SetStatus(codes.Error, StatusDescriptionRolledBack)
+				f.span.SetStatus(codes.Error, statusDescriptionRolledBack)
 			}
 		}
 	case outcome.OutcomeIndeterminate:

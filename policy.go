@@ -6,7 +6,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/txevidence/otelpgxtx/outcome"
+	"github.com/txevidence/otelpgxtx/internal/markertable"
 	"github.com/txevidence/otelpgxtx/reconcile"
 )
 
@@ -88,7 +88,7 @@ func DefaultPolicy() Policy {
 
 // ErrInvalidArgument is wrapped by every error about a bad argument to [Run], [Begin],
 // [AfterCommit] or an option: a nil db or function, an invalid policy, an option value
-// [InstrumentPool], [InstrumentConnConfig] or [NewTracer] refuses. It is
+// [InstrumentPool] or [InstrumentConnConfig] refuses. It is
 // reconcile.ErrInvalidArgument, the same error, so that one errors.Is tells bad input
 // from a database failure whichever package reported it.
 var ErrInvalidArgument = reconcile.ErrInvalidArgument
@@ -104,7 +104,7 @@ func (p Policy) markerTable() string {
 	if p.CommitMarker == nil {
 		return ""
 	}
-	name, _ := outcome.QuoteMarkerTable(p.CommitMarker...)
+	name, _ := markertable.Quote(p.CommitMarker...)
 	return name
 }
 
@@ -123,7 +123,7 @@ func (p Policy) validate() error {
 		return invalid("CommitMarker needs CaptureReference")
 	}
 	if p.CommitMarker != nil {
-		if _, err := outcome.QuoteMarkerTable(p.CommitMarker...); err != nil {
+		if _, err := markertable.Quote(p.CommitMarker...); err != nil {
 			return invalid("CommitMarker: %v", err)
 		}
 	}

@@ -21,7 +21,8 @@ import (
 )
 
 // Connection-pool metric names, as the OpenTelemetry semantic conventions for database
-// client metrics define them (db.client.connection.*). Every one of them, and their
+// client metrics define them (db.client.connection.*): the conventions own these names
+// and keys, so they are not exported here. Every one of them, and their
 // attributes db.client.connection.pool.name and db.client.connection.state, has
 // Development status in the conventions: the names may still change there. Each data
 // point also carries the pool's configured database identity, as semantic-conventions
@@ -30,42 +31,42 @@ import (
 // Prometheus exporter they become db_client_connection_count,
 // db_client_connection_timeouts_total, db_client_connection_wait_time_seconds and so on.
 const (
-	// MetricConnectionCount is the number of connections in each state: idle, and used
+	// metricConnectionCount is the number of connections in each state: idle, and used
 	// (acquired). Connections being created are in neither.
-	MetricConnectionCount = "db.client.connection.count"
-	// MetricConnectionIdleMax is the most idle connections the pool keeps: pgxpool closes
+	metricConnectionCount = "db.client.connection.count"
+	// metricConnectionIdleMax is the most idle connections the pool keeps: pgxpool closes
 	// an idle connection only for its idle time or lifetime, so this is its MaxConns.
-	MetricConnectionIdleMax = "db.client.connection.idle.max"
-	// MetricConnectionIdleMin is the fewest idle connections the pool keeps (MinIdleConns).
-	MetricConnectionIdleMin = "db.client.connection.idle.min"
-	// MetricConnectionMax is the most connections the pool opens (MaxConns).
-	MetricConnectionMax = "db.client.connection.max"
-	// MetricConnectionPendingRequests is the number of acquires in progress: begun and not
+	metricConnectionIdleMax = "db.client.connection.idle.max"
+	// metricConnectionIdleMin is the fewest idle connections the pool keeps (MinIdleConns).
+	metricConnectionIdleMin = "db.client.connection.idle.min"
+	// metricConnectionMax is the most connections the pool opens (MaxConns).
+	metricConnectionMax = "db.client.connection.max"
+	// metricConnectionPendingRequests is the number of acquires in progress: begun and not
 	// yet handed a connection or failed.
-	MetricConnectionPendingRequests = "db.client.connection.pending_requests"
-	// MetricConnectionTimeouts counts acquires that failed because their context's
+	metricConnectionPendingRequests = "db.client.connection.pending_requests"
+	// metricConnectionTimeouts counts acquires that failed because their context's
 	// deadline passed (pgxpool's acquire timeout is the context's).
-	MetricConnectionTimeouts = "db.client.connection.timeouts"
-	// MetricConnectionCreateTime is the time a new connection of the pool took to
+	metricConnectionTimeouts = "db.client.connection.timeouts"
+	// metricConnectionCreateTime is the time a new connection of the pool took to
 	// connect, in seconds (connections that failed to connect are not recorded).
-	MetricConnectionCreateTime = "db.client.connection.create_time"
-	// MetricConnectionWaitTime is the time an acquire took to obtain a connection, in
+	metricConnectionCreateTime = "db.client.connection.create_time"
+	// metricConnectionWaitTime is the time an acquire took to obtain a connection, in
 	// seconds (failed acquires are counted by their error, not here).
-	MetricConnectionWaitTime = "db.client.connection.wait_time"
-	// MetricConnectionUseTime is the time from an acquire to the release of its
+	metricConnectionWaitTime = "db.client.connection.wait_time"
+	// metricConnectionUseTime is the time from an acquire to the release of its
 	// connection, in seconds, whatever state the connection was released in.
-	MetricConnectionUseTime = "db.client.connection.use_time"
+	metricConnectionUseTime = "db.client.connection.use_time"
 )
 
 // Attribute keys of the connection-pool metrics.
 const (
-	// PoolNameKey is db.client.connection.pool.name: [WithPoolName]'s name, or for a
+	// poolNameKey is db.client.connection.pool.name: [WithPoolName]'s name, or for a
 	// pool without one the first of the conventions' fallbacks that its configuration
 	// has: db.namespace (the database), the server target (address:port), db.system.name
 	// ("postgresql"); see [WithPoolName].
-	PoolNameKey = attribute.Key("db.client.connection.pool.name")
-	// ConnectionStateKey is db.client.connection.state: "idle" or "used".
-	ConnectionStateKey = attribute.Key("db.client.connection.state")
+	poolNameKey = attribute.Key("db.client.connection.pool.name")
+	// connectionStateKey is db.client.connection.state: "idle" or "used".
+	connectionStateKey = attribute.Key("db.client.connection.state")
 )
 
 // poolMetrics records the connection-pool metrics of the pools a tracer instruments. The
@@ -101,11 +102,11 @@ func newPoolMetrics(c config, cfg *pgxpool.Config) *poolMetrics {
 	base := slices.Clip(append(poolAttributes(c.poolName, cfg.ConnConfig), c.meterAttributes...))
 	set := attribute.NewSet(base...)
 	pm := &poolMetrics{
-		timeouts: counter(meter, MetricConnectionTimeouts, "{timeout}",
+		timeouts: counter(meter, metricConnectionTimeouts, "{timeout}",
 			"The number of connection timeouts that have occurred trying to obtain a connection from the pool."),
-		createTime: histogram(meter, MetricConnectionCreateTime, "s", "The time it took to create a new connection.", durationBuckets),
-		waitTime:   histogram(meter, MetricConnectionWaitTime, "s", "The time it took to obtain an open connection from the pool.", durationBuckets),
-		useTime: histogram(meter, MetricConnectionUseTime, "s",
+		createTime: histogram(meter, metricConnectionCreateTime, "s", "The time it took to create a new connection.", durationBuckets),
+		waitTime:   histogram(meter, metricConnectionWaitTime, "s", "The time it took to obtain an open connection from the pool.", durationBuckets),
+		useTime: histogram(meter, metricConnectionUseTime, "s",
 			"The time between borrowing a connection and returning it to the pool.", durationBuckets),
 		addOpts:    []metric.AddOption{metric.WithAttributeSet(set)},
 		recordOpts: []metric.RecordOption{metric.WithAttributeSet(set)},
@@ -131,7 +132,7 @@ func poolAttributes(name string, cc *pgx.ConnConfig) []attribute.KeyValue {
 			name = fallback
 		}
 	}
-	attrs := []attribute.KeyValue{PoolNameKey.String(name), dbSystemPostgreSQL}
+	attrs := []attribute.KeyValue{poolNameKey.String(name), dbSystemPostgreSQL}
 	if cc.Database != "" {
 		attrs = append(attrs, dbNamespaceKey.String(cc.Database))
 	}
@@ -151,15 +152,15 @@ func (pm *poolMetrics) register(meter metric.Meter, set attribute.Set, base []at
 		}
 		return i
 	}
-	count := upDown(MetricConnectionCount, "{connection}",
+	count := upDown(metricConnectionCount, "{connection}",
 		"The number of connections that are currently in state described by the state attribute.")
-	idleMax := upDown(MetricConnectionIdleMax, "{connection}", "The maximum number of idle open connections allowed.")
-	idleMin := upDown(MetricConnectionIdleMin, "{connection}", "The minimum number of idle open connections allowed.")
-	maxConns := upDown(MetricConnectionMax, "{connection}", "The maximum number of open connections allowed.")
-	pending := upDown(MetricConnectionPendingRequests, "{request}", "The number of current pending requests for an open connection.")
+	idleMax := upDown(metricConnectionIdleMax, "{connection}", "The maximum number of idle open connections allowed.")
+	idleMin := upDown(metricConnectionIdleMin, "{connection}", "The minimum number of idle open connections allowed.")
+	maxConns := upDown(metricConnectionMax, "{connection}", "The maximum number of open connections allowed.")
+	pending := upDown(metricConnectionPendingRequests, "{request}", "The number of current pending requests for an open connection.")
 	opt := metric.WithAttributeSet(set)
-	idle := metric.WithAttributeSet(attribute.NewSet(append(base, ConnectionStateKey.String("idle"))...))
-	used := metric.WithAttributeSet(attribute.NewSet(append(base, ConnectionStateKey.String("used"))...))
+	idle := metric.WithAttributeSet(attribute.NewSet(append(base, connectionStateKey.String("idle"))...))
+	used := metric.WithAttributeSet(attribute.NewSet(append(base, connectionStateKey.String("used"))...))
 	var err error
 	pm.reg, err = meter.RegisterCallback(func(_ context.Context, o metric.Observer) error {
 		var n poolCounts

@@ -15,7 +15,7 @@ import (
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
 	"go.opentelemetry.io/otel/sdk/metric/metricdata"
 
-	"github.com/txevidence/otelpgxtx/pgtest"
+	"github.com/txevidence/otelpgxtx/internal/pgtest"
 )
 
 // poolReading is one collection of the connection-pool metrics.
@@ -42,7 +42,7 @@ func readPool(t *testing.T, ctx context.Context, reader *sdkmetric.ManualReader)
 		units: map[string]string{}, kinds: map[string]string{}, pools: map[string]bool{}, identity: map[string][]string{}}
 	var name string
 	pool := func(s attribute.Set) {
-		if v, ok := s.Value(PoolNameKey); ok {
+		if v, ok := s.Value(poolNameKey); ok {
 			r.pools[v.AsString()] = true
 		}
 		var ids []string
@@ -72,7 +72,7 @@ func readPool(t *testing.T, ctx context.Context, reader *sdkmetric.ManualReader)
 				for _, dp := range d.DataPoints {
 					pool(dp.Attributes)
 					key := m.Name
-					if v, ok := dp.Attributes.Value(ConnectionStateKey); ok {
+					if v, ok := dp.Attributes.Value(connectionStateKey); ok {
 						key += " " + v.AsString()
 					}
 					r.points[key] += dp.Value
@@ -118,13 +118,13 @@ func TestPoolMetrics(t *testing.T) {
 		return fmt.Sprintf("idle %d used %d", s.IdleConns(), s.AcquiredConns())
 	}
 	counts := func(r poolReading) string {
-		return fmt.Sprintf("idle %d used %d", r.points[MetricConnectionCount+" idle"], r.points[MetricConnectionCount+" used"])
+		return fmt.Sprintf("idle %d used %d", r.points[metricConnectionCount+" idle"], r.points[metricConnectionCount+" used"])
 	}
 
 	// Before the pool's first acquire there is nothing to count, but the timeouts
 	// series is there at 0.
 	r := readPool(t, ctx, h.reader)
-	if _, ok := r.points[MetricConnectionCount+" used"]; ok || r.points[MetricConnectionTimeouts] != 0 || !r.names[MetricConnectionTimeouts] {
+	if _, ok := r.points[metricConnectionCount+" used"]; ok || r.points[metricConnectionTimeouts] != 0 || !r.names[metricConnectionTimeouts] {
 		t.Fatalf("before any acquire: %v", r.points)
 	}
 
@@ -143,14 +143,14 @@ func TestPoolMetrics(t *testing.T) {
 	if counts(r) != "idle 0 used 2" || counts(r) != stat() {
 		t.Errorf("exhausted: %s, pgxpool.Stat %s, want idle 0 used 2", counts(r), stat())
 	}
-	for name, want := range map[string]int64{MetricConnectionMax: 2, MetricConnectionIdleMax: 2, MetricConnectionIdleMin: 0,
-		MetricConnectionPendingRequests: 0, MetricConnectionTimeouts: 0} {
+	for name, want := range map[string]int64{metricConnectionMax: 2, metricConnectionIdleMax: 2, metricConnectionIdleMin: 0,
+		metricConnectionPendingRequests: 0, metricConnectionTimeouts: 0} {
 		if got := r.points[name]; got != want {
 			t.Errorf("%s = %d, want %d", name, got, want)
 		}
 	}
-	if n := r.hist[MetricConnectionCreateTime].Count; n != 2 || int64(n) != h.pool.Stat().NewConnsCount() {
-		t.Errorf("%s count %d, want the pool's 2 new connections", MetricConnectionCreateTime, n)
+	if n := r.hist[metricConnectionCreateTime].Count; n != 2 || int64(n) != h.pool.Stat().NewConnsCount() {
+		t.Errorf("%s count %d, want the pool's 2 new connections", metricConnectionCreateTime, n)
 	}
 
 	// An acquire waits: pending, until a connection comes back; its wait is recorded.
@@ -161,8 +161,8 @@ func TestPoolMetrics(t *testing.T) {
 		waiter, err = h.pool.Acquire(ctx)
 		waited <- err
 	}()
-	waitPool(t, ctx, h.reader, "one pending acquire", func(r poolReading) bool { return r.points[MetricConnectionPendingRequests] == 1 })
-	before := r.hist[MetricConnectionWaitTime]
+	waitPool(t, ctx, h.reader, "one pending acquire", func(r poolReading) bool { return r.points[metricConnectionPendingRequests] == 1 })
+	before := r.hist[metricConnectionWaitTime]
 	// c1's holder works 50 ms more (on the server), then gives it back.
 	if _, err := c1.Exec(ctx, "select pg_sleep(0.05)"); err != nil {
 		t.Fatal(err)
@@ -172,15 +172,15 @@ func TestPoolMetrics(t *testing.T) {
 		t.Fatal(err)
 	}
 	r = readPool(t, ctx, h.reader)
-	w := r.hist[MetricConnectionWaitTime]
+	w := r.hist[metricConnectionWaitTime]
 	if longest, _ := w.Max.Value(); w.Count != before.Count+1 || longest < 0.05 {
-		t.Errorf("%s: %d acquires, the longest %.3fs; want one more (%d) that waited over 0.05s", MetricConnectionWaitTime, w.Count, longest, before.Count+1)
+		t.Errorf("%s: %d acquires, the longest %.3fs; want one more (%d) that waited over 0.05s", metricConnectionWaitTime, w.Count, longest, before.Count+1)
 	}
-	if r.points[MetricConnectionPendingRequests] != 0 || counts(r) != "idle 0 used 2" {
-		t.Errorf("after the wait: pending %d, %s", r.points[MetricConnectionPendingRequests], counts(r))
+	if r.points[metricConnectionPendingRequests] != 0 || counts(r) != "idle 0 used 2" {
+		t.Errorf("after the wait: pending %d, %s", r.points[metricConnectionPendingRequests], counts(r))
 	}
-	if u := r.hist[MetricConnectionUseTime]; u.Count != 1 {
-		t.Errorf("%s count %d, want c1's one use", MetricConnectionUseTime, u.Count)
+	if u := r.hist[metricConnectionUseTime]; u.Count != 1 {
+		t.Errorf("%s count %d, want c1's one use", metricConnectionUseTime, u.Count)
 	}
 
 	// An acquire whose deadline passes while the pool is exhausted: a timeout.
@@ -197,8 +197,8 @@ func TestPoolMetrics(t *testing.T) {
 		t.Fatalf("canceled acquire: %v", err)
 	}
 	r = readPool(t, ctx, h.reader)
-	if r.points[MetricConnectionTimeouts] != 1 || r.points[MetricConnectionPendingRequests] != 0 {
-		t.Errorf("timeouts %d, pending %d; want 1 and 0", r.points[MetricConnectionTimeouts], r.points[MetricConnectionPendingRequests])
+	if r.points[metricConnectionTimeouts] != 1 || r.points[metricConnectionPendingRequests] != 0 {
+		t.Errorf("timeouts %d, pending %d; want 1 and 0", r.points[metricConnectionTimeouts], r.points[metricConnectionPendingRequests])
 	}
 
 	// A connection destroyed mid-transaction: its backend terminated, the statement
@@ -217,13 +217,13 @@ func TestPoolMetrics(t *testing.T) {
 	c2.Release()
 	waiter.Release()
 	r = waitPool(t, ctx, h.reader, "the destroyed connection gone", func(r poolReading) bool {
-		return r.points[MetricConnectionCount+" used"] == 0 && r.points[MetricConnectionCount+" idle"] == 1
+		return r.points[metricConnectionCount+" used"] == 0 && r.points[metricConnectionCount+" idle"] == 1
 	})
 	if counts(r) != stat() {
 		t.Errorf("after the destroyed connection: %s, pgxpool.Stat %s", counts(r), stat())
 	}
-	if u := r.hist[MetricConnectionUseTime]; u.Count != 3 {
-		t.Errorf("%s count %d, want 3 uses (c1, the destroyed c2, the waiter's)", MetricConnectionUseTime, u.Count)
+	if u := r.hist[metricConnectionUseTime]; u.Count != 3 {
+		t.Errorf("%s count %d, want 3 uses (c1, the destroyed c2, the waiter's)", metricConnectionUseTime, u.Count)
 	}
 	if fs := h.frames(); len(fs) != 1 || attrString(t, fs[0], errorTypeKey) == "" {
 		t.Errorf("the destroyed connection's frame: %v", names(fs))
@@ -231,10 +231,10 @@ func TestPoolMetrics(t *testing.T) {
 
 	// The conventions' names, units, instrument kinds, and the pool's name.
 	want := map[string][2]string{
-		MetricConnectionCount: {"{connection}", "updown"}, MetricConnectionIdleMax: {"{connection}", "updown"},
-		MetricConnectionIdleMin: {"{connection}", "updown"}, MetricConnectionMax: {"{connection}", "updown"},
-		MetricConnectionPendingRequests: {"{request}", "updown"}, MetricConnectionTimeouts: {"{timeout}", "counter"},
-		MetricConnectionCreateTime: {"s", "histogram"}, MetricConnectionWaitTime: {"s", "histogram"}, MetricConnectionUseTime: {"s", "histogram"},
+		metricConnectionCount: {"{connection}", "updown"}, metricConnectionIdleMax: {"{connection}", "updown"},
+		metricConnectionIdleMin: {"{connection}", "updown"}, metricConnectionMax: {"{connection}", "updown"},
+		metricConnectionPendingRequests: {"{request}", "updown"}, metricConnectionTimeouts: {"{timeout}", "counter"},
+		metricConnectionCreateTime: {"s", "histogram"}, metricConnectionWaitTime: {"s", "histogram"}, metricConnectionUseTime: {"s", "histogram"},
 	}
 	for name, uk := range want {
 		if r.units[name] != uk[0] || r.kinds[name] != uk[1] {
@@ -249,7 +249,7 @@ func TestPoolMetrics(t *testing.T) {
 	if err := h.tracer.Close(ctx); err != nil {
 		t.Fatal(err)
 	}
-	if r := readPool(t, ctx, h.reader); r.names[MetricConnectionCount] {
+	if r := readPool(t, ctx, h.reader); r.names[metricConnectionCount] {
 		t.Errorf("after Close: %v", r.points)
 	}
 }
@@ -279,14 +279,14 @@ func TestPoolAttributes(t *testing.T) {
 			cc.Database = "" // a connection string without one gets PGDATABASE or the user's name
 		}
 		got := attribute.NewSet(poolAttributes(c.name, cc)...)
-		want := attribute.NewSet(append(c.attrs, PoolNameKey.String(c.want), attribute.String("db.system.name", "postgresql"))...)
+		want := attribute.NewSet(append(c.attrs, poolNameKey.String(c.want), attribute.String("db.system.name", "postgresql"))...)
 		if !got.Equals(&want) {
 			t.Errorf("%q named %q: %v, want %v", c.conn, c.name, got.Encoded(attribute.DefaultEncoder()), want.Encoded(attribute.DefaultEncoder()))
 		}
 	}
 	// Nothing configured but the system: the name is db.system.name's.
 	got := attribute.NewSet(poolAttributes("", &pgx.ConnConfig{})...)
-	want := attribute.NewSet(PoolNameKey.String("postgresql"), attribute.String("db.system.name", "postgresql"))
+	want := attribute.NewSet(poolNameKey.String("postgresql"), attribute.String("db.system.name", "postgresql"))
 	if !got.Equals(&want) {
 		t.Errorf("empty config: %v", got.Encoded(attribute.DefaultEncoder()))
 	}
@@ -353,12 +353,12 @@ func TestPoolMetricsOptions(t *testing.T) {
 			t.Fatal(err)
 		}
 	}()
-	if r := readPool(t, ctx, reader); r.points[MetricConnectionCount+" idle"] != 0 || !slices.Contains(keys(r.points), MetricConnectionCount+" idle") {
+	if r := readPool(t, ctx, reader); r.points[metricConnectionCount+" idle"] != 0 || !slices.Contains(keys(r.points), metricConnectionCount+" idle") {
 		t.Fatalf("a closed pool still referenced: %v, want its counts at 0", r.points)
 	}
 	waitPool(t, ctx, reader, "the dropped pool no longer observed", func(r poolReading) bool {
 		runtime.GC()
-		return !r.names[MetricConnectionCount]
+		return !r.names[metricConnectionCount]
 	})
 	_ = tracer
 }

@@ -12,7 +12,7 @@ import (
 // default). pgx prepares a statement inside the query that runs it — the first time in its
 // default query mode, every time in QueryExecModeDescribeExec — and otelpgx makes that a
 // span named like the statement, under the statement's span: INSERT under INSERT. The
-// prepare is a step of the statement, so it is an EventPrepare event of the statement's
+// prepare is a step of the statement, so it is an eventPrepare event of the statement's
 // span, with its duration, its statement name and its SQLSTATE; otelpgx still gets both
 // hooks, under a span that does not record, and counts the prepare in its metrics as
 // before. An explicit prepare (Conn.Prepare) has no statement around it and stays a span.
@@ -28,12 +28,12 @@ func (t *Tracer) foldsPrepare(ctx context.Context, q *queryState) bool {
 func prepareEvent(ctx context.Context, q *queryState, err error) {
 	a := answerOf("", q.start, err)
 	attrs := make([]attribute.KeyValue, 0, 3)
-	attrs = append(attrs, StatementDurationKey.Float64(a.took.Seconds()))
+	attrs = append(attrs, statementDurationKey.Float64(a.took.Seconds()))
 	if q.op != "" {
 		attrs = append(attrs, otelpgx.PrepareStmtNameKey.String(q.op))
 	}
 	if a.sqlState != "" {
 		attrs = append(attrs, dbResponseStatusKey.String(a.sqlState))
 	}
-	trace.SpanFromContext(ctx).AddEvent(EventPrepare, trace.WithAttributes(attrs...))
+	trace.SpanFromContext(ctx).AddEvent(eventPrepare, trace.WithAttributes(attrs...))
 }

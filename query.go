@@ -105,7 +105,7 @@ func (t *Tracer) beforeQuery(ctx context.Context, conn *pgx.Conn, st *connState,
 	if f != nil && pg.TxStatus() == 'I' {
 		// The transaction ended where we could not see it; its frame must not ride
 		// into this unrelated work.
-		t.abandon(st, f, ReasonEndedUnobserved)
+		t.abandon(st, f, reasonEndedUnobserved)
 		f = nil
 	}
 	if f == nil && set.has(stmtBegin) && pg.TxStatus() == 'I' {
@@ -233,10 +233,10 @@ func (t *Tracer) afterActiveQuery(st *connState, f *frame, q *queryState, err er
 	case err == nil && q.set.savepoint() && f.recording:
 		name, depth := f.savepointMoved(q.set, q.savepoint)
 		if depth == 0 { // a savepoint made before the frame was found
-			f.event(name, SavepointNameKey.String(q.savepoint))
+			f.event(name, savepointNameKey.String(q.savepoint))
 			break
 		}
-		f.event(name, SavepointNameKey.String(q.savepoint), SavepointDepthKey.Int(depth))
+		f.event(name, savepointNameKey.String(q.savepoint), savepointDepthKey.Int(depth))
 	}
 }
 

@@ -31,8 +31,8 @@ import (
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/txevidence/otelpgxtx/internal/pgtest"
 	"github.com/txevidence/otelpgxtx/outcome"
-	"github.com/txevidence/otelpgxtx/pgtest"
 )
 
 const (
@@ -625,20 +625,20 @@ func (d *mDriver) compareFrames(want *mWant, root trace.Span, hs ...*harness) []
 		var suspended, resumed int
 		for _, e := range f.Events {
 			switch e.Name {
-			case EventParticipant:
+			case eventParticipant:
 				var prop, out string
 				for _, kv := range e.Attributes {
 					switch kv.Key {
 					case PropagationKey:
 						prop = kv.Value.Emit()
-					case ParticipantOutcomeKey:
+					case participantOutcomeKey:
 						out = kv.Value.Emit()
 					}
 				}
 				participants = append(participants, prop+":"+out)
-			case EventSuspended:
+			case eventSuspended:
 				suspended++
-			case EventResumed:
+			case eventResumed:
 				resumed++
 			}
 		}
@@ -647,7 +647,7 @@ func (d *mDriver) compareFrames(want *mWant, root trace.Span, hs ...*harness) []
 		check("tx.resumed events", resumed, m.suspended)
 		var post []codes.Code
 		for _, s := range owner[f.SpanContext.SpanID()].children(f) {
-			if s.Name == SpanNamePostCommit {
+			if s.Name == spanNamePostCommit {
 				post = append(post, s.Status.Code)
 			}
 		}

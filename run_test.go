@@ -98,7 +98,7 @@ func TestRunParticipating(t *testing.T) {
 			} else {
 				wantEvents(t, onlyFrame(t, h), "tx.phase.active", "tx.participant", "tx.phase.rolled_back")
 			}
-			if got := h.sums(t, ctx, MetricParticipations, ParticipantOutcomeKey)["tx.participant.outcome=participating"]; got != 1 {
+			if got := h.sums(t, ctx, metricParticipations, participantOutcomeKey)["tx.participant.outcome=participating"]; got != 1 {
 				t.Fatalf("participating counted %d times", got)
 			}
 		})
@@ -185,7 +185,7 @@ func TestRunRetriesSerializationFailure(t *testing.T) {
 			wantAttr(t, f, "error.type", "serialization_failure")
 		}
 		for _, e := range eventNames(f) {
-			if e == EventRetry {
+			if e == eventRetry {
 				retryEvents++
 			}
 		}
@@ -357,7 +357,7 @@ func TestRunPostCommitFailure(t *testing.T) {
 	kids := h.children(f)
 	var post bool
 	for _, k := range kids {
-		if k.Name == SpanNamePostCommit {
+		if k.Name == spanNamePostCommit {
 			post = true
 			if k.Status.Code != codes.Error {
 				t.Fatalf("post-commit span status %v", k.Status)
@@ -408,7 +408,7 @@ func TestRunRequiresNewInsideRequired(t *testing.T) {
 	wantAttr(t, i, "tx.frame.depth", "1")
 	wantAttr(t, i, "tx.propagation", "requires_new")
 	wantEvents(t, o, "tx.phase.active", "tx.suspended", "tx.resumed", "tx.phase.rolled_back")
-	wantStatus(t, o, codes.Error, StatusDescriptionRolledBack)
+	wantStatus(t, o, codes.Error, statusDescriptionRolledBack)
 }
 
 func TestRunNestedSavepoint(t *testing.T) {
@@ -463,7 +463,7 @@ func TestRunPanicRollsBack(t *testing.T) {
 	}()
 	f := onlyFrame(t, h)
 	wantAttr(t, f, "tx.outcome", "rolled_back")
-	wantStatus(t, f, codes.Error, StatusDescriptionRolledBack)
+	wantStatus(t, f, codes.Error, statusDescriptionRolledBack)
 	if rowExists(t, ctx, table, 1) {
 		t.Fatal("row present after panic")
 	}

@@ -85,7 +85,7 @@ func TestMetricsByOutcome(t *testing.T) {
 					t.Fatalf("%s outcome = %v", m.Name, v)
 				}
 			case metricdata.Sum[int64]:
-				if m.Name == MetricParticipations {
+				if m.Name == metricParticipations {
 					// No Run call joined a transaction: six series, each at 0.
 					if m.Unit != "{call}" || !d.IsMonotonic || len(d.DataPoints) != 6 || slices.ContainsFunc(d.DataPoints,
 						func(dp metricdata.DataPoint[int64]) bool { return dp.Value != 0 }) {
@@ -111,7 +111,7 @@ func TestMetricsByOutcome(t *testing.T) {
 			}
 		}
 	}
-	for _, name := range []string{MetricTransactions, MetricDuration, MetricCommitDuration} {
+	for _, name := range []string{metricTransactions, metricDuration, metricCommitDuration} {
 		if !seen[name] {
 			t.Fatalf("metric %s not recorded; seen %v", name, seen)
 		}

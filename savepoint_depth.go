@@ -14,15 +14,15 @@ import "strings"
 func (f *frame) savepointMoved(set stmtSet, name string) (event string, depth int) {
 	if set.has(stmtSavepoint) {
 		f.savepoints = append(f.savepoints, name)
-		return EventSavepointCreated, len(f.savepoints)
+		return eventSavepointCreated, len(f.savepoints)
 	}
-	event = EventSavepointReleased
+	event = eventSavepointReleased
 	if set.has(stmtRollbackTo) {
-		event = EventSavepointRolledBack
+		event = eventSavepointRolledBack
 	}
 	for i := len(f.savepoints) - 1; i >= 0; i-- {
 		if sameIdentifier(f.savepoints[i], name) {
-			if event == EventSavepointReleased {
+			if event == eventSavepointReleased {
 				clear(f.savepoints[i:]) // the names are substrings of SQL strings
 				f.savepoints = f.savepoints[:i]
 			} else {

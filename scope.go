@@ -104,8 +104,8 @@ func (sc *scope) participated(p Policy, o outcome.Outcome) {
 	}
 	f.t.metrics.participant(p.Propagation, o)
 	if f.span.IsRecording() {
-		f.span.AddEvent(EventParticipant, trace.WithAttributes(
-			ParticipantOutcomeKey.String(o.String()), PropagationKey.String(p.Propagation.String())))
+		f.span.AddEvent(eventParticipant, trace.WithAttributes(
+			participantOutcomeKey.String(o.String()), PropagationKey.String(p.Propagation.String())))
 	}
 }
 

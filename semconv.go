@@ -7,7 +7,10 @@ import (
 )
 
 // Attribute keys of the frame span (see "Span schema" in the package documentation).
-// They are a public contract: dashboards and alert rules select on them.
+// They are exported because Go code that reads the spans (a span processor, a sampler, a
+// test with an in-memory exporter) picks out a transaction and its outcome by them; the
+// names of events, metrics and other spans are documented (docs/metrics.md) rather than
+// exported, since what reads those is a query or an alert rule, not Go.
 const (
 	// OutcomeKey is tx.outcome: one of the five outcome strings, always set at the end.
 	OutcomeKey = attribute.Key("tx.outcome")
@@ -37,23 +40,29 @@ const (
 	RetryableKey = attribute.Key("tx.retryable")
 	// ResolvedOutcomeKey is tx.outcome.resolved, on reconciliation spans.
 	ResolvedOutcomeKey = schema.ResolvedOutcomeKey
-	// ParticipantOutcomeKey is tx.participant.outcome, on tx.participant events: the
+)
+
+// Attribute keys of the frame's events, unexported with the event names they go with.
+const (
+	// participantOutcomeKey is tx.participant.outcome, on tx.participant events: the
 	// participant's own result. It is not tx.outcome, so that a search for a frame
 	// outcome never finds a participant's.
-	ParticipantOutcomeKey = attribute.Key("tx.participant.outcome")
-	// SavepointNameKey is tx.savepoint.name, on savepoint events.
-	SavepointNameKey = attribute.Key("tx.savepoint.name")
-	// SavepointDepthKey is tx.savepoint.depth, on savepoint events: 1 for the outermost
+	participantOutcomeKey = attribute.Key("tx.participant.outcome")
+	// savepointNameKey is tx.savepoint.name, on savepoint events.
+	savepointNameKey = attribute.Key("tx.savepoint.name")
+	// savepointDepthKey is tx.savepoint.depth, on savepoint events: 1 for the outermost
 	// savepoint of the transaction, n for one made while n−1 others were open — for a
 	// release or rollback to, the depth of the savepoint it names.
-	SavepointDepthKey = attribute.Key("tx.savepoint.depth")
-	// StatementDurationKey is tx.statement.duration, in seconds: on the event that stands
+	savepointDepthKey = attribute.Key("tx.savepoint.depth")
+	// statementDurationKey is tx.statement.duration, in seconds: on the event that stands
 	// for a statement without a span of its own (a transaction-control statement's event on
 	// its frame, an implicit prepare's on its statement span), how long the statement
 	// took, from its start hook to its end hook; the event is recorded when it ended.
-	StatementDurationKey = attribute.Key("tx.statement.duration")
+	statementDurationKey = attribute.Key("tx.statement.duration")
+)
 
-	// Semantic-convention keys.
+// Semantic-convention keys: the conventions own them, so they are not exported here.
+const (
 	dbSystemNameKey     = schema.DBSystemNameKey
 	dbNamespaceKey      = attribute.Key("db.namespace")
 	dbResponseStatusKey = attribute.Key("db.response.status_code")
@@ -63,52 +72,54 @@ const (
 	errorTypeKey        = schema.ErrorTypeKey
 )
 
-// Event names on the frame span.
+// Event names on the frame span, unexported: they annotate a trace for the person reading
+// it, and the package documentation lists them.
 const (
-	// EventPhasePrefix and a phase's name (tx.phase.committing) name the event of each
+	// eventPhasePrefix and a phase's name (tx.phase.committing) name the event of each
 	// phase the frame enters.
-	EventPhasePrefix = "tx.phase."
-	// EventSuspended is on the outer frame when a frame nested in it begins, with the
+	eventPhasePrefix = "tx.phase."
+	// eventSuspended is on the outer frame when a frame nested in it begins, with the
 	// nested frame's tx.operation_id.
-	EventSuspended = "tx.suspended"
-	// EventResumed is on the outer frame when the nested frame concludes.
-	EventResumed = "tx.resumed"
-	// EventSavepointCreated records a SAVEPOINT, with tx.savepoint.name.
-	EventSavepointCreated = "tx.savepoint.created"
-	// EventSavepointReleased records a RELEASE SAVEPOINT, with tx.savepoint.name.
-	EventSavepointReleased = "tx.savepoint.released"
-	// EventSavepointRolledBack records a ROLLBACK TO SAVEPOINT, with tx.savepoint.name.
-	EventSavepointRolledBack = "tx.savepoint.rolled_back"
-	// EventStatement records a transaction-control statement, without a span of its own,
+	eventSuspended = "tx.suspended"
+	// eventResumed is on the outer frame when the nested frame concludes.
+	eventResumed = "tx.resumed"
+	// eventSavepointCreated records a SAVEPOINT, with tx.savepoint.name.
+	eventSavepointCreated = "tx.savepoint.created"
+	// eventSavepointReleased records a RELEASE SAVEPOINT, with tx.savepoint.name.
+	eventSavepointReleased = "tx.savepoint.released"
+	// eventSavepointRolledBack records a ROLLBACK TO SAVEPOINT, with tx.savepoint.name.
+	eventSavepointRolledBack = "tx.savepoint.rolled_back"
+	// eventStatement records a transaction-control statement, without a span of its own,
 	// whose answer made no other event of the frame: a savepoint statement that failed, a
 	// BEGIN inside the transaction. It carries db.operation.name, tx.statement.duration and,
 	// on a server error, db.response.status_code.
-	EventStatement = "tx.statement"
-	// EventPrepare, on a statement's span, records the implicit prepare of the statement
+	eventStatement = "tx.statement"
+	// eventPrepare, on a statement's span, records the implicit prepare of the statement
 	// (pgx prepares it before it runs it), with tx.statement.duration, otelpgx's
 	// pgx.prepare_stmt.name when the statement is named, and db.response.status_code on a
 	// server error.
-	EventPrepare = "pgx.prepare"
-	// EventRetry is on the frame of an attempt that [Run] retries.
-	EventRetry = "tx.retry"
-	// EventPostCommitFailed is on a committed frame whose post-commit work failed.
-	EventPostCommitFailed = "tx.post_commit.failed"
-	// EventParticipant records a Run call that joined this frame's transaction (Required,
+	eventPrepare = "pgx.prepare"
+	// eventRetry is on the frame of an attempt that [Run] retries.
+	eventRetry = "tx.retry"
+	// eventPostCommitFailed is on a committed frame whose post-commit work failed.
+	eventPostCommitFailed = "tx.post_commit.failed"
+	// eventParticipant records a Run call that joined this frame's transaction (Required,
 	// Mandatory) or ran in a savepoint of it (Nested), with the call's tx.outcome.
-	EventParticipant = "tx.participant"
+	eventParticipant = "tx.participant"
 )
 
-// Names of the spans the executor and the reconciler make.
-const (
-	// SpanNamePostCommit is the child span of a frame that runs its post-commit hooks.
-	SpanNamePostCommit = "tx.post_commit"
-	// SpanNameReconcile is the span of one reconciliation, linked to the original frame.
-	SpanNameReconcile = schema.SpanNameReconcile
-)
+// SpanNameReconcile is the name of the span of one reconciliation, linked to the
+// original frame: exported, as the frame span's keys are, because code that follows a
+// transaction to its settled outcome picks that span out by its name.
+const SpanNameReconcile = schema.SpanNameReconcile
 
-// StatusDescriptionRolledBack is the fixed description of the Error status of a
+// spanNamePostCommit is the child span of a frame that runs its post-commit hooks; it is
+// reached through its frame, so its name is not exported.
+const spanNamePostCommit = "tx.post_commit"
+
+// statusDescriptionRolledBack is the fixed description of the Error status of a
 // rolled-back frame; the cause is in error.type and db.response.status_code.
-const StatusDescriptionRolledBack = "transaction rolled back"
+const statusDescriptionRolledBack = "transaction rolled back"
 
 var dbSystemPostgreSQL = schema.DBSystemPostgreSQL
 
@@ -125,21 +136,21 @@ var dbSystemPostgreSQL = schema.DBSystemPostgreSQL
 // had been sent). They are the tracer's, not the classifier's, because only the tracer
 // sees pool releases, closed connections and idle sessions.
 const (
-	// ReasonEndedUnobserved: the connection was found outside a transaction at its next
+	// reasonEndedUnobserved: the connection was found outside a transaction at its next
 	// query, acquire or release: the transaction was ended by a path that bypasses
 	// pgx's tracer (a statement sent through *pgconn.PgConn directly).
-	ReasonEndedUnobserved = "ended_unobserved"
-	// ReasonReleasedInTransaction: the connection went back to the pool in the middle of
+	reasonEndedUnobserved = "ended_unobserved"
+	// reasonReleasedInTransaction: the connection went back to the pool in the middle of
 	// the transaction; the pool destroys it, which rolls the transaction back.
-	ReasonReleasedInTransaction = "released_in_transaction"
-	// ReasonConnectionClosed: the connection closed with the transaction open (a
+	reasonReleasedInTransaction = "released_in_transaction"
+	// reasonConnectionClosed: the connection closed with the transaction open (a
 	// *pgx.Conn closed mid-transaction, a connection database/sql discards).
-	ReasonConnectionClosed = "connection_closed"
+	reasonConnectionClosed = "connection_closed"
 )
 
 // RollbackKey is tx.rollback: on a rolled_back frame span, and on the rolled_back series
-// of [MetricTransactions], [MetricDuration] and [MetricCommitDuration], whether the
-// application ended the transaction on purpose ([RollbackDeliberate]) or something failed
+// of otelpgxtx.transactions, otelpgxtx.transaction.duration and
+// otelpgxtx.transaction.commit.duration, whether the application ended the transaction on purpose ([RollbackDeliberate]) or something failed
 // ([RollbackFailure]). A deliberate Rollback() is how Go code usually ends a read-only
 // transaction; an alert on rollbacks must not count it. Its two values are the only ones,
 // so it adds one series to each metric.

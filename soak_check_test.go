@@ -91,11 +91,11 @@ func (p *soakSpans) OnEnd(s sdktrace.ReadOnlySpan) {
 			}
 		}
 		for _, e := range s.Events() {
-			if e.Name != EventParticipant {
+			if e.Name != eventParticipant {
 				continue
 			}
 			for _, kv := range e.Attributes {
-				if kv.Key == ParticipantOutcomeKey {
+				if kv.Key == participantOutcomeKey {
 					if fr.participants == nil {
 						fr.participants = map[string]int64{}
 					}
@@ -426,7 +426,7 @@ func (c *soakCheck) metricsAgainstSpans() {
 	if fmt.Sprint(metricCounts) != fmt.Sprint(spanCounts) {
 		c.fail(0, "metrics by outcome %v, frame spans by outcome %v", metricCounts, spanCounts)
 	}
-	if got := nonZero(h.sums(t, ctx, MetricParticipations, ParticipantOutcomeKey)); fmt.Sprint(got) != fmt.Sprint(participantCounts) {
+	if got := nonZero(h.sums(t, ctx, metricParticipations, participantOutcomeKey)); fmt.Sprint(got) != fmt.Sprint(participantCounts) {
 		c.fail(0, "participations by outcome %v, tx.participant events %v", got, participantCounts)
 	}
 }

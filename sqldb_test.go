@@ -181,9 +181,9 @@ func TestDatabaseSQL(t *testing.T) {
 			fs := h.frames()
 			wantAttr(t, fs[2], "error.type", "canceled")
 			wantAttr(t, fs[3], "error.type", "canceled")
-			reason := ReasonConnectionClosed
+			reason := reasonConnectionClosed
 			if fromPool {
-				reason = ReasonReleasedInTransaction
+				reason = reasonReleasedInTransaction
 			}
 			wantAttr(t, fs[4], "error.type", reason)
 			wantEndedOnce(t, h, starts)
@@ -235,7 +235,7 @@ func TestPgxConnClosedMidTransaction(t *testing.T) {
 	}
 	f := onlyFrame(t, h)
 	wantAttr(t, f, "tx.outcome", "rolled_back")
-	wantAttr(t, f, "error.type", ReasonConnectionClosed)
+	wantAttr(t, f, "error.type", reasonConnectionClosed)
 	wantEvents(t, f, "tx.phase.active", "tx.phase.rolled_back")
 	if err := tx.Rollback(ctx); err == nil {
 		t.Fatal("rollback on a closed connection succeeded")

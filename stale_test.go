@@ -20,8 +20,8 @@ func TestStaleReleasedMidTransaction(t *testing.T) {
 	pc.Release() // the pool destroys a connection released mid-transaction
 	f := onlyFrame(t, h)
 	wantAttr(t, f, "tx.outcome", "rolled_back")
-	wantAttr(t, f, "error.type", ReasonReleasedInTransaction)
-	wantStatus(t, f, codes.Error, StatusDescriptionRolledBack)
+	wantAttr(t, f, "error.type", reasonReleasedInTransaction)
+	wantStatus(t, f, codes.Error, statusDescriptionRolledBack)
 	// The next transaction starts clean.
 	tx := mustBegin(t, ctx, h.pool)
 	if err := tx.Commit(ctx); err != nil {
@@ -89,7 +89,7 @@ func TestStaleNewBeginOnFramedConnection(t *testing.T) {
 	})
 	wantOutcomes(t, h, "rolled_back", "committed")
 	fs := h.frames()
-	wantAttr(t, fs[0], "error.type", ReasonEndedUnobserved)
+	wantAttr(t, fs[0], "error.type", reasonEndedUnobserved)
 	wantEvents(t, fs[1], "tx.phase.active", "tx.phase.committing", "tx.phase.committed")
 	if attrString(t, fs[0], OperationIDKey) == attrString(t, fs[1], OperationIDKey) {
 		t.Fatal("the new frame reuses the old operation id")

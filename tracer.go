@@ -8,7 +8,6 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
-	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/txevidence/otelpgxtx/classifier"
@@ -60,16 +59,6 @@ var (
 	_ pgxpool.AcquireTracer = (*Tracer)(nil)
 	_ pgxpool.ReleaseTracer = (*Tracer)(nil)
 )
-
-// NewTracer returns a tracer. An invalid option value is reported to otel.Handle and
-// ignored; [InstrumentPool] and [InstrumentConnConfig] return it as an error instead.
-func NewTracer(opts ...Option) *Tracer {
-	t, err := newTracer(opts)
-	if err != nil {
-		otel.Handle(err)
-	}
-	return t
-}
 
 // newTracer builds the tracer and returns an invalid option's error, for the Instrument
 // functions to return rather than hand to otel.Handle.
@@ -242,7 +231,7 @@ func (t *Tracer) TraceAcquireEnd(ctx context.Context, pool *pgxpool.Pool, data p
 		if st := connStateOf(data.Conn); st != nil {
 			st.mu.Lock()
 			if st.frame != nil && data.Conn.PgConn().TxStatus() == 'I' {
-				t.abandon(st, st.frame, ReasonEndedUnobserved)
+				t.abandon(st, st.frame, reasonEndedUnobserved)
 			}
 			st.mu.Unlock()
 		}
@@ -264,11 +253,11 @@ func (t *Tracer) TraceRelease(pool *pgxpool.Pool, data pgxpool.TraceReleaseData)
 		if st := connStateOf(data.Conn); st != nil {
 			st.mu.Lock()
 			if st.frame != nil {
-				reason := ReasonReleasedInTransaction
+				reason := reasonReleasedInTransaction
 				if pg := data.Conn.PgConn(); pg.IsClosed() {
-					reason = ReasonConnectionClosed
+					reason = reasonConnectionClosed
 				} else if pg.TxStatus() == 'I' {
-					reason = ReasonEndedUnobserved
+					reason = reasonEndedUnobserved
 				}
 				t.abandon(st, st.frame, reason)
 			}
@@ -301,7 +290,7 @@ func (t *Tracer) connClosing(conn *pgx.Conn) {
 	if st := connStateOf(conn); st != nil {
 		st.mu.Lock()
 		if st.frame != nil {
-			t.abandon(st, st.frame, ReasonConnectionClosed)
+			t.abandon(st, st.frame, reasonConnectionClosed)
 		}
 		st.mu.Unlock()
 	}
@@ -315,7 +304,7 @@ func (t *Tracer) netConnClosed(st *connState) {
 	st.mu.Lock()
 	defer st.mu.Unlock()
 	if st.frame != nil && len(st.queries) == 0 && !st.committing {
-		t.abandon(st, st.frame, ReasonConnectionClosed)
+		t.abandon(st, st.frame, reasonConnectionClosed)
 	}
 }
 

@@ -499,7 +499,7 @@ func TestVerdictCauses(t *testing.T) {
 	}{
 		{verdictData{reason: "rolled_back"}, errRolledBack, ""},
 		{verdictData{reason: "commit_rollback"}, pgx.ErrTxCommitRollback, ""},
-		{verdictData{reason: ReasonConnectionClosed}, nil, "rolled back: connection_closed"},
+		{verdictData{reason: reasonConnectionClosed}, nil, "rolled back: connection_closed"},
 		{verdictData{reason: "commit_rollback", cause: errSoakAppRollback}, errSoakAppRollback, ""},
 	} {
 		tc.d.set, tc.d.outcome, tc.d.id, tc.d.phase = true, outcome.OutcomeRolledBack, id, outcome.PhaseActive

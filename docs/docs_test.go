@@ -1,7 +1,8 @@
 // Package docs holds the project's documentation pages; its test checks that they hold
 // together: every link between pages resolves, every alert rule links to its section of
-// the runbook, and `make fuzz` runs every fuzz target, as testing.md says; and that the
-// repository tracks nothing built.
+// the runbook, and `make fuzz` runs every fuzz target, as testing.md says; that the
+// repository tracks nothing built; and that the public packages export what
+// testdata/exported.txt lists (api.md).
 package docs
 
 import (

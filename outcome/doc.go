@@ -36,9 +36,10 @@
 //	not_started → rolled_back   (BEGIN failed)
 //	active      → rolled_back   (explicit ROLLBACK, or the session died before COMMIT was sent)
 //
-// [CanTransition] is this graph. committing is recorded before COMMIT is handed to the
-// driver; unknown is evidence, not a guess: the driver could confirm neither commit nor
-// rollback, and only a failure observed while committing can lead there. An
+// The tracer records only these transitions. committing is recorded before COMMIT is
+// handed to the driver; unknown is evidence, not a guess: the driver could confirm
+// neither commit nor rollback, and only a failure observed while committing can lead
+// there. An
 // [Indeterminate] result therefore always follows committing.
 //
 // # Identity and reconciliation

@@ -56,18 +56,3 @@ func ParsePhase(s string) (Phase, error) {
 	}
 	return 0, fmt.Errorf("outcome: unknown phase %q", s)
 }
-
-// CanTransition reports whether a transaction may move from one phase to another.
-// In particular only committing may become unknown: an error outside committing is
-// never a reason to doubt a commit that was never asked for.
-func CanTransition(from, to Phase) bool {
-	switch from {
-	case PhaseNotStarted:
-		return to == PhaseActive || to == PhaseRolledBack
-	case PhaseActive:
-		return to == PhaseCommitting || to == PhaseRolledBack
-	case PhaseCommitting:
-		return to == PhaseCommitted || to == PhaseRolledBack || to == PhaseUnknown
-	}
-	return false
-}

@@ -4,6 +4,8 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
+
+	"github.com/txevidence/otelpgxtx/internal/markertable"
 )
 
 // ReconciliationRef is a durable reference to one physical transaction, enough to ask
@@ -23,7 +25,8 @@ import (
 // MarkerTable and Operation are set when the transaction's COMMIT was sent right after
 // the call of the commit-marker function, which inserts the operation id into the marker
 // table named here as the database it is in and its quoted schema-qualified name
-// ("database"."schema"."table", see [MarkerRefTable]), unless the transaction is
+// ("database"."schema"."table": [ReconciliationRef.MarkerDatabase] and
+// [ReconciliationRef.MarkerRelation] read it), unless the transaction is
 // read-only or has no xid (then it cannot have changed anything durable, so the marker's
 // absence still proves that nothing of it is in the database). The row exists in the
 // surviving history exactly when the transaction committed there with writes. XID is 0
@@ -65,7 +68,7 @@ func (r ReconciliationRef) Validate() error {
 		if r.Operation.IsZero() {
 			return fmt.Errorf("outcome: malformed reconciliation reference %s: a marker without an operation id", r)
 		}
-		_, _, err := splitMarkerRef(r.MarkerTable)
+		_, _, err := markertable.SplitRef(r.MarkerTable)
 		return err
 	}
 	return nil
@@ -73,14 +76,14 @@ func (r ReconciliationRef) Validate() error {
 
 // MarkerDatabase returns the database of the marker table, "" without a marker.
 func (r ReconciliationRef) MarkerDatabase() string {
-	db, _, _ := splitMarkerRef(r.MarkerTable)
+	db, _, _ := markertable.SplitRef(r.MarkerTable)
 	return db
 }
 
 // MarkerRelation returns the marker table's quoted schema-qualified name, to be used in
 // SQL in [ReconciliationRef.MarkerDatabase]; "" without a marker.
 func (r ReconciliationRef) MarkerRelation() string {
-	_, rel, _ := splitMarkerRef(r.MarkerTable)
+	_, rel, _ := markertable.SplitRef(r.MarkerTable)
 	return rel
 }
 
@@ -122,7 +125,7 @@ func ParseReconciliationRef(s string) (ReconciliationRef, error) {
 		if op, err = ParseOperationID(opText); err != nil || !found || op.IsZero() {
 			return ReconciliationRef{}, fmt.Errorf("outcome: malformed reconciliation reference %q: want ;marker=<operation id>@<quoted table>", s)
 		}
-		if _, _, err := splitMarkerRef(t); err != nil {
+		if _, _, err := markertable.SplitRef(t); err != nil {
 			return ReconciliationRef{}, fmt.Errorf("outcome: malformed reconciliation reference: %w", err)
 		}
 		table = t

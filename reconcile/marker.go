@@ -13,6 +13,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 	"log/slog"
 
+	"github.com/txevidence/otelpgxtx/internal/markertable"
 	"github.com/txevidence/otelpgxtx/internal/pg"
 	"github.com/txevidence/otelpgxtx/outcome"
 )
@@ -40,7 +41,7 @@ import (
 // search_path nor row security of theirs changes what it does. The reconciler's role
 // needs INSERT and SELECT on the table, [PruneMarkers]' DELETE, INSERT and UPDATE.
 func MarkerTableDDL(table pgx.Identifier) (string, error) {
-	name, err := outcome.QuoteMarkerTable(table...)
+	name, err := markertable.Quote(table...)
 	if err != nil {
 		return "", invalid("MarkerTableDDL: %v", err)
 	}
@@ -83,7 +84,7 @@ func MarkerTableDDL(table pgx.Identifier) (string, error) {
 func PruneMarkers(ctx context.Context, db interface {
 	Exec(context.Context, string, ...any) (pgconn.CommandTag, error)
 }, table pgx.Identifier, retention time.Duration) (int64, error) {
-	name, err := outcome.QuoteMarkerTable(table...)
+	name, err := markertable.Quote(table...)
 	if err != nil {
 		return 0, invalid("PruneMarkers: %v", err)
 	}
@@ -126,7 +127,7 @@ const prunedMargin = 10 * time.Minute
 // one. Without a reference the time of the operation is unknown too: once the table has
 // been pruned, absence is unknown, [ReasonMarkerPruned].
 func (r *Reconciler) ResolveAssertedMarker(ctx context.Context, table pgx.Identifier, op outcome.OperationID, link trace.SpanContext) (Answer, error) {
-	name, err := outcome.QuoteMarkerTable(table...)
+	name, err := markertable.Quote(table...)
 	if err != nil {
 		return Answer{}, invalid("ResolveAssertedMarker: %v", err)
 	}

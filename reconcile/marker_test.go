@@ -12,9 +12,10 @@ import (
 	"github.com/jackc/pgx/v5"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/txevidence/otelpgxtx/internal/markertable"
+	"github.com/txevidence/otelpgxtx/internal/pgtest"
 	"github.com/txevidence/otelpgxtx/internal/reconciletest"
 	"github.com/txevidence/otelpgxtx/outcome"
-	"github.com/txevidence/otelpgxtx/pgtest"
 	"github.com/txevidence/otelpgxtx/reconcile"
 )
 
@@ -39,11 +40,11 @@ func insertMarked(t *testing.T, ctx context.Context, conn *pgx.Conn, marker pgx.
 		t.Fatal(err)
 	}
 	tx, ref := insertRef(t, ctx, conn, table, id)
-	quoted, err := outcome.QuoteMarkerTable(marker...)
+	quoted, err := markertable.Quote(marker...)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if ref.MarkerTable, err = outcome.MarkerRefTable(database, quoted); err != nil {
+	if ref.MarkerTable, err = markertable.RefTable(database, quoted); err != nil {
 		t.Fatal(err)
 	}
 	ref.Operation, ref.CheckedAt = outcome.NewOperationID(), checkedAt

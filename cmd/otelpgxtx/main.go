@@ -60,6 +60,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/txevidence/otelpgxtx/internal/markertable"
 	"github.com/txevidence/otelpgxtx/internal/schema"
 	"github.com/txevidence/otelpgxtx/outcome"
 	"github.com/txevidence/otelpgxtx/reconcile"
@@ -112,7 +113,7 @@ func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 	}
 	var markerTable pgx.Identifier
 	if *assertMarker != "" {
-		parts, err := outcome.ParseMarkerTable(*assertMarker)
+		parts, err := markertable.Parse(*assertMarker)
 		if err != nil {
 			fmt.Fprintln(stderr, "otelpgxtx reconcile: -assert-marker:", err)
 			return exitBad
@@ -145,7 +146,7 @@ func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 // markerDDL prints reconcile.MarkerTableDDL's statement for the table an operator names,
 // so that the runbook's table is the library's, never a copy of its SQL that drifts.
 func markerDDL(table string, stdout, stderr io.Writer) int {
-	parts, err := outcome.ParseMarkerTable(table)
+	parts, err := markertable.Parse(table)
 	if err == nil {
 		var ddl string
 		if ddl, err = reconcile.MarkerTableDDL(parts); err == nil {

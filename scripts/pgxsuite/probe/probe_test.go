@@ -13,7 +13,7 @@ import (
 	"go.opentelemetry.io/otel"
 
 	"github.com/txevidence/otelpgxtx"
-	"github.com/txevidence/otelpgxtx/pgtest"
+	"github.com/txevidence/otelpgxtx/internal/pgtest"
 )
 
 var srv *pgtest.Server

@@ -10,9 +10,10 @@
 // The proxy, PgBouncer and the Cluster have a TLSConnString too, so a test can run
 // over either transport with the same faults.
 //
-// It is public so that the runnable examples, which are modules of their own, can
-// start the same server the tests use; it is a test harness, not part of the
-// instrumentation API.
+// It is internal: a test harness shaped by this repository's tests (Main owns the
+// test binary, re-executes it as a proxy process, checks leaks), not part of the
+// instrumentation API. The runnable examples, modules of their own, still import it:
+// Go allows it to any package under the module's path.
 package pgtest
 
 import (

@@ -1,4 +1,10 @@
-package outcome
+// Package markertable reads and writes the names of commit-marker tables: the quoted
+// schema-qualified name the library writes its marker rows through, the operator's
+// spelling of it on the command line, and the database-qualified form a reconciliation
+// reference carries. It is internal because users name the table as a pgx.Identifier
+// (otelpgxtx.WithCommitMarker, reconcile.MarkerTableDDL); only the packages of this module
+// turn it into SQL or read it back.
+package markertable
 
 import (
 	"errors"
@@ -6,13 +12,13 @@ import (
 	"strings"
 )
 
-// QuoteMarkerTable returns a commit-marker table's name, schema and table, as a qualified
+// Quote returns a commit-marker table's name, schema and table, as a qualified
 // SQL name with both parts quoted as identifiers ("app"."tx_marker"). The schema is
 // required: a marker written through an unqualified name would go wherever the session's
 // search_path pointed at commit time, and a reconciler looking it up with another
 // search_path would find another table, or none. It refuses an empty part and a NUL byte,
 // which PostgreSQL identifiers cannot hold.
-func QuoteMarkerTable(parts ...string) (string, error) {
+func Quote(parts ...string) (string, error) {
 	if len(parts) != 2 {
 		return "", fmt.Errorf("outcome: a marker table is named by its schema and its name (2 parts), not %d part(s)", len(parts))
 	}
@@ -34,13 +40,13 @@ func quoteParts(parts []string) (string, error) {
 	return b.String(), nil
 }
 
-// ParseMarkerTable reads a marker table's name as an operator writes it, schema and
-// table, and returns its two parts, for [QuoteMarkerTable]: the quoted form
+// Parse reads a marker table's name as an operator writes it, schema and
+// table, and returns its two parts, for [Quote]: the quoted form
 // ("app"."tx_marker") or, for parts that quoting leaves unchanged (lower-case letters,
 // digits, _ and $, not starting with a digit or $), the same parts unquoted
 // (app.tx_marker). Any other unquoted part is refused rather than guessed at:
 // PostgreSQL folds App to app, while a quoted "App" is another table.
-func ParseMarkerTable(s string) ([]string, error) {
+func Parse(s string) ([]string, error) {
 	parts, err := splitTableName(s, true)
 	if err == nil && len(parts) != 2 {
 		err = fmt.Errorf("outcome: marker table %q is not schema-qualified: want schema.table", s)
@@ -48,9 +54,9 @@ func ParseMarkerTable(s string) ([]string, error) {
 	return parts, err
 }
 
-// splitMarkerRef splits a reference's marker table, "database"."schema"."table", into the
+// SplitRef splits a reference's marker table, "database"."schema"."table", into the
 // database and the quoted relation ("schema"."table").
-func splitMarkerRef(s string) (database, relation string, err error) {
+func SplitRef(s string) (database, relation string, err error) {
 	parts, err := splitTableName(s, false)
 	if err != nil {
 		return "", "", err
@@ -62,14 +68,14 @@ func splitMarkerRef(s string) (database, relation string, err error) {
 	return parts[0], relation, nil
 }
 
-// MarkerRefTable returns the marker table of a reference: table (as [QuoteMarkerTable]
+// RefTable returns the marker table of a reference: table (as [Quote]
 // returns it) in database, "database"."schema"."table".
-func MarkerRefTable(database, table string) (string, error) {
+func RefTable(database, table string) (string, error) {
 	db, err := quoteParts([]string{database})
 	if err != nil {
 		return "", err
 	}
-	if _, _, err := splitMarkerRef(db + "." + table); err != nil {
+	if _, _, err := SplitRef(db + "." + table); err != nil {
 		return "", err
 	}
 	return db + "." + table, nil
