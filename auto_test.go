@@ -17,8 +17,8 @@ import (
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
 	"go.opentelemetry.io/otel/sdk/metric/metricdata"
 
-	"github.com/txevidence/otelpgxtx/internal/pgtest"
 	"github.com/txevidence/otelpgxtx/outcome"
+	"github.com/txevidence/otelpgxtx/pgtest"
 	"github.com/txevidence/otelpgxtx/reconcile"
 )
 

@@ -14,8 +14,8 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/txevidence/otelpgxtx/internal/wire"
-	"github.com/txevidence/otelpgxtx/internal/pgtest"
 	"github.com/txevidence/otelpgxtx/outcome"
+	"github.com/txevidence/otelpgxtx/pgtest"
 )
 
 // endsAfterCheck is a context that has ended but whose first Err call says it has not:

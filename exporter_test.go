@@ -16,7 +16,7 @@ import (
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 	"go.opentelemetry.io/otel/trace"
 
-	"github.com/txevidence/otelpgxtx/internal/pgtest"
+	"github.com/txevidence/otelpgxtx/pgtest"
 )
 
 // wantStatementChildren asserts that the frame has statement spans (from otelpgx) as

@@ -15,7 +15,7 @@ import (
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
 	"go.opentelemetry.io/otel/sdk/metric/metricdata"
 
-	"github.com/txevidence/otelpgxtx/internal/pgtest"
+	"github.com/txevidence/otelpgxtx/pgtest"
 )
 
 // poolReading is one collection of the connection-pool metrics.

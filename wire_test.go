@@ -18,8 +18,8 @@ import (
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 
-	"github.com/txevidence/otelpgxtx/internal/pgtest"
 	"github.com/txevidence/otelpgxtx/outcome"
+	"github.com/txevidence/otelpgxtx/pgtest"
 )
 
 // TestWireUnchangedByInstrumentation records the whole conversation of plain pgx use of

@@ -24,8 +24,8 @@ import (
 	"github.com/jackc/pgx/v5/pgconn/ctxwatch"
 
 	"github.com/txevidence/otelpgxtx/classifier"
-	"github.com/txevidence/otelpgxtx/internal/pgtest"
 	"github.com/txevidence/otelpgxtx/outcome"
+	"github.com/txevidence/otelpgxtx/pgtest"
 )
 
 // srv is the throw-away server shared by the real-server tests of this package.

@@ -11,7 +11,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/txevidence/otelpgxtx/internal/pgtest"
+	"github.com/txevidence/otelpgxtx/pgtest"
 )
 
 // srv is the throw-away PostgreSQL the tests give the demo as its DATABASE_URL, the way

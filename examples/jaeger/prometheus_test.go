@@ -15,7 +15,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/txevidence/otelpgxtx/internal/pgtest"
+	"github.com/txevidence/otelpgxtx/pgtest"
 )
 
 // prometheusModuleVersion is the Go module version of Prometheus that scripts/prometheus

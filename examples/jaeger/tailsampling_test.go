@@ -9,7 +9,7 @@ import (
 	"go.opentelemetry.io/otel/codes"
 
 	"github.com/txevidence/otelpgxtx"
-	"github.com/txevidence/otelpgxtx/internal/pgtest"
+	"github.com/txevidence/otelpgxtx/pgtest"
 )
 
 // TestTailSampling runs the shipped tail-sampling.yaml in the real Jaeger v2 and sends

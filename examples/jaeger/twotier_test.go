@@ -23,8 +23,8 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/txevidence/otelpgxtx"
-	"github.com/txevidence/otelpgxtx/internal/pgtest"
 	"github.com/txevidence/otelpgxtx/outcome"
+	"github.com/txevidence/otelpgxtx/pgtest"
 )
 
 // The service names of the two-service demo in these tests.

@@ -13,7 +13,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/txevidence/otelpgxtx/internal/pgtest"
+	"github.com/txevidence/otelpgxtx/pgtest"
 )
 
 var srv *pgtest.Server

@@ -13,7 +13,7 @@ import (
 	"go.opentelemetry.io/otel"
 
 	"github.com/txevidence/otelpgxtx"
-	"github.com/txevidence/otelpgxtx/internal/pgtest"
+	"github.com/txevidence/otelpgxtx/pgtest"
 )
 
 var srv *pgtest.Server
