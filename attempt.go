@@ -124,7 +124,7 @@ func beginAttempt[T any](ctx context.Context, db DB, p Policy, n int) (attempt, 
 	if held.conn != nil && p.CaptureReference {
 		// Before BEGIN, so that the library's own query never runs inside the transaction;
 		// a connection it broke is handled like a failed BEGIN, and the pool discards it.
-		err = prepareCapture(ctx, held.conn, p.markerTable())
+		err = prepareReference(ctx, held.conn, p.markerTable())
 	}
 	if err == nil && held.conn != nil {
 		tx, err = held.conn.BeginTx(ctx, opts)
@@ -317,7 +317,7 @@ func commit(ctx context.Context, sc *scope, tx pgx.Tx, held heldConn, p Policy, 
 		q = queryState{set: s.set, frame: f}
 		qctx = f.t.innerQueryStart(f.t.fold(innerStartCtx(ctx, f), &q, foldControl, s.op), held.conn, pgx.TraceQueryStartData{SQL: commitSQL}, s)
 	}
-	cr := commitWithCapture(ctx, pg, st, commitSQL, marker, sc.id)
+	cr := commitWithReference(ctx, pg, st, commitSQL, marker, sc.id)
 	var answer statementAnswer
 	if q.folded {
 		answer = answerOf(q.op, q.start, cr.err) // COMMIT's time, not what follows

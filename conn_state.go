@@ -29,7 +29,7 @@ type connState struct {
 	attrs []attribute.KeyValue
 
 	// The cluster identity, read once per connection for reconciliation references
-	// (capture.go), with the database and the server's clock at the check.
+	// (reference.go), with the database and the server's clock at the check.
 	systemID     uint64
 	timeline     uint32
 	serverStart  int64 // µs since the epoch; a connection never outlives a restart
@@ -40,7 +40,7 @@ type connState struct {
 	xidCallMsg []byte
 	// markers are the commit-marker functions checked on the connection.
 	markers []*markerFn
-	// Commit references for plain pgx (reference.go). adding: an addition is armed for,
+	// Commit references for plain pgx (reference_tracer.go). adding: an addition is armed for,
 	// or was made to, the query in flight; refsOff: the identity check failed.
 	adding, refsOff bool
 

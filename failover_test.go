@@ -232,7 +232,7 @@ func TestIdentityOnStandby(t *testing.T) {
 		identity bool
 	}{{"standby", c.Standby(), false}, {"primary", c.Primary(), true}} {
 		conn := instrumentedConn(t, ctx, tc.s.ConnString())
-		if err := prepareCapture(ctx, conn, ""); err != nil {
+		if err := prepareReference(ctx, conn, ""); err != nil {
 			t.Fatalf("%s: the identity read broke the connection: %v", tc.name, err)
 		}
 		if err := conn.Ping(ctx); err != nil {

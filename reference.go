@@ -1,138 +1,218 @@
 package otelpgxtx
 
 import (
-	"context"
-	"log/slog"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
 
-	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgproto3"
 
-	"github.com/txevidence/otelpgxtx/classifier"
+	"github.com/txevidence/otelpgxtx/internal/markertable"
+	"github.com/txevidence/otelpgxtx/internal/pg"
 	"github.com/txevidence/otelpgxtx/internal/wire"
+	"github.com/txevidence/otelpgxtx/outcome"
 )
 
-// Commit references for plain pgx ([WithCaptureReference], [WithCommitMarker]): what the
-// tracer adds to the application's writes, through the connection's net.Conn wrapper,
-// and what it makes of the replies (see internal/wire). The call ahead of COMMIT and
-// what its reply means are capture.go's, which Run sends through pgconn.
+// Commit references, one mechanism for Run and for plain pgx alike: a reference is the reply to one
+// fast-path FunctionCall sent in the same write as COMMIT and ahead of it — the xid read
+// (pg_current_xact_id_if_assigned) or the commit-marker function of MarkerTableDDL —,
+// whose reply the server flushes before it reads COMMIT. Run writes the call and reads
+// its reply through pgconn (commitWithReference, reference_run.go); the tracer adds the
+// same bytes to the application's COMMIT write and takes the reply out of the stream
+// (reference_tracer.go, internal/wire). Both read the reply with wire.Reply.Take and turn it into a
+// reference with connState.callRef.
 
-// identityMessage returns the Query the tracer sends ahead of a connection's first BEGIN:
-// the cluster identity, which also calls the xid read's function (so that a missing
-// privilege shows there, outside any transaction), and the marker function's check.
-func (t *Tracer) identityMessage() []byte {
-	sql := identitySelect
-	if t.cfg.reference == referenceMarker {
-		sql += ", " + markerCheckSQL(t.cfg.marker)
-	}
-	msg, _ := (&pgproto3.Query{String: sql + identityFrom}).Encode(nil)
-	return msg
+// identitySQL reads what makes an xid meaningful: the cluster's system identifier, its
+// current timeline and the server's start time (after a failover, and after a crash
+// restart, the same xid may name another transaction), with the database (a marker
+// row is in one) and the server's clock (a marker row is never older than it). It also
+// reads the OID of the function the xid read calls, and calls it, so that capture is
+// only attempted where that call cannot fail for want of a privilege: an ERROR there
+// would abort the transaction being committed.
+const identitySQL = identitySelect + identityFrom
+
+// identitySelect and identityFrom are identitySQL's two halves, so that the tracer's
+// check (see Tracer.identityMessage) can add the marker function's column between them.
+const (
+	identitySelect = "select s.system_identifier::text, " + pg.TimelineSQL + ", " + pg.ServerStartSQL +
+		", pg_current_xact_id_if_assigned()::text, 'pg_catalog.pg_current_xact_id_if_assigned()'::pg_catalog.regprocedure::pg_catalog.oid::text" +
+		", pg_catalog.current_database()::text, (extract(epoch from pg_catalog.now()) * 1000000)::bigint::text"
+	identityFrom = " from pg_control_system() s"
+)
+
+// The columns of identitySQL, and the marker check's after them.
+const (
+	colSystem = iota
+	colTimeline
+	colStart
+	colXIDRead
+	colXIDFunction
+	colDatabase
+	colCheckedAt
+	colMarker
+)
+
+// markerCheckSQL is the column that checks the commit-marker function of table (quoted,
+// schema-qualified), as MarkerTableDDL creates it: its OID when a call of it cannot fail
+// for want of a privilege, whatever role the session has switched to (SECURITY DEFINER,
+// EXECUTE for PUBLIC, USAGE on its schema for PUBLIC, its owner may insert into the
+// table), else the word that says what is wrong. Nothing in it can fail: a missing
+// table or function is NULL, not an error.
+func markerCheckSQL(table string) string {
+	lit := func(s string) string { return "'" + strings.ReplaceAll(s, "'", "''") + "'" }
+	return "(select case when r.t is null or p.oid is null then 'missing'" +
+		" when not p.prosecdef or p.prorettype <> 'pg_catalog.text'::pg_catalog.regtype then 'not_marker_function'" +
+		" when not pg_catalog.has_function_privilege('public', p.oid, 'EXECUTE') or not pg_catalog.has_schema_privilege('public', p.pronamespace, 'USAGE') then 'not_public'" +
+		" when not pg_catalog.has_table_privilege(p.proowner, r.t, 'INSERT') then 'owner_cannot_insert'" +
+		" else p.oid::text end" +
+		" from (select pg_catalog.to_regclass(" + lit(table) + ") t, pg_catalog.to_regprocedure(" + lit(table+"(pg_catalog.uuid)") + ") f) r" +
+		" left join pg_catalog.pg_proc p on p.oid = r.f)"
 }
 
-// referencesOn reports whether the tracer may add to st's connection's writes: the option
-// is on, the connection's net.Conn is the wrapper, and the server is PostgreSQL (the xid
-// read, the fast-path call and what a marker's absence proves are PostgreSQL's).
-func (t *Tracer) referencesOn(st *connState) bool {
-	return t.cfg.reference != referenceNone && st.nc != nil && st.server == classifier.ServerPostgreSQL && !st.refsOff
+// markerProblems says, for each word of markerCheckSQL, why the marker is off.
+var markerProblems = map[string]string{
+	"missing":             "the marker table or its function does not exist (run reconcile.MarkerTableDDL)",
+	"not_marker_function": "the marker function is not the SECURITY DEFINER function of reconcile.MarkerTableDDL",
+	"not_public":          "the marker function or its schema is not usable by every role (reconcile.MarkerTableDDL grants EXECUTE and USAGE to PUBLIC)",
+	"owner_cannot_insert": "the marker function's owner may not insert into the marker table",
 }
 
-// armIdentity has the write of a BEGIN (the statement sql, sent as a lone simple Query)
-// carry the identity read ahead of it, the first time: outside any transaction, so that a
-// failure of it changes nothing of the application's, and in the same write, so that it
-// costs no round trip.
-func (t *Tracer) armIdentity(st *connState, set stmtSet, sql string) {
-	if !t.referencesOn(st) || st.identityRead || st.adding || !set.single() {
-		return
-	}
-	if st.nc.Arm(&wire.Addition{Kind: wire.LibraryQuery, Match: sql, Before: t.identityMsg}) {
-		st.adding = true
-	}
+// markerFn is a commit-marker function checked on a connection.
+type markerFn struct {
+	table string // quoted, schema-qualified, as configured
+	ref   string // the reference's name of it: "database"."schema"."table"
+	// msg is its call, encoded with a zero operation id at argAt, which callMsg fills in;
+	// nil when the check found it unusable (problem says why).
+	msg     []byte
+	argAt   int
+	problem string
 }
 
-// armReference has the write of f's COMMIT (the statement sql) carry the call of the
-// marker function, or the xid read (see capture.go), when f's transaction can have a
-// reference: it wrote something the tracer saw, did not begin read-only, has not failed,
-// and commits with a lone COMMIT Query.
-func (t *Tracer) armReference(st *connState, f *frame, pg *pgconn.PgConn, set stmtSet, sql string) {
-	if !t.referencesOn(st) || !st.identityKnown() || st.adding || !f.wrote || f.readOnly ||
-		!set.single() || !set.has(stmtCommit) || pg.TxStatus() != 'T' {
-		return
-	}
-	f.marker = nil
-	if t.cfg.reference == referenceMarker {
-		f.marker, _ = st.marker(t.cfg.marker)
-	}
-	if st.nc.Arm(&wire.Addition{Kind: wire.LibraryCall, Match: sql, Before: st.callMsg(f.marker, f.id)}) {
-		st.adding = true
-	}
-}
-
-// collectAddition collects, after the query it was armed for, what became of the library's
-// addition: the cluster identity after a BEGIN; f's reference after its COMMIT. It reports
-// whether the server answered the call with a FATAL, after which it read nothing more:
-// COMMIT never ran.
-func (t *Tracer) collectAddition(st *connState, f *frame) (endedBeforeCommit bool) {
-	if !st.adding {
-		return false
-	}
-	st.adding = false
-	a := st.nc.Collect() // withdrawn if its write never came
-	if a == nil || !a.Sent() {
-		return false // tried again at the next BEGIN or COMMIT
-	}
-	r := a.Reply()
-	switch a.Kind {
-	case wire.LibraryQuery:
-		if !r.Done || r.Fatal {
-			// The connection ended before the check was answered: nothing was checked, and
-			// the connection is gone with whatever BEGIN it carried.
-			return false
-		}
-		st.identityRead = true
-		t.identityChecked(st, r)
-	case wire.LibraryCall:
-		if f != nil && !r.Fatal {
-			f.ref = st.callRef(f.marker, f.id, r)
-		}
-		return r.Fatal
-	}
-	return false
-}
-
-// identityChecked keeps the identity the check read, or turns references off for the
-// connection, with one log record saying why.
-func (t *Tracer) identityChecked(st *connState, r wire.Reply) {
-	reason := ""
+// newMarkerFn makes table's marker from what markerCheckSQL answered.
+func (st *connState) newMarkerFn(table string, check []byte) *markerFn {
+	m := &markerFn{table: table}
+	oid, err := strconv.ParseUint(string(check), 10, 32)
 	switch {
-	case r.ErrCode != "":
-		reason = "the identity check failed with SQLSTATE " + r.ErrCode
+	case check == nil:
+		m.problem = "the marker check answered nothing"
+	case err != nil:
+		m.problem = markerProblems[string(check)]
+		if m.problem == "" {
+			m.problem = "the marker check answered " + strconv.Quote(string(check))
+		}
 	default:
-		if err := st.setIdentity(r.Row); err != nil {
-			reason = err.Error()
+		var zero outcome.OperationID
+		call := pgproto3.FunctionCall{Function: uint32(oid), ArgFormatCodes: []uint16{1}, Arguments: [][]byte{zero[:]}}
+		m.msg, _ = call.Encode(nil)
+		m.argAt = len(m.msg) - 2 - len(zero) // the argument is followed by the result's format code
+		if m.ref, err = markertable.RefTable(st.database, table); err != nil {
+			m.msg, m.problem = nil, err.Error()
 		}
 	}
-	if reason != "" {
-		st.refsOff = true
-		t.referenceLog("commit references are off for this connection", reason)
-		return
-	}
-	if t.cfg.reference == referenceMarker {
-		var check []byte
-		if len(r.Row) > colMarker {
-			check = r.Row[colMarker]
-		}
-		if m := st.newMarkerFn(t.cfg.marker, check); m.problem != "" {
-			t.referenceLog("the commit marker is off for this connection; commits carry the xid read", m.problem)
-		}
-	}
+	st.markers = append(st.markers, m)
+	return m
 }
 
-// referenceLog writes one record about the connection's references, on the WithLogger
-// logger, else slog's default: what it holds is the library's own (SQLSTATEs, the table
-// name the application configured), never user data.
-func (t *Tracer) referenceLog(msg, reason string) {
-	l := t.cfg.logger
-	if l == nil {
-		l = slog.Default()
+// marker returns table's marker function as checked on st, and whether it was.
+func (st *connState) marker(table string) (*markerFn, bool) {
+	for _, m := range st.markers {
+		if m.table == table {
+			return m, true
+		}
 	}
-	l.LogAttrs(context.Background(), slog.LevelWarn, "otelpgxtx: "+msg, slog.String("reason", reason))
+	return nil, false
+}
+
+// callMsg returns the call to send ahead of a COMMIT of operation id: m's marker
+// function when m is usable, else the xid read. The bytes are st's, valid until the next
+// call: both Run and the tracer write them out before that.
+func (st *connState) callMsg(m *markerFn, id outcome.OperationID) []byte {
+	if m != nil && m.msg != nil {
+		copy(m.msg[m.argAt:], id[:])
+		return m.msg
+	}
+	return st.xidCallMsg
+}
+
+// callRef is the reference of a COMMIT sent right after the call of m (nil: the xid read)
+// for operation id, from the call's reply r, which is whole (done) when it was read,
+// empty when no reply came. With a marker the reference stands without a reply: the
+// function inserts the marker unless the transaction had no xid or was read-only, and
+// neither can leave anything durable behind (PostgreSQL refuses a read-only
+// transaction every write to a permanent relation, 25006; one without an xid wrote none),
+// so the marker's absence still proves that none of the transaction's work is there.
+// A reply says exactly what the call did: 'm' and the xid (the marker was inserted),
+// 'r' and the xid (read-only: the xid alone), 'n' (no xid: nothing written).
+func (st *connState) callRef(m *markerFn, id outcome.OperationID, r wire.Reply) *outcome.ReconciliationRef {
+	if r.ErrCode != "" {
+		return nil // the call failed: the transaction was aborted, COMMIT rolls it back
+	}
+	if m == nil || m.msg == nil {
+		if !r.GotValue {
+			return nil // the xid never arrived
+		}
+		xid, err := strconv.ParseUint(string(r.Value), 10, 64) // NULL: 0, it wrote nothing
+		if r.Value != nil && err != nil {
+			return nil
+		}
+		return st.ref(xid)
+	}
+	v := string(r.Value)
+	var xid uint64
+	var err error
+	if len(v) > 1 {
+		xid, err = strconv.ParseUint(v[1:], 10, 64)
+	}
+	switch {
+	case !r.GotValue, len(v) > 1 && v[0] == 'm' && err == nil:
+		ref := st.ref(xid) // 0: no reply came
+		ref.MarkerTable, ref.Operation, ref.CheckedAt = m.ref, id, st.checkedAt
+		return ref
+	case v == "n":
+		return st.ref(0)
+	case len(v) > 1 && v[0] == 'r' && err == nil:
+		return st.ref(xid)
+	}
+	return nil // not the function MarkerTableDDL makes
+}
+
+// rawMessage is a message encoded already, so that Run sends the very bytes the tracer
+// adds to a COMMIT write.
+type rawMessage []byte
+
+func (m rawMessage) Frontend()                         {}
+func (m rawMessage) Decode([]byte) error               { return errors.New("otelpgxtx: rawMessage is not decoded") }
+func (m rawMessage) Encode(dst []byte) ([]byte, error) { return append(dst, m...), nil }
+
+// setIdentity keeps the cluster identity of row, identitySQL's columns.
+func (st *connState) setIdentity(row [][]byte) error {
+	if len(row) < colMarker {
+		return errors.New("otelpgxtx: reading the cluster identity: unexpected result shape")
+	}
+	if row[colTimeline] == nil {
+		return errors.New("otelpgxtx: reading the cluster identity: the server is a standby; no reconciliation references on this connection")
+	}
+	sys, err1 := strconv.ParseUint(string(row[colSystem]), 10, 64)
+	tli, err2 := strconv.ParseUint(string(row[colTimeline]), 10, 32)
+	start, err3 := strconv.ParseInt(string(row[colStart]), 10, 64)
+	fn, err4 := strconv.ParseUint(string(row[colXIDFunction]), 10, 32)
+	checked, err5 := strconv.ParseInt(string(row[colCheckedAt]), 10, 64)
+	if err1 != nil || err2 != nil || err3 != nil || err4 != nil || err5 != nil || sys == 0 || tli == 0 || start <= 0 || fn == 0 ||
+		checked <= 0 || len(row[colDatabase]) == 0 {
+		return fmt.Errorf("otelpgxtx: reading the cluster identity: unexpected values %q", row)
+	}
+	st.systemID, st.timeline, st.serverStart = sys, uint32(tli), start
+	st.database, st.checkedAt = string(row[colDatabase]), checked
+	st.xidCallMsg, _ = (&pgproto3.FunctionCall{Function: uint32(fn)}).Encode(nil) // result in text format
+	return nil
+}
+
+// identityKnown reports whether st holds a cluster identity, without which a reference
+// could not be checked and capture is off.
+func (st *connState) identityKnown() bool { return st != nil && st.systemID != 0 }
+
+// ref returns a reference to xid on st's cluster.
+func (st *connState) ref(xid uint64) *outcome.ReconciliationRef {
+	return &outcome.ReconciliationRef{XID: xid, SystemIdentifier: st.systemID, Timeline: st.timeline, ServerStart: st.serverStart}
 }

@@ -38,7 +38,7 @@ type Tracer struct {
 	// WithSanitizedInnerTracer asks otherwise; its spans get no attribute of ours.
 	innerAsIs bool
 	// identityMsg is the identity check sent ahead of a connection's first BEGIN, with
-	// commit references on (reference.go).
+	// commit references on (reference_tracer.go).
 	identityMsg []byte
 
 	query   pgx.QueryTracer

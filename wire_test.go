@@ -467,13 +467,13 @@ func TestIdentityReadWithEndedContext(t *testing.T) {
 	defer conn.Close(ctx)
 	cctx, cancel := context.WithCancel(ctx)
 	cancel()
-	if err := prepareCapture(cctx, conn, ""); err != nil || conn.IsClosed() {
+	if err := prepareReference(cctx, conn, ""); err != nil || conn.IsClosed() {
 		t.Fatalf("with an ended context: %v, closed %v", err, conn.IsClosed())
 	}
 	if st := connStateOf(conn); st.identityRead || st.identityKnown() {
 		t.Fatal("an ended context counted as the server's answer")
 	}
-	if err := prepareCapture(ctx, conn, ""); err != nil {
+	if err := prepareReference(ctx, conn, ""); err != nil {
 		t.Fatal(err)
 	}
 	if !connStateOf(conn).identityKnown() {

@@ -19,7 +19,7 @@ import (
 )
 
 // endsAfterCheck is a context that has ended but whose first Err call says it has not:
-// the context ending between commitWithCapture's check and its write.
+// the context ending between commitWithReference's check and its write.
 type endsAfterCheck struct {
 	context.Context
 	checked bool
@@ -48,7 +48,7 @@ func TestCaptureContextEnded(t *testing.T) {
 			rec := proxy.Record()
 			table := newTable(t, ctx)
 			conn := instrumentedConn(t, ctx, proxy.ConnString(srv.ConnString()))
-			if err := prepareCapture(ctx, conn, ""); err != nil {
+			if err := prepareReference(ctx, conn, ""); err != nil {
 				t.Fatal(err)
 			}
 			st := connStateOf(conn)
@@ -70,7 +70,7 @@ func TestCaptureContextEnded(t *testing.T) {
 			}
 			pg := conn.PgConn()
 			pid := pg.PID()
-			res := commitWithCapture(commitCtx, pg, st, "commit", nil, outcome.NewOperationID())
+			res := commitWithReference(commitCtx, pg, st, "commit", nil, outcome.NewOperationID())
 			if !errors.Is(res.err, context.Canceled) || res.ref != nil || res.endedBeforeCommit || res.tag.String() != "" {
 				t.Fatalf("commit result %+v, want a cancellation and nothing else", res)
 			}
