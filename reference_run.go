@@ -199,7 +199,7 @@ func commitWithReference(ctx context.Context, conn *pgconn.PgConn, st *connState
 			}
 		}
 		res.rollbackTag = res.tag.String() == "ROLLBACK"
-	case classifier.IsFatal(err):
+	case pg.FatalError(err):
 		// The server reads its messages in order and nothing after a FATAL.
 		res.err, res.endedBeforeCommit = err, true
 	default:

@@ -253,13 +253,6 @@ func serverError(pgErr *pgconn.PgError) Verdict {
 	return v
 }
 
-// IsFatal reports whether err is a server error of severity FATAL or PANIC, after which
-// the server ends the session.
-func IsFatal(err error) bool {
-	pgErr, ok := errors.AsType[*pgconn.PgError](err)
-	return ok && isFatal(pgErr)
-}
-
 // isFatal reads the unlocalized severity (PostgreSQL 9.6+), so that a server with
 // lc_messages in another language is not mistaken for an ERROR.
 func isFatal(pgErr *pgconn.PgError) bool {

@@ -5,7 +5,10 @@
 package pg
 
 import (
+	"errors"
+
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 )
 
@@ -35,6 +38,12 @@ func Fatal(severity, unlocalized string) bool {
 		unlocalized = severity
 	}
 	return unlocalized == "FATAL" || unlocalized == "PANIC"
+}
+
+// FatalError reports whether err is a server error of severity FATAL or PANIC (see Fatal).
+func FatalError(err error) bool {
+	pgErr, ok := errors.AsType[*pgconn.PgError](err)
+	return ok && Fatal(pgErr.Severity, pgErr.SeverityUnlocalized)
 }
 
 // IsNilHandle reports a typed nil pool or connection, which would panic on first use.

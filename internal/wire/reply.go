@@ -9,7 +9,6 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgproto3"
 
-	"github.com/txevidence/otelpgxtx/classifier"
 	"github.com/txevidence/otelpgxtx/internal/pg"
 )
 
@@ -50,7 +49,7 @@ func (r *Reply) Take(kind LibraryMessage, msg pgproto3.BackendMessage) bool {
 	case *pgproto3.ErrorResponse:
 		r.ErrCode = m.Code
 		r.Err = pgconn.ErrorResponseToPgError(m)
-		r.Fatal = classifier.IsFatal(r.Err)
+		r.Fatal = pg.FatalError(r.Err)
 		r.Done = r.Fatal // the server reads nothing after a FATAL
 		return true
 	case *pgproto3.ReadyForQuery:
