@@ -24,11 +24,11 @@ import (
 // pgconn directly: it is the instrumentation's own query, not the application's, and
 // makes no span. Only [Run] calls it, on a connection it holds and before BEGIN, so it
 // never runs inside a transaction of the application's.
-func readIdentity(ctx context.Context, pg *pgconn.PgConn, st *connState) error {
+func readIdentity(ctx context.Context, pgConn *pgconn.PgConn, st *connState) error {
 	if st.identityRead {
 		return nil
 	}
-	row, err := readRow(ctx, pg, identitySQL, &st.identityRead)
+	row, err := readRow(ctx, pgConn, identitySQL, &st.identityRead)
 	if err != nil {
 		return fmt.Errorf("otelpgxtx: reading the cluster identity: %w", err)
 	}
@@ -37,12 +37,12 @@ func readIdentity(ctx context.Context, pg *pgconn.PgConn, st *connState) error {
 
 // checkMarker checks table's marker function on st's connection, once per connection
 // and table, before BEGIN, as readIdentity (Run's Policy.CommitMarker).
-func checkMarker(ctx context.Context, pg *pgconn.PgConn, st *connState, table string) error {
+func checkMarker(ctx context.Context, pgConn *pgconn.PgConn, st *connState, table string) error {
 	if _, ok := st.marker(table); ok {
 		return nil
 	}
 	var answered bool
-	row, err := readRow(ctx, pg, "select "+markerCheckSQL(table), &answered)
+	row, err := readRow(ctx, pgConn, "select "+markerCheckSQL(table), &answered)
 	if err != nil {
 		if answered {
 			st.markers = append(st.markers, &markerFn{table: table, problem: err.Error()})
@@ -57,11 +57,12 @@ func checkMarker(ctx context.Context, pg *pgconn.PgConn, st *connState, table st
 
 // readRow runs sql, the library's own one-row query, through pgconn. answered is set
 // when the server answered, a refusal included: that is not asked again per commit. A
-// context that had already expired sent nothing, and the next Run asks again.
-func readRow(ctx context.Context, pg *pgconn.PgConn, sql string, answered *bool) ([][]byte, error) {
-	results, err := pg.Exec(ctx, sql).ReadAll()
+// context that had already expired sent nothing, and an error that happened to the
+// statement (a cancel, a timeout: pg.Transient) answered nothing; the next Run asks again.
+func readRow(ctx context.Context, pgConn *pgconn.PgConn, sql string, answered *bool) ([][]byte, error) {
+	results, err := pgConn.Exec(ctx, sql).ReadAll()
 	var pgErr *pgconn.PgError
-	if err == nil || errors.As(err, &pgErr) {
+	if err == nil || errors.As(err, &pgErr) && !pg.Transient(pgErr.Code) {
 		*answered = true
 	}
 	if err != nil {
@@ -80,9 +81,9 @@ func readRow(ctx context.Context, pg *pgconn.PgConn, sql string, answered *bool)
 // error only when the read broke the connection, which then must not be used. A context
 // that had already ended sent nothing: BEGIN reports it as it would have without capture.
 func prepareReference(ctx context.Context, conn *pgx.Conn, table string) error {
-	pg := conn.PgConn()
-	st := stateOf(pg)
-	if st == nil || pg.TxStatus() != 'I' {
+	pgConn := conn.PgConn()
+	st := stateOf(pgConn)
+	if st == nil || pgConn.TxStatus() != 'I' {
 		return nil
 	}
 	if st.server != classifier.ServerPostgreSQL {
@@ -91,14 +92,14 @@ func prepareReference(ctx context.Context, conn *pgx.Conn, table string) error {
 		st.identityRead = true
 		return nil
 	}
-	err := readIdentity(ctx, pg, st)
+	err := readIdentity(ctx, pgConn, st)
 	if err == nil && table != "" && st.identityKnown() {
-		err = checkMarker(ctx, pg, st, table)
+		err = checkMarker(ctx, pgConn, st, table)
 	}
 	if err == nil {
 		return nil
 	}
-	if pg.IsClosed() {
+	if pgConn.IsClosed() {
 		return err
 	}
 	if ctx.Err() == nil {
@@ -213,12 +214,12 @@ func commitWithReference(ctx context.Context, conn *pgconn.PgConn, st *connState
 // readCallReply reads the reply to the library's call into r, up to its ReadyForQuery.
 // A failure to read is returned and closes the connection (see readReply); a message
 // that has no place there too.
-func readCallReply(ctx context.Context, pg *pgconn.PgConn, r *wire.Reply) error {
+func readCallReply(ctx context.Context, pgConn *pgconn.PgConn, r *wire.Reply) error {
 	for !r.Done {
-		msg, err := pg.ReceiveMessage(ctx)
+		msg, err := pgConn.ReceiveMessage(ctx)
 		if err != nil {
-			if !pg.IsClosed() {
-				_ = pg.Close(cancelledCtx)
+			if !pgConn.IsClosed() {
+				_ = pgConn.Close(cancelledCtx)
 			}
 			return err
 		}
@@ -227,7 +228,7 @@ func readCallReply(ctx context.Context, pg *pgconn.PgConn, r *wire.Reply) error 
 			continue // pgconn has handled them
 		}
 		if !r.Take(wire.LibraryCall, msg) {
-			_ = pg.Close(cancelledCtx)
+			_ = pgConn.Close(cancelledCtx)
 			return wire.ErrUnaccountedReply
 		}
 	}
@@ -244,12 +245,12 @@ type reply struct {
 // failure to read is returned as readErr and closes the connection, which pgconn leaves
 // open on a timeout, so that no unread reply remains on a connection pgconn believes
 // idle.
-func readReply(ctx context.Context, pg *pgconn.PgConn) (r reply, readErr error) {
+func readReply(ctx context.Context, pgConn *pgconn.PgConn) (r reply, readErr error) {
 	for {
-		msg, err := pg.ReceiveMessage(ctx)
+		msg, err := pgConn.ReceiveMessage(ctx)
 		if err != nil {
-			if !pg.IsClosed() {
-				_ = pg.Close(cancelledCtx)
+			if !pgConn.IsClosed() {
+				_ = pgConn.Close(cancelledCtx)
 			}
 			return r, err
 		}

@@ -8,6 +8,7 @@ import (
 	"github.com/jackc/pgx/v5/pgproto3"
 
 	"github.com/txevidence/otelpgxtx/classifier"
+	"github.com/txevidence/otelpgxtx/internal/pg"
 	"github.com/txevidence/otelpgxtx/internal/wire"
 )
 
@@ -52,9 +53,9 @@ func (t *Tracer) armIdentity(st *connState, set stmtSet, sql string) {
 // marker function, or the xid read (see reference.go), when f's transaction can have a
 // reference: it wrote something the tracer saw, did not begin read-only, has not failed,
 // and commits with a lone COMMIT Query.
-func (t *Tracer) armReference(st *connState, f *frame, pg *pgconn.PgConn, set stmtSet, sql string) {
+func (t *Tracer) armReference(st *connState, f *frame, pgConn *pgconn.PgConn, set stmtSet, sql string) {
 	if !t.referencesOn(st) || !st.identityKnown() || st.adding || !f.wrote || f.readOnly ||
-		!set.single() || !set.has(stmtCommit) || pg.TxStatus() != 'T' {
+		!set.single() || !set.has(stmtCommit) || pgConn.TxStatus() != 'T' {
 		return
 	}
 	f.marker = nil
@@ -85,6 +86,11 @@ func (t *Tracer) collectAddition(st *connState, f *frame) (endedBeforeCommit boo
 		if !r.Done || r.Fatal {
 			// The connection ended before the check was answered: nothing was checked, and
 			// the connection is gone with whatever BEGIN it carried.
+			return false
+		}
+		if pg.Transient(r.ErrCode) {
+			// A cancel or a timeout hit the check, not an answer to it: asked again at the
+			// next BEGIN.
 			return false
 		}
 		st.identityRead = true

@@ -40,6 +40,23 @@ func Fatal(severity, unlocalized string) bool {
 	return unlocalized == "FATAL" || unlocalized == "PANIC"
 }
 
+// Transient reports whether an error of SQLSTATE code is something that happened to the
+// statement rather than the server's answer to what it asked: a cancel or a statement
+// timeout (57), a lock it could not get (55P03, 55006), a serialization failure or a
+// deadlock (40), resources (53), an I/O error (58), a broken connection (08). Asking again
+// later may succeed, so the library's own checks (the cluster identity, the marker
+// function) are asked again after one, and take any other error as the answer.
+func Transient(code string) bool {
+	if len(code) != 5 {
+		return false
+	}
+	switch code[:2] {
+	case "08", "40", "53", "57", "58":
+		return true
+	}
+	return code == "55P03" || code == "55006"
+}
+
 // FatalError reports whether err is a server error of severity FATAL or PANIC (see Fatal).
 func FatalError(err error) bool {
 	pgErr, ok := errors.AsType[*pgconn.PgError](err)

@@ -49,3 +49,32 @@ func TestFatalError(t *testing.T) {
 		}
 	}
 }
+
+// TestTransient: what happened to a statement is transient; the server's answer to what
+// it asked (a privilege, a missing object, a feature a server lacks) is not.
+func TestTransient(t *testing.T) {
+	for code, want := range map[string]bool{
+		"57014": true,  // query_canceled: a cancel, statement_timeout
+		"57P01": true,  // admin_shutdown
+		"55P03": true,  // lock_not_available: lock_timeout
+		"55006": true,  // object_in_use
+		"40001": true,  // serialization_failure
+		"40P01": true,  // deadlock_detected
+		"53200": true,  // out_of_memory
+		"58030": true,  // io_error
+		"08006": true,  // connection_failure
+		"42501": false, // insufficient_privilege
+		"42883": false, // undefined_function
+		"42P01": false, // undefined_table
+		"3F000": false, // invalid_schema_name
+		"0A000": false, // feature_not_supported (a server that is not PostgreSQL)
+		"55000": false, // object_not_in_prerequisite_state
+		"XX000": false, // internal_error
+		"":      false,
+		"570":   false,
+	} {
+		if got := Transient(code); got != want {
+			t.Errorf("Transient(%q) = %v, want %v", code, got, want)
+		}
+	}
+}

@@ -1,0 +1,141 @@
+package otelpgxtx
+
+import (
+	"context"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// cancelWhileLocked runs fn while an admin transaction holds pg_proc in ACCESS EXCLUSIVE
+// mode, so that the first statement of backend pid that reads pg_proc — the library's
+// identity read or marker check, which read pg_proc through their function lookups and
+// the check's join — waits for that lock; cancels it there with pg_cancel_backend (a real
+// 57014, as an operator's or a nemesis's cancel), releases the lock and returns fn's
+// error. The admin connection polls pg_stat_activity itself: a new connection could wait
+// for the same lock.
+func cancelWhileLocked(t *testing.T, ctx context.Context, pid uint32, fn func() error) error {
+	t.Helper()
+	admin, err := pgx.Connect(ctx, srv.ConnString())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer admin.Close(context.WithoutCancel(ctx))
+	tx, err := admin.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(context.WithoutCancel(ctx))
+	if _, err := tx.Exec(ctx, "lock table pg_catalog.pg_proc in access exclusive mode"); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- fn() }()
+	for waiting := ""; waiting != "Lock"; {
+		select {
+		case err := <-done:
+			t.Fatalf("returned before it waited for the lock: %v", err)
+		case <-ctx.Done():
+			t.Fatal(ctx.Err())
+		case <-time.After(5 * time.Millisecond):
+		}
+		// A transaction sees one snapshot of the backends' status until it is cleared.
+		if _, err := tx.Exec(ctx, "select pg_catalog.pg_stat_clear_snapshot()"); err != nil {
+			t.Fatal(err)
+		}
+		if err := tx.QueryRow(ctx, "select coalesce((select wait_event_type from pg_catalog.pg_stat_activity where pid = $1), '')",
+			int64(pid)).Scan(&waiting); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var cancelled bool
+	if err := tx.QueryRow(ctx, "select pg_catalog.pg_cancel_backend($1)", int64(pid)).Scan(&cancelled); err != nil || !cancelled {
+		t.Fatalf("pg_cancel_backend: %v %v", cancelled, err)
+	}
+	if err := tx.Rollback(ctx); err != nil {
+		t.Fatal(err)
+	}
+	return <-done
+}
+
+// TestReferenceCheckCancelled: a cancel that hits the library's own check (the cluster
+// identity, the marker function) is something that happened to the statement, not the
+// server's answer (pg.Transient): the check is asked again, by Run before its next BEGIN
+// and by the tracer at the connection's next BEGIN, and the commits after it carry their
+// reference with the marker. Before, the cancel's 57014 was kept as the answer, and the
+// connection committed without a reference (or without the marker) for the rest of its
+// life: the soak's failover run showed two marker-mode Run results without a reference.
+func TestReferenceCheckCancelled(t *testing.T) {
+	ctx := testCtx(t)
+	marker := newMarkerTable(t, ctx, srv.Exec)
+	quoted := marker.Sanitize()
+
+	t.Run("Run identity read", func(t *testing.T) {
+		conn := instrumentedConn(t, ctx, srv.ConnString())
+		st := connStateOf(conn)
+		if err := cancelWhileLocked(t, ctx, conn.PgConn().PID(), func() error { return prepareReference(ctx, conn, quoted) }); err != nil {
+			t.Fatalf("prepareReference: %v, want nil (the connection is usable)", err)
+		}
+		if st.identityRead || st.identityKnown() {
+			t.Fatal("the cancelled identity read was kept as the answer")
+		}
+		if err := prepareReference(ctx, conn, quoted); err != nil {
+			t.Fatal(err)
+		}
+		if m, ok := st.marker(quoted); !st.identityKnown() || !ok || m.problem != "" {
+			t.Fatalf("asked again: identity %v, marker %+v %v", st.identityKnown(), m, ok)
+		}
+	})
+
+	t.Run("Run marker check", func(t *testing.T) {
+		conn := instrumentedConn(t, ctx, srv.ConnString())
+		st := connStateOf(conn)
+		if err := prepareReference(ctx, conn, ""); err != nil || !st.identityKnown() {
+			t.Fatalf("identity: %v %v", st.identityKnown(), err)
+		}
+		if err := cancelWhileLocked(t, ctx, conn.PgConn().PID(), func() error { return prepareReference(ctx, conn, quoted) }); err != nil {
+			t.Fatalf("prepareReference: %v, want nil", err)
+		}
+		if m, ok := st.marker(quoted); ok {
+			t.Fatalf("the cancelled marker check was kept as the answer: %+v", m)
+		}
+		if err := prepareReference(ctx, conn, quoted); err != nil {
+			t.Fatal(err)
+		}
+		if m, ok := st.marker(quoted); !ok || m.problem != "" {
+			t.Fatalf("asked again: marker %+v %v", m, ok)
+		}
+	})
+
+	t.Run("tracer identity check", func(t *testing.T) {
+		table := newTable(t, ctx)
+		h := newRefHarness(t, srv.ConnString(), WithCommitMarker(marker))
+		c, err := h.pool.Acquire(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		pid := c.Conn().PgConn().PID()
+		c.Release()
+		if err := cancelWhileLocked(t, ctx, pid, func() error { return plainInsert(ctx, h.pool, table, 1, nil) }); err != nil {
+			t.Fatalf("the application's transaction: %v (the cancel hit the library's check, not the application)", err)
+		}
+		if !rowExists(t, ctx, table, 1) {
+			t.Fatal("row 1 missing")
+		}
+		if _, ok := refOf(t, lastFrame(t, h.harness)); ok {
+			t.Fatal("a reference though the identity check was cancelled")
+		}
+		if err := plainInsert(ctx, h.pool, table, 2, nil); err != nil {
+			t.Fatal(err)
+		}
+		ref, ok := refOf(t, lastFrame(t, h.harness))
+		if !ok || !ref.HasMarker() || ref.XID == 0 {
+			t.Fatalf("the next transaction's reference %v %v, want the marker and the xid", ref, ok)
+		}
+		if logs := h.logs.String(); strings.Contains(logs, "are off for this connection") {
+			t.Errorf("references turned off by a cancel:\n%s", logs)
+		}
+	})
+}
