@@ -20,7 +20,7 @@ test-library:
 # the soaks and the model-based test (statistics of the library, not facts of the server;
 # minutes each), and the two localisation tests (those builds have no message translations).
 MAJORS ?= 13 18
-MAJOR_PACKAGES = . ./pgtest ./classifier ./reconcile ./cmd/otelpgxtx
+MAJOR_PACKAGES = . ./pgtest ./classifier ./reconcile ./cmd/otelpgxtx ./internal/wire
 MAJOR_LEFT_OUT = ^(TestSoundness|TestSoundnessFailover|TestStaleManyTransactionsRandomFailures|TestRunModel|TestRealCommittedLocallyLocalized|TestRealCommittedLocallyOtherDatabaseEncoding)$$
 test-majors:
 	@for major in $(MAJORS); do \

@@ -1,0 +1,128 @@
+package wire
+
+import (
+	"context"
+	"net"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgproto3"
+
+	"github.com/txevidence/otelpgxtx/pgtest"
+)
+
+// srv is the real PostgreSQL of the tests that need a server's own replies.
+var srv *pgtest.Server
+
+func TestMain(m *testing.M) { pgtest.Main(m, &srv) }
+
+// realConn connects pgconn to the real server through a Conn that tracks message
+// boundaries, as the instrumentation wraps it (AfterNetConnect, before the startup
+// exchange).
+func realConn(t *testing.T, ctx context.Context) (*pgconn.PgConn, *Conn) {
+	t.Helper()
+	cfg, err := pgconn.ParseConfig(srv.ConnString())
+	if err != nil {
+		t.Fatal(err)
+	}
+	var wc *Conn
+	cfg.AfterNetConnect = func(_ context.Context, _ *pgconn.Config, c net.Conn) (net.Conn, error) {
+		wc = NewConn(c, nil, true)
+		return wc, nil
+	}
+	pc, err := pgconn.ConnectConfig(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = pc.Close(context.WithoutCancel(ctx)) })
+	return pc, wc
+}
+
+// exec runs sql and returns its last result's rows as text, failing on an error.
+func exec(t *testing.T, ctx context.Context, pc *pgconn.PgConn, sql string) ([][][]byte, string) {
+	t.Helper()
+	results, err := pc.Exec(ctx, sql).ReadAll()
+	if err != nil {
+		t.Fatalf("%s: %v", sql, err)
+	}
+	last := results[len(results)-1]
+	return last.Rows, last.CommandTag.String()
+}
+
+// TestSpliceRealServer splices the library's two messages into a real server's stream,
+// each ahead of the statement it was armed for, in the same write: the identity Query
+// ahead of BEGIN, the xid read (a fast-path FunctionCall) ahead of COMMIT. pgconn reads
+// exactly its own replies (BEGIN, COMMIT, and the row the transaction's own statements
+// return), the library's replies are read whole by Reply, and the connection is left at
+// a message boundary, usable: the next statement's reply is its own. A call that fails in
+// a failed transaction (25P02) is the library's, and COMMIT still answers ROLLBACK.
+func TestSpliceRealServer(t *testing.T) {
+	ctx := pgtest.Context(t, time.Minute)
+	pc, wc := realConn(t, ctx)
+	rows, _ := exec(t, ctx, pc, "select 'pg_catalog.pg_current_xact_id_if_assigned()'::pg_catalog.regprocedure::pg_catalog.oid::text")
+	oid, err := strconv.ParseUint(string(rows[0][0]), 10, 32)
+	if err != nil {
+		t.Fatal(err)
+	}
+	xidRead, err := (&pgproto3.FunctionCall{Function: uint32(oid)}).Encode(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	identity, err := (&pgproto3.Query{String: "select pg_catalog.current_database()::text"}).Encode(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	// The identity ahead of BEGIN.
+	if !wc.Arm(&Addition{Kind: LibraryQuery, Match: "begin", Before: identity}) {
+		t.Fatal("the addition to BEGIN was refused at a message boundary")
+	}
+	if _, tag := exec(t, ctx, pc, "begin"); tag != "BEGIN" {
+		t.Fatalf("BEGIN's reply %q", tag)
+	}
+	a := wc.Collect()
+	if a == nil || !a.Sent() || !a.Reply().Done || a.Reply().ErrCode != "" || len(a.Reply().Row) != 1 || string(a.Reply().Row[0]) != "postgres" {
+		t.Fatalf("the identity addition: %+v", a)
+	}
+
+	// The transaction's own statements, then the xid read ahead of COMMIT.
+	rows, _ = exec(t, ctx, pc, "create temporary table splice_t (n int); insert into splice_t values (1); select pg_catalog.pg_current_xact_id()::text")
+	xid := string(rows[0][0])
+	if !wc.Arm(&Addition{Kind: LibraryCall, Match: "commit", Before: xidRead}) {
+		t.Fatal("the addition to COMMIT was refused")
+	}
+	if _, tag := exec(t, ctx, pc, "commit"); tag != "COMMIT" {
+		t.Fatalf("COMMIT's reply %q", tag)
+	}
+	a = wc.Collect()
+	if r := a.Reply(); a == nil || !r.Done || !r.GotValue || string(r.Value) != xid || r.ErrCode != "" {
+		t.Fatalf("the xid read: %+v, want %s", a, xid)
+	}
+	if rows, _ := exec(t, ctx, pc, "select n from splice_t"); len(rows) != 1 || string(rows[0][0]) != "1" {
+		t.Fatalf("after the commit, the connection reads %q", rows)
+	}
+
+	// In a transaction that has already failed, the call gets 25P02 and COMMIT answers
+	// ROLLBACK, as it does without the call.
+	exec(t, ctx, pc, "begin")
+	if _, err := pc.Exec(ctx, "select 1/0").ReadAll(); err == nil {
+		t.Fatal("division by zero succeeded")
+	}
+	if !wc.Arm(&Addition{Kind: LibraryCall, Match: "commit", Before: xidRead}) {
+		t.Fatal("the addition to COMMIT was refused")
+	}
+	if _, tag := exec(t, ctx, pc, "commit"); tag != "ROLLBACK" {
+		t.Fatalf("COMMIT of a failed transaction answered %q, want ROLLBACK", tag)
+	}
+	if r := wc.Collect().Reply(); !r.Done || r.ErrCode != "25P02" || r.GotValue || r.Fatal {
+		t.Fatalf("the call in a failed transaction: %+v", r)
+	}
+	if rows, _ := exec(t, ctx, pc, "select 2"); len(rows) != 1 || string(rows[0][0]) != "2" {
+		t.Fatalf("after the rollback, the connection reads %q", rows)
+	}
+	if pc.TxStatus() != 'I' {
+		t.Fatalf("transaction status %c, want idle", pc.TxStatus())
+	}
+}
