@@ -12,7 +12,6 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
 	"go.opentelemetry.io/otel/attribute"
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
 	"go.opentelemetry.io/otel/sdk/metric/metricdata"
@@ -81,11 +80,7 @@ func (h *harness) reconcileCounts(t *testing.T, ctx context.Context) (counts map
 func TestAutoReconcile(t *testing.T) {
 	pgtest.LeakCheck(t) // first: it runs after every cleanup below
 	ctx := testCtx(t)
-	db, err := pgxpool.New(ctx, srv.ConnString())
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(db.Close)
+	db := srv.Pool(t, ctx)
 	rec := newReconciled()
 	proxy := newProxy(t)
 	var logs bytes.Buffer
@@ -261,11 +256,7 @@ func (srvQuerier) QueryRow(context.Context, string, ...any) pgx.Row { return nil
 // saw an indeterminate commit, leaves none behind (pgtest.LeakCheck, with no Close).
 func TestAutoReconcileStartsOnDemand(t *testing.T) {
 	ctx := testCtx(t)
-	db, err := pgxpool.New(ctx, srv.ConnString())
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(db.Close)
+	db := srv.Pool(t, ctx)
 	h := newHarness(t, "", 1, withAutoReconcile(t, db)) // its LeakCheck runs after the pool's Close
 	table := newTable(t, ctx)
 	commitOne(t, ctx, h, table, 1)

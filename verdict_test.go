@@ -10,7 +10,6 @@ import (
 	"testing"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/jackc/pgx/v5/stdlib"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
@@ -180,7 +179,7 @@ func TestVerdictIndeterminate(t *testing.T) {
 		if ind.Cause() == nil || !ind.CommittedLocally() || ind.TraceParent() == "" {
 			t.Errorf("cause %v, committed locally %v, traceparent %q", ind.Cause(), ind.CommittedLocally(), ind.TraceParent())
 		}
-		rec, err := reconcile.New(srvPool(t, ctx))
+		rec, err := reconcile.New(srv.Pool(t, ctx))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -202,17 +201,6 @@ func mustMarkerDDL(t *testing.T, table pgx.Identifier) string {
 		t.Fatal(err)
 	}
 	return ddl
-}
-
-// srvPool is an uninstrumented pool on the test server, closed with the test.
-func srvPool(t *testing.T, ctx context.Context) *pgxpool.Pool {
-	t.Helper()
-	p, err := pgxpool.New(ctx, srv.ConnString())
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(p.Close)
-	return p
 }
 
 // TestVerdictUnrecordedFrames: a frame the filter rejected, or whose trace is not sampled,
@@ -243,7 +231,7 @@ func TestVerdictUnrecordedFrames(t *testing.T) {
 // ended with another context, and one not ended yet, are ErrNoVerdict, never a rollback.
 func TestVerdictCannotKnow(t *testing.T) {
 	ctx := testCtx(t)
-	plain := srvPool(t, ctx)
+	plain := srv.Pool(t, ctx)
 	h := newHarness(t, "", 1)
 	vctx, v := NewVerdict(ctx)
 	if err := pgx.BeginFunc(vctx, plain, func(pgx.Tx) error { return nil }); err != nil {

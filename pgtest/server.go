@@ -32,9 +32,11 @@ import (
 	"strings"
 	"sync"
 	"syscall"
+	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 )
 
 // Server is a running throw-away cluster. Its methods are safe for concurrent
@@ -224,6 +226,18 @@ func (s *Server) Port() int { return s.port }
 // Conn opens an admin (superuser) connection; the caller closes it.
 func (s *Server) Conn(ctx context.Context) (*pgx.Conn, error) {
 	return pgx.Connect(ctx, s.ConnString())
+}
+
+// Pool returns a pool on the server, without any tracer, closed when tb ends (a test
+// that checks for leaks calls LeakCheck first, so that the check runs after the close).
+func (s *Server) Pool(tb testing.TB, ctx context.Context) *pgxpool.Pool {
+	tb.Helper()
+	pool, err := pgxpool.New(ctx, s.ConnString())
+	if err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(pool.Close)
+	return pool
 }
 
 // StopImmediate stops the server like a crash (pg_ctl stop -m immediate):

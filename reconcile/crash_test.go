@@ -38,7 +38,7 @@ func TestReconcileXIDReusedAfterCrash(t *testing.T) {
 		for each row execute function xr_hold()`); err != nil {
 		t.Fatal(err)
 	}
-	pool := newPool(t, ctx)
+	pool := srv.Pool(t, ctx)
 	holder := newConn(t, ctx, srv)
 	if _, err := holder.Exec(ctx, "select pg_advisory_lock(4242)"); err != nil {
 		t.Fatal(err)
@@ -101,7 +101,7 @@ func TestReconcileAfterCrashRestart(t *testing.T) {
 	pgtest.LeakCheck(t) // registered first, so it runs after the pool's Close
 	ctx := testCtx(t)
 	table := newTable(t, ctx, srv)
-	pool := newPool(t, ctx)
+	pool := srv.Pool(t, ctx)
 	conn := newConn(t, ctx, srv)
 	tx, durable := insertRef(t, ctx, conn, table, 1)
 	if err := tx.Commit(ctx); err != nil {

@@ -13,7 +13,6 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/txevidence/otelpgxtx/internal/pg"
 	"github.com/txevidence/otelpgxtx/outcome"
@@ -79,18 +78,6 @@ func count(t *testing.T, ctx context.Context, s *pgtest.Server, query string, ar
 		t.Fatal(err)
 	}
 	return n
-}
-
-// newPool returns a pool on the test server, closed when the test ends (a test that
-// checks for leaks calls pgtest.LeakCheck first, so that the check runs after the close).
-func newPool(t *testing.T, ctx context.Context) *pgxpool.Pool {
-	t.Helper()
-	pool, err := pgxpool.New(ctx, srv.ConnString())
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(pool.Close)
-	return pool
 }
 
 // newConn returns a connection to s, closed when the test ends (a server crash closes it

@@ -118,7 +118,7 @@ func TestMarkerPruned(t *testing.T) {
 	pgtest.LeakCheck(t) // registered first, so it runs after the pool's Close
 	ctx := testCtx(t)
 	table, marker := newTable(t, ctx, srv), newMarkerTable(t, ctx)
-	pool := newPool(t, ctx)
+	pool := srv.Pool(t, ctx)
 	rec, err := reconcile.New(pool, reconcile.WithWait(time.Second, 10*time.Millisecond))
 	if err != nil {
 		t.Fatal(err)
@@ -173,7 +173,7 @@ func TestMarkerEvidenceConflict(t *testing.T) {
 	ctx := testCtx(t)
 	marker := newMarkerTable(t, ctx)
 	table := newTable(t, ctx, srv)
-	pool := newPool(t, ctx)
+	pool := srv.Pool(t, ctx)
 	var logs bytes.Buffer
 	rec, err := reconcile.New(pool, reconcile.WithLogger(slog.New(slog.NewJSONHandler(&logs, nil))))
 	if err != nil {

@@ -19,7 +19,7 @@ import (
 func TestReconcilerOptions(t *testing.T) {
 	pgtest.LeakCheck(t) // registered first, so it runs after the pool's Close
 	ctx := testCtx(t)
-	pool := newPool(t, ctx)
+	pool := srv.Pool(t, ctx)
 	if _, err := reconcile.New(pool, reconcile.WithWait(-time.Second, 0)); !errors.Is(err, reconcile.ErrInvalidArgument) {
 		t.Errorf("reconcile.New with a negative wait: %v, want ErrInvalidArgument", err)
 	}

@@ -16,7 +16,7 @@ func TestReconcilerAbortedNoWritesAndUnknowns(t *testing.T) {
 	pgtest.LeakCheck(t) // registered first, so it runs after the pool's Close
 	ctx := testCtx(t)
 	table := newTable(t, ctx, srv)
-	pool := newPool(t, ctx)
+	pool := srv.Pool(t, ctx)
 	rec, err := reconcile.New(pool, reconcile.WithWait(0, time.Millisecond))
 	if err != nil {
 		t.Fatal(err)
