@@ -122,7 +122,7 @@ func WithMeterProvider(mp metric.MeterProvider) Option {
 func WithSpanName(name string) Option {
 	return optionFunc(func(c *config) {
 		if name == "" {
-			c.refuse(invalid("WithSpanName: empty span name"))
+			refuse(&c.err, invalid("WithSpanName: empty span name"))
 			return
 		}
 		c.spanName = name
@@ -134,7 +134,7 @@ func WithSpanName(name string) Option {
 func WithStatusMapping(m StatusMapping) Option {
 	return optionFunc(func(c *config) {
 		if m != StatusOkOnCommit && m != StatusStrict {
-			c.refuse(invalid("WithStatusMapping: unknown status mapping %d", m))
+			refuse(&c.err, invalid("WithStatusMapping: unknown status mapping %d", m))
 			return
 		}
 		c.status = m
@@ -330,7 +330,7 @@ func WithCommitMarker(table pgx.Identifier) Option {
 	return optionFunc(func(c *config) {
 		name, err := markertable.Quote(table...)
 		if err != nil {
-			c.refuse(invalid("WithCommitMarker: %w", err))
+			refuse(&c.err, invalid("WithCommitMarker: %w", err))
 			return
 		}
 		c.reference, c.marker = referenceMarker, name
@@ -351,7 +351,7 @@ func WithExpectedErrors(fns ...ExpectedErrorFunc) Option {
 	return optionFunc(func(c *config) {
 		for i, fn := range fns {
 			if fn == nil {
-				c.refuse(invalid("WithExpectedErrors: function %d is nil", i))
+				refuse(&c.err, invalid("WithExpectedErrors: function %d is nil", i))
 				return
 			}
 		}
@@ -402,7 +402,7 @@ func innerSpansOption(name string, kinds []InnerSpan, set func(c *config, bit ui
 	return optionFunc(func(c *config) {
 		for _, k := range kinds {
 			if k < InnerSpanConnect || k >= numInnerSpans {
-				c.refuse(invalid("%s: unknown kind %d", name, uint8(k)))
+				refuse(&c.err, invalid("%s: unknown kind %d", name, uint8(k)))
 				return
 			}
 			set(c, 1<<k)
@@ -433,7 +433,7 @@ func (c *config) checkOmitSpans() error {
 func WithPoolName(name string) Option {
 	return optionFunc(func(c *config) {
 		if name == "" {
-			c.refuse(invalid("WithPoolName: empty pool name"))
+			refuse(&c.err, invalid("WithPoolName: empty pool name"))
 			return
 		}
 		c.poolName = name
@@ -462,18 +462,11 @@ type autoConfig struct {
 	err                error
 }
 
-// refuse keeps err, a refused option value, unless an earlier one was refused: the first
-// is the one reported.
-func (c *config) refuse(err error) {
-	if c.err == nil {
-		c.err = err
-	}
-}
-
-// refuse keeps err unless an earlier AutoReconcileOption was refused.
-func (a *autoConfig) refuse(err error) {
-	if a.err == nil {
-		a.err = err
+// refuse keeps err, a refused option value, in *first unless an earlier one was refused
+// there: the first is the one reported (config.err, autoConfig.err).
+func refuse(first *error, err error) {
+	if *first == nil {
+		*first = err
 	}
 }
 
@@ -502,7 +495,7 @@ func WithAutoReconcile(r *reconcile.Reconciler, opts ...AutoReconcileOption) Opt
 	return optionFunc(func(c *config) {
 		a := autoConfig{r: r, queue: 1024, workers: 2, retryMin: 100 * time.Millisecond, retryMax: 30 * time.Second}
 		if r == nil {
-			a.refuse(invalid("WithAutoReconcile: nil reconciler (make one with reconcile.New)"))
+			refuse(&a.err, invalid("WithAutoReconcile: nil reconciler (make one with reconcile.New)"))
 		}
 		for _, o := range opts {
 			if o != nil {
@@ -510,7 +503,7 @@ func WithAutoReconcile(r *reconcile.Reconciler, opts ...AutoReconcileOption) Opt
 			}
 		}
 		if a.err != nil {
-			c.refuse(a.err)
+			refuse(&c.err, a.err)
 			return
 		}
 		c.auto = &a
@@ -522,7 +515,7 @@ func WithAutoReconcile(r *reconcile.Reconciler, opts ...AutoReconcileOption) Opt
 func WithQueue(size, workers int) AutoReconcileOption {
 	return autoOptionFunc(func(c *autoConfig) {
 		if size <= 0 || workers <= 0 {
-			c.refuse(invalid("WithQueue: size and workers must be > 0, got %d, %d", size, workers))
+			refuse(&c.err, invalid("WithQueue: size and workers must be > 0, got %d, %d", size, workers))
 			return
 		}
 		c.queue, c.workers = size, workers
@@ -534,7 +527,7 @@ func WithQueue(size, workers int) AutoReconcileOption {
 func WithRetryBackoff(first, most time.Duration) AutoReconcileOption {
 	return autoOptionFunc(func(c *autoConfig) {
 		if first <= 0 || most < first {
-			c.refuse(invalid("WithRetryBackoff: want 0 < first <= most, got %v, %v", first, most))
+			refuse(&c.err, invalid("WithRetryBackoff: want 0 < first <= most, got %v, %v", first, most))
 			return
 		}
 		c.retryMin, c.retryMax = first, most
