@@ -33,6 +33,7 @@ type connState struct {
 	systemID     uint64
 	timeline     uint32
 	serverStart  int64 // µs since the epoch; a connection never outlives a restart
+	statsReset   int64 // µs since the epoch; nor a crash recovery, which moves it
 	database     string
 	checkedAt    int64 // µs since the epoch
 	identityRead bool

@@ -203,6 +203,8 @@ func TestReconciliationRefRoundTrip(t *testing.T) {
 		{outcome.ReconciliationRef{XID: 1<<64 - 1, SystemIdentifier: 1<<64 - 1, Timeline: 1<<32 - 1}, "pg:18446744073709551615/4294967295/18446744073709551615"},
 		{outcome.ReconciliationRef{XID: 4294967296 + 5, SystemIdentifier: 42, Timeline: 3}, "pg:42/3/4294967301"},
 		{outcome.ReconciliationRef{XID: 9, SystemIdentifier: 42, Timeline: 3, ServerStart: 1795000000123456}, "pg:42/3/9/1795000000123456"},
+		{outcome.ReconciliationRef{XID: 9, SystemIdentifier: 42, Timeline: 3, ServerStart: 1795000000123456, StatsReset: 1795000000654321},
+			"pg:42/3/9/1795000000123456/1795000000654321"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.want, func(t *testing.T) {
@@ -220,7 +222,7 @@ func TestReconciliationRefRoundTrip(t *testing.T) {
 				t.Errorf("ParseReconciliationRef(%q) = %+v, want %+v", tt.want, got, tt.ref)
 			}
 			nr, err := outcome.NewReconciliationRef(tt.ref.XID, tt.ref.SystemIdentifier, tt.ref.Timeline)
-			nr.ServerStart = tt.ref.ServerStart
+			nr.ServerStart, nr.StatsReset = tt.ref.ServerStart, tt.ref.StatsReset
 			if err != nil || nr != tt.ref {
 				t.Errorf("NewReconciliationRef = %+v, %v; want %+v, nil", nr, err, tt.ref)
 			}
@@ -236,8 +238,11 @@ func TestParseReconciliationRefMalformed(t *testing.T) {
 		{"empty", ""},
 		{"prefix only", "pg:"},
 		{"two fields", "pg:1/2"},
-		{"five fields", "pg:1/2/3/4/5"},
+		{"six fields", "pg:1/2/3/4/5/6"},
 		{"zero server start", "pg:1/2/3/0"},
+		{"zero stats reset", "pg:1/2/3/4/0"},
+		{"negative stats reset", "pg:1/2/3/4/-5"},
+		{"stats reset without a start", "pg:1/2/3//5"},
 		{"negative server start", "pg:1/2/3/-4"},
 		{"non-numeric system identifier", "pg:a/1/2"},
 		{"non-numeric timeline", "pg:1/b/2"},

@@ -22,6 +22,14 @@ import (
 // restart, an xid whose records had not reached the WAL is handed out again, so a
 // "committed" status found after a restart may belong to another transaction.
 //
+// StatsReset is when the server's cumulative statistics were last reset
+// (pg_stat_archiver.stats_reset, µs since the Unix epoch) as the connection was checked, 0
+// when unknown. A backend that dies hard (SIGKILL, the OOM killer, a segfault) makes the
+// postmaster reinitialize and replay WAL in place: the start time and the timeline stay,
+// xids whose records were lost are handed out again, and this time moves, since crash
+// recovery discards the statistics. So only a reference whose StatsReset the server still
+// shows was assigned its xid by the incarnation that answers (see package reconcile).
+//
 // MarkerTable and Operation are set when the transaction's COMMIT was sent right after
 // the call of the commit-marker function, which inserts the operation id into the marker
 // table named here as the database it is in and its quoted schema-qualified name
@@ -40,6 +48,7 @@ type ReconciliationRef struct {
 	SystemIdentifier uint64
 	Timeline         uint32
 	ServerStart      int64
+	StatsReset       int64
 	MarkerTable      string
 	Operation        OperationID
 	CheckedAt        int64
@@ -94,8 +103,9 @@ func (r ReconciliationRef) NoWrites() bool { return r.XID == 0 && r.MarkerTable 
 // HasMarker reports whether the reference names a commit-marker row.
 func (r ReconciliationRef) HasMarker() bool { return r.MarkerTable != "" }
 
-// String returns "pg:<system identifier>/<timeline>/<xid8>/<server start>" (without the
-// last field when the start is unknown), followed by ";checked=<µs>" when CheckedAt is
+// String returns "pg:<system identifier>/<timeline>/<xid8>/<server start>/<stats reset>"
+// (without the last field when the reset time is unknown, without the last two when the
+// start is), followed by ";checked=<µs>" when CheckedAt is
 // set and ";marker=<operation id>@<quoted table>" with a marker, the form
 // [ParseReconciliationRef] reads.
 func (r ReconciliationRef) String() string {
@@ -103,6 +113,9 @@ func (r ReconciliationRef) String() string {
 		strconv.FormatUint(uint64(r.Timeline), 10) + "/" + strconv.FormatUint(r.XID, 10)
 	if r.ServerStart != 0 {
 		s += "/" + strconv.FormatInt(r.ServerStart, 10)
+		if r.StatsReset != 0 {
+			s += "/" + strconv.FormatInt(r.StatsReset, 10)
+		}
 	}
 	if r.CheckedAt != 0 {
 		s += ";checked=" + strconv.FormatInt(r.CheckedAt, 10)
@@ -134,32 +147,41 @@ func ParseReconciliationRef(s string) (ReconciliationRef, error) {
 	rest, checkedText, hasChecked := strings.Cut(rest, ";checked=")
 	if hasChecked {
 		var err error
-		if checked, err = strconv.ParseInt(checkedText, 10, 64); err != nil || checked <= 0 {
+		if checked, err = positive(checkedText); err != nil {
 			return ReconciliationRef{}, fmt.Errorf("outcome: malformed reconciliation reference %q: ;checked= wants a positive decimal number", s)
 		}
 	}
 	parts := strings.Split(rest, "/")
-	if !ok || len(parts) < 3 || len(parts) > 4 {
-		return ReconciliationRef{}, fmt.Errorf("outcome: malformed reconciliation reference %q: want pg:<system identifier>/<timeline>/<xid8>[/<server start>]", s)
+	if !ok || len(parts) < 3 || len(parts) > 5 {
+		return ReconciliationRef{}, fmt.Errorf("outcome: malformed reconciliation reference %q: want pg:<system identifier>/<timeline>/<xid8>[/<server start>[/<stats reset>]]", s)
 	}
 	sys, err1 := strconv.ParseUint(parts[0], 10, 64)
 	tli, err2 := strconv.ParseUint(parts[1], 10, 32)
 	xid, err3 := strconv.ParseUint(parts[2], 10, 64)
-	var start int64
-	var err4 error
-	if len(parts) == 4 {
-		start, err4 = strconv.ParseInt(parts[3], 10, 64)
-		if err4 == nil && start <= 0 {
-			err4 = fmt.Errorf("non-positive server start")
-		}
+	var start, reset int64
+	var err4, err5 error
+	if len(parts) >= 4 {
+		start, err4 = positive(parts[3])
 	}
-	if err1 != nil || err2 != nil || err3 != nil || err4 != nil {
+	if len(parts) == 5 {
+		reset, err5 = positive(parts[4])
+	}
+	if err1 != nil || err2 != nil || err3 != nil || err4 != nil || err5 != nil {
 		return ReconciliationRef{}, fmt.Errorf("outcome: malformed reconciliation reference %q: fields must be positive decimal numbers", s)
 	}
 	r, err := NewReconciliationRef(xid, sys, uint32(tli))
 	if err != nil {
 		return ReconciliationRef{}, err
 	}
-	r.ServerStart, r.MarkerTable, r.Operation, r.CheckedAt = start, table, op, checked
+	r.ServerStart, r.StatsReset, r.MarkerTable, r.Operation, r.CheckedAt = start, reset, table, op, checked
 	return r, nil
+}
+
+// positive parses a positive decimal int64.
+func positive(s string) (int64, error) {
+	n, err := strconv.ParseInt(s, 10, 64)
+	if err == nil && n <= 0 {
+		err = fmt.Errorf("non-positive %d", n)
+	}
+	return n, err
 }

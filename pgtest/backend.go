@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"syscall"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -28,6 +29,46 @@ func (s *Server) withConn(ctx context.Context, fn func(*pgx.Conn) error) error {
 // backend to exit.
 func (s *Server) Terminate(ctx context.Context, pid uint32) error {
 	return s.signalBackend(ctx, "pg_terminate_backend", pid)
+}
+
+// KillBackend kills the backend pid with SIGKILL, as the kernel's OOM killer does, and
+// returns once the server has recovered from it and accepts connections again. The
+// postmaster, with restart_after_crash on (the default), ends every other backend,
+// reinitializes shared memory and replays WAL in place: it keeps its start time and
+// timeline, every connection to the server is lost, and the WAL no one had flushed is
+// gone. Recovery is told by its checkpointer, which the postmaster starts afresh.
+func (s *Server) KillBackend(ctx context.Context, pid uint32) error {
+	before, err := s.checkpointerPID(ctx)
+	if err != nil {
+		return err
+	}
+	if err := syscall.Kill(int(pid), syscall.SIGKILL); err != nil {
+		return fmt.Errorf("pgtest: SIGKILL to backend %d: %w", pid, err)
+	}
+	tick := time.NewTicker(waitEventPoll)
+	defer tick.Stop()
+	for {
+		// Until the postmaster notices, a connection may still reach the old incarnation;
+		// during recovery it is refused.
+		now, err := s.checkpointerPID(ctx)
+		if err == nil && now != before {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("pgtest: waiting for the server to recover from SIGKILL of backend %d (last: %v): %w\nserver log (%s) ends with:\n%s",
+				pid, err, ctx.Err(), s.logFile, s.logTail(20))
+		case <-tick.C:
+		}
+	}
+}
+
+// checkpointerPID returns the PID of the server's checkpointer.
+func (s *Server) checkpointerPID(ctx context.Context) (pid int64, err error) {
+	err = s.withConn(ctx, func(c *pgx.Conn) error {
+		return c.QueryRow(ctx, "SELECT pid FROM pg_stat_activity WHERE backend_type = 'checkpointer'").Scan(&pid)
+	})
+	return pid, err
 }
 
 // Cancel cancels the backend's current query with pg_cancel_backend. It

@@ -170,6 +170,9 @@ full_page_writes = off
 # commit record is in local WAL; everything else commits locally.
 synchronous_standby_names = 'phantom_standby'
 synchronous_commit = local
+# No transactions of the server's own: a test that kills a backend (KillBackend) hands
+# the lost xid to its next transaction, which an autovacuum between the two would take.
+autovacuum = off
 # TLS on the same port, for clients that ask for it (TLSConnString); the others get
 # plain TCP as before.
 ssl = on

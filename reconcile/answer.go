@@ -80,6 +80,14 @@ const (
 	// since the xid was captured (or the reference has no start time), the xid is below
 	// the restart's boundary, and another restart in between could have handed it out.
 	ReasonServerRestarted = "server_restarted"
+	// ReasonCrashRecovered: the commit log says committed, but the server went through
+	// crash recovery since the reference's connection was checked: a backend died hard
+	// (SIGKILL, the OOM killer, a segfault) and the postmaster replayed WAL in place, keeping
+	// its start time and timeline, and an xid whose records were lost may have been handed
+	// out again. It is told by the statistics' reset time, which crash recovery moves; a
+	// pg_stat_reset_shared does too, and a reference without it (pg:…/<start> alone) gets
+	// this answer as well. Only a commit marker settles it.
+	ReasonCrashRecovered = "crash_recovered"
 	// ReasonNotReplicated: committed on the server asked, but its synchronous standbys did
 	// not confirm the commit within the wait: a failover could still lose it. Retried.
 	ReasonNotReplicated = "not_replicated"

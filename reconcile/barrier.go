@@ -2,6 +2,7 @@ package reconcile
 
 import (
 	"context"
+	"errors"
 	"math/rand/v2"
 	"strconv"
 	"sync"
@@ -14,14 +15,18 @@ import (
 )
 
 // incarnation is what names one run of one server's history: a reference's xid means
-// the same transaction only on the same timeline and the same server start.
+// the same transaction only on the same timeline, the same server start and the same
+// statistics reset time, which crash recovery moves while the postmaster keeps its start
+// time (see pg.StatsResetSQL).
 type incarnation struct {
-	timeline uint32
-	start    int64
+	timeline   uint32
+	start      int64
+	statsReset int64
 }
 
-// incarnationSQL reads the incarnation: the timeline written on, and the server start.
-const incarnationSQL = "coalesce(" + pg.TimelineSQL + ", '0'), " + pg.ServerStartSQL
+// incarnationSQL reads the incarnation: the timeline written on, the server start and
+// the statistics' reset time.
+const incarnationSQL = "coalesce(" + pg.TimelineSQL + ", '0'), " + pg.ServerStartSQL + ", " + pg.StatsResetSQL
 
 // syncStandbysSQL reads whether synchronous replication is configured: only then can a
 // commit be local to the primary, and a committed answer need the barrier.
@@ -133,11 +138,11 @@ const cancelGrace = 5 * time.Second
 
 // scanBarrier reads the incarnation a barrier committed on.
 func scanBarrier(row pgx.Row) (incarnation, error) {
-	var lsn, setName, tli, start string
-	if err := row.Scan(&lsn, &setName, &tli, &start); err != nil {
+	var lsn, setName, tli, start, reset string
+	if err := row.Scan(&lsn, &setName, &tli, &start, &reset); err != nil {
 		return incarnation{}, err
 	}
-	return parseIncarnation(tli, start)
+	return parseIncarnation(tli, start, reset)
 }
 
 // replicatedByName is replicated for a db the reconciler cannot hold a connection of:
@@ -159,14 +164,16 @@ func (r *Reconciler) replicatedByName(ctx context.Context, in incarnation, bound
 	return false, ctx.Err()
 }
 
-// parseIncarnation parses the timeline and start time read by incarnationSQL.
-func parseIncarnation(tli, start string) (incarnation, error) {
-	t, err := strconv.ParseUint(tli, 10, 32)
-	if err != nil {
+// parseIncarnation parses the timeline, start time and statistics reset time read by
+// incarnationSQL.
+func parseIncarnation(tli, start, reset string) (incarnation, error) {
+	t, err1 := strconv.ParseUint(tli, 10, 32)
+	s, err2 := strconv.ParseInt(start, 10, 64)
+	r, err3 := strconv.ParseInt(reset, 10, 64)
+	if err := errors.Join(err1, err2, err3); err != nil {
 		return incarnation{}, err
 	}
-	s, err := strconv.ParseInt(start, 10, 64)
-	return incarnation{timeline: uint32(t), start: s}, err
+	return incarnation{timeline: uint32(t), start: s, statsReset: r}, nil
 }
 
 // later returns the later of a and b.

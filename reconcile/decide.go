@@ -18,15 +18,29 @@ type serverView struct {
 	status   *string // pg_xact_status; nil when the commit log no longer covers the xid
 	inFuture bool    // pg_xact_status refused: the server has not assigned the xid yet
 	sys      uint64
-	// timeline the server writes WAL on; on a standby (inRecovery) its last restartpoint's.
-	timeline   uint32
+	// incarnation: the timeline the server writes WAL on (on a standby, inRecovery, its
+	// last restartpoint's), its start and its statistics' reset time.
+	incarnation
 	inRecovery bool
-	start      int64
 	// The latest checkpoint's timeline and next full xid (pg_control_checkpoint()).
 	checkpointTimeline uint32
 	checkpointNextXID  uint64
 	// syncStandbys: synchronous replication is configured (synchronous_standby_names).
 	syncStandbys bool
+}
+
+// running reports whether the server's postmaster is the one that assigned ref's xid
+// (same timeline, same start), whether or not it went through crash recovery since.
+func (v serverView) running(ref outcome.ReconciliationRef) bool {
+	return v.timeline == ref.Timeline && ref.ServerStart != 0 && v.start == ref.ServerStart
+}
+
+// assigned reports whether the server is the incarnation that assigned ref's xid: the
+// same postmaster, and no crash recovery since the reference's connection was checked
+// (the same statistics reset time, see pg.StatsResetSQL). Only there does pg_xact_status
+// describe the reference's transaction whatever it says.
+func (v serverView) assigned(ref outcome.ReconciliationRef) bool {
+	return v.running(ref) && ref.StatsReset != 0 && v.statsReset == ref.StatsReset
 }
 
 // decide resolves ref from v, or asks to look again (the xid is in progress).
@@ -53,12 +67,22 @@ type serverView struct {
 // a reuser). TestReconcileXIDReusedAfterCrash and TestReconcileAfterFailover show both.
 // Below the boundary a "committed" status stays unknown: an intermediate incarnation the
 // server keeps no record of may have reused the xid and committed it.
+//
+// A backend that dies hard (SIGKILL, the OOM killer) makes the postmaster replay WAL in
+// place: the start time and the timeline stay, and the xids whose records were lost are
+// handed out again, as after a crash restart. Only the statistics' reset time tells that
+// incarnation from the last (pg.StatsResetSQL), and it also moves without a crash, so it
+// proves no boundary: the same postmaster with another reset time answers "committed" as
+// unknown, ReasonCrashRecovered, and never "aborted" by the checkpoint. Two answers stay
+// sound there: "aborted" (above), and an xid not assigned yet, since within one
+// postmaster the next xid only falls below an xid it handed out when crash recovery lost
+// that xid's records, commit record included (TestReconcileBackendKilled).
 func decide(ref outcome.ReconciliationRef, v serverView) (res Status, reason string, again bool) {
 	if v.sys != ref.SystemIdentifier {
 		return Unknown, ReasonOtherSystem, false
 	}
 	sameTimeline := v.timeline == ref.Timeline
-	same := sameTimeline && ref.ServerStart != 0 && v.start == ref.ServerStart
+	running, assigned := v.running(ref), v.assigned(ref)
 	// later: the server is a later incarnation of the reference's history (a primary on a
 	// higher timeline, or restarted since on the same one), so the rules above apply.
 	later := !v.inRecovery && (v.timeline > ref.Timeline ||
@@ -69,6 +93,9 @@ func decide(ref outcome.ReconciliationRef, v serverView) (res Status, reason str
 		return Aborted, "", false
 	}
 	switch {
+	case v.inFuture && running && !assigned:
+		// The same postmaster's next xid is below the reference's: crash recovery lost it.
+		return Aborted, "", false
 	case v.inFuture:
 		return Unknown, ReasonInTheFuture, false
 	case !sameTimeline && !later:
@@ -78,8 +105,10 @@ func decide(ref outcome.ReconciliationRef, v serverView) (res Status, reason str
 	case *v.status == "aborted":
 		// A reuser's status means the original's records were lost: it never committed.
 		return Aborted, "", false
-	case *v.status == "committed" && same:
+	case *v.status == "committed" && assigned:
 		return Committed, "", false
+	case *v.status == "committed" && running:
+		return Unknown, ReasonCrashRecovered, false
 	case *v.status == "committed" && !sameTimeline:
 		return Unknown, ReasonOtherTimeline, false
 	case *v.status == "committed":
@@ -90,7 +119,7 @@ func decide(ref outcome.ReconciliationRef, v serverView) (res Status, reason str
 
 // reconcileIdentitySQL reads the server's identity and its latest checkpoint.
 const reconcileIdentitySQL = "s.system_identifier::text, coalesce(" + pg.TimelineSQL + ", c.timeline_id::text), pg_is_in_recovery(), " +
-	pg.ServerStartSQL + ", c.timeline_id::text, c.next_xid::text, " + syncStandbysSQL + " " +
+	pg.ServerStartSQL + ", " + pg.StatsResetSQL + ", c.timeline_id::text, c.next_xid::text, " + syncStandbysSQL + " " +
 	"from pg_control_system() s, pg_control_checkpoint() c"
 
 // query reads the xid's status together with the server's identity, in one round trip,
@@ -98,8 +127,8 @@ const reconcileIdentitySQL = "s.system_identifier::text, coalesce(" + pg.Timelin
 // assigned, a second query reads the identity alone.
 func (r *Reconciler) query(ctx context.Context, xid uint64) (serverView, error) {
 	var v serverView
-	var sysText, tliText, startText, ckptTLIText, nextText string
-	dest := []any{&sysText, &tliText, &v.inRecovery, &startText, &ckptTLIText, &nextText, &v.syncStandbys}
+	var sysText, tliText, startText, resetText, ckptTLIText, nextText string
+	dest := []any{&sysText, &tliText, &v.inRecovery, &startText, &resetText, &ckptTLIText, &nextText, &v.syncStandbys}
 	err := r.db.QueryRow(ctx, "select pg_xact_status($1::text::xid8), "+reconcileIdentitySQL,
 		strconv.FormatUint(xid, 10)).Scan(append([]any{&v.status}, dest...)...)
 	if pgErr, ok := errors.AsType[*pgconn.PgError](err); ok && pgErr.Code == "22023" {
@@ -109,17 +138,16 @@ func (r *Reconciler) query(ctx context.Context, xid uint64) (serverView, error) 
 	if err != nil {
 		return v, err
 	}
-	var errs [5]error
+	var errs [4]error
 	v.sys, errs[0] = strconv.ParseUint(sysText, 10, 64)
-	tli, e1 := strconv.ParseUint(tliText, 10, 32)
-	ctli, e2 := strconv.ParseUint(ckptTLIText, 10, 32)
-	v.start, errs[3] = strconv.ParseInt(startText, 10, 64)
-	v.checkpointNextXID, errs[4] = parseFullXID(nextText)
-	errs[1], errs[2] = e1, e2
+	v.incarnation, errs[1] = parseIncarnation(tliText, startText, resetText)
+	ctli, e := strconv.ParseUint(ckptTLIText, 10, 32)
+	v.checkpointNextXID, errs[3] = parseFullXID(nextText)
+	errs[2] = e
 	if err := errors.Join(errs[:]...); err != nil {
 		return v, err
 	}
-	v.timeline, v.checkpointTimeline = uint32(tli), uint32(ctli)
+	v.checkpointTimeline = uint32(ctli)
 	return v, nil
 }
 

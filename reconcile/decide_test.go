@@ -10,13 +10,18 @@ import (
 // the real-server tests that produce them (TestReconcileAfterCrashRestart,
 // TestReconcileXIDReusedAfterCrash, TestReconcileAfterFailover, TestAsyncCommitLostInFailover).
 func TestDecide(t *testing.T) {
-	ref := outcome.ReconciliationRef{XID: 1000, SystemIdentifier: 7, Timeline: 1, ServerStart: 500}
+	ref := outcome.ReconciliationRef{XID: 1000, SystemIdentifier: 7, Timeline: 1, ServerStart: 500, StatsReset: 450}
+	noReset := ref
+	noReset.StatsReset = 0
 	noStart := ref
 	noStart.ServerStart = 0
 	newerTimeline := ref
 	newerTimeline.Timeline = 3
 	committed, aborted, inProgress := "committed", "aborted", "in progress"
-	same := serverView{sys: 7, timeline: 1, start: 500, checkpointTimeline: 1, checkpointNextXID: 900}
+	same := serverView{sys: 7, incarnation: incarnation{timeline: 1, start: 500, statsReset: 450}, checkpointTimeline: 1, checkpointNextXID: 900}
+	// recovered: a backend died hard and the postmaster replayed WAL in place.
+	recovered := same
+	recovered.statsReset = 700
 	restarted := same
 	restarted.start = 600
 	promoted := restarted
@@ -42,6 +47,14 @@ func TestDecide(t *testing.T) {
 		{"same incarnation, in progress", ref, view(same, &inProgress, 900, nil), Unknown, "", true},
 		{"same incarnation, too old", ref, view(same, nil, 900, nil), Unknown, ReasonTooOld, false},
 		{"same incarnation, in the future", ref, view(same, nil, 900, future), Unknown, ReasonInTheFuture, false},
+		{"crash recovered, committed", ref, view(recovered, &committed, 1001, nil), Unknown, ReasonCrashRecovered, false},
+		{"crash recovered, committed at the boundary", ref, view(recovered, &committed, 1000, nil), Unknown, ReasonCrashRecovered, false},
+		{"crash recovered, aborted", ref, view(recovered, &aborted, 1000, nil), Aborted, "", false},
+		{"crash recovered, in progress", ref, view(recovered, &inProgress, 1000, nil), Unknown, "", true},
+		{"crash recovered, in the future", ref, view(recovered, nil, 990, future), Aborted, "", false},
+		{"crash recovered, too old", ref, view(recovered, nil, 1001, nil), Unknown, ReasonTooOld, false},
+		{"no reset time, committed", noReset, view(same, &committed, 900, nil), Unknown, ReasonCrashRecovered, false},
+		{"no reset time, aborted", noReset, view(same, &aborted, 900, nil), Aborted, "", false},
 		{"other system", ref, view(same, &committed, 900, func(v *serverView) { v.sys = 8 }), Unknown, ReasonOtherSystem, false},
 		{"restarted, committed below the boundary", ref, view(restarted, &committed, 1001, nil), Unknown, ReasonServerRestarted, false},
 		{"restarted, committed at the boundary", ref, view(restarted, &committed, 1000, nil), Aborted, "", false},

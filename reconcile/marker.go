@@ -216,13 +216,13 @@ func (r *Reconciler) lookupMarker(ctx context.Context, q markerQuestion) (res St
 	// commit on the server it runs on, so a fence lost with this server in a later
 	// failover fenced nothing that survives there either.
 	wait := max(r.wait, time.Millisecond)
-	var lockTimeout, syncCommit, tli, start, sysText, database string
+	var lockTimeout, syncCommit, tli, start, reset, sysText, database string
 	if err := tx.QueryRow(ctx, "select set_config('lock_timeout', $1, true), set_config('synchronous_commit', 'local', true), "+incarnationSQL+", "+syncStandbysSQL+
 		", (select system_identifier::text from pg_control_system()), current_database()",
-		strconv.FormatInt(wait.Milliseconds()+1, 10)).Scan(&lockTimeout, &syncCommit, &tli, &start, &seen.syncStandbys, &sysText, &database); err != nil {
+		strconv.FormatInt(wait.Milliseconds()+1, 10)).Scan(&lockTimeout, &syncCommit, &tli, &start, &reset, &seen.syncStandbys, &sysText, &database); err != nil {
 		return Unknown, "", seen, err
 	}
-	if seen.incarnation, err = parseIncarnation(tli, start); err != nil {
+	if seen.incarnation, err = parseIncarnation(tli, start, reset); err != nil {
 		return Unknown, "", seen, err
 	}
 	switch {

@@ -199,7 +199,7 @@ func (r *Reconciler) resolve(ctx context.Context, ref outcome.ReconciliationRef,
 			var again bool
 			res.status, res.reason, again = decide(ref, v)
 			if res.status == Committed && v.syncStandbys {
-				ok, err := r.replicated(ctx, incarnation{v.timeline, v.start}, deadline)
+				ok, err := r.replicated(ctx, v.incarnation, deadline)
 				if err != nil {
 					return Answer{ref: ref}, fmt.Errorf("reconcile: reconciling %s: %w", ref, err)
 				}
@@ -227,12 +227,12 @@ func (r *Reconciler) resolve(ctx context.Context, ref outcome.ReconciliationRef,
 }
 
 // xidProof returns what ref's xid proves on the server asked: Committed or Aborted where
-// the incarnation that assigned it answers (same system, timeline and server start),
-// else Unknown (in progress, another incarnation, where PostgreSQL may have reused it).
+// the incarnation that assigned it answers (same system, timeline, server start and
+// statistics reset time), else Unknown (in progress, another incarnation, one that went
+// through crash recovery: where PostgreSQL may have reused it).
 func (r *Reconciler) xidProof(ctx context.Context, ref outcome.ReconciliationRef) (Status, error) {
 	v, err := r.query(ctx, ref.XID)
-	if err != nil || v.inFuture || v.inRecovery || v.status == nil || v.sys != ref.SystemIdentifier || v.timeline != ref.Timeline ||
-		ref.ServerStart == 0 || v.start != ref.ServerStart {
+	if err != nil || v.inFuture || v.inRecovery || v.status == nil || v.sys != ref.SystemIdentifier || !v.assigned(ref) {
 		return Unknown, err
 	}
 	switch *v.status {

@@ -23,6 +23,21 @@ const TimelineSQL = "case when pg_is_in_recovery() then null else " +
 // ServerStartSQL is pg_postmaster_start_time() in microseconds since the Unix epoch.
 const ServerStartSQL = "(extract(epoch from pg_postmaster_start_time()) * 1000000)::bigint::text"
 
+// StatsResetSQL is when the server's cumulative statistics were last reset
+// (pg_stat_archiver.stats_reset), in microseconds since the Unix epoch, "0" when never.
+// It is what tells one incarnation of a server from the next where the start time and the
+// timeline do not: when a backend dies hard (SIGKILL, the OOM killer, a segfault), the
+// postmaster, with restart_after_crash on, ends every backend and replays WAL in place,
+// and crash recovery throws the statistics away (PostgreSQL 15+: xlog.c, StartupXLOG's
+// pgstat_discard_stats when the cluster was not shut down cleanly, resetting every
+// fixed-numbered kind, the archiver's included, at one new time; 13 and 14: StartupXLOG's
+// pgstat_reset_all, after which the restarted collector starts with the current time).
+// A clean shutdown keeps them (15+ write them at shutdown; 13 and 14 keep the collector's
+// permanent file). They also move at pg_stat_reset_shared (by default a superuser's) and,
+// on 13 and 14, when the collector itself is restarted: a change proves no crash, so it
+// only ever makes an answer unknown. The view is readable by every role.
+const StatsResetSQL = "coalesce((extract(epoch from (select a.stats_reset from pg_catalog.pg_stat_archiver a)) * 1000000)::bigint, 0)::text"
+
 // InFailedTransaction is the SQLSTATE of a statement sent in a transaction that has
 // already failed (25P02): the statement was not executed.
 const InFailedTransaction = "25P02"
