@@ -393,7 +393,8 @@ func (c *fakePG) message(typ byte, body []byte) error {
 
 // identity prepares the answer to Run's cluster-identity read: as many text
 // columns as its select list (before the last " from ") has, each ending in ::text:
-// the system identifier, the timeline and then a server start, all positive integers.
+// identitySQL's columns (the system identifier, the timeline, the xid read's function),
+// and a time in microseconds for every other one, all positive integers.
 func (c *fakePG) identity(sql []byte) {
 	if i := bytes.LastIndex(sql, []byte(" from ")); i >= 0 {
 		sql = sql[:i]
@@ -408,12 +409,12 @@ func (c *fakePG) identity(sql []byte) {
 			Name: fmt.Appendf(nil, "c%d", i), DataTypeOID: 25, DataTypeSize: -1, TypeModifier: -1})
 		v := "1700000000000000" // a server start, in microseconds
 		switch i {
-		case 0:
-			v = "7000000000000000001" // system identifier
-		case 1:
-			v = "1" // timeline
-		case 4:
-			v = "5060" // the xid read's function OID
+		case colSystem:
+			v = "7000000000000000001"
+		case colTimeline:
+			v = "1"
+		case colXIDFunction:
+			v = "5060"
 		}
 		c.idVals = append(c.idVals, []byte(v))
 	}

@@ -11,7 +11,8 @@ import (
 // calls attempt — one transaction of the caller's own, a pgx.BeginFunc, or a
 // database/sql BeginTx … Commit — with a context carrying a fresh [Verdict], and calls it
 // again only when that verdict is a retryable rollback (serialization failure, deadlock,
-// connection lost before COMMIT was sent), up to maxAttempts calls in all, after a
+// connection lost before COMMIT was sent, a transaction that never reached the server
+// because no connection could be acquired or made), up to maxAttempts calls in all, after a
 // jittered exponential backoff (DefaultPolicy's), while ctx lasts. Begin and end the
 // transaction with the context attempt is given.
 //
@@ -25,8 +26,8 @@ import (
 //     [WithAutoReconcile]), which says whether running it again is safe.
 //
 // When the tracer cannot tell how a call ended (its transaction was on a connection that
-// is not instrumented, or was not begun or ended with the context given), nothing is
-// retried and the error wraps [ErrNoVerdict] and attempt's error, if any. A nil ctx or
+// is not instrumented, or was not begun or ended with the context given, and no
+// instrumented pool failed to connect with it), nothing is retried and the error wraps [ErrNoVerdict] and attempt's error, if any. A nil ctx or
 // attempt, or maxAttempts below 1, is an error wrapping [ErrInvalidArgument]; attempt is
 // not called.
 //

@@ -205,10 +205,21 @@ func (t *Tracer) TraceConnectStart(ctx context.Context, data pgx.TraceConnectSta
 // TraceConnectEnd implements pgx.ConnectTracer.
 func (t *Tracer) TraceConnectEnd(ctx context.Context, data pgx.TraceConnectEndData) {
 	t.pool.connectEnd(ctx, data.Err)
+	notReached(ctx, data.Err)
 	if t.connect != nil {
 		ctx = t.innerEnd(InnerSpanConnect, ctx, data.Err)
 		data.Err = t.innerErr(data.Err)
 		t.connect.TraceConnectEnd(ctx, data)
+	}
+}
+
+// notReached tells the Verdict of ctx, if any, that its transaction never reached the
+// server when err, a failed Acquire's or Connect's, is not nil.
+func notReached(ctx context.Context, err error) {
+	if err != nil {
+		if v := verdictFrom(ctx); v != nil {
+			v.notStarted(err)
+		}
 	}
 }
 
@@ -237,6 +248,7 @@ func (t *Tracer) TraceAcquireEnd(ctx context.Context, pool *pgxpool.Pool, data p
 		}
 	}
 	t.pool.acquireEnd(ctx, pool, connStateOf(data.Conn), data.Err)
+	notReached(ctx, data.Err)
 	if t.acquire != nil {
 		ctx = t.innerEnd(InnerSpanAcquire, ctx, data.Err)
 		data.Err = t.innerErr(data.Err)

@@ -17,8 +17,9 @@ import (
 
 // ErrNoVerdict is wrapped by the error of [Verdict.Result] when the tracer cannot say how
 // the transaction ended: no instrumented transaction was begun or ended with the
-// Verdict's context (the connection is not instrumented, or the calls were made with
-// another context), or the transaction begun with it has not ended yet. Nothing can be
+// Verdict's context, nor did an instrumented pool or connection fail to connect with it
+// (the connection is not instrumented, or the calls were made with another context), or
+// the transaction begun with it has not ended yet. Nothing can be
 // concluded from it: treat it as you would an error without the library, and never as
 // a rollback.
 var ErrNoVerdict = errors.New("otelpgxtx: no verdict")
@@ -54,6 +55,10 @@ func (e endReasonError) Error() string {
 //
 // It answers for one transaction, whether or not its frame was sampled or filtered:
 //
+//   - a transaction that never reached the server: an instrumented pool's Acquire, or an
+//     instrumented pgx.Connect, failed with the context (the pool could not connect): a
+//     DeterminateRollback in not_started, retryable as Run's is, unless something below
+//     was recorded too;
 //   - the frame begun (BEGIN) with its context, when that frame ends, by whatever call
 //     or on whatever goroutine it ends (so database/sql's Commit, which takes no context,
 //     answers through the context given to BeginTx);
@@ -133,8 +138,8 @@ func verdictFrom(ctx context.Context) *Verdict {
 //     replication was not;
 //   - DeterminateRollback: rolled back for certain; Retryable() says whether running the
 //     whole transaction again is safe and may succeed (serialization failure, deadlock,
-//     connection lost before COMMIT was sent); Cause() is the first failure, or why it
-//     ended;
+//     connection lost before COMMIT was sent, no connection could be acquired or made);
+//     Cause() is the first failure, or why it ended;
 //   - Indeterminate: COMMIT was sent and its fate is unknown: never replay it. Reference()
 //     is the reconciliation reference when the tracer captured one ([WithCaptureReference],
 //     [WithCommitMarker]); hand it to package reconcile (reconcile.Indeterminate), or wait
@@ -244,6 +249,23 @@ func (v *Verdict) frameEnded(f *frame) {
 	v.mu.Lock()
 	v.d = d
 	v.mu.Unlock()
+}
+
+// notStarted records that a transaction tried with v's context never reached the server:
+// the pool could not acquire a connection, or none could be made (refused, a server in
+// crash recovery or at its connection limit, a TLS or authentication failure). Nothing
+// of it was sent, so it rolled back for certain; whether running it again may succeed is
+// the classifier's, as for Run's not_started rollback. It answers only when nothing else
+// was recorded: a frame begun or ended with the context is the answer.
+func (v *Verdict) notStarted(err error) {
+	c := classifier.Classify(outcome.PhaseNotStarted, err, classifier.Facts{})
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	if v.d.open || v.d.set {
+		return
+	}
+	v.d = verdictData{set: true, outcome: outcome.OutcomeRolledBack, phase: outcome.PhaseNotStarted, retryable: c.Retryable(),
+		cause: err, reason: c.Reason()}
 }
 
 // savepointEnded records the verdict of a savepoint statement of f's transaction,

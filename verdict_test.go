@@ -10,6 +10,8 @@ import (
 	"testing"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/jackc/pgx/v5/stdlib"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
@@ -504,5 +506,122 @@ func TestVerdictCauses(t *testing.T) {
 	ind := verdictData{set: true, outcome: outcome.OutcomeIndeterminate, id: id}
 	if r, ok := ind.result().(outcome.Indeterminate[struct{}]); !ok || !errors.Is(r.Cause(), errCommitUnobserved) {
 		t.Errorf("indeterminate without an error: %#v", ind.result())
+	}
+}
+
+// TestRetryNotReached: an attempt whose transaction never reached the server is a
+// retryable rollback in not_started, and Retry runs it again: the pool could not connect
+// (the server is down, then back), and the pool's idle connections were ended by a
+// backend's SIGKILL (crash recovery). The row is written once; an uninstrumented pool
+// still gives no verdict.
+func TestRetryNotReached(t *testing.T) {
+	ctx := testCtx(t)
+	table := newTable(t, ctx)
+	h := newHarness(t, "", 2) // no connection yet: the first Acquire connects
+	if err := srv.StopImmediate(); err != nil {
+		t.Fatal(err)
+	}
+	insert := func(id int) func(ctx context.Context) error {
+		return func(ctx context.Context) error {
+			return pgx.BeginFunc(ctx, h.pool, func(tx pgx.Tx) error {
+				_, err := tx.Exec(ctx, "insert into "+table+" (id) values ($1)", id)
+				return err
+			})
+		}
+	}
+	calls := 0
+	var first outcome.Result[struct{}]
+	res, err := Retry(ctx, 5, func(ctx context.Context) error {
+		calls++
+		if calls == 3 {
+			if err := srv.Restart(ctx); err != nil {
+				t.Fatal(err)
+			}
+		}
+		err := insert(1)(ctx)
+		if calls == 1 {
+			vctx, v := NewVerdict(ctx)
+			_ = insert(1)(vctx)
+			first = mustResult(t, v)
+		}
+		return err
+	})
+	if err != nil || res.Outcome() != outcome.OutcomeCommitted || calls != 3 {
+		t.Fatalf("Retry against a server down for two attempts: %v %v after %d calls, want committed after 3", res, err, calls)
+	}
+	rb, ok := first.(outcome.DeterminateRollback[struct{}])
+	if !ok || !rb.Retryable() || rb.Phase() != outcome.PhaseNotStarted || rb.Cause() == nil {
+		t.Fatalf("the verdict of a transaction whose pool could not connect: %#v, want a retryable rollback in not_started with its cause", first)
+	}
+	t.Logf("no connection: %v", rb.Cause())
+
+	// Every connection of the pool is ended by crash recovery.
+	conn, err := h.pool.Acquire(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pid := conn.Conn().PgConn().PID()
+	conn.Release()
+	if err := srv.KillBackend(ctx, pid); err != nil {
+		t.Fatal(err)
+	}
+	calls = 0
+	res, err = Retry(ctx, 5, func(ctx context.Context) error { calls++; return insert(2)(ctx) })
+	if err != nil || res.Outcome() != outcome.OutcomeCommitted {
+		t.Fatalf("Retry after crash recovery: %v %v after %d calls, want committed", res, err, calls)
+	}
+	if n := srvCount(t, ctx, "select count(*) from "+table); n != 2 {
+		t.Fatalf("%d rows, want 2: each once", n)
+	}
+	// A verdict recorded stays when the context later fails to connect elsewhere.
+	vctx, v := NewVerdict(ctx)
+	if err := insert(3)(vctx); err != nil {
+		t.Fatal(err)
+	}
+	down := newHarness(t, srv.ConnString()+"&port=1", 1)
+	if _, err := down.pool.Acquire(vctx); err == nil {
+		t.Fatal("acquired a connection to port 1")
+	}
+	if res := mustResult(t, v); res.Outcome() != outcome.OutcomeCommitted {
+		t.Errorf("a committed verdict after a failed Acquire with its context: %s", res.Outcome())
+	}
+	plain, err := pgxpool.New(ctx, srv.ConnString()+"&port=1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer plain.Close()
+	calls = 0
+	res, err = Retry(ctx, 3, func(ctx context.Context) error {
+		calls++
+		return pgx.BeginFunc(ctx, plain, func(pgx.Tx) error { return nil })
+	})
+	if res != nil || !errors.Is(err, ErrNoVerdict) || calls != 1 {
+		t.Errorf("Retry on an uninstrumented pool that cannot connect: %v, %v after %d calls; want nil, ErrNoVerdict after 1", res, err, calls)
+	}
+}
+
+// TestVerdictNotStarted: what the classifier makes of a connection refused during crash
+// recovery (57P03, FATAL), of a context given up, and that a frame's record wins (unit
+// test, fabricated errors, in addition to TestRetryNotReached's real ones).
+func TestVerdictNotStarted(t *testing.T) {
+	for _, tc := range []struct {
+		err       error
+		retryable bool
+	}{
+		{&pgconn.PgError{Severity: "FATAL", SeverityUnlocalized: "FATAL", Code: "57P03", Message: "the database system is in recovery mode"}, true},
+		{&pgconn.PgError{Severity: "FATAL", SeverityUnlocalized: "FATAL", Code: "53300", Message: "sorry, too many clients already"}, true},
+		{context.Canceled, false},
+	} {
+		_, v := NewVerdict(context.Background())
+		v.notStarted(tc.err)
+		rb, ok := mustResult(t, v).(outcome.DeterminateRollback[struct{}])
+		if !ok || rb.Retryable() != tc.retryable || rb.Phase() != outcome.PhaseNotStarted || !errors.Is(rb.Cause(), tc.err) {
+			t.Errorf("%v: %#v, want a rollback in not_started, retryable %v", tc.err, rb, tc.retryable)
+		}
+		v.began()
+		v.notStarted(tc.err)
+		if _, err := v.Result(); !errors.Is(err, ErrNoVerdict) {
+			t.Errorf("%v after a frame began: %v, want the frame's (not ended: ErrNoVerdict)", tc.err, err)
+		}
 	}
 }
