@@ -1,13 +1,17 @@
 package otelpgxtx
 
-// The soak's faults (see soak_test.go): the nemesis terminates backends, arms proxy cuts
-// and crashes, restarts or fails over the server; the SyncRep watcher ends every
+// The soak's faults (see soak_test.go): the nemesis terminates backends, kills one with
+// SIGKILL as the OOM killer does (the postmaster recovers in place), arms proxy cuts and
+// crashes, restarts or fails over the server; the SyncRep watcher ends every
 // synchronous-replication wait; waitQuiet waits for the workload's backends to finish.
 
 import (
 	"context"
+	"errors"
 	"math/rand/v2"
+	"os"
 	"slices"
+	"syscall"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -183,10 +187,14 @@ func (s *soak) nemesis(ctx context.Context, stop <-chan struct{}) {
 			}
 		}
 		switch r := rng.IntN(100); {
-		case r < 35:
+		case r < 33:
 			terminate("state = 'idle in transaction'", "terminate: idle in transaction")
-		case r < 45:
+		case r < 43:
 			terminate("state = 'active' and wait_event is distinct from 'SyncRep'", "terminate: active backend")
+		case r < 45:
+			if s.killBackend(ctx, &a, rng) {
+				faults++
+			}
 		case r < 70:
 			s.proxy.CutAfterCommit()
 			s.faults.add("proxy: cut after COMMIT (armed)", 1)
@@ -211,6 +219,30 @@ func (s *soak) nemesis(ctx context.Context, stop <-chan struct{}) {
 			s.crash(ctx, rng)
 		}
 	}
+}
+
+// killBackend kills a random backend of the workload that is not idle (active, in its
+// synchronous-replication wait, idle in a transaction) with SIGKILL, as the kernel's OOM
+// killer does, and waits for the crash recovery that follows: the postmaster keeps its
+// start time and timeline, and hands out again the xids whose records were lost.
+func (s *soak) killBackend(ctx context.Context, a *soakAdmin, rng *rand.Rand) bool {
+	pids, err := soakPids(ctx, a, "state <> 'idle'")
+	a.close() // the recovery ends it
+	if err != nil || len(pids) == 0 {
+		return false
+	}
+	target := srv
+	if s.cluster != nil {
+		target = s.cluster.Primary()
+	}
+	if err := target.KillBackend(context.WithoutCancel(ctx), pids[rng.IntN(len(pids))]); err != nil {
+		if !errors.Is(err, os.ErrNotExist) && !errors.Is(err, syscall.ESRCH) {
+			s.errs.add("KillBackend: "+err.Error(), 1)
+		} // else the backend exited since it was listed: nothing was killed
+		return false
+	}
+	s.faults.add("SIGKILL: application backend (crash recovery in place)", 1)
+	return true
 }
 
 // soakPause waits d, and reports false if stop closed or ctx ended first.

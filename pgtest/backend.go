@@ -1,9 +1,13 @@
 package pgtest
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
 	"syscall"
 	"time"
 
@@ -42,6 +46,10 @@ func (s *Server) KillBackend(ctx context.Context, pid uint32) error {
 	if err != nil {
 		return err
 	}
+	// We may be root: a PID that is no longer a backend's may be anyone's.
+	if err := s.isChild(pid); err != nil {
+		return err
+	}
 	if err := syscall.Kill(int(pid), syscall.SIGKILL); err != nil {
 		return fmt.Errorf("pgtest: SIGKILL to backend %d: %w", pid, err)
 	}
@@ -61,6 +69,25 @@ func (s *Server) KillBackend(ctx context.Context, pid uint32) error {
 		case <-tick.C:
 		}
 	}
+}
+
+// isChild fails unless pid is a child process of the server's postmaster (Linux).
+func (s *Server) isChild(pid uint32) error {
+	pm, err := os.ReadFile(filepath.Join(s.dataDir, "postmaster.pid"))
+	if err != nil {
+		return fmt.Errorf("pgtest: reading the postmaster's PID: %w", err)
+	}
+	postmaster, _, _ := strings.Cut(string(pm), "\n")
+	stat, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return fmt.Errorf("pgtest: process %d: %w", pid, err)
+	}
+	// The parent is the fourth field, after the command in parentheses.
+	fields := strings.Fields(string(stat[bytes.LastIndexByte(stat, ')')+1:]))
+	if len(fields) < 2 || fields[1] != strings.TrimSpace(postmaster) {
+		return fmt.Errorf("pgtest: process %d is not a backend of the server (postmaster %s)", pid, strings.TrimSpace(postmaster))
+	}
+	return nil
 }
 
 // checkpointerPID returns the PID of the server's checkpointer.

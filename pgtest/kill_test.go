@@ -2,6 +2,7 @@ package pgtest
 
 import (
 	"context"
+	"os"
 	"testing"
 
 	"github.com/jackc/pgx/v5"
@@ -112,5 +113,8 @@ func TestKillBackend(t *testing.T) {
 	}
 	if err := srv.KillBackend(ctx, 1<<22+1); err == nil {
 		t.Error("KillBackend of no process succeeded")
+	}
+	if err := srv.KillBackend(ctx, uint32(os.Getpid())); err == nil { // survived: it refused
+		t.Error("KillBackend of a process that is not the server's succeeded")
 	}
 }
