@@ -88,8 +88,8 @@ func TestAutoReconcile(t *testing.T) {
 		withAutoReconcile(t, db, WithOnReconciled(rec.on)))
 	t.Cleanup(func() { _ = h.tracer.Close(context.Background()) })
 	counts, _, unresolved := h.reconcileCounts(t, ctx)
-	if len(counts) != 11 || unresolved != 0 {
-		t.Fatalf("at start: %v series (want 11, all 0), unresolved %d", counts, unresolved)
+	if len(counts) != 12 || unresolved != 0 {
+		t.Fatalf("at start: %v series (want 12, all 0), unresolved %d", counts, unresolved)
 	}
 	for k, v := range counts {
 		if v != 0 {

@@ -190,7 +190,7 @@ var reconcileBuckets = []float64{0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 
 
 // finalReasons are the reasons an automatic reconciliation can end unknown with.
 var finalReasons = []string{reconcile.ReasonNoReference, reconcile.ReasonTooOld, reconcile.ReasonInTheFuture, reconcile.ReasonOtherSystem,
-	reconcile.ReasonOtherTimeline, reconcile.ReasonServerRestarted, reconcile.ReasonQueueFull, reconcile.ReasonStopped}
+	reconcile.ReasonOtherTimeline, reconcile.ReasonServerRestarted, reconcile.ReasonCrashRecovered, reconcile.ReasonQueueFull, reconcile.ReasonStopped}
 
 // reconcileMetrics count what automatic reconciliation learned, whether the frames were
 // sampled or not.

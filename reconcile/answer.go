@@ -101,7 +101,7 @@ const (
 	// one the reconciler is connected to. Nothing was fenced.
 	ReasonOtherDatabase = "other_database"
 	// ReasonEvidenceConflict: the reference's xid is conclusive on the server asked (the
-	// incarnation that assigned it says committed or aborted) and the marker row says
+	// incarnation that assigned it, with no crash recovery since, says committed or aborted) and the marker row says
 	// otherwise. Logged at level ERROR; nothing was fenced.
 	ReasonEvidenceConflict = "evidence_conflict"
 	// ReasonQueueFull: automatic reconciliation's queue was full when the frame ended; its

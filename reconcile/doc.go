@@ -9,10 +9,13 @@
 // # What proves what
 //
 // A reference names a transaction by its xid8, read before COMMIT was sent, and the
-// history that assigned it: the cluster's system identifier, the timeline the server
-// wrote WAL on, and the server's start time. pg_xact_status decides, and never guesses:
+// incarnation that assigned it: the cluster's system identifier, the timeline the server
+// wrote WAL on, the server's start time, and the time its cumulative statistics were last
+// reset (pg_stat_archiver.stats_reset), which crash recovery moves. pg_xact_status
+// decides, and never guesses:
 //
-//   - committed, in the same server incarnation that assigned the xid: [Committed];
+//   - committed, in the same server incarnation that assigned the xid (same timeline,
+//     start and statistics reset time): [Committed];
 //     aborted: [Aborted]; no xid when COMMIT was sent: [NoWrites];
 //   - in progress (a backend can sit in a synchronous-replication wait): polled within
 //     the wait ([WithWait]), then [ReasonInProgress];
@@ -26,6 +29,13 @@
 //     status means the original's records were lost); committed stays unknown,
 //     [ReasonServerRestarted] or [ReasonOtherTimeline], since an intermediate incarnation
 //     may have reused the xid.
+//   - after a backend died hard (SIGKILL, the OOM killer, a segfault), the postmaster
+//     ends every backend and replays WAL in place, keeping its start time and timeline,
+//     and hands out again the xids whose records were lost, as after a crash restart.
+//     Only the statistics' reset time tells that incarnation from the last, and since
+//     pg_stat_reset_shared moves it too, it proves no boundary: committed stays unknown,
+//     [ReasonCrashRecovered]; aborted, and an xid the server has not assigned yet (its
+//     next xid fell below it: the records were lost), are [Aborted].
 //
 // Ask the surviving primary: the answer is about the history of the server asked.
 //
