@@ -34,6 +34,11 @@ type connState struct {
 	timeline     uint32
 	serverStart  int64 // µs since the epoch; a connection never outlives a restart
 	statsReset   int64 // µs since the epoch; nor a crash recovery, which moves it
+	// pid is the PID pgconn was told at connection start (BackendKeyData), and pooled says
+	// that the identity check's backend had another: a pooler (PgBouncer) is in between,
+	// and the transactions may run on other server connections than the check's.
+	pid    uint32
+	pooled bool
 	database     string
 	checkedAt    int64 // µs since the epoch
 	identityRead bool
@@ -106,7 +111,7 @@ func stateOf(pg *pgconn.PgConn) *connState {
 	}
 	st, _ := data[stateKey].(*connState)
 	if st == nil {
-		st = &connState{queries: make([]queryState, 0, 2), server: classifier.ServerOf(pg.ParameterStatus)}
+		st = &connState{queries: make([]queryState, 0, 2), server: classifier.ServerOf(pg.ParameterStatus), pid: pg.PID()}
 		data[stateKey] = st
 		if nc, ok := pg.Conn().(*wire.Conn); ok {
 			if w, ok := nc.Listener().(*closeWatch); ok {

@@ -187,12 +187,12 @@ func TestReconcilerAsOrdinaryRole(t *testing.T) {
 	}
 	defer conn.Close(ctx)
 	var xid uint64
-	var sys, tli, start, reset, xidFunc, database, checked string
+	var sys, tli, start, reset, backend, xidFunc, database, checked string
 	var xidNow *string // identitySQL's privilege probe: NULL outside a transaction
 	if err := conn.QueryRow(ctx, "select pg_current_xact_id()::text::bigint").Scan(&xid); err != nil {
 		t.Fatal(err)
 	}
-	if err := conn.QueryRow(ctx, identitySQL).Scan(&sys, &tli, &start, &reset, &xidNow, &xidFunc, &database, &checked); err != nil {
+	if err := conn.QueryRow(ctx, identitySQL).Scan(&sys, &tli, &start, &reset, &backend, &xidNow, &xidFunc, &database, &checked); err != nil {
 		t.Fatalf("identity read as an ordinary role: %v", err)
 	}
 	ref, err := outcome.ParseReconciliationRef(fmt.Sprintf("pg:%s/%s/%d/%s/%s", sys, tli, xid, start, reset))

@@ -393,7 +393,8 @@ func (c *fakePG) message(typ byte, body []byte) error {
 
 // identity prepares the answer to Run's cluster-identity read: as many text
 // columns as its select list (before the last " from ") has, each ending in ::text:
-// identitySQL's columns (the system identifier, the timeline, the xid read's function),
+// identitySQL's columns (the system identifier, the timeline, the backend's PID, the xid
+// read's function),
 // and a time in microseconds for every other one, all positive integers.
 func (c *fakePG) identity(sql []byte) {
 	if i := bytes.LastIndex(sql, []byte(" from ")); i >= 0 {
@@ -415,6 +416,8 @@ func (c *fakePG) identity(sql []byte) {
 			v = "1"
 		case colXIDFunction:
 			v = "5060"
+		case colBackendPID:
+			v = "1" // BackendKeyData's
 		}
 		c.idVals = append(c.idVals, []byte(v))
 	}

@@ -26,7 +26,9 @@ import (
 // identitySQL reads what makes an xid meaningful: the cluster's system identifier, its
 // current timeline, the server's start time and its statistics' reset time (after a
 // failover, a crash restart, and a crash recovery the postmaster survives, the same xid
-// may name another transaction), with the database (a marker
+// may name another transaction), and the backend's PID (another than the connection was
+// told means a pooler in between, whose transactions may run on other server
+// connections, of a later incarnation), with the database (a marker
 // row is in one) and the server's clock (a marker row is never older than it). It also
 // reads the OID of the function the xid read calls, and calls it, so that capture is
 // only attempted where that call cannot fail for want of a privilege: an ERROR there
@@ -36,7 +38,7 @@ const identitySQL = identitySelect + identityFrom
 // identitySelect and identityFrom are identitySQL's two halves, so that the tracer's
 // check (see Tracer.identityMessage) can add the marker function's column between them.
 const (
-	identitySelect = "select s.system_identifier::text, " + pg.TimelineSQL + ", " + pg.ServerStartSQL + ", " + pg.StatsResetSQL +
+	identitySelect = "select s.system_identifier::text, " + pg.TimelineSQL + ", " + pg.ServerStartSQL + ", " + pg.StatsResetSQL + ", pg_catalog.pg_backend_pid()::text" +
 		", pg_current_xact_id_if_assigned()::text, 'pg_catalog.pg_current_xact_id_if_assigned()'::pg_catalog.regprocedure::pg_catalog.oid::text" +
 		", pg_catalog.current_database()::text, (extract(epoch from pg_catalog.now()) * 1000000)::bigint::text"
 	identityFrom = " from pg_control_system() s"
@@ -48,6 +50,7 @@ const (
 	colTimeline
 	colStart
 	colStatsReset
+	colBackendPID
 	colXIDRead
 	colXIDFunction
 	colDatabase
@@ -201,11 +204,13 @@ func (st *connState) setIdentity(row [][]byte) error {
 	fn, err4 := strconv.ParseUint(string(row[colXIDFunction]), 10, 32)
 	checked, err5 := strconv.ParseInt(string(row[colCheckedAt]), 10, 64)
 	reset, err6 := strconv.ParseInt(string(row[colStatsReset]), 10, 64)
-	if err1 != nil || err2 != nil || err3 != nil || err4 != nil || err5 != nil || err6 != nil || sys == 0 || tli == 0 || start <= 0 || fn == 0 ||
-		checked <= 0 || reset < 0 || len(row[colDatabase]) == 0 {
+	pid, err7 := strconv.ParseUint(string(row[colBackendPID]), 10, 32)
+	if err1 != nil || err2 != nil || err3 != nil || err4 != nil || err5 != nil || err6 != nil || err7 != nil || sys == 0 || tli == 0 ||
+		start <= 0 || fn == 0 || checked <= 0 || reset < 0 || len(row[colDatabase]) == 0 {
 		return fmt.Errorf("otelpgxtx: reading the cluster identity: unexpected values %q", row)
 	}
 	st.systemID, st.timeline, st.serverStart, st.statsReset = sys, uint32(tli), start, reset
+	st.pooled = uint32(pid) != st.pid
 	st.database, st.checkedAt = string(row[colDatabase]), checked
 	st.xidCallMsg, _ = (&pgproto3.FunctionCall{Function: uint32(fn)}).Encode(nil) // result in text format
 	return nil
@@ -218,5 +223,5 @@ func (st *connState) identityKnown() bool { return st != nil && st.systemID != 0
 // ref returns a reference to xid on st's cluster.
 func (st *connState) ref(xid uint64) *outcome.ReconciliationRef {
 	return &outcome.ReconciliationRef{XID: xid, SystemIdentifier: st.systemID, Timeline: st.timeline, ServerStart: st.serverStart,
-		StatsReset: st.statsReset}
+		StatsReset: st.statsReset, Pooled: st.pooled}
 }

@@ -670,10 +670,11 @@ func (c *soakCheck) report(workload, total time.Duration) {
 	}
 	tw.Flush()
 	fmt.Fprintln(&b, "\nnon-idempotent increments through a retry loop, by arm: operations, calls, applications, applied twice or more,")
-	fmt.Fprintln(&b, "indeterminate verdicts, of those with a reference, settled by reconciliation:")
+	fmt.Fprintln(&b, "indeterminate verdicts, of those with a reference, settled by reconciliation, Retry calls without a verdict,")
+	fmt.Fprintln(&b, "last verdicts of a transaction that never reached the server (no connection; retried while attempts lasted):")
 	for _, arm := range slices.Sorted(maps.Keys(c.incr)) {
 		k := c.incr[arm]
-		fmt.Fprintf(tw, "  %s\t%d\t%d\t%d\t%d\t%d\t%d\t%d\t\n", arm, k.ops, k.calls, k.applied, k.double, k.indeterminate, k.withRef, k.settled)
+		fmt.Fprintf(tw, "  %s\t%d\t%d\t%d\t%d\t%d\t%d\t%d\t%d\t%d\t\n", arm, k.ops, k.calls, k.applied, k.double, k.indeterminate, k.withRef, k.settled, k.noVerdict, k.notReached)
 	}
 	tw.Flush()
 	fmt.Fprintf(&b, "\nmisclassifications: %d\n", len(c.bad))
@@ -781,6 +782,8 @@ type soakIncrCounts struct {
 	// indeterminate: verdicts Indeterminate; settled: of those, with a reference, the ones
 	// reconciliation (in the loop, or else automatic) answered other than unknown.
 	indeterminate, withRef, settled int
+	noVerdict                       int // Retry calls without a verdict
+	notReached                      int // verdicts of transactions that never reached the server
 }
 
 // soakIncrArm names an increment's retry loop.
@@ -809,6 +812,10 @@ func (c *soakCheck) checkIncrement(op *soakOp, fs []*soakFrame) {
 	k.ops++
 	k.calls += op.calls
 	k.applied += n
+	k.noVerdict += op.noVerdict
+	if op.noVerdict > 0 {
+		c.fail(op.id, "Retry returned no verdict %d times [%s]", op.noVerdict, op.describe())
+	}
 	logged := 0
 	for _, f := range fs {
 		if c.committedBy(op, f.op) {
@@ -831,6 +838,10 @@ func (c *soakCheck) checkIncrement(op *soakOp, fs []*soakFrame) {
 	c.s.autoMu.Lock()
 	defer c.s.autoMu.Unlock()
 	for _, res := range op.verdicts {
+		if rb, ok := res.(outcome.DeterminateRollback[struct{}]); ok && rb.Phase() == outcome.PhaseNotStarted && res.OperationID().IsZero() {
+			k.notReached++ // no frame: the pool could not connect
+			continue
+		}
 		id := res.OperationID().String()
 		if got := outcomeOf[id]; got != res.Outcome().String() {
 			c.fail(op.id, "verdict %s of frame %s, whose span says %q [%s]", res.Outcome(), id, got, op.describe())

@@ -235,7 +235,9 @@ func (s *soak) killBackend(ctx context.Context, a *soakAdmin, rng *rand.Rand) bo
 	if s.cluster != nil {
 		target = s.cluster.Primary()
 	}
-	if err := target.KillBackend(context.WithoutCancel(ctx), pids[rng.IntN(len(pids))]); err != nil {
+	kctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Minute)
+	defer cancel()
+	if err := target.KillBackend(kctx, pids[rng.IntN(len(pids))]); err != nil {
 		if !errors.Is(err, os.ErrNotExist) && !errors.Is(err, syscall.ESRCH) {
 			s.errs.add("KillBackend: "+err.Error(), 1)
 		} // else the backend exited since it was listed: nothing was killed

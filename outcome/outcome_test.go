@@ -205,6 +205,8 @@ func TestReconciliationRefRoundTrip(t *testing.T) {
 		{outcome.ReconciliationRef{XID: 9, SystemIdentifier: 42, Timeline: 3, ServerStart: 1795000000123456}, "pg:42/3/9/1795000000123456"},
 		{outcome.ReconciliationRef{XID: 9, SystemIdentifier: 42, Timeline: 3, ServerStart: 1795000000123456, StatsReset: 1795000000654321},
 			"pg:42/3/9/1795000000123456/1795000000654321"},
+		{outcome.ReconciliationRef{XID: 9, SystemIdentifier: 42, Timeline: 3, ServerStart: 1795000000123456, StatsReset: 1795000000654321, Pooled: true},
+			"pg:42/3/9/1795000000123456/1795000000654321;pooled"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.want, func(t *testing.T) {
@@ -222,7 +224,7 @@ func TestReconciliationRefRoundTrip(t *testing.T) {
 				t.Errorf("ParseReconciliationRef(%q) = %+v, want %+v", tt.want, got, tt.ref)
 			}
 			nr, err := outcome.NewReconciliationRef(tt.ref.XID, tt.ref.SystemIdentifier, tt.ref.Timeline)
-			nr.ServerStart, nr.StatsReset = tt.ref.ServerStart, tt.ref.StatsReset
+			nr.ServerStart, nr.StatsReset, nr.Pooled = tt.ref.ServerStart, tt.ref.StatsReset, tt.ref.Pooled
 			if err != nil || nr != tt.ref {
 				t.Errorf("NewReconciliationRef = %+v, %v; want %+v, nil", nr, err, tt.ref)
 			}
@@ -243,6 +245,8 @@ func TestParseReconciliationRefMalformed(t *testing.T) {
 		{"zero stats reset", "pg:1/2/3/4/0"},
 		{"negative stats reset", "pg:1/2/3/4/-5"},
 		{"stats reset without a start", "pg:1/2/3//5"},
+		{"pooled twice", "pg:1/2/3;pooled;pooled"},
+		{"pooled after checked", "pg:1/2/3;checked=5;pooled"},
 		{"negative server start", "pg:1/2/3/-4"},
 		{"non-numeric system identifier", "pg:a/1/2"},
 		{"non-numeric timeline", "pg:1/b/2"},

@@ -30,6 +30,11 @@ import (
 // recovery discards the statistics. So only a reference whose StatsReset the server still
 // shows was assigned its xid by the incarnation that answers (see package reconcile).
 //
+// Pooled is set when the identity was read through a connection pooler (PgBouncer): on a
+// server connection other than the transaction's, perhaps of an earlier incarnation than
+// the one that assigned the xid. It then proves no boundary for a later incarnation (see
+// package reconcile); the incarnation it names still answers committed.
+//
 // MarkerTable and Operation are set when the transaction's COMMIT was sent right after
 // the call of the commit-marker function, which inserts the operation id into the marker
 // table named here as the database it is in and its quoted schema-qualified name
@@ -49,6 +54,7 @@ type ReconciliationRef struct {
 	Timeline         uint32
 	ServerStart      int64
 	StatsReset       int64
+	Pooled           bool
 	MarkerTable      string
 	Operation        OperationID
 	CheckedAt        int64
@@ -105,7 +111,7 @@ func (r ReconciliationRef) HasMarker() bool { return r.MarkerTable != "" }
 
 // String returns "pg:<system identifier>/<timeline>/<xid8>/<server start>/<stats reset>"
 // (without the last field when the reset time is unknown, without the last two when the
-// start is), followed by ";checked=<µs>" when CheckedAt is
+// start is), followed by ";pooled" when Pooled is set, ";checked=<µs>" when CheckedAt is
 // set and ";marker=<operation id>@<quoted table>" with a marker, the form
 // [ParseReconciliationRef] reads.
 func (r ReconciliationRef) String() string {
@@ -116,6 +122,9 @@ func (r ReconciliationRef) String() string {
 		if r.StatsReset != 0 {
 			s += "/" + strconv.FormatInt(r.StatsReset, 10)
 		}
+	}
+	if r.Pooled {
+		s += ";pooled"
 	}
 	if r.CheckedAt != 0 {
 		s += ";checked=" + strconv.FormatInt(r.CheckedAt, 10)
@@ -145,6 +154,7 @@ func ParseReconciliationRef(s string) (ReconciliationRef, error) {
 	}
 	var checked int64
 	rest, checkedText, hasChecked := strings.Cut(rest, ";checked=")
+	rest, pooled := strings.CutSuffix(rest, ";pooled")
 	if hasChecked {
 		var err error
 		if checked, err = positive(checkedText); err != nil {
@@ -173,7 +183,7 @@ func ParseReconciliationRef(s string) (ReconciliationRef, error) {
 	if err != nil {
 		return ReconciliationRef{}, err
 	}
-	r.ServerStart, r.StatsReset, r.MarkerTable, r.Operation, r.CheckedAt = start, reset, table, op, checked
+	r.ServerStart, r.StatsReset, r.Pooled, r.MarkerTable, r.Operation, r.CheckedAt = start, reset, pooled, table, op, checked
 	return r, nil
 }
 

@@ -40,21 +40,43 @@ func (s *Server) Terminate(ctx context.Context, pid uint32) error {
 // postmaster, with restart_after_crash on (the default), ends every other backend,
 // reinitializes shared memory and replays WAL in place: it keeps its start time and
 // timeline, every connection to the server is lost, and the WAL no one had flushed is
-// gone. Recovery is told by its checkpointer, which the postmaster starts afresh.
+// gone. Recovery is told by its checkpointer, which the postmaster starts afresh. A
+// backend that exits by itself first is not killed: the error then wraps os.ErrNotExist.
+// Linux only (it reads /proc).
 func (s *Server) KillBackend(ctx context.Context, pid uint32) error {
 	before, err := s.checkpointerPID(ctx)
 	if err != nil {
 		return err
 	}
 	// We may be root: a PID that is no longer a backend's may be anyone's.
-	if err := s.isChild(pid); err != nil {
+	if _, err := s.backendState(pid); err != nil {
 		return err
+	}
+	// Stopped first, the backend cannot exit by itself meanwhile, so the SIGKILL is what
+	// ends it (a process that already exited would take it without a crash).
+	if err := syscall.Kill(int(pid), syscall.SIGSTOP); err != nil {
+		return fmt.Errorf("pgtest: SIGSTOP to backend %d: %w", pid, err)
+	}
+	tick := time.NewTicker(waitEventPoll)
+	defer tick.Stop()
+	for {
+		state, err := s.backendState(pid)
+		if err != nil {
+			return err
+		}
+		if state == 'T' || state == 't' {
+			break
+		}
+		select {
+		case <-ctx.Done():
+			_ = syscall.Kill(int(pid), syscall.SIGCONT) // left as it was
+			return fmt.Errorf("pgtest: backend %d did not stop (state %c): %w", pid, state, ctx.Err())
+		case <-tick.C:
+		}
 	}
 	if err := syscall.Kill(int(pid), syscall.SIGKILL); err != nil {
 		return fmt.Errorf("pgtest: SIGKILL to backend %d: %w", pid, err)
 	}
-	tick := time.NewTicker(waitEventPoll)
-	defer tick.Stop()
 	for {
 		// Until the postmaster notices, a connection may still reach the old incarnation;
 		// during recovery it is refused.
@@ -71,23 +93,28 @@ func (s *Server) KillBackend(ctx context.Context, pid uint32) error {
 	}
 }
 
-// isChild fails unless pid is a child process of the server's postmaster (Linux).
-func (s *Server) isChild(pid uint32) error {
+// backendState returns the state of process pid (/proc/<pid>/stat: 'R', 'S', 'T', …),
+// and fails unless it is a live child of the server's postmaster: an error wrapping
+// os.ErrNotExist when it is gone or a zombie.
+func (s *Server) backendState(pid uint32) (byte, error) {
 	pm, err := os.ReadFile(filepath.Join(s.dataDir, "postmaster.pid"))
 	if err != nil {
-		return fmt.Errorf("pgtest: reading the postmaster's PID: %w", err)
+		return 0, fmt.Errorf("pgtest: reading the postmaster's PID: %w", err)
 	}
 	postmaster, _, _ := strings.Cut(string(pm), "\n")
 	stat, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
 	if err != nil {
-		return fmt.Errorf("pgtest: process %d: %w", pid, err)
+		return 0, fmt.Errorf("pgtest: process %d: %w", pid, err)
 	}
-	// The parent is the fourth field, after the command in parentheses.
+	// The state and the parent follow the command, in parentheses.
 	fields := strings.Fields(string(stat[bytes.LastIndexByte(stat, ')')+1:]))
-	if len(fields) < 2 || fields[1] != strings.TrimSpace(postmaster) {
-		return fmt.Errorf("pgtest: process %d is not a backend of the server (postmaster %s)", pid, strings.TrimSpace(postmaster))
+	switch {
+	case len(fields) < 2 || fields[1] != strings.TrimSpace(postmaster):
+		return 0, fmt.Errorf("pgtest: process %d is not a backend of the server (postmaster %s)", pid, strings.TrimSpace(postmaster))
+	case fields[0] == "Z" || fields[0] == "X":
+		return 0, fmt.Errorf("pgtest: backend %d has exited: %w", pid, os.ErrNotExist)
 	}
-	return nil
+	return fields[0][0], nil
 }
 
 // checkpointerPID returns the PID of the server's checkpointer.

@@ -77,6 +77,12 @@ func (v serverView) assigned(ref outcome.ReconciliationRef) bool {
 // sound there: "aborted" (above), and an xid not assigned yet, since within one
 // postmaster the next xid only falls below an xid it handed out when crash recovery lost
 // that xid's records, commit record included (TestReconcileBackendKilled).
+//
+// A pooled reference (PgBouncer) read its identity on a server connection other than the
+// transaction's, perhaps of an earlier incarnation than the one that assigned the xid:
+// the checkpoint after the identity's incarnation may precede the xid's, so it is no
+// boundary there. The rest holds: an identity the server still shows was the one the
+// transaction ran in, and "not assigned yet" and "aborted" say what they say of any xid.
 func decide(ref outcome.ReconciliationRef, v serverView) (res Status, reason string, again bool) {
 	if v.sys != ref.SystemIdentifier {
 		return Unknown, ReasonOtherSystem, false
@@ -87,7 +93,10 @@ func decide(ref outcome.ReconciliationRef, v serverView) (res Status, reason str
 	// higher timeline, or restarted since on the same one), so the rules above apply.
 	later := !v.inRecovery && (v.timeline > ref.Timeline ||
 		sameTimeline && ref.ServerStart != 0 && v.start > ref.ServerStart)
-	if later && (v.inFuture || v.checkpointTimeline == v.timeline && ref.XID >= v.checkpointNextXID) {
+	// A pooled reference's identity may predate the incarnation that assigned the xid,
+	// whose end the boundary would then not follow.
+	boundary := !ref.Pooled && v.checkpointTimeline == v.timeline && ref.XID >= v.checkpointNextXID
+	if later && (v.inFuture || boundary) {
 		// Not yet assigned now means not assigned before the restart or fork either: the
 		// next xid only grows from the boundary.
 		return Aborted, "", false

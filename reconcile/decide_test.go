@@ -13,6 +13,8 @@ func TestDecide(t *testing.T) {
 	ref := outcome.ReconciliationRef{XID: 1000, SystemIdentifier: 7, Timeline: 1, ServerStart: 500, StatsReset: 450}
 	noReset := ref
 	noReset.StatsReset = 0
+	pooled := ref // its identity may predate the xid's incarnation
+	pooled.Pooled = true
 	noStart := ref
 	noStart.ServerStart = 0
 	newerTimeline := ref
@@ -55,6 +57,12 @@ func TestDecide(t *testing.T) {
 		{"crash recovered, too old", ref, view(recovered, nil, 1001, nil), Unknown, ReasonTooOld, false},
 		{"no reset time, committed", noReset, view(same, &committed, 900, nil), Unknown, ReasonCrashRecovered, false},
 		{"no reset time, aborted", noReset, view(same, &aborted, 900, nil), Aborted, "", false},
+		{"pooled, same incarnation, committed", pooled, view(same, &committed, 900, nil), Committed, "", false},
+		{"pooled, restarted, committed at the boundary", pooled, view(restarted, &committed, 1000, nil), Unknown, ReasonServerRestarted, false},
+		{"pooled, restarted, in progress above the boundary", pooled, view(restarted, &inProgress, 990, nil), Unknown, "", true},
+		{"pooled, restarted, in the future", pooled, view(restarted, nil, 990, future), Aborted, "", false},
+		{"pooled, promoted, committed at the boundary", pooled, view(promoted, &committed, 1000, nil), Unknown, ReasonOtherTimeline, false},
+		{"pooled, promoted, aborted", pooled, view(promoted, &aborted, 1000, nil), Aborted, "", false},
 		{"other system", ref, view(same, &committed, 900, func(v *serverView) { v.sys = 8 }), Unknown, ReasonOtherSystem, false},
 		{"restarted, committed below the boundary", ref, view(restarted, &committed, 1001, nil), Unknown, ReasonServerRestarted, false},
 		{"restarted, committed at the boundary", ref, view(restarted, &committed, 1000, nil), Aborted, "", false},
