@@ -30,15 +30,15 @@ type connState struct {
 
 	// The cluster identity, read once per connection for reconciliation references
 	// (reference.go), with the database and the server's clock at the check.
-	systemID     uint64
-	timeline     uint32
-	serverStart  int64 // µs since the epoch; a connection never outlives a restart
-	statsReset   int64 // µs since the epoch; nor a crash recovery, which moves it
+	systemID    uint64
+	timeline    uint32
+	serverStart int64 // µs since the epoch; a connection never outlives a restart
+	statsReset  int64 // µs since the epoch; nor a crash recovery, which moves it
 	// pid is the PID pgconn was told at connection start (BackendKeyData), and pooled says
 	// that the identity check's backend had another: a pooler (PgBouncer) is in between,
 	// and the transactions may run on other server connections than the check's.
-	pid    uint32
-	pooled bool
+	pid          uint32
+	pooled       bool
 	database     string
 	checkedAt    int64 // µs since the epoch
 	identityRead bool
