@@ -589,3 +589,85 @@ func TestPlainMarkerSerializationFailure(t *testing.T) {
 		wantAttr(t, f, string(RetryableKey), "true")
 	}
 }
+
+// TestPooledReferenceAfterRestart: behind PgBouncer a client connection outlives a server
+// restart, and with it the identity its check read; its next transaction runs on the
+// restarted server. That COMMIT, terminated in its synchronous-replication wait after its
+// commit record, is indeterminate with a reference naming the old incarnation and an xid
+// of the new one, at or above the restart's checkpoint boundary. The row is there: the
+// reconciler must not answer aborted by the boundary, and with the reference marked
+// pooled it does not; the same reference without the mark is answered aborted, which is
+// what a reference through a pooler got before it was marked.
+func TestPooledReferenceAfterRestart(t *testing.T) {
+	ctx := testCtx(t)
+	bouncer := pgtest.PgBouncerFor(t, ctx, srv, "transaction", 1)
+	table := newTable(t, ctx)
+	h := newHarness(t, bouncer.ConnString()+"&default_query_exec_mode=exec", 1, WithCaptureReference())
+	conn, err := h.pool.Acquire(ctx) // the one client connection, held throughout
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Release()
+	insert := func(id int) pgx.Tx {
+		tx, err := conn.Begin(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		mustExec(t, ctx, tx, fmt.Sprintf("insert into %s (id) values (%d)", table, id))
+		return tx
+	}
+	if err := insert(1).Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := srv.StopImmediate(); err != nil {
+		t.Fatal(err)
+	}
+	if err := srv.Restart(ctx); err != nil {
+		t.Fatal(err)
+	}
+	// PgBouncer's server connection died with the server: it may fail the first statement.
+	if err := conn.Ping(ctx); err != nil {
+		t.Logf("first ping after the restart: %v", err)
+	}
+	if conn.Conn().IsClosed() {
+		t.Fatal("PgBouncer closed the client connection: the identity was not carried over the restart")
+	}
+	tx := insert(2)
+	terminateInSyncRepWait(t, ctx, tx)
+	if err := tx.Commit(ctx); err == nil {
+		t.Fatal("the terminated commit succeeded")
+	}
+	frames := h.frames()
+	last := frames[len(frames)-1]
+	wantAttr(t, last, string(OutcomeKey), "indeterminate")
+	ref, ok := refOf(t, last)
+	if !ok || !ref.Pooled {
+		t.Fatalf("reference %v (%v), want one marked pooled", ref, ok)
+	}
+	if err := srv.WaitQuiet(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if !rowExists(t, ctx, table, 2) {
+		t.Fatal("the commit terminated after its commit record is not there")
+	}
+	rec, err := reconcile.New(srv.Pool(t, ctx), reconcile.WithWait(time.Second, 10*time.Millisecond))
+	if err != nil {
+		t.Fatal(err)
+	}
+	unmarked := ref
+	unmarked.Pooled = false
+	for _, tc := range []struct {
+		ref    outcome.ReconciliationRef
+		want   reconcile.Status
+		reason string
+	}{
+		{ref, reconcile.Unknown, reconcile.ReasonServerRestarted},
+		{unmarked, reconcile.Aborted, ""}, // the boundary, wrong for this transaction
+	} {
+		got, err := rec.Resolve(ctx, tc.ref, trace.SpanContext{})
+		t.Logf("%s: %s %q", tc.ref, got.Status(), got.Reason())
+		if err != nil || got.Status() != tc.want || got.Reason() != tc.reason {
+			t.Errorf("Resolve(%s) = %s %q, %v; want %s %q", tc.ref, got.Status(), got.Reason(), err, tc.want, tc.reason)
+		}
+	}
+}

@@ -28,7 +28,9 @@
 //     in this history: [Aborted]. Below it, a status of aborted is [Aborted] (a reuser's
 //     status means the original's records were lost); committed stays unknown,
 //     [ReasonServerRestarted] or [ReasonOtherTimeline], since an intermediate incarnation
-//     may have reused the xid.
+//     may have reused the xid. A pooled reference (outcome.ReconciliationRef.Pooled: its
+//     identity was read through PgBouncer, perhaps before the incarnation that assigned
+//     the xid) gets no answer from the boundary.
 //   - after a backend died hard (SIGKILL, the OOM killer, a segfault), the postmaster
 //     ends every backend and replays WAL in place, keeping its start time and timeline,
 //     and hands out again the xids whose records were lost, as after a crash restart.
