@@ -4,7 +4,7 @@
 //	otelpgxtx reconcile [-dsn URL] [-wait 5s] [-assert-marker table] [reference|operation-id ...]
 //
 // Each argument is a reconciliation reference (tx.reconciliation.ref, e.g.
-// pg:7713899101641277397/1/725/1796032293925689, from the span in the trace backend; quote
+// pg:7713899101641277397/1/725/1796032293925689/1796032293412871, from the span in the trace backend; quote
 // it in the shell: a reference with a commit marker holds ';' and '"') or an operation id
 // (tx.operation_id). Without arguments it reads standard input, one per line: references,
 // operation ids, or the JSON log records the library writes for each indeterminate frame
