@@ -218,7 +218,11 @@ func TestBackendKilled(t *testing.T) {
 	answers := map[outcome.OperationID][]string{} // route: answer
 	var indeterminate int
 	for _, v := range victims {
-		present := rowCount(t, ctx, "select count(*) from cli_kill where id = $1", v.id) == 1
+		n, err := srv.Count(ctx, "select count(*) from cli_kill where id = $1", v.id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		present := n == 1
 		if present != (v.mode == "sync") {
 			t.Errorf("%s: row present %v", v.name(), present)
 		}
@@ -302,16 +306,6 @@ func wantAfterKill(v *killVictim) string {
 		return "unknown/" + reconcile.ReasonCrashRecovered + " unknown/" + reconcile.ReasonNoReference + " aborted"
 	}
 	return "unknown/" + reconcile.ReasonCrashRecovered
-}
-
-// rowCount runs a count query on the server.
-func rowCount(t *testing.T, ctx context.Context, query string, args ...any) int {
-	t.Helper()
-	n, err := srv.Count(ctx, query, args...)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return n
 }
 
 // startVictim begins v on its pool (pools[0] the xid alone, pools[1] the marker),
