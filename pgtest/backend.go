@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -77,6 +78,9 @@ func (s *Server) KillBackend(ctx context.Context, pid uint32) error {
 	if err := syscall.Kill(int(pid), syscall.SIGKILL); err != nil {
 		return fmt.Errorf("pgtest: SIGKILL to backend %d: %w", pid, err)
 	}
+	if err := s.resumeHeldAfterQuit(ctx); err != nil {
+		return err
+	}
 	for {
 		// Until the postmaster notices, a connection may still reach the old incarnation;
 		// during recovery it is refused.
@@ -91,6 +95,91 @@ func (s *Server) KillBackend(ctx context.Context, pid uint32) error {
 		case <-tick.C:
 		}
 	}
+}
+
+// HoldBackgroundWriters stops (SIGSTOP) the server's WAL writer, background writer and
+// checkpointer until the crash recovery of KillBackend ends them, or until release: in
+// between no WAL is written to disk but by the backends' own commits — no WAL writer
+// cycle, no running-transactions record (which the background writer logs every 15 s and
+// has the WAL writer flush), no checkpoint —, so that a test knows which records a kill
+// loses. Release is idempotent; call it when the test ends.
+func (s *Server) HoldBackgroundWriters(ctx context.Context) (release func(), err error) {
+	var pids []int64
+	err = s.withConn(ctx, func(c *pgx.Conn) error {
+		rows, err := c.Query(ctx, "SELECT pid FROM pg_stat_activity WHERE backend_type IN ('walwriter', 'background writer', 'checkpointer')")
+		if err != nil {
+			return err
+		}
+		pids, err = pgx.CollectRows(rows, pgx.RowTo[int64])
+		return err
+	})
+	if err == nil && len(pids) != 3 {
+		err = fmt.Errorf("pgtest: found %d of the WAL writer, background writer and checkpointer", len(pids))
+	}
+	if err != nil {
+		return func() {}, err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, pid := range pids {
+		if err := syscall.Kill(int(pid), syscall.SIGSTOP); err != nil {
+			s.resumeHeld()
+			return func() {}, fmt.Errorf("pgtest: SIGSTOP to %d: %w", pid, err)
+		}
+		s.held = append(s.held, int(pid))
+	}
+	return func() {
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		s.resumeHeld()
+	}, nil
+}
+
+// resumeHeld continues the held processes (s.mu held).
+func (s *Server) resumeHeld() {
+	for _, pid := range s.held {
+		_ = syscall.Kill(pid, syscall.SIGCONT)
+	}
+	s.held = nil
+}
+
+// resumeHeldAfterQuit continues the held processes once the postmaster, ending every
+// child after a backend's crash, has sent each its SIGQUIT (or SIGABRT): continued
+// earlier, one could still write WAL; not continued, none would ever exit.
+func (s *Server) resumeHeldAfterQuit(ctx context.Context) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	const quit = 1<<(syscall.SIGQUIT-1) | 1<<(syscall.SIGABRT-1)
+	for _, pid := range s.held {
+		for {
+			status, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+			if err != nil || pendingSignals(status)&quit != 0 {
+				break // gone, or told to quit
+			}
+			select {
+			case <-ctx.Done():
+				s.resumeHeld()
+				return fmt.Errorf("pgtest: waiting for the postmaster to end process %d: %w", pid, ctx.Err())
+			case <-time.After(waitEventPoll):
+			}
+		}
+	}
+	s.resumeHeld()
+	return nil
+}
+
+// pendingSignals returns the signals pending for a process, its own and its thread
+// group's (the SigPnd and ShdPnd lines of /proc/<pid>/status).
+func pendingSignals(status []byte) uint64 {
+	var mask uint64
+	for _, line := range strings.Split(string(status), "\n") {
+		k, v, ok := strings.Cut(line, ":")
+		if ok && (k == "SigPnd" || k == "ShdPnd") {
+			n, _ := strconv.ParseUint(strings.TrimSpace(v), 16, 64)
+			mask |= n
+		}
+	}
+	return mask
 }
 
 // backendState returns the state of process pid (/proc/<pid>/stat: 'R', 'S', 'T', …),

@@ -63,6 +63,11 @@ func TestKillBackend(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer victim.Close(context.Background())
+	release, err := srv.HoldBackgroundWriters(ctx) // the insert's record stays in WAL buffers
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer release()
 	tx, err := victim.Begin(ctx)
 	if err != nil {
 		t.Fatal(err)
@@ -116,5 +121,15 @@ func TestKillBackend(t *testing.T) {
 	}
 	if err := srv.KillBackend(ctx, uint32(os.Getpid())); err == nil { // survived: it refused
 		t.Error("KillBackend of a process that is not the server's succeeded")
+	}
+	// Released without a kill, the background processes go on: a checkpoint completes.
+	release, err = srv.HoldBackgroundWriters(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	release()
+	release()
+	if _, err := after.Exec(ctx, "CHECKPOINT"); err != nil {
+		t.Fatal(err)
 	}
 }

@@ -59,6 +59,8 @@ type Server struct {
 	mu      sync.Mutex
 	running bool
 	closed  bool
+	held    []int // processes HoldBackgroundWriters stopped
+
 }
 
 // Start creates a cluster in a fresh temp dir, on a free 127.0.0.1 port and
@@ -249,6 +251,7 @@ func (s *Server) Pool(tb testing.TB, ctx context.Context) *pgxpool.Pool {
 func (s *Server) StopImmediate() error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	s.resumeHeld() // a stopped process would never exit
 	if s.closed {
 		return errors.New("pgtest: server is closed")
 	}
@@ -298,6 +301,7 @@ func (s *Server) Restart(ctx context.Context) error {
 func (s *Server) Close() error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	s.resumeHeld()
 	if s.closed {
 		return nil
 	}

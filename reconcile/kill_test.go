@@ -63,6 +63,13 @@ func TestReconcileBackendKilled(t *testing.T) {
 		}
 		return tx
 	}
+	// No WAL reaches the disk but by the victims' own commits: the others' records stay in
+	// WAL buffers, and the kill loses them.
+	release, err := srv.HoldBackgroundWriters(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(release)
 	// The synchronous-replication waits first: flushing their commit records flushes
 	// every record before them, and the others' must stay unflushed.
 	syncXID := victim{name: "sync wait, xid", table: plain, id: 1, want: reconcile.Unknown, why: reconcile.ReasonCrashRecovered}

@@ -158,6 +158,13 @@ func TestBackendKilled(t *testing.T) {
 		t.Fatal(err)
 	}
 
+	// No WAL reaches the disk but by the victims' own commits: the others' records stay in
+	// WAL buffers, and the kill loses them.
+	release, err := srv.HoldBackgroundWriters(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(release)
 	// The synchronous-replication waits first: flushing their commit records flushes
 	// every record before them, and the others' must stay unflushed.
 	var victims []*killVictim
