@@ -19,9 +19,10 @@ import (
 // replication wait of their COMMIT (the commit record flushed: they committed), two in a
 // deferred trigger of their COMMIT and two idle in the transaction (nothing flushed: they
 // did not). After recovery, transactions that commit take every lost xid again, so
-// pg_xact_status says "committed" of each. The reconciler must never answer committed
-// for a row that is not there nor aborted for one that is; with the marker it settles
-// every one. A reference taken after the recovery is answered committed.
+// pg_xact_status says "committed" of each. Asked before that reuse and after it, the
+// reconciler must never answer committed for a row that is not there nor aborted for one
+// that is; with the marker it settles every one. A reference taken after the recovery is
+// answered committed.
 func TestReconcileBackendKilled(t *testing.T) {
 	pgtest.LeakCheck(t) // registered first, so it runs after the pool's Close
 	ctx := testCtx(t)
@@ -100,6 +101,24 @@ func TestReconcileBackendKilled(t *testing.T) {
 			}
 		}
 	}
+	rec, err := reconcile.New(srv.Pool(t, ctx), reconcile.WithWait(time.Second, 10*time.Millisecond))
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Asked before the lost xids are handed out again: the server's next xid fell below
+	// them, and the xid alone answers aborted for those. The xid references first: a
+	// marker's fence is a transaction, which takes the next xid.
+	before := map[*victim]reconcile.Status{&syncXID: reconcile.Unknown, &syncMarker: reconcile.Committed, &triggerXID: reconcile.Aborted,
+		&triggerMarker: reconcile.Aborted, &idleXID: reconcile.Aborted, &idleMarker: reconcile.Aborted}
+	var early []reconciletest.Case
+	for _, v := range []*victim{&syncXID, &triggerXID, &idleXID, &syncMarker, &triggerMarker, &idleMarker} {
+		c := reconciletest.Case{Name: v.name + ", before the reuse", Ref: v.ref, Want: before[v]}
+		if c.Want == reconcile.Unknown {
+			c.Reason = reconcile.ReasonCrashRecovered
+		}
+		early = append(early, c)
+	}
+	reconciletest.Check(t, ctx, rec, early)
 	// Transactions after the recovery take the lost xids again, and commit.
 	last := uint64(0)
 	for _, v := range victims {
@@ -121,10 +140,6 @@ func TestReconcileBackendKilled(t *testing.T) {
 		if st, _, err := srv.XactStatus(ctx, v.ref.XID); err != nil || st != "committed" {
 			t.Fatalf("%s: pg_xact_status(%d) = %q, %v after the reusers; want committed", v.name, v.ref.XID, st, err)
 		}
-	}
-	rec, err := reconcile.New(srv.Pool(t, ctx), reconcile.WithWait(time.Second, 10*time.Millisecond))
-	if err != nil {
-		t.Fatal(err)
 	}
 	cases := []reconciletest.Case{{Name: "committed after the recovery", Ref: after, Want: reconcile.Committed}}
 	for _, v := range victims {
