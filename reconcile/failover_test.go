@@ -15,8 +15,8 @@ import (
 
 // TestReconcileAfterFailover resolves references from the old timeline on the promoted
 // standby: a commit lost while it waited for synchronous replication (the standby had
-// stopped receiving), whose xid the new timeline hands out again and commits, resolves
-// aborted although pg_xact_status says committed; a transaction rolled back before the
+// stopped receiving) resolves aborted, asked before the new timeline hands its xid out
+// again and after, when pg_xact_status says committed of the reuser; a transaction rolled back before the
 // failover resolves aborted; a commit replicated before the failover stays unknown
 // (other_timeline), since the server cannot prove no intermediate incarnation reused it.
 func TestReconcileAfterFailover(t *testing.T) {
@@ -71,6 +71,18 @@ func TestReconcileAfterFailover(t *testing.T) {
 	if ckptTLI != 2 || walTLI != 2 {
 		t.Fatalf("after the checkpoint: checkpoint timeline %d, WAL timeline %d; want 2, 2", ckptTLI, walTLI)
 	}
+	// A reconciler on a fresh connection that follows the primary.
+	rconn, err := pgx.Connect(ctx, c.ConnString())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rconn.Close(context.Background())
+	rec, err := reconcile.New(rconn, reconcile.WithWait(0, time.Millisecond))
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Asked before the new timeline hands the lost xid out again: not assigned there yet.
+	reconciletest.Check(t, ctx, rec, []reconciletest.Case{{Name: "lost in the failover, before the reuse", Ref: lost, Want: reconcile.Aborted}})
 	// The new timeline hands the lost xid out again until it is passed, and commits it.
 	// (synchronous_commit = local: the new primary's standby is down.)
 	var reused bool
@@ -88,16 +100,6 @@ func TestReconcileAfterFailover(t *testing.T) {
 		t.Fatalf("pg_xact_status(%d) on the new timeline = %q, %v; want the reuser's committed", lost.XID, st, err)
 	}
 
-	// A reconciler on a fresh connection that follows the primary.
-	rconn, err := pgx.Connect(ctx, c.ConnString())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer rconn.Close(context.Background())
-	rec, err := reconcile.New(rconn, reconcile.WithWait(0, time.Millisecond))
-	if err != nil {
-		t.Fatal(err)
-	}
 	reconciletest.Check(t, ctx, rec, []reconciletest.Case{
 		{Name: "lost in the failover, xid reused", Ref: lost, Want: reconcile.Aborted},
 		{Name: "replicated commit", Ref: replicated, Want: reconcile.Unknown, Reason: reconcile.ReasonOtherTimeline},
