@@ -330,7 +330,7 @@ func (s *soak) runIncrement(ctx context.Context, op *soakOp, rng *rand.Rand) {
 	if !op.verdict {
 		for range soakIncrCalls {
 			op.calls++
-			if _, op.err = s.incrOnce(ctx, op, rng); op.err == nil || ctx.Err() != nil {
+			if op.err = s.incrOnce(ctx, op, rng); op.err == nil || ctx.Err() != nil {
 				return
 			}
 			soakThink(ctx, time.Duration(1+rng.IntN(5))*time.Millisecond)
@@ -340,8 +340,7 @@ func (s *soak) runIncrement(ctx context.Context, op *soakOp, rng *rand.Rand) {
 	for op.calls < soakIncrCalls && ctx.Err() == nil {
 		res, err := Retry(ctx, soakIncrCalls-op.calls, func(ctx context.Context) error {
 			op.calls++
-			_, err := s.incrOnce(ctx, op, rng)
-			return err
+			return s.incrOnce(ctx, op, rng)
 		})
 		op.err = err
 		if res == nil {
@@ -369,15 +368,15 @@ func (s *soak) runIncrement(ctx context.Context, op *soakOp, rng *rand.Rand) {
 	}
 }
 
-// incrOnce is one increment transaction, plain pgx; began says whether BEGIN was sent.
-func (s *soak) incrOnce(ctx context.Context, op *soakOp, rng *rand.Rand) (began bool, err error) {
+// incrOnce is one increment transaction, plain pgx.
+func (s *soak) incrOnce(ctx context.Context, op *soakOp, rng *rand.Rand) error {
 	opts := pgx.TxOptions{}
 	if op.serial {
 		opts.IsoLevel = pgx.Serializable
 	}
 	tx, err := s.pool(op).BeginTx(ctx, opts)
 	if err != nil {
-		return false, err
+		return err
 	}
 	opID := ""
 	if f := frameOfTx(tx); f != nil {
@@ -385,11 +384,11 @@ func (s *soak) incrOnce(ctx context.Context, op *soakOp, rng *rand.Rand) (began 
 	}
 	if err := s.body(ctx, tx, op, opID, rng); err != nil {
 		_ = tx.Rollback(ctx)
-		return true, err
+		return err
 	}
 	cctx, release := s.commitContext(ctx, op, tx.Conn().PgConn().PID(), rng)
 	defer release()
-	return true, tx.Commit(cctx)
+	return tx.Commit(cctx)
 }
 
 // runWithRun is the executor path, with reference capture on.
