@@ -47,8 +47,14 @@ type connState struct {
 	// markers are the commit-marker functions checked on the connection.
 	markers []*markerFn
 	// Commit references for plain pgx (reference_tracer.go). adding: an addition is armed for,
-	// or was made to, the query in flight; refsOff: the identity check failed.
+	// or was made to, the query in flight, or its reply is on its way (the xid read after a
+	// statement, whose frame is reading); refsOff: the identity check failed.
 	adding, refsOff bool
+	reading         *frame
+	// cancels: the connection's context watcher may send cancel requests (another than
+	// pgconn's default, which sets a deadline), which can land on the library's message
+	// after the statement they were sent for.
+	cancels bool
 
 	// silent hides Run's closing of pgx's Tx object (see closePgxTx) from the hooks.
 	silent bool

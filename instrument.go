@@ -7,6 +7,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgconn/ctxwatch"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/txevidence/otelpgxtx/internal/wire"
@@ -89,6 +90,17 @@ func InstrumentConnConfig(cfg *pgx.ConnConfig, opts ...Option) (*Tracer, error) 
 			}
 		}
 		return newNetConn(conn, t, t.cfg.reference != referenceNone), nil
+	}
+	if build := cfg.BuildContextWatcherHandler; build != nil {
+		cfg.BuildContextWatcherHandler = func(pg *pgconn.PgConn) ctxwatch.Handler {
+			h := build(pg)
+			if _, deadline := h.(*pgconn.DeadlineContextWatcherHandler); !deadline {
+				if st := stateOf(pg); st != nil {
+					st.cancels = true // see readsEarly
+				}
+			}
+			return h
+		}
 	}
 	userOnNotice := cfg.OnNotice
 	cfg.OnNotice = func(pg *pgconn.PgConn, n *pgconn.Notice) {

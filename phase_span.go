@@ -82,6 +82,9 @@ type frame struct {
 	// wrote: a statement that may write was sent in the transaction; readOnly: it began
 	// READ ONLY. Commit references are taken only for a frame that wrote and can.
 	wrote, readOnly bool
+	// xid is the transaction's xid as the xid read after one of its statements found it
+	// (armXIDRead); 0 while none was found, and then COMMIT's write carries the read.
+	xid uint64
 
 	// errJudged and errExpected: whether the first failure was an expected one (see
 	// judgeErr); an expected failure leaves the span's status Unset.

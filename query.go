@@ -119,6 +119,7 @@ func (t *Tracer) beforeQuery(ctx context.Context, conn *pgx.Conn, st *connState,
 	}
 	if f != nil && set.writes() {
 		f.wrote = true
+		t.armXIDRead(ctx, st, f, pg, set, beginSQL)
 	}
 	if f != nil && (set.commits() || st.server == classifier.ServerCockroachDB && releasesRestart(set, beginSQL)) && !pg.IsBusy() {
 		// A busy connection (a result the application has not read) refuses the
@@ -126,6 +127,7 @@ func (t *Tracer) beforeQuery(ctx context.Context, conn *pgx.Conn, st *connState,
 		if f.currentPhase() == outcome.PhaseNotStarted {
 			f.transition(outcome.PhaseActive) // BEGIN and COMMIT in one string
 		}
+		t.settleXIDRead(ctx, st, f)
 		f.transition(outcome.PhaseCommitting)
 		st.markCommit(f)
 		t.armReference(st, f, pg, set, beginSQL)
@@ -144,7 +146,7 @@ func (t *Tracer) afterQuery(ctx context.Context, conn *pgx.Conn, st *connState, 
 	if !inTx {
 		st.committedInBlock = false
 	}
-	if t.collectAddition(st, f) && f != nil {
+	if t.collectAddition(st, f, false) && f != nil {
 		f.endedBeforeCommit = true // the server answered the xid read with a FATAL
 	}
 	if f == nil || !f.open() {

@@ -3,12 +3,15 @@ package otelpgxtx
 import (
 	"context"
 	"log/slog"
+	"strconv"
+	"time"
 
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgproto3"
 
 	"github.com/txevidence/otelpgxtx/classifier"
 	"github.com/txevidence/otelpgxtx/internal/pg"
+	"github.com/txevidence/otelpgxtx/internal/sqltext"
 	"github.com/txevidence/otelpgxtx/internal/wire"
 )
 
@@ -44,43 +47,116 @@ func (t *Tracer) armIdentity(st *connState, set stmtSet, sql string) {
 	if !t.referencesOn(st) || st.identityRead || st.adding || !set.single() {
 		return
 	}
-	if st.nc.Arm(&wire.Addition{Kind: wire.LibraryQuery, Match: sql, Before: t.identityMsg}) {
+	if st.nc.Arm(&wire.Addition{Kind: wire.LibraryQuery, Match: sql, Msg: t.identityMsg}) {
 		st.adding = true
 	}
 }
 
+// armXIDRead has the write of a statement of f's transaction (sql, of kinds set) carry
+// the xid read after the statement, so that the xid is on the client before COMMIT is
+// written: a connection lost with COMMIT's write still leaves a reference the server can
+// answer. The statement must be one that may assign the xid and cannot leave the server
+// waiting for the client's data (a lone statement that may write, not COPY), in a
+// transaction that has none known yet, did not begin read-only and has not failed; and
+// no cancel request may land on the read (see readsEarly). The read is taken once per
+// transaction, unless it finds no xid yet. The marker's call stays ahead of COMMIT.
+func (t *Tracer) armXIDRead(ctx context.Context, st *connState, f *frame, pgConn *pgconn.PgConn, set stmtSet, sql string) {
+	if t.cfg.reference != referenceXID || f.xid != 0 || f.readOnly || !f.open() || !t.referencesOn(st) ||
+		!st.identityKnown() || st.adding || !set.single() || !set.writes() || set.kinds() != 1<<stmtOther ||
+		pgConn.TxStatus() != 'T' || !readsEarly(ctx, st, sql) {
+		return
+	}
+	if st.nc.Arm(&wire.Addition{Kind: wire.LibraryCall, Msg: st.xidCallMsg, After: true}) {
+		st.adding, st.reading = true, f
+	}
+}
+
+// readsEarly reports whether the xid read may follow the statement sql: not a COPY,
+// whose FROM STDIN would take the read for its data, and no cancel request possible —
+// pgconn's default context watcher sets a deadline and sends none; with another, only a
+// context that can never be cancelled is safe, since a cancel request sent for the
+// statement can arrive as the read runs, fail it, and so abort the transaction.
+func readsEarly(ctx context.Context, st *connState, sql string) bool {
+	if w, _ := sqltext.NextWord(sql); eq(w, "copy") {
+		return false
+	}
+	return !st.cancels || ctx.Done() == nil
+}
+
+// settleXIDRead makes sure, before f's COMMIT is written, that the reply to an xid read
+// after one of f's statements is in: it follows that statement's reply at once, so it is
+// normally read already; if not, it is read now, for up to xidReadWait, so that a
+// connection lost with COMMIT's write cannot take it along.
+func (t *Tracer) settleXIDRead(ctx context.Context, st *connState, f *frame) {
+	if st.reading != f || !st.adding {
+		return
+	}
+	deadline := time.Now().Add(xidReadWait)
+	if d, ok := ctx.Deadline(); ok && d.Before(deadline) {
+		deadline = d
+	}
+	st.nc.Await(deadline)
+	t.collectAddition(st, f, true)
+}
+
+// xidReadWait bounds how long settleXIDRead waits for a reply the server sent right after
+// the statement's: only a connection that is failing keeps it that long.
+const xidReadWait = time.Second
+
 // armReference has the write of f's COMMIT (the statement sql) carry the call of the
 // marker function, or the xid read (see reference.go), when f's transaction can have a
 // reference: it wrote something the tracer saw, did not begin read-only, has not failed,
-// and commits with a lone COMMIT Query.
+// and commits with a lone COMMIT Query. When the xid read after a statement found the
+// xid, COMMIT carries nothing for it, and the reference is that xid's.
 func (t *Tracer) armReference(st *connState, f *frame, pgConn *pgconn.PgConn, set stmtSet, sql string) {
-	if !t.referencesOn(st) || !st.identityKnown() || st.adding || !f.wrote || f.readOnly ||
-		!set.single() || !set.has(stmtCommit) || pgConn.TxStatus() != 'T' {
+	if !t.referencesOn(st) || !st.identityKnown() || !f.wrote || f.readOnly || pgConn.TxStatus() != 'T' {
 		return
 	}
 	f.marker = nil
 	if t.cfg.reference == referenceMarker {
 		f.marker, _ = st.marker(t.cfg.marker)
 	}
-	if st.nc.Arm(&wire.Addition{Kind: wire.LibraryCall, Match: sql, Before: st.callMsg(f.marker, f.id)}) {
+	if f.xid != 0 && (f.marker == nil || f.marker.msg == nil) {
+		f.ref = st.ref(f.xid)
+		return
+	}
+	if st.adding || !set.single() || !set.has(stmtCommit) {
+		return
+	}
+	if st.nc.Arm(&wire.Addition{Kind: wire.LibraryCall, Match: sql, Msg: st.callMsg(f.marker, f.id)}) {
 		st.adding = true
 	}
 }
 
 // collectAddition collects, after the query it was armed for, what became of the library's
-// addition: the cluster identity after a BEGIN; f's reference after its COMMIT. It reports
-// whether the server answered the call with a FATAL, after which it read nothing more:
+// addition: the cluster identity after a BEGIN; f's reference after its COMMIT; the xid
+// after a statement, once its reply is in or final. It reports whether the server
+// answered the call ahead of COMMIT with a FATAL, after which it read nothing more:
 // COMMIT never ran.
-func (t *Tracer) collectAddition(st *connState, f *frame) (endedBeforeCommit bool) {
+func (t *Tracer) collectAddition(st *connState, f *frame, final bool) (endedBeforeCommit bool) {
 	if !st.adding {
 		return false
 	}
+	a, pending := st.nc.Collect(final) // withdrawn if its write never came
+	if pending {
+		return false // the xid read's reply is still on its way
+	}
 	st.adding = false
-	a := st.nc.Collect() // withdrawn if its write never came
+	reading := st.reading
+	st.reading = nil
 	if a == nil || !a.Sent() {
-		return false // tried again at the next BEGIN or COMMIT
+		return false // tried again at the next BEGIN, statement or COMMIT
 	}
 	r := a.Reply()
+	switch {
+	case a.After:
+		// The xid, if the read found one, once the reply is whole: a later statement's
+		// read is tried when it found none (NULL), never once it found one.
+		if xid, err := strconv.ParseUint(string(r.Value), 10, 64); reading != nil && reading.open() && r.Done && r.GotValue && err == nil {
+			reading.xid = xid
+		}
+		return false
+	}
 	switch a.Kind {
 	case wire.LibraryQuery:
 		if !r.Done || r.Fatal {

@@ -6,6 +6,7 @@ import (
 	"crypto/tls"
 	"fmt"
 	"log/slog"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -13,6 +14,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgproto3"
 	"github.com/jackc/pgx/v5/pgxpool"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
@@ -242,7 +244,9 @@ func overPlainMarker(t *testing.T, base string) {
 // TestPlainReferenceLeavesTheRestAlone: with the option on, what the library adds nothing
 // to is on the wire exactly as without it — a read-only transaction, one that wrote
 // nothing, a batch with COMMIT, COMMIT AND CHAIN, BEGIN and COMMIT in one string, a
-// rollback — once the connection's identity check is done.
+// rollback — once the connection's identity check is done, but for the xid read after the
+// first lone write statement of a transaction, which is all it adds (COMMIT AND CHAIN and
+// the rollback's transaction).
 func TestPlainReferenceLeavesTheRestAlone(t *testing.T) {
 	overTransports(t, overPlainReferenceLeavesTheRestAlone)
 }
@@ -309,10 +313,34 @@ func overPlainReferenceLeavesTheRestAlone(t *testing.T, base string) {
 		return convs[0].ClientBytes()[before:]
 	}
 	plain, with := record(), record(WithCaptureReference())
-	if !bytes.Equal(plain, with) {
-		t.Fatalf("client bytes differ with the option:\nwithout %q\nwith    %q", plain, with)
+	want := plain
+	call := xidReadCall(t, ctx)
+	for _, id := range []int{3, 6} {
+		q, err := (&pgproto3.Query{String: fmt.Sprintf("insert into %s (id) values (%d)", table, id)}).Encode(nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		i := bytes.Index(want, q)
+		if i < 0 {
+			t.Fatalf("insert %d not found in %q", id, want)
+		}
+		want = slices.Concat(want[:i+len(q)], call, want[i+len(q):])
 	}
-	t.Logf("%d client bytes, identical", len(plain))
+	if !bytes.Equal(want, with) {
+		t.Fatalf("client bytes with the option are not those without it and two xid reads:\nwant %q\nwith %q", want, with)
+	}
+	t.Logf("%d client bytes, identical but for the %d-byte xid read after the two lone writes", len(plain), len(call))
+}
+
+// xidReadCall is the xid read's FunctionCall on the test server.
+func xidReadCall(t *testing.T, ctx context.Context) []byte {
+	t.Helper()
+	oid := srvCount(t, ctx, "select 'pg_catalog.pg_current_xact_id_if_assigned()'::pg_catalog.regprocedure::pg_catalog.oid::int")
+	call, err := (&pgproto3.FunctionCall{Function: uint32(oid)}).Encode(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return call
 }
 
 // TestPlainReferenceCheckFails: a role that may not read the cluster identity turns commit
@@ -668,6 +696,71 @@ func TestPooledReferenceAfterRestart(t *testing.T) {
 		t.Logf("%s: %s %q", tc.ref, got.Status(), got.Reason())
 		if err != nil || got.Status() != tc.want || got.Reason() != tc.reason {
 			t.Errorf("Resolve(%s) = %s %q, %v; want %s %q", tc.ref, got.Status(), got.Reason(), err, tc.want, tc.reason)
+		}
+	}
+}
+
+// TestPlainReferenceConnectionCut: plain pgx with WithCaptureReference, the connection
+// cut by a proxy as COMMIT passes — after it (the server committed) and before it (the
+// server never read it). The xid read after the transaction's INSERT, in the INSERT's own
+// write, brought the xid before COMMIT was written, so both frames end indeterminate with
+// a reference naming the INSERT's xid, and automatic reconciliation and the reconciler
+// settle them: committed, row present; aborted, row absent.
+func TestPlainReferenceConnectionCut(t *testing.T) {
+	overTransports(t, overPlainReferenceConnectionCut)
+}
+
+func overPlainReferenceConnectionCut(t *testing.T, base string) {
+	ctx := testCtx(t)
+	table := newTable(t, ctx)
+	answers := make(chan Reconciliation, 2)
+	h := newRefHarness(t, base, WithCaptureReference(), withAutoReconcile(t, srv.Pool(t, ctx),
+		WithOnReconciled(func(r Reconciliation) { answers <- r })))
+	t.Cleanup(func() { _ = h.tracer.Close(context.Background()) })
+	rec, err := reconcile.New(srv.Pool(t, ctx), reconcile.WithWait(10*time.Second, 10*time.Millisecond))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		name      string
+		cut       func()
+		id        int
+		want      reconcile.Status
+		committed bool
+	}{
+		{"after COMMIT", h.proxy.CutAfterCommit, 1, reconcile.Committed, true},
+		{"before COMMIT", h.proxy.CutBeforeCommit, 2, reconcile.Aborted, false},
+	} {
+		var xid uint64
+		err := plainInsert(ctx, h.pool, table, c.id, func(tx pgx.Tx) {
+			if err := tx.QueryRow(ctx, "select pg_catalog.pg_current_xact_id()::text::bigint").Scan(&xid); err != nil {
+				t.Fatal(err)
+			}
+			c.cut()
+		})
+		if err == nil {
+			t.Fatalf("%s: the commit through a cut connection succeeded", c.name)
+		}
+		last := lastFrame(t, h.harness)
+		wantAttr(t, last, "tx.outcome", "indeterminate")
+		ref, ok := refOf(t, last)
+		if !ok || ref.XID != xid {
+			t.Fatalf("%s: the indeterminate frame's reference %v (present %v), want xid %d", c.name, ref, ok, xid)
+		}
+		res, err := rec.Resolve(ctx, ref, trace.SpanContext{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if present := rowExists(t, ctx, table, c.id); res.Status() != c.want || present != c.committed {
+			t.Fatalf("%s: reconciled %v (%s), row present %v", c.name, res.Status(), res.Reason(), present)
+		}
+		select {
+		case r := <-answers:
+			if r.Answer.Status() != c.want {
+				t.Fatalf("%s: automatic reconciliation answered %v (%s)", c.name, r.Answer.Status(), r.Answer.Reason())
+			}
+		case <-ctx.Done():
+			t.Fatalf("%s: automatic reconciliation never answered", c.name)
 		}
 	}
 }

@@ -21,6 +21,7 @@ import (
 	"net"
 	"sync"
 	"sync/atomic"
+	"time"
 )
 
 // Conn is the net.Conn pgconn uses on an instrumented connection (see the package doc).
@@ -40,6 +41,8 @@ type Conn struct {
 	mu     sync.Mutex
 	ahead  readAhead
 	splice splice
+	// reading: a Read of pgconn's (or Await's) is at the wrapped connection; mu guards it.
+	reading bool
 }
 
 // NewConn wraps conn. listener is told when it is closed (nil: nobody); track follows
@@ -73,6 +76,11 @@ func (c *Conn) Write(b []byte) (int, error) {
 		if out, cut, ok := a.addTo(b); ok {
 			return c.writeAdded(a, b, out, cut)
 		}
+		if a.After {
+			// Not yet the write that runs the statement (pgx prepares it first): the
+			// addition waits for that one, unless Collect withdrew it meanwhile.
+			c.splice.next.CompareAndSwap(nil, a)
+		}
 	}
 	n, err := c.Conn.Write(b)
 	c.commit.wrote(n > 0 || err == nil)
@@ -97,11 +105,13 @@ func (c *Conn) writeAdded(a *Addition, b, out []byte, cut int) (int, error) {
 	}
 	mine := m > cut // some of the application's bytes left
 	c.commit.wrote(mine || err == nil)
-	if err == nil {
+	switch {
+	case err == nil:
 		return len(b), nil
-	}
-	if !mine {
+	case !mine:
 		return 0, err
+	case a.After:
+		return min(m, len(b)), err
 	}
 	return min(max(m-cut, 1), len(b)-1), err
 }
@@ -118,12 +128,59 @@ func (c *Conn) Arm(a *Addition) bool {
 
 // Collect ends the life of the last addition on the connection: it withdraws one its
 // write never took, and returns what became of one that was written, once; nil if none
-// was. The connection holds no addition after it.
-func (c *Conn) Collect() *Addition {
+// was. An addition made after the application's messages (After) whose reply is still on
+// its way is kept, unless final: Collect returns nil and pending true, and the reply
+// filter takes the reply out of what pgconn reads whenever it comes.
+func (c *Conn) Collect(final bool) (a *Addition, pending bool) {
 	c.splice.next.Store(nil)
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	return c.splice.collect()
+	return c.splice.collect(final)
+}
+
+// Await reads what the server sent until the reply to the addition made after the
+// application's messages (After) is whole, or until deadline, so that the library holds
+// it before the application's next write; what of pgconn's it reads is kept for pgconn,
+// an error included. It reads only when nobody else does: while a read of pgconn's
+// background reader is in flight it returns at once, and that read brings the reply. It
+// reports whether the reply is whole.
+func (c *Conn) Await(deadline time.Time) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	var buf []byte
+	for {
+		f := c.splice.filter
+		if f == nil || !f.after {
+			return c.splice.added == nil || c.splice.added.state != additionWritten
+		}
+		if f.lib.Done {
+			if f.finished() && len(f.out) == 0 {
+				c.endFilter()
+			}
+			return true
+		}
+		if c.reading || c.ahead.state() != aheadEmpty {
+			return false // a reader is at the connection, or what it ended with is kept
+		}
+		if buf == nil {
+			buf = make([]byte, peekSize)
+			if c.Conn.SetReadDeadline(deadline) != nil {
+				return false
+			}
+			defer func() { _ = c.Conn.SetReadDeadline(time.Time{}) }()
+		}
+		c.reading = true
+		c.mu.Unlock()
+		n, err := c.Conn.Read(buf)
+		c.mu.Lock()
+		c.reading = false
+		f.feed(buf[:n])
+		if err != nil && !f.lib.Done {
+			c.ahead.keepErr(err) // pgconn's, after what the filter holds; a timeout is not
+			return false
+		}
+		c.ahead.keepErr(err)
+	}
 }
 
 // Read reads what the server sent, less the library's part of a reply (see replyFilter),
@@ -138,12 +195,14 @@ func (c *Conn) Read(p []byte) (int, error) {
 	for {
 		c.mu.Lock()
 		n, err, done := c.deliver(p)
+		c.reading = !done
 		c.mu.Unlock()
 		if done {
 			return n, err
 		}
 		n, err = c.Conn.Read(p)
 		c.mu.Lock()
+		c.reading = false
 		n, err, done = c.received(p, n, err)
 		c.mu.Unlock()
 		if done {

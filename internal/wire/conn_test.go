@@ -92,7 +92,7 @@ func TestCloseNotice(t *testing.T) {
 		c := NewConn(client, l, true)
 		call := frontendMsg(t, &pgproto3.FunctionCall{Function: 1})
 		commit := frontendMsg(t, &pgproto3.Query{String: "commit"})
-		if !c.Arm(&Addition{Kind: LibraryCall, Match: "commit", Before: call}) {
+		if !c.Arm(&Addition{Kind: LibraryCall, Match: "commit", Msg: call}) {
 			t.Fatal("Arm refused on a fresh connection")
 		}
 		go func() { _, _ = io.Copy(io.Discard, server) }()
@@ -236,7 +236,7 @@ func TestArm(t *testing.T) {
 		if got := c.Arm(x); got != tc.want || (c.splice.next.Load() == x) != tc.want {
 			t.Errorf("%s: Arm %v, want %v", tc.name, got, tc.want)
 		}
-		if c.Collect() != nil || c.splice.next.Load() != nil {
+		if collected(c) != nil || c.splice.next.Load() != nil {
 			t.Errorf("%s: Collect left an addition behind", tc.name)
 		}
 	}

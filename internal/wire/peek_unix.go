@@ -7,9 +7,6 @@ import (
 	"syscall"
 )
 
-// peekSize bounds what socketPeek looks at: PostgreSQL's FATAL messages are far
-// shorter, and a longer one is just not recognised.
-const peekSize = 2048
 
 // socketPeek looks, without consuming and without waiting, at what the server sent that
 // pgconn has not read yet. Only a plain TCP or Unix socket is read (TLS bytes cannot

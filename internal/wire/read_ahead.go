@@ -6,6 +6,10 @@ import (
 	"time"
 )
 
+// peekSize bounds what socketPeek looks at, and what a read ahead takes at once:
+// PostgreSQL's FATAL messages are far shorter, and a longer one is just not recognised.
+const peekSize = 2048
+
 // readAheadWait bounds readAhead's read once bytes are known to wait in the socket.
 const readAheadWait = 5 * time.Millisecond
 

@@ -2,6 +2,7 @@ package wire
 
 import (
 	"context"
+	"errors"
 	"net"
 	"strconv"
 	"testing"
@@ -76,13 +77,13 @@ func TestSpliceRealServer(t *testing.T) {
 	}
 
 	// The identity ahead of BEGIN.
-	if !wc.Arm(&Addition{Kind: LibraryQuery, Match: "begin", Before: identity}) {
+	if !wc.Arm(&Addition{Kind: LibraryQuery, Match: "begin", Msg: identity}) {
 		t.Fatal("the addition to BEGIN was refused at a message boundary")
 	}
 	if _, tag := exec(t, ctx, pc, "begin"); tag != "BEGIN" {
 		t.Fatalf("BEGIN's reply %q", tag)
 	}
-	a := wc.Collect()
+	a := collected(wc)
 	if a == nil || !a.Sent() || !a.Reply().Done || a.Reply().ErrCode != "" || len(a.Reply().Row) != 1 || string(a.Reply().Row[0]) != "postgres" {
 		t.Fatalf("the identity addition: %+v", a)
 	}
@@ -90,13 +91,13 @@ func TestSpliceRealServer(t *testing.T) {
 	// The transaction's own statements, then the xid read ahead of COMMIT.
 	rows, _ = exec(t, ctx, pc, "create temporary table splice_t (n int); insert into splice_t values (1); select pg_catalog.pg_current_xact_id()::text")
 	xid := string(rows[0][0])
-	if !wc.Arm(&Addition{Kind: LibraryCall, Match: "commit", Before: xidRead}) {
+	if !wc.Arm(&Addition{Kind: LibraryCall, Match: "commit", Msg: xidRead}) {
 		t.Fatal("the addition to COMMIT was refused")
 	}
 	if _, tag := exec(t, ctx, pc, "commit"); tag != "COMMIT" {
 		t.Fatalf("COMMIT's reply %q", tag)
 	}
-	a = wc.Collect()
+	a = collected(wc)
 	if r := a.Reply(); a == nil || !r.Done || !r.GotValue || string(r.Value) != xid || r.ErrCode != "" {
 		t.Fatalf("the xid read: %+v, want %s", a, xid)
 	}
@@ -110,13 +111,13 @@ func TestSpliceRealServer(t *testing.T) {
 	if _, err := pc.Exec(ctx, "select 1/0").ReadAll(); err == nil {
 		t.Fatal("division by zero succeeded")
 	}
-	if !wc.Arm(&Addition{Kind: LibraryCall, Match: "commit", Before: xidRead}) {
+	if !wc.Arm(&Addition{Kind: LibraryCall, Match: "commit", Msg: xidRead}) {
 		t.Fatal("the addition to COMMIT was refused")
 	}
 	if _, tag := exec(t, ctx, pc, "commit"); tag != "ROLLBACK" {
 		t.Fatalf("COMMIT of a failed transaction answered %q, want ROLLBACK", tag)
 	}
-	if r := wc.Collect().Reply(); !r.Done || r.ErrCode != "25P02" || r.GotValue || r.Fatal {
+	if r := collected(wc).Reply(); !r.Done || r.ErrCode != "25P02" || r.GotValue || r.Fatal {
 		t.Fatalf("the call in a failed transaction: %+v", r)
 	}
 	if rows, _ := exec(t, ctx, pc, "select 2"); len(rows) != 1 || string(rows[0][0]) != "2" {
@@ -124,5 +125,108 @@ func TestSpliceRealServer(t *testing.T) {
 	}
 	if pc.TxStatus() != 'I' {
 		t.Fatalf("transaction status %c, want idle", pc.TxStatus())
+	}
+}
+
+// TestSpliceAfterRealServer adds the xid read after the application's messages, in the
+// same write, as the tracer does after a statement that may assign the transaction's xid:
+// after a simple Query, after the extended protocol's Bind, Execute, Sync (pgx's
+// prepare-only write before it is passed over: the addition waits for the write that
+// executes), and after a statement that fails. pgconn reads exactly its own replies, Await
+// gets the library's reply before the next write, it names the xid the transaction holds,
+// and COMMIT then carries nothing of the library's.
+func TestSpliceAfterRealServer(t *testing.T) {
+	ctx := pgtest.Context(t, time.Minute)
+	pc, wc := realConn(t, ctx)
+	rows, _ := exec(t, ctx, pc, "select 'pg_catalog.pg_current_xact_id_if_assigned()'::pg_catalog.regprocedure::pg_catalog.oid::text")
+	oid, err := strconv.ParseUint(string(rows[0][0]), 10, 32)
+	if err != nil {
+		t.Fatal(err)
+	}
+	xidRead, err := (&pgproto3.FunctionCall{Function: uint32(oid)}).Encode(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	read := func(t *testing.T) Reply {
+		t.Helper()
+		if !wc.Await(time.Now().Add(10 * time.Second)) {
+			t.Fatal("the reply to the xid read never came whole")
+		}
+		a, pending := wc.Collect(false)
+		if a == nil || pending || !a.Sent() {
+			t.Fatalf("the xid read after the statement: %+v, pending %v", a, pending)
+		}
+		return a.Reply()
+	}
+	exec(t, ctx, pc, "create temporary table splice_after (n int)")
+
+	t.Run("simple", func(t *testing.T) {
+		exec(t, ctx, pc, "begin")
+		if !wc.Arm(&Addition{Kind: LibraryCall, Msg: xidRead, After: true}) {
+			t.Fatal("refused at a message boundary")
+		}
+		if _, tag := exec(t, ctx, pc, "insert into splice_after values (1)"); tag != "INSERT 0 1" {
+			t.Fatalf("the insert's reply %q", tag)
+		}
+		r := read(t)
+		rows, _ := exec(t, ctx, pc, "select pg_catalog.pg_current_xact_id()::text")
+		if !r.Done || !r.GotValue || string(r.Value) != string(rows[0][0]) {
+			t.Fatalf("the xid read %+v, want %s", r, rows[0][0])
+		}
+		if _, tag := exec(t, ctx, pc, "commit"); tag != "COMMIT" {
+			t.Fatalf("COMMIT's reply %q", tag)
+		}
+	})
+
+	t.Run("extended", func(t *testing.T) {
+		exec(t, ctx, pc, "begin")
+		if !wc.Arm(&Addition{Kind: LibraryCall, Msg: xidRead, After: true}) {
+			t.Fatal("refused at a message boundary")
+		}
+		// Parse, Describe, Sync executes nothing: the addition waits for Bind, Execute, Sync.
+		sd, err := pc.Prepare(ctx, "ins", "insert into splice_after values ($1) returning n", nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if wc.splice.added != nil || wc.splice.next.Load() == nil {
+			t.Fatalf("the prepare-only write took the addition: %+v", wc.splice.added)
+		}
+		res := pc.ExecPrepared(ctx, sd.Name, [][]byte{[]byte("2")}, nil, nil).Read()
+		if res.Err != nil || len(res.Rows) != 1 || string(res.Rows[0][0]) != "2" {
+			t.Fatalf("the insert's reply: %+v", res)
+		}
+		r := read(t)
+		rows, _ := exec(t, ctx, pc, "select pg_catalog.pg_current_xact_id()::text")
+		if !r.GotValue || string(r.Value) != string(rows[0][0]) {
+			t.Fatalf("the xid read %+v, want %s", r, rows[0][0])
+		}
+		if _, tag := exec(t, ctx, pc, "commit"); tag != "COMMIT" {
+			t.Fatalf("COMMIT's reply %q", tag)
+		}
+	})
+
+	t.Run("failed", func(t *testing.T) {
+		exec(t, ctx, pc, "begin")
+		if !wc.Arm(&Addition{Kind: LibraryCall, Msg: xidRead, After: true}) {
+			t.Fatal("refused at a message boundary")
+		}
+		_, err := pc.Exec(ctx, "insert into splice_after values (1/0)").ReadAll()
+		var pgErr *pgconn.PgError
+		if !errors.As(err, &pgErr) || pgErr.Code != "22012" {
+			t.Fatalf("the failing insert: %v", err)
+		}
+		if r := read(t); r.ErrCode != "25P02" || r.GotValue || r.Fatal {
+			t.Fatalf("the call after a failed statement: %+v", r)
+		}
+		if _, tag := exec(t, ctx, pc, "commit"); tag != "ROLLBACK" {
+			t.Fatalf("COMMIT of the failed transaction answered %q", tag)
+		}
+	})
+
+	if rows, _ := exec(t, ctx, pc, "select count(*)::text from splice_after"); string(rows[0][0]) != "2" {
+		t.Fatalf("rows committed: %s, want 2", rows[0][0])
+	}
+	if pc.TxStatus() != 'I' || !wc.splice.pos.atBoundary() {
+		t.Fatalf("transaction status %c, at a boundary %v", pc.TxStatus(), wc.splice.pos.atBoundary())
 	}
 }

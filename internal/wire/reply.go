@@ -97,6 +97,9 @@ type filterState uint8
 const (
 	// filterLibrary: the library's part is still being read out of the stream.
 	filterLibrary filterState = iota
+	// filterApplication: the library's message went after the application's (After):
+	// their replies, up to the last ReadyForQuery they get, go to pgconn first.
+	filterApplication
 	// filterReplacing: the library's part is read, the call failed with an ERROR (held),
 	// and COMMIT's ROLLBACK tag, which held replaces, is still to come.
 	filterReplacing
@@ -114,6 +117,11 @@ const (
 // NotificationResponse — are pgconn's wherever they come. Bytes may arrive split anywhere.
 type replyFilter struct {
 	kind  LibraryMessage
+	after bool // the library's message followed the application's (Addition.After)
+	// syncs is how many of the application's replies, each ended by a ReadyForQuery, are
+	// still to pass before the library's (filterApplication); app follows their messages.
+	syncs int
+	app   streamPos
 	state filterState
 	lib   Reply
 	in    []byte // bytes of a message not yet complete
@@ -131,6 +139,10 @@ func (f *replyFilter) feed(b []byte) {
 	case filterPassing:
 		f.out = append(f.out, b...)
 		return
+	case filterApplication:
+		if b = f.passApplication(b); len(b) == 0 {
+			return
+		}
 	}
 	f.in = append(f.in, b...)
 	for f.state == filterLibrary || f.state == filterReplacing {
@@ -153,6 +165,22 @@ func (f *replyFilter) feed(b []byte) {
 	}
 	f.out = append(f.out, f.in...) // filterPassing: what came after the library's part
 	f.in = nil
+}
+
+// passApplication gives pgconn b's bytes up to the end of the ReadyForQuery that ends
+// the application's replies, and returns the rest: the library's reply, and what follows.
+func (f *replyFilter) passApplication(b []byte) []byte {
+	for len(b) > 0 && f.state == filterApplication {
+		n, typ, whole := f.app.step(b)
+		f.out = append(f.out, b[:n]...)
+		b = b[n:]
+		if whole && typ == 'Z' {
+			if f.syncs--; f.syncs == 0 {
+				f.state = filterLibrary
+			}
+		}
+	}
+	return b
 }
 
 // finished reports whether the library's part of the reply is read and nothing of it is
@@ -197,7 +225,7 @@ func (f *replyFilter) message(m []byte) {
 	case typ == 'E' && f.lib.Fatal:
 		// The server reads nothing after a FATAL: it is the reply to what pgconn sent.
 		f.out = append(f.out, m...)
-	case typ == 'E' && f.kind == LibraryCall && f.lib.ErrCode != pg.InFailedTransaction:
+	case typ == 'E' && f.kind == LibraryCall && !f.after && f.lib.ErrCode != pg.InFailedTransaction:
 		// An error that only says the transaction had already failed is no cause: COMMIT's
 		// ROLLBACK is its own answer then.
 		f.held = append([]byte{}, m...)
@@ -252,20 +280,27 @@ type streamPos struct {
 // advance moves past b.
 func (p *streamPos) advance(b []byte) {
 	for len(b) > 0 {
-		if p.skip > 0 {
-			k := min(p.skip, len(b))
-			p.skip -= k
-			b = b[k:]
-			continue
-		}
+		n, _, _ := p.step(b)
+		b = b[n:]
+	}
+}
+
+// step moves past b up to the end of the current message at most, and returns how many
+// bytes that took, the message's type, and whether it ended there.
+func (p *streamPos) step(b []byte) (n int, typ byte, whole bool) {
+	if p.skip == 0 || p.hdrN > 0 {
 		k := copy(p.hdr[p.hdrN:], b)
 		p.hdrN += k
-		b = b[k:]
-		if p.hdrN == 5 {
-			p.hdrN = 0
-			p.skip = max(int(binary.BigEndian.Uint32(p.hdr[1:]))-4, 0)
+		n = k
+		if p.hdrN < 5 {
+			return n, 0, false
 		}
+		p.hdrN = 0
+		p.skip = max(int(binary.BigEndian.Uint32(p.hdr[1:]))-4, 0)
 	}
+	k := min(p.skip, len(b)-n)
+	p.skip -= k
+	return n + k, p.hdr[0], p.skip == 0
 }
 
 // atBoundary reports whether the bytes so far end with a whole message.

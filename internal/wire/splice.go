@@ -5,14 +5,22 @@ import (
 	"sync/atomic"
 )
 
-// Addition is a message the library adds to one write of the application's: the write
-// must be exactly one simple Query of the text Match, else nothing is added.
+// Addition is a message the library adds to one write of the application's. Ahead of it
+// (After false), the write must be exactly one simple Query of the text Match; after it
+// (After true), the write must be whole frontend messages that run a statement and end
+// at a point where the server answers and reads on (see syncedWrite). Else nothing is
+// added.
 type Addition struct {
 	Kind  LibraryMessage
 	Match string
-	// Before is sent ahead of the application's message, in the same write.
-	Before []byte
-	state  additionState
+	// Msg is the library's message, sent in the same write as the application's.
+	Msg []byte
+	// After: Msg follows the application's messages, and its reply follows theirs.
+	After bool
+	state additionState
+	// syncs is how many replies, each ended by a ReadyForQuery, the application's
+	// messages get before Msg's (After).
+	syncs int
 	// reply is what the server answered to it, as far as it was read.
 	reply Reply
 }
@@ -45,16 +53,58 @@ func (a *Addition) Sent() bool { return a.state >= additionWritten }
 func (a *Addition) Reply() Reply { return a.reply }
 
 // addTo returns b with a's message added, and how many of its first bytes are the
-// library's alone; ok is false, and nothing is added, unless b is exactly one simple
-// Query of the text a was armed for: a batch, a pipeline, the extended protocol or any
-// other statement is left exactly as it is.
+// library's alone (ahead of b); ok is false, and nothing is added, unless b is a write a
+// was armed for: ahead, exactly one simple Query of the text Match — a batch, a
+// pipeline, the extended protocol or any other statement is left exactly as it is —;
+// after, see syncedWrite.
 func (a *Addition) addTo(b []byte) (out []byte, cut int, ok bool) {
+	if a.After {
+		if a.syncs, ok = syncedWrite(b); !ok {
+			return nil, 0, false
+		}
+		return append(append(make([]byte, 0, len(b)+len(a.Msg)), b...), a.Msg...), 0, true
+	}
 	if len(b) != 1+4+len(a.Match)+1 || b[0] != 'Q' || int(binary.BigEndian.Uint32(b[1:5])) != len(b)-1 ||
 		string(b[5:len(b)-1]) != a.Match || b[len(b)-1] != 0 {
 		return nil, 0, false
 	}
-	out = append(append(make([]byte, 0, len(a.Before)+len(b)), a.Before...), b...)
-	return out, len(a.Before), true
+	out = append(append(make([]byte, 0, len(a.Msg)+len(b)), a.Msg...), b...)
+	return out, len(a.Msg), true
+}
+
+// syncedWrite reports whether b, a write of pgconn's, is whole frontend messages of the
+// kinds that run statements — Parse, Bind, Describe, Execute, Close, Flush, Sync, Query —
+// at least one of them executing (Execute or Query) and the last a Sync or a Query, and
+// how many Syncs and Queries it holds: the server answers each of them with a
+// ReadyForQuery and then reads the next message as a new one, so a message added after
+// b is read as its own, and its reply follows those. A write that prepares only (pgx's
+// Parse, Describe, Sync before a first execution), a pipeline's write that ends
+// mid-sequence (where an error would make the server skip the added message), COPY's
+// data, a FunctionCall or a Terminate is not one.
+func syncedWrite(b []byte) (syncs int, ok bool) {
+	executes := false
+	var last byte
+	for len(b) > 0 {
+		if len(b) < 5 {
+			return 0, false
+		}
+		n := int(binary.BigEndian.Uint32(b[1:5]))
+		if n < 4 || len(b) < 1+n {
+			return 0, false
+		}
+		switch last = b[0]; last {
+		case 'S', 'Q':
+			syncs++
+			executes = executes || last == 'Q'
+		case 'E':
+			executes = true
+		case 'P', 'B', 'D', 'C', 'H':
+		default:
+			return 0, false
+		}
+		b = b[1+n:]
+	}
+	return syncs, executes && (last == 'S' || last == 'Q')
 }
 
 // splice is the library's part in the stream: the addition armed for the next write
@@ -88,7 +138,10 @@ func (s *splice) arm(a *Addition) bool {
 // come, and pgconn's background reader read it whole and move a on to replied, before
 // Write returns.
 func (s *splice) start(a *Addition) {
-	s.filter = &replyFilter{kind: a.Kind}
+	s.filter = &replyFilter{kind: a.Kind, after: a.After, syncs: a.syncs}
+	if a.After {
+		s.filter.state = filterApplication
+	}
 	s.added = a
 	a.state = additionWritten
 }
@@ -103,12 +156,20 @@ func (s *splice) end() {
 	s.filter = nil
 }
 
-// collect returns what became of the last addition written, once: nil if none was.
-func (s *splice) collect() *Addition {
-	a := s.added
-	s.added = nil
-	if a != nil && s.filter != nil && s.filter.kind == a.Kind {
+// collect returns what became of the last addition written, once: nil if none was. An
+// addition made after the application's messages whose reply is still on its way stays
+// on the connection unless final: nil is returned, and pending says so.
+func (s *splice) collect(final bool) (a *Addition, pending bool) {
+	a = s.added
+	if a == nil {
+		return nil, false
+	}
+	if s.filter != nil {
 		a.reply = s.filter.lib // as far as it was read
 	}
-	return a
+	if a.After && a.state == additionWritten && !a.reply.Done && !final {
+		return nil, true
+	}
+	s.added = nil
+	return a, false
 }

@@ -74,7 +74,7 @@ func additionFixture(t *testing.T, sc *scriptConn) (*Conn, *Addition, []byte, []
 	nc := NewConn(sc, nil, true)
 	commit := frontendMsg(t, &pgproto3.Query{String: "commit"})
 	call := frontendMsg(t, &pgproto3.FunctionCall{Function: 16400, ArgFormatCodes: []uint16{1}, Arguments: [][]byte{make([]byte, 16)}})
-	a := &Addition{Kind: LibraryCall, Match: "commit", Before: call}
+	a := &Addition{Kind: LibraryCall, Match: "commit", Msg: call}
 	if !nc.Arm(a) || a.state != additionArmed {
 		t.Fatalf("arm refused or state %d", a.state)
 	}
@@ -123,7 +123,7 @@ func TestAdditionLife(t *testing.T) {
 		if a.state != additionArmed || a.Sent() {
 			t.Fatalf("state %d after a write it was not armed for", a.state)
 		}
-		if got := nc.Collect(); got != nil {
+		if got := collected(nc); got != nil {
 			t.Fatalf("collected %+v: it never went out", got)
 		}
 	})
@@ -145,7 +145,7 @@ func TestAdditionLife(t *testing.T) {
 			if a.state != additionReplied {
 				t.Fatalf("split %d: state %d, want replied", split, a.state)
 			}
-			if c := nc.Collect(); c != a || string(c.reply.Value) != "m731" || !c.reply.Done {
+			if c := collected(nc); c != a || string(c.reply.Value) != "m731" || !c.reply.Done {
 				t.Fatalf("split %d: collected %+v", split, c)
 			}
 		}
@@ -217,11 +217,97 @@ func TestAdditionLife(t *testing.T) {
 		if got, err := readAll(nc); len(got) != 0 || !errors.Is(err, io.ErrUnexpectedEOF) {
 			t.Fatalf("pgconn got %q, %v; want the error alone", got, err)
 		}
-		c := nc.Collect()
+		c := collected(nc)
 		if c != a || a.state != additionWritten || c.reply.Done || c.reply.GotValue {
 			t.Fatalf("collected %+v", c)
 		}
 		// What the reference makes of a reply that never came whole is TestCallRef's (the
 		// root package): the marker's stands without it, the xid read's does not.
 	})
+}
+
+// collected is Collect(true)'s addition: what the tests read of one that is over.
+func collected(c *Conn) *Addition {
+	a, _ := c.Collect(true)
+	return a
+}
+
+// TestSpliceAfter adds the xid read after an application's extended-protocol write, with
+// the server's reply — the application's rows, a notice, its ReadyForQuery, then the
+// library's — split at every byte: pgconn reads exactly its own reply, and the library's is
+// whole. Writes that are not whole messages ending where the server reads on are left
+// alone, and the addition waits for the write that executes.
+func TestSpliceAfter(t *testing.T) {
+	call := frontendMsg(t, &pgproto3.FunctionCall{Function: 5000})
+	var write []byte
+	for _, m := range []pgproto3.FrontendMessage{&pgproto3.Bind{}, &pgproto3.Execute{}, &pgproto3.Sync{}} {
+		write = append(write, frontendMsg(t, m)...)
+	}
+	var appReply []byte
+	for _, m := range []pgproto3.BackendMessage{&pgproto3.BindComplete{}, &pgproto3.DataRow{Values: [][]byte{[]byte("7")}},
+		&pgproto3.NoticeResponse{Message: "n"}, &pgproto3.CommandComplete{CommandTag: []byte("INSERT 0 1")}, &pgproto3.ReadyForQuery{TxStatus: 'T'}} {
+		b, err := m.Encode(nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		appReply = append(appReply, b...)
+	}
+	var libReply []byte
+	for _, m := range []pgproto3.BackendMessage{&pgproto3.FunctionCallResponse{Result: []byte("731")}, &pgproto3.ReadyForQuery{TxStatus: 'T'}} {
+		b, _ := m.Encode(nil)
+		libReply = append(libReply, b...)
+	}
+	reply := append(append([]byte{}, appReply...), libReply...)
+	for split := 0; split <= len(reply); split++ {
+		sc := &scriptConn{reads: []scriptRead{{b: reply[:split]}, {b: reply[split:]}}}
+		nc := NewConn(sc, nil, true)
+		a := &Addition{Kind: LibraryCall, Msg: call, After: true}
+		if !nc.Arm(a) {
+			t.Fatal("refused")
+		}
+		prepare := append(frontendMsg(t, &pgproto3.Parse{}), frontendMsg(t, &pgproto3.Sync{})...)
+		if _, err := nc.Write(prepare); err != nil || !bytes.Equal(sc.written, prepare) {
+			t.Fatalf("the prepare-only write: %q, %v", sc.written, err)
+		}
+		if n, err := nc.Write(write); n != len(write) || err != nil {
+			t.Fatalf("Write = %d, %v", n, err)
+		}
+		if !bytes.Equal(sc.written[len(prepare):], append(append([]byte{}, write...), call...)) {
+			t.Fatalf("wrote %q", sc.written)
+		}
+		got := make([]byte, 0, len(appReply))
+		for len(got) < len(appReply) {
+			p := make([]byte, 64)
+			n, err := nc.Read(p)
+			if err != nil {
+				t.Fatalf("split %d: read: %v after %q", split, err, got)
+			}
+			got = append(got, p[:n]...)
+		}
+		if !bytes.Equal(got, appReply) {
+			t.Fatalf("split %d: pgconn got %q, want its own reply", split, got)
+		}
+		if !nc.Await(time.Now().Add(time.Second)) {
+			t.Fatalf("split %d: the library's reply never came whole", split)
+		}
+		if c, pending := nc.Collect(false); c != a || pending || string(c.reply.Value) != "731" || !c.reply.Done {
+			t.Fatalf("split %d: collected %+v, pending %v", split, c, pending)
+		}
+	}
+
+	for name, b := range map[string][]byte{
+		"prepare only":    append(frontendMsg(t, &pgproto3.Parse{}), frontendMsg(t, &pgproto3.Sync{})...),
+		"no sync":         append(frontendMsg(t, &pgproto3.Bind{}), frontendMsg(t, &pgproto3.Execute{})...),
+		"copy data":       append(frontendMsg(t, &pgproto3.CopyData{Data: []byte("x")}), frontendMsg(t, &pgproto3.Sync{})...),
+		"a function call": append(frontendMsg(t, &pgproto3.FunctionCall{Function: 1}), frontendMsg(t, &pgproto3.Sync{})...),
+		"a cut message":   write[:len(write)-1],
+		"a terminate":     frontendMsg(t, &pgproto3.Terminate{}),
+	} {
+		if _, ok := syncedWrite(b); ok {
+			t.Errorf("%s: taken as a write the library may add after", name)
+		}
+	}
+	if n, ok := syncedWrite(append(append([]byte{}, write...), frontendMsg(t, &pgproto3.Query{String: "select 1"})...)); !ok || n != 2 {
+		t.Errorf("a pipeline's two syncs: %d, %v", n, ok)
+	}
 }
