@@ -282,7 +282,14 @@ func commit(ctx context.Context, sc *scope, tx pgx.Tx, held heldConn, p Policy, 
 	if held.conn != nil {
 		st = connStateOf(held.conn)
 	}
-	if !p.CaptureReference || !st.identityKnown() || f != nil && !f.open() {
+	if f != nil && st != nil {
+		st.mu.Lock()
+		f.t.settleXIDRead(ctx, st, f) // the xid read after one of fn's statements, if any
+		st.mu.Unlock()
+	}
+	if !p.CaptureReference || !st.identityKnown() || f != nil && (!f.open() || f.xid != 0 && p.markerTable() == "") {
+		// Without capture, or with the xid already read after one of fn's statements
+		// (WithCaptureReference): pgx's own COMMIT, and the tracer's reference.
 		err := tx.Commit(ctx)
 		if f != nil && !f.open() {
 			// The tracer's own commit reference, if it took one (WithCaptureReference).

@@ -705,17 +705,39 @@ func TestPooledReferenceAfterRestart(t *testing.T) {
 // server never read it). The xid read after the transaction's INSERT, in the INSERT's own
 // write, brought the xid before COMMIT was written, so both frames end indeterminate with
 // a reference naming the INSERT's xid, and automatic reconciliation and the reconciler
-// settle them: committed, row present; aborted, row absent.
+// settle them: committed, row present; aborted, row absent. Over TCP, TLS and PgBouncer
+// (transaction pooling, the proxy between the client and PgBouncer), where the reference
+// is pooled and the xid's status still answers.
 func TestPlainReferenceConnectionCut(t *testing.T) {
-	overTransports(t, overPlainReferenceConnectionCut)
+	overTransports(t, func(t *testing.T, base string) { plainReferenceConnectionCut(t, base, nil) })
+	t.Run("pgbouncer", func(t *testing.T) {
+		bouncer := pgtest.PgBouncerFor(t, testCtx(t), srv, "transaction", 2)
+		proxy, err := pgtest.NewProxy(strings.TrimPrefix(strings.Split(bouncer.ConnString(), "/postgres?")[0], "postgres://postgres@"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { proxy.Close() })
+		plainReferenceConnectionCut(t, bouncer.ConnString()+"&default_query_exec_mode=exec", proxy)
+	})
 }
 
-func overPlainReferenceConnectionCut(t *testing.T, base string) {
+// plainReferenceConnectionCut runs TestPlainReferenceConnectionCut on base, through proxy
+// (nil: a new one in front of the test server).
+func plainReferenceConnectionCut(t *testing.T, base string, proxy *pgtest.Proxy) {
 	ctx := testCtx(t)
+	pgtest.LeakCheck(t) // registered first, so it runs after the tracer's Close
 	table := newTable(t, ctx)
 	answers := make(chan Reconciliation, 2)
-	h := newRefHarness(t, base, WithCaptureReference(), withAutoReconcile(t, srv.Pool(t, ctx),
-		WithOnReconciled(func(r Reconciliation) { answers <- r })))
+	opts := []Option{WithCaptureReference(), withAutoReconcile(t, srv.Pool(t, ctx),
+		WithOnReconciled(func(r Reconciliation) { answers <- r }))}
+	var h *refHarness
+	if proxy == nil {
+		h = newRefHarness(t, base, opts...)
+	} else {
+		logs := &lockedBuffer{}
+		opts = append(opts, WithLogger(slog.New(slog.NewJSONHandler(logs, nil))))
+		h = &refHarness{harness: newHarness(t, proxy.ConnString(base), 1, opts...), proxy: proxy, logs: logs}
+	}
 	t.Cleanup(func() { _ = h.tracer.Close(context.Background()) })
 	rec, err := reconcile.New(srv.Pool(t, ctx), reconcile.WithWait(10*time.Second, 10*time.Millisecond))
 	if err != nil {
@@ -744,8 +766,11 @@ func overPlainReferenceConnectionCut(t *testing.T, base string) {
 		last := lastFrame(t, h.harness)
 		wantAttr(t, last, "tx.outcome", "indeterminate")
 		ref, ok := refOf(t, last)
-		if !ok || ref.XID != xid {
-			t.Fatalf("%s: the indeterminate frame's reference %v (present %v), want xid %d", c.name, ref, ok, xid)
+		if !ok || ref.XID != xid || ref.Pooled != (proxy != nil) {
+			t.Fatalf("%s: the indeterminate frame's reference %v (present %v), want xid %d, pooled behind PgBouncer", c.name, ref, ok, xid)
+		}
+		if !strings.Contains(h.logs.String(), ref.String()) {
+			t.Errorf("%s: the indeterminate log record, what the command reads, has no reference %s", c.name, ref)
 		}
 		res, err := rec.Resolve(ctx, ref, trace.SpanContext{})
 		if err != nil {
@@ -762,5 +787,30 @@ func overPlainReferenceConnectionCut(t *testing.T, base string) {
 		case <-ctx.Done():
 			t.Fatalf("%s: automatic reconciliation never answered", c.name)
 		}
+
+		// Run on the same tracer: its COMMIT carries nothing either, and its result the
+		// same reference.
+		id := c.id + 10
+		res2 := Run(ctx, h.pool, DefaultPolicy(), func(ctx context.Context, tx pgx.Tx) (uint64, error) {
+			var xid uint64
+			if _, err := tx.Exec(ctx, fmt.Sprintf("insert into %s (id) values (%d)", table, id)); err != nil {
+				return 0, err
+			}
+			err := tx.QueryRow(ctx, "select pg_catalog.pg_current_xact_id()::text::bigint").Scan(&xid)
+			c.cut()
+			return xid, err
+		})
+		ind, ok := res2.(outcome.Indeterminate[uint64])
+		if !ok {
+			t.Fatalf("%s: Run gave %T (%v)", c.name, res2, res2)
+		}
+		rref, ok := ind.Reference()
+		if !ok || rref.XID == 0 {
+			t.Fatalf("%s: Run's indeterminate result has reference %v (present %v)", c.name, rref, ok)
+		}
+		if res, err := rec.Resolve(ctx, rref, trace.SpanContext{}); err != nil || res.Status() != c.want || rowExists(t, ctx, table, id) != c.committed {
+			t.Fatalf("%s: Run's reference reconciled %v (%v), row present %v", c.name, res.Status(), err, rowExists(t, ctx, table, id))
+		}
+		<-answers
 	}
 }
