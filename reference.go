@@ -1,6 +1,7 @@
 package otelpgxtx
 
 import (
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"strconv"
@@ -87,17 +88,28 @@ var markerProblems = map[string]string{
 type markerFn struct {
 	table string // quoted, schema-qualified, as configured
 	ref   string // the reference's name of it: "database"."schema"."table"
-	// msg is its call, encoded with a zero operation id at argAt, which callMsg fills in;
-	// nil when the check found it unusable (problem says why).
+	// msg is its call, a Query that names it, encoded with a zero operation id (32 hex
+	// digits) at argAt, which callMsg fills in; nil when the check found it unusable
+	// (problem says why).
 	msg     []byte
 	argAt   int
 	problem string
 }
 
+// markerCallSQL is the call of table's marker function with a zero operation id: by its
+// schema-qualified name, so that the server finds the function as it is at COMMIT — one
+// dropped and created again (a migration re-run, a restore) is found under its new OID,
+// where a call by the OID the check read would fail and take the application's
+// transaction with it —, and with the argument's type qualified, so that the session's
+// search_path changes nothing of it.
+func markerCallSQL(table string) string {
+	return "select " + table + "('" + strings.Repeat("0", 2*len(outcome.OperationID{})) + "'::pg_catalog.uuid)"
+}
+
 // newMarkerFn makes table's marker from what markerCheckSQL answered.
 func (st *connState) newMarkerFn(table string, check []byte) *markerFn {
 	m := &markerFn{table: table}
-	oid, err := strconv.ParseUint(string(check), 10, 32)
+	_, err := strconv.ParseUint(string(check), 10, 32)
 	switch {
 	case check == nil:
 		m.problem = "the marker check answered nothing"
@@ -107,10 +119,9 @@ func (st *connState) newMarkerFn(table string, check []byte) *markerFn {
 			m.problem = "the marker check answered " + strconv.Quote(string(check))
 		}
 	default:
-		var zero outcome.OperationID
-		call := pgproto3.FunctionCall{Function: uint32(oid), ArgFormatCodes: []uint16{1}, Arguments: [][]byte{zero[:]}}
-		m.msg, _ = call.Encode(nil)
-		m.argAt = len(m.msg) - 2 - len(zero) // the argument is followed by the result's format code
+		sql := markerCallSQL(table)
+		m.msg, _ = (&pgproto3.Query{String: sql}).Encode(nil)
+		m.argAt = 5 + strings.Index(sql, "'") + 1
 		if m.ref, err = markertable.RefTable(st.database, table); err != nil {
 			m.msg, m.problem = nil, err.Error()
 		}
@@ -129,15 +140,16 @@ func (st *connState) marker(table string) (*markerFn, bool) {
 	return nil, false
 }
 
-// callMsg returns the call to send ahead of a COMMIT of operation id: m's marker
-// function when m is usable, else the xid read. The bytes are st's, valid until the next
-// call: both Run and the tracer write them out before that.
-func (st *connState) callMsg(m *markerFn, id outcome.OperationID) []byte {
+// callMsg returns the call to send ahead of a COMMIT of operation id, and its kind: m's
+// marker function (a Query) when m is usable, else the xid read (a fast-path call). The
+// bytes are st's, valid until the next call: both Run and the tracer write them out
+// before that.
+func (st *connState) callMsg(m *markerFn, id outcome.OperationID) ([]byte, wire.LibraryMessage) {
 	if m != nil && m.msg != nil {
-		copy(m.msg[m.argAt:], id[:])
-		return m.msg
+		hex.Encode(m.msg[m.argAt:], id[:])
+		return m.msg, wire.LibraryQuery
 	}
-	return st.xidCallMsg
+	return st.xidCallMsg, wire.LibraryCall
 }
 
 // callRef is the reference of a COMMIT sent right after the call of m (nil: the xid read)

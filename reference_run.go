@@ -162,7 +162,8 @@ func commitWithReference(ctx context.Context, conn *pgconn.PgConn, st *connState
 	// message. The connection is idle, so its socket has room for the few bytes and the
 	// write cannot block on the context's behalf.
 	fe := conn.Frontend()
-	fe.Send(rawMessage(st.callMsg(m, id)))
+	msg, kind := st.callMsg(m, id)
+	fe.Send(rawMessage(msg))
 	fe.SendQuery(&pgproto3.Query{String: commitSQL})
 	if err := fe.Flush(); err != nil {
 		// Some bytes may have left (the error says whether none did): the connection is
@@ -172,7 +173,7 @@ func commitWithReference(ctx context.Context, conn *pgconn.PgConn, st *connState
 		return res
 	}
 	var call wire.Reply
-	err := readCallReply(ctx, conn, &call)
+	err := readCallReply(ctx, conn, kind, &call)
 	switch {
 	case err == nil && call.ErrCode != "":
 		// The call failed: COMMIT answers ROLLBACK. The call's error is what the
@@ -214,7 +215,7 @@ func commitWithReference(ctx context.Context, conn *pgconn.PgConn, st *connState
 // readCallReply reads the reply to the library's call into r, up to its ReadyForQuery.
 // A failure to read is returned and closes the connection (see readReply); a message
 // that has no place there too.
-func readCallReply(ctx context.Context, pgConn *pgconn.PgConn, r *wire.Reply) error {
+func readCallReply(ctx context.Context, pgConn *pgconn.PgConn, kind wire.LibraryMessage, r *wire.Reply) error {
 	for !r.Done {
 		msg, err := pgConn.ReceiveMessage(ctx)
 		if err != nil {
@@ -227,7 +228,7 @@ func readCallReply(ctx context.Context, pgConn *pgconn.PgConn, r *wire.Reply) er
 		case *pgproto3.NoticeResponse, *pgproto3.ParameterStatus, *pgproto3.NotificationResponse:
 			continue // pgconn has handled them
 		}
-		if !r.Take(wire.LibraryCall, msg) {
+		if !r.Take(kind, msg) {
 			_ = pgConn.Close(cancelledCtx)
 			return wire.ErrUnaccountedReply
 		}

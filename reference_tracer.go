@@ -123,7 +123,8 @@ func (t *Tracer) armReference(st *connState, f *frame, pgConn *pgconn.PgConn, se
 	if st.adding || !set.single() || !set.has(stmtCommit) {
 		return
 	}
-	if st.nc.Arm(&wire.Addition{Kind: wire.LibraryCall, Match: sql, Msg: st.callMsg(f.marker, f.id)}) {
+	msg, kind := st.callMsg(f.marker, f.id)
+	if st.nc.Arm(&wire.Addition{Kind: kind, Match: sql, Msg: msg, Commit: true}) {
 		st.adding = true
 	}
 }
@@ -157,8 +158,8 @@ func (t *Tracer) collectAddition(st *connState, f *frame, final bool) (endedBefo
 		}
 		return false
 	}
-	switch a.Kind {
-	case wire.LibraryQuery:
+	switch {
+	case !a.Commit:
 		if !r.Done || r.Fatal {
 			// The connection ended before the check was answered: nothing was checked, and
 			// the connection is gone with whatever BEGIN it carried.
@@ -171,7 +172,7 @@ func (t *Tracer) collectAddition(st *connState, f *frame, final bool) (endedBefo
 		}
 		st.identityRead = true
 		t.identityChecked(st, r)
-	case wire.LibraryCall:
+	default:
 		if f != nil && !r.Fatal {
 			f.ref = st.callRef(f.marker, f.id, r)
 		}

@@ -41,8 +41,11 @@ type Conn struct {
 	mu     sync.Mutex
 	ahead  readAhead
 	splice splice
-	// reading: a Read of pgconn's (or Await's) is at the wrapped connection; mu guards it.
+	// reading: a Read of pgconn's (or Await's) is at the wrapped connection; wake, when
+	// set, is closed once that read's bytes are accounted for (Await waits on it). mu
+	// guards both.
 	reading bool
+	wake    chan struct{}
 }
 
 // NewConn wraps conn. listener is told when it is closed (nil: nobody); track follows
@@ -142,12 +145,13 @@ func (c *Conn) Collect(final bool) (a *Addition, pending bool) {
 // application's messages (After) is whole, or until deadline, so that the library holds
 // it before the application's next write; what of pgconn's it reads is kept for pgconn,
 // an error included. It reads only when nobody else does: while a read of pgconn's
-// background reader is in flight it returns at once, and that read brings the reply. It
-// reports whether the reply is whole.
+// background reader is in flight, it waits for that read to bring the bytes. It reports
+// whether the reply is whole.
 func (c *Conn) Await(deadline time.Time) bool {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	var buf []byte
+	var timer *time.Timer
 	for {
 		f := c.splice.filter
 		if f == nil || !f.after {
@@ -159,8 +163,30 @@ func (c *Conn) Await(deadline time.Time) bool {
 			}
 			return true
 		}
-		if c.reading || c.ahead.state() != aheadEmpty {
-			return false // a reader is at the connection, or what it ended with is kept
+		if c.ahead.state() != aheadEmpty {
+			return false // what a read ended with is kept: no more will come
+		}
+		if c.reading {
+			// pgconn's background reader is at the connection (it outlives a slow write
+			// by one read): its bytes go through the filter.
+			if timer == nil {
+				timer = time.NewTimer(time.Until(deadline))
+				defer timer.Stop()
+			}
+			wake := make(chan struct{})
+			c.wake = wake
+			c.mu.Unlock()
+			select {
+			case <-wake:
+				c.mu.Lock()
+			case <-timer.C:
+				c.mu.Lock()
+				if c.wake == wake {
+					c.wake = nil
+				}
+				return f.lib.Done
+			}
+			continue
 		}
 		if buf == nil {
 			buf = make([]byte, peekSize)
@@ -204,6 +230,10 @@ func (c *Conn) Read(p []byte) (int, error) {
 		c.mu.Lock()
 		c.reading = false
 		n, err, done = c.received(p, n, err)
+		if c.wake != nil {
+			close(c.wake)
+			c.wake = nil
+		}
 		c.mu.Unlock()
 		if done {
 			return n, err
@@ -290,6 +320,20 @@ func (c *Conn) settle() {
 // where the socket cannot be peeked at (TLS), read ahead (see readAhead).
 func (c *Conn) MarkCommit() (sessionEnded bool) {
 	c.commit.mark()
+	c.mu.Lock()
+	var held []byte // read already, for pgconn (Await's read of what followed the xid read)
+	if f := c.splice.filter; f != nil {
+		held = f.out
+	}
+	if len(held) == 0 {
+		held = c.ahead.buf
+	}
+	c.mu.Unlock()
+	if len(held) > 0 {
+		// What the socket holds follows these bytes, and may start inside a message of
+		// theirs: only they are judged.
+		return fatalBeforeCommit(held)
+	}
 	if c.peek != nil {
 		return c.peek.sessionEnded()
 	}

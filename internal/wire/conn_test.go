@@ -92,7 +92,7 @@ func TestCloseNotice(t *testing.T) {
 		c := NewConn(client, l, true)
 		call := frontendMsg(t, &pgproto3.FunctionCall{Function: 1})
 		commit := frontendMsg(t, &pgproto3.Query{String: "commit"})
-		if !c.Arm(&Addition{Kind: LibraryCall, Match: "commit", Msg: call}) {
+		if !c.Arm(&Addition{Kind: LibraryCall, Match: "commit", Msg: call, Commit: true}) {
 			t.Fatal("Arm refused on a fresh connection")
 		}
 		go func() { _, _ = io.Copy(io.Discard, server) }()
@@ -218,7 +218,7 @@ func TestWriteAdded(t *testing.T) {
 // TestArm: an addition is refused unless the stream pgconn reads is at a message
 // boundary, no reply filter is at work and nothing read ahead is still held.
 func TestArm(t *testing.T) {
-	a := func() *Addition { return &Addition{Kind: LibraryCall, Match: "commit"} }
+	a := func() *Addition { return &Addition{Kind: LibraryCall, Match: "commit", Commit: true} }
 	for _, tc := range []struct {
 		name  string
 		setup func(c *Conn)
@@ -226,7 +226,7 @@ func TestArm(t *testing.T) {
 	}{
 		{"clean", func(*Conn) {}, true},
 		{"in the middle of a message", func(c *Conn) { c.splice.pos.advance([]byte{'Z', 0, 0, 0, 5}) }, false},
-		{"a filter at work", func(c *Conn) { c.splice.filter = &replyFilter{kind: LibraryCall} }, false},
+		{"a filter at work", func(c *Conn) { c.splice.filter = &replyFilter{kind: LibraryCall, commit: true} }, false},
 		{"bytes read ahead", func(c *Conn) { c.ahead.buf = []byte{'Z'} }, false},
 		{"an error read ahead", func(c *Conn) { c.ahead.err = io.EOF }, false},
 	} {

@@ -7,7 +7,6 @@ import (
 	"syscall"
 )
 
-
 // socketPeek looks, without consuming and without waiting, at what the server sent that
 // pgconn has not read yet. Only a plain TCP or Unix socket is read (TLS bytes cannot
 // be). It runs in RawConn.Control, not Read: pgconn's background reader may be blocked

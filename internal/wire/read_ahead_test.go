@@ -240,7 +240,7 @@ func TestReadAhead(t *testing.T) {
 
 	t.Run("a filter at work", func(t *testing.T) {
 		c, srv, dc, _ := tlsPair(t)
-		c.splice.filter = &replyFilter{kind: LibraryCall}
+		c.splice.filter = &replyFilter{kind: LibraryCall, commit: true}
 		if _, err := srv.Write(fatal); err != nil {
 			t.Fatal(err)
 		}

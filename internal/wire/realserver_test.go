@@ -91,7 +91,7 @@ func TestSpliceRealServer(t *testing.T) {
 	// The transaction's own statements, then the xid read ahead of COMMIT.
 	rows, _ = exec(t, ctx, pc, "create temporary table splice_t (n int); insert into splice_t values (1); select pg_catalog.pg_current_xact_id()::text")
 	xid := string(rows[0][0])
-	if !wc.Arm(&Addition{Kind: LibraryCall, Match: "commit", Msg: xidRead}) {
+	if !wc.Arm(&Addition{Kind: LibraryCall, Match: "commit", Msg: xidRead, Commit: true}) {
 		t.Fatal("the addition to COMMIT was refused")
 	}
 	if _, tag := exec(t, ctx, pc, "commit"); tag != "COMMIT" {
@@ -111,7 +111,7 @@ func TestSpliceRealServer(t *testing.T) {
 	if _, err := pc.Exec(ctx, "select 1/0").ReadAll(); err == nil {
 		t.Fatal("division by zero succeeded")
 	}
-	if !wc.Arm(&Addition{Kind: LibraryCall, Match: "commit", Msg: xidRead}) {
+	if !wc.Arm(&Addition{Kind: LibraryCall, Match: "commit", Msg: xidRead, Commit: true}) {
 		t.Fatal("the addition to COMMIT was refused")
 	}
 	if _, tag := exec(t, ctx, pc, "commit"); tag != "ROLLBACK" {

@@ -17,23 +17,19 @@ import (
 type LibraryMessage uint8
 
 const (
-	// LibraryQuery: a Query sent ahead of the application's, outside any transaction; its
-	// reply runs up to its ReadyForQuery, an error included (it changes nothing of the
-	// application's).
+	// LibraryQuery: a Query; its reply is a row (or none) and its command tag, or an
+	// ErrorResponse, up to its ReadyForQuery.
 	LibraryQuery LibraryMessage = iota + 1
-	// LibraryCall: a FunctionCall sent ahead of COMMIT; its reply is a
-	// FunctionCallResponse (or an ErrorResponse) and a ReadyForQuery. When it fails with
-	// an ERROR the transaction is aborted and COMMIT answers ROLLBACK: pgconn is given
-	// that error in place of the ROLLBACK tag, then COMMIT's ReadyForQuery, which is what
-	// COMMIT itself answers when it fails, and leaves the session idle as that would.
+	// LibraryCall: a FunctionCall; its reply is a FunctionCallResponse (or an
+	// ErrorResponse) and a ReadyForQuery.
 	LibraryCall
 )
 
 // Reply is what the server answered to the library's message.
 type Reply struct {
 	Row      [][]byte // the DataRow's values (LibraryQuery); nil if none came
-	Value    []byte   // the FunctionCallResponse's result (LibraryCall); nil for NULL
-	GotValue bool     // a FunctionCallResponse came
+	Value    []byte   // the FunctionCallResponse's result, or a one-column row's value; nil for NULL
+	GotValue bool     // a FunctionCallResponse, or a one-column row, came
 	ErrCode  string   // the SQLSTATE of an ErrorResponse to the library's message
 	Err      error    // that error
 	Fatal    bool     // that ErrorResponse was FATAL or PANIC: the session ended there
@@ -67,6 +63,9 @@ func (r *Reply) Take(kind LibraryMessage, msg pgproto3.BackendMessage) bool {
 				if v != nil {
 					r.Row[i] = append([]byte{}, v...)
 				}
+			}
+			if len(r.Row) == 1 {
+				r.Value, r.GotValue = r.Row[0], true
 			}
 			return true
 		}
@@ -116,8 +115,9 @@ const (
 // pgconn, in the order it came). Asynchronous messages — NoticeResponse, ParameterStatus,
 // NotificationResponse — are pgconn's wherever they come. Bytes may arrive split anywhere.
 type replyFilter struct {
-	kind  LibraryMessage
-	after bool // the library's message followed the application's (Addition.After)
+	kind   LibraryMessage
+	after  bool // the library's message followed the application's (Addition.After)
+	commit bool // it went ahead of COMMIT (Addition.Commit): its ERROR replaces the ROLLBACK tag
 	// syncs is how many of the application's replies, each ended by a ReadyForQuery, are
 	// still to pass before the library's (filterApplication); app follows their messages.
 	syncs int
@@ -225,9 +225,9 @@ func (f *replyFilter) message(m []byte) {
 	case typ == 'E' && f.lib.Fatal:
 		// The server reads nothing after a FATAL: it is the reply to what pgconn sent.
 		f.out = append(f.out, m...)
-	case typ == 'E' && f.kind == LibraryCall && !f.after && f.lib.ErrCode != pg.InFailedTransaction:
-		// An error that only says the transaction had already failed is no cause: COMMIT's
-		// ROLLBACK is its own answer then.
+	case typ == 'E' && f.commit && f.lib.ErrCode != pg.InFailedTransaction:
+		// See Addition.Commit: an error that only says the transaction had already failed
+		// is no cause, COMMIT's ROLLBACK is its own answer then.
 		f.held = append([]byte{}, m...)
 	}
 	switch {

@@ -97,7 +97,7 @@ func TestReplyFilter(t *testing.T) {
 				}
 				for _, split := range splitsOf(len(input)) {
 					name := fmt.Sprintf("%s/async %d at %d/split %v", rc.name, ai, gap, split)
-					f := &replyFilter{kind: rc.kind}
+					f := &replyFilter{kind: rc.kind, commit: rc.kind == LibraryCall}
 					var out []byte
 					for _, piece := range pieces(input, split) {
 						f.feed(piece)
@@ -186,7 +186,7 @@ func TestReplyFilterCallFails(t *testing.T) {
 			want = bytes.Join([][]byte{e, idle, async}, nil)
 		}
 		for _, split := range splitsOf(len(input)) {
-			f := &replyFilter{kind: LibraryCall}
+			f := &replyFilter{kind: LibraryCall, commit: true}
 			var out []byte
 			for _, piece := range pieces(input, split) {
 				f.feed(piece)
@@ -198,7 +198,7 @@ func TestReplyFilterCallFails(t *testing.T) {
 			}
 		}
 	}
-	f := &replyFilter{kind: LibraryCall}
+	f := &replyFilter{kind: LibraryCall, commit: true}
 	f.feed(bytes.Join([][]byte{e, failed, msg(t, &pgproto3.CommandComplete{CommandTag: []byte("COMMIT")})}, nil))
 	if f.err == nil {
 		t.Fatal("COMMIT answered with its tag after the call failed: accounted for")
@@ -224,7 +224,7 @@ func TestReplyFilterUnaccounted(t *testing.T) {
 			t.Errorf("%d, %T: err %v, out %q; want an error and nothing for pgconn", tc.kind, tc.m, f.err, f.out)
 		}
 	}
-	f := &replyFilter{kind: LibraryCall}
+	f := &replyFilter{kind: LibraryCall, commit: true}
 	f.feed([]byte{'V', 0, 0, 0, 2})
 	if f.err == nil {
 		t.Error("a message length below 4 was taken")
@@ -268,7 +268,7 @@ func FuzzReplyFilter(f *testing.F) {
 		f.Add(byte(rc.kind), in, uint16(len(in)/2))
 	}
 	f.Fuzz(func(t *testing.T, kind byte, in []byte, cut uint16) {
-		fl := &replyFilter{kind: LibraryMessage(kind%2 + 1)}
+		fl := &replyFilter{kind: LibraryMessage(kind%2 + 1), commit: kind%2 == 1}
 		c := int(cut) % (len(in) + 1)
 		var out []byte
 		for _, piece := range [][]byte{in[:c], in[c:]} {
@@ -312,7 +312,7 @@ func BenchmarkReplyFilterCall(b *testing.B) {
 	}, nil)
 	b.ReportAllocs()
 	for b.Loop() {
-		f := &replyFilter{kind: LibraryCall} // as Conn.writeAdded makes it
+		f := &replyFilter{kind: LibraryCall, commit: true} // as Conn.writeAdded makes it
 		f.feed(reply)
 		if !f.finished() || len(f.out) == 0 {
 			b.Fatal("not read")

@@ -17,7 +17,14 @@ type Addition struct {
 	Msg []byte
 	// After: Msg follows the application's messages, and its reply follows theirs.
 	After bool
-	state additionState
+	// Commit: Msg goes ahead of the application's COMMIT, in its transaction: an ERROR in
+	// reply to it aborts the transaction, and COMMIT answers ROLLBACK; pgconn is given that
+	// error in place of the ROLLBACK tag, then COMMIT's ReadyForQuery, which is what COMMIT
+	// itself answers when it fails, and leaves the session idle as that would — unless it
+	// only says that the transaction had already failed (25P02), when the ROLLBACK is
+	// COMMIT's own answer. This is the one place that rule is written.
+	Commit bool
+	state  additionState
 	// syncs is how many replies, each ended by a ReadyForQuery, the application's
 	// messages get before Msg's (After).
 	syncs int
@@ -138,7 +145,7 @@ func (s *splice) arm(a *Addition) bool {
 // come, and pgconn's background reader read it whole and move a on to replied, before
 // Write returns.
 func (s *splice) start(a *Addition) {
-	s.filter = &replyFilter{kind: a.Kind, after: a.After, syncs: a.syncs}
+	s.filter = &replyFilter{kind: a.Kind, after: a.After, commit: a.Commit, syncs: a.syncs}
 	if a.After {
 		s.filter.state = filterApplication
 	}
