@@ -395,3 +395,67 @@ func TestOneCapture(t *testing.T) {
 		})
 	}
 }
+
+// TestMarkerRecreated: the marker function dropped and created again while the
+// application runs — in one migration transaction, and as two statements on their own —
+// fails none of its commits: every open connection, each of which had checked the old
+// function, commits with the marker after it, plain pgx and Run alike, and each marker
+// row is there. (Called by the OID the check read, as before, every connection's next
+// COMMIT failed with 42883 and its transaction was lost.)
+func TestMarkerRecreated(t *testing.T) {
+	ctx := testCtx(t)
+	marker := newMarkerTable(t, ctx, srv.Exec)
+	table := newTable(t, ctx)
+	ddl, err := reconcile.MarkerTableDDL(marker)
+	if err != nil {
+		t.Fatal(err)
+	}
+	drop := "drop function " + marker.Sanitize() + "(uuid)"
+	h := newHarness(t, srv.ConnString(), 3, WithCommitMarker(marker))
+	conns := acquireConns(t, ctx, h.pool, 3)
+	defer func() {
+		for _, c := range conns {
+			c.Release()
+		}
+	}()
+	id := 0
+	commitAll := func(when string) {
+		t.Helper()
+		for _, c := range conns {
+			id++
+			tx := mustBegin(t, ctx, c)
+			mustExec(t, ctx, tx, fmt.Sprintf("insert into %s values (%d)", table, id))
+			if err := tx.Commit(ctx); err != nil {
+				t.Fatalf("%s: the commit of row %d failed: %v", when, id, err)
+			}
+			id++
+			res := Run(ctx, c.Conn(), markerPolicy(marker), insertFn(table, id))
+			if res.Outcome() != outcome.OutcomeCommitted {
+				t.Fatalf("%s: Run of row %d: %T", when, id, res)
+			}
+		}
+	}
+	commitAll("before")
+	if err := srv.Exec(ctx, "begin; "+drop+"; "+ddl+"; commit"); err != nil {
+		t.Fatal(err)
+	}
+	commitAll("after a migration dropped and created it again")
+	if err := srv.Exec(ctx, drop); err != nil {
+		t.Fatal(err)
+	}
+	if err := srv.Exec(ctx, ddl); err != nil {
+		t.Fatal(err)
+	}
+	commitAll("after a drop and a create of their own")
+	if n := srvCount(t, ctx, "select count(*) from "+table); n != id {
+		t.Fatalf("%d rows, want %d", n, id)
+	}
+	if n := srvCount(t, ctx, "select count(*) from "+marker.Sanitize()); n != id {
+		t.Fatalf("%d marker rows, want one per commit, %d", n, id)
+	}
+	for i, f := range h.frames() {
+		if ref, ok := refOf(t, f); !ok || !ref.HasMarker() {
+			t.Fatalf("frame %d: reference %v %v, want a marker", i, ref, ok)
+		}
+	}
+}
