@@ -52,7 +52,6 @@ type attempt struct {
 	tx   pgx.Tx
 	sc   *scope
 	ctx  *runContext
-	opts pgx.TxOptions
 }
 
 // runAlloc is what Run allocates per attempt, in one allocation: the scope, the Tx
@@ -121,14 +120,18 @@ func beginAttempt[T any](ctx context.Context, db DB, p Policy, n int) (attempt, 
 		return attempt{}, determinateRollback[T](outcome.OperationID{}, outcome.PhaseNotStarted, err, v.Retryable())
 	}
 	var tx pgx.Tx
-	if held.conn != nil && p.CaptureReference {
-		// Before BEGIN, so that the library's own query never runs inside the transaction;
-		// a connection it broke is handled like a failed BEGIN, and the pool discards it.
-		err = prepareReference(ctx, held.conn, p.markerTable())
-	}
-	if err == nil && held.conn != nil {
+	if held.conn != nil {
+		// The frame BEGIN starts carries the policy's references, checked ahead of BEGIN
+		// in its write as the tracer's are (see armCheck).
+		st := connStateOf(held.conn)
+		if st != nil {
+			st.runRefs, st.running = p.references(), true
+		}
 		tx, err = held.conn.BeginTx(ctx, opts)
-	} else if err == nil {
+		if st != nil {
+			st.running = false
+		}
+	} else {
 		tx, err = db.BeginTx(ctx, opts)
 	}
 	if err != nil {
@@ -151,7 +154,7 @@ func beginAttempt[T any](ctx context.Context, db DB, p Policy, n int) (attempt, 
 		sc.id = outcome.NewOperationID()
 	}
 	alloc.ctx = runContext{Context: ctx, sc: sc}
-	return attempt{held: held, tx: tx, sc: sc, ctx: &alloc.ctx, opts: opts}, nil
+	return attempt{held: held, tx: tx, sc: sc, ctx: &alloc.ctx}, nil
 }
 
 // callFn runs fn in the attempt's transaction, with its scope and frame in the context.
@@ -197,7 +200,7 @@ func endAttempt[T any](ctx context.Context, a *attempt, p Policy, value T, err e
 		}
 		return determinateRollback[T](sc.id, outcome.PhaseActive, err, v.Retryable())
 	}
-	cr := commit(ctx, sc, tx, a.held, p, a.opts)
+	cr := commit(ctx, sc, tx)
 	hooks := sc.takeHooks()
 	a.release()
 	return resultOfCommit(ctx, sc, cr, hooks, value)
@@ -266,94 +269,24 @@ func rollback(ctx context.Context, sc *scope, tx pgx.Tx, cause error) classifier
 }
 
 // commitOutcome is what commit observed: the verdict, the COMMIT's error and the
-// reference captured before it.
+// reference its frame took.
 type commitOutcome struct {
 	verdict classifier.Verdict
 	err     error
 	ref     *outcome.ReconciliationRef
 }
 
-// commit ends the transaction with COMMIT — with reference capture when Run holds the
-// connection — and returns the verdict: the frame's, which has seen the server's
-// notices, or else the classifier's on the error alone.
-func commit(ctx context.Context, sc *scope, tx pgx.Tx, held heldConn, p Policy, opts pgx.TxOptions) commitOutcome {
-	f := sc.frame
-	var st *connState
-	if held.conn != nil {
-		st = connStateOf(held.conn)
+// commit ends the transaction with pgx's own COMMIT, and returns the verdict: the
+// frame's, which has seen the server's notices and what the library's additions to the
+// writes brought (the reference), or else the classifier's on the error alone.
+func commit(ctx context.Context, sc *scope, tx pgx.Tx) commitOutcome {
+	err := tx.Commit(ctx)
+	if f := sc.frame; f != nil && !f.open() {
+		return commitOutcome{verdict: f.verdict, err: err, ref: f.ref}
 	}
-	if f != nil && st != nil {
-		st.mu.Lock()
-		f.t.settleXIDRead(ctx, st, f) // the xid read after one of fn's statements, if any
-		st.mu.Unlock()
+	facts := classifier.Facts{RollbackTag: errors.Is(err, pgx.ErrTxCommitRollback)}
+	if conn := tx.Conn(); conn != nil {
+		facts.Server = classifier.ServerOf(conn.PgConn().ParameterStatus)
 	}
-	if !p.CaptureReference || !st.identityKnown() || f != nil && (!f.open() || f.xid != 0 && p.markerTable() == "") {
-		// Without capture, or with the xid already read after one of fn's statements
-		// (WithCaptureReference): pgx's own COMMIT, and the tracer's reference.
-		err := tx.Commit(ctx)
-		if f != nil && !f.open() {
-			// The tracer's own commit reference, if it took one (WithCaptureReference).
-			return commitOutcome{verdict: f.verdict, err: err, ref: f.ref}
-		}
-		facts := classifier.Facts{RollbackTag: errors.Is(err, pgx.ErrTxCommitRollback)}
-		if conn := tx.Conn(); conn != nil {
-			facts.Server = classifier.ServerOf(conn.PgConn().ParameterStatus)
-		}
-		return commitOutcome{verdict: classifier.Classify(outcome.PhaseCommitting, err, facts), err: err}
-	}
-	pg := held.conn.PgConn()
-	st.mu.Lock()
-	st.committing = true // no hook marks this COMMIT in flight
-	if f != nil {
-		f.transition(outcome.PhaseCommitting) // before COMMIT reaches the driver
-		st.markCommit(f)
-	}
-	st.mu.Unlock()
-	var marker *markerFn
-	if table := p.markerTable(); table != "" && p.AccessMode != pgx.ReadOnly { // a read-only one writes nothing to mark
-		marker, _ = st.marker(table)
-	}
-	commitSQL := commitSQLOf(opts)
-	// The COMMIT statement span the inner tracer makes when pgx sends COMMIT, or the
-	// frame's event in its place, so that traces look the same with capture on and off;
-	// the capture itself makes none.
-	var qctx context.Context
-	var q queryState
-	if f != nil {
-		s := f.t.sanitized.get(commitSQL)
-		q = queryState{set: s.set, frame: f}
-		qctx = f.t.innerQueryStart(f.t.fold(innerStartCtx(ctx, f), &q, foldControl, s.op), held.conn, pgx.TraceQueryStartData{SQL: commitSQL}, s)
-	}
-	cr := commitWithReference(ctx, pg, st, commitSQL, marker, sc.id)
-	var answer statementAnswer
-	if q.folded {
-		answer = answerOf(q.op, q.start, cr.err) // COMMIT's time, not what follows
-	}
-	if f != nil {
-		f.t.innerQueryEnd(innerEndCtx(qctx, f), held.conn, pgx.TraceQueryEndData{CommandTag: cr.tag, Err: cr.err})
-	}
-	if cr.err != nil && !pg.IsClosed() && pg.TxStatus() != 'I' {
-		// pgx closes a connection whose failed COMMIT left it in a transaction; so do we.
-		_ = held.conn.Close(context.WithoutCancel(ctx))
-	}
-	closePgxTx(tx, st)
-	st.mu.Lock()
-	defer st.mu.Unlock()
-	st.committing = false
-	facts := classifier.Facts{RollbackTag: cr.rollbackTag, ConnClosed: pg.IsClosed()}
-	if f != nil {
-		f.ref = cr.ref
-		facts.CommittedLocally = f.committedLocally
-		st.commitFacts(f, &facts)
-	}
-	facts.SessionEndedBeforeCommit = facts.SessionEndedBeforeCommit || cr.endedBeforeCommit
-	v := classifier.Classify(outcome.PhaseCommitting, cr.err, facts)
-	if f != nil {
-		if q.folded {
-			f.answered(answer) // conclude's event answers COMMIT
-		}
-		f.endErr = cr.err
-		f.conclude(st, v)
-	}
-	return commitOutcome{verdict: v, err: cr.err, ref: cr.ref}
+	return commitOutcome{verdict: classifier.Classify(outcome.PhaseCommitting, err, facts), err: err}
 }

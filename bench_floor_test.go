@@ -216,7 +216,7 @@ func TestBenchFloorFrame(t *testing.T) {
 	conn, _, _ := fakeTraced(t, WithInnerTracer(nil), WithTracerProvider(tp))
 	plain := &benchFake{v: benchC, conn: conn}
 	run := &benchFake{v: benchD, conn: conn, policy: DefaultPolicy()}
-	run.policy.CaptureReference = false
+	run.policy.CommitReference = false
 	for _, f := range []*benchFake{plain, run} {
 		if err := f.tx(context.Background()); err != nil {
 			t.Fatal(err)

@@ -32,7 +32,7 @@ type benchFake struct {
 func newBenchFake(tb testing.TB, v string, s benchSampling) *benchFake {
 	cfg := fakePGConfig()
 	f := &benchFake{v: v, policy: DefaultPolicy()}
-	f.policy.CaptureReference = v == benchE
+	f.policy.CommitReference = v == benchE
 	f.tel = benchInstrument(tb, cfg, nil, v, s)
 	var err error
 	if f.conn, err = pgx.ConnectConfig(context.Background(), cfg); err != nil {

@@ -17,10 +17,10 @@ package otelpgxtx
 //	a_pgx          bare pgx, no tracing at all
 //	b_otelpgx      pgx + otelpgx as ConnConfig.Tracer
 //	c_otelpgxtx    pgx + InstrumentPool (our Tracer, wrapping otelpgx), pgx.Tx by hand
-//	d_run          c through Run, CaptureReference off
-//	e_run_capture  d with CaptureReference on
+//	d_run          c through Run, CommitReference off
+//	e_run_capture  d with CommitReference on
 //	f_run_marker   e with the commit marker (Policy.CommitMarker); real server only
-//	g_otelpgxtx_xid     c with WithCaptureReference (the xid read in COMMIT's write); real server only
+//	g_otelpgxtx_xid     c with WithCommitReference (the xid read in COMMIT's write); real server only
 //	h_otelpgxtx_marker  c with WithCommitMarker; real server only
 //	i_otelpgxtx_spans   c with every statement span, as before the frame's events stood
 //	                    for the transaction-control ones: WithInnerSpans
@@ -181,7 +181,7 @@ func (t *benchTelemetry) flushed() int64 {
 
 // benchVariantOptions are the options of the variants that add some to c's.
 var benchVariantOptions = map[string][]Option{
-	benchG: {WithCaptureReference()},
+	benchG: {WithCommitReference()},
 	benchH: {WithCommitMarker(benchMarker)},
 	benchI: {WithInnerSpans(InnerSpanTransactionControl, InnerSpanPrepare)},
 	benchJ: {WithInnerSpans(InnerSpanPrepare)},

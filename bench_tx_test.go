@@ -47,7 +47,7 @@ func newBenchDB(b *testing.B, connString, v string, s benchSampling, w benchWork
 	}
 	d := &benchDB{v: v, w: w, policy: DefaultPolicy()}
 	d.policy.AccessMode = w.opts.AccessMode
-	d.policy.CaptureReference = v == benchE || v == benchF
+	d.policy.CommitReference = v == benchE || v == benchF
 	if v == benchF {
 		d.policy.CommitMarker = benchMarker
 	}

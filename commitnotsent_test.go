@@ -102,7 +102,7 @@ func TestCommitNotExecuted(t *testing.T) {
 func commitNotExecuted(t *testing.T, base string) {
 	marker := newMarkerTable(t, testCtx(t), srv.Exec)
 	noCapture := DefaultPolicy()
-	noCapture.CaptureReference = false
+	noCapture.CommitReference = false
 	// Each fault with the references off, with the xid read and with the marker: the
 	// library's call in COMMIT's write changes none of the rules.
 	for _, m := range []struct {
@@ -111,7 +111,7 @@ func commitNotExecuted(t *testing.T, base string) {
 		policy Policy
 	}{
 		{"references off", nil, noCapture},
-		{"xid", []Option{WithCaptureReference()}, DefaultPolicy()},
+		{"xid", []Option{WithCommitReference()}, DefaultPolicy()},
 		{"marker", []Option{WithCommitMarker(marker)}, markerPolicy(marker)},
 	} {
 		t.Run(m.name, func(t *testing.T) { commitNotExecutedWith(t, base, m.opts, m.policy) })

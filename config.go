@@ -44,7 +44,7 @@ type config struct {
 	otelpgxOptions []otelpgx.Option
 	logger         *slog.Logger
 	auto           *autoConfig // WithAutoReconcile
-	// reference is what plain pgx commits carry (WithCaptureReference, WithCommitMarker);
+	// reference is what plain pgx commits carry (WithCommitReference, WithCommitMarker);
 	// marker is the quoted marker table.
 	reference referenceMode
 	marker    string
@@ -284,28 +284,39 @@ type referenceMode uint8
 
 const (
 	referenceNone   referenceMode = iota // nothing: the default, no byte of the library's
-	referenceXID                         // the xid read (WithCaptureReference)
+	referenceXID                         // the xid read (WithCommitReference)
 	referenceMarker                      // the commit marker (WithCommitMarker)
 )
 
-// WithCaptureReference gives plain pgx and database/sql transactions — pool.Begin …
-// Commit, pgx.BeginFunc, BeginTx, stdlib, a raw begin … commit — the reconciliation
-// reference [Run] gives its own: the xid read (a fast-path call of
-// pg_current_xact_id_if_assigned) is sent in the same write as the application's COMMIT,
-// so it costs no round trip, and its reply is taken out of the stream: pgconn reads
-// exactly the reply to its COMMIT. An indeterminate frame then carries
+// references is what the commits of plain pgx frames carry (a Policy decides for Run's).
+func (c *config) references() references { return references{mode: c.reference, marker: c.marker} }
+
+// WithCommitReference gives plain pgx and database/sql transactions — pool.Begin …
+// Commit, pgx.BeginFunc, BeginTx, stdlib, a raw begin … commit — the commit reference
+// [Run] gives its own (Policy.CommitReference), by the one mechanism both use: the xid
+// read (a fast-path call of pg_current_xact_id_if_assigned) is added after the
+// transaction's first statement that may write, in that statement's own write, so it
+// costs no round trip and the xid is on the client before COMMIT is written; its reply,
+// which follows the statement's, is taken out of the stream: pgconn reads exactly its own
+// replies. COMMIT then carries nothing of the library's. An indeterminate frame carries
 // tx.reconciliation.ref, for its log record, automatic reconciliation and the operator's
-// command.
+// command — also when the connection was lost after COMMIT was written, or before it
+// reached the server.
 //
 // What it needs is checked once per connection, outside any transaction, ahead of the
 // first BEGIN in the same write (the cluster identity, and the privilege to call the
 // function): a check that fails turns it off for that connection, with one log record.
-// Only PostgreSQL servers get it. A COMMIT is left exactly as it is when the transaction is
-// read-only or wrote nothing the library saw (only SELECT, SHOW, SET, … statements), or
-// when it is not a lone simple-protocol Query (a batch, a pipeline, COMMIT AND CHAIN, BEGIN
-// and COMMIT in one string, a COMMIT inside a function). docs/reconciliation.md ("Plain pgx
-// and database/sql") says what it sends; docs/performance.md what it costs.
-func WithCaptureReference() Option {
+// Only PostgreSQL servers get it. The read is added only after a lone statement that may
+// write and cannot wait for the client's data (not a SELECT, SHOW, SET, … nor COPY),
+// executed by a write that ends where the server answers and reads on (a Query, or the
+// extended protocol's Sync); where none was, it goes ahead of a lone simple-protocol
+// COMMIT, in its write, as before. Nothing is added to a read-only transaction, one that
+// wrote nothing the library saw, nor, with a context watcher that sends cancel requests
+// (pgconn's default sets a deadline instead), after a statement whose context can be
+// cancelled: a cancel sent for the statement could land on the read and abort the
+// transaction. docs/reconciliation.md ("Plain pgx and database/sql") says what it sends;
+// docs/performance.md what it costs.
+func WithCommitReference() Option {
 	return optionFunc(func(c *config) {
 		if c.reference == referenceNone {
 			c.reference = referenceXID
@@ -313,15 +324,17 @@ func WithCaptureReference() Option {
 	})
 }
 
-// WithCommitMarker is [WithCaptureReference] with a commit marker: in place of the xid
+// WithCommitMarker is [WithCommitReference] with a commit marker: in place of the xid
 // read, the call ahead of the application's COMMIT, in the same write, is the marker
 // function of table, schema and table (pgx.Identifier{"app", "tx_marker"}; an unqualified
 // name is refused; create both with reconcile.MarkerTableDDL), which inserts the frame's
 // operation id, so that the reference names a row that exists exactly when the
 // transaction committed, even after a crash restart or a failover, and is settled even
-// when no reply came. The function is called by OID as its owner (SECURITY DEFINER), so
-// what the application's transaction does — SET ROLE, search_path, row security — changes
-// nothing of it, and it writes nothing in a read-only transaction or one without writes,
+// when no reply came. The function is called by its schema-qualified name (so that one
+// dropped and created again, by a migration or a restore, is found) and runs as its owner
+// (SECURITY DEFINER), so what the application's transaction does — SET ROLE,
+// search_path, row security — changes nothing of it, and it writes nothing in a read-only
+// transaction or one without writes,
 // which leave nothing durable to mark: a commit with the marker does and answers exactly
 // what it does without. The reference names the database and the table it wrote to. The
 // function is checked with the cluster identity; where it is missing or not callable by
@@ -481,7 +494,7 @@ func (f autoOptionFunc) applyAuto(c *autoConfig) { f(c) }
 // own: it must not wait behind the application for a connection; its options — the wait
 // for a transaction still in progress, the tracer provider of its tx.reconcile spans —
 // are its own, see package reconcile). A frame without a reference (a plain pgx COMMIT
-// without [WithCaptureReference], [Run] without Policy.CaptureReference, or one whose xid
+// without [WithCommitReference], [Run] without Policy.CommitReference, or one whose xid
 // never arrived) has nothing to ask and ends unknown with reason no_reference at once.
 // The frame's goroutine only enqueues, without blocking: when the queue is full the frame
 // is counted unknown with reason queue_full. An attempt that cannot reach the database,

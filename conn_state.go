@@ -51,16 +51,16 @@ type connState struct {
 	// statement, whose frame is reading); refsOff: the identity check failed.
 	adding, refsOff bool
 	reading         *frame
+	checking        check // what the check in flight ahead of BEGIN asks
+	// runRefs are the references of Run's Policy while Run begins a transaction on the
+	// connection (running): its frame carries them in place of the tracer's.
+	runRefs references
+	running bool
 	// cancels: the connection's context watcher may send cancel requests (another than
 	// pgconn's default, which sets a deadline), which can land on the library's message
 	// after the statement they were sent for.
 	cancels bool
 
-	// silent hides Run's closing of pgx's Tx object (see closePgxTx) from the hooks.
-	silent bool
-	// committing is set while Run's COMMIT is in flight through pgconn, where no hook
-	// marks the connection busy.
-	committing bool
 	// nc is the connection's net.Conn wrapper, nil where pgconn uses another.
 	nc *wire.Conn
 	// server is the kind of server, from what it reported at connection start: the

@@ -36,7 +36,7 @@
 // ROLLBACK and the savepoint statements are events of the frame, not spans of their own,
 // unless [WithInnerSpans] asks for their spans (see "Statements as events"). The tracer
 // sends nothing of its own on a plain pgx connection, unless asked for commit references
-// ([WithCaptureReference], [WithCommitMarker]). [Run] is an executor that returns
+// ([WithCommitReference], [WithCommitMarker]). [Run] is an executor that returns
 // the outcome as a sealed [outcome.Result]; a reconciler (package reconcile; or
 // [WithAutoReconcile]) settles indeterminate commits from the database's own records.
 //

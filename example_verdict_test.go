@@ -26,7 +26,7 @@ func ExampleRetry() {
 	if err != nil {
 		log.Fatal(err)
 	}
-	tracer, err := otelpgxtx.InstrumentPool(cfg, otelpgxtx.WithCaptureReference()) // or WithCommitMarker
+	tracer, err := otelpgxtx.InstrumentPool(cfg, otelpgxtx.WithCommitReference()) // or WithCommitMarker
 	if err != nil {
 		log.Fatal(err)
 	}
@@ -105,7 +105,7 @@ func ExampleNewVerdict() {
 	if err != nil {
 		log.Fatal(err)
 	}
-	tracer, err := otelpgxtx.InstrumentPool(cfg, otelpgxtx.WithCaptureReference())
+	tracer, err := otelpgxtx.InstrumentPool(cfg, otelpgxtx.WithCommitReference())
 	if err != nil {
 		log.Fatal(err)
 	}

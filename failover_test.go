@@ -219,7 +219,7 @@ func TestReconcilerAsOrdinaryRole(t *testing.T) {
 	}
 }
 
-// TestIdentityOnStandby: the identity read Run makes before BEGIN gives a connection to a
+// TestIdentityOnStandby: the identity check ahead of BEGIN gives a connection to a
 // standby no identity (no xid can be assigned there, and the timeline it would show is
 // the one being replayed) and leaves the connection usable, and on the primary it reads
 // the timeline the primary writes WAL on.
@@ -232,7 +232,7 @@ func TestIdentityOnStandby(t *testing.T) {
 		identity bool
 	}{{"standby", c.Standby(), false}, {"primary", c.Primary(), true}} {
 		conn := instrumentedConn(t, ctx, tc.s.ConnString())
-		if err := prepareReference(ctx, conn, ""); err != nil {
+		if err := checkReferences(ctx, conn, references{mode: referenceXID}); err != nil {
 			t.Fatalf("%s: the identity read broke the connection: %v", tc.name, err)
 		}
 		if err := conn.Ping(ctx); err != nil {

@@ -89,7 +89,7 @@ func InstrumentConnConfig(cfg *pgx.ConnConfig, opts ...Option) (*Tracer, error) 
 				return conn, err
 			}
 		}
-		return newNetConn(conn, t, t.cfg.reference != referenceNone), nil
+		return newNetConn(conn, t), nil
 	}
 	if build := cfg.BuildContextWatcherHandler; build != nil {
 		cfg.BuildContextWatcherHandler = func(pg *pgconn.PgConn) ctxwatch.Handler {

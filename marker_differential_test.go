@@ -51,7 +51,7 @@ type diffPattern struct {
 	// readOnly: the transaction is read-only at COMMIT; the marker function inserts nothing.
 	readOnly bool
 	// unseen: the write is inside a function, which the tracer does not see: its plain
-	// pgx COMMIT carries no reference (WithCaptureReference says so).
+	// pgx COMMIT carries no reference (WithCommitReference says so).
 	unseen bool
 }
 
@@ -120,10 +120,10 @@ type diffMode struct {
 
 func diffModes() []diffMode {
 	noCapture := DefaultPolicy()
-	noCapture.CaptureReference = false
+	noCapture.CommitReference = false
 	return []diffMode{
 		{name: "plain pgx, off"},
-		{name: "plain pgx, xid", opts: []Option{WithCaptureReference()}},
+		{name: "plain pgx, xid", opts: []Option{WithCommitReference()}},
 		{name: "plain pgx, marker", opts: []Option{WithCommitMarker(diffMarker)}},
 		{name: "Run, off", run: true, policy: noCapture},
 		{name: "Run, xid", run: true, policy: DefaultPolicy()},

@@ -61,7 +61,7 @@ func TestMarkerTableDDL(t *testing.T) {
 		}
 	}
 	p := DefaultPolicy()
-	p.CommitMarker, p.CaptureReference = pgx.Identifier{"m"}, false
+	p.CommitMarker, p.CommitReference = pgx.Identifier{"m"}, false
 	if err := p.validate(); err == nil {
 		t.Error("a marker without capture validated")
 	}
@@ -84,7 +84,7 @@ func overMarkerAddsNoRoundTrip(t *testing.T, base string) {
 	}
 	count(markerPolicy(marker), 1) // warm up: connect and read the identity
 	plain := DefaultPolicy()
-	plain.CaptureReference = false
+	plain.CommitReference = false
 	with, without := count(markerPolicy(marker), 2), count(plain, 3)
 	t.Logf("round trips: with the marker %d, without capture %d", with, without)
 	if with != without {
@@ -309,7 +309,7 @@ func TestCommitSpanSameWithCapture(t *testing.T) {
 		table := newTable(t, ctx)
 		marker := newMarkerTable(t, ctx, srv.Exec)
 		plain := DefaultPolicy()
-		plain.CaptureReference = false
+		plain.CommitReference = false
 		var want string
 		for i, p := range []Policy{plain, DefaultPolicy(), markerPolicy(marker)} {
 			h := newHarness(t, "", 1, opts...)
@@ -351,7 +351,7 @@ func TestOneCapture(t *testing.T) {
 		name   string
 		opt    Option
 		policy Policy
-	}{{"marker", WithCommitMarker(marker), markerPolicy(marker)}, {"xid", WithCaptureReference(), DefaultPolicy()}} {
+	}{{"marker", WithCommitMarker(marker), markerPolicy(marker)}, {"xid", WithCommitReference(), DefaultPolicy()}} {
 		id := 2 * len(tc.name) // distinct rows for each kind, two each
 		t.Run(tc.name, func(t *testing.T) {
 			proxy := newProxy(t)

@@ -9,9 +9,11 @@ import (
 
 // newNetConn wraps conn, the net.Conn pgconn dialed (or the one a chained
 // AfterNetConnect returned), in the net.Conn of internal/wire, with the tracer told when
-// it closes; track follows message boundaries, which commit references need.
-func newNetConn(conn net.Conn, t *Tracer, track bool) *wire.Conn {
-	return wire.NewConn(conn, &closeWatch{t: t}, track)
+// it closes. It follows message boundaries on every connection, whatever the tracer's
+// options: commit references need them, and a Policy of Run's may ask for references on
+// any connection.
+func newNetConn(conn net.Conn, t *Tracer) *wire.Conn {
+	return wire.NewConn(conn, &closeWatch{t: t}, true)
 }
 
 // closeWatch is the tracer's side of a wrapped connection's close notice: it concludes

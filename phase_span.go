@@ -82,6 +82,8 @@ type frame struct {
 	// wrote: a statement that may write was sent in the transaction; readOnly: it began
 	// READ ONLY. Commit references are taken only for a frame that wrote and can.
 	wrote, readOnly bool
+	// refs is what its COMMIT carries for a reference (the tracer's options, or Run's).
+	refs references
 	// xid is the transaction's xid as the xid read after one of its statements found it
 	// (armXIDRead); 0 while none was found, and then COMMIT's write carries the read.
 	xid uint64
@@ -156,7 +158,13 @@ var phaseEvents = func() (names [outcome.PhaseUnknown + 1]string) {
 // one level deeper.
 func (t *Tracer) startFrame(ctx context.Context, conn *pgx.Conn, st *connState, phase outcome.Phase, begin string, chained *frame) *frame {
 	f := &frame{t: t, conn: conn.PgConn(), id: outcome.NewOperationID(), startedAt: time.Now(),
-		parentSpan: trace.SpanContextFromContext(ctx)}
+		parentSpan: trace.SpanContextFromContext(ctx), refs: t.cfg.references()}
+	switch {
+	case chained != nil:
+		f.refs = chained.refs
+	case st.running:
+		f.refs = st.runRefs
+	}
 	if outer := openFrameFromContext(ctx); outer != nil && outer.conn != f.conn {
 		f.parent, f.depth = outer, outer.depth+1
 	}

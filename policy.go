@@ -59,16 +59,21 @@ type Policy struct {
 	// ("full jitter"), so that conflicting retries spread out.
 	BackoffBase time.Duration
 	BackoffMax  time.Duration
-	// CaptureReference reads the transaction's xid in the same network round trip as
-	// its COMMIT, so that an indeterminate outcome carries a reconciliation reference.
-	CaptureReference bool
+	// CommitReference gives Run's transactions a commit reference, by the mechanism of
+	// WithCommitReference (the tracer's option need not be set: the Policy decides for
+	// Run's transactions): the xid read after the first statement that may write, in its
+	// write, or ahead of COMMIT in COMMIT's, with no extra round trip, so that an
+	// indeterminate outcome carries a reconciliation reference. A transaction that only
+	// read gets none: nothing is added to its COMMIT.
+	CommitReference bool
 	// CommitMarker, if set, names a commit-marker table, schema and table
 	// (pgx.Identifier{"app", "tx_marker"}; create it with reconcile.MarkerTableDDL): Run
 	// calls its marker function, which inserts the operation id, in place of the xid read
 	// (no extra round trip), so that an indeterminate commit's reference settles by a
 	// lookup that survives crash restarts, failovers and xid wraparound, even when the
-	// connection broke before any reply. It needs CaptureReference. The function is
-	// checked once per connection before BEGIN; where it is missing or not callable by
+	// connection broke before any reply. It needs CommitReference. The function is
+	// checked once per connection ahead of BEGIN, in its write, and called by name ahead
+	// of COMMIT, in COMMIT's write; where it is missing or not callable by
 	// every role, commits carry the xid read alone, and the marker never changes what a
 	// commit does (docs/reconciliation.md, "The commit marker").
 	CommitMarker pgx.Identifier
@@ -78,11 +83,11 @@ type Policy struct {
 // between 5 ms and 1 s, and reference capture on.
 func DefaultPolicy() Policy {
 	return Policy{
-		Propagation:      Required,
-		MaxAttempts:      3,
-		BackoffBase:      5 * time.Millisecond,
-		BackoffMax:       time.Second,
-		CaptureReference: true,
+		Propagation:     Required,
+		MaxAttempts:     3,
+		BackoffBase:     5 * time.Millisecond,
+		BackoffMax:      time.Second,
+		CommitReference: true,
 	}
 }
 
@@ -97,6 +102,18 @@ var ErrInvalidArgument = reconcile.ErrInvalidArgument
 // from a database failure with errors.Is.
 func invalid(format string, args ...any) error {
 	return fmt.Errorf("%w: "+format, append([]any{ErrInvalidArgument}, args...)...)
+}
+
+// references is what the commits of Run's transactions carry: nothing without
+// CommitReference, the marker of CommitMarker, else the xid read.
+func (p Policy) references() references {
+	switch {
+	case !p.CommitReference:
+		return references{}
+	case p.CommitMarker != nil:
+		return references{mode: referenceMarker, marker: p.markerTable()}
+	}
+	return references{mode: referenceXID}
 }
 
 // markerTable is CommitMarker quoted, "" when unset or malformed (validate refuses that).
@@ -119,8 +136,8 @@ func (p Policy) validate() error {
 		return invalid("MaxAttempts is %d; it must be at least 1 (DefaultPolicy() has 3)", p.MaxAttempts)
 	case p.BackoffBase < 0 || p.BackoffMax < 0:
 		return invalid("negative backoff")
-	case p.CommitMarker != nil && !p.CaptureReference:
-		return invalid("CommitMarker needs CaptureReference")
+	case p.CommitMarker != nil && !p.CommitReference:
+		return invalid("CommitMarker needs CommitReference")
 	}
 	if p.CommitMarker != nil {
 		if _, err := markertable.Quote(p.CommitMarker...); err != nil {

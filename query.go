@@ -20,15 +20,12 @@ import (
 // startQuery is the body of every Start hook: it records the start of a query whose
 // statements are of kinds set, may make it an event in place of a span (fold, op: see
 // Tracer.fold), lets the inner tracer start its span (inner, told whether the query is
-// folded), and pushes what its End needs. With no state on the connection, or while Run
-// closes pgx's Tx object, only inner runs — for the latter not even that (see closePgxTx).
+// folded), and pushes what its End needs. With no state on the connection, only inner
+// runs.
 func (t *Tracer) startQuery(ctx context.Context, conn *pgx.Conn, set stmtSet, sql string, fold foldKind, op string, inner func(context.Context, bool) context.Context) context.Context {
 	st := connStateOf(conn)
 	if st == nil {
 		return inner(ctx, false) // no frame to parent to, but the statement span stays
-	}
-	if st.silent {
-		return ctx
 	}
 	st.mu.Lock()
 	defer st.mu.Unlock()
@@ -47,9 +44,6 @@ func (t *Tracer) endQuery(ctx context.Context, conn *pgx.Conn, tag pgconn.Comman
 	var q queryState
 	started := false
 	if st != nil {
-		if st.silent {
-			return
-		}
 		st.mu.Lock()
 		defer st.mu.Unlock()
 		q, started = st.pop(ctx)
@@ -109,9 +103,9 @@ func (t *Tracer) beforeQuery(ctx context.Context, conn *pgx.Conn, st *connState,
 		f = nil
 	}
 	if f == nil && set.has(stmtBegin) && pg.TxStatus() == 'I' {
-		t.armIdentity(st, set, beginSQL)
 		f = t.startFrame(ctx, conn, st, outcome.PhaseNotStarted, beginSQL, nil)
-		if f.recording || t.cfg.reference != referenceNone { // attributes, and whether a reference can be taken
+		t.armCheck(st, f.refs, set, beginSQL)
+		if f.recording || f.refs.mode != referenceNone { // attributes, and whether a reference can be taken
 			_, rest := classifyOne(beginSQL)
 			f.isolation, f.accessMode = beginOptions(rest)
 			f.readOnly = f.accessMode == "read only"

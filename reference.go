@@ -15,17 +15,38 @@ import (
 	"github.com/txevidence/otelpgxtx/outcome"
 )
 
-// Commit references, one mechanism for Run and for plain pgx alike: a reference is the reply to one
-// fast-path FunctionCall sent in the same write as COMMIT and ahead of it — the xid read
-// (pg_current_xact_id_if_assigned) or the commit-marker function of MarkerTableDDL —,
-// whose reply the server flushes before it reads COMMIT. Run writes the call and reads
-// its reply through pgconn (commitWithReference, reference_run.go); the tracer adds the
-// same bytes to the application's COMMIT write and takes the reply out of the stream
-// (reference_tracer.go, internal/wire). Both read the reply with wire.Reply.Take and turn it into a
-// reference with connState.callRef.
+// Commit references, one mechanism for Run and for plain pgx alike, carried by the
+// application's own writes (reference_tracer.go, internal/wire): the xid read
+// (pg_current_xact_id_if_assigned, a fast-path FunctionCall) after the transaction's first
+// statement that may write, in that statement's write, so that the xid is on the client
+// before COMMIT is written; else, or for the commit marker of MarkerTableDDL (a Query
+// that names its function), a call in COMMIT's write, ahead of it, whose reply the server
+// flushes before it reads COMMIT. The reply is read with wire.Reply.Take and turned into
+// a reference with connState.callRef.
 
-// identitySQL reads what makes an xid meaningful: the cluster's system identifier, its
-// current timeline, the server's start time and its statistics' reset time (after a
+// references is what a frame's COMMIT carries for its reference: nothing, the xid read,
+// or the commit marker of a table (quoted). The tracer's options give it to the frames of
+// plain pgx, a Policy to those Run begins.
+type references struct {
+	mode   referenceMode
+	marker string
+}
+
+// markerOf returns the marker function refs call on st's connection, nil when refs has
+// none or the check found it unusable: then COMMIT carries the xid read.
+func (st *connState) markerOf(refs references) *markerFn {
+	if refs.mode != referenceMarker {
+		return nil
+	}
+	if m, _ := st.marker(refs.marker); m != nil && m.msg != nil {
+		return m
+	}
+	return nil
+}
+
+// identitySelect and identityFrom, the check ahead of a connection's first BEGIN (the
+// marker check's column goes between them, see check.message), read what makes an xid
+// meaningful: the cluster's system identifier, its current timeline, the server's start time and its statistics' reset time (after a
 // failover, a crash restart, and a crash recovery the postmaster survives, the same xid
 // may name another transaction), and the backend's PID (another than the connection was
 // told means a pooler in between, whose transactions may run on other server
@@ -34,10 +55,6 @@ import (
 // reads the OID of the function the xid read calls, and calls it, so that capture is
 // only attempted where that call cannot fail for want of a privilege: an ERROR there
 // would abort the transaction being committed.
-const identitySQL = identitySelect + identityFrom
-
-// identitySelect and identityFrom are identitySQL's two halves, so that the tracer's
-// check (see Tracer.identityMessage) can add the marker function's column between them.
 const (
 	identitySelect = "select s.system_identifier::text, " + pg.TimelineSQL + ", " + pg.ServerStartSQL + ", " + pg.StatsResetSQL + ", pg_catalog.pg_backend_pid()::text" +
 		", pg_current_xact_id_if_assigned()::text, 'pg_catalog.pg_current_xact_id_if_assigned()'::pg_catalog.regprocedure::pg_catalog.oid::text" +
@@ -45,7 +62,7 @@ const (
 	identityFrom = " from pg_control_system() s"
 )
 
-// The columns of identitySQL, and the marker check's after them.
+// The columns of identitySelect, and the marker check's after them.
 const (
 	colSystem = iota
 	colTimeline
@@ -194,15 +211,7 @@ func (st *connState) callRef(m *markerFn, id outcome.OperationID, r wire.Reply) 
 	return nil // not the function MarkerTableDDL makes
 }
 
-// rawMessage is a message encoded already, so that Run sends the very bytes the tracer
-// adds to a COMMIT write.
-type rawMessage []byte
-
-func (m rawMessage) Frontend()                         {}
-func (m rawMessage) Decode([]byte) error               { return errors.New("otelpgxtx: rawMessage is not decoded") }
-func (m rawMessage) Encode(dst []byte) ([]byte, error) { return append(dst, m...), nil }
-
-// setIdentity keeps the cluster identity of row, identitySQL's columns.
+// setIdentity keeps the cluster identity of row, the columns of identitySelect.
 func (st *connState) setIdentity(row [][]byte) error {
 	if len(row) < colMarker {
 		return errors.New("otelpgxtx: reading the cluster identity: unexpected result shape")

@@ -2,12 +2,33 @@ package otelpgxtx
 
 import (
 	"context"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/txevidence/otelpgxtx/outcome"
 )
+
+// identitySQL is the identity check alone, as a connection's first check ahead of BEGIN
+// sends it when no marker is asked for.
+const identitySQL = identitySelect + identityFrom
+
+// checkReferences has the tracer check, ahead of a BEGIN on conn, what refs need, as it
+// does ahead of the first BEGIN of a frame with those references: it begins a
+// transaction with them and rolls it back.
+func checkReferences(ctx context.Context, conn *pgx.Conn, refs references) error {
+	st := connStateOf(conn)
+	st.runRefs, st.running = refs, true
+	tx, err := conn.Begin(ctx)
+	st.running = false
+	if err != nil {
+		return err
+	}
+	return tx.Rollback(ctx)
+}
 
 // cancelWhileLocked runs fn while an admin transaction holds pg_proc in ACCESS EXCLUSIVE
 // mode, so that the first statement of backend pid that reads pg_proc — the library's
@@ -72,40 +93,41 @@ func TestReferenceCheckCancelled(t *testing.T) {
 	marker := newMarkerTable(t, ctx, srv.Exec)
 	quoted := marker.Sanitize()
 
-	t.Run("Run identity read", func(t *testing.T) {
+	t.Run("Run", func(t *testing.T) {
+		table := newTable(t, ctx)
 		conn := instrumentedConn(t, ctx, srv.ConnString())
 		st := connStateOf(conn)
-		if err := cancelWhileLocked(t, ctx, conn.PgConn().PID(), func() error { return prepareReference(ctx, conn, quoted) }); err != nil {
-			t.Fatalf("prepareReference: %v, want nil (the connection is usable)", err)
+		run := func(id int, p Policy) error {
+			if r := Run(ctx, conn, p, insertFn(table, id)); r.Outcome() != outcome.OutcomeCommitted {
+				return fmt.Errorf("Run: %T", r)
+			}
+			return nil
+		}
+		// The identity check, with the marker's, cancelled ahead of Run's BEGIN.
+		if err := cancelWhileLocked(t, ctx, conn.PgConn().PID(), func() error { return run(1, markerPolicy(marker)) }); err != nil {
+			t.Fatalf("%v (the cancel hit the library's check, not Run's transaction)", err)
 		}
 		if st.identityRead || st.identityKnown() {
-			t.Fatal("the cancelled identity read was kept as the answer")
+			t.Fatal("the cancelled identity check was kept as the answer")
 		}
-		if err := prepareReference(ctx, conn, quoted); err != nil {
+		if err := run(2, DefaultPolicy()); err != nil || !st.identityKnown() {
+			t.Fatalf("asked again: identity %v, %v", st.identityKnown(), err)
+		}
+		// The marker check alone, cancelled ahead of the next BEGIN.
+		if err := cancelWhileLocked(t, ctx, conn.PgConn().PID(), func() error { return run(3, markerPolicy(marker)) }); err != nil {
 			t.Fatal(err)
-		}
-		if m, ok := st.marker(quoted); !st.identityKnown() || !ok || m.problem != "" {
-			t.Fatalf("asked again: identity %v, marker %+v %v", st.identityKnown(), m, ok)
-		}
-	})
-
-	t.Run("Run marker check", func(t *testing.T) {
-		conn := instrumentedConn(t, ctx, srv.ConnString())
-		st := connStateOf(conn)
-		if err := prepareReference(ctx, conn, ""); err != nil || !st.identityKnown() {
-			t.Fatalf("identity: %v %v", st.identityKnown(), err)
-		}
-		if err := cancelWhileLocked(t, ctx, conn.PgConn().PID(), func() error { return prepareReference(ctx, conn, quoted) }); err != nil {
-			t.Fatalf("prepareReference: %v, want nil", err)
 		}
 		if m, ok := st.marker(quoted); ok {
 			t.Fatalf("the cancelled marker check was kept as the answer: %+v", m)
 		}
-		if err := prepareReference(ctx, conn, quoted); err != nil {
+		if err := run(4, markerPolicy(marker)); err != nil {
 			t.Fatal(err)
 		}
 		if m, ok := st.marker(quoted); !ok || m.problem != "" {
 			t.Fatalf("asked again: marker %+v %v", m, ok)
+		}
+		if n := srvCount(t, ctx, "select count(*) from "+quoted); n != 1 {
+			t.Fatalf("%d marker rows, want 1 (Run's last transaction)", n)
 		}
 	})
 

@@ -1,118 +1,19 @@
 package otelpgxtx
 
 import (
-	"bytes"
 	"context"
 	"errors"
-	"fmt"
 	"strconv"
 	"strings"
 	"syscall"
 	"testing"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/txevidence/otelpgxtx/internal/wire"
 	"github.com/txevidence/otelpgxtx/outcome"
 	"github.com/txevidence/otelpgxtx/pgtest"
 )
-
-// endsAfterCheck is a context that has ended but whose first Err call says it has not:
-// the context ending between commitWithReference's check and its write.
-type endsAfterCheck struct {
-	context.Context
-	checked bool
-}
-
-func (c *endsAfterCheck) Err() error {
-	if !c.checked {
-		c.checked = true
-		return nil
-	}
-	return c.Context.Err()
-}
-
-// TestCaptureContextEnded: a context that has ended before the write sends nothing — no
-// xid read, no COMMIT. The connection is left as it was, still in its transaction, with
-// nothing queued (the next statement on it gets its own answer). A context that ends
-// after the check, once both messages are written, reads no reply: the connection is
-// closed, the error is not safe to retry and no reference is claimed — and the server,
-// which reads its input in order, commits.
-func TestCaptureContextEnded(t *testing.T) {
-	for _, late := range []bool{false, true} {
-		t.Run(fmt.Sprintf("ended after the write %v", late), func(t *testing.T) {
-			pgtest.LeakCheck(t)
-			ctx := testCtx(t)
-			proxy := newProxy(t)
-			rec := proxy.Record()
-			table := newTable(t, ctx)
-			conn := instrumentedConn(t, ctx, proxy.ConnString(srv.ConnString()))
-			if err := prepareReference(ctx, conn, ""); err != nil {
-				t.Fatal(err)
-			}
-			st := connStateOf(conn)
-			if !st.identityKnown() {
-				t.Fatal("no cluster identity")
-			}
-			tx, err := conn.Begin(ctx)
-			if err != nil {
-				t.Fatal(err)
-			}
-			if _, err := insertFn(table, 1)(ctx, tx); err != nil {
-				t.Fatal(err)
-			}
-			cctx, cancel := context.WithCancel(ctx)
-			cancel()
-			var commitCtx context.Context = cctx
-			if late {
-				commitCtx = &endsAfterCheck{Context: cctx}
-			}
-			pg := conn.PgConn()
-			pid := pg.PID()
-			res := commitWithReference(commitCtx, pg, st, "commit", nil, outcome.NewOperationID())
-			if !errors.Is(res.err, context.Canceled) || res.ref != nil || res.endedBeforeCommit || res.tag.String() != "" {
-				t.Fatalf("commit result %+v, want a cancellation and nothing else", res)
-			}
-			xidCall := st.xidCallMsg
-			if late {
-				if !pg.IsClosed() {
-					t.Fatal("the connection with replies unread is still open")
-				}
-				if pgconn.SafeToRetry(res.err) {
-					t.Fatal("an error after COMMIT was sent says it is safe to retry")
-				}
-				<-rec.Conversations()[0].Done()
-				if sent := rec.Conversations()[0].ClientBytes(); !bytes.Contains(sent, append(xidCall, []byte("Q\x00\x00\x00\x0bcommit\x00")...)) {
-					t.Fatalf("the xid read and COMMIT were not sent in order: %q", sent)
-				}
-				waitBackendGone(t, ctx, pid)
-				if !rowExists(t, ctx, table, 1) {
-					t.Fatal("the server did not commit what it was sent")
-				}
-				return
-			}
-			if pg.IsClosed() || pg.IsBusy() || pg.TxStatus() != 'T' {
-				t.Fatalf("connection closed %v busy %v status %c; want it idle in its transaction",
-					pg.IsClosed(), pg.IsBusy(), pg.TxStatus())
-			}
-			var one int
-			if err := conn.QueryRow(ctx, "select 1").Scan(&one); err != nil || one != 1 {
-				t.Fatalf("the next statement on the connection: %d, %v", one, err)
-			}
-			if err := tx.Rollback(ctx); err != nil {
-				t.Fatal(err)
-			}
-			sent := rec.Conversations()[0].ClientBytes()
-			if bytes.Contains(sent, xidCall) || bytes.Contains(sent, []byte("commit\x00")) {
-				t.Fatalf("sent the xid read or COMMIT with an ended context: %q", sent)
-			}
-			if rowExists(t, ctx, table, 1) {
-				t.Fatal("row present")
-			}
-		})
-	}
-}
 
 // waitBackendGone waits until the server process pid has left pg_stat_activity.
 func waitBackendGone(t *testing.T, ctx context.Context, pid uint32) {

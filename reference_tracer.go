@@ -15,41 +15,63 @@ import (
 	"github.com/txevidence/otelpgxtx/internal/wire"
 )
 
-// Commit references for plain pgx ([WithCaptureReference], [WithCommitMarker]): what the
-// tracer adds to the application's writes, through the connection's net.Conn wrapper,
-// and what it makes of the replies (see internal/wire). The call ahead of COMMIT and
-// what its reply means are reference.go's, shared with Run (reference_run.go).
+// Commit references, for plain pgx ([WithCommitReference], [WithCommitMarker]) and
+// [Run] alike: what the tracer adds to the application's writes, through the
+// connection's net.Conn wrapper, and what it makes of the replies (see internal/wire).
+// A frame carries what its references are (references: the tracer's options, or Run's
+// Policy for a transaction Run begins); what the call ahead of COMMIT is and what its
+// reply means are reference.go's.
 
-// identityMessage returns the Query the tracer sends ahead of a connection's first BEGIN:
-// the cluster identity, which also calls the xid read's function (so that a missing
-// privilege shows there, outside any transaction), and the marker function's check.
-func (t *Tracer) identityMessage() []byte {
-	sql := identitySelect
-	if t.cfg.reference == referenceMarker {
-		sql += ", " + markerCheckSQL(t.cfg.marker)
-	}
-	msg, _ := (&pgproto3.Query{String: sql + identityFrom}).Encode(nil)
-	return msg
+// referencesOn reports whether the tracer may add to st's connection's writes for refs:
+// they are on, the connection's net.Conn is the wrapper, the check found nothing wrong,
+// and the server is PostgreSQL (the xid read, the fast-path call and what a marker's
+// absence proves are PostgreSQL's).
+func referencesOn(st *connState, refs references) bool {
+	return refs.mode != referenceNone && st.nc != nil && st.server == classifier.ServerPostgreSQL && !st.refsOff
 }
 
-// referencesOn reports whether the tracer may add to st's connection's writes: the option
-// is on, the connection's net.Conn is the wrapper, and the server is PostgreSQL (the xid
-// read, the fast-path call and what a marker's absence proves are PostgreSQL's).
-func (t *Tracer) referencesOn(st *connState) bool {
-	return t.cfg.reference != referenceNone && st.nc != nil && st.server == classifier.ServerPostgreSQL && !st.refsOff
+// check is what a check ahead of BEGIN asks: the cluster identity, and a marker
+// function (its quoted table; "" for none).
+type check struct {
+	identity bool
+	marker   string
 }
 
-// armIdentity has the write of a BEGIN (the statement sql, sent as a lone simple Query)
-// carry the identity read ahead of it, the first time: outside any transaction, so that a
-// failure of it changes nothing of the application's, and in the same write, so that it
-// costs no round trip.
-func (t *Tracer) armIdentity(st *connState, set stmtSet, sql string) {
-	if !t.referencesOn(st) || st.identityRead || st.adding || !set.single() {
+// armCheck has the write of a BEGIN (the statement sql, sent as a lone simple Query)
+// carry, ahead of it, what refs need that the connection has not checked yet: the
+// cluster identity, once per connection, which also calls the xid read's function (so
+// that a missing privilege shows there), and the marker function of refs, once per
+// connection and table. It goes outside any transaction, so that a failure of it changes
+// nothing of the application's, and in the same write, so that it costs no round trip.
+func (t *Tracer) armCheck(st *connState, refs references, set stmtSet, sql string) {
+	if !referencesOn(st, refs) || st.adding || !set.single() {
 		return
 	}
-	if st.nc.Arm(&wire.Addition{Kind: wire.LibraryQuery, Match: sql, Msg: t.identityMsg}) {
-		st.adding = true
+	c := check{identity: !st.identityRead}
+	if _, checked := st.marker(refs.marker); refs.mode == referenceMarker && !checked {
+		c.marker = refs.marker
 	}
+	if c == (check{}) {
+		return
+	}
+	if st.nc.Arm(&wire.Addition{Kind: wire.LibraryQuery, Match: sql, Msg: c.message()}) {
+		st.adding, st.checking = true, c
+	}
+}
+
+// message is the Query of c: identitySQL's columns with the marker check's after them,
+// or the marker check alone.
+func (c check) message() []byte {
+	sql := "select " + markerCheckSQL(c.marker)
+	if c.identity {
+		sql = identitySelect
+		if c.marker != "" {
+			sql += ", " + markerCheckSQL(c.marker)
+		}
+		sql += identityFrom
+	}
+	msg, _ := (&pgproto3.Query{String: sql}).Encode(nil)
+	return msg
 }
 
 // armXIDRead has the write of a statement of f's transaction (sql, of kinds set) carry
@@ -61,7 +83,7 @@ func (t *Tracer) armIdentity(st *connState, set stmtSet, sql string) {
 // no cancel request may land on the read (see readsEarly). The read is taken once per
 // transaction, unless it finds no xid yet. The marker's call stays ahead of COMMIT.
 func (t *Tracer) armXIDRead(ctx context.Context, st *connState, f *frame, pgConn *pgconn.PgConn, set stmtSet, sql string) {
-	if t.cfg.reference != referenceXID || f.xid != 0 || f.readOnly || !f.open() || !t.referencesOn(st) ||
+	if f.xid != 0 || f.readOnly || !f.open() || !referencesOn(st, f.refs) || st.markerOf(f.refs) != nil ||
 		!st.identityKnown() || st.adding || !set.single() || !set.writes() || set.kinds() != 1<<stmtOther ||
 		pgConn.TxStatus() != 'T' || !readsEarly(ctx, st, sql) {
 		return
@@ -109,14 +131,11 @@ const xidReadWait = time.Second
 // and commits with a lone COMMIT Query. When the xid read after a statement found the
 // xid, COMMIT carries nothing for it, and the reference is that xid's.
 func (t *Tracer) armReference(st *connState, f *frame, pgConn *pgconn.PgConn, set stmtSet, sql string) {
-	if !t.referencesOn(st) || !st.identityKnown() || !f.wrote || f.readOnly || pgConn.TxStatus() != 'T' {
+	if !referencesOn(st, f.refs) || !st.identityKnown() || !f.wrote || f.readOnly || pgConn.TxStatus() != 'T' {
 		return
 	}
-	f.marker = nil
-	if t.cfg.reference == referenceMarker {
-		f.marker, _ = st.marker(t.cfg.marker)
-	}
-	if f.xid != 0 && (f.marker == nil || f.marker.msg == nil) {
+	f.marker = st.markerOf(f.refs)
+	if f.xid != 0 && f.marker == nil {
 		f.ref = st.ref(f.xid)
 		return
 	}
@@ -170,8 +189,7 @@ func (t *Tracer) collectAddition(st *connState, f *frame, final bool) (endedBefo
 			// next BEGIN.
 			return false
 		}
-		st.identityRead = true
-		t.identityChecked(st, r)
+		t.checked(st, r)
 	default:
 		if f != nil && !r.Fatal {
 			f.ref = st.callRef(f.marker, f.id, r)
@@ -181,31 +199,40 @@ func (t *Tracer) collectAddition(st *connState, f *frame, final bool) (endedBefo
 	return false
 }
 
-// identityChecked keeps the identity the check read, or turns references off for the
-// connection, with one log record saying why.
-func (t *Tracer) identityChecked(st *connState, r wire.Reply) {
-	reason := ""
-	switch {
-	case r.ErrCode != "":
-		reason = "the identity check failed with SQLSTATE " + r.ErrCode
-	default:
-		if err := st.setIdentity(r.Row); err != nil {
-			reason = err.Error()
+// checked keeps what the check ahead of BEGIN found: the identity, or references off for
+// the connection; the marker function, or the marker off for it and table; each with one
+// log record saying why it is off.
+func (t *Tracer) checked(st *connState, r wire.Reply) {
+	c := st.checking
+	st.checking = check{}
+	col := 0 // the marker check's column
+	if c.identity {
+		st.identityRead = true
+		reason := ""
+		switch {
+		case r.ErrCode != "":
+			reason = "the identity check failed with SQLSTATE " + r.ErrCode
+		default:
+			if err := st.setIdentity(r.Row); err != nil {
+				reason = err.Error()
+			}
 		}
+		if reason != "" {
+			st.refsOff = true
+			t.referenceLog("commit references are off for this connection", reason)
+			return
+		}
+		col = colMarker
 	}
-	if reason != "" {
-		st.refsOff = true
-		t.referenceLog("commit references are off for this connection", reason)
+	if c.marker == "" {
 		return
 	}
-	if t.cfg.reference == referenceMarker {
-		var check []byte
-		if len(r.Row) > colMarker {
-			check = r.Row[colMarker]
-		}
-		if m := st.newMarkerFn(t.cfg.marker, check); m.problem != "" {
-			t.referenceLog("the commit marker is off for this connection; commits carry the xid read", m.problem)
-		}
+	var answer []byte
+	if r.ErrCode == "" && len(r.Row) > col {
+		answer = r.Row[col]
+	}
+	if m := st.newMarkerFn(c.marker, answer); m.problem != "" {
+		t.referenceLog("the commit marker is off for this connection; commits carry the xid read", m.problem)
 	}
 }
 

@@ -102,7 +102,7 @@ func lastFrame(t *testing.T, h *harness) tracetest.SpanStub {
 	return fs[len(fs)-1]
 }
 
-// TestPlainReference: with WithCaptureReference, a plain pgx transaction's COMMIT carries
+// TestPlainReference: with WithCommitReference, a plain pgx transaction's COMMIT carries
 // the xid read in the same write: the frame's reference names the xid that wrote the row,
 // the commit takes as many round trips as without the option (counted at the proxy), and
 // an indeterminate commit (the proxy cuts after COMMIT) is reconciled from it.
@@ -113,7 +113,7 @@ func TestPlainReference(t *testing.T) {
 func overPlainReference(t *testing.T, base string) {
 	ctx := testCtx(t)
 	table := newTable(t, ctx)
-	with := newRefHarness(t, base, WithCaptureReference())
+	with := newRefHarness(t, base, WithCommitReference())
 	without := newRefHarness(t, base)
 	trips := func(h *refHarness, id int) int64 {
 		h.proxy.ResetRoundTrips()
@@ -312,7 +312,7 @@ func overPlainReferenceLeavesTheRestAlone(t *testing.T, base string) {
 		untouched(h.pool)
 		return convs[0].ClientBytes()[before:]
 	}
-	plain, with := record(), record(WithCaptureReference())
+	plain, with := record(), record(WithCommitReference())
 	want := plain
 	call := xidReadCall(t, ctx)
 	for _, id := range []int{3, 6} {
@@ -354,7 +354,7 @@ func TestPlainReferenceCheckFails(t *testing.T) {
 		t.Fatal(err)
 	}
 	revokeIdentity(t, ctx)
-	h := newRefHarness(t, strings.Replace(srv.ConnString(), "postgres@", role+"@", 1), WithCaptureReference())
+	h := newRefHarness(t, strings.Replace(srv.ConnString(), "postgres@", role+"@", 1), WithCommitReference())
 	for id := 1; id <= 3; id++ {
 		if err := plainInsert(ctx, h.pool, table, id, nil); err != nil {
 			t.Fatal(err)
@@ -416,7 +416,7 @@ func plainReferenceAsyncMessages(t *testing.T, base, mode string) {
 		for each row execute function %[1]s_notice()`, table)); err != nil {
 		t.Fatal(err)
 	}
-	opt := WithCaptureReference()
+	opt := WithCommitReference()
 	if mode == "marker" {
 		opt = WithCommitMarker(newMarkerTable(t, ctx, srv.Exec))
 	}
@@ -513,7 +513,7 @@ func TestPlainReferenceThroughPgBouncer(t *testing.T) {
 	for _, mode := range []string{"xid", "marker"} {
 		t.Run(mode, func(t *testing.T) {
 			table := newTable(t, ctx)
-			opt := WithCaptureReference()
+			opt := WithCommitReference()
 			if mode == "marker" {
 				opt = WithCommitMarker(newMarkerTable(t, ctx, srv.Exec))
 			}
@@ -630,7 +630,7 @@ func TestPooledReferenceAfterRestart(t *testing.T) {
 	ctx := testCtx(t)
 	bouncer := pgtest.PgBouncerFor(t, ctx, srv, "transaction", 1)
 	table := newTable(t, ctx)
-	h := newHarness(t, bouncer.ConnString()+"&default_query_exec_mode=exec", 1, WithCaptureReference())
+	h := newHarness(t, bouncer.ConnString()+"&default_query_exec_mode=exec", 1, WithCommitReference())
 	conn, err := h.pool.Acquire(ctx) // the one client connection, held throughout
 	if err != nil {
 		t.Fatal(err)
@@ -700,7 +700,7 @@ func TestPooledReferenceAfterRestart(t *testing.T) {
 	}
 }
 
-// TestPlainReferenceConnectionCut: plain pgx with WithCaptureReference, the connection
+// TestPlainReferenceConnectionCut: plain pgx with WithCommitReference, the connection
 // cut by a proxy as COMMIT passes — after it (the server committed) and before it (the
 // server never read it). The xid read after the transaction's INSERT, in the INSERT's own
 // write, brought the xid before COMMIT was written, so both frames end indeterminate with
@@ -728,7 +728,7 @@ func plainReferenceConnectionCut(t *testing.T, base string, proxy *pgtest.Proxy)
 	pgtest.LeakCheck(t) // registered first, so it runs after the tracer's Close
 	table := newTable(t, ctx)
 	answers := make(chan Reconciliation, 2)
-	opts := []Option{WithCaptureReference(), withAutoReconcile(t, srv.Pool(t, ctx),
+	opts := []Option{WithCommitReference(), withAutoReconcile(t, srv.Pool(t, ctx),
 		WithOnReconciled(func(r Reconciliation) { answers <- r }))}
 	var h *refHarness
 	if proxy == nil {

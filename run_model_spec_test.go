@@ -100,7 +100,7 @@ type mCall struct {
 
 func (c *mCall) policy() Policy {
 	p := DefaultPolicy()
-	p.Propagation, p.IsoLevel, p.CaptureReference, p.MaxAttempts = c.prop, c.iso, c.capture, c.attempts
+	p.Propagation, p.IsoLevel, p.CommitReference, p.MaxAttempts = c.prop, c.iso, c.capture, c.attempts
 	return p
 }
 

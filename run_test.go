@@ -558,7 +558,7 @@ func overRunCaptureAddsNoRoundTrip(t *testing.T, base string) {
 	table := newTable(t, ctx)
 	count := func(capture bool, id int) int64 {
 		p := DefaultPolicy()
-		p.CaptureReference = capture
+		p.CommitReference = capture
 		proxy.ResetRoundTrips()
 		if r := Run(ctx, h.pool, p, insertFn(table, id)); r.Outcome() != outcome.OutcomeCommitted {
 			t.Fatalf("%T", r)
@@ -586,7 +586,7 @@ func TestRunUnreadResult(t *testing.T) {
 			h := newHarness(t, "", 2)
 			table := newTable(t, ctx)
 			p := DefaultPolicy()
-			p.CaptureReference = capture
+			p.CommitReference = capture
 			res := Run(ctx, h.pool, p, insertThen(table, func(ctx context.Context, tx pgx.Tx) (int, error) {
 				_, err := tx.Query(ctx, "select generate_series(1, 100000)")
 				return 1, err // the rows are left open

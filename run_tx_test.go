@@ -100,7 +100,7 @@ func testEscapedHandles(t *testing.T, capture, pooled bool, end string) {
 		db = conn
 	}
 	p := DefaultPolicy()
-	p.CaptureReference = capture
+	p.CommitReference = capture
 	p.MaxAttempts = 1
 	var esc escaped
 	fn := func(ctx context.Context, tx pgx.Tx) (int, error) {

@@ -349,7 +349,7 @@ func newSoak(t *testing.T, ctx context.Context, cfg soakConfig, cluster *pgtest.
 	s.direct = mkPool(connString)
 	s.proxied = mkPool(proxied)
 	s.refPools = map[string][2]*pgxpool.Pool{}
-	for ref, opt := range map[string]Option{"xid": WithCaptureReference(), "marker": WithCommitMarker(soakMarker)} {
+	for ref, opt := range map[string]Option{"xid": WithCommitReference(), "marker": WithCommitMarker(soakMarker)} {
 		s.refPools[ref] = [2]*pgxpool.Pool{mkPool(connString, opt), mkPool(proxied, opt)}
 	}
 	s.ops = make([]soakOp, cfg.tx)

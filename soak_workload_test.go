@@ -48,7 +48,7 @@ type soakOp struct {
 	postCommitFail bool // Run: a post-commit hook fails
 	participant    bool // Run: a Required call joins and inserts a second row
 	marker         bool // Run: with the commit marker (Policy.CommitMarker)
-	// ref: plain pgx: the commit references of its pool ("", "xid": WithCaptureReference,
+	// ref: plain pgx: the commit references of its pool ("", "xid": WithCommitReference,
 	// "marker": WithCommitMarker).
 	ref string
 	// incr: plain pgx, not idempotent: increments the operation's counter row, through a
@@ -150,7 +150,7 @@ func (s *soak) plan(op *soakOp, id int64, rng *rand.Rand) {
 }
 
 // mode is how an operation's indeterminate outcome can be settled: plain pgx frames have
-// no reference without the tracer's option, an xid with WithCaptureReference, and a marker
+// no reference without the tracer's option, an xid with WithCommitReference, and a marker
 // row too with WithCommitMarker; Run's carry an xid, and with the marker its row too.
 func (o *soakOp) mode() string {
 	switch {

@@ -37,9 +37,6 @@ type Tracer struct {
 	// tracer — SQL, errors, batches and statement names as they are — unless
 	// WithSanitizedInnerTracer asks otherwise; its spans get no attribute of ours.
 	innerAsIs bool
-	// identityMsg is the identity check sent ahead of a connection's first BEGIN, with
-	// commit references on (reference_tracer.go).
-	identityMsg []byte
 
 	query   pgx.QueryTracer
 	batch   pgx.BatchTracer
@@ -74,9 +71,6 @@ func newTracer(opts []Option) (*Tracer, error) {
 	}
 	t.sanitized.raw = cfg.rawQueryText
 	t.innerAsIs = cfg.innerSet && cfg.inner != nil && !cfg.sanitizeInner
-	if cfg.reference != referenceNone {
-		t.identityMsg = t.identityMessage()
-	}
 	inner := cfg.inner
 	if !cfg.innerSet {
 		oo := []otelpgx.Option{
@@ -309,13 +303,13 @@ func (t *Tracer) connClosing(conn *pgx.Conn) {
 }
 
 // netConnClosed concludes the frame of a connection whose net.Conn was closed, unless a
-// query (or Run's COMMIT) is in flight on it: then the connection's user is inside
+// query is in flight on it: then the connection's user is inside
 // pgconn, will see the connection closed, and concludes the frame with what its query
 // observed. It may run on any goroutine; st.mu orders it with the user's hooks.
 func (t *Tracer) netConnClosed(st *connState) {
 	st.mu.Lock()
 	defer st.mu.Unlock()
-	if st.frame != nil && len(st.queries) == 0 && !st.committing {
+	if st.frame != nil && len(st.queries) == 0 {
 		t.abandon(st, st.frame, reasonConnectionClosed)
 	}
 }

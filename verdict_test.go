@@ -153,7 +153,7 @@ func TestVerdictRollbacks(t *testing.T) {
 // synchronous-replication wait is Indeterminate, with the reference the tracer captured,
 // which reconciliation settles: it had committed.
 func TestVerdictIndeterminate(t *testing.T) {
-	for _, opt := range []Option{WithCaptureReference(), WithCommitMarker(pgx.Identifier{"public", "verdict_marker"})} {
+	for _, opt := range []Option{WithCommitReference(), WithCommitMarker(pgx.Identifier{"public", "verdict_marker"})} {
 		ctx := testCtx(t)
 		if err := srv.Exec(ctx, "drop table if exists verdict_marker; "+mustMarkerDDL(t, pgx.Identifier{"public", "verdict_marker"})); err != nil {
 			t.Fatal(err)
@@ -361,7 +361,7 @@ func TestVerdictPooledConnectionReused(t *testing.T) {
 // BeginTx carries the Verdict, committed or indeterminate.
 func TestVerdictDatabaseSQL(t *testing.T) {
 	ctx := testCtx(t)
-	h := newHarness(t, "", 1, WithCaptureReference())
+	h := newHarness(t, "", 1, WithCommitReference())
 	db := stdlib.OpenDBFromPool(h.pool)
 	defer db.Close()
 	table := newTable(t, ctx)
@@ -444,7 +444,7 @@ func TestVerdictBadInput(t *testing.T) {
 // tried again and commits once; an indeterminate commit is never replayed.
 func TestRetry(t *testing.T) {
 	ctx := testCtx(t)
-	h := newHarness(t, "", 1, WithCaptureReference())
+	h := newHarness(t, "", 1, WithCommitReference())
 	table := newTable(t, ctx)
 	calls := 0
 	res, err := Retry(ctx, 3, func(ctx context.Context) error {

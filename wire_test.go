@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"net"
 	"sort"
@@ -455,25 +456,23 @@ func TestRunIdentityReadOnDeadConnection(t *testing.T) {
 	}
 }
 
-// TestIdentityReadWithEndedContext: a read of the identity whose context had already
-// ended sent nothing; it neither breaks the connection nor turns capture off for it (it
-// used to count as a refusal), and the next read succeeds.
+// TestIdentityReadWithEndedContext: a BEGIN whose context had already ended sent
+// nothing, the identity check ahead of it included: it does not turn references off for
+// the connection (it used to count as a refusal), and the next check succeeds.
 func TestIdentityReadWithEndedContext(t *testing.T) {
 	ctx := testCtx(t)
-	conn, err := srv.Conn(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close(ctx)
+	conn := instrumentedConn(t, ctx, srv.ConnString())
 	cctx, cancel := context.WithCancel(ctx)
 	cancel()
-	if err := prepareReference(cctx, conn, ""); err != nil || conn.IsClosed() {
-		t.Fatalf("with an ended context: %v, closed %v", err, conn.IsClosed())
+	if err := checkReferences(cctx, conn, references{mode: referenceXID}); !errors.Is(err, context.Canceled) {
+		t.Fatalf("with an ended context: %v", err)
 	}
-	if st := connStateOf(conn); st.identityRead || st.identityKnown() {
+	// pgx closes a connection whose BEGIN failed, as it does without the library.
+	if st := connStateOf(conn); st.identityRead || st.identityKnown() || st.adding || st.refsOff {
 		t.Fatal("an ended context counted as the server's answer")
 	}
-	if err := prepareReference(ctx, conn, ""); err != nil {
+	conn = instrumentedConn(t, ctx, srv.ConnString())
+	if err := checkReferences(ctx, conn, references{mode: referenceXID}); err != nil {
 		t.Fatal(err)
 	}
 	if !connStateOf(conn).identityKnown() {

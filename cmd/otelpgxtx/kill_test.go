@@ -127,7 +127,7 @@ func TestBackendKilled(t *testing.T) {
 	reconciled := make(chan otelpgxtx.Reconciliation, 16)
 	var logs [2]bytes.Buffer
 	pools := [2]*pgxpool.Pool{}
-	for i, ref := range []otelpgxtx.Option{otelpgxtx.WithCaptureReference(), otelpgxtx.WithCommitMarker(marker)} {
+	for i, ref := range []otelpgxtx.Option{otelpgxtx.WithCommitReference(), otelpgxtx.WithCommitMarker(marker)} {
 		rec, err := reconcile.New(gate, reconcile.WithWait(time.Second, 10*time.Millisecond))
 		if err != nil {
 			t.Fatal(err)

@@ -33,7 +33,7 @@ import (
 // The modes of a run: pgx alone, otelpgxtx installed where pgx parses each configuration,
 // otelpgxtx installed when each connection is made, over whatever tracer the test set,
 // and installed where pgx parses with commit references on: the xid read
-// (WithCaptureReference) or the commit marker (WithCommitMarker, MarkerTable).
+// (WithCommitReference) or the commit marker (WithCommitMarker, MarkerTable).
 const (
 	Baseline   = "baseline"
 	Parse      = "parse"
@@ -209,7 +209,7 @@ func (p *Probe) Install(h Hooks) {
 		var opts []otelpgxtx.Option
 		switch p.mode {
 		case References:
-			opts = append(opts, otelpgxtx.WithCaptureReference())
+			opts = append(opts, otelpgxtx.WithCommitReference())
 		case Marker:
 			opts = append(opts, otelpgxtx.WithCommitMarker(MarkerTable))
 		}
