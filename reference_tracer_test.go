@@ -705,7 +705,10 @@ func TestPooledReferenceAfterRestart(t *testing.T) {
 // server never read it). The xid read after the transaction's INSERT, in the INSERT's own
 // write, brought the xid before COMMIT was written, so both frames end indeterminate with
 // a reference naming the INSERT's xid, and automatic reconciliation and the reconciler
-// settle them: committed, row present; aborted, row absent. Over TCP, TLS and PgBouncer
+// settle them: committed, row present; aborted, row absent. Cut before COMMIT with the
+// server's side left open (the server not told, the transaction idle in it), the answer is
+// in_progress until a reconciler with WithTerminate ends the backend: aborted, and
+// automatic reconciliation, which asks again, answers aborted too. Over TCP, TLS and PgBouncer
 // (transaction pooling, the proxy between the client and PgBouncer), where the reference
 // is pooled and the xid's status still answers.
 func TestPlainReferenceConnectionCut(t *testing.T) {
@@ -729,7 +732,7 @@ func plainReferenceConnectionCut(t *testing.T, base string, proxy *pgtest.Proxy)
 	table := newTable(t, ctx)
 	answers := make(chan Reconciliation, 2)
 	opts := []Option{WithCommitReference(), withAutoReconcile(t, srv.Pool(t, ctx),
-		WithOnReconciled(func(r Reconciliation) { answers <- r }))}
+		WithOnReconciled(func(r Reconciliation) { answers <- r }), WithRetryBackoff(10*time.Millisecond, 100*time.Millisecond))}
 	var h *refHarness
 	if proxy == nil {
 		h = newRefHarness(t, base, opts...)
@@ -743,16 +746,43 @@ func plainReferenceConnectionCut(t *testing.T, base string, proxy *pgtest.Proxy)
 	if err != nil {
 		t.Fatal(err)
 	}
+	// The client gone, the server not told: the transaction stays open, in progress,
+	// until a reconciler that may end its backend does (reconcile.WithTerminate).
+	short, err := reconcile.New(srv.Pool(t, ctx), reconcile.WithWait(50*time.Millisecond, 10*time.Millisecond))
+	if err != nil {
+		t.Fatal(err)
+	}
+	fence, err := reconcile.New(srv.Pool(t, ctx), reconcile.WithWait(50*time.Millisecond, 10*time.Millisecond), reconcile.WithTerminate())
+	if err != nil {
+		t.Fatal(err)
+	}
 	for _, c := range []struct {
 		name      string
 		cut       func()
 		id        int
 		want      reconcile.Status
 		committed bool
+		held      bool
 	}{
-		{"after COMMIT", h.proxy.CutAfterCommit, 1, reconcile.Committed, true},
-		{"before COMMIT", h.proxy.CutBeforeCommit, 2, reconcile.Aborted, false},
+		{"after COMMIT", h.proxy.CutAfterCommit, 1, reconcile.Committed, true, false},
+		{"before COMMIT", h.proxy.CutBeforeCommit, 2, reconcile.Aborted, false, false},
+		{"before COMMIT, the server not told", h.proxy.HoldBeforeCommit, 3, reconcile.Aborted, false, true},
 	} {
+		resolve := func(ref outcome.ReconciliationRef) reconcile.Answer {
+			t.Helper()
+			r := rec
+			if c.held {
+				if res, err := short.Resolve(ctx, ref, trace.SpanContext{}); err != nil || res.Reason() != reconcile.ReasonInProgress {
+					t.Fatalf("%s: without a fence %v %q, %v; want unknown in_progress", c.name, res.Status(), res.Reason(), err)
+				}
+				r = fence
+			}
+			res, err := r.Resolve(ctx, ref, trace.SpanContext{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			return res
+		}
 		var xid uint64
 		err := plainInsert(ctx, h.pool, table, c.id, func(tx pgx.Tx) {
 			if err := tx.QueryRow(ctx, "select pg_catalog.pg_current_xact_id()::text::bigint").Scan(&xid); err != nil {
@@ -772,10 +802,7 @@ func plainReferenceConnectionCut(t *testing.T, base string, proxy *pgtest.Proxy)
 		if !strings.Contains(h.logs.String(), ref.String()) {
 			t.Errorf("%s: the indeterminate log record, what the command reads, has no reference %s", c.name, ref)
 		}
-		res, err := rec.Resolve(ctx, ref, trace.SpanContext{})
-		if err != nil {
-			t.Fatal(err)
-		}
+		res := resolve(ref)
 		if present := rowExists(t, ctx, table, c.id); res.Status() != c.want || present != c.committed {
 			t.Fatalf("%s: reconciled %v (%s), row present %v", c.name, res.Status(), res.Reason(), present)
 		}
@@ -808,8 +835,8 @@ func plainReferenceConnectionCut(t *testing.T, base string, proxy *pgtest.Proxy)
 		if !ok || rref.XID == 0 {
 			t.Fatalf("%s: Run's indeterminate result has reference %v (present %v)", c.name, rref, ok)
 		}
-		if res, err := rec.Resolve(ctx, rref, trace.SpanContext{}); err != nil || res.Status() != c.want || rowExists(t, ctx, table, id) != c.committed {
-			t.Fatalf("%s: Run's reference reconciled %v (%v), row present %v", c.name, res.Status(), err, rowExists(t, ctx, table, id))
+		if res := resolve(rref); res.Status() != c.want || rowExists(t, ctx, table, id) != c.committed {
+			t.Fatalf("%s: Run's reference reconciled %v (%s), row present %v", c.name, res.Status(), res.Reason(), rowExists(t, ctx, table, id))
 		}
 		<-answers
 	}

@@ -68,6 +68,7 @@ const (
 	noFault fault = iota
 	cutAfterCommit
 	cutBeforeCommit
+	holdBeforeCommit
 )
 
 // Frontend protocol constants (PostgreSQL docs, "Message Formats").
@@ -146,6 +147,14 @@ func (p *Proxy) CutAfterCommit() { p.arm(cutAfterCommit) }
 // then rolls the transaction back once it notices the lost connection.
 // Arming again before the fault fires replaces the armed fault.
 func (p *Proxy) CutBeforeCommit() { p.arm(cutBeforeCommit) }
+
+// HoldBeforeCommit arms a one-shot fault for the next message carrying COMMIT: as
+// CutBeforeCommit, but only the client's connection is closed. The server's stays open,
+// silent, until the proxy is closed or the server ends it: the server keeps the transaction
+// open, idle, as when
+// a partition or a host that died leaves it waiting for a client it has not noticed is
+// gone (with TCP keepalives off, for hours).
+func (p *Proxy) HoldBeforeCommit() { p.arm(holdBeforeCommit) }
 
 // arm sets the fault the next COMMIT a client sends triggers.
 func (p *Proxy) arm(f fault) {
@@ -311,6 +320,7 @@ func (p *Proxy) serve(client net.Conn) {
 	defer pc.toClient.stop()
 
 	done := make(chan struct{})
+	pc.serverDone = done
 	go func() {
 		defer close(done)
 		p.relayServer(pc)
@@ -340,11 +350,14 @@ type proxyConn struct {
 	conv *Conversation // nil unless the proxy records
 
 	toServer, toClient *link // the only way bytes are written to either side
+	// serverDone is closed once the server's side has ended (its relay returned).
+	serverDone <-chan struct{}
 
 	// client goroutine only:
 	started   bool            // startup message seen; typed messages follow
 	opaque    bool            // unparseable stream: forward blindly
 	cutAtSync bool            // CutAfterCommit fired: cut after the next Sync
+	hold      bool            // HoldBeforeCommit fired: the server's connection stays open
 	dropped   bool            // a CancelRequest after a cut: closed, not forwarded
 	stmts     map[string]bool // prepared statement name -> its SQL is a COMMIT
 }
@@ -407,6 +420,13 @@ func (p *Proxy) relayClient(pc *proxyConn) {
 			}
 			if cut {
 				p.cuts.Add(1)
+				if pc.hold {
+					pc.client.Close()
+					select { // the server's connection stays open until the proxy closes or the server ends it
+					case <-p.ctx.Done():
+					case <-pc.serverDone:
+					}
+				}
 				pc.close()
 				return
 			}
@@ -482,6 +502,10 @@ func (p *Proxy) forwardTyped(pc *proxyConn, out, msg []byte) ([]byte, bool) {
 		switch p.takeFault() {
 		case cutBeforeCommit:
 			pc.blocked.Store(true)
+			return out, true
+		case holdBeforeCommit:
+			pc.blocked.Store(true)
+			pc.hold = true
 			return out, true
 		case cutAfterCommit:
 			pc.blocked.Store(true)

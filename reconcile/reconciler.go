@@ -2,8 +2,10 @@ package reconcile
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
+	"strconv"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -38,9 +40,11 @@ type Reconciler struct {
 	interval time.Duration
 	// errorMessages records errors with their full text ([WithErrorMessages]).
 	errorMessages bool
+	// terminate: end the backend that still holds an xid after the wait ([WithTerminate]).
+	terminate bool
 }
 
-// Option configures a [Reconciler]: [WithTracerProvider], [WithWait],
+// Option configures a [Reconciler]: [WithTracerProvider], [WithWait], [WithTerminate],
 // [WithErrorMessages] and [WithLogger].
 type Option interface {
 	apply(*config)
@@ -55,6 +59,7 @@ type config struct {
 	tracerProvider trace.TracerProvider
 	wait, interval time.Duration
 	errorMessages  bool
+	terminate      bool
 	logger         *slog.Logger
 	err            error
 }
@@ -96,6 +101,27 @@ func WithWait(wait, interval time.Duration) Option {
 	})
 }
 
+// WithTerminate makes the reconciler its own fence for an xid reference whose transaction
+// is still in progress when the wait ([WithWait]) is over: it ends the backend that holds
+// the xid (pg_terminate_backend; the server names it in pg_stat_activity.backend_xid), so
+// that the server rolls the transaction back, unless that transaction had already
+// committed locally (a backend in a synchronous-replication wait, which stays committed),
+// and then answers what the server records, waiting for it once more. A client that lost
+// its connection leaves its backend idle in its transaction until the server notices,
+// which with TCP keepalives off can be hours: without the option the answer stays unknown
+// (in_progress) until then.
+//
+// It needs the right to signal that backend: the pg_signal_backend role, or the role of
+// the backend's session (a superuser's backends can be ended only by a superuser); a
+// refusal is the Resolve's error. The risk is the client's: a reference is reconciled
+// when its commit became indeterminate, and a client that has not in fact lost its
+// connection (a slow network, a COMMIT still on its way) loses its transaction, the
+// answer aborted saying so. Marker references are fenced by their own row and ignore the
+// option. Off by default.
+func WithTerminate() Option {
+	return optionFunc(func(c *config) { c.terminate = true })
+}
+
 // WithErrorMessages records errors with their full text in the tx.reconcile spans. By
 // default only the SQLSTATE, its class and the error's type are recorded: a server's
 // message can quote values.
@@ -123,7 +149,7 @@ func New(db Querier, opts ...Option) (*Reconciler, error) {
 		return nil, cfg.err
 	}
 	r := &Reconciler{db: db, logger: cfg.logger, tracer: cfg.tracerProvider.Tracer(ScopeName, trace.WithInstrumentationVersion(schema.Version)),
-		wait: cfg.wait, interval: cfg.interval, errorMessages: cfg.errorMessages}
+		wait: cfg.wait, interval: cfg.interval, errorMessages: cfg.errorMessages, terminate: cfg.terminate}
 	return r, nil
 }
 
@@ -191,6 +217,7 @@ func (r *Reconciler) resolve(ctx context.Context, ref outcome.ReconciliationRef,
 			return res, err
 		}
 		deadline := time.Now().Add(r.wait)
+		fenced := false
 		for {
 			v, err := r.query(ctx, ref.XID)
 			if err != nil {
@@ -212,6 +239,14 @@ func (r *Reconciler) resolve(ctx context.Context, ref outcome.ReconciliationRef,
 			}
 			// In progress: a backend may still sit in a synchronous-replication wait.
 			if !time.Now().Before(deadline) {
+				if r.terminate && !fenced {
+					fenced = true
+					if err := r.terminateHolder(ctx, ref.XID); err != nil {
+						return Answer{ref: ref}, fmt.Errorf("reconcile: reconciling %s: %w", ref, err)
+					}
+					deadline = time.Now().Add(max(r.wait, time.Second)) // the backend's exit
+					continue
+				}
 				res.reason = ReasonInProgress
 				return res, nil
 			}
@@ -224,6 +259,24 @@ func (r *Reconciler) resolve(ctx context.Context, ref outcome.ReconciliationRef,
 			}
 		}
 	})
+}
+
+// terminateHolder ends the backend whose transaction holds xid (WithTerminate). The caller
+// found xid in progress on the incarnation that assigned it, so the running backend whose
+// 32-bit backend_xid matches is that transaction's: no other running transaction can have
+// the same low 32 bits. None there (a prepared transaction holds it, or it just ended) is
+// no error: the next look answers.
+func (r *Reconciler) terminateHolder(ctx context.Context, xid uint64) error {
+	var ended bool
+	err := r.db.QueryRow(ctx, "select pg_catalog.pg_terminate_backend(a.pid) from pg_catalog.pg_stat_activity a"+
+		" where a.backend_xid = pg_catalog.xid($1::text::pg_catalog.xid8)", strconv.FormatUint(xid, 10)).Scan(&ended)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("ending the backend that holds xid %d: %w", xid, err)
+	}
+	return nil
 }
 
 // xidProof returns what ref's xid proves on the server asked: Committed or Aborted where

@@ -1,7 +1,7 @@
 // Command otelpgxtx is the operator's tool for otelpgxtx. Its one subcommand, reconcile,
 // asks PostgreSQL what became of transactions whose commit outcome is indeterminate:
 //
-//	otelpgxtx reconcile [-dsn URL] [-wait 5s] [-assert-marker table] [reference|operation-id ...]
+//	otelpgxtx reconcile [-dsn URL] [-wait 5s] [-terminate] [-assert-marker table] [reference|operation-id ...]
 //
 // Each argument is a reconciliation reference (tx.reconciliation.ref, e.g.
 // pg:7713899101641277397/1/725/1796032293925689/1796032293412871, from the span in the trace backend; quote
@@ -80,7 +80,7 @@ func main() {
 	os.Exit(code)
 }
 
-const usage = `usage: otelpgxtx reconcile [-dsn URL] [-wait duration] [-assert-marker table] [reference|operation-id ...]
+const usage = `usage: otelpgxtx reconcile [-dsn URL] [-wait duration] [-terminate] [-assert-marker table] [reference|operation-id ...]
        otelpgxtx marker-ddl table
 
 Without arguments, reads references, operation ids or the library's JSON log records from
@@ -107,6 +107,7 @@ func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 	fs.Usage = func() { fmt.Fprint(stderr, usage); fs.PrintDefaults() }
 	dsn := fs.String("dsn", "", "the database to ask, a PostgreSQL URL or key=value string (default $DATABASE_URL, else the PG* variables)")
 	wait := fs.Duration("wait", 5*time.Second, "how long to wait for a transaction still in progress")
+	terminate := fs.Bool("terminate", false, "end the backend that still holds a transaction in progress after -wait, so that the server settles it (reconcile.WithTerminate: needs pg_signal_backend or the backend's role; a client that had not lost its connection loses its transaction)")
 	assertMarker := fs.String("assert-marker", "", `asserts that every operation id given as an argument was committed with a marker in this table ("schema"."name", or schema.name for lower-case names), so that its marker row settles it; an id it does not find is fenced and answered aborted`)
 	if err := fs.Parse(args[1:]); err != nil {
 		return exitBad
@@ -140,7 +141,11 @@ func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 		fmt.Fprintln(stderr, "otelpgxtx reconcile: -assert-marker applies only to operation ids given as arguments, "+
 			"and there is none; the inputs are answered without it")
 	}
-	return settle(ctx, items, *dsn, *wait, markerTable, stdout, stderr)
+	opts := []reconcile.Option{reconcile.WithWait(*wait, 50*time.Millisecond)}
+	if *terminate {
+		opts = append(opts, reconcile.WithTerminate())
+	}
+	return settle(ctx, items, *dsn, opts, markerTable, stdout, stderr)
 }
 
 // markerDDL prints reconcile.MarkerTableDDL's statement for the table an operator names,
@@ -195,14 +200,14 @@ func readItems(args []string, stdin io.Reader) (items []item, bad []string) {
 
 // settle asks the database at dsn about each item, prints one line for each, and
 // returns the exit status.
-func settle(ctx context.Context, items []item, dsn string, wait time.Duration, markerTable pgx.Identifier, stdout, stderr io.Writer) int {
+func settle(ctx context.Context, items []item, dsn string, opts []reconcile.Option, markerTable pgx.Identifier, stdout, stderr io.Writer) int {
 	conn, err := pgx.Connect(ctx, dsn)
 	if err != nil {
 		fmt.Fprintln(stderr, "otelpgxtx reconcile: connecting to the database:", redact(err.Error(), dsn))
 		return exitBad
 	}
 	defer conn.Close(context.WithoutCancel(ctx))
-	rec, err := reconcile.New(conn, reconcile.WithWait(wait, 50*time.Millisecond))
+	rec, err := reconcile.New(conn, opts...)
 	if err != nil {
 		fmt.Fprintln(stderr, "otelpgxtx reconcile:", err)
 		return exitBad
