@@ -269,7 +269,9 @@ func fakeTraced(t *testing.T, opts ...Option) (*pgx.Conn, *tracetest.InMemoryExp
 	exp := tracetest.NewInMemoryExporter()
 	tp := sdktrace.NewTracerProvider(sdktrace.WithSyncer(exp))
 	cfg := fakePGConfig()
-	cfg.Tracer = mustTracer(t, append([]Option{WithTracerProvider(tp)}, opts...)...)
+	if _, err := InstrumentConnConfig(cfg, append([]Option{WithTracerProvider(tp)}, opts...)...); err != nil {
+		t.Fatal(err)
+	}
 	conn, err := pgx.ConnectConfig(context.Background(), cfg)
 	if err != nil {
 		t.Fatal(err)

@@ -203,13 +203,11 @@ func benchInstrument(tb testing.TB, cfg *pgx.ConnConfig, pool *pgxpool.Config, v
 			tb.Fatal(err)
 		}
 	default:
-		// A single connection: the Tracer alone is the per-transaction hook path
-		// (InstrumentConnConfig adds only per-connection and notice hooks).
-		t, err := newTracer(opts)
-		if err != nil {
+		// A single connection, as InstrumentConnConfig makes it: the net.Conn wrapper is on
+		// the per-transaction path too (it carries the commit references).
+		if _, err := InstrumentConnConfig(cfg, opts...); err != nil {
 			tb.Fatal(err)
 		}
-		cfg.Tracer = t
 	}
 	return tel
 }

@@ -63,8 +63,8 @@ type Policy struct {
 	// WithCommitReference (the tracer's option need not be set: the Policy decides for
 	// Run's transactions): the xid read after the first statement that may write, in its
 	// write, or ahead of COMMIT in COMMIT's, with no extra round trip, so that an
-	// indeterminate outcome carries a reconciliation reference. A transaction that only
-	// read gets none: nothing is added to its COMMIT.
+	// indeterminate outcome carries a reconciliation reference. Every COMMIT of Run's
+	// carries one, also of a transaction that seemed only to read (a no_writes answer).
 	CommitReference bool
 	// CommitMarker, if set, names a commit-marker table, schema and table
 	// (pgx.Identifier{"app", "tx_marker"}; create it with reconcile.MarkerTableDDL): Run
@@ -111,9 +111,9 @@ func (p Policy) references() references {
 	case !p.CommitReference:
 		return references{}
 	case p.CommitMarker != nil:
-		return references{mode: referenceMarker, marker: p.markerTable()}
+		return references{mode: referenceMarker, marker: p.markerTable(), every: true}
 	}
-	return references{mode: referenceXID}
+	return references{mode: referenceXID, every: true}
 }
 
 // markerTable is CommitMarker quoted, "" when unset or malformed (validate refuses that).

@@ -26,10 +26,14 @@ import (
 
 // references is what a frame's COMMIT carries for its reference: nothing, the xid read,
 // or the commit marker of a table (quoted). The tracer's options give it to the frames of
-// plain pgx, a Policy to those Run begins.
+// plain pgx, a Policy to those Run begins. every: the call goes with every COMMIT, also of
+// a transaction whose statements the tracer took to only read (a SELECT may call a
+// function that writes) — Run's promise, on which the marker's absence as proof of an
+// abort rests (reconcile's asserted markers); the tracer's options add nothing to those.
 type references struct {
 	mode   referenceMode
 	marker string
+	every  bool
 }
 
 // markerOf returns the marker function refs call on st's connection, nil when refs has
