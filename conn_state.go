@@ -41,17 +41,19 @@ type connState struct {
 	pooled       bool
 	database     string
 	checkedAt    int64 // µs since the epoch
-	identityRead bool
-	// xidCallMsg is the xid read, a fast-path call by the OID the identity read found.
+	// refs is where the connection's commit references are, offWhy why they are off.
+	refs   refState
+	offWhy string
+	// xidCallMsg is the xid read, a fast-path call by the OID the identity check found.
 	xidCallMsg []byte
 	// markers are the commit-marker functions checked on the connection.
 	markers []*markerFn
-	// Commit references for plain pgx (reference_tracer.go). adding: an addition is armed for,
-	// or was made to, the query in flight, or its reply is on its way (the xid read after a
-	// statement, whose frame is reading); refsOff: the identity check failed.
-	adding, refsOff bool
-	reading         *frame
-	checking        check // what the check in flight ahead of BEGIN asks
+	// What the tracer adds to the writes (reference_tracer.go). adding: an addition is
+	// armed for, or was made to, the query in flight, or its reply is on its way (the xid
+	// read after a statement, whose frame is reading).
+	adding   bool
+	reading  *frame
+	checking check // what the check in flight ahead of BEGIN asks
 	// runRefs are the references of Run's Policy while Run begins a transaction on the
 	// connection (running): its frame carries them in place of the tracer's.
 	runRefs references

@@ -20,7 +20,10 @@
 //	if err != nil {
 //		log.Fatal(err)
 //	}
-//	tracer, err := otelpgxtx.InstrumentPool(cfg) // options: otelpgxtx.With…
+//	tracer, err := otelpgxtx.InstrumentPool(cfg,
+//		otelpgxtx.WithCommitReference(),      // the xid: an unknown commit can be settled
+//		otelpgxtx.WithLogger(slog.Default()), // one record of each, for the operator's command
+//	)
 //	if err != nil {
 //		log.Fatal(err)
 //	}

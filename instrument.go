@@ -48,9 +48,10 @@ func InstrumentPool(cfg *pgxpool.Config, opts ...Option) (*Tracer, error) {
 // replaces) cfg.OnNotice so that the server's "already committed locally" warnings reach
 // the classifier, and cfg.AfterNetConnect to wrap the net.Conn pgconn will use, so that
 // a frame still open when its connection closes ends then (pgx.Conn.Close has no hook);
-// the wrapper's NetConn method returns the net.Conn underneath. It sends nothing of its
-// own: the bytes on the wire are those of the application ([Run] reads the cluster
-// identity for reconciliation references on the connections it holds, before BEGIN).
+// the wrapper's NetConn method returns the net.Conn underneath. By default it sends
+// nothing of its own: the bytes on the wire are those of the application, unless commit
+// references are asked for ([WithCommitReference], [WithCommitMarker], or a [Policy] of
+// [Run]'s), which add to the application's writes what they name.
 // Calling it twice on one config is an error: frames would be recorded twice.
 func InstrumentConnConfig(cfg *pgx.ConnConfig, opts ...Option) (*Tracer, error) {
 	if cfg == nil {

@@ -235,15 +235,26 @@ func (st *connState) setIdentity(row [][]byte) error {
 		return fmt.Errorf("otelpgxtx: reading the cluster identity: unexpected values %q", row)
 	}
 	st.systemID, st.timeline, st.serverStart, st.statsReset = sys, uint32(tli), start, reset
+	st.refs = refsOn
 	st.pooled = uint32(pid) != st.pid
 	st.database, st.checkedAt = string(row[colDatabase]), checked
 	st.xidCallMsg, _ = (&pgproto3.FunctionCall{Function: uint32(fn)}).Encode(nil) // result in text format
 	return nil
 }
 
+// refState is where a connection's commit references are. Whether a marker function is
+// usable is the table's own, on top of refsOn (markerFn.problem says why it is off).
+type refState uint8
+
+const (
+	refsUnchecked refState = iota // no check answered yet: asked ahead of the next BEGIN
+	refsOn                        // the cluster identity is known: references can be taken
+	refsOff                       // the check refused them (offWhy): for the connection's life
+)
+
 // identityKnown reports whether st holds a cluster identity, without which a reference
-// could not be checked and capture is off.
-func (st *connState) identityKnown() bool { return st != nil && st.systemID != 0 }
+// could not be checked and references are off.
+func (st *connState) identityKnown() bool { return st != nil && st.refs == refsOn }
 
 // ref returns a reference to xid on st's cluster.
 func (st *connState) ref(xid uint64) *outcome.ReconciliationRef {

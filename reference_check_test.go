@@ -107,7 +107,7 @@ func TestReferenceCheckCancelled(t *testing.T) {
 		if err := cancelWhileLocked(t, ctx, conn.PgConn().PID(), func() error { return run(1, markerPolicy(marker)) }); err != nil {
 			t.Fatalf("%v (the cancel hit the library's check, not Run's transaction)", err)
 		}
-		if st.identityRead || st.identityKnown() {
+		if st.refs != refsUnchecked {
 			t.Fatal("the cancelled identity check was kept as the answer")
 		}
 		if err := run(2, DefaultPolicy()); err != nil || !st.identityKnown() {

@@ -27,7 +27,7 @@ import (
 // and the server is PostgreSQL (the xid read, the fast-path call and what a marker's
 // absence proves are PostgreSQL's).
 func referencesOn(st *connState, refs references) bool {
-	return refs.mode != referenceNone && st.nc != nil && st.server == classifier.ServerPostgreSQL && !st.refsOff
+	return refs.mode != referenceNone && st.nc != nil && st.server == classifier.ServerPostgreSQL && st.refs != refsOff
 }
 
 // check is what a check ahead of BEGIN asks: the cluster identity, and a marker
@@ -47,7 +47,7 @@ func (t *Tracer) armCheck(st *connState, refs references, set stmtSet, sql strin
 	if !referencesOn(st, refs) || st.adding || !set.single() {
 		return
 	}
-	c := check{identity: !st.identityRead}
+	c := check{identity: st.refs == refsUnchecked}
 	if _, checked := st.marker(refs.marker); refs.mode == referenceMarker && !checked {
 		c.marker = refs.marker
 	}
@@ -207,19 +207,14 @@ func (t *Tracer) checked(st *connState, r wire.Reply) {
 	st.checking = check{}
 	col := 0 // the marker check's column
 	if c.identity {
-		st.identityRead = true
-		reason := ""
-		switch {
-		case r.ErrCode != "":
-			reason = "the identity check failed with SQLSTATE " + r.ErrCode
-		default:
-			if err := st.setIdentity(r.Row); err != nil {
-				reason = err.Error()
-			}
+		if r.ErrCode != "" {
+			st.offWhy = "the identity check failed with SQLSTATE " + r.ErrCode
+		} else if err := st.setIdentity(r.Row); err != nil {
+			st.offWhy = err.Error()
 		}
-		if reason != "" {
-			st.refsOff = true
-			t.referenceLog("commit references are off for this connection", reason)
+		if st.offWhy != "" {
+			st.refs = refsOff
+			t.referenceLog("commit references are off for this connection", st.offWhy)
 			return
 		}
 		col = colMarker

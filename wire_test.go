@@ -468,7 +468,7 @@ func TestIdentityReadWithEndedContext(t *testing.T) {
 		t.Fatalf("with an ended context: %v", err)
 	}
 	// pgx closes a connection whose BEGIN failed, as it does without the library.
-	if st := connStateOf(conn); st.identityRead || st.identityKnown() || st.adding || st.refsOff {
+	if st := connStateOf(conn); st.refs != refsUnchecked || st.adding {
 		t.Fatal("an ended context counted as the server's answer")
 	}
 	conn = instrumentedConn(t, ctx, srv.ConnString())

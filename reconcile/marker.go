@@ -35,9 +35,9 @@ import (
 //     a read-only one 'r' and the xid, inserting nothing: the only cases where a marker
 //     cannot be written, and ones that leave nothing durable behind.
 //
-// otelpgxtx.WithCommitMarker and otelpgxtx.Policy.CommitMarker call the function by OID
-// (a fast-path call, which plans nothing) in the same write as COMMIT, so the
-// application's roles need no privilege on the table, and neither a SET ROLE, a
+// otelpgxtx.WithCommitMarker and otelpgxtx.Policy.CommitMarker call the function by its
+// schema-qualified name (so that one dropped and created again is found) in the same
+// write as COMMIT, ahead of it, so the application's roles need no privilege on the table, and neither a SET ROLE, a
 // search_path nor row security of theirs changes what it does. The reconciler's role
 // needs INSERT and SELECT on the table, [PruneMarkers]' DELETE, INSERT and UPDATE.
 func MarkerTableDDL(table pgx.Identifier) (string, error) {

@@ -9,11 +9,14 @@
 //   - readAhead (read_ahead.go, with socketPeek in peek_unix.go): reads ahead above TLS,
 //     where a FATAL waiting before COMMIT cannot be peeked at;
 //   - splice (splice.go, with the reply reader of reply.go): adds the library's message
-//     (an Addition) to one write of the application's, and takes its reply out of what
-//     pgconn reads.
+//     (an Addition) to one write of the application's — ahead of a BEGIN or COMMIT, or
+//     after a statement's messages — and takes its reply out of what pgconn reads, waiting
+//     for it before the next write when asked (Await).
 //
 // Conn is where they meet, and nowhere else. With nothing armed, a write costs one
-// atomic swap and one load, and a read one load, besides the wrapped connection's.
+// atomic swap and one load; a read, two short sections under a mutex and a walk over the
+// headers of the messages it returns (message boundaries, which an addition needs, are
+// followed on every connection that tracks them: the instrumentation's all do).
 package wire
 
 import (
