@@ -37,10 +37,10 @@ type connState struct {
 	// pid is the PID pgconn was told at connection start (BackendKeyData), and pooled says
 	// that the identity check's backend had another: a pooler (PgBouncer) is in between,
 	// and the transactions may run on other server connections than the check's.
-	pid          uint32
-	pooled       bool
-	database     string
-	checkedAt    int64 // µs since the epoch
+	pid       uint32
+	pooled    bool
+	database  string
+	checkedAt int64 // µs since the epoch
 	// refs is where the connection's commit references are, offWhy why they are off.
 	refs   refState
 	offWhy string
