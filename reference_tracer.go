@@ -59,7 +59,7 @@ func (t *Tracer) armCheck(st *connState, refs references, set stmtSet, sql strin
 	}
 }
 
-// message is the Query of c: identitySQL's columns with the marker check's after them,
+// message is the Query of c: identitySelect's columns with the marker check's after them,
 // or the marker check alone.
 func (c check) message() []byte {
 	sql := "select " + markerCheckSQL(c.marker)
