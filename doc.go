@@ -115,7 +115,7 @@
 //   - tx.isolation, tx.access_mode: as pgx spells them, when BEGIN says;
 //   - tx.propagation, tx.attempt: set by [Run] (required, requires_new, nested, mandatory;
 //     1, 2, …);
-//   - tx.reconciliation.ref, tx.reconciliation.xid: the reference captured before COMMIT;
+//   - tx.reconciliation.ref, tx.reconciliation.xid: the reference taken before COMMIT;
 //   - tx.commit.committed_locally: the server said the commit is in its local WAL but its
 //     synchronous replication was not confirmed;
 //   - tx.retryable: on rolled-back frames;

@@ -52,6 +52,22 @@ func exec(t *testing.T, ctx context.Context, pc *pgconn.PgConn, sql string) ([][
 	return last.Rows, last.CommandTag.String()
 }
 
+// xidReadCall is the xid read's FunctionCall on pc's server, as the identity check finds
+// the function's OID.
+func xidReadCall(t *testing.T, ctx context.Context, pc *pgconn.PgConn) []byte {
+	t.Helper()
+	rows, _ := exec(t, ctx, pc, "select 'pg_catalog.pg_current_xact_id_if_assigned()'::pg_catalog.regprocedure::pg_catalog.oid::text")
+	oid, err := strconv.ParseUint(string(rows[0][0]), 10, 32)
+	if err != nil {
+		t.Fatal(err)
+	}
+	call, err := (&pgproto3.FunctionCall{Function: uint32(oid)}).Encode(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return call
+}
+
 // TestSpliceRealServer splices the library's two messages into a real server's stream,
 // each ahead of the statement it was armed for, in the same write: the identity Query
 // ahead of BEGIN, the xid read (a fast-path FunctionCall) ahead of COMMIT. pgconn reads
@@ -62,15 +78,7 @@ func exec(t *testing.T, ctx context.Context, pc *pgconn.PgConn, sql string) ([][
 func TestSpliceRealServer(t *testing.T) {
 	ctx := pgtest.Context(t, time.Minute)
 	pc, wc := realConn(t, ctx)
-	rows, _ := exec(t, ctx, pc, "select 'pg_catalog.pg_current_xact_id_if_assigned()'::pg_catalog.regprocedure::pg_catalog.oid::text")
-	oid, err := strconv.ParseUint(string(rows[0][0]), 10, 32)
-	if err != nil {
-		t.Fatal(err)
-	}
-	xidRead, err := (&pgproto3.FunctionCall{Function: uint32(oid)}).Encode(nil)
-	if err != nil {
-		t.Fatal(err)
-	}
+	xidRead := xidReadCall(t, ctx, pc)
 	identity, err := (&pgproto3.Query{String: "select pg_catalog.current_database()::text"}).Encode(nil)
 	if err != nil {
 		t.Fatal(err)
@@ -89,7 +97,7 @@ func TestSpliceRealServer(t *testing.T) {
 	}
 
 	// The transaction's own statements, then the xid read ahead of COMMIT.
-	rows, _ = exec(t, ctx, pc, "create temporary table splice_t (n int); insert into splice_t values (1); select pg_catalog.pg_current_xact_id()::text")
+	rows, _ := exec(t, ctx, pc, "create temporary table splice_t (n int); insert into splice_t values (1); select pg_catalog.pg_current_xact_id()::text")
 	xid := string(rows[0][0])
 	if !wc.Arm(&Addition{Kind: LibraryCall, Match: "commit", Msg: xidRead, Commit: true}) {
 		t.Fatal("the addition to COMMIT was refused")
@@ -138,15 +146,7 @@ func TestSpliceRealServer(t *testing.T) {
 func TestSpliceAfterRealServer(t *testing.T) {
 	ctx := pgtest.Context(t, time.Minute)
 	pc, wc := realConn(t, ctx)
-	rows, _ := exec(t, ctx, pc, "select 'pg_catalog.pg_current_xact_id_if_assigned()'::pg_catalog.regprocedure::pg_catalog.oid::text")
-	oid, err := strconv.ParseUint(string(rows[0][0]), 10, 32)
-	if err != nil {
-		t.Fatal(err)
-	}
-	xidRead, err := (&pgproto3.FunctionCall{Function: uint32(oid)}).Encode(nil)
-	if err != nil {
-		t.Fatal(err)
-	}
+	xidRead := xidReadCall(t, ctx, pc)
 	read := func(t *testing.T) Reply {
 		t.Helper()
 		if !wc.Await(time.Now().Add(10 * time.Second)) {
@@ -158,16 +158,18 @@ func TestSpliceAfterRealServer(t *testing.T) {
 		}
 		return a.Reply()
 	}
-	exec(t, ctx, pc, "create temporary table splice_after (n int)")
-
-	t.Run("simple", func(t *testing.T) {
+	// beginArmed begins a transaction and arms the xid read for the next statement's write.
+	beginArmed := func(t *testing.T) {
+		t.Helper()
 		exec(t, ctx, pc, "begin")
 		if !wc.Arm(&Addition{Kind: LibraryCall, Msg: xidRead, After: true}) {
 			t.Fatal("refused at a message boundary")
 		}
-		if _, tag := exec(t, ctx, pc, "insert into splice_after values (1)"); tag != "INSERT 0 1" {
-			t.Fatalf("the insert's reply %q", tag)
-		}
+	}
+	// readThenCommit checks the read's xid against the one the transaction holds, then
+	// commits: COMMIT carries nothing of the library's.
+	readThenCommit := func(t *testing.T) {
+		t.Helper()
 		r := read(t)
 		rows, _ := exec(t, ctx, pc, "select pg_catalog.pg_current_xact_id()::text")
 		if !r.Done || !r.GotValue || string(r.Value) != string(rows[0][0]) {
@@ -176,13 +178,19 @@ func TestSpliceAfterRealServer(t *testing.T) {
 		if _, tag := exec(t, ctx, pc, "commit"); tag != "COMMIT" {
 			t.Fatalf("COMMIT's reply %q", tag)
 		}
+	}
+	exec(t, ctx, pc, "create temporary table splice_after (n int)")
+
+	t.Run("simple", func(t *testing.T) {
+		beginArmed(t)
+		if _, tag := exec(t, ctx, pc, "insert into splice_after values (1)"); tag != "INSERT 0 1" {
+			t.Fatalf("the insert's reply %q", tag)
+		}
+		readThenCommit(t)
 	})
 
 	t.Run("extended", func(t *testing.T) {
-		exec(t, ctx, pc, "begin")
-		if !wc.Arm(&Addition{Kind: LibraryCall, Msg: xidRead, After: true}) {
-			t.Fatal("refused at a message boundary")
-		}
+		beginArmed(t)
 		// Parse, Describe, Sync executes nothing: the addition waits for Bind, Execute, Sync.
 		sd, err := pc.Prepare(ctx, "ins", "insert into splice_after values ($1) returning n", nil)
 		if err != nil {
@@ -195,21 +203,11 @@ func TestSpliceAfterRealServer(t *testing.T) {
 		if res.Err != nil || len(res.Rows) != 1 || string(res.Rows[0][0]) != "2" {
 			t.Fatalf("the insert's reply: %+v", res)
 		}
-		r := read(t)
-		rows, _ := exec(t, ctx, pc, "select pg_catalog.pg_current_xact_id()::text")
-		if !r.GotValue || string(r.Value) != string(rows[0][0]) {
-			t.Fatalf("the xid read %+v, want %s", r, rows[0][0])
-		}
-		if _, tag := exec(t, ctx, pc, "commit"); tag != "COMMIT" {
-			t.Fatalf("COMMIT's reply %q", tag)
-		}
+		readThenCommit(t)
 	})
 
 	t.Run("failed", func(t *testing.T) {
-		exec(t, ctx, pc, "begin")
-		if !wc.Arm(&Addition{Kind: LibraryCall, Msg: xidRead, After: true}) {
-			t.Fatal("refused at a message boundary")
-		}
+		beginArmed(t)
 		_, err := pc.Exec(ctx, "insert into splice_after values (1/0)").ReadAll()
 		var pgErr *pgconn.PgError
 		if !errors.As(err, &pgErr) || pgErr.Code != "22012" {
