@@ -14,6 +14,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgconn/ctxwatch"
 	"github.com/jackc/pgx/v5/pgproto3"
 	"github.com/jackc/pgx/v5/pgxpool"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
@@ -839,5 +840,65 @@ func plainReferenceConnectionCut(t *testing.T, base string, proxy *pgtest.Proxy)
 			t.Fatalf("%s: Run's reference reconciled %v (%s), row present %v", c.name, res.Status(), res.Reason(), rowExists(t, ctx, table, id))
 		}
 		<-answers
+	}
+}
+
+// TestXIDReadWithCancelRequests: on a connection whose context watcher sends cancel
+// requests (pgconn's CancelRequestContextWatcherHandler), a cancel request sent for a
+// statement could land on the xid read that follows it and abort the transaction, so the
+// read follows only a statement whose context can never be cancelled; with a cancellable
+// one it goes with COMMIT, as before. Both transactions commit with their reference. On
+// pgconn's default watcher (a deadline, no cancel request) the read follows the statement
+// whatever its context.
+func TestXIDReadWithCancelRequests(t *testing.T) {
+	ctx := testCtx(t)
+	table := newTable(t, ctx)
+	for _, cancels := range []bool{true, false} {
+		cfg, err := pgx.ParseConfig(srv.ConnString())
+		if err != nil {
+			t.Fatal(err)
+		}
+		if cancels {
+			cfg.BuildContextWatcherHandler = func(pc *pgconn.PgConn) ctxwatch.Handler {
+				return &pgconn.CancelRequestContextWatcherHandler{Conn: pc, CancelRequestDelay: time.Second, DeadlineDelay: 2 * time.Second}
+			}
+		}
+		exp := tracetest.NewInMemoryExporter()
+		if _, err := InstrumentConnConfig(cfg, WithCommitReference(), WithTracerProvider(sdktrace.NewTracerProvider(sdktrace.WithSyncer(exp)))); err != nil {
+			t.Fatal(err)
+		}
+		conn, err := pgx.ConnectConfig(ctx, cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		st := connStateOf(conn)
+		for i, stmtCtx := range []context.Context{ctx, context.WithoutCancel(ctx)} {
+			id := 10*len(exp.GetSpans()) + i + 1
+			if cancels {
+				id += 1000
+			}
+			tx, err := conn.Begin(stmtCtx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			mustExec(t, stmtCtx, tx, fmt.Sprintf("insert into %s (id) values (%d)", table, id))
+			early := st.reading != nil || st.frame.xid != 0
+			if want := !cancels || stmtCtx.Done() == nil; early != want {
+				t.Fatalf("cancel requests %v, context cancellable %v: the xid read followed the insert %v, want %v",
+					cancels, stmtCtx.Done() != nil, early, want)
+			}
+			if err := tx.Commit(stmtCtx); err != nil {
+				t.Fatal(err)
+			}
+		}
+		for i, s := range exp.GetSpans() {
+			if _, isFrame := attr(s, FrameDepthKey); !isFrame {
+				continue
+			}
+			if ref, ok := refOf(t, s); !ok || ref.XID == 0 {
+				t.Fatalf("cancel requests %v, frame %d: reference %v %v", cancels, i, ref, ok)
+			}
+		}
+		_ = conn.Close(ctx)
 	}
 }
