@@ -66,8 +66,8 @@ type connState struct {
 	// nc is the connection's net.Conn wrapper, nil where pgconn uses another.
 	nc *wire.Conn
 	// server is the kind of server, from what it reported at connection start: the
-	// classifier's PostgreSQL-only rules, the committed-locally notices and reference
-	// capture apply to PostgreSQL alone.
+	// classifier's PostgreSQL-only rules, the committed-locally notices and commit
+	// references apply to PostgreSQL alone.
 	server classifier.Server
 	// committedInBlock: a frame was concluded committed while the session is still in
 	// its transaction block (CockroachDB's RELEASE SAVEPOINT cockroach_restart commits,

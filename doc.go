@@ -160,7 +160,7 @@
 // Statements outside a recorded frame keep their spans: those of a frame the filter
 // rejected, a COMMIT with no transaction, and a batch (its span and its query spans, BEGIN
 // and COMMIT included); an explicit Prepare has no statement around it and stays a span.
-// Run's COMMIT with reference capture is the same event. With the default, a transaction of
+// Run's COMMIT, with commit references or without, is the same event. With the default, a transaction of
 // BEGIN, one INSERT and COMMIT is two spans, the frame and the INSERT, where otelpgx alone
 // makes three. What changes is what one searches for: no span is named COMMIT, so search
 // the frame spans by tx.outcome, read COMMIT's latency from

@@ -80,7 +80,7 @@ type Policy struct {
 }
 
 // DefaultPolicy returns Required, the server's isolation level, 3 attempts, backoff
-// between 5 ms and 1 s, and reference capture on.
+// between 5 ms and 1 s, and commit references on.
 func DefaultPolicy() Policy {
 	return Policy{
 		Propagation:     Required,

@@ -56,7 +56,7 @@ func (st *connState) markerOf(refs references) *markerFn {
 // told means a pooler in between, whose transactions may run on other server
 // connections, of a later incarnation), with the database (a marker
 // row is in one) and the server's clock (a marker row is never older than it). It also
-// reads the OID of the function the xid read calls, and calls it, so that capture is
+// reads the OID of the function the xid read calls, and calls it, so that a reference is
 // only attempted where that call cannot fail for want of a privilege: an ERROR there
 // would abort the transaction being committed.
 const (

@@ -29,7 +29,7 @@ const (
 	AccessModeKey = attribute.Key("tx.access_mode")
 	// AttemptKey is tx.attempt: 1 for the first attempt of an executor call.
 	AttemptKey = attribute.Key("tx.attempt")
-	// ReconciliationXIDKey is tx.reconciliation.xid: the xid8 captured before COMMIT.
+	// ReconciliationXIDKey is tx.reconciliation.xid: the xid8 of the commit reference.
 	ReconciliationXIDKey = attribute.Key("tx.reconciliation.xid")
 	// ReconciliationRefKey is tx.reconciliation.ref: the whole reconciliation reference.
 	ReconciliationRefKey = schema.ReconciliationRefKey

@@ -141,7 +141,7 @@ func verdictFrom(ctx context.Context) *Verdict {
 //     connection lost before COMMIT was sent, no connection could be acquired or made);
 //     Cause() is the first failure, or why it ended;
 //   - Indeterminate: COMMIT was sent and its fate is unknown: never replay it. Reference()
-//     is the reconciliation reference when the tracer captured one ([WithCommitReference],
+//     is the reconciliation reference when the tracer took one ([WithCommitReference],
 //     [WithCommitMarker]); hand it to package reconcile (reconcile.Indeterminate), or wait
 //     for [WithAutoReconcile]'s callback with its OperationID();
 //   - Participating: a savepoint was released: nothing is committed yet.

@@ -159,7 +159,7 @@ func (Indeterminate[T]) Outcome() Outcome { return OutcomeIndeterminate }
 // OperationID returns the frame's operation id.
 func (r Indeterminate[T]) OperationID() OperationID { return r.id }
 
-// Reference returns the reconciliation reference, if one was captured before COMMIT.
+// Reference returns the reconciliation reference, if one was taken before COMMIT.
 func (r Indeterminate[T]) Reference() (ReconciliationRef, bool) { return r.ref, r.hasRef }
 
 // Cause returns the failure that left the commit's fate unknown.

@@ -69,7 +69,7 @@ const (
 	ReasonInTheFuture = "in_the_future"
 	// ReasonOtherSystem: the reference names another cluster.
 	ReasonOtherSystem = "other_system"
-	// ReasonNoReference: nothing was captured before COMMIT (a frame without references,
+	// ReasonNoReference: no reference was taken before COMMIT (a frame without references,
 	// or whose xid never arrived).
 	ReasonNoReference = "no_reference"
 	// ReasonOtherTimeline: a failover happened since and the commit log says committed

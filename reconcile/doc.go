@@ -2,7 +2,7 @@
 // records, so that "we don't know" becomes committed, aborted or no_writes when the
 // database can prove it, and stays unknown, with the reason, when it cannot. It needs a
 // reference and a database, not the instrumentation: the otelpgxtx tracer and executor
-// capture references ([outcome.ReconciliationRef]) before COMMIT, and
+// take references ([outcome.ReconciliationRef]) before COMMIT, and
 // otelpgxtx.WithAutoReconcile hands every indeterminate frame to a [Reconciler] in the
 // background; the operator's command (cmd/otelpgxtx) asks one from the command line.
 //
