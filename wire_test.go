@@ -417,9 +417,9 @@ func TestRunIdentityRefused(t *testing.T) {
 }
 
 // TestRunIdentityReadOnDeadConnection terminates the backend of the pool's idle
-// connection: Run's identity read, before BEGIN, is the first to find it dead. The
-// attempt ends not_started and retryable like a failed BEGIN, the pool discards the
-// connection, and the next attempt commits on a new one.
+// connection: Run's BEGIN, with the identity check ahead of it in its write, is the first
+// to find it dead. The attempt ends not_started and retryable like any failed BEGIN, the
+// pool discards the connection, and the next attempt commits on a new one.
 func TestRunIdentityReadOnDeadConnection(t *testing.T) {
 	ctx := testCtx(t)
 	h := newHarness(t, "", 1)
