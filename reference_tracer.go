@@ -13,6 +13,7 @@ import (
 	"github.com/txevidence/otelpgxtx/internal/pg"
 	"github.com/txevidence/otelpgxtx/internal/sqltext"
 	"github.com/txevidence/otelpgxtx/internal/wire"
+	"github.com/txevidence/otelpgxtx/outcome"
 )
 
 // Commit references, for plain pgx ([WithCommitReference], [WithCommitMarker]) and
@@ -170,10 +171,22 @@ func (t *Tracer) collectAddition(st *connState, f *frame, final bool) (endedBefo
 	r := a.Reply()
 	switch {
 	case a.After:
-		// The xid, if the read found one, once the reply is whole: a later statement's
-		// read is tried when it found none (NULL), never once it found one.
-		if xid, err := strconv.ParseUint(string(r.Value), 10, 64); reading != nil && reading.open() && r.Done && r.GotValue && err == nil {
-			reading.xid = xid
+		if reading == nil || !reading.open() {
+			return false
+		}
+		switch {
+		case r.ErrCode != "" && r.ErrCode != pg.InFailedTransaction && !reading.hasErr:
+			// The read itself failed (a cancel landed on it, a privilege revoked since the
+			// check): the transaction is aborted, and this error, which pgconn never saw, is
+			// the cause of the rollback to come.
+			reading.firstErr = classifier.Classify(outcome.PhaseActive, r.Err, classifier.Facts{Server: st.server})
+			reading.firstCause, reading.hasErr = r.Err, true
+		case r.Done && r.GotValue:
+			// The xid, if the read found one: a later statement's read is tried when it
+			// found none (NULL), never once it found one.
+			if xid, err := strconv.ParseUint(string(r.Value), 10, 64); err == nil {
+				reading.xid = xid
+			}
 		}
 		return false
 	}

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"crypto/tls"
+	"errors"
 	"fmt"
 	"log/slog"
 	"slices"
@@ -900,5 +901,47 @@ func TestXIDReadWithCancelRequests(t *testing.T) {
 			}
 		}
 		_ = conn.Close(ctx)
+	}
+}
+
+// TestXIDReadRefusedAfterCheck: the privilege to call the xid read's function revoked after
+// the connection's check, so that the read after the INSERT fails for real (42501): the
+// failure aborts the transaction, as a failed statement would, COMMIT answers ROLLBACK, and
+// the frame is rolled back with the read's SQLSTATE as its cause — an error pgconn never
+// saw, which the frame would otherwise not name.
+func TestXIDReadRefusedAfterCheck(t *testing.T) {
+	ctx := testCtx(t)
+	table := newTable(t, ctx)
+	role := fmt.Sprintf("xidrevoked_%d", tableSeq.Add(1))
+	if err := srv.Exec(ctx, "create role "+role+" login; grant all on table "+table+" to "+role); err != nil {
+		t.Fatal(err)
+	}
+	h := newRefHarness(t, strings.Replace(srv.ConnString(), "postgres@", role+"@", 1), WithCommitReference())
+	if err := plainInsert(ctx, h.pool, table, 1, nil); err != nil {
+		t.Fatal(err)
+	}
+	if ref, ok := refOf(t, lastFrame(t, h.harness)); !ok || ref.XID == 0 {
+		t.Fatalf("the first transaction's reference %v %v", ref, ok)
+	}
+	t.Cleanup(func() {
+		if err := srv.Exec(context.WithoutCancel(ctx), "grant execute on function pg_catalog.pg_current_xact_id_if_assigned() to public"); err != nil {
+			t.Error(err)
+		}
+	})
+	if err := srv.Exec(ctx, "revoke execute on function pg_catalog.pg_current_xact_id_if_assigned() from public"); err != nil {
+		t.Fatal(err)
+	}
+	vctx, v := NewVerdict(ctx)
+	if err := plainInsert(vctx, h.pool, table, 2, nil); !errors.Is(err, pgx.ErrTxCommitRollback) {
+		t.Fatalf("COMMIT after the refused read: %v, want pgx.ErrTxCommitRollback", err)
+	}
+	wantAttr(t, lastFrame(t, h.harness), string(OutcomeKey), "rolled_back")
+	res, err := v.Result()
+	rb, ok := res.(outcome.DeterminateRollback[struct{}])
+	if pgErr, isPg := errors.AsType[*pgconn.PgError](rb.Cause()); err != nil || !ok || !isPg || pgErr.Code != "42501" {
+		t.Fatalf("the verdict %T %v (%v), want a rollback caused by the read's 42501", res, res, err)
+	}
+	if rowExists(t, ctx, table, 2) {
+		t.Fatal("row 2 is there")
 	}
 }
