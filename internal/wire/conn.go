@@ -161,6 +161,9 @@ func (c *Conn) Await(deadline time.Time) bool {
 			return c.splice.added == nil || c.splice.added.state != additionWritten
 		}
 		if f.lib.Done {
+			if buf != nil && c.ahead.tls != nil {
+				c.drainTLS(f, buf)
+			}
 			if f.finished() && len(f.out) == 0 {
 				c.endFilter()
 			}
@@ -314,6 +317,25 @@ func (c *Conn) endFilter() {
 func (c *Conn) settle() {
 	if c.splice.filter == nil && c.ahead.state() == aheadEmpty {
 		c.special.Store(false)
+	}
+}
+
+// drainTLS takes into f, for pgconn, what crypto/tls already holds decrypted or whole
+// after Await's reads: records it read from the socket with the library's reply, which a
+// peek at the socket no longer sees — a FATAL among them is what MarkCommit must judge. A
+// read whose deadline has passed returns what is held, and ends at once otherwise (a
+// timeout, which crypto/tls resumes after). c.mu is held.
+func (c *Conn) drainTLS(f *replyFilter, buf []byte) {
+	if c.Conn.SetReadDeadline(time.Now()) != nil {
+		return
+	}
+	for {
+		n, err := c.Conn.Read(buf)
+		f.feed(buf[:n])
+		if err != nil {
+			c.ahead.keepErr(err) // a timeout: nothing more held
+			return
+		}
 	}
 }
 
