@@ -129,8 +129,9 @@ const xidReadWait = time.Second
 // armReference has the write of f's COMMIT (the statement sql) carry the call of the
 // marker function, or the xid read (see reference.go), when f's transaction can have a
 // reference: it wrote something the tracer saw (or its references go with every commit,
-// Run's), did not begin read-only, has not failed, and commits with a lone COMMIT Query. When the xid read after a statement found the
-// xid, COMMIT carries nothing for it, and the reference is that xid's.
+// Run's), did not begin read-only, has not failed, and commits with a lone COMMIT Query.
+// When the xid read after a statement found the xid, COMMIT carries nothing for it, and
+// the reference is that xid's.
 func (t *Tracer) armReference(st *connState, f *frame, pgConn *pgconn.PgConn, set stmtSet, sql string) {
 	if !referencesOn(st, f.refs) || !st.identityKnown() || !f.wrote && !f.refs.every || f.readOnly || pgConn.TxStatus() != 'T' {
 		return
