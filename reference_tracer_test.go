@@ -345,18 +345,26 @@ func xidReadCall(t *testing.T, ctx context.Context) []byte {
 	return call
 }
 
+// roleFor creates a login role named after prefix that may write table, and returns the
+// test server's connection string as that role.
+func roleFor(t *testing.T, ctx context.Context, prefix, table string) string {
+	t.Helper()
+	role := fmt.Sprintf("%s_%d", prefix, tableSeq.Add(1))
+	if err := srv.Exec(ctx, "create role "+role+" login; grant all on table "+table+" to "+role); err != nil {
+		t.Fatal(err)
+	}
+	return strings.Replace(srv.ConnString(), "postgres@", role+"@", 1)
+}
+
 // TestPlainReferenceCheckFails: a role that may not read the cluster identity turns commit
 // references off for its connection, with one log record, at the first BEGIN; its
 // transactions commit as without the option, without a reference.
 func TestPlainReferenceCheckFails(t *testing.T) {
 	ctx := testCtx(t)
 	table := newTable(t, ctx)
-	role := fmt.Sprintf("noref_%d", tableSeq.Add(1))
-	if err := srv.Exec(ctx, "create role "+role+" login; grant all on table "+table+" to "+role); err != nil {
-		t.Fatal(err)
-	}
+	base := roleFor(t, ctx, "noref", table)
 	revokeIdentity(t, ctx)
-	h := newRefHarness(t, strings.Replace(srv.ConnString(), "postgres@", role+"@", 1), WithCommitReference())
+	h := newRefHarness(t, base, WithCommitReference())
 	for id := 1; id <= 3; id++ {
 		if err := plainInsert(ctx, h.pool, table, id, nil); err != nil {
 			t.Fatal(err)
@@ -912,11 +920,7 @@ func TestXIDReadWithCancelRequests(t *testing.T) {
 func TestXIDReadRefusedAfterCheck(t *testing.T) {
 	ctx := testCtx(t)
 	table := newTable(t, ctx)
-	role := fmt.Sprintf("xidrevoked_%d", tableSeq.Add(1))
-	if err := srv.Exec(ctx, "create role "+role+" login; grant all on table "+table+" to "+role); err != nil {
-		t.Fatal(err)
-	}
-	h := newRefHarness(t, strings.Replace(srv.ConnString(), "postgres@", role+"@", 1), WithCommitReference())
+	h := newRefHarness(t, roleFor(t, ctx, "xidrevoked", table), WithCommitReference())
 	if err := plainInsert(ctx, h.pool, table, 1, nil); err != nil {
 		t.Fatal(err)
 	}
