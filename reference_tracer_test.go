@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"crypto/tls"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -948,4 +949,78 @@ func TestXIDReadRefusedAfterCheck(t *testing.T) {
 	if rowExists(t, ctx, table, 2) {
 		t.Fatal("row 2 is there")
 	}
+}
+
+// TestReferenceWithEvictedStatements: pgx closes the statements its cache evicted in a
+// write of its own, just before the next statement's — here BEGIN's and COMMIT's, with a
+// cache of one statement. The check ahead of BEGIN and the marker's call ahead of COMMIT
+// wait for their statement's write, so the frame has its reference. (The soak found
+// connections never checked, and marker calls never sent, this way.)
+func TestReferenceWithEvictedStatements(t *testing.T) {
+	ctx := testCtx(t)
+	table := newTable(t, ctx)
+	marker := newMarkerTable(t, ctx, srv.Exec)
+	for i, tc := range []struct {
+		name   string
+		opt    Option
+		warmUp bool // a transaction first, which checks the connection: only COMMIT's case is left
+	}{{"xid, the check ahead of BEGIN", WithCommitReference(), false},
+		{"marker, the check ahead of BEGIN", WithCommitMarker(marker), false},
+		{"marker, the call ahead of COMMIT", WithCommitMarker(marker), true}} {
+		t.Run(tc.name, func(t *testing.T) {
+			h := newRefHarness(t, srv.ConnString()+"&statement_cache_capacity=1", tc.opt)
+			if tc.warmUp {
+				if err := plainInsert(ctx, h.pool, table, 100+i, nil); err != nil {
+					t.Fatal(err)
+				}
+			}
+			conn, err := h.pool.Acquire(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer conn.Release()
+			// Two statements with arguments: the second evicts the first, closed at BEGIN.
+			for _, q := range []string{"select $1::int", "select $1::text"} {
+				if _, err := conn.Exec(ctx, q, "1"); err != nil {
+					t.Fatal(err)
+				}
+			}
+			closedBefore := closedStatements(h.rec.Conversations()[0].ClientBytes())
+			tx, err := conn.Begin(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			// The INSERT's statement evicts the last one, closed at COMMIT.
+			if _, err := tx.Exec(ctx, fmt.Sprintf("insert into %s (id) values ($1)", table), i); err != nil {
+				t.Fatal(err)
+			}
+			if err := tx.Commit(ctx); err != nil {
+				t.Fatal(err)
+			}
+			if n := closedStatements(h.rec.Conversations()[0].ClientBytes()) - closedBefore; n != 2 {
+				t.Fatalf("pgx closed %d evicted statements, want 2 (at BEGIN and at COMMIT)", n)
+			}
+			ref, ok := refOf(t, lastFrame(t, h.harness))
+			if withMarker := strings.HasPrefix(tc.name, "marker"); !ok || ref.XID == 0 || ref.HasMarker() != withMarker {
+				t.Fatalf("reference %v %v, want the xid (and a marker: %v)", ref, ok, withMarker)
+			}
+			wantWrittenBy(t, ctx, table, i, ref.XID)
+		})
+	}
+}
+
+// closedStatements counts the Close messages for prepared statements in b, a client's
+// bytes after the startup message (plain TCP): pgx closes those its statement cache
+// evicted.
+func closedStatements(b []byte) int {
+	n := 0
+	b = b[binary.BigEndian.Uint32(b):]
+	for len(b) >= 5 {
+		l := int(binary.BigEndian.Uint32(b[1:5]))
+		if b[0] == 'C' && l > 4 && b[5] == 'S' {
+			n++
+		}
+		b = b[min(1+l, len(b)):]
+	}
+	return n
 }

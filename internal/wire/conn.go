@@ -79,13 +79,16 @@ func (c *Conn) Listener() Listener { return c.closing.listener }
 // armed an addition for carries it (see Arm).
 func (c *Conn) Write(b []byte) (int, error) {
 	if a := c.splice.next.Swap(nil); a != nil {
-		if out, cut, ok := a.addTo(b); ok {
-			return c.writeAdded(a, b, out, cut)
-		}
-		if a.After {
-			// Not yet the write that runs the statement (pgx prepares it first): the
-			// addition waits for that one, unless Collect withdrew it meanwhile.
+		out, cut, ok := a.addTo(b)
+		switch {
+		case !ok:
+			// Not yet the write a was armed for: pgx writes, in a write of their own ahead
+			// of the statement's, the preparation of its statement and the closing of the
+			// statements its cache evicted. a waits for the statement's write, unless
+			// Collect withdrew it meanwhile.
 			c.splice.next.CompareAndSwap(nil, a)
+		case c.startAddition(a):
+			return c.writeAdded(a, b, out, cut)
 		}
 	}
 	n, err := c.Conn.Write(b)
@@ -93,15 +96,25 @@ func (c *Conn) Write(b []byte) (int, error) {
 	return n, err
 }
 
-// writeAdded writes out, which is b with a's message added, the first cut bytes of it the
-// library's alone. The reply filter is in place before a byte leaves: the reply may come
-// before Write returns. pgconn is told how much of b was sent, so that what it says of a
-// failed write (safe to retry when nothing was) stays true of its own bytes.
-func (c *Conn) writeAdded(a *Addition, b, out []byte, cut int) (int, error) {
+// startAddition puts a's reply filter in place, before a byte of its write leaves: the
+// reply may come before Write returns. It refuses, and a is withdrawn, when the stream is
+// no longer where Arm found it (a reply pgconn has not read yet, after a write in
+// between): a reply reader must start at the reply's first message.
+func (c *Conn) startAddition(a *Addition) bool {
 	c.mu.Lock()
+	defer c.mu.Unlock()
+	if !c.splice.pos.atBoundary() || c.splice.filter != nil || c.ahead.state() != aheadEmpty {
+		return false
+	}
 	c.splice.start(a)
 	c.special.Store(true)
-	c.mu.Unlock()
+	return true
+}
+
+// writeAdded writes out, which is b with a's message added, the first cut bytes of it the
+// library's alone. pgconn is told how much of b was sent, so that what it says of a
+// failed write (safe to retry when nothing was) stays true of its own bytes.
+func (c *Conn) writeAdded(a *Addition, b, out []byte, cut int) (int, error) {
 	m, err := c.Conn.Write(out)
 	if m == 0 {
 		// Nothing left, so no reply can come: nothing else moves it.
@@ -122,7 +135,9 @@ func (c *Conn) writeAdded(a *Addition, b, out []byte, cut int) (int, error) {
 	return min(max(m-cut, 1), len(b)-1), err
 }
 
-// Arm has the next write carry a, if it is the one a was armed for. It is refused, and
+// Arm has the write a was armed for carry a: the first write of the application's that
+// is that write (writes before it go out alone), as long as the stream is still at the
+// boundary where Arm found it. It is refused, and
 // nothing is added, when the server's stream is not at a message boundary, a reply
 // filter is still at work, or something read ahead is still to be given to pgconn: a
 // reply reader must start at the reply's first message.

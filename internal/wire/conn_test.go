@@ -6,6 +6,7 @@ import (
 	"io"
 	"net"
 	"os"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -172,7 +173,7 @@ func TestCommitWrite(t *testing.T) {
 	}
 }
 
-// TestWriteAdded calls writeAdded directly for every count of bytes the kernel takes of
+// TestWriteAdded calls startAddition and writeAdded directly for every count of bytes the kernel takes of
 // the call and COMMIT, with and without an error: what pgconn is told of its own bytes,
 // the addition's state, and the COMMIT accounting.
 func TestWriteAdded(t *testing.T) {
@@ -186,6 +187,9 @@ func TestWriteAdded(t *testing.T) {
 			sc := &scriptConn{writes: []scriptWrite{{k, werr}}}
 			c, a, _, _ := additionFixture(t, sc)
 			c.MarkCommit()
+			if !c.startAddition(a) {
+				t.Fatal("startAddition refused on a fresh connection")
+			}
 			n, err := c.writeAdded(a, commit, out, len(call))
 			mine := k > len(call)
 			switch {
@@ -315,4 +319,49 @@ func TestDeliver(t *testing.T) {
 			t.Fatalf("nothing held: %d, %v, %v; want the timeout", n, err, done)
 		}
 	})
+}
+
+// TestArmedAcrossOtherWrites: pgx writes the closing of statements its cache evicted (and
+// a statement's preparation) in a write of its own ahead of the statement's. Such a write
+// goes out alone and the addition waits for the write it was armed for; but if a reply
+// that pgconn has not read whole lies between, the addition is withdrawn, not started
+// mid-stream.
+func TestArmedAcrossOtherWrites(t *testing.T) {
+	closeStmt := slices.Concat(frontendMsg(t, &pgproto3.Close{ObjectType: 'S', Name: "stmtcache_1"}), frontendMsg(t, &pgproto3.Sync{}))
+	for _, tc := range []struct {
+		name    string
+		between []byte // what pgconn read of the reply to the write in between
+		carried bool
+	}{
+		{"its reply read whole", slices.Concat([]byte{'3', 0, 0, 0, 4}, []byte{'Z', 0, 0, 0, 5, 'I'}), true},
+		{"its reply read in part", []byte{'3', 0, 0, 0, 4, 'Z', 0, 0}, false},
+	} {
+		sc := &scriptConn{reads: []scriptRead{{b: tc.between}}}
+		nc, a, commit, call := additionFixture(t, sc)
+		if _, err := nc.Write(closeStmt); err != nil {
+			t.Fatal(err)
+		}
+		if !bytes.Equal(sc.written, closeStmt) || nc.splice.next.Load() != a {
+			t.Fatalf("%s: the write in between carried the addition, or it was dropped: %q", tc.name, sc.written)
+		}
+		if _, err := io.ReadFull(nc, make([]byte, len(tc.between))); err != nil {
+			t.Fatal(err)
+		}
+		if n, err := nc.Write(commit); n != len(commit) || err != nil {
+			t.Fatalf("%s: Write = %d, %v", tc.name, n, err)
+		}
+		want := slices.Concat(closeStmt, commit)
+		if tc.carried {
+			want = slices.Concat(closeStmt, call, commit)
+		}
+		if !bytes.Equal(sc.written, want) {
+			t.Fatalf("%s: written %q, want %q", tc.name, sc.written, want)
+		}
+		if got := collected(nc); (got == a) != tc.carried || (got != nil && !got.Sent()) {
+			t.Fatalf("%s: collected %v, want carried %v", tc.name, got, tc.carried)
+		}
+		if nc.splice.next.Load() != nil {
+			t.Fatalf("%s: an addition left armed", tc.name)
+		}
+	}
 }

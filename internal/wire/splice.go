@@ -8,8 +8,8 @@ import (
 // Addition is a message the library adds to one write of the application's. Ahead of it
 // (After false), the write must be exactly one simple Query of the text Match; after it
 // (After true), the write must be whole frontend messages that run a statement and end
-// at a point where the server answers and reads on (see syncedWrite). Else nothing is
-// added.
+// at a point where the server answers and reads on (see syncedWrite). Writes that are
+// neither go out alone, and the addition waits for one that is.
 type Addition struct {
 	Kind  LibraryMessage
 	Match string
