@@ -81,6 +81,8 @@ func ExampleRetry() {
 			default:
 				fmt.Println("unknown: the operator settles", r.OperationID(), rerr, ans.Reason())
 			}
+		case outcome.Participating[struct{}]:
+			fmt.Println("joined the caller's transaction: its owner's commit decides") // a savepoint
 		default: // nil: the tracer cannot tell (an uninstrumented pool): err wraps ErrNoVerdict
 			fmt.Println("cannot tell:", err, errors.Is(err, otelpgxtx.ErrNoVerdict))
 		}
