@@ -18,6 +18,7 @@ import (
 	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/metric"
+	semconv "go.opentelemetry.io/otel/semconv/v1.43.0"
 )
 
 // Connection-pool metric names, as the OpenTelemetry semantic conventions for database
@@ -64,9 +65,9 @@ const (
 	// pool without one the first of the conventions' fallbacks that its configuration
 	// has: db.namespace (the database), the server target (address:port), db.system.name
 	// ("postgresql"); see [WithPoolName].
-	poolNameKey = attribute.Key("db.client.connection.pool.name")
+	poolNameKey = semconv.DBClientConnectionPoolNameKey
 	// connectionStateKey is db.client.connection.state: "idle" or "used".
-	connectionStateKey = attribute.Key("db.client.connection.state")
+	connectionStateKey = semconv.DBClientConnectionStateKey
 )
 
 // poolMetrics records the connection-pool metrics of the pools a tracer instruments. The

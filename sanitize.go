@@ -7,13 +7,13 @@ import (
 
 	"github.com/exaring/otelpgx"
 	"go.opentelemetry.io/otel/attribute"
+	semconv "go.opentelemetry.io/otel/semconv/v1.43.0"
 
 	"github.com/txevidence/otelpgxtx/internal/sqltext"
 )
 
-// dbQuerySummaryKey is db.query.summary (stable since semantic conventions v1.26; this
-// module's newest, semconv/v1.43.0, defines it the same way).
-const dbQuerySummaryKey = attribute.Key("db.query.summary")
+// dbQuerySummaryKey is db.query.summary (stable since semantic conventions v1.26).
+const dbQuerySummaryKey = semconv.DBQuerySummaryKey
 
 // sanitizeSQL returns sql with every literal replaced by "?" and every comment by a
 // space; keywords, identifiers and $n parameters stay as written. From a quote that does

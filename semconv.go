@@ -2,6 +2,7 @@ package otelpgxtx
 
 import (
 	"go.opentelemetry.io/otel/attribute"
+	semconv "go.opentelemetry.io/otel/semconv/v1.43.0"
 
 	"github.com/txevidence/otelpgxtx/internal/schema"
 )
@@ -61,14 +62,15 @@ const (
 	statementDurationKey = attribute.Key("tx.statement.duration")
 )
 
-// Semantic-convention keys: the conventions own them, so they are not exported here.
+// Semantic-convention keys: the conventions own them, and the OpenTelemetry module's
+// semconv package (its newest, v1.43.0) names them, so they are not exported here.
 const (
 	dbSystemNameKey     = schema.DBSystemNameKey
-	dbNamespaceKey      = attribute.Key("db.namespace")
-	dbResponseStatusKey = attribute.Key("db.response.status_code")
-	dbOperationNameKey  = attribute.Key("db.operation.name")
-	serverAddressKey    = attribute.Key("server.address")
-	serverPortKey       = attribute.Key("server.port")
+	dbNamespaceKey      = semconv.DBNamespaceKey
+	dbResponseStatusKey = semconv.DBResponseStatusCodeKey
+	dbOperationNameKey  = semconv.DBOperationNameKey
+	serverAddressKey    = semconv.ServerAddressKey
+	serverPortKey       = semconv.ServerPortKey
 	errorTypeKey        = schema.ErrorTypeKey
 )
 

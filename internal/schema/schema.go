@@ -10,6 +10,7 @@ import (
 
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/propagation"
+	semconv "go.opentelemetry.io/otel/semconv/v1.43.0"
 	"go.opentelemetry.io/otel/trace"
 )
 
@@ -21,13 +22,13 @@ const (
 	OperationIDKey       = attribute.Key("tx.operation_id")
 	ReconciliationRefKey = attribute.Key("tx.reconciliation.ref")
 	ResolvedOutcomeKey   = attribute.Key("tx.outcome.resolved")
-	ErrorTypeKey         = attribute.Key("error.type")
-	DBSystemNameKey      = attribute.Key("db.system.name")
+	ErrorTypeKey         = semconv.ErrorTypeKey
+	DBSystemNameKey      = semconv.DBSystemNameKey
 	SpanNameReconcile    = "tx.reconcile"
 )
 
 // DBSystemPostgreSQL is db.system.name=postgresql, on every span and metric.
-var DBSystemPostgreSQL = DBSystemNameKey.String("postgresql")
+var DBSystemPostgreSQL = semconv.DBSystemNamePostgreSQL
 
 // TraceParent returns sc as a W3C traceparent value.
 func TraceParent(sc trace.SpanContext) string {
