@@ -233,10 +233,6 @@ func (a *autoReconciler) settle(p *pendingOutcome, res reconcile.Answer) {
 // leave writes what the operator command needs to settle p later, and settles it
 // unknown with reason stopped.
 func (a *autoReconciler) leave(p *pendingOutcome) {
-	l := a.t.cfg.logger
-	if l == nil {
-		l = slog.Default()
-	}
 	attrs := []slog.Attr{
 		slog.String(string(OperationIDKey), p.id.String()),
 		slog.Time("indeterminate_at", p.at),
@@ -248,7 +244,7 @@ func (a *autoReconciler) leave(p *pendingOutcome) {
 	if p.link.HasTraceID() {
 		attrs = append(attrs, slog.String("trace_id", p.link.TraceID().String()), slog.String("span_id", p.link.SpanID().String()))
 	}
-	l.LogAttrs(context.Background(), slog.LevelWarn, MessagePendingAtShutdown, attrs...)
+	a.t.logger().LogAttrs(context.Background(), slog.LevelWarn, MessagePendingAtShutdown, attrs...)
 	a.settle(p, reconcile.UnknownAnswer(reconcile.ReasonStopped, p.ref))
 }
 

@@ -249,9 +249,12 @@ func WithDisableConnectionDetailsInAttributes() Option {
 
 // ---- end of the group -------------------------------------------------------------
 
-// WithLogger sets a logger that receives one record per indeterminate outcome, with
+// WithLogger sets the logger of the library's records: one per indeterminate outcome, with
 // its operation id, trace id and reconciliation reference, so that an unknown commit is
-// never lost to trace sampling. No logging by default.
+// never lost to trace sampling; one per outcome still unsettled when the tracer closes
+// (WithAutoReconcile); one when a connection's commit references are off, with why.
+// Without it they go to slog.Default(), as the OpenTelemetry options default to the
+// globals. None holds user data.
 func WithLogger(l *slog.Logger) Option {
 	return optionFunc(func(c *config) { c.logger = l })
 }

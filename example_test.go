@@ -26,10 +26,9 @@ func ExampleInstrumentPool() {
 	if err != nil {
 		log.Fatal(err)
 	}
-	tracer, err := otelpgxtx.InstrumentPool(cfg,
-		otelpgxtx.WithCommitReference(),      // the xid: an unknown commit can be settled
-		otelpgxtx.WithLogger(slog.Default()), // one record of each, for the operator's command
-	)
+	// The xid: an unknown commit can be settled, from its log record (slog's default logger
+	// unless WithLogger says otherwise) or in the background (WithAutoReconcile).
+	tracer, err := otelpgxtx.InstrumentPool(cfg, otelpgxtx.WithCommitReference())
 	if err != nil {
 		log.Fatal(err)
 	}

@@ -5,13 +5,18 @@ import (
 	"log/slog"
 )
 
+// logger is where the library's records go: WithLogger's logger, else slog's default at
+// the time of the record (an application may set it after instrumenting).
+func (t *Tracer) logger() *slog.Logger {
+	if l := t.cfg.logger; l != nil {
+		return l
+	}
+	return slog.Default()
+}
+
 // logIndeterminate writes one record per indeterminate frame, so that an unknown commit
 // survives trace sampling: the operation id and reference are what reconciliation needs.
 func (t *Tracer) logIndeterminate(f *frame) {
-	l := t.cfg.logger
-	if l == nil {
-		return
-	}
 	attrs := []slog.Attr{
 		slog.String(string(OperationIDKey), f.id.String()),
 		slog.String(string(PhaseKey), f.currentPhase().String()),
@@ -26,7 +31,7 @@ func (t *Tracer) logIndeterminate(f *frame) {
 	if f.committedLocally {
 		attrs = append(attrs, slog.Bool(string(CommittedLocallyKey), true))
 	}
-	l.LogAttrs(context.Background(), slog.LevelWarn, MessageIndeterminate, attrs...)
+	t.logger().LogAttrs(context.Background(), slog.LevelWarn, MessageIndeterminate, attrs...)
 }
 
 // MessageIndeterminate is the message of the log record written for each indeterminate

@@ -245,13 +245,8 @@ func (t *Tracer) checked(st *connState, r wire.Reply) {
 	}
 }
 
-// referenceLog writes one record about the connection's references, on the WithLogger
-// logger, else slog's default: what it holds is the library's own (SQLSTATEs, the table
-// name the application configured), never user data.
+// referenceLog writes one record about the connection's references: what it holds is the
+// library's own (SQLSTATEs, the table name the application configured), never user data.
 func (t *Tracer) referenceLog(msg, reason string) {
-	l := t.cfg.logger
-	if l == nil {
-		l = slog.Default()
-	}
-	l.LogAttrs(context.Background(), slog.LevelWarn, "otelpgxtx: "+msg, slog.String("reason", reason))
+	t.logger().LogAttrs(context.Background(), slog.LevelWarn, "otelpgxtx: "+msg, slog.String("reason", reason))
 }

@@ -16,11 +16,28 @@ import (
 )
 
 // TestUnsampledFramesStillCounted: with a never-sample sampler no span is exported, but
-// every frame's phases are still tracked, and counted by outcome.
+// every frame's phases are still tracked, and counted by outcome; the indeterminate one is
+// logged, on WithLogger's logger, and without it on slog's default.
 func TestUnsampledFramesStillCounted(t *testing.T) {
+	for _, viaDefault := range []bool{false, true} {
+		t.Run(map[bool]string{false: "WithLogger", true: "slog_default"}[viaDefault], func(t *testing.T) {
+			var logs bytes.Buffer
+			l := slog.New(slog.NewTextHandler(&logs, nil))
+			var opts []Option
+			if viaDefault {
+				defer slog.SetDefault(slog.Default())
+				slog.SetDefault(l)
+			} else {
+				opts = append(opts, WithLogger(l))
+			}
+			unsampledFramesStillCounted(t, &logs, opts...)
+		})
+	}
+}
+
+func unsampledFramesStillCounted(t *testing.T, logs *bytes.Buffer, opts ...Option) {
 	ctx := testCtx(t)
-	var logs bytes.Buffer
-	h := newHarnessSampled(t, "", 1, sdktrace.NeverSample(), WithLogger(slog.New(slog.NewTextHandler(&logs, nil))))
+	h := newHarnessSampled(t, "", 1, sdktrace.NeverSample(), opts...)
 	table := newTable(t, ctx)
 	tx := mustBegin(t, ctx, h.pool)
 	if err := tx.Commit(ctx); err != nil {
