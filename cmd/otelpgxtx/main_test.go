@@ -157,7 +157,7 @@ func TestReconcileBadInput(t *testing.T) {
 		{"bad JSON", "{\"tx.reconciliation.ref\": \n", []string{"reconcile"}, "line 1: not a JSON log record"},
 		{"JSON without the keys", `{"msg":"hello"}` + "\n", []string{"reconcile"}, "line 1: the JSON record has neither tx.reconciliation.ref nor tx.operation_id"},
 		{"nothing", "\n\n", []string{"reconcile"}, "nothing to reconcile"},
-		{"no subcommand", "", nil, "usage: otelpgxtx reconcile"},
+		{"no subcommand", "", nil, "usage: otelpgxtx <command>"},
 		{"unknown flag", "", []string{"reconcile", "-x"}, "flag provided but not defined: -x"},
 		{"the old -marker flag", "", []string{"reconcile", "-marker", "public.m", "pg:7/1/3"}, "flag provided but not defined: -marker"},
 		{"a table PostgreSQL would fold", "", []string{"reconcile", "-assert-marker", "App.tx_marker", "pg:7/1/3"}, `-assert-marker: outcome: malformed marker table "App.tx_marker"`},
