@@ -275,53 +275,87 @@ func TestMakeFuzzRunsEveryFuzzTarget(t *testing.T) {
 	}
 }
 
-// TestBuildCommandAsDocumented runs the runbook's two ways to build the operator's command,
-// as written: from a checkout (here the repository, as ../otelpgxtx of a scratch directory)
-// and as a tool of a module of one's own beside it; each must leave a program that runs.
-func TestBuildCommandAsDocumented(t *testing.T) {
+// scratch is a directory with the repository as ../otelpgxtx of a new module, my-service,
+// as the docs' install blocks expect, and the environment to run them in (GOBIN its bin).
+type scratch struct {
+	dir, svc, bin string
+	env           []string
+}
+
+func newScratch(t *testing.T) scratch {
+	t.Helper()
 	repo, err := filepath.Abs("..")
 	if err != nil {
 		t.Fatal(err)
 	}
+	dir := t.TempDir()
+	if err := os.Symlink(repo, filepath.Join(dir, "otelpgxtx")); err != nil {
+		t.Fatal(err)
+	}
+	s := scratch{dir: dir, svc: filepath.Join(dir, "my-service"), bin: filepath.Join(dir, "bin")}
+	if err := os.Mkdir(s.svc, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	s.env = append(os.Environ(), "GOBIN="+s.bin, "GOWORK=off", "GOFLAGS=")
+	s.run(t, s.svc, "go", "mod", "init", "example.com/my-service")
+	return s
+}
+
+// run runs name with args in dir, and fails the test if it fails.
+func (s scratch) run(t *testing.T, dir, name string, args ...string) {
+	t.Helper()
+	cmd := exec.Command(name, args...)
+	cmd.Dir, cmd.Env = dir, s.env
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("%s %v: %v\n%s", name, args, err, out)
+	}
+}
+
+// TestBuildCommandAsDocumented runs the runbook's two ways to build the operator's command,
+// as written: from a checkout (here the repository, as ../otelpgxtx of a scratch directory)
+// and as a tool of a module of one's own beside it; each must leave a program that runs.
+func TestBuildCommandAsDocumented(t *testing.T) {
 	page, err := os.ReadFile("runbook.md")
 	if err != nil {
 		t.Fatal(err)
 	}
 	for _, first := range []string{"cd otelpgxtx ", "cd my-service "} {
 		t.Run(strings.Fields(first)[1], func(t *testing.T) {
-			block := shBlock(t, string(page), first)
-			dir := t.TempDir()
-			if err := os.Symlink(repo, filepath.Join(dir, "otelpgxtx")); err != nil {
-				t.Fatal(err)
-			}
-			svc := filepath.Join(dir, "my-service")
-			if err := os.Mkdir(svc, 0o755); err != nil {
-				t.Fatal(err)
-			}
-			bin := filepath.Join(dir, "bin")
-			env := append(os.Environ(), "GOBIN="+bin, "GOWORK=off", "GOFLAGS=")
-			run := func(name string, args ...string) {
-				t.Helper()
-				cmd := exec.Command(name, args...)
-				cmd.Dir, cmd.Env = svc, env
-				if out, err := cmd.CombinedOutput(); err != nil {
-					t.Fatalf("%s %v: %v\n%s", name, args, err, out)
-				}
-			}
-			run("go", "mod", "init", "example.com/my-service")
-			cmd := exec.Command("bash", "-euo", "pipefail", "-c", block)
-			cmd.Dir, cmd.Env = dir, env
-			if out, err := cmd.CombinedOutput(); err != nil {
-				t.Fatalf("the runbook's block\n%s\nfailed: %v\n%s", block, err, out)
-			}
+			t.Parallel() // each builds in a directory of its own
+			s := newScratch(t)
+			s.run(t, s.dir, "bash", "-euo", "pipefail", "-c", shBlock(t, string(page), first))
 			// Built, it answers as the runbook says: nothing to reconcile is exit status 2.
-			cmd = exec.Command(filepath.Join(bin, "otelpgxtx"), "reconcile")
+			cmd := exec.Command(filepath.Join(s.bin, "otelpgxtx"), "reconcile")
 			out, _ := cmd.CombinedOutput()
 			if cmd.ProcessState == nil || cmd.ProcessState.ExitCode() != 2 || !strings.Contains(string(out), "nothing to reconcile") {
 				t.Errorf("the built otelpgxtx reconcile: %v, %q; want exit 2, nothing to reconcile", cmd.ProcessState, out)
 			}
 		})
 	}
+}
+
+// TestInstallAsDocumented runs the README's install block as written, in a module of one's
+// own whose code is the README's setup (a program that instruments a pool), with the
+// repository as the checkout beside it: the module then builds.
+func TestInstallAsDocumented(t *testing.T) {
+	t.Parallel()
+	page, err := os.ReadFile("../README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	setup := goBlock.FindStringSubmatch(string(page))
+	if setup == nil || !strings.Contains(setup[2], "InstrumentPool") {
+		t.Fatal("the README's first go block is not the setup")
+	}
+	s := newScratch(t)
+	program := "package main\n\nimport (\n\t\"context\"\n\t\"log\"\n\t\"os\"\n\n" +
+		"\t\"github.com/jackc/pgx/v5/pgxpool\"\n\t\"github.com/txevidence/otelpgxtx\"\n)\n\n" +
+		"func main() {\n\tctx := context.Background()\n" + setup[2] + "}\n"
+	if err := os.WriteFile(filepath.Join(s.svc, "main.go"), []byte(program), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	s.run(t, s.dir, "bash", "-euo", "pipefail", "-c", shBlock(t, string(page), "cd my-service "))
+	s.run(t, s.svc, "go", "build", "-o", os.DevNull, ".")
 }
 
 // shBlock returns the one ```sh block of page whose first line starts with first.
