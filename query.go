@@ -104,7 +104,7 @@ func (t *Tracer) beforeQuery(ctx context.Context, conn *pgx.Conn, st *connState,
 	}
 	if f == nil && set.has(stmtBegin) && pg.TxStatus() == 'I' {
 		f = t.startFrame(ctx, conn, st, outcome.PhaseNotStarted, beginSQL, nil)
-		t.armCheck(st, f.refs, set, beginSQL)
+		t.armCheck(st, f.refs, pg, set, beginSQL)
 		if f.recording || f.refs.mode != referenceNone { // attributes, and whether a reference can be taken
 			_, rest := classifyOne(beginSQL)
 			f.isolation, f.accessMode = beginOptions(rest)

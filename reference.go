@@ -246,6 +246,28 @@ func (st *connState) setIdentity(row [][]byte) error {
 // usable is the table's own, on top of refsOn (markerFn.problem says why it is off).
 type refState uint8
 
+// minServerMajor is the oldest PostgreSQL the references work with: the functions they
+// call, pg_current_xact_id_if_assigned and (to reconcile) pg_xact_status, came with 13.
+const minServerMajor = 13
+
+// tooOld says why references are off on a server that reports server_version v, "" when
+// they are not: its major version is below minServerMajor. A version that does not begin
+// with a number is left to the check.
+func tooOld(v string) string {
+	major := 0
+	for _, c := range v {
+		if c < '0' || c > '9' || major > minServerMajor {
+			break
+		}
+		major = major*10 + int(c-'0')
+	}
+	if major == 0 || major >= minServerMajor {
+		return ""
+	}
+	return "PostgreSQL " + strconv.Itoa(major) + " is older than " + strconv.Itoa(minServerMajor) +
+		", the oldest with the functions the references call (pg_current_xact_id_if_assigned, pg_xact_status)"
+}
+
 const (
 	refsUnchecked refState = iota // no check answered yet: asked ahead of the next BEGIN
 	refsOn                        // the cluster identity is known: references can be taken

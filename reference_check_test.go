@@ -1,8 +1,10 @@
 package otelpgxtx
 
 import (
+	"bytes"
 	"context"
 	"fmt"
+	"log/slog"
 	"strings"
 	"testing"
 	"time"
@@ -160,4 +162,63 @@ func TestReferenceCheckCancelled(t *testing.T) {
 			t.Errorf("references turned off by a cancel:\n%s", logs)
 		}
 	})
+}
+
+// TestTooOld: the major version is read from server_version as servers report it; below
+// 13, references are off, with why.
+func TestTooOld(t *testing.T) {
+	for v, off := range map[string]bool{"12.22": true, "9.6.24": true, "10": true, "13.0": false, "13.23": false,
+		"16beta1": false, "15.4 (Debian 15.4-1.pgdg120+1)": false, "": false, "CockroachDB": false, "1234.5": false} {
+		if why := tooOld(v); (why != "") != off {
+			t.Errorf("tooOld(%q) = %q, want off %v", v, why, off)
+		}
+	}
+}
+
+// TestReferencesOffBelowOldestServer: through a proxy that has a real server report
+// server_version 12.22, the references are off from the first BEGIN, with one log record
+// saying why, and nothing of the library's is sent — no check, no xid read: plain pgx and
+// Run commit as without the option, without a reference.
+func TestReferencesOffBelowOldestServer(t *testing.T) {
+	ctx := testCtx(t)
+	table := newTable(t, ctx)
+	proxy := newProxy(t)
+	proxy.ReportVersion("12.22")
+	rec := proxy.Record()
+	logs := &lockedBuffer{}
+	h := newHarness(t, proxy.ConnString(srv.ConnString()), 1, WithCommitReference(), WithLogger(slog.New(slog.NewJSONHandler(logs, nil))))
+	for id := 1; id <= 2; id++ {
+		if err := plainInsert(ctx, h.pool, table, id, nil); err != nil {
+			t.Fatal(err)
+		}
+	}
+	p := DefaultPolicy()
+	p.CommitReference = true
+	res := Run(ctx, h.pool, p, func(ctx context.Context, tx pgx.Tx) (struct{}, error) {
+		_, err := tx.Exec(ctx, fmt.Sprintf("insert into %s (id) values (3)", table))
+		return struct{}{}, err
+	})
+	if _, ok := res.(outcome.Committed[struct{}]); !ok {
+		t.Fatalf("Run: %v", res.Outcome())
+	}
+	conn, err := h.pool.Acquire(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if v := conn.Conn().PgConn().ParameterStatus("server_version"); v != "12.22" {
+		t.Fatalf("the connection saw server_version %q, want the proxy's 12.22", v)
+	}
+	conn.Release()
+	for i, f := range h.frames() {
+		if _, ok := refOf(t, f); ok {
+			t.Errorf("frame %d has a reference", i)
+		}
+	}
+	if n := strings.Count(logs.String(), "PostgreSQL 12 is older than 13"); n != 1 {
+		t.Errorf("%d log records say the server is too old, want 1:\n%s", n, logs.String())
+	}
+	client := rec.Conversations()[0].ClientBytes()
+	if bytes.Contains(client, []byte("pg_control_system")) || bytes.Contains(client, xidReadCall(t, ctx)) {
+		t.Error("the library sent its check or its xid read to a server too old for them")
+	}
 }

@@ -44,7 +44,15 @@ type check struct {
 // that a missing privilege shows there), and the marker function of refs, once per
 // connection and table. It goes outside any transaction, so that a failure of it changes
 // nothing of the application's, and in the same write, so that it costs no round trip.
-func (t *Tracer) armCheck(st *connState, refs references, set stmtSet, sql string) {
+func (t *Tracer) armCheck(st *connState, refs references, pg *pgconn.PgConn, set stmtSet, sql string) {
+	if st.refs == refsUnchecked && referencesOn(st, refs) {
+		if why := tooOld(pg.ParameterStatus("server_version")); why != "" {
+			// Nothing is sent: the check itself calls what the server does not have.
+			st.refs, st.offWhy = refsOff, why
+			t.referenceLog("commit references are off for this connection", why)
+			return
+		}
+	}
 	if !referencesOn(st, refs) || st.adding || !set.single() {
 		return
 	}

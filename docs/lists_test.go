@@ -1,6 +1,7 @@
 package docs
 
 import (
+	"fmt"
 	"go/ast"
 	"go/parser"
 	"go/token"
@@ -270,4 +271,65 @@ func TestListsAgreeWithCode(t *testing.T) {
 		t.Fatalf("read %d log record fields from the code: %v", len(fields), fields)
 	}
 	wantAll(t, "runbook.md's paragraph on the log records", section(t, "runbook.md", "They go to the logger of `WithLogger`", "\n"), fields)
+}
+
+// referencePrices reads the commit references' figures from performance.md's table of the
+// latest side-by-side run (the section referenceTable names): the ranges of g/c and h/c
+// over the loopback rows, each at the 2.5 ms round trip, and the ranges of the server CPU
+// they add (h on loopback; g in the scaling runs), as the README's options table gives
+// them.
+func referencePrices(t *testing.T) []string {
+	t.Helper()
+	const referenceTable = "### The xid read after a statement, the marker by name"
+	var gLoop, hLoop, hCPU, gScaleCPU []float64
+	var gRTT, hRTT float64
+	for _, line := range strings.Split(section(t, "performance.md", referenceTable, "### "), "\n") {
+		cells := strings.Split(line, "|")
+		if len(cells) != 9 || !strings.Contains(cells[1], "goroutine") {
+			continue
+		}
+		num := func(i int) float64 {
+			v, err := strconv.ParseFloat(strings.NewReplacer("−", "-", "+", "", ",", "", "¹", "").Replace(strings.TrimSpace(cells[i])), 64)
+			if err != nil {
+				t.Fatalf("performance.md: %q: %v", line, err)
+			}
+			return v
+		}
+		if strings.Contains(cells[1], "round trip") {
+			gRTT, hRTT = num(3), num(4)
+			continue
+		}
+		gLoop, hLoop, hCPU = append(gLoop, num(3)), append(hLoop, num(4)), append(hCPU, num(7))
+		if strings.Contains(cells[1], "TxScale") || !strings.Contains(cells[1], "Tx") {
+			gScaleCPU = append(gScaleCPU, num(6))
+		}
+	}
+	if len(gLoop) != 4 || gRTT == 0 || len(gScaleCPU) != 3 {
+		t.Fatalf("performance.md's table: %d loopback rows, %d scaling rows, round trip %v", len(gLoop), len(gScaleCPU), gRTT)
+	}
+	signed := func(v float64) string {
+		if v < 0 {
+			return fmt.Sprintf("−%.0f", -v)
+		}
+		return fmt.Sprintf("+%.0f", v)
+	}
+	return []string{
+		fmt.Sprintf("%.2f–%.2f× its tx/s on loopback at 1–64 goroutines, %.2f× at 2.5 ms round trip", slices.Min(gLoop), slices.Max(gLoop), gRTT),
+		fmt.Sprintf("%s to %s µs of server CPU in the scaling runs", signed(slices.Min(gScaleCPU)), signed(slices.Max(gScaleCPU))),
+		fmt.Sprintf("%.2f–%.2f× the tracer's tx/s on loopback, %.2f× at 2.5 ms, +%.0f–%.0f µs of server CPU per commit on loopback", slices.Min(hLoop), slices.Max(hLoop), hRTT, slices.Min(hCPU), slices.Max(hCPU)),
+	}
+}
+
+// TestOptionPricesFromPerformance: the README's options table gives the commit references'
+// prices as performance.md measured them, so a new run's figures cannot leave it behind.
+func TestOptionPricesFromPerformance(t *testing.T) {
+	readme, err := os.ReadFile("../README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range referencePrices(t) {
+		if !strings.Contains(string(readme), want) {
+			t.Errorf("the README's options table does not say %q (performance.md's figures)", want)
+		}
+	}
 }

@@ -1,6 +1,7 @@
 package pgtest
 
 import (
+	"bytes"
 	"context"
 	"crypto/tls"
 	"encoding/binary"
@@ -12,12 +13,15 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/jackc/pgx/v5/pgproto3"
 )
 
 // Proxy forwards TCP between clients and the server and injects faults.
 //
 // It parses the frontend (client to server) protocol to find the message that
-// carries a COMMIT; server bytes are relayed unparsed. A client that asks for TLS
+// carries a COMMIT; server bytes are relayed unparsed (but for connection start under
+// ReportVersion). A client that asks for TLS
 // (an SSLRequest) gets it if the target agrees, so a Server's TLSConnString works
 // through the proxy: to see the COMMIT, the proxy ends the client's TLS session itself,
 // with a certificate for 127.0.0.1 and localhost from the CA that signed the servers'
@@ -59,6 +63,7 @@ type Proxy struct {
 	rec *Recording // set by Record: connections accepted from then on are recorded
 
 	toServer, toClient time.Duration // set by SetDelay, for connections accepted from then on
+	version            string        // set by ReportVersion, for connections accepted from then on
 }
 
 // fault is the one-shot fault armed for the next message carrying COMMIT.
@@ -187,6 +192,15 @@ func (p *Proxy) SetDelay(toServer, toClient time.Duration) {
 	p.mu.Unlock()
 }
 
+// ReportVersion has the server_version the server reports at connection start (its
+// ParameterStatus) reach the client as v, for connections accepted from then on: the
+// client sees a server of that version, whatever runs behind ("" stops it).
+func (p *Proxy) ReportVersion(v string) {
+	p.mu.Lock()
+	p.version = v
+	p.mu.Unlock()
+}
+
 // CutAll closes every live connection (both sides) now. Each connection it
 // closes counts as one cut.
 func (p *Proxy) CutAll() {
@@ -296,6 +310,7 @@ func (p *Proxy) serve(client net.Conn) {
 		return
 	}
 	toServer, toClient := p.toServer, p.toClient
+	pc.version = p.version
 	p.conns[pc] = struct{}{}
 	if p.rec != nil {
 		pc.conv = p.rec.add()
@@ -348,6 +363,8 @@ type proxyConn struct {
 	serverSpoke atomic.Bool
 
 	conv *Conversation // nil unless the proxy records
+	// version, when set, replaces the server_version the server reports (ReportVersion).
+	version string
 
 	toServer, toClient *link // the only way bytes are written to either side
 	// serverDone is closed once the server's side has ended (its relay returned).
@@ -377,13 +394,15 @@ func (pc *proxyConn) close() bool {
 // blocked the connection.
 func (p *Proxy) relayServer(pc *proxyConn) {
 	buf := make([]byte, 32<<10)
+	rw := versionRewrite{version: pc.version}
 	for {
 		n, err := pc.serverIO.Read(buf)
-		if n > 0 && pc.conv != nil {
-			pc.conv.server.append(buf[:n])
+		data := rw.rewrite(buf[:n])
+		if len(data) > 0 && pc.conv != nil {
+			pc.conv.server.append(data)
 		}
-		if n > 0 && !pc.blocked.Load() {
-			if err := pc.toClient.write(buf[:n]); err != nil {
+		if len(data) > 0 && !pc.blocked.Load() {
+			if err := pc.toClient.write(data); err != nil {
 				return
 			}
 		}
@@ -766,4 +785,41 @@ func (r *recorded) bytes() []byte {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	return append([]byte(nil), r.buf...)
+}
+
+// versionRewrite replaces the server_version ParameterStatus in the server's messages up
+// to its first ReadyForQuery, the end of connection start; after it, bytes pass as they
+// are.
+type versionRewrite struct {
+	version string
+	pending []byte // an incomplete message
+	done    bool
+}
+
+// rewrite returns what of b goes on to the client now.
+func (r *versionRewrite) rewrite(b []byte) []byte {
+	if r.version == "" || r.done {
+		return b
+	}
+	r.pending = append(r.pending, b...)
+	var out []byte
+	for len(r.pending) >= 5 {
+		end := 1 + int(binary.BigEndian.Uint32(r.pending[1:5]))
+		if end < 5 || len(r.pending) < end {
+			break
+		}
+		msg := r.pending[:end]
+		if msg[0] == 'S' && bytes.HasPrefix(msg[5:], []byte("server_version\x00")) {
+			msg, _ = (&pgproto3.ParameterStatus{Name: "server_version", Value: r.version}).Encode(nil)
+		}
+		out = append(out, msg...)
+		r.pending = r.pending[end:]
+		if msg[0] == 'Z' {
+			r.done = true
+			out = append(out, r.pending...)
+			r.pending = nil
+			break
+		}
+	}
+	return out
 }
