@@ -96,7 +96,7 @@ func endAttemptFrame[T any](f *frame, res outcome.Result[T], retry bool, n int) 
 	}
 	if retry && f.span.IsRecording() {
 		f.span.AddEvent(eventRetry, trace.WithAttributes(AttemptKey.Int(n+1),
-			errorTypeKey.String(f.verdict.Reason())))
+			errorTypeKey.String(f.classification.Reason())))
 	}
 	f.t.endFrame(f, res.Outcome(), postCommitFailure(res))
 }
@@ -196,7 +196,7 @@ func endAttempt[T any](ctx context.Context, a *attempt, p Policy, value T, err e
 		if v.Evidence() == classifier.EvidenceUnknown {
 			// The server could not tell whether a statement completed, and that statement
 			// may have been the commit (see afterActiveQuery): never a rollback.
-			return resultOfCommit[T](ctx, sc, commitOutcome{verdict: v, err: err}, nil, value)
+			return resultOfCommit[T](ctx, sc, commitOutcome{classification: v, err: err}, nil, value)
 		}
 		return determinateRollback[T](sc.id, outcome.PhaseActive, err, v.Retryable())
 	}
@@ -210,7 +210,7 @@ func endAttempt[T any](ctx context.Context, a *attempt, p Policy, value T, err e
 // the AfterCommit hooks, an unobserved one is indeterminate, and anything else rolled back.
 func resultOfCommit[T any](ctx context.Context, sc *scope, cr commitOutcome, hooks []func(context.Context) error, value T) outcome.Result[T] {
 	f := sc.frame
-	v := cr.verdict
+	v := cr.classification
 	switch v.Evidence() {
 	case classifier.EvidenceCommitted:
 		if perr := runHooks(ctx, f, hooks); perr != nil {
@@ -240,7 +240,7 @@ func resultOfCommit[T any](ctx context.Context, sc *scope, cr commitOutcome, hoo
 
 // rollback ends the transaction after fn failed with cause, and returns the verdict:
 // the cause decides whether a retry can help.
-func rollback(ctx context.Context, sc *scope, tx pgx.Tx, cause error) classifier.Verdict {
+func rollback(ctx context.Context, sc *scope, tx pgx.Tx, cause error) classifier.Classification {
 	conn := tx.Conn()
 	closed := conn != nil && conn.IsClosed()
 	v := classifier.Classify(outcome.PhaseActive, cause, classifier.Facts{ConnClosed: closed})
@@ -263,30 +263,30 @@ func rollback(ctx context.Context, sc *scope, tx pgx.Tx, cause error) classifier
 			// The rollback never reached the tracer (the connection was gone).
 			f.conclude(stateOf(f.conn), f.firstErr)
 		}
-		return f.verdict
+		return f.classification
 	}
 	return v
 }
 
-// commitOutcome is what commit observed: the verdict, the COMMIT's error and the
+// commitOutcome is what commit observed: the classification, the COMMIT's error and the
 // reference its frame took.
 type commitOutcome struct {
-	verdict classifier.Verdict
-	err     error
-	ref     *outcome.ReconciliationRef
+	classification classifier.Classification
+	err            error
+	ref            *outcome.ReconciliationRef
 }
 
-// commit ends the transaction with pgx's own COMMIT, and returns the verdict: the
+// commit ends the transaction with pgx's own COMMIT, and returns the classification: the
 // frame's, which has seen the server's notices and what the library's additions to the
 // writes brought (the reference), or else the classifier's on the error alone.
 func commit(ctx context.Context, sc *scope, tx pgx.Tx) commitOutcome {
 	err := tx.Commit(ctx)
 	if f := sc.frame; f != nil && !f.open() {
-		return commitOutcome{verdict: f.verdict, err: err, ref: f.ref}
+		return commitOutcome{classification: f.classification, err: err, ref: f.ref}
 	}
 	facts := classifier.Facts{RollbackTag: errors.Is(err, pgx.ErrTxCommitRollback)}
 	if conn := tx.Conn(); conn != nil {
 		facts.Server = classifier.ServerOf(conn.PgConn().ParameterStatus)
 	}
-	return commitOutcome{verdict: classifier.Classify(outcome.PhaseCommitting, err, facts), err: err}
+	return commitOutcome{classification: classifier.Classify(outcome.PhaseCommitting, err, facts), err: err}
 }

@@ -16,6 +16,7 @@ import (
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
 	"go.opentelemetry.io/otel/sdk/metric/metricdata"
 
+	"github.com/txevidence/otelpgxtx/internal/reconciletest"
 	"github.com/txevidence/otelpgxtx/outcome"
 	"github.com/txevidence/otelpgxtx/pgtest"
 	"github.com/txevidence/otelpgxtx/reconcile"
@@ -79,10 +80,10 @@ func (h *harness) reconcileCounts(t *testing.T, ctx context.Context) (counts map
 // series born at 0.
 func TestAutoReconcile(t *testing.T) {
 	pgtest.LeakCheck(t) // first: it runs after every cleanup below
-	ctx := testCtx(t)
+	ctx := pgtest.ContextFor(t)
 	db := srv.Pool(t, ctx)
 	rec := newReconciled()
-	proxy := newProxy(t)
+	proxy := pgtest.ProxyFor(t, srv)
 	var logs bytes.Buffer
 	h := newHarness(t, proxy.ConnString(srv.ConnString()), 2, WithLogger(slog.New(slog.NewJSONHandler(&logs, nil))),
 		withAutoReconcile(t, db, WithOnReconciled(rec.on)))
@@ -96,8 +97,8 @@ func TestAutoReconcile(t *testing.T) {
 			t.Fatalf("at start %s = %d", k, v)
 		}
 	}
-	table := newTable(t, ctx)
-	marker := newMarkerTable(t, ctx, srv.Exec)
+	table := srv.NewTable(t, ctx, tableColumns)
+	marker := reconciletest.NewMarkerTable(t, ctx, srv.Exec)
 
 	// The proxy cuts before the xid arrives: the commit marker is the reference.
 	res := Run(ctx, h.pool, markerPolicy(marker), func(ctx context.Context, tx pgx.Tx) (int, error) {
@@ -145,7 +146,7 @@ func TestAutoReconcile(t *testing.T) {
 	if err := srv.WaitQuiet(ctx); err != nil {
 		t.Fatal(err)
 	}
-	if committed := answers[ind.OperationID()] == "committed/"; rowExists(t, ctx, table, 1) != committed {
+	if committed := answers[ind.OperationID()] == "committed/"; srv.RowExists(t, ctx, table, 1) != committed {
 		t.Fatalf("reconciled %s, but the row's presence is %v", answers[ind.OperationID()], !committed)
 	}
 	if _, _, unresolved := h.reconcileCounts(t, ctx); unresolved != 0 {
@@ -255,10 +256,10 @@ func (srvQuerier) QueryRow(context.Context, string, ...any) pgx.Row { return nil
 // goroutine until a frame ends indeterminate, so that one that is never closed, and never
 // saw an indeterminate commit, leaves none behind (pgtest.LeakCheck, with no Close).
 func TestAutoReconcileStartsOnDemand(t *testing.T) {
-	ctx := testCtx(t)
+	ctx := pgtest.ContextFor(t)
 	db := srv.Pool(t, ctx)
 	h := newHarness(t, "", 1, withAutoReconcile(t, db)) // its LeakCheck runs after the pool's Close
-	table := newTable(t, ctx)
+	table := srv.NewTable(t, ctx, tableColumns)
 	commitOne(t, ctx, h, table, 1)
 	if h.tracer.auto == nil || h.tracer.auto.started {
 		t.Fatal("the reconciler's workers started without an indeterminate frame")

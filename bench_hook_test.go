@@ -76,7 +76,7 @@ func (f *benchFake) tx(ctx context.Context) error {
 
 // BenchmarkHookTx is the per-transaction hook path without I/O: BEGIN, 3 statements,
 // COMMIT over fakePG. c_otelpgxtx − b_otelpgx is the Tracer's own added cost per
-// transaction; d and e add Run and reference capture on top of c.
+// transaction; d and e add Run and commit references on top of c.
 func BenchmarkHookTx(b *testing.B) {
 	for _, s := range benchSamplings {
 		for _, v := range benchVariants {
@@ -99,7 +99,7 @@ func BenchmarkHookTx(b *testing.B) {
 
 // benchPairs are the differences the targets without I/O are about (Run's d−c ≤ 1000 ns,
 // the Tracer's i−b ≤ 1500 ns over the SDK's frame span, c ≤ b), head against base: the
-// Tracer (c−b), Run (d−c) and reference capture (e−d); a null pair, c against itself,
+// Tracer (c−b), Run (d−c) and commit references (e−d); a null pair, c against itself,
 // whose difference is the measure's own noise in that run; what the frame's events in
 // place of statement spans save (c−i) and the Tracer with every span (i−b, which
 // the floors model); and the SDK floors of
@@ -281,7 +281,7 @@ func fakeTraced(t *testing.T, opts ...Option) (*pgx.Conn, *tracetest.InMemoryExp
 }
 
 // TestBenchFakeServer checks that the fake is a faithful enough stand-in: over it, the
-// Tracer sees a committed frame with every phase, and Run with capture returns a
+// Tracer sees a committed frame with every phase, and Run with references returns a
 // Committed result after reading the cluster identity and the xid.
 func TestBenchFakeServer(t *testing.T) {
 	conn, exp, _ := fakeTraced(t, WithInnerTracer(nil))

@@ -2,7 +2,7 @@ package otelpgxtx
 
 // Benchmarks of the cost of the evidence, side by side with bare pgx and otelpgx, against
 // its targets: in tx/s on a real server, c/b ≥ 0.97, d/c ≥ 0.98 and e/d ≥ 0.97 (reference
-// capture: ≥ 0.92 with 8 goroutines, ≥ 0.98 over a network round trip); without I/O,
+// references: ≥ 0.92 with 8 goroutines, ≥ 0.98 over a network round trip); without I/O,
 // what Run and the Tracer add over what the SDK alone charges; and c ≤ b, the Tracer with
 // its defaults costing no more than otelpgx alone. scripts/bench runs them, compares the
 // variants with benchstat and prints each target with its verdict.

@@ -318,11 +318,11 @@ func BenchmarkTxScale(b *testing.B) {
 }
 
 // BenchmarkTxRoundTrips counts client-to-server round trips per transaction at a
-// pgtest.Proxy: reference capture (e) must take exactly as many as d. Its ns/op
+// pgtest.Proxy: commit references (e) must take exactly as many as d. Its ns/op
 // includes the proxy and is not comparable with BenchmarkTx.
 func BenchmarkTxRoundTrips(b *testing.B) {
 	admin := benchSchema(b)
-	proxy := newProxy(b)
+	proxy := pgtest.ProxyFor(b, srv)
 	for _, w := range benchWorkloads {
 		for _, v := range benchServerVariants {
 			d := newBenchDB(b, proxy.ConnString(srv.ConnString()), v, benchSamplings[0], w, 1)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/tls"
 	"errors"
+	"fmt"
 	"syscall"
 	"testing"
 	"time"
@@ -11,8 +12,10 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/txevidence/otelpgxtx/classifier"
+	"github.com/txevidence/otelpgxtx/internal/reconciletest"
 	"github.com/txevidence/otelpgxtx/internal/wire"
 	"github.com/txevidence/otelpgxtx/outcome"
+	"github.com/txevidence/otelpgxtx/pgtest"
 )
 
 // commitFault kills a transaction's session the way a real fault does, while the
@@ -100,9 +103,9 @@ func TestCommitNotExecuted(t *testing.T) {
 }
 
 func commitNotExecuted(t *testing.T, base string) {
-	marker := newMarkerTable(t, testCtx(t), srv.Exec)
-	noCapture := DefaultPolicy()
-	noCapture.CommitReference = false
+	marker := reconciletest.NewMarkerTable(t, pgtest.ContextFor(t), srv.Exec)
+	noRef := DefaultPolicy()
+	noRef.CommitReference = false
 	// Each fault with the references off, with the xid read and with the marker: the
 	// library's call in COMMIT's write changes none of the rules.
 	for _, m := range []struct {
@@ -110,7 +113,7 @@ func commitNotExecuted(t *testing.T, base string) {
 		opts   []Option
 		policy Policy
 	}{
-		{"references off", nil, noCapture},
+		{"references off", nil, noRef},
 		{"xid", []Option{WithCommitReference()}, DefaultPolicy()},
 		{"marker", []Option{WithCommitMarker(marker)}, markerPolicy(marker)},
 	} {
@@ -119,7 +122,7 @@ func commitNotExecuted(t *testing.T, base string) {
 }
 
 func commitNotExecutedWith(t *testing.T, base string, opts []Option, policy Policy) {
-	proxy := newProxy(t)
+	proxy := pgtest.ProxyFor(t, srv)
 	for _, tc := range []struct {
 		name     string
 		fault    commitFault
@@ -131,9 +134,9 @@ func commitNotExecutedWith(t *testing.T, base string, opts []Option, policy Poli
 		{"connection reset", resetBy(proxy.ResetAll), classifier.ReasonCommitNotSent, ""},
 	} {
 		t.Run(tc.name+"/pgx", func(t *testing.T) {
-			ctx := testCtx(t)
+			ctx := pgtest.ContextFor(t)
 			h := newHarness(t, proxy.ConnString(base), 1, opts...)
-			table := newTable(t, ctx)
+			table := srv.NewTable(t, ctx, tableColumns)
 			pc, err := h.pool.Acquire(ctx)
 			if err != nil {
 				t.Fatal(err)
@@ -151,14 +154,14 @@ func commitNotExecutedWith(t *testing.T, base string, opts []Option, policy Poli
 			f := h.frames()[0]
 			wantAttr(t, f, string(OutcomeKey), "rolled_back")
 			wantAttr(t, f, "error.type", tc.reason)
-			if rowExists(t, ctx, table, 1) {
+			if srv.RowExists(t, ctx, table, 1) {
 				t.Fatal("row present")
 			}
 		})
 		t.Run(tc.name+"/Run", func(t *testing.T) {
-			ctx := testCtx(t)
+			ctx := pgtest.ContextFor(t)
 			h := newHarness(t, proxy.ConnString(base), 1, opts...)
-			table := newTable(t, ctx)
+			table := srv.NewTable(t, ctx, tableColumns)
 			attempts := 0
 			res := Run(ctx, h.pool, policy, func(ctx context.Context, tx pgx.Tx) (int, error) {
 				attempts++
@@ -180,16 +183,16 @@ func commitNotExecutedWith(t *testing.T, base string, opts []Option, policy Poli
 			}
 			wantAttr(t, frames[0], string(OutcomeKey), "rolled_back")
 			wantAttr(t, frames[0], "error.type", tc.reason)
-			if !rowExists(t, ctx, table, 1) {
+			if !srv.RowExists(t, ctx, table, 1) {
 				t.Fatal("row absent after the retry")
 			}
 		})
 	}
 	t.Run("commit held back by the proxy", func(t *testing.T) {
 		// The kernel accepted COMMIT's bytes: whether the server read them is unknown.
-		ctx := testCtx(t)
+		ctx := pgtest.ContextFor(t)
 		h := newHarness(t, proxy.ConnString(base), 1, opts...)
-		table := newTable(t, ctx)
+		table := srv.NewTable(t, ctx, tableColumns)
 		res := Run(ctx, h.pool, policy, func(ctx context.Context, tx pgx.Tx) (int, error) {
 			proxy.CutBeforeCommit()
 			return insertFn(table, 1)(ctx, tx)
@@ -213,5 +216,77 @@ func BenchmarkMarkCommit(b *testing.B) {
 		if nc.MarkCommit() || nc.CommitNotSent() {
 			b.Fatal("evidence on an idle connection")
 		}
+	}
+}
+
+// TestCommitContextDoneBeforeWrite: a COMMIT whose context is done before pgconn writes it
+// never leaves the process (pgconn refuses it, nothing is written), and pgx's Commit then
+// closes the connection, in the transaction: the server rolls it back. The frame is
+// rolled back, commit_not_sent, retryable — not indeterminate — for plain pgx with the
+// Verdict in Commit's context, and for Run, with each reference option; the row is not
+// there. On a connection the application goes on using, a second COMMIT commits in the
+// same frame. (The long failover soak found such COMMITs, each one indeterminate and, with
+// the marker, without a reference, though nothing had been sent.)
+func TestCommitContextDoneBeforeWrite(t *testing.T) {
+	ctx := pgtest.ContextFor(t)
+	table := srv.NewTable(t, ctx, tableColumns)
+	marker := reconciletest.NewMarkerTable(t, ctx, srv.Exec)
+	done := func() context.Context {
+		c, cancel := context.WithDeadline(ctx, time.Now().Add(-time.Second))
+		cancel()
+		return c
+	}
+	for i, opts := range [][]Option{nil, {WithCommitReference()}, {WithCommitMarker(marker)}} {
+		h := newHarness(t, "", 1, opts...)
+		id := 10 * (i + 1)
+		tx := mustBegin(t, ctx, h.pool)
+		mustExec(t, ctx, tx, fmt.Sprintf("insert into %s (id) values (%d)", table, id))
+		vctx, v := NewVerdict(done())
+		if err := tx.Commit(vctx); !errors.Is(err, context.DeadlineExceeded) {
+			t.Fatalf("options %d: Commit with a done context: %v", i, err)
+		}
+		f := lastFrame(t, h)
+		wantAttr(t, f, "tx.outcome", "rolled_back")
+		wantAttr(t, f, "error.type", classifier.ReasonCommitNotSent)
+		wantAttr(t, f, "tx.retryable", "true")
+		if res, err := v.Result(); err != nil || res.Outcome() != outcome.OutcomeRolledBack {
+			t.Fatalf("options %d: the Verdict of Commit's context: %v, %v", i, res, err)
+		}
+
+		runCtx, cancel := context.WithCancel(ctx)
+		res := Run(runCtx, h.pool, DefaultPolicy(), func(ctx context.Context, tx pgx.Tx) (struct{}, error) {
+			_, err := tx.Exec(ctx, fmt.Sprintf("insert into %s (id) values (%d)", table, id+1))
+			cancel() // the context ends before Run commits
+			return struct{}{}, err
+		})
+		rb, ok := res.(outcome.DeterminateRollback[struct{}])
+		if !ok || !errors.Is(rb.Cause(), context.Canceled) {
+			t.Fatalf("options %d: Run: %v, want a rollback caused by the cancel", i, res.Outcome())
+		}
+		for _, r := range []int{id, id + 1} {
+			if srv.RowExists(t, ctx, table, r) {
+				t.Fatalf("options %d: row %d is there", i, r)
+			}
+		}
+	}
+
+	// Raw statements on one connection: the first COMMIT never leaves, the second commits.
+	h := newHarness(t, "", 1, WithCommitReference())
+	conn, err := h.pool.Acquire(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Release()
+	mustExec(t, ctx, conn, "begin", fmt.Sprintf("insert into %s (id) values (99)", table))
+	if _, err := conn.Exec(done(), "commit"); err == nil {
+		t.Fatal("COMMIT with a done context succeeded")
+	}
+	mustExec(t, ctx, conn, "commit")
+	if fs := h.frames(); len(fs) != 1 {
+		t.Fatalf("%d frames, want 1", len(fs))
+	}
+	wantAttr(t, lastFrame(t, h), "tx.outcome", "committed")
+	if !srv.RowExists(t, ctx, table, 99) {
+		t.Fatal("the second COMMIT's row is not there")
 	}
 }

@@ -20,6 +20,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/txevidence/otelpgxtx/outcome"
+	"github.com/txevidence/otelpgxtx/pgtest"
 	"github.com/txevidence/otelpgxtx/reconcile"
 )
 
@@ -65,11 +66,11 @@ func commitOne(t *testing.T, ctx context.Context, h *harness, table string, id i
 // TestSpanAndMeterAttributes: span attributes go to the frame span and to the default
 // otelpgx statement spans, never to metrics; meter attributes go to the metrics only.
 func TestSpanAndMeterAttributes(t *testing.T) {
-	ctx := testCtx(t)
+	ctx := pgtest.ContextFor(t)
 	h := newHarness(t, "", 1,
 		WithSpanAttributes(attribute.String("deployment", "blue")),
 		WithMeterAttributes(attribute.String("cell", "c1")))
-	commitOne(t, ctx, h, newTable(t, ctx), 1)
+	commitOne(t, ctx, h, srv.NewTable(t, ctx, tableColumns), 1)
 	f := onlyFrame(t, h)
 	wantAttr(t, f, "deployment", "blue")
 	if _, ok := attr(f, "cell"); ok {
@@ -99,7 +100,7 @@ type nameKey struct{}
 // TestSpanNameCtxFunc: the function gets the caller's context and BEGIN as pgx sent it;
 // an empty name keeps the fixed one.
 func TestSpanNameCtxFunc(t *testing.T) {
-	ctx := testCtx(t)
+	ctx := pgtest.ContextFor(t)
 	var begins []string
 	h := newHarness(t, "", 1, WithSpanName("tx"), WithSpanNameCtxFunc(func(ctx context.Context, begin string) string {
 		begins = append(begins, begin)
@@ -113,7 +114,7 @@ func TestSpanNameCtxFunc(t *testing.T) {
 	if err := tx.Commit(ctx); err != nil {
 		t.Fatal(err)
 	}
-	commitOne(t, ctx, h, newTable(t, ctx), 1)
+	commitOne(t, ctx, h, srv.NewTable(t, ctx, tableColumns), 1)
 	// The transaction COMMIT AND CHAIN begins keeps its predecessor's name.
 	withConn(t, ctx, h, func(c *pgx.Conn) {
 		mustExec(t, context.WithValue(ctx, nameKey{}, "batch job"), c, "BEGIN", "commit and chain")
@@ -139,7 +140,7 @@ func TestSpanNameCtxFunc(t *testing.T) {
 // text, first and cached use, statements, prepares and batches alike; a user's own
 // otelpgx.WithSpanNameFunc still decides.
 func TestStatementSpanNames(t *testing.T) {
-	ctx := testCtx(t)
+	ctx := pgtest.ContextFor(t)
 	stmts := []struct {
 		sql  string
 		args []any
@@ -209,7 +210,7 @@ type skipKey struct{}
 // span, its outcome is still counted and logged, and Run still returns the verdict the
 // evidence proves, indeterminate with its reference included, which reconciles.
 func TestFilter(t *testing.T) {
-	ctx := testCtx(t)
+	ctx := pgtest.ContextFor(t)
 	var logs bytes.Buffer
 	var asked atomic.Int32
 	h := newHarness(t, "", 2, WithLogger(slog.New(slog.NewTextHandler(&logs, nil))), WithFilter(
@@ -217,7 +218,7 @@ func TestFilter(t *testing.T) {
 		func(ctx context.Context, begin string) bool { asked.Add(1); return true },
 		func(ctx context.Context, begin string) bool { return ctx.Value(skipKey{}) == nil },
 	))
-	table := newTable(t, ctx)
+	table := srv.NewTable(t, ctx, tableColumns)
 	rctx, root := rootSpan(ctx, h)
 	skip := context.WithValue(rctx, skipKey{}, true)
 
@@ -322,8 +323,8 @@ func TestFilter(t *testing.T) {
 // TestDisableConnectionDetailsInAttributes: no server.address, server.port or
 // db.namespace on frame or statement spans; they are there without the option.
 func TestDisableConnectionDetailsInAttributes(t *testing.T) {
-	ctx := testCtx(t)
-	table := newTable(t, ctx)
+	ctx := pgtest.ContextFor(t)
+	table := srv.NewTable(t, ctx, tableColumns)
 	details := []attribute.Key{"server.address", "server.port", "db.namespace"}
 	for _, disable := range []bool{false, true} {
 		var opts []Option
@@ -370,10 +371,10 @@ func (it *innerTracer) TraceBatchEnd(context.Context, *pgx.Conn, pgx.TraceBatchE
 // interfaces it implements are forwarded too, and inside a transaction it sees the frame
 // span as the parent.
 func TestWithInnerTracer(t *testing.T) {
-	ctx := testCtx(t)
+	ctx := pgtest.ContextFor(t)
 	inner := &innerTracer{parents: make(chan trace.SpanContext, 8)}
 	h := newHarness(t, "", 1, WithInnerTracer(inner))
-	table := newTable(t, ctx)
+	table := srv.NewTable(t, ctx, tableColumns)
 	commitOne(t, ctx, h, table, 1)
 	tx, err := h.pool.Begin(ctx)
 	if err != nil {
@@ -412,7 +413,7 @@ func TestWithInnerTracer(t *testing.T) {
 // config without a tracer, so that a caller can tell bad input from a database failure;
 // it is the reconciler's ErrInvalidArgument too, one error for the whole module.
 func TestRefusedOptionsWrapErrInvalidArgument(t *testing.T) {
-	ctx := testCtx(t)
+	ctx := pgtest.ContextFor(t)
 	pcfg, err := pgx.ParseConfig(srv.ConnString())
 	if err != nil {
 		t.Fatal(err)

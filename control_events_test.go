@@ -17,6 +17,8 @@ import (
 	"go.opentelemetry.io/otel/sdk/metric/metricdata"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
+
+	"github.com/txevidence/otelpgxtx/pgtest"
 )
 
 // spanSettings are the two ways transaction-control statements are recorded: as events
@@ -114,9 +116,9 @@ func wantAnswer(t *testing.T, h *harness, f tracetest.SpanStub, event, op, sqlSt
 // settings); the statement spans left are the others.
 func TestControlEventsAnswers(t *testing.T) {
 	eachSpanSetting(t, func(t *testing.T, opts ...Option) {
-		ctx := testCtx(t)
+		ctx := pgtest.ContextFor(t)
 		h := newHarness(t, "", 1, opts...)
-		table := newTable(t, ctx)
+		table := srv.NewTable(t, ctx, tableColumns)
 		rctx, root := rootSpan(ctx, h)
 		tx := mustBegin(t, rctx, h.pool)
 		mustExec(t, rctx, tx, "begin") // already in one: the server warns, nothing changes
@@ -180,9 +182,9 @@ func (h *harness) eventsIfFolded(names ...string) []string {
 // COMMIT — and returns otelpgx's duration histogram counts and error counts by attribute
 // set, with the span ids of the duration exemplars of the queries' series.
 func controlMetrics(t *testing.T, opts ...Option) (counts map[string]uint64, exemplars map[string]bool, h *harness) {
-	ctx := testCtx(t)
+	ctx := pgtest.ContextFor(t)
 	h = newHarness(t, "", 1, opts...)
-	table := newTable(t, ctx)
+	table := srv.NewTable(t, ctx, tableColumns)
 	rctx, root := rootSpan(ctx, h)
 	tx := mustBegin(t, rctx, h.pool)
 	sp := mustBegin(t, rctx, tx)
@@ -311,7 +313,7 @@ func TestControlEventsMetricsUnchanged(t *testing.T) {
 // a transaction of BEGIN and COMMIT alone name its frame span, which holds their events
 // (the SDK keeps an exemplar only for a measurement in a sampled span's context).
 func TestControlEventsExemplarsNameTheFrame(t *testing.T) {
-	ctx := testCtx(t)
+	ctx := pgtest.ContextFor(t)
 	h := newHarness(t, "", 1)
 	rctx, root := rootSpan(ctx, h)
 	tx := mustBegin(t, rctx, h.pool)
@@ -336,7 +338,7 @@ func TestControlEventsExemplarsNameTheFrame(t *testing.T) {
 // as without this package), a COMMIT with no transaction, and a batch that holds BEGIN and
 // COMMIT (its span and its queries' spans stay: a batch is one call).
 func TestControlEventsNotWhereNoFrameHoldsThem(t *testing.T) {
-	ctx := testCtx(t)
+	ctx := pgtest.ContextFor(t)
 	h := newHarness(t, "", 1, WithFilter(func(_ context.Context, begin string) bool { return begin != "begin read only" }))
 	rctx, root := rootSpan(ctx, h)
 	tx, err := h.pool.BeginTx(rctx, pgx.TxOptions{AccessMode: pgx.ReadOnly})
@@ -377,7 +379,7 @@ func TestControlEventsNotWhereNoFrameHoldsThem(t *testing.T) {
 // and COMMIT too, as pgx gives it, whatever the default; and asking for events or spans
 // with it is an error, as WithoutInnerSpans is.
 func TestControlEventsOwnTracer(t *testing.T) {
-	ctx := testCtx(t)
+	ctx := pgtest.ContextFor(t)
 	rec := &sqlRecorder{}
 	h := newHarness(t, "", 1, WithInnerTracer(rec))
 	tx := mustBegin(t, ctx, h.pool)
@@ -403,7 +405,7 @@ func TestControlEventsOwnTracer(t *testing.T) {
 // BEGIN and COMMIT, and are events of the frame like any other.
 func TestControlEventsDatabaseSQL(t *testing.T) {
 	eachSpanSetting(t, func(t *testing.T, opts ...Option) {
-		ctx := testCtx(t)
+		ctx := pgtest.ContextFor(t)
 		h := newHarness(t, "", 1, opts...)
 		db := stdlib.OpenDBFromPool(h.pool)
 		defer db.Close()

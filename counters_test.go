@@ -14,6 +14,7 @@ import (
 	"go.opentelemetry.io/otel/codes"
 
 	"github.com/txevidence/otelpgxtx/outcome"
+	"github.com/txevidence/otelpgxtx/pgtest"
 )
 
 // TestTransactionCounts holds what each counter counts, as a new user meets it: a
@@ -23,9 +24,9 @@ import (
 // an outer transaction are counted apart, whether they joined (participating) or their
 // savepoint was rolled back, and never as transactions.
 func TestTransactionCounts(t *testing.T) {
-	ctx := testCtx(t)
+	ctx := pgtest.ContextFor(t)
 	h := newHarness(t, "", 2)
-	table := newTable(t, ctx)
+	table := srv.NewTable(t, ctx, tableColumns)
 
 	// A read-only transaction ended the usual Go way.
 	tx := mustBegin(t, ctx, h.pool)

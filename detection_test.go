@@ -5,6 +5,8 @@ import (
 	"testing"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/txevidence/otelpgxtx/pgtest"
 )
 
 // TestDetectionFromWhatPgxSends covers every way a transaction begins and ends that pgx
@@ -115,9 +117,9 @@ func TestDetectionFromWhatPgxSends(t *testing.T) {
 		}, []string{"rolled_back"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			ctx := testCtx(t)
+			ctx := pgtest.ContextFor(t)
 			h := newHarness(t, "", 1)
-			table := newTable(t, ctx)
+			table := srv.NewTable(t, ctx, tableColumns)
 			tc.run(t, ctx, h, table)
 			wantOutcomes(t, h, tc.want...)
 			h.wantNoFrames(t, ctx)
@@ -134,7 +136,7 @@ func TestDetectionFromWhatPgxSends(t *testing.T) {
 // span as the one it follows, and a transaction found only after a statement has that
 // statement's caller's.
 func TestChainKeepsParent(t *testing.T) {
-	ctx := testCtx(t)
+	ctx := pgtest.ContextFor(t)
 	h := newHarness(t, "", 1)
 	rctx, root := rootSpan(ctx, h)
 	withConn(t, rctx, h, func(c *pgx.Conn) {

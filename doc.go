@@ -8,6 +8,32 @@
 // [outcome.Outcome]) and shows an indeterminate commit distinctly: neither Error nor Ok,
 // with tx.outcome=indeterminate for dashboards and alert rules.
 //
+// # Words
+//
+// Each of these words means one thing, here and in the code, the options and the docs:
+//
+//   - frame: one physical transaction as the instrumentation sees it — its span, its
+//     phases, what came of it; frames nest when an outer transaction is suspended.
+//   - phase: where the frame's evidence stands: not_started, active, committing, then
+//     committed, rolled_back or unknown ([outcome.Phase]).
+//   - evidence: what the client observed of an ending: committed, rolled back or unknown
+//     ([classifier.Evidence]); the classifier's reading of one ending, with its
+//     retryability, SQLSTATE and reason, is a classification ([classifier.Classification]).
+//   - outcome: one of the five results of a frame or of a [Run] call ([outcome.Outcome],
+//     the tx.outcome attribute), carried as a type by [outcome.Result].
+//   - verdict: how a frame ended as the tracer judged it — its outcome, reason and
+//     retryability — which a [Verdict] hands to the caller of a transaction made without
+//     [Run].
+//   - reference: what a server can later answer an indeterminate commit from: the xid,
+//     with the identity of the cluster that assigned it, and a marker if one was written
+//     ([outcome.ReconciliationRef]; [WithCommitReference], [Policy.CommitReference]).
+//   - marker: the row with the frame's operation id that its transaction writes through
+//     a marker function, in its own commit ([WithCommitMarker], [Policy.CommitMarker]).
+//   - reconciliation: asking the database, after the fact, what became of an
+//     indeterminate commit (package reconcile; in the background with [WithAutoReconcile]).
+//   - answer: what reconciliation returns: committed, aborted, no_writes, or unknown with
+//     a reason ([reconcile.Answer]).
+//
 // # Setup
 //
 // [InstrumentPool] (or [InstrumentConnConfig]) sets a [Tracer] as the connection

@@ -17,6 +17,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/txevidence/otelpgxtx/outcome"
+	"github.com/txevidence/otelpgxtx/pgtest"
 )
 
 // cancelWhen runs call with a context that is canceled once the backend of pid waits
@@ -67,9 +68,9 @@ type expectedCase struct {
 // batch the caller cancels, and a COMMIT the caller cancels while it waits for the
 // synchronous standby (indeterminate).
 func runExpectedFaults(t *testing.T, opts ...Option) expectedCase {
-	ctx := testCtx(t)
+	ctx := pgtest.ContextFor(t)
 	h := newHarness(t, "", 2, opts...)
-	table := newTable(t, ctx)
+	table := srv.NewTable(t, ctx, tableColumns)
 	ctx, root := h.tp.Tracer("test").Start(ctx, "request")
 	defer root.End()
 	var c expectedCase
@@ -277,7 +278,7 @@ func TestExpectedErrorsBadInput(t *testing.T) {
 // TestExpectedErrorsLeaveUserTracerAlone: a tracer of the user's own ends its spans in
 // the context pgx gives, never a wrapped span.
 func TestExpectedErrorsLeaveUserTracerAlone(t *testing.T) {
-	ctx := testCtx(t)
+	ctx := pgtest.ContextFor(t)
 	rec := &endSpanRecorder{}
 	h := newHarness(t, "", 1, WithInnerTracer(rec))
 	ctx, root := h.tp.Tracer("test").Start(ctx, "request")

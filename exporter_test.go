@@ -79,9 +79,9 @@ func frameContract(t *testing.T, f tracetest.SpanStub, depth int) {
 
 func TestSpanCommitted(t *testing.T) {
 	eachSpanSetting(t, func(t *testing.T, opts ...Option) {
-		ctx := testCtx(t)
+		ctx := pgtest.ContextFor(t)
 		h := newHarness(t, "", 2, opts...)
-		table := newTable(t, ctx)
+		table := srv.NewTable(t, ctx, tableColumns)
 		rctx, root := rootSpan(ctx, h)
 		tx, err := h.pool.BeginTx(rctx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead})
 		if err != nil {
@@ -107,14 +107,14 @@ func TestSpanCommitted(t *testing.T) {
 		if _, ok := attr(f, errorTypeKey); ok {
 			t.Fatal("a committed frame has error.type")
 		}
-		if !rowExists(t, ctx, table, 1) {
+		if !srv.RowExists(t, ctx, table, 1) {
 			t.Fatal("row absent after a committed outcome")
 		}
 	})
 }
 
 func TestSpanStrictStatus(t *testing.T) {
-	ctx := testCtx(t)
+	ctx := pgtest.ContextFor(t)
 	h := newHarness(t, "", 1, WithStatusMapping(StatusStrict), WithSpanName("checkout"))
 	tx := mustBegin(t, ctx, h.pool)
 	if err := tx.Commit(ctx); err != nil {
@@ -130,9 +130,9 @@ func TestSpanStrictStatus(t *testing.T) {
 
 func TestSpanDeliberateRollback(t *testing.T) {
 	eachSpanSetting(t, func(t *testing.T, opts ...Option) {
-		ctx := testCtx(t)
+		ctx := pgtest.ContextFor(t)
 		h := newHarness(t, "", 1, opts...)
-		table := newTable(t, ctx)
+		table := srv.NewTable(t, ctx, tableColumns)
 		tx := mustBegin(t, ctx, h.pool)
 		mustExec(t, ctx, tx, "insert into "+table+" (id, k) values (1, 1)")
 		if err := tx.Rollback(ctx); err != nil {
@@ -144,7 +144,7 @@ func TestSpanDeliberateRollback(t *testing.T) {
 		wantAttr(t, f, "tx.phase", "rolled_back")
 		wantEvents(t, f, "tx.phase.active", "tx.phase.rolled_back")
 		wantStatus(t, f, codes.Unset, "")
-		if rowExists(t, ctx, table, 1) {
+		if srv.RowExists(t, ctx, table, 1) {
 			t.Fatal("row present after rollback")
 		}
 	})
@@ -152,7 +152,7 @@ func TestSpanDeliberateRollback(t *testing.T) {
 
 func TestSpanRollbackAfterStatementError(t *testing.T) {
 	eachSpanSetting(t, func(t *testing.T, opts ...Option) {
-		ctx := testCtx(t)
+		ctx := pgtest.ContextFor(t)
 		h := newHarness(t, "", 1, opts...)
 		tx := mustBegin(t, ctx, h.pool)
 		if _, err := tx.Exec(ctx, "select 1/0"); err == nil {
@@ -171,9 +171,9 @@ func TestSpanRollbackAfterStatementError(t *testing.T) {
 
 func TestSpanDeferredConstraintAtCommit(t *testing.T) {
 	eachSpanSetting(t, func(t *testing.T, opts ...Option) {
-		ctx := testCtx(t)
+		ctx := pgtest.ContextFor(t)
 		h := newHarness(t, "", 1, opts...)
-		table := newTable(t, ctx)
+		table := srv.NewTable(t, ctx, tableColumns)
 		if err := srv.Exec(ctx, "insert into "+table+" (id, k) values (1, 7)"); err != nil {
 			t.Fatal(err)
 		}
@@ -195,7 +195,7 @@ func TestSpanDeferredConstraintAtCommit(t *testing.T) {
 		wantEvents(t, f, "tx.phase.active", "tx.phase.committing", "tx.phase.rolled_back")
 		wantAnswer(t, h, f, "tx.phase.rolled_back", "COMMIT", "23505")
 		wantStatus(t, f, codes.Error, statusDescriptionRolledBack)
-		if rowExists(t, ctx, table, 2) {
+		if srv.RowExists(t, ctx, table, 2) {
 			t.Fatal("row present after a rollback at COMMIT")
 		}
 	})
@@ -238,9 +238,9 @@ func serializationFailureAtCommit(t *testing.T, ctx context.Context, h *harness,
 
 func TestSpanSerializationFailureAtCommit(t *testing.T) {
 	eachSpanSetting(t, func(t *testing.T, opts ...Option) {
-		ctx := testCtx(t)
+		ctx := pgtest.ContextFor(t)
 		h := newHarness(t, "", 2, opts...)
-		table := newTable(t, ctx)
+		table := srv.NewTable(t, ctx, tableColumns)
 		err := serializationFailureAtCommit(t, ctx, h, table)
 		var pgErr *pgconn.PgError
 		if !errors.As(err, &pgErr) || pgErr.Code != "40001" {
@@ -282,10 +282,7 @@ func syncRepTerminate(t *testing.T, ctx context.Context, conn *pgx.Conn, table s
 	pid := conn.PgConn().PID()
 	done := make(chan error, 1)
 	go func() { done <- tx.Commit(ctx) }()
-	if err := srv.WaitForWaitEvent(ctx, pid, "SyncRep"); err != nil {
-		t.Fatal(err)
-	}
-	if err := srv.Terminate(ctx, pid); err != nil {
+	if err := srv.TerminateInSyncRep(ctx, pid); err != nil {
 		t.Fatal(err)
 	}
 	return <-done, xid
@@ -293,9 +290,9 @@ func syncRepTerminate(t *testing.T, ctx context.Context, conn *pgx.Conn, table s
 
 func TestSpanIndeterminateSyncRepTerminated(t *testing.T) {
 	eachSpanSetting(t, func(t *testing.T, opts ...Option) {
-		ctx := testCtx(t)
+		ctx := pgtest.ContextFor(t)
 		h := newHarness(t, "", 1, opts...)
-		table := newTable(t, ctx)
+		table := srv.NewTable(t, ctx, tableColumns)
 		pc, err := h.pool.Acquire(ctx)
 		if err != nil {
 			t.Fatal(err)
@@ -316,7 +313,7 @@ func TestSpanIndeterminateSyncRepTerminated(t *testing.T) {
 		if st, ok, err := srv.XactStatus(ctx, xid); err != nil || !ok || st != "committed" {
 			t.Fatalf("pg_xact_status = %q %v %v, want committed", st, ok, err)
 		}
-		if !rowExists(t, ctx, table, 1) {
+		if !srv.RowExists(t, ctx, table, 1) {
 			t.Fatal("row absent")
 		}
 	})
@@ -333,10 +330,10 @@ func TestSpanIndeterminateProxyCut(t *testing.T) {
 			{"before commit", (*pgtest.Proxy).CutBeforeCommit, false},
 		} {
 			t.Run(tc.name, func(t *testing.T) {
-				ctx := testCtx(t)
-				proxy := newProxy(t)
+				ctx := pgtest.ContextFor(t)
+				proxy := pgtest.ProxyFor(t, srv)
 				h := newHarness(t, proxy.ConnString(srv.ConnString()), 1, opts...)
-				table := newTable(t, ctx)
+				table := srv.NewTable(t, ctx, tableColumns)
 				tx := mustBegin(t, ctx, h.pool)
 				mustExec(t, ctx, tx, "insert into "+table+" (id, k) values (1, 1)")
 				tc.arm(proxy)
@@ -352,7 +349,7 @@ func TestSpanIndeterminateProxyCut(t *testing.T) {
 				if err := srv.WaitQuiet(ctx); err != nil { // the cut backend may still be committing
 					t.Fatal(err)
 				}
-				if got := rowExists(t, ctx, table, 1); got != tc.present {
+				if got := srv.RowExists(t, ctx, table, 1); got != tc.present {
 					t.Fatalf("row present = %v, want %v", got, tc.present)
 				}
 			})
@@ -362,9 +359,9 @@ func TestSpanIndeterminateProxyCut(t *testing.T) {
 
 func TestSpanNestedSuspendedOuter(t *testing.T) {
 	eachSpanSetting(t, func(t *testing.T, opts ...Option) {
-		ctx := testCtx(t)
+		ctx := pgtest.ContextFor(t)
 		h := newHarness(t, "", 2, opts...)
-		table := newTable(t, ctx)
+		table := srv.NewTable(t, ctx, tableColumns)
 		rctx, root := rootSpan(ctx, h)
 		octx, outer, err := Begin(rctx, h.pool, pgx.TxOptions{})
 		if err != nil {
@@ -398,7 +395,7 @@ func TestSpanNestedSuspendedOuter(t *testing.T) {
 		wantEvents(t, i, "tx.phase.active", "tx.phase.committing", "tx.phase.committed")
 		wantAttr(t, i, "tx.outcome", "committed")
 		wantAttr(t, o, "tx.outcome", "rolled_back")
-		if rowExists(t, ctx, table, 1) || !rowExists(t, ctx, table, 2) {
+		if srv.RowExists(t, ctx, table, 1) || !srv.RowExists(t, ctx, table, 2) {
 			t.Fatal("want the inner row kept and the outer row gone")
 		}
 	})
@@ -406,9 +403,9 @@ func TestSpanNestedSuspendedOuter(t *testing.T) {
 
 func TestSpanSavepoints(t *testing.T) {
 	eachSpanSetting(t, func(t *testing.T, opts ...Option) {
-		ctx := testCtx(t)
+		ctx := pgtest.ContextFor(t)
 		h := newHarness(t, "", 1, opts...)
-		table := newTable(t, ctx)
+		table := srv.NewTable(t, ctx, tableColumns)
 		tx := mustBegin(t, ctx, h.pool)
 		sp := mustBegin(t, ctx, tx)
 		mustExec(t, ctx, sp, "insert into "+table+" (id, k) values (1, 1)")
@@ -438,7 +435,7 @@ func TestSpanSavepoints(t *testing.T) {
 			t.Fatalf("savepoint names = %v", spNames)
 		}
 		wantAttr(t, f, "tx.outcome", "committed")
-		if rowExists(t, ctx, table, 1) || !rowExists(t, ctx, table, 2) {
+		if srv.RowExists(t, ctx, table, 1) || !srv.RowExists(t, ctx, table, 2) {
 			t.Fatal("savepoint rollback/release not as expected in the table")
 		}
 	})
@@ -448,9 +445,9 @@ func TestSpanSavepoints(t *testing.T) {
 // statement spans must belong to its own transaction.
 func TestSpanConcurrentFrames(t *testing.T) {
 	eachSpanSetting(t, func(t *testing.T, opts ...Option) {
-		ctx := testCtx(t)
+		ctx := pgtest.ContextFor(t)
 		h := newHarness(t, "", 8, opts...)
-		table := newTable(t, ctx)
+		table := srv.NewTable(t, ctx, tableColumns)
 		const workers, perWorker = 64, 5
 		var wg sync.WaitGroup
 		errs := make(chan error, workers)
@@ -538,7 +535,7 @@ func TestSpanImplicitPrepareStaysUnderItsStatement(t *testing.T) {
 			if spans {
 				opts = append(opts, WithInnerSpans(InnerSpanPrepare))
 			}
-			ctx := testCtx(t)
+			ctx := pgtest.ContextFor(t)
 			h := newHarness(t, "", 1, opts...)
 			rctx, root := rootSpan(ctx, h)
 			tx := mustBegin(t, rctx, h.pool)

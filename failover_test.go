@@ -137,7 +137,7 @@ func frameRef(t *testing.T, h *harness, want string) outcome.ReconciliationRef {
 // the frame's reference, reconciled on the new primary, says aborted: the next xid of the
 // new timeline never passed the xid, so its commit record is not in the surviving history.
 func TestAsyncCommitLostInFailover(t *testing.T) {
-	ctx := testCtx(t)
+	ctx := pgtest.ContextFor(t)
 	c := startCluster(t, ctx)
 	h := newHarness(t, c.ConnString(), 2)
 	// The standby stops receiving, as when the network between the nodes fails.
@@ -177,7 +177,7 @@ func TestAsyncCommitLostInFailover(t *testing.T) {
 // timeline history files, is not (pg_read_binary_file needs pg_read_server_files), and
 // commit timestamps are off by default.
 func TestReconcilerAsOrdinaryRole(t *testing.T) {
-	ctx := testCtx(t)
+	ctx := pgtest.ContextFor(t)
 	if err := srv.Exec(ctx, "drop role if exists reconcile_app; create role reconcile_app login"); err != nil {
 		t.Fatal(err)
 	}
@@ -224,7 +224,7 @@ func TestReconcilerAsOrdinaryRole(t *testing.T) {
 // the one being replayed) and leaves the connection usable, and on the primary it reads
 // the timeline the primary writes WAL on.
 func TestIdentityOnStandby(t *testing.T) {
-	ctx := testCtx(t)
+	ctx := pgtest.ContextFor(t)
 	c := startCluster(t, ctx)
 	for _, tc := range []struct {
 		name     string

@@ -43,35 +43,9 @@ func mustTracer(tb testing.TB, opts ...Option) *Tracer {
 	return t
 }
 
-// newTable creates a fresh table (id int primary key) with a deferred unique column, so
-// that a violation can be made to surface at COMMIT.
-func newTable(t *testing.T, ctx context.Context) string {
-	t.Helper()
-	name := fmt.Sprintf("t_%s_%d", strings.ToLower(strings.NewReplacer("/", "_", "-", "_").Replace(t.Name())), tableSeq.Add(1))
-	if len(name) > 60 {
-		name = fmt.Sprintf("t_%d", tableSeq.Add(1))
-	}
-	if err := srv.Exec(ctx, "create table "+name+" (id int primary key, k int unique deferrable initially deferred, v int)"); err != nil {
-		t.Fatal(err)
-	}
-	return name
-}
-
-// rowExists reports whether row id of table is there, read on the server directly.
-func rowExists(t *testing.T, ctx context.Context, table string, id int) bool {
-	t.Helper()
-	return srvCount(t, ctx, "select count(*) from "+table+" where id = $1", id) > 0
-}
-
-// srvCount runs a count query on the test server (pgtest's Count).
-func srvCount(t *testing.T, ctx context.Context, query string, args ...any) int {
-	t.Helper()
-	n, err := srv.Count(ctx, query, args...)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return n
-}
+// tableColumns are the columns of a test's table (pgtest's NewTable): an int primary key
+// "id", and a deferred unique column, so that a violation can be made to surface at COMMIT.
+const tableColumns = "id int primary key, k int unique deferrable initially deferred, v int"
 
 // Connections and statements.
 

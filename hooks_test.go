@@ -9,10 +9,11 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/txevidence/otelpgxtx/outcome"
+	"github.com/txevidence/otelpgxtx/pgtest"
 )
 
 func TestBeginBadInput(t *testing.T) {
-	ctx := testCtx(t)
+	ctx := pgtest.ContextFor(t)
 	for name, db := range map[string]DB{
 		"nil":            nil,
 		"typed nil pool": (*pgxpool.Pool)(nil),
@@ -86,7 +87,7 @@ func TestHooksWithoutStateCallInner(t *testing.T) {
 // without their Start: nothing to end, no frame begun from a nil context, no panic,
 // and the inner tracer still sees each End.
 func TestEndWithoutStart(t *testing.T) {
-	ctx := testCtx(t)
+	ctx := pgtest.ContextFor(t)
 	conn, err := srv.Conn(ctx)
 	if err != nil {
 		t.Fatal(err)
@@ -111,7 +112,7 @@ func TestEndWithoutStart(t *testing.T) {
 // pgconn, where the tracer could not see it: the connection is idle, so the frame is
 // ended_unobserved, not released_in_transaction.
 func TestReleaseIdleWithFrame(t *testing.T) {
-	ctx := testCtx(t)
+	ctx := pgtest.ContextFor(t)
 	h := newHarness(t, "", 1)
 	pc := acquireInTransaction(t, ctx, h)
 	if _, err := pc.Conn().PgConn().Exec(ctx, "commit").ReadAll(); err != nil {
@@ -153,7 +154,7 @@ func TestUncomparableContext(t *testing.T) {
 }
 
 func testUncomparableContext(t *testing.T, opts ...Option) {
-	ctx := testCtx(t)
+	ctx := pgtest.ContextFor(t)
 	h := newHarness(t, "", 1, opts...)
 	uctx := uncomparableCtx{Context: ctx, tags: []string{"a"}}
 	if _, err := h.pool.Exec(uctx, "select 1"); err != nil {

@@ -11,6 +11,8 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"go.opentelemetry.io/otel/sdk/metric/metricdata"
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
+
+	"github.com/txevidence/otelpgxtx/pgtest"
 )
 
 // innerSpanKinds runs, under a request span, an acquire that connects, a statement pgx
@@ -18,7 +20,7 @@ import (
 // spans of each kind, and the operations otelpgx's duration metric counted by
 // pgx.operation.type.
 func innerSpanKinds(t *testing.T, opts ...Option) (spans, ops map[string]int64, frame string) {
-	ctx := testCtx(t)
+	ctx := pgtest.ContextFor(t)
 	h := newHarness(t, "", 1, opts...)
 	ctx, root := h.tp.Tracer("test").Start(ctx, "request")
 	if _, err := h.pool.Exec(ctx, "select $1::int", 1); err != nil {

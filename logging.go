@@ -20,7 +20,7 @@ func (t *Tracer) logIndeterminate(f *frame) {
 	attrs := []slog.Attr{
 		slog.String(string(OperationIDKey), f.id.String()),
 		slog.String(string(PhaseKey), f.currentPhase().String()),
-		slog.String(string(errorTypeKey), f.verdict.Reason()),
+		slog.String(string(errorTypeKey), f.classification.Reason()),
 	}
 	if sc := f.span.SpanContext(); sc.HasTraceID() {
 		attrs = append(attrs, slog.String("trace_id", sc.TraceID().String()), slog.String("span_id", sc.SpanID().String()))

@@ -7,7 +7,6 @@ import (
 	"sort"
 	"sync"
 	"testing"
-	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	"go.opentelemetry.io/otel/sdk/metric"
@@ -51,9 +50,6 @@ func overTransports(t *testing.T, test func(t *testing.T, base string)) {
 		t.Run(tr.name, func(t *testing.T) { test(t, tr.base()) })
 	}
 }
-
-// testCtx bounds every server interaction of a test.
-func testCtx(t *testing.T) context.Context { return pgtest.Context(t, 2*time.Minute) }
 
 // endCounter counts End calls per span, to prove every frame span is ended exactly once.
 type endCounter struct {
@@ -162,15 +158,4 @@ func (h *harness) children(s tracetest.SpanStub) []tracetest.SpanStub {
 		}
 	}
 	return out
-}
-
-// newProxy returns a fault-injecting proxy in front of the test server, closed when tb ends.
-func newProxy(tb testing.TB) *pgtest.Proxy {
-	tb.Helper()
-	proxy, err := pgtest.NewProxy(fmt.Sprintf("%s:%d", srv.Host(), srv.Port()))
-	if err != nil {
-		tb.Fatal(err)
-	}
-	tb.Cleanup(func() { proxy.Close() })
-	return proxy
 }

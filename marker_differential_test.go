@@ -119,13 +119,13 @@ type diffMode struct {
 }
 
 func diffModes() []diffMode {
-	noCapture := DefaultPolicy()
-	noCapture.CommitReference = false
+	noRef := DefaultPolicy()
+	noRef.CommitReference = false
 	return []diffMode{
 		{name: "plain pgx, off"},
 		{name: "plain pgx, xid", opts: []Option{WithCommitReference()}},
 		{name: "plain pgx, marker", opts: []Option{WithCommitMarker(diffMarker)}},
-		{name: "Run, off", run: true, policy: noCapture},
+		{name: "Run, off", run: true, policy: noRef},
 		{name: "Run, xid", run: true, policy: DefaultPolicy()},
 		{name: "Run, marker", run: true, policy: markerPolicy(diffMarker)},
 	}
@@ -138,7 +138,7 @@ func diffModes() []diffMode {
 // Run's result — and with the marker a committed transaction's reference names the
 // marker exactly when the transaction was not read-only.
 func TestMarkerNeverChangesCommit(t *testing.T) {
-	ctx := testCtx(t)
+	ctx := pgtest.ContextFor(t)
 	for _, s := range diffSetup {
 		if err := srv.Exec(ctx, s); err != nil {
 			t.Fatal(err)
@@ -221,7 +221,7 @@ func diffRun(t *testing.T, ctx context.Context, h *harness, m diffMode, p diffPa
 		}
 	}
 	if p.table != "" {
-		saw += fmt.Sprintf(", row %v", srvCount(t, ctx, "select count(*) from public."+p.table+" where id = $1", id) == 1)
+		saw += fmt.Sprintf(", row %v", srv.CountOf(t, ctx, "select count(*) from public."+p.table+" where id = $1", id) == 1)
 	}
 	return saw
 }

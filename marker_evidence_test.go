@@ -11,11 +11,9 @@ import (
 
 	"github.com/txevidence/otelpgxtx/internal/reconciletest"
 	"github.com/txevidence/otelpgxtx/outcome"
+	"github.com/txevidence/otelpgxtx/pgtest"
 	"github.com/txevidence/otelpgxtx/reconcile"
 )
-
-// createMarker runs MarkerTableDDL for table through exec.
-var createMarker = reconciletest.CreateMarker
 
 // commitInSyncRepWait commits, on h's only connection, a plain pgx transaction that
 // inserts row id of table after the session statements, and terminates its backend in
@@ -32,7 +30,7 @@ func commitInSyncRepWait(t *testing.T, ctx context.Context, h *harness, table st
 	if err, _ := syncRepTerminate(t, ctx, conn.Conn(), table, id); err == nil {
 		t.Fatal("COMMIT terminated in its wait returned no error")
 	}
-	if !rowExists(t, ctx, table, id) {
+	if !srv.RowExists(t, ctx, table, id) {
 		t.Fatal("the transaction terminated in its synchronous-replication wait did not commit locally")
 	}
 	return frameRef(t, h, "indeterminate")
@@ -46,14 +44,14 @@ func commitInSyncRepWait(t *testing.T, ctx context.Context, h *harness, table st
 // and table, and the reconciler — whatever its own search_path — answers committed and
 // fences nothing anywhere.
 func TestMarkerSearchPath(t *testing.T) {
-	ctx := testCtx(t)
+	ctx := pgtest.ContextFor(t)
 	if _, err := newTracer([]Option{WithCommitMarker(pgx.Identifier{"sp_marker"})}); !errors.Is(err, ErrInvalidArgument) {
 		t.Fatalf("an unqualified marker: %v, want ErrInvalidArgument", err)
 	}
 	configured, decoy := pgx.Identifier{"public", "sp_marker"}, pgx.Identifier{"tenant_sp", "sp_marker"}
-	createMarker(t, ctx, srv.Exec, configured)
-	createMarker(t, ctx, srv.Exec, decoy)
-	table := newTable(t, ctx)
+	reconciletest.CreateMarker(t, ctx, srv.Exec, configured)
+	reconciletest.CreateMarker(t, ctx, srv.Exec, decoy)
+	table := srv.NewTable(t, ctx, tableColumns)
 	h := newHarness(t, "", 1, WithCommitMarker(configured))
 	ref := commitInSyncRepWait(t, ctx, h, table, 1, "set search_path to tenant_sp, public")
 	if !ref.HasMarker() || ref.MarkerDatabase() != "postgres" || ref.MarkerRelation() != `"public"."sp_marker"` || ref.XID == 0 {
@@ -73,10 +71,10 @@ func TestMarkerSearchPath(t *testing.T) {
 	if err != nil || got.Status() != reconcile.Committed {
 		t.Fatalf("Resolve(%s) = %s %q, %v; want committed", ref, got.Status(), got.Reason(), err)
 	}
-	if n := srvCount(t, ctx, "select count(*) from tenant_sp.sp_marker"); n != 0 {
+	if n := srv.CountOf(t, ctx, "select count(*) from tenant_sp.sp_marker"); n != 0 {
 		t.Errorf("%d rows in the decoy marker table, want none", n)
 	}
-	if n := srvCount(t, ctx, "select count(*) from public.sp_marker where operation_id = $1::uuid and not fenced", ref.Operation.String()); n != 1 {
+	if n := srv.CountOf(t, ctx, "select count(*) from public.sp_marker where operation_id = $1::uuid and not fenced", ref.Operation.String()); n != 1 {
 		t.Errorf("%d unfenced marker rows of the operation in the configured table, want 1", n)
 	}
 }

@@ -15,27 +15,20 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/txevidence/otelpgxtx/internal/markertable"
+	"github.com/txevidence/otelpgxtx/internal/reconciletest"
 	"github.com/txevidence/otelpgxtx/outcome"
 	"github.com/txevidence/otelpgxtx/pgtest"
 	"github.com/txevidence/otelpgxtx/reconcile"
 )
 
-// newMarkerTable creates a commit-marker table for the test on the test server.
-func newMarkerTable(t *testing.T, ctx context.Context, exec func(context.Context, string, ...any) error) pgx.Identifier {
-	t.Helper()
-	name := pgx.Identifier{"public", fmt.Sprintf("m %d", tableSeq.Add(1))} // a space: quoting matters
-	createMarker(t, ctx, exec, name)
-	return name
-}
-
 // markerProxied is the setup of the marker tests through the proxy: a harness of
 // maxConns connections behind it, a table and a marker table.
 func markerProxied(t *testing.T, base string, maxConns int32) (context.Context, *pgtest.Proxy, *harness, string, pgx.Identifier) {
 	t.Helper()
-	ctx := testCtx(t)
-	proxy := newProxy(t)
+	ctx := pgtest.ContextFor(t)
+	proxy := pgtest.ProxyFor(t, srv)
 	h := newHarness(t, proxy.ConnString(base), maxConns)
-	return ctx, proxy, h, newTable(t, ctx), newMarkerTable(t, ctx, srv.Exec)
+	return ctx, proxy, h, srv.NewTable(t, ctx, tableColumns), reconciletest.NewMarkerTable(t, ctx, srv.Exec)
 }
 
 func markerPolicy(table pgx.Identifier) Policy {
@@ -63,12 +56,12 @@ func TestMarkerTableDDL(t *testing.T) {
 	p := DefaultPolicy()
 	p.CommitMarker, p.CommitReference = pgx.Identifier{"m"}, false
 	if err := p.validate(); err == nil {
-		t.Error("a marker without capture validated")
+		t.Error("a marker without references validated")
 	}
 }
 
 // TestMarkerAddsNoRoundTrip: with the marker, a Run takes as many round trips as without
-// capture at all, and the marker row is there.
+// references at all, and the marker row is there.
 func TestMarkerAddsNoRoundTrip(t *testing.T) {
 	overTransports(t, overMarkerAddsNoRoundTrip)
 }
@@ -86,9 +79,9 @@ func overMarkerAddsNoRoundTrip(t *testing.T, base string) {
 	plain := DefaultPolicy()
 	plain.CommitReference = false
 	with, without := count(markerPolicy(marker), 2), count(plain, 3)
-	t.Logf("round trips: with the marker %d, without capture %d", with, without)
+	t.Logf("round trips: with the marker %d, without references %d", with, without)
 	if with != without {
-		t.Fatalf("round trips with the marker %d, without capture %d", with, without)
+		t.Fatalf("round trips with the marker %d, without references %d", with, without)
 	}
 	var n int
 	if err := h.pool.QueryRow(ctx, "select count(*) from "+marker.Sanitize()+" where not fenced").Scan(&n); err != nil || n != 2 {
@@ -102,11 +95,11 @@ func overMarkerAddsNoRoundTrip(t *testing.T, base string) {
 // TestMarkerMissingTable: a marker table that does not exist changes no commit: Run
 // commits with the xid read alone, and its reference says so.
 func TestMarkerMissingTable(t *testing.T) {
-	ctx := testCtx(t)
+	ctx := pgtest.ContextFor(t)
 	h := newHarness(t, "", 1)
-	table := newTable(t, ctx)
+	table := srv.NewTable(t, ctx, tableColumns)
 	res := Run(ctx, h.pool, markerPolicy(pgx.Identifier{"public", "no_such_marker"}), insertFn(table, 1))
-	if res.Outcome() != outcome.OutcomeCommitted || !rowExists(t, ctx, table, 1) {
+	if res.Outcome() != outcome.OutcomeCommitted || !srv.RowExists(t, ctx, table, 1) {
 		t.Fatalf("result %T %v", res, res)
 	}
 	if ref := frameRef(t, h, "committed"); ref.HasMarker() || ref.XID == 0 {
@@ -154,7 +147,7 @@ func overMarkerReconcile(t *testing.T, base string) {
 			t.Fatalf("%s: %s %q %v, want unknown other_system", other, got.Status(), got.Reason(), err)
 		}
 	}
-	if n := srvCount(t, ctx, "select count(*) from "+marker.Sanitize()); n != 1 {
+	if n := srv.CountOf(t, ctx, "select count(*) from "+marker.Sanitize()); n != 1 {
 		t.Fatalf("%d marker rows after asking another system, want only the committed one", n)
 	}
 	for _, tc := range []struct {
@@ -178,7 +171,7 @@ func overMarkerReconcile(t *testing.T, base string) {
 				t.Fatalf("%s: unknown %q", ref, got.Reason())
 			}
 		}
-		if got.Status() != tc.want || rowExists(t, ctx, table, tc.id) != tc.row {
+		if got.Status() != tc.want || srv.RowExists(t, ctx, table, tc.id) != tc.row {
 			t.Fatalf("%s: %s, want %s", ref, got.Status(), tc.want)
 		}
 		// A second reconciliation gives the same answer (the fence is durable).
@@ -249,9 +242,9 @@ func cutRun(t *testing.T, ctx context.Context, h *harness, marker pgx.Identifier
 // a commit lost in the failover while it waited for synchronous replication is aborted,
 // its reference fenced on the new primary.
 func TestMarkerAfterFailover(t *testing.T) {
-	ctx := testCtx(t)
+	ctx := pgtest.ContextFor(t)
 	c := startCluster(t, ctx)
-	marker := newMarkerTable(t, ctx, c.Primary().Exec)
+	marker := reconciletest.NewMarkerTable(t, ctx, c.Primary().Exec)
 	h := newHarness(t, c.ConnString(), 3)
 	insert := func(id int) func(context.Context, pgx.Tx) (int, error) {
 		return func(ctx context.Context, tx pgx.Tx) (int, error) {
@@ -300,14 +293,14 @@ func TestMarkerAfterFailover(t *testing.T) {
 	}
 }
 
-// TestCommitSpanSameWithCapture: the statement spans under a Run's frame, and its
-// statements' events, are the same with reference capture (and the marker) on and off,
+// TestCommitSpanSameWithReference: the statement spans under a Run's frame, and its
+// statements' events, are the same with commit references (and the marker) on and off,
 // COMMIT's included — its span, or with the default its event on the frame.
-func TestCommitSpanSameWithCapture(t *testing.T) {
+func TestCommitSpanSameWithReference(t *testing.T) {
 	eachSpanSetting(t, func(t *testing.T, opts ...Option) {
-		ctx := testCtx(t)
-		table := newTable(t, ctx)
-		marker := newMarkerTable(t, ctx, srv.Exec)
+		ctx := pgtest.ContextFor(t)
+		table := srv.NewTable(t, ctx, tableColumns)
+		marker := reconciletest.NewMarkerTable(t, ctx, srv.Exec)
 		plain := DefaultPolicy()
 		plain.CommitReference = false
 		var want string
@@ -329,7 +322,7 @@ func TestCommitSpanSameWithCapture(t *testing.T) {
 			if i == 0 {
 				want = strings.Join(got, "|")
 				if !strings.Contains(want, "COMMIT") {
-					t.Fatalf("no COMMIT statement span or event without capture: %q", want)
+					t.Fatalf("no COMMIT statement span or event without references: %q", want)
 				}
 			} else if g := strings.Join(got, "|"); g != want {
 				t.Errorf("policy %d: statement spans and events %q, want %q", i, g, want)
@@ -338,14 +331,14 @@ func TestCommitSpanSameWithCapture(t *testing.T) {
 	})
 }
 
-// TestOneCapture: Run and the tracer send the same bytes ahead of COMMIT for the same kind
+// TestOneReference: Run and the tracer send the same bytes ahead of COMMIT for the same kind
 // of reference — the marker function's call (a Query), the xid read's (a FunctionCall,
 // when no statement's write carried it: Run without the tracer option) — but for the
 // operation id, recorded at the proxy.
-func TestOneCapture(t *testing.T) {
-	ctx := testCtx(t)
-	table := newTable(t, ctx)
-	marker := newMarkerTable(t, ctx, srv.Exec)
+func TestOneReference(t *testing.T) {
+	ctx := pgtest.ContextFor(t)
+	table := srv.NewTable(t, ctx, tableColumns)
+	marker := reconciletest.NewMarkerTable(t, ctx, srv.Exec)
 	commit := []byte("Q\x00\x00\x00\x0bcommit\x00")
 	for _, tc := range []struct {
 		name   string
@@ -354,7 +347,7 @@ func TestOneCapture(t *testing.T) {
 	}{{"marker", WithCommitMarker(marker), markerPolicy(marker)}, {"xid", WithCommitReference(), DefaultPolicy()}} {
 		id := 2 * len(tc.name) // distinct rows for each kind, two each
 		t.Run(tc.name, func(t *testing.T) {
-			proxy := newProxy(t)
+			proxy := pgtest.ProxyFor(t, srv)
 			rec := proxy.Record()
 			// The call ahead of the last COMMIT of conversation i, its 16-byte argument (if
 			// any) zeroed.
@@ -403,9 +396,9 @@ func TestOneCapture(t *testing.T) {
 // row is there. (Called by the OID the check read, as before, every connection's next
 // COMMIT failed with 42883 and its transaction was lost.)
 func TestMarkerRecreated(t *testing.T) {
-	ctx := testCtx(t)
-	marker := newMarkerTable(t, ctx, srv.Exec)
-	table := newTable(t, ctx)
+	ctx := pgtest.ContextFor(t)
+	marker := reconciletest.NewMarkerTable(t, ctx, srv.Exec)
+	table := srv.NewTable(t, ctx, tableColumns)
 	ddl, err := reconcile.MarkerTableDDL(marker)
 	if err != nil {
 		t.Fatal(err)
@@ -447,10 +440,10 @@ func TestMarkerRecreated(t *testing.T) {
 		t.Fatal(err)
 	}
 	commitAll("after a drop and a create of their own")
-	if n := srvCount(t, ctx, "select count(*) from "+table); n != id {
+	if n := srv.CountOf(t, ctx, "select count(*) from "+table); n != id {
 		t.Fatalf("%d rows, want %d", n, id)
 	}
-	if n := srvCount(t, ctx, "select count(*) from "+marker.Sanitize()); n != id {
+	if n := srv.CountOf(t, ctx, "select count(*) from "+marker.Sanitize()); n != id {
 		t.Fatalf("%d marker rows, want one per commit, %d", n, id)
 	}
 	for i, f := range h.frames() {

@@ -8,6 +8,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/txevidence/otelpgxtx/outcome"
+	"github.com/txevidence/otelpgxtx/pgtest"
 )
 
 // TestRunNestedDeadlineKeepsOuter gives a Nested call a deadline that expires between
@@ -22,9 +23,9 @@ func TestRunNestedDeadlineKeepsOuter(t *testing.T) {
 			name = "fn returns nil"
 		}
 		t.Run(name, func(t *testing.T) {
-			ctx := testCtx(t)
+			ctx := pgtest.ContextFor(t)
 			h := newHarness(t, "", 1)
-			table := newTable(t, ctx)
+			table := srv.NewTable(t, ctx, tableColumns)
 			var nested outcome.Result[int]
 			res := Run(ctx, h.pool, DefaultPolicy(), insertThen(table, func(ctx context.Context, tx pgx.Tx) (int, error) {
 				p := policyWith(Nested)
@@ -54,7 +55,7 @@ func TestRunNestedDeadlineKeepsOuter(t *testing.T) {
 			if !ok || !errors.Is(rb.Cause(), context.Canceled) {
 				t.Fatalf("nested = %T %+v, want a rollback caused by the cancellation", nested, nested)
 			}
-			if !rowExists(t, ctx, table, 1) || rowExists(t, ctx, table, 2) || rowExists(t, ctx, table, 3) {
+			if !srv.RowExists(t, ctx, table, 1) || srv.RowExists(t, ctx, table, 2) || srv.RowExists(t, ctx, table, 3) {
 				t.Fatal("want the outer row committed and the nested rows rolled back")
 			}
 			wantEvents(t, onlyFrame(t, h), "tx.phase.active", "tx.savepoint.created", "tx.savepoint.rolled_back",
@@ -66,9 +67,9 @@ func TestRunNestedDeadlineKeepsOuter(t *testing.T) {
 // TestRunNestedAlreadyExpired calls Nested with a context that has already expired: the
 // SAVEPOINT is never sent, the call is a rollback, and the outer transaction commits.
 func TestRunNestedAlreadyExpired(t *testing.T) {
-	ctx := testCtx(t)
+	ctx := pgtest.ContextFor(t)
 	h := newHarness(t, "", 1)
-	table := newTable(t, ctx)
+	table := srv.NewTable(t, ctx, tableColumns)
 	var nested outcome.Result[int]
 	res := Run(ctx, h.pool, DefaultPolicy(), func(ctx context.Context, tx pgx.Tx) (int, error) {
 		p := policyWith(Nested)
@@ -83,7 +84,7 @@ func TestRunNestedAlreadyExpired(t *testing.T) {
 	if _, ok := nested.(outcome.DeterminateRollback[int]); !ok {
 		t.Fatalf("nested = %T", nested)
 	}
-	if !rowExists(t, ctx, table, 1) || rowExists(t, ctx, table, 2) {
+	if !srv.RowExists(t, ctx, table, 1) || srv.RowExists(t, ctx, table, 2) {
 		t.Fatal("want only the outer row")
 	}
 }
@@ -92,9 +93,9 @@ func TestRunNestedAlreadyExpired(t *testing.T) {
 // inside a Run on the first: the suspended transaction holds no connection of the
 // second pool, so the call is not refused, and both commit.
 func TestRunRequiresNewOtherPoolOfOne(t *testing.T) {
-	ctx := testCtx(t)
+	ctx := pgtest.ContextFor(t)
 	h1, h2 := newHarness(t, "", 1), newHarness(t, "", 1)
-	table := newTable(t, ctx)
+	table := srv.NewTable(t, ctx, tableColumns)
 	var inner outcome.Result[int]
 	res := Run(ctx, h1.pool, DefaultPolicy(), func(ctx context.Context, tx pgx.Tx) (int, error) {
 		p := policyWith(RequiresNew)
@@ -111,7 +112,7 @@ func TestRunRequiresNewOtherPoolOfOne(t *testing.T) {
 	if _, ok := res.(outcome.Committed[int]); !ok {
 		t.Fatalf("outer = %T %+v", res, res)
 	}
-	if !rowExists(t, ctx, table, 1) || !rowExists(t, ctx, table, 2) {
+	if !srv.RowExists(t, ctx, table, 1) || !srv.RowExists(t, ctx, table, 2) {
 		t.Fatal("rows missing")
 	}
 }

@@ -9,13 +9,15 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/txevidence/otelpgxtx/pgtest"
 )
 
 // TestNetConnPassThrough: on an instrumented connection pgconn uses the wrapper, a
 // chained AfterNetConnect's net.Conn is inside it, and what pgconn does with the
 // net.Conn — deadlines for a context, the non-blocking read of CheckConn — works.
 func TestNetConnPassThrough(t *testing.T) {
-	ctx := testCtx(t)
+	ctx := pgtest.ContextFor(t)
 	h := newHarness(t, "", 1)
 	cfg, err := pgx.ParseConfig(srv.ConnString())
 	if err != nil {
@@ -59,7 +61,7 @@ func TestNetConnPassThrough(t *testing.T) {
 // running statements: the frame ends exactly once, as a rollback, race-free.
 func TestNetConnClosedUnderStatements(t *testing.T) {
 	for i := range 20 {
-		ctx := testCtx(t)
+		ctx := pgtest.ContextFor(t)
 		h := newHarness(t, "", 1)
 		starts := &frameStarts{}
 		h.tp.RegisterSpanProcessor(starts)

@@ -233,7 +233,7 @@ func TestCockroachRestartProtocol(t *testing.T) {
 }
 
 // TestRunOnCockroachDB: Run never sends its identity read to a server that is not
-// PostgreSQL (reference capture is off: the xid read and the marker are PostgreSQL's),
+// PostgreSQL (commit references is off: the xid read and the marker are PostgreSQL's),
 // and an ambiguous COMMIT is Indeterminate, never retried, without a reference; an
 // ambiguous statement inside fn (here a RELEASE that CockroachDB committed at) is too.
 func TestRunOnCockroachDB(t *testing.T) {
@@ -274,12 +274,12 @@ func TestRunOnCockroachDB(t *testing.T) {
 	}
 }
 
-// TestCaptureOffWhenIdentityRefused: a server that claims to be PostgreSQL but has no
+// TestReferencesOffWhenIdentityRefused: a server that claims to be PostgreSQL but has no
 // pg_control_system() (it answers the identity read with 42883, undefined_function, as a
 // PostgreSQL-compatible server without it does) refuses the identity read, which runs
-// outside any transaction: capture turns off for the connection, Run commits without a
+// outside any transaction: references turn off for the connection, Run commits without a
 // reference, and nothing of the library's is sent again.
-func TestCaptureOffWhenIdentityRefused(t *testing.T) {
+func TestReferencesOffWhenIdentityRefused(t *testing.T) {
 	ctx := context.Background()
 	s := newScripted(t, nil, map[string]fakeReply{
 		identitySQL: {err: fakeError("ERROR", "42883", "unknown function: pg_control_system()")},

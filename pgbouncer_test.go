@@ -12,6 +12,7 @@ import (
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/txevidence/otelpgxtx/internal/reconciletest"
 	"github.com/txevidence/otelpgxtx/outcome"
 	"github.com/txevidence/otelpgxtx/pgtest"
 	"github.com/txevidence/otelpgxtx/reconcile"
@@ -41,10 +42,10 @@ func checkReference(t *testing.T, ctx context.Context, rec *reconcile.Reconciler
 	}
 }
 
-// TestCaptureThroughPgBouncer: reference capture and reconciliation through a real
+// TestReferenceThroughPgBouncer: commit references and reconciliation through a real
 // PgBouncer. In transaction mode a client connection's transactions run on whatever
 // server connection the pooler hands it; in session mode a client that disconnects
-// leaves its server connection, reset with DISCARD ALL, to the next. The capture needs
+// leaves its server connection, reset with DISCARD ALL, to the next. The reference needs
 // no session state (the xid read is a fast-path call by OID, FunctionCall, which
 // PgBouncer forwards inside the transaction like a query, after the transaction's
 // insert, in its write), and the cluster identity is checked by each client connection
@@ -59,8 +60,8 @@ func checkReference(t *testing.T, ctx context.Context, rec *reconcile.Reconciler
 //   - a read-only transaction commits with a no-writes reference, and a transaction
 //     the function fails rolls back, with no reference;
 //   - a commit marker is written and found.
-func TestCaptureThroughPgBouncer(t *testing.T) {
-	ctx := testCtx(t)
+func TestReferenceThroughPgBouncer(t *testing.T) {
+	ctx := pgtest.ContextFor(t)
 	for _, c := range []struct {
 		pooling, queryMode string
 		servers            int
@@ -77,7 +78,7 @@ func TestCaptureThroughPgBouncer(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			table := newTable(t, ctx)
+			table := srv.NewTable(t, ctx, tableColumns)
 			var mu sync.Mutex
 			rows := map[trace.SpanID]int{} // frame span → the row its transaction wrote
 			write := func(id int) func(context.Context, pgx.Tx) (int, error) {
@@ -178,7 +179,7 @@ func TestCaptureThroughPgBouncer(t *testing.T) {
 			if rb, ok := res.(outcome.DeterminateRollback[int]); !ok || !errors.Is(rb.Cause(), boom) {
 				t.Fatalf("failing Run: %T %+v, want a rollback caused by the function", res, res)
 			}
-			if rowExists(t, ctx, table, 999) {
+			if srv.RowExists(t, ctx, table, 999) {
 				t.Fatal("the rolled-back row is there")
 			}
 			if _, ok := attr(onlyFrame(t, h), ReconciliationRefKey); ok {
@@ -187,7 +188,7 @@ func TestCaptureThroughPgBouncer(t *testing.T) {
 
 			// A commit marker, written inside the transaction, is found through PgBouncer
 			// too (its fence and lock timeout are set for the transaction only).
-			marker := newMarkerTable(t, ctx, srv.Exec)
+			marker := reconciletest.NewMarkerTable(t, ctx, srv.Exec)
 			res = Run(ctx, h.pool, markerPolicy(marker), insertFn(table, 300))
 			if res.Outcome() != outcome.OutcomeCommitted {
 				t.Fatalf("Run with a commit marker: %T %+v", res, res)
@@ -200,22 +201,22 @@ func TestCaptureThroughPgBouncer(t *testing.T) {
 	}
 }
 
-// TestCaptureThroughPgBouncerIndeterminate: a COMMIT that never answers through
+// TestReferenceThroughPgBouncerIndeterminate: a COMMIT that never answers through
 // PgBouncer still leaves a reference, for the server flushed the xid before it read
 // COMMIT, and PgBouncer passed it on. A deferred trigger makes COMMIT wait on a lock the
 // test holds; once the backend shows that wait and the client has taken every byte
 // PgBouncer sent it, the caller gives up (its context is cancelled), and the lock is
 // released. The transaction commits on the server, and a reconciler working through
 // PgBouncer says so, from the reference alone.
-func TestCaptureThroughPgBouncerIndeterminate(t *testing.T) {
-	ctx := testCtx(t)
+func TestReferenceThroughPgBouncerIndeterminate(t *testing.T) {
+	ctx := pgtest.ContextFor(t)
 	bouncer := pgtest.PgBouncerFor(t, ctx, srv, "transaction", 1)
 	h := newHarness(t, bouncer.ConnString()+"&default_query_exec_mode=exec", 2)
 	rec, err := reconcile.New(h.pool)
 	if err != nil {
 		t.Fatal(err)
 	}
-	table := newTable(t, ctx)
+	table := srv.NewTable(t, ctx, tableColumns)
 	unlock := commitWaitsOnLock(t, ctx, table)
 	pc, err := h.pool.Acquire(ctx)
 	if err != nil {
@@ -244,7 +245,7 @@ func TestCaptureThroughPgBouncerIndeterminate(t *testing.T) {
 // indeterminate, for nothing shows how far COMMIT got (the truth is aborted). One
 // terminated during a statement: rolled back, as it is.
 func TestPgBouncerBackendTerminated(t *testing.T) {
-	ctx := testCtx(t)
+	ctx := pgtest.ContextFor(t)
 	bouncer := pgtest.PgBouncerFor(t, ctx, srv, "transaction", 1)
 	for _, c := range []struct {
 		name, wait         string
@@ -258,7 +259,7 @@ func TestPgBouncerBackendTerminated(t *testing.T) {
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			h := newHarness(t, bouncer.ConnString()+"&default_query_exec_mode=exec", 1)
-			table := newTable(t, ctx)
+			table := srv.NewTable(t, ctx, tableColumns)
 			unlock := func() {}
 			if c.wait == "advisory" {
 				unlock = commitWaitsOnLock(t, ctx, table)

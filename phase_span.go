@@ -18,7 +18,10 @@ import (
 )
 
 // frame is one physical transaction as the instrumentation sees it. Its depth, parent,
-// connection and id are fixed at creation; its phase moves on each transition.
+// connection and id are fixed at creation; its phase moves on each transition. Its own
+// fields are its span and its place among frames; the rest is in one part per concern —
+// evidence, what a Verdict is told, folded statements, the executor's, the reference —
+// so that a change to one concern reads one part.
 //
 // Its life has two ends, kept apart because the executor runs post-commit work between
 // them: conclude records the verdict and takes the frame off its connection; the Tracer's
@@ -61,53 +64,81 @@ type frame struct {
 	recording bool
 	name      string // the span's name, for the next frame of COMMIT AND CHAIN
 
+	frameEvidence  // what was observed of the transaction, and the verdict it makes
+	frameAnswer    // what a Verdict is told (verdict.go)
+	frameFolding   // statements that are events of the frame (control_events.go)
+	frameExecutor  // what Run sets (run.go, attempt.go)
+	frameReference // its commit reference (reference_tracer.go)
+}
+
+// frameEvidence is what the frame observed of its transaction, and the classifier's
+// verdict of it.
+type frameEvidence struct {
 	committingAt     time.Time
 	concludedAt      time.Time
 	committedLocally bool
 	// endedBeforeCommit: the server had sent a FATAL before COMMIT was written.
 	endedBeforeCommit bool
-	firstErr          classifier.Verdict // the verdict of the first failed query, if any
+	firstErr          classifier.Classification // the classification of the first failed query, if any
 	hasErr            bool
-	verdict           classifier.Verdict // the final verdict, once concluded
-	// For a Verdict (verdict.go): asked is the one in the context the frame began in, or
-	// nil; firstCause the error of the first failed query; endErr the error of the query
-	// that concluded the frame; endedIn the phase it was concluded from.
-	asked      *Verdict
-	firstCause error
-	endErr     error
-	endedIn    outcome.Phase
+	classification    classifier.Classification // the final one, once concluded
+	// errJudged and errExpected: whether the first failure was an expected one (see
+	// judgeErr); an expected failure leaves the span's status Unset.
+	errJudged, errExpected bool
+	// commitUnsent: COMMIT failed without a byte of it leaving, on a connection still in
+	// the transaction (see afterQuery): the frame waits, committing, for what comes next.
+	commitUnsent bool
 
 	isolation  string
 	accessMode string
 	// wrote: a statement that may write was sent in the transaction; readOnly: it began
 	// READ ONLY. Commit references are taken only for a frame that wrote and can.
 	wrote, readOnly bool
+}
+
+// frameAnswer is what the frame tells a Verdict (verdict.go): asked is the one in the
+// context the frame began in, or nil; firstCause the error of the first failed query;
+// endErr the error of the query that concluded the frame; endedIn the phase it was
+// concluded from.
+type frameAnswer struct {
+	asked *Verdict
+	// unsentAsked is a Verdict in the context of a COMMIT that never left (commitUnsent),
+	// told when the frame ends, after that call returned.
+	unsentAsked *Verdict
+	firstCause  error
+	endErr      error
+	endedIn     outcome.Phase
+}
+
+// frameFolding is what the frame keeps of the statements that are its events, not spans
+// (control_events.go): standIn takes the span's place for the inner tracer's hooks of
+// such a statement; answer is its answer, waiting for the event it makes while answering;
+// savepoints are the names of the open savepoints, outermost first (savepoint_depth.go).
+type frameFolding struct {
+	standIn    frameStandIn
+	answer     statementAnswer
+	answering  bool
+	eventAttrs [5]attribute.KeyValue // an answering event's attributes are built here
+	savepoints []string
+}
+
+// frameExecutor is what Run sets on the frames of its attempts.
+type frameExecutor struct {
+	managed     bool  // the executor ends the span, after post-commit work
+	cause       error // why the executor rolled back
+	propagation string
+	attempt     int
+}
+
+// frameReference is the frame's commit reference: what its COMMIT carries for one, and
+// what it got.
+type frameReference struct {
 	// refs is what its COMMIT carries for a reference (the tracer's options, or Run's).
 	refs references
 	// xid is the transaction's xid as the xid read after one of its statements found it
 	// (armXIDRead); 0 while none was found, and then COMMIT's write carries the read.
 	xid uint64
-
-	// errJudged and errExpected: whether the first failure was an expected one (see
-	// judgeErr); an expected failure leaves the span's status Unset.
-	errJudged, errExpected bool
-
-	// standIn takes the span's place for the inner tracer's hooks of a statement that is
-	// an event of the frame; answer is such a statement's, waiting for the event its
-	// answer makes while answering (control_events.go).
-	standIn    frameStandIn
-	answer     statementAnswer
-	answering  bool
-	eventAttrs [5]attribute.KeyValue // an answering event's attributes are built here
-	// savepoints are the names of the open savepoints, outermost first (savepoint_depth.go).
-	savepoints []string
-
-	// Set by the executor.
-	managed     bool  // the executor ends the span, after post-commit work
-	cause       error // why the executor rolled back
-	propagation string
-	attempt     int
-	ref         *outcome.ReconciliationRef
+	ref *outcome.ReconciliationRef
 	// marker is the marker function whose call the COMMIT write carries (WithCommitMarker).
 	marker *markerFn
 }
@@ -158,7 +189,7 @@ var phaseEvents = func() (names [outcome.PhaseUnknown + 1]string) {
 // one level deeper.
 func (t *Tracer) startFrame(ctx context.Context, conn *pgx.Conn, st *connState, phase outcome.Phase, begin string, chained *frame) *frame {
 	f := &frame{t: t, conn: conn.PgConn(), id: outcome.NewOperationID(), startedAt: time.Now(),
-		parentSpan: trace.SpanContextFromContext(ctx), refs: t.cfg.references()}
+		parentSpan: trace.SpanContextFromContext(ctx), frameReference: frameReference{refs: t.cfg.references()}}
 	switch {
 	case chained != nil:
 		f.refs = chained.refs
@@ -255,7 +286,7 @@ func (f *frame) transition(to outcome.Phase) bool {
 
 // conclude records the verdict: the terminal phase, and the frame leaves its connection.
 // Unless the executor manages the frame, the span ends too. It runs at most once.
-func (f *frame) conclude(st *connState, v classifier.Verdict) {
+func (f *frame) conclude(st *connState, v classifier.Classification) {
 	if !f.concluded.CompareAndSwap(false, true) {
 		return
 	}
@@ -277,7 +308,7 @@ func (f *frame) conclude(st *connState, v classifier.Verdict) {
 	if v.CommittedLocally() {
 		f.committedLocally = true
 	}
-	f.verdict = v
+	f.classification = v
 	f.concludedAt = time.Now()
 	if st != nil && st.frame == f {
 		st.frame = nil
@@ -340,7 +371,7 @@ func setFrameAttrs(span trace.Span, buf *[]attribute.KeyValue, attrs []attribute
 // outcomeAttrs appends to attrs the attributes a recording frame span ends with, whatever
 // its status, so that they are written in one SetAttributes call.
 func (f *frame) outcomeAttrs(o outcome.Outcome, attrs []attribute.KeyValue) []attribute.KeyValue {
-	v := f.verdict
+	v := f.classification
 	attrs = append(attrs, f.connAttrs...)
 	attrs = append(attrs, OperationIDKey.String(f.id.String()), FrameDepthKey.Int(f.depth))
 	attrs = append(attrs, f.t.cfg.spanAttributes...)
@@ -375,13 +406,13 @@ func (f *frame) outcomeAttrs(o outcome.Outcome, attrs []attribute.KeyValue) []at
 // deliberateRollback reports whether f, rolled back, was ended on purpose with nothing
 // gone wrong: the one rule behind its span status and its metric series.
 func (f *frame) deliberateRollback() bool {
-	return !f.hasErr && f.cause == nil && f.verdict.Reason() == classifier.ReasonRolledBack
+	return !f.hasErr && f.cause == nil && f.classification.Reason() == classifier.ReasonRolledBack
 }
 
 // setOutcomeStatus sets the span status of outcome o and returns attrs with the
 // attributes that go with that status (tx.retryable, error.type).
 func (f *frame) setOutcomeStatus(o outcome.Outcome, attrs []attribute.KeyValue) []attribute.KeyValue {
-	v := f.verdict
+	v := f.classification
 	switch o {
 	case outcome.OutcomeCommitted, outcome.OutcomeCommittedWithPostCommitFailure:
 		if f.t.cfg.status == StatusOkOnCommit {

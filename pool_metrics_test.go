@@ -111,7 +111,7 @@ func waitPool(t *testing.T, ctx context.Context, reader *sdkmetric.ManualReader,
 // counts as pgxpool.Stat has them, pending acquires, timeouts, and the create, wait and
 // use times, with the conventions' names, units, instrument kinds and attributes.
 func TestPoolMetrics(t *testing.T) {
-	ctx := testCtx(t)
+	ctx := pgtest.ContextFor(t)
 	h := newHarness(t, "", 2, WithPoolName("orders"))
 	stat := func() string {
 		s := h.pool.Stat()
@@ -297,7 +297,7 @@ func TestPoolAttributes(t *testing.T) {
 // WithDisablePoolMetrics records none; an empty name is an error; a pool the application
 // closed and dropped is no longer observed (nor kept alive).
 func TestPoolMetricsOptions(t *testing.T) {
-	ctx := testCtx(t)
+	ctx := pgtest.ContextFor(t)
 	h := newHarness(t, "", 1)
 	if _, err := h.pool.Exec(ctx, "select 1"); err != nil {
 		t.Fatal(err)

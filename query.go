@@ -96,6 +96,18 @@ func (t *Tracer) leave(ctx context.Context, conn *pgx.Conn, st *connState, q *qu
 func (t *Tracer) beforeQuery(ctx context.Context, conn *pgx.Conn, st *connState, set stmtSet, beginSQL string) *frame {
 	pg := conn.PgConn()
 	f := st.frame
+	if f != nil && f.commitUnsent {
+		// A statement after a COMMIT that never left, on the same open transaction: another
+		// COMMIT goes on in the frame; anything else, and the frame is judged as its
+		// COMMIT's failure alone judges it (unknown: nothing tells what the application
+		// will do), and what follows is a frame of its own.
+		if set.commits() {
+			f.commitUnsent = false
+		} else {
+			f.concludeUnsent(st, classifier.Facts{})
+			f = nil
+		}
+	}
 	if f != nil && pg.TxStatus() == 'I' {
 		// The transaction ended where we could not see it; its frame must not ride
 		// into this unrelated work.
@@ -171,6 +183,14 @@ func (t *Tracer) afterQuery(ctx context.Context, conn *pgx.Conn, st *connState, 
 		t.afterActiveQuery(st, f, q, err, facts, inTx)
 	case outcome.PhaseCommitting:
 		st.commitFacts(f, &facts)
+		if facts.CommitNotSent && inTx && err != nil {
+			// COMMIT never left (pgconn refused it, its context already done) and the
+			// transaction is still open: it ends with the connection, which pgx's Commit
+			// closes on such a failure (rolled back: abandon), or, should the application
+			// go on using it, at its next statement (beforeQuery).
+			f.commitUnsent, f.unsentAsked = true, verdictFrom(ctx)
+			break
+		}
 		f.conclude(st, classifier.Classify(outcome.PhaseCommitting, err, facts))
 		st.committedInBlock = inTx && f.currentPhase() == outcome.PhaseCommitted
 	case outcome.PhaseActive:
@@ -243,6 +263,17 @@ func releasesRestart(set stmtSet, sql string) bool {
 	return set.has(stmtRelease) && strings.EqualFold(savepointName(sql), "cockroach_restart")
 }
 
+// concludeUnsent concludes f, whose COMMIT never left (commitUnsent), as facts and that
+// COMMIT's failure judge it, and tells the Verdict of that COMMIT's call.
+func (f *frame) concludeUnsent(st *connState, facts classifier.Facts) {
+	f.commitUnsent = false
+	facts.Server = st.server
+	f.conclude(st, classifier.Classify(outcome.PhaseCommitting, f.endErr, facts))
+	if v := f.unsentAsked; v != nil && v != f.asked {
+		v.frameEnded(f)
+	}
+}
+
 // abandon concludes a frame whose transaction ended where no query showed it: the
 // connection was released mid-transaction, closed, or found idle. Evidence of commit it
 // cannot have; if COMMIT was sent, the outcome is unknown.
@@ -250,12 +281,21 @@ func (t *Tracer) abandon(st *connState, f *frame, reason string) {
 	if !f.open() {
 		return
 	}
+	if f.commitUnsent {
+		// Its COMMIT never left. If the session ends with the transaction open (closed, or
+		// released to the pool, which destroys it), the server rolls it back (the
+		// classifier's commit_not_sent rule); if the transaction ended unseen (a COMMIT past
+		// the tracer, on the PgConn), nothing is known.
+		closed := reason == reasonConnectionClosed || reason == reasonReleasedInTransaction
+		f.concludeUnsent(st, classifier.Facts{ConnClosed: closed, CommitNotSent: closed})
+		return
+	}
 	if f.currentPhase() == outcome.PhaseCommitting {
-		v, _ := classifier.NewVerdict(classifier.EvidenceUnknown, false, "", reason)
+		v, _ := classifier.NewClassification(classifier.EvidenceUnknown, false, "", reason)
 		f.conclude(st, v)
 		return
 	}
-	v, _ := classifier.NewVerdict(classifier.EvidenceRolledBack, false, "", reason)
+	v, _ := classifier.NewClassification(classifier.EvidenceRolledBack, false, "", reason)
 	f.hasErr = true
 	f.conclude(st, v)
 }

@@ -11,6 +11,8 @@ import (
 	"go.opentelemetry.io/otel/codes"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
+
+	"github.com/txevidence/otelpgxtx/pgtest"
 )
 
 // TestErrorDescriptionsOfRealFaults makes each fault for real and reads what the statement
@@ -19,12 +21,12 @@ import (
 // a pool acquire that times out, and a connection refused — each in the fixed words of its
 // kind, never "(message redacted)", and never an address or a statement.
 func TestErrorDescriptionsOfRealFaults(t *testing.T) {
-	proxy := newProxy(t)
+	proxy := pgtest.ProxyFor(t, srv)
 	// COMMIT's own span (not the default event of its frame) holds its error.
 	h := newHarness(t, proxy.ConnString(srv.ConnString()), 1, WithInnerSpans(InnerSpanTransactionControl))
-	table := newTable(t, testCtx(t))
+	table := srv.NewTable(t, pgtest.ContextFor(t), tableColumns)
 	// Statement spans are made under a recording span, as in a traced request.
-	ctx, root := h.tp.Tracer("test").Start(testCtx(t), "request")
+	ctx, root := h.tp.Tracer("test").Start(pgtest.ContextFor(t), "request")
 	defer root.End()
 
 	status := func(name string, match func(tracetest.SpanStub) bool) string {

@@ -11,7 +11,9 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/txevidence/otelpgxtx/internal/reconciletest"
 	"github.com/txevidence/otelpgxtx/outcome"
+	"github.com/txevidence/otelpgxtx/pgtest"
 )
 
 // identitySQL is the identity check alone, as a connection's first check ahead of BEGIN
@@ -91,12 +93,12 @@ func cancelWhileLocked(t *testing.T, ctx context.Context, pid uint32, fn func() 
 // connection committed without a reference (or without the marker) for the rest of its
 // life: the soak's failover run showed two marker-mode Run results without a reference.
 func TestReferenceCheckCancelled(t *testing.T) {
-	ctx := testCtx(t)
-	marker := newMarkerTable(t, ctx, srv.Exec)
+	ctx := pgtest.ContextFor(t)
+	marker := reconciletest.NewMarkerTable(t, ctx, srv.Exec)
 	quoted := marker.Sanitize()
 
 	t.Run("Run", func(t *testing.T) {
-		table := newTable(t, ctx)
+		table := srv.NewTable(t, ctx, tableColumns)
 		conn := instrumentedConn(t, ctx, srv.ConnString())
 		st := connStateOf(conn)
 		run := func(id int, p Policy) error {
@@ -128,13 +130,13 @@ func TestReferenceCheckCancelled(t *testing.T) {
 		if m, ok := st.marker(quoted); !ok || m.problem != "" {
 			t.Fatalf("asked again: marker %+v %v", m, ok)
 		}
-		if n := srvCount(t, ctx, "select count(*) from "+quoted); n != 1 {
+		if n := srv.CountOf(t, ctx, "select count(*) from "+quoted); n != 1 {
 			t.Fatalf("%d marker rows, want 1 (Run's last transaction)", n)
 		}
 	})
 
 	t.Run("tracer identity check", func(t *testing.T) {
-		table := newTable(t, ctx)
+		table := srv.NewTable(t, ctx, tableColumns)
 		h := newRefHarness(t, srv.ConnString(), WithCommitMarker(marker))
 		c, err := h.pool.Acquire(ctx)
 		if err != nil {
@@ -145,7 +147,7 @@ func TestReferenceCheckCancelled(t *testing.T) {
 		if err := cancelWhileLocked(t, ctx, pid, func() error { return plainInsert(ctx, h.pool, table, 1, nil) }); err != nil {
 			t.Fatalf("the application's transaction: %v (the cancel hit the library's check, not the application)", err)
 		}
-		if !rowExists(t, ctx, table, 1) {
+		if !srv.RowExists(t, ctx, table, 1) {
 			t.Fatal("row 1 missing")
 		}
 		if _, ok := refOf(t, lastFrame(t, h.harness)); ok {
@@ -180,9 +182,9 @@ func TestTooOld(t *testing.T) {
 // saying why, and nothing of the library's is sent — no check, no xid read: plain pgx and
 // Run commit as without the option, without a reference.
 func TestReferencesOffBelowOldestServer(t *testing.T) {
-	ctx := testCtx(t)
-	table := newTable(t, ctx)
-	proxy := newProxy(t)
+	ctx := pgtest.ContextFor(t)
+	table := srv.NewTable(t, ctx, tableColumns)
+	proxy := pgtest.ProxyFor(t, srv)
 	proxy.ReportVersion("12.22")
 	rec := proxy.Record()
 	logs := &lockedBuffer{}

@@ -15,13 +15,6 @@ import (
 	"github.com/txevidence/otelpgxtx/pgtest"
 )
 
-// waitBackendGone waits until the server process pid has left pg_stat_activity.
-func waitBackendGone(t *testing.T, ctx context.Context, pid uint32) {
-	t.Helper()
-	waitCount(t, ctx, srv, 0, "backend still there",
-		"select count(*) from pg_stat_activity where pid = $1", pid)
-}
-
 // waitCount polls a count(*) query on s (pgtest's WaitForCount) until it answers want; the
 // test fails with what and the last count if ctx ends first.
 func waitCount(t *testing.T, ctx context.Context, s *pgtest.Server, want int, what, sql string, args ...any) {
@@ -31,14 +24,14 @@ func waitCount(t *testing.T, ctx context.Context, s *pgtest.Server, want int, wh
 	}
 }
 
-// TestCaptureAfterDiscardAll: the xid read keeps no session state (a fast-path call by
+// TestReferenceAfterDiscardAll: the xid read keeps no session state (a fast-path call by
 // OID, no prepared statement), so a connection whose session was reset — DISCARD ALL, as
 // PgBouncer in session mode does between clients (its server_reset_query) — still commits
 // with a reference: no missing statement can abort the transaction being committed.
-func TestCaptureAfterDiscardAll(t *testing.T) {
-	ctx := testCtx(t)
+func TestReferenceAfterDiscardAll(t *testing.T) {
+	ctx := pgtest.ContextFor(t)
 	h := newHarness(t, srv.ConnString()+"&default_query_exec_mode=simple_protocol", 1)
-	table := newTable(t, ctx)
+	table := srv.NewTable(t, ctx, tableColumns)
 	for id := 1; id <= 2; id++ {
 		if id == 2 {
 			if _, err := h.pool.Exec(ctx, "discard all"); err != nil {
@@ -48,7 +41,7 @@ func TestCaptureAfterDiscardAll(t *testing.T) {
 		if res := Run(ctx, h.pool, DefaultPolicy(), insertFn(table, id)); res.Outcome() != outcome.OutcomeCommitted {
 			t.Fatalf("Run %d: %T %+v", id, res, res)
 		}
-		if !rowExists(t, ctx, table, id) {
+		if !srv.RowExists(t, ctx, table, id) {
 			t.Fatalf("row %d missing", id)
 		}
 	}
@@ -63,13 +56,13 @@ func TestCaptureAfterDiscardAll(t *testing.T) {
 	}
 }
 
-// TestCaptureFailedTransaction: in a transaction that had already failed, the xid read
+// TestReferenceFailedTransaction: in a transaction that had already failed, the xid read
 // gets 25P02 and COMMIT is still read, answered ROLLBACK: a certain rollback, with no
 // reference, on a connection left idle and usable.
-func TestCaptureFailedTransaction(t *testing.T) {
-	ctx := testCtx(t)
+func TestReferenceFailedTransaction(t *testing.T) {
+	ctx := pgtest.ContextFor(t)
 	h := newHarness(t, "", 1)
-	table := newTable(t, ctx)
+	table := srv.NewTable(t, ctx, tableColumns)
 	res := Run(ctx, h.pool, DefaultPolicy(), insertThen(table, func(ctx context.Context, tx pgx.Tx) (int, error) {
 		_, _ = tx.Exec(ctx, "select 1/0") // swallowed: the transaction has failed
 		return 1, nil
@@ -83,7 +76,7 @@ func TestCaptureFailedTransaction(t *testing.T) {
 	if _, ok := attr(f, ReconciliationRefKey); ok {
 		t.Fatal("a reference for a transaction that had failed")
 	}
-	if rowExists(t, ctx, table, 1) {
+	if srv.RowExists(t, ctx, table, 1) {
 		t.Fatal("row present")
 	}
 	// The pool's only connection is idle and answers the next transaction.
@@ -146,19 +139,19 @@ func cutWhileCommitWaits(t *testing.T, ctx context.Context, db DB, conn *pgx.Con
 	return ind, ref
 }
 
-// TestCaptureReferenceBeforeCommitAnswers: the server flushes the xid before it reads
+// TestReferenceBeforeCommitAnswers: the server flushes the xid before it reads
 // COMMIT, so a COMMIT that never answers still leaves a reference, naming the transaction
 // that commits later. A deferred trigger makes COMMIT wait, silently, on a lock the test
 // holds; once the server shows that wait and the client has taken every byte from its
 // socket, the caller gives up (its context is cancelled), and the lock is released.
-func TestCaptureReferenceBeforeCommitAnswers(t *testing.T) {
-	overTransports(t, overCaptureReferenceBeforeCommitAnswers)
+func TestReferenceBeforeCommitAnswers(t *testing.T) {
+	overTransports(t, overReferenceBeforeCommitAnswers)
 }
 
-func overCaptureReferenceBeforeCommitAnswers(t *testing.T, base string) {
-	ctx := testCtx(t)
+func overReferenceBeforeCommitAnswers(t *testing.T, base string) {
+	ctx := pgtest.ContextFor(t)
 	h := newHarness(t, base, 1)
-	table := newTable(t, ctx)
+	table := srv.NewTable(t, ctx, tableColumns)
 	unlock := commitWaitsOnLock(t, ctx, table)
 	pc, err := h.pool.Acquire(ctx) // the pool's only connection, which Run will hold
 	if err != nil {
@@ -196,7 +189,7 @@ func wantWrittenBy(t *testing.T, ctx context.Context, table string, id int, xid 
 
 // TestCallRef: what each reply to the call ahead of COMMIT makes of the reference.
 func TestCallRef(t *testing.T) {
-	st := &connState{systemID: 7, timeline: 1, serverStart: 1, database: "d", checkedAt: 5}
+	st := &connState{connIdentity: connIdentity{systemID: 7, timeline: 1, serverStart: 1, database: "d", checkedAt: 5}}
 	m := st.newMarkerFn(`"s"."t"`, []byte("16400"))
 	id := outcome.NewOperationID()
 	val := func(v string) wire.Reply { return wire.Reply{GotValue: true, Value: []byte(v), Done: true} }

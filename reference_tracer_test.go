@@ -23,6 +23,7 @@ import (
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/txevidence/otelpgxtx/internal/reconciletest"
 	"github.com/txevidence/otelpgxtx/internal/wire"
 	"github.com/txevidence/otelpgxtx/outcome"
 	"github.com/txevidence/otelpgxtx/pgtest"
@@ -40,7 +41,7 @@ type refHarness struct {
 
 func newRefHarness(t *testing.T, base string, opts ...Option) *refHarness {
 	t.Helper()
-	proxy := newProxy(t)
+	proxy := pgtest.ProxyFor(t, srv)
 	rec := proxy.Record()
 	logs := &lockedBuffer{}
 	opts = append([]Option{WithLogger(slog.New(slog.NewJSONHandler(logs, nil)))}, opts...)
@@ -114,8 +115,8 @@ func TestPlainReference(t *testing.T) {
 }
 
 func overPlainReference(t *testing.T, base string) {
-	ctx := testCtx(t)
-	table := newTable(t, ctx)
+	ctx := pgtest.ContextFor(t)
+	table := srv.NewTable(t, ctx, tableColumns)
 	with := newRefHarness(t, base, WithCommitReference())
 	without := newRefHarness(t, base)
 	trips := func(h *refHarness, id int) int64 {
@@ -169,7 +170,7 @@ func overPlainReference(t *testing.T, base string) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if committed := rowExists(t, ctx, table, 5); res.Status() != reconcile.Committed || !committed {
+	if committed := srv.RowExists(t, ctx, table, 5); res.Status() != reconcile.Committed || !committed {
 		t.Fatalf("reconciled %v (%s), row present %v; want committed and present", res.Status(), res.Reason(), committed)
 	}
 	wantWrittenBy(t, ctx, table, 5, ref.XID)
@@ -187,9 +188,9 @@ func TestPlainMarker(t *testing.T) {
 }
 
 func overPlainMarker(t *testing.T, base string) {
-	ctx := testCtx(t)
-	table := newTable(t, ctx)
-	marker := newMarkerTable(t, ctx, srv.Exec)
+	ctx := pgtest.ContextFor(t)
+	table := srv.NewTable(t, ctx, tableColumns)
+	marker := reconciletest.NewMarkerTable(t, ctx, srv.Exec)
 	h := newRefHarness(t, base, WithCommitMarker(marker))
 	without := newRefHarness(t, base)
 	for id := 1; id <= 2; id++ {
@@ -210,7 +211,7 @@ func overPlainMarker(t *testing.T, base string) {
 		t.Fatalf("committed frame's reference %v %v, want a marker and its xid", ref, ok)
 	}
 	wantWrittenBy(t, ctx, table, 2, ref.XID)
-	if n := srvCount(t, ctx, "select count(*) from "+marker.Sanitize()+" where operation_id = $1", ref.Operation.String()); n != 1 {
+	if n := srv.CountOf(t, ctx, "select count(*) from "+marker.Sanitize()+" where operation_id = $1", ref.Operation.String()); n != 1 {
 		t.Fatalf("%d marker rows for %s", n, ref.Operation)
 	}
 
@@ -238,8 +239,8 @@ func overPlainMarker(t *testing.T, base string) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if res.Status() != tc.want || rowExists(t, ctx, table, tc.id) != (tc.want == reconcile.Committed) {
-			t.Fatalf("cut %s: reconciled %v (%s), row present %v", tc.name, res.Status(), res.Reason(), rowExists(t, ctx, table, tc.id))
+		if res.Status() != tc.want || srv.RowExists(t, ctx, table, tc.id) != (tc.want == reconcile.Committed) {
+			t.Fatalf("cut %s: reconciled %v (%s), row present %v", tc.name, res.Status(), res.Reason(), srv.RowExists(t, ctx, table, tc.id))
 		}
 	}
 }
@@ -255,8 +256,8 @@ func TestPlainReferenceLeavesTheRestAlone(t *testing.T) {
 }
 
 func overPlainReferenceLeavesTheRestAlone(t *testing.T, base string) {
-	ctx := testCtx(t)
-	table := newTable(t, ctx)
+	ctx := pgtest.ContextFor(t)
+	table := srv.NewTable(t, ctx, tableColumns)
 	work := func(pool *pgxpool.Pool) {
 		// A write transaction first: its BEGIN carries the identity check with the option.
 		if err := plainInsert(ctx, pool, table, 1, nil); err != nil {
@@ -338,7 +339,7 @@ func overPlainReferenceLeavesTheRestAlone(t *testing.T, base string) {
 // xidReadCall is the xid read's FunctionCall on the test server.
 func xidReadCall(t *testing.T, ctx context.Context) []byte {
 	t.Helper()
-	oid := srvCount(t, ctx, "select 'pg_catalog.pg_current_xact_id_if_assigned()'::pg_catalog.regprocedure::pg_catalog.oid::int")
+	oid := srv.CountOf(t, ctx, "select 'pg_catalog.pg_current_xact_id_if_assigned()'::pg_catalog.regprocedure::pg_catalog.oid::int")
 	call, err := (&pgproto3.FunctionCall{Function: uint32(oid)}).Encode(nil)
 	if err != nil {
 		t.Fatal(err)
@@ -361,8 +362,8 @@ func roleFor(t *testing.T, ctx context.Context, prefix, table string) string {
 // references off for its connection, with one log record, at the first BEGIN; its
 // transactions commit as without the option, without a reference.
 func TestPlainReferenceCheckFails(t *testing.T) {
-	ctx := testCtx(t)
-	table := newTable(t, ctx)
+	ctx := pgtest.ContextFor(t)
+	table := srv.NewTable(t, ctx, tableColumns)
 	base := roleFor(t, ctx, "noref", table)
 	revokeIdentity(t, ctx)
 	h := newRefHarness(t, base, WithCommitReference())
@@ -394,11 +395,7 @@ func terminateInSyncRepWait(t *testing.T, ctx context.Context, tx pgx.Tx) {
 		t.Fatal(err)
 	}
 	go func() {
-		if err := srv.WaitForWaitEvent(ctx, pid, "SyncRep"); err != nil {
-			t.Error(err)
-			return
-		}
-		if err := srv.Terminate(ctx, pid); err != nil {
+		if err := srv.TerminateInSyncRep(ctx, pid); err != nil {
 			t.Error(err)
 		}
 	}()
@@ -419,8 +416,8 @@ func TestPlainReferenceAsyncMessages(t *testing.T) {
 }
 
 func plainReferenceAsyncMessages(t *testing.T, base, mode string) {
-	ctx := testCtx(t)
-	table := newTable(t, ctx)
+	ctx := pgtest.ContextFor(t)
+	table := srv.NewTable(t, ctx, tableColumns)
 	if err := srv.Exec(ctx, fmt.Sprintf(`create function %[1]s_notice() returns trigger language plpgsql as $$
 		begin raise notice 'n1 %%', new.id; raise notice 'n2 %%', new.id; return null; end $$;
 		create constraint trigger %[1]s_t after insert on %[1]s deferrable initially deferred
@@ -429,7 +426,7 @@ func plainReferenceAsyncMessages(t *testing.T, base, mode string) {
 	}
 	opt := WithCommitReference()
 	if mode == "marker" {
-		opt = WithCommitMarker(newMarkerTable(t, ctx, srv.Exec))
+		opt = WithCommitMarker(reconciletest.NewMarkerTable(t, ctx, srv.Exec))
 	}
 	pgtest.LeakCheck(t)
 	exp := tracetest.NewInMemoryExporter()
@@ -519,14 +516,14 @@ func plainReferenceAsyncMessages(t *testing.T, base, mode string) {
 // committed through PgBouncer. Each reference is marked pooled: the identity check's
 // backend is not the one pgx was told of, so it may not be the transaction's.
 func TestPlainReferenceThroughPgBouncer(t *testing.T) {
-	ctx := testCtx(t)
+	ctx := pgtest.ContextFor(t)
 	bouncer := pgtest.PgBouncerFor(t, ctx, srv, "transaction", 1)
 	for _, mode := range []string{"xid", "marker"} {
 		t.Run(mode, func(t *testing.T) {
-			table := newTable(t, ctx)
+			table := srv.NewTable(t, ctx, tableColumns)
 			opt := WithCommitReference()
 			if mode == "marker" {
-				opt = WithCommitMarker(newMarkerTable(t, ctx, srv.Exec))
+				opt = WithCommitMarker(reconciletest.NewMarkerTable(t, ctx, srv.Exec))
 			}
 			h := newHarness(t, bouncer.ConnString()+"&default_query_exec_mode=exec", 3, opt)
 			held := acquireConns(t, ctx, h.pool, 3)
@@ -577,8 +574,8 @@ func TestPlainReferenceThroughPgBouncer(t *testing.T) {
 				t.Fatal(err)
 			}
 			res, err := rec.Resolve(ctx, ref, trace.SpanContext{})
-			if err != nil || res.Status() != reconcile.Committed || !rowExists(t, ctx, table, 7) {
-				t.Fatalf("reconciled %v (%s), %v; row present %v", res.Status(), res.Reason(), err, rowExists(t, ctx, table, 7))
+			if err != nil || res.Status() != reconcile.Committed || !srv.RowExists(t, ctx, table, 7) {
+				t.Fatalf("reconciled %v (%s), %v; row present %v", res.Status(), res.Reason(), err, srv.RowExists(t, ctx, table, 7))
 			}
 		})
 	}
@@ -591,12 +588,12 @@ func TestPlainReferenceThroughPgBouncer(t *testing.T) {
 // transaction), and the frame is a retryable rollback. pgx's own
 // TestTxCommitSerializationFailure found this (make test-pgx, marker mode).
 func TestPlainMarkerSerializationFailure(t *testing.T) {
-	ctx := testCtx(t)
-	table := newTable(t, ctx) + "_sums"
+	ctx := pgtest.ContextFor(t)
+	table := srv.NewTable(t, ctx, tableColumns) + "_sums"
 	if err := srv.Exec(ctx, "create table "+table+" (num int)"); err != nil { // no key: the two do not wait on each other
 		t.Fatal(err)
 	}
-	marker := newMarkerTable(t, ctx, srv.Exec)
+	marker := reconciletest.NewMarkerTable(t, ctx, srv.Exec)
 	for _, opts := range [][]Option{nil, {WithCommitMarker(marker)}} {
 		h := newHarness(t, srv.ConnString(), 2, opts...)
 		conns := acquireConns(t, ctx, h.pool, 2)
@@ -638,9 +635,9 @@ func TestPlainMarkerSerializationFailure(t *testing.T) {
 // pooled it does not; the same reference without the mark is answered aborted, which is
 // what a reference through a pooler got before it was marked.
 func TestPooledReferenceAfterRestart(t *testing.T) {
-	ctx := testCtx(t)
+	ctx := pgtest.ContextFor(t)
 	bouncer := pgtest.PgBouncerFor(t, ctx, srv, "transaction", 1)
-	table := newTable(t, ctx)
+	table := srv.NewTable(t, ctx, tableColumns)
 	h := newHarness(t, bouncer.ConnString()+"&default_query_exec_mode=exec", 1, WithCommitReference())
 	conn, err := h.pool.Acquire(ctx) // the one client connection, held throughout
 	if err != nil {
@@ -686,7 +683,7 @@ func TestPooledReferenceAfterRestart(t *testing.T) {
 	if err := srv.WaitQuiet(ctx); err != nil {
 		t.Fatal(err)
 	}
-	if !rowExists(t, ctx, table, 2) {
+	if !srv.RowExists(t, ctx, table, 2) {
 		t.Fatal("the commit terminated after its commit record is not there")
 	}
 	rec, err := reconcile.New(srv.Pool(t, ctx), reconcile.WithWait(time.Second, 10*time.Millisecond))
@@ -725,7 +722,7 @@ func TestPooledReferenceAfterRestart(t *testing.T) {
 func TestPlainReferenceConnectionCut(t *testing.T) {
 	overTransports(t, func(t *testing.T, base string) { plainReferenceConnectionCut(t, base, nil) })
 	t.Run("pgbouncer", func(t *testing.T) {
-		bouncer := pgtest.PgBouncerFor(t, testCtx(t), srv, "transaction", 2)
+		bouncer := pgtest.PgBouncerFor(t, pgtest.ContextFor(t), srv, "transaction", 2)
 		proxy, err := pgtest.NewProxy(strings.TrimPrefix(strings.Split(bouncer.ConnString(), "/postgres?")[0], "postgres://postgres@"))
 		if err != nil {
 			t.Fatal(err)
@@ -738,9 +735,9 @@ func TestPlainReferenceConnectionCut(t *testing.T) {
 // plainReferenceConnectionCut runs TestPlainReferenceConnectionCut on base, through proxy
 // (nil: a new one in front of the test server).
 func plainReferenceConnectionCut(t *testing.T, base string, proxy *pgtest.Proxy) {
-	ctx := testCtx(t)
+	ctx := pgtest.ContextFor(t)
 	pgtest.LeakCheck(t) // registered first, so it runs after the tracer's Close
-	table := newTable(t, ctx)
+	table := srv.NewTable(t, ctx, tableColumns)
 	answers := make(chan Reconciliation, 2)
 	opts := []Option{WithCommitReference(), withAutoReconcile(t, srv.Pool(t, ctx),
 		WithOnReconciled(func(r Reconciliation) { answers <- r }), WithRetryBackoff(10*time.Millisecond, 100*time.Millisecond))}
@@ -814,7 +811,7 @@ func plainReferenceConnectionCut(t *testing.T, base string, proxy *pgtest.Proxy)
 			t.Errorf("%s: the indeterminate log record, what the command reads, has no reference %s", c.name, ref)
 		}
 		res := resolve(ref)
-		if present := rowExists(t, ctx, table, c.id); res.Status() != c.want || present != c.committed {
+		if present := srv.RowExists(t, ctx, table, c.id); res.Status() != c.want || present != c.committed {
 			t.Fatalf("%s: reconciled %v (%s), row present %v", c.name, res.Status(), res.Reason(), present)
 		}
 		select {
@@ -846,8 +843,8 @@ func plainReferenceConnectionCut(t *testing.T, base string, proxy *pgtest.Proxy)
 		if !ok || rref.XID == 0 {
 			t.Fatalf("%s: Run's indeterminate result has reference %v (present %v)", c.name, rref, ok)
 		}
-		if res := resolve(rref); res.Status() != c.want || rowExists(t, ctx, table, id) != c.committed {
-			t.Fatalf("%s: Run's reference reconciled %v (%s), row present %v", c.name, res.Status(), res.Reason(), rowExists(t, ctx, table, id))
+		if res := resolve(rref); res.Status() != c.want || srv.RowExists(t, ctx, table, id) != c.committed {
+			t.Fatalf("%s: Run's reference reconciled %v (%s), row present %v", c.name, res.Status(), res.Reason(), srv.RowExists(t, ctx, table, id))
 		}
 		<-answers
 	}
@@ -861,8 +858,8 @@ func plainReferenceConnectionCut(t *testing.T, base string, proxy *pgtest.Proxy)
 // pgconn's default watcher (a deadline, no cancel request) the read follows the statement
 // whatever its context.
 func TestXIDReadWithCancelRequests(t *testing.T) {
-	ctx := testCtx(t)
-	table := newTable(t, ctx)
+	ctx := pgtest.ContextFor(t)
+	table := srv.NewTable(t, ctx, tableColumns)
 	for _, cancels := range []bool{true, false} {
 		cfg, err := pgx.ParseConfig(srv.ConnString())
 		if err != nil {
@@ -919,8 +916,8 @@ func TestXIDReadWithCancelRequests(t *testing.T) {
 // the frame is rolled back with the read's SQLSTATE as its cause — an error pgconn never
 // saw, which the frame would otherwise not name.
 func TestXIDReadRefusedAfterCheck(t *testing.T) {
-	ctx := testCtx(t)
-	table := newTable(t, ctx)
+	ctx := pgtest.ContextFor(t)
+	table := srv.NewTable(t, ctx, tableColumns)
 	h := newRefHarness(t, roleFor(t, ctx, "xidrevoked", table), WithCommitReference())
 	if err := plainInsert(ctx, h.pool, table, 1, nil); err != nil {
 		t.Fatal(err)
@@ -946,7 +943,7 @@ func TestXIDReadRefusedAfterCheck(t *testing.T) {
 	if pgErr, isPg := errors.AsType[*pgconn.PgError](rb.Cause()); err != nil || !ok || !isPg || pgErr.Code != "42501" {
 		t.Fatalf("the verdict %T %v (%v), want a rollback caused by the read's 42501", res, res, err)
 	}
-	if rowExists(t, ctx, table, 2) {
+	if srv.RowExists(t, ctx, table, 2) {
 		t.Fatal("row 2 is there")
 	}
 }
@@ -957,9 +954,9 @@ func TestXIDReadRefusedAfterCheck(t *testing.T) {
 // wait for their statement's write, so the frame has its reference. (The soak found
 // connections never checked, and marker calls never sent, this way.)
 func TestReferenceWithEvictedStatements(t *testing.T) {
-	ctx := testCtx(t)
-	table := newTable(t, ctx)
-	marker := newMarkerTable(t, ctx, srv.Exec)
+	ctx := pgtest.ContextFor(t)
+	table := srv.NewTable(t, ctx, tableColumns)
+	marker := reconciletest.NewMarkerTable(t, ctx, srv.Exec)
 	for i, tc := range []struct {
 		name   string
 		opt    Option

@@ -89,7 +89,7 @@ type mCall struct {
 	path     string // "0", "0.2", "0.2.1": the position in the tree
 	prop     Propagation
 	pool     mPool
-	capture  bool
+	withRef  bool
 	iso      pgx.TxIsoLevel
 	attempts int
 	steps    []mStep
@@ -100,7 +100,7 @@ type mCall struct {
 
 func (c *mCall) policy() Policy {
 	p := DefaultPolicy()
-	p.Propagation, p.IsoLevel, p.CommitReference, p.MaxAttempts = c.prop, c.iso, c.capture, c.attempts
+	p.Propagation, p.IsoLevel, p.CommitReference, p.MaxAttempts = c.prop, c.iso, c.withRef, c.attempts
 	return p
 }
 
@@ -118,11 +118,11 @@ func (c *mCall) write(b *strings.Builder, indent string) {
 	if iso == "" {
 		iso = "default isolation"
 	}
-	capture := "capture"
-	if !c.capture {
-		capture = "no capture"
+	refs := "references"
+	if !c.withRef {
+		refs = "no references"
 	}
-	fmt.Fprintf(b, "%s%s: %s on %s (%s, %s, %d attempt(s))\n", indent, c.path, c.prop, mPoolNames[c.pool], capture, iso, c.attempts)
+	fmt.Fprintf(b, "%s%s: %s on %s (%s, %s, %d attempt(s))\n", indent, c.path, c.prop, mPoolNames[c.pool], refs, iso, c.attempts)
 	for _, s := range c.steps {
 		switch s.kind {
 		case stepInsert:
@@ -188,7 +188,7 @@ var (
 // call draws a call at depth under a transaction on ownerPool (when depth > 0).
 func (g *mGen) call(path string, depth int, ownerPool mPool) *mCall {
 	g.calls--
-	c := &mCall{path: path, prop: mProps[g.rng.IntN(len(mProps))], capture: g.rng.IntN(4) > 0,
+	c := &mCall{path: path, prop: mProps[g.rng.IntN(len(mProps))], withRef: g.rng.IntN(4) > 0,
 		iso: mIsos[g.rng.IntN(len(mIsos))], attempts: 1 + 2*g.rng.IntN(2), err: fmt.Errorf("fn of %s fails", path)}
 	pools := []mPool{poolA, poolA, poolB, poolP}
 	if !g.exclude[featUninstrumented] {

@@ -82,12 +82,12 @@ func modelConfigFromEnv(t *testing.T) modelConfig {
 
 func TestRunModel(t *testing.T) {
 	cfg := modelConfigFromEnv(t)
-	restricted := modelSetup(t, testCtx(t))
+	restricted := modelSetup(t, pgtest.ContextFor(t))
 	// Pools A and B reach the server through a transaction-mode PgBouncer with a server
 	// connection for each of their client connections, so that it never makes one wait:
 	// every transaction of theirs may run on another server connection than the client's
 	// last one, and two clients' transactions take turns on the same one.
-	bouncer := pgtest.PgBouncerFor(t, testCtx(t), srv, "transaction", int(mPoolMaxConns[poolA]+mPoolMaxConns[poolB]))
+	bouncer := pgtest.PgBouncerFor(t, pgtest.ContextFor(t), srv, "transaction", int(mPoolMaxConns[poolA]+mPoolMaxConns[poolB]))
 	pooled := bouncer.ConnString() + "&default_query_exec_mode=exec"
 	exclude := strings.Join(slices.Sorted(maps.Keys(cfg.exclude)), ",")
 	t.Logf("seed %d, %d trees, excluding %q", cfg.seed, cfg.trees, exclude)
@@ -188,10 +188,10 @@ func runModelTree(t *testing.T, n int, seed uint64, exclude map[string]bool, poo
 		seen[fmt.Sprintf("frame depth %d %s", f.depth, f.outcome)]++
 	}
 
-	ctx := testCtx(t)
+	ctx := pgtest.ContextFor(t)
 	hA := newHarness(t, pooled, mPoolMaxConns[poolA])
 	hB := newHarness(t, pooled, mPoolMaxConns[poolB])
-	proxy := newProxy(t)
+	proxy := pgtest.ProxyFor(t, srv)
 	hP := newHarness(t, proxy.ConnString(srv.ConnString()), mPoolMaxConns[poolP])
 	cfg, err := pgxpool.ParseConfig(restricted)
 	if err != nil {

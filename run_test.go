@@ -16,6 +16,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/txevidence/otelpgxtx/outcome"
+	"github.com/txevidence/otelpgxtx/pgtest"
 	"github.com/txevidence/otelpgxtx/reconcile"
 )
 
@@ -27,9 +28,9 @@ func policyWith(prop Propagation) Policy {
 }
 
 func TestRunCommitted(t *testing.T) {
-	ctx := testCtx(t)
+	ctx := pgtest.ContextFor(t)
 	h := newHarness(t, "", 2)
-	table := newTable(t, ctx)
+	table := srv.NewTable(t, ctx, tableColumns)
 	res := Run(ctx, h.pool, DefaultPolicy(), insertFn(table, 1))
 	c, ok := res.(outcome.Committed[int])
 	if !ok {
@@ -49,7 +50,7 @@ func TestRunCommitted(t *testing.T) {
 	if _, err := outcome.ParseReconciliationRef(ref); err != nil {
 		t.Fatalf("tx.reconciliation.ref %q: %v", ref, err)
 	}
-	if !rowExists(t, ctx, table, 1) {
+	if !srv.RowExists(t, ctx, table, 1) {
 		t.Fatal("row absent")
 	}
 }
@@ -57,9 +58,9 @@ func TestRunCommitted(t *testing.T) {
 func TestRunParticipating(t *testing.T) {
 	for _, outerCommits := range []bool{true, false} {
 		t.Run(fmt.Sprintf("outer commits %v", outerCommits), func(t *testing.T) {
-			ctx := testCtx(t)
+			ctx := pgtest.ContextFor(t)
 			h := newHarness(t, "", 2)
-			table := newTable(t, ctx)
+			table := srv.NewTable(t, ctx, tableColumns)
 			var inner outcome.Result[int]
 			res := Run(ctx, h.pool, DefaultPolicy(), func(ctx context.Context, tx pgx.Tx) (int, error) {
 				inner = Run(ctx, h.pool, DefaultPolicy(), insertFn(table, 2))
@@ -86,7 +87,7 @@ func TestRunParticipating(t *testing.T) {
 			if inner.Outcome() != outcome.OutcomeParticipating {
 				t.Fatal("participant changed its outcome")
 			}
-			if got := rowExists(t, ctx, table, 2); got != outerCommits {
+			if got := srv.RowExists(t, ctx, table, 2); got != outerCommits {
 				t.Fatalf("participant's row present = %v", got)
 			}
 			if n := len(h.frames()); n != 1 {
@@ -106,9 +107,9 @@ func TestRunParticipating(t *testing.T) {
 }
 
 func TestRunParticipantFailureDoomsOwner(t *testing.T) {
-	ctx := testCtx(t)
+	ctx := pgtest.ContextFor(t)
 	h := newHarness(t, "", 2)
-	table := newTable(t, ctx)
+	table := srv.NewTable(t, ctx, tableColumns)
 	boom := errors.New("participant failed")
 	res := Run(ctx, h.pool, DefaultPolicy(), func(ctx context.Context, tx pgx.Tx) (int, error) {
 		r := Run(ctx, h.pool, Policy{Propagation: Mandatory, MaxAttempts: 1}, func(ctx context.Context, tx pgx.Tx) (int, error) {
@@ -124,7 +125,7 @@ func TestRunParticipantFailureDoomsOwner(t *testing.T) {
 	if !ok || !errors.Is(rb.Cause(), boom) {
 		t.Fatalf("owner = %T %+v, want a rollback caused by the participant", res, res)
 	}
-	if rowExists(t, ctx, table, 1) || rowExists(t, ctx, table, 2) {
+	if srv.RowExists(t, ctx, table, 1) || srv.RowExists(t, ctx, table, 2) {
 		t.Fatal("a doomed transaction committed")
 	}
 }
@@ -132,9 +133,9 @@ func TestRunParticipantFailureDoomsOwner(t *testing.T) {
 // TestRunRetriesSerializationFailure: two goroutines force a 40001; the loser is
 // retried to success.
 func TestRunRetriesSerializationFailure(t *testing.T) {
-	ctx := testCtx(t)
+	ctx := pgtest.ContextFor(t)
 	h := newHarness(t, "", 4)
-	table := newTable(t, ctx)
+	table := srv.NewTable(t, ctx, tableColumns)
 	if err := srv.Exec(ctx, "insert into "+table+" (id, k, v) values (1, 1, 0), (2, 2, 0)"); err != nil {
 		t.Fatal(err)
 	}
@@ -196,9 +197,9 @@ func TestRunRetriesSerializationFailure(t *testing.T) {
 }
 
 func TestRunDeferredViolationNotRetried(t *testing.T) {
-	ctx := testCtx(t)
+	ctx := pgtest.ContextFor(t)
 	h := newHarness(t, "", 2)
-	table := newTable(t, ctx)
+	table := srv.NewTable(t, ctx, tableColumns)
 	if err := srv.Exec(ctx, "insert into "+table+" (id, k) values (1, 7)"); err != nil {
 		t.Fatal(err)
 	}
@@ -228,20 +229,16 @@ func TestRunIndeterminateNeverRetried(t *testing.T) {
 }
 
 func overRunIndeterminateNeverRetried(t *testing.T, base string) {
-	ctx := testCtx(t)
+	ctx := pgtest.ContextFor(t)
 	h := newHarness(t, base, 2)
-	table := newTable(t, ctx)
+	table := srv.NewTable(t, ctx, tableColumns)
 	p := DefaultPolicy()
 	p.MaxAttempts = 5
 	var calls atomic.Int32
 	pids := make(chan uint32, 1)
 	go func() {
 		pid := <-pids
-		if err := srv.WaitForWaitEvent(ctx, pid, "SyncRep"); err != nil {
-			t.Error(err)
-			return
-		}
-		if err := srv.Terminate(ctx, pid); err != nil {
+		if err := srv.TerminateInSyncRep(ctx, pid); err != nil {
 			t.Error(err)
 		}
 	}()
@@ -277,7 +274,7 @@ func overRunIndeterminateNeverRetried(t *testing.T, base string) {
 	if err != nil || got.Status() != reconcile.Committed {
 		t.Fatalf("reconciled %v (%s), %v; want committed", got.Status(), got.Reason(), err)
 	}
-	if !rowExists(t, ctx, table, 1) {
+	if !srv.RowExists(t, ctx, table, 1) {
 		t.Fatal("row absent after a reconciled commit")
 	}
 	// The reconciliation span links to the frame.
@@ -307,9 +304,9 @@ func overRunIndeterminateNeverRetried(t *testing.T, base string) {
 // a retryable rollback (session_ended_before_commit), not an indeterminate outcome. The
 // ground truth is aborted.
 func TestRunIdleTermination(t *testing.T) {
-	ctx := testCtx(t)
+	ctx := pgtest.ContextFor(t)
 	h := newHarness(t, "", 2)
-	table := newTable(t, ctx)
+	table := srv.NewTable(t, ctx, tableColumns)
 	p := DefaultPolicy()
 	p.MaxAttempts = 1
 	res := Run(ctx, h.pool, p, insertThen(table, func(ctx context.Context, tx pgx.Tx) (int, error) {
@@ -321,15 +318,15 @@ func TestRunIdleTermination(t *testing.T) {
 		t.Fatalf("result = %T %+v", res, res)
 	}
 	wantAttr(t, onlyFrame(t, h), "error.type", "session_ended_before_commit")
-	if rowExists(t, ctx, table, 1) {
+	if srv.RowExists(t, ctx, table, 1) {
 		t.Fatal("row present")
 	}
 }
 
 func TestRunPostCommitFailure(t *testing.T) {
-	ctx := testCtx(t)
+	ctx := pgtest.ContextFor(t)
 	h := newHarness(t, "", 2)
-	table := newTable(t, ctx)
+	table := srv.NewTable(t, ctx, tableColumns)
 	var ran []string
 	hookErr := errors.New("publish failed")
 	res := Run(ctx, h.pool, DefaultPolicy(), func(ctx context.Context, tx pgx.Tx) (int, error) {
@@ -348,7 +345,7 @@ func TestRunPostCommitFailure(t *testing.T) {
 	if strings.Join(ran, ",") != "owner,participant" {
 		t.Fatalf("hooks ran: %v", ran)
 	}
-	if !rowExists(t, ctx, table, 1) {
+	if !srv.RowExists(t, ctx, table, 1) {
 		t.Fatal("the commit was undone")
 	}
 	f := onlyFrame(t, h)
@@ -379,9 +376,9 @@ func TestRunPostCommitFailure(t *testing.T) {
 }
 
 func TestRunRequiresNewInsideRequired(t *testing.T) {
-	ctx := testCtx(t)
+	ctx := pgtest.ContextFor(t)
 	h := newHarness(t, "", 2)
-	table := newTable(t, ctx)
+	table := srv.NewTable(t, ctx, tableColumns)
 	var inner outcome.Result[int]
 	res := Run(ctx, h.pool, DefaultPolicy(), insertThen(table, func(ctx context.Context, tx pgx.Tx) (int, error) {
 		p := policyWith(RequiresNew)
@@ -394,7 +391,7 @@ func TestRunRequiresNewInsideRequired(t *testing.T) {
 	if _, ok := res.(outcome.DeterminateRollback[int]); !ok {
 		t.Fatalf("outer = %T", res)
 	}
-	if rowExists(t, ctx, table, 1) || !rowExists(t, ctx, table, 2) {
+	if srv.RowExists(t, ctx, table, 1) || !srv.RowExists(t, ctx, table, 2) {
 		t.Fatal("want the inner row kept and the outer row gone")
 	}
 	fs := h.frames()
@@ -412,9 +409,9 @@ func TestRunRequiresNewInsideRequired(t *testing.T) {
 }
 
 func TestRunNestedSavepoint(t *testing.T) {
-	ctx := testCtx(t)
+	ctx := pgtest.ContextFor(t)
 	h := newHarness(t, "", 2)
-	table := newTable(t, ctx)
+	table := srv.NewTable(t, ctx, tableColumns)
 	var hooks []string
 	var nested outcome.Result[int]
 	res := Run(ctx, h.pool, DefaultPolicy(), insertThen(table, func(ctx context.Context, tx pgx.Tx) (int, error) {
@@ -436,7 +433,7 @@ func TestRunNestedSavepoint(t *testing.T) {
 	if rb, ok := nested.(outcome.DeterminateRollback[int]); !ok || rb.Retryable() {
 		t.Fatalf("nested = %T", nested)
 	}
-	if !rowExists(t, ctx, table, 1) || rowExists(t, ctx, table, 2) || !rowExists(t, ctx, table, 3) {
+	if !srv.RowExists(t, ctx, table, 1) || srv.RowExists(t, ctx, table, 2) || !srv.RowExists(t, ctx, table, 3) {
 		t.Fatal("savepoint rollback not as expected in the table")
 	}
 	if len(hooks) != 0 {
@@ -447,9 +444,9 @@ func TestRunNestedSavepoint(t *testing.T) {
 }
 
 func TestRunPanicRollsBack(t *testing.T) {
-	ctx := testCtx(t)
+	ctx := pgtest.ContextFor(t)
 	h := newHarness(t, "", 1)
-	table := newTable(t, ctx)
+	table := srv.NewTable(t, ctx, tableColumns)
 	func() {
 		defer func() {
 			if p := recover(); p != "boom" {
@@ -464,7 +461,7 @@ func TestRunPanicRollsBack(t *testing.T) {
 	f := onlyFrame(t, h)
 	wantAttr(t, f, "tx.outcome", "rolled_back")
 	wantStatus(t, f, codes.Error, statusDescriptionRolledBack)
-	if rowExists(t, ctx, table, 1) {
+	if srv.RowExists(t, ctx, table, 1) {
 		t.Fatal("row present after panic")
 	}
 	h.wantNoFrames(t, ctx)
@@ -475,7 +472,7 @@ func TestRunPanicRollsBack(t *testing.T) {
 }
 
 func TestRunBadInput(t *testing.T) {
-	ctx := testCtx(t)
+	ctx := pgtest.ContextFor(t)
 	h := newHarness(t, "", 1)
 	fn := func(context.Context, pgx.Tx) (int, error) { return 0, nil }
 	bad := func(p Policy) Policy { return p }
@@ -545,20 +542,20 @@ func requiresNewOn(ctx context.Context, db DB) (int, error) {
 	return 0, fmt.Errorf("RequiresNew gave %T", r)
 }
 
-// TestRunCaptureAddsNoRoundTrip counts round trips at the proxy: a Run with one statement
-// takes as many with reference capture as without.
-func TestRunCaptureAddsNoRoundTrip(t *testing.T) {
-	overTransports(t, overRunCaptureAddsNoRoundTrip)
+// TestRunReferenceAddsNoRoundTrip counts round trips at the proxy: a Run with one statement
+// takes as many with commit references as without.
+func TestRunReferenceAddsNoRoundTrip(t *testing.T) {
+	overTransports(t, overRunReferenceAddsNoRoundTrip)
 }
 
-func overRunCaptureAddsNoRoundTrip(t *testing.T, base string) {
-	ctx := testCtx(t)
-	proxy := newProxy(t)
+func overRunReferenceAddsNoRoundTrip(t *testing.T, base string) {
+	ctx := pgtest.ContextFor(t)
+	proxy := pgtest.ProxyFor(t, srv)
 	h := newHarness(t, proxy.ConnString(base), 1)
-	table := newTable(t, ctx)
-	count := func(capture bool, id int) int64 {
+	table := srv.NewTable(t, ctx, tableColumns)
+	count := func(withRef bool, id int) int64 {
 		p := DefaultPolicy()
-		p.CommitReference = capture
+		p.CommitReference = withRef
 		proxy.ResetRoundTrips()
 		if r := Run(ctx, h.pool, p, insertFn(table, id)); r.Outcome() != outcome.OutcomeCommitted {
 			t.Fatalf("%T", r)
@@ -567,26 +564,26 @@ func overRunCaptureAddsNoRoundTrip(t *testing.T, base string) {
 	}
 	count(true, 1) // warm up: the pool connects and Run reads the cluster identity here
 	with, without := count(true, 2), count(false, 3)
-	t.Logf("round trips: with capture %d, without %d", with, without)
+	t.Logf("round trips: with references %d, without %d", with, without)
 	if with != without {
-		t.Fatalf("round trips with capture %d, without %d", with, without)
+		t.Fatalf("round trips with references %d, without %d", with, without)
 	}
 }
 
 // TestRunUnreadResult: fn returns nil with a pgx.Rows it never closed. pgconn refuses
 // COMMIT on the busy connection before sending a byte, so nothing can have committed:
 // Run rolls back (the failed ROLLBACK closes the connection) and says so, never
-// indeterminate, with capture on and off; the frame agrees. Through plain pgx the same
+// indeterminate, with references on and off; the frame agrees. Through plain pgx the same
 // COMMIT never marks committing, and the frame ends rolled back when the pool drops the
 // connection pgx closed.
 func TestRunUnreadResult(t *testing.T) {
-	for _, capture := range []bool{false, true} {
-		t.Run(fmt.Sprintf("capture %v", capture), func(t *testing.T) {
-			ctx := testCtx(t)
+	for _, withRef := range []bool{false, true} {
+		t.Run(fmt.Sprintf("references %v", withRef), func(t *testing.T) {
+			ctx := pgtest.ContextFor(t)
 			h := newHarness(t, "", 2)
-			table := newTable(t, ctx)
+			table := srv.NewTable(t, ctx, tableColumns)
 			p := DefaultPolicy()
-			p.CommitReference = capture
+			p.CommitReference = withRef
 			res := Run(ctx, h.pool, p, insertThen(table, func(ctx context.Context, tx pgx.Tx) (int, error) {
 				_, err := tx.Query(ctx, "select generate_series(1, 100000)")
 				return 1, err // the rows are left open
@@ -603,16 +600,16 @@ func TestRunUnreadResult(t *testing.T) {
 			wantAttr(t, f, "tx.outcome", "rolled_back")
 			wantAttr(t, f, "tx.phase", "rolled_back")
 			wantEvents(t, f, "tx.phase.active", "tx.phase.rolled_back")
-			if rowExists(t, ctx, table, 1) {
+			if srv.RowExists(t, ctx, table, 1) {
 				t.Fatal("the row committed")
 			}
 			h.wantNoFrames(t, ctx)
 		})
 	}
 	t.Run("plain pgx", func(t *testing.T) {
-		ctx := testCtx(t)
+		ctx := pgtest.ContextFor(t)
 		h := newHarness(t, "", 1)
-		table := newTable(t, ctx)
+		table := srv.NewTable(t, ctx, tableColumns)
 		tx, err := h.pool.Begin(ctx)
 		if err != nil {
 			t.Fatal(err)
@@ -631,7 +628,7 @@ func TestRunUnreadResult(t *testing.T) {
 		f := onlyFrame(t, h)
 		wantAttr(t, f, "tx.outcome", "rolled_back")
 		wantEvents(t, f, "tx.phase.active", "tx.phase.rolled_back")
-		if rowExists(t, ctx, table, 1) {
+		if srv.RowExists(t, ctx, table, 1) {
 			t.Fatal("the row committed")
 		}
 		h.wantNoFrames(t, ctx)

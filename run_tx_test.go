@@ -11,6 +11,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/txevidence/otelpgxtx/outcome"
+	"github.com/txevidence/otelpgxtx/pgtest"
 )
 
 // escaped are the handles a Run function let out: its tx, a savepoint begun on it, a
@@ -57,30 +58,30 @@ func useAfterEnd(ctx context.Context, tx pgx.Tx) map[string]error {
 }
 
 // TestRunEscapedHandles lets every kind of handle escape a Run function and uses each
-// after Run returned, on every commit path: capture on and off, a pool and a single
+// after Run returned, on every commit path: references on and off, a pool and a single
 // connection, commit, rollback and panic. Every use fails with an error wrapping
 // pgx.ErrTxClosed, and the connection receives nothing: after the uses, the client's
-// next bytes at a recording proxy are those of a marker query. With capture, pgx's own
+// next bytes at a recording proxy are those of a marker query. With references, pgx's own
 // Tx object (which LargeObjects is bound to) was never closed, and the savepoint from
 // tx.Begin was not wrapped: both still ran statements on the pooled connection. Closing
 // pgx's Tx object is no statement: the tracers never see it.
 func TestRunEscapedHandles(t *testing.T) {
-	for _, capture := range []bool{true, false} {
+	for _, withRef := range []bool{true, false} {
 		for _, pooled := range []bool{true, false} {
 			for _, end := range []string{"commit", "rollback", "panic"} {
-				t.Run(fmt.Sprintf("capture %v pooled %v %s", capture, pooled, end), func(t *testing.T) {
-					testEscapedHandles(t, capture, pooled, end)
+				t.Run(fmt.Sprintf("references %v pooled %v %s", withRef, pooled, end), func(t *testing.T) {
+					testEscapedHandles(t, withRef, pooled, end)
 				})
 			}
 		}
 	}
 }
 
-func testEscapedHandles(t *testing.T, capture, pooled bool, end string) {
-	ctx := testCtx(t)
-	proxy := newProxy(t)
+func testEscapedHandles(t *testing.T, withRef, pooled bool, end string) {
+	ctx := pgtest.ContextFor(t)
+	proxy := pgtest.ProxyFor(t, srv)
 	rec := proxy.Record()
-	table := newTable(t, ctx)
+	table := srv.NewTable(t, ctx, tableColumns)
 	inner := &innerCounter{}
 	h := newHarness(t, proxy.ConnString(srv.ConnString()), 1, WithInnerTracer(inner))
 	var db DB = h.pool
@@ -100,7 +101,7 @@ func testEscapedHandles(t *testing.T, capture, pooled bool, end string) {
 		db = conn
 	}
 	p := DefaultPolicy()
-	p.CommitReference = capture
+	p.CommitReference = withRef
 	p.MaxAttempts = 1
 	var esc escaped
 	fn := func(ctx context.Context, tx pgx.Tx) (int, error) {
@@ -182,7 +183,7 @@ func testEscapedHandles(t *testing.T, capture, pooled bool, end string) {
 	if inner.doneCtxStarts != 0 {
 		t.Fatalf("the inner tracer saw %d statements start with a cancelled context: Run's closing of pgx's Tx", inner.doneCtxStarts)
 	}
-	if end == "commit" != rowExists(t, ctx, table, 1) {
+	if end == "commit" != srv.RowExists(t, ctx, table, 1) {
 		t.Fatalf("row present %v after %s", !(end == "commit"), end)
 	}
 }

@@ -13,6 +13,8 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"go.opentelemetry.io/otel/sdk/metric/metricdata"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+
+	"github.com/txevidence/otelpgxtx/pgtest"
 )
 
 // TestUnsampledFramesStillCounted: with a never-sample sampler no span is exported, but
@@ -36,9 +38,9 @@ func TestUnsampledFramesStillCounted(t *testing.T) {
 }
 
 func unsampledFramesStillCounted(t *testing.T, logs *bytes.Buffer, opts ...Option) {
-	ctx := testCtx(t)
+	ctx := pgtest.ContextFor(t)
 	h := newHarnessSampled(t, "", 1, sdktrace.NeverSample(), opts...)
-	table := newTable(t, ctx)
+	table := srv.NewTable(t, ctx, tableColumns)
 	tx := mustBegin(t, ctx, h.pool)
 	if err := tx.Commit(ctx); err != nil {
 		t.Fatal(err)
@@ -71,7 +73,7 @@ func unsampledFramesStillCounted(t *testing.T, logs *bytes.Buffer, opts ...Optio
 }
 
 func TestMetricsByOutcome(t *testing.T) {
-	ctx := testCtx(t)
+	ctx := pgtest.ContextFor(t)
 	h := newHarness(t, "", 1)
 	for range 3 {
 		tx := mustBegin(t, ctx, h.pool)
@@ -172,7 +174,7 @@ func TestInstrumentBadInput(t *testing.T) {
 // TestInstrumentChainsUserHooks: the user's tracer becomes the inner tracer, and the
 // user's OnNotice and BeforeClose still run.
 func TestInstrumentChainsUserHooks(t *testing.T) {
-	ctx := testCtx(t)
+	ctx := pgtest.ContextFor(t)
 	cfg, err := pgxpool.ParseConfig(srv.ConnString())
 	if err != nil {
 		t.Fatal(err)

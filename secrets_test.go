@@ -18,6 +18,7 @@ import (
 	"go.opentelemetry.io/otel/sdk/metric/metricdata"
 
 	"github.com/txevidence/otelpgxtx/outcome"
+	"github.com/txevidence/otelpgxtx/pgtest"
 	"github.com/txevidence/otelpgxtx/reconcile"
 )
 
@@ -135,7 +136,7 @@ func (tel secretTelemetry) find(s string) string {
 }
 
 func runSecretWorkload(t *testing.T, optIn bool) secretTelemetry {
-	ctx := testCtx(t)
+	ctx := pgtest.ContextFor(t)
 	var logs lockedBuffer
 	opts := []Option{WithLogger(slog.New(slog.NewJSONHandler(&logs, nil)))}
 	if optIn {
@@ -379,7 +380,7 @@ func (s *seenByInner) text() string {
 // message, pgx's statement name — and the library's own statement spans stay sanitized
 // (there are none here: the application's tracer takes otelpgx's place).
 func TestApplicationTracerSeesWhatPgxGives(t *testing.T) {
-	ctx := testCtx(t)
+	ctx := pgtest.ContextFor(t)
 	for _, tc := range []struct {
 		name      string
 		opts      []Option
@@ -463,7 +464,7 @@ func (l *tracelogRecords) text() string {
 // unchanged, as they reach the default otelpgx tracer (which records them only with
 // otelpgx.WithIncludeQueryParameters).
 func TestSanitizedInnerTracerBatchCopy(t *testing.T) {
-	ctx := testCtx(t)
+	ctx := pgtest.ContextFor(t)
 	inner := &seenByInner{}
 	h := newHarness(t, "", 1, WithInnerTracer(inner), WithSanitizedInnerTracer())
 	if _, err := h.pool.Exec(ctx, "select '"+secretSimple+"'::int, $1::text", "arg-visible"); err == nil {

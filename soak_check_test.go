@@ -1,3 +1,5 @@
+//go:build soak
+
 package otelpgxtx
 
 // The soak's checker (see soak_test.go): what it records of the spans while the soak

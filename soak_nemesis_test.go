@@ -1,3 +1,5 @@
+//go:build soak
+
 package otelpgxtx
 
 // The soak's faults (see soak_test.go): the nemesis terminates backends, kills one with

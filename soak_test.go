@@ -1,3 +1,5 @@
+//go:build soak
+
 package otelpgxtx
 
 // TestSoundness is a Jepsen-style check of the one promise the library makes: no outcome
@@ -18,6 +20,10 @@ package otelpgxtx
 // logged so that a failure can be replayed (the same seed gives every worker, the
 // nemesis and the SyncRep watcher the same decisions; the interleaving is the
 // scheduler's).
+//
+// The soak is behind the build tag soak: it runs in a go test of its own (make test:
+// go test -race -tags soak -run '^TestSoundness(Failover)?$' .), so that neither it nor the
+// root package's other tests nears go test's 10-minute limit.
 //
 // The soak in files by concern: this file holds its configuration, the two tests, and the
 // setup of the pools and the tables; soak_workload_test.go the workers and what each

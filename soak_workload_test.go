@@ -1,3 +1,5 @@
+//go:build soak
+
 package otelpgxtx
 
 // The soak's workload (see soak_test.go): each worker draws operations (plan) and runs
@@ -391,7 +393,7 @@ func (s *soak) incrOnce(ctx context.Context, op *soakOp, rng *rand.Rand) error {
 	return tx.Commit(cctx)
 }
 
-// runWithRun is the executor path, with reference capture on.
+// runWithRun is the executor path, with commit references on.
 func (s *soak) runWithRun(ctx context.Context, op *soakOp, rng *rand.Rand) {
 	p := DefaultPolicy()
 	p.BackoffBase, p.BackoffMax = time.Millisecond, 20*time.Millisecond

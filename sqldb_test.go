@@ -13,6 +13,8 @@ import (
 	"github.com/jackc/pgx/v5/stdlib"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/trace"
+
+	"github.com/txevidence/otelpgxtx/pgtest"
 )
 
 // frameStarts counts the frame spans started, to compare with those ended.
@@ -83,11 +85,11 @@ func wantEndedOnce(t *testing.T, h *harness, starts *frameStarts) {
 func TestDatabaseSQL(t *testing.T) {
 	for _, fromPool := range []bool{true, false} {
 		t.Run(fmt.Sprintf("from pool %v", fromPool), func(t *testing.T) {
-			ctx := testCtx(t)
+			ctx := pgtest.ContextFor(t)
 			h := newHarness(t, "", 4)
 			starts := &frameStarts{}
 			h.tp.RegisterSpanProcessor(starts)
-			table := newTable(t, ctx)
+			table := srv.NewTable(t, ctx, tableColumns)
 			var db *sql.DB
 			if fromPool {
 				db = stdlib.OpenDBFromPool(h.pool)
@@ -188,7 +190,7 @@ func TestDatabaseSQL(t *testing.T) {
 			wantAttr(t, fs[4], "error.type", reason)
 			wantEndedOnce(t, h, starts)
 			for id := 1; id <= 5; id++ {
-				if rowExists(t, ctx, table, id) != (id == 1) {
+				if srv.RowExists(t, ctx, table, id) != (id == 1) {
 					t.Fatalf("row %d: want only row 1", id)
 				}
 			}
@@ -225,7 +227,7 @@ func waitSleeping(ctx context.Context) error {
 // a transaction: pgx.Conn.Close has no hook, and the frame used to stay open. Its
 // net.Conn's close ends it, once, as a rollback.
 func TestPgxConnClosedMidTransaction(t *testing.T) {
-	ctx := testCtx(t)
+	ctx := pgtest.ContextFor(t)
 	h := newHarness(t, "", 1)
 	starts := &frameStarts{}
 	h.tp.RegisterSpanProcessor(starts)

@@ -11,10 +11,12 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"go.opentelemetry.io/otel/codes"
+
+	"github.com/txevidence/otelpgxtx/pgtest"
 )
 
 func TestStaleReleasedMidTransaction(t *testing.T) {
-	ctx := testCtx(t)
+	ctx := pgtest.ContextFor(t)
 	h := newHarness(t, "", 1)
 	pc := acquireInTransaction(t, ctx, h)
 	pc.Release() // the pool destroys a connection released mid-transaction
@@ -33,7 +35,7 @@ func TestStaleReleasedMidTransaction(t *testing.T) {
 }
 
 func TestStaleConnectionClosedByServer(t *testing.T) {
-	ctx := testCtx(t)
+	ctx := pgtest.ContextFor(t)
 	h := newHarness(t, "", 1)
 	tx := mustBegin(t, ctx, h.pool)
 	if err := srv.Terminate(ctx, tx.Conn().PgConn().PID()); err != nil {
@@ -51,7 +53,7 @@ func TestStaleConnectionClosedByServer(t *testing.T) {
 }
 
 func TestStaleContextCancelledMidTransaction(t *testing.T) {
-	ctx := testCtx(t)
+	ctx := pgtest.ContextFor(t)
 	h := newHarness(t, "", 1)
 	tx := mustBegin(t, ctx, h.pool)
 	qctx, cancel := context.WithCancel(ctx)
@@ -78,7 +80,7 @@ func TestStaleContextCancelledMidTransaction(t *testing.T) {
 // TestStaleNewBeginOnFramedConnection: the transaction ends where the tracer cannot see
 // it (a rollback sent through pgconn directly); the next BEGIN must not inherit its frame.
 func TestStaleNewBeginOnFramedConnection(t *testing.T) {
-	ctx := testCtx(t)
+	ctx := pgtest.ContextFor(t)
 	h := newHarness(t, "", 1)
 	withConn(t, ctx, h, func(c *pgx.Conn) {
 		mustExec(t, ctx, c, "begin", "select 1")
@@ -100,9 +102,9 @@ func TestStaleNewBeginOnFramedConnection(t *testing.T) {
 // random failures; every frame must end once, leave its connection, and carry only its
 // own transaction's phases.
 func TestStaleManyTransactionsRandomFailures(t *testing.T) {
-	ctx := testCtx(t)
+	ctx := pgtest.ContextFor(t)
 	h := newHarness(t, "", 4)
-	table := newTable(t, ctx)
+	table := srv.NewTable(t, ctx, tableColumns)
 	n := 10000
 	if s := os.Getenv("OTELPGXTX_STALE_N"); s != "" {
 		n, _ = strconv.Atoi(s)

@@ -17,7 +17,7 @@ import (
 // unsampled request span nor a statement inside Run (whose context carries the frame's
 // span) may compare spans with ==.
 func TestUnsampledSDKSpansDoNotPanic(t *testing.T) {
-	ctx := testCtx(t)
+	ctx := pgtest.ContextFor(t)
 	h := newHarnessSampled(t, "", 2, sdktrace.NeverSample())
 	rctx, span := h.tp.Tracer("app").Start(ctx, "request")
 	defer span.End()
@@ -41,7 +41,7 @@ func TestUnsampledSDKSpansDoNotPanic(t *testing.T) {
 // out its own non-recording spans; Run and plain transactions must work the same.
 func TestNoSDKDoesNotPanic(t *testing.T) {
 	pgtest.LeakCheck(t)
-	ctx := testCtx(t)
+	ctx := pgtest.ContextFor(t)
 	cfg, err := pgxpool.ParseConfig(srv.ConnString())
 	if err != nil {
 		t.Fatal(err)

@@ -225,7 +225,7 @@ func (v *Verdict) began() {
 // on whichever goroutine concluded f.
 func (v *Verdict) frameEnded(f *frame) {
 	o := f.outcomeOf()
-	d := verdictData{set: true, outcome: o, id: f.id, committedLocally: f.committedLocally, reason: f.verdict.Reason()}
+	d := verdictData{set: true, outcome: o, id: f.id, committedLocally: f.committedLocally, reason: f.classification.Reason()}
 	switch o {
 	case outcome.OutcomeIndeterminate:
 		d.cause = f.endErr
@@ -236,7 +236,7 @@ func (v *Verdict) frameEnded(f *frame) {
 			d.span = f.span.SpanContext()
 		}
 	case outcome.OutcomeRolledBack:
-		d.retryable = f.verdict.Retryable()
+		d.retryable = f.classification.Retryable()
 		d.phase = f.endedIn
 		d.cause = f.firstCause
 		if d.cause == nil {

@@ -17,6 +17,7 @@ import (
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 
 	"github.com/txevidence/otelpgxtx/outcome"
+	"github.com/txevidence/otelpgxtx/pgtest"
 	"github.com/txevidence/otelpgxtx/reconcile"
 )
 
@@ -45,9 +46,9 @@ func wantFrameOf(t *testing.T, res outcome.Result[struct{}], f tracetest.SpanStu
 // operation id, whether the Verdict's context began the transaction, only committed it, or
 // went through pgx.BeginFunc.
 func TestVerdictCommitted(t *testing.T) {
-	ctx := testCtx(t)
+	ctx := pgtest.ContextFor(t)
 	h := newHarness(t, "", 2)
-	table := newTable(t, ctx)
+	table := srv.NewTable(t, ctx, tableColumns)
 	for i, how := range []string{"begin", "commit", "BeginFunc", "by hand"} {
 		t.Run(how, func(t *testing.T) {
 			h.exp.Reset()
@@ -89,9 +90,9 @@ func TestVerdictCommitted(t *testing.T) {
 // a statement that failed is the cause of the rollback that follows; a session terminated
 // before COMMIT was sent is a retryable one (a real fault).
 func TestVerdictRollbacks(t *testing.T) {
-	ctx := testCtx(t)
+	ctx := pgtest.ContextFor(t)
 	h := newHarness(t, "", 1)
-	table := newTable(t, ctx)
+	table := srv.NewTable(t, ctx, tableColumns)
 	rollback := func(t *testing.T, v *Verdict, retryable bool, phase outcome.Phase) outcome.DeterminateRollback[struct{}] {
 		t.Helper()
 		res := mustResult(t, v)
@@ -143,23 +144,23 @@ func TestVerdictRollbacks(t *testing.T) {
 			t.Fatal("COMMIT on a terminated session succeeded")
 		}
 		rollback(t, v, true, outcome.PhaseCommitting)
-		if rowExists(t, ctx, table, 100) {
+		if srv.RowExists(t, ctx, table, 100) {
 			t.Fatal("the row of a rolled-back transaction is present")
 		}
 	})
 }
 
 // TestVerdictIndeterminate: a COMMIT whose backend is terminated in its
-// synchronous-replication wait is Indeterminate, with the reference the tracer captured,
+// synchronous-replication wait is Indeterminate, with the reference the tracer taken,
 // which reconciliation settles: it had committed.
 func TestVerdictIndeterminate(t *testing.T) {
 	for _, opt := range []Option{WithCommitReference(), WithCommitMarker(pgx.Identifier{"public", "verdict_marker"})} {
-		ctx := testCtx(t)
+		ctx := pgtest.ContextFor(t)
 		if err := srv.Exec(ctx, "drop table if exists verdict_marker; "+mustMarkerDDL(t, pgx.Identifier{"public", "verdict_marker"})); err != nil {
 			t.Fatal(err)
 		}
 		h := newHarness(t, "", 1, opt)
-		table := newTable(t, ctx)
+		table := srv.NewTable(t, ctx, tableColumns)
 		vctx, v := NewVerdict(ctx)
 		if err := plainInsert(vctx, h.pool, table, 1, func(tx pgx.Tx) { terminateInSyncRepWait(t, ctx, tx) }); err == nil {
 			t.Fatal("COMMIT succeeded after its backend was terminated")
@@ -189,8 +190,8 @@ func TestVerdictIndeterminate(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if ans.Status() != reconcile.Committed || !rowExists(t, ctx, table, 1) {
-			t.Fatalf("reconciled %s (%s), row present %v: want committed, present", ans.Status(), ans.Reason(), rowExists(t, ctx, table, 1))
+		if ans.Status() != reconcile.Committed || !srv.RowExists(t, ctx, table, 1) {
+			t.Fatalf("reconciled %s (%s), row present %v: want committed, present", ans.Status(), ans.Reason(), srv.RowExists(t, ctx, table, 1))
 		}
 	}
 }
@@ -213,7 +214,7 @@ func TestVerdictUnrecordedFrames(t *testing.T) {
 		"unsampled": newHarnessSampled(t, "", 1, sdktrace.NeverSample()),
 	} {
 		t.Run(name, func(t *testing.T) {
-			ctx := testCtx(t)
+			ctx := pgtest.ContextFor(t)
 			vctx, v := NewVerdict(ctx)
 			if err := pgx.BeginFunc(vctx, h.pool, func(tx pgx.Tx) error { return nil }); err != nil {
 				t.Fatal(err)
@@ -232,7 +233,7 @@ func TestVerdictUnrecordedFrames(t *testing.T) {
 // TestVerdictCannotKnow: a transaction on a connection without the tracer, one begun and
 // ended with another context, and one not ended yet, are ErrNoVerdict, never a rollback.
 func TestVerdictCannotKnow(t *testing.T) {
-	ctx := testCtx(t)
+	ctx := pgtest.ContextFor(t)
 	plain := srv.Pool(t, ctx)
 	h := newHarness(t, "", 1)
 	vctx, v := NewVerdict(ctx)
@@ -275,7 +276,7 @@ func TestVerdictCannotKnow(t *testing.T) {
 // nested on a second connection answers for itself, and its outer frame's Verdict is
 // still waiting for the outer COMMIT.
 func TestVerdictSavepointsAndNesting(t *testing.T) {
-	ctx := testCtx(t)
+	ctx := pgtest.ContextFor(t)
 	h := newHarness(t, "", 2)
 	outerCtx, outerV := NewVerdict(ctx)
 	outerCtx, tx, err := Begin(outerCtx, h.pool, pgx.TxOptions{})
@@ -336,7 +337,7 @@ func TestVerdictSavepointsAndNesting(t *testing.T) {
 // pool and another goroutine's transaction runs on it; the first caller's Verdict still
 // answers for its own transaction.
 func TestVerdictPooledConnectionReused(t *testing.T) {
-	ctx := testCtx(t)
+	ctx := pgtest.ContextFor(t)
 	h := newHarness(t, "", 1) // one connection: the second transaction reuses it
 	vctx, v := NewVerdict(ctx)
 	if err := pgx.BeginFunc(vctx, h.pool, func(pgx.Tx) error { return nil }); err != nil {
@@ -360,11 +361,11 @@ func TestVerdictPooledConnectionReused(t *testing.T) {
 // TestVerdictDatabaseSQL: database/sql's Commit takes no context; the context given to
 // BeginTx carries the Verdict, committed or indeterminate.
 func TestVerdictDatabaseSQL(t *testing.T) {
-	ctx := testCtx(t)
+	ctx := pgtest.ContextFor(t)
 	h := newHarness(t, "", 1, WithCommitReference())
 	db := stdlib.OpenDBFromPool(h.pool)
 	defer db.Close()
-	table := newTable(t, ctx)
+	table := srv.NewTable(t, ctx, tableColumns)
 	insert := func(id int, fault bool) (*Verdict, error) {
 		vctx, v := NewVerdict(ctx)
 		tx, err := db.BeginTx(vctx, nil)
@@ -443,9 +444,9 @@ func TestVerdictBadInput(t *testing.T) {
 // TestRetry: a retryable rollback (the session terminated before COMMIT was sent) is
 // tried again and commits once; an indeterminate commit is never replayed.
 func TestRetry(t *testing.T) {
-	ctx := testCtx(t)
+	ctx := pgtest.ContextFor(t)
 	h := newHarness(t, "", 1, WithCommitReference())
-	table := newTable(t, ctx)
+	table := srv.NewTable(t, ctx, tableColumns)
 	calls := 0
 	res, err := Retry(ctx, 3, func(ctx context.Context) error {
 		calls++
@@ -462,7 +463,7 @@ func TestRetry(t *testing.T) {
 	if err != nil || res.Outcome() != outcome.OutcomeCommitted || calls != 2 {
 		t.Fatalf("Retry: %v %v after %d calls, want committed after 2", res, err, calls)
 	}
-	if n := srvCount(t, ctx, "select count(*) from "+table); n != 1 {
+	if n := srv.CountOf(t, ctx, "select count(*) from "+table); n != 1 {
 		t.Fatalf("%d rows, want 1", n)
 	}
 	calls = 0
@@ -482,6 +483,7 @@ func TestRetry(t *testing.T) {
 // application's showed one (unit test, fabricated verdicts).
 func TestVerdictCauses(t *testing.T) {
 	id := outcome.NewOperationID()
+	errAppRollback := errors.New("the application rolls back")
 	for _, tc := range []struct {
 		d    verdictData
 		want error
@@ -490,7 +492,7 @@ func TestVerdictCauses(t *testing.T) {
 		{verdictData{reason: "rolled_back"}, errRolledBack, ""},
 		{verdictData{reason: "commit_rollback"}, pgx.ErrTxCommitRollback, ""},
 		{verdictData{reason: reasonConnectionClosed}, nil, "rolled back: connection_closed"},
-		{verdictData{reason: "commit_rollback", cause: errSoakAppRollback}, errSoakAppRollback, ""},
+		{verdictData{reason: "commit_rollback", cause: errAppRollback}, errAppRollback, ""},
 	} {
 		tc.d.set, tc.d.outcome, tc.d.id, tc.d.phase = true, outcome.OutcomeRolledBack, id, outcome.PhaseActive
 		rb, ok := tc.d.result().(outcome.DeterminateRollback[struct{}])
@@ -515,8 +517,8 @@ func TestVerdictCauses(t *testing.T) {
 // backend's SIGKILL (crash recovery). The row is written once; an uninstrumented pool
 // still gives no verdict.
 func TestRetryNotReached(t *testing.T) {
-	ctx := testCtx(t)
-	table := newTable(t, ctx)
+	ctx := pgtest.ContextFor(t)
+	table := srv.NewTable(t, ctx, tableColumns)
 	h := newHarness(t, "", 2) // no connection yet: the first Acquire connects
 	if err := srv.StopImmediate(); err != nil {
 		t.Fatal(err)
@@ -570,7 +572,7 @@ func TestRetryNotReached(t *testing.T) {
 	if err != nil || res.Outcome() != outcome.OutcomeCommitted {
 		t.Fatalf("Retry after crash recovery: %v %v after %d calls, want committed", res, err, calls)
 	}
-	if n := srvCount(t, ctx, "select count(*) from "+table); n != 2 {
+	if n := srv.CountOf(t, ctx, "select count(*) from "+table); n != 2 {
 		t.Fatalf("%d rows, want 2: each once", n)
 	}
 	// A verdict recorded stays when the context later fails to connect elsewhere.

@@ -43,8 +43,8 @@ func TestWireUnchangedByInstrumentation(t *testing.T) {
 // bytes and the server's message types.
 func recordPlainUse(t *testing.T, instrument bool) (client, serverTypes []byte) {
 	t.Helper()
-	ctx := testCtx(t)
-	proxy := newProxy(t)
+	ctx := pgtest.ContextFor(t)
+	proxy := pgtest.ProxyFor(t, srv)
 	rec := proxy.Record()
 	cfg, err := pgxpool.ParseConfig(proxy.ConnString(srv.ConnString()))
 	if err != nil {
@@ -356,8 +356,8 @@ func revokeIdentity(t *testing.T, ctx context.Context) {
 // reference. When the identity was read inside the transaction, the permission error
 // aborted it and COMMIT answered ROLLBACK.
 func TestRunIdentityRefused(t *testing.T) {
-	ctx := testCtx(t)
-	table := newTable(t, ctx)
+	ctx := pgtest.ContextFor(t)
+	table := srv.NewTable(t, ctx, tableColumns)
 	role := fmt.Sprintf("norun_%d", tableSeq.Add(1))
 	for _, sql := range []string{
 		"create role " + role + " login",
@@ -400,7 +400,7 @@ func TestRunIdentityRefused(t *testing.T) {
 				if _, ok := res.(outcome.Committed[int]); !ok {
 					t.Fatalf("result = %T %+v, want Committed", res, res)
 				}
-				if !rowExists(t, ctx, table, id) {
+				if !srv.RowExists(t, ctx, table, id) {
 					t.Fatalf("row %d absent", id)
 				}
 			}
@@ -421,9 +421,9 @@ func TestRunIdentityRefused(t *testing.T) {
 // to find it dead. The attempt ends not_started and retryable like any failed BEGIN, the
 // pool discards the connection, and the next attempt commits on a new one.
 func TestRunIdentityReadOnDeadConnection(t *testing.T) {
-	ctx := testCtx(t)
+	ctx := pgtest.ContextFor(t)
 	h := newHarness(t, "", 1)
-	table := newTable(t, ctx)
+	table := srv.NewTable(t, ctx, tableColumns)
 	var pid uint32
 	if err := h.pool.AcquireFunc(ctx, func(c *pgxpool.Conn) error {
 		pid = c.Conn().PgConn().PID()
@@ -451,7 +451,7 @@ func TestRunIdentityReadOnDeadConnection(t *testing.T) {
 	if n := h.pool.Stat().NewConnsCount(); n != 2 {
 		t.Fatalf("%d connections made, want 2: the dead one must be discarded", n)
 	}
-	if rowExists(t, ctx, table, 1) || !rowExists(t, ctx, table, 2) {
+	if srv.RowExists(t, ctx, table, 1) || !srv.RowExists(t, ctx, table, 2) {
 		t.Fatal("rows: want only 2")
 	}
 }
@@ -460,7 +460,7 @@ func TestRunIdentityReadOnDeadConnection(t *testing.T) {
 // nothing, the identity check ahead of it included: it does not turn references off for
 // the connection (it used to count as a refusal), and the next check succeeds.
 func TestIdentityReadWithEndedContext(t *testing.T) {
-	ctx := testCtx(t)
+	ctx := pgtest.ContextFor(t)
 	conn := instrumentedConn(t, ctx, srv.ConnString())
 	cctx, cancel := context.WithCancel(ctx)
 	cancel()

@@ -9,7 +9,7 @@ import (
 	"github.com/txevidence/otelpgxtx/outcome"
 )
 
-var sinkVerdict classifier.Verdict
+var sinkVerdict classifier.Classification
 
 // hotPathCase is one input of the classifier's hot path; the benchmark and the
 // allocation test share them.

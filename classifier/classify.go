@@ -25,8 +25,9 @@ type Facts struct {
 	// ConnClosed: the connection was found closed after the failure. Before COMMIT was
 	// sent this means the session died, which a retry on a new connection can survive.
 	ConnClosed bool
-	// CommitNotSent: the write that carried COMMIT failed before the kernel accepted
-	// any of its bytes, so the server never read it.
+	// CommitNotSent: COMMIT's bytes never reached the kernel — the write that carried it
+	// failed before the kernel accepted any of them, or it was never written (pgconn
+	// refused it, its context already done) — so the server never read it.
 	CommitNotSent bool
 	// SessionEndedBeforeCommit: before COMMIT was written, the server had already sent
 	// a FATAL (or PANIC) error, after which it reads nothing more from the session.
@@ -36,7 +37,7 @@ type Facts struct {
 	Server Server
 }
 
-// Reasons returned by [Verdict.Reason]. They are few and fixed so that they can be used
+// Reasons returned by [Classification.Reason]. They are few and fixed so that they can be used
 // as the error.type attribute and as a metric label.
 const (
 	ReasonCommitted            = "committed"
@@ -94,12 +95,12 @@ const (
 // In not_started and active, the transaction cannot have committed, so every ending is
 // a rollback; it is retryable for 40001, 40P01 and a lost connection. A terminal phase
 // is returned as its own evidence.
-func Classify(phase outcome.Phase, err error, f Facts) Verdict {
+func Classify(phase outcome.Phase, err error, f Facts) Classification {
 	switch phase {
 	case outcome.PhaseCommitting:
 		return classifyCommit(err, f)
 	case outcome.PhaseCommitted:
-		return Verdict{evidence: EvidenceCommitted, committedLocally: f.CommittedLocally, reason: ReasonCommitted}
+		return Classification{evidence: EvidenceCommitted, committedLocally: f.CommittedLocally, reason: ReasonCommitted}
 	case outcome.PhaseUnknown:
 		v := unknown(err, f)
 		v.reason = ReasonUnknown
@@ -117,7 +118,7 @@ func Classify(phase outcome.Phase, err error, f Facts) Verdict {
 
 // classifyCommit classifies a COMMIT: a rollback only when the server said so or
 // provably never ran it, a commit only on its success, and unknown otherwise.
-func classifyCommit(err error, f Facts) Verdict {
+func classifyCommit(err error, f Facts) Classification {
 	if err != nil && !f.CommittedLocally {
 		if v, ok := notCommitted(err, f); ok {
 			return v
@@ -125,12 +126,12 @@ func classifyCommit(err error, f Facts) Verdict {
 	}
 	if err == nil {
 		if f.RollbackTag {
-			return Verdict{evidence: EvidenceRolledBack, reason: ReasonCommitRollback}
+			return Classification{evidence: EvidenceRolledBack, reason: ReasonCommitRollback}
 		}
-		return Verdict{evidence: EvidenceCommitted, committedLocally: f.CommittedLocally, reason: ReasonCommitted}
+		return Classification{evidence: EvidenceCommitted, committedLocally: f.CommittedLocally, reason: ReasonCommitted}
 	}
 	if errors.Is(err, pgx.ErrTxCommitRollback) {
-		return Verdict{evidence: EvidenceRolledBack, reason: ReasonCommitRollback}
+		return Classification{evidence: EvidenceRolledBack, reason: ReasonCommitRollback}
 	}
 	if pgErr, ok := errors.AsType[*pgconn.PgError](err); ok && !isFatal(pgErr) && rolledBackError(pgErr, f.Server) {
 		return serverError(pgErr)
@@ -166,8 +167,8 @@ func CompletionUnknown(err error) bool {
 
 // notCommitted recognises a failed COMMIT the server provably never executed. Each rule
 // is shown against a real server in the otelpgxtx package's TestCommitNotExecuted.
-func notCommitted(err error, f Facts) (Verdict, bool) {
-	v := Verdict{evidence: EvidenceRolledBack, retryable: true}
+func notCommitted(err error, f Facts) (Classification, bool) {
+	v := Classification{evidence: EvidenceRolledBack, retryable: true}
 	if pgErr, ok := errors.AsType[*pgconn.PgError](err); ok {
 		v.sqlstate = pgErr.Code
 		// PostgreSQL arms this timeout only while waiting for a command in a transaction
@@ -184,22 +185,22 @@ func notCommitted(err error, f Facts) (Verdict, bool) {
 	// still be committed.
 	switch {
 	case !f.ConnClosed:
-		return Verdict{}, false
+		return Classification{}, false
 	case f.CommitNotSent:
 		v.reason = ReasonCommitNotSent
 	case f.SessionEndedBeforeCommit && f.Server == ServerPostgreSQL:
 		// After a FATAL, a PostgreSQL backend exits and reads nothing more.
 		v.reason = ReasonSessionEndedBeforeCommit
 	default:
-		return Verdict{}, false
+		return Classification{}, false
 	}
 	return v, true
 }
 
-// unknown is the verdict of a COMMIT whose reply was lost, with the reason the failure
+// unknown is the classification of a COMMIT whose reply was lost, with the reason the failure
 // gives: a lost connection, a server FATAL, or the caller's context.
-func unknown(err error, f Facts) Verdict {
-	v := Verdict{evidence: EvidenceUnknown, committedLocally: f.CommittedLocally, reason: ReasonConnectionLost}
+func unknown(err error, f Facts) Classification {
+	v := Classification{evidence: EvidenceUnknown, committedLocally: f.CommittedLocally, reason: ReasonConnectionLost}
 	if pgErr, ok := errors.AsType[*pgconn.PgError](err); ok {
 		v.sqlstate = pgErr.Code
 		switch {
@@ -218,30 +219,30 @@ func unknown(err error, f Facts) Verdict {
 
 // classifyBeforeCommit classifies a failure before COMMIT was sent, which always rolls
 // back; only the reason and whether a retry can help vary.
-func classifyBeforeCommit(err error, f Facts) Verdict {
+func classifyBeforeCommit(err error, f Facts) Classification {
 	if err == nil {
-		return Verdict{evidence: EvidenceRolledBack, reason: ReasonRolledBack}
+		return Classification{evidence: EvidenceRolledBack, reason: ReasonRolledBack}
 	}
 	if pgErr, ok := errors.AsType[*pgconn.PgError](err); ok {
 		if isFatal(pgErr) {
-			return Verdict{evidence: EvidenceRolledBack, retryable: true, sqlstate: pgErr.Code, reason: ReasonServerFatal}
+			return Classification{evidence: EvidenceRolledBack, retryable: true, sqlstate: pgErr.Code, reason: ReasonServerFatal}
 		}
 		return serverError(pgErr)
 	}
 	// A cancelled or expired context is the caller giving up: not a reason to try again.
 	if r := contextReason(err); r != "" {
-		return Verdict{evidence: EvidenceRolledBack, reason: r}
+		return Classification{evidence: EvidenceRolledBack, reason: r}
 	}
 	if f.ConnClosed || isConnectionError(err) {
-		return Verdict{evidence: EvidenceRolledBack, retryable: true, reason: ReasonConnectionLost}
+		return Classification{evidence: EvidenceRolledBack, retryable: true, reason: ReasonConnectionLost}
 	}
-	return Verdict{evidence: EvidenceRolledBack, reason: ReasonApplicationError}
+	return Classification{evidence: EvidenceRolledBack, reason: ReasonApplicationError}
 }
 
 // serverError is the rollback an ERROR causes, retryable for the SQLSTATEs that a new
 // attempt can get past (serialization failure, deadlock).
-func serverError(pgErr *pgconn.PgError) Verdict {
-	v := Verdict{evidence: EvidenceRolledBack, sqlstate: pgErr.Code, reason: ReasonServerError}
+func serverError(pgErr *pgconn.PgError) Classification {
+	v := Classification{evidence: EvidenceRolledBack, sqlstate: pgErr.Code, reason: ReasonServerError}
 	switch {
 	case pgErr.Code == sqlStateSerializationFailure:
 		v.retryable, v.reason = true, ReasonSerializationFailure

@@ -91,9 +91,9 @@ func runClassifyCases(t *testing.T, cases []classifyCase) {
 			if v.Reason() == "" {
 				t.Error("Reason() is empty")
 			}
-			// Every verdict from Classify must be one NewVerdict accepts.
-			if _, err := classifier.NewVerdict(v.Evidence(), v.Retryable(), v.SQLState(), v.Reason()); err != nil {
-				t.Errorf("Classify returned a verdict NewVerdict refuses: %v", err)
+			// Every classification from Classify must be one NewClassification accepts.
+			if _, err := classifier.NewClassification(v.Evidence(), v.Retryable(), v.SQLState(), v.Reason()); err != nil {
+				t.Errorf("Classify returned a classification NewClassification refuses: %v", err)
 			}
 		})
 	}
@@ -301,7 +301,7 @@ func TestEvidenceString(t *testing.T) {
 	}
 }
 
-func TestNewVerdict(t *testing.T) {
+func TestNewClassification(t *testing.T) {
 	tests := []struct {
 		name      string
 		evidence  classifier.Evidence
@@ -321,31 +321,31 @@ func TestNewVerdict(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			v, err := classifier.NewVerdict(tt.evidence, tt.retryable, "40001", "reason")
+			v, err := classifier.NewClassification(tt.evidence, tt.retryable, "40001", "reason")
 			if tt.wantErr {
 				if err == nil {
-					t.Fatalf("NewVerdict(%v, %v) = %+v, nil; want error", tt.evidence, tt.retryable, v)
+					t.Fatalf("NewClassification(%v, %v) = %+v, nil; want error", tt.evidence, tt.retryable, v)
 				}
-				if v != (classifier.Verdict{}) {
-					t.Errorf("refused NewVerdict returned non-zero verdict %+v", v)
+				if v != (classifier.Classification{}) {
+					t.Errorf("refused NewClassification returned non-zero classification %+v", v)
 				}
 				return
 			}
 			if err != nil {
-				t.Fatalf("NewVerdict(%v, %v) error: %v", tt.evidence, tt.retryable, err)
+				t.Fatalf("NewClassification(%v, %v) error: %v", tt.evidence, tt.retryable, err)
 			}
 			if v.Evidence() != tt.evidence || v.Retryable() != tt.retryable || v.SQLState() != "40001" || v.Reason() != "reason" {
-				t.Errorf("NewVerdict = {%v %v %q %q}", v.Evidence(), v.Retryable(), v.SQLState(), v.Reason())
+				t.Errorf("NewClassification = {%v %v %q %q}", v.Evidence(), v.Retryable(), v.SQLState(), v.Reason())
 			}
 			if v.CommittedLocally() {
-				t.Error("NewVerdict set CommittedLocally")
+				t.Error("NewClassification set CommittedLocally")
 			}
 		})
 	}
 }
 
-func TestNewVerdictUnknownRetryableMessage(t *testing.T) {
-	_, err := classifier.NewVerdict(unknown, true, "", "")
+func TestNewClassificationUnknownRetryableMessage(t *testing.T) {
+	_, err := classifier.NewClassification(unknown, true, "", "")
 	if err == nil {
 		t.Fatal("want error")
 	}
@@ -357,7 +357,7 @@ func TestNewVerdictUnknownRetryableMessage(t *testing.T) {
 }
 
 func TestZeroVerdictIsNoVerdict(t *testing.T) {
-	var v classifier.Verdict
+	var v classifier.Classification
 	switch v.Evidence() {
 	case committed, rolledBack, unknown:
 		t.Errorf("zero Verdict has evidence %v", v.Evidence())

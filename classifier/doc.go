@@ -3,10 +3,10 @@
 // transaction's fate: committed, rolled back, or unknown.
 //
 // It is pure: no I/O, and no allocation on the hot path. [Classify] maps
-// (phase, error, [Facts]) to a [Verdict] of evidence, retryability, SQLSTATE and a fixed
-// reason ([ReasonCommitted] …, used as error.type). [NewVerdict] refuses a contradiction
-// (a retryable unknown or committed verdict), the same invariant every type that can carry
-// a verdict keeps.
+// (phase, error, [Facts]) to a [Classification] of evidence, retryability, SQLSTATE and a fixed
+// reason ([ReasonCommitted] …, used as error.type). [NewClassification] refuses a contradiction
+// (a retryable unknown or committed classification), the same invariant every type that can carry
+// a classification keeps.
 //
 // # Rules
 //
@@ -17,7 +17,7 @@
 //
 // While committing, each rule below was measured on PostgreSQL 15 through pgx v5 and is
 // kept by a real-server test, run on 13 and 18 as well (make test-majors), that asserts
-// the verdict and the ground truth (pg_xact_status of the xid read before COMMIT, and the
+// the classification and the ground truth (pg_xact_status of the xid read before COMMIT, and the
 // row itself):
 //
 //   - tag COMMIT, session idle: committed (TestRealCommitPlain);
@@ -40,9 +40,9 @@
 //     TestRealCommitAfterIdleBackendTerminated, TestRealCommitProxyCut);
 //   - success after a WARNING saying the commit is already in the local WAL (01000, the
 //     synchronous-replication wait cancelled): committed, with
-//     [Verdict.CommittedLocally] (TestRealCommitCanceledDuringSyncRep);
+//     [Classification.CommittedLocally] (TestRealCommitCanceledDuringSyncRep);
 //   - WARNING 57P01 "… already committed locally", then the connection closes: unknown,
-//     with [Verdict.CommittedLocally] as evidence for reconciliation
+//     with [Classification.CommittedLocally] as evidence for reconciliation
 //     (TestRealCommitTerminatedDuringSyncRep). [CommittedLocallyNotice] recognises both
 //     warnings, in every language of PostgreSQL 15's message catalogs
 //     (TestRealCommittedLocallyLocalized, TestRealCommittedLocallyOtherDatabaseEncoding).
@@ -52,7 +52,8 @@
 // alike, by TestCommitNotExecuted in the otelpgxtx package:
 //
 //   - [ReasonCommitNotSent]: the write carrying COMMIT failed before the kernel accepted
-//     a byte of it ([Facts.CommitNotSent]) and the connection is closed: bytes that never
+//     a byte of it, or COMMIT was never written ([Facts.CommitNotSent]; also shown by
+//     TestCommitContextDoneBeforeWrite), and the connection is closed: bytes that never
 //     reached the kernel cannot be read by the server;
 //   - [ReasonSessionEndedBeforeCommit]: a FATAL or PANIC was already waiting unread
 //     before COMMIT was written ([Facts.SessionEndedBeforeCommit]): after a FATAL the
@@ -71,7 +72,7 @@
 // pgx also talks to servers that speak PostgreSQL's protocol but are not PostgreSQL, and
 // to poolers in front of PostgreSQL. [Facts.Server] says which server answered (from what
 // it reported at connection start, see [ServerOf]); a rule that rests on PostgreSQL's own
-// behaviour makes a verdict determinate only for [ServerPostgreSQL], and the zero value,
+// behaviour makes a classification determinate only for [ServerPostgreSQL], and the zero value,
 // [ServerUnknown], gets only the rules every server keeps:
 //
 //   - every server: success is committed; the tag ROLLBACK (pgx.ErrTxCommitRollback) is a

@@ -123,9 +123,9 @@ func FuzzClassify(f *testing.F) {
 			!(phase == outcome.PhaseCommitting && err == nil) && phase != outcome.PhaseCommitted {
 			t.Fatalf("committed without commit evidence: %s", ctx())
 		}
-		// The verdict must be one NewVerdict accepts, with a reason.
-		if _, nerr := classifier.NewVerdict(ev, v.Retryable(), v.SQLState(), v.Reason()); nerr != nil {
-			t.Fatalf("NewVerdict refuses Classify's verdict (%v): %s", nerr, ctx())
+		// The classification must be one NewClassification accepts, with a reason.
+		if _, nerr := classifier.NewClassification(ev, v.Retryable(), v.SQLState(), v.Reason()); nerr != nil {
+			t.Fatalf("NewClassification refuses Classify's classification (%v): %s", nerr, ctx())
 		}
 		if v.Reason() == "" {
 			t.Fatalf("empty reason: %s", ctx())

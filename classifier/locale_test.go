@@ -9,6 +9,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/txevidence/otelpgxtx/classifier"
+	"github.com/txevidence/otelpgxtx/pgtest"
 )
 
 // testLocales are the languages TestRealCommittedLocallyLocalized runs the server's
@@ -77,7 +78,7 @@ func TestRealCommittedLocallyLocalized(t *testing.T) {
 		for _, end := range []string{"cancel 01000", "terminate 57P01"} {
 			t.Run(loc+"/"+end, func(t *testing.T) {
 				ctx := realCtx(t)
-				freshTable(t, ctx, table, "id int primary key")
+				srv.FreshTable(t, ctx, table, "id int primary key")
 				c := realConnect(t, ctx, srv.ConnString(), func(cfg *pgx.ConnConfig) {
 					cfg.RuntimeParams["lc_messages"] = loc
 				})
@@ -106,7 +107,7 @@ func TestRealCommittedLocallyLocalized(t *testing.T) {
 					t.Fatalf("no WARNING %s notice", code)
 				}
 				if end == "terminate 57P01" {
-					waitBackendGone(t, ctx, pid)
+					pgtest.NoError(t, srv.WaitBackendGone(ctx, pid))
 				} else {
 					waitBackendSettled(t, ctx, pid)
 				}

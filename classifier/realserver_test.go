@@ -2,7 +2,7 @@ package classifier_test
 
 // Real-server tests: every rule of the package documentation, produced with real pgx v5 calls against a
 // throw-away PostgreSQL (pgtest), classified, and checked against the ground truth
-// the server reports afterwards (pg_xact_status of the xid captured before COMMIT, and the
+// the server reports afterwards (pg_xact_status of the xid taken before COMMIT, and the
 // row itself, read over an admin connection).
 //
 // The server runs with synchronous_standby_names = 'phantom_standby' (a standby that never
@@ -12,8 +12,6 @@ package classifier_test
 import (
 	"context"
 	"errors"
-	"net"
-	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -143,9 +141,9 @@ type realWant struct {
 	committedLocally bool
 }
 
-func checkVerdict(t *testing.T, v classifier.Verdict, w realWant) {
+func checkVerdict(t *testing.T, v classifier.Classification, w realWant) {
 	t.Helper()
-	t.Logf("verdict: evidence=%v retryable=%v sqlstate=%q committedLocally=%v reason=%q",
+	t.Logf("classification: evidence=%v retryable=%v sqlstate=%q committedLocally=%v reason=%q",
 		v.Evidence(), v.Retryable(), v.SQLState(), v.CommittedLocally(), v.Reason())
 	if v.Evidence() != w.evidence {
 		t.Errorf("Evidence() = %v, want %v", v.Evidence(), w.evidence)
@@ -160,25 +158,17 @@ func checkVerdict(t *testing.T, v classifier.Verdict, w realWant) {
 		t.Errorf("CommittedLocally() = %v, want %v", v.CommittedLocally(), w.committedLocally)
 	}
 	if v.Evidence() == classifier.EvidenceUnknown && v.Retryable() {
-		t.Error("an unknown verdict is retryable")
+		t.Error("an unknown classification is retryable")
 	}
 }
 
-// sqlstateOf is the SQLSTATE an unknown verdict should carry for err: the code of a
+// sqlstateOf is the SQLSTATE an unknown classification should carry for err: the code of a
 // server error, or "" for anything else.
 func sqlstateOf(err error) string {
 	if pgErr, ok := errors.AsType[*pgconn.PgError](err); ok {
 		return pgErr.Code
 	}
 	return ""
-}
-
-// freshTable (re)creates table with the given column list, so tests survive -count=N.
-func freshTable(t *testing.T, ctx context.Context, table, columns string) {
-	t.Helper()
-	if err := srv.Exec(ctx, "DROP TABLE IF EXISTS "+table+"; CREATE TABLE "+table+" ("+columns+")"); err != nil {
-		t.Fatal(err)
-	}
 }
 
 type queryRower interface {
@@ -196,19 +186,9 @@ func currentXid(t *testing.T, ctx context.Context, q queryRower) uint64 {
 	return uint64(xid)
 }
 
-// waitXactDone waits until the transaction has settled and returns its status.
-func waitXactDone(t *testing.T, ctx context.Context, xid uint64) string {
-	t.Helper()
-	st, err := srv.WaitXactSettled(ctx, xid)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return st
-}
-
 func checkXact(t *testing.T, ctx context.Context, xid uint64, want string) {
 	t.Helper()
-	st := waitXactDone(t, ctx, xid)
+	st := srv.Settled(t, ctx, xid)
 	t.Logf("ground truth: pg_xact_status(%d) = %s", xid, st)
 	if st != want {
 		t.Errorf("pg_xact_status(%d) = %q, want %q", xid, st, want)
@@ -230,12 +210,6 @@ func backendState(ctx context.Context, admin *pgx.Conn, pid uint32) (state, wait
 		waitEvent = *we
 	}
 	return state, waitEvent, false, err
-}
-
-// waitBackendGone polls pg_stat_activity until the backend has exited.
-func waitBackendGone(t *testing.T, ctx context.Context, pid uint32) {
-	t.Helper()
-	waitBackend(t, ctx, pid, func(_ string, gone bool) bool { return gone }, "exited")
 }
 
 // waitBackendSettled polls until the backend has exited or sits idle (outside a
@@ -341,7 +315,7 @@ const syncRepOn = "set local synchronous_commit = on"
 func TestRealCommitPlain(t *testing.T) {
 	ctx := realCtx(t)
 	const table = "real_plain"
-	freshTable(t, ctx, table, "id int primary key")
+	srv.FreshTable(t, ctx, table, "id int primary key")
 	c := realConnect(t, ctx, srv.ConnString(), nil)
 
 	tx, xid := beginInsert(t, ctx, c, table, 1)
@@ -367,7 +341,7 @@ func TestRealCommitAfterFailedStatement(t *testing.T) {
 
 	t.Run("tx.Commit", func(t *testing.T) {
 		ctx := realCtx(t)
-		freshTable(t, ctx, table, "id int primary key")
+		srv.FreshTable(t, ctx, table, "id int primary key")
 		c := realConnect(t, ctx, srv.ConnString(), nil)
 
 		tx, xid := beginInsert(t, ctx, c, table, 1)
@@ -390,7 +364,7 @@ func TestRealCommitAfterFailedStatement(t *testing.T) {
 
 	t.Run("raw commit tag", func(t *testing.T) {
 		ctx := realCtx(t)
-		freshTable(t, ctx, table, "id int primary key")
+		srv.FreshTable(t, ctx, table, "id int primary key")
 		c := realConnect(t, ctx, srv.ConnString(), nil)
 
 		if _, err := c.Exec(ctx, "begin"); err != nil {
@@ -428,7 +402,7 @@ func TestRealCommitAfterFailedStatement(t *testing.T) {
 func TestRealCommitDeferredUniqueViolation(t *testing.T) {
 	ctx := realCtx(t)
 	const table = "real_deferred_unique"
-	freshTable(t, ctx, table, "id int primary key, k int unique deferrable initially deferred")
+	srv.FreshTable(t, ctx, table, "id int primary key, k int unique deferrable initially deferred")
 	if err := srv.Exec(ctx, "insert into "+table+" (id, k) values (1, 7)"); err != nil {
 		t.Fatal(err)
 	}
@@ -461,7 +435,7 @@ func TestRealCommitDeferredUniqueViolation(t *testing.T) {
 func TestRealCommitSerializationFailure(t *testing.T) {
 	ctx := realCtx(t)
 	const table = "real_write_skew"
-	freshTable(t, ctx, table, "id int primary key, v int not null")
+	srv.FreshTable(t, ctx, table, "id int primary key, v int not null")
 	if err := srv.Exec(ctx, "insert into "+table+" (id, v) values (1, 0), (2, 0)"); err != nil {
 		t.Fatal(err)
 	}
@@ -526,16 +500,13 @@ func TestRealCommitSerializationFailure(t *testing.T) {
 func TestRealCommitTerminatedDuringSyncRep(t *testing.T) {
 	ctx := realCtx(t)
 	const table = "real_terminated_syncrep"
-	freshTable(t, ctx, table, "id int primary key")
+	srv.FreshTable(t, ctx, table, "id int primary key")
 	c := realConnect(t, ctx, srv.ConnString(), nil)
 	pid := c.PgConn().PID()
 
 	tx, xid := beginInsert(t, ctx, c, table, 1, syncRepOn)
 	done := commitAsync(ctx, tx)
-	if err := srv.WaitForWaitEvent(ctx, pid, "SyncRep"); err != nil {
-		t.Fatal(err)
-	}
-	if err := srv.Terminate(ctx, pid); err != nil {
+	if err := srv.TerminateInSyncRep(ctx, pid); err != nil {
 		t.Fatal(err)
 	}
 	err := awaitCommit(t, ctx, done)
@@ -565,7 +536,7 @@ func TestRealCommitTerminatedDuringSyncRep(t *testing.T) {
 	checkVerdict(t, classifier.Classify(outcome.PhaseCommitting, err, f),
 		realWant{evidence: classifier.EvidenceUnknown, sqlstate: sqlstateOf(err), committedLocally: true})
 
-	waitBackendGone(t, ctx, pid)
+	pgtest.NoError(t, srv.WaitBackendGone(ctx, pid))
 	checkXact(t, ctx, xid, "committed")
 	checkRow(t, ctx, table, 1, true)
 }
@@ -579,7 +550,7 @@ func TestRealCommitCanceledDuringSyncRep(t *testing.T) {
 	// stops waiting, warns 01000 "already committed locally" and completes the COMMIT.
 	t.Run("CancelRequestContextWatcherHandler", func(t *testing.T) {
 		ctx := realCtx(t)
-		freshTable(t, ctx, table, "id int primary key")
+		srv.FreshTable(t, ctx, table, "id int primary key")
 		c := realConnect(t, ctx, srv.ConnString(), func(cfg *pgx.ConnConfig) {
 			cfg.BuildContextWatcherHandler = func(pc *pgconn.PgConn) ctxwatch.Handler {
 				// The deadline is only a fallback; it must not fire before the reply.
@@ -630,7 +601,7 @@ func TestRealCommitCanceledDuringSyncRep(t *testing.T) {
 	// completes the COMMIT.
 	t.Run("default DeadlineContextWatcherHandler", func(t *testing.T) {
 		ctx := realCtx(t)
-		freshTable(t, ctx, table, "id int primary key")
+		srv.FreshTable(t, ctx, table, "id int primary key")
 		c := realConnect(t, ctx, srv.ConnString(), nil)
 		pid := c.PgConn().PID()
 
@@ -663,7 +634,7 @@ func TestRealCommitCanceledDuringSyncRep(t *testing.T) {
 			_ = admin.Close(ctx)
 		}
 		// The backend ends only if something released its SyncRep wait: pgx's cancel request.
-		waitBackendGone(t, ctx, pid)
+		pgtest.NoError(t, srv.WaitBackendGone(ctx, pid))
 		checkXact(t, ctx, xid, "committed")
 		checkRow(t, ctx, table, 1, true)
 	})
@@ -674,7 +645,7 @@ func TestRealCommitCanceledDuringSyncRep(t *testing.T) {
 func TestRealStatementTimeoutDoesNotInterruptSyncRepWait(t *testing.T) {
 	ctx := realCtx(t)
 	const table = "real_stmt_timeout_syncrep"
-	freshTable(t, ctx, table, "id int primary key")
+	srv.FreshTable(t, ctx, table, "id int primary key")
 	c := realConnect(t, ctx, srv.ConnString(), nil)
 	pid := c.PgConn().PID()
 
@@ -739,7 +710,7 @@ func TestRealStatementTimeoutDoesNotInterruptSyncRepWait(t *testing.T) {
 func TestRealCommitFatalDuringDeferredTrigger(t *testing.T) {
 	ctx := realCtx(t)
 	const table = "real_fatal_trigger"
-	freshTable(t, ctx, table, "id int primary key")
+	srv.FreshTable(t, ctx, table, "id int primary key")
 	if err := srv.Exec(ctx, `
 		create or replace function real_fatal_trigger_sleep() returns trigger language plpgsql as
 			$$ begin perform pg_sleep(60); return null; end $$;
@@ -773,7 +744,7 @@ func TestRealCommitFatalDuringDeferredTrigger(t *testing.T) {
 	checkVerdict(t, classifier.Classify(outcome.PhaseCommitting, err, f),
 		realWant{evidence: classifier.EvidenceUnknown, sqlstate: codeAdminShutdown})
 
-	waitBackendGone(t, ctx, pid)
+	pgtest.NoError(t, srv.WaitBackendGone(ctx, pid))
 	checkXact(t, ctx, xid, "aborted")
 	checkRow(t, ctx, table, 1, false)
 }
@@ -783,7 +754,7 @@ func TestRealCommitFatalDuringDeferredTrigger(t *testing.T) {
 func TestRealCommitAfterIdleBackendTerminated(t *testing.T) {
 	ctx := realCtx(t)
 	const table = "real_idle_terminated"
-	freshTable(t, ctx, table, "id int primary key")
+	srv.FreshTable(t, ctx, table, "id int primary key")
 	c := realConnect(t, ctx, srv.ConnString(), nil)
 	pid := c.PgConn().PID()
 
@@ -791,7 +762,7 @@ func TestRealCommitAfterIdleBackendTerminated(t *testing.T) {
 	if err := srv.Terminate(ctx, pid); err != nil {
 		t.Fatal(err)
 	}
-	waitBackendGone(t, ctx, pid)
+	pgtest.NoError(t, srv.WaitBackendGone(ctx, pid))
 
 	err := tx.Commit(ctx)
 	logErr(t, "tx.Commit", err)
@@ -818,20 +789,6 @@ func TestRealCommitAfterIdleBackendTerminated(t *testing.T) {
 	checkRow(t, ctx, table, 1, false)
 }
 
-func newProxy(t *testing.T) *pgtest.Proxy {
-	t.Helper()
-	p, err := pgtest.NewProxy(net.JoinHostPort(srv.Host(), strconv.Itoa(srv.Port())))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		if err := p.Close(); err != nil {
-			t.Errorf("proxy Close: %v", err)
-		}
-	})
-	return p
-}
-
 // Row: "connection closed ... after sending". The proxy forwards COMMIT and then cuts, or
 // cuts before COMMIT reaches the server: the client cannot tell the two apart, and the
 // server's answers differ.
@@ -848,8 +805,8 @@ func TestRealCommitProxyCut(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			ctx := realCtx(t)
 			table := "real_cut_" + strings.ReplaceAll(tc.name, " ", "_")
-			freshTable(t, ctx, table, "id int primary key")
-			p := newProxy(t)
+			srv.FreshTable(t, ctx, table, "id int primary key")
+			p := pgtest.ProxyFor(t, srv)
 			c := realConnect(t, ctx, p.ConnString(srv.ConnString()), nil)
 			pid := c.PgConn().PID()
 
@@ -869,7 +826,7 @@ func TestRealCommitProxyCut(t *testing.T) {
 			checkVerdict(t, classifier.Classify(outcome.PhaseCommitting, err, f),
 				realWant{evidence: classifier.EvidenceUnknown, sqlstate: sqlstateOf(err)})
 
-			waitBackendGone(t, ctx, pid)
+			pgtest.NoError(t, srv.WaitBackendGone(ctx, pid))
 			checkXact(t, ctx, xid, tc.fate)
 			checkRow(t, ctx, table, 1, tc.present)
 		})

@@ -6,9 +6,9 @@ import "strings"
 // rules rest on how PostgreSQL itself behaves (it cannot raise an ERROR after its commit
 // record; its idle-in-transaction timeout always fires before COMMIT is read; its backend
 // reads nothing after a FATAL), and pgx also talks to servers that speak PostgreSQL's
-// protocol but commit differently. Those rules make a verdict determinate only for
+// protocol but commit differently. Those rules make a classification determinate only for
 // [ServerPostgreSQL]; the zero value, [ServerUnknown], keeps only the rules every server
-// keeps, so that a caller who never says which server it is gets no verdict the evidence
+// keeps, so that a caller who never says which server it is gets no classification the evidence
 // cannot prove.
 type Server uint8
 

@@ -39,7 +39,7 @@ func TestServerOfRealServer(t *testing.T) {
 }
 
 // TestClassifyOtherServers: the rules that rest on PostgreSQL's own behaviour make no
-// verdict determinate on another server. 40003 is unknown on every server.
+// classification determinate on another server. 40003 is unknown on every server.
 func TestClassifyOtherServers(t *testing.T) {
 	c := outcome.PhaseCommitting
 	for _, server := range []classifier.Server{classifier.ServerUnknown, classifier.ServerCockroachDB, classifier.ServerOther} {

@@ -235,6 +235,17 @@ func (s *Server) signalBackend(ctx context.Context, fn string, pid uint32) error
 	})
 }
 
+// TerminateInSyncRep waits until the backend pid waits for a synchronous standby
+// (wait_event SyncRep: its COMMIT's record is in the local WAL, the commit not yet
+// acknowledged) and terminates it there: the commit stands on the server, and its client
+// never hears of it — a real indeterminate commit.
+func (s *Server) TerminateInSyncRep(ctx context.Context, pid uint32) error {
+	if err := s.WaitForWaitEvent(ctx, pid, "SyncRep"); err != nil {
+		return err
+	}
+	return s.Terminate(ctx, pid)
+}
+
 // WaitForWaitEvent polls pg_stat_activity until the backend's wait_event
 // equals event (e.g. "SyncRep", "PgSleep"). It fails when ctx ends or when
 // the backend is no longer listed, since then the event can never appear.

@@ -9,7 +9,7 @@ import (
 // pgconn got from the server, before and after a query that keeps it busy.
 func TestBackendCPU(t *testing.T) {
 	LeakCheck(t)
-	ctx := testCtx(t)
+	ctx := ContextFor(t)
 	c, err := srv.Conn(ctx)
 	if err != nil {
 		t.Fatal(err)

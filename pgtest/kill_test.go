@@ -32,8 +32,8 @@ func readIncarnation(t *testing.T, ctx context.Context, c *pgx.Conn) incarnation
 // to the next transaction. Neither a checkpoint nor ordinary work moves the reset time.
 func TestKillBackend(t *testing.T) {
 	LeakCheck(t)
-	ctx := testCtx(t)
-	freshTable(t, ctx, "killed")
+	ctx := ContextFor(t)
+	srv.FreshTable(t, ctx, "killed", "id int primary key")
 	if err := srv.Exec(ctx, "DROP ROLE IF EXISTS kill_reader; CREATE ROLE kill_reader LOGIN"); err != nil {
 		t.Fatal(err)
 	}
@@ -113,7 +113,7 @@ func TestKillBackend(t *testing.T) {
 	if next != xid {
 		t.Errorf("the first xid after crash recovery is %d, want the killed transaction's %d", next, xid)
 	}
-	if st := waitXactDone(t, ctx, xid); st != "committed" {
+	if st := srv.Settled(t, ctx, xid); st != "committed" {
 		t.Errorf("pg_xact_status(%d) = %s, want committed (the reuser's)", xid, st)
 	}
 	if err := srv.KillBackend(ctx, 1<<22+1); err == nil {

@@ -14,7 +14,7 @@ import (
 // end; after Close, PgBouncer no longer accepts connections, and a second Close is
 // harmless.
 func TestPgBouncerTransactionMode(t *testing.T) {
-	ctx := testCtx(t)
+	ctx := ContextFor(t)
 	b, err := StartPgBouncer(ctx, srv, "transaction", 1)
 	if err != nil {
 		t.Fatal(err)
@@ -70,7 +70,7 @@ func TestPgBouncerTransactionMode(t *testing.T) {
 // anything starts, and a machine without PgBouncer gets an error that says how to
 // install it.
 func TestPgBouncerBadInput(t *testing.T) {
-	ctx := testCtx(t)
+	ctx := ContextFor(t)
 	t.Run("not installed", func(t *testing.T) {
 		t.Setenv("PATH", t.TempDir())
 		saved := pgbouncerDirs
@@ -105,7 +105,7 @@ func TestPgBouncerBadInput(t *testing.T) {
 // leaves, and the next client gets the same backend reset with DISCARD ALL: a statement
 // the first client prepared is gone.
 func TestPgBouncerSessionMode(t *testing.T) {
-	ctx := testCtx(t)
+	ctx := ContextFor(t)
 	b, err := StartPgBouncer(ctx, srv, "session", 1)
 	if err != nil {
 		t.Fatal(err)
@@ -137,7 +137,7 @@ func TestPgBouncerSessionMode(t *testing.T) {
 // a plain client of the same PgBouncer stays plain.
 func TestPgBouncerTLS(t *testing.T) {
 	LeakCheck(t)
-	ctx := testCtx(t)
+	ctx := ContextFor(t)
 	b := PgBouncerFor(t, ctx, srv, "session", 1)
 	p, err := NewProxy(fmt.Sprintf("127.0.0.1:%d", b.port))
 	if err != nil {

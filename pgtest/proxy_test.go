@@ -10,20 +10,6 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 )
 
-func newProxy(t *testing.T) *Proxy {
-	t.Helper()
-	p, err := NewProxy(fmt.Sprintf("%s:%d", srv.Host(), srv.Port()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		if err := p.Close(); err != nil {
-			t.Errorf("proxy Close: %v", err)
-		}
-	})
-	return p
-}
-
 // transports are the two ways a client reaches the server: plain TCP and verified TLS.
 // Connecting through a proxy takes connectTrips round trips (see Proxy.RoundTrips).
 var transports = []struct {
@@ -48,8 +34,8 @@ func connectVia(t *testing.T, ctx context.Context, p *Proxy, base string) *pgx.C
 
 func TestProxyForwards(t *testing.T) {
 	LeakCheck(t)
-	ctx := testCtx(t)
-	p := newProxy(t)
+	ctx := ContextFor(t)
+	p := ProxyFor(t, srv)
 	c := connectVia(t, ctx, p, srv.ConnString())
 	var port int
 	if err := c.QueryRow(ctx, "SELECT inet_server_port()").Scan(&port); err != nil {
@@ -65,7 +51,7 @@ func TestProxyForwards(t *testing.T) {
 
 func TestProxyConnString(t *testing.T) {
 	LeakCheck(t)
-	p := newProxy(t)
+	p := ProxyFor(t, srv)
 	addr := p.Addr()
 	for base, want := range map[string]string{
 		"postgres://u:pw@db.example:5432/app?sslmode=disable":            "postgres://u:pw@" + addr + "/app?sslmode=disable",
@@ -82,10 +68,10 @@ func TestProxyConnString(t *testing.T) {
 // pgx's observable behaviour.
 func TestProxyRoundTrips(t *testing.T) {
 	LeakCheck(t)
-	ctx := testCtx(t)
+	ctx := ContextFor(t)
 	for _, tr := range transports {
 		t.Run(tr.name, func(t *testing.T) {
-			p := newProxy(t)
+			p := ProxyFor(t, srv)
 			c := connectVia(t, ctx, p, tr.connString())
 			if got := p.RoundTrips(); got != tr.connectTrips {
 				t.Errorf("round trips to connect = %d, want %d (SSLRequest over TLS, startup, trust auth)", got, tr.connectTrips)
@@ -169,12 +155,12 @@ var commitStyles = []struct {
 // carries no Parse, so detection must come from the tracked statement name.
 func TestProxyCutCommit(t *testing.T) {
 	LeakCheck(t)
-	ctx := testCtx(t)
-	freshTable(t, ctx, "proxy_cut")
+	ctx := ContextFor(t)
+	srv.FreshTable(t, ctx, "proxy_cut", "id int primary key")
 	id := 0
 	for _, tr := range transports {
 		t.Run(tr.name, func(t *testing.T) {
-			p := newProxy(t)
+			p := ProxyFor(t, srv)
 			for _, style := range commitStyles {
 				for _, after := range []bool{true, false} {
 					name := style.name + "/cut before commit"
@@ -210,7 +196,7 @@ func TestProxyCutCommit(t *testing.T) {
 						if err := style.commit(ctx, c); err != nil {
 							t.Fatalf("un-armed commit: %v", err)
 						}
-						if countRows(t, ctx, "proxy_cut", unarmed) != 1 {
+						if srv.CountOf(t, ctx, "SELECT count(*) FROM "+"proxy_cut"+" WHERE id = $1", unarmed) != 1 {
 							t.Fatal("un-armed commit lost its row")
 						}
 						var cached int
@@ -240,10 +226,10 @@ func TestProxyCutCommit(t *testing.T) {
 						if after {
 							wantStatus, wantRows = "committed", 1
 						}
-						if st := waitXactDone(t, ctx, xid); st != wantStatus {
+						if st := srv.Settled(t, ctx, xid); st != wantStatus {
 							t.Errorf("transaction status = %q, want %q", st, wantStatus)
 						}
-						if n := countRows(t, ctx, "proxy_cut", row); n != wantRows {
+						if n := srv.CountOf(t, ctx, "SELECT count(*) FROM "+"proxy_cut"+" WHERE id = $1", row); n != wantRows {
 							t.Errorf("rows = %d, want %d", n, wantRows)
 						}
 					})
@@ -261,9 +247,9 @@ func TestProxyCutCommit(t *testing.T) {
 // cut.
 func TestProxyCutTwiceInPool(t *testing.T) {
 	LeakCheck(t)
-	ctx := testCtx(t)
-	freshTable(t, ctx, "proxy_pool")
-	p := newProxy(t)
+	ctx := ContextFor(t)
+	srv.FreshTable(t, ctx, "proxy_pool", "id int primary key")
+	p := ProxyFor(t, srv)
 	pool, err := pgxpool.New(ctx, p.ConnString(srv.ConnString()))
 	if err != nil {
 		t.Fatal(err)
@@ -285,7 +271,7 @@ func TestProxyCutTwiceInPool(t *testing.T) {
 		if err := tx.Commit(ctx); err == nil {
 			t.Fatalf("transaction %d: commit returned no error", id)
 		}
-		if st := waitXactDone(t, ctx, xid); st != "committed" {
+		if st := srv.Settled(t, ctx, xid); st != "committed" {
 			t.Errorf("transaction %d: status %q, want committed", id, st)
 		}
 		if got := p.Cuts(); got != int64(id) {
@@ -296,8 +282,8 @@ func TestProxyCutTwiceInPool(t *testing.T) {
 
 func TestProxyCutAll(t *testing.T) {
 	LeakCheck(t)
-	ctx := testCtx(t)
-	p := newProxy(t)
+	ctx := ContextFor(t)
+	p := ProxyFor(t, srv)
 	a, b := connectVia(t, ctx, p, srv.ConnString()), connectVia(t, ctx, p, srv.ConnString())
 	p.CutAll()
 	if got := p.Cuts(); got != 2 {
@@ -319,7 +305,7 @@ func TestProxyCutAll(t *testing.T) {
 // leaves no goroutines (leakCheck) even though clients are still connected.
 func TestProxyCloseWithLiveConnections(t *testing.T) {
 	LeakCheck(t)
-	ctx := testCtx(t)
+	ctx := ContextFor(t)
 	p, err := NewProxy(fmt.Sprintf("%s:%d", srv.Host(), srv.Port()))
 	if err != nil {
 		t.Fatal(err)
@@ -368,8 +354,8 @@ func TestIsCommitSQL(t *testing.T) {
 // replies arrive complete and in order.
 func TestProxyDelay(t *testing.T) {
 	LeakCheck(t)
-	ctx := testCtx(t)
-	p := newProxy(t)
+	ctx := ContextFor(t)
+	p := ProxyFor(t, srv)
 	const toServer, toClient = 3 * time.Millisecond, 2 * time.Millisecond
 	p.SetDelay(toServer, toClient)
 	c := connectVia(t, ctx, p, srv.ConnString())
@@ -439,7 +425,7 @@ func TestProxyDelay(t *testing.T) {
 // TestProxyProcess runs the delaying proxy in a child process (this test binary).
 func TestProxyProcess(t *testing.T) {
 	LeakCheck(t)
-	ctx := testCtx(t)
+	ctx := ContextFor(t)
 	const delay = 2 * time.Millisecond
 	pp, err := StartProxyProcess(fmt.Sprintf("%s:%d", srv.Host(), srv.Port()), delay, delay)
 	if err != nil {
@@ -481,10 +467,10 @@ func TestProxyProcess(t *testing.T) {
 // a connection; from then on it is dropped, as by a network that lost the server, so
 // that pgx's own cancel of the broken connection cannot abort a COMMIT it forwarded.
 func TestProxyDropsCancelAfterCut(t *testing.T) {
-	ctx := testCtx(t)
+	ctx := ContextFor(t)
 	for _, tr := range transports {
 		t.Run(tr.name, func(t *testing.T) {
-			p := newProxy(t)
+			p := ProxyFor(t, srv)
 			// sleep runs pg_sleep through the proxy and cancels it once the server runs it.
 			sleep := func() error {
 				c := connectVia(t, ctx, p, tr.connString())

@@ -21,7 +21,7 @@ import (
 
 func TestServerBasics(t *testing.T) {
 	LeakCheck(t)
-	ctx := testCtx(t)
+	ctx := ContextFor(t)
 	want := fmt.Sprintf("postgres://postgres@127.0.0.1:%d/postgres?sslmode=disable", srv.Port())
 	if got := srv.ConnString(); got != want {
 		t.Errorf("ConnString = %q, want %q", got, want)
@@ -60,7 +60,7 @@ func TestServerBasics(t *testing.T) {
 // wanted (here: a backend that appears in pg_stat_activity, then leaves it), and fails
 // naming the last count when the context ends first.
 func TestCount(t *testing.T) {
-	ctx := testCtx(t)
+	ctx := ContextFor(t)
 	if n, err := srv.Count(ctx, "select count(*) from generate_series(1, $1::int)", 3); err != nil || n != 3 {
 		t.Fatalf("Count = %d, %v; want 3", n, err)
 	}
@@ -93,8 +93,8 @@ func TestCount(t *testing.T) {
 // that waits for the phantom standby after its commit record is in local WAL.
 func TestSyncRepWait(t *testing.T) {
 	LeakCheck(t)
-	ctx := testCtx(t)
-	freshTable(t, ctx, "syncrep")
+	ctx := ContextFor(t)
+	srv.FreshTable(t, ctx, "syncrep", "id int primary key")
 	cfg, err := pgx.ParseConfig(srv.ConnString())
 	if err != nil {
 		t.Fatal(err)
@@ -130,7 +130,7 @@ func TestSyncRepWait(t *testing.T) {
 	// local WAL (and the commit log), but the transaction is still in the
 	// proc array, so other sessions neither see the row nor report it
 	// committed.
-	if n := countRows(t, ctx, "syncrep", 1); n != 0 {
+	if n := srv.CountOf(t, ctx, "SELECT count(*) FROM "+"syncrep"+" WHERE id = $1", 1); n != 0 {
 		t.Errorf("row visible to another session during the SyncRep wait (count %d), want invisible", n)
 	}
 	if st, _, err := srv.XactStatus(ctx, xid); err != nil || st != "in progress" {
@@ -150,17 +150,17 @@ func TestSyncRepWait(t *testing.T) {
 	}
 	// Terminating cancels only the wait: the transaction stays committed
 	// and becomes visible.
-	if st := waitXactDone(t, ctx, xid); st != "committed" {
+	if st := srv.Settled(t, ctx, xid); st != "committed" {
 		t.Errorf("XactStatus after Terminate = %q, want committed", st)
 	}
-	if n := countRows(t, ctx, "syncrep", 1); n != 1 {
+	if n := srv.CountOf(t, ctx, "SELECT count(*) FROM "+"syncrep"+" WHERE id = $1", 1); n != 1 {
 		t.Errorf("row count after Terminate = %d, want 1", n)
 	}
 }
 
 func TestCancel(t *testing.T) {
 	LeakCheck(t)
-	ctx := testCtx(t)
+	ctx := ContextFor(t)
 	c, err := srv.Conn(ctx)
 	if err != nil {
 		t.Fatal(err)
@@ -190,7 +190,7 @@ func TestCancel(t *testing.T) {
 
 func TestBackendHelpersRejectUnknownPID(t *testing.T) {
 	LeakCheck(t)
-	ctx := testCtx(t)
+	ctx := ContextFor(t)
 	const noSuchPID = 1 // init, never a PostgreSQL backend
 	if err := srv.Terminate(ctx, noSuchPID); err == nil {
 		t.Error("Terminate of a non-backend succeeded")
@@ -205,8 +205,8 @@ func TestBackendHelpersRejectUnknownPID(t *testing.T) {
 
 func TestStopImmediateRestart(t *testing.T) {
 	LeakCheck(t)
-	ctx := testCtx(t)
-	freshTable(t, ctx, "restart")
+	ctx := ContextFor(t)
+	srv.FreshTable(t, ctx, "restart", "id int primary key")
 	for round := 1; round <= 2; round++ {
 		if err := srv.Exec(ctx, "INSERT INTO restart VALUES ($1)", round); err != nil {
 			t.Fatal(err)
@@ -245,7 +245,7 @@ func TestCleanupAfterPanic(t *testing.T) {
 		panic("deliberate panic to test cleanup")
 	}
 	LeakCheck(t)
-	ctx := testCtx(t)
+	ctx := ContextFor(t)
 	cmd := exec.CommandContext(ctx, os.Args[0], "-test.run=^TestCleanupAfterPanic$", "-test.count=1")
 	cmd.Env = append(os.Environ(), "PGTEST_PANIC_CHILD=1")
 	out, err := cmd.CombinedOutput()
@@ -291,7 +291,7 @@ func TestCleanupAfterPanic(t *testing.T) {
 // and checks that the start error carries the server log's explanation.
 func TestRestartFailureShowsLog(t *testing.T) {
 	LeakCheck(t)
-	ctx := testCtx(t)
+	ctx := ContextFor(t)
 	conf := filepath.Join(srv.dataDir, "postgresql.conf")
 	orig, err := os.ReadFile(conf)
 	if err != nil {
@@ -323,7 +323,7 @@ func TestRestartFailureShowsLog(t *testing.T) {
 
 func TestStartClose(t *testing.T) {
 	LeakCheck(t)
-	ctx := testCtx(t)
+	ctx := ContextFor(t)
 	s, err := Start()
 	if err != nil {
 		t.Fatal(err)
@@ -363,7 +363,7 @@ func TestStartClose(t *testing.T) {
 // advice, not skip.
 func TestMainFailsWhenServerCannotStart(t *testing.T) {
 	LeakCheck(t)
-	ctx := testCtx(t)
+	ctx := ContextFor(t)
 	cmd := exec.CommandContext(ctx, os.Args[0], "-test.run=^TestServerBasics$", "-test.v")
 	cmd.Env = append(os.Environ(), "TMPDIR="+filepath.Join(t.TempDir(), "missing"))
 	out, err := cmd.CombinedOutput()

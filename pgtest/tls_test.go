@@ -28,7 +28,7 @@ import (
 func checkTransport(t *testing.T, c *pgx.Conn, serverSSL, clientTLS bool) {
 	t.Helper()
 	var gotSSL bool
-	if err := c.QueryRow(testCtx(t), "select ssl from pg_stat_ssl where pid = pg_backend_pid()").Scan(&gotSSL); err != nil {
+	if err := c.QueryRow(ContextFor(t), "select ssl from pg_stat_ssl where pid = pg_backend_pid()").Scan(&gotSSL); err != nil {
 		t.Fatal(err)
 	}
 	tc, gotTLS := c.PgConn().Conn().(*tls.Conn)
@@ -59,7 +59,7 @@ func checkTransport(t *testing.T, c *pgx.Conn, serverSSL, clientTLS bool) {
 // connect opens a connection for the test; it closes when the test ends.
 func connect(t *testing.T, cfg *pgx.ConnConfig) *pgx.Conn {
 	t.Helper()
-	ctx := testCtx(t)
+	ctx := ContextFor(t)
 	c, err := pgx.ConnectConfig(ctx, cfg)
 	if err != nil {
 		t.Fatal(err)
@@ -116,7 +116,7 @@ func TestTLSConnString(t *testing.T) {
 // TLSConfig) and fails with another CA or for another name.
 func TestTLSVerifyFull(t *testing.T) {
 	LeakCheck(t)
-	ctx := testCtx(t)
+	ctx := ContextFor(t)
 	other, err := newAuthority()
 	if err != nil {
 		t.Fatal(err)
@@ -180,8 +180,8 @@ func request(code uint32) []byte {
 // same proxy stays plain to the server.
 func TestProxyTLS(t *testing.T) {
 	LeakCheck(t)
-	ctx := testCtx(t)
-	p := newProxy(t)
+	ctx := ContextFor(t)
+	p := ProxyFor(t, srv)
 	rec := p.Record()
 	for _, tr := range transports {
 		c := connectVia(t, ctx, p, tr.connString())
@@ -209,7 +209,7 @@ func TestProxyTLS(t *testing.T) {
 // requires TLS then fails.
 func TestProxyTLSRefused(t *testing.T) {
 	LeakCheck(t)
-	ctx := testCtx(t)
+	ctx := ContextFor(t)
 	// The target refuses TLS and reads what follows until the proxy closes.
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {

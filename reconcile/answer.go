@@ -77,7 +77,7 @@ const (
 	// server is not on a later timeline): an xid may be handed out again after a fork.
 	ReasonOtherTimeline = "other_timeline"
 	// ReasonServerRestarted: the commit log says committed, but the server restarted
-	// since the xid was captured (or the reference has no start time), the xid is below
+	// since the xid was taken (or the reference has no start time), the xid is below
 	// the restart's boundary, and another restart in between could have handed it out.
 	ReasonServerRestarted = "server_restarted"
 	// ReasonCrashRecovered: the commit log says committed, but the server went through

@@ -61,9 +61,9 @@ func waitNoBarrier(t *testing.T, ctx context.Context, s *pgtest.Server) {
 // barrier returns and the answer is committed, and a failover after that keeps the row.
 func TestReconcileReplicationBarrier(t *testing.T) {
 	pgtest.LeakCheck(t)
-	ctx := testCtx(t)
+	ctx := pgtest.ContextFor(t)
 	c := pgtest.ClusterFor(t, ctx)
-	table := newTable(t, ctx, c.Primary())
+	table := c.Primary().NewTable(t, ctx, "id int primary key")
 	if err := c.Standby().StopImmediate(); err != nil {
 		t.Fatal(err)
 	}
@@ -108,7 +108,7 @@ func TestReconcileReplicationBarrier(t *testing.T) {
 	if err := c.Failover(ctx); err != nil {
 		t.Fatal(err)
 	}
-	if !rowExists(t, ctx, c.Primary(), table, 1) {
+	if !c.Primary().RowExists(t, ctx, table, 1) {
 		t.Fatal("resolved committed, then lost in the failover")
 	}
 }
@@ -120,8 +120,8 @@ func TestReconcileReplicationBarrier(t *testing.T) {
 // server's default (local) says committed, as an acknowledged commit there would be.
 func TestReconcileBarrierLevel(t *testing.T) {
 	pgtest.LeakCheck(t) // registered first, so it runs after the pool's Close
-	ctx := testCtx(t)
-	table := newTable(t, ctx, srv)
+	ctx := pgtest.ContextFor(t)
+	table := srv.NewTable(t, ctx, "id int primary key")
 	conn := newConn(t, ctx, srv)
 	ref := commitLocallyOnly(t, ctx, srv, conn, "set local synchronous_commit = on", table, 1)
 

@@ -28,7 +28,7 @@ import (
 // end-of-recovery checkpoint's next xid is the boundary, and it resolves aborted.
 func TestReconcileXIDReusedAfterCrash(t *testing.T) {
 	pgtest.LeakCheck(t) // registered first, so it runs after the pool's Close
-	ctx := testCtx(t)
+	ctx := pgtest.ContextFor(t)
 	if err := srv.Exec(ctx, `drop table if exists xr_held, xr_next;
 		create table xr_held (id int primary key);
 		create table xr_next (id int primary key);
@@ -78,8 +78,8 @@ func TestReconcileXIDReusedAfterCrash(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	present := rowExists(t, ctx, srv, "xr_held", 1)
-	t.Logf("captured %s; the first transaction after the restart got xid %d; ResolveOperation: %s %q; row present: %v",
+	present := srv.RowExists(t, ctx, "xr_held", 1)
+	t.Logf("taken %s; the first transaction after the restart got xid %d; ResolveOperation: %s %q; row present: %v",
 		ref, nextRef.XID, got.Status(), got.Reason(), present)
 	if got.Status() == reconcile.Committed && !present || got.Status() == reconcile.Aborted && present ||
 		got.Status() == reconcile.Unknown && got.Reason() == "" {
@@ -99,8 +99,8 @@ func TestReconcileXIDReusedAfterCrash(t *testing.T) {
 // in between could have reused its xid and the server keeps no record of it.
 func TestReconcileAfterCrashRestart(t *testing.T) {
 	pgtest.LeakCheck(t) // registered first, so it runs after the pool's Close
-	ctx := testCtx(t)
-	table := newTable(t, ctx, srv)
+	ctx := pgtest.ContextFor(t)
+	table := srv.NewTable(t, ctx, "id int primary key")
 	pool := srv.Pool(t, ctx)
 	conn := newConn(t, ctx, srv)
 	tx, durable := insertRef(t, ctx, conn, table, 1)
@@ -132,7 +132,7 @@ func TestReconcileAfterCrashRestart(t *testing.T) {
 		{Name: "assigned, never logged", Ref: unlogged, Want: reconcile.Aborted},
 		{Name: "committed before the crash", Ref: durable, Want: reconcile.Unknown, Reason: reconcile.ReasonServerRestarted},
 	})
-	if !rowExists(t, ctx, srv, table, 1) {
+	if !srv.RowExists(t, ctx, table, 1) {
 		t.Error("the committed row is gone after the crash restart")
 	}
 }

@@ -21,9 +21,9 @@ import (
 // (other_timeline), since the server cannot prove no intermediate incarnation reused it.
 func TestReconcileAfterFailover(t *testing.T) {
 	pgtest.LeakCheck(t)
-	ctx := testCtx(t)
+	ctx := pgtest.ContextFor(t)
 	c := pgtest.ClusterFor(t, ctx)
-	table := newTable(t, ctx, c.Primary())
+	table := c.Primary().NewTable(t, ctx, "id int primary key")
 	app, err := pgx.Connect(ctx, c.ConnString())
 	if err != nil {
 		t.Fatal(err)
@@ -104,7 +104,7 @@ func TestReconcileAfterFailover(t *testing.T) {
 		{Name: "lost in the failover, xid reused", Ref: lost, Want: reconcile.Aborted},
 		{Name: "replicated commit", Ref: replicated, Want: reconcile.Unknown, Reason: reconcile.ReasonOtherTimeline},
 	})
-	if rowExists(t, ctx, c.Primary(), table, 3) || !rowExists(t, ctx, c.Primary(), table, 1) || rowExists(t, ctx, c.Primary(), table, 2) {
+	if c.Primary().RowExists(t, ctx, table, 3) || !c.Primary().RowExists(t, ctx, table, 1) || c.Primary().RowExists(t, ctx, table, 2) {
 		t.Error("the table does not match: want row 1 only")
 	}
 }

@@ -25,10 +25,10 @@ import (
 // answered committed.
 func TestReconcileBackendKilled(t *testing.T) {
 	pgtest.LeakCheck(t) // registered first, so it runs after the pool's Close
-	ctx := testCtx(t)
-	plain, held := newTable(t, ctx, srv), newTable(t, ctx, srv)
-	reuse := newTable(t, ctx, srv)
-	marker := newMarkerTable(t, ctx)
+	ctx := pgtest.ContextFor(t)
+	plain, held := srv.NewTable(t, ctx, "id int primary key"), srv.NewTable(t, ctx, "id int primary key")
+	reuse := srv.NewTable(t, ctx, "id int primary key")
+	marker := reconciletest.NewMarkerTable(t, ctx, srv.Exec)
 	if err := srv.Exec(ctx, `create or replace function kill_hold() returns trigger language plpgsql as $$
 		begin perform pg_advisory_lock(4243); perform pg_advisory_unlock(4243); return null; end $$;
 		create constraint trigger kill_hold after insert on `+held+` deferrable initially deferred
@@ -143,7 +143,7 @@ func TestReconcileBackendKilled(t *testing.T) {
 	}
 	cases := []reconciletest.Case{{Name: "committed after the recovery", Ref: after, Want: reconcile.Committed}}
 	for _, v := range victims {
-		present := rowExists(t, ctx, srv, v.table, v.id)
+		present := srv.RowExists(t, ctx, v.table, v.id)
 		if present != (v.want == reconcile.Committed || v.done != nil && v.table == plain) {
 			t.Errorf("%s: row present %v after crash recovery", v.name, present)
 		}

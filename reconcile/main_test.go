@@ -2,15 +2,12 @@ package reconcile_test
 
 // The real-server harness of the reconciler's tests: one PostgreSQL per test binary, as
 // the root package's (pgtest.Main), and the references the tests resolve, read with plain
-// pgx from the transactions they name, as the instrumentation captures them.
+// pgx from the transactions they name, as the instrumentation takes them.
 
 import (
 	"context"
-	"fmt"
 	"strconv"
-	"sync/atomic"
 	"testing"
-	"time"
 
 	"github.com/jackc/pgx/v5"
 
@@ -23,11 +20,8 @@ var srv *pgtest.Server
 
 func TestMain(m *testing.M) { pgtest.Main(m, &srv) }
 
-// testCtx bounds every server interaction of a test.
-func testCtx(t *testing.T) context.Context { return pgtest.Context(t, 2*time.Minute) }
-
 // xactRef assigns tx its xid, if it has none yet, and returns the reference the
-// instrumentation would capture for it: the xid with the cluster identity (system
+// instrumentation would take for it: the xid with the cluster identity (system
 // identifier, timeline), the server's start and its statistics' reset time, read in the
 // same statement.
 func xactRef(t *testing.T, ctx context.Context, tx pgx.Tx) outcome.ReconciliationRef {
@@ -51,25 +45,6 @@ func xactRef(t *testing.T, ctx context.Context, tx pgx.Tx) outcome.Reconciliatio
 		}
 	}
 	return ref
-}
-
-// tableSeq makes each table name unique within the test binary.
-var tableSeq atomic.Int64
-
-// newTable creates a fresh table (id int primary key) on s.
-func newTable(t *testing.T, ctx context.Context, s *pgtest.Server) string {
-	t.Helper()
-	name := fmt.Sprintf("r_%d", tableSeq.Add(1))
-	if err := s.Exec(ctx, "create table "+name+" (id int primary key)"); err != nil {
-		t.Fatal(err)
-	}
-	return name
-}
-
-// rowExists reports whether row id of table is there, read on s directly.
-func rowExists(t *testing.T, ctx context.Context, s *pgtest.Server, table string, id int) bool {
-	t.Helper()
-	return count(t, ctx, s, "select count(*) from "+table+" where id = $1", id) > 0
 }
 
 // count runs a count query on s.

@@ -19,14 +19,6 @@ import (
 	"github.com/txevidence/otelpgxtx/reconcile"
 )
 
-// newMarkerTable creates a commit-marker table for the test on the test server.
-func newMarkerTable(t *testing.T, ctx context.Context) pgx.Identifier {
-	t.Helper()
-	name := pgx.Identifier{"public", fmt.Sprintf("m %d", tableSeq.Add(1))} // a space: quoting matters
-	reconciletest.CreateMarker(t, ctx, srv.Exec, name)
-	return name
-}
-
 // insertMarked is insertRef with the commit marker of marker written in the transaction,
 // as the instrumentation's call in COMMIT's write does, and the reference naming it: the
 // connection's database and clock read before BEGIN, a fresh operation id. Committed, the
@@ -62,7 +54,7 @@ func insertMarked(t *testing.T, ctx context.Context, conn *pgx.Conn, marker pgx.
 // database of the same cluster, which has a marker table of the same name, is unknown
 // other_database and fences nothing there; asked of the right one, committed.
 func TestMarkerOtherDatabase(t *testing.T) {
-	ctx := testCtx(t)
+	ctx := pgtest.ContextFor(t)
 	if count(t, ctx, srv, "select count(*) from pg_database where datname = 'otelpgxtx_other'") == 0 {
 		if err := srv.Exec(ctx, "create database otelpgxtx_other"); err != nil {
 			t.Fatal(err)
@@ -80,13 +72,13 @@ func TestMarkerOtherDatabase(t *testing.T) {
 		_, err := other.Exec(ctx, sql, args...)
 		return err
 	}, marker)
-	table := newTable(t, ctx, srv)
+	table := srv.NewTable(t, ctx, "id int primary key")
 	conn := newConn(t, ctx, srv)
 	tx, ref := insertMarked(t, ctx, conn, marker, table, 1)
 	if err := tx.Commit(ctx); err != nil {
 		t.Fatal(err)
 	}
-	if !ref.HasMarker() || ref.MarkerDatabase() != "postgres" || !rowExists(t, ctx, srv, table, 1) {
+	if !ref.HasMarker() || ref.MarkerDatabase() != "postgres" || !srv.RowExists(t, ctx, table, 1) {
 		t.Fatalf("reference %s, want the marker in postgres, and the row committed", ref)
 	}
 	rec, err := reconcile.New(other, reconcile.WithWait(time.Second, 10*time.Millisecond))
@@ -116,8 +108,8 @@ func TestMarkerOtherDatabase(t *testing.T) {
 // horizon is older than it is still answered: aborted, for a cut before COMMIT.
 func TestMarkerPruned(t *testing.T) {
 	pgtest.LeakCheck(t) // registered first, so it runs after the pool's Close
-	ctx := testCtx(t)
-	table, marker := newTable(t, ctx, srv), newMarkerTable(t, ctx)
+	ctx := pgtest.ContextFor(t)
+	table, marker := srv.NewTable(t, ctx, "id int primary key"), reconciletest.NewMarkerTable(t, ctx, srv.Exec)
 	pool := srv.Pool(t, ctx)
 	rec, err := reconcile.New(pool, reconcile.WithWait(time.Second, 10*time.Millisecond))
 	if err != nil {
@@ -158,7 +150,7 @@ func TestMarkerPruned(t *testing.T) {
 	if n := markers(); n != rows-2 {
 		t.Fatalf("%d marker rows after the prune and the questions, want %d: the horizon alone, nothing fenced", n, rows-2)
 	}
-	if !rowExists(t, ctx, srv, table, 1) || rowExists(t, ctx, srv, table, 2) {
+	if !srv.RowExists(t, ctx, table, 1) || srv.RowExists(t, ctx, table, 2) {
 		t.Fatal("the table does not match: want row 1 only")
 	}
 }
@@ -170,9 +162,9 @@ func TestMarkerPruned(t *testing.T) {
 // marker table is left as it was.
 func TestMarkerEvidenceConflict(t *testing.T) {
 	pgtest.LeakCheck(t) // registered first, so it runs after the pool's Close
-	ctx := testCtx(t)
-	marker := newMarkerTable(t, ctx)
-	table := newTable(t, ctx, srv)
+	ctx := pgtest.ContextFor(t)
+	marker := reconciletest.NewMarkerTable(t, ctx, srv.Exec)
+	table := srv.NewTable(t, ctx, "id int primary key")
 	pool := srv.Pool(t, ctx)
 	var logs bytes.Buffer
 	rec, err := reconcile.New(pool, reconcile.WithLogger(slog.New(slog.NewJSONHandler(&logs, nil))))

@@ -18,7 +18,7 @@ import (
 // an empty reference is an error wrapping reconcile.ErrInvalidArgument.
 func TestReconcilerOptions(t *testing.T) {
 	pgtest.LeakCheck(t) // registered first, so it runs after the pool's Close
-	ctx := testCtx(t)
+	ctx := pgtest.ContextFor(t)
 	pool := srv.Pool(t, ctx)
 	if _, err := reconcile.New(pool, reconcile.WithWait(-time.Second, 0)); !errors.Is(err, reconcile.ErrInvalidArgument) {
 		t.Errorf("reconcile.New with a negative wait: %v, want ErrInvalidArgument", err)

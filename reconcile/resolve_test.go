@@ -14,8 +14,8 @@ import (
 
 func TestReconcilerAbortedNoWritesAndUnknowns(t *testing.T) {
 	pgtest.LeakCheck(t) // registered first, so it runs after the pool's Close
-	ctx := testCtx(t)
-	table := newTable(t, ctx, srv)
+	ctx := pgtest.ContextFor(t)
+	table := srv.NewTable(t, ctx, "id int primary key")
 	pool := srv.Pool(t, ctx)
 	rec, err := reconcile.New(pool, reconcile.WithWait(0, time.Millisecond))
 	if err != nil {

@@ -11,6 +11,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/txevidence/otelpgxtx/pgtest"
 	"github.com/txevidence/otelpgxtx/reconcile"
 )
 
@@ -22,8 +23,8 @@ import (
 // ended the same way stays committed. A role without the right to signal the backend gets
 // the refusal as the Resolve's error, and the transaction is untouched.
 func TestReconcileTerminate(t *testing.T) {
-	ctx := testCtx(t)
-	table := newTable(t, ctx, srv)
+	ctx := pgtest.ContextFor(t)
+	table := srv.NewTable(t, ctx, "id int primary key")
 	if err := srv.Exec(ctx, "drop role if exists fence_app; create role fence_app login; grant all on "+table+" to fence_app;"+
 		" drop role if exists fence_rec; create role fence_rec login; grant pg_signal_backend to fence_rec;"+
 		" drop role if exists fence_weak; create role fence_weak login"); err != nil {
@@ -63,8 +64,8 @@ func TestReconcileTerminate(t *testing.T) {
 		t.Fatalf("the refused fence touched the transaction: %v", err)
 	}
 	got, err = reconciler("fence_rec", reconcile.WithTerminate()).Resolve(ctx, ref, trace.SpanContext{})
-	if err != nil || got.Status() != reconcile.Aborted || rowExists(t, ctx, srv, table, 1) {
-		t.Fatalf("fenced: %v %q, %v, row present %v; want aborted, absent", got.Status(), got.Reason(), err, rowExists(t, ctx, srv, table, 1))
+	if err != nil || got.Status() != reconcile.Aborted || srv.RowExists(t, ctx, table, 1) {
+		t.Fatalf("fenced: %v %q, %v, row present %v; want aborted, absent", got.Status(), got.Reason(), err, srv.RowExists(t, ctx, table, 1))
 	}
 	if _, err := tx.Exec(ctx, "select 1"); err == nil {
 		t.Fatal("the fenced backend still answers")
@@ -77,7 +78,7 @@ func TestReconcileTerminate(t *testing.T) {
 	}
 	done := commitWaiting(t, ctx, srv, app, tx, "SyncRep")
 	got, err = reconciler("fence_rec", reconcile.WithTerminate()).Resolve(ctx, ref, trace.SpanContext{})
-	if err != nil || got.Status() != reconcile.Committed || !rowExists(t, ctx, srv, table, 2) {
+	if err != nil || got.Status() != reconcile.Committed || !srv.RowExists(t, ctx, table, 2) {
 		t.Fatalf("a COMMIT in a synchronous-replication wait, fenced: %v %q, %v; want committed, row present", got.Status(), got.Reason(), err)
 	}
 	if err := <-done; err == nil {

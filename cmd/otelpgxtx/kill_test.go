@@ -108,7 +108,7 @@ func endedOf[T any](res outcome.Result[T], err error) killEnded {
 // each one is settled.
 func TestBackendKilled(t *testing.T) {
 	pgtest.LeakCheck(t)
-	ctx := testCtx(t)
+	ctx := pgtest.ContextFor(t)
 	marker := pgx.Identifier{"public", "cli_kill_marker"}
 	ddl, err := reconcile.MarkerTableDDL(marker)
 	if err != nil {

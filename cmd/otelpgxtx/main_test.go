@@ -26,9 +26,6 @@ var srv *pgtest.Server
 
 func TestMain(m *testing.M) { pgtest.Main(m, &srv) }
 
-// testCtx bounds every server interaction of a test.
-func testCtx(t *testing.T) context.Context { return pgtest.Context(t, 2*time.Minute) }
-
 // cli runs the command in-process with the server's URL as DATABASE_URL.
 func cli(t *testing.T, ctx context.Context, stdin string, args ...string) (code int, stdout, stderr string) {
 	t.Helper()
@@ -78,10 +75,7 @@ func indeterminate(t *testing.T, ctx context.Context, policy otelpgxtx.Policy) (
 		})
 	}()
 	pid := <-pids
-	if err := srv.WaitForWaitEvent(ctx, pid, "SyncRep"); err != nil {
-		t.Fatal(err)
-	}
-	if err := srv.Terminate(ctx, pid); err != nil {
+	if err := srv.TerminateInSyncRep(ctx, pid); err != nil {
 		t.Fatal(err)
 	}
 	ind, ok := (<-done).(outcome.Indeterminate[int])
@@ -96,7 +90,7 @@ func indeterminate(t *testing.T, ctx context.Context, policy otelpgxtx.Policy) (
 
 func TestReconcileRealIndeterminate(t *testing.T) {
 	pgtest.LeakCheck(t)
-	ctx := testCtx(t)
+	ctx := pgtest.ContextFor(t)
 	ind, record := indeterminate(t, ctx, otelpgxtx.DefaultPolicy())
 	ref, ok := ind.Reference()
 	if !ok {
@@ -145,7 +139,7 @@ func TestReconcileRealIndeterminate(t *testing.T) {
 }
 
 func TestReconcileBadInput(t *testing.T) {
-	ctx := testCtx(t)
+	ctx := pgtest.ContextFor(t)
 	for _, tc := range []struct {
 		name, stdin string
 		args        []string
@@ -175,7 +169,7 @@ func TestReconcileBadInput(t *testing.T) {
 // TestReconcileNoDatabaseKeepsPasswordSecret: a DSN with a password and no server behind
 // it exits 2, and the password appears in no output, whichever DSN form.
 func TestReconcileNoDatabaseKeepsPasswordSecret(t *testing.T) {
-	ctx := testCtx(t)
+	ctx := pgtest.ContextFor(t)
 	const secret = "s3cr3t-Pa55"
 	port := deadPort(t)
 	for _, dsn := range []string{
@@ -245,7 +239,7 @@ func TestBuild(t *testing.T) {
 // for what they typed.
 func TestReconcileByMarker(t *testing.T) {
 	pgtest.LeakCheck(t)
-	ctx := testCtx(t)
+	ctx := pgtest.ContextFor(t)
 	res := commitWithMarker(t, ctx, cliMarkerPool(t, ctx), pgx.Identifier{"public", "cli_marker"})
 	never := outcome.NewOperationID()
 	want := fmt.Sprintf("ref=- operation=%s resolved=committed\nref=- operation=%s resolved=aborted\n", res.OperationID(), never)
@@ -327,7 +321,7 @@ func cliPool(t *testing.T, ctx context.Context, opts ...otelpgxtx.Option) *pgxpo
 // twice.)
 func TestPlainCommitNeverAborted(t *testing.T) {
 	pgtest.LeakCheck(t)
-	ctx := testCtx(t)
+	ctx := pgtest.ContextFor(t)
 	var logs bytes.Buffer
 	pool := cliMarkerPool(t, ctx, otelpgxtx.WithLogger(slog.New(slog.NewJSONHandler(&logs, nil))))
 	if err := srv.Exec(ctx, "drop table if exists cli_plain; create table cli_plain (id int primary key)"); err != nil {
@@ -382,10 +376,7 @@ func terminateInSyncRep(t *testing.T, ctx context.Context, conn *pgxpool.Conn, s
 	}
 	committed := make(chan error, 1)
 	go func() { committed <- tx.Commit(ctx) }()
-	if err := srv.WaitForWaitEvent(ctx, pid, "SyncRep"); err != nil {
-		t.Fatal(err)
-	}
-	if err := srv.Terminate(ctx, pid); err != nil {
+	if err := srv.TerminateInSyncRep(ctx, pid); err != nil {
 		t.Fatal(err)
 	}
 	if err := <-committed; err == nil {
@@ -403,7 +394,7 @@ func terminateInSyncRep(t *testing.T, ctx context.Context, conn *pgxpool.Conn, s
 // command with no flag, answers committed; the tenant's table is untouched.
 func TestSearchPathMarker(t *testing.T) {
 	pgtest.LeakCheck(t)
-	ctx := testCtx(t)
+	ctx := pgtest.ContextFor(t)
 	var logs bytes.Buffer
 	pool := cliMarkerPool(t, ctx, otelpgxtx.WithLogger(slog.New(slog.NewJSONHandler(&logs, nil))),
 		otelpgxtx.WithCommitMarker(pgx.Identifier{"public", "cli_marker"}))
@@ -452,7 +443,7 @@ func TestSearchPathMarker(t *testing.T) {
 // record of the dropped one, piped to the command.
 func TestSettleAfterRestart(t *testing.T) {
 	pgtest.LeakCheck(t)
-	ctx := testCtx(t)
+	ctx := pgtest.ContextFor(t)
 	marker := pgx.Identifier{"public", "cli_restart_marker"}
 	ddl, err := reconcile.MarkerTableDDL(marker)
 	if err != nil {
@@ -559,7 +550,7 @@ func TestSettleAfterRestart(t *testing.T) {
 // runbook makes is one the library writes and the command reads.
 func TestMarkerDDLAsDocumented(t *testing.T) {
 	pgtest.LeakCheck(t)
-	ctx := testCtx(t)
+	ctx := pgtest.ContextFor(t)
 	page, err := os.ReadFile(filepath.Join("..", "..", "docs", "runbook.md"))
 	if err != nil {
 		t.Fatal(err)

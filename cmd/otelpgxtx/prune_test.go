@@ -15,7 +15,7 @@ import (
 // command, a flag before it or after it, the wrong number of arguments — is named on
 // standard error with exit status 2.
 func TestCommandLine(t *testing.T) {
-	ctx := testCtx(t)
+	ctx := pgtest.ContextFor(t)
 	for _, args := range [][]string{{"help"}, {"-h"}, {"--help"}} {
 		code, out, errOut := cli(t, ctx, "", args...)
 		if code != exitSettled || errOut != "" || !strings.HasPrefix(out, "usage: otelpgxtx <command>") {
@@ -57,7 +57,7 @@ func TestCommandLine(t *testing.T) {
 // with exit status 2, nothing removed.
 func TestPrune(t *testing.T) {
 	pgtest.LeakCheck(t)
-	ctx := testCtx(t)
+	ctx := pgtest.ContextFor(t)
 	table := pgx.Identifier{"public", "cli_prune"}
 	ddl, err := reconcile.MarkerTableDDL(table)
 	if err != nil {

@@ -1,6 +1,6 @@
 // Package pg holds what the otelpgxtx packages share about PostgreSQL and pgx: the SQL
 // that reads the identity a reconciliation reference carries, which the instrumentation
-// captures and the reconciler compares, what an error's severity says, and the check for
+// takes and the reconciler compares, what an error's severity says, and the check for
 // a nil pgx handle in an interface.
 package pg
 

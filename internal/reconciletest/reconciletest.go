@@ -1,10 +1,13 @@
 // Package reconciletest holds what the tests of the reconciler and of the instrumentation
 // share on a real server: a reference with the answer it must get, the check of a list of
-// them, and the creation of a commit-marker table.
+// them, and the creation of a commit-marker table. (The helpers every real-server test
+// shares are pgtest's.)
 package reconciletest
 
 import (
 	"context"
+	"fmt"
+	"sync/atomic"
 	"testing"
 
 	"github.com/jackc/pgx/v5"
@@ -55,4 +58,16 @@ func CreateMarker(t testing.TB, ctx context.Context, exec func(context.Context, 
 	if err := exec(ctx, ddl); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// markerSeq makes each name NewMarkerTable gives unique in the process.
+var markerSeq atomic.Int64
+
+// NewMarkerTable creates a commit-marker table, new, through exec, and returns its name:
+// public."m <n>", a space in it, so that a quoting mistake shows.
+func NewMarkerTable(t testing.TB, ctx context.Context, exec func(context.Context, string, ...any) error) pgx.Identifier {
+	t.Helper()
+	name := pgx.Identifier{"public", fmt.Sprintf("m %d", markerSeq.Add(1))}
+	CreateMarker(t, ctx, exec, name)
+	return name
 }

@@ -58,10 +58,12 @@ func (w *commitWrite) wrote(sent bool) {
 	w.state.CompareAndSwap(commitMarked, s)
 }
 
-// notSent reports whether the marked write failed before the kernel accepted any of its
-// bytes, and returns the accounting to idle.
+// notSent reports whether COMMIT's bytes never reached the kernel: the marked write failed
+// before the kernel accepted any of them, or no write came at all (pgconn refused the
+// statement before writing, its context done); and returns the accounting to idle.
 func (w *commitWrite) notSent() bool {
-	return w.state.Swap(commitIdle) == commitUnsent
+	s := w.state.Swap(commitIdle)
+	return s == commitUnsent || s == commitMarked
 }
 
 // Dialed is the net.Conn pgconn dialed, as the instrumented DialFunc returns it. It

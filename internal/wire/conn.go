@@ -392,8 +392,9 @@ func (c *Conn) MarkCommit() (sessionEnded bool) {
 	return fatalBeforeCommit(b)
 }
 
-// CommitNotSent reports whether the write MarkCommit marked failed before the kernel
-// accepted any of its bytes, and returns the accounting to idle.
+// CommitNotSent reports whether COMMIT's bytes never reached the kernel since MarkCommit:
+// the next write failed before the kernel accepted any of them, or none came; and returns
+// the accounting to idle.
 func (c *Conn) CommitNotSent() bool { return c.commit.notSent() }
 
 // Close closes the connection and, the first time, tells the listener.

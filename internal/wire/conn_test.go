@@ -142,7 +142,7 @@ func TestCommitWrite(t *testing.T) {
 		{"marked, sent", true, []bool{true}, false},
 		{"marked, failed before a byte", true, []bool{false}, true},
 		{"only the first write after mark counts", true, []bool{false, true}, true},
-		{"marked, no write yet", true, nil, false},
+		{"marked, no write at all: COMMIT never left", true, nil, true},
 	} {
 		var w commitWrite
 		if tc.mark {

@@ -28,9 +28,9 @@ func (e Evidence) String() string {
 	return fmt.Sprintf("evidence(%d)", uint8(e))
 }
 
-// Verdict is the classifier's answer. Its zero value is not a verdict; build one with
-// [NewVerdict] or get one from [Classify].
-type Verdict struct {
+// Classification is the classifier's answer. Its zero value is not a classification; build one with
+// [NewClassification] or get one from [Classify].
+type Classification struct {
 	evidence         Evidence
 	retryable        bool
 	committedLocally bool
@@ -38,36 +38,36 @@ type Verdict struct {
 	reason           string
 }
 
-// errUnknownRetryable is the one invariant every type carrying a verdict keeps.
-var errUnknownRetryable = errors.New("classifier: an unknown verdict cannot be retryable: replaying an unknown commit can apply it twice")
+// errUnknownRetryable is the one invariant every type carrying a classification keeps.
+var errUnknownRetryable = errors.New("classifier: an unknown classification cannot be retryable: replaying an unknown commit can apply it twice")
 
-// NewVerdict returns a verdict, refusing contradictions: an unknown or committed verdict
+// NewClassification returns a classification, refusing contradictions: an unknown or committed classification
 // that is retryable, or evidence outside the three kinds.
-func NewVerdict(evidence Evidence, retryable bool, sqlstate, reason string) (Verdict, error) {
+func NewClassification(evidence Evidence, retryable bool, sqlstate, reason string) (Classification, error) {
 	switch {
 	case evidence != EvidenceCommitted && evidence != EvidenceRolledBack && evidence != EvidenceUnknown:
-		return Verdict{}, fmt.Errorf("classifier: invalid evidence %s", evidence)
+		return Classification{}, fmt.Errorf("classifier: invalid evidence %s", evidence)
 	case evidence == EvidenceUnknown && retryable:
-		return Verdict{}, errUnknownRetryable
+		return Classification{}, errUnknownRetryable
 	case evidence == EvidenceCommitted && retryable:
-		return Verdict{}, errors.New("classifier: a committed verdict cannot be retryable")
+		return Classification{}, errors.New("classifier: a committed classification cannot be retryable")
 	}
-	return Verdict{evidence: evidence, retryable: retryable, sqlstate: sqlstate, reason: reason}, nil
+	return Classification{evidence: evidence, retryable: retryable, sqlstate: sqlstate, reason: reason}, nil
 }
 
 // Evidence returns committed, rolled_back or unknown.
-func (v Verdict) Evidence() Evidence { return v.evidence }
+func (v Classification) Evidence() Evidence { return v.evidence }
 
 // Retryable reports whether running the whole transaction again is safe and may
 // succeed. It is never true for unknown evidence.
-func (v Verdict) Retryable() bool { return v.retryable }
+func (v Classification) Retryable() bool { return v.retryable }
 
 // CommittedLocally reports that the server warned the commit was in its local WAL while
 // synchronous replication was unconfirmed.
-func (v Verdict) CommittedLocally() bool { return v.committedLocally }
+func (v Classification) CommittedLocally() bool { return v.committedLocally }
 
-// SQLState returns the SQLSTATE of the server error behind the verdict, or "".
-func (v Verdict) SQLState() string { return v.sqlstate }
+// SQLState returns the SQLSTATE of the server error behind the classification, or "".
+func (v Classification) SQLState() string { return v.sqlstate }
 
 // Reason returns a short, low-cardinality explanation (usable as error.type).
-func (v Verdict) Reason() string { return v.reason }
+func (v Classification) Reason() string { return v.reason }
