@@ -36,7 +36,8 @@ type Conn struct {
 	// cannot be peeked at. Only the connection's user calls it.
 	peek *socketPeek
 	// special: Read must look at what mu guards — a reply filter, or bytes or an error
-	// read ahead. Without it, and without tracking, Read is the connection's Read.
+	// read ahead. Without it, and without tracking, Read is the connection's Read. It is
+	// derived from that state, by settle alone.
 	special atomic.Bool
 	// mu orders the connection's user (Arm, Collect, MarkCommit, Write's addition) with
 	// pgconn's reads, which may run on its background reader's goroutine. It is never
@@ -107,7 +108,7 @@ func (c *Conn) startAddition(a *Addition) bool {
 		return false
 	}
 	c.splice.start(a)
-	c.special.Store(true)
+	c.settle()
 	return true
 }
 
@@ -224,9 +225,11 @@ func (c *Conn) Await(deadline time.Time) bool {
 		f.feed(buf[:n])
 		if err != nil && !f.lib.Done {
 			c.ahead.keepErr(err) // pgconn's, after what the filter holds; a timeout is not
+			c.settle()
 			return false
 		}
 		c.ahead.keepErr(err)
+		c.settle()
 	}
 }
 
@@ -276,6 +279,7 @@ func (c *Conn) received(p []byte, n int, err error) (int, error, bool) {
 	f.feed(p[:n])
 	if err == nil || !isTimeout(err) {
 		c.ahead.keepErr(err)
+		c.settle()
 		return 0, nil, false
 	}
 	if n, _, done := c.deliver(p); done && n > 0 {
@@ -328,11 +332,10 @@ func (c *Conn) endFilter() {
 	c.settle()
 }
 
-// settle clears special once nothing is left for Read to look at. c.mu is held.
+// settle derives special from what mu guards: whether anything is left for Read to look
+// at. c.mu is held; it is called after each change to that state.
 func (c *Conn) settle() {
-	if c.splice.filter == nil && c.ahead.state() == aheadEmpty {
-		c.special.Store(false)
-	}
+	c.special.Store(c.splice.filter != nil || c.ahead.state() != aheadEmpty)
 }
 
 // drainTLS takes into f, for pgconn, what crypto/tls already holds decrypted or whole
@@ -386,9 +389,7 @@ func (c *Conn) MarkCommit() (sessionEnded bool) {
 		return false // bytes from the middle of a message cannot be judged
 	}
 	b := c.ahead.fill()
-	if c.ahead.state() != aheadEmpty {
-		c.special.Store(true)
-	}
+	c.settle()
 	return fatalBeforeCommit(b)
 }
 

@@ -11,9 +11,8 @@ import "github.com/txevidence/otelpgxtx/internal/pg"
 // off by the end of buf is not judged.
 func fatalBeforeCommit(buf []byte) bool {
 	for len(buf) >= 5 {
-		typ := buf[0]
-		n := int(uint32(buf[1])<<24 | uint32(buf[2])<<16 | uint32(buf[3])<<8 | uint32(buf[4]))
-		if n < 4 || len(buf) < 1+n {
+		typ, n, ok := msgHeader(buf)
+		if !ok || len(buf) < 1+n {
 			return false
 		}
 		body := buf[5 : 1+n]

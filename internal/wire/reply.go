@@ -2,7 +2,6 @@ package wire
 
 import (
 	"bytes"
-	"encoding/binary"
 	"errors"
 	"fmt"
 
@@ -149,8 +148,8 @@ func (f *replyFilter) feed(b []byte) {
 		if len(f.in) < 5 {
 			return
 		}
-		n := int(binary.BigEndian.Uint32(f.in[1:5]))
-		if n < 4 || n > maxLibraryMessage {
+		_, n, ok := msgHeader(f.in)
+		if !ok || n > maxLibraryMessage {
 			f.fail(fmt.Errorf("message %q of length %d", f.in[0], n))
 			return
 		}
@@ -267,41 +266,3 @@ func (f *replyFilter) fail(cause error) {
 	f.err = fmt.Errorf("%w (%v)", ErrUnaccountedReply, cause)
 	f.in, f.out = nil, nil
 }
-
-// streamPos follows message boundaries in the bytes pgconn is given, so that the library
-// adds to a write only when the server's stream is at a boundary: a reply reader that
-// started in the middle of a message would misread it.
-type streamPos struct {
-	hdr  [5]byte
-	hdrN int // bytes of the current message's header seen
-	skip int // bytes of the current message's body still to come
-}
-
-// advance moves past b.
-func (p *streamPos) advance(b []byte) {
-	for len(b) > 0 {
-		n, _, _ := p.step(b)
-		b = b[n:]
-	}
-}
-
-// step moves past b up to the end of the current message at most, and returns how many
-// bytes that took, the message's type, and whether it ended there.
-func (p *streamPos) step(b []byte) (n int, typ byte, whole bool) {
-	if p.skip == 0 || p.hdrN > 0 {
-		k := copy(p.hdr[p.hdrN:], b)
-		p.hdrN += k
-		n = k
-		if p.hdrN < 5 {
-			return n, 0, false
-		}
-		p.hdrN = 0
-		p.skip = max(int(binary.BigEndian.Uint32(p.hdr[1:]))-4, 0)
-	}
-	k := min(p.skip, len(b)-n)
-	p.skip -= k
-	return n + k, p.hdr[0], p.skip == 0
-}
-
-// atBoundary reports whether the bytes so far end with a whole message.
-func (p *streamPos) atBoundary() bool { return p.hdrN == 0 && p.skip == 0 }

@@ -71,7 +71,7 @@ func (a *Addition) addTo(b []byte) (out []byte, cut int, ok bool) {
 		}
 		return append(append(make([]byte, 0, len(b)+len(a.Msg)), b...), a.Msg...), 0, true
 	}
-	if len(b) != 1+4+len(a.Match)+1 || b[0] != 'Q' || int(binary.BigEndian.Uint32(b[1:5])) != len(b)-1 ||
+	if typ, n, _ := msgHeader(b); typ != 'Q' || n != len(b)-1 || len(b) != 1+4+len(a.Match)+1 ||
 		string(b[5:len(b)-1]) != a.Match || b[len(b)-1] != 0 {
 		return nil, 0, false
 	}
@@ -92,11 +92,8 @@ func syncedWrite(b []byte) (syncs int, ok bool) {
 	executes := false
 	var last byte
 	for len(b) > 0 {
-		if len(b) < 5 {
-			return 0, false
-		}
-		n := int(binary.BigEndian.Uint32(b[1:5]))
-		if n < 4 || len(b) < 1+n {
+		_, n, ok := msgHeader(b)
+		if !ok || len(b) < 1+n {
 			return 0, false
 		}
 		switch last = b[0]; last {
@@ -179,4 +176,55 @@ func (s *splice) collect(final bool) (a *Addition, pending bool) {
 	}
 	s.added = nil
 	return a, false
+}
+
+// streamPos follows message boundaries in the bytes pgconn is given, so that the library
+// adds to a write only when the server's stream is at a boundary: a reply reader that
+// started in the middle of a message would misread it.
+type streamPos struct {
+	hdr  [5]byte
+	hdrN int // bytes of the current message's header seen
+	skip int // bytes of the current message's body still to come
+}
+
+// advance moves past b.
+func (p *streamPos) advance(b []byte) {
+	for len(b) > 0 {
+		n, _, _ := p.step(b)
+		b = b[n:]
+	}
+}
+
+// step moves past b up to the end of the current message at most, and returns how many
+// bytes that took, the message's type, and whether it ended there.
+func (p *streamPos) step(b []byte) (n int, typ byte, whole bool) {
+	if p.skip == 0 || p.hdrN > 0 {
+		k := copy(p.hdr[p.hdrN:], b)
+		p.hdrN += k
+		n = k
+		if p.hdrN < 5 {
+			return n, 0, false
+		}
+		p.hdrN = 0
+		_, length, _ := msgHeader(p.hdr[:])
+		p.skip = max(length-4, 0)
+	}
+	k := min(p.skip, len(b)-n)
+	p.skip -= k
+	return n + k, p.hdr[0], p.skip == 0
+}
+
+// atBoundary reports whether the bytes so far end with a whole message.
+func (p *streamPos) atBoundary() bool { return p.hdrN == 0 && p.skip == 0 }
+
+// msgHeader reads the header that begins every protocol message after the startup, at
+// the start of b: its type byte and its length, which counts itself and the body, not the
+// type. ok is false when b is shorter than a header or the length is less than its own
+// four bytes. It is the package's one reading of a header.
+func msgHeader(b []byte) (typ byte, length int, ok bool) {
+	if len(b) < 5 {
+		return 0, 0, false
+	}
+	length = int(binary.BigEndian.Uint32(b[1:5]))
+	return b[0], length, length >= 4
 }
