@@ -14,15 +14,6 @@ import (
 	"github.com/txevidence/otelpgxtx/outcome"
 )
 
-// ErrUnreadResult is the cause of the rollback of a [Run] whose function returned nil
-// with a result it had not read (a pgx.Rows not closed): the connection is still busy
-// with it, so COMMIT cannot be sent. Run rolls back instead; close rows before returning.
-var ErrUnreadResult = errors.New("otelpgxtx: the transaction function returned with an unread result (a pgx.Rows not closed); rolled back")
-
-// errCommitUnobserved is the cause of an unknown commit whose end no statement showed
-// (the frame was abandoned while committing).
-var errCommitUnobserved = errors.New("otelpgxtx: the COMMIT's reply was never observed")
-
 // heldConn is the connection Run holds for one attempt, and how to give it back.
 type heldConn struct {
 	conn    *pgx.Conn

@@ -25,7 +25,7 @@ import (
 // protocol pgx uses for BEGIN, COMMIT and ROLLBACK. Its transaction status follows
 // BEGIN ('T') and COMMIT/ROLLBACK ('I'), so pgconn's TxStatus is what a real server
 // would make it. Every SELECT returns one row with one int8 column (42), except Run's
-// cluster-identity read, which gets its text columns so that commit references works
+// cluster-identity read, which gets its text columns so that commit references work
 // over the fake too; a FunctionCall (the xid read) returns 42; INSERT, UPDATE and DELETE
 // affect one row. It allocates nothing per message once warm, so allocation counts over
 // it are pgx's and the tracers'.

@@ -233,7 +233,7 @@ func TestCockroachRestartProtocol(t *testing.T) {
 }
 
 // TestRunOnCockroachDB: Run never sends its identity read to a server that is not
-// PostgreSQL (commit references is off: the xid read and the marker are PostgreSQL's),
+// PostgreSQL (commit references are off: the xid read and the marker are PostgreSQL's),
 // and an ambiguous COMMIT is Indeterminate, never retried, without a reference; an
 // ambiguous statement inside fn (here a RELEASE that CockroachDB committed at) is too.
 func TestRunOnCockroachDB(t *testing.T) {

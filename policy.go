@@ -7,7 +7,6 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/txevidence/otelpgxtx/internal/markertable"
-	"github.com/txevidence/otelpgxtx/reconcile"
 )
 
 // Propagation says how [Run] relates to a transaction already in its context.
@@ -89,19 +88,6 @@ func DefaultPolicy() Policy {
 		BackoffMax:      time.Second,
 		CommitReference: true,
 	}
-}
-
-// ErrInvalidArgument is wrapped by every error about a bad argument to [Run], [Begin],
-// [AfterCommit] or an option: a nil db or function, an invalid policy, an option value
-// [InstrumentPool] or [InstrumentConnConfig] refuses. It is
-// reconcile.ErrInvalidArgument, the same error, so that one errors.Is tells bad input
-// from a database failure whichever package reported it.
-var ErrInvalidArgument = reconcile.ErrInvalidArgument
-
-// invalid is an error wrapping ErrInvalidArgument, so that callers can tell bad input
-// from a database failure with errors.Is.
-func invalid(format string, args ...any) error {
-	return fmt.Errorf("%w: "+format, append([]any{ErrInvalidArgument}, args...)...)
 }
 
 // references is what the commits of Run's transactions carry: nothing without

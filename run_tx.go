@@ -2,21 +2,11 @@ package otelpgxtx
 
 import (
 	"context"
-	"errors"
-	"fmt"
 	"sync/atomic"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 )
-
-// ErrTxOwnedByRun is returned by Commit and Rollback of the transaction handed to a
-// [Run] function: Run ends the transaction itself, from the function's result.
-var ErrTxOwnedByRun = errors.New("otelpgxtx: the transaction belongs to Run: return nil to commit, an error to roll back")
-
-// errTxEnded is what every handle derived from a Run transaction returns once Run has
-// ended that transaction.
-var errTxEnded = fmt.Errorf("otelpgxtx: the transaction of Run has ended: %w", pgx.ErrTxClosed)
 
 // runTx is the pgx.Tx handed to a Run function, and each savepoint begun on it. Run's
 // own handle refuses Commit and Rollback; every one refuses everything once Run has

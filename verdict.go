@@ -2,7 +2,6 @@ package otelpgxtx
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"sync"
 	"sync/atomic"
@@ -14,23 +13,6 @@ import (
 	"github.com/txevidence/otelpgxtx/internal/schema"
 	"github.com/txevidence/otelpgxtx/outcome"
 )
-
-// ErrNoVerdict is wrapped by the error of [Verdict.Result] when the tracer cannot say how
-// the transaction ended: no instrumented transaction was begun or ended with the
-// Verdict's context, nor did an instrumented pool or connection fail to connect with it
-// (the connection is not instrumented, or the calls were made with another context), or
-// the transaction begun with it has not ended yet. Nothing can be
-// concluded from it: treat it as you would an error without the library, and never as
-// a rollback.
-var ErrNoVerdict = errors.New("otelpgxtx: no verdict")
-
-// errRolledBack is the cause of a deliberate rollback: the application's own ROLLBACK,
-// with nothing gone wrong.
-var errRolledBack = errors.New("otelpgxtx: the transaction was rolled back by the application (ROLLBACK)")
-
-// errSavepointRolledBack is the cause of the verdict of a ROLLBACK TO SAVEPOINT: the
-// savepoint's work is undone, the transaction goes on.
-var errSavepointRolledBack = errors.New("otelpgxtx: rolled back to the savepoint; the transaction goes on")
 
 // endReasonError is the cause of a rollback that no error of the application's showed:
 // the frame ended for reason (a classifier or tracer reason, e.g. connection_closed).

@@ -19,6 +19,9 @@ import (
 	"github.com/txevidence/otelpgxtx/outcome"
 )
 
+// ScopeName is the instrumentation scope name of the reconciler's tracer.
+const ScopeName = "github.com/txevidence/otelpgxtx/reconcile"
+
 // Querier runs a query returning one row: *pgxpool.Pool and *pgx.Conn are.
 type Querier interface {
 	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
