@@ -28,8 +28,8 @@ func (e Evidence) String() string {
 	return fmt.Sprintf("evidence(%d)", uint8(e))
 }
 
-// Classification is the classifier's answer. Its zero value is not a classification; build one with
-// [NewClassification] or get one from [Classify].
+// Classification is the classifier's answer. Its zero value is not a classification; build
+// one with [NewClassification] or get one from [Classify].
 type Classification struct {
 	evidence         Evidence
 	retryable        bool
@@ -41,8 +41,8 @@ type Classification struct {
 // errUnknownRetryable is the one invariant every type carrying a classification keeps.
 var errUnknownRetryable = errors.New("classifier: an unknown classification cannot be retryable: replaying an unknown commit can apply it twice")
 
-// NewClassification returns a classification, refusing contradictions: an unknown or committed classification
-// that is retryable, or evidence outside the three kinds.
+// NewClassification returns a classification, refusing contradictions: an unknown or
+// committed classification that is retryable, or evidence outside the three kinds.
 func NewClassification(evidence Evidence, retryable bool, sqlstate, reason string) (Classification, error) {
 	switch {
 	case evidence != EvidenceCommitted && evidence != EvidenceRolledBack && evidence != EvidenceUnknown:

@@ -37,8 +37,8 @@ type Facts struct {
 	Server Server
 }
 
-// Reasons returned by [Classification.Reason]. They are few and fixed so that they can be used
-// as the error.type attribute and as a metric label.
+// Reasons returned by [Classification.Reason]. They are few and fixed so that they can be
+// used as the error.type attribute and as a metric label.
 const (
 	ReasonCommitted            = "committed"
 	ReasonRolledBack           = "rolled_back"
@@ -197,8 +197,8 @@ func notCommitted(err error, f Facts) (Classification, bool) {
 	return v, true
 }
 
-// unknown is the classification of a COMMIT whose reply was lost, with the reason the failure
-// gives: a lost connection, a server FATAL, or the caller's context.
+// unknown is the classification of a COMMIT whose reply was lost, with the reason the
+// failure gives: a lost connection, a server FATAL, or the caller's context.
 func unknown(err error, f Facts) Classification {
 	v := Classification{evidence: EvidenceUnknown, committedLocally: f.CommittedLocally, reason: ReasonConnectionLost}
 	if pgErr, ok := errors.AsType[*pgconn.PgError](err); ok {

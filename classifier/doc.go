@@ -2,11 +2,11 @@
 // the error (or none) and a few facts from the wire — into evidence about the
 // transaction's fate: committed, rolled back, or unknown.
 //
-// It is pure: no I/O, and no allocation on the hot path. [Classify] maps
-// (phase, error, [Facts]) to a [Classification] of evidence, retryability, SQLSTATE and a fixed
-// reason ([ReasonCommitted] …, used as error.type). [NewClassification] refuses a contradiction
-// (a retryable unknown or committed classification), the same invariant every type that can carry
-// a classification keeps.
+// It is pure: no I/O, and no allocation on the hot path. [Classify] maps (phase, error,
+// [Facts]) to a [Classification] of evidence, retryability, SQLSTATE and a fixed reason
+// ([ReasonCommitted] …, used as error.type). [NewClassification] refuses a contradiction (a
+// retryable unknown or committed classification), the same invariant every type that can
+// carry a classification keeps.
 //
 // # Rules
 //
@@ -16,9 +16,9 @@
 // deadlock (40P01) and a lost connection, which a new connection can survive.
 //
 // While committing, each rule below was measured on PostgreSQL 15 through pgx v5 and is
-// kept by a real-server test, run on 13 and 18 as well (make test-majors), that asserts
-// the classification and the ground truth (pg_xact_status of the xid read before COMMIT, and the
-// row itself):
+// kept by a real-server test, run on 13 and 18 as well (make test-majors), that asserts the
+// classification and the ground truth (pg_xact_status of the xid read before COMMIT, and
+// the row itself):
 //
 //   - tag COMMIT, session idle: committed (TestRealCommitPlain);
 //   - tag ROLLBACK, which pgx turns into pgx.ErrTxCommitRollback (the transaction had
@@ -69,11 +69,11 @@
 //
 // # Which servers each rule holds for
 //
-// pgx also talks to servers that speak PostgreSQL's protocol but are not PostgreSQL, and
-// to poolers in front of PostgreSQL. [Facts.Server] says which server answered (from what
-// it reported at connection start, see [ServerOf]); a rule that rests on PostgreSQL's own
-// behaviour makes a classification determinate only for [ServerPostgreSQL], and the zero value,
-// [ServerUnknown], gets only the rules every server keeps:
+// pgx also talks to servers that speak PostgreSQL's protocol but are not PostgreSQL, and to
+// poolers in front of PostgreSQL. [Facts.Server] says which server answered (from what it
+// reported at connection start, see [ServerOf]); a rule that rests on PostgreSQL's own
+// behaviour makes a classification determinate only for [ServerPostgreSQL], and the zero
+// value, [ServerUnknown], gets only the rules every server keeps:
 //
 //   - every server: success is committed; the tag ROLLBACK (pgx.ErrTxCommitRollback) is a
 //     rollback, the server's own statement; [ReasonCommitNotSent] (bytes that never left
@@ -96,8 +96,9 @@
 // these tests.
 //
 // Two server behaviours the rules rely on, also measured: statement_timeout does not
-// interrupt COMMIT's synchronous-replication wait (TestRealStatementTimeoutDoesNotInterruptSyncRepWait),
-// and a COMMIT outside a transaction is answered with the tag COMMIT and a WARNING 25P01
-// ("there is no transaction in progress"): it committed nothing, and the tracer makes no
-// frame of it (TestRealCommitWithoutTransaction).
+// interrupt COMMIT's synchronous-replication wait
+// (TestRealStatementTimeoutDoesNotInterruptSyncRepWait), and a COMMIT outside a transaction
+// is answered with the tag COMMIT and a WARNING 25P01 ("there is no transaction in
+// progress"): it committed nothing, and the tracer makes no frame of it
+// (TestRealCommitWithoutTransaction).
 package classifier

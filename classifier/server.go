@@ -8,8 +8,8 @@ import "strings"
 // reads nothing after a FATAL), and pgx also talks to servers that speak PostgreSQL's
 // protocol but commit differently. Those rules make a classification determinate only for
 // [ServerPostgreSQL]; the zero value, [ServerUnknown], keeps only the rules every server
-// keeps, so that a caller who never says which server it is gets no classification the evidence
-// cannot prove.
+// keeps, so that a caller who never says which server it is gets no classification the
+// evidence cannot prove.
 type Server uint8
 
 const (
