@@ -36,7 +36,7 @@ type connState struct {
 	// server is the kind of server, from what it reported at connection start: the
 	// classifier's PostgreSQL-only rules, the committed-locally notices and commit
 	// references apply to PostgreSQL alone.
-	server classifier.Server
+	server classifier.ServerKind
 	// committedInBlock: a frame was concluded committed while the session is still in
 	// its transaction block (CockroachDB's RELEASE SAVEPOINT cockroach_restart commits,
 	// and only the COMMIT after it ends the block): what follows until the block ends is

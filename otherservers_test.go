@@ -91,7 +91,7 @@ func (s *scripted) seen() []string {
 func TestServerKindFromStartup(t *testing.T) {
 	for _, tc := range []struct {
 		startup [][2]string
-		want    classifier.Server
+		want    classifier.ServerKind
 	}{{nil, classifier.ServerPostgreSQL}, {startupCockroachDB, classifier.ServerCockroachDB}} {
 		s := newScripted(t, tc.startup, nil)
 		if _, err := s.conn.Exec(context.Background(), "begin"); err != nil {

@@ -34,7 +34,7 @@ type Facts struct {
 	SessionEndedBeforeCommit bool
 	// Server is the kind of server that answered (see [ServerOf]); the rules that rest on
 	// PostgreSQL's own behaviour apply only to [ServerPostgreSQL].
-	Server Server
+	Server ServerKind
 }
 
 // Reasons returned by [Classification.Reason]. They are few and fixed so that they can be
@@ -147,7 +147,7 @@ func classifyCommit(err error, f Facts) Classification {
 // committed (CockroachDB's XXA00, "transaction committed with schema change failure"):
 // there only the SQL standard's class 40, transaction rollback, proves a rollback, and
 // 40003 is in that class but says the opposite.
-func rolledBackError(pgErr *pgconn.PgError, server Server) bool {
+func rolledBackError(pgErr *pgconn.PgError, server ServerKind) bool {
 	switch {
 	case pgErr.Code == sqlStateCompletionUnknown, isConnectionClass(pgErr):
 		return false

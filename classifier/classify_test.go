@@ -272,7 +272,7 @@ func allFacts() []classifier.Facts {
 // factsFromBits makes facts from the low bits of b; bits 3 and 4 choose the server,
 // PostgreSQL for 0, so that b < 8 is a PostgreSQL server.
 func factsFromBits(b byte) classifier.Facts {
-	servers := [...]classifier.Server{classifier.ServerPostgreSQL, classifier.ServerUnknown, classifier.ServerCockroachDB, classifier.ServerOther}
+	servers := [...]classifier.ServerKind{classifier.ServerPostgreSQL, classifier.ServerUnknown, classifier.ServerCockroachDB, classifier.ServerOther}
 	return classifier.Facts{Server: servers[b>>3&3], RollbackTag: b&1 != 0, CommittedLocally: b&2 != 0, ConnClosed: b&4 != 0}
 }
 

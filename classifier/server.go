@@ -2,7 +2,7 @@ package classifier
 
 import "strings"
 
-// Server is the kind of server that answered, as far as the rules need to know it. Some
+// ServerKind is the kind of server that answered, as far as the rules need to know it. Some
 // rules rest on how PostgreSQL itself behaves (it cannot raise an ERROR after its commit
 // record; its idle-in-transaction timeout always fires before COMMIT is read; its backend
 // reads nothing after a FATAL), and pgx also talks to servers that speak PostgreSQL's
@@ -10,11 +10,11 @@ import "strings"
 // [ServerPostgreSQL]; the zero value, [ServerUnknown], keeps only the rules every server
 // keeps, so that a caller who never says which server it is gets no classification the
 // evidence cannot prove.
-type Server uint8
+type ServerKind uint8
 
 const (
 	// ServerUnknown: not identified; only the rules that hold for every server apply.
-	ServerUnknown Server = iota
+	ServerUnknown ServerKind = iota
 	// ServerPostgreSQL: a server that reports a PostgreSQL server_version and none of the
 	// parameters other servers are known to add (see [ServerOf]).
 	ServerPostgreSQL
@@ -29,7 +29,7 @@ const (
 )
 
 // String returns postgresql, cockroachdb, other or unknown.
-func (s Server) String() string {
+func (s ServerKind) String() string {
 	switch s {
 	case ServerPostgreSQL:
 		return "postgresql"
@@ -48,7 +48,7 @@ func (s Server) String() string {
 // taken for PostgreSQL: a server that claims to be PostgreSQL gets PostgreSQL's rules, so
 // the claim is the limit of what this can tell. A pooler in between (PgBouncer) passes on
 // the server's own parameters.
-func ServerOf(param func(name string) string) Server {
+func ServerOf(param func(name string) string) ServerKind {
 	switch {
 	case param("crdb_version") != "":
 		return ServerCockroachDB

@@ -13,7 +13,7 @@ func TestServerOf(t *testing.T) {
 	for _, tc := range []struct {
 		name   string
 		params map[string]string
-		want   classifier.Server
+		want   classifier.ServerKind
 	}{
 		{"PostgreSQL 15", map[string]string{"server_version": "15.18 (Debian 15.18-0+deb12u1)"}, classifier.ServerPostgreSQL},
 		{"PostgreSQL 17", map[string]string{"server_version": "17.2"}, classifier.ServerPostgreSQL},
@@ -42,7 +42,7 @@ func TestServerOfRealServer(t *testing.T) {
 // classification determinate on another server. 40003 is unknown on every server.
 func TestClassifyOtherServers(t *testing.T) {
 	c := outcome.PhaseCommitting
-	for _, server := range []classifier.Server{classifier.ServerUnknown, classifier.ServerCockroachDB, classifier.ServerOther} {
+	for _, server := range []classifier.ServerKind{classifier.ServerUnknown, classifier.ServerCockroachDB, classifier.ServerOther} {
 		f := classifier.Facts{Server: server}
 		closed := classifier.Facts{Server: server, ConnClosed: true}
 		ended := classifier.Facts{Server: server, ConnClosed: true, SessionEndedBeforeCommit: true}
