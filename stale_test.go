@@ -8,6 +8,7 @@ import (
 	"os"
 	"strconv"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"go.opentelemetry.io/otel/codes"
@@ -102,7 +103,9 @@ func TestStaleNewBeginOnFramedConnection(t *testing.T) {
 // random failures; every frame must end once, leave its connection, and carry only its
 // own transaction's phases.
 func TestStaleManyTransactionsRandomFailures(t *testing.T) {
-	ctx := pgtest.ContextFor(t)
+	// Ten thousand transactions: on a loaded machine under -race they took over
+	// pgtest.TestTimeout, which bounds a test's few server interactions, not a workload.
+	ctx := pgtest.Context(t, 5*time.Minute)
 	h := newHarness(t, "", 4)
 	table := srv.NewTable(t, ctx, tableColumns)
 	n := 10000
