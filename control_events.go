@@ -105,17 +105,17 @@ func (s *frameStandIn) SpanContext() trace.SpanContext { return s.sc }
 // standInCtx returns ctx with the frame's stand-in as its span. The context it makes is
 // kept for the context it was made from, which a transaction's BEGIN and COMMIT mostly
 // share (see innerStartCtx), and looked up first.
-func (f *frame) standInCtx(ctx context.Context) context.Context {
-	if !sameContext(ctx, f.standIn.in) {
-		f.standIn.in, f.standIn.out = ctx, trace.ContextWithSpan(ctx, &f.standIn)
+func (p *frameFolding) standInCtx(ctx context.Context) context.Context {
+	if !sameContext(ctx, p.standIn.in) {
+		p.standIn.in, p.standIn.out = ctx, trace.ContextWithSpan(ctx, &p.standIn)
 	}
-	return f.standIn.out
+	return p.standIn.out
 }
 
 // answered records a, the answer of a statement folded into the frame: the next event of
 // the frame that answers a statement carries it (see frame.event).
-func (f *frame) answered(a statementAnswer) {
-	f.answer, f.answering = a, true
+func (p *frameFolding) answered(a statementAnswer) {
+	p.answer, p.answering = a, true
 }
 
 // event adds the event name with attrs to the frame's span, and the answer of the

@@ -2,7 +2,7 @@ package otelpgxtx
 
 import "strings"
 
-// savepointMoved records on f a savepoint statement of kinds set that succeeded, naming
+// savepointMoved records on p a savepoint statement of kinds set that succeeded, naming
 // savepoint name, and returns its event's name and the depth of the savepoint it made or
 // named (tx.savepoint.depth): pgx's Tx.Begin nests savepoints, and their events on one
 // frame say how deep each is only through it. 0 means the name is not among the open
@@ -11,23 +11,23 @@ import "strings"
 // PostgreSQL's rules: SAVEPOINT pushes a savepoint, a name may repeat; RELEASE and
 // ROLLBACK TO name the innermost savepoint of that name; RELEASE removes it and every one
 // after it, ROLLBACK TO those after it only.
-func (f *frame) savepointMoved(set stmtSet, name string) (event string, depth int) {
+func (p *frameFolding) savepointMoved(set stmtSet, name string) (event string, depth int) {
 	if set.has(stmtSavepoint) {
-		f.savepoints = append(f.savepoints, name)
-		return eventSavepointCreated, len(f.savepoints)
+		p.savepoints = append(p.savepoints, name)
+		return eventSavepointCreated, len(p.savepoints)
 	}
 	event = eventSavepointReleased
 	if set.has(stmtRollbackTo) {
 		event = eventSavepointRolledBack
 	}
-	for i := len(f.savepoints) - 1; i >= 0; i-- {
-		if sameIdentifier(f.savepoints[i], name) {
+	for i := len(p.savepoints) - 1; i >= 0; i-- {
+		if sameIdentifier(p.savepoints[i], name) {
 			if event == eventSavepointReleased {
-				clear(f.savepoints[i:]) // the names are substrings of SQL strings
-				f.savepoints = f.savepoints[:i]
+				clear(p.savepoints[i:]) // the names are substrings of SQL strings
+				p.savepoints = p.savepoints[:i]
 			} else {
-				clear(f.savepoints[i+1:])
-				f.savepoints = f.savepoints[:i+1]
+				clear(p.savepoints[i+1:])
+				p.savepoints = p.savepoints[:i+1]
 			}
 			return event, i + 1
 		}
