@@ -224,9 +224,11 @@ func BenchmarkMarkCommit(b *testing.B) {
 // closes the connection, in the transaction: the server rolls it back. The frame is
 // rolled back, commit_not_sent, retryable — not indeterminate — for plain pgx with the
 // Verdict in Commit's context, and for Run, with each reference option; the row is not
-// there. On a connection the application goes on using, a second COMMIT commits in the
-// same frame. (The long failover soak found such COMMITs, each one indeterminate and, with
-// the marker, without a reference, though nothing had been sent.)
+// there. After a server fault while the transaction waited (its backend terminated or
+// SIGKILLed, the server stopped immediately), it is rolled back too. On a connection the
+// application goes on using, a second COMMIT commits in the same frame. (The long
+// failover soak found such COMMITs, each one indeterminate and, with the marker, without a
+// reference, though nothing had been sent.)
 func TestCommitContextDoneBeforeWrite(t *testing.T) {
 	ctx := pgtest.ContextFor(t)
 	table := srv.NewTable(t, ctx, tableColumns)
@@ -267,6 +269,36 @@ func TestCommitContextDoneBeforeWrite(t *testing.T) {
 			if srv.RowExists(t, ctx, table, r) {
 				t.Fatalf("options %d: row %d is there", i, r)
 			}
+		}
+	}
+
+	// A server fault while the transaction waits, before the COMMIT that never leaves: its
+	// backend terminated, SIGKILLed (the postmaster recovers in place), or the server stopped
+	// immediately and restarted. The verdict rests on no answer of the server's — COMMIT
+	// never reached it — so it is the same whatever the server's history.
+	for i, fault := range []struct {
+		name string
+		do   func(pid uint32)
+	}{
+		{"terminated", func(pid uint32) { pgtest.NoError(t, srv.Terminate(ctx, pid)) }},
+		{"SIGKILLed", func(pid uint32) { pgtest.NoError(t, srv.KillBackend(ctx, pid)) }},
+		{"stopped immediately", func(uint32) {
+			pgtest.NoError(t, srv.StopImmediate())
+			pgtest.NoError(t, srv.Restart(ctx))
+		}},
+	} {
+		h := newHarness(t, "", 1, WithCommitReference())
+		id := 50 + i
+		tx := mustBegin(t, ctx, h.pool)
+		mustExec(t, ctx, tx, fmt.Sprintf("insert into %s (id) values (%d)", table, id))
+		fault.do(tx.Conn().PgConn().PID())
+		if err := tx.Commit(done()); err == nil {
+			t.Fatalf("%s: Commit with a done context succeeded", fault.name)
+		}
+		wantAttr(t, lastFrame(t, h), "tx.outcome", "rolled_back")
+		pgtest.NoError(t, srv.WaitQuiet(ctx))
+		if srv.RowExists(t, ctx, table, id) {
+			t.Fatalf("%s: row %d is there", fault.name, id)
 		}
 	}
 

@@ -107,6 +107,7 @@ func TestSnippetsCompile(t *testing.T) {
 	var fragments strings.Builder
 	fragments.WriteString(fragmentPrelude)
 	var programs []string
+	var nFragments, nExamples int
 	for i, s := range snippets(t) {
 		where := fmt.Sprintf("%s:%d", filepath.Base(s.page), s.line)
 		switch {
@@ -126,10 +127,17 @@ func TestSnippetsCompile(t *testing.T) {
 		default:
 			// The //line comment has the compiler's errors name the page and its line.
 			fmt.Fprintf(&fragments, "\nfunc _() {\n//line %s:%d\n%s}\n", filepath.Base(s.page), s.line, s.code)
+			nFragments++
 			if len(s.info) > 1 {
 				sameAsExample(t, where, s.code, s.info[1])
+				nExamples++
 			}
 		}
+	}
+	// The README alone has three fragments, each an example's code: fewer means the pages
+	// were not read, and the test proved nothing.
+	if nFragments < 8 || nExamples < 3 {
+		t.Fatalf("read %d fragments, %d of them an example's code: want at least 8 and 3", nFragments, nExamples)
 	}
 	src := filepath.Join(dir, "fragments.go")
 	if err := os.WriteFile(src, []byte(fragments.String()), 0o644); err != nil {
