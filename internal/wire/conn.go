@@ -104,7 +104,7 @@ func (c *Conn) Write(b []byte) (int, error) {
 func (c *Conn) startAddition(a *Addition) bool {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if !c.splice.pos.atBoundary() || c.splice.filter != nil || c.ahead.state() != aheadEmpty {
+	if !c.atRest() {
 		return false
 	}
 	c.splice.start(a)
@@ -145,7 +145,18 @@ func (c *Conn) writeAdded(a *Addition, b, out []byte, cut int) (int, error) {
 func (c *Conn) Arm(a *Addition) bool {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	return c.ahead.state() == aheadEmpty && c.splice.arm(a)
+	if !c.atRest() {
+		return false
+	}
+	c.splice.arm(a)
+	return true
+}
+
+// atRest reports whether a reply reader could start at the next byte the server sends:
+// the stream at a message boundary, no reply filter at work, nothing read ahead still
+// held for pgconn. c.mu is held.
+func (c *Conn) atRest() bool {
+	return c.splice.pos.atBoundary() && c.splice.filter == nil && c.ahead.state() == aheadEmpty
 }
 
 // Collect ends the life of the last addition on the connection: it withdraws one its

@@ -125,17 +125,11 @@ type splice struct {
 	added  *Addition
 }
 
-// arm has the next write carry a. It is refused when the server's stream is not at a
-// message boundary or a reply filter is still at work: a reply reader must start at the
-// reply's first message.
-func (s *splice) arm(a *Addition) bool {
-	if s.filter != nil || !s.pos.atBoundary() {
-		return false
-	}
+// arm has the write a was armed for carry a (Conn.Arm says when it may).
+func (s *splice) arm(a *Addition) {
 	s.added = nil
 	a.state = additionArmed
 	s.next.Store(a)
-	return true
 }
 
 // start puts a's reply filter in place, before a byte of its write leaves: the reply may
