@@ -6,8 +6,8 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/txevidence/otelpgxtx/internal/reconciletest"
 	"github.com/txevidence/otelpgxtx/pgtest"
-	"github.com/txevidence/otelpgxtx/reconcile"
 )
 
 // TestCommandLine: help is asked for and given (exit 0, on standard output), the usage
@@ -58,31 +58,17 @@ func TestCommandLine(t *testing.T) {
 func TestPrune(t *testing.T) {
 	pgtest.LeakCheck(t)
 	ctx := pgtest.ContextFor(t)
-	table := pgx.Identifier{"public", "cli_prune"}
-	ddl, err := reconcile.MarkerTableDDL(table)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := srv.Exec(ctx, "drop table if exists public.cli_prune cascade; "+ddl); err != nil {
-		t.Fatal(err)
-	}
+	pgtest.NoError(t, srv.Exec(ctx, "drop table if exists public.cli_prune cascade"))
+	reconciletest.CreateMarker(t, ctx, srv.Exec, pgx.Identifier{"public", "cli_prune"})
 	if err := srv.Exec(ctx, `insert into public.cli_prune (operation_id, created_at)
 		select gen_random_uuid(), now() - interval '40 days' from generate_series(1, 3)
 		union all select gen_random_uuid(), now() - interval '1 day' from generate_series(1, 2)`); err != nil {
 		t.Fatal(err)
 	}
+	const horizonID = "'00000000-0000-0000-0000-000000000000'"
 	rows := func() int {
 		t.Helper()
-		conn, err := srv.Conn(ctx)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer conn.Close(ctx)
-		var n int
-		if err := conn.QueryRow(ctx, "select count(*) from public.cli_prune where operation_id <> '00000000-0000-0000-0000-000000000000'").Scan(&n); err != nil {
-			t.Fatal(err)
-		}
-		return n
+		return srv.CountOf(t, ctx, "select count(*) from public.cli_prune where operation_id <> "+horizonID)
 	}
 	for _, tc := range []struct {
 		args []string
@@ -117,13 +103,8 @@ func TestPrune(t *testing.T) {
 		t.Fatalf("%d rows after pruning, want the 2 recent ones", n)
 	}
 	// The horizon: a reference checked before it, and not found, is unknown marker_pruned.
-	conn, err := srv.Conn(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close(ctx)
-	var horizon bool
-	if err := conn.QueryRow(ctx, "select created_at < now() - interval '29 days' from public.cli_prune where operation_id = '00000000-0000-0000-0000-000000000000'").Scan(&horizon); err != nil || !horizon {
-		t.Fatalf("the pruning horizon: %v, %v; want a row 30 days back", horizon, err)
+	if n := srv.CountOf(t, ctx, "select count(*) from public.cli_prune where operation_id = "+horizonID+
+		" and created_at < now() - interval '29 days'"); n != 1 {
+		t.Fatalf("%d horizon rows 30 days back, want 1", n)
 	}
 }
