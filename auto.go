@@ -52,6 +52,57 @@ type pendingOutcome struct {
 	inFlight bool
 	// final is the answer of an outcome dropped from the queue, settled without asking.
 	final *reconcile.Answer
+	// waiter is told every answer, for a Retry that waits for it (the frame's awaited).
+	waiter *awaited
+}
+
+// awaited is automatic reconciliation's answer for one frame, for [Retry] to wait for
+// rather than ask the database a second time: the last answer an attempt got, and the
+// final one, once done is closed.
+type awaited struct {
+	done chan struct{}
+	once sync.Once
+	mu   sync.Mutex
+	ans  reconcile.Answer
+	has  bool // ans is an attempt's answer (the final one once done is closed)
+}
+
+// newAwaited returns an answer not given yet.
+func newAwaited() *awaited { return &awaited{done: make(chan struct{})} }
+
+// attempted records the answer of an attempt that will be retried (in progress, not
+// replicated): what a Retry that stops waiting answers with.
+func (w *awaited) attempted(ans reconcile.Answer) {
+	if w == nil {
+		return
+	}
+	w.mu.Lock()
+	w.ans, w.has = ans, true
+	w.mu.Unlock()
+}
+
+// settled records the final answer.
+func (w *awaited) settled(ans reconcile.Answer) {
+	if w == nil {
+		return
+	}
+	w.once.Do(func() {
+		w.attempted(ans)
+		close(w.done)
+	})
+}
+
+// last returns the latest answer and whether it is final; ok is false while no attempt
+// has answered.
+func (w *awaited) last() (ans reconcile.Answer, final, ok bool) {
+	select {
+	case <-w.done:
+		final = true
+	default:
+	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.ans, final, w.has
 }
 
 // autoReconciler is the tracer's background reconciliation: a bounded set of pending
@@ -104,7 +155,8 @@ func (a *autoReconciler) startLocked() {
 
 // enqueue hands an indeterminate frame to the workers; it never blocks.
 func (a *autoReconciler) enqueue(f *frame) {
-	p := &pendingOutcome{id: f.id, link: f.span.SpanContext(), parent: f.parentSpan, at: f.concludedAt, local: f.committedLocally}
+	p := &pendingOutcome{id: f.id, link: f.span.SpanContext(), parent: f.parentSpan, at: f.concludedAt, local: f.committedLocally,
+		waiter: f.awaited}
 	if p.at.IsZero() {
 		p.at = time.Now()
 	}
@@ -207,13 +259,16 @@ func (a *autoReconciler) attempt(p *pendingOutcome) {
 	a.mu.Lock()
 	p.attempts++
 	p.inFlight = false
-	if err != nil || res.Status() == reconcile.Unknown && (res.Reason() == reconcile.ReasonInProgress || res.Reason() == reconcile.ReasonNotReplicated) {
+	if err != nil || mayChange(res) {
 		backoff := a.cfg.retryMin << min(p.attempts-1, 30)
 		if backoff <= 0 || backoff > a.cfg.retryMax {
 			backoff = a.cfg.retryMax
 		}
 		p.due = time.Now().Add(backoff)
 		a.mu.Unlock()
+		if err == nil {
+			p.waiter.attempted(res)
+		}
 		return
 	}
 	delete(a.pending, p)
@@ -223,6 +278,7 @@ func (a *autoReconciler) attempt(p *pendingOutcome) {
 
 // settle counts the final answer and hands it to the application.
 func (a *autoReconciler) settle(p *pendingOutcome, res reconcile.Answer) {
+	p.waiter.settled(res)
 	a.metrics.record(res, time.Since(p.at))
 	if a.cfg.onReconciled != nil {
 		a.cfg.onReconciled(Reconciliation{OperationID: p.id, Answer: res, TraceParent: schema.TraceParent(p.link),

@@ -2,10 +2,13 @@ package otelpgxtx
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"net"
 	"os"
 	"sort"
 	"sync"
+	"sync/atomic"
 	"testing"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -101,8 +104,11 @@ func newHarnessSampled(t *testing.T, connString string, maxConns int32, sampler 
 	}
 	cfg.MaxConns = maxConns
 	for i, o := range opts {
-		if ho, ok := o.(harnessOption); ok {
-			opts[i] = ho(h.tp)
+		switch o := o.(type) {
+		case harnessOption:
+			opts[i] = o(h.tp)
+		case harnessConfig:
+			o(cfg)
 		}
 	}
 	oc := newConfig(opts)
@@ -124,6 +130,39 @@ func newHarnessSampled(t *testing.T, connString string, maxConns int32, sampler 
 type harnessOption func(tp trace.TracerProvider) Option
 
 func (harnessOption) apply(*config) {}
+
+// harnessConfig changes the harness's pool config before it is instrumented.
+type harnessConfig func(*pgxpool.Config)
+
+func (harnessConfig) apply(*config) {}
+
+// dialGate refuses every new connection of a harness while refuse is set, so that a
+// test can keep pgconn from sending the CancelRequest with which it closes a connection
+// whose context ended (asyncClose): one that arrives while a COMMIT waits rolls it back.
+type dialGate struct {
+	refuse  atomic.Bool
+	refused chan struct{} // a dial was refused
+}
+
+// newDialGate returns a gate that lets every dial through until refuse is set.
+func newDialGate() *dialGate { return &dialGate{refused: make(chan struct{}, 1)} }
+
+// config is the harnessConfig that installs g.
+func (g *dialGate) config() harnessConfig {
+	return func(cfg *pgxpool.Config) {
+		dial := cfg.ConnConfig.DialFunc
+		cfg.ConnConfig.DialFunc = func(ctx context.Context, network, addr string) (net.Conn, error) {
+			if g.refuse.Load() {
+				select {
+				case g.refused <- struct{}{}:
+				default:
+				}
+				return nil, errors.New("dialGate: refused")
+			}
+			return dial(ctx, network, addr)
+		}
+	}
+}
 
 // withAutoReconcile is WithAutoReconcile over a reconciler of db that records to the
 // harness's tracer provider.

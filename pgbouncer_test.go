@@ -211,7 +211,8 @@ func TestReferenceThroughPgBouncer(t *testing.T) {
 func TestReferenceThroughPgBouncerIndeterminate(t *testing.T) {
 	ctx := pgtest.ContextFor(t)
 	bouncer := pgtest.PgBouncerFor(t, ctx, srv, "transaction", 1)
-	h := newHarness(t, bouncer.ConnString()+"&default_query_exec_mode=exec", 2)
+	gate := newDialGate()
+	h := newHarness(t, bouncer.ConnString()+"&default_query_exec_mode=exec", 2, gate.config())
 	rec, err := reconcile.New(h.pool)
 	if err != nil {
 		t.Fatal(err)
@@ -225,7 +226,7 @@ func TestReferenceThroughPgBouncerIndeterminate(t *testing.T) {
 	defer pc.Release()
 	conn := pc.Conn()
 	// Through PgBouncer, conn's PID is PgBouncer's: the backend is found by its query.
-	ind, _ := cutWhileCommitWaits(t, ctx, conn, conn, insertFn(table, 1),
+	ind, _ := cutWhileCommitWaits(t, ctx, gate, conn, conn, insertFn(table, 1),
 		"select count(*) from pg_stat_activity where wait_event = 'advisory' and query = 'commit'")
 	unlock()
 	got, err := reconcile.Indeterminate(ctx, rec, ind)

@@ -108,6 +108,9 @@ type frameAnswer struct {
 	firstCause  error
 	endErr      error
 	endedIn     outcome.Phase
+	// awaited is automatic reconciliation's answer, made when the frame ends unknown on a
+	// tracer that reconciles (WithAutoReconcile): a Retry told this frame waits for it.
+	awaited *awaited
 }
 
 // frameFolding is what the frame keeps of the statements that are its events, not spans
@@ -315,6 +318,9 @@ func (f *frame) conclude(st *connState, v classifier.Classification) {
 	}
 	if f.parent != nil && f.parent.span.IsRecording() {
 		f.parent.span.AddEvent(eventResumed, trace.WithAttributes(OperationIDKey.String(f.id.String())))
+	}
+	if f.t.auto != nil && f.currentPhase() == outcome.PhaseUnknown {
+		f.awaited = newAwaited() // before any Verdict is told, so that each is told this one
 	}
 	if f.asked != nil {
 		f.asked.frameEnded(f)

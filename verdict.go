@@ -81,6 +81,8 @@ type verdictData struct {
 	cause            error  // the failure, nil when reason tells
 	reason           string // the verdict's reason, for a cause no error showed
 	span             trace.SpanContext
+	// awaited is automatic reconciliation's answer to an indeterminate frame, or nil.
+	awaited *awaited
 }
 
 // verdictKey is the context key of a *Verdict.
@@ -195,6 +197,17 @@ func (d *verdictData) causeErr(fallback error) error {
 	return fallback
 }
 
+// pending returns automatic reconciliation's answer to the indeterminate frame v was
+// last told of, or nil when the frame's tracer does not reconcile.
+func (v *Verdict) pending() *awaited {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	if v.d.outcome != outcome.OutcomeIndeterminate {
+		return nil
+	}
+	return v.d.awaited
+}
+
 // began records that a frame begun with v's context is under way: a verdict recorded
 // before belongs to an earlier transaction and is dropped.
 func (v *Verdict) began() {
@@ -217,6 +230,7 @@ func (v *Verdict) frameEnded(f *frame) {
 		if !f.unrecorded {
 			d.span = f.span.SpanContext()
 		}
+		d.awaited = f.awaited
 	case outcome.OutcomeRolledBack:
 		d.retryable = f.classification.Retryable()
 		d.phase = f.endedIn

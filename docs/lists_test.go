@@ -154,7 +154,7 @@ func wantAll(t *testing.T, where, text string, names []string) {
 // hold every one, read from the code itself, so that a new one cannot be missing:
 //   - the unknown reasons (reconcile's Reason… constants): all of them in the runbook's
 //     table; the final ones (those automatic reconciliation does not ask again, per
-//     autoReconciler.attempt) in metrics.md's reconciliations row, in the runbook's
+//     mayChange, which automatic reconciliation and Retry share) in metrics.md's reconciliations row, in the runbook's
 //     TransactionReconciledUnknown section and in that alert rule;
 //   - the metric names (metric… constants) and the attributes the metrics carry
 //     (metrics.go, pool_metrics.go) in metrics.md, and every metric an alert rule queries
@@ -174,7 +174,7 @@ func TestListsAgreeWithCode(t *testing.T) {
 		t.Fatalf("%d reasons read from package reconcile: %v", len(reasons), reasons)
 	}
 	retried := map[string]bool{}
-	ast.Inspect(funcBody(t, "..", "attempt"), func(n ast.Node) bool {
+	ast.Inspect(funcBody(t, "..", "mayChange"), func(n ast.Node) bool {
 		if s, ok := n.(*ast.SelectorExpr); ok && strings.HasPrefix(s.Sel.Name, "Reason") {
 			if r := d.value("otelpgxtx", s); r != "" {
 				retried[r] = true

@@ -112,3 +112,28 @@ const (
 	// command needs to settle it.
 	ReasonStopped = "stopped"
 )
+
+// AnswerError is an answer that is not committed, as the cause of a result: the rollback
+// otelpgxtx.Retry returns after an aborted or no_writes answer, and the Indeterminate it
+// returns when the answer stays unknown. Err is the failure that left the commit's
+// outcome unknown in the first place, so that errors.Is still finds it; errors.As finds
+// the answer.
+type AnswerError struct {
+	Answer Answer
+	Err    error
+}
+
+// Error says the answer, its reason, and the failure.
+func (e *AnswerError) Error() string {
+	s := "reconcile: " + e.Answer.status.String()
+	if e.Answer.reason != "" {
+		s += " (" + e.Answer.reason + ")"
+	}
+	if e.Err != nil {
+		s += ": " + e.Err.Error()
+	}
+	return s
+}
+
+// Unwrap returns the failure that left the commit's outcome unknown.
+func (e *AnswerError) Unwrap() error { return e.Err }
