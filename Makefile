@@ -1,7 +1,7 @@
 # The two commands of the README: make demo and make test.
 GO ?= go
 
-.PHONY: demo test test-library test-majors test-examples test-scripts test-pgx tools vet fuzz soak model bench bench-quick dashboard
+.PHONY: demo test test-library test-majors test-examples test-scripts test-pgx tools vet fuzz soak model bench bench-quick dashboard picture
 
 demo:
 	cd examples/jaeger && $(GO) run .
@@ -41,15 +41,21 @@ test-pgx:
 	$(GO) run ./scripts/pgxsuite -race
 
 # The chart of scripts/bench (its own go.mod, so that the library does not depend on gonum),
+# the trace picture of scripts/tracepicture (its own go.mod, for golang.org/x/image),
 # and the Grafana dashboard's generator (its own go.mod, for grafana-foundation-sdk): its
 # test fails when examples/jaeger/grafana/otelpgxtx.json is not what it writes.
 test-scripts:
 	cd scripts/benchplot && $(GO) test -count=1 ./...
 	cd scripts/dashboard && $(GO) test -count=1 ./...
+	cd scripts/tracepicture && $(GO) test -count=1 ./...
 
 # Writes examples/jaeger/grafana/otelpgxtx.json from scripts/dashboard.
 dashboard:
 	cd scripts/dashboard && $(GO) run .
+
+# Renders docs/trace.png from the spans of a real run (scripts/tracepicture).
+picture:
+	cd scripts/tracepicture && $(GO) run . -o ../../docs/trace.png
 
 # The demo module (its own go.mod): end to end against a real Jaeger v2 and a real
 # Prometheus, and the alert rules' unit tests with promtool; the minimal service (its own
@@ -78,6 +84,7 @@ vet:
 	cd examples/minimal && $(GO) vet ./...
 	cd scripts/benchplot && $(GO) vet ./...
 	cd scripts/dashboard && $(GO) vet ./...
+	cd scripts/tracepicture && $(GO) vet ./...
 	cd scripts/otelcol && GOFLAGS="-trimpath -mod=readonly" $(GO) vet ./... # the flags of its build: one compile serves both
 
 fuzz:
