@@ -1,12 +1,17 @@
 # The two commands of the README: make demo and make test.
 GO ?= go
 
-.PHONY: demo test test-library test-majors test-examples test-scripts test-pgx tools vet fuzz soak model bench bench-quick dashboard picture
+.PHONY: demo test setup test-library test-majors test-examples test-scripts test-pgx tools vet fuzz soak model bench bench-quick dashboard picture
 
 demo:
 	cd examples/jaeger && $(GO) run .
 
-test: vet tools test-library test-majors test-examples test-scripts test-pgx
+test: setup vet tools test-library test-majors test-examples test-scripts test-pgx
+
+# What the tests need beyond Go and the PostgreSQL server programs (PgBouncer, npm, a C
+# compiler, the locales): installed as root, else named in the one command that would.
+setup:
+	@scripts/setup
 
 # The soak (soak_*_test.go, build tag soak) runs in a go test of its own, CI-sized: a
 # package's tests share go test's 10-minute limit, and with the soak under -race the root
