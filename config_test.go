@@ -446,6 +446,7 @@ func TestRefusedOptionsWrapErrInvalidArgument(t *testing.T) {
 		if !errors.Is(err, ErrInvalidArgument) || !errors.Is(err, reconcile.ErrInvalidArgument) || !strings.Contains(err.Error(), strings.Fields(name)[0]+":") {
 			t.Errorf("%s: err = %v, want one wrapping ErrInvalidArgument that names %s", name, err, name)
 		}
+		wantOwnPrefix(t, name, err, "otelpgxtx")
 		if cfg.Tracer != nil {
 			t.Errorf("%s: a refused option left a tracer on the config", name)
 		}

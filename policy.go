@@ -127,7 +127,7 @@ func (p Policy) validate() error {
 	}
 	if p.CommitMarker != nil {
 		if _, err := markertable.Quote(p.CommitMarker...); err != nil {
-			return invalid("CommitMarker: %v", err)
+			return invalid("CommitMarker: %w", err)
 		}
 	}
 	for _, ok := range []bool{

@@ -99,10 +99,25 @@ func markerCheckSQL(table string) string {
 
 // markerProblems says, for each word of markerCheckSQL, why the marker is off.
 var markerProblems = map[string]string{
-	"missing":             "the marker table or its function does not exist (run reconcile.MarkerTableDDL)",
+	"missing":             "the marker table or its function does not exist (create them with reconcile.MarkerTableDDL, or: otelpgxtx marker-ddl <table> | psql)",
 	"not_marker_function": "the marker function is not the SECURITY DEFINER function of reconcile.MarkerTableDDL",
 	"not_public":          "the marker function or its schema is not usable by every role (reconcile.MarkerTableDDL grants EXECUTE and USAGE to PUBLIC)",
 	"owner_cannot_insert": "the marker function's owner may not insert into the marker table",
+}
+
+// markerProblem says why the marker function is off from what markerCheckSQL answered,
+// "" when it is usable.
+func markerProblem(check []byte) string {
+	if check == nil {
+		return "the marker check answered nothing"
+	}
+	if _, err := strconv.ParseUint(string(check), 10, 32); err == nil {
+		return ""
+	}
+	if p := markerProblems[string(check)]; p != "" {
+		return p
+	}
+	return "the marker check answered " + strconv.Quote(string(check))
 }
 
 // markerFn is a commit-marker function checked on a connection.
@@ -129,20 +144,12 @@ func markerCallSQL(table string) string {
 
 // newMarkerFn makes table's marker from what markerCheckSQL answered.
 func (st *connState) newMarkerFn(table string, check []byte) *markerFn {
-	m := &markerFn{table: table}
-	_, err := strconv.ParseUint(string(check), 10, 32)
-	switch {
-	case check == nil:
-		m.problem = "the marker check answered nothing"
-	case err != nil:
-		m.problem = markerProblems[string(check)]
-		if m.problem == "" {
-			m.problem = "the marker check answered " + strconv.Quote(string(check))
-		}
-	default:
+	m := &markerFn{table: table, problem: markerProblem(check)}
+	if m.problem == "" {
 		sql := markerCallSQL(table)
 		m.msg, _ = (&pgproto3.Query{String: sql}).Encode(nil)
 		m.argAt = 5 + strings.Index(sql, "'") + 1
+		var err error
 		if m.ref, err = markertable.RefTable(st.database, table); err != nil {
 			m.msg, m.problem = nil, err.Error()
 		}
@@ -218,10 +225,10 @@ func (st *connState) callRef(m *markerFn, id outcome.OperationID, r wire.Reply) 
 // setIdentity keeps the cluster identity of row, the columns of identitySelect.
 func (st *connState) setIdentity(row [][]byte) error {
 	if len(row) < colMarker {
-		return errors.New("otelpgxtx: reading the cluster identity: unexpected result shape")
+		return errors.New("reading the cluster identity: unexpected result shape")
 	}
 	if row[colTimeline] == nil {
-		return errors.New("otelpgxtx: reading the cluster identity: the server is a standby; no reconciliation references on this connection")
+		return errors.New("reading the cluster identity: the server is a standby; no reconciliation references on this connection")
 	}
 	sys, err1 := strconv.ParseUint(string(row[colSystem]), 10, 64)
 	tli, err2 := strconv.ParseUint(string(row[colTimeline]), 10, 32)
@@ -232,7 +239,7 @@ func (st *connState) setIdentity(row [][]byte) error {
 	pid, err7 := strconv.ParseUint(string(row[colBackendPID]), 10, 32)
 	if err1 != nil || err2 != nil || err3 != nil || err4 != nil || err5 != nil || err6 != nil || err7 != nil || sys == 0 || tli == 0 ||
 		start <= 0 || fn == 0 || checked <= 0 || reset < 0 || len(row[colDatabase]) == 0 {
-		return fmt.Errorf("otelpgxtx: reading the cluster identity: unexpected values %q", row)
+		return fmt.Errorf("reading the cluster identity: unexpected values %q", row)
 	}
 	st.systemID, st.timeline, st.serverStart, st.statsReset = sys, uint32(tli), start, reset
 	st.refs = refsOn

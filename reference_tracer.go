@@ -68,9 +68,9 @@ func (t *Tracer) armCheck(st *connState, refs references, pg *pgconn.PgConn, set
 	}
 }
 
-// message is the Query of c: identitySelect's columns with the marker check's after them,
-// or the marker check alone.
-func (c check) message() []byte {
+// sql is c's query: identitySelect's columns with the marker check's after them, or the
+// marker check alone.
+func (c check) sql() string {
 	sql := "select " + markerCheckSQL(c.marker)
 	if c.identity {
 		sql = identitySelect
@@ -79,7 +79,12 @@ func (c check) message() []byte {
 		}
 		sql += identityFrom
 	}
-	msg, _ := (&pgproto3.Query{String: sql}).Encode(nil)
+	return sql
+}
+
+// message is c's query as the Query message the check's write carries.
+func (c check) message() []byte {
+	msg, _ := (&pgproto3.Query{String: c.sql()}).Encode(nil)
 	return msg
 }
 

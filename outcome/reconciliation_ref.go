@@ -83,8 +83,9 @@ func (r ReconciliationRef) Validate() error {
 		if r.Operation.IsZero() {
 			return fmt.Errorf("outcome: malformed reconciliation reference %s: a marker without an operation id", r)
 		}
-		_, _, err := markertable.SplitRef(r.MarkerTable)
-		return err
+		if _, _, err := markertable.SplitRef(r.MarkerTable); err != nil {
+			return fmt.Errorf("outcome: malformed reconciliation reference %s: %w", r, err)
+		}
 	}
 	return nil
 }

@@ -7,5 +7,5 @@ import "github.com/txevidence/otelpgxtx/internal/errs"
 // other error is the database's. otelpgxtx.ErrInvalidArgument is this same error.
 var ErrInvalidArgument = errs.ErrInvalidArgument
 
-// invalid is an error wrapping ErrInvalidArgument (errs.Invalid).
-var invalid = errs.Invalid
+// invalid is an error of this package wrapping ErrInvalidArgument (errs.Invalid).
+func invalid(format string, args ...any) error { return errs.Invalid("reconcile", format, args...) }

@@ -43,7 +43,7 @@ import (
 func MarkerTableDDL(table pgx.Identifier) (string, error) {
 	name, err := markertable.Quote(table...)
 	if err != nil {
-		return "", invalid("MarkerTableDDL: %v", err)
+		return "", invalid("MarkerTableDDL: %w", err)
 	}
 	schema := pgx.Identifier{table[0]}.Sanitize()
 	const tag = "$otelpgxtx_marker$"

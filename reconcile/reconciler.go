@@ -174,7 +174,7 @@ func Indeterminate[T any](ctx context.Context, r *Reconciler, ind outcome.Indete
 // in a queue). link, if valid, is the span that observed the indeterminate outcome.
 func (r *Reconciler) Resolve(ctx context.Context, ref outcome.ReconciliationRef, link trace.SpanContext) (Answer, error) {
 	if err := ref.Validate(); err != nil {
-		return Answer{ref: ref}, fmt.Errorf("%w: %w", ErrInvalidArgument, err)
+		return Answer{ref: ref}, invalid("Resolve: %w", err)
 	}
 	return r.resolve(ctx, ref, link, outcome.OperationID{})
 }
@@ -190,7 +190,7 @@ func (r *Reconciler) ResolveOperation(ctx context.Context, op outcome.OperationI
 		})
 	}
 	if err := ref.Validate(); err != nil {
-		return Answer{ref: *ref}, fmt.Errorf("%w: %w", ErrInvalidArgument, err)
+		return Answer{ref: *ref}, invalid("ResolveOperation: %w", err)
 	}
 	return r.resolve(ctx, *ref, link, op)
 }

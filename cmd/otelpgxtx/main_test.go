@@ -154,8 +154,8 @@ func TestReconcileBadInput(t *testing.T) {
 		{"no subcommand", "", nil, "usage: otelpgxtx <command>"},
 		{"unknown flag", "", []string{"reconcile", "-x"}, "flag provided but not defined: -x"},
 		{"the old -marker flag", "", []string{"reconcile", "-marker", "public.m", "pg:7/1/3"}, "flag provided but not defined: -marker"},
-		{"a table PostgreSQL would fold", "", []string{"reconcile", "-assert-marker", "App.tx_marker", "pg:7/1/3"}, `-assert-marker: outcome: malformed marker table "App.tx_marker"`},
-		{"an unclosed quote", "", []string{"reconcile", "-assert-marker", `"app.tx_marker`, "pg:7/1/3"}, `-assert-marker: outcome: malformed marker table`},
+		{"a table PostgreSQL would fold", "", []string{"reconcile", "-assert-marker", "App.tx_marker", "pg:7/1/3"}, `-assert-marker: malformed marker table "App.tx_marker"`},
+		{"an unclosed quote", "", []string{"reconcile", "-assert-marker", `"app.tx_marker`, "pg:7/1/3"}, `-assert-marker: malformed marker table`},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			code, out, errOut := cli(t, ctx, tc.stdin, tc.args...)

@@ -10,9 +10,25 @@ import (
 )
 
 // ErrInvalidArgument is wrapped by every error that reports bad input.
-var ErrInvalidArgument = errors.New("otelpgxtx: invalid argument")
+var ErrInvalidArgument = errors.New("invalid argument")
 
-// Invalid returns an error wrapping ErrInvalidArgument, with the message format gives.
-func Invalid(format string, args ...any) error {
-	return fmt.Errorf("%w: "+format, append([]any{ErrInvalidArgument}, args...)...)
+// invalidError is bad input reported by package pkg: its text begins with pkg's name and
+// no other's ("reconcile: invalid argument: New: nil db").
+type invalidError struct {
+	pkg string
+	err error // what is wrong, as format said it; it may wrap a cause
+}
+
+func (e *invalidError) Error() string { return e.pkg + ": invalid argument: " + e.err.Error() }
+
+// Unwrap returns what is wrong, so that errors.Is and errors.As find a cause it wraps.
+func (e *invalidError) Unwrap() error { return e.err }
+
+// Is reports that e is ErrInvalidArgument.
+func (e *invalidError) Is(target error) bool { return target == ErrInvalidArgument }
+
+// Invalid returns an error of package pkg wrapping ErrInvalidArgument, with the message
+// format gives.
+func Invalid(pkg, format string, args ...any) error {
+	return &invalidError{pkg: pkg, err: fmt.Errorf(format, args...)}
 }

@@ -20,7 +20,7 @@ import (
 // which PostgreSQL identifiers cannot hold.
 func Quote(parts ...string) (string, error) {
 	if len(parts) != 2 {
-		return "", fmt.Errorf("outcome: a marker table is named by its schema and its name (2 parts), not %d part(s)", len(parts))
+		return "", fmt.Errorf("a marker table is named by its schema and its name (2 parts), not %d part(s)", len(parts))
 	}
 	return quoteParts(parts)
 }
@@ -30,7 +30,7 @@ func quoteParts(parts []string) (string, error) {
 	var b strings.Builder
 	for i, p := range parts {
 		if p == "" || strings.IndexByte(p, 0) >= 0 {
-			return "", fmt.Errorf("outcome: marker table name part %d is empty or holds a NUL byte", i+1)
+			return "", fmt.Errorf("marker table name part %d is empty or holds a NUL byte", i+1)
 		}
 		if i > 0 {
 			b.WriteByte('.')
@@ -49,7 +49,7 @@ func quoteParts(parts []string) (string, error) {
 func Parse(s string) ([]string, error) {
 	parts, err := splitTableName(s, true)
 	if err == nil && len(parts) != 2 {
-		err = fmt.Errorf("outcome: marker table %q is not schema-qualified: want schema.table", s)
+		err = fmt.Errorf("marker table %q is not schema-qualified: want schema.table", s)
 	}
 	return parts, err
 }
@@ -62,7 +62,7 @@ func SplitRef(s string) (database, relation string, err error) {
 		return "", "", err
 	}
 	if len(parts) != 3 {
-		return "", "", fmt.Errorf("outcome: malformed marker table %q: want \"database\".\"schema\".\"table\"", s)
+		return "", "", fmt.Errorf("malformed marker table %q: want \"database\".\"schema\".\"table\"", s)
 	}
 	relation, _ = quoteParts(parts[1:])
 	return parts[0], relation, nil
@@ -88,7 +88,7 @@ func splitTableName(s string, bare bool) ([]string, error) {
 	if bare {
 		want += " (or schema.name for lower-case names)"
 	}
-	bad := errors.New("outcome: malformed marker table " + fmt.Sprintf("%q", s) + ": want " + want)
+	bad := errors.New("malformed marker table " + fmt.Sprintf("%q", s) + ": want " + want)
 	var parts []string
 	for {
 		var part string
