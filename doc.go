@@ -1,8 +1,21 @@
 // Package otelpgxtx is OpenTelemetry instrumentation for PostgreSQL transactions made
-// with pgx v5: one span per physical transaction, with the evidence phases the client
-// observed as events, and an outcome that keeps "we don't know" as a result of its own.
+// with pgx v5: one span per physical transaction, with the phases the client observed as
+// events, and an outcome that keeps "we don't know" as a result of its own. Instrument the
+// pool's config before the pool is made, and close the tracer after the pool:
 //
-// A COMMIT that dies on the wire usually shows up as an error (or as a success), and
+//	tracer, err := otelpgxtx.InstrumentPool(cfg, otelpgxtx.WithCommitReference())
+//	if err != nil {
+//		return err // an invalid option: the config has no tracer
+//	}
+//	defer tracer.Close(ctx)
+//	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+//
+// Application code does not change. To retry safely, wrap a transaction in [Retry] with
+// [WithReconciler]: it runs it again only when it certainly did not commit. [Run] is the
+// executor that returns the outcome as a sealed [outcome.Result]. Spans go to the global
+// tracer provider unless [WithTracerProvider] says otherwise.
+//
+// A COMMIT whose reply is lost usually shows up as an error (or as a success), and
 // callers retry it, sometimes applying the work twice. This package records what the
 // client actually saw, classifies each ending into one of five outcomes (see
 // [outcome.Outcome]) and shows an indeterminate commit distinctly: neither Error nor Ok,
@@ -24,49 +37,35 @@
 //   - verdict: how a frame ended as the tracer judged it — its outcome, reason and
 //     retryability — which a [Verdict] hands to the caller of a transaction made without
 //     [Run].
+//   - xid: PostgreSQL's number of a transaction that wrote, which the server records as
+//     committed or aborted.
 //   - reference: what a server can later answer an indeterminate commit from: the xid,
 //     with the identity of the cluster that assigned it, and a marker if one was written
 //     ([outcome.ReconciliationRef]; [WithCommitReference], [Policy.CommitReference]).
 //   - marker: the row with the frame's operation id that its transaction writes through
 //     a marker function, in its own commit ([WithCommitMarker], [Policy.CommitMarker]).
 //   - reconciliation: asking the database, after the fact, what became of an
-//     indeterminate commit (package reconcile; in the background with [WithAutoReconcile]).
+//     indeterminate commit (package reconcile; in the background with [WithAutoReconcile];
+//     inside [Retry] with [WithReconciler]).
 //   - answer: what reconciliation returns: committed, aborted, no_writes, or unknown with
 //     a reason ([reconcile.Answer]).
+//   - settled: an indeterminate commit whose answer is not unknown.
 //
 // # Setup
 //
 // [InstrumentPool] (or [InstrumentConnConfig]) sets a [Tracer] as the connection
 // config's tracer and chains the notice, close and net.Conn hooks it needs. Check its
 // error: an invalid option leaves the config without a tracer. Close the tracer after the
-// pool: with [WithAutoReconcile] its workers run until [Tracer.Close]. As in the example
-// of InstrumentPool:
+// pool: with [WithAutoReconcile] its workers run until [Tracer.Close]. [Tracer.Check] asks
+// the server, at the service's start, what the references need (ExampleInstrumentPool;
+// examples/quickstart is a whole program).
 //
-//	cfg, err := pgxpool.ParseConfig(os.Getenv("DATABASE_URL"))
-//	if err != nil {
-//		log.Fatal(err)
-//	}
-//	// The xid: an unknown commit can be settled, from its log record (slog's default logger
-//	// unless WithLogger says otherwise) or in the background (WithAutoReconcile).
-//	tracer, err := otelpgxtx.InstrumentPool(cfg, otelpgxtx.WithCommitReference())
-//	if err != nil {
-//		log.Fatal(err)
-//	}
-//	defer tracer.Close(ctx) // deferred first, so it runs after pool.Close
-//	pool, err := pgxpool.NewWithConfig(ctx, cfg)
-//	if err != nil {
-//		log.Fatal(err)
-//	}
-//	defer pool.Close()
-//
-// Application code does not change: every Begin … Commit becomes a frame span, with the
-// statement spans of the inner tracer (otelpgx by default) as its children; BEGIN, COMMIT,
-// ROLLBACK and the savepoint statements are events of the frame, not spans of their own,
-// unless [WithInnerSpans] asks for their spans (see "Statements as events"). The tracer
-// sends nothing of its own on a plain pgx connection, unless asked for commit references
-// ([WithCommitReference], [WithCommitMarker]). [Run] is an executor that returns
-// the outcome as a sealed [outcome.Result]; a reconciler (package reconcile; or
-// [WithAutoReconcile]) settles indeterminate commits from the database's own records.
+// Every Begin … Commit becomes a frame span, with the statement spans of the inner tracer
+// (otelpgx by default) as its children; BEGIN, COMMIT, ROLLBACK and the savepoint
+// statements are events of the frame, not spans of their own, unless [WithInnerSpans] asks
+// for their spans (see "Statements as events"). The tracer sends nothing of its own on a
+// plain pgx connection, unless asked for commit references ([WithCommitReference],
+// [WithCommitMarker]).
 //
 // # After Commit returns
 //
@@ -75,18 +74,20 @@
 // [NewVerdict] (for database/sql, the context given to BeginTx), then call
 // [Verdict.Result], an [outcome.Result] as Run's. Retry only a DeterminateRollback that is
 // Retryable; hand an Indeterminate to reconciliation, never to a replay. [Retry] is that
-// loop. [ErrNoVerdict] says the tracer cannot know (an uninstrumented connection, another
+// loop, and with [WithReconciler] it settles an Indeterminate itself before it answers.
+// [ErrNoVerdict] says the tracer cannot know (an uninstrumented connection, another
 // context).
 //
 // # Options
 //
-// There are three kinds, one for each thing configured, each with its own type so that
+// There are four kinds, one for each thing configured, each with its own type so that
 // one cannot be passed where another is meant: an [Option] configures the [Tracer]
 // ([InstrumentPool], [InstrumentConnConfig]); an [AutoReconcileOption]
 // configures [WithAutoReconcile] (the queue, the retry backoff, the callback); a
-// reconcile.Option configures a reconcile.Reconciler (the wait for a transaction still in
-// progress, its tracer provider, its error messages). The first two are declared in
-// config.go beside the config they set. A [Policy] configures one [Run] call. An option
+// [RetryOption] configures [Retry] (the reconciler, the wait); a reconcile.Option
+// configures a reconcile.Reconciler (the wait for a transaction still in progress, its
+// tracer provider, its error messages). The first two are declared in config.go beside
+// the config they set, the third in retry.go. A [Policy] configures one [Run] call. An option
 // value that is refused is an error wrapping [ErrInvalidArgument] that names the option.
 //
 // # Frames

@@ -18,7 +18,7 @@ import (
 
 // The retry loop of plain pgx code, made safe: Retry calls the transfer again only after
 // a rollback that is certain and retryable; an indeterminate commit is never replayed but
-// handed to reconciliation, whose answer says whether the transfer happened.
+// settled by the reconciler, whose answer says whether the transfer happened.
 func ExampleRetry() {
 	ctx := context.Background()
 	dsn := os.Getenv("DATABASE_URL")
@@ -62,31 +62,22 @@ func ExampleRetry() {
 		})
 	}
 
-	for {
-		res, err := otelpgxtx.Retry(ctx, 3, transfer) // retries only a retryable rollback
-		switch r := res.(type) {
-		case outcome.Committed[struct{}]:
-			fmt.Println("transferred")
-		case outcome.DeterminateRollback[struct{}]:
-			fmt.Println("not transferred:", r.Cause()) // for certain; retryable ones were retried
-		case outcome.Indeterminate[struct{}]:
-			// Never replay: ask the database what became of it (it waits for a
-			// transaction still in progress), or queue r for later.
-			ans, rerr := reconcile.Indeterminate(ctx, rec, r)
-			switch {
-			case rerr == nil && ans.Status() == reconcile.Committed:
-				fmt.Println("transferred")
-			case rerr == nil && (ans.Status() == reconcile.Aborted || ans.Status() == reconcile.NoWrites):
-				continue // not applied, for certain: running it again is safe
-			default:
-				fmt.Println("unknown: the operator settles", r.OperationID(), rerr, ans.Reason())
-			}
-		case outcome.Participating[struct{}]:
-			fmt.Println("joined the caller's transaction: its owner's commit decides") // a savepoint
-		default: // nil: the tracer cannot tell (an uninstrumented pool): err wraps ErrNoVerdict
-			fmt.Println("cannot tell:", err, errors.Is(err, otelpgxtx.ErrNoVerdict))
-		}
-		break
+	// Retry runs the transfer again only after a rollback that is certain and retryable;
+	// with WithReconciler it asks the database about a commit whose reply was lost, and
+	// runs it again only if the answer proves it aborted.
+	res, err := otelpgxtx.Retry(ctx, 3, transfer, otelpgxtx.WithReconciler(rec))
+	switch r := res.(type) {
+	case outcome.Committed[struct{}]:
+		fmt.Println("transferred")
+	case outcome.DeterminateRollback[struct{}]:
+		fmt.Println("not transferred:", r.Cause()) // for certain; retryable ones were retried
+	case outcome.Indeterminate[struct{}]:
+		// Still unknown (its cause says why): never replay it; the operator settles it.
+		fmt.Println("unknown: the operator settles", r.OperationID(), r.Cause())
+	case outcome.Participating[struct{}]:
+		fmt.Println("joined the caller's transaction: its owner's commit decides") // a savepoint
+	default: // nil: the tracer cannot tell (an uninstrumented pool): err wraps ErrNoVerdict
+		fmt.Println("cannot tell:", err, errors.Is(err, otelpgxtx.ErrNoVerdict))
 	}
 
 	var from, to int

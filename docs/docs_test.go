@@ -348,9 +348,11 @@ func TestInstallAsDocumented(t *testing.T) {
 		t.Fatal("the README's first go block is not the setup")
 	}
 	s := newScratch(t)
+	// The block says what it needs: a function that returns an error, ctx and dsn.
 	program := "package main\n\nimport (\n\t\"context\"\n\t\"log\"\n\t\"os\"\n\n" +
 		"\t\"github.com/jackc/pgx/v5/pgxpool\"\n\t\"github.com/txevidence/otelpgxtx\"\n)\n\n" +
-		"func main() {\n\tctx := context.Background()\n" + setup[2] + "}\n"
+		"func setup(ctx context.Context, dsn string) error {\n" + setup[2] + "\treturn nil\n}\n\n" +
+		"func main() {\n\tif err := setup(context.Background(), os.Getenv(\"DATABASE_URL\")); err != nil {\n\t\tlog.Fatal(err)\n\t}\n}\n"
 	if err := os.WriteFile(filepath.Join(s.svc, "main.go"), []byte(program), 0o644); err != nil {
 		t.Fatal(err)
 	}
@@ -412,5 +414,29 @@ func TestNoBuildOutputsTracked(t *testing.T) {
 	}
 	if len(files) < 100 {
 		t.Fatalf("git ls-files listed %d files; is this the repository?", len(files))
+	}
+}
+
+// TestSetupNamesTheCommand: on a machine that lacks what the tests need (here npm, kept
+// off the PATH), scripts/setup, the first step of make test, installs nothing when told
+// to check only (-n), fails, and names the one command that installs it. (As root, make
+// test runs it without -n and installs; CI's fresh machines show that.)
+func TestSetupNamesTheCommand(t *testing.T) {
+	bin := t.TempDir()
+	for _, tool := range []string{"bash", "go", "locale", "grep", "ls", "id", "env", "gcc", "cc", "cat", "dirname"} {
+		if p, err := exec.LookPath(tool); err == nil {
+			if err := os.Symlink(p, filepath.Join(bin, tool)); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	cmd := exec.Command(filepath.Join("..", "scripts", "setup"), "-n")
+	cmd.Env = append(os.Environ(), "PATH="+bin)
+	out, err := cmd.CombinedOutput()
+	if cmd.ProcessState == nil || cmd.ProcessState.ExitCode() != 1 {
+		t.Fatalf("scripts/setup -n without npm: %v\n%s; want exit status 1", err, out)
+	}
+	if !regexp.MustCompile(`apt-get install -y [^"&]*\bnpm\b`).Match(out) {
+		t.Errorf("scripts/setup -n without npm said:\n%s\nwant the command that installs npm", out)
 	}
 }

@@ -56,6 +56,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"log"
 	"log/slog"
 	"os"
@@ -72,6 +73,7 @@ import (
 var (
 	ctx      context.Context
 	dsn      string
+	out      io.Writer
 	cfg      *pgxpool.Config
 	pool     *pgxpool.Pool
 	rec      *reconcile.Reconciler
@@ -85,6 +87,7 @@ var (
 // The imports a fragment may leave unused.
 var (
 	_, _, _, _, _, _, _ = context.Background, errors.Is, fmt.Println, log.Fatal, slog.Default, os.Getenv, time.Second
+	_                   = io.Discard
 	_, _, _, _, _       = pgx.BeginFunc, pgxpool.New, otelpgxtx.ScopeName, outcome.PhaseActive, reconcile.New
 )
 `
@@ -93,10 +96,12 @@ var (
 // checkout, as a reader would copy it. A whole program (it begins with its package
 // clause) is built as it is; any other block must be marked a fragment ("go fragment" on
 // its fence) and is built as the body of a function of a package that declares what an
-// application has at hand (fragmentPrelude: ctx, dsn, cfg, pool, rec, pending, transfer,
+// application has at hand (fragmentPrelude: ctx, dsn, out, cfg, pool, rec, pending, transfer,
 // resume, publishOrderCreated) — so a variable it declares and never uses fails, as it would in the reader's
-// code. A fragment marked with an example's name ("go fragment ExampleRetry") must also
-// be that tested example's code, line for line.
+// code; the function returns an error, so that a fragment may return one. A fragment
+// marked with an example's name ("go fragment ExampleRetry") must also be that tested
+// example's code, line for line; one marked with a program's path ("go fragment
+// examples/quickstart/main.go"), lines of that program.
 func TestSnippetsCompile(t *testing.T) {
 	repo, err := filepath.Abs("..")
 	if err != nil {
@@ -126,18 +131,22 @@ func TestSnippetsCompile(t *testing.T) {
 			t.Errorf("%s: a go block that is neither a whole program nor marked a fragment (\"go fragment\")", where)
 		default:
 			// The //line comment has the compiler's errors name the page and its line.
-			fmt.Fprintf(&fragments, "\nfunc _() {\n//line %s:%d\n%s}\n", filepath.Base(s.page), s.line, s.code)
+			fmt.Fprintf(&fragments, "\nfunc _() error {\n//line %s:%d\n%sreturn nil\n}\n", filepath.Base(s.page), s.line, s.code)
 			nFragments++
 			if len(s.info) > 1 {
-				sameAsExample(t, where, s.code, s.info[1])
+				if strings.HasSuffix(s.info[1], ".go") {
+					sameAsFile(t, where, s.code, s.info[1])
+				} else {
+					sameAsExample(t, where, s.code, s.info[1])
+				}
 				nExamples++
 			}
 		}
 	}
-	// The README alone has three fragments, each an example's code: fewer means the pages
-	// were not read, and the test proved nothing.
-	if nFragments < 8 || nExamples < 3 {
-		t.Fatalf("read %d fragments, %d of them an example's code: want at least 8 and 3", nFragments, nExamples)
+	// The README alone has two fragments, each lines of the quickstart program: fewer
+	// means the pages were not read, and the test proved nothing.
+	if nFragments < 7 || nExamples < 3 {
+		t.Fatalf("read %d fragments, %d of them an example's code: want at least 7 and 3", nFragments, nExamples)
 	}
 	src := filepath.Join(dir, "fragments.go")
 	if err := os.WriteFile(src, []byte(fragments.String()), 0o644); err != nil {
@@ -167,14 +176,35 @@ func TestSnippetsCompile(t *testing.T) {
 // of the example function name in one of the module's test files.
 func sameAsExample(t *testing.T, where, code, name string) {
 	t.Helper()
-	body := exampleBody(t, name)
+	if containsRun(exampleBody(t, name), codeLines(code)) {
+		return
+	}
 	want := codeLines(code)
-	for i := 0; i+len(want) <= len(body); i++ {
-		if slices.Equal(body[i:i+len(want)], want) {
-			return
+	t.Errorf("%s: the fragment is not the code of %s, line for line:\n%s", where, name, strings.Join(want, "\n"))
+}
+
+// sameAsFile checks that code is, line for line (indentation aside), a run of lines of
+// the program at path (from the repository's root), so that what a reader copies is what
+// a test builds and runs.
+func sameAsFile(t *testing.T, where, code, path string) {
+	t.Helper()
+	src, err := os.ReadFile(filepath.Join("..", filepath.FromSlash(path)))
+	if err != nil {
+		t.Fatalf("%s: %v", where, err)
+	}
+	if !containsRun(codeLines(string(src)), codeLines(code)) {
+		t.Errorf("%s: the fragment is not lines of %s, line for line:\n%s", where, path, code)
+	}
+}
+
+// containsRun reports whether want is a contiguous run of lines.
+func containsRun(lines, want []string) bool {
+	for i := 0; i+len(want) <= len(lines); i++ {
+		if slices.Equal(lines[i:i+len(want)], want) {
+			return true
 		}
 	}
-	t.Errorf("%s: the fragment is not the code of %s, line for line:\n%s", where, name, strings.Join(want, "\n"))
+	return false
 }
 
 // exampleBody returns the lines of the body of the example function name, found in the

@@ -1,4 +1,4 @@
-module github.com/txevidence/otelpgxtx/examples/minimal
+module github.com/txevidence/otelpgxtx/examples/quickstart
 
 go 1.26.0
 
