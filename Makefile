@@ -94,7 +94,7 @@ vet:
 
 fuzz:
 	$(GO) test -run '^$$' -fuzz FuzzClassify -fuzztime 60s ./classifier/
-	$(GO) test -run '^$$' -fuzz FuzzClassifyStatements -fuzztime 60s .
+	$(GO) test -run '^$$' -fuzz FuzzClassifyStatements -fuzztime 60s ./internal/evidence/
 	$(GO) test -run '^$$' -fuzz FuzzSanitize -fuzztime 60s .
 	$(GO) test -run '^$$' -fuzz FuzzReplyFilter -fuzztime 60s ./internal/wire/
 	$(GO) test -run '^$$' -fuzz FuzzNext -fuzztime 60s ./internal/sqltext/

@@ -82,14 +82,14 @@ func runAttempt[T any](ctx context.Context, db DB, p Policy, fn func(context.Con
 // rolled the transaction back; a retried attempt says so with a tx.retry event first.
 func endAttemptFrame[T any](f *frame, res outcome.Result[T], retry bool, n int) {
 	if res == nil {
-		f.t.endFrame(f, outcome.OutcomeRolledBack, nil)
+		f.t.end(f, outcome.OutcomeRolledBack, nil)
 		return
 	}
 	if retry && f.span.IsRecording() {
 		f.span.AddEvent(eventRetry, trace.WithAttributes(AttemptKey.Int(n+1),
-			errorTypeKey.String(f.classification.Reason())))
+			errorTypeKey.String(f.Verdict().Reason())))
 	}
-	f.t.endFrame(f, res.Outcome(), postCommitFailure(res))
+	f.t.end(f, res.Outcome(), postCommitFailure(res))
 }
 
 // postCommitFailure is the error of res's post-commit hooks, or nil.
@@ -236,10 +236,7 @@ func rollback(ctx context.Context, sc *scope, tx pgx.Tx, cause error) classifier
 	closed := conn != nil && conn.IsClosed()
 	v := classifier.Classify(outcome.PhaseActive, cause, classifier.Facts{ConnClosed: closed})
 	if f := sc.frame; f != nil {
-		f.cause = cause
-		if !f.hasErr {
-			f.firstErr, f.hasErr = v, true
-		}
+		f.RolledBackBy(cause, v)
 		f.judgeErr(ctx, cause)
 	}
 	// The caller's context may be what failed; the rollback must still be sent. Its error
@@ -250,11 +247,11 @@ func rollback(ctx context.Context, sc *scope, tx pgx.Tx, cause error) classifier
 			st.mu.Lock()
 			defer st.mu.Unlock()
 		}
-		if f.open() {
+		if f.Open() {
 			// The rollback never reached the tracer (the connection was gone).
-			f.conclude(stateOf(f.conn), f.firstErr)
+			f.conclude(stateOf(f.conn), f.FirstFailure())
 		}
-		return f.classification
+		return f.Verdict()
 	}
 	return v
 }
@@ -272,8 +269,8 @@ type commitOutcome struct {
 // writes brought (the reference), or else the classifier's on the error alone.
 func commit(ctx context.Context, sc *scope, tx pgx.Tx) commitOutcome {
 	err := tx.Commit(ctx)
-	if f := sc.frame; f != nil && !f.open() {
-		return commitOutcome{classification: f.classification, err: err, ref: f.ref}
+	if f := sc.frame; f != nil && !f.Open() {
+		return commitOutcome{classification: f.Verdict(), err: err, ref: f.ref}
 	}
 	facts := classifier.Facts{RollbackTag: errors.Is(err, pgx.ErrTxCommitRollback)}
 	if conn := tx.Conn(); conn != nil {

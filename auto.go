@@ -153,15 +153,15 @@ func (a *autoReconciler) startLocked() {
 	}
 }
 
-// enqueue hands an indeterminate frame to the workers; it never blocks.
-func (a *autoReconciler) enqueue(f *frame) {
-	p := &pendingOutcome{id: f.id, link: f.span.SpanContext(), parent: f.parentSpan, at: f.concludedAt, local: f.committedLocally,
-		waiter: f.awaited}
+// enqueue hands an indeterminate frame, ended e, to the workers; it never blocks.
+func (a *autoReconciler) enqueue(e *ending) {
+	p := &pendingOutcome{id: e.id, link: e.span, parent: e.parentSpan, at: e.concludedAt, local: e.committedLocally,
+		waiter: e.awaited}
 	if p.at.IsZero() {
 		p.at = time.Now()
 	}
-	if f.ref != nil {
-		p.ref, p.hasRef = *f.ref, true
+	if e.ref != nil {
+		p.ref, p.hasRef = *e.ref, true
 	}
 	a.mu.Lock()
 	switch {

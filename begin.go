@@ -43,8 +43,8 @@ func frameOfTx(tx pgx.Tx) *frame {
 	if st := connStateOf(conn); st != nil {
 		st.mu.Lock()
 		defer st.mu.Unlock()
-		if st.frame != nil && st.frame.open() {
-			return st.frame
+		if f := st.frame(); f != nil && f.Open() {
+			return f
 		}
 	}
 	return nil

@@ -10,7 +10,9 @@ import (
 	"go.opentelemetry.io/otel/attribute"
 
 	"github.com/txevidence/otelpgxtx/classifier"
+	"github.com/txevidence/otelpgxtx/internal/evidence"
 	"github.com/txevidence/otelpgxtx/internal/wire"
+	"github.com/txevidence/otelpgxtx/outcome"
 )
 
 // connState is what the tracer keeps on one connection, in its CustomData.
@@ -20,8 +22,8 @@ import (
 // wire.Conn). Uncontended, it costs a few nanoseconds per hook and allocates nothing.
 type connState struct {
 	mu      sync.Mutex
-	frame   *frame
-	queries []queryState // started, not yet ended (a busy conn can nest a failed call)
+	ev      evidence.Conn[*frame] // the frame open on the connection, and its evidence
+	queries []queryState          // started, not yet ended (a busy conn can nest a failed call)
 
 	// The connection's span attributes (db.system.name, db.namespace, server.address,
 	// server.port), built on its first recorded frame: conn.Config() copies the whole
@@ -33,15 +35,6 @@ type connState struct {
 
 	// nc is the connection's net.Conn wrapper, nil where pgconn uses another.
 	nc *wire.Conn
-	// server is the kind of server, from what it reported at connection start: the
-	// classifier's PostgreSQL-only rules, the committed-locally notices and commit
-	// references apply to PostgreSQL alone.
-	server classifier.ServerKind
-	// committedInBlock: a frame was concluded committed while the session is still in
-	// its transaction block (CockroachDB's RELEASE SAVEPOINT cockroach_restart commits,
-	// and only the COMMIT after it ends the block): what follows until the block ends is
-	// no new transaction.
-	committedInBlock bool
 	// pool is what the connection-pool metrics keep on it.
 	pool poolConnState
 }
@@ -50,7 +43,7 @@ type connState struct {
 type queryState struct {
 	ctx       context.Context // what Start returned: End gets it back
 	callerCtx context.Context // what Start was given: the parent of a frame found at End
-	set       stmtSet
+	set       evidence.Set
 	frame     *frame
 	savepoint string
 	batch     batchFacts
@@ -87,7 +80,8 @@ func stateOf(pg *pgconn.PgConn) *connState {
 	}
 	st, _ := data[stateKey].(*connState)
 	if st == nil {
-		st = &connState{queries: make([]queryState, 0, 2), server: classifier.ServerOf(pg.ParameterStatus), connIdentity: connIdentity{pid: pg.PID()}}
+		st = &connState{queries: make([]queryState, 0, 2), ev: evidence.NewConn[*frame](classifier.ServerOf(pg.ParameterStatus)),
+			connIdentity: connIdentity{pid: pg.PID()}}
 		data[stateKey] = st
 		if nc, ok := pg.Conn().(*wire.Conn); ok {
 			if w, ok := nc.Listener().(*closeWatch); ok {
@@ -107,21 +101,28 @@ func connStateOf(conn *pgx.Conn) *connState {
 	return stateOf(conn.PgConn())
 }
 
+// frame returns the frame open on the connection, or nil.
+func (st *connState) frame() *frame { return st.ev.Open() }
+
+// server is the kind of server, from what it reported at connection start: the
+// classifier's PostgreSQL-only rules, the committed-locally notices and commit references
+// apply to PostgreSQL alone.
+func (st *connState) server() classifier.ServerKind { return st.ev.Server() }
+
 // markCommit marks the position before a COMMIT of f is handed over (see wire.Conn).
 func (st *connState) markCommit(f *frame) {
 	if st.nc != nil {
-		f.endedBeforeCommit = st.nc.MarkCommit()
+		f.CommitMarked(st.nc.MarkCommit())
 	}
 }
 
-// commitFacts adds what the net.Conn saw of f's COMMIT, and the kind of server, to
-// facts, and returns the net.Conn's accounting of it to idle.
-func (st *connState) commitFacts(f *frame, facts *classifier.Facts) {
-	facts.Server = st.server
-	if st.nc != nil {
-		facts.CommitNotSent = st.nc.CommitNotSent()
+// commitNotSent reports whether the write carrying f's COMMIT sent nothing, and returns
+// the net.Conn's accounting of it to idle; only while f is committing.
+func (st *connState) commitNotSent(f *frame) bool {
+	if f == nil || f.Phase() != outcome.PhaseCommitting || st.nc == nil {
+		return false
 	}
-	facts.SessionEndedBeforeCommit = f.endedBeforeCommit
+	return st.nc.CommitNotSent()
 }
 
 // push records a started query, for its End hook to pop.

@@ -9,6 +9,8 @@ import (
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/trace"
 	"go.opentelemetry.io/otel/trace/noop"
+
+	"github.com/txevidence/otelpgxtx/internal/evidence"
 )
 
 // Transaction-control statements as events of their frame (InnerSpanTransactionControl,
@@ -20,14 +22,6 @@ import (
 // what only its span had: its operation name, its duration and its SQLSTATE. The inner
 // tracer still gets both hooks of the statement, under a span that does not record, so
 // that otelpgx starts no span and records its metrics exactly as before.
-
-// controlKinds are the kinds of statement that are events of their frame.
-const controlKinds stmtSet = 1<<stmtBegin | 1<<stmtCommit | 1<<stmtCommitChain | 1<<stmtRollback |
-	1<<stmtRollbackChain | 1<<stmtSavepoint | 1<<stmtRelease | 1<<stmtRollbackTo
-
-// control reports whether the query is one transaction-control statement alone: a string
-// that does more ("begin; insert …") keeps its span.
-func (s stmtSet) control() bool { return s.single() && s.kinds()&controlKinds != 0 }
 
 // statementAnswer is what the event of a statement without a span of its own carries
 // beyond the event's own attributes.
@@ -84,7 +78,7 @@ func (t *Tracer) fold(ctx context.Context, q *queryState, k foldKind, op string)
 // of its frame: the frame's span records (else the statement would have no span either),
 // and the option is on.
 func (t *Tracer) foldsControl(q *queryState) bool {
-	return !q.nested && q.frame != nil && q.frame.recording && q.set.control() &&
+	return !q.nested && q.frame != nil && q.frame.recording && q.set.Control() &&
 		t.folds(InnerSpanTransactionControl)
 }
 
@@ -145,4 +139,20 @@ func (f *frame) unanswered(q *queryState) {
 		return
 	}
 	f.event(eventStatement)
+}
+
+// savepointEvents are the events of what a savepoint statement did.
+var savepointEvents = [...]string{evidence.SavepointCreated: eventSavepointCreated,
+	evidence.SavepointReleased: eventSavepointReleased, evidence.SavepointRolledBack: eventSavepointRolledBack}
+
+// savepointEvent records on f's span a savepoint statement of kinds set, naming the
+// savepoint name, that succeeded: its event, with the depth of the savepoint it made or
+// named, where the frame saw that savepoint made.
+func (f *frame) savepointEvent(set evidence.Set, name string) {
+	move, depth := f.SavepointMoved(set, name)
+	if depth == 0 { // a savepoint made before the frame was found
+		f.event(savepointEvents[move], savepointNameKey.String(name))
+		return
+	}
+	f.event(savepointEvents[move], savepointNameKey.String(name), savepointDepthKey.Int(depth))
 }

@@ -16,6 +16,7 @@ import (
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/txevidence/otelpgxtx/internal/evidence"
 	"github.com/txevidence/otelpgxtx/pgtest"
 )
 
@@ -28,7 +29,7 @@ func wantStatementChildren(t *testing.T, h *harness, f tracetest.SpanStub, want 
 	folded := h.controlEvents
 	var spans, ops []string
 	for _, w := range want {
-		if folded && classifyStatements(w).control() {
+		if folded && evidence.Classify(w).Control() {
 			ops = append(ops, otelpgx.SQLOperationName(context.Background(), w))
 		} else {
 			spans = append(spans, w)

@@ -8,6 +8,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/txevidence/otelpgxtx/internal/evidence"
 	"github.com/txevidence/otelpgxtx/outcome"
 	"github.com/txevidence/otelpgxtx/pgtest"
 )
@@ -103,8 +104,8 @@ func TestEndWithoutStart(t *testing.T) {
 	if inner.ends != 4 {
 		t.Fatalf("inner tracer saw %d ends, want 4", inner.ends)
 	}
-	if st := connStateOf(conn); st.frame != nil || len(st.queries) != 0 {
-		t.Fatalf("state after unmatched ends: frame %v, %d queries", st.frame, len(st.queries))
+	if st := connStateOf(conn); st.frame() != nil || len(st.queries) != 0 {
+		t.Fatalf("state after unmatched ends: frame %v, %d queries", st.frame(), len(st.queries))
 	}
 }
 
@@ -121,7 +122,7 @@ func TestReleaseIdleWithFrame(t *testing.T) {
 	pc.Release()
 	f := onlyFrame(t, h)
 	wantAttr(t, f, "tx.outcome", "rolled_back")
-	wantAttr(t, f, "error.type", reasonEndedUnobserved)
+	wantAttr(t, f, "error.type", evidence.ReasonEndedUnobserved)
 	h.wantNoFrames(t, ctx)
 }
 

@@ -12,6 +12,7 @@ import (
 	"go.opentelemetry.io/otel/sdk/metric/metricdata"
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 
+	"github.com/txevidence/otelpgxtx/internal/evidence"
 	"github.com/txevidence/otelpgxtx/pgtest"
 )
 
@@ -56,7 +57,7 @@ func innerSpanKinds(t *testing.T, opts ...Option) (spans, ops map[string]int64, 
 		_, prepare := attr(s, otelpgx.PrepareStmtNameKey)
 		text, _ := attr(s, "db.query.text")
 		switch {
-		case classifyStatements(text.AsString()).control():
+		case evidence.Classify(text.AsString()).Control():
 			spans["transaction control"]++
 		case s.Name == "connect":
 			spans["connect"]++

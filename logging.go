@@ -14,21 +14,22 @@ func (t *Tracer) logger() *slog.Logger {
 	return slog.Default()
 }
 
-// logIndeterminate writes one record per indeterminate frame, so that an unknown commit
-// survives trace sampling: the operation id and reference are what reconciliation needs.
-func (t *Tracer) logIndeterminate(f *frame) {
+// logIndeterminate writes one record per indeterminate frame, ended e, so that an
+// unknown commit survives trace sampling: the operation id and reference are what
+// reconciliation needs.
+func (t *Tracer) logIndeterminate(e *ending) {
 	attrs := []slog.Attr{
-		slog.String(string(OperationIDKey), f.id.String()),
-		slog.String(string(PhaseKey), f.currentPhase().String()),
-		slog.String(string(errorTypeKey), f.classification.Reason()),
+		slog.String(string(OperationIDKey), e.id.String()),
+		slog.String(string(PhaseKey), e.phase.String()),
+		slog.String(string(errorTypeKey), e.verdict.Reason()),
 	}
-	if sc := f.span.SpanContext(); sc.HasTraceID() {
+	if sc := e.span; sc.HasTraceID() {
 		attrs = append(attrs, slog.String("trace_id", sc.TraceID().String()), slog.String("span_id", sc.SpanID().String()))
 	}
-	if f.ref != nil {
-		attrs = append(attrs, slog.String(string(ReconciliationRefKey), f.ref.String()))
+	if e.ref != nil {
+		attrs = append(attrs, slog.String(string(ReconciliationRefKey), e.ref.String()))
 	}
-	if f.committedLocally {
+	if e.committedLocally {
 		attrs = append(attrs, slog.Bool(string(CommittedLocallyKey), true))
 	}
 	t.logger().LogAttrs(context.Background(), slog.LevelWarn, MessageIndeterminate, attrs...)

@@ -146,24 +146,25 @@ func (m *metrics) participant(p Propagation, o outcome.Outcome) {
 	m.participations.Add(context.Background(), 1, m.participantOpts[failed][p]...)
 }
 
-// record counts f, which ended with outcome o at now, and its durations.
-func (m *metrics) record(o outcome.Outcome, f *frame, now time.Time) {
+// record counts e, a frame's ending, and its durations.
+func (m *metrics) record(e *ending) {
+	o := e.outcome
 	if m == nil || !o.Valid() || o == outcome.OutcomeParticipating {
 		return
 	}
 	i := o
-	if o == outcome.OutcomeRolledBack && f.deliberateRollback() {
+	if o == outcome.OutcomeRolledBack && e.deliberate {
 		i = seriesDeliberate
 	}
 	// The instruments are never nil: a failed creation returns a no-op instrument.
 	ctx := context.Background()
-	if f.span.SpanContext().IsSampled() && f.spanCtx != nil {
-		ctx = f.spanCtx // carries the frame span: links exemplars to the frame's trace
+	if e.span.IsSampled() && e.spanCtx != nil {
+		ctx = e.spanCtx // carries the frame span: links exemplars to the frame's trace
 	}
 	m.transactions.Add(ctx, 1, m.addOpts[i]...)
-	m.duration.Record(ctx, now.Sub(f.startedAt).Seconds(), m.recordOpts[i]...)
-	if !f.committingAt.IsZero() && !f.concludedAt.IsZero() {
-		m.commit.Record(ctx, f.concludedAt.Sub(f.committingAt).Seconds(), m.recordOpts[i]...)
+	m.duration.Record(ctx, e.at.Sub(e.startedAt).Seconds(), m.recordOpts[i]...)
+	if !e.committingAt.IsZero() && !e.concludedAt.IsZero() {
+		m.commit.Record(ctx, e.concludedAt.Sub(e.committingAt).Seconds(), m.recordOpts[i]...)
 	}
 }
 

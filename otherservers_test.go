@@ -97,7 +97,7 @@ func TestServerKindFromStartup(t *testing.T) {
 		if _, err := s.conn.Exec(context.Background(), "begin"); err != nil {
 			t.Fatal(err)
 		}
-		if got := connStateOf(s.conn).server; got != tc.want {
+		if got := connStateOf(s.conn).server(); got != tc.want {
 			t.Errorf("server %v, want %v", got, tc.want)
 		}
 		if seen := s.seen(); !slices.Equal(seen, []string{"begin"}) {

@@ -10,6 +10,7 @@ import (
 	"github.com/jackc/pgx/v5/pgproto3"
 
 	"github.com/txevidence/otelpgxtx/classifier"
+	"github.com/txevidence/otelpgxtx/internal/evidence"
 	"github.com/txevidence/otelpgxtx/internal/pg"
 	"github.com/txevidence/otelpgxtx/internal/sqltext"
 	"github.com/txevidence/otelpgxtx/internal/wire"
@@ -23,12 +24,25 @@ import (
 // Policy for a transaction Run begins); what the call ahead of COMMIT is and what its
 // reply means are reference.go's.
 
+// frameReference is the frame's commit reference: what its COMMIT carries for one, and
+// what it got.
+type frameReference struct {
+	// refs is what its COMMIT carries for a reference (the tracer's options, or Run's).
+	refs references
+	// xid is the transaction's xid as the xid read after one of its statements found it
+	// (armXIDRead); 0 while none was found, and then COMMIT's write carries the read.
+	xid uint64
+	ref *outcome.ReconciliationRef
+	// marker is the marker function whose call the COMMIT write carries (WithCommitMarker).
+	marker *markerFn
+}
+
 // referencesOn reports whether the tracer may add to st's connection's writes for refs:
 // they are on, the connection's net.Conn is the wrapper, the check found nothing wrong,
 // and the server is PostgreSQL (the xid read, the fast-path call and what a marker's
 // absence proves are PostgreSQL's).
 func referencesOn(st *connState, refs references) bool {
-	return refs.mode != referenceNone && st.nc != nil && st.server == classifier.ServerPostgreSQL && st.refs != refsOff
+	return refs.mode != referenceNone && st.nc != nil && st.server() == classifier.ServerPostgreSQL && st.refs != refsOff
 }
 
 // check is what a check ahead of BEGIN asks: the cluster identity, and a marker
@@ -44,7 +58,7 @@ type check struct {
 // that a missing privilege shows there), and the marker function of refs, once per
 // connection and table. It goes outside any transaction, so that a failure of it changes
 // nothing of the application's, and in the same write, so that it costs no round trip.
-func (t *Tracer) armCheck(st *connState, refs references, pg *pgconn.PgConn, set stmtSet, sql string) {
+func (t *Tracer) armCheck(st *connState, refs references, pg *pgconn.PgConn, set evidence.Set, sql string) {
 	if st.refs == refsUnchecked && referencesOn(st, refs) {
 		if why := tooOld(pg.ParameterStatus("server_version")); why != "" {
 			// Nothing is sent: the check itself calls what the server does not have.
@@ -53,7 +67,7 @@ func (t *Tracer) armCheck(st *connState, refs references, pg *pgconn.PgConn, set
 			return
 		}
 	}
-	if !referencesOn(st, refs) || st.adding || !set.single() {
+	if !referencesOn(st, refs) || st.adding || !set.Single() {
 		return
 	}
 	c := check{identity: st.refs == refsUnchecked}
@@ -96,9 +110,9 @@ func (c check) message() []byte {
 // transaction that has none known yet, did not begin read-only and has not failed; and
 // no cancel request may land on the read (see readsEarly). The read is taken once per
 // transaction, unless it finds no xid yet. The marker's call stays ahead of COMMIT.
-func (t *Tracer) armXIDRead(ctx context.Context, st *connState, f *frame, pgConn *pgconn.PgConn, set stmtSet, sql string) {
-	if f.xid != 0 || f.readOnly || !f.open() || !referencesOn(st, f.refs) || st.markerOf(f.refs) != nil ||
-		!st.identityKnown() || st.adding || !set.single() || !set.writes() || set.kinds() != 1<<stmtOther ||
+func (t *Tracer) armXIDRead(ctx context.Context, st *connState, f *frame, pgConn *pgconn.PgConn, set evidence.Set, sql string) {
+	if f.xid != 0 || f.ReadOnly() || !f.Open() || !referencesOn(st, f.refs) || st.markerOf(f.refs) != nil ||
+		!st.identityKnown() || st.adding || !set.Single() || !set.Writes() || set.Kinds() != evidence.OtherSet ||
 		pgConn.TxStatus() != 'T' || !readsEarly(ctx, st, sql) {
 		return
 	}
@@ -113,7 +127,7 @@ func (t *Tracer) armXIDRead(ctx context.Context, st *connState, f *frame, pgConn
 // context that can never be cancelled is safe, since a cancel request sent for the
 // statement can arrive as the read runs, fail it, and so abort the transaction.
 func readsEarly(ctx context.Context, st *connState, sql string) bool {
-	if w, _ := sqltext.NextWord(sql); eq(w, "copy") {
+	if w, _ := sqltext.NextWord(sql); evidence.IsKeyword(w, "copy") {
 		return false
 	}
 	return !st.cancels || ctx.Done() == nil
@@ -145,8 +159,8 @@ const xidReadWait = time.Second
 // Run's), did not begin read-only, has not failed, and commits with a lone COMMIT Query.
 // When the xid read after a statement found the xid, COMMIT carries nothing for it, and
 // the reference is that xid's.
-func (t *Tracer) armReference(st *connState, f *frame, pgConn *pgconn.PgConn, set stmtSet, sql string) {
-	if !referencesOn(st, f.refs) || !st.identityKnown() || !f.wrote && !f.refs.every || f.readOnly || pgConn.TxStatus() != 'T' {
+func (t *Tracer) armReference(st *connState, f *frame, pgConn *pgconn.PgConn, set evidence.Set, sql string) {
+	if !referencesOn(st, f.refs) || !st.identityKnown() || !f.Wrote() && !f.refs.every || f.ReadOnly() || pgConn.TxStatus() != 'T' {
 		return
 	}
 	f.marker = st.markerOf(f.refs)
@@ -154,7 +168,7 @@ func (t *Tracer) armReference(st *connState, f *frame, pgConn *pgconn.PgConn, se
 		f.ref = st.ref(f.xid)
 		return
 	}
-	if st.adding || !set.single() || !set.has(stmtCommit) {
+	if st.adding || !set.Single() || !set.Has(evidence.Commit) {
 		return
 	}
 	msg, kind := st.callMsg(f.marker, f.id)
@@ -185,16 +199,15 @@ func (t *Tracer) collectAddition(st *connState, f *frame, final bool) (endedBefo
 	r := a.Reply()
 	switch {
 	case a.After:
-		if reading == nil || !reading.open() {
+		if reading == nil || !reading.Open() {
 			return false
 		}
 		switch {
-		case r.ErrCode != "" && r.ErrCode != pg.InFailedTransaction && !reading.hasErr:
+		case r.ErrCode != "" && r.ErrCode != pg.InFailedTransaction && !reading.Failed():
 			// The read itself failed (a cancel landed on it, a privilege revoked since the
 			// check): the transaction is aborted, and this error, which pgconn never saw, is
 			// the cause of the rollback to come.
-			reading.firstErr = classifier.Classify(outcome.PhaseActive, r.Err, classifier.Facts{Server: st.server})
-			reading.firstCause, reading.hasErr = r.Err, true
+			reading.ReadFailed(classifier.Classify(outcome.PhaseActive, r.Err, classifier.Facts{Server: st.server()}), r.Err)
 		case r.Done && r.GotValue:
 			// The xid, if the read found one: a later statement's read is tried when it
 			// found none (NULL), never once it found one.

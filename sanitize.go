@@ -9,6 +9,7 @@ import (
 	"go.opentelemetry.io/otel/attribute"
 	semconv "go.opentelemetry.io/otel/semconv/v1.43.0"
 
+	"github.com/txevidence/otelpgxtx/internal/evidence"
 	"github.com/txevidence/otelpgxtx/internal/sqltext"
 )
 
@@ -34,8 +35,8 @@ func sanitizeSQL(sql string) string {
 		}
 		switch {
 		case kind == sqltext.Word && first:
-			first, isCopy = false, eq(sql[i:end], "copy")
-		case kind == sqltext.Word && isCopy && eq(sql[i:end], "stdin"):
+			first, isCopy = false, evidence.IsKeyword(sql[i:end], "copy")
+		case kind == sqltext.Word && isCopy && evidence.IsKeyword(sql[i:end], "stdin"):
 			stdin = true
 		case kind == sqltext.Other && sql[i] == ';':
 			first, isCopy = true, false
@@ -314,7 +315,7 @@ func (b *summaryBuilder) String() string { return string(b.out) }
 // sanitized is what the tracer knows of one SQL string: what its statements do to the
 // transaction, and what it records of it.
 type sanitized struct {
-	set     stmtSet              // classifyStatements of the SQL string
+	set     evidence.Set         // evidence.Classify of the SQL string
 	text    string               // the sanitized query text
 	summary []attribute.KeyValue // db.query.summary, ready for SetAttributes; nil if none
 	// op is otelpgx.SQLOperationName of what the inner tracer is given of the SQL string
@@ -358,7 +359,7 @@ func (z *sanitizer) get(sql string) *sanitized {
 	if ok {
 		return s
 	}
-	s = &sanitized{set: classifyStatements(sql), text: sanitizeSQL(sql)}
+	s = &sanitized{set: evidence.Classify(sql), text: sanitizeSQL(sql)}
 	if sum := querySummary(s.text); sum != "" {
 		s.summary = []attribute.KeyValue{dbQuerySummaryKey.String(sum)}
 	}

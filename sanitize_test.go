@@ -3,6 +3,7 @@ package otelpgxtx
 import (
 	"context"
 	"fmt"
+	"github.com/txevidence/otelpgxtx/internal/evidence"
 	"math/rand/v2"
 	"strings"
 	"testing"
@@ -90,12 +91,12 @@ func TestSanitizerCache(t *testing.T) {
 	sql := "select * from t where k = 'x' and v = $1"
 	first := z.get(sql)
 	if first.text != "select * from t where k = ? and v = $1" || first.summary[0].Value.AsString() != "SELECT t" ||
-		first.set.kinds() != 1<<stmtOther {
+		first.set.Kinds() != evidence.OtherSet {
 		t.Fatalf("get = %q %v %b", first.text, first.summary, first.set)
 	}
 	// The hooks take a statement's kinds from the cache: they must be its own.
-	if set := z.get("commit; begin").set; set != classifyStatements("commit; begin") || !set.commits() || !set.has(stmtBegin) {
-		t.Errorf("get(commit; begin).set = %b, want %b", set, classifyStatements("commit; begin"))
+	if set := z.get("commit; begin").set; set != evidence.Classify("commit; begin") || !set.Commits() || !set.Has(evidence.Begin) {
+		t.Errorf("get(commit; begin).set = %b, want %b", set, evidence.Classify("commit; begin"))
 	}
 	if allocs := testing.AllocsPerRun(100, func() { z.get(sql) }); allocs != 0 {
 		t.Errorf("a cached statement costs %v allocations, want 0", allocs)

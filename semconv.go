@@ -130,25 +130,10 @@ var dbSystemPostgreSQL = schema.DBSystemPostgreSQL
 // A frame that did not commit says why in error.type: one of the classifier's reasons
 // (classifier.ReasonSerializationFailure, classifier.ReasonConnectionLost,
 // classifier.ReasonCompletionUnknown, …: what the server or the connection answered),
-// or one of the tracer's below (the transaction ended where no statement showed it). A
-// tx.reconcile span's error.type is one of package reconcile's reasons.
-
-// Reasons of a frame whose transaction ended where no query showed it, written as
-// error.type beside the [classifier] reasons: the frame is rolled_back (unknown if COMMIT
-// had been sent). They are the tracer's, not the classifier's, because only the tracer
-// sees pool releases, closed connections and idle sessions.
-const (
-	// reasonEndedUnobserved: the connection was found outside a transaction at its next
-	// query, acquire or release: the transaction was ended by a path that bypasses
-	// pgx's tracer (a statement sent through *pgconn.PgConn directly).
-	reasonEndedUnobserved = "ended_unobserved"
-	// reasonReleasedInTransaction: the connection went back to the pool in the middle of
-	// the transaction; the pool destroys it, which rolls the transaction back.
-	reasonReleasedInTransaction = "released_in_transaction"
-	// reasonConnectionClosed: the connection closed with the transaction open (a
-	// *pgx.Conn closed mid-transaction, a connection database/sql discards).
-	reasonConnectionClosed = "connection_closed"
-)
+// or one of the evidence's (the transaction ended where no statement showed it:
+// evidence.ReasonEndedUnobserved, evidence.ReasonReleasedInTransaction,
+// evidence.ReasonConnectionClosed). A tx.reconcile span's error.type is one of package
+// reconcile's reasons.
 
 // RollbackKey is tx.rollback: on a rolled_back frame span, and on the rolled_back series
 // of otelpgxtx.transactions, otelpgxtx.transaction.duration and

@@ -237,8 +237,8 @@ func (c *soakCheck) framesLeftOnConnections() {
 	for _, p := range pools {
 		conns := p.AcquireAllIdle(c.ctx)
 		for _, pc := range conns {
-			if st := connStateOf(pc.Conn()); st != nil && st.frame != nil {
-				c.fail(0, "an idle pooled connection still holds a frame in phase %s (operation %s)", st.frame.currentPhase(), st.frame.id)
+			if st := connStateOf(pc.Conn()); st != nil && st.frame() != nil {
+				c.fail(0, "an idle pooled connection still holds a frame in phase %s (operation %s)", st.frame().Phase(), st.frame().id)
 			}
 			pc.Release()
 		}

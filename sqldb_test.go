@@ -14,6 +14,7 @@ import (
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/txevidence/otelpgxtx/internal/evidence"
 	"github.com/txevidence/otelpgxtx/pgtest"
 )
 
@@ -183,9 +184,9 @@ func TestDatabaseSQL(t *testing.T) {
 			fs := h.frames()
 			wantAttr(t, fs[2], "error.type", "canceled")
 			wantAttr(t, fs[3], "error.type", "canceled")
-			reason := reasonConnectionClosed
+			reason := evidence.ReasonConnectionClosed
 			if fromPool {
-				reason = reasonReleasedInTransaction
+				reason = evidence.ReasonReleasedInTransaction
 			}
 			wantAttr(t, fs[4], "error.type", reason)
 			wantEndedOnce(t, h, starts)
@@ -237,7 +238,7 @@ func TestPgxConnClosedMidTransaction(t *testing.T) {
 	}
 	f := onlyFrame(t, h)
 	wantAttr(t, f, "tx.outcome", "rolled_back")
-	wantAttr(t, f, "error.type", reasonConnectionClosed)
+	wantAttr(t, f, "error.type", evidence.ReasonConnectionClosed)
 	wantEvents(t, f, "tx.phase.active", "tx.phase.rolled_back")
 	if err := tx.Rollback(ctx); err == nil {
 		t.Fatal("rollback on a closed connection succeeded")

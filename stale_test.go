@@ -13,6 +13,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"go.opentelemetry.io/otel/codes"
 
+	"github.com/txevidence/otelpgxtx/internal/evidence"
 	"github.com/txevidence/otelpgxtx/pgtest"
 )
 
@@ -23,7 +24,7 @@ func TestStaleReleasedMidTransaction(t *testing.T) {
 	pc.Release() // the pool destroys a connection released mid-transaction
 	f := onlyFrame(t, h)
 	wantAttr(t, f, "tx.outcome", "rolled_back")
-	wantAttr(t, f, "error.type", reasonReleasedInTransaction)
+	wantAttr(t, f, "error.type", evidence.ReasonReleasedInTransaction)
 	wantStatus(t, f, codes.Error, statusDescriptionRolledBack)
 	// The next transaction starts clean.
 	tx := mustBegin(t, ctx, h.pool)
@@ -92,7 +93,7 @@ func TestStaleNewBeginOnFramedConnection(t *testing.T) {
 	})
 	wantOutcomes(t, h, "rolled_back", "committed")
 	fs := h.frames()
-	wantAttr(t, fs[0], "error.type", reasonEndedUnobserved)
+	wantAttr(t, fs[0], "error.type", evidence.ReasonEndedUnobserved)
 	wantEvents(t, fs[1], "tx.phase.active", "tx.phase.committing", "tx.phase.committed")
 	if attrString(t, fs[0], OperationIDKey) == attrString(t, fs[1], OperationIDKey) {
 		t.Fatal("the new frame reuses the old operation id")

@@ -2,7 +2,6 @@ package otelpgxtx
 
 import (
 	"context"
-	"time"
 
 	"github.com/exaring/otelpgx"
 	"github.com/jackc/pgx/v5"
@@ -11,7 +10,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/txevidence/otelpgxtx/classifier"
-	"github.com/txevidence/otelpgxtx/outcome"
+	"github.com/txevidence/otelpgxtx/internal/evidence"
 )
 
 // Tracer is a pgx tracer that records one span per transaction frame, with the
@@ -139,7 +138,7 @@ func (t *Tracer) TraceBatchQuery(ctx context.Context, conn *pgx.Conn, data pgx.T
 			if data.Err != nil && q.batch.err == nil {
 				q.batch.err = data.Err
 			}
-			if data.CommandTag.String() == "ROLLBACK" && t.sanitized.get(data.SQL).set.commits() {
+			if data.CommandTag.String() == "ROLLBACK" && t.sanitized.get(data.SQL).set.Commits() {
 				q.batch.rollbackTag = true
 			}
 		}
@@ -157,7 +156,7 @@ func (t *Tracer) TraceBatchEnd(ctx context.Context, conn *pgx.Conn, data pgx.Tra
 
 // TraceCopyFromStart implements pgx.CopyFromTracer.
 func (t *Tracer) TraceCopyFromStart(ctx context.Context, conn *pgx.Conn, data pgx.TraceCopyFromStartData) context.Context {
-	return t.startQuery(ctx, conn, 1<<stmtOther, "", foldNone, "", func(ctx context.Context, _ bool) context.Context {
+	return t.startQuery(ctx, conn, evidence.OtherSet, "", foldNone, "", func(ctx context.Context, _ bool) context.Context {
 		return t.innerCopyFromStart(ctx, conn, data)
 	})
 }
@@ -173,7 +172,7 @@ func (t *Tracer) TraceCopyFromEnd(ctx context.Context, conn *pgx.Conn, data pgx.
 // neither begins nor commits.
 func (t *Tracer) TracePrepareStart(ctx context.Context, conn *pgx.Conn, data pgx.TracePrepareStartData) context.Context {
 	data.Name = t.innerStmtName(data.Name)
-	return t.startQuery(ctx, conn, 1<<stmtOther, "", foldPrepare, data.Name, func(ctx context.Context, folded bool) context.Context {
+	return t.startQuery(ctx, conn, evidence.OtherSet, "", foldPrepare, data.Name, func(ctx context.Context, folded bool) context.Context {
 		return t.innerPrepareStart(ctx, conn, data, folded)
 	})
 }
@@ -235,8 +234,8 @@ func (t *Tracer) TraceAcquireEnd(ctx context.Context, pool *pgxpool.Pool, data p
 	if data.Conn != nil {
 		if st := connStateOf(data.Conn); st != nil {
 			st.mu.Lock()
-			if st.frame != nil && data.Conn.PgConn().TxStatus() == 'I' {
-				t.abandon(st, st.frame, reasonEndedUnobserved)
+			if st.frame() != nil && data.Conn.PgConn().TxStatus() == 'I' {
+				t.abandon(st, evidence.ReasonEndedUnobserved)
 			}
 			st.mu.Unlock()
 		}
@@ -258,14 +257,14 @@ func (t *Tracer) TraceRelease(pool *pgxpool.Pool, data pgxpool.TraceReleaseData)
 	if data.Conn != nil {
 		if st := connStateOf(data.Conn); st != nil {
 			st.mu.Lock()
-			if st.frame != nil {
-				reason := reasonReleasedInTransaction
+			if st.frame() != nil {
+				reason := evidence.ReasonReleasedInTransaction
 				if pg := data.Conn.PgConn(); pg.IsClosed() {
-					reason = reasonConnectionClosed
+					reason = evidence.ReasonConnectionClosed
 				} else if pg.TxStatus() == 'I' {
-					reason = reasonEndedUnobserved
+					reason = evidence.ReasonEndedUnobserved
 				}
-				t.abandon(st, st.frame, reason)
+				t.abandon(st, reason)
 			}
 			st.mu.Unlock()
 		}
@@ -282,10 +281,10 @@ func (t *Tracer) onNotice(pg *pgconn.PgConn, n *pgconn.Notice) {
 		return
 	}
 	// The warnings' texts and 57P01's meaning are PostgreSQL's own.
-	if st := stateOf(pg); st != nil && st.server == classifier.ServerPostgreSQL {
+	if st := stateOf(pg); st != nil && st.server() == classifier.ServerPostgreSQL {
 		st.mu.Lock()
-		if st.frame != nil && st.frame.currentPhase() == outcome.PhaseCommitting {
-			st.frame.committedLocally = true
+		if f := st.frame(); f != nil {
+			f.Notice()
 		}
 		st.mu.Unlock()
 	}
@@ -295,9 +294,7 @@ func (t *Tracer) onNotice(pg *pgconn.PgConn, n *pgconn.Notice) {
 func (t *Tracer) connClosing(conn *pgx.Conn) {
 	if st := connStateOf(conn); st != nil {
 		st.mu.Lock()
-		if st.frame != nil {
-			t.abandon(st, st.frame, reasonConnectionClosed)
-		}
+		t.abandon(st, evidence.ReasonConnectionClosed)
 		st.mu.Unlock()
 	}
 }
@@ -309,32 +306,8 @@ func (t *Tracer) connClosing(conn *pgx.Conn) {
 func (t *Tracer) netConnClosed(st *connState) {
 	st.mu.Lock()
 	defer st.mu.Unlock()
-	if st.frame != nil && len(st.queries) == 0 {
-		t.abandon(st, st.frame, reasonConnectionClosed)
-	}
-}
-
-// endFrame ends a concluded frame, exactly once: it hands the outcome to the metrics and,
-// for an indeterminate one, to the log and the automatic reconciliation, and ends the span.
-// Everything a frame's end feeds is called from here, so that the frame itself knows
-// only its span.
-func (t *Tracer) endFrame(f *frame, o outcome.Outcome, postCommitErr error) {
-	if !f.spanEnded.CompareAndSwap(false, true) {
-		return
-	}
-	now := f.concludedAt // conclude has just read the clock
-	if f.managed {
-		now = time.Now() // the executor ends the frame after its post-commit work
-	}
-	t.metrics.record(o, f, now)
-	if o == outcome.OutcomeIndeterminate {
-		t.logIndeterminate(f)
-	}
-	f.endSpan(o, postCommitErr)
-	if o == outcome.OutcomeIndeterminate && t.auto != nil {
-		// Handed over once the span has ended, so that a reconciliation never starts
-		// before the frame it settles has ended.
-		t.auto.enqueue(f)
+	if len(st.queries) == 0 {
+		t.abandon(st, evidence.ReasonConnectionClosed)
 	}
 }
 

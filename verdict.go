@@ -85,6 +85,17 @@ type verdictData struct {
 	awaited *awaited
 }
 
+// frameAnswer is what the frame tells a Verdict: asked is the one in the context the
+// frame began in, or nil; unsentAsked one in the context of a COMMIT that never left
+// (evidence.Result.Waits), told when the frame ends, after that call returned; awaited is
+// automatic reconciliation's answer, made when the frame ends unknown on a tracer that
+// reconciles (WithAutoReconcile): a Retry told this frame waits for it.
+type frameAnswer struct {
+	asked       *Verdict
+	unsentAsked *Verdict
+	awaited     *awaited
+}
+
 // verdictKey is the context key of a *Verdict.
 type verdictKey struct{}
 
@@ -219,27 +230,27 @@ func (v *Verdict) began() {
 // frameEnded records the verdict of f, concluded. It runs under f's connection's lock,
 // on whichever goroutine concluded f.
 func (v *Verdict) frameEnded(f *frame) {
-	o := f.outcomeOf()
-	d := verdictData{set: true, outcome: o, id: f.id, committedLocally: f.committedLocally, reason: f.classification.Reason()}
-	switch o {
+	e := f.ending(f.Outcome())
+	d := verdictData{set: true, outcome: e.outcome, id: e.id, committedLocally: e.committedLocally, reason: e.verdict.Reason()}
+	switch e.outcome {
 	case outcome.OutcomeIndeterminate:
-		d.cause = f.endErr
-		if f.ref != nil {
-			d.ref, d.hasRef = *f.ref, true
+		d.cause = e.endErr
+		if e.ref != nil {
+			d.ref, d.hasRef = *e.ref, true
 		}
-		if !f.unrecorded {
-			d.span = f.span.SpanContext()
+		if e.recorded {
+			d.span = e.span
 		}
-		d.awaited = f.awaited
+		d.awaited = e.awaited
 	case outcome.OutcomeRolledBack:
-		d.retryable = f.classification.Retryable()
-		d.phase = f.endedIn
-		d.cause = f.firstCause
+		d.retryable = e.verdict.Retryable()
+		d.phase = e.endedIn
+		d.cause = e.firstCause
 		if d.cause == nil {
-			d.cause = f.cause // Run's function's error
+			d.cause = e.cause // Run's function's error
 		}
 		if d.cause == nil {
-			d.cause = f.endErr
+			d.cause = e.endErr
 		}
 	}
 	v.mu.Lock()

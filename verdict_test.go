@@ -16,6 +16,7 @@ import (
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 
+	"github.com/txevidence/otelpgxtx/internal/evidence"
 	"github.com/txevidence/otelpgxtx/outcome"
 	"github.com/txevidence/otelpgxtx/pgtest"
 	"github.com/txevidence/otelpgxtx/reconcile"
@@ -491,7 +492,7 @@ func TestVerdictCauses(t *testing.T) {
 	}{
 		{verdictData{reason: "rolled_back"}, errRolledBack, ""},
 		{verdictData{reason: "commit_rollback"}, pgx.ErrTxCommitRollback, ""},
-		{verdictData{reason: reasonConnectionClosed}, nil, "rolled back: connection_closed"},
+		{verdictData{reason: evidence.ReasonConnectionClosed}, nil, "rolled back: connection_closed"},
 		{verdictData{reason: "commit_rollback", cause: errAppRollback}, errAppRollback, ""},
 	} {
 		tc.d.set, tc.d.outcome, tc.d.id, tc.d.phase = true, outcome.OutcomeRolledBack, id, outcome.PhaseActive

@@ -1,61 +1,61 @@
-package otelpgxtx
+package evidence
 
 import (
 	"strings"
 	"testing"
 )
 
-func TestClassifyStatements(t *testing.T) {
+func TestClassify(t *testing.T) {
 	for _, tc := range []struct {
 		sql  string
-		want stmtSet
+		want Set
 	}{
-		{"begin", 1 << stmtBegin},
-		{"  BEGIN  ", 1 << stmtBegin},
-		{"begin isolation level serializable read only deferrable", 1 << stmtBegin},
-		{"Begin Work", 1 << stmtBegin},
-		{"BEGIN TRANSACTION;", 1 << stmtBegin},
-		{"START TRANSACTION ISOLATION LEVEL REPEATABLE READ", 1 << stmtBegin},
-		{"start", 1 << stmtOther},
-		{"/* leading */ -- comment\n begin", 1 << stmtBegin},
-		{"/* nested /* comment */ still */ commit", 1 << stmtCommit},
-		{"commit", 1 << stmtCommit},
-		{"COMMIT WORK", 1 << stmtCommit},
-		{"end", 1 << stmtCommit},
-		{"END TRANSACTION", 1 << stmtCommit},
-		{"commit and chain", 1 << stmtCommitChain},
-		{"COMMIT AND NO CHAIN", 1 << stmtCommit},
-		{"commit prepared 'x'", 1 << stmtOther},
-		{"rollback", 1 << stmtRollback},
-		{"ABORT", 1 << stmtRollback},
-		{"rollback work", 1 << stmtRollback},
-		{"rollback and chain", 1 << stmtRollbackChain},
-		{"rollback prepared 'x'", 1 << stmtOther},
-		{"savepoint sp_1", 1 << stmtSavepoint},
-		{"release savepoint sp_1", 1 << stmtRelease},
-		{"RELEASE sp_1", 1 << stmtRelease},
-		{"rollback to savepoint sp_1", 1 << stmtRollbackTo},
-		{"ROLLBACK TRANSACTION TO sp_1", 1 << stmtRollbackTo},
-		{"select 1", 1 << stmtOther},
-		{"select 'commit'", 1 << stmtOther},
-		{"beginning", 1 << stmtOther},
-		{"committed", 1 << stmtOther},
-		{"endless", 1 << stmtOther},
-		{"insert into t values ('begin; commit')", 1 << stmtOther},
-		{"select $$; commit $$", 1 << stmtOther},
-		{"select $a$ ; commit; $a$, $1", 1 << stmtOther},
-		{`select "a;b"; select 2`, 1 << stmtOther},
-		{"select E'it\\'s; commit'", 1 << stmtOther},
-		{"select 1 -- ; commit\n", 1 << stmtOther},
-		{"begin; insert into t values (1); commit", 1<<stmtBegin | 1<<stmtCommit},
-		{"insert into t values (1); commit;", 1 << stmtCommit},
-		{"select 1; rollback", 1 << stmtRollback},
-		{"do $$ begin perform 1; end $$", 1 << stmtOther},
-		{"", 1 << stmtOther},
-		{";;;", 1 << stmtOther},
+		{"begin", 1 << Begin},
+		{"  BEGIN  ", 1 << Begin},
+		{"begin isolation level serializable read only deferrable", 1 << Begin},
+		{"Begin Work", 1 << Begin},
+		{"BEGIN TRANSACTION;", 1 << Begin},
+		{"START TRANSACTION ISOLATION LEVEL REPEATABLE READ", 1 << Begin},
+		{"start", 1 << Other},
+		{"/* leading */ -- comment\n begin", 1 << Begin},
+		{"/* nested /* comment */ still */ commit", 1 << Commit},
+		{"commit", 1 << Commit},
+		{"COMMIT WORK", 1 << Commit},
+		{"end", 1 << Commit},
+		{"END TRANSACTION", 1 << Commit},
+		{"commit and chain", 1 << CommitChain},
+		{"COMMIT AND NO CHAIN", 1 << Commit},
+		{"commit prepared 'x'", 1 << Other},
+		{"rollback", 1 << Rollback},
+		{"ABORT", 1 << Rollback},
+		{"rollback work", 1 << Rollback},
+		{"rollback and chain", 1 << RollbackChain},
+		{"rollback prepared 'x'", 1 << Other},
+		{"savepoint sp_1", 1 << Savepoint},
+		{"release savepoint sp_1", 1 << Release},
+		{"RELEASE sp_1", 1 << Release},
+		{"rollback to savepoint sp_1", 1 << RollbackTo},
+		{"ROLLBACK TRANSACTION TO sp_1", 1 << RollbackTo},
+		{"select 1", 1 << Other},
+		{"select 'commit'", 1 << Other},
+		{"beginning", 1 << Other},
+		{"committed", 1 << Other},
+		{"endless", 1 << Other},
+		{"insert into t values ('begin; commit')", 1 << Other},
+		{"select $$; commit $$", 1 << Other},
+		{"select $a$ ; commit; $a$, $1", 1 << Other},
+		{`select "a;b"; select 2`, 1 << Other},
+		{"select E'it\\'s; commit'", 1 << Other},
+		{"select 1 -- ; commit\n", 1 << Other},
+		{"begin; insert into t values (1); commit", 1<<Begin | 1<<Commit},
+		{"insert into t values (1); commit;", 1 << Commit},
+		{"select 1; rollback", 1 << Rollback},
+		{"do $$ begin perform 1; end $$", 1 << Other},
+		{"", 1 << Other},
+		{";;;", 1 << Other},
 	} {
-		if got := classifyStatements(tc.sql).kinds(); got != tc.want {
-			t.Errorf("classifyStatements(%q) = %b, want %b", tc.sql, got, tc.want)
+		if got := Classify(tc.sql).Kinds(); got != tc.want {
+			t.Errorf("Classify(%q) = %b, want %b", tc.sql, got, tc.want)
 		}
 	}
 }
@@ -86,9 +86,9 @@ func TestStatementFlags(t *testing.T) {
 		{"savepoint a", false, true},
 		{"", false, true},
 	} {
-		set := classifyStatements(tc.sql)
-		if set.writes() != tc.writes || set.single() != tc.single {
-			t.Errorf("classifyStatements(%q): writes %v single %v, want %v %v", tc.sql, set.writes(), set.single(), tc.writes, tc.single)
+		set := Classify(tc.sql)
+		if set.Writes() != tc.writes || set.Single() != tc.single {
+			t.Errorf("Classify(%q): writes %v single %v, want %v %v", tc.sql, set.Writes(), set.Single(), tc.writes, tc.single)
 		}
 	}
 }
@@ -123,20 +123,20 @@ func TestSavepointName(t *testing.T) {
 		`release savepoint "a;b"`:        `"a;b"`,
 		"savepoint /* why */ sp_5":       "sp_5",
 	} {
-		if got := savepointName(sql); got != want {
-			t.Errorf("savepointName(%q) = %q, want %q", sql, got, want)
+		if got := SavepointName(sql); got != want {
+			t.Errorf("SavepointName(%q) = %q, want %q", sql, got, want)
 		}
 	}
 }
 
-func TestClassifyStatementsAllocatesNothing(t *testing.T) {
+func TestClassifyAllocatesNothing(t *testing.T) {
 	sqls := []string{"select * from t where id = $1", "begin isolation level serializable", "commit", "insert into t values (1); commit"}
 	if n := testing.AllocsPerRun(100, func() {
 		for _, s := range sqls {
-			classifyStatements(s)
+			Classify(s)
 		}
 	}); n != 0 {
-		t.Fatalf("classifyStatements allocates %v times per run", n)
+		t.Fatalf("Classify allocates %v times per run", n)
 	}
 }
 
@@ -147,14 +147,14 @@ func FuzzClassifyStatements(f *testing.F) {
 		f.Add(s)
 	}
 	f.Fuzz(func(t *testing.T, sql string) {
-		set := classifyStatements(sql)
+		set := Classify(sql)
 		if set == 0 {
 			t.Fatalf("empty set for %q", sql)
 		}
 		_, rest := classifyOne(sql)
 		beginOptions(rest)
-		savepointName(sql)
-		if !containsTxKeyword(sql) && set.kinds() != 1<<stmtOther {
+		SavepointName(sql)
+		if !containsTxKeyword(sql) && set.Kinds() != 1<<Other {
 			t.Fatalf("%q has no transaction keyword but classified as %b", sql, set)
 		}
 	})

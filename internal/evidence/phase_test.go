@@ -1,4 +1,4 @@
-package otelpgxtx
+package evidence
 
 import (
 	"testing"
@@ -41,8 +41,8 @@ func TestCanTransitionAllPairs(t *testing.T) {
 				legal++
 			}
 			t.Run(from.String()+"->"+to.String(), func(t *testing.T) {
-				if got := canTransition(from, to); got != w {
-					t.Errorf("canTransition(%v, %v) = %v, want %v", from, to, got, w)
+				if got := CanTransition(from, to); got != w {
+					t.Errorf("CanTransition(%v, %v) = %v, want %v", from, to, got, w)
 				}
 			})
 		}
@@ -54,8 +54,8 @@ func TestCanTransitionAllPairs(t *testing.T) {
 
 func TestOnlyCommittingMayBecomeUnknown(t *testing.T) {
 	for _, from := range transitionPhases {
-		if got := canTransition(from, outcome.PhaseUnknown); got != (from == outcome.PhaseCommitting) {
-			t.Errorf("canTransition(%v, unknown) = %v", from, got)
+		if got := CanTransition(from, outcome.PhaseUnknown); got != (from == outcome.PhaseCommitting) {
+			t.Errorf("CanTransition(%v, unknown) = %v", from, got)
 		}
 	}
 }
@@ -64,11 +64,11 @@ func TestCanTransitionInvalidPhases(t *testing.T) {
 	bad := []outcome.Phase{6, 255}
 	for _, b := range bad {
 		for _, p := range transitionPhases {
-			if canTransition(b, p) {
-				t.Errorf("canTransition(%v, %v) = true, want false", b, p)
+			if CanTransition(b, p) {
+				t.Errorf("CanTransition(%v, %v) = true, want false", b, p)
 			}
-			if canTransition(p, b) {
-				t.Errorf("canTransition(%v, %v) = true, want false", p, b)
+			if CanTransition(p, b) {
+				t.Errorf("CanTransition(%v, %v) = true, want false", p, b)
 			}
 		}
 	}

@@ -1,0 +1,174 @@
+package otelpgxtx
+
+import (
+	"context"
+	"sync/atomic"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"go.opentelemetry.io/otel/trace"
+
+	"github.com/txevidence/otelpgxtx/classifier"
+	"github.com/txevidence/otelpgxtx/internal/evidence"
+	"github.com/txevidence/otelpgxtx/outcome"
+)
+
+// frame is one physical transaction as the instrumentation sees it: its evidence (the
+// phases, what was observed, the verdict: package evidence), and one part for each
+// consumer of what the evidence records — its span, what a Verdict is told, the
+// executor's, its commit reference — so that a change to one concern reads one part. Its
+// id, connection and parent are fixed at creation.
+//
+// Its life has two ends, kept apart because the executor runs post-commit work between
+// them: the conclusion records the verdict and takes the frame off its connection (the
+// evidence), and tells a Verdict; end hands the ending to the outputs — span, metrics, log
+// record, reconciliation — once, at the conclusion unless the executor manages the frame.
+//
+// The owning connection's goroutine changes it; other goroutines only read its phase and
+// end state (atomics) and add events to its span (which is safe for concurrent use),
+// except that the close of its connection may conclude it on another goroutine, under the
+// connection state's mutex (see closeWatch).
+type frame struct {
+	evidence.Frame
+	frameSpan      // its span (phase_span.go) and the statements that are its events (control_events.go)
+	frameAnswer    // what a Verdict is told (verdict.go)
+	frameExecutor  // what Run sets (run.go, attempt.go)
+	frameReference // its commit reference (reference_tracer.go)
+
+	t         *Tracer
+	id        outcome.OperationID
+	conn      *pgconn.PgConn
+	parent    *frame // the suspended outer frame, or nil
+	startedAt time.Time
+	ended     atomic.Bool // the outputs have its ending (Tracer.end)
+}
+
+// Evidence returns f's evidence, for the connection's (evidence.Holder).
+func (f *frame) Evidence() *evidence.Frame { return &f.Frame }
+
+// frameExecutor is what Run sets on the frames of its attempts.
+type frameExecutor struct {
+	managed     bool // the executor ends the frame, after post-commit work
+	propagation string
+	attempt     int
+}
+
+// startFrame begins a frame for a transaction that conn is beginning with the statement
+// begin ("" when none was seen), or that COMMIT AND CHAIN began after chained, whose
+// filter decision, span name and characteristics it keeps, in phase. Its span is a child
+// of the span in ctx; if ctx carries an open frame on another connection, that frame is
+// suspended and the new one is one level deeper.
+func (t *Tracer) startFrame(ctx context.Context, conn *pgx.Conn, st *connState, phase outcome.Phase, begin string, chained *frame) *frame {
+	f := &frame{t: t, conn: conn.PgConn(), id: outcome.NewOperationID(), startedAt: time.Now(),
+		frameReference: frameReference{refs: t.cfg.references()}}
+	switch {
+	case chained != nil:
+		f.refs = chained.refs
+	case st.running:
+		f.refs = st.runRefs
+	}
+	depth := 0
+	if outer := openFrameFromContext(ctx); outer != nil && outer.conn != f.conn {
+		f.parent, depth = outer, outer.Depth()+1
+	}
+	f.Init(depth)
+	t.startSpan(ctx, conn, st, f, begin, chained)
+	if f.parent != nil {
+		f.parent.spanEvent(eventSuspended, f.id)
+	}
+	if phase != outcome.PhaseNotStarted {
+		f.transition(phase)
+	}
+	if chained != nil {
+		f.ChainedFrom(&chained.Frame)
+	}
+	if f.asked = verdictFrom(ctx); f.asked != nil {
+		f.asked.began()
+	}
+	st.ev.Started(f)
+	return f
+}
+
+// transition moves f to phase to and records its event.
+func (f *frame) transition(to outcome.Phase) {
+	if f.Move(to) {
+		f.phaseEvent(to)
+	}
+}
+
+// record records what the evidence decided of f: the events of the phases it moved to
+// and, when it was concluded, its conclusion.
+func (f *frame) record(r evidence.Result) {
+	if r.Moved != 0 && f.recording {
+		for p := outcome.PhaseNotStarted; p <= outcome.PhaseUnknown; p++ {
+			if r.Moved.Has(p) {
+				f.phaseEvent(p)
+			}
+		}
+	}
+	if r.Ended {
+		f.concluded(r.UnsentEnded)
+	}
+}
+
+// concluded is what follows f's conclusion: the suspended outer frame resumes, the
+// Verdicts are told, and, unless the executor manages f, the outputs get its ending.
+// unsent: it was a COMMIT that never left, whose call's Verdict is told too.
+func (f *frame) concluded(unsent bool) {
+	if f.parent != nil {
+		f.parent.spanEvent(eventResumed, f.id)
+	}
+	if f.t.auto != nil && f.Phase() == outcome.PhaseUnknown {
+		f.awaited = newAwaited() // before any Verdict is told, so that each is told this one
+	}
+	if f.asked != nil {
+		f.asked.frameEnded(f)
+	}
+	if !f.managed {
+		f.t.end(f, f.Outcome(), nil)
+	}
+	if v := f.unsentAsked; unsent && v != nil && v != f.asked {
+		v.frameEnded(f)
+	}
+}
+
+// conclude concludes f, on its connection st (nil when it has none), with v: the
+// executor's rollback that never reached the tracer.
+func (f *frame) conclude(st *connState, v classifier.Classification) {
+	if st == nil {
+		var c evidence.Conn[*frame]
+		f.record(c.Conclude(f, v))
+		return
+	}
+	f.record(st.ev.Conclude(f, v))
+}
+
+// chainCtx rebuilds the context f was begun in: the next frame of COMMIT AND CHAIN
+// begins in it, under the same parent span and suspended frame.
+func (f *frame) chainCtx() context.Context {
+	ctx := trace.ContextWithSpanContext(context.Background(), f.parentSpan)
+	if f.parent != nil {
+		ctx = contextWithFrame(ctx, f.parent)
+	}
+	return ctx
+}
+
+// Frames travel in contexts as an immutable linked list: a context holds the innermost
+// frame, which points to its suspended parent. No cleanup can resurrect a frame there:
+// a concluded frame is skipped, never reused.
+type frameKey struct{}
+
+// contextWithFrame returns ctx with f as its innermost frame.
+func contextWithFrame(ctx context.Context, f *frame) context.Context {
+	return context.WithValue(ctx, frameKey{}, f)
+}
+
+// openFrameFromContext returns the innermost frame in ctx whose transaction is open.
+func openFrameFromContext(ctx context.Context) *frame {
+	f, _ := ctx.Value(frameKey{}).(*frame)
+	for f != nil && !f.Open() {
+		f = f.parent
+	}
+	return f
+}

@@ -1,0 +1,295 @@
+package evidence
+
+import (
+	"github.com/txevidence/otelpgxtx/classifier"
+	"github.com/txevidence/otelpgxtx/outcome"
+)
+
+// Holder is the caller's frame: it holds a Frame, and is told apart by ==.
+type Holder interface {
+	comparable
+	Evidence() *Frame
+}
+
+// Conn is the evidence of one connection: the frame open on it, fed the queries of the
+// connection as events. It is a state machine: each method takes what the hooks saw and
+// returns what the caller is to record (a Result), doing no I/O. It asks the caller to
+// start a frame (Result.Begin, then Started), never makes one: the frame is the caller's.
+type Conn[F Holder] struct {
+	open F
+	// server is the kind of server, from what it reported at connection start: the
+	// classifier's PostgreSQL-only rules apply to PostgreSQL alone.
+	server classifier.ServerKind
+	// committedInBlock: a frame was concluded committed while the session is still in its
+	// transaction block (CockroachDB's RELEASE SAVEPOINT cockroach_restart commits, and only
+	// the COMMIT after it ends the block): what follows until the block ends is no new
+	// transaction.
+	committedInBlock bool
+}
+
+// NewConn returns the evidence of a connection to a server of kind server.
+func NewConn[F Holder](server classifier.ServerKind) Conn[F] { return Conn[F]{server: server} }
+
+// Server is the kind of server the connection reached.
+func (c *Conn[F]) Server() classifier.ServerKind { return c.server }
+
+// Open returns the frame open on the connection, or the zero F.
+func (c *Conn[F]) Open() F { return c.open }
+
+// Started makes f, a frame the caller started for a Result.Start (or for a BEGIN that
+// Before asked for), the connection's.
+func (c *Conn[F]) Started(f F) { c.open = f }
+
+// Start is a frame the caller must start, told by a Result.
+type Start uint8
+
+const (
+	StartNone    Start = iota
+	StartUnseen        // a transaction whose BEGIN was not seen (inside a string not read): active
+	StartChained       // the next transaction of COMMIT AND CHAIN, or ROLLBACK AND CHAIN: active
+)
+
+// Result is what an event decided of a frame.
+type Result struct {
+	// Moved are the phases the frame moved to, in order: each is an event of its span.
+	Moved Phases
+	// Ended: the frame was concluded; UnsentEnded: concluded as a COMMIT that never left
+	// (a Verdict in that COMMIT's context is told too).
+	Ended, UnsentEnded bool
+	// Waits: its COMMIT never left (pgconn refused it, its context already done) and the
+	// transaction is still open: the frame waits for the connection's end or the next
+	// statement.
+	Waits bool
+	// Savepoint: a savepoint statement succeeded in the frame (see SavepointMoved).
+	Savepoint bool
+	// Start is the frame the caller is to start now.
+	Start Start
+}
+
+// merge adds o's moves and ending to r.
+func (r *Result) merge(o Result) {
+	r.Moved |= o.Moved
+	r.Ended = r.Ended || o.Ended
+	r.UnsentEnded = r.UnsentEnded || o.UnsentEnded
+}
+
+// Statement is what the hooks know of a query before it is handed to the driver.
+type Statement struct {
+	Set  Set
+	Idle bool // the connection's transaction status is idle
+	// Commits: it commits (COMMIT, or CockroachDB's RELEASE SAVEPOINT cockroach_restart),
+	// and the connection is not busy: a busy connection refuses the statement before
+	// sending a byte, so COMMIT never leaves and the phase stays.
+	Commits bool
+}
+
+// Before feeds c a query about to be handed to the driver. The open frame may end here:
+// its COMMIT never left and this is no other COMMIT (judged as that COMMIT's failure
+// alone judges it: unknown, for nothing tells what the application will do), or the
+// connection is idle, so its transaction ended where no query showed it and it must not
+// ride into unrelated work. ended is that frame, with what its ending decided; begin asks
+// the caller to start a frame for the BEGIN (then Started). The open frame's own
+// part — what it wrote, its COMMIT — is told next, by Wrote and Committing.
+func (c *Conn[F]) Before(s Statement) (ended F, r Result, begin bool) {
+	var zero F
+	if f := c.open; f != zero && f.Evidence().commit.unsent {
+		if s.Set.Commits() {
+			f.Evidence().commit.unsent = false // another COMMIT goes on in the frame
+		} else {
+			ended, r = f, c.concludeUnsent(f, classifier.Facts{})
+		}
+	}
+	if f := c.open; f != zero && s.Idle {
+		ended, r = f, c.Abandon(ReasonEndedUnobserved)
+	}
+	return ended, r, c.open == zero && s.Set.Has(Begin) && s.Idle
+}
+
+// Committing moves f to committing as its COMMIT is handed over (through active, for
+// BEGIN and COMMIT in one string) and returns the phases moved to.
+func (f *Frame) Committing() (moved Phases) {
+	if f.Phase() == outcome.PhaseNotStarted && f.Move(outcome.PhaseActive) {
+		moved = moved.With(outcome.PhaseActive)
+	}
+	if f.Move(outcome.PhaseCommitting) {
+		moved = moved.With(outcome.PhaseCommitting)
+	}
+	return moved
+}
+
+// Ended is what the hooks saw of a query's end, with the transaction status known again.
+type Ended struct {
+	Set Set
+	Err error // the query's error, or a batch's first
+	// InTx: the session is in a transaction block after it (pgconn's status T or E).
+	InTx   bool
+	Closed bool // the connection is closed
+	// RollbackTag: COMMIT was answered ROLLBACK (the transaction had failed).
+	RollbackTag bool
+	// CommitNotSent: the write carrying COMMIT sent nothing, or none came (the net.Conn's
+	// account, read only while the frame is committing).
+	CommitNotSent bool
+}
+
+// After feeds c the end of a query that began in frame f (the zero F if none was open),
+// and returns what it decided: where the evidence becomes a verdict.
+func (c *Conn[F]) After(f F, e Ended) (r Result) {
+	var zero F
+	if !e.InTx {
+		c.committedInBlock = false
+	}
+	if f == zero || !f.Evidence().Open() {
+		if e.InTx && c.open == zero && !c.committedInBlock {
+			// A transaction we did not see begin (BEGIN inside a string we could not read):
+			// track it from here rather than not at all.
+			r.Start = StartUnseen
+		}
+		return r
+	}
+	ev := f.Evidence()
+	facts := classifier.Facts{ConnClosed: e.Closed, CommittedLocally: ev.commit.committedLocally, RollbackTag: e.RollbackTag}
+	if e.Err != nil {
+		ev.failure.endErr = e.Err // the cause, should this query conclude the frame
+	}
+	switch ev.Phase() {
+	case outcome.PhaseNotStarted:
+		if !e.InTx {
+			r = c.conclude(f, classifier.Classify(outcome.PhaseNotStarted, e.Err, facts))
+			break
+		}
+		if ev.Move(outcome.PhaseActive) {
+			r.Moved = r.Moved.With(outcome.PhaseActive)
+		}
+		c.afterActive(f, e, facts, &r)
+	case outcome.PhaseCommitting:
+		facts.Server = c.server
+		facts.CommitNotSent = e.CommitNotSent
+		facts.SessionEndedBeforeCommit = ev.commit.endedBeforeCommit
+		if facts.CommitNotSent && e.InTx && e.Err != nil {
+			// COMMIT never left and the transaction is still open: it ends with the
+			// connection, which pgx's Commit closes on such a failure (rolled back: see
+			// Abandon), or, should the application go on using it, at its next statement
+			// (Before).
+			ev.commit.unsent, r.Waits = true, true
+			break
+		}
+		r.merge(c.conclude(f, classifier.Classify(outcome.PhaseCommitting, e.Err, facts)))
+		c.committedInBlock = e.InTx && ev.Phase() == outcome.PhaseCommitted
+	case outcome.PhaseActive:
+		c.afterActive(f, e, facts, &r)
+	}
+	if e.Set.Chains() && e.InTx && c.open == zero && e.Err == nil {
+		// AND CHAIN began the next transaction at once, with the same characteristics.
+		r.Start = StartChained
+	}
+	return r
+}
+
+// afterActive judges a query that ran while f was active: a failure is kept as the cause
+// of the rollback that must follow, a rollback concludes f, and a savepoint statement is
+// an event (savepoints never change the frame's phase).
+func (c *Conn[F]) afterActive(f F, e Ended, facts classifier.Facts, r *Result) {
+	ev := f.Evidence()
+	if classifier.CompletionUnknown(e.Err) {
+		// The server says it cannot tell whether the statement completed (40003): on
+		// CockroachDB that can be the commit (RELEASE SAVEPOINT cockroach_restart), and no
+		// server that sends it has proven a rollback. The frame is committing from the
+		// moment the answer came, and unknown.
+		if ev.Move(outcome.PhaseCommitting) {
+			r.Moved = r.Moved.With(outcome.PhaseCommitting)
+		}
+		facts.Server = c.server
+		r.merge(c.conclude(f, classifier.Classify(outcome.PhaseCommitting, e.Err, facts)))
+		return
+	}
+	if e.Err != nil && !ev.failure.hasFirst {
+		ev.failedWith(classifier.Classify(outcome.PhaseActive, e.Err, facts), e.Err)
+	}
+	switch {
+	case e.Set.RollsBack() || !e.InTx:
+		v := classifier.Classify(outcome.PhaseActive, e.Err, facts)
+		if ev.failure.hasFirst {
+			v = ev.failure.first // the rollback is the consequence; the first failure is the cause
+		}
+		r.merge(c.conclude(f, v))
+	case e.Err == nil && e.Set.MovesSavepoint():
+		r.Savepoint = true
+	}
+}
+
+// Reasons of a frame whose transaction ended where no query showed it, its error.type
+// beside the classifier's reasons: the frame is rolled_back (unknown if COMMIT had been
+// sent). They are the evidence's, not the classifier's, because only the tracer sees pool
+// releases, closed connections and idle sessions.
+const (
+	// ReasonEndedUnobserved: the connection was found outside a transaction at its next
+	// query, acquire or release: the transaction was ended by a path that bypasses pgx's
+	// tracer (a statement sent through *pgconn.PgConn directly).
+	ReasonEndedUnobserved = "ended_unobserved"
+	// ReasonReleasedInTransaction: the connection went back to the pool in the middle of
+	// the transaction; the pool destroys it, which rolls the transaction back.
+	ReasonReleasedInTransaction = "released_in_transaction"
+	// ReasonConnectionClosed: the connection closed with the transaction open (a *pgx.Conn
+	// closed mid-transaction, a connection database/sql discards).
+	ReasonConnectionClosed = "connection_closed"
+)
+
+// Abandon concludes the open frame, whose transaction ended where no query showed it, for
+// reason: the connection was released mid-transaction, closed, or found idle. Evidence of
+// commit it cannot have; if COMMIT was sent, the outcome is unknown.
+func (c *Conn[F]) Abandon(reason string) Result {
+	var zero F
+	f := c.open
+	if f == zero || !f.Evidence().Open() {
+		return Result{}
+	}
+	ev := f.Evidence()
+	if ev.commit.unsent {
+		// Its COMMIT never left. If the session ends with the transaction open (closed, or
+		// released to the pool, which destroys it), the server rolls it back (the
+		// classifier's commit_not_sent rule); if the transaction ended unseen (a COMMIT past
+		// the tracer, on the PgConn), nothing is known.
+		closed := reason == ReasonConnectionClosed || reason == ReasonReleasedInTransaction
+		return c.concludeUnsent(f, classifier.Facts{ConnClosed: closed, CommitNotSent: closed})
+	}
+	if ev.Phase() == outcome.PhaseCommitting {
+		v, _ := classifier.NewClassification(classifier.EvidenceUnknown, false, "", reason)
+		return c.conclude(f, v)
+	}
+	v, _ := classifier.NewClassification(classifier.EvidenceRolledBack, false, "", reason)
+	ev.failure.hasFirst = true // a failure, though no query showed one
+	return c.conclude(f, v)
+}
+
+// Conclude concludes f with v, if it is still open: the executor's rollback that never
+// reached the tracer (the connection was gone).
+func (c *Conn[F]) Conclude(f F, v classifier.Classification) Result {
+	if !f.Evidence().Open() {
+		return Result{}
+	}
+	return c.conclude(f, v)
+}
+
+// concludeUnsent concludes f, whose COMMIT never left, as facts and that COMMIT's
+// failure judge it.
+func (c *Conn[F]) concludeUnsent(f F, facts classifier.Facts) Result {
+	ev := f.Evidence()
+	ev.commit.unsent = false
+	facts.Server = c.server
+	r := c.conclude(f, classifier.Classify(outcome.PhaseCommitting, ev.failure.endErr, facts))
+	r.UnsentEnded = r.Ended
+	return r
+}
+
+// conclude records f's verdict v and takes f off the connection.
+func (c *Conn[F]) conclude(f F, v classifier.Classification) Result {
+	moved, ok := f.Evidence().conclude(v)
+	if !ok {
+		return Result{}
+	}
+	if c.open == f {
+		var zero F
+		c.open = zero
+	}
+	return Result{Moved: moved, Ended: true}
+}

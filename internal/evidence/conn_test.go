@@ -1,0 +1,248 @@
+package evidence
+
+import (
+	"context"
+	"io"
+	"strings"
+	"testing"
+
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/txevidence/otelpgxtx/classifier"
+	"github.com/txevidence/otelpgxtx/outcome"
+)
+
+// testFrame is the caller's frame of these tests: nothing but the evidence.
+type testFrame struct{ ev Frame }
+
+func (f *testFrame) Evidence() *Frame { return &f.ev }
+
+// step is one event of a sequence: a query's start and end (sql, its error, the
+// transaction status after it), or the connection's end.
+type step struct {
+	sql     string
+	err     error
+	inTx    bool
+	notSent bool   // its COMMIT's write sent nothing
+	abandon string // the connection ended for this reason instead (no query)
+	// unseen: the transaction ended before this query where no query showed it (a
+	// statement sent through the PgConn): the connection is idle when it starts.
+	unseen bool
+}
+
+// run feeds steps to a new connection's evidence as the hooks would, starting the frames
+// it asks for, and returns every frame and the phases each moved to, in order.
+func run(t *testing.T, server classifier.ServerKind, steps []step) ([]*testFrame, []string) {
+	t.Helper()
+	c := NewConn[*testFrame](server)
+	var frames []*testFrame
+	var moves []string
+	record := func(f *testFrame, r Result) {
+		r.Moved.Each(func(p outcome.Phase) { moves = append(moves, p.String()) })
+		if r.Ended {
+			moves = append(moves, "|")
+		}
+	}
+	start := func(phase outcome.Phase) *testFrame {
+		f := &testFrame{}
+		f.ev.Init(0)
+		if phase != outcome.PhaseNotStarted && f.ev.Move(phase) {
+			moves = append(moves, phase.String())
+		}
+		c.Started(f)
+		frames = append(frames, f)
+		return f
+	}
+	inTx := false // the transaction status before the next query
+	for _, s := range steps {
+		if s.abandon != "" {
+			record(c.Open(), c.Abandon(s.abandon))
+			inTx = false
+			continue
+		}
+		if s.unseen {
+			inTx = false
+		}
+		set := Classify(s.sql)
+		ended, r, begin := c.Before(Statement{Set: set, Idle: !inTx, Commits: set.Commits()})
+		if ended != nil {
+			record(ended, r)
+		}
+		if begin {
+			f := start(outcome.PhaseNotStarted)
+			f.ev.Began(BeginOptions(s.sql))
+		}
+		f := c.Open()
+		if f != nil {
+			if set.Writes() {
+				f.ev.Writes()
+			}
+			if set.Commits() {
+				record(f, Result{Moved: f.ev.Committing()})
+			}
+		}
+		r = c.After(f, Ended{Set: set, Err: s.err, InTx: s.inTx, CommitNotSent: s.notSent && f != nil && f.ev.Phase() == outcome.PhaseCommitting})
+		record(f, r)
+		inTx = s.inTx
+		switch r.Start {
+		case StartUnseen:
+			start(outcome.PhaseActive)
+		case StartChained:
+			next := start(outcome.PhaseActive)
+			next.ev.ChainedFrom(&f.ev)
+		}
+	}
+	return frames, moves
+}
+
+var (
+	lost       = io.ErrUnexpectedEOF
+	unique     = &pgconn.PgError{Severity: "ERROR", SeverityUnlocalized: "ERROR", Code: "23505"}
+	serial     = &pgconn.PgError{Severity: "ERROR", SeverityUnlocalized: "ERROR", Code: "40001"}
+	completion = &pgconn.PgError{Severity: "ERROR", SeverityUnlocalized: "ERROR", Code: "40003"}
+	deadline   = context.DeadlineExceeded
+)
+
+// TestConnSequences: sequences of events, as the hooks feed them, give each frame the
+// phases, outcome and reason the tracer's rules say (docs/classifier.md), with no server
+// and no OpenTelemetry.
+func TestConnSequences(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		server classifier.ServerKind
+		steps  []step
+		moves  string // the phases moved to, "|" where a frame ended
+		last   outcome.Outcome
+		reason string
+		// retryable and deliberate are the last frame's.
+		retryable, deliberate bool
+		// frame, if not 0, is the one the outcome is of, counted from 1 (a later frame may
+		// still be open).
+		frame int
+	}{
+		{name: "committed", steps: []step{{sql: "begin", inTx: true}, {sql: "insert into t values (1)", inTx: true}, {sql: "commit"}},
+			moves: "active committing committed |", last: outcome.OutcomeCommitted, reason: classifier.ReasonCommitted},
+		{name: "deliberate rollback", steps: []step{{sql: "begin", inTx: true}, {sql: "rollback"}},
+			moves: "active rolled_back |", last: outcome.OutcomeRolledBack, reason: classifier.ReasonRolledBack, deliberate: true},
+		{name: "a failure, then the rollback it causes", steps: []step{{sql: "begin", inTx: true}, {sql: "insert into t values (1)", err: unique, inTx: true}, {sql: "rollback"}},
+			moves: "active rolled_back |", last: outcome.OutcomeRolledBack, reason: classifier.ReasonConstraintViolation},
+		{name: "serialization failure at COMMIT", steps: []step{{sql: "begin", inTx: true}, {sql: "update t set v = 1", inTx: true}, {sql: "commit", err: serial}},
+			moves: "active committing rolled_back |", last: outcome.OutcomeRolledBack, reason: classifier.ReasonSerializationFailure, retryable: true},
+		{name: "connection lost while committing", steps: []step{{sql: "begin", inTx: true}, {sql: "commit", err: lost}},
+			moves: "active committing unknown |", last: outcome.OutcomeIndeterminate, reason: classifier.ReasonConnectionLost},
+		{name: "connection lost before COMMIT", steps: []step{{sql: "begin", inTx: true}, {sql: "insert into t values (1)", err: lost}},
+			moves: "active rolled_back |", last: outcome.OutcomeRolledBack, reason: classifier.ReasonConnectionLost, retryable: true},
+		{name: "a COMMIT never written, then the connection's end", steps: []step{{sql: "begin", inTx: true}, {sql: "commit", err: deadline, inTx: true, notSent: true}, {abandon: ReasonConnectionClosed}},
+			moves: "active committing rolled_back |", last: outcome.OutcomeRolledBack, reason: classifier.ReasonCommitNotSent, retryable: true},
+		{name: "a COMMIT never written, then another COMMIT", steps: []step{{sql: "begin", inTx: true}, {sql: "commit", err: deadline, inTx: true, notSent: true}, {sql: "commit"}},
+			moves: "active committing committed |", last: outcome.OutcomeCommitted, reason: classifier.ReasonCommitted},
+		{name: "a COMMIT never written, then another statement", steps: []step{{sql: "begin", inTx: true}, {sql: "commit", err: deadline, inTx: true, notSent: true}, {sql: "select 1", inTx: true}},
+			moves: "active committing unknown | active", last: outcome.OutcomeIndeterminate, reason: classifier.ReasonDeadlineExceeded, frame: 1},
+		{name: "the connection found idle", steps: []step{{sql: "begin", inTx: true}, {sql: "select 1", unseen: true}},
+			moves: "active rolled_back |", last: outcome.OutcomeRolledBack, reason: ReasonEndedUnobserved, frame: 1},
+		{name: "a statement that ends the transaction", steps: []step{{sql: "begin", inTx: true}, {sql: "select 1"}},
+			moves: "active rolled_back |", last: outcome.OutcomeRolledBack, reason: classifier.ReasonRolledBack, deliberate: true},
+		{name: "released while committing", steps: []step{{sql: "begin", inTx: true}, {abandon: ReasonReleasedInTransaction}},
+			moves: "active rolled_back |", last: outcome.OutcomeRolledBack, reason: ReasonReleasedInTransaction},
+		{name: "a BEGIN not seen", steps: []step{{sql: "select 1", inTx: true}, {sql: "commit"}},
+			moves: "active committing committed |", last: outcome.OutcomeCommitted, reason: classifier.ReasonCommitted},
+		{name: "COMMIT AND CHAIN", steps: []step{{sql: "begin isolation level serializable", inTx: true}, {sql: "commit and chain", inTx: true}, {sql: "rollback"}},
+			moves: "active committing committed | active rolled_back |", last: outcome.OutcomeRolledBack, reason: classifier.ReasonRolledBack, deliberate: true},
+		{name: "completion unknown inside the transaction", steps: []step{{sql: "begin", inTx: true}, {sql: "release savepoint cockroach_restart", err: completion, inTx: true}},
+			moves: "active committing unknown |", last: outcome.OutcomeIndeterminate, reason: classifier.ReasonCompletionUnknown},
+		{name: "BEGIN and COMMIT in one string", steps: []step{{sql: "begin; insert into t values (1); commit"}},
+			moves: "active committing committed |", last: outcome.OutcomeCommitted, reason: classifier.ReasonCommitted},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			server := tc.server
+			if server == classifier.ServerUnknown {
+				server = classifier.ServerPostgreSQL
+			}
+			frames, moves := run(t, server, tc.steps)
+			if got := strings.Join(moves, " "); got != tc.moves {
+				t.Errorf("moves %q, want %q", got, tc.moves)
+			}
+			if len(frames) == 0 {
+				t.Fatal("no frame")
+			}
+			last := &frames[len(frames)-1].ev
+			if tc.frame != 0 {
+				last = &frames[tc.frame-1].ev
+			}
+			if last.Open() {
+				t.Fatal("the last frame is still open")
+			}
+			v := last.Verdict()
+			if last.Outcome() != tc.last || tc.reason != "" && v.Reason() != tc.reason || v.Retryable() != tc.retryable || last.Deliberate() != tc.deliberate {
+				t.Errorf("%s %q retryable %v deliberate %v, want %s %q %v %v", last.Outcome(), v.Reason(), v.Retryable(), last.Deliberate(),
+					tc.last, tc.reason, tc.retryable, tc.deliberate)
+			}
+		})
+	}
+}
+
+// TestChainKeepsCharacteristics: the next transaction of COMMIT AND CHAIN has the
+// isolation and access mode BEGIN gave the first.
+func TestChainKeepsCharacteristics(t *testing.T) {
+	frames, _ := run(t, classifier.ServerPostgreSQL, []step{{sql: "begin isolation level serializable read only", inTx: true}, {sql: "commit and chain", inTx: true}, {sql: "commit"}})
+	if len(frames) != 2 {
+		t.Fatalf("%d frames, want 2", len(frames))
+	}
+	for i, f := range frames {
+		if f.ev.Isolation() != "serializable" || f.ev.AccessMode() != "read only" {
+			t.Errorf("frame %d: %q %q", i, f.ev.Isolation(), f.ev.AccessMode())
+		}
+	}
+	if !frames[0].ev.ReadOnly() {
+		t.Error("the first frame is not read-only")
+	}
+}
+
+// TestSavepointDepth: savepoints push and pop by PostgreSQL's rules, names folded as
+// identifiers are.
+func TestSavepointDepth(t *testing.T) {
+	var f Frame
+	f.Init(0)
+	for i, tc := range []struct {
+		sql   string
+		move  SavepointMove
+		depth int
+	}{
+		{"savepoint a", SavepointCreated, 1},
+		{"savepoint B", SavepointCreated, 2},
+		{`savepoint "c"`, SavepointCreated, 3},
+		{"rollback to savepoint b", SavepointRolledBack, 2},
+		{"savepoint d", SavepointCreated, 3},
+		{"release savepoint A", SavepointReleased, 1},
+		{"release x", SavepointReleased, 0},
+		{"savepoint a", SavepointCreated, 1},
+	} {
+		move, depth := f.SavepointMoved(Classify(tc.sql), SavepointName(tc.sql))
+		if move != tc.move || depth != tc.depth {
+			t.Errorf("%d %q: %v %d, want %v %d", i, tc.sql, move, depth, tc.move, tc.depth)
+		}
+	}
+}
+
+// TestNoticeOnlyWhileCommitting: the committed-locally warning is evidence only while the
+// frame commits, and a frame ends once.
+func TestNoticeOnlyWhileCommitting(t *testing.T) {
+	c := NewConn[*testFrame](classifier.ServerPostgreSQL)
+	f := &testFrame{}
+	f.ev.Init(0)
+	c.Started(f)
+	f.ev.Move(outcome.PhaseActive)
+	f.ev.Notice()
+	if f.ev.CommittedLocally() {
+		t.Fatal("committed locally while active")
+	}
+	f.ev.Committing()
+	f.ev.Notice()
+	r := c.After(f, Ended{Set: Classify("commit"), Err: lost})
+	if !r.Ended || f.ev.Outcome() != outcome.OutcomeIndeterminate || !f.ev.CommittedLocally() || !f.ev.Verdict().CommittedLocally() {
+		t.Fatalf("%+v %s %v", r, f.ev.Outcome(), f.ev.CommittedLocally())
+	}
+	if r := c.Conclude(f, classifier.Classification{}); r.Ended || c.Open() != nil {
+		t.Fatalf("a second conclusion: %+v, open %v", r, c.Open())
+	}
+}

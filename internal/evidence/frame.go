@@ -1,0 +1,252 @@
+package evidence
+
+import (
+	"sync/atomic"
+	"time"
+
+	"github.com/txevidence/otelpgxtx/classifier"
+	"github.com/txevidence/otelpgxtx/outcome"
+)
+
+// Frame is the evidence of one frame: the phase its transaction is in, what was observed
+// of it, and, once it is concluded, the classifier's verdict. Its depth is fixed at
+// creation; the rest moves with the events its connection's Conn is fed.
+//
+// The connection's user changes it; other goroutines read only its phase and whether it
+// is concluded (atomics), except that the close of its connection may conclude it on
+// another goroutine, under the lock that orders the connection's hooks.
+type Frame struct {
+	phase     atomic.Uint32 // outcome.Phase
+	concluded atomic.Bool
+	depth     int
+	at        moments
+	shape     shape
+	failure   failure
+	commit    commitFacts
+	verdict   classifier.Classification // the final one, once concluded
+	endedIn   outcome.Phase             // the phase it was concluded from
+	// savepoints are the names of the open savepoints, outermost first (savepoints.go).
+	savepoints []string
+}
+
+// moments are when the frame became committing and when it was concluded.
+type moments struct{ committing, concluded time.Time }
+
+// shape is what BEGIN and the statements said of the transaction. Commit references are
+// taken only for a frame that wrote and can.
+type shape struct {
+	isolation, accessMode string
+	readOnly              bool // it began READ ONLY
+	wrote                 bool // a statement that may write was sent in it
+}
+
+// failure is what went wrong before the end: the first failed query's classification
+// and error, the error of the query that concluded the frame, and the executor's cause.
+type failure struct {
+	first      classifier.Classification
+	hasFirst   bool
+	firstCause error
+	endErr     error
+	cause      error // why the executor rolled back
+}
+
+// commitFacts is what COMMIT's write and reply showed.
+type commitFacts struct {
+	// committedLocally: the server warned that the commit was in its local WAL, its
+	// synchronous replication not confirmed.
+	committedLocally bool
+	// endedBeforeCommit: the server had sent a FATAL before COMMIT was written.
+	endedBeforeCommit bool
+	// unsent: COMMIT failed without a byte of it leaving, on a connection still in the
+	// transaction: the frame waits, committing, for what comes next.
+	unsent bool
+}
+
+// Init makes f the evidence of a new frame depth levels deep (0 for a top-level
+// transaction), in phase not_started. A Frame is held by value, in the caller's frame.
+func (f *Frame) Init(depth int) { *f = Frame{depth: depth} }
+
+// Phase is f's phase; other goroutines read it too, hence the atomic.
+func (f *Frame) Phase() outcome.Phase { return outcome.Phase(f.phase.Load()) }
+
+// Open reports whether f's transaction is still going on.
+func (f *Frame) Open() bool { return !f.concluded.Load() }
+
+// Depth is 0 for a top-level transaction, n when n others are suspended.
+func (f *Frame) Depth() int { return f.depth }
+
+// CanTransition reports whether a transaction may move from one phase to another: the
+// graph of package outcome's documentation. In particular only committing may become
+// unknown: an error outside committing is never a reason to doubt a commit that was never
+// asked for.
+func CanTransition(from, to outcome.Phase) bool {
+	switch from {
+	case outcome.PhaseNotStarted:
+		return to == outcome.PhaseActive || to == outcome.PhaseRolledBack
+	case outcome.PhaseActive:
+		return to == outcome.PhaseCommitting || to == outcome.PhaseRolledBack
+	case outcome.PhaseCommitting:
+		return to == outcome.PhaseCommitted || to == outcome.PhaseRolledBack || to == outcome.PhaseUnknown
+	}
+	return false
+}
+
+// Move moves f to phase to and reports whether it did. An illegal transition is a bug in
+// the caller; it is ignored rather than allowed to corrupt the evidence.
+func (f *Frame) Move(to outcome.Phase) bool {
+	if !CanTransition(f.Phase(), to) {
+		return false
+	}
+	f.phase.Store(uint32(to))
+	if to == outcome.PhaseCommitting {
+		f.at.committing = time.Now()
+	}
+	return true
+}
+
+// conclude records the verdict v: the terminal phase, which it returns with the phases
+// moved to on the way (the caller records their events), and the moment. It reports false
+// if f was concluded already: a frame ends once.
+func (f *Frame) conclude(v classifier.Classification) (moved Phases, ok bool) {
+	if !f.concluded.CompareAndSwap(false, true) {
+		return 0, false
+	}
+	f.endedIn = f.Phase()
+	var to outcome.Phase
+	switch v.Evidence() {
+	case classifier.EvidenceCommitted:
+		to = outcome.PhaseCommitted
+	case classifier.EvidenceUnknown:
+		to = outcome.PhaseUnknown
+	default:
+		to = outcome.PhaseRolledBack
+	}
+	if f.Move(to) {
+		moved = moved.With(to)
+	} else if f.Phase() != to && f.Move(outcome.PhaseRolledBack) {
+		// Only committing may become unknown or committed (the classifier guarantees it);
+		// anything else is recorded as the rollback it must be.
+		moved = moved.With(outcome.PhaseRolledBack)
+	}
+	if v.CommittedLocally() {
+		f.commit.committedLocally = true
+	}
+	f.verdict = v
+	f.at.concluded = time.Now()
+	return moved, true
+}
+
+// Outcome maps the terminal phase to the frame's outcome.
+func (f *Frame) Outcome() outcome.Outcome {
+	switch f.Phase() {
+	case outcome.PhaseCommitted:
+		return outcome.OutcomeCommitted
+	case outcome.PhaseUnknown:
+		return outcome.OutcomeIndeterminate
+	}
+	return outcome.OutcomeRolledBack
+}
+
+// Verdict is the classification f was concluded with.
+func (f *Frame) Verdict() classifier.Classification { return f.verdict }
+
+// EndedIn is the phase f was concluded from: the phase its rollback became certain in.
+func (f *Frame) EndedIn() outcome.Phase { return f.endedIn }
+
+// Deliberate reports whether f, rolled back, was ended on purpose with nothing gone
+// wrong: the one rule behind its span status and its metric series.
+func (f *Frame) Deliberate() bool {
+	return !f.failure.hasFirst && f.failure.cause == nil && f.verdict.Reason() == classifier.ReasonRolledBack
+}
+
+// CommittingAt and ConcludedAt are when f became committing (zero if it never did) and
+// when it was concluded.
+func (f *Frame) CommittingAt() time.Time { return f.at.committing }
+
+// ConcludedAt is when f was concluded.
+func (f *Frame) ConcludedAt() time.Time { return f.at.concluded }
+
+// CommittedLocally reports that the server warned the commit was in its local WAL, its
+// synchronous replication not confirmed.
+func (f *Frame) CommittedLocally() bool { return f.commit.committedLocally }
+
+// Notice records the server's "already committed locally" warning: evidence for f only
+// while committing.
+func (f *Frame) Notice() {
+	if f.Phase() == outcome.PhaseCommitting {
+		f.commit.committedLocally = true
+	}
+}
+
+// CommitMarked records, as COMMIT is handed over, whether a FATAL was already waiting
+// before it (the net.Conn's peek): the session ended before COMMIT was written.
+func (f *Frame) CommitMarked(endedBefore bool) { f.commit.endedBeforeCommit = endedBefore }
+
+// FatalBeforeCommit records that the server answered the library's call ahead of COMMIT
+// with a FATAL, after which it read nothing more: COMMIT never ran.
+func (f *Frame) FatalBeforeCommit() { f.commit.endedBeforeCommit = true }
+
+// Unsent reports that f's COMMIT never left and f waits for what comes next.
+func (f *Frame) Unsent() bool { return f.commit.unsent }
+
+// Began records what BEGIN said of the transaction: its isolation level and access mode,
+// as pgx spells them ("" where it does not say).
+func (f *Frame) Began(isolation, accessMode string) {
+	f.shape.isolation, f.shape.accessMode = isolation, accessMode
+	f.shape.readOnly = accessMode == "read only"
+}
+
+// Isolation and AccessMode are what BEGIN said, or "".
+func (f *Frame) Isolation() string { return f.shape.isolation }
+
+// AccessMode is what BEGIN said of the access mode, or "".
+func (f *Frame) AccessMode() string { return f.shape.accessMode }
+
+// ReadOnly reports that the transaction began READ ONLY.
+func (f *Frame) ReadOnly() bool { return f.shape.readOnly }
+
+// Wrote reports that a statement that may write was sent in the transaction.
+func (f *Frame) Wrote() bool { return f.shape.wrote }
+
+// Writes records that a statement that may write was sent.
+func (f *Frame) Writes() { f.shape.wrote = true }
+
+// Failed reports whether a query of f's transaction failed before its end.
+func (f *Frame) Failed() bool { return f.failure.hasFirst }
+
+// FirstFailure is the classification of the first failed query, if Failed.
+func (f *Frame) FirstFailure() classifier.Classification { return f.failure.first }
+
+// FirstCause is the error of the first failed query, or nil.
+func (f *Frame) FirstCause() error { return f.failure.firstCause }
+
+// EndErr is the error of the query that concluded f, or nil.
+func (f *Frame) EndErr() error { return f.failure.endErr }
+
+// Cause is why the executor rolled back, or nil.
+func (f *Frame) Cause() error { return f.failure.cause }
+
+// failedWith records the first failure, if none was recorded yet.
+func (f *Frame) failedWith(v classifier.Classification, err error) {
+	if !f.failure.hasFirst {
+		f.failure.first, f.failure.firstCause, f.failure.hasFirst = v, err, true
+	}
+}
+
+// ReadFailed records a failure of the library's own xid read, which pgconn never saw:
+// the transaction is aborted, and this failure, classified v, is the cause of the
+// rollback to come. A failure recorded before stays the first.
+func (f *Frame) ReadFailed(v classifier.Classification, err error) { f.failedWith(v, err) }
+
+// RolledBackBy records that the executor rolls f back for cause, classified v: the first
+// failure unless a query failed before.
+func (f *Frame) RolledBackBy(cause error, v classifier.Classification) {
+	f.failure.cause = cause
+	f.failedWith(v, cause)
+}
+
+// ChainedFrom gives f, the next transaction of COMMIT AND CHAIN, the characteristics of
+// the one before it.
+func (f *Frame) ChainedFrom(prev *Frame) {
+	f.shape.isolation, f.shape.accessMode = prev.shape.isolation, prev.shape.accessMode
+}

@@ -1,0 +1,248 @@
+package evidence
+
+import (
+	"strings"
+
+	"github.com/txevidence/otelpgxtx/internal/sqltext"
+)
+
+// Kind is what a statement does to the session's transaction.
+type Kind uint8
+
+const (
+	Other         Kind = iota
+	Begin              // BEGIN …, START TRANSACTION …
+	Commit             // COMMIT, END (also … AND NO CHAIN)
+	CommitChain        // COMMIT AND CHAIN: commits, then begins a new transaction
+	Rollback           // ROLLBACK, ABORT
+	RollbackChain      // ROLLBACK AND CHAIN
+	Savepoint          // SAVEPOINT name
+	Release            // RELEASE [SAVEPOINT] name
+	RollbackTo         // ROLLBACK [WORK|TRANSACTION] TO [SAVEPOINT] name
+)
+
+// Set is what a query string does, as a set of kinds and two flags. Nearly every
+// query holds one statement; a simple-protocol string may hold several ("begin; …;
+// commit").
+type Set uint16
+
+// Flags of a Set, beside its kinds.
+const (
+	// writesFlag: a statement may write (one not known to only read), so that the
+	// transaction it runs in may have an xid: commit references are taken only then.
+	writesFlag Set = 1 << 14
+	// singleFlag: the string holds one statement.
+	singleFlag Set = 1 << 15
+)
+
+func (s Set) Has(k Kind) bool { return s&(1<<k) != 0 }
+func (s Set) Writes() bool    { return s&writesFlag != 0 }
+func (s Set) Kinds() Set      { return s &^ (writesFlag | singleFlag) }
+func (s Set) Single() bool    { return s&singleFlag != 0 }
+
+func (s Set) Commits() bool   { return s.Has(Commit) || s.Has(CommitChain) }
+func (s Set) RollsBack() bool { return s.Has(Rollback) || s.Has(RollbackChain) }
+func (s Set) Chains() bool    { return s.Has(CommitChain) || s.Has(RollbackChain) }
+func (s Set) MovesSavepoint() bool {
+	return s.Has(Savepoint) || s.Has(Release) || s.Has(RollbackTo)
+}
+
+// controlKinds are the transaction-control statements: BEGIN, COMMIT, ROLLBACK, their
+// AND CHAIN forms and the savepoint statements.
+const controlKinds Set = 1<<Begin | 1<<Commit | 1<<CommitChain | 1<<Rollback |
+	1<<RollbackChain | 1<<Savepoint | 1<<Release | 1<<RollbackTo
+
+// Control reports whether the query is one transaction-control statement alone: a string
+// that does more ("begin; insert …") is not.
+func (s Set) Control() bool { return s.Single() && s.Kinds()&controlKinds != 0 }
+
+// OtherSet is the set of a query that is one statement of no transaction-control kind
+// that writes nothing the kinds know of: a COPY, a prepare.
+const OtherSet Set = 1 << Other
+
+// Together is the set of queries sent together, each of set (or-ed): a batch.
+func Together(set Set) Set { return (set &^ singleFlag).transactional() }
+
+// Classify returns what sql does to the transaction. It reads only the leading
+// keywords of each statement, skips comments and white space, and ignores case; it splits
+// on semicolons outside quotes, quoted identifiers, dollar quotes and comments.
+func Classify(sql string) Set {
+	kind, rest := classifyOne(sql)
+	set := Set(1)<<kind | singleFlag | writes(kind, sql)
+	// The common case is a single statement: one IndexByte, no allocation.
+	for strings.IndexByte(rest, ';') >= 0 {
+		end := sqltext.StatementEnd(rest)
+		if end >= len(rest) {
+			break
+		}
+		rest = rest[end+1:]
+		if sqltext.SkipSpace(rest) == "" {
+			break // a trailing semicolon
+		}
+		stmt := rest
+		kind, rest = classifyOne(rest)
+		set = set&^singleFlag | 1<<kind | writes(kind, stmt)
+	}
+	return set.transactional()
+}
+
+// writes returns writesFlag unless the statement sql, of kind k, is known to only read:
+// transaction control, and the statements whose first keyword only reads or sets session
+// state. A SELECT is taken to read, though a function it calls may write: such a
+// transaction is treated as one that wrote nothing (no reference is taken for it, which
+// loses precision, never soundness).
+func writes(k Kind, sql string) Set {
+	if k != Other {
+		return 0
+	}
+	w, _ := sqltext.NextWord(sql)
+	for _, r := range readOnlyWords {
+		if IsKeyword(w, r) {
+			return 0
+		}
+	}
+	if w == "" && sqltext.SkipSpace(sql) == "" {
+		return 0 // an empty statement
+	}
+	return writesFlag
+}
+
+// readOnlyWords are the first keywords of statements that assign no transaction id.
+var readOnlyWords = [...]string{"select", "show", "set", "reset", "values", "table", "fetch", "move", "close", "declare", "listen", "unlisten", "discard"}
+
+// transactional drops Other from a set that holds a transaction-control kind: only
+// a set of plain statements is "other".
+func (s Set) transactional() Set {
+	if s.Kinds() != 1<<Other {
+		s &^= 1 << Other
+	}
+	return s
+}
+
+// classifyOne classifies the statement at the start of sql and returns the text after
+// its leading keywords.
+func classifyOne(sql string) (Kind, string) {
+	w1, rest := sqltext.NextWord(sql)
+	switch {
+	case IsKeyword(w1, "begin"):
+		return Begin, rest
+	case IsKeyword(w1, "start"):
+		if w2, r := sqltext.NextWord(rest); IsKeyword(w2, "transaction") {
+			return Begin, r
+		}
+	case IsKeyword(w1, "commit"), IsKeyword(w1, "end"):
+		w2, r := sqltext.NextWord(rest)
+		if IsKeyword(w2, "prepared") {
+			return Other, rest // COMMIT PREPARED runs outside a transaction
+		}
+		if IsKeyword(w2, "work") || IsKeyword(w2, "transaction") {
+			w2, r = sqltext.NextWord(r)
+		}
+		return endKind(w2, r, Commit, CommitChain)
+	case IsKeyword(w1, "rollback"), IsKeyword(w1, "abort"):
+		w2, r := sqltext.NextWord(rest)
+		if IsKeyword(w2, "prepared") && IsKeyword(w1, "rollback") {
+			return Other, rest
+		}
+		if IsKeyword(w2, "work") || IsKeyword(w2, "transaction") {
+			w2, r = sqltext.NextWord(r)
+		}
+		if IsKeyword(w2, "to") && IsKeyword(w1, "rollback") {
+			return RollbackTo, r
+		}
+		return endKind(w2, r, Rollback, RollbackChain)
+	case IsKeyword(w1, "savepoint"):
+		return Savepoint, rest
+	case IsKeyword(w1, "release"):
+		return Release, rest
+	}
+	return Other, rest
+}
+
+// endKind reads an optional "AND [NO] CHAIN" after COMMIT or ROLLBACK.
+func endKind(w, rest string, plain, chain Kind) (Kind, string) {
+	if !IsKeyword(w, "and") {
+		return plain, rest
+	}
+	w2, r := sqltext.NextWord(rest)
+	if IsKeyword(w2, "chain") {
+		return chain, r
+	}
+	return plain, r
+}
+
+// IsKeyword reports whether word is keyword, in any case, as SQL keywords are.
+func IsKeyword(word, keyword string) bool {
+	return len(word) == len(keyword) && strings.EqualFold(word, keyword)
+}
+
+// BeginOptions reads the isolation level and access mode of the BEGIN or START
+// TRANSACTION at the start of sql (see beginOptions).
+func BeginOptions(sql string) (isolation, accessMode string) {
+	_, rest := classifyOne(sql)
+	return beginOptions(rest)
+}
+
+// beginOptions reads the isolation level and access mode from the text after BEGIN or
+// START TRANSACTION. It returns pgx's spellings ("repeatable read", "read only"), or ""
+// where the statement does not say.
+func beginOptions(rest string) (isolation, accessMode string) {
+	for {
+		w, r := sqltext.NextWord(rest)
+		switch {
+		case w == "":
+			r = sqltext.SkipSpace(r)
+			if r == "" || r[0] != ',' {
+				return isolation, accessMode
+			}
+			r = r[1:]
+		case IsKeyword(w, "isolation"):
+			_, r = sqltext.NextWord(r) // LEVEL
+			a, r2 := sqltext.NextWord(r)
+			b, r3 := sqltext.NextWord(r2)
+			switch {
+			case IsKeyword(a, "serializable"):
+				isolation, r = "serializable", r2
+			case IsKeyword(a, "repeatable"):
+				isolation, r = "repeatable read", r3
+			case IsKeyword(a, "read") && IsKeyword(b, "committed"):
+				isolation, r = "read committed", r3
+			case IsKeyword(a, "read") && IsKeyword(b, "uncommitted"):
+				isolation, r = "read uncommitted", r3
+			}
+		case IsKeyword(w, "read"):
+			b, r2 := sqltext.NextWord(r)
+			switch {
+			case IsKeyword(b, "only"):
+				accessMode, r = "read only", r2
+			case IsKeyword(b, "write"):
+				accessMode, r = "read write", r2
+			}
+		}
+		if len(r) >= len(rest) {
+			return isolation, accessMode // no progress: text we do not read
+		}
+		rest = r
+	}
+}
+
+// SavepointName returns the name after SAVEPOINT, RELEASE [SAVEPOINT] or ROLLBACK [WORK|
+// TRANSACTION] TO [SAVEPOINT], as a substring of sql (no allocation).
+func SavepointName(sql string) string {
+	kind, rest := classifyOne(sql)
+	if kind == Release || kind == RollbackTo {
+		if w, r := sqltext.NextWord(rest); IsKeyword(w, "savepoint") {
+			rest = r
+		}
+	}
+	rest = sqltext.SkipSpace(rest)
+	if rest == "" {
+		return ""
+	}
+	// The name is one token, read as the lexer reads it: a quoted one may hold spaces or
+	// semicolons.
+	if kind, end := sqltext.Next(rest, 0); kind == sqltext.Word || kind == sqltext.QuotedIdent {
+		return rest[:end]
+	}
+	return ""
+}
