@@ -116,11 +116,11 @@ func beginAttempt[T any](ctx context.Context, db DB, p Policy, n int) (attempt, 
 		// in its write as the tracer's are (see armCheck).
 		st := connStateOf(held.conn)
 		if st != nil {
-			st.runRefs, st.running = p.references(), true
+			st.refs.Running(p.references())
 		}
 		tx, err = held.conn.BeginTx(ctx, opts)
 		if st != nil {
-			st.running = false
+			st.refs.Ran()
 		}
 	} else {
 		tx, err = db.BeginTx(ctx, opts)
@@ -270,7 +270,7 @@ type commitOutcome struct {
 func commit(ctx context.Context, sc *scope, tx pgx.Tx) commitOutcome {
 	err := tx.Commit(ctx)
 	if f := sc.frame; f != nil && !f.Open() {
-		return commitOutcome{classification: f.Verdict(), err: err, ref: f.ref}
+		return commitOutcome{classification: f.Verdict(), err: err, ref: f.commitRef.Ref()}
 	}
 	facts := classifier.Facts{RollbackTag: errors.Is(err, pgx.ErrTxCommitRollback)}
 	if conn := tx.Conn(); conn != nil {

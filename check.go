@@ -10,6 +10,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/txevidence/otelpgxtx/classifier"
+	"github.com/txevidence/otelpgxtx/internal/reference"
 )
 
 // Check asks db what the tracer's commit references need ([WithCommitReference],
@@ -34,7 +35,7 @@ func (t *Tracer) Check(ctx context.Context, db interface {
 		return invalid("Tracer.Check: nil db")
 	}
 	refs := t.cfg.references()
-	if refs.mode == referenceNone {
+	if refs.Mode == reference.None {
 		return nil
 	}
 	// A connection's own check starts from what the server reported at connection start;
@@ -57,36 +58,29 @@ func (t *Tracer) Check(ctx context.Context, db interface {
 		if classifier.ServerOf(pg.ParameterStatus) != classifier.ServerPostgreSQL {
 			return errors.New("otelpgxtx: Tracer.Check: the server is not PostgreSQL: commit references are PostgreSQL's, and stay off")
 		}
-		if why := tooOld(pg.ParameterStatus("server_version")); why != "" {
+		if why := reference.TooOld(pg.ParameterStatus("server_version")); why != "" {
 			return fmt.Errorf("otelpgxtx: Tracer.Check: %s: commit references stay off", why)
 		}
 	}
-	c := check{identity: true}
-	n := colMarker
-	if refs.mode == referenceMarker {
-		c.marker = refs.marker
-		n++
+	marker := ""
+	if refs.Mode == reference.Marker {
+		marker = refs.Marker
 	}
+	sql, n := reference.CheckQuery(marker)
 	row := make([][]byte, n)
 	dest := make([]any, n)
 	for i := range row {
 		dest[i] = &row[i]
 	}
-	if err := db.QueryRow(ctx, c.sql()).Scan(dest...); err != nil {
+	if err := db.QueryRow(ctx, sql).Scan(dest...); err != nil {
 		var pgErr *pgconn.PgError
 		if errors.As(err, &pgErr) && pgErr.Code == "42883" { // undefined_function
-			return fmt.Errorf("otelpgxtx: Tracer.Check: the server lacks a function the references call (PostgreSQL %d or later is needed): %w", minServerMajor, err)
+			return fmt.Errorf("otelpgxtx: Tracer.Check: the server lacks a function the references call (PostgreSQL %d or later is needed): %w", reference.MinServerMajor, err)
 		}
 		return fmt.Errorf("otelpgxtx: Tracer.Check: the identity check failed: %w", err)
 	}
-	var st connState
-	if err := st.setIdentity(row); err != nil {
-		return fmt.Errorf("otelpgxtx: Tracer.Check: %w", err)
-	}
-	if c.marker != "" {
-		if p := markerProblem(row[colMarker]); p != "" {
-			return fmt.Errorf("otelpgxtx: Tracer.Check: the commit marker %s: %s", c.marker, p)
-		}
+	if wrong := reference.CheckAnswer(row, marker); wrong != "" {
+		return errors.New("otelpgxtx: Tracer.Check: " + wrong)
 	}
 	return nil
 }

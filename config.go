@@ -13,6 +13,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/txevidence/otelpgxtx/internal/markertable"
+	"github.com/txevidence/otelpgxtx/internal/reference"
 	"github.com/txevidence/otelpgxtx/reconcile"
 )
 
@@ -46,7 +47,7 @@ type config struct {
 	auto           *autoConfig // WithAutoReconcile
 	// reference is what plain pgx commits carry (WithCommitReference, WithCommitMarker);
 	// marker is the quoted marker table.
-	reference referenceMode
+	reference reference.Mode
 	marker    string
 	// Set by the options grouped below WithOtelpgxOptions.
 	spanAttributes  []attribute.KeyValue
@@ -282,17 +283,8 @@ func WithErrorMessages() Option {
 	return optionFunc(func(c *config) { c.errorMessages = true })
 }
 
-// referenceMode is what the library adds to a plain pgx COMMIT for reconciliation.
-type referenceMode uint8
-
-const (
-	referenceNone   referenceMode = iota // nothing: the default, no byte of the library's
-	referenceXID                         // the xid read (WithCommitReference)
-	referenceMarker                      // the commit marker (WithCommitMarker)
-)
-
 // references is what the commits of plain pgx frames carry (a Policy decides for Run's).
-func (c *config) references() references { return references{mode: c.reference, marker: c.marker} }
+func (c *config) references() reference.Refs { return reference.Refs{Mode: c.reference, Marker: c.marker} }
 
 // WithCommitReference gives plain pgx and database/sql transactions — pool.Begin …
 // Commit, pgx.BeginFunc, BeginTx, stdlib, a raw begin … commit — the commit reference
@@ -321,8 +313,8 @@ func (c *config) references() references { return references{mode: c.reference, 
 // docs/performance.md what it costs.
 func WithCommitReference() Option {
 	return optionFunc(func(c *config) {
-		if c.reference == referenceNone {
-			c.reference = referenceXID
+		if c.reference == reference.None {
+			c.reference = reference.XID
 		}
 	})
 }
@@ -349,7 +341,7 @@ func WithCommitMarker(table pgx.Identifier) Option {
 			refuse(&c.err, invalid("WithCommitMarker: %w", err))
 			return
 		}
-		c.reference, c.marker = referenceMarker, name
+		c.reference, c.marker = reference.Marker, name
 	})
 }
 

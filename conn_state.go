@@ -11,6 +11,7 @@ import (
 
 	"github.com/txevidence/otelpgxtx/classifier"
 	"github.com/txevidence/otelpgxtx/internal/evidence"
+	"github.com/txevidence/otelpgxtx/internal/reference"
 	"github.com/txevidence/otelpgxtx/internal/wire"
 	"github.com/txevidence/otelpgxtx/outcome"
 )
@@ -30,8 +31,9 @@ type connState struct {
 	// configuration, which is too dear for every transaction.
 	attrs []attribute.KeyValue
 
-	connIdentity   // the cluster identity, for commit references
-	connReferences // where the connection's commit references are, and what is in flight
+	// refs are the connection's commit references: the cluster identity, the marker
+	// functions checked, what the library added to the writes (package reference).
+	refs reference.Conn
 
 	// nc is the connection's net.Conn wrapper, nil where pgconn uses another.
 	nc *wire.Conn
@@ -80,8 +82,8 @@ func stateOf(pg *pgconn.PgConn) *connState {
 	}
 	st, _ := data[stateKey].(*connState)
 	if st == nil {
-		st = &connState{queries: make([]queryState, 0, 2), ev: evidence.NewConn[*frame](classifier.ServerOf(pg.ParameterStatus)),
-			connIdentity: connIdentity{pid: pg.PID()}}
+		server := classifier.ServerOf(pg.ParameterStatus)
+		st = &connState{queries: make([]queryState, 0, 2), ev: evidence.NewConn[*frame](server)}
 		data[stateKey] = st
 		if nc, ok := pg.Conn().(*wire.Conn); ok {
 			if w, ok := nc.Listener().(*closeWatch); ok {
@@ -89,6 +91,7 @@ func stateOf(pg *pgconn.PgConn) *connState {
 			}
 			st.nc = nc
 		}
+		st.refs = reference.NewConn(st.nc, server == classifier.ServerPostgreSQL, pg.PID())
 	}
 	return st
 }
@@ -161,46 +164,4 @@ func (st *connState) top(ctx context.Context) *queryState {
 		return &st.queries[n-1]
 	}
 	return nil
-}
-
-// connIdentity is the cluster identity, read once per connection for reconciliation
-// references (reference.go), with the database and the server's clock at the check.
-type connIdentity struct {
-	systemID    uint64
-	timeline    uint32
-	serverStart int64 // µs since the epoch; a connection never outlives a restart
-	statsReset  int64 // µs since the epoch; nor a crash recovery, which moves it
-	// pid is the PID pgconn was told at connection start (BackendKeyData), and pooled says
-	// that the identity check's backend had another: a pooler (PgBouncer) is in between,
-	// and the transactions may run on other server connections than the check's.
-	pid       uint32
-	pooled    bool
-	database  string
-	checkedAt int64 // µs since the epoch
-}
-
-// connReferences is where the connection's commit references are, and what the tracer
-// has added to its writes (reference_tracer.go).
-type connReferences struct {
-	// refs is where the connection's commit references are, offWhy why they are off.
-	refs   refState
-	offWhy string
-	// xidCallMsg is the xid read, a fast-path call by the OID the identity check found.
-	xidCallMsg []byte
-	// markers are the commit-marker functions checked on the connection.
-	markers []*markerFn
-	// What the tracer adds to the writes (reference_tracer.go). adding: an addition is
-	// armed for, or was made to, the query in flight, or its reply is on its way (the xid
-	// read after a statement, whose frame is reading).
-	adding   bool
-	reading  *frame
-	checking check // what the check in flight ahead of BEGIN asks
-	// runRefs are the references of Run's Policy while Run begins a transaction on the
-	// connection (running): its frame carries them in place of the tracer's.
-	runRefs references
-	running bool
-	// cancels: the connection's context watcher may send cancel requests (another than
-	// pgconn's default, which sets a deadline), which can land on the library's message
-	// after the statement they were sent for.
-	cancels bool
 }

@@ -40,7 +40,7 @@ type ending struct {
 // ending returns f's record, ended with o.
 func (f *frame) ending(o outcome.Outcome) ending {
 	e := ending{id: f.id, outcome: o, phase: f.Phase(), verdict: f.Verdict(), endedIn: f.EndedIn(), deliberate: f.Deliberate(),
-		committedLocally: f.CommittedLocally(), firstCause: f.FirstCause(), cause: f.Cause(), endErr: f.EndErr(), ref: f.ref,
+		committedLocally: f.CommittedLocally(), firstCause: f.FirstCause(), cause: f.Cause(), endErr: f.EndErr(), ref: f.commitRef.Ref(),
 		startedAt: f.startedAt, committingAt: f.CommittingAt(), concludedAt: f.ConcludedAt(),
 		span: f.span.SpanContext(), parentSpan: f.parentSpan, recorded: !f.unrecorded, spanCtx: f.spanCtx, awaited: f.awaited}
 	e.at = e.concludedAt // the conclusion has just read the clock

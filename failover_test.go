@@ -13,6 +13,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/txevidence/otelpgxtx/internal/reconciletest"
+	"github.com/txevidence/otelpgxtx/internal/reference"
 	"github.com/txevidence/otelpgxtx/outcome"
 	"github.com/txevidence/otelpgxtx/pgtest"
 	"github.com/txevidence/otelpgxtx/reconcile"
@@ -232,15 +233,15 @@ func TestIdentityOnStandby(t *testing.T) {
 		identity bool
 	}{{"standby", c.Standby(), false}, {"primary", c.Primary(), true}} {
 		conn := instrumentedConn(t, ctx, tc.s.ConnString())
-		if err := checkReferences(ctx, conn, references{mode: referenceXID}); err != nil {
+		if err := checkReferences(ctx, conn, reference.Refs{Mode: reference.XID}); err != nil {
 			t.Fatalf("%s: the identity read broke the connection: %v", tc.name, err)
 		}
 		if err := conn.Ping(ctx); err != nil {
 			t.Fatalf("%s: connection unusable after the identity read: %v", tc.name, err)
 		}
-		st := connStateOf(conn)
-		if got := st.systemID != 0; got != tc.identity || tc.identity && st.timeline != 1 {
-			t.Errorf("%s: identity read %v (timeline %d), want %v", tc.name, got, st.timeline, tc.identity)
+		sys, timeline, _, _ := connStateOf(conn).refs.Identity()
+		if got := sys != 0; got != tc.identity || tc.identity && timeline != 1 {
+			t.Errorf("%s: identity read %v (timeline %d), want %v", tc.name, got, timeline, tc.identity)
 		}
 		_ = conn.Close(ctx)
 	}

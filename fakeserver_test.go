@@ -13,6 +13,8 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgproto3"
+
+	"github.com/txevidence/otelpgxtx/internal/reference"
 )
 
 // fakePG is an in-process PostgreSQL stand-in for micro-benchmarks: a net.Conn that
@@ -410,13 +412,13 @@ func (c *fakePG) identity(sql []byte) {
 			Name: fmt.Appendf(nil, "c%d", i), DataTypeOID: 25, DataTypeSize: -1, TypeModifier: -1})
 		v := "1700000000000000" // a server start, in microseconds
 		switch i {
-		case colSystem:
+		case reference.ColSystem:
 			v = "7000000000000000001"
-		case colTimeline:
+		case reference.ColTimeline:
 			v = "1"
-		case colXIDFunction:
+		case reference.ColXIDFunction:
 			v = "5060"
-		case colBackendPID:
+		case reference.ColBackendPID:
 			v = "1" // BackendKeyData's
 		}
 		c.idVals = append(c.idVals, []byte(v))

@@ -11,6 +11,7 @@ import (
 
 	"github.com/txevidence/otelpgxtx/classifier"
 	"github.com/txevidence/otelpgxtx/internal/evidence"
+	"github.com/txevidence/otelpgxtx/internal/reference"
 	"github.com/txevidence/otelpgxtx/outcome"
 )
 
@@ -33,8 +34,9 @@ type frame struct {
 	evidence.Frame
 	frameSpan      // its span (phase_span.go) and the statements that are its events (control_events.go)
 	frameAnswer    // what a Verdict is told (verdict.go)
-	frameExecutor  // what Run sets (run.go, attempt.go)
-	frameReference // its commit reference (reference_tracer.go)
+	frameExecutor // what Run sets (run.go, attempt.go)
+	// commitRef is its commit reference (package reference).
+	commitRef reference.Frame
 
 	t         *Tracer
 	id        outcome.OperationID
@@ -60,14 +62,12 @@ type frameExecutor struct {
 // of the span in ctx; if ctx carries an open frame on another connection, that frame is
 // suspended and the new one is one level deeper.
 func (t *Tracer) startFrame(ctx context.Context, conn *pgx.Conn, st *connState, phase outcome.Phase, begin string, chained *frame) *frame {
-	f := &frame{t: t, conn: conn.PgConn(), id: outcome.NewOperationID(), startedAt: time.Now(),
-		frameReference: frameReference{refs: t.cfg.references()}}
-	switch {
-	case chained != nil:
-		f.refs = chained.refs
-	case st.running:
-		f.refs = st.runRefs
+	f := &frame{t: t, conn: conn.PgConn(), id: outcome.NewOperationID(), startedAt: time.Now()}
+	refs := st.refs.FrameRefs(t.cfg.references())
+	if chained != nil {
+		refs = chained.commitRef.Refs
 	}
+	f.commitRef.Init(refs, &f.Frame, f.id)
 	depth := 0
 	if outer := openFrameFromContext(ctx); outer != nil && outer.conn != f.conn {
 		f.parent, depth = outer, outer.Depth()+1

@@ -126,15 +126,6 @@ func TestReleaseIdleWithFrame(t *testing.T) {
 	h.wantNoFrames(t, ctx)
 }
 
-// TestCommitWithoutState: a connection without tracer state has no identity, so the
-// commit path takes pgx's own Commit instead of dereferencing the state.
-func TestCommitWithoutState(t *testing.T) {
-	var st *connState
-	if st.identityKnown() {
-		t.Fatal("a nil state knows an identity")
-	}
-}
-
 // uncomparableCtx is a context passed by value whose type == cannot compare: a
 // comparison of two of them panics at run time.
 type uncomparableCtx struct {

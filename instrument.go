@@ -97,7 +97,7 @@ func InstrumentConnConfig(cfg *pgx.ConnConfig, opts ...Option) (*Tracer, error) 
 			h := build(pg)
 			if _, deadline := h.(*pgconn.DeadlineContextWatcherHandler); !deadline {
 				if st := stateOf(pg); st != nil {
-					st.cancels = true // see readsEarly
+					st.refs.Cancels() // see reference.Conn.readsEarly
 				}
 			}
 			return h

@@ -195,11 +195,11 @@ func overMarkerReconcile(t *testing.T, base string) {
 			if _, err := tx.Exec(ctx, "set local synchronous_commit = on"); err != nil {
 				return 0, err
 			}
-			st := stateOf(tx.Conn().PgConn())
+			sys, timeline, database, checkedAt := stateOf(tx.Conn().PgConn()).refs.Identity()
 			q, _ := markertable.Quote(marker...)
-			q, _ = markertable.RefTable(st.database, q)
-			began <- started{tx.Conn().PgConn().PID(), outcome.ReconciliationRef{SystemIdentifier: st.systemID,
-				Timeline: st.timeline, MarkerTable: q, Operation: scopeFromContext(ctx).id, CheckedAt: st.checkedAt}}
+			q, _ = markertable.RefTable(database, q)
+			began <- started{tx.Conn().PgConn().PID(), outcome.ReconciliationRef{SystemIdentifier: sys,
+				Timeline: timeline, MarkerTable: q, Operation: scopeFromContext(ctx).id, CheckedAt: checkedAt}}
 			return 3, nil
 		})
 	}()

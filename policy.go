@@ -7,6 +7,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/txevidence/otelpgxtx/internal/markertable"
+	"github.com/txevidence/otelpgxtx/internal/reference"
 )
 
 // Propagation says how [Run] relates to a transaction already in its context.
@@ -92,14 +93,14 @@ func DefaultPolicy() Policy {
 
 // references is what the commits of Run's transactions carry: nothing without
 // CommitReference, the marker of CommitMarker, else the xid read.
-func (p Policy) references() references {
+func (p Policy) references() reference.Refs {
 	switch {
 	case !p.CommitReference:
-		return references{}
+		return reference.Refs{}
 	case p.CommitMarker != nil:
-		return references{mode: referenceMarker, marker: p.markerTable(), every: true}
+		return reference.Refs{Mode: reference.Marker, Marker: p.markerTable(), Every: true}
 	}
-	return references{mode: referenceXID, every: true}
+	return reference.Refs{Mode: reference.XID, Every: true}
 }
 
 // markerTable is CommitMarker quoted, "" when unset or malformed (validate refuses that).

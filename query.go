@@ -9,6 +9,7 @@ import (
 
 	"github.com/txevidence/otelpgxtx/classifier"
 	"github.com/txevidence/otelpgxtx/internal/evidence"
+	"github.com/txevidence/otelpgxtx/internal/reference"
 	"github.com/txevidence/otelpgxtx/outcome"
 )
 
@@ -101,21 +102,21 @@ func (t *Tracer) beforeQuery(ctx context.Context, conn *pgx.Conn, st *connState,
 	}
 	if begin {
 		f := t.startFrame(ctx, conn, st, outcome.PhaseNotStarted, sql, nil)
-		t.armCheck(st, f.refs, pg, set, sql)
-		if f.recording || f.refs.mode != referenceNone { // attributes, and whether a reference can be taken
+		t.armCheck(st, f, pg, set, sql)
+		if f.recording || f.commitRef.Refs.Mode != reference.None { // attributes, and whether a reference can be taken
 			f.Began(evidence.BeginOptions(sql))
 		}
 	}
 	f := st.frame()
 	if f != nil && set.Writes() {
 		f.Writes()
-		t.armXIDRead(ctx, st, f, pg, set, sql)
+		st.refs.ArmRead(ctx, &f.commitRef, refStatement(set, sql, pg))
 	}
 	if f != nil && commits {
-		t.settleXIDRead(ctx, st, f)
+		st.refs.Settle(ctx, &f.commitRef)
 		f.record(evidence.Result{Moved: f.Committing()})
 		st.markCommit(f)
-		t.armReference(st, f, pg, set, sql)
+		st.refs.ArmCall(&f.commitRef, refStatement(set, sql, pg))
 	}
 	return f
 }
@@ -130,9 +131,7 @@ func (t *Tracer) afterQuery(ctx context.Context, conn *pgx.Conn, st *connState, 
 	inTx := !closed && (status == 'T' || status == 'E')
 	f := q.frame
 	open := f != nil && f.Open() // the query's frame was going on: its end is judged
-	if t.collectAddition(st, f, false) && f != nil {
-		f.FatalBeforeCommit() // the server answered the call ahead of COMMIT with a FATAL
-	}
+	t.collectAddition(st, f)
 	if q.batch.err != nil && err == nil {
 		err = q.batch.err
 	}

@@ -12,22 +12,23 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/txevidence/otelpgxtx/internal/reconciletest"
+	"github.com/txevidence/otelpgxtx/internal/reference"
 	"github.com/txevidence/otelpgxtx/outcome"
 	"github.com/txevidence/otelpgxtx/pgtest"
 )
 
 // identitySQL is the identity check alone, as a connection's first check ahead of BEGIN
 // sends it when no marker is asked for.
-const identitySQL = identitySelect + identityFrom
+var identitySQL, _ = reference.CheckQuery("")
 
 // checkReferences has the tracer check, ahead of a BEGIN on conn, what refs need, as it
 // does ahead of the first BEGIN of a frame with those references: it begins a
 // transaction with them and rolls it back.
-func checkReferences(ctx context.Context, conn *pgx.Conn, refs references) error {
+func checkReferences(ctx context.Context, conn *pgx.Conn, refs reference.Refs) error {
 	st := connStateOf(conn)
-	st.runRefs, st.running = refs, true
+	st.refs.Running(refs)
 	tx, err := conn.Begin(ctx)
-	st.running = false
+	st.refs.Ran()
 	if err != nil {
 		return err
 	}
@@ -111,24 +112,24 @@ func TestReferenceCheckCancelled(t *testing.T) {
 		if err := cancelWhileLocked(t, ctx, conn.PgConn().PID(), func() error { return run(1, markerPolicy(marker)) }); err != nil {
 			t.Fatalf("%v (the cancel hit the library's check, not Run's transaction)", err)
 		}
-		if st.refs != refsUnchecked {
+		if st.refs.Checked() {
 			t.Fatal("the cancelled identity check was kept as the answer")
 		}
-		if err := run(2, DefaultPolicy()); err != nil || !st.identityKnown() {
-			t.Fatalf("asked again: identity %v, %v", st.identityKnown(), err)
+		if err := run(2, DefaultPolicy()); err != nil || !st.refs.Known() {
+			t.Fatalf("asked again: identity %v, %v", st.refs.Known(), err)
 		}
 		// The marker check alone, cancelled ahead of the next BEGIN.
 		if err := cancelWhileLocked(t, ctx, conn.PgConn().PID(), func() error { return run(3, markerPolicy(marker)) }); err != nil {
 			t.Fatal(err)
 		}
-		if m, ok := st.marker(quoted); ok {
-			t.Fatalf("the cancelled marker check was kept as the answer: %+v", m)
+		if ok, problem := st.refs.MarkerChecked(quoted); ok {
+			t.Fatalf("the cancelled marker check was kept as the answer: %q", problem)
 		}
 		if err := run(4, markerPolicy(marker)); err != nil {
 			t.Fatal(err)
 		}
-		if m, ok := st.marker(quoted); !ok || m.problem != "" {
-			t.Fatalf("asked again: marker %+v %v", m, ok)
+		if ok, problem := st.refs.MarkerChecked(quoted); !ok || problem != "" {
+			t.Fatalf("asked again: marker %v %q", ok, problem)
 		}
 		if n := srv.CountOf(t, ctx, "select count(*) from "+quoted); n != 1 {
 			t.Fatalf("%d marker rows, want 1 (Run's last transaction)", n)
@@ -171,8 +172,8 @@ func TestReferenceCheckCancelled(t *testing.T) {
 func TestTooOld(t *testing.T) {
 	for v, off := range map[string]bool{"12.22": true, "9.6.24": true, "10": true, "13.0": false, "13.23": false,
 		"16beta1": false, "15.4 (Debian 15.4-1.pgdg120+1)": false, "": false, "CockroachDB": false, "1234.5": false} {
-		if why := tooOld(v); (why != "") != off {
-			t.Errorf("tooOld(%q) = %q, want off %v", v, why, off)
+		if why := reference.TooOld(v); (why != "") != off {
+			t.Errorf("TooOld(%q) = %q, want off %v", v, why, off)
 		}
 	}
 }

@@ -4,13 +4,11 @@ import (
 	"context"
 	"errors"
 	"strconv"
-	"strings"
 	"syscall"
 	"testing"
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/txevidence/otelpgxtx/internal/wire"
 	"github.com/txevidence/otelpgxtx/outcome"
 	"github.com/txevidence/otelpgxtx/pgtest"
 )
@@ -191,40 +189,5 @@ func wantWrittenBy(t *testing.T, ctx context.Context, table string, id int, xid 
 	}
 	if xmin != xid&0xffffffff {
 		t.Fatalf("row %d was written by xid %d; the reference names %d", id, xmin, xid)
-	}
-}
-
-// TestCallRef: what each reply to the call ahead of COMMIT makes of the reference.
-func TestCallRef(t *testing.T) {
-	st := &connState{connIdentity: connIdentity{systemID: 7, timeline: 1, serverStart: 1, database: "d", checkedAt: 5}}
-	m := st.newMarkerFn(`"s"."t"`, []byte("16400"))
-	id := outcome.NewOperationID()
-	val := func(v string) wire.Reply { return wire.Reply{GotValue: true, Value: []byte(v), Done: true} }
-	for _, tc := range []struct {
-		name   string
-		m      *markerFn
-		r      wire.Reply
-		want   string // the reference, "" for none
-		marker bool
-	}{
-		{"marker inserted", m, val("m731"), "pg:7/1/731/1;checked=5;marker=", true},
-		{"marker, no reply", m, wire.Reply{}, "pg:7/1/0/1;checked=5;marker=", true},
-		{"read-only", m, val("r731"), "pg:7/1/731/1", false},
-		{"no xid", m, val("n"), "pg:7/1/0/1", false},
-		{"not the function's answer", m, val("m"), "", false},
-		{"garbage", m, val("x12"), "", false},
-		{"the call failed", m, wire.Reply{ErrCode: "57014", Done: true}, "", false},
-		{"xid read", nil, val("731"), "pg:7/1/731/1", false},
-		{"xid read, NULL", nil, wire.Reply{GotValue: true, Done: true}, "pg:7/1/0/1", false},
-		{"xid read, no reply", nil, wire.Reply{}, "", false},
-	} {
-		ref := st.callRef(tc.m, id, tc.r)
-		got := ""
-		if ref != nil {
-			got = ref.String()
-		}
-		if tc.want == "" && got != "" || tc.want != "" && (!strings.HasPrefix(got, tc.want) || ref.HasMarker() != tc.marker) {
-			t.Errorf("%s: reference %q, want %q (marker %v)", tc.name, got, tc.want, tc.marker)
-		}
 	}
 }

@@ -889,7 +889,7 @@ func TestXIDReadWithCancelRequests(t *testing.T) {
 				t.Fatal(err)
 			}
 			mustExec(t, stmtCtx, tx, fmt.Sprintf("insert into %s (id) values (%d)", table, id))
-			early := st.reading != nil || st.frame().xid != 0
+			early := st.refs.Reading() != nil || st.frame().commitRef.XID() != 0
 			if want := !cancels || stmtCtx.Done() == nil; early != want {
 				t.Fatalf("cancel requests %v, context cancellable %v: the xid read followed the insert %v, want %v",
 					cancels, stmtCtx.Done() != nil, early, want)

@@ -19,6 +19,7 @@ import (
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 
+	"github.com/txevidence/otelpgxtx/internal/reference"
 	"github.com/txevidence/otelpgxtx/outcome"
 	"github.com/txevidence/otelpgxtx/pgtest"
 )
@@ -464,18 +465,18 @@ func TestIdentityReadWithEndedContext(t *testing.T) {
 	conn := instrumentedConn(t, ctx, srv.ConnString())
 	cctx, cancel := context.WithCancel(ctx)
 	cancel()
-	if err := checkReferences(cctx, conn, references{mode: referenceXID}); !errors.Is(err, context.Canceled) {
+	if err := checkReferences(cctx, conn, reference.Refs{Mode: reference.XID}); !errors.Is(err, context.Canceled) {
 		t.Fatalf("with an ended context: %v", err)
 	}
 	// pgx closes a connection whose BEGIN failed, as it does without the library.
-	if st := connStateOf(conn); st.refs != refsUnchecked || st.adding {
+	if st := connStateOf(conn); st.refs.Checked() || st.refs.Adding() {
 		t.Fatal("an ended context counted as the server's answer")
 	}
 	conn = instrumentedConn(t, ctx, srv.ConnString())
-	if err := checkReferences(ctx, conn, references{mode: referenceXID}); err != nil {
+	if err := checkReferences(ctx, conn, reference.Refs{Mode: reference.XID}); err != nil {
 		t.Fatal(err)
 	}
-	if !connStateOf(conn).identityKnown() {
+	if !connStateOf(conn).refs.Known() {
 		t.Fatal("identity not read")
 	}
 }

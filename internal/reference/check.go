@@ -1,0 +1,314 @@
+package reference
+
+import (
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+
+	"github.com/jackc/pgx/v5/pgproto3"
+
+	"github.com/txevidence/otelpgxtx/internal/markertable"
+	"github.com/txevidence/otelpgxtx/internal/pg"
+	"github.com/txevidence/otelpgxtx/internal/wire"
+	"github.com/txevidence/otelpgxtx/outcome"
+)
+
+// The check ahead of a connection's first BEGIN: the cluster identity and the marker
+// functions, in that BEGIN's write.
+
+// check is what a check ahead of BEGIN asks: the cluster identity, and a marker
+// function (its quoted table; "" for none).
+type check struct {
+	identity bool
+	marker   string
+}
+
+// ArmCheck has the write of a BEGIN (the statement sql, sent as a lone simple Query)
+// carry, ahead of it, what refs need that the connection has not checked yet: the
+// cluster identity, once per connection, which also calls the xid read's function (so
+// that a missing privilege shows there), and the marker function of refs, once per
+// connection and table. It goes outside any transaction, so that a failure of it changes
+// nothing of the application's, and in the same write, so that it costs no round trip.
+//
+// serverVersion is what the server reported at connection start; single says sql is one
+// statement. A server older than MinServerMajor turns references off at once, with the
+// notice returned: the check itself calls what that server does not have.
+func (c *Conn) ArmCheck(refs Refs, serverVersion string, single bool, sql string) *Off {
+	if c.state == unchecked && c.on(refs) {
+		if why := TooOld(serverVersion); why != "" {
+			c.state, c.offWhy = off, why
+			return &Off{What: offReferences, Why: why}
+		}
+	}
+	if !c.on(refs) || c.adding || !single {
+		return nil
+	}
+	ck := check{identity: c.state == unchecked}
+	if _, checked := c.marker(refs.Marker); refs.Mode == Marker && !checked {
+		ck.marker = refs.Marker
+	}
+	if ck == (check{}) {
+		return nil
+	}
+	if c.nc.Arm(&wire.Addition{Kind: wire.LibraryQuery, Match: sql, Msg: ck.message()}) {
+		c.adding, c.checking = true, ck
+	}
+	return nil
+}
+
+// sql is c's query: identitySelect's columns with the marker check's after them, or the
+// marker check alone.
+func (c check) sql() string {
+	sql := "select " + markerCheckSQL(c.marker)
+	if c.identity {
+		sql = identitySelect
+		if c.marker != "" {
+			sql += ", " + markerCheckSQL(c.marker)
+		}
+		sql += identityFrom
+	}
+	return sql
+}
+
+// message is c's query as the Query message the check's write carries.
+func (c check) message() []byte {
+	msg, _ := (&pgproto3.Query{String: c.sql()}).Encode(nil)
+	return msg
+}
+
+// identitySelect and identityFrom, the check ahead of a connection's first BEGIN (the
+// marker check's column goes between them, see check.message), read what makes an xid
+// meaningful: the cluster's system identifier, its current timeline, the server's start time and its statistics' reset time (after a
+// failover, a crash restart, and a crash recovery the postmaster survives, the same xid
+// may name another transaction), and the backend's PID (another than the connection was
+// told means a pooler in between, whose transactions may run on other server
+// connections, of a later incarnation), with the database (a marker
+// row is in one) and the server's clock (a marker row is never older than it). It also
+// reads the OID of the function the xid read calls, and calls it, so that a reference is
+// only attempted where that call cannot fail for want of a privilege: an ERROR there
+// would abort the transaction being committed.
+const (
+	identitySelect = "select s.system_identifier::text, " + pg.TimelineSQL + ", " + pg.ServerStartSQL + ", " + pg.StatsResetSQL + ", pg_catalog.pg_backend_pid()::text" +
+		", pg_current_xact_id_if_assigned()::text, 'pg_catalog.pg_current_xact_id_if_assigned()'::pg_catalog.regprocedure::pg_catalog.oid::text" +
+		", pg_catalog.current_database()::text, (extract(epoch from pg_catalog.now()) * 1000000)::bigint::text"
+	identityFrom = " from pg_control_system() s"
+)
+
+// The columns of identitySelect, and the marker check's after them (exported for the
+// tests of a scripted server, which answer them).
+const (
+	ColSystem = iota
+	ColTimeline
+	ColStart
+	ColStatsReset
+	ColBackendPID
+	ColXIDRead
+	ColXIDFunction
+	ColDatabase
+	ColCheckedAt
+	ColMarker
+)
+
+// markerCheckSQL is the column that checks the commit-marker function of table (quoted,
+// schema-qualified), as MarkerTableDDL creates it: its OID when a call of it cannot fail
+// for want of a privilege, whatever role the session has switched to (SECURITY DEFINER,
+// EXECUTE for PUBLIC, USAGE on its schema for PUBLIC, its owner may insert into the
+// table), else the word that says what is wrong. Nothing in it can fail: a missing
+// table or function is NULL, not an error.
+func markerCheckSQL(table string) string {
+	lit := func(s string) string { return "'" + strings.ReplaceAll(s, "'", "''") + "'" }
+	return "(select case when r.t is null or p.oid is null then 'missing'" +
+		" when not p.prosecdef or p.prorettype <> 'pg_catalog.text'::pg_catalog.regtype then 'not_marker_function'" +
+		" when not pg_catalog.has_function_privilege('public', p.oid, 'EXECUTE') or not pg_catalog.has_schema_privilege('public', p.pronamespace, 'USAGE') then 'not_public'" +
+		" when not pg_catalog.has_table_privilege(p.proowner, r.t, 'INSERT') then 'owner_cannot_insert'" +
+		" else p.oid::text end" +
+		" from (select pg_catalog.to_regclass(" + lit(table) + ") t, pg_catalog.to_regprocedure(" + lit(table+"(pg_catalog.uuid)") + ") f) r" +
+		" left join pg_catalog.pg_proc p on p.oid = r.f)"
+}
+
+// markerProblems says, for each word of markerCheckSQL, why the marker is off.
+var markerProblems = map[string]string{
+	"missing":             "the marker table or its function does not exist (create them with reconcile.MarkerTableDDL, or: otelpgxtx marker-ddl <table> | psql)",
+	"not_marker_function": "the marker function is not the SECURITY DEFINER function of reconcile.MarkerTableDDL",
+	"not_public":          "the marker function or its schema is not usable by every role (reconcile.MarkerTableDDL grants EXECUTE and USAGE to PUBLIC)",
+	"owner_cannot_insert": "the marker function's owner may not insert into the marker table",
+}
+
+// markerProblem says why the marker function is off from what markerCheckSQL answered,
+// "" when it is usable.
+func markerProblem(check []byte) string {
+	if check == nil {
+		return "the marker check answered nothing"
+	}
+	if _, err := strconv.ParseUint(string(check), 10, 32); err == nil {
+		return ""
+	}
+	if p := markerProblems[string(check)]; p != "" {
+		return p
+	}
+	return "the marker check answered " + strconv.Quote(string(check))
+}
+
+// markerOf returns the marker function refs call on the connection, nil when refs has
+// none or the check found it unusable: then COMMIT carries the xid read.
+func (c *Conn) markerOf(refs Refs) *markerFn {
+	if refs.Mode != Marker {
+		return nil
+	}
+	if m, _ := c.marker(refs.Marker); m != nil && m.msg != nil {
+		return m
+	}
+	return nil
+}
+
+// markerFn is a commit-marker function checked on a connection.
+type markerFn struct {
+	table string // quoted, schema-qualified, as configured
+	ref   string // the reference's name of it: "database"."schema"."table"
+	// msg is its call, a Query that names it, encoded with a zero operation id (32 hex
+	// digits) at argAt, which callMsg fills in; nil when the check found it unusable
+	// (problem says why).
+	msg     []byte
+	argAt   int
+	problem string
+}
+
+// markerCallSQL is the call of table's marker function with a zero operation id: by its
+// schema-qualified name, so that the server finds the function as it is at COMMIT — one
+// dropped and created again (a migration re-run, a restore) is found under its new OID,
+// where a call by the OID the check read would fail and take the application's
+// transaction with it —, and with the argument's type qualified, so that the session's
+// search_path changes nothing of it.
+func markerCallSQL(table string) string {
+	return "select " + table + "('" + strings.Repeat("0", 2*len(outcome.OperationID{})) + "'::pg_catalog.uuid)"
+}
+
+// newMarkerFn makes table's marker from what markerCheckSQL answered.
+func (c *Conn) newMarkerFn(table string, check []byte) *markerFn {
+	m := &markerFn{table: table, problem: markerProblem(check)}
+	if m.problem == "" {
+		sql := markerCallSQL(table)
+		m.msg, _ = (&pgproto3.Query{String: sql}).Encode(nil)
+		m.argAt = 5 + strings.Index(sql, "'") + 1
+		var err error
+		if m.ref, err = markertable.RefTable(c.identity.database, table); err != nil {
+			m.msg, m.problem = nil, err.Error()
+		}
+	}
+	c.markers = append(c.markers, m)
+	return m
+}
+
+// marker returns table's marker function as checked on the connection, and whether it was.
+func (c *Conn) marker(table string) (*markerFn, bool) {
+	for _, m := range c.markers {
+		if m.table == table {
+			return m, true
+		}
+	}
+	return nil, false
+}
+
+// setIdentity keeps the cluster identity of row, the columns of identitySelect.
+func (c *Conn) setIdentity(row [][]byte) error {
+	if len(row) < ColMarker {
+		return errors.New("reading the cluster identity: unexpected result shape")
+	}
+	if row[ColTimeline] == nil {
+		return errors.New("reading the cluster identity: the server is a standby; no reconciliation references on this connection")
+	}
+	sys, err1 := strconv.ParseUint(string(row[ColSystem]), 10, 64)
+	tli, err2 := strconv.ParseUint(string(row[ColTimeline]), 10, 32)
+	start, err3 := strconv.ParseInt(string(row[ColStart]), 10, 64)
+	fn, err4 := strconv.ParseUint(string(row[ColXIDFunction]), 10, 32)
+	checked, err5 := strconv.ParseInt(string(row[ColCheckedAt]), 10, 64)
+	reset, err6 := strconv.ParseInt(string(row[ColStatsReset]), 10, 64)
+	pid, err7 := strconv.ParseUint(string(row[ColBackendPID]), 10, 32)
+	if err1 != nil || err2 != nil || err3 != nil || err4 != nil || err5 != nil || err6 != nil || err7 != nil || sys == 0 || tli == 0 ||
+		start <= 0 || fn == 0 || checked <= 0 || reset < 0 || len(row[ColDatabase]) == 0 {
+		return fmt.Errorf("reading the cluster identity: unexpected values %q", row)
+	}
+	id := &c.identity
+	id.systemID, id.timeline, id.serverStart, id.statsReset = sys, uint32(tli), start, reset
+	c.state = on
+	id.pooled = uint32(pid) != id.pid
+	id.database, id.checkedAt = string(row[ColDatabase]), checked
+	c.xidCall, _ = (&pgproto3.FunctionCall{Function: uint32(fn)}).Encode(nil) // result in text format
+	return nil
+}
+
+// checked keeps what the check ahead of BEGIN found: the identity, or references off for
+// the connection; the marker function, or the marker off for it and table; each with the
+// notice, for one log record, of why it is off.
+func (c *Conn) checked(r wire.Reply) *Off {
+	ck := c.checking
+	c.checking = check{}
+	col := 0 // the marker check's column
+	if ck.identity {
+		if r.ErrCode != "" {
+			c.offWhy = "the identity check failed with SQLSTATE " + r.ErrCode
+		} else if err := c.setIdentity(r.Row); err != nil {
+			c.offWhy = err.Error()
+		}
+		if c.offWhy != "" {
+			c.state = off
+			return &Off{What: offReferences, Why: c.offWhy}
+		}
+		col = ColMarker
+	}
+	if ck.marker == "" {
+		return nil
+	}
+	var answer []byte
+	if r.ErrCode == "" && len(r.Row) > col {
+		answer = r.Row[col]
+	}
+	if m := c.newMarkerFn(ck.marker, answer); m.problem != "" {
+		return &Off{What: offMarker, Why: m.problem}
+	}
+	return nil
+}
+
+// What the notices of a check say is off.
+const (
+	offReferences = "commit references are off for this connection"
+	offMarker     = "the commit marker is off for this connection; commits carry the xid read"
+)
+
+// CheckQuery is the query of the check each connection's first BEGIN carries: the
+// cluster identity and, for marker ("" for none), the marker function; Columns its
+// number of columns.
+func CheckQuery(marker string) (sql string, columns int) {
+	ck := check{identity: true, marker: marker}
+	columns = ColMarker
+	if marker != "" {
+		columns++
+	}
+	return ck.sql(), columns
+}
+
+// CheckAnswer says what is wrong in row, CheckQuery's answer for marker, "" when nothing
+// is: the same judgement a connection's check makes.
+func CheckAnswer(row [][]byte, marker string) string {
+	var c Conn
+	if err := c.setIdentity(row); err != nil {
+		return err.Error()
+	}
+	if marker != "" {
+		if p := markerProblem(row[ColMarker]); p != "" {
+			return "the commit marker " + marker + ": " + p
+		}
+	}
+	return ""
+}
+
+// MarkerChecked reports whether the marker function of table (quoted) was checked on the
+// connection, and why it is off, "" when it is usable.
+func (c *Conn) MarkerChecked(table string) (checked bool, problem string) {
+	m, ok := c.marker(table)
+	if !ok {
+		return false, ""
+	}
+	return true, m.problem
+}

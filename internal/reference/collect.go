@@ -1,0 +1,74 @@
+package reference
+
+import (
+	"strconv"
+
+	"github.com/txevidence/otelpgxtx/classifier"
+	"github.com/txevidence/otelpgxtx/internal/pg"
+	"github.com/txevidence/otelpgxtx/outcome"
+)
+
+// Collected is what an addition's reply brought that the caller records: the server
+// answered the call ahead of COMMIT with a FATAL, after which it read nothing more (COMMIT
+// never ran); a check turned references or a marker off (its notice, for one log record).
+type Collected struct {
+	FatalBeforeCommit bool
+	Off               *Off
+}
+
+// Collect collects, after the query it was armed for, what became of the library's
+// addition: the cluster identity after a BEGIN; f's reference after its COMMIT; the xid
+// after a statement, once its reply is in or final. A failure of the xid read goes to the
+// reading frame's Life: the transaction is aborted, and that failure, which pgconn never
+// saw, is the cause of the rollback to come.
+func (c *Conn) Collect(f *Frame, final bool) Collected {
+	if !c.adding {
+		return Collected{}
+	}
+	a, pending := c.nc.Collect(final) // withdrawn if its write never came
+	if pending {
+		return Collected{} // the xid read's reply is still on its way
+	}
+	c.adding = false
+	reading := c.reading
+	c.reading = nil
+	if a == nil || !a.Sent() {
+		return Collected{} // tried again at the next BEGIN, statement or COMMIT
+	}
+	r := a.Reply()
+	switch {
+	case a.After:
+		if reading == nil || !reading.life.Open() {
+			return Collected{}
+		}
+		switch {
+		case r.ErrCode != "" && r.ErrCode != pg.InFailedTransaction && !reading.life.Failed():
+			// The read itself failed (a cancel landed on it, a privilege revoked since the
+			// check). The references are on only where the server is PostgreSQL.
+			reading.life.ReadFailed(classifier.Classify(outcome.PhaseActive, r.Err, classifier.Facts{Server: classifier.ServerPostgreSQL}), r.Err)
+		case r.Done && r.GotValue:
+			// The xid, if the read found one: a later statement's read is tried when it
+			// found none (NULL), never once it found one.
+			if xid, err := strconv.ParseUint(string(r.Value), 10, 64); err == nil {
+				reading.xid = xid
+			}
+		}
+		return Collected{}
+	case !a.Commit:
+		if !r.Done || r.Fatal {
+			// The connection ended before the check was answered: nothing was checked, and
+			// the connection is gone with whatever BEGIN it carried.
+			return Collected{}
+		}
+		if pg.Transient(r.ErrCode) {
+			// A cancel or a timeout hit the check, not an answer to it: asked again at the
+			// next BEGIN.
+			return Collected{}
+		}
+		return Collected{Off: c.checked(r)}
+	}
+	if f != nil && !r.Fatal {
+		f.ref = c.callRef(f.marker, f.id, r)
+	}
+	return Collected{FatalBeforeCommit: r.Fatal}
+}

@@ -1,0 +1,72 @@
+package reference
+
+import (
+	"context"
+	"strings"
+	"time"
+
+	"github.com/txevidence/otelpgxtx/internal/sqltext"
+	"github.com/txevidence/otelpgxtx/internal/wire"
+)
+
+// Statement is what the references need of the statement whose write may carry an
+// addition.
+type Statement struct {
+	SQL    string
+	Single bool // the string holds one statement
+	Writes bool // a statement may write
+	Plain  bool // of no transaction-control kind
+	Commit bool // a COMMIT (not AND CHAIN)
+	// InTx: the connection is in a transaction that has not failed (pgconn's status T).
+	InTx bool
+}
+
+// ArmRead has the write of a statement s of f's transaction carry the xid read after the
+// statement, so that the xid is on the client before COMMIT is written: a connection lost
+// with COMMIT's write still leaves a reference the server can answer. The statement must
+// be one that may assign the xid and cannot leave the server waiting for the client's data
+// (a lone statement that may write, not COPY), in a transaction that has none known yet,
+// did not begin read-only and has not failed; and no cancel request may land on the read
+// (see readsEarly). The read is taken once per transaction, unless it finds no xid yet.
+// The marker's call stays ahead of COMMIT. ctx is the statement's context.
+func (c *Conn) ArmRead(ctx context.Context, f *Frame, s Statement) {
+	if f.xid != 0 || f.life.ReadOnly() || !f.life.Open() || !c.on(f.Refs) || c.markerOf(f.Refs) != nil ||
+		!c.Known() || c.adding || !s.Single || !s.Writes || !s.Plain || !s.InTx || !c.readsEarly(ctx, s.SQL) {
+		return
+	}
+	if c.nc.Arm(&wire.Addition{Kind: wire.LibraryCall, Msg: c.xidCall, After: true}) {
+		c.adding, c.reading = true, f
+	}
+}
+
+// readsEarly reports whether the xid read may follow the statement sql: not a COPY,
+// whose FROM STDIN would take the read for its data, and no cancel request possible —
+// pgconn's default context watcher sets a deadline and sends none; with another, only a
+// context that can never be cancelled is safe, since a cancel request sent for the
+// statement can arrive as the read runs, fail it, and so abort the transaction.
+func (c *Conn) readsEarly(ctx context.Context, sql string) bool {
+	if w, _ := sqltext.NextWord(sql); len(w) == len("copy") && strings.EqualFold(w, "copy") {
+		return false
+	}
+	return !c.cancels || ctx.Done() == nil
+}
+
+// Settle makes sure, before f's COMMIT is written, that the reply to an xid read after
+// one of f's statements is in: it follows that statement's reply at once, so it is
+// normally read already; if not, it is read now, for up to readWait (ctx's deadline, if
+// sooner), so that a connection lost with COMMIT's write cannot take it along.
+func (c *Conn) Settle(ctx context.Context, f *Frame) Collected {
+	if c.reading != f || !c.adding {
+		return Collected{}
+	}
+	deadline := time.Now().Add(readWait)
+	if d, ok := ctx.Deadline(); ok && d.Before(deadline) {
+		deadline = d
+	}
+	c.nc.Await(deadline)
+	return c.Collect(f, true)
+}
+
+// readWait bounds how long Settle waits for a reply the server sent right after the
+// statement's: only a connection that is failing keeps it that long.
+const readWait = time.Second

@@ -1,0 +1,218 @@
+// Package reference takes commit references, one mechanism for Run and for plain pgx
+// alike, carried by the application's own writes through the connection's net.Conn
+// wrapper (internal/wire): the xid read (pg_current_xact_id_if_assigned, a fast-path
+// FunctionCall) after the transaction's first statement that may write, in that
+// statement's write, so that the xid is on the client before COMMIT is written; else, or
+// for the commit marker of MarkerTableDDL (a Query that names its function), a call in
+// COMMIT's write, ahead of it, whose reply the server flushes before it reads COMMIT; and,
+// ahead of a connection's first BEGIN, the check of the cluster identity and of the
+// marker function. It sits between the wire and the evidence: it knows the frame's
+// transaction only through Life, and hands what the server answered to the caller.
+package reference
+
+import (
+	"strconv"
+
+	"github.com/txevidence/otelpgxtx/classifier"
+	"github.com/txevidence/otelpgxtx/internal/wire"
+	"github.com/txevidence/otelpgxtx/outcome"
+)
+
+// Mode is what a plain pgx COMMIT carries for its reference.
+type Mode uint8
+
+const (
+	None   Mode = iota // nothing: the default, no byte of the library's
+	XID                // the xid read (WithCommitReference)
+	Marker             // the commit marker (WithCommitMarker)
+)
+
+// Refs is what a frame's COMMIT carries for its reference: nothing, the xid read, or the
+// commit marker of a table (quoted). The tracer's options give it to the frames of plain
+// pgx, a Policy to those Run begins. Every: the call goes with every COMMIT, also of a
+// transaction whose statements the tracer took to only read (a SELECT may call a function
+// that writes) — Run's promise, on which the marker's absence as proof of an abort rests
+// (reconcile's asserted markers); the tracer's options add nothing to those.
+type Refs struct {
+	Mode   Mode
+	Marker string
+	Every  bool
+}
+
+// Life is what the references need of a frame's transaction, from its evidence: whether
+// it is going on, began read-only, wrote, or failed, and where a failure of the library's
+// own read goes.
+type Life interface {
+	Open() bool
+	ReadOnly() bool
+	Wrote() bool
+	Failed() bool
+	ReadFailed(v classifier.Classification, err error)
+}
+
+// Frame is a frame's commit reference: what its COMMIT carries for one, and what it got.
+type Frame struct {
+	// Refs is what its COMMIT carries for a reference (the tracer's options, or Run's).
+	Refs Refs
+	life Life
+	id   outcome.OperationID
+	// xid is the transaction's xid as the xid read after one of its statements found it;
+	// 0 while none was found, and then COMMIT's write carries the read.
+	xid uint64
+	ref *outcome.ReconciliationRef
+	// marker is the marker function whose call the COMMIT write carries.
+	marker *markerFn
+}
+
+// Init makes f the reference part of a frame whose transaction life is, operation id,
+// carrying refs.
+func (f *Frame) Init(refs Refs, life Life, id outcome.OperationID) {
+	*f = Frame{Refs: refs, life: life, id: id}
+}
+
+// Ref is the frame's reference, nil when it has none.
+func (f *Frame) Ref() *outcome.ReconciliationRef { return f.ref }
+
+// XID is the xid the read after a statement found, 0 while none.
+func (f *Frame) XID() uint64 { return f.xid }
+
+// Conn is the references of one connection: where they are (unchecked, on, off), the
+// cluster identity, the marker functions checked on it, and the library's addition in
+// flight. The connection's user changes it, under its state's lock.
+type Conn struct {
+	nc       *wire.Conn // nil where pgconn uses another net.Conn: references are off
+	postgres bool       // the server is PostgreSQL: the xid read and the marker are its own
+	identity identity
+	// state is where the connection's commit references are, offWhy why they are off.
+	state  state
+	offWhy string
+	// xidCall is the xid read, a fast-path call by the OID the identity check found.
+	xidCall []byte
+	// markers are the commit-marker functions checked on the connection.
+	markers []*markerFn
+	// adding: an addition is armed for, or was made to, the query in flight, or its reply
+	// is on its way (the xid read after a statement, whose frame is reading).
+	adding   bool
+	reading  *Frame
+	checking check // what the check in flight ahead of BEGIN asks
+	// run are the references of Run's Policy while Run begins a transaction on the
+	// connection (running): its frame carries them in place of the tracer's.
+	run     Refs
+	running bool
+	// cancels: the connection's context watcher may send cancel requests (another than
+	// pgconn's default, which sets a deadline), which can land on the library's message
+	// after the statement they were sent for.
+	cancels bool
+}
+
+// NewConn returns the references of a connection whose net.Conn is nc (nil if it is not
+// the wrapper), to a PostgreSQL server if postgres, whose backend pgconn was told is pid.
+func NewConn(nc *wire.Conn, postgres bool, pid uint32) Conn {
+	return Conn{nc: nc, postgres: postgres, identity: identity{pid: pid}}
+}
+
+// identity is the cluster identity, read once per connection, with the database and the
+// server's clock at the check.
+type identity struct {
+	systemID    uint64
+	timeline    uint32
+	serverStart int64 // µs since the epoch; a connection never outlives a restart
+	statsReset  int64 // µs since the epoch; nor a crash recovery, which moves it
+	// pid is the PID pgconn was told at connection start (BackendKeyData), and pooled says
+	// that the identity check's backend had another: a pooler (PgBouncer) is in between,
+	// and the transactions may run on other server connections than the check's.
+	pid       uint32
+	pooled    bool
+	database  string
+	checkedAt int64 // µs since the epoch
+}
+
+// state is where a connection's commit references are. Whether a marker function is
+// usable is the table's own, on top of on (markerFn.problem says why it is off).
+type state uint8
+
+const (
+	unchecked state = iota // no check answered yet: asked ahead of the next BEGIN
+	on                     // the cluster identity is known: references can be taken
+	off                    // the check refused them (offWhy): for the connection's life
+)
+
+// Cancels records that the connection's context watcher may send cancel requests.
+func (c *Conn) Cancels() { c.cancels = true }
+
+// Running records that Run begins a transaction on the connection with refs (its
+// Policy's), until Ran.
+func (c *Conn) Running(refs Refs) { c.run, c.running = refs, true }
+
+// Ran ends what Running began.
+func (c *Conn) Ran() { c.running = false }
+
+// FrameRefs returns what a frame begun on the connection now carries: Run's, while it
+// begins one, else the tracer's, refs.
+func (c *Conn) FrameRefs(refs Refs) Refs {
+	if c.running {
+		return c.run
+	}
+	return refs
+}
+
+// Checked reports whether the connection's check has answered, and Known whether it holds
+// a cluster identity, without which a reference could not be checked.
+func (c *Conn) Checked() bool { return c.state != unchecked }
+
+// Known reports whether the connection holds a cluster identity.
+func (c *Conn) Known() bool { return c != nil && c.state == on }
+
+// Adding reports whether an addition is armed or in flight.
+func (c *Conn) Adding() bool { return c.adding }
+
+// Reading returns the frame whose xid read's reply is on its way, or nil.
+func (c *Conn) Reading() *Frame { return c.reading }
+
+// Identity returns the cluster identity, the database and the time of the check, for a
+// reference made by hand (a test's).
+func (c *Conn) Identity() (systemID uint64, timeline uint32, database string, checkedAt int64) {
+	return c.identity.systemID, c.identity.timeline, c.identity.database, c.identity.checkedAt
+}
+
+// on reports whether the library may add to the connection's writes for refs: they are
+// on, the connection's net.Conn is the wrapper, the check found nothing wrong, and the
+// server is PostgreSQL (the xid read, the fast-path call and what a marker's absence
+// proves are PostgreSQL's).
+func (c *Conn) on(refs Refs) bool {
+	return refs.Mode != None && c.nc != nil && c.postgres && c.state != off
+}
+
+// MinServerMajor is the oldest PostgreSQL the references work with: the functions they
+// call, pg_current_xact_id_if_assigned and (to reconcile) pg_xact_status, came with 13.
+const MinServerMajor = 13
+
+// TooOld says why references are off on a server that reports server_version v, "" when
+// they are not: its major version is below MinServerMajor. A version that does not begin
+// with a number is left to the check.
+func TooOld(v string) string {
+	major := 0
+	for _, c := range v {
+		if c < '0' || c > '9' || major > MinServerMajor {
+			break
+		}
+		major = major*10 + int(c-'0')
+	}
+	if major == 0 || major >= MinServerMajor {
+		return ""
+	}
+	return "PostgreSQL " + strconv.Itoa(major) + " is older than " + strconv.Itoa(MinServerMajor) +
+		", the oldest with the functions the references call (pg_current_xact_id_if_assigned, pg_xact_status)"
+}
+
+// ref returns a reference to xid on the connection's cluster.
+func (c *Conn) ref(xid uint64) *outcome.ReconciliationRef {
+	id := &c.identity
+	return &outcome.ReconciliationRef{XID: xid, SystemIdentifier: id.systemID, Timeline: id.timeline, ServerStart: id.serverStart,
+		StatsReset: id.statsReset, Pooled: id.pooled}
+}
+
+// Off is a notice that references, or a marker, are off on the connection, for one log
+// record: What is off, Why (the library's own words: SQLSTATEs, the table name the
+// application configured, never user data).
+type Off struct{ What, Why string }
