@@ -223,35 +223,59 @@ func (s *Server) Cancel(ctx context.Context, pid uint32) error {
 // signalBackend calls the server function fn (pg_cancel_backend, pg_terminate_backend)
 // on pid over an admin connection, and fails if the backend was not there to signal.
 func (s *Server) signalBackend(ctx context.Context, fn string, pid uint32) error {
-	return s.withConn(ctx, func(c *pgx.Conn) error {
-		var ok bool
-		if err := c.QueryRow(ctx, "SELECT "+fn+"($1)", int64(pid)).Scan(&ok); err != nil {
-			return err
-		}
-		if !ok {
-			return fmt.Errorf("pgtest: %s(%d) returned false", fn, pid)
-		}
-		return nil
-	})
+	return s.withConn(ctx, func(c *pgx.Conn) error { return signalOn(ctx, c, fn, pid) })
+}
+
+// signalOn is signalBackend on the connection c, for a helper that already has one open.
+func signalOn(ctx context.Context, c *pgx.Conn, fn string, pid uint32) error {
+	var ok bool
+	if err := c.QueryRow(ctx, "SELECT "+fn+"($1)", int64(pid)).Scan(&ok); err != nil {
+		return err
+	}
+	if !ok {
+		return fmt.Errorf("pgtest: %s(%d) returned false", fn, pid)
+	}
+	return nil
 }
 
 // TerminateInSyncRep waits until the backend pid waits for a synchronous standby
 // (wait_event SyncRep: its COMMIT's record is in the local WAL, the commit not yet
 // acknowledged) and terminates it there: the commit stands on the server, and its client
-// never hears of it — a real indeterminate commit.
+// never hears of it — a real indeterminate commit. It waits and terminates on one admin
+// connection, which it opens.
 func (s *Server) TerminateInSyncRep(ctx context.Context, pid uint32) error {
-	if err := s.WaitForWaitEvent(ctx, pid, "SyncRep"); err != nil {
+	return s.withConn(ctx, func(c *pgx.Conn) error { return terminateInSyncRep(ctx, c, waitEventPoll, pid) })
+}
+
+// TerminateInSyncRepOn is TerminateInSyncRep on the connection c, which the caller opened
+// beforehand, and it polls without a pause. It is for a program that shows how long the
+// commit waited (scripts/tracepicture draws it): neither opening a connection nor the
+// pause between two polls then stretches that wait. Tests use TerminateInSyncRep.
+func TerminateInSyncRepOn(ctx context.Context, c *pgx.Conn, pid uint32) error {
+	return terminateInSyncRep(ctx, c, 0, pid)
+}
+
+// terminateInSyncRep is TerminateInSyncRep on the connection c, polling every pause (0: as
+// soon as each answer comes), so that both ways of calling it wait and terminate alike.
+func terminateInSyncRep(ctx context.Context, c *pgx.Conn, pause time.Duration, pid uint32) error {
+	if err := waitForWaitEvent(ctx, c, pause, pid, "SyncRep"); err != nil {
 		return err
 	}
-	return s.Terminate(ctx, pid)
+	return signalOn(ctx, c, "pg_terminate_backend", pid)
 }
 
 // WaitForWaitEvent polls pg_stat_activity until the backend's wait_event
 // equals event (e.g. "SyncRep", "PgSleep"). It fails when ctx ends or when
 // the backend is no longer listed, since then the event can never appear.
 func (s *Server) WaitForWaitEvent(ctx context.Context, pid uint32, event string) error {
+	return s.withConn(ctx, func(c *pgx.Conn) error { return waitForWaitEvent(ctx, c, waitEventPoll, pid, event) })
+}
+
+// waitForWaitEvent is WaitForWaitEvent on the connection c, polling every pause (see
+// pollOn), for the helpers that go on to signal the backend on the same connection.
+func waitForWaitEvent(ctx context.Context, c *pgx.Conn, pause time.Duration, pid uint32, event string) error {
 	last := "NULL"
-	err := s.poll(ctx, fmt.Sprintf("backend %d to reach wait_event %q", pid, event), func(c *pgx.Conn) (bool, error) {
+	err := pollOn(ctx, c, pause, fmt.Sprintf("backend %d to reach wait_event %q", pid, event), func(c *pgx.Conn) (bool, error) {
 		// Each autocommit statement sees a fresh statistics snapshot.
 		var we *string
 		err := c.QueryRow(ctx, "SELECT wait_event FROM pg_stat_activity WHERE pid = $1", int64(pid)).Scan(&we)
@@ -300,21 +324,36 @@ func (s *Server) Exec(ctx context.Context, sql string, args ...any) error {
 // poll runs check on one admin connection every waitEventPoll until it reports done,
 // fails, or ctx ends. Tests wait on observable server state this way, never on sleeps.
 func (s *Server) poll(ctx context.Context, what string, check func(*pgx.Conn) (bool, error)) error {
-	return s.withConn(ctx, func(c *pgx.Conn) error {
-		tick := time.NewTicker(waitEventPoll)
-		defer tick.Stop()
-		for {
-			done, err := check(c)
-			if err != nil || done {
-				return err
-			}
-			select {
-			case <-ctx.Done():
-				return fmt.Errorf("pgtest: waiting for %s: %w", what, ctx.Err())
-			case <-tick.C:
-			}
+	return s.withConn(ctx, func(c *pgx.Conn) error { return pollOn(ctx, c, waitEventPoll, what, check) })
+}
+
+// pollOn is poll on the connection c, every pause; with a pause of 0 it runs check again
+// as soon as it answers, for a caller to whom the wait's length matters more than the
+// server's load (TerminateInSyncRepOn).
+func pollOn(ctx context.Context, c *pgx.Conn, pause time.Duration, what string, check func(*pgx.Conn) (bool, error)) error {
+	var tick <-chan time.Time
+	if pause > 0 {
+		t := time.NewTicker(pause)
+		defer t.Stop()
+		tick = t.C
+	}
+	for {
+		done, err := check(c)
+		if err != nil || done {
+			return err
 		}
-	})
+		if tick == nil {
+			if ctx.Err() != nil {
+				return fmt.Errorf("pgtest: waiting for %s: %w", what, ctx.Err())
+			}
+			continue
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("pgtest: waiting for %s: %w", what, ctx.Err())
+		case <-tick:
+		}
+	}
 }
 
 // Count runs query, a count(*), on a fresh admin connection and returns its answer.

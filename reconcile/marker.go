@@ -211,18 +211,8 @@ func (r *Reconciler) lookupMarker(ctx context.Context, q markerQuestion) (res St
 		return Unknown, "", seen, err
 	}
 	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
-	// lock_timeout 0 would wait forever. The fence commits locally, without waiting for
-	// a synchronous standby that may be gone after a failover: the original can only
-	// commit on the server it runs on, so a fence lost with this server in a later
-	// failover fenced nothing that survives there either.
-	wait := max(r.wait, time.Millisecond)
-	var lockTimeout, syncCommit, tli, start, reset, sysText, database string
-	if err := tx.QueryRow(ctx, "select set_config('lock_timeout', $1, true), set_config('synchronous_commit', 'local', true), "+incarnationSQL+", "+syncStandbysSQL+
-		", (select system_identifier::text from pg_control_system()), current_database()",
-		strconv.FormatInt(wait.Milliseconds()+1, 10)).Scan(&lockTimeout, &syncCommit, &tli, &start, &reset, &seen.syncStandbys, &sysText, &database); err != nil {
-		return Unknown, "", seen, err
-	}
-	if seen.incarnation, err = parseIncarnation(tli, start, reset); err != nil {
+	sysText, database, err := r.prepareFence(ctx, tx, &seen)
+	if err != nil {
 		return Unknown, "", seen, err
 	}
 	switch {
@@ -232,55 +222,105 @@ func (r *Reconciler) lookupMarker(ctx context.Context, q markerQuestion) (res St
 		return Unknown, ReasonOtherDatabase, seen, nil
 	}
 	id := q.op.String()
-	var row markerRow
 	if q.xid == Committed || q.xid == Aborted {
-		// The xid decides; the row may only agree with it. Nothing is fenced: an aborted
-		// xid never commits, and a committed one has.
-		if row, err = r.readMarker(ctx, tx, q, id); err != nil {
-			return Unknown, "", seen, err
-		}
-		switch {
-		case q.xid == Committed && row.present && !row.fenced, q.xid == Aborted && (!row.present || row.fenced):
-			return q.xid, "", seen, nil
-		case q.xid == Committed && !row.present && row.mayBePruned:
-			return Committed, "", seen, nil // pruned since: no contradiction
-		}
-		r.logConflict(ctx, q, row)
-		return Unknown, ReasonEvidenceConflict, seen, nil
+		res, reason, err = r.checkMarker(ctx, tx, q, id)
+		return res, reason, seen, err
 	}
+	res, reason, err = r.fenceMarker(ctx, tx, q, id)
+	return res, reason, seen, err
+}
+
+// prepareFence bounds the fence's wait in tx and has it commit locally (the comment
+// below says why), and reads in the same statement what the lookup must know of the
+// server: seen gets its incarnation and whether it has synchronous standbys; the
+// cluster's system identifier and the database are returned, since they tell whether the
+// row can be the evidence at all.
+func (r *Reconciler) prepareFence(ctx context.Context, tx pgx.Tx, seen *markerView) (sysText, database string, err error) {
+	// lock_timeout 0 would wait forever. The fence commits locally, without waiting for
+	// a synchronous standby that may be gone after a failover: the original can only
+	// commit on the server it runs on, so a fence lost with this server in a later
+	// failover fenced nothing that survives there either.
+	wait := max(r.wait, time.Millisecond)
+	var lockTimeout, syncCommit, tli, start, reset string
+	if err := tx.QueryRow(ctx, "select set_config('lock_timeout', $1, true), set_config('synchronous_commit', 'local', true), "+incarnationSQL+", "+syncStandbysSQL+
+		", (select system_identifier::text from pg_control_system()), current_database()",
+		strconv.FormatInt(wait.Milliseconds()+1, 10)).Scan(&lockTimeout, &syncCommit, &tli, &start, &reset, &seen.syncStandbys, &sysText, &database); err != nil {
+		return sysText, database, err
+	}
+	if seen.incarnation, err = parseIncarnation(tli, start, reset); err != nil {
+		return sysText, database, err
+	}
+	return sysText, database, nil
+}
+
+// checkMarker answers q, whose xid is already committed or aborted, from the marker row
+// of id, which may only agree with the xid: a row that contradicts it is logged and
+// answered unknown, since one of the two pieces of evidence is wrong.
+func (r *Reconciler) checkMarker(ctx context.Context, tx pgx.Tx, q markerQuestion, id string) (Status, string, error) {
+	// The xid decides; the row may only agree with it. Nothing is fenced: an aborted
+	// xid never commits, and a committed one has.
+	row, err := r.readMarker(ctx, tx, q, id)
+	if err != nil {
+		return Unknown, "", err
+	}
+	switch {
+	case q.xid == Committed && row.present && !row.fenced, q.xid == Aborted && (!row.present || row.fenced):
+		return q.xid, "", nil
+	case q.xid == Committed && !row.present && row.mayBePruned:
+		return Committed, "", nil // pruned since: no contradiction
+	}
+	r.logConflict(ctx, q, row)
+	return Unknown, ReasonEvidenceConflict, nil
+}
+
+// fenceMarker inserts the fenced row of id and commits it if the key was free: then the
+// original can never commit, and the answer is aborted. An insert that waits out
+// lock_timeout behind the original's, still in progress, is answered unknown
+// (in_progress); a key that a committed row has taken is answered from that row
+// (takenMarker).
+func (r *Reconciler) fenceMarker(ctx context.Context, tx pgx.Tx, q markerQuestion, id string) (Status, string, error) {
 	var fenced bool
-	err = tx.QueryRow(ctx, "insert into "+q.relation+" (operation_id, fenced) values ($1, true) "+
+	err := tx.QueryRow(ctx, "insert into "+q.relation+" (operation_id, fenced) values ($1, true) "+
 		"on conflict (operation_id) do nothing returning true", id).Scan(&fenced)
 	switch {
 	case err == nil:
 		// The key was free. Read the horizon after the insert: a prune that removed the
 		// original's row committed before the insert could take the key.
-		if row, err = r.readMarker(ctx, tx, q, id); err != nil {
-			return Unknown, "", seen, err
+		row, err := r.readMarker(ctx, tx, q, id)
+		if err != nil {
+			return Unknown, "", err
 		}
 		if row.mayBePruned {
-			return Unknown, ReasonMarkerPruned, seen, nil // rolled back: nothing fenced
+			return Unknown, ReasonMarkerPruned, nil // rolled back: nothing fenced
 		}
 		if err := tx.Commit(ctx); err != nil {
-			return Unknown, "", seen, err
+			return Unknown, "", err
 		}
-		return Aborted, "", seen, nil
+		return Aborted, "", nil
 	case isLockTimeout(err):
-		return Unknown, ReasonInProgress, seen, nil
+		return Unknown, ReasonInProgress, nil
 	case !errors.Is(err, pgx.ErrNoRows):
-		return Unknown, "", seen, err
+		return Unknown, "", err
 	}
+	return r.takenMarker(ctx, tx, q, id)
+}
+
+// takenMarker answers q from the committed row that took the key id before the fence
+// could: the original's (committed), or an earlier reconciliation's fence (aborted). A
+// row pruned between the fence and this read proves neither, so it is answered unknown.
+func (r *Reconciler) takenMarker(ctx context.Context, tx pgx.Tx, q markerQuestion, id string) (Status, string, error) {
 	// The key was taken by a committed row: a new statement's snapshot sees it.
-	if row, err = r.readMarker(ctx, tx, q, id); err != nil {
-		return Unknown, "", seen, err
+	row, err := r.readMarker(ctx, tx, q, id)
+	if err != nil {
+		return Unknown, "", err
 	}
 	switch {
 	case !row.present:
-		return Unknown, ReasonMarkerGone, seen, nil
+		return Unknown, ReasonMarkerGone, nil
 	case row.fenced:
-		return Aborted, "", seen, nil // an earlier reconciliation fenced it
+		return Aborted, "", nil // an earlier reconciliation fenced it
 	}
-	return Committed, "", seen, nil
+	return Committed, "", nil
 }
 
 // markerRow is what readMarker found.

@@ -331,7 +331,7 @@ func TestPlainCommitNeverAborted(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	terminateInSyncRep(t, ctx, conn, "insert into cli_plain values (1)")
+	commitTerminatedInSyncRep(t, ctx, conn, "insert into cli_plain values (1)")
 	conn.Release()
 	record := strings.TrimSpace(logs.String())
 	if !strings.Contains(record, `"tx.operation_id"`) || strings.Contains(record, `"tx.reconciliation.ref"`) {
@@ -362,9 +362,10 @@ func TestPlainCommitNeverAborted(t *testing.T) {
 	}
 }
 
-// terminateInSyncRep runs sql in a transaction on conn and terminates its backend in
-// COMMIT's synchronous-replication wait: the commit is local, its reply never comes.
-func terminateInSyncRep(t *testing.T, ctx context.Context, conn *pgxpool.Conn, sql string) {
+// commitTerminatedInSyncRep runs sql in a transaction on conn and has pgtest's
+// TerminateInSyncRep terminate its backend in COMMIT's synchronous-replication wait: the
+// commit is local, its reply never comes.
+func commitTerminatedInSyncRep(t *testing.T, ctx context.Context, conn *pgxpool.Conn, sql string) {
 	t.Helper()
 	tx, err := conn.Begin(ctx)
 	if err != nil {
@@ -412,7 +413,7 @@ func TestSearchPathMarker(t *testing.T) {
 	if _, err := conn.Exec(ctx, "set search_path to cli_tenant, public"); err != nil {
 		t.Fatal(err)
 	}
-	terminateInSyncRep(t, ctx, conn, "insert into public.cli_sp values (1)")
+	commitTerminatedInSyncRep(t, ctx, conn, "insert into public.cli_sp values (1)")
 	conn.Release()
 	record := strings.TrimSpace(logs.String())
 	if !strings.Contains(record, `;marker=`) || !strings.Contains(record, `\"postgres\".\"public\".\"cli_marker\"`) {

@@ -105,56 +105,16 @@ const (
 	spansStatements = "spans"
 )
 
+// parseConfig reads the configuration from the flags in args, most of which default to an
+// environment variable (read with getenv), and checks it; usage and flag errors go to
+// errOut.
 func parseConfig(args []string, getenv func(string) string, errOut io.Writer) (config, error) {
-	env := func(k, def string) string {
-		if v := getenv(k); v != "" {
-			return v
-		}
-		return def
-	}
-	var envErrs []error
-	durationEnv := func(k string, def time.Duration) time.Duration {
-		v := getenv(k)
-		if v == "" {
-			return def
-		}
-		d, err := time.ParseDuration(v)
-		if err != nil {
-			envErrs = append(envErrs, fmt.Errorf("$%s: %w", k, err))
-		}
-		return d
-	}
-	intEnv := func(k string) int {
-		v := getenv(k)
-		if v == "" {
-			return 0
-		}
-		n, err := strconv.Atoi(v)
-		if err != nil {
-			envErrs = append(envErrs, fmt.Errorf("$%s: %w", k, err))
-		}
-		return n
-	}
+	env := &envDefaults{getenv: getenv}
 	fs := flag.NewFlagSet("demo", flag.ContinueOnError)
 	fs.SetOutput(errOut)
 	var cfg config
-	fs.StringVar(&cfg.databaseURL, "database-url", env("DATABASE_URL", ""), "PostgreSQL URL ($DATABASE_URL); empty starts a throw-away server")
-	fs.StringVar(&cfg.otlpEndpoint, "otlp-endpoint", env("OTEL_EXPORTER_OTLP_ENDPOINT", ""), "OTLP endpoint URL ($OTEL_EXPORTER_OTLP_ENDPOINT); empty tries http://localhost:4318, then localhost:4317")
-	fs.StringVar(&cfg.otlpProtocol, "otlp-protocol", env("OTEL_EXPORTER_OTLP_PROTOCOL", protoHTTP), "OTLP protocol ($OTEL_EXPORTER_OTLP_PROTOCOL): http/protobuf or grpc")
-	fs.DurationVar(&cfg.otlpWait, "otlp-wait", durationEnv("DEMO_OTLP_WAIT", 10*time.Second), "how long to wait for an explicit OTLP endpoint to accept connections ($DEMO_OTLP_WAIT)")
-	fs.StringVar(&cfg.serviceName, "service-name", env("OTEL_SERVICE_NAME", "otelpgxtx-demo"), "service.name of the traces ($OTEL_SERVICE_NAME)")
-	fs.StringVar(&cfg.metricsAddr, "metrics-addr", env("METRICS_ADDR", ""), "serve Prometheus metrics at this address under /metrics, e.g. :9464 ($METRICS_ADDR)")
-	fs.DurationVar(&cfg.repeat, "repeat", durationEnv("DEMO_REPEAT", 0), "run the scenarios again every interval until stopped; 0 runs them once ($DEMO_REPEAT)")
-	fs.IntVar(&cfg.load, "load", intEnv("DEMO_LOAD"), "run this many transactions of every outcome instead of the scenarios ($DEMO_LOAD)")
-	fs.StringVar(&cfg.loadVia, "load-via", env("DEMO_LOAD_VIA", ""), "send the load's transactions to the front service at this URL ($DEMO_LOAD_VIA)")
-	fs.StringVar(&cfg.serveAddr, "serve", env("DEMO_SERVE", ""), "be the database service: serve POST /orders on this address ($DEMO_SERVE)")
-	fs.StringVar(&cfg.frontAddr, "front", env("DEMO_FRONT", ""), "be the front service: serve POST /orders on this address, calling -backend ($DEMO_FRONT)")
-	fs.StringVar(&cfg.backendURL, "backend", env("DEMO_BACKEND", ""), "the database service the front service calls, e.g. http://localhost:8081 ($DEMO_BACKEND)")
-	fs.StringVar(&cfg.tree, "tree", env("DEMO_TREE", treeAuto), "print the traces as trees: auto (when nothing receives OTLP), always, never ($DEMO_TREE)")
-	fs.StringVar(&cfg.spans, "spans", env("DEMO_SPANS", spansEvents), "BEGIN, COMMIT, ROLLBACK, savepoints and implicit prepares as events of their frame or statement (events, the library's default) or as spans of their own (spans) ($DEMO_SPANS)")
-	fs.StringVar(&cfg.jaegerUI, "jaeger-ui", env("JAEGER_UI_URL", "http://localhost:16686"), "Jaeger UI address to point at ($JAEGER_UI_URL)")
-	fs.DurationVar(&cfg.scenarioTimeout, "scenario-timeout", 60*time.Second, "bound on each scenario")
-	if err := errors.Join(envErrs...); err != nil {
+	defineFlags(fs, &cfg, env)
+	if err := errors.Join(env.errs...); err != nil {
 		return cfg, err
 	}
 	if err := fs.Parse(args); err != nil {
@@ -163,25 +123,109 @@ func parseConfig(args []string, getenv func(string) string, errOut io.Writer) (c
 	if fs.NArg() > 0 {
 		return cfg, fmt.Errorf("unexpected arguments %q", fs.Args())
 	}
+	if err := checkValues(cfg); err != nil {
+		return cfg, err
+	}
+	if err := checkModes(cfg); err != nil {
+		return cfg, err
+	}
+	cfg.backendURL, cfg.loadVia = strings.TrimRight(cfg.backendURL, "/"), strings.TrimRight(cfg.loadVia, "/")
+	return cfg, nil
+}
+
+// envDefaults reads the flags' defaults from the environment. It keeps the error of every
+// value it cannot parse, so that parseConfig reports them all, not only the first.
+type envDefaults struct {
+	getenv func(string) string
+	errs   []error
+}
+
+// str returns the variable k, or def when it is empty or unset.
+func (e *envDefaults) str(k, def string) string {
+	if v := e.getenv(k); v != "" {
+		return v
+	}
+	return def
+}
+
+// duration returns the variable k parsed as a duration, or def when it is empty or unset.
+func (e *envDefaults) duration(k string, def time.Duration) time.Duration {
+	v := e.getenv(k)
+	if v == "" {
+		return def
+	}
+	d, err := time.ParseDuration(v)
+	if err != nil {
+		e.errs = append(e.errs, fmt.Errorf("$%s: %w", k, err))
+	}
+	return d
+}
+
+// integer returns the variable k parsed as an integer, or 0 when it is empty or unset.
+func (e *envDefaults) integer(k string) int {
+	v := e.getenv(k)
+	if v == "" {
+		return 0
+	}
+	n, err := strconv.Atoi(v)
+	if err != nil {
+		e.errs = append(e.errs, fmt.Errorf("$%s: %w", k, err))
+	}
+	return n
+}
+
+// defineFlags defines on fs a flag for every field of cfg, most with their default from
+// env, so that each setting can come from the environment (as docker compose gives it) or
+// from the command line, which wins.
+func defineFlags(fs *flag.FlagSet, cfg *config, env *envDefaults) {
+	fs.StringVar(&cfg.databaseURL, "database-url", env.str("DATABASE_URL", ""), "PostgreSQL URL ($DATABASE_URL); empty starts a throw-away server")
+	fs.StringVar(&cfg.otlpEndpoint, "otlp-endpoint", env.str("OTEL_EXPORTER_OTLP_ENDPOINT", ""), "OTLP endpoint URL ($OTEL_EXPORTER_OTLP_ENDPOINT); empty tries http://localhost:4318, then localhost:4317")
+	fs.StringVar(&cfg.otlpProtocol, "otlp-protocol", env.str("OTEL_EXPORTER_OTLP_PROTOCOL", protoHTTP), "OTLP protocol ($OTEL_EXPORTER_OTLP_PROTOCOL): http/protobuf or grpc")
+	fs.DurationVar(&cfg.otlpWait, "otlp-wait", env.duration("DEMO_OTLP_WAIT", 10*time.Second), "how long to wait for an explicit OTLP endpoint to accept connections ($DEMO_OTLP_WAIT)")
+	fs.StringVar(&cfg.serviceName, "service-name", env.str("OTEL_SERVICE_NAME", "otelpgxtx-demo"), "service.name of the traces ($OTEL_SERVICE_NAME)")
+	fs.StringVar(&cfg.metricsAddr, "metrics-addr", env.str("METRICS_ADDR", ""), "serve Prometheus metrics at this address under /metrics, e.g. :9464 ($METRICS_ADDR)")
+	fs.DurationVar(&cfg.repeat, "repeat", env.duration("DEMO_REPEAT", 0), "run the scenarios again every interval until stopped; 0 runs them once ($DEMO_REPEAT)")
+	fs.IntVar(&cfg.load, "load", env.integer("DEMO_LOAD"), "run this many transactions of every outcome instead of the scenarios ($DEMO_LOAD)")
+	fs.StringVar(&cfg.loadVia, "load-via", env.str("DEMO_LOAD_VIA", ""), "send the load's transactions to the front service at this URL ($DEMO_LOAD_VIA)")
+	fs.StringVar(&cfg.serveAddr, "serve", env.str("DEMO_SERVE", ""), "be the database service: serve POST /orders on this address ($DEMO_SERVE)")
+	fs.StringVar(&cfg.frontAddr, "front", env.str("DEMO_FRONT", ""), "be the front service: serve POST /orders on this address, calling -backend ($DEMO_FRONT)")
+	fs.StringVar(&cfg.backendURL, "backend", env.str("DEMO_BACKEND", ""), "the database service the front service calls, e.g. http://localhost:8081 ($DEMO_BACKEND)")
+	fs.StringVar(&cfg.tree, "tree", env.str("DEMO_TREE", treeAuto), "print the traces as trees: auto (when nothing receives OTLP), always, never ($DEMO_TREE)")
+	fs.StringVar(&cfg.spans, "spans", env.str("DEMO_SPANS", spansEvents), "BEGIN, COMMIT, ROLLBACK, savepoints and implicit prepares as events of their frame or statement (events, the library's default) or as spans of their own (spans) ($DEMO_SPANS)")
+	fs.StringVar(&cfg.jaegerUI, "jaeger-ui", env.str("JAEGER_UI_URL", "http://localhost:16686"), "Jaeger UI address to point at ($JAEGER_UI_URL)")
+	fs.DurationVar(&cfg.scenarioTimeout, "scenario-timeout", 60*time.Second, "bound on each scenario")
+}
+
+// checkValues fails on a setting outside the values the program knows, or on a negative
+// duration or load, so that a mistyped setting stops the demo before it starts instead of
+// changing what it does.
+func checkValues(cfg config) error {
 	if cfg.spans != spansEvents && cfg.spans != spansStatements {
-		return cfg, fmt.Errorf("spans %q: want %s or %s", cfg.spans, spansEvents, spansStatements)
+		return fmt.Errorf("spans %q: want %s or %s", cfg.spans, spansEvents, spansStatements)
 	}
 	switch cfg.otlpProtocol {
 	case protoHTTP, protoGRPC:
 	default:
-		return cfg, fmt.Errorf("OTLP protocol %q: want %s or %s", cfg.otlpProtocol, protoHTTP, protoGRPC)
+		return fmt.Errorf("OTLP protocol %q: want %s or %s", cfg.otlpProtocol, protoHTTP, protoGRPC)
 	}
 	switch cfg.tree {
 	case treeAuto, treeAlways, treeNever:
 	default:
-		return cfg, fmt.Errorf("tree %q: want auto, always or never", cfg.tree)
+		return fmt.Errorf("tree %q: want auto, always or never", cfg.tree)
 	}
 	if cfg.repeat < 0 || cfg.scenarioTimeout <= 0 || cfg.otlpWait < 0 {
-		return cfg, errors.New("durations must not be negative")
+		return errors.New("durations must not be negative")
 	}
 	if cfg.load < 0 {
-		return cfg, errors.New("load must not be negative")
+		return errors.New("load must not be negative")
 	}
+	return nil
+}
+
+// checkModes fails unless the settings ask for at most one of the programs the demo can
+// be (the load generator, the database service, the front service), each with what it
+// needs: run picks one by the first setting it sees, and would ignore the others.
+func checkModes(cfg config) error {
 	modes := 0
 	for _, on := range []bool{cfg.load > 0, cfg.serveAddr != "", cfg.frontAddr != ""} {
 		if on {
@@ -190,14 +234,13 @@ func parseConfig(args []string, getenv func(string) string, errOut io.Writer) (c
 	}
 	switch {
 	case modes > 1:
-		return cfg, errors.New("load, serve and front are different programs: give one")
+		return errors.New("load, serve and front are different programs: give one")
 	case (cfg.frontAddr != "") != (cfg.backendURL != ""):
-		return cfg, errors.New("the front service needs a backend, and only it has one")
+		return errors.New("the front service needs a backend, and only it has one")
 	case cfg.loadVia != "" && cfg.load == 0:
-		return cfg, errors.New("load-via needs a load")
+		return errors.New("load-via needs a load")
 	}
-	cfg.backendURL, cfg.loadVia = strings.TrimRight(cfg.backendURL, "/"), strings.TrimRight(cfg.loadVia, "/")
-	return cfg, nil
+	return nil
 }
 
 // run runs the demo and returns the exit code.

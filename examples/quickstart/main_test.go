@@ -3,15 +3,14 @@ package main
 import (
 	"bytes"
 	"context"
+	"io"
 	"os"
 	"path/filepath"
 	"regexp"
+	"strconv"
 	"strings"
-	"sync"
 	"testing"
 	"time"
-
-	"github.com/jackc/pgx/v5"
 
 	"github.com/txevidence/otelpgxtx/pgtest"
 )
@@ -51,20 +50,23 @@ func TestQuickstart(t *testing.T) {
 		pgtest.LeakCheck(t)
 		ctx := pgtest.Context(t, time.Minute)
 		before := balance(t, ctx)
-		admin, err := srv.Conn(ctx)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer admin.Close(context.Background())
-		var wg sync.WaitGroup
-		wg.Add(1)
+		pids := make(chan uint32, 1)
+		ran := make(chan struct{})
+		terminated := make(chan error, 1)
 		go func() { // the operator's second terminal
-			defer wg.Done()
-			terminateInSyncRep(ctx, t, admin)
+			select {
+			case pid := <-pids:
+				terminated <- srv.TerminateInSyncRep(ctx, pid)
+			case <-ran: // it printed no backend to end
+				terminated <- nil
+			}
 		}()
 		var spans, out bytes.Buffer
-		err = run(ctx, srv.ConnString(), true, &spans, &out)
-		wg.Wait()
+		err := run(ctx, srv.ConnString(), true, &spans, pidReader{w: &out, pids: pids})
+		close(ran)
+		if err := <-terminated; err != nil {
+			t.Error(err)
+		}
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -101,21 +103,31 @@ func balance(t *testing.T, ctx context.Context) int {
 	return b
 }
 
-// terminateInSyncRep ends the backend that waits for the synchronous standby, as the page's
-// psql command does.
-func terminateInSyncRep(ctx context.Context, t *testing.T, admin *pgx.Conn) {
-	for ctx.Err() == nil {
-		var n int
-		err := admin.QueryRow(ctx, "select count(pg_terminate_backend(pid)) from pg_stat_activity where wait_event = 'SyncRep'").Scan(&n)
-		if err != nil {
-			t.Error(err)
-			return
+// terminateCommand is the command the program prints for the operator to end the backend
+// whose COMMIT waits for the synchronous standby.
+var terminateCommand = regexp.MustCompile(`select pg_terminate_backend\(([0-9]+)\)`)
+
+// pidReader is the program's out for the test: it writes to w, and reads the backend's
+// pid from the terminate command as the page's operator does, so that the test ends that
+// backend, and no other, in its synchronous-replication wait.
+type pidReader struct {
+	w    io.Writer
+	pids chan<- uint32 // the pid of the first command printed
+}
+
+// Write sends on pids the pid of the terminate command in p, the first time one is
+// written, and writes p to w. fmt.Fprintf writes each line in one Write, so a command is
+// never split between two.
+func (r pidReader) Write(p []byte) (int, error) {
+	if m := terminateCommand.FindSubmatch(p); m != nil {
+		if pid, err := strconv.ParseUint(string(m[1]), 10, 32); err == nil {
+			select {
+			case r.pids <- uint32(pid):
+			default: // one already sent
+			}
 		}
-		if n > 0 {
-			return
-		}
-		time.Sleep(20 * time.Millisecond)
 	}
+	return r.w.Write(p)
 }
 
 // shapes replace what differs between runs by placeholders, in this order: a reference

@@ -177,7 +177,11 @@ func transactions(ctx context.Context, pool *pgxpool.Pool, admin *pgx.Conn) erro
 	}
 	pid := tx.Conn().PgConn().PID()
 	terminated := make(chan error, 1)
-	go func() { terminated <- terminateInSyncRep(ctx, admin, pid) }()
+	// On the connection opened beforehand, polling without a pause: that wait is the
+	// picture's longest bar, and pgtest's Server.TerminateInSyncRep, which opens a
+	// connection per call and polls every 2 ms, would stretch it several times over and
+	// shrink the committed transaction beside it to a sliver.
+	go func() { terminated <- pgtest.TerminateInSyncRepOn(ctx, admin, pid) }()
 	commitErr := tx.Commit(ctx)
 	if err := <-terminated; err != nil {
 		return fmt.Errorf("terminating the backend in COMMIT: %w", err)
@@ -198,31 +202,4 @@ func commitOne(ctx context.Context, pool *pgxpool.Pool, item string) error {
 		return errors.Join(err, tx.Rollback(ctx))
 	}
 	return tx.Commit(ctx)
-}
-
-// terminateInSyncRep waits until backend pid waits for the synchronous standby (wait_event
-// SyncRep: its commit record is in the local WAL) and terminates it there, as
-// pgtest.Server.TerminateInSyncRep does — but on a connection opened beforehand, polling
-// without a pause: that wait is the picture's longest bar, and pgtest's helper, which opens
-// a connection per call and polls every 2 ms, would stretch it several times over and
-// shrink the committed transaction beside it to a sliver.
-func terminateInSyncRep(ctx context.Context, admin *pgx.Conn, pid uint32) error {
-	for {
-		// Each autocommit statement sees a fresh statistics snapshot.
-		var event *string
-		if err := admin.QueryRow(ctx, "select wait_event from pg_stat_activity where pid = $1", int64(pid)).Scan(&event); err != nil {
-			return fmt.Errorf("backend %d: %w", pid, err)
-		}
-		if event != nil && *event == "SyncRep" {
-			break
-		}
-	}
-	var ok bool
-	if err := admin.QueryRow(ctx, "select pg_terminate_backend($1)", int64(pid)).Scan(&ok); err != nil {
-		return err
-	}
-	if !ok {
-		return fmt.Errorf("pg_terminate_backend(%d) returned false", pid)
-	}
-	return nil
 }
