@@ -284,7 +284,9 @@ func WithErrorMessages() Option {
 }
 
 // references is what the commits of plain pgx frames carry (a Policy decides for Run's).
-func (c *config) references() reference.Refs { return reference.Refs{Mode: c.reference, Marker: c.marker} }
+func (c *config) references() reference.Refs {
+	return reference.Refs{Mode: c.reference, Marker: c.marker}
+}
 
 // WithCommitReference gives plain pgx and database/sql transactions — pool.Begin …
 // Commit, pgx.BeginFunc, BeginTx, stdlib, a raw begin … commit — the commit reference
