@@ -237,7 +237,7 @@ func rollback(ctx context.Context, sc *scope, tx pgx.Tx, cause error) classifier
 	v := classifier.Classify(outcome.PhaseActive, cause, classifier.Facts{ConnClosed: closed})
 	if f := sc.frame; f != nil {
 		f.RolledBackBy(cause, v)
-		f.judgeErr(ctx, cause)
+		f.judgeErr(&f.t.cfg, ctx, cause)
 	}
 	// The caller's context may be what failed; the rollback must still be sent. Its error
 	// changes nothing: a failed rollback closes the connection, which rolls back too.
@@ -277,4 +277,18 @@ func commit(ctx context.Context, sc *scope, tx pgx.Tx) commitOutcome {
 		facts.Server = classifier.ServerOf(conn.PgConn().ParameterStatus)
 	}
 	return commitOutcome{classification: classifier.Classify(outcome.PhaseCommitting, err, facts), err: err}
+}
+
+// notStarted is the result of a call that began nothing: err is never nil here, and
+// not_started is a rollback phase, so the constructor cannot refuse it.
+func notStarted[T any](err error) outcome.Result[T] {
+	return determinateRollback[T](outcome.OperationID{}, outcome.PhaseNotStarted, err, false)
+}
+
+// determinateRollback is the result of a transaction rolled back for certain. Every
+// caller passes the error that ended it and a phase a rollback can be observed in, so
+// the constructor has nothing to refuse.
+func determinateRollback[T any](id outcome.OperationID, phase outcome.Phase, cause error, retryable bool) outcome.DeterminateRollback[T] {
+	r, _ := outcome.NewDeterminateRollback[T](id, phase, cause, retryable)
+	return r
 }

@@ -13,27 +13,6 @@ import (
 	"github.com/txevidence/otelpgxtx/reconcile"
 )
 
-// Reconciliation is what automatic reconciliation ([WithAutoReconcile]) learned of one
-// indeterminate frame, handed to the [WithOnReconciled] callback exactly once per frame.
-type Reconciliation struct {
-	// OperationID is the frame's tx.operation_id.
-	OperationID outcome.OperationID
-	// Answer is the final answer: committed, aborted or no_writes, or unknown with its
-	// reason (including [reconcile.ReasonQueueFull] and [reconcile.ReasonStopped]).
-	Answer reconcile.Answer
-	// TraceParent names the frame span (W3C traceparent), "" when it had none.
-	TraceParent string
-	// IndeterminateAt is when the frame ended indeterminate.
-	IndeterminateAt time.Time
-	// Attempts is the number of tx.reconcile attempts made (0 when none was).
-	Attempts int
-	// CommittedLocally: the server had warned that the commit was already committed
-	// locally (its synchronous-replication wait was cancelled or ended): a committed
-	// answer then describes the server asked, and a failover to a standby that never
-	// received the commit can still lose it (the frame's tx.commit.committed_locally).
-	CommittedLocally bool
-}
-
 // pendingOutcome is one indeterminate frame waiting for its reconciliation.
 type pendingOutcome struct {
 	id     outcome.OperationID
@@ -110,7 +89,7 @@ func (w *awaited) last() (ans reconcile.Answer, final, ok bool) {
 type autoReconciler struct {
 	cfg     autoConfig
 	r       *reconcile.Reconciler
-	t       *Tracer
+	log     func() *slog.Logger // the tracer's logger (config.logger)
 	metrics *reconcileMetrics
 
 	mu      sync.Mutex
@@ -128,13 +107,13 @@ type autoReconciler struct {
 	closing sync.Once
 }
 
-// newAutoReconciler starts the workers of t's automatic reconciliation, which run until
-// Tracer.Close.
-func newAutoReconciler(t *Tracer, a *autoConfig) *autoReconciler {
-	ar := &autoReconciler{cfg: *a, r: a.r, t: t, pending: make(map[*pendingOutcome]struct{}),
+// newAutoReconciler makes the automatic reconciliation a of the tracer configured tc,
+// whose workers start with the first indeterminate frame and run until Tracer.Close.
+func newAutoReconciler(tc *config, a *autoConfig) *autoReconciler {
+	ar := &autoReconciler{cfg: *a, r: a.r, log: tc.logger, pending: make(map[*pendingOutcome]struct{}),
 		wake: make(chan struct{}, a.workers), stop: make(chan struct{})}
 	ar.ctx, ar.cancel = context.WithCancel(context.Background())
-	ar.metrics = newReconcileMetrics(t.cfg.meterProvider, t.cfg.meterAttributes, ar.oldest)
+	ar.metrics = newReconcileMetrics(tc.meterProvider, tc.meterAttributes, ar.oldest)
 	return ar
 }
 
@@ -300,7 +279,7 @@ func (a *autoReconciler) leave(p *pendingOutcome) {
 	if p.link.HasTraceID() {
 		attrs = append(attrs, slog.String("trace_id", p.link.TraceID().String()), slog.String("span_id", p.link.SpanID().String()))
 	}
-	a.t.logger().LogAttrs(context.Background(), slog.LevelWarn, MessagePendingAtShutdown, attrs...)
+	a.log().LogAttrs(context.Background(), slog.LevelWarn, MessagePendingAtShutdown, attrs...)
 	a.settle(p, reconcile.UnknownAnswer(reconcile.ReasonStopped, p.ref))
 }
 
@@ -357,4 +336,10 @@ func (a *autoReconciler) oldest() (n int, age time.Duration) {
 		age = max(age, now.Sub(p.at))
 	}
 	return len(a.pending), age
+}
+
+// mayChange reports whether asking again later may answer otherwise: the transaction was
+// still in progress, or its synchronous standbys had not confirmed it.
+func mayChange(ans reconcile.Answer) bool {
+	return ans.Status() == reconcile.Unknown && (ans.Reason() == reconcile.ReasonInProgress || ans.Reason() == reconcile.ReasonNotReplicated)
 }

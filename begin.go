@@ -49,3 +49,11 @@ func frameOfTx(tx pgx.Tx) *frame {
 	}
 	return nil
 }
+
+// DB is what [Run] and [Begin] begin transactions on: *pgxpool.Pool and *pgx.Conn are.
+// With a pool, Run acquires a connection itself, so that its Policy's commit references
+// reach the tracer of that connection; any other DB is used through BeginTx and Tx.Commit,
+// without references.
+type DB interface {
+	BeginTx(ctx context.Context, txOptions pgx.TxOptions) (pgx.Tx, error)
+}

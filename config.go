@@ -14,6 +14,7 @@ import (
 
 	"github.com/txevidence/otelpgxtx/internal/markertable"
 	"github.com/txevidence/otelpgxtx/internal/reference"
+	"github.com/txevidence/otelpgxtx/outcome"
 	"github.com/txevidence/otelpgxtx/reconcile"
 )
 
@@ -43,7 +44,7 @@ type config struct {
 	innerSet       bool
 	sanitizeInner  bool // WithSanitizedInnerTracer
 	otelpgxOptions []otelpgx.Option
-	logger         *slog.Logger
+	log            *slog.Logger
 	auto           *autoConfig // WithAutoReconcile
 	// reference is what plain pgx commits carry (WithCommitReference, WithCommitMarker);
 	// marker is the quoted marker table.
@@ -257,7 +258,7 @@ func WithDisableConnectionDetailsInAttributes() Option {
 // Without it they go to slog.Default(), as the OpenTelemetry options default to the
 // globals. None holds user data.
 func WithLogger(l *slog.Logger) Option {
-	return optionFunc(func(c *config) { c.logger = l })
+	return optionFunc(func(c *config) { c.log = l })
 }
 
 // WithRawQueryText records query text as the application wrote it (db.query.text of
@@ -542,6 +543,27 @@ func WithRetryBackoff(first, most time.Duration) AutoReconcileOption {
 		}
 		c.retryMin, c.retryMax = first, most
 	})
+}
+
+// Reconciliation is what automatic reconciliation ([WithAutoReconcile]) learned of one
+// indeterminate frame, handed to the [WithOnReconciled] callback exactly once per frame.
+type Reconciliation struct {
+	// OperationID is the frame's tx.operation_id.
+	OperationID outcome.OperationID
+	// Answer is the final answer: committed, aborted or no_writes, or unknown with its
+	// reason (including [reconcile.ReasonQueueFull] and [reconcile.ReasonStopped]).
+	Answer reconcile.Answer
+	// TraceParent names the frame span (W3C traceparent), "" when it had none.
+	TraceParent string
+	// IndeterminateAt is when the frame ended indeterminate.
+	IndeterminateAt time.Time
+	// Attempts is the number of tx.reconcile attempts made (0 when none was).
+	Attempts int
+	// CommittedLocally: the server had warned that the commit was already committed
+	// locally (its synchronous-replication wait was cancelled or ended): a committed
+	// answer then describes the server asked, and a failover to a standby that never
+	// received the commit can still lose it (the frame's tx.commit.committed_locally).
+	CommittedLocally bool
 }
 
 // WithOnReconciled registers fn to receive the final [Reconciliation] of every frame

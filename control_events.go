@@ -63,7 +63,7 @@ const (
 // fold decides whether q, a query that enter has just recorded, is an event in place of a
 // span (of kind k; op names it), marks it so, and returns the context its inner Start
 // hook gets.
-func (t *Tracer) fold(ctx context.Context, q *queryState, k foldKind, op string) context.Context {
+func (t *core) fold(ctx context.Context, q *queryState, k foldKind, op string) context.Context {
 	switch {
 	case k == foldControl && t.foldsControl(q):
 		q.folded, q.start, q.op = true, time.Now(), op
@@ -77,7 +77,7 @@ func (t *Tracer) fold(ctx context.Context, q *queryState, k foldKind, op string)
 // foldsControl reports whether q is a transaction-control statement to record as an event
 // of its frame: the frame's span records (else the statement would have no span either),
 // and the option is on.
-func (t *Tracer) foldsControl(q *queryState) bool {
+func (t *core) foldsControl(q *queryState) bool {
 	return !q.nested && q.frame != nil && q.frame.recording && q.set.Control() &&
 		t.folds(InnerSpanTransactionControl)
 }
@@ -114,7 +114,7 @@ func (p *frameFolding) answered(a statementAnswer) {
 
 // event adds the event name with attrs to the frame's span, and the answer of the
 // statement that caused it, if one is waiting for its event (see answered).
-func (f *frame) event(name string, attrs ...attribute.KeyValue) {
+func (f *frameSpan) event(name string, attrs ...attribute.KeyValue) {
 	if f.answering {
 		f.answering = false
 		// Built in the frame's own array: the SDK copies an event's attributes.
@@ -130,12 +130,12 @@ func (f *frame) event(name string, attrs ...attribute.KeyValue) {
 // unanswered gives a statement that caused no event of its own — a BEGIN inside the
 // transaction, which the server only warns about; a savepoint statement that failed —
 // the event eventStatement, so that every statement folded into the frame is one event.
-func (f *frame) unanswered(q *queryState) {
+func (f *frameSpan) unanswered(savepoint string) {
 	if !f.answering {
 		return
 	}
-	if q.savepoint != "" {
-		f.event(eventStatement, savepointNameKey.String(q.savepoint))
+	if savepoint != "" {
+		f.event(eventStatement, savepointNameKey.String(savepoint))
 		return
 	}
 	f.event(eventStatement)

@@ -35,37 +35,8 @@ type ending struct {
 	recorded         bool
 	spanCtx          context.Context
 	awaited          *awaited // automatic reconciliation's answer, or nil
-}
-
-// ending returns f's record, ended with o.
-func (f *frame) ending(o outcome.Outcome) ending {
-	e := ending{id: f.id, outcome: o, phase: f.Phase(), verdict: f.Verdict(), endedIn: f.EndedIn(), deliberate: f.Deliberate(),
-		committedLocally: f.CommittedLocally(), firstCause: f.FirstCause(), cause: f.Cause(), endErr: f.EndErr(), ref: f.commitRef.Ref(),
-		startedAt: f.startedAt, committingAt: f.CommittingAt(), concludedAt: f.ConcludedAt(),
-		span: f.span.SpanContext(), parentSpan: f.parentSpan, recorded: !f.unrecorded, spanCtx: f.spanCtx, awaited: f.awaited}
-	e.at = e.concludedAt // the conclusion has just read the clock
-	if f.managed {
-		e.at = time.Now() // the executor ends the frame after its post-commit work
-	}
-	return e
-}
-
-// end hands f's ending, with outcome o, to every output, exactly once: the metrics, the
-// log record of an indeterminate one, the span, and automatic reconciliation.
-// postCommitErr is the follow-up failure of a committed_with_post_commit_failure frame.
-func (t *Tracer) end(f *frame, o outcome.Outcome, postCommitErr error) {
-	if !f.ended.CompareAndSwap(false, true) {
-		return
-	}
-	e := f.ending(o)
-	t.metrics.record(&e)
-	if o == outcome.OutcomeIndeterminate {
-		t.logIndeterminate(&e)
-	}
-	f.endSpan(&e, postCommitErr)
-	if o == outcome.OutcomeIndeterminate && t.auto != nil {
-		// Handed over once the span has ended, so that a reconciliation never starts
-		// before the frame it settles has ended.
-		t.auto.enqueue(&e)
-	}
+	// What the frame was: its depth, what BEGIN said, what Run set.
+	depth                              int
+	isolation, accessMode, propagation string
+	attempt                            int
 }

@@ -32,41 +32,6 @@ func CallerCanceled(ctx context.Context, err error) bool {
 // defaultExpected is the default of [WithExpectedErrors].
 var defaultExpected = []ExpectedErrorFunc{CallerCanceled}
 
-// expectedErr reports whether err, a failure of a call made in ctx, is expected.
-func (t *Tracer) expectedErr(ctx context.Context, err error) bool {
-	if err == nil {
-		return false
-	}
-	for _, fn := range t.cfg.expected {
-		if fn(ctx, err) {
-			return true
-		}
-	}
-	return false
-}
-
-// judgeErr records whether the first failure f saw, of a call made in ctx, was expected:
-// the failure that decides its span's status.
-func (f *frame) judgeErr(ctx context.Context, err error) {
-	if err != nil && !f.errJudged {
-		f.errJudged, f.errExpected = true, f.t.expectedErr(ctx, err)
-	}
-}
-
-// innerEndStatus returns the context for the default otelpgx tracer's End hook of a call
-// in ctx that failed with err: when err is expected, the span it ends is wrapped so that
-// it cannot set status Error. A tracer of the user's own gets ctx as it is.
-func (t *Tracer) innerEndStatus(ctx context.Context, err error) context.Context {
-	if t.cfg.innerSet || !t.expectedErr(ctx, err) {
-		return ctx
-	}
-	span := trace.SpanFromContext(ctx)
-	if !span.IsRecording() {
-		return ctx
-	}
-	return trace.ContextWithSpan(ctx, expectedSpan{span})
-}
-
 // expectedSpan is a span that ended with an expected error: it takes every call but the
 // Error status.
 type expectedSpan struct{ trace.Span }
@@ -106,11 +71,15 @@ func (t expectedStatusTracer) Start(ctx context.Context, name string, opts ...tr
 	return ctx2, span
 }
 
-// innerBatchQueryCtx returns the context for the default otelpgx tracer's TraceBatchQuery
-// of a query that failed with err: marked when err is expected.
-func (t *Tracer) innerBatchQueryCtx(ctx context.Context, err error) context.Context {
-	if t.cfg.innerSet || !t.expectedErr(ctx, err) {
-		return ctx
+// expectedErr reports whether err, a failure of a call made in ctx, is expected.
+func (c *config) expectedErr(ctx context.Context, err error) bool {
+	if err == nil {
+		return false
 	}
-	return expectedCtx{ctx}
+	for _, fn := range c.expected {
+		if fn(ctx, err) {
+			return true
+		}
+	}
+	return false
 }

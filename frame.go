@@ -38,7 +38,7 @@ type frame struct {
 	// commitRef is its commit reference (package reference).
 	commitRef reference.Frame
 
-	t         *Tracer
+	t         *core
 	id        outcome.OperationID
 	conn      *pgconn.PgConn
 	parent    *frame // the suspended outer frame, or nil
@@ -61,7 +61,7 @@ type frameExecutor struct {
 // filter decision, span name and characteristics it keeps, in phase. Its span is a child
 // of the span in ctx; if ctx carries an open frame on another connection, that frame is
 // suspended and the new one is one level deeper.
-func (t *Tracer) startFrame(ctx context.Context, conn *pgx.Conn, st *connState, phase outcome.Phase, begin string, chained *frame) *frame {
+func (t *core) startFrame(ctx context.Context, conn *pgx.Conn, st *connState, phase outcome.Phase, begin string, chained *frame) *frame {
 	f := &frame{t: t, conn: conn.PgConn(), id: outcome.NewOperationID(), startedAt: time.Now()}
 	refs := st.refs.FrameRefs(t.cfg.references())
 	if chained != nil {
@@ -73,7 +73,11 @@ func (t *Tracer) startFrame(ctx context.Context, conn *pgx.Conn, st *connState, 
 		f.parent, depth = outer, outer.Depth()+1
 	}
 	f.Init(depth)
-	t.startSpan(ctx, conn, st, f, begin, chained)
+	var chainedSpan *frameSpan
+	if chained != nil {
+		chainedSpan = &chained.frameSpan
+	}
+	f.frameSpan.start(t, ctx, conn, &st.attrs, begin, chainedSpan)
 	if f.parent != nil {
 		f.parent.spanEvent(eventSuspended, f.id)
 	}
@@ -123,13 +127,15 @@ func (f *frame) concluded(unsent bool) {
 		f.awaited = newAwaited() // before any Verdict is told, so that each is told this one
 	}
 	if f.asked != nil {
-		f.asked.frameEnded(f)
+		e := f.ending(f.Outcome())
+		f.asked.frameEnded(&e)
 	}
 	if !f.managed {
 		f.t.end(f, f.Outcome(), nil)
 	}
 	if v := f.unsentAsked; unsent && v != nil && v != f.asked {
-		v.frameEnded(f)
+		e := f.ending(f.Outcome())
+		v.frameEnded(&e)
 	}
 }
 
@@ -171,4 +177,38 @@ func openFrameFromContext(ctx context.Context) *frame {
 		f = f.parent
 	}
 	return f
+}
+
+// ending returns f's record, ended with o.
+func (f *frame) ending(o outcome.Outcome) ending {
+	e := ending{id: f.id, outcome: o, phase: f.Phase(), verdict: f.Verdict(), endedIn: f.EndedIn(), deliberate: f.Deliberate(),
+		committedLocally: f.CommittedLocally(), firstCause: f.FirstCause(), cause: f.Cause(), endErr: f.EndErr(), ref: f.commitRef.Ref(),
+		startedAt: f.startedAt, committingAt: f.CommittingAt(), concludedAt: f.ConcludedAt(),
+		span: f.span.SpanContext(), parentSpan: f.parentSpan, recorded: !f.unrecorded, spanCtx: f.spanCtx, awaited: f.awaited,
+		depth: f.Depth(), isolation: f.Isolation(), accessMode: f.AccessMode(), propagation: f.propagation, attempt: f.attempt}
+	e.at = e.concludedAt // the conclusion has just read the clock
+	if f.managed {
+		e.at = time.Now() // the executor ends the frame after its post-commit work
+	}
+	return e
+}
+
+// end hands f's ending, with outcome o, to every output, exactly once: the metrics, the
+// log record of an indeterminate one, the span, and automatic reconciliation.
+// postCommitErr is the follow-up failure of a committed_with_post_commit_failure frame.
+func (t *core) end(f *frame, o outcome.Outcome, postCommitErr error) {
+	if !f.ended.CompareAndSwap(false, true) {
+		return
+	}
+	e := f.ending(o)
+	t.metrics.record(&e)
+	if o == outcome.OutcomeIndeterminate {
+		t.logIndeterminate(&e)
+	}
+	f.frameSpan.end(&e, &t.cfg, postCommitErr)
+	if o == outcome.OutcomeIndeterminate && t.auto != nil {
+		// Handed over once the span has ended, so that a reconciliation never starts
+		// before the frame it settles has ended.
+		t.auto.enqueue(&e)
+	}
 }

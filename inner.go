@@ -15,7 +15,7 @@ import (
 
 // innerErr returns what the inner tracer is given of err: err itself for a tracer of the
 // application's (see innerAsIs), else what may be recorded of it (see redact.Error).
-func (t *Tracer) innerErr(err error) error {
+func (t *core) innerErr(err error) error {
 	if t.innerAsIs {
 		return err
 	}
@@ -25,7 +25,7 @@ func (t *Tracer) innerErr(err error) error {
 // innerSQL returns what the inner tracer is given of sql, which s is what the sanitizer
 // knows of: sql itself for a tracer of the application's (see innerAsIs), else the
 // sanitizer's text.
-func (t *Tracer) innerSQL(sql string, s *sanitized) string {
+func (t *core) innerSQL(sql string, s *sanitized) string {
 	if t.innerAsIs {
 		return sql
 	}
@@ -44,7 +44,7 @@ func startedSpan(before, after context.Context) trace.Span {
 
 // innerQueryStart hands a query's start to the inner tracer, sanitized; s is what the
 // sanitizer knows of its SQL.
-func (t *Tracer) innerQueryStart(ctx context.Context, conn *pgx.Conn, data pgx.TraceQueryStartData, s *sanitized) context.Context {
+func (t *core) innerQueryStart(ctx context.Context, conn *pgx.Conn, data pgx.TraceQueryStartData, s *sanitized) context.Context {
 	if t.query == nil {
 		return ctx
 	}
@@ -53,7 +53,7 @@ func (t *Tracer) innerQueryStart(ctx context.Context, conn *pgx.Conn, data pgx.T
 }
 
 // innerQueryEnd hands a query's end to the inner tracer, its error redacted.
-func (t *Tracer) innerQueryEnd(ctx context.Context, conn *pgx.Conn, data pgx.TraceQueryEndData) {
+func (t *core) innerQueryEnd(ctx context.Context, conn *pgx.Conn, data pgx.TraceQueryEndData) {
 	if t.query != nil {
 		data.Err = t.innerErr(data.Err)
 		t.query.TraceQueryEnd(ctx, conn, data)
@@ -63,7 +63,7 @@ func (t *Tracer) innerQueryEnd(ctx context.Context, conn *pgx.Conn, data pgx.Tra
 // summarized sets s's db.query.summary on the span an inner Start hook started (from
 // before to after), if it started one that records, and returns after. A tracer of the
 // application's keeps its spans as it made them.
-func (t *Tracer) summarized(before, after context.Context, s *sanitized) context.Context {
+func (t *core) summarized(before, after context.Context, s *sanitized) context.Context {
 	if span := t.ownStartedSpan(before, after); span != nil && s.summary != nil {
 		span.SetAttributes(s.summary...)
 	}
@@ -72,7 +72,7 @@ func (t *Tracer) summarized(before, after context.Context, s *sanitized) context
 
 // innerBatchStart hands a batch's start to the inner tracer, its SQL sanitized (see
 // innerBatch).
-func (t *Tracer) innerBatchStart(ctx context.Context, conn *pgx.Conn, data pgx.TraceBatchStartData) context.Context {
+func (t *core) innerBatchStart(ctx context.Context, conn *pgx.Conn, data pgx.TraceBatchStartData) context.Context {
 	if t.batch != nil {
 		inner := data
 		inner.Batch = t.innerBatch(data.Batch)
@@ -86,7 +86,7 @@ func (t *Tracer) innerBatchStart(ctx context.Context, conn *pgx.Conn, data pgx.T
 }
 
 // innerBatchQuery hands one result of a batch to the inner tracer, sanitized.
-func (t *Tracer) innerBatchQuery(ctx context.Context, conn *pgx.Conn, data pgx.TraceBatchQueryData) {
+func (t *core) innerBatchQuery(ctx context.Context, conn *pgx.Conn, data pgx.TraceBatchQueryData) {
 	if t.batch != nil {
 		if t.omits(InnerSpanBatchQuery) {
 			ctx = withoutSpan(ctx)
@@ -102,7 +102,7 @@ func (t *Tracer) innerBatchQuery(ctx context.Context, conn *pgx.Conn, data pgx.T
 }
 
 // innerBatchEnd hands a batch's end to the inner tracer, its error redacted.
-func (t *Tracer) innerBatchEnd(ctx context.Context, conn *pgx.Conn, data pgx.TraceBatchEndData) {
+func (t *core) innerBatchEnd(ctx context.Context, conn *pgx.Conn, data pgx.TraceBatchEndData) {
 	if t.batch != nil {
 		data.Err = t.innerErr(data.Err)
 		t.batch.TraceBatchEnd(ctx, conn, data)
@@ -113,7 +113,7 @@ func (t *Tracer) innerBatchEnd(ctx context.Context, conn *pgx.Conn, data pgx.Tra
 // made of the table name (a copy has no SQL text to summarize). Unlike summarized, it
 // builds the summary only once a recording span is there, for the concatenation
 // allocates; innerBatchStart does the same with its loop over the batch.
-func (t *Tracer) innerCopyFromStart(ctx context.Context, conn *pgx.Conn, data pgx.TraceCopyFromStartData) context.Context {
+func (t *core) innerCopyFromStart(ctx context.Context, conn *pgx.Conn, data pgx.TraceCopyFromStartData) context.Context {
 	if t.copy != nil {
 		inner := t.copy.TraceCopyFromStart(ctx, conn, data)
 		if span := t.ownStartedSpan(ctx, inner); span != nil {
@@ -125,7 +125,7 @@ func (t *Tracer) innerCopyFromStart(ctx context.Context, conn *pgx.Conn, data pg
 }
 
 // innerCopyFromEnd hands a copy's end to the inner tracer, its error redacted.
-func (t *Tracer) innerCopyFromEnd(ctx context.Context, conn *pgx.Conn, data pgx.TraceCopyFromEndData) {
+func (t *core) innerCopyFromEnd(ctx context.Context, conn *pgx.Conn, data pgx.TraceCopyFromEndData) {
 	if t.copy != nil {
 		data.Err = t.innerErr(data.Err)
 		t.copy.TraceCopyFromEnd(ctx, conn, data)
@@ -135,7 +135,7 @@ func (t *Tracer) innerCopyFromEnd(ctx context.Context, conn *pgx.Conn, data pgx.
 // innerPrepareStart hands a prepare's start to the inner tracer, sanitized (its statement
 // name too: see innerStmtName). A folded prepare (prepare_event.go) starts no span: its
 // inner hook gets a context whose span does not record.
-func (t *Tracer) innerPrepareStart(ctx context.Context, conn *pgx.Conn, data pgx.TracePrepareStartData, folded bool) context.Context {
+func (t *core) innerPrepareStart(ctx context.Context, conn *pgx.Conn, data pgx.TracePrepareStartData, folded bool) context.Context {
 	if t.prepare != nil {
 		s := t.sanitized.get(data.SQL)
 		data.SQL = t.innerSQL(data.SQL, s)
@@ -149,7 +149,7 @@ func (t *Tracer) innerPrepareStart(ctx context.Context, conn *pgx.Conn, data pgx
 }
 
 // innerPrepareEnd hands a prepare's end to the inner tracer, its error redacted.
-func (t *Tracer) innerPrepareEnd(ctx context.Context, conn *pgx.Conn, data pgx.TracePrepareEndData, folded bool) {
+func (t *core) innerPrepareEnd(ctx context.Context, conn *pgx.Conn, data pgx.TracePrepareEndData, folded bool) {
 	if t.prepare != nil {
 		if folded || t.omits(InnerSpanPrepare) {
 			ctx = withoutSpan(ctx)
@@ -163,7 +163,7 @@ func (t *Tracer) innerPrepareEnd(ctx context.Context, conn *pgx.Conn, data pgx.T
 // prepared statement's name: pgx names the statements it caches by a digest of the raw
 // SQL, literals and all, which becomes "stmtcache" unless [WithRawQueryText] or the tracer
 // is the application's.
-func (t *Tracer) innerStmtName(name string) string {
+func (t *core) innerStmtName(name string) string {
 	if !t.cfg.rawQueryText && !t.innerAsIs && strings.HasPrefix(name, "stmtcache_") {
 		return "stmtcache"
 	}
@@ -172,7 +172,7 @@ func (t *Tracer) innerStmtName(name string) string {
 
 // batchSummary returns db.query.summary of a batch as the semantic conventions define
 // it: "BATCH " and its statements' summary when they share one, else "BATCH".
-func (t *Tracer) batchSummary(b *pgx.Batch) attribute.KeyValue {
+func (t *core) batchSummary(b *pgx.Batch) attribute.KeyValue {
 	common := ""
 	for i, q := range b.QueuedQueries {
 		sum := ""
@@ -195,7 +195,7 @@ func (t *Tracer) batchSummary(b *pgx.Batch) attribute.KeyValue {
 // reads only its length, but a user's tracer that asked for sanitized text
 // ([WithSanitizedInnerTracer]) may read its SQL, which it then gets sanitized, in a copy
 // (the queued queries are the caller's).
-func (t *Tracer) innerBatch(b *pgx.Batch) *pgx.Batch {
+func (t *core) innerBatch(b *pgx.Batch) *pgx.Batch {
 	if b == nil || !t.cfg.innerSet || t.cfg.rawQueryText || t.innerAsIs {
 		return b
 	}
@@ -208,7 +208,7 @@ func (t *Tracer) innerBatch(b *pgx.Batch) *pgx.Batch {
 
 // ownStartedSpan is startedSpan for the spans this library may add attributes to: those
 // of its own inner tracer, never those of a tracer of the application's.
-func (t *Tracer) ownStartedSpan(before, after context.Context) trace.Span {
+func (t *core) ownStartedSpan(before, after context.Context) trace.Span {
 	if t.innerAsIs {
 		return nil
 	}
@@ -263,3 +263,68 @@ func sameSpan(a, b trace.Span) bool {
 }
 
 var noopSpan = noop.Span{}
+
+// omits reports whether the inner tracer's spans of kind k are turned off.
+func (t *core) omits(k InnerSpan) bool { return t.cfg.omitSpans&(1<<k) != 0 }
+
+// folds reports whether the spans of kind k — InnerSpanTransactionControl, or the implicit
+// prepares of InnerSpanPrepare — are events in place of spans: by default, with the
+// default otelpgx inner tracer. A tracer of the application's gets every statement as pgx
+// gives it and decides its own spans.
+func (t *core) folds(k InnerSpan) bool {
+	return !t.cfg.innerSet && t.cfg.keepSpans&(1<<k) == 0
+}
+
+// innerStart runs start, an inner Start hook of kind k. For an omitted kind it is given a
+// span that does not record, so otelpgx starts none (and still notes the start time for
+// its metrics), and the caller's span is put back into what it returns, so that the work
+// the hook precedes (a connect inside an acquire) is parented as without it.
+func (t *core) innerStart(k InnerSpan, ctx context.Context, start func(context.Context) context.Context) context.Context {
+	if !t.omits(k) {
+		return start(ctx)
+	}
+	return quietStart(ctx, start)
+}
+
+// quietStart runs start, an inner Start hook, with a span that does not record in place of
+// ctx's, and puts ctx's span back into what it returns.
+func quietStart(ctx context.Context, start func(context.Context) context.Context) context.Context {
+	return trace.ContextWithSpan(start(withoutSpan(ctx)), trace.SpanFromContext(ctx))
+}
+
+// innerEnd returns the context for an inner End hook of kind k of a call that failed
+// with err (nil: it did not): one without a span for an omitted kind — otelpgx ends "the
+// span in the context", which must not be the caller's —, else one whose span cannot take
+// the Error status of an expected error (innerEndStatus).
+func (t *core) innerEnd(k InnerSpan, ctx context.Context, err error) context.Context {
+	if t.omits(k) {
+		return withoutSpan(ctx)
+	}
+	return t.innerEndStatus(ctx, err)
+}
+
+// withoutSpan returns ctx with a span that does not record in place of its own.
+func withoutSpan(ctx context.Context) context.Context { return trace.ContextWithSpan(ctx, noopSpan) }
+
+// innerEndStatus returns the context for the default otelpgx tracer's End hook of a call
+// in ctx that failed with err: when err is expected, the span it ends is wrapped so that
+// it cannot set status Error. A tracer of the user's own gets ctx as it is.
+func (t *core) innerEndStatus(ctx context.Context, err error) context.Context {
+	if t.cfg.innerSet || !t.cfg.expectedErr(ctx, err) {
+		return ctx
+	}
+	span := trace.SpanFromContext(ctx)
+	if !span.IsRecording() {
+		return ctx
+	}
+	return trace.ContextWithSpan(ctx, expectedSpan{span})
+}
+
+// innerBatchQueryCtx returns the context for the default otelpgx tracer's TraceBatchQuery
+// of a query that failed with err: marked when err is expected.
+func (t *core) innerBatchQueryCtx(ctx context.Context, err error) context.Context {
+	if t.cfg.innerSet || !t.cfg.expectedErr(ctx, err) {
+		return ctx
+	}
+	return expectedCtx{ctx}
+}

@@ -7,8 +7,8 @@ import (
 
 // logger is where the library's records go: WithLogger's logger, else slog's default at
 // the time of the record (an application may set it after instrumenting).
-func (t *Tracer) logger() *slog.Logger {
-	if l := t.cfg.logger; l != nil {
+func (c *config) logger() *slog.Logger {
+	if l := c.log; l != nil {
 		return l
 	}
 	return slog.Default()
@@ -17,7 +17,7 @@ func (t *Tracer) logger() *slog.Logger {
 // logIndeterminate writes one record per indeterminate frame, ended e, so that an
 // unknown commit survives trace sampling: the operation id and reference are what
 // reconciliation needs.
-func (t *Tracer) logIndeterminate(e *ending) {
+func (t *core) logIndeterminate(e *ending) {
 	attrs := []slog.Attr{
 		slog.String(string(OperationIDKey), e.id.String()),
 		slog.String(string(PhaseKey), e.phase.String()),
@@ -32,7 +32,7 @@ func (t *Tracer) logIndeterminate(e *ending) {
 	if e.committedLocally {
 		attrs = append(attrs, slog.Bool(string(CommittedLocallyKey), true))
 	}
-	t.logger().LogAttrs(context.Background(), slog.LevelWarn, MessageIndeterminate, attrs...)
+	t.cfg.logger().LogAttrs(context.Background(), slog.LevelWarn, MessageIndeterminate, attrs...)
 }
 
 // MessageIndeterminate is the message of the log record written for each indeterminate

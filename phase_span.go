@@ -69,10 +69,11 @@ var phaseEvents = func() (names [outcome.PhaseUnknown + 1]string) {
 	return names
 }()
 
-// startSpan starts f's span, for a transaction that conn is beginning with the
+// start starts the span of t's frame, for a transaction that conn is beginning with the
 // statement begin ("" when none was seen), or that COMMIT AND CHAIN began after chained,
 // whose filter decision and span name it keeps. It is a child of the span in ctx.
-func (t *Tracer) startSpan(ctx context.Context, conn *pgx.Conn, st *connState, f *frame, begin string, chained *frame) {
+// connAttrs are the connection's attributes, made on its first recorded frame.
+func (f *frameSpan) start(t *core, ctx context.Context, conn *pgx.Conn, connAttrs *[]attribute.KeyValue, begin string, chained *frameSpan) {
 	f.parentSpan = trace.SpanContextFromContext(ctx)
 	if chained == nil && (t.cfg.filter != nil || t.cfg.spanNameFunc != nil) {
 		// A span name leaves the process: both get the text the statement spans get.
@@ -99,32 +100,33 @@ func (t *Tracer) startSpan(ctx context.Context, conn *pgx.Conn, st *connState, f
 	if f.recording {
 		f.standIn.sc = f.span.SpanContext()
 		// Written with the outcome attributes when the frame ends, in one SetAttributes.
-		if st.attrs == nil {
-			st.attrs = []attribute.KeyValue{dbSystemPostgreSQL}
+		if *connAttrs == nil {
+			attrs := []attribute.KeyValue{dbSystemPostgreSQL}
 			if !t.cfg.noConnDetails {
 				cfg := conn.Config() // a copy of the whole configuration: once per connection
-				st.attrs = append(st.attrs,
+				attrs = append(attrs,
 					dbNamespaceKey.String(cfg.Database),
 					serverAddressKey.String(cfg.Host),
 					serverPortKey.Int(int(cfg.Port)))
 			}
+			*connAttrs = attrs
 		}
-		f.connAttrs = st.attrs
+		f.connAttrs = *connAttrs
 	}
 }
 
 // phaseEvent records that f moved to phase to. A folded statement's answer, waiting, goes
 // with the event it caused (f.event): BEGIN's with active, COMMIT's and ROLLBACK's with
 // the ending phase.
-func (f *frame) phaseEvent(to outcome.Phase) {
+func (f *frameSpan) phaseEvent(to outcome.Phase) {
 	if f.recording {
 		f.event(phaseEvents[to])
 	}
 }
 
-// spanEvent adds the event name, naming the operation id, to f's span: a nested frame's
-// suspension and resumption of f.
-func (f *frame) spanEvent(name string, id outcome.OperationID) {
+// spanEvent adds the event name, naming the operation id, to the span: a nested frame's
+// suspension and resumption of its frame.
+func (f *frameSpan) spanEvent(name string, id outcome.OperationID) {
 	if f.span.IsRecording() {
 		f.span.AddEvent(name, trace.WithAttributes(OperationIDKey.String(id.String())))
 	}
@@ -132,23 +134,23 @@ func (f *frame) spanEvent(name string, id outcome.OperationID) {
 
 // withSpan makes f's span the parent of what runs inside the frame; an unrecorded frame
 // leaves ctx's own span there, as if there were no frame.
-func (f *frame) withSpan(ctx context.Context) context.Context {
+func (f *frameSpan) withSpan(ctx context.Context) context.Context {
 	if f.unrecorded {
 		return ctx
 	}
 	return trace.ContextWithSpan(ctx, f.span)
 }
 
-// endSpan writes the outcome attributes and status of e, f's ending, and ends the span.
-// It is called once, by Tracer.end; postCommitErr is the follow-up failure of a
-// committed_with_post_commit_failure frame.
-func (f *frame) endSpan(e *ending, postCommitErr error) {
+// end writes the outcome attributes and status of e, its frame's ending, and ends the
+// span. It is called once, by the frame's end; cfg is the tracer's, postCommitErr the
+// follow-up failure of a committed_with_post_commit_failure frame.
+func (f *frameSpan) end(e *ending, cfg *config, postCommitErr error) {
 	if !f.recording {
 		f.span.End()
 		return
 	}
 	buf := frameAttrs.Get().(*[]attribute.KeyValue)
-	setFrameAttrs(f.span, buf, f.setOutcomeStatus(e, f.outcomeAttrs(e, (*buf)[:0])))
+	setFrameAttrs(f.span, buf, f.setOutcomeStatus(e, cfg, f.outcomeAttrs(e, cfg, (*buf)[:0])))
 	if postCommitErr != nil {
 		f.span.AddEvent(eventPostCommitFailed)
 	}
@@ -174,23 +176,23 @@ func setFrameAttrs(span trace.Span, buf *[]attribute.KeyValue, attrs []attribute
 
 // outcomeAttrs appends to attrs the attributes a recording frame span ends with, whatever
 // its status, so that they are written in one SetAttributes call.
-func (f *frame) outcomeAttrs(e *ending, attrs []attribute.KeyValue) []attribute.KeyValue {
+func (f *frameSpan) outcomeAttrs(e *ending, cfg *config, attrs []attribute.KeyValue) []attribute.KeyValue {
 	v := e.verdict
 	attrs = append(attrs, f.connAttrs...)
-	attrs = append(attrs, OperationIDKey.String(e.id.String()), FrameDepthKey.Int(f.Depth()))
-	attrs = append(attrs, f.t.cfg.spanAttributes...)
+	attrs = append(attrs, OperationIDKey.String(e.id.String()), FrameDepthKey.Int(e.depth))
+	attrs = append(attrs, cfg.spanAttributes...)
 	attrs = append(attrs, OutcomeKey.String(e.outcome.String()), PhaseKey.String(e.phase.String()))
-	if iso := f.Isolation(); iso != "" {
-		attrs = append(attrs, IsolationKey.String(iso))
+	if e.isolation != "" {
+		attrs = append(attrs, IsolationKey.String(e.isolation))
 	}
-	if mode := f.AccessMode(); mode != "" {
-		attrs = append(attrs, AccessModeKey.String(mode))
+	if e.accessMode != "" {
+		attrs = append(attrs, AccessModeKey.String(e.accessMode))
 	}
-	if f.propagation != "" {
-		attrs = append(attrs, PropagationKey.String(f.propagation))
+	if e.propagation != "" {
+		attrs = append(attrs, PropagationKey.String(e.propagation))
 	}
-	if f.attempt > 0 {
-		attrs = append(attrs, AttemptKey.Int(f.attempt))
+	if e.attempt > 0 {
+		attrs = append(attrs, AttemptKey.Int(e.attempt))
 	}
 	if e.ref != nil {
 		attrs = append(attrs, ReconciliationRefKey.String(e.ref.String()))
@@ -209,11 +211,11 @@ func (f *frame) outcomeAttrs(e *ending, attrs []attribute.KeyValue) []attribute.
 
 // setOutcomeStatus sets the span status of outcome o and returns attrs with the
 // attributes that go with that status (tx.retryable, error.type).
-func (f *frame) setOutcomeStatus(e *ending, attrs []attribute.KeyValue) []attribute.KeyValue {
+func (f *frameSpan) setOutcomeStatus(e *ending, cfg *config, attrs []attribute.KeyValue) []attribute.KeyValue {
 	v := e.verdict
 	switch e.outcome {
 	case outcome.OutcomeCommitted, outcome.OutcomeCommittedWithPostCommitFailure:
-		if f.t.cfg.status == StatusOkOnCommit {
+		if cfg.status == StatusOkOnCommit {
 			f.span.SetStatus(codes.Ok, "")
 		}
 	case outcome.OutcomeRolledBack:
@@ -232,4 +234,12 @@ func (f *frame) setOutcomeStatus(e *ending, attrs []attribute.KeyValue) []attrib
 		attrs = append(attrs, errorTypeKey.String(v.Reason()))
 	}
 	return attrs
+}
+
+// judgeErr records whether the first failure the frame saw, of a call made in ctx, was expected:
+// the failure that decides its span's status.
+func (s *frameSpan) judgeErr(cfg *config, ctx context.Context, err error) {
+	if err != nil && !s.errJudged {
+		s.errJudged, s.errExpected = true, cfg.expectedErr(ctx, err)
+	}
 }

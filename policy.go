@@ -1,13 +1,16 @@
 package otelpgxtx
 
 import (
+	"context"
 	"fmt"
+	"math/rand/v2"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 
 	"github.com/txevidence/otelpgxtx/internal/markertable"
 	"github.com/txevidence/otelpgxtx/internal/reference"
+	"github.com/txevidence/otelpgxtx/outcome"
 )
 
 // Propagation says how [Run] relates to a transaction already in its context.
@@ -146,4 +149,35 @@ func (p Policy) validate() error {
 // txOptions is the BEGIN the policy asks for.
 func (p Policy) txOptions() pgx.TxOptions {
 	return pgx.TxOptions{IsoLevel: p.IsoLevel, AccessMode: p.AccessMode, DeferrableMode: p.DeferrableMode}
+}
+
+// waitBackoff waits the backoff before attempt n+1, and reports false if ctx ended first.
+func waitBackoff(ctx context.Context, p Policy, n int) bool {
+	timer := time.NewTimer(backoff(p, n))
+	defer timer.Stop()
+	select {
+	case <-ctx.Done():
+		return false
+	case <-timer.C:
+		return true
+	}
+}
+
+// shouldRetry reports whether Run tries again after attempt n ended with res: only a
+// retryable rollback is, and only while attempts and the caller's time are left.
+func shouldRetry[T any](ctx context.Context, p Policy, res outcome.Result[T], n int) bool {
+	rb, ok := res.(outcome.DeterminateRollback[T])
+	return ok && rb.Retryable() && n < p.MaxAttempts && ctx.Err() == nil
+}
+
+// backoff draws the wait before attempt+1 uniformly from [0, min(max, base·2^(attempt-1))].
+func backoff(p Policy, attempt int) time.Duration {
+	d := p.BackoffBase << min(attempt-1, 30)
+	if d <= 0 || (p.BackoffMax > 0 && d > p.BackoffMax) {
+		d = p.BackoffMax
+	}
+	if d <= 0 {
+		return 0
+	}
+	return rand.N(d + 1)
 }

@@ -19,7 +19,7 @@ import (
 
 // foldsPrepare reports whether q, a prepare, is an implicit one whose statement's span
 // records (in ctx, the statement's context), to be recorded as an event of that span.
-func (t *Tracer) foldsPrepare(ctx context.Context, q *queryState) bool {
+func (t *core) foldsPrepare(ctx context.Context, q *queryState) bool {
 	return q.nested && t.folds(InnerSpanPrepare) && trace.SpanFromContext(ctx).IsRecording()
 }
 

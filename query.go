@@ -24,7 +24,7 @@ import (
 // Tracer.fold), lets the inner tracer start its span (inner, told whether the query is
 // folded), and pushes what its End needs. With no state on the connection, only inner
 // runs.
-func (t *Tracer) startQuery(ctx context.Context, conn *pgx.Conn, set evidence.Set, sql string, fold foldKind, op string, inner func(context.Context, bool) context.Context) context.Context {
+func (t *core) startQuery(ctx context.Context, conn *pgx.Conn, set evidence.Set, sql string, fold foldKind, op string, inner func(context.Context, bool) context.Context) context.Context {
 	st := connStateOf(conn)
 	if st == nil {
 		return inner(ctx, false) // no frame to parent to, but the statement span stays
@@ -41,7 +41,7 @@ func (t *Tracer) startQuery(ctx context.Context, conn *pgx.Conn, set evidence.Se
 // endQuery is the body of every End hook: it pops what startQuery pushed, lets the inner
 // tracer end its span (inner, told whether the query is folded), and judges the query. An
 // End without its Start has nothing to judge.
-func (t *Tracer) endQuery(ctx context.Context, conn *pgx.Conn, tag pgconn.CommandTag, err error, inner func(context.Context, bool)) {
+func (t *core) endQuery(ctx context.Context, conn *pgx.Conn, tag pgconn.CommandTag, err error, inner func(context.Context, bool)) {
 	st := connStateOf(conn)
 	var q queryState
 	started := false
@@ -65,7 +65,7 @@ func (t *Tracer) endQuery(ctx context.Context, conn *pgx.Conn, tag pgconn.Comman
 		}
 		t.afterQuery(ctx, conn, st, &q, tag, err)
 		if answering {
-			q.frame.unanswered(&q)
+			q.frame.unanswered(q.savepoint)
 		}
 	}
 }
@@ -74,7 +74,7 @@ func (t *Tracer) endQuery(ctx context.Context, conn *pgx.Conn, tag pgconn.Comman
 // tracer. A call made while another is in flight on the same connection — pgx's implicit
 // prepare inside a query — is part of that one: it neither moves the phase nor re-parents
 // what the inner tracer starts to the frame.
-func (t *Tracer) enter(ctx context.Context, conn *pgx.Conn, st *connState, set evidence.Set, sql string) (context.Context, queryState) {
+func (t *core) enter(ctx context.Context, conn *pgx.Conn, st *connState, set evidence.Set, sql string) (context.Context, queryState) {
 	if len(st.queries) > 0 {
 		return ctx, queryState{set: set, frame: st.queries[len(st.queries)-1].frame, nested: true}
 	}
@@ -90,7 +90,7 @@ func (t *Tracer) enter(ctx context.Context, conn *pgx.Conn, st *connState, set e
 // or ask for one for a BEGIN; a statement that may write is recorded (and may carry the
 // xid read), and a COMMIT marks committing before it is handed over (with what commit
 // references its write carries). It returns the frame the query runs in, or nil.
-func (t *Tracer) beforeQuery(ctx context.Context, conn *pgx.Conn, st *connState, set evidence.Set, sql string) *frame {
+func (t *core) beforeQuery(ctx context.Context, conn *pgx.Conn, st *connState, set evidence.Set, sql string) *frame {
 	pg := conn.PgConn()
 	idle := pg.TxStatus() == 'I'
 	// A busy connection (a result the application has not read) refuses the statement
@@ -124,7 +124,7 @@ func (t *Tracer) beforeQuery(ctx context.Context, conn *pgx.Conn, st *connState,
 // afterQuery runs after a query made in ctx completed, when the connection's transaction
 // status is known again: what the library's additions brought is collected, the failure
 // judged for the span's status, and the evidence fed the query's end.
-func (t *Tracer) afterQuery(ctx context.Context, conn *pgx.Conn, st *connState, q *queryState, tag pgconn.CommandTag, err error) {
+func (t *core) afterQuery(ctx context.Context, conn *pgx.Conn, st *connState, q *queryState, tag pgconn.CommandTag, err error) {
 	pg := conn.PgConn()
 	closed := pg.IsClosed()
 	status := pg.TxStatus()
@@ -136,7 +136,7 @@ func (t *Tracer) afterQuery(ctx context.Context, conn *pgx.Conn, st *connState, 
 		err = q.batch.err
 	}
 	if open {
-		f.judgeErr(ctx, err)
+		f.judgeErr(&t.cfg, ctx, err)
 	}
 	r := st.ev.After(f, evidence.Ended{Set: q.set, Err: err, InTx: inTx, Closed: closed,
 		RollbackTag: q.batch.rollbackTag || tag.String() == "ROLLBACK", CommitNotSent: st.commitNotSent(f)})
@@ -172,10 +172,11 @@ func callVerdict(v *Verdict, f *frame, q *queryState, err error, inTx bool) {
 	switch {
 	case !f.Open():
 		if v != f.asked {
-			v.frameEnded(f)
+			e := f.ending(f.Outcome())
+			v.frameEnded(&e)
 		}
 	case err == nil && inTx && (q.set.Has(evidence.Release) || q.set.Has(evidence.RollbackTo)) && !q.set.Has(evidence.Savepoint):
-		v.savepointEnded(f, q.set.Has(evidence.RollbackTo))
+		v.savepointEnded(f.id, q.set.Has(evidence.RollbackTo))
 	}
 }
 
@@ -188,7 +189,7 @@ func releasesRestart(set evidence.Set, sql string) bool {
 
 // abandon ends the frame open on st, whose transaction ended where no query showed it,
 // for reason: the connection was released mid-transaction, closed, or found idle.
-func (t *Tracer) abandon(st *connState, reason string) {
+func (t *core) abandon(st *connState, reason string) {
 	if f := st.frame(); f != nil {
 		f.record(st.ev.Abandon(reason))
 	}
@@ -196,7 +197,7 @@ func (t *Tracer) abandon(st *connState, reason string) {
 
 // classifyBatch returns what the queued queries of b do to the transaction, and the SQL
 // of the query that begins the frame (the one with BEGIN, else the first).
-func (t *Tracer) classifyBatch(b *pgx.Batch) (evidence.Set, string) {
+func (t *core) classifyBatch(b *pgx.Batch) (evidence.Set, string) {
 	var set evidence.Set
 	beginSQL := ""
 	if b != nil {

@@ -24,13 +24,13 @@ func refStatement(set evidence.Set, sql string, pg *pgconn.PgConn) reference.Sta
 
 // armCheck has the write of f's BEGIN (sql, of kinds set) carry the check of what f's
 // references need that the connection has not checked yet (reference.Conn.ArmCheck).
-func (t *Tracer) armCheck(st *connState, f *frame, pg *pgconn.PgConn, set evidence.Set, sql string) {
+func (t *core) armCheck(st *connState, f *frame, pg *pgconn.PgConn, set evidence.Set, sql string) {
 	t.referenceOff(st.refs.ArmCheck(f.commitRef.Refs, pg.ParameterStatus("server_version"), set.Single(), sql))
 }
 
 // collectAddition collects, after the query it was armed for, what became of the library's
 // addition (reference.Conn.Collect), for f, the query's frame, if any.
-func (t *Tracer) collectAddition(st *connState, f *frame) {
+func (t *core) collectAddition(st *connState, f *frame) {
 	var fr *reference.Frame
 	if f != nil {
 		fr = &f.commitRef
@@ -45,8 +45,8 @@ func (t *Tracer) collectAddition(st *connState, f *frame) {
 // referenceOff writes one record about the connection's references being off, if off
 // says they are: what it holds is the library's own (SQLSTATEs, the table name the
 // application configured), never user data.
-func (t *Tracer) referenceOff(off *reference.Off) {
+func (t *core) referenceOff(off *reference.Off) {
 	if off != nil {
-		t.logger().LogAttrs(context.Background(), slog.LevelWarn, "otelpgxtx: "+off.What, slog.String("reason", off.Why))
+		t.cfg.logger().LogAttrs(context.Background(), slog.LevelWarn, "otelpgxtx: "+off.What, slog.String("reason", off.Why))
 	}
 }

@@ -210,9 +210,3 @@ func (c *retryConfig) answer(ctx context.Context, ind outcome.Indeterminate[stru
 		pause = min(2*pause, time.Second)
 	}
 }
-
-// mayChange reports whether asking again later may answer otherwise: the transaction was
-// still in progress, or its synchronous standbys had not confirmed it.
-func mayChange(ans reconcile.Answer) bool {
-	return ans.Status() == reconcile.Unknown && (ans.Reason() == reconcile.ReasonInProgress || ans.Reason() == reconcile.ReasonNotReplicated)
-}

@@ -2,8 +2,6 @@ package otelpgxtx
 
 import (
 	"context"
-	"math/rand/v2"
-	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -11,14 +9,6 @@ import (
 	"github.com/txevidence/otelpgxtx/internal/pg"
 	"github.com/txevidence/otelpgxtx/outcome"
 )
-
-// DB is what [Run] and [Begin] begin transactions on: *pgxpool.Pool and *pgx.Conn are.
-// With a pool, Run acquires a connection itself, so that its Policy's commit references
-// reach the tracer of that connection; any other DB is used through BeginTx and Tx.Commit,
-// without references.
-type DB interface {
-	BeginTx(ctx context.Context, txOptions pgx.TxOptions) (pgx.Tx, error)
-}
 
 // Run runs fn in a transaction according to policy and returns how it ended, as one of
 // the five variants of [outcome.Result]. fn commits by returning a nil error and rolls
@@ -101,20 +91,6 @@ func checkSecondConnection(ctx context.Context, db DB, sc *scope) error {
 		}
 	}
 	return nil
-}
-
-// notStarted is the result of a call that began nothing: err is never nil here, and
-// not_started is a rollback phase, so the constructor cannot refuse it.
-func notStarted[T any](err error) outcome.Result[T] {
-	return determinateRollback[T](outcome.OperationID{}, outcome.PhaseNotStarted, err, false)
-}
-
-// determinateRollback is the result of a transaction rolled back for certain. Every
-// caller passes the error that ended it and a phase a rollback can be observed in, so
-// the constructor has nothing to refuse.
-func determinateRollback[T any](id outcome.OperationID, phase outcome.Phase, cause error, retryable bool) outcome.DeterminateRollback[T] {
-	r, _ := outcome.NewDeterminateRollback[T](id, phase, cause, retryable)
-	return r
 }
 
 // join runs fn as a participant of sc. Its failure dooms the owner's transaction, so
@@ -207,35 +183,4 @@ func runOwner[T any](ctx context.Context, db DB, p Policy, fn func(context.Conte
 			return res
 		}
 	}
-}
-
-// waitBackoff waits the backoff before attempt n+1, and reports false if ctx ended first.
-func waitBackoff(ctx context.Context, p Policy, n int) bool {
-	timer := time.NewTimer(backoff(p, n))
-	defer timer.Stop()
-	select {
-	case <-ctx.Done():
-		return false
-	case <-timer.C:
-		return true
-	}
-}
-
-// shouldRetry reports whether Run tries again after attempt n ended with res: only a
-// retryable rollback is, and only while attempts and the caller's time are left.
-func shouldRetry[T any](ctx context.Context, p Policy, res outcome.Result[T], n int) bool {
-	rb, ok := res.(outcome.DeterminateRollback[T])
-	return ok && rb.Retryable() && n < p.MaxAttempts && ctx.Err() == nil
-}
-
-// backoff draws the wait before attempt+1 uniformly from [0, min(max, base·2^(attempt-1))].
-func backoff(p Policy, attempt int) time.Duration {
-	d := p.BackoffBase << min(attempt-1, 30)
-	if d <= 0 || (p.BackoffMax > 0 && d > p.BackoffMax) {
-		d = p.BackoffMax
-	}
-	if d <= 0 {
-		return 0
-	}
-	return rand.N(d + 1)
 }

@@ -23,27 +23,7 @@ import (
 // span. It implements pgx.QueryTracer, pgx.BatchTracer, pgx.CopyFromTracer,
 // pgx.PrepareTracer, pgx.ConnectTracer, pgxpool.AcquireTracer and pgxpool.ReleaseTracer.
 type Tracer struct {
-	cfg     config
-	tracer  trace.Tracer
-	metrics *metrics
-	// auto reconciles indeterminate frames in the background (WithAutoReconcile), or is nil.
-	auto *autoReconciler
-	// pool records the connection-pool metrics (InstrumentPool), or is nil.
-	pool *poolMetrics
-	// sanitized holds, per SQL string, what the inner tracer is given of it.
-	sanitized sanitizer
-	// innerAsIs: the inner tracer is the application's, and is handed what pgx hands a
-	// tracer — SQL, errors, batches and statement names as they are — unless
-	// WithSanitizedInnerTracer asks otherwise; its spans get no attribute of ours.
-	innerAsIs bool
-
-	query   pgx.QueryTracer
-	batch   pgx.BatchTracer
-	copy    pgx.CopyFromTracer
-	prepare pgx.PrepareTracer
-	connect pgx.ConnectTracer
-	acquire pgxpool.AcquireTracer
-	release pgxpool.ReleaseTracer
+	core
 }
 
 var (
@@ -63,11 +43,11 @@ func newTracer(opts []Option) (*Tracer, error) {
 	if cfg.err == nil {
 		cfg.err = cfg.checkOmitSpans()
 	}
-	t := &Tracer{
+	t := &Tracer{core: core{
 		cfg:     cfg,
 		tracer:  cfg.tracerProvider.Tracer(ScopeName, trace.WithInstrumentationVersion(Version())),
 		metrics: newMetrics(cfg.meterProvider, cfg.meterAttributes),
-	}
+	}}
 	t.sanitized.raw = cfg.rawQueryText
 	t.innerAsIs = cfg.innerSet && cfg.inner != nil && !cfg.sanitizeInner
 	inner := cfg.inner
@@ -88,21 +68,9 @@ func newTracer(opts []Option) (*Tracer, error) {
 	}
 	t.setInner(inner)
 	if cfg.err == nil && cfg.auto != nil {
-		t.auto = newAutoReconciler(t, cfg.auto)
+		t.auto = newAutoReconciler(&t.cfg, cfg.auto)
 	}
 	return t, cfg.err
-}
-
-// setInner keeps each tracer interface inner implements, asserted once here rather than
-// in every hook.
-func (t *Tracer) setInner(inner pgx.QueryTracer) {
-	t.query = inner
-	t.batch, _ = inner.(pgx.BatchTracer)
-	t.copy, _ = inner.(pgx.CopyFromTracer)
-	t.prepare, _ = inner.(pgx.PrepareTracer)
-	t.connect, _ = inner.(pgx.ConnectTracer)
-	t.acquire, _ = inner.(pgxpool.AcquireTracer)
-	t.release, _ = inner.(pgxpool.ReleaseTracer)
 }
 
 // TraceQueryStart implements pgx.QueryTracer.
@@ -276,7 +244,7 @@ func (t *Tracer) TraceRelease(pool *pgxpool.Pool, data pgxpool.TraceReleaseData)
 
 // onNotice sees every notice before the user's handler: the "already committed
 // locally" warning is evidence for the frame in committing.
-func (t *Tracer) onNotice(pg *pgconn.PgConn, n *pgconn.Notice) {
+func (t *core) onNotice(pg *pgconn.PgConn, n *pgconn.Notice) {
 	if !classifier.CommittedLocallyNotice(n) {
 		return
 	}
@@ -291,7 +259,7 @@ func (t *Tracer) onNotice(pg *pgconn.PgConn, n *pgconn.Notice) {
 }
 
 // connClosing concludes the frame of a connection about to be closed.
-func (t *Tracer) connClosing(conn *pgx.Conn) {
+func (t *core) connClosing(conn *pgx.Conn) {
 	if st := connStateOf(conn); st != nil {
 		st.mu.Lock()
 		t.abandon(st, evidence.ReasonConnectionClosed)
@@ -303,7 +271,7 @@ func (t *Tracer) connClosing(conn *pgx.Conn) {
 // query is in flight on it: then the connection's user is inside
 // pgconn, will see the connection closed, and concludes the frame with what its query
 // observed. It may run on any goroutine; st.mu orders it with the user's hooks.
-func (t *Tracer) netConnClosed(st *connState) {
+func (t *core) netConnClosed(st *connState) {
 	st.mu.Lock()
 	defer st.mu.Unlock()
 	if len(st.queries) == 0 {

@@ -227,10 +227,9 @@ func (v *Verdict) began() {
 	v.mu.Unlock()
 }
 
-// frameEnded records the verdict of f, concluded. It runs under f's connection's lock,
-// on whichever goroutine concluded f.
-func (v *Verdict) frameEnded(f *frame) {
-	e := f.ending(f.Outcome())
+// frameEnded records the verdict of a concluded frame, of ending e. It runs under the
+// frame's connection's lock, on whichever goroutine concluded it.
+func (v *Verdict) frameEnded(e *ending) {
 	d := verdictData{set: true, outcome: e.outcome, id: e.id, committedLocally: e.committedLocally, reason: e.verdict.Reason()}
 	switch e.outcome {
 	case outcome.OutcomeIndeterminate:
@@ -275,12 +274,12 @@ func (v *Verdict) notStarted(err error) {
 		cause: err, reason: c.Reason()}
 }
 
-// savepointEnded records the verdict of a savepoint statement of f's transaction,
-// answered without error: released (Participating) or rolled back to.
-func (v *Verdict) savepointEnded(f *frame, rolledBack bool) {
+// savepointEnded records the verdict of a savepoint statement of the transaction of
+// operation id, answered without error: released (Participating) or rolled back to.
+func (v *Verdict) savepointEnded(id outcome.OperationID, rolledBack bool) {
 	v.mu.Lock()
 	defer v.mu.Unlock()
-	d := verdictData{set: true, open: v.d.open, outcome: outcome.OutcomeParticipating, id: f.id}
+	d := verdictData{set: true, open: v.d.open, outcome: outcome.OutcomeParticipating, id: id}
 	if rolledBack {
 		d.outcome, d.phase, d.cause = outcome.OutcomeRolledBack, outcome.PhaseActive, errSavepointRolledBack
 	}

@@ -1,0 +1,115 @@
+package pgtest
+
+import "net"
+
+// fault is the one-shot fault armed for the next message carrying COMMIT.
+type fault int
+
+const (
+	noFault fault = iota
+	cutAfterCommit
+	cutBeforeCommit
+	holdBeforeCommit
+)
+
+// CutAfterCommit arms a one-shot fault for the next message carrying COMMIT
+// on any connection: the proxy forwards that message and the rest of the
+// extended-protocol batch up to and including the next Sync (for a simple
+// Query, just the Query), so the server executes the COMMIT, then closes both
+// connections; no server byte sent after the COMMIT was seen reaches the
+// client. The client cannot tell whether it committed. The server may still
+// be finishing the COMMIT when the client sees the error: poll for the
+// outcome (e.g. XactStatus) rather than assume it.
+// Arming again before the fault fires replaces the armed fault.
+func (p *Proxy) CutAfterCommit() { p.arm(cutAfterCommit) }
+
+// CutBeforeCommit arms a one-shot fault for the next message carrying
+// COMMIT: the messages before it that the proxy already holds (in practice,
+// those sent in the same write) are forwarded, the COMMIT message and
+// everything after it are not, and both connections are closed. The server
+// then rolls the transaction back once it notices the lost connection.
+// Arming again before the fault fires replaces the armed fault.
+func (p *Proxy) CutBeforeCommit() { p.arm(cutBeforeCommit) }
+
+// HoldBeforeCommit arms a one-shot fault for the next message carrying COMMIT: as
+// CutBeforeCommit, but only the client's connection is closed. The server's stays open,
+// silent, until the proxy is closed or the server ends it: the server keeps the transaction
+// open, idle, as when
+// a partition or a host that died leaves it waiting for a client it has not noticed is
+// gone (with TCP keepalives off, for hours).
+func (p *Proxy) HoldBeforeCommit() { p.arm(holdBeforeCommit) }
+
+// arm sets the fault the next COMMIT a client sends triggers.
+func (p *Proxy) arm(f fault) {
+	p.mu.Lock()
+	p.armed = f
+	p.mu.Unlock()
+}
+
+// takeFault consumes the armed fault, so exactly one COMMIT sees it.
+func (p *Proxy) takeFault() fault {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	f := p.armed
+	p.armed = noFault
+	return f
+}
+
+// CutAll closes every live connection (both sides) now. Each connection it
+// closes counts as one cut.
+func (p *Proxy) CutAll() {
+	for _, pc := range p.live() {
+		pc.blocked.Store(true)
+		if pc.close() {
+			p.cuts.Add(1)
+		}
+	}
+}
+
+// ResetAll aborts every live connection now, as a firewall or load balancer that drops
+// a connection does: the client side with a TCP reset (SO_LINGER 0), so that the
+// client's next write fails without sending a byte; the server side with a close. Each
+// connection it aborts counts as one cut.
+func (p *Proxy) ResetAll() {
+	for _, pc := range p.live() {
+		pc.blocked.Store(true)
+		if tc, ok := pc.client.(*net.TCPConn); ok {
+			_ = tc.SetLinger(0)
+		}
+		if pc.close() {
+			p.cuts.Add(1)
+		}
+	}
+}
+
+// Cuts is the number of cuts performed: one per fired CutAfterCommit or
+// CutBeforeCommit, plus one per connection closed by CutAll.
+func (p *Proxy) Cuts() int64 { return p.cuts.Load() }
+
+// forwardTyped appends the typed message msg to out unless a COMMIT fault drops it, and
+// reports whether to cut the connection once out is forwarded.
+func (p *Proxy) forwardTyped(pc *proxyConn, out, msg []byte) ([]byte, bool) {
+	if pc.cutAtSync {
+		return append(out, msg...), msg[0] == 'S'
+	}
+	if pc.carriesCommit(msg) {
+		switch p.takeFault() {
+		case cutBeforeCommit:
+			pc.blocked.Store(true)
+			return out, true
+		case holdBeforeCommit:
+			pc.blocked.Store(true)
+			pc.hold = true
+			return out, true
+		case cutAfterCommit:
+			pc.blocked.Store(true)
+			out = append(out, msg...)
+			if msg[0] == 'Q' {
+				return out, true
+			}
+			pc.cutAtSync = true
+			return out, false
+		}
+	}
+	return append(out, msg...), false
+}

@@ -1,0 +1,45 @@
+package main
+
+import (
+	"fmt"
+	"strings"
+	"time"
+)
+
+// shortRef shortens a reconciliation reference for the picture: each long number of
+// it (the system identifier, the LSNs) keeps its first and last four digits.
+func shortRef(ref string) string {
+	prefix, rest, ok := strings.Cut(ref, ":")
+	if !ok {
+		prefix, rest = "", ref
+	} else {
+		prefix += ":"
+	}
+	parts := strings.Split(rest, "/")
+	for i, part := range parts {
+		if len(part) > 10 {
+			parts[i] = part[:4] + "…" + part[len(part)-4:]
+		}
+	}
+	return prefix + strings.Join(parts, "/")
+}
+
+// formatDuration writes d as Jaeger does: in the largest unit under which it is at least
+// one, with at most two decimals.
+func formatDuration(d time.Duration) string {
+	trim := func(v float64, unit string) string {
+		s := strings.TrimRight(strings.TrimRight(fmt.Sprintf("%.2f", v), "0"), ".")
+		return s + unit
+	}
+	switch {
+	case d == 0:
+		return "0µs"
+	case d < time.Microsecond:
+		return fmt.Sprintf("%dns", d.Nanoseconds())
+	case d < time.Millisecond:
+		return trim(float64(d)/float64(time.Microsecond), "µs")
+	case d < time.Second:
+		return trim(float64(d)/float64(time.Millisecond), "ms")
+	}
+	return trim(d.Seconds(), "s")
+}
