@@ -7,9 +7,12 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"go.opentelemetry.io/otel"
+	"go.opentelemetry.io/otel/codes"
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/txevidence/otelpgxtx/classifier"
+	"github.com/txevidence/otelpgxtx/internal/redact"
 	"github.com/txevidence/otelpgxtx/internal/schema"
 	"github.com/txevidence/otelpgxtx/outcome"
 )
@@ -36,9 +39,9 @@ func acquire(ctx context.Context, db DB) (heldConn, error) {
 	return heldConn{}, nil // any other DB: BeginTx, then Tx.Commit
 }
 
-// attempt is one physical transaction of Run: the connection it holds, the transaction
+// attemptTx is one physical transaction of Run: the connection it holds, the transaction
 // begun on it with opts, the scope fn runs in and fn's context, which carries the scope.
-type attempt struct {
+type attemptTx struct {
 	held heldConn
 	tx   pgx.Tx
 	sc   *scope
@@ -54,7 +57,7 @@ type runAlloc struct {
 }
 
 // release ends every handle of the attempt's transaction and gives its connection back.
-func (a *attempt) release() {
+func (a *attemptTx) release() {
 	a.sc.tx.end()
 	if a.held.release != nil {
 		a.held.release()
@@ -103,12 +106,12 @@ func postCommitFailure[T any](res outcome.Result[T]) error {
 // beginAttempt acquires a connection and begins attempt n's transaction on it. When
 // nothing could be begun it returns the not_started rollback instead. The attempt is a
 // value, so that Run allocates nothing for it.
-func beginAttempt[T any](ctx context.Context, db DB, p Policy, n int) (attempt, outcome.Result[T]) {
+func beginAttempt[T any](ctx context.Context, db DB, p Policy, n int) (attemptTx, outcome.Result[T]) {
 	opts := p.txOptions()
 	held, err := acquire(ctx, db)
 	if err != nil {
 		v := classifier.Classify(outcome.PhaseNotStarted, err, classifier.Facts{})
-		return attempt{}, determinateRollback[T](outcome.OperationID{}, outcome.PhaseNotStarted, err, v.Retryable())
+		return attemptTx{}, determinateRollback[T](outcome.OperationID{}, outcome.PhaseNotStarted, err, v.Retryable())
 	}
 	var tx pgx.Tx
 	if held.conn != nil {
@@ -131,7 +134,7 @@ func beginAttempt[T any](ctx context.Context, db DB, p Policy, n int) (attempt, 
 			held.release()
 		}
 		v := classifier.Classify(outcome.PhaseNotStarted, err, classifier.Facts{ConnClosed: closed})
-		return attempt{}, determinateRollback[T](outcome.OperationID{}, outcome.PhaseNotStarted, err, v.Retryable())
+		return attemptTx{}, determinateRollback[T](outcome.OperationID{}, outcome.PhaseNotStarted, err, v.Retryable())
 	}
 	alloc := &runAlloc{}
 	alloc.tx.tx = tx
@@ -139,18 +142,18 @@ func beginAttempt[T any](ctx context.Context, db DB, p Policy, n int) (attempt, 
 	sc := &alloc.sc
 	sc.pool, _ = db.(*pgxpool.Pool)
 	if f := sc.frame; f != nil {
-		f.managed, f.propagation, f.attempt = true, p.Propagation.String(), n
+		f.managed, f.propagation, f.attemptNo = true, p.Propagation.String(), n
 		sc.id = f.id
 	} else {
 		sc.id = outcome.NewOperationID()
 	}
 	alloc.ctx = runContext{Context: ctx, sc: sc}
-	return attempt{held: held, tx: tx, sc: sc, ctx: &alloc.ctx}, nil
+	return attemptTx{held: held, tx: tx, sc: sc, ctx: &alloc.ctx}, nil
 }
 
 // callFn runs fn in the attempt's transaction, with its scope and frame in the context.
 // A panic in fn rolls back, releases the connection and panics again.
-func callFn[T any](ctx context.Context, a *attempt, fn func(context.Context, pgx.Tx) (T, error)) (T, error) {
+func callFn[T any](ctx context.Context, a *attemptTx, fn func(context.Context, pgx.Tx) (T, error)) (T, error) {
 	sc := a.sc
 	var fctx context.Context = a.ctx
 	if f := sc.frame; f != nil {
@@ -159,7 +162,7 @@ func callFn[T any](ctx context.Context, a *attempt, fn func(context.Context, pgx
 	defer func() {
 		if pv := recover(); pv != nil {
 			cause := fmt.Errorf("otelpgxtx: panic in the transaction function: %v", pv)
-			rollback(ctx, sc, a.tx, cause)
+			rollbackAttempt(ctx, sc, a.tx, cause)
 			sc.takeHooks()
 			a.release()
 			panic(pv)
@@ -170,7 +173,7 @@ func callFn[T any](ctx context.Context, a *attempt, fn func(context.Context, pgx
 
 // endAttempt ends the transaction after fn returned err: it rolls back when fn failed, a
 // participant doomed the transaction or a result is unread, and commits otherwise.
-func endAttempt[T any](ctx context.Context, a *attempt, p Policy, value T, err error) outcome.Result[T] {
+func endAttempt[T any](ctx context.Context, a *attemptTx, p Policy, value T, err error) outcome.Result[T] {
 	sc, tx := a.sc, a.tx
 	if err == nil {
 		err = sc.rollbackCause()
@@ -181,7 +184,7 @@ func endAttempt[T any](ctx context.Context, a *attempt, p Policy, value T, err e
 		err = ErrUnreadResult
 	}
 	if err != nil {
-		v := rollback(ctx, sc, tx, err)
+		v := rollbackAttempt(ctx, sc, tx, err)
 		sc.takeHooks()
 		a.release()
 		if v.Evidence() == classifier.EvidenceUnknown {
@@ -191,7 +194,7 @@ func endAttempt[T any](ctx context.Context, a *attempt, p Policy, value T, err e
 		}
 		return determinateRollback[T](sc.id, outcome.PhaseActive, err, v.Retryable())
 	}
-	cr := commit(ctx, sc, tx)
+	cr := commitAttempt(ctx, sc, tx)
 	hooks := sc.takeHooks()
 	a.release()
 	return resultOfCommit(ctx, sc, cr, hooks, value)
@@ -229,9 +232,9 @@ func resultOfCommit[T any](ctx context.Context, sc *scope, cr commitOutcome, hoo
 	return determinateRollback[T](sc.id, outcome.PhaseCommitting, cause, v.Retryable())
 }
 
-// rollback ends the transaction after fn failed with cause, and returns the verdict:
+// rollbackAttempt ends the transaction after fn failed with cause, and returns the verdict:
 // the cause decides whether a retry can help.
-func rollback(ctx context.Context, sc *scope, tx pgx.Tx, cause error) classifier.Classification {
+func rollbackAttempt(ctx context.Context, sc *scope, tx pgx.Tx, cause error) classifier.Classification {
 	conn := tx.Conn()
 	closed := conn != nil && conn.IsClosed()
 	v := classifier.Classify(outcome.PhaseActive, cause, classifier.Facts{ConnClosed: closed})
@@ -249,7 +252,7 @@ func rollback(ctx context.Context, sc *scope, tx pgx.Tx, cause error) classifier
 		}
 		if f.Open() {
 			// The rollback never reached the tracer (the connection was gone).
-			f.conclude(stateOf(f.conn), f.FirstFailure())
+			concludeFrame(stateOf(f.conn), f, f.FirstFailure())
 		}
 		return f.Verdict()
 	}
@@ -264,10 +267,10 @@ type commitOutcome struct {
 	ref            *outcome.ReconciliationRef
 }
 
-// commit ends the transaction with pgx's own COMMIT, and returns the classification: the
+// commitAttempt ends the transaction with pgx's own COMMIT, and returns the classification: the
 // frame's, which has seen the server's notices and what the library's additions to the
 // writes brought (the reference), or else the classifier's on the error alone.
-func commit(ctx context.Context, sc *scope, tx pgx.Tx) commitOutcome {
+func commitAttempt(ctx context.Context, sc *scope, tx pgx.Tx) commitOutcome {
 	err := tx.Commit(ctx)
 	if f := sc.frame; f != nil && !f.Open() {
 		return commitOutcome{classification: f.Verdict(), err: err, ref: f.commitRef.Ref()}
@@ -291,4 +294,49 @@ func notStarted[T any](err error) outcome.Result[T] {
 func determinateRollback[T any](id outcome.OperationID, phase outcome.Phase, cause error, retryable bool) outcome.DeterminateRollback[T] {
 	r, _ := outcome.NewDeterminateRollback[T](id, phase, cause, retryable)
 	return r
+}
+
+// runHooks runs the post-commit hooks in a tx.post_commit span under the frame. A
+// failure (or a panic) in one does not stop the others and never undoes the commit.
+func runHooks(ctx context.Context, f *frame, hooks []func(context.Context) error) error {
+	if len(hooks) == 0 {
+		return nil
+	}
+	tracer := otel.GetTracerProvider().Tracer(ScopeName)
+	if f != nil {
+		tracer = f.t.tracer
+		ctx = f.withSpan(ctx)
+	}
+	ctx, span := tracer.Start(ctx, spanNamePostCommit)
+	defer span.End()
+	if f != nil && span.IsRecording() {
+		span.SetAttributes(OperationIDKey.String(f.id.String()))
+	}
+	var errs []error
+	for _, h := range hooks {
+		if err := runHook(ctx, h); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	err := errors.Join(errs...)
+	if len(errs) == 1 {
+		err = errs[0] // keep its type for exception.type
+	}
+	if err != nil {
+		// A hook's error is the application's own and may quote its data.
+		span.RecordError(redact.Error(err, f != nil && f.t.cfg.errorMessages))
+		span.SetStatus(codes.Error, "post-commit work failed")
+		return err
+	}
+	return nil
+}
+
+// runHook runs one hook, turning its panic into an error so that the others still run.
+func runHook(ctx context.Context, h func(context.Context) error) (err error) {
+	defer func() {
+		if p := recover(); p != nil {
+			err = fmt.Errorf("otelpgxtx: panic in a post-commit hook: %v", p)
+		}
+	}()
+	return h(ctx)
 }

@@ -35,55 +35,6 @@ type pendingOutcome struct {
 	waiter *awaited
 }
 
-// awaited is automatic reconciliation's answer for one frame, for [Retry] to wait for
-// rather than ask the database a second time: the last answer an attempt got, and the
-// final one, once done is closed.
-type awaited struct {
-	done chan struct{}
-	once sync.Once
-	mu   sync.Mutex
-	ans  reconcile.Answer
-	has  bool // ans is an attempt's answer (the final one once done is closed)
-}
-
-// newAwaited returns an answer not given yet.
-func newAwaited() *awaited { return &awaited{done: make(chan struct{})} }
-
-// attempted records the answer of an attempt that will be retried (in progress, not
-// replicated): what a Retry that stops waiting answers with.
-func (w *awaited) attempted(ans reconcile.Answer) {
-	if w == nil {
-		return
-	}
-	w.mu.Lock()
-	w.ans, w.has = ans, true
-	w.mu.Unlock()
-}
-
-// settled records the final answer.
-func (w *awaited) settled(ans reconcile.Answer) {
-	if w == nil {
-		return
-	}
-	w.once.Do(func() {
-		w.attempted(ans)
-		close(w.done)
-	})
-}
-
-// last returns the latest answer and whether it is final; ok is false while no attempt
-// has answered.
-func (w *awaited) last() (ans reconcile.Answer, final, ok bool) {
-	select {
-	case <-w.done:
-		final = true
-	default:
-	}
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	return w.ans, final, w.has
-}
-
 // autoReconciler is the tracer's background reconciliation: a bounded set of pending
 // outcomes and a fixed number of workers.
 type autoReconciler struct {
@@ -178,7 +129,7 @@ func (a *autoReconciler) work() {
 			return
 		}
 		if p != nil {
-			a.attempt(p)
+			a.ask(p)
 			continue
 		}
 		timer.Reset(wait) // since Go 1.23 no stale tick survives a Reset
@@ -220,9 +171,9 @@ func (a *autoReconciler) next() (p *pendingOutcome, wait time.Duration, closed b
 	return first, 0, false
 }
 
-// attempt asks the database once (polling an in-progress transaction within the
+// ask asks the database once (polling an in-progress transaction within the
 // reconcile wait); an answer that may still change is retried after a backoff.
-func (a *autoReconciler) attempt(p *pendingOutcome) {
+func (a *autoReconciler) ask(p *pendingOutcome) {
 	if p.final != nil {
 		a.settle(p, *p.final)
 		return
@@ -317,7 +268,7 @@ func (a *autoReconciler) close(ctx context.Context) error {
 		a.mu.Unlock()
 		for _, p := range left {
 			if p.final != nil || !p.hasRef {
-				a.attempt(p) // asks nothing
+				a.ask(p) // asks nothing
 			} else {
 				a.leave(p)
 			}

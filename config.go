@@ -575,3 +575,25 @@ type Reconciliation struct {
 func WithOnReconciled(fn func(Reconciliation)) AutoReconcileOption {
 	return autoOptionFunc(func(c *autoConfig) { c.onReconciled = fn })
 }
+
+// expectedErr reports whether err, a failure of a call made in ctx, is expected.
+func (c *config) expectedErr(ctx context.Context, err error) bool {
+	if err == nil {
+		return false
+	}
+	for _, fn := range c.expected {
+		if fn(ctx, err) {
+			return true
+		}
+	}
+	return false
+}
+
+// logger is where the library's records go: WithLogger's logger, else slog's default at
+// the time of the record (an application may set it after instrumenting).
+func (c *config) logger() *slog.Logger {
+	if l := c.log; l != nil {
+		return l
+	}
+	return slog.Default()
+}

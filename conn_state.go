@@ -2,7 +2,9 @@ package otelpgxtx
 
 import (
 	"context"
+	"reflect"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -112,6 +114,14 @@ func (st *connState) frame() *frame { return st.ev.Open() }
 // apply to PostgreSQL alone.
 func (st *connState) server() classifier.ServerKind { return st.ev.Server() }
 
+// poolState is what the pool metrics keep on the connection of conn, nil without state.
+func poolState(conn *pgx.Conn) *poolConnState {
+	if st := connStateOf(conn); st != nil {
+		return &st.pool
+	}
+	return nil
+}
+
 // markCommit marks the position before a COMMIT of f is handed over (see wire.Conn).
 func (st *connState) markCommit(f *frame) {
 	if st.nc != nil {
@@ -164,4 +174,43 @@ func (st *connState) top(ctx context.Context) *queryState {
 		return &st.queries[n-1]
 	}
 	return nil
+}
+
+// closeWatch is the tracer's side of a wrapped connection's close notice: it concludes
+// the frame open on the connection (see Tracer.netConnClosed), once the connection has
+// tracer state (stateOf stores it). Close may run on another goroutine than the
+// connection's user, hence atomic.
+type closeWatch struct {
+	closed func(*connState) // Tracer.netConnClosed
+	st     atomic.Pointer[connState]
+}
+
+// NetConnClosed concludes the frame open on the closed connection, if any.
+func (w *closeWatch) NetConnClosed() {
+	if st := w.st.Load(); st != nil {
+		w.closed(st)
+	}
+}
+
+// concludeFrame concludes f, on its connection st (nil when it has none), with v: the
+// executor's rollback that never reached the tracer.
+func concludeFrame(st *connState, f *frame, v classifier.Classification) {
+	if st == nil {
+		var c evidence.Conn[*frame]
+		f.record(c.Conclude(f, v))
+		return
+	}
+	f.record(st.ev.Conclude(f, v))
+}
+
+// sameContext reports whether a and b are one context. Only pointers are compared: ==
+// on two values of a non-comparable context type panics.
+func sameContext(a, b context.Context) bool {
+	return a != nil && reflect.TypeOf(a).Kind() == reflect.Pointer && a == b
+}
+
+// poolConnState is what the pool metrics keep on a connection, in its connState.
+type poolConnState struct {
+	seen       bool      // its pool is among the observed ones
+	acquiredAt time.Time // when it was last acquired; zero once released
 }

@@ -5,10 +5,10 @@ import (
 	"errors"
 	"time"
 
+	"github.com/exaring/otelpgx"
 	"github.com/jackc/pgx/v5/pgconn"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/trace"
-	"go.opentelemetry.io/otel/trace/noop"
 
 	"github.com/txevidence/otelpgxtx/internal/evidence"
 )
@@ -22,23 +22,6 @@ import (
 // what only its span had: its operation name, its duration and its SQLSTATE. The inner
 // tracer still gets both hooks of the statement, under a span that does not record, so
 // that otelpgx starts no span and records its metrics exactly as before.
-
-// statementAnswer is what the event of a statement without a span of its own carries
-// beyond the event's own attributes.
-type statementAnswer struct {
-	op       string        // db.operation.name, as the statement's span would have been named
-	took     time.Duration // from its Start hook to its End hook
-	sqlState string        // the server's SQLSTATE when it failed with one
-}
-
-// attrs appends the answer's attributes to attrs.
-func (a *statementAnswer) attrs(attrs []attribute.KeyValue) []attribute.KeyValue {
-	attrs = append(attrs, dbOperationNameKey.String(a.op), statementDurationKey.Float64(a.took.Seconds()))
-	if a.sqlState != "" {
-		attrs = append(attrs, dbResponseStatusKey.String(a.sqlState))
-	}
-	return attrs
-}
 
 // answerOf returns the answer of a statement named op that started at start and ended
 // now with err.
@@ -82,20 +65,6 @@ func (t *core) foldsControl(q *queryState) bool {
 		t.folds(InnerSpanTransactionControl)
 }
 
-// frameStandIn takes the frame span's place in the context of a statement that is an
-// event of the frame: it does not record, so the inner tracer starts no span and ends
-// none, and it carries the frame's span context, so that the exemplars of otelpgx's
-// metrics for the statement name the frame span that holds its event.
-type frameStandIn struct {
-	noop.Span
-	sc trace.SpanContext
-	// in and out are standInCtx's last context and its answer.
-	in, out context.Context
-}
-
-// SpanContext returns the frame span's context.
-func (s *frameStandIn) SpanContext() trace.SpanContext { return s.sc }
-
 // standInCtx returns ctx with the frame's stand-in as its span. The context it makes is
 // kept for the context it was made from, which a transaction's BEGIN and COMMIT mostly
 // share (see innerStartCtx), and looked up first.
@@ -110,21 +79,6 @@ func (p *frameFolding) standInCtx(ctx context.Context) context.Context {
 // the frame that answers a statement carries it (see frame.event).
 func (p *frameFolding) answered(a statementAnswer) {
 	p.answer, p.answering = a, true
-}
-
-// event adds the event name with attrs to the frame's span, and the answer of the
-// statement that caused it, if one is waiting for its event (see answered).
-func (f *frameSpan) event(name string, attrs ...attribute.KeyValue) {
-	if f.answering {
-		f.answering = false
-		// Built in the frame's own array: the SDK copies an event's attributes.
-		attrs = f.answer.attrs(append(f.eventAttrs[:0], attrs...))
-	}
-	if len(attrs) == 0 {
-		f.span.AddEvent(name)
-		return
-	}
-	f.span.AddEvent(name, trace.WithAttributes(attrs...))
 }
 
 // unanswered gives a statement that caused no event of its own — a BEGIN inside the
@@ -155,4 +109,34 @@ func (f *frame) savepointEvent(set evidence.Set, name string) {
 		return
 	}
 	f.event(savepointEvents[move], savepointNameKey.String(name), savepointDepthKey.Int(depth))
+}
+
+// An implicit prepare as an event of its statement's span (InnerSpanPrepare, folded by
+// default). pgx prepares a statement inside the query that runs it — the first time in its
+// default query mode, every time in QueryExecModeDescribeExec — and otelpgx makes that a
+// span named like the statement, under the statement's span: INSERT under INSERT. The
+// prepare is a step of the statement, so it is an eventPrepare event of the statement's
+// span, with its duration, its statement name and its SQLSTATE; otelpgx still gets both
+// hooks, under a span that does not record, and counts the prepare in its metrics as
+// before. An explicit prepare (Conn.Prepare) has no statement around it and stays a span.
+
+// foldsPrepare reports whether q, a prepare, is an implicit one whose statement's span
+// records (in ctx, the statement's context), to be recorded as an event of that span.
+func (t *core) foldsPrepare(ctx context.Context, q *queryState) bool {
+	return q.nested && t.folds(InnerSpanPrepare) && trace.SpanFromContext(ctx).IsRecording()
+}
+
+// prepareEvent adds the event of q, a folded prepare that ended with err, to the
+// statement's span in ctx (the context its Start hook returned: see innerPrepareStart).
+func prepareEvent(ctx context.Context, q *queryState, err error) {
+	a := answerOf("", q.start, err)
+	attrs := make([]attribute.KeyValue, 0, 3)
+	attrs = append(attrs, statementDurationKey.Float64(a.took.Seconds()))
+	if q.op != "" {
+		attrs = append(attrs, otelpgx.PrepareStmtNameKey.String(q.op))
+	}
+	if a.sqlState != "" {
+		attrs = append(attrs, dbResponseStatusKey.String(a.sqlState))
+	}
+	trace.SpanFromContext(ctx).AddEvent(eventPrepare, trace.WithAttributes(attrs...))
 }

@@ -7,7 +7,7 @@ import (
 )
 
 // core is the tracer's parts, which the hooks of [Tracer] (tracer.go) drive and every
-// layer below them uses: its configuration, the OpenTelemetry tracer of its frame spans,
+// layer below them uses: its configuration, the OpenTelemetry tracer of its transaction spans,
 // its outputs (metrics, automatic reconciliation, the pool metrics), the sanitizer of what
 // the inner tracer is given, and the inner tracer, by interface.
 type core struct {

@@ -38,5 +38,5 @@ type ending struct {
 	// What the frame was: its depth, what BEGIN said, what Run set.
 	depth                              int
 	isolation, accessMode, propagation string
-	attempt                            int
+	attemptNo                          int
 }

@@ -48,38 +48,3 @@ func (s expectedSpan) SetStatus(code codes.Code, description string) {
 // travels to the tracer the default otelpgx is given (expectedStatusTracer), which wraps
 // the span it starts.
 type expectedCtx struct{ context.Context }
-
-// expectedStatusProvider is the tracer provider of the default otelpgx inner tracer: its
-// tracers wrap the spans started in an expectedCtx. Any other start is the SDK's, as it is.
-type expectedStatusProvider struct{ trace.TracerProvider }
-
-// Tracer returns the provider's tracer, wrapped.
-func (p expectedStatusProvider) Tracer(name string, opts ...trace.TracerOption) trace.Tracer {
-	return expectedStatusTracer{p.TracerProvider.Tracer(name, opts...)}
-}
-
-type expectedStatusTracer struct{ trace.Tracer }
-
-// Start starts the span; in an expectedCtx (a type assertion, no lookup) it returns it
-// wrapped in expectedSpan.
-func (t expectedStatusTracer) Start(ctx context.Context, name string, opts ...trace.SpanStartOption) (context.Context, trace.Span) {
-	ctx2, span := t.Tracer.Start(ctx, name, opts...)
-	if _, ok := ctx.(expectedCtx); ok {
-		span = expectedSpan{span}
-		ctx2 = trace.ContextWithSpan(ctx2, span)
-	}
-	return ctx2, span
-}
-
-// expectedErr reports whether err, a failure of a call made in ctx, is expected.
-func (c *config) expectedErr(ctx context.Context, err error) bool {
-	if err == nil {
-		return false
-	}
-	for _, fn := range c.expected {
-		if fn(ctx, err) {
-			return true
-		}
-	}
-	return false
-}

@@ -5,11 +5,9 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"go.opentelemetry.io/otel/trace"
 
-	"github.com/txevidence/otelpgxtx/classifier"
 	"github.com/txevidence/otelpgxtx/internal/evidence"
 	"github.com/txevidence/otelpgxtx/internal/reference"
 	"github.com/txevidence/otelpgxtx/outcome"
@@ -53,45 +51,7 @@ func (f *frame) Evidence() *evidence.Frame { return &f.Frame }
 type frameExecutor struct {
 	managed     bool // the executor ends the frame, after post-commit work
 	propagation string
-	attempt     int
-}
-
-// startFrame begins a frame for a transaction that conn is beginning with the statement
-// begin ("" when none was seen), or that COMMIT AND CHAIN began after chained, whose
-// filter decision, span name and characteristics it keeps, in phase. Its span is a child
-// of the span in ctx; if ctx carries an open frame on another connection, that frame is
-// suspended and the new one is one level deeper.
-func (t *core) startFrame(ctx context.Context, conn *pgx.Conn, st *connState, phase outcome.Phase, begin string, chained *frame) *frame {
-	f := &frame{t: t, conn: conn.PgConn(), id: outcome.NewOperationID(), startedAt: time.Now()}
-	refs := st.refs.FrameRefs(t.cfg.references())
-	if chained != nil {
-		refs = chained.commitRef.Refs
-	}
-	f.commitRef.Init(refs, &f.Frame, f.id)
-	depth := 0
-	if outer := openFrameFromContext(ctx); outer != nil && outer.conn != f.conn {
-		f.parent, depth = outer, outer.Depth()+1
-	}
-	f.Init(depth)
-	var chainedSpan *frameSpan
-	if chained != nil {
-		chainedSpan = &chained.frameSpan
-	}
-	f.frameSpan.start(t, ctx, conn, &st.attrs, begin, chainedSpan)
-	if f.parent != nil {
-		f.parent.spanEvent(eventSuspended, f.id)
-	}
-	if phase != outcome.PhaseNotStarted {
-		f.transition(phase)
-	}
-	if chained != nil {
-		f.ChainedFrom(&chained.Frame)
-	}
-	if f.asked = verdictFrom(ctx); f.asked != nil {
-		f.asked.began()
-	}
-	st.ev.Started(f)
-	return f
+	attemptNo   int // the attempt of Run it is, from 1
 }
 
 // transition moves f to phase to and records its event.
@@ -139,17 +99,6 @@ func (f *frame) concluded(unsent bool) {
 	}
 }
 
-// conclude concludes f, on its connection st (nil when it has none), with v: the
-// executor's rollback that never reached the tracer.
-func (f *frame) conclude(st *connState, v classifier.Classification) {
-	if st == nil {
-		var c evidence.Conn[*frame]
-		f.record(c.Conclude(f, v))
-		return
-	}
-	f.record(st.ev.Conclude(f, v))
-}
-
 // chainCtx rebuilds the context f was begun in: the next frame of COMMIT AND CHAIN
 // begins in it, under the same parent span and suspended frame.
 func (f *frame) chainCtx() context.Context {
@@ -185,7 +134,7 @@ func (f *frame) ending(o outcome.Outcome) ending {
 		committedLocally: f.CommittedLocally(), firstCause: f.FirstCause(), cause: f.Cause(), endErr: f.EndErr(), ref: f.commitRef.Ref(),
 		startedAt: f.startedAt, committingAt: f.CommittingAt(), concludedAt: f.ConcludedAt(),
 		span: f.span.SpanContext(), parentSpan: f.parentSpan, recorded: !f.unrecorded, spanCtx: f.spanCtx, awaited: f.awaited,
-		depth: f.Depth(), isolation: f.Isolation(), accessMode: f.AccessMode(), propagation: f.propagation, attempt: f.attempt}
+		depth: f.Depth(), isolation: f.Isolation(), accessMode: f.AccessMode(), propagation: f.propagation, attemptNo: f.attemptNo}
 	e.at = e.concludedAt // the conclusion has just read the clock
 	if f.managed {
 		e.at = time.Now() // the executor ends the frame after its post-commit work

@@ -2,7 +2,6 @@ package otelpgxtx
 
 import (
 	"context"
-	"reflect"
 	"strings"
 
 	"github.com/jackc/pgx/v5"
@@ -233,12 +232,6 @@ func innerStartCtx(ctx context.Context, f *frame) context.Context {
 	}
 	f.framedIn, f.framedOut = ctx, trace.ContextWithSpan(ctx, f.span)
 	return f.framedOut
-}
-
-// sameContext reports whether a and b are one context. Only pointers are compared: ==
-// on two values of a non-comparable context type panics.
-func sameContext(a, b context.Context) bool {
-	return a != nil && reflect.TypeOf(a).Kind() == reflect.Pointer && a == b
 }
 
 // innerEndCtx hides f's span from an inner End hook that did not start a span of its own:

@@ -5,10 +5,12 @@ import (
 	"errors"
 	"net"
 
+	"github.com/exaring/otelpgx"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgconn/ctxwatch"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/txevidence/otelpgxtx/internal/wire"
 )
@@ -124,4 +126,63 @@ func mayUseTLS(cfg *pgconn.Config) bool {
 		}
 	}
 	return false
+}
+
+// newTracer builds the tracer and returns an invalid option's error, for the Instrument
+// functions to return rather than hand to otel.Handle.
+func newTracer(opts []Option) (*Tracer, error) {
+	cfg := newConfig(opts)
+	if cfg.err == nil {
+		cfg.err = cfg.checkOmitSpans()
+	}
+	t := &Tracer{core: core{
+		cfg:     cfg,
+		tracer:  cfg.tracerProvider.Tracer(ScopeName, trace.WithInstrumentationVersion(Version())),
+		metrics: newMetrics(cfg.meterProvider, cfg.meterAttributes),
+	}}
+	t.sanitized.raw = cfg.rawQueryText
+	t.innerAsIs = cfg.innerSet && cfg.inner != nil && !cfg.sanitizeInner
+	inner := cfg.inner
+	if !cfg.innerSet {
+		oo := []otelpgx.Option{
+			// Wrapped, so that a batch query failing with an expected error keeps its span's
+			// status Unset (see expectedCtx).
+			otelpgx.WithTracerProvider(expectedStatusProvider{cfg.tracerProvider}),
+			otelpgx.WithMeterProvider(cfg.meterProvider),
+			otelpgx.WithTracerAttributes(cfg.spanAttributes...),
+			otelpgx.WithMeterAttributes(cfg.meterAttributes...),
+			otelpgx.WithSpanNameCtxFunc(t.sanitized.operationName), // a user's own, passed after, wins
+		}
+		if cfg.noConnDetails {
+			oo = append(oo, otelpgx.WithDisableConnectionDetailsInAttributes())
+		}
+		inner = otelpgx.NewTracer(append(oo, cfg.otelpgxOptions...)...)
+	}
+	t.setInner(inner)
+	if cfg.err == nil && cfg.auto != nil {
+		t.auto = newAutoReconciler(&t.cfg, cfg.auto)
+	}
+	return t, cfg.err
+}
+
+// expectedStatusProvider is the tracer provider of the default otelpgx inner tracer: its
+// tracers wrap the spans started in an expectedCtx. Any other start is the SDK's, as it is.
+type expectedStatusProvider struct{ trace.TracerProvider }
+
+// Tracer returns the provider's tracer, wrapped.
+func (p expectedStatusProvider) Tracer(name string, opts ...trace.TracerOption) trace.Tracer {
+	return expectedStatusTracer{p.TracerProvider.Tracer(name, opts...)}
+}
+
+type expectedStatusTracer struct{ trace.Tracer }
+
+// Start starts the span; in an expectedCtx (a type assertion, no lookup) it returns it
+// wrapped in expectedSpan.
+func (t expectedStatusTracer) Start(ctx context.Context, name string, opts ...trace.SpanStartOption) (context.Context, trace.Span) {
+	ctx2, span := t.Tracer.Start(ctx, name, opts...)
+	if _, ok := ctx.(expectedCtx); ok {
+		span = expectedSpan{span}
+		ctx2 = trace.ContextWithSpan(ctx2, span)
+	}
+	return ctx2, span
 }

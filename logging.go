@@ -5,15 +5,6 @@ import (
 	"log/slog"
 )
 
-// logger is where the library's records go: WithLogger's logger, else slog's default at
-// the time of the record (an application may set it after instrumenting).
-func (c *config) logger() *slog.Logger {
-	if l := c.log; l != nil {
-		return l
-	}
-	return slog.Default()
-}
-
 // logIndeterminate writes one record per indeterminate frame, ended e, so that an
 // unknown commit survives trace sampling: the operation id and reference are what
 // reconciliation needs.

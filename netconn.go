@@ -2,7 +2,6 @@ package otelpgxtx
 
 import (
 	"net"
-	"sync/atomic"
 
 	"github.com/txevidence/otelpgxtx/internal/wire"
 )
@@ -13,21 +12,5 @@ import (
 // options: commit references need them, and a Policy of Run's may ask for references on
 // any connection.
 func newNetConn(conn net.Conn, t *Tracer) *wire.Conn {
-	return wire.NewConn(conn, &closeWatch{t: t}, true)
-}
-
-// closeWatch is the tracer's side of a wrapped connection's close notice: it concludes
-// the frame open on the connection (see Tracer.netConnClosed), once the connection has
-// tracer state (stateOf stores it). Close may run on another goroutine than the
-// connection's user, hence atomic.
-type closeWatch struct {
-	t  *Tracer
-	st atomic.Pointer[connState]
-}
-
-// NetConnClosed concludes the frame open on the closed connection, if any.
-func (w *closeWatch) NetConnClosed() {
-	if st := w.st.Load(); st != nil {
-		w.t.netConnClosed(st)
-	}
+	return wire.NewConn(conn, &closeWatch{closed: t.netConnClosed}, true)
 }

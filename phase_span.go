@@ -4,11 +4,13 @@ import (
 	"context"
 	"strconv"
 	"sync"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/codes"
 	"go.opentelemetry.io/otel/trace"
+	"go.opentelemetry.io/otel/trace/noop"
 
 	"github.com/txevidence/otelpgxtx/outcome"
 )
@@ -191,8 +193,8 @@ func (f *frameSpan) outcomeAttrs(e *ending, cfg *config, attrs []attribute.KeyVa
 	if e.propagation != "" {
 		attrs = append(attrs, PropagationKey.String(e.propagation))
 	}
-	if e.attempt > 0 {
-		attrs = append(attrs, AttemptKey.Int(e.attempt))
+	if e.attemptNo > 0 {
+		attrs = append(attrs, AttemptKey.Int(e.attemptNo))
 	}
 	if e.ref != nil {
 		attrs = append(attrs, ReconciliationRefKey.String(e.ref.String()))
@@ -242,4 +244,50 @@ func (s *frameSpan) judgeErr(cfg *config, ctx context.Context, err error) {
 	if err != nil && !s.errJudged {
 		s.errJudged, s.errExpected = true, cfg.expectedErr(ctx, err)
 	}
+}
+
+// statementAnswer is what the event of a statement without a span of its own carries
+// beyond the event's own attributes.
+type statementAnswer struct {
+	op       string        // db.operation.name, as the statement's span would have been named
+	took     time.Duration // from its Start hook to its End hook
+	sqlState string        // the server's SQLSTATE when it failed with one
+}
+
+// attrs appends the answer's attributes to attrs.
+func (a *statementAnswer) attrs(attrs []attribute.KeyValue) []attribute.KeyValue {
+	attrs = append(attrs, dbOperationNameKey.String(a.op), statementDurationKey.Float64(a.took.Seconds()))
+	if a.sqlState != "" {
+		attrs = append(attrs, dbResponseStatusKey.String(a.sqlState))
+	}
+	return attrs
+}
+
+// frameStandIn takes the frame span's place in the context of a statement that is an
+// event of the frame: it does not record, so the inner tracer starts no span and ends
+// none, and it carries the frame's span context, so that the exemplars of otelpgx's
+// metrics for the statement name the frame span that holds its event.
+type frameStandIn struct {
+	noop.Span
+	sc trace.SpanContext
+	// in and out are standInCtx's last context and its answer.
+	in, out context.Context
+}
+
+// SpanContext returns the frame span's context.
+func (s *frameStandIn) SpanContext() trace.SpanContext { return s.sc }
+
+// event adds the event name with attrs to the frame's span, and the answer of the
+// statement that caused it, if one is waiting for its event (see answered).
+func (f *frameSpan) event(name string, attrs ...attribute.KeyValue) {
+	if f.answering {
+		f.answering = false
+		// Built in the frame's own array: the SDK copies an event's attributes.
+		attrs = f.answer.attrs(append(f.eventAttrs[:0], attrs...))
+	}
+	if len(attrs) == 0 {
+		f.span.AddEvent(name)
+		return
+	}
+	f.span.AddEvent(name, trace.WithAttributes(attrs...))
 }

@@ -170,9 +170,9 @@ func shouldRetry[T any](ctx context.Context, p Policy, res outcome.Result[T], n 
 	return ok && rb.Retryable() && n < p.MaxAttempts && ctx.Err() == nil
 }
 
-// backoff draws the wait before attempt+1 uniformly from [0, min(max, base·2^(attempt-1))].
-func backoff(p Policy, attempt int) time.Duration {
-	d := p.BackoffBase << min(attempt-1, 30)
+// backoff draws the wait before try n+1 uniformly from [0, min(max, base·2^(n-1))].
+func backoff(p Policy, n int) time.Duration {
+	d := p.BackoffBase << min(n-1, 30)
 	if d <= 0 || (p.BackoffMax > 0 && d > p.BackoffMax) {
 		d = p.BackoffMax
 	}

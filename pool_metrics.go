@@ -281,7 +281,7 @@ func (pm *poolMetrics) acquireStart(ctx context.Context) context.Context {
 
 // acquireEnd records an acquire of pool that ended with conn (nil when it failed with
 // err): its wait, or its timeout; and the start of the connection's use.
-func (pm *poolMetrics) acquireEnd(ctx context.Context, pool *pgxpool.Pool, st *connState, err error) {
+func (pm *poolMetrics) acquireEnd(ctx context.Context, pool *pgxpool.Pool, st *poolConnState, err error) {
 	if pm == nil {
 		return
 	}
@@ -296,21 +296,21 @@ func (pm *poolMetrics) acquireEnd(ctx context.Context, pool *pgxpool.Pool, st *c
 		pm.waitTime.Record(context.Background(), d.Seconds(), pm.recordOpts...)
 	}
 	if st != nil {
-		if !st.pool.seen && pool != nil {
-			st.pool.seen = true // a connection belongs to one pool: one lookup per connection
+		if !st.seen && pool != nil {
+			st.seen = true // a connection belongs to one pool: one lookup per connection
 			pm.seen(pool)
 		}
-		st.pool.acquiredAt = time.Now()
+		st.acquiredAt = time.Now()
 	}
 }
 
 // release records the use of a connection the pool gets back, in whatever state.
-func (pm *poolMetrics) release(st *connState) {
-	if pm == nil || st == nil || st.pool.acquiredAt.IsZero() {
+func (pm *poolMetrics) release(st *poolConnState) {
+	if pm == nil || st == nil || st.acquiredAt.IsZero() {
 		return // not acquired through the tracer's hooks (pgxpool's AcquireAllIdle)
 	}
-	pm.useTime.Record(context.Background(), time.Since(st.pool.acquiredAt).Seconds(), pm.recordOpts...)
-	st.pool.acquiredAt = time.Time{}
+	pm.useTime.Record(context.Background(), time.Since(st.acquiredAt).Seconds(), pm.recordOpts...)
+	st.acquiredAt = time.Time{}
 }
 
 // connectStart notes the start of a connect.
@@ -329,10 +329,4 @@ func (pm *poolMetrics) connectEnd(ctx context.Context, err error) {
 	if d, ok := since(ctx, startedConnect); ok {
 		pm.createTime.Record(context.Background(), d.Seconds(), pm.recordOpts...)
 	}
-}
-
-// poolConnState is what the pool metrics keep on a connection, in its connState.
-type poolConnState struct {
-	seen       bool      // its pool is among the observed ones
-	acquiredAt time.Time // when it was last acquired; zero once released
 }

@@ -3,6 +3,7 @@ package otelpgxtx
 import (
 	"context"
 	"strings"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -210,4 +211,42 @@ func (t *core) classifyBatch(b *pgx.Batch) (evidence.Set, string) {
 		}
 	}
 	return evidence.Together(set), beginSQL
+}
+
+// startFrame begins a frame for a transaction that conn is beginning with the statement
+// begin ("" when none was seen), or that COMMIT AND CHAIN began after chained, whose
+// filter decision, span name and characteristics it keeps, in phase. Its span is a child
+// of the span in ctx; if ctx carries an open frame on another connection, that frame is
+// suspended and the new one is one level deeper.
+func (t *core) startFrame(ctx context.Context, conn *pgx.Conn, st *connState, phase outcome.Phase, begin string, chained *frame) *frame {
+	f := &frame{t: t, conn: conn.PgConn(), id: outcome.NewOperationID(), startedAt: time.Now()}
+	refs := st.refs.FrameRefs(t.cfg.references())
+	if chained != nil {
+		refs = chained.commitRef.Refs
+	}
+	f.commitRef.Init(refs, &f.Frame, f.id)
+	depth := 0
+	if outer := openFrameFromContext(ctx); outer != nil && outer.conn != f.conn {
+		f.parent, depth = outer, outer.Depth()+1
+	}
+	f.Init(depth)
+	var chainedSpan *frameSpan
+	if chained != nil {
+		chainedSpan = &chained.frameSpan
+	}
+	f.frameSpan.start(t, ctx, conn, &st.attrs, begin, chainedSpan)
+	if f.parent != nil {
+		f.parent.spanEvent(eventSuspended, f.id)
+	}
+	if phase != outcome.PhaseNotStarted {
+		f.transition(phase)
+	}
+	if chained != nil {
+		f.ChainedFrom(&chained.Frame)
+	}
+	if f.asked = verdictFrom(ctx); f.asked != nil {
+		f.asked.began()
+	}
+	st.ev.Started(f)
+	return f
 }

@@ -3,11 +3,9 @@ package otelpgxtx
 import (
 	"context"
 
-	"github.com/exaring/otelpgx"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
-	"go.opentelemetry.io/otel/trace"
 
 	"github.com/txevidence/otelpgxtx/classifier"
 	"github.com/txevidence/otelpgxtx/internal/evidence"
@@ -36,64 +34,27 @@ var (
 	_ pgxpool.ReleaseTracer = (*Tracer)(nil)
 )
 
-// newTracer builds the tracer and returns an invalid option's error, for the Instrument
-// functions to return rather than hand to otel.Handle.
-func newTracer(opts []Option) (*Tracer, error) {
-	cfg := newConfig(opts)
-	if cfg.err == nil {
-		cfg.err = cfg.checkOmitSpans()
-	}
-	t := &Tracer{core: core{
-		cfg:     cfg,
-		tracer:  cfg.tracerProvider.Tracer(ScopeName, trace.WithInstrumentationVersion(Version())),
-		metrics: newMetrics(cfg.meterProvider, cfg.meterAttributes),
-	}}
-	t.sanitized.raw = cfg.rawQueryText
-	t.innerAsIs = cfg.innerSet && cfg.inner != nil && !cfg.sanitizeInner
-	inner := cfg.inner
-	if !cfg.innerSet {
-		oo := []otelpgx.Option{
-			// Wrapped, so that a batch query failing with an expected error keeps its span's
-			// status Unset (see expectedCtx).
-			otelpgx.WithTracerProvider(expectedStatusProvider{cfg.tracerProvider}),
-			otelpgx.WithMeterProvider(cfg.meterProvider),
-			otelpgx.WithTracerAttributes(cfg.spanAttributes...),
-			otelpgx.WithMeterAttributes(cfg.meterAttributes...),
-			otelpgx.WithSpanNameCtxFunc(t.sanitized.operationName), // a user's own, passed after, wins
-		}
-		if cfg.noConnDetails {
-			oo = append(oo, otelpgx.WithDisableConnectionDetailsInAttributes())
-		}
-		inner = otelpgx.NewTracer(append(oo, cfg.otelpgxOptions...)...)
-	}
-	t.setInner(inner)
-	if cfg.err == nil && cfg.auto != nil {
-		t.auto = newAutoReconciler(&t.cfg, cfg.auto)
-	}
-	return t, cfg.err
-}
-
 // TraceQueryStart implements pgx.QueryTracer.
 func (t *Tracer) TraceQueryStart(ctx context.Context, conn *pgx.Conn, data pgx.TraceQueryStartData) context.Context {
 	s := t.sanitized.get(data.SQL) // one lookup for the statement's kinds and its text
-	return t.startQuery(ctx, conn, s.set, data.SQL, foldControl, s.op, func(ctx context.Context, _ bool) context.Context {
-		return t.innerQueryStart(ctx, conn, data, s)
+	return t.core.startQuery(ctx, conn, s.set, data.SQL, foldControl, s.op, func(ctx context.Context, _ bool) context.Context {
+		return t.core.innerQueryStart(ctx, conn, data, s)
 	})
 }
 
 // TraceQueryEnd implements pgx.QueryTracer.
 func (t *Tracer) TraceQueryEnd(ctx context.Context, conn *pgx.Conn, data pgx.TraceQueryEndData) {
-	t.endQuery(ctx, conn, data.CommandTag, data.Err, func(ctx context.Context, _ bool) {
-		t.innerQueryEnd(ctx, conn, data)
+	t.core.endQuery(ctx, conn, data.CommandTag, data.Err, func(ctx context.Context, _ bool) {
+		t.core.innerQueryEnd(ctx, conn, data)
 	})
 }
 
 // TraceBatchStart implements pgx.BatchTracer. A batch is handed to the driver whole, so
 // a COMMIT anywhere in it marks committing before anything is sent.
 func (t *Tracer) TraceBatchStart(ctx context.Context, conn *pgx.Conn, data pgx.TraceBatchStartData) context.Context {
-	set, beginSQL := t.classifyBatch(data.Batch)
-	return t.startQuery(ctx, conn, set, beginSQL, foldNone, "", func(ctx context.Context, _ bool) context.Context {
-		return t.innerBatchStart(ctx, conn, data)
+	set, beginSQL := t.core.classifyBatch(data.Batch)
+	return t.core.startQuery(ctx, conn, set, beginSQL, foldNone, "", func(ctx context.Context, _ bool) context.Context {
+		return t.core.innerBatchStart(ctx, conn, data)
 	})
 }
 
@@ -112,43 +73,43 @@ func (t *Tracer) TraceBatchQuery(ctx context.Context, conn *pgx.Conn, data pgx.T
 		}
 		st.mu.Unlock()
 	}
-	t.innerBatchQuery(ctx, conn, data)
+	t.core.innerBatchQuery(ctx, conn, data)
 }
 
 // TraceBatchEnd implements pgx.BatchTracer.
 func (t *Tracer) TraceBatchEnd(ctx context.Context, conn *pgx.Conn, data pgx.TraceBatchEndData) {
-	t.endQuery(ctx, conn, pgconn.CommandTag{}, data.Err, func(ctx context.Context, _ bool) {
-		t.innerBatchEnd(ctx, conn, data)
+	t.core.endQuery(ctx, conn, pgconn.CommandTag{}, data.Err, func(ctx context.Context, _ bool) {
+		t.core.innerBatchEnd(ctx, conn, data)
 	})
 }
 
 // TraceCopyFromStart implements pgx.CopyFromTracer.
 func (t *Tracer) TraceCopyFromStart(ctx context.Context, conn *pgx.Conn, data pgx.TraceCopyFromStartData) context.Context {
-	return t.startQuery(ctx, conn, evidence.OtherSet, "", foldNone, "", func(ctx context.Context, _ bool) context.Context {
-		return t.innerCopyFromStart(ctx, conn, data)
+	return t.core.startQuery(ctx, conn, evidence.OtherSet, "", foldNone, "", func(ctx context.Context, _ bool) context.Context {
+		return t.core.innerCopyFromStart(ctx, conn, data)
 	})
 }
 
 // TraceCopyFromEnd implements pgx.CopyFromTracer.
 func (t *Tracer) TraceCopyFromEnd(ctx context.Context, conn *pgx.Conn, data pgx.TraceCopyFromEndData) {
-	t.endQuery(ctx, conn, data.CommandTag, data.Err, func(ctx context.Context, _ bool) {
-		t.innerCopyFromEnd(ctx, conn, data)
+	t.core.endQuery(ctx, conn, data.CommandTag, data.Err, func(ctx context.Context, _ bool) {
+		t.core.innerCopyFromEnd(ctx, conn, data)
 	})
 }
 
 // TracePrepareStart implements pgx.PrepareTracer. Preparing a statement runs nothing: it
 // neither begins nor commits.
 func (t *Tracer) TracePrepareStart(ctx context.Context, conn *pgx.Conn, data pgx.TracePrepareStartData) context.Context {
-	data.Name = t.innerStmtName(data.Name)
-	return t.startQuery(ctx, conn, evidence.OtherSet, "", foldPrepare, data.Name, func(ctx context.Context, folded bool) context.Context {
-		return t.innerPrepareStart(ctx, conn, data, folded)
+	data.Name = t.core.innerStmtName(data.Name)
+	return t.core.startQuery(ctx, conn, evidence.OtherSet, "", foldPrepare, data.Name, func(ctx context.Context, folded bool) context.Context {
+		return t.core.innerPrepareStart(ctx, conn, data, folded)
 	})
 }
 
 // TracePrepareEnd implements pgx.PrepareTracer.
 func (t *Tracer) TracePrepareEnd(ctx context.Context, conn *pgx.Conn, data pgx.TracePrepareEndData) {
-	t.endQuery(ctx, conn, pgconn.CommandTag{}, data.Err, func(ctx context.Context, folded bool) {
-		t.innerPrepareEnd(ctx, conn, data, folded)
+	t.core.endQuery(ctx, conn, pgconn.CommandTag{}, data.Err, func(ctx context.Context, folded bool) {
+		t.core.innerPrepareEnd(ctx, conn, data, folded)
 	})
 }
 
@@ -156,7 +117,7 @@ func (t *Tracer) TracePrepareEnd(ctx context.Context, conn *pgx.Conn, data pgx.T
 func (t *Tracer) TraceConnectStart(ctx context.Context, data pgx.TraceConnectStartData) context.Context {
 	ctx = t.pool.connectStart(ctx)
 	if t.connect != nil {
-		return t.innerStart(InnerSpanConnect, ctx, func(ctx context.Context) context.Context {
+		return t.core.innerStart(InnerSpanConnect, ctx, func(ctx context.Context) context.Context {
 			return t.connect.TraceConnectStart(ctx, data)
 		})
 	}
@@ -168,8 +129,8 @@ func (t *Tracer) TraceConnectEnd(ctx context.Context, data pgx.TraceConnectEndDa
 	t.pool.connectEnd(ctx, data.Err)
 	notReached(ctx, data.Err)
 	if t.connect != nil {
-		ctx = t.innerEnd(InnerSpanConnect, ctx, data.Err)
-		data.Err = t.innerErr(data.Err)
+		ctx = t.core.innerEnd(InnerSpanConnect, ctx, data.Err)
+		data.Err = t.core.innerErr(data.Err)
 		t.connect.TraceConnectEnd(ctx, data)
 	}
 }
@@ -188,7 +149,7 @@ func notReached(ctx context.Context, err error) {
 func (t *Tracer) TraceAcquireStart(ctx context.Context, pool *pgxpool.Pool, data pgxpool.TraceAcquireStartData) context.Context {
 	ctx = t.pool.acquireStart(ctx)
 	if t.acquire != nil {
-		return t.innerStart(InnerSpanAcquire, ctx, func(ctx context.Context) context.Context {
+		return t.core.innerStart(InnerSpanAcquire, ctx, func(ctx context.Context) context.Context {
 			return t.acquire.TraceAcquireStart(ctx, pool, data)
 		})
 	}
@@ -203,16 +164,16 @@ func (t *Tracer) TraceAcquireEnd(ctx context.Context, pool *pgxpool.Pool, data p
 		if st := connStateOf(data.Conn); st != nil {
 			st.mu.Lock()
 			if st.frame() != nil && data.Conn.PgConn().TxStatus() == 'I' {
-				t.abandon(st, evidence.ReasonEndedUnobserved)
+				t.core.abandon(st, evidence.ReasonEndedUnobserved)
 			}
 			st.mu.Unlock()
 		}
 	}
-	t.pool.acquireEnd(ctx, pool, connStateOf(data.Conn), data.Err)
+	t.pool.acquireEnd(ctx, pool, poolState(data.Conn), data.Err)
 	notReached(ctx, data.Err)
 	if t.acquire != nil {
-		ctx = t.innerEnd(InnerSpanAcquire, ctx, data.Err)
-		data.Err = t.innerErr(data.Err)
+		ctx = t.core.innerEnd(InnerSpanAcquire, ctx, data.Err)
+		data.Err = t.core.innerErr(data.Err)
 		t.acquire.TraceAcquireEnd(ctx, pool, data)
 	}
 }
@@ -221,7 +182,7 @@ func (t *Tracer) TraceAcquireEnd(ctx context.Context, pool *pgxpool.Pool, data p
 // a transaction is destroyed by the pool, which rolls the transaction back; one released
 // idle or closed with a frame on it had its transaction end where no query showed it.
 func (t *Tracer) TraceRelease(pool *pgxpool.Pool, data pgxpool.TraceReleaseData) {
-	t.pool.release(connStateOf(data.Conn))
+	t.pool.release(poolState(data.Conn))
 	if data.Conn != nil {
 		if st := connStateOf(data.Conn); st != nil {
 			st.mu.Lock()
@@ -232,7 +193,7 @@ func (t *Tracer) TraceRelease(pool *pgxpool.Pool, data pgxpool.TraceReleaseData)
 				} else if pg.TxStatus() == 'I' {
 					reason = evidence.ReasonEndedUnobserved
 				}
-				t.abandon(st, reason)
+				t.core.abandon(st, reason)
 			}
 			st.mu.Unlock()
 		}

@@ -1,0 +1,56 @@
+package otelpgxtx
+
+import (
+	"sync"
+
+	"github.com/txevidence/otelpgxtx/reconcile"
+)
+
+// awaited is automatic reconciliation's answer for one frame, for [Retry] to wait for
+// rather than ask the database a second time: the last answer an attempt got, and the
+// final one, once done is closed.
+type awaited struct {
+	done chan struct{}
+	once sync.Once
+	mu   sync.Mutex
+	ans  reconcile.Answer
+	has  bool // ans is an attempt's answer (the final one once done is closed)
+}
+
+// newAwaited returns an answer not given yet.
+func newAwaited() *awaited { return &awaited{done: make(chan struct{})} }
+
+// attempted records the answer of an attempt that will be retried (in progress, not
+// replicated): what a Retry that stops waiting answers with.
+func (w *awaited) attempted(ans reconcile.Answer) {
+	if w == nil {
+		return
+	}
+	w.mu.Lock()
+	w.ans, w.has = ans, true
+	w.mu.Unlock()
+}
+
+// settled records the final answer.
+func (w *awaited) settled(ans reconcile.Answer) {
+	if w == nil {
+		return
+	}
+	w.once.Do(func() {
+		w.attempted(ans)
+		close(w.done)
+	})
+}
+
+// last returns the latest answer and whether it is final; ok is false while no attempt
+// has answered.
+func (w *awaited) last() (ans reconcile.Answer, final, ok bool) {
+	select {
+	case <-w.done:
+		final = true
+	default:
+	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.ans, final, w.has
+}
