@@ -3,7 +3,6 @@ package otelpgxtx
 import (
 	"context"
 	"log/slog"
-	"time"
 
 	"github.com/exaring/otelpgx"
 	"github.com/jackc/pgx/v5"
@@ -12,10 +11,7 @@ import (
 	"go.opentelemetry.io/otel/metric"
 	"go.opentelemetry.io/otel/trace"
 
-	"github.com/txevidence/otelpgxtx/internal/markertable"
 	"github.com/txevidence/otelpgxtx/internal/reference"
-	"github.com/txevidence/otelpgxtx/outcome"
-	"github.com/txevidence/otelpgxtx/reconcile"
 )
 
 // DefaultSpanName is the name of a frame span unless [WithSpanName] says otherwise;
@@ -284,70 +280,6 @@ func WithErrorMessages() Option {
 	return optionFunc(func(c *config) { c.errorMessages = true })
 }
 
-// references is what the commits of plain pgx frames carry (a Policy decides for Run's).
-func (c *config) references() reference.Refs {
-	return reference.Refs{Mode: c.reference, Marker: c.marker}
-}
-
-// WithCommitReference gives plain pgx and database/sql transactions — pool.Begin …
-// Commit, pgx.BeginFunc, BeginTx, stdlib, a raw begin … commit — the commit reference
-// [Run] gives its own (Policy.CommitReference), by the one mechanism both use: the xid
-// read (a fast-path call of pg_current_xact_id_if_assigned) is added after the
-// transaction's first statement that may write, in that statement's own write, so it
-// costs no round trip and the xid is on the client before COMMIT is written; its reply,
-// which follows the statement's, is taken out of the stream: pgconn reads exactly its own
-// replies. COMMIT then carries nothing of the library's. An indeterminate frame carries
-// tx.reconciliation.ref, for its log record, automatic reconciliation and the operator's
-// command — also when the connection was lost after COMMIT was written, or before it
-// reached the server.
-//
-// What it needs is checked once per connection, outside any transaction, ahead of the
-// first BEGIN in the same write (the cluster identity, and the privilege to call the
-// function): a check that fails turns it off for that connection, with one log record.
-// Only PostgreSQL servers get it. The read is added only after a lone statement that may
-// write and cannot wait for the client's data (not a SELECT, SHOW, SET, … nor COPY),
-// executed by a write that ends where the server answers and reads on (a Query, or the
-// extended protocol's Sync); where none was, it goes ahead of a lone simple-protocol
-// COMMIT, in its write, as before. Nothing is added to a read-only transaction, one that
-// wrote nothing the library saw, nor, with a context watcher that sends cancel requests
-// (pgconn's default sets a deadline instead), after a statement whose context can be
-// cancelled: a cancel sent for the statement could land on the read and abort the
-// transaction. docs/reconciliation.md ("Plain pgx and database/sql") says what it sends;
-// docs/performance.md what it costs.
-func WithCommitReference() Option {
-	return optionFunc(func(c *config) {
-		if c.reference == reference.None {
-			c.reference = reference.XID
-		}
-	})
-}
-
-// WithCommitMarker is [WithCommitReference] with a commit marker: in place of the xid
-// read, the call ahead of the application's COMMIT, in the same write, is the marker
-// function of table, schema and table (pgx.Identifier{"app", "tx_marker"}; an unqualified
-// name is refused; create both with reconcile.MarkerTableDDL), which inserts the frame's
-// operation id, so that the reference names a row that exists exactly when the
-// transaction committed, even after a crash restart or a failover, and is settled even
-// when no reply came. The function is called by its schema-qualified name (so that one
-// dropped and created again, by a migration or a restore, is found) and runs as its owner
-// (SECURITY DEFINER), so what the application's transaction does — SET ROLE,
-// search_path, row security — changes nothing of it, and it writes nothing in a read-only
-// transaction or one without writes,
-// which leave nothing durable to mark: a commit with the marker does and answers exactly
-// what it does without. The reference names the database and the table it wrote to. The
-// function is checked with the cluster identity; where it is missing or not callable by
-// every role, the connection's commits carry the xid read alone, with one log record.
-func WithCommitMarker(table pgx.Identifier) Option {
-	return optionFunc(func(c *config) {
-		name, err := markertable.Quote(table...)
-		if err != nil {
-			refuse(&c.err, invalid("WithCommitMarker: %w", err))
-			return
-		}
-		c.reference, c.marker = reference.Marker, name
-	})
-}
-
 // ---- Which failures are errors ---------------------------------------------------
 
 // WithExpectedErrors sets the functions that decide which failures are expected (see
@@ -457,125 +389,6 @@ func WithDisablePoolMetrics() Option {
 	return optionFunc(func(c *config) { c.noPoolMetrics = true })
 }
 
-// ---- Automatic reconciliation: WithAutoReconcile and its AutoReconcileOptions ----
-
-// AutoReconcileOption configures [WithAutoReconcile].
-type AutoReconcileOption interface {
-	applyAuto(*autoConfig)
-}
-
-// autoConfig is what the AutoReconcileOptions set; err is the first option refused.
-type autoConfig struct {
-	r                  *reconcile.Reconciler
-	queue, workers     int
-	retryMin, retryMax time.Duration
-	onReconciled       func(Reconciliation)
-	err                error
-}
-
-// refuse keeps err, a refused option value, in *first unless an earlier one was refused
-// there: the first is the one reported (config.err, autoConfig.err).
-func refuse(first *error, err error) {
-	if *first == nil {
-		*first = err
-	}
-}
-
-// autoOptionFunc is an AutoReconcileOption that sets one field of autoConfig.
-type autoOptionFunc func(*autoConfig)
-
-// applyAuto calls f.
-func (f autoOptionFunc) applyAuto(c *autoConfig) { f(c) }
-
-// WithAutoReconcile reconciles every indeterminate frame of the tracer — those of [Run]
-// and plain pgx transactions alike — in the background, asking r (give it a pool of its
-// own: it must not wait behind the application for a connection; its options — the wait
-// for a transaction still in progress, the tracer provider of its tx.reconcile spans —
-// are its own, see package reconcile). A frame without a reference (a plain pgx COMMIT
-// without [WithCommitReference], [Run] without Policy.CommitReference, or one whose xid
-// never arrived) has nothing to ask and ends unknown with reason no_reference at once.
-// The frame's goroutine only enqueues, without blocking: when the queue is full the frame
-// is counted unknown with reason queue_full. An attempt that cannot reach the database,
-// or finds the transaction still in progress after the reconciler's wait, is retried with
-// exponential backoff until it settles or the tracer is closed; each attempt is a
-// tx.reconcile span linked to the frame, in the frame's trace (a child of the span the
-// frame was begun under, or of the frame span when it was begun under none). The
-// workers start with the first indeterminate frame and run until [Tracer.Close]: close it
-// when the pool is done, or outcomes still pending are neither logged nor settled.
-func WithAutoReconcile(r *reconcile.Reconciler, opts ...AutoReconcileOption) Option {
-	return optionFunc(func(c *config) {
-		a := autoConfig{r: r, queue: 1024, workers: 2, retryMin: 100 * time.Millisecond, retryMax: 30 * time.Second}
-		if r == nil {
-			refuse(&a.err, invalid("WithAutoReconcile: nil reconciler (make one with reconcile.New)"))
-		}
-		for _, o := range opts {
-			if o != nil {
-				o.applyAuto(&a)
-			}
-		}
-		if a.err != nil {
-			refuse(&c.err, a.err)
-			return
-		}
-		c.auto = &a
-	})
-}
-
-// WithQueue bounds the outcomes waiting for reconciliation (1024 by default) and the
-// attempts made at once (2 by default).
-func WithQueue(size, workers int) AutoReconcileOption {
-	return autoOptionFunc(func(c *autoConfig) {
-		if size <= 0 || workers <= 0 {
-			refuse(&c.err, invalid("WithQueue: size and workers must be > 0, got %d, %d", size, workers))
-			return
-		}
-		c.queue, c.workers = size, workers
-	})
-}
-
-// WithRetryBackoff sets the delay before an attempt is retried: first, doubling up to
-// most; 100 ms and 30 s by default.
-func WithRetryBackoff(first, most time.Duration) AutoReconcileOption {
-	return autoOptionFunc(func(c *autoConfig) {
-		if first <= 0 || most < first {
-			refuse(&c.err, invalid("WithRetryBackoff: want 0 < first <= most, got %v, %v", first, most))
-			return
-		}
-		c.retryMin, c.retryMax = first, most
-	})
-}
-
-// Reconciliation is what automatic reconciliation ([WithAutoReconcile]) learned of one
-// indeterminate frame, handed to the [WithOnReconciled] callback exactly once per frame.
-type Reconciliation struct {
-	// OperationID is the frame's tx.operation_id.
-	OperationID outcome.OperationID
-	// Answer is the final answer: committed, aborted or no_writes, or unknown with its
-	// reason (including [reconcile.ReasonQueueFull] and [reconcile.ReasonStopped]).
-	Answer reconcile.Answer
-	// TraceParent names the frame span (W3C traceparent), "" when it had none.
-	TraceParent string
-	// IndeterminateAt is when the frame ended indeterminate.
-	IndeterminateAt time.Time
-	// Attempts is the number of tx.reconcile attempts made (0 when none was).
-	Attempts int
-	// CommittedLocally: the server had warned that the commit was already committed
-	// locally (its synchronous-replication wait was cancelled or ended): a committed
-	// answer then describes the server asked, and a failover to a standby that never
-	// received the commit can still lose it (the frame's tx.commit.committed_locally).
-	CommittedLocally bool
-}
-
-// WithOnReconciled registers fn to receive the final [Reconciliation] of every frame
-// given to automatic reconciliation, exactly once per frame: to resume follow-up work of
-// a commit that turned out committed, say. It runs on a reconciliation worker — for an
-// outcome pending at [Tracer.Close], on Close's goroutine; for a frame ending after Close,
-// on the goroutine that ended it — and should neither block for long, nor use the frame's
-// connection, nor call [Tracer.Close] (which waits for the workers).
-func WithOnReconciled(fn func(Reconciliation)) AutoReconcileOption {
-	return autoOptionFunc(func(c *autoConfig) { c.onReconciled = fn })
-}
-
 // expectedErr reports whether err, a failure of a call made in ctx, is expected.
 func (c *config) expectedErr(ctx context.Context, err error) bool {
 	if err == nil {
@@ -596,4 +409,12 @@ func (c *config) logger() *slog.Logger {
 		return l
 	}
 	return slog.Default()
+}
+
+// refuse keeps err, a refused option value, in *first unless an earlier one was refused
+// there: the first is the one reported (config.err, autoConfig.err).
+func refuse(first *error, err error) {
+	if *first == nil {
+		*first = err
+	}
 }

@@ -122,6 +122,16 @@ func poolState(conn *pgx.Conn) *poolConnState {
 	return nil
 }
 
+// madeStateOf is the tracer's state of conn if a hook made it already, else nil: for an
+// End hook, whose Start made it if it ran, and which has nothing to judge otherwise.
+func madeStateOf(conn *pgx.Conn) *connState {
+	if conn == nil {
+		return nil
+	}
+	st, _ := conn.PgConn().CustomData()[stateKey].(*connState)
+	return st
+}
+
 // markCommit marks the position before a COMMIT of f is handed over (see wire.Conn).
 func (st *connState) markCommit(f *frame) {
 	if st.nc != nil {

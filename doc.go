@@ -86,8 +86,9 @@
 // configures [WithAutoReconcile] (the queue, the retry backoff, the callback); a
 // [RetryOption] configures [Retry] (the reconciler, the wait); a reconcile.Option
 // configures a reconcile.Reconciler (the wait for a transaction still in progress, its
-// tracer provider, its error messages). The first two are declared in config.go beside
-// the config they set, the third in retry.go. A [Policy] configures one [Run] call. An option
+// tracer provider, its error messages). The tracer's are declared in config.go (the
+// commit references' in config_reference.go), automatic reconciliation's in
+// config_auto.go, Retry's in retry.go. A [Policy] configures one [Run] call. An option
 // value that is refused is an error wrapping [ErrInvalidArgument] that names the option.
 //
 // # Frames

@@ -43,7 +43,7 @@ func (t *core) startQuery(ctx context.Context, conn *pgx.Conn, set evidence.Set,
 // tracer end its span (inner, told whether the query is folded), and judges the query. An
 // End without its Start has nothing to judge.
 func (t *core) endQuery(ctx context.Context, conn *pgx.Conn, tag pgconn.CommandTag, err error, inner func(context.Context, bool)) {
-	st := connStateOf(conn)
+	st := madeStateOf(conn)
 	var q queryState
 	started := false
 	if st != nil {
@@ -132,7 +132,15 @@ func (t *core) afterQuery(ctx context.Context, conn *pgx.Conn, st *connState, q 
 	inTx := !closed && (status == 'T' || status == 'E')
 	f := q.frame
 	open := f != nil && f.Open() // the query's frame was going on: its end is judged
-	t.collectAddition(st, f)
+	var fr *reference.Frame
+	if f != nil {
+		fr = &f.commitRef
+	}
+	c := st.refs.Collect(fr, false) // what became of the library's addition, if any
+	t.referenceOff(c.Off)
+	if c.FatalBeforeCommit && f != nil {
+		f.FatalBeforeCommit() // the server answered the call ahead of COMMIT with a FATAL
+	}
 	if q.batch.err != nil && err == nil {
 		err = q.batch.err
 	}

@@ -28,20 +28,6 @@ func (t *core) armCheck(st *connState, f *frame, pg *pgconn.PgConn, set evidence
 	t.referenceOff(st.refs.ArmCheck(f.commitRef.Refs, pg.ParameterStatus("server_version"), set.Single(), sql))
 }
 
-// collectAddition collects, after the query it was armed for, what became of the library's
-// addition (reference.Conn.Collect), for f, the query's frame, if any.
-func (t *core) collectAddition(st *connState, f *frame) {
-	var fr *reference.Frame
-	if f != nil {
-		fr = &f.commitRef
-	}
-	c := st.refs.Collect(fr, false)
-	t.referenceOff(c.Off)
-	if c.FatalBeforeCommit && f != nil {
-		f.FatalBeforeCommit() // the server answered the call ahead of COMMIT with a FATAL
-	}
-}
-
 // referenceOff writes one record about the connection's references being off, if off
 // says they are: what it holds is the library's own (SQLSTATEs, the table name the
 // application configured), never user data.

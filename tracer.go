@@ -6,6 +6,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/txevidence/otelpgxtx/classifier"
 	"github.com/txevidence/otelpgxtx/internal/evidence"
@@ -259,4 +260,26 @@ func (t *Tracer) Close(ctx context.Context) error {
 		return nil
 	}
 	return t.auto.close(ctx)
+}
+
+// expectedStatusProvider is the tracer provider of the default otelpgx inner tracer: its
+// tracers wrap the spans started in an expectedCtx. Any other start is the SDK's, as it is.
+type expectedStatusProvider struct{ trace.TracerProvider }
+
+// Tracer returns the provider's tracer, wrapped.
+func (p expectedStatusProvider) Tracer(name string, opts ...trace.TracerOption) trace.Tracer {
+	return expectedStatusTracer{p.TracerProvider.Tracer(name, opts...)}
+}
+
+type expectedStatusTracer struct{ trace.Tracer }
+
+// Start starts the span; in an expectedCtx (a type assertion, no lookup) it returns it
+// wrapped in expectedSpan.
+func (t expectedStatusTracer) Start(ctx context.Context, name string, opts ...trace.SpanStartOption) (context.Context, trace.Span) {
+	ctx2, span := t.Tracer.Start(ctx, name, opts...)
+	if _, ok := ctx.(expectedCtx); ok {
+		span = expectedSpan{span}
+		ctx2 = trace.ContextWithSpan(ctx2, span)
+	}
+	return ctx2, span
 }

@@ -1,0 +1,120 @@
+package otelpgxtx
+
+import (
+	"time"
+
+	"github.com/txevidence/otelpgxtx/outcome"
+	"github.com/txevidence/otelpgxtx/reconcile"
+)
+
+// Automatic reconciliation's options: WithAutoReconcile, its AutoReconcileOptions, and
+// the Reconciliation its callback gets.
+
+// AutoReconcileOption configures [WithAutoReconcile].
+type AutoReconcileOption interface {
+	applyAuto(*autoConfig)
+}
+
+// autoConfig is what the AutoReconcileOptions set; err is the first option refused.
+type autoConfig struct {
+	r                  *reconcile.Reconciler
+	queue, workers     int
+	retryMin, retryMax time.Duration
+	onReconciled       func(Reconciliation)
+	err                error
+}
+
+// autoOptionFunc is an AutoReconcileOption that sets one field of autoConfig.
+type autoOptionFunc func(*autoConfig)
+
+// applyAuto calls f.
+func (f autoOptionFunc) applyAuto(c *autoConfig) { f(c) }
+
+// WithAutoReconcile reconciles every indeterminate frame of the tracer — those of [Run]
+// and plain pgx transactions alike — in the background, asking r (give it a pool of its
+// own: it must not wait behind the application for a connection; its options — the wait
+// for a transaction still in progress, the tracer provider of its tx.reconcile spans —
+// are its own, see package reconcile). A frame without a reference (a plain pgx COMMIT
+// without [WithCommitReference], [Run] without Policy.CommitReference, or one whose xid
+// never arrived) has nothing to ask and ends unknown with reason no_reference at once.
+// The frame's goroutine only enqueues, without blocking: when the queue is full the frame
+// is counted unknown with reason queue_full. An attempt that cannot reach the database,
+// or finds the transaction still in progress after the reconciler's wait, is retried with
+// exponential backoff until it settles or the tracer is closed; each attempt is a
+// tx.reconcile span linked to the frame, in the frame's trace (a child of the span the
+// frame was begun under, or of the frame span when it was begun under none). The
+// workers start with the first indeterminate frame and run until [Tracer.Close]: close it
+// when the pool is done, or outcomes still pending are neither logged nor settled.
+func WithAutoReconcile(r *reconcile.Reconciler, opts ...AutoReconcileOption) Option {
+	return optionFunc(func(c *config) {
+		a := autoConfig{r: r, queue: 1024, workers: 2, retryMin: 100 * time.Millisecond, retryMax: 30 * time.Second}
+		if r == nil {
+			refuse(&a.err, invalid("WithAutoReconcile: nil reconciler (make one with reconcile.New)"))
+		}
+		for _, o := range opts {
+			if o != nil {
+				o.applyAuto(&a)
+			}
+		}
+		if a.err != nil {
+			refuse(&c.err, a.err)
+			return
+		}
+		c.auto = &a
+	})
+}
+
+// WithQueue bounds the outcomes waiting for reconciliation (1024 by default) and the
+// attempts made at once (2 by default).
+func WithQueue(size, workers int) AutoReconcileOption {
+	return autoOptionFunc(func(c *autoConfig) {
+		if size <= 0 || workers <= 0 {
+			refuse(&c.err, invalid("WithQueue: size and workers must be > 0, got %d, %d", size, workers))
+			return
+		}
+		c.queue, c.workers = size, workers
+	})
+}
+
+// WithRetryBackoff sets the delay before an attempt is retried: first, doubling up to
+// most; 100 ms and 30 s by default.
+func WithRetryBackoff(first, most time.Duration) AutoReconcileOption {
+	return autoOptionFunc(func(c *autoConfig) {
+		if first <= 0 || most < first {
+			refuse(&c.err, invalid("WithRetryBackoff: want 0 < first <= most, got %v, %v", first, most))
+			return
+		}
+		c.retryMin, c.retryMax = first, most
+	})
+}
+
+// Reconciliation is what automatic reconciliation ([WithAutoReconcile]) learned of one
+// indeterminate frame, handed to the [WithOnReconciled] callback exactly once per frame.
+type Reconciliation struct {
+	// OperationID is the frame's tx.operation_id.
+	OperationID outcome.OperationID
+	// Answer is the final answer: committed, aborted or no_writes, or unknown with its
+	// reason (including [reconcile.ReasonQueueFull] and [reconcile.ReasonStopped]).
+	Answer reconcile.Answer
+	// TraceParent names the frame span (W3C traceparent), "" when it had none.
+	TraceParent string
+	// IndeterminateAt is when the frame ended indeterminate.
+	IndeterminateAt time.Time
+	// Attempts is the number of tx.reconcile attempts made (0 when none was).
+	Attempts int
+	// CommittedLocally: the server had warned that the commit was already committed
+	// locally (its synchronous-replication wait was cancelled or ended): a committed
+	// answer then describes the server asked, and a failover to a standby that never
+	// received the commit can still lose it (the frame's tx.commit.committed_locally).
+	CommittedLocally bool
+}
+
+// WithOnReconciled registers fn to receive the final [Reconciliation] of every frame
+// given to automatic reconciliation, exactly once per frame: to resume follow-up work of
+// a commit that turned out committed, say. It runs on a reconciliation worker — for an
+// outcome pending at [Tracer.Close], on Close's goroutine; for a frame ending after Close,
+// on the goroutine that ended it — and should neither block for long, nor use the frame's
+// connection, nor call [Tracer.Close] (which waits for the workers).
+func WithOnReconciled(fn func(Reconciliation)) AutoReconcileOption {
+	return autoOptionFunc(func(c *autoConfig) { c.onReconciled = fn })
+}
