@@ -246,13 +246,14 @@ func rollbackAttempt(ctx context.Context, sc *scope, tx pgx.Tx, cause error) cla
 	// changes nothing: a failed rollback closes the connection, which rolls back too.
 	_ = tx.Rollback(context.WithoutCancel(ctx))
 	if f := sc.frame; f != nil {
-		if st := stateOf(f.conn); st != nil {
+		st := madeState(f.conn) // there since the frame is
+		if st != nil {
 			st.mu.Lock()
 			defer st.mu.Unlock()
 		}
 		if f.Open() {
 			// The rollback never reached the tracer (the connection was gone).
-			concludeFrame(stateOf(f.conn), f, f.FirstFailure())
+			concludeFrame(st, f, f.FirstFailure())
 		}
 		return f.Verdict()
 	}

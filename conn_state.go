@@ -128,7 +128,15 @@ func madeStateOf(conn *pgx.Conn) *connState {
 	if conn == nil {
 		return nil
 	}
-	st, _ := conn.PgConn().CustomData()[stateKey].(*connState)
+	return madeState(conn.PgConn())
+}
+
+// madeState is madeStateOf for pg.
+func madeState(pg *pgconn.PgConn) *connState {
+	if pg == nil {
+		return nil
+	}
+	st, _ := pg.CustomData()[stateKey].(*connState)
 	return st
 }
 

@@ -53,5 +53,5 @@ var errRolledBack = errors.New("otelpgxtx: the transaction was rolled back by th
 // savepoint's work is undone, the transaction goes on.
 var errSavepointRolledBack = errors.New("otelpgxtx: rolled back to the savepoint; the transaction goes on")
 
-// invalid is an error of this package wrapping ErrInvalidArgument (errs.Invalid).
-func invalid(format string, args ...any) error { return errs.Invalid("otelpgxtx", format, args...) }
+// invalid is an error of this package wrapping ErrInvalidArgument.
+var invalid = errs.Package("otelpgxtx").Invalid

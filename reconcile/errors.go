@@ -7,5 +7,5 @@ import "github.com/txevidence/otelpgxtx/internal/errs"
 // other error is the database's. otelpgxtx.ErrInvalidArgument is this same error.
 var ErrInvalidArgument = errs.ErrInvalidArgument
 
-// invalid is an error of this package wrapping ErrInvalidArgument (errs.Invalid).
-func invalid(format string, args ...any) error { return errs.Invalid("reconcile", format, args...) }
+// invalid is an error of this package wrapping ErrInvalidArgument.
+var invalid = errs.Package("reconcile").Invalid

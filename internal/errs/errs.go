@@ -27,8 +27,11 @@ func (e *invalidError) Unwrap() error { return e.err }
 // Is reports that e is ErrInvalidArgument.
 func (e *invalidError) Is(target error) bool { return target == ErrInvalidArgument }
 
-// Invalid returns an error of package pkg wrapping ErrInvalidArgument, with the message
+// Package is one package of the module, by its name, as its errors begin.
+type Package string
+
+// Invalid returns an error of package p wrapping ErrInvalidArgument, with the message
 // format gives.
-func Invalid(pkg, format string, args ...any) error {
-	return &invalidError{pkg: pkg, err: fmt.Errorf(format, args...)}
+func (p Package) Invalid(format string, args ...any) error {
+	return &invalidError{pkg: string(p), err: fmt.Errorf(format, args...)}
 }
