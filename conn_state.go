@@ -53,8 +53,8 @@ type queryState struct {
 	batch     batchFacts
 	nested    bool // started while another call was in flight on the connection
 	// folded: the query is an event in place of a span — a transaction-control
-	// statement's of its frame (control_events.go), an implicit prepare's of its
-	// statement (prepare_event.go) —, which started at start. op is what the event names:
+	// statement's of its frame, an implicit prepare's of its
+	// statement —, which started at start. op is what the event names:
 	// the statement's db.operation.name, the prepared statement's name.
 	folded bool
 	start  time.Time

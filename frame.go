@@ -30,7 +30,7 @@ import (
 // connection state's mutex (see closeWatch).
 type frame struct {
 	evidence.Frame
-	frameSpan     // its span (phase_span.go) and the statements that are its events (control_events.go)
+	frameSpan     // its span (phase_span.go) and the statements that are its events
 	frameAnswer   // what a Verdict is told (verdict.go)
 	frameExecutor // what Run sets (run.go, attempt.go)
 	// commitRef is its commit reference (package reference).

@@ -132,7 +132,7 @@ func (t *core) innerCopyFromEnd(ctx context.Context, conn *pgx.Conn, data pgx.Tr
 }
 
 // innerPrepareStart hands a prepare's start to the inner tracer, sanitized (its statement
-// name too: see innerStmtName). A folded prepare (prepare_event.go) starts no span: its
+// name too: see innerStmtName). A folded prepare starts no span: its
 // inner hook gets a context whose span does not record.
 func (t *core) innerPrepareStart(ctx context.Context, conn *pgx.Conn, data pgx.TracePrepareStartData, folded bool) context.Context {
 	if t.prepare != nil {

@@ -21,7 +21,7 @@ import (
 
 // The frame span: one span per frame, an output of the frame's evidence. It is started
 // with the frame, takes an event for each phase the evidence moves the frame to and each
-// statement that is an event of the frame (control_events.go), and ends with the frame's
+// statement that is an event of the frame, and ends with the frame's
 // ending: its outcome attributes and status.
 
 // frameSpan is the frame's span, and what its statements need of it.
@@ -48,11 +48,11 @@ type frameSpan struct {
 	// errJudged and errExpected: whether the first failure was an expected one (see
 	// judgeErr); an expected failure leaves the span's status Unset.
 	errJudged, errExpected bool
-	frameFolding           // the statements that are events of the frame (control_events.go)
+	frameFolding           // the statements that are events of the frame
 }
 
 // frameFolding is what the span keeps of the statements that are its events, not spans
-// (control_events.go): standIn takes the span's place for the inner tracer's hooks of
+//: standIn takes the span's place for the inner tracer's hooks of
 // such a statement; answer is its answer, waiting for the event it makes while answering.
 type frameFolding struct {
 	standIn    frameStandIn
@@ -323,7 +323,7 @@ type foldKind uint8
 const (
 	foldNone    foldKind = iota
 	foldControl          // a transaction-control statement: an event of its frame
-	foldPrepare          // an implicit prepare: an event of its statement's span (prepare_event.go)
+	foldPrepare          // an implicit prepare: an event of its statement's span
 )
 
 // fold decides whether q, a query that enter has just recorded, is an event in place of a
