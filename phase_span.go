@@ -52,7 +52,7 @@ type frameSpan struct {
 }
 
 // frameFolding is what the span keeps of the statements that are its events, not spans
-//: standIn takes the span's place for the inner tracer's hooks of
+// : standIn takes the span's place for the inner tracer's hooks of
 // such a statement; answer is its answer, waiting for the event it makes while answering.
 type frameFolding struct {
 	standIn    frameStandIn
