@@ -20,6 +20,8 @@ type core struct {
 	pool *poolMetrics
 	// sanitized holds, per SQL string, what the inner tracer is given of it.
 	sanitized sanitizer
+	// recoveries are the ends of crash recoveries it logged (MessageCrashRecovered).
+	recoveries seenRecoveries
 	// innerAsIs: the inner tracer is the application's, and is handed what pgx hands a
 	// tracer — SQL, errors, batches and statement names as they are — unless
 	// WithSanitizedInnerTracer asks otherwise; its spans get no attribute of ours.

@@ -27,6 +27,7 @@ type ending struct {
 	// that concluded the frame.
 	firstCause, cause, endErr error
 	ref                       *outcome.ReconciliationRef
+	noRef                     string // why a frame with references on has none, when it is its own (reference.Frame.Missing)
 	startedAt, committingAt   time.Time
 	concludedAt, at           time.Time // at: when the outputs got it (the executor's is later)
 	// span is the frame span's context, recorded whether the frame was; parentSpan the one

@@ -188,15 +188,27 @@ func TestReconcilerAsOrdinaryRole(t *testing.T) {
 	}
 	defer conn.Close(ctx)
 	var xid uint64
-	var sys, tli, start, reset, backend, xidFunc, database, checked string
-	var xidNow *string // identitySQL's privilege probe: NULL outside a transaction
 	if err := conn.QueryRow(ctx, "select pg_current_xact_id()::text::bigint").Scan(&xid); err != nil {
 		t.Fatal(err)
 	}
-	if err := conn.QueryRow(ctx, identitySQL).Scan(&sys, &tli, &start, &reset, &backend, &xidNow, &xidFunc, &database, &checked); err != nil {
-		t.Fatalf("identity read as an ordinary role: %v", err)
+	rows, err := conn.Query(ctx, identitySQL, pgx.QueryResultFormats{pgx.TextFormatCode})
+	if err != nil {
+		t.Fatal(err)
 	}
-	ref, err := outcome.ParseReconciliationRef(fmt.Sprintf("pg:%s/%s/%d/%s/%s", sys, tli, xid, start, reset))
+	col := make([]string, reference.ColMarker)
+	for rows.Next() {
+		for i, v := range rows.RawValues() {
+			col[i] = string(v) // the xid probe (reference.ColXIDRead) is NULL outside a transaction
+		}
+	}
+	if rows.Close(); rows.Err() != nil {
+		t.Fatalf("identity read as an ordinary role: %v", rows.Err())
+	}
+	if col[reference.ColCheckpointLSN] == "" || col[reference.ColFlushLSN] == "" {
+		t.Fatalf("identity read as an ordinary role: no checkpoint or flush position in %q", col)
+	}
+	ref, err := outcome.ParseReconciliationRef(fmt.Sprintf("pg:%s/%s/%d/%s/%s;flushed=%s", col[reference.ColSystem],
+		col[reference.ColTimeline], xid, col[reference.ColStart], col[reference.ColStatsReset], col[reference.ColFlushLSN]))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -420,6 +420,16 @@ func (c *fakePG) identity(sql []byte) {
 			v = "5060"
 		case reference.ColBackendPID:
 			v = "1" // BackendKeyData's
+		case reference.ColFlushLSN:
+			v = "0/1000000"
+		case reference.ColCheckpointLSN:
+			v = "0/100"
+		case reference.ColCheckpointNextXID:
+			v = "0:700"
+		case reference.ColCheckpointTimeline:
+			v = "1"
+		case reference.ColCheckpointShutdown:
+			v = "false"
 		}
 		c.idVals = append(c.idVals, []byte(v))
 	}

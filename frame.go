@@ -131,7 +131,7 @@ func openFrameFromContext(ctx context.Context) *frame {
 // ending returns f's record, ended with o.
 func (f *frame) ending(o outcome.Outcome) ending {
 	e := ending{id: f.id, outcome: o, phase: f.Phase(), verdict: f.Verdict(), endedIn: f.EndedIn(), deliberate: f.Deliberate(),
-		committedLocally: f.CommittedLocally(), firstCause: f.FirstCause(), cause: f.Cause(), endErr: f.EndErr(), ref: f.commitRef.Ref(),
+		committedLocally: f.CommittedLocally(), firstCause: f.FirstCause(), cause: f.Cause(), endErr: f.EndErr(), ref: f.commitRef.Ref(), noRef: f.commitRef.Missing(),
 		startedAt: f.startedAt, committingAt: f.CommittingAt(), concludedAt: f.ConcludedAt(),
 		span: f.span.SpanContext(), parentSpan: f.parentSpan, recorded: !f.unrecorded, spanCtx: f.spanCtx, awaited: f.awaited,
 		depth: f.Depth(), isolation: f.Isolation(), accessMode: f.AccessMode(), propagation: f.propagation, attemptNo: f.attemptNo}

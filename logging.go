@@ -20,6 +20,9 @@ func (t *core) logIndeterminate(e *ending) {
 	if e.ref != nil {
 		attrs = append(attrs, slog.String(string(ReconciliationRefKey), e.ref.String()))
 	}
+	if e.noRef != "" {
+		attrs = append(attrs, slog.String(string(NoReferenceKey), e.noRef))
+	}
 	if e.committedLocally {
 		attrs = append(attrs, slog.Bool(string(CommittedLocallyKey), true))
 	}

@@ -206,6 +206,9 @@ func (f *frameSpan) outcomeAttrs(e *ending, cfg *config, attrs []attribute.KeyVa
 			attrs = append(attrs, ReconciliationXIDKey.String(strconv.FormatUint(e.ref.XID, 10)))
 		}
 	}
+	if e.noRef != "" && e.outcome == outcome.OutcomeIndeterminate {
+		attrs = append(attrs, NoReferenceKey.String(e.noRef))
+	}
 	if e.committedLocally {
 		attrs = append(attrs, CommittedLocallyKey.Bool(true))
 	}

@@ -138,6 +138,9 @@ func (t *core) afterQuery(ctx context.Context, conn *pgx.Conn, st *connState, q 
 	}
 	c := st.refs.Collect(fr, false) // what became of the library's addition, if any
 	t.referenceOff(c.Off)
+	if c.Checked {
+		t.sawCheck(st)
+	}
 	if c.FatalBeforeCommit && f != nil {
 		f.FatalBeforeCommit() // the server answered the call ahead of COMMIT with a FATAL
 	}

@@ -8,6 +8,7 @@ import (
 
 	"github.com/txevidence/otelpgxtx/internal/evidence"
 	"github.com/txevidence/otelpgxtx/internal/reference"
+	"github.com/txevidence/otelpgxtx/internal/schema"
 )
 
 // Commit references, for plain pgx ([WithCommitReference], [WithCommitMarker]) and [Run]
@@ -19,7 +20,7 @@ import (
 // refStatement is what the references need of the statement sql, of kinds set, on pg.
 func refStatement(set evidence.Set, sql string, pg *pgconn.PgConn) reference.Statement {
 	return reference.Statement{SQL: sql, Single: set.Single(), Writes: set.Writes(), Plain: set.Kinds() == evidence.OtherSet,
-		Commit: set.Has(evidence.Commit), InTx: pg.TxStatus() == 'T'}
+		Opens: !set.Single() && set.Kinds() == 1<<evidence.Begin, Commit: set.Has(evidence.Commit), InTx: pg.TxStatus() == 'T'}
 }
 
 // armCheck has the write of f's BEGIN (sql, of kinds set) carry the check of what f's
@@ -34,5 +35,26 @@ func (t *core) armCheck(st *connState, f *frame, pg *pgconn.PgConn, set evidence
 func (t *core) referenceOff(off *reference.Off) {
 	if off != nil {
 		t.cfg.logger().LogAttrs(context.Background(), slog.LevelWarn, "otelpgxtx: "+off.What, slog.String("reason", off.Why))
+	}
+}
+
+// MessageCrashRecovered is the message of the log record the tracer writes, once, when a
+// connection's check sees that the server's latest checkpoint ends a crash recovery of the
+// running postmaster (a backend died hard and the postmaster recovered in place): its
+// tx.reconciliation.recovery field (a reconcile.Recovery) answers aborted every commit of
+// that postmaster the recovery lost, after the server's next checkpoint has overwritten it
+// too. Pipe it to "otelpgxtx reconcile" with the records of the commits to settle.
+const MessageCrashRecovered = "the database recovered from a crash: this record settles the commits the recovery lost"
+
+// sawCheck keeps what st's check, just answered, saw of a crash recovery: one log record
+// per recovery, and automatic reconciliation's reconciler told of it.
+func (t *core) sawCheck(st *connState) {
+	rec, ok := t.recoveries.saw(st.refs.Checkpoint())
+	if !ok {
+		return
+	}
+	t.cfg.logger().LogAttrs(context.Background(), slog.LevelWarn, MessageCrashRecovered, slog.String(string(schema.RecoveryKey), rec.String()))
+	if t.auto != nil {
+		t.auto.r.Remember(rec)
 	}
 }

@@ -249,8 +249,9 @@ func overPlainMarker(t *testing.T, base string) {
 // to is on the wire exactly as without it — a read-only transaction, one that wrote
 // nothing, a batch with COMMIT, COMMIT AND CHAIN, BEGIN and COMMIT in one string, a
 // rollback — once the connection's identity check is done, but for the xid read after the
-// first lone write statement of a transaction, which is all it adds (COMMIT AND CHAIN and
-// the rollback's transaction).
+// first write statement of a transaction, which is all it adds (COMMIT AND CHAIN's and the
+// rollback's transactions, each a lone statement, and a string that begins the
+// transaction and writes, "begin; insert …").
 func TestPlainReferenceLeavesTheRestAlone(t *testing.T) {
 	overTransports(t, overPlainReferenceLeavesTheRestAlone)
 }
@@ -299,7 +300,8 @@ func overPlainReferenceLeavesTheRestAlone(t *testing.T, base string) {
 		mustExec(t, ctx, conn, "begin", fmt.Sprintf("insert into %s (id) values (3)", table), "commit and chain",
 			"select 4", "commit",
 			fmt.Sprintf("begin; insert into %s (id) values (5); commit", table),
-			"begin", fmt.Sprintf("insert into %s (id) values (6)", table), "rollback")
+			"begin", fmt.Sprintf("insert into %s (id) values (6)", table), "rollback",
+			fmt.Sprintf("begin; insert into %s (id) values (7)", table), "commit")
 		conn.Release()
 	}
 	record := func(opts ...Option) []byte {
@@ -319,21 +321,21 @@ func overPlainReferenceLeavesTheRestAlone(t *testing.T, base string) {
 	plain, with := record(), record(WithCommitReference())
 	want := plain
 	call := xidReadCall(t, ctx)
-	for _, id := range []int{3, 6} {
-		q, err := (&pgproto3.Query{String: fmt.Sprintf("insert into %s (id) values (%d)", table, id)}).Encode(nil)
+	for _, sql := range []string{"insert into %s (id) values (3)", "insert into %s (id) values (6)", "begin; insert into %s (id) values (7)"} {
+		q, err := (&pgproto3.Query{String: fmt.Sprintf(sql, table)}).Encode(nil)
 		if err != nil {
 			t.Fatal(err)
 		}
 		i := bytes.Index(want, q)
 		if i < 0 {
-			t.Fatalf("insert %d not found in %q", id, want)
+			t.Fatalf("%q not found in %q", q, want)
 		}
 		want = slices.Concat(want[:i+len(q)], call, want[i+len(q):])
 	}
 	if !bytes.Equal(want, with) {
-		t.Fatalf("client bytes with the option are not those without it and two xid reads:\nwant %q\nwith %q", want, with)
+		t.Fatalf("client bytes with the option are not those without it and three xid reads:\nwant %q\nwith %q", want, with)
 	}
-	t.Logf("%d client bytes, identical but for the %d-byte xid read after the two lone writes", len(plain), len(call))
+	t.Logf("%d client bytes, identical but for the %d-byte xid read after the two lone writes and the string that began and wrote", len(plain), len(call))
 }
 
 // xidReadCall is the xid read's FunctionCall on the test server.

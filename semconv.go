@@ -34,6 +34,12 @@ const (
 	ReconciliationXIDKey = attribute.Key("tx.reconciliation.xid")
 	// ReconciliationRefKey is tx.reconciliation.ref: the whole reconciliation reference.
 	ReconciliationRefKey = schema.ReconciliationRefKey
+	// NoReferenceKey is tx.reconciliation.no_reference, on an indeterminate frame with
+	// commit references on but none taken, when the reason is the frame's own:
+	// "multi_statement", its COMMIT came among other statements of one query string
+	// ("begin; insert …; commit"), where nothing can carry the reference without going
+	// between the application's statements. Reconciliation answers it no_reference.
+	NoReferenceKey = schema.NoReferenceKey
 	// CommittedLocallyKey is tx.commit.committed_locally: the server said the commit is in
 	// its local WAL but synchronous replication was not confirmed.
 	CommittedLocallyKey = attribute.Key("tx.commit.committed_locally")

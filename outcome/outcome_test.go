@@ -207,6 +207,10 @@ func TestReconciliationRefRoundTrip(t *testing.T) {
 			"pg:42/3/9/1795000000123456/1795000000654321"},
 		{outcome.ReconciliationRef{XID: 9, SystemIdentifier: 42, Timeline: 3, ServerStart: 1795000000123456, StatsReset: 1795000000654321, Pooled: true},
 			"pg:42/3/9/1795000000123456/1795000000654321;pooled"},
+		{outcome.ReconciliationRef{XID: 9, SystemIdentifier: 42, Timeline: 3, ServerStart: 1795000000123456, StatsReset: 1795000000654321, FlushLSN: 0x15224C0},
+			"pg:42/3/9/1795000000123456/1795000000654321;flushed=0/15224C0"},
+		{outcome.ReconciliationRef{XID: 9, SystemIdentifier: 42, Timeline: 3, ServerStart: 1795000000123456, Pooled: true, FlushLSN: 0x1_0000_00A0},
+			"pg:42/3/9/1795000000123456;pooled;flushed=1/A0"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.want, func(t *testing.T) {
@@ -224,7 +228,7 @@ func TestReconciliationRefRoundTrip(t *testing.T) {
 				t.Errorf("ParseReconciliationRef(%q) = %+v, want %+v", tt.want, got, tt.ref)
 			}
 			nr, err := outcome.NewReconciliationRef(tt.ref.XID, tt.ref.SystemIdentifier, tt.ref.Timeline)
-			nr.ServerStart, nr.StatsReset, nr.Pooled = tt.ref.ServerStart, tt.ref.StatsReset, tt.ref.Pooled
+			nr.ServerStart, nr.StatsReset, nr.Pooled, nr.FlushLSN = tt.ref.ServerStart, tt.ref.StatsReset, tt.ref.Pooled, tt.ref.FlushLSN
 			if err != nil || nr != tt.ref {
 				t.Errorf("NewReconciliationRef = %+v, %v; want %+v, nil", nr, err, tt.ref)
 			}
@@ -247,6 +251,11 @@ func TestParseReconciliationRefMalformed(t *testing.T) {
 		{"stats reset without a start", "pg:1/2/3//5"},
 		{"pooled twice", "pg:1/2/3;pooled;pooled"},
 		{"pooled after checked", "pg:1/2/3;checked=5;pooled"},
+		{"flushed without a position", "pg:1/2/3;flushed="},
+		{"flushed at zero", "pg:1/2/3;flushed=0/0"},
+		{"flushed not hexadecimal", "pg:1/2/3;flushed=0/G1"},
+		{"flushed without a slash", "pg:1/2/3;flushed=15224C0"},
+		{"flushed after checked", "pg:1/2/3;checked=5;flushed=0/1"},
 		{"negative server start", "pg:1/2/3/-4"},
 		{"non-numeric system identifier", "pg:a/1/2"},
 		{"non-numeric timeline", "pg:1/b/2"},

@@ -48,6 +48,13 @@ import (
 // CheckedAt is the server's clock (µs since the Unix epoch) when the connection was
 // checked, before the transaction began: a marker row is never older than it, so a
 // reconciler can tell a row that may have been pruned from one never written.
+//
+// FlushLSN is how far the server had flushed its WAL when the connection was checked
+// (pg_current_wal_flush_lsn, as a 64-bit position), 0 when unknown. A crash recovery that
+// ended after the transaction began ends its WAL at or beyond it, so an end-of-recovery
+// checkpoint at or beyond FlushLSN proves that recovery came after the reference: the
+// xids at or above its next xid lost every record, their commit records included (see
+// package reconcile).
 type ReconciliationRef struct {
 	XID              uint64
 	SystemIdentifier uint64
@@ -58,6 +65,7 @@ type ReconciliationRef struct {
 	MarkerTable      string
 	Operation        OperationID
 	CheckedAt        int64
+	FlushLSN         uint64
 }
 
 // NewReconciliationRef returns a reference, refusing a zero system identifier or timeline
@@ -112,8 +120,9 @@ func (r ReconciliationRef) HasMarker() bool { return r.MarkerTable != "" }
 
 // String returns "pg:<system identifier>/<timeline>/<xid8>/<server start>/<stats reset>"
 // (without the last field when the reset time is unknown, without the last two when the
-// start is), followed by ";pooled" when Pooled is set, ";checked=<µs>" when CheckedAt is
-// set and ";marker=<operation id>@<quoted table>" with a marker, the form
+// start is), followed by ";pooled" when Pooled is set, ";flushed=<LSN>" (PostgreSQL's
+// form, 0/15224C0) when FlushLSN is, ";checked=<µs>" when CheckedAt is set and
+// ";marker=<operation id>@<quoted table>" with a marker, the form
 // [ParseReconciliationRef] reads.
 func (r ReconciliationRef) String() string {
 	s := "pg:" + strconv.FormatUint(r.SystemIdentifier, 10) + "/" +
@@ -126,6 +135,9 @@ func (r ReconciliationRef) String() string {
 	}
 	if r.Pooled {
 		s += ";pooled"
+	}
+	if r.FlushLSN != 0 {
+		s += ";flushed=" + FormatLSN(r.FlushLSN)
 	}
 	if r.CheckedAt != 0 {
 		s += ";checked=" + strconv.FormatInt(r.CheckedAt, 10)
@@ -154,8 +166,16 @@ func ParseReconciliationRef(s string) (ReconciliationRef, error) {
 		table = t
 	}
 	var checked int64
+	var flushed uint64
 	rest, checkedText, hasChecked := strings.Cut(rest, ";checked=")
+	rest, flushedText, hasFlushed := strings.Cut(rest, ";flushed=")
 	rest, pooled := strings.CutSuffix(rest, ";pooled")
+	if hasFlushed {
+		var err error
+		if flushed, err = ParseLSN(flushedText); err != nil || flushed == 0 {
+			return ReconciliationRef{}, fmt.Errorf("outcome: malformed reconciliation reference %q: ;flushed= wants a WAL position, as 0/15224C0", s)
+		}
+	}
 	if hasChecked {
 		var err error
 		if checked, err = positive(checkedText); err != nil {
@@ -185,6 +205,7 @@ func ParseReconciliationRef(s string) (ReconciliationRef, error) {
 		return ReconciliationRef{}, err
 	}
 	r.ServerStart, r.StatsReset, r.Pooled, r.MarkerTable, r.Operation, r.CheckedAt = start, reset, pooled, table, op, checked
+	r.FlushLSN = flushed
 	return r, nil
 }
 
@@ -195,4 +216,21 @@ func positive(s string) (int64, error) {
 		err = fmt.Errorf("non-positive %d", n)
 	}
 	return n, err
+}
+
+// FormatLSN writes a WAL position as PostgreSQL does (pg_lsn's text form): the high and
+// low 32 bits in hexadecimal, upper case, with a slash between them.
+func FormatLSN(lsn uint64) string {
+	return strings.ToUpper(strconv.FormatUint(lsn>>32, 16) + "/" + strconv.FormatUint(lsn&0xffffffff, 16))
+}
+
+// ParseLSN reads a WAL position in pg_lsn's text form (FormatLSN's).
+func ParseLSN(s string) (uint64, error) {
+	hi, lo, ok := strings.Cut(s, "/")
+	h, err1 := strconv.ParseUint(hi, 16, 32)
+	l, err2 := strconv.ParseUint(lo, 16, 32)
+	if !ok || err1 != nil || err2 != nil || hi == "" || lo == "" {
+		return 0, fmt.Errorf("outcome: malformed WAL position %q: want two hexadecimal numbers, as 0/15224C0", s)
+	}
+	return h<<32 | l, nil
 }

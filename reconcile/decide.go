@@ -3,9 +3,7 @@ package reconcile
 import (
 	"context"
 	"errors"
-	"fmt"
 	"strconv"
-	"strings"
 
 	"github.com/jackc/pgx/v5/pgconn"
 
@@ -22,9 +20,16 @@ type serverView struct {
 	// last restartpoint's), its start and its statistics' reset time.
 	incarnation
 	inRecovery bool
-	// The latest checkpoint's timeline and next full xid (pg_control_checkpoint()).
+	// The latest checkpoint's timeline and next full xid (pg_control_checkpoint()), its
+	// position, and whether it is shutdown-type (pg.ShutdownCheckpointSQL).
 	checkpointTimeline uint32
 	checkpointNextXID  uint64
+	checkpointLSN      uint64
+	checkpointShutdown bool
+	// recoveries are the ends of crash recoveries of the reference's postmaster that the
+	// reconciler was told of (Reconciler.Remember): a later checkpoint overwrites them in
+	// pg_control.
+	recoveries []Recovery
 	// syncStandbys: synchronous replication is configured (synchronous_standby_names).
 	syncStandbys bool
 }
@@ -101,6 +106,9 @@ func decide(ref outcome.ReconciliationRef, v serverView) (res Status, reason str
 		// next xid only grows from the boundary.
 		return Aborted, "", false
 	}
+	if running && v.lostInRecovery(ref) {
+		return Aborted, "", false
+	}
 	switch {
 	case v.inFuture && running && !assigned:
 		// The same postmaster's next xid is below the reference's: crash recovery lost it.
@@ -126,18 +134,50 @@ func decide(ref outcome.ReconciliationRef, v serverView) (res Status, reason str
 	return Unknown, "", true
 }
 
+// lostInRecovery reports whether a crash recovery of the reference's postmaster (the
+// caller checked it is running), made after the reference's connection was checked, ended
+// below its xid: every record of the xid was lost there, its commit record included, so
+// the transaction did not commit, whatever pg_xact_status says now (a reuser's status).
+//
+// An end-of-recovery checkpoint is found by its position: crash recovery replays all the
+// WAL that was flushed and writes its checkpoint after it, so one made after the
+// reference's check is at or beyond the reference's FlushLSN; the reference's own
+// incarnation began with one before it, and an online checkpoint is not shutdown-type (see
+// pg.ShutdownCheckpointSQL). Its next xid is above every xid with a surviving record
+// (xlogrecovery.c, ApplyWalRecord: AdvanceNextFullTransactionIdPastXid), and flushed WAL
+// is never lost by a recovery in place, so this holds after any number of crashes
+// (TestReconcileCrashRecoveryBoundary). A pooled reference's check ran on another server
+// connection, perhaps of an earlier incarnation, and proves nothing here. Below the
+// boundary nothing new is proven: after two crashes an xid the first lost may be reused,
+// committed, and kept by the second.
+func (v serverView) lostInRecovery(ref outcome.ReconciliationRef) bool {
+	if ref.Pooled || ref.FlushLSN == 0 {
+		return false
+	}
+	if v.checkpointShutdown && v.checkpointTimeline == v.timeline && v.checkpointLSN >= ref.FlushLSN && ref.XID >= v.checkpointNextXID {
+		return true
+	}
+	for _, rec := range v.recoveries {
+		if rec.proves(ref) {
+			return true
+		}
+	}
+	return false
+}
+
 // reconcileIdentitySQL reads the server's identity and its latest checkpoint.
-const reconcileIdentitySQL = "s.system_identifier::text, coalesce(" + pg.TimelineSQL + ", c.timeline_id::text), pg_is_in_recovery(), " +
-	pg.ServerStartSQL + ", " + pg.StatsResetSQL + ", c.timeline_id::text, c.next_xid::text, " + syncStandbysSQL + " " +
-	"from pg_control_system() s, pg_control_checkpoint() c"
+const reconcileIdentitySQL = "s.system_identifier::text, coalesce(" + pg.TimelineSQL + ", k.timeline_id::text), pg_is_in_recovery(), " +
+	pg.ServerStartSQL + ", " + pg.StatsResetSQL + ", k.timeline_id::text, k.next_xid::text, k.checkpoint_lsn::text, " +
+	pg.ShutdownCheckpointSQL + ", " + syncStandbysSQL + " " +
+	"from pg_control_system() s, pg_control_checkpoint() k"
 
 // query reads the xid's status together with the server's identity, in one round trip,
 // so that both describe the same server; when the server refuses the xid as not yet
 // assigned, a second query reads the identity alone.
 func (r *Reconciler) query(ctx context.Context, xid uint64) (serverView, error) {
 	var v serverView
-	var sysText, tliText, startText, resetText, ckptTLIText, nextText string
-	dest := []any{&sysText, &tliText, &v.inRecovery, &startText, &resetText, &ckptTLIText, &nextText, &v.syncStandbys}
+	var sysText, tliText, startText, resetText, ckptTLIText, nextText, lsnText, shutdownText string
+	dest := []any{&sysText, &tliText, &v.inRecovery, &startText, &resetText, &ckptTLIText, &nextText, &lsnText, &shutdownText, &v.syncStandbys}
 	err := r.db.QueryRow(ctx, "select pg_xact_status($1::text::xid8), "+reconcileIdentitySQL,
 		strconv.FormatUint(xid, 10)).Scan(append([]any{&v.status}, dest...)...)
 	if pgErr, ok := errors.AsType[*pgconn.PgError](err); ok && pgErr.Code == "22023" {
@@ -147,27 +187,17 @@ func (r *Reconciler) query(ctx context.Context, xid uint64) (serverView, error) 
 	if err != nil {
 		return v, err
 	}
-	var errs [4]error
+	var errs [6]error
 	v.sys, errs[0] = strconv.ParseUint(sysText, 10, 64)
 	v.incarnation, errs[1] = parseIncarnation(tliText, startText, resetText)
 	ctli, e := strconv.ParseUint(ckptTLIText, 10, 32)
-	v.checkpointNextXID, errs[3] = parseFullXID(nextText)
+	v.checkpointNextXID, errs[3] = pg.ParseFullXID(nextText)
+	v.checkpointLSN, errs[4] = outcome.ParseLSN(lsnText)
+	v.checkpointShutdown, errs[5] = strconv.ParseBool(shutdownText)
 	errs[2] = e
 	if err := errors.Join(errs[:]...); err != nil {
 		return v, err
 	}
 	v.checkpointTimeline = uint32(ctli)
 	return v, nil
-}
-
-// parseFullXID parses pg_control_checkpoint()'s next_xid, "<epoch>:<xid>", into a full
-// (xid8) transaction id.
-func parseFullXID(s string) (uint64, error) {
-	e, x, ok := strings.Cut(s, ":")
-	epoch, err1 := strconv.ParseUint(e, 10, 32)
-	xid, err2 := strconv.ParseUint(x, 10, 32)
-	if !ok || err1 != nil || err2 != nil {
-		return 0, fmt.Errorf("unexpected next_xid %q", s)
-	}
-	return epoch<<32 | xid, nil
 }

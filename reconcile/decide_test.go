@@ -19,6 +19,11 @@ func TestDecide(t *testing.T) {
 	noStart.ServerStart = 0
 	newerTimeline := ref
 	newerTimeline.Timeline = 3
+	// flushed: the reference knows how far the server had flushed its WAL at its check.
+	flushed := ref
+	flushed.FlushLSN = 5000
+	flushedPooled := flushed
+	flushedPooled.Pooled = true
 	committed, aborted, inProgress := "committed", "aborted", "in progress"
 	same := serverView{sys: 7, incarnation: incarnation{timeline: 1, start: 500, statsReset: 450}, checkpointTimeline: 1, checkpointNextXID: 900}
 	// recovered: a backend died hard and the postmaster replayed WAL in place.
@@ -36,6 +41,15 @@ func TestDecide(t *testing.T) {
 		return v
 	}
 	future := func(v *serverView) { v.inFuture = true }
+	// endOfRecovery: the latest checkpoint is shutdown-type at lsn.
+	endOfRecovery := func(lsn uint64) func(*serverView) {
+		return func(v *serverView) { v.checkpointShutdown, v.checkpointLSN = true, lsn }
+	}
+	told := func(lsn, next uint64) func(*serverView) {
+		return func(v *serverView) {
+			v.recoveries = []Recovery{{SystemIdentifier: 7, Timeline: 1, ServerStart: 500, CheckpointLSN: lsn, NextXID: next}}
+		}
+	}
 	for _, tc := range []struct {
 		name   string
 		ref    outcome.ReconciliationRef
@@ -76,23 +90,27 @@ func TestDecide(t *testing.T) {
 		{"promoted, checkpoint still on the old timeline", ref, view(promoted, &committed, 10, func(v *serverView) { v.checkpointTimeline = 1 }), Unknown, ReasonOtherTimeline, false},
 		{"promoted, aborted", ref, view(promoted, &aborted, 1001, nil), Aborted, "", false},
 		{"asked a server on an older timeline", newerTimeline, view(promoted, &aborted, 10, nil), Unknown, ReasonOtherTimeline, false},
+		// The end of a crash recovery after the reference: its checkpoint at or beyond the
+		// reference's flush position (TestReconcileBackendKilled).
+		{"recovery after the reference, reused at the boundary", flushed, view(recovered, &committed, 1000, endOfRecovery(5000)), Aborted, "", false},
+		{"recovery after the reference, in progress above it", flushed, view(recovered, &inProgress, 990, endOfRecovery(6000)), Aborted, "", false},
+		{"recovery after the reference, committed below it", flushed, view(recovered, &committed, 1001, endOfRecovery(6000)), Unknown, ReasonCrashRecovered, false},
+		{"the reference's own incarnation's recovery", flushed, view(recovered, &committed, 1000, endOfRecovery(4999)), Unknown, ReasonCrashRecovered, false},
+		{"an online checkpoint after the reference", flushed, view(recovered, &committed, 1000, func(v *serverView) { v.checkpointLSN = 6000 }), Unknown, ReasonCrashRecovered, false},
+		{"a recovery on another timeline's checkpoint", flushed, view(recovered, &committed, 1000, func(v *serverView) {
+			endOfRecovery(6000)(v)
+			v.checkpointTimeline = 2
+		}), Unknown, ReasonCrashRecovered, false},
+		{"recovery after a pooled reference", flushedPooled, view(recovered, &committed, 1000, endOfRecovery(6000)), Unknown, ReasonCrashRecovered, false},
+		{"recovery, a reference without a flush position", ref, view(recovered, &committed, 1000, endOfRecovery(6000)), Unknown, ReasonCrashRecovered, false},
+		{"a recovery the reconciler was told of", flushed, view(recovered, &committed, 10, told(5000, 1000)), Aborted, "", false},
+		{"a recovery it was told of, before the reference", flushed, view(recovered, &committed, 10, told(4000, 1000)), Unknown, ReasonCrashRecovered, false},
+		{"a recovery it was told of, below the xid's", flushed, view(recovered, &committed, 10, told(6000, 1001)), Unknown, ReasonCrashRecovered, false},
+		{"the end of a recovery after the reference, the statistics not moved: the checkpoint decides", flushed, view(same, &committed, 1000, endOfRecovery(6000)), Aborted, "", false},
 	} {
 		res, reason, again := decide(tc.ref, tc.v)
 		if res != tc.want || reason != tc.reason || again != tc.again {
 			t.Errorf("%s: decide = %s %q %v, want %s %q %v", tc.name, res, reason, again, tc.want, tc.reason, tc.again)
-		}
-	}
-}
-
-func TestParseFullXID(t *testing.T) {
-	for in, want := range map[string]uint64{"0:724": 724, "2:5": 2<<32 | 5} {
-		if got, err := parseFullXID(in); err != nil || got != want {
-			t.Errorf("parseFullXID(%q) = %d, %v; want %d", in, got, err, want)
-		}
-	}
-	for _, in := range []string{"", "724", "a:1", "1:", "0:4294967296"} {
-		if _, err := parseFullXID(in); err == nil {
-			t.Errorf("parseFullXID(%q) succeeded", in)
 		}
 	}
 }

@@ -1,11 +1,14 @@
 package reconcile_test
 
 import (
+	"context"
+	"fmt"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/txevidence/otelpgxtx/internal/pg"
 	"github.com/txevidence/otelpgxtx/internal/reconciletest"
 	"github.com/txevidence/otelpgxtx/outcome"
 	"github.com/txevidence/otelpgxtx/pgtest"
@@ -21,8 +24,15 @@ import (
 // did not). After recovery, transactions that commit take every lost xid again, so
 // pg_xact_status says "committed" of each. Asked before that reuse and after it, the
 // reconciler must never answer committed for a row that is not there nor aborted for one
-// that is; with the marker it settles every one. A reference taken after the recovery is
-// answered committed.
+// that is; with the marker it settles every one. With the xid alone, the two that did not
+// commit (the deferred trigger's, the idle one's) are aborted after the reuse too: the
+// end-of-recovery checkpoint is at or beyond their references' flush position and its
+// next xid at or below their xids (every record of theirs lost); the one that committed
+// (the synchronous-replication wait's) stays unknown (crash_recovered: below the boundary
+// a reuser after an earlier crash cannot be told from the original). After a
+// checkpoint, only a reconciler that saw the end of the recovery, or was told of it (its
+// text, as the command reads it from a log record), still answers. A reference taken
+// after the recovery is answered committed.
 func TestReconcileBackendKilled(t *testing.T) {
 	pgtest.LeakCheck(t) // registered first, so it runs after the pool's Close
 	ctx := pgtest.ContextFor(t)
@@ -79,13 +89,13 @@ func TestReconcileBackendKilled(t *testing.T) {
 		tx := begin(v, i == 1, "set synchronous_commit = on")
 		v.done = commitWaiting(t, ctx, srv, v.conn, tx, "SyncRep")
 	}
-	triggerXID := victim{name: "deferred trigger, xid", table: held, id: 3, want: reconcile.Unknown, why: reconcile.ReasonCrashRecovered}
+	triggerXID := victim{name: "deferred trigger, xid", table: held, id: 3, want: reconcile.Aborted}
 	triggerMarker := victim{name: "deferred trigger, marker", table: held, id: 4, want: reconcile.Aborted}
 	for i, v := range []*victim{&triggerXID, &triggerMarker} {
 		tx := begin(v, i == 1, "")
 		v.done = commitWaiting(t, ctx, srv, v.conn, tx, "advisory")
 	}
-	idleXID := victim{name: "idle in transaction, xid", table: plain, id: 5, want: reconcile.Unknown, why: reconcile.ReasonCrashRecovered}
+	idleXID := victim{name: "idle in transaction, xid", table: plain, id: 5, want: reconcile.Aborted}
 	idleMarker := victim{name: "idle in transaction, marker", table: plain, id: 6, want: reconcile.Aborted}
 	begin(&idleXID, false, "")
 	begin(&idleMarker, true, "")
@@ -150,4 +160,99 @@ func TestReconcileBackendKilled(t *testing.T) {
 		cases = append(cases, reconciletest.Case{Name: v.name, Ref: v.ref, Want: v.want, Reason: v.why})
 	}
 	reconciletest.Check(t, ctx, rec, cases)
+
+	// A checkpoint overwrites the end of the recovery in pg_control: a reconciler that saw
+	// it (rec, above) or was told of it (from the record's text, as the command reads it)
+	// still answers; one that never saw it cannot, and says so.
+	recovery, err := reconcile.ParseRecovery(lastRecovery(t, ctx))
+	if err != nil {
+		t.Fatal(err)
+	}
+	pgtest.NoError(t, srv.Exec(ctx, "checkpoint"))
+	told, err := reconcile.New(srv.Pool(t, ctx))
+	pgtest.NoError(t, err)
+	told.Remember(recovery)
+	blind, err := reconcile.New(srv.Pool(t, ctx))
+	pgtest.NoError(t, err)
+	for _, v := range []*victim{&triggerXID, &idleXID} {
+		reconciletest.Check(t, ctx, rec, []reconciletest.Case{{Name: v.name + ", after a checkpoint, seen", Ref: v.ref, Want: reconcile.Aborted}})
+		reconciletest.Check(t, ctx, told, []reconciletest.Case{{Name: v.name + ", after a checkpoint, told", Ref: v.ref, Want: reconcile.Aborted}})
+		reconciletest.Check(t, ctx, blind, []reconciletest.Case{{Name: v.name + ", after a checkpoint, never seen", Ref: v.ref,
+			Want: reconcile.Unknown, Reason: reconcile.ReasonCrashRecovered}})
+	}
+	reconciletest.Check(t, ctx, told, []reconciletest.Case{{Name: "sync wait, xid, after a checkpoint, told", Ref: syncXID.ref,
+		Want: reconcile.Unknown, Reason: reconcile.ReasonCrashRecovered}})
+}
+
+// lastRecovery is the end of the crash recovery the server's latest checkpoint is, in
+// Recovery's text form, as an instrumented connection's check would log it.
+func lastRecovery(t *testing.T, ctx context.Context) string {
+	t.Helper()
+	var sys, start, lsn, next string
+	var tli int64
+	conn := newConn(t, ctx, srv)
+	if err := conn.QueryRow(ctx, "select s.system_identifier::text, k.timeline_id, "+pg.ServerStartSQL+", k.checkpoint_lsn::text, k.next_xid::text"+
+		" from pg_control_system() s, pg_control_checkpoint() k where k.redo_lsn = k.checkpoint_lsn").Scan(&sys, &tli, &start, &lsn, &next); err != nil {
+		t.Fatalf("the latest checkpoint is not the end of a recovery: %v", err)
+	}
+	full, err := pg.ParseFullXID(next)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return fmt.Sprintf("pgrecovery:%s/%d/%s/%s/%d", sys, tli, start, lsn, full)
+}
+
+// TestReconcileTwoCrashes is why a committed status below a crash recovery's next xid is
+// not taken for the reference's own: a transaction idle in it loses its xid to a first
+// crash recovery, a reuser takes the xid and commits (its commit record flushed), and a
+// second crash recovery replays that commit, so that its next xid is above the xid and
+// pg_xact_status says committed: the reuser's. The row is not there. Told nothing, or
+// seeing only the second recovery, the reconciler answers unknown (crash_recovered); told
+// of the first (its log record's text), aborted.
+func TestReconcileTwoCrashes(t *testing.T) {
+	pgtest.LeakCheck(t)
+	ctx := pgtest.ContextFor(t)
+	plain, reuse := srv.NewTable(t, ctx, "id int primary key"), srv.NewTable(t, ctx, "id int primary key")
+	release, err := srv.HoldBackgroundWriters(ctx) // the victim's insert stays in WAL buffers
+	pgtest.NoError(t, err)
+	t.Cleanup(release)
+	victim := newConn(t, ctx, srv)
+	_, ref := insertRef(t, ctx, victim, plain, 1)
+	pgtest.NoError(t, srv.KillBackend(ctx, victim.PgConn().PID()))
+	first, err := reconcile.ParseRecovery(lastRecovery(t, ctx))
+	pgtest.NoError(t, err)
+	if ref.XID < first.NextXID {
+		t.Fatalf("the first recovery's next xid %d is not above the victim's %d: its records were flushed", first.NextXID, ref.XID)
+	}
+	conn := newConn(t, ctx, srv)
+	for n := 0; ; n++ {
+		if n > 10 {
+			t.Fatalf("%d transactions after the recovery did not reach xid %d", n, ref.XID)
+		}
+		tx, r := insertRef(t, ctx, conn, reuse, n)
+		pgtest.NoError(t, tx.Commit(ctx))
+		if r.XID >= ref.XID {
+			break
+		}
+	}
+	pgtest.NoError(t, srv.KillBackend(ctx, conn.PgConn().PID()))
+	second, err := reconcile.ParseRecovery(lastRecovery(t, ctx))
+	pgtest.NoError(t, err)
+	if second.NextXID <= ref.XID || second == first {
+		t.Fatalf("the second recovery %v does not have the reuser's commit of xid %d", second, ref.XID)
+	}
+	if st, _, err := srv.XactStatus(ctx, ref.XID); err != nil || st != "committed" {
+		t.Fatalf("pg_xact_status(%d) = %q, %v after the second recovery; want committed (the reuser's)", ref.XID, st, err)
+	}
+	if srv.RowExists(t, ctx, plain, 1) {
+		t.Fatal("the victim's row is there")
+	}
+	seen, err := reconcile.New(srv.Pool(t, ctx), reconcile.WithWait(time.Second, 10*time.Millisecond))
+	pgtest.NoError(t, err)
+	reconciletest.Check(t, ctx, seen, []reconciletest.Case{{Name: "seeing the second recovery", Ref: ref,
+		Want: reconcile.Unknown, Reason: reconcile.ReasonCrashRecovered}})
+	told, err := reconcile.New(srv.Pool(t, ctx), reconcile.WithWait(time.Second, 10*time.Millisecond))
+	pgtest.NoError(t, err)
+	told.Remember(first)
+	reconciletest.Check(t, ctx, told, []reconciletest.Case{{Name: "told of the first recovery", Ref: ref, Want: reconcile.Aborted}})
 }

@@ -22,23 +22,24 @@ func TestMain(m *testing.M) { pgtest.Main(m, &srv) }
 
 // xactRef assigns tx its xid, if it has none yet, and returns the reference the
 // instrumentation would take for it: the xid with the cluster identity (system
-// identifier, timeline), the server's start and its statistics' reset time, read in the
-// same statement.
+// identifier, timeline), the server's start, its statistics' reset time and its WAL flush
+// position, read in the same statement.
 func xactRef(t *testing.T, ctx context.Context, tx pgx.Tx) outcome.ReconciliationRef {
 	t.Helper()
-	var xid, sys, tli, start, reset string
+	var xid, sys, tli, start, reset, flushed string
 	if err := tx.QueryRow(ctx, "select pg_current_xact_id()::text, s.system_identifier::text, "+
-		pg.TimelineSQL+", "+pg.ServerStartSQL+", "+pg.StatsResetSQL+" from pg_control_system() s").Scan(&xid, &sys, &tli, &start, &reset); err != nil {
+		pg.TimelineSQL+", "+pg.ServerStartSQL+", "+pg.StatsResetSQL+", "+pg.FlushLSNSQL+" from pg_control_system() s").Scan(&xid, &sys, &tli, &start, &reset, &flushed); err != nil {
 		t.Fatal(err)
 	}
 	var ref outcome.ReconciliationRef
-	var err [5]error
+	var err [6]error
 	ref.XID, err[0] = strconv.ParseUint(xid, 10, 64)
 	ref.SystemIdentifier, err[1] = strconv.ParseUint(sys, 10, 64)
 	timeline, e := strconv.ParseUint(tli, 10, 32)
 	ref.Timeline, err[2] = uint32(timeline), e
 	ref.ServerStart, err[3] = strconv.ParseInt(start, 10, 64)
 	ref.StatsReset, err[4] = strconv.ParseInt(reset, 10, 64)
+	ref.FlushLSN, err[5] = outcome.ParseLSN(flushed)
 	for _, e := range err {
 		if e != nil {
 			t.Fatalf("reading the reference of %s/%s/%s/%s: %v", xid, sys, tli, start, e)

@@ -45,6 +45,8 @@ type Reconciler struct {
 	errorMessages bool
 	// terminate: end the backend that still holds an xid after the wait ([WithTerminate]).
 	terminate bool
+	// recoveries are the ends of crash recoveries it was told of, or saw (Remember).
+	recoveries recoveries
 }
 
 // Option configures a [Reconciler]: [WithTracerProvider], [WithWait], [WithTerminate],
@@ -226,6 +228,7 @@ func (r *Reconciler) resolve(ctx context.Context, ref outcome.ReconciliationRef,
 			if err != nil {
 				return res, fmt.Errorf("reconcile: reconciling %s: %w", ref, err)
 			}
+			r.know(&v, ref)
 			var again bool
 			res.status, res.reason, again = decide(ref, v)
 			if res.status == Committed && v.syncStandbys {
@@ -264,6 +267,15 @@ func (r *Reconciler) resolve(ctx context.Context, ref outcome.ReconciliationRef,
 	})
 }
 
+// know keeps the end of a crash recovery v shows, and gives v the ends of those of ref's
+// postmaster the reconciler keeps, for decide.
+func (r *Reconciler) know(v *serverView, ref outcome.ReconciliationRef) {
+	if rec, ok := v.recoveryOf(); ok {
+		r.Remember(rec)
+	}
+	v.recoveries = r.recoveries.of(ref)
+}
+
 // terminateHolder ends the backend whose transaction holds xid (WithTerminate). The caller
 // found xid in progress on the incarnation that assigned it, so the running backend whose
 // 32-bit backend_xid matches is that transaction's: no other running transaction can have
@@ -288,8 +300,15 @@ func (r *Reconciler) terminateHolder(ctx context.Context, xid uint64) error {
 // through crash recovery: where PostgreSQL may have reused it).
 func (r *Reconciler) xidProof(ctx context.Context, ref outcome.ReconciliationRef) (Status, error) {
 	v, err := r.query(ctx, ref.XID)
-	if err != nil || v.inFuture || v.inRecovery || v.status == nil || v.sys != ref.SystemIdentifier || !v.assigned(ref) {
+	if err != nil {
 		return Unknown, err
+	}
+	r.know(&v, ref)
+	if v.sys == ref.SystemIdentifier && v.running(ref) && !v.inRecovery && v.lostInRecovery(ref) {
+		return Aborted, nil // lost in a crash recovery after the reference
+	}
+	if v.inFuture || v.inRecovery || v.status == nil || v.sys != ref.SystemIdentifier || !v.assigned(ref) {
+		return Unknown, nil
 	}
 	switch *v.status {
 	case "committed":

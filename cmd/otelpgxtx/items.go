@@ -60,6 +60,9 @@ type item struct {
 	byMarker bool
 	op       outcome.OperationID
 	link     trace.SpanContext
+	// recovery is the end of a crash recovery (MessageCrashRecovered's record): nothing to
+	// answer, evidence for the references (reconcile.Reconciler.Remember).
+	recovery *reconcile.Recovery
 }
 
 // asserted reports whether -assert-marker applies to it: a bare operation id given as an
@@ -133,6 +136,9 @@ func parseItem(text string) (item, error) {
 	case strings.HasPrefix(text, "pg:"):
 		ref, err := outcome.ParseReconciliationRef(text)
 		return item{ref: ref, hasRef: true}, err
+	case strings.HasPrefix(text, "pgrecovery:"):
+		rec, err := reconcile.ParseRecovery(text)
+		return item{recovery: &rec}, err
 	}
 	op, err := outcome.ParseOperationID(text)
 	if err != nil {
@@ -150,6 +156,13 @@ func parseRecord(text string) (item, error) {
 	}
 	str := func(k string) string { s, _ := rec[k].(string); return s }
 	it := item{record: true}
+	if s := str(string(schema.RecoveryKey)); s != "" {
+		r, err := reconcile.ParseRecovery(s)
+		if err != nil {
+			return item{}, fmt.Errorf("%s: %w", schema.RecoveryKey, err)
+		}
+		return item{record: true, recovery: &r}, nil
+	}
 	ref, op := str(string(schema.ReconciliationRefKey)), str(string(schema.OperationIDKey))
 	if ref == "" && op == "" {
 		return item{}, fmt.Errorf("the JSON record has neither %s nor %s", schema.ReconciliationRefKey, schema.OperationIDKey)

@@ -3,17 +3,21 @@ package main
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"fmt"
 	"log/slog"
 	"regexp"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/txevidence/otelpgxtx"
+	"github.com/txevidence/otelpgxtx/internal/schema"
 	"github.com/txevidence/otelpgxtx/outcome"
 	"github.com/txevidence/otelpgxtx/pgtest"
 	"github.com/txevidence/otelpgxtx/reconcile"
@@ -124,6 +128,9 @@ func TestBackendKilled(t *testing.T) {
 	}
 	direct := srv.Pool(t, ctx)
 	gate := gatedDB{Pool: direct, open: make(chan struct{})}
+	var opened sync.Once
+	openGate := func() { opened.Do(func() { close(gate.open) }) }
+	defer openGate() // before the tracers close, on a failure too: they wait for their reconcilers
 	reconciled := make(chan otelpgxtx.Reconciliation, 16)
 	var logs [2]bytes.Buffer
 	pools := [2]*pgxpool.Pool{}
@@ -215,13 +222,48 @@ func TestBackendKilled(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	close(gate.open)
+	// A transaction on each tracer after the recovery: its check sees the end-of-recovery
+	// checkpoint, logs it once and tells automatic reconciliation. Then a checkpoint
+	// overwrites it on the server, and what settles the lost xids is what was kept.
+	var recovery reconcile.Recovery
+	for i := range pools {
+		for range 2 {
+			if err := pgx.BeginFunc(ctx, pools[i], func(tx pgx.Tx) error { _, err := tx.Exec(ctx, "select 1"); return err }); err != nil {
+				t.Fatal(err)
+			}
+		}
+		seen := recoveryRecords(t, logs[i].String())
+		if len(seen) != 1 {
+			t.Fatalf("tracer %d logged %d crash recoveries, want 1:\n%s", i, len(seen), logs[i].String())
+		}
+		recovery = seen[0]
+	}
+	if err := srv.Exec(ctx, "checkpoint"); err != nil {
+		t.Fatal(err)
+	}
+	blind, err := reconcile.New(direct, reconcile.WithWait(time.Second, 10*time.Millisecond))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, v := range victims {
+		if v.ended.ref == nil || v.marker || v.mode == "sync" {
+			continue
+		}
+		// Told nothing, after the checkpoint, a reconciler has the reuser's commit only.
+		got, err := blind.Resolve(ctx, *v.ended.ref, trace.SpanContext{})
+		if err != nil || got.Status() != reconcile.Unknown || got.Reason() != reconcile.ReasonCrashRecovered {
+			t.Errorf("%s: told nothing, after the checkpoint: %s %q %v, want unknown/crash_recovered", v.name(), got.Status(), got.Reason(), err)
+		}
+	}
+	openGate()
 
-	// Each answer, from each route, against the rows.
+	// Each answer, from each route, against the rows; the reconciler of
+	// reconcile.Indeterminate told of the recovery by the log record.
 	rec, err := reconcile.New(direct, reconcile.WithWait(time.Second, 10*time.Millisecond))
 	if err != nil {
 		t.Fatal(err)
 	}
+	rec.Remember(recovery)
 	answers := map[outcome.OperationID][]string{} // route: answer
 	var indeterminate int
 	for _, v := range victims {
@@ -260,7 +302,7 @@ func TestBackendKilled(t *testing.T) {
 	var records []string
 	for i := range logs {
 		for _, line := range strings.Split(logs[i].String(), "\n") {
-			if strings.Contains(line, `"tx.phase":"unknown"`) {
+			if strings.Contains(line, `"tx.phase":"unknown"`) || strings.Contains(line, string(schema.RecoveryKey)) {
 				records = append(records, line)
 			}
 		}
@@ -301,18 +343,39 @@ func answerText(status, reason string) string {
 }
 
 // wantAfterKill is the answers allowed for v after the kill, space-separated: the marker
-// settles each, the xid alone answers crash_recovered where the reuser committed its xid,
-// and a COMMIT sent to a killed backend (idle) brings no xid back.
+// settles each; the xid alone, told of the recovery, settles the transactions whose commit
+// record it lost (above its next xid) and not the committed ones (their xid's status may be
+// a reuser's, after another crash); a COMMIT sent to a killed backend (idle) may bring no
+// xid back.
 func wantAfterKill(v *killVictim) string {
 	switch {
 	case v.marker && v.mode == "sync":
 		return "committed"
-	case v.marker:
+	case v.marker || v.mode == "trigger":
 		return "aborted"
 	case v.mode == "idle":
-		return "unknown/" + reconcile.ReasonCrashRecovered + " unknown/" + reconcile.ReasonNoReference + " aborted"
+		return "aborted unknown/" + reconcile.ReasonNoReference
 	}
 	return "unknown/" + reconcile.ReasonCrashRecovered
+}
+
+// recoveryRecords are the crash recoveries in log, a JSON log's records.
+func recoveryRecords(t *testing.T, log string) []reconcile.Recovery {
+	t.Helper()
+	var out []reconcile.Recovery
+	for _, line := range strings.Split(log, "\n") {
+		var r map[string]any
+		if json.Unmarshal([]byte(line), &r) != nil || r["msg"] != otelpgxtx.MessageCrashRecovered {
+			continue
+		}
+		s, _ := r[string(schema.RecoveryKey)].(string)
+		rec, err := reconcile.ParseRecovery(s)
+		if err != nil {
+			t.Fatal(err)
+		}
+		out = append(out, rec)
+	}
+	return out
 }
 
 // startVictim begins v on its pool (pools[0] the xid alone, pools[1] the marker),

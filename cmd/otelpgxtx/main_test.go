@@ -616,7 +616,9 @@ func runbookShows(t *testing.T, n int, out string) {
 		t.Fatalf("docs/runbook.md has no sample output of %d lines after %q", n, intro)
 	}
 	shape := func(s string) string {
-		s = regexp.MustCompile(`pg:[0-9/]+(;checked=[0-9]+)?`).ReplaceAllString(strings.TrimSpace(s), "pg:<reference>")
+		s = regexp.MustCompile(`;checked=[0-9]+`).ReplaceAllString(strings.TrimSpace(s), ";checked=<time>")
+		s = regexp.MustCompile(`;flushed=[0-9A-F]+/[0-9A-F]+`).ReplaceAllString(s, ";flushed=<position>")
+		s = regexp.MustCompile(`pg:[0-9/]+`).ReplaceAllString(s, "pg:<reference>")
 		return regexp.MustCompile(`\b[0-9a-f]{32}\b`).ReplaceAllString(s, "<operation id>")
 	}
 	if got, want := shape(out), shape(lines[n-1]); got != want {

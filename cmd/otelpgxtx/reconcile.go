@@ -18,7 +18,9 @@ const reconcileUsage = `usage: otelpgxtx reconcile [-dsn URL] [-wait duration] [
 Without arguments, reads references, operation ids or the library's JSON log records from
 standard input, one per line. Only a reference settles anything: an operation id or a log
 record without one stays unknown (no_reference), unless -assert-marker names the
-commit-marker table that the operations given as arguments wrote with their COMMIT.
+commit-marker table that the operations given as arguments wrote with their COMMIT. The
+records of a crash recovery (pgrecovery:…, or the log record that carries one) are
+evidence for the references, kept from the server's next checkpoint on.
 Exit status: 0 all settled, 1 some unknown, 2 bad input or no database.
 `
 
@@ -51,6 +53,7 @@ func reconcileCmd(ctx context.Context, args []string, stdin io.Reader, stdout, s
 		}
 		return exitBad
 	}
+	items, recoveries := splitRecoveries(items)
 	if len(items) == 0 {
 		fmt.Fprintln(stderr, "otelpgxtx reconcile: nothing to reconcile")
 		return exitBad
@@ -65,12 +68,24 @@ func reconcileCmd(ctx context.Context, args []string, stdin io.Reader, stdout, s
 	if *terminate {
 		opts = append(opts, reconcile.WithTerminate())
 	}
-	return settle(ctx, items, *dsn, opts, markerTable, stdout, stderr)
+	return settle(ctx, items, recoveries, *dsn, opts, markerTable, stdout, stderr)
 }
 
-// settle asks the database at dsn about each item, prints one line for each, and
-// returns the exit status.
-func settle(ctx context.Context, items []item, dsn string, opts []reconcile.Option, markerTable pgx.Identifier, stdout, stderr io.Writer) int {
+// splitRecoveries takes the crash recoveries out of items: evidence, not questions.
+func splitRecoveries(items []item) (rest []item, recoveries []reconcile.Recovery) {
+	for _, it := range items {
+		if it.recovery != nil {
+			recoveries = append(recoveries, *it.recovery)
+			continue
+		}
+		rest = append(rest, it)
+	}
+	return rest, recoveries
+}
+
+// settle asks the database at dsn about each item, with the crash recoveries given as
+// evidence, prints one line for each, and returns the exit status.
+func settle(ctx context.Context, items []item, recoveries []reconcile.Recovery, dsn string, opts []reconcile.Option, markerTable pgx.Identifier, stdout, stderr io.Writer) int {
 	conn, err := pgx.Connect(ctx, dsn)
 	if err != nil {
 		fmt.Fprintln(stderr, "otelpgxtx reconcile: connecting to the database:", redact(err.Error(), dsn))
@@ -81,6 +96,9 @@ func settle(ctx context.Context, items []item, dsn string, opts []reconcile.Opti
 	if err != nil {
 		fmt.Fprintln(stderr, "otelpgxtx reconcile:", err)
 		return exitBad
+	}
+	for _, r := range recoveries {
+		rec.Remember(r)
 	}
 	code := exitSettled
 	for _, it := range items {

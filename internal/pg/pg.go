@@ -6,6 +6,9 @@ package pg
 
 import (
 	"errors"
+	"fmt"
+	"strconv"
+	"strings"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -37,6 +40,39 @@ const ServerStartSQL = "(extract(epoch from pg_postmaster_start_time()) * 100000
 // on 13 and 14, when the collector itself is restarted: a change proves no crash, so it
 // only ever makes an answer unknown. The view is readable by every role.
 const StatsResetSQL = "coalesce((extract(epoch from (select a.stats_reset from pg_catalog.pg_stat_archiver a)) * 1000000)::bigint, 0)::text"
+
+// FlushLSNSQL is how far the server has flushed its WAL (pg_current_wal_flush_lsn, in
+// pg_lsn's text form), NULL on a standby, where the function errs.
+const FlushLSNSQL = "case when pg_catalog.pg_is_in_recovery() then null else pg_catalog.pg_current_wal_flush_lsn()::text end"
+
+// ShutdownCheckpointSQL says, of the latest checkpoint k (pg_control_checkpoint()),
+// whether it is shutdown-type (a shutdown's or a crash recovery's end) in a way an online
+// checkpoint cannot look like: redo_lsn = checkpoint_lsn (CreateCheckPoint PANICs when the
+// redo pointer of a shutdown or end-of-recovery checkpoint is not the record's own start;
+// PostgreSQL 17+ writes an XLOG_CHECKPOINT_REDO record between the two of an online one,
+// earlier majors a standby snapshot unless wal_level is minimal, so minimal is excluded
+// below 17). Within one postmaster's life a shutdown-type checkpoint is an end of
+// recovery, since a shutdown ends it; which postmaster's life it is in, the checkpoint's
+// LSN against a flush position of that postmaster says (package reconcile), or its time
+// against the postmaster's start when they are seconds apart (package reference).
+const ShutdownCheckpointSQL = "(k.redo_lsn = k.checkpoint_lsn" +
+	" and (pg_catalog.current_setting('server_version_num')::int >= 170000 or pg_catalog.current_setting('wal_level') <> 'minimal'))::text"
+
+// CheckpointTimeSQL is the latest checkpoint k's time, in whole seconds since the epoch
+// (pg_control_checkpoint() has no more).
+const CheckpointTimeSQL = "extract(epoch from k.checkpoint_time)::bigint::text"
+
+// ParseFullXID parses pg_control_checkpoint()'s next_xid, "<epoch>:<xid>", into a full
+// (xid8) transaction id.
+func ParseFullXID(s string) (uint64, error) {
+	e, x, ok := strings.Cut(s, ":")
+	epoch, err1 := strconv.ParseUint(e, 10, 32)
+	xid, err2 := strconv.ParseUint(x, 10, 32)
+	if !ok || err1 != nil || err2 != nil {
+		return 0, fmt.Errorf("unexpected next_xid %q", s)
+	}
+	return epoch<<32 | xid, nil
+}
 
 // InFailedTransaction is the SQLSTATE of a statement sent in a transaction that has
 // already failed (25P02): the statement was not executed.

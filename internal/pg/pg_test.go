@@ -78,3 +78,17 @@ func TestTransient(t *testing.T) {
 		}
 	}
 }
+
+// TestParseFullXID: pg_control_checkpoint()'s next_xid, epoch and xid.
+func TestParseFullXID(t *testing.T) {
+	for in, want := range map[string]uint64{"0:724": 724, "2:5": 2<<32 | 5} {
+		if got, err := ParseFullXID(in); err != nil || got != want {
+			t.Errorf("ParseFullXID(%q) = %d, %v; want %d", in, got, err, want)
+		}
+	}
+	for _, in := range []string{"", "724", "a:1", "1:", "0:4294967296"} {
+		if _, err := ParseFullXID(in); err == nil {
+			t.Errorf("ParseFullXID(%q) succeeded", in)
+		}
+	}
+}

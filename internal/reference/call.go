@@ -13,7 +13,11 @@ import (
 // the tracer saw (or its references go with every commit, Run's), did not begin read-only,
 // has not failed, and commits with a lone COMMIT Query. When the xid read after a
 // statement found the xid, COMMIT carries nothing for it, and the reference is that xid's.
+// A COMMIT among other statements of one string carries nothing (the call would have to
+// go between the application's statements): without a found xid the frame has no
+// reference, for that reason (Frame.Missing).
 func (c *Conn) ArmCall(f *Frame, s Statement) {
+	f.multiCommit = s.Commit && !s.Single && c.on(f.Refs)
 	if !c.on(f.Refs) || !c.Known() || !f.life.Wrote() && !f.Refs.Every || f.life.ReadOnly() || !s.InTx {
 		return
 	}

@@ -12,6 +12,7 @@ import (
 	"github.com/txevidence/otelpgxtx/internal/pg"
 	"github.com/txevidence/otelpgxtx/internal/wire"
 	"github.com/txevidence/otelpgxtx/outcome"
+	"github.com/txevidence/otelpgxtx/reconcile"
 )
 
 // The check ahead of a connection's first BEGIN: the cluster identity and the marker
@@ -91,8 +92,10 @@ func (c check) message() []byte {
 const (
 	identitySelect = "select s.system_identifier::text, " + pg.TimelineSQL + ", " + pg.ServerStartSQL + ", " + pg.StatsResetSQL + ", pg_catalog.pg_backend_pid()::text" +
 		", pg_current_xact_id_if_assigned()::text, 'pg_catalog.pg_current_xact_id_if_assigned()'::pg_catalog.regprocedure::pg_catalog.oid::text" +
-		", pg_catalog.current_database()::text, (extract(epoch from pg_catalog.now()) * 1000000)::bigint::text"
-	identityFrom = " from pg_control_system() s"
+		", pg_catalog.current_database()::text, (extract(epoch from pg_catalog.now()) * 1000000)::bigint::text" +
+		", " + pg.FlushLSNSQL + ", k.checkpoint_lsn::text, k.next_xid::text, k.timeline_id::text, " + pg.ShutdownCheckpointSQL +
+		", " + pg.CheckpointTimeSQL
+	identityFrom = " from pg_control_system() s, pg_control_checkpoint() k"
 )
 
 // The columns of identitySelect, and the marker check's after them (exported for the
@@ -107,6 +110,12 @@ const (
 	ColXIDFunction
 	ColDatabase
 	ColCheckedAt
+	ColFlushLSN
+	ColCheckpointLSN
+	ColCheckpointNextXID
+	ColCheckpointTimeline
+	ColCheckpointShutdown
+	ColCheckpointTime
 	ColMarker
 )
 
@@ -229,19 +238,50 @@ func (c *Conn) setIdentity(row [][]byte) error {
 		start <= 0 || fn == 0 || checked <= 0 || reset < 0 || len(row[ColDatabase]) == 0 {
 		return fmt.Errorf("reading the cluster identity: unexpected values %q", row)
 	}
+	flushed, err8 := outcome.ParseLSN(string(row[ColFlushLSN]))
+	ckpt, err9 := parseCheckpoint(row, sys, uint32(tli), start)
+	if err8 != nil || err9 != nil || flushed == 0 {
+		return fmt.Errorf("reading the cluster identity: unexpected values %q", row)
+	}
 	id := &c.identity
 	id.systemID, id.timeline, id.serverStart, id.statsReset = sys, uint32(tli), start, reset
 	c.state = on
 	id.pooled = uint32(pid) != id.pid
-	id.database, id.checkedAt = string(row[ColDatabase]), checked
+	id.database, id.checkedAt, id.flushLSN = string(row[ColDatabase]), checked, flushed
+	id.checkpoint = ckpt
 	c.xidCall, _ = (&pgproto3.FunctionCall{Function: uint32(fn)}).Encode(nil) // result in text format
 	return nil
+}
+
+// parseCheckpoint reads the latest checkpoint of row, of the server of system sys on
+// timeline tli started at start (see Checkpoint).
+func parseCheckpoint(row [][]byte, sys uint64, tli uint32, start int64) (Checkpoint, error) {
+	lsn, err1 := outcome.ParseLSN(string(row[ColCheckpointLSN]))
+	next, err2 := pg.ParseFullXID(string(row[ColCheckpointNextXID]))
+	ckptTLI, err3 := strconv.ParseUint(string(row[ColCheckpointTimeline]), 10, 32)
+	shutdown, err4 := strconv.ParseBool(string(row[ColCheckpointShutdown]))
+	at, err5 := strconv.ParseInt(string(row[ColCheckpointTime]), 10, 64)
+	if err := errors.Join(err1, err2, err3, err4, err5); err != nil {
+		return Checkpoint{}, err
+	}
+	ck := Checkpoint{Recovery: reconcile.Recovery{SystemIdentifier: sys, Timeline: tli, ServerStart: start, CheckpointLSN: lsn}}
+	switch startSecond := start / 1e6; {
+	case !shutdown || at < startSecond || uint32(ckptTLI) != tli:
+		// An online checkpoint, the shutdown before the postmaster started, or a
+		// checkpoint of a timeline the server has left.
+	case at > startSecond:
+		ck.Recovery.NextXID, ck.Ended = next, true
+	default:
+		ck.Recovery.NextXID = next // within the second the postmaster started: either
+	}
+	return ck, nil
 }
 
 // checked keeps what the check ahead of BEGIN found: the identity, or references off for
 // the connection; the marker function, or the marker off for it and table; each with the
 // notice, for one log record, of why it is off.
 func (c *Conn) checked(r wire.Reply) *Off {
+	// The end of a crash recovery the check may show is the caller's to keep: Recovery.
 	ck := c.checking
 	c.checking = check{}
 	col := 0 // the marker check's column

@@ -14,6 +14,9 @@ import (
 type Collected struct {
 	FatalBeforeCommit bool
 	Off               *Off
+	// Checked: the connection's check answered now (Conn.Recovery says whether it saw the
+	// end of a crash recovery).
+	Checked bool
 }
 
 // Collect collects, after the query it was armed for, what became of the library's
@@ -65,7 +68,7 @@ func (c *Conn) Collect(f *Frame, final bool) Collected {
 			// next BEGIN.
 			return Collected{}
 		}
-		return Collected{Off: c.checked(r)}
+		return Collected{Off: c.checked(r), Checked: true}
 	}
 	if f != nil && !r.Fatal {
 		f.ref = c.callRef(f.marker, f.id, r)

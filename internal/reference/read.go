@@ -16,6 +16,9 @@ type Statement struct {
 	Single bool // the string holds one statement
 	Writes bool // a statement may write
 	Plain  bool // of no transaction-control kind
+	// Opens: several statements, a BEGIN among them and no other transaction control
+	// ("begin; insert …"), so that the string leaves a transaction open.
+	Opens  bool
 	Commit bool // a COMMIT (not AND CHAIN)
 	// InTx: the connection is in a transaction that has not failed (pgconn's status T).
 	InTx bool
@@ -24,14 +27,17 @@ type Statement struct {
 // ArmRead has the write of a statement s of f's transaction carry the xid read after the
 // statement, so that the xid is on the client before COMMIT is written: a connection lost
 // with COMMIT's write still leaves a reference the server can answer. The statement must
-// be one that may assign the xid and cannot leave the server waiting for the client's data
-// (a lone statement that may write, not COPY), in a transaction that has none known yet,
-// did not begin read-only and has not failed; and no cancel request may land on the read
-// (see readsEarly). The read is taken once per transaction, unless it finds no xid yet.
-// The marker's call stays ahead of COMMIT. ctx is the statement's context.
+// be one that may assign the xid, leaves the transaction open, and cannot leave the server
+// waiting for the client's data: statements that may write, none of them COPY, in a
+// transaction that has not failed, or opening one ("begin; insert …" in one string: the
+// read runs after the last, in the transaction they leave open, and answers for it, or
+// fails with it). The transaction must have no xid known yet and not have begun
+// read-only, and no cancel request may land on the read (see readsEarly). The read is
+// taken once per transaction, unless it finds no xid yet. The marker's call stays ahead
+// of COMMIT. ctx is the statement's context.
 func (c *Conn) ArmRead(ctx context.Context, f *Frame, s Statement) {
 	if f.xid != 0 || f.life.ReadOnly() || !f.life.Open() || !c.on(f.Refs) || c.markerOf(f.Refs) != nil ||
-		!c.Known() || c.adding || !s.Single || !s.Writes || !s.Plain || !s.InTx || !c.readsEarly(ctx, s.SQL) {
+		!c.Known() || c.adding || !s.Writes || !(s.Plain && s.InTx || s.Opens) || !c.readsEarly(ctx, s.SQL) {
 		return
 	}
 	if c.nc.Arm(&wire.Addition{Kind: wire.LibraryCall, Msg: c.xidCall, After: true}) {
@@ -39,14 +45,21 @@ func (c *Conn) ArmRead(ctx context.Context, f *Frame, s Statement) {
 	}
 }
 
-// readsEarly reports whether the xid read may follow the statement sql: not a COPY,
+// readsEarly reports whether the xid read may follow the statements sql: none a COPY,
 // whose FROM STDIN would take the read for its data, and no cancel request possible —
 // pgconn's default context watcher sets a deadline and sends none; with another, only a
 // context that can never be cancelled is safe, since a cancel request sent for the
 // statement can arrive as the read runs, fail it, and so abort the transaction.
 func (c *Conn) readsEarly(ctx context.Context, sql string) bool {
-	if w, _ := sqltext.NextWord(sql); len(w) == len("copy") && strings.EqualFold(w, "copy") {
-		return false
+	for rest := sql; ; {
+		if w, _ := sqltext.NextWord(rest); len(w) == len("copy") && strings.EqualFold(w, "copy") {
+			return false
+		}
+		end := sqltext.StatementEnd(rest)
+		if end >= len(rest) {
+			break
+		}
+		rest = rest[end+1:]
 	}
 	return !c.cancels || ctx.Done() == nil
 }

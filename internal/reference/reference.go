@@ -16,6 +16,7 @@ import (
 	"github.com/txevidence/otelpgxtx/classifier"
 	"github.com/txevidence/otelpgxtx/internal/wire"
 	"github.com/txevidence/otelpgxtx/outcome"
+	"github.com/txevidence/otelpgxtx/reconcile"
 )
 
 // Mode is what a plain pgx COMMIT carries for its reference.
@@ -62,7 +63,15 @@ type Frame struct {
 	ref *outcome.ReconciliationRef
 	// marker is the marker function whose call the COMMIT write carries.
 	marker *markerFn
+	// multiCommit: the frame's references were on, and its COMMIT came among other
+	// statements of one query string.
+	multiCommit bool
 }
+
+// MissingMultiStatement is Frame.Missing's word for a frame whose COMMIT came among other
+// statements of one query string ("begin; insert …; commit", as migration tools write),
+// where nothing can carry the call without going between the application's statements.
+const MissingMultiStatement = "multi_statement"
 
 // Init makes f the reference part of a frame whose transaction life is, operation id,
 // carrying refs.
@@ -72,6 +81,15 @@ func (f *Frame) Init(refs Refs, life Life, id outcome.OperationID) {
 
 // Ref is the frame's reference, nil when it has none.
 func (f *Frame) Ref() *outcome.ReconciliationRef { return f.ref }
+
+// Missing says why a frame whose references were on has no reference, when the reason
+// is its own: MissingMultiStatement, else "".
+func (f *Frame) Missing() string {
+	if f.ref == nil && f.multiCommit {
+		return MissingMultiStatement
+	}
+	return ""
+}
 
 // XID is the xid the read after a statement found, 0 while none.
 func (f *Frame) XID() uint64 { return f.xid }
@@ -121,10 +139,30 @@ type identity struct {
 	// pid is the PID pgconn was told at connection start (BackendKeyData), and pooled says
 	// that the identity check's backend had another: a pooler (PgBouncer) is in between,
 	// and the transactions may run on other server connections than the check's.
-	pid       uint32
-	pooled    bool
-	database  string
-	checkedAt int64 // µs since the epoch
+	pid        uint32
+	pooled     bool
+	database   string
+	checkedAt  int64      // µs since the epoch
+	flushLSN   uint64     // pg_current_wal_flush_lsn() at the check
+	checkpoint Checkpoint // the server's latest, at the check
+}
+
+// Checkpoint is what a connection's check saw of the server's latest checkpoint, when it
+// may end a crash recovery of the running postmaster (a backend died hard, and the
+// postmaster recovered in place): the Recovery it would be, with Ended when it must be one
+// (a shutdown-type checkpoint made in a later second than the postmaster started), or
+// NextXID zero when it cannot (an online checkpoint, or one from before the start). One in
+// the very second of the start may be the shutdown before it: it ends a recovery only if
+// it is at or past a flush position a check of the running postmaster saw before.
+type Checkpoint struct {
+	reconcile.Recovery
+	Ended bool
+}
+
+// Checkpoint returns what the connection's check saw of the latest checkpoint, and the
+// check's flush position.
+func (c *Conn) Checkpoint() (Checkpoint, uint64) {
+	return c.identity.checkpoint, c.identity.flushLSN
 }
 
 // state is where a connection's commit references are. Whether a marker function is
@@ -209,7 +247,7 @@ func TooOld(v string) string {
 func (c *Conn) ref(xid uint64) *outcome.ReconciliationRef {
 	id := &c.identity
 	return &outcome.ReconciliationRef{XID: xid, SystemIdentifier: id.systemID, Timeline: id.timeline, ServerStart: id.serverStart,
-		StatsReset: id.statsReset, Pooled: id.pooled}
+		StatsReset: id.statsReset, Pooled: id.pooled, FlushLSN: id.flushLSN}
 }
 
 // Off is a notice that references, or a marker, are off on the connection, for one log

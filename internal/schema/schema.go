@@ -21,10 +21,14 @@ const Version = "0.1.0"
 const (
 	OperationIDKey       = attribute.Key("tx.operation_id")
 	ReconciliationRefKey = attribute.Key("tx.reconciliation.ref")
-	ResolvedOutcomeKey   = attribute.Key("tx.outcome.resolved")
-	ErrorTypeKey         = semconv.ErrorTypeKey
-	DBSystemNameKey      = semconv.DBSystemNameKey
-	SpanNameReconcile    = "tx.reconcile"
+	// NoReferenceKey says why a frame has no reference (the command prints it).
+	NoReferenceKey = attribute.Key("tx.reconciliation.no_reference")
+	// RecoveryKey is the field of the log record of a crash recovery (a reconcile.Recovery).
+	RecoveryKey        = attribute.Key("tx.reconciliation.recovery")
+	ResolvedOutcomeKey = attribute.Key("tx.outcome.resolved")
+	ErrorTypeKey       = semconv.ErrorTypeKey
+	DBSystemNameKey    = semconv.DBSystemNameKey
+	SpanNameReconcile  = "tx.reconcile"
 )
 
 // DBSystemPostgreSQL is db.system.name=postgresql, on every span and metric.
