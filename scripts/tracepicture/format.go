@@ -7,8 +7,13 @@ import (
 )
 
 // shortRef shortens a reconciliation reference for the picture: each long number of
-// it (the system identifier, the LSNs) keeps its first and last four digits.
+// it (the system identifier, the times) keeps its first and last four digits; what follows
+// the first ";" (";flushed=…", ";pooled", a marker) stays as it is.
 func shortRef(ref string) string {
+	ref, suffix, hasSuffix := strings.Cut(ref, ";")
+	if hasSuffix {
+		suffix = ";" + suffix
+	}
 	prefix, rest, ok := strings.Cut(ref, ":")
 	if !ok {
 		prefix, rest = "", ref
@@ -21,7 +26,7 @@ func shortRef(ref string) string {
 			parts[i] = part[:4] + "…" + part[len(part)-4:]
 		}
 	}
-	return prefix + strings.Join(parts, "/")
+	return prefix + strings.Join(parts, "/") + suffix
 }
 
 // formatDuration writes d as Jaeger does: in the largest unit under which it is at least

@@ -153,6 +153,10 @@ func TestShortRef(t *testing.T) {
 	if want := "pg:7715…3347/1/726/1796…9173/1796…6233"; got != want {
 		t.Errorf("shortRef = %q, want %q", got, want)
 	}
+	got = shortRef("pg:7715015004061303347/1/726/1796291910229173/1796291909216233;flushed=0/1508EA0")
+	if want := "pg:7715…3347/1/726/1796…9173/1796…6233;flushed=0/1508EA0"; got != want {
+		t.Errorf("shortRef = %q, want %q", got, want)
+	}
 }
 
 // TestFormatDuration: Jaeger's way of writing a duration.
