@@ -410,29 +410,25 @@ func (c *fakePG) identity(sql []byte) {
 	for i := range n {
 		c.idCols = append(c.idCols, pgproto3.FieldDescription{
 			Name: fmt.Appendf(nil, "c%d", i), DataTypeOID: 25, DataTypeSize: -1, TypeModifier: -1})
-		v := "1700000000000000" // a server start, in microseconds
-		switch i {
-		case reference.ColSystem:
-			v = "7000000000000000001"
-		case reference.ColTimeline:
-			v = "1"
-		case reference.ColXIDFunction:
-			v = "5060"
-		case reference.ColBackendPID:
-			v = "1" // BackendKeyData's
-		case reference.ColFlushLSN:
-			v = "0/1000000"
-		case reference.ColCheckpointLSN:
-			v = "0/100"
-		case reference.ColCheckpointNextXID:
-			v = "0:700"
-		case reference.ColCheckpointTimeline:
-			v = "1"
-		case reference.ColCheckpointShutdown:
-			v = "false"
+		v, ok := fakeIdentityValues[i]
+		if !ok {
+			v = "1700000000000000" // a server start, in microseconds
 		}
 		c.idVals = append(c.idVals, []byte(v))
 	}
+}
+
+// fakeIdentityValues are the fake server's identity columns other than the times.
+var fakeIdentityValues = map[int]string{
+	reference.ColSystem:             "7000000000000000001",
+	reference.ColTimeline:           "1",
+	reference.ColXIDFunction:        "5060",
+	reference.ColBackendPID:         "1", // BackendKeyData's
+	reference.ColFlushLSN:           "0/1000000",
+	reference.ColCheckpointLSN:      "0/100",
+	reference.ColCheckpointNextXID:  "0:700",
+	reference.ColCheckpointTimeline: "1",
+	reference.ColCheckpointShutdown: "false",
 }
 
 func (c *fakePG) describe(k fakeKind, cols []pgproto3.FieldDescription) {

@@ -144,6 +144,9 @@ func (t *core) afterQuery(ctx context.Context, conn *pgx.Conn, st *connState, q 
 	if c.FatalBeforeCommit && f != nil {
 		f.FatalBeforeCommit() // the server answered the call ahead of COMMIT with a FATAL
 	}
+	if c.AbortedBefore != nil && f != nil {
+		f.AbortedBeforeCommit(c.AbortedBefore) // with an ERROR: COMMIT rolls back
+	}
 	if q.batch.err != nil && err == nil {
 		err = q.batch.err
 	}

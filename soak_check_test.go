@@ -467,7 +467,12 @@ func (c *soakCheck) automaticReconciliation() {
 		if op == nil {
 			continue
 		}
-		c.autoByMode[op.mode()+": "+soakResolutionLabel(r)]++
+		label := op.mode() + ": " + soakResolutionLabel(r)
+		if r.Reason() == reconcile.ReasonCrashRecovered {
+			// What the evidence left open: a commit it cannot prove, or a loss it did not.
+			label += map[bool]string{true: " (committed)", false: " (did not commit)"}[c.committedBy(op, f.op)]
+		}
+		c.autoByMode[label]++
 		if op.run && op.marker && f.ref == "" {
 			// Issue 40's long run found four of these and not why: say it for each.
 			c.t.Logf("Run with the marker, no reference: frame %s, phase %s, error %s, sqlstate %q, events %v [%s]",

@@ -32,6 +32,10 @@ type Facts struct {
 	// SessionEndedBeforeCommit: before COMMIT was written, the server had already sent
 	// a FATAL (or PANIC) error, after which it reads nothing more from the session.
 	SessionEndedBeforeCommit bool
+	// AbortedBeforeCommit: the server answered a message sent ahead of COMMIT in
+	// COMMIT's own write and transaction (the library's call) with this ERROR, so the
+	// transaction was aborted before the server read COMMIT.
+	AbortedBeforeCommit error
 	// Server is the kind of server that answered (see [ServerOf]); the rules that rest on
 	// PostgreSQL's own behaviour apply only to [ServerPostgreSQL].
 	Server ServerKind
@@ -120,6 +124,9 @@ func Classify(phase outcome.Phase, err error, f Facts) Classification {
 // provably never ran it, a commit only on its success, and unknown otherwise.
 func classifyCommit(err error, f Facts) Classification {
 	if err != nil && !f.CommittedLocally {
+		if v, ok := abortedBeforeCommit(f); ok {
+			return v
+		}
 		if v, ok := notCommitted(err, f); ok {
 			return v
 		}
@@ -163,6 +170,21 @@ func rolledBackError(pgErr *pgconn.PgError, server ServerKind) bool {
 func CompletionUnknown(err error) bool {
 	pgErr, ok := errors.AsType[*pgconn.PgError](err)
 	return ok && pgErr.Code == sqlStateCompletionUnknown
+}
+
+// abortedBeforeCommit recognises a COMMIT whose reply was lost after an ERROR had aborted
+// its transaction: PostgreSQL reads the messages of a write in order, an ERROR inside a
+// transaction block leaves it aborted, and the COMMIT of an aborted transaction rolls it
+// back (postgres.c, exec_simple_query; xact.c, EndTransactionBlock: TBLOCK_ABORT). A
+// FATAL has a rule of its own, and class 08 comes only from a proxy in between, which may
+// send it after the server committed. Shown by the otelpgxtx package's
+// TestCommitReplyLostAfterCallFailed.
+func abortedBeforeCommit(f Facts) (Classification, bool) {
+	pgErr, ok := errors.AsType[*pgconn.PgError](f.AbortedBeforeCommit)
+	if !ok || f.Server != ServerPostgreSQL || isFatal(pgErr) || isConnectionClass(pgErr) {
+		return Classification{}, false
+	}
+	return serverError(pgErr), true
 }
 
 // notCommitted recognises a failed COMMIT the server provably never executed. Each rule

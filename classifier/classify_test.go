@@ -377,6 +377,32 @@ func TestClassifyConnectionClassErrorWhileCommitting(t *testing.T) {
 	}
 }
 
+// TestClassifyAbortedBeforeCommit: an ERROR in reply to the call ahead of COMMIT, in
+// COMMIT's write, makes a COMMIT whose reply was lost a rollback with that error's
+// reason (a serialization failure is retryable); not a FATAL (its own rule), not class 08
+// (a proxy's), not against a "committed locally" warning, not on another server.
+func TestClassifyAbortedBeforeCommit(t *testing.T) {
+	c := outcome.PhaseCommitting
+	pg := classifier.ServerPostgreSQL
+	lockTimeout := pgErr("ERROR", "ERROR", "55P03")
+	runClassifyCases(t, []classifyCase{
+		{"lock timeout", c, errNetOp, classifier.Facts{Server: pg, AbortedBeforeCommit: lockTimeout, ConnClosed: true},
+			want{evidence: classifier.EvidenceRolledBack, sqlstate: "55P03", reason: classifier.ReasonServerError}},
+		{"serialization failure", c, errNetOp, classifier.Facts{Server: pg, AbortedBeforeCommit: errSerialization},
+			want{evidence: classifier.EvidenceRolledBack, retryable: true, sqlstate: "40001", reason: classifier.ReasonSerializationFailure}},
+		{"a FATAL is not this rule's", c, errNetOp, classifier.Facts{Server: pg, AbortedBeforeCommit: errAdminShutdown},
+			want{evidence: classifier.EvidenceUnknown, reason: classifier.ReasonConnectionLost}},
+		{"class 08 is a proxy's", c, errNetOp, classifier.Facts{Server: pg, AbortedBeforeCommit: pgErr("ERROR", "ERROR", "08P01")},
+			want{evidence: classifier.EvidenceUnknown, reason: classifier.ReasonConnectionLost}},
+		{"committed locally contradicts it", c, errNetOp, classifier.Facts{Server: pg, AbortedBeforeCommit: lockTimeout, CommittedLocally: true},
+			want{evidence: classifier.EvidenceUnknown, committedLocally: true, reason: classifier.ReasonConnectionLost}},
+		{"another server", c, errNetOp, classifier.Facts{Server: classifier.ServerOther, AbortedBeforeCommit: lockTimeout},
+			want{evidence: classifier.EvidenceUnknown, reason: classifier.ReasonConnectionLost}},
+		{"not an error of the server's", c, errNetOp, classifier.Facts{Server: pg, AbortedBeforeCommit: errNetOp},
+			want{evidence: classifier.EvidenceUnknown, reason: classifier.ReasonConnectionLost}},
+	})
+}
+
 // TestClassifyCommitNotExecuted: the facts that prove a failed COMMIT never ran make it a
 // retryable rollback, only with the connection gone (a COMMIT refused locally left a
 // transaction that could still commit), never against a "committed locally" warning;

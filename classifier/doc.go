@@ -64,6 +64,18 @@
 //     executing that message (postgres.c PostgresMain; ProcessInterrupts), so its FATAL
 //     always precedes the COMMIT.
 //
+// And one failure proves that COMMIT rolled back although its reply was lost: an ERROR
+// (not FATAL, not class 08) in reply to the library's call sent ahead of COMMIT in the
+// same write ([Facts.AbortedBeforeCommit]). PostgreSQL reads a write's messages in
+// order, that ERROR leaves the transaction aborted, and the COMMIT of an aborted
+// transaction rolls it back (xact.c, EndTransactionBlock). The rollback takes the ERROR's
+// reason, so a serialization failure is retryable. Shown on a real server by
+// TestCommitReplyLostAfterCallFailed in the otelpgxtx package (a lock timeout at the
+// marker's insert, then a proxy that cuts between the call's reply and COMMIT's), for
+// plain pgx and the executor; the otelpgxtx tracer reports it only on a connection to the
+// server itself, never through a pooler (whose own error could come after the server
+// committed).
+//
 // A 57P01 FATAL that arrives after COMMIT was written proves nothing: a backend
 // terminated during the commit may already have written its commit record.
 //

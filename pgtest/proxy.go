@@ -238,6 +238,9 @@ type proxyConn struct {
 	// blocked stops relaying server bytes: set before a COMMIT that will be
 	// cut is forwarded, so its reply can never reach the client.
 	blocked atomic.Bool
+	// cutAtReady: CutBetweenReplies fired; the server's replies go to the client up to
+	// the first ReadyForQuery, then the connection is cut.
+	cutAtReady atomic.Bool
 	// serverSpoke is set when bytes went to the client since the last
 	// counted round trip.
 	serverSpoke atomic.Bool
@@ -275,11 +278,23 @@ func (pc *proxyConn) close() bool {
 func (p *Proxy) relayServer(pc *proxyConn) {
 	buf := make([]byte, 32<<10)
 	rw := versionRewrite{version: pc.version}
+	var ready *readyEnd
 	for {
 		n, err := pc.serverIO.Read(buf)
 		data := rw.rewrite(buf[:n])
 		if len(data) > 0 && pc.conv != nil {
 			pc.conv.server.append(data)
+		}
+		if ready == nil && pc.cutAtReady.Load() {
+			ready = &readyEnd{}
+		}
+		if ready != nil && len(data) > 0 {
+			if k, found := ready.through(data); found {
+				_ = pc.toClient.write(data[:k])
+				pc.blocked.Store(true)
+				p.cuts.Add(1)
+				return // serve's goroutine closes both sides
+			}
 		}
 		if len(data) > 0 && !pc.blocked.Load() {
 			if err := pc.toClient.write(data); err != nil {

@@ -1,6 +1,9 @@
 package pgtest
 
-import "net"
+import (
+	"encoding/binary"
+	"net"
+)
 
 // fault is the one-shot fault armed for the next message carrying COMMIT.
 type fault int
@@ -10,6 +13,7 @@ const (
 	cutAfterCommit
 	cutBeforeCommit
 	holdBeforeCommit
+	cutBetweenReplies
 )
 
 // CutAfterCommit arms a one-shot fault for the next message carrying COMMIT
@@ -38,6 +42,14 @@ func (p *Proxy) CutBeforeCommit() { p.arm(cutBeforeCommit) }
 // a partition or a host that died leaves it waiting for a client it has not noticed is
 // gone (with TCP keepalives off, for hours).
 func (p *Proxy) HoldBeforeCommit() { p.arm(holdBeforeCommit) }
+
+// CutBetweenReplies arms a one-shot fault for the next message carrying COMMIT: the
+// client's write goes to the server whole, and of the server's replies to it only those up
+// to and including the first ReadyForQuery reach the client, then both connections are
+// closed. For a write whose Query ahead of COMMIT is the library's call, the client gets
+// the call's reply and not COMMIT's, which the server still executes.
+// Arming again before the fault fires replaces the armed fault.
+func (p *Proxy) CutBetweenReplies() { p.arm(cutBetweenReplies) }
 
 // arm sets the fault the next COMMIT a client sends triggers.
 func (p *Proxy) arm(f fault) {
@@ -82,8 +94,8 @@ func (p *Proxy) ResetAll() {
 	}
 }
 
-// Cuts is the number of cuts performed: one per fired CutAfterCommit or
-// CutBeforeCommit, plus one per connection closed by CutAll.
+// Cuts is the number of cuts performed: one per fired CutAfterCommit, CutBeforeCommit or
+// CutBetweenReplies, plus one per connection closed by CutAll or ResetAll.
 func (p *Proxy) Cuts() int64 { return p.cuts.Load() }
 
 // forwardTyped appends the typed message msg to out unless a COMMIT fault drops it, and
@@ -101,6 +113,9 @@ func (p *Proxy) forwardTyped(pc *proxyConn, out, msg []byte) ([]byte, bool) {
 			pc.blocked.Store(true)
 			pc.hold = true
 			return out, true
+		case cutBetweenReplies:
+			pc.cutAtReady.Store(true) // before the write: its replies must see it
+			return append(out, msg...), false
 		case cutAfterCommit:
 			pc.blocked.Store(true)
 			out = append(out, msg...)
@@ -112,4 +127,39 @@ func (p *Proxy) forwardTyped(pc *proxyConn, out, msg []byte) ([]byte, bool) {
 		}
 	}
 	return append(out, msg...), false
+}
+
+// readyEnd finds the end of the first ReadyForQuery in a server stream read from a
+// message boundary: a client waits for the replies to one write before the next, so the
+// stream is at one when the write that armed CutBetweenReplies goes out.
+type readyEnd struct {
+	head  []byte // the header read so far of the current message
+	rest  int    // bytes left of the current message
+	ready bool   // the current message is a ReadyForQuery
+}
+
+// through returns how many bytes of b belong to the client, and whether they end with the
+// first ReadyForQuery.
+func (r *readyEnd) through(b []byte) (n int, found bool) {
+	for n < len(b) {
+		if r.rest > 0 {
+			k := min(r.rest, len(b)-n)
+			r.rest, n = r.rest-k, n+k
+			if r.rest == 0 && r.ready {
+				return n, true
+			}
+			continue
+		}
+		k := min(5-len(r.head), len(b)-n)
+		r.head, n = append(r.head, b[n:n+k]...), n+k
+		if len(r.head) < 5 {
+			break
+		}
+		r.ready, r.rest = r.head[0] == 'Z', int(binary.BigEndian.Uint32(r.head[1:5]))-4
+		r.head = r.head[:0]
+		if r.rest <= 0 && r.ready {
+			return n, true
+		}
+	}
+	return n, false
 }

@@ -165,6 +165,7 @@ func (c *Conn[F]) After(f F, e Ended) (r Result) {
 		facts.Server = c.server
 		facts.CommitNotSent = e.CommitNotSent
 		facts.SessionEndedBeforeCommit = ev.commit.endedBeforeCommit
+		facts.AbortedBeforeCommit = ev.commit.abortedBy
 		if facts.CommitNotSent && e.InTx && e.Err != nil {
 			// COMMIT never left and the transaction is still open: it ends with the
 			// connection, which pgx's Commit closes on such a failure (rolled back: see

@@ -57,6 +57,9 @@ type commitFacts struct {
 	committedLocally bool
 	// endedBeforeCommit: the server had sent a FATAL before COMMIT was written.
 	endedBeforeCommit bool
+	// abortedBy: the ERROR the server answered the call ahead of COMMIT with, in COMMIT's
+	// write: the transaction was aborted before COMMIT was read.
+	abortedBy error
 	// unsent: COMMIT failed without a byte of it leaving, on a connection still in the
 	// transaction: the frame waits, committing, for what comes next.
 	unsent bool
@@ -185,6 +188,10 @@ func (f *Frame) CommitMarked(endedBefore bool) { f.commit.endedBeforeCommit = en
 // FatalBeforeCommit records that the server answered the library's call ahead of COMMIT
 // with a FATAL, after which it read nothing more: COMMIT never ran.
 func (f *Frame) FatalBeforeCommit() { f.commit.endedBeforeCommit = true }
+
+// AbortedBeforeCommit records that the server answered the call ahead of COMMIT, in
+// COMMIT's write, with the ERROR err: the transaction was aborted when COMMIT was read.
+func (f *Frame) AbortedBeforeCommit(err error) { f.commit.abortedBy = err }
 
 // Unsent reports that f's COMMIT never left and f waits for what comes next.
 func (f *Frame) Unsent() bool { return f.commit.unsent }

@@ -10,9 +10,13 @@ import (
 
 // Collected is what an addition's reply brought that the caller records: the server
 // answered the call ahead of COMMIT with a FATAL, after which it read nothing more (COMMIT
-// never ran); a check turned references or a marker off (its notice, for one log record).
+// never ran), or with an ERROR (COMMIT rolls back); a check turned references or a marker off (its notice, for one log record).
 type Collected struct {
 	FatalBeforeCommit bool
+	// AbortedBefore is the ERROR the server answered the call ahead of COMMIT with, on
+	// a connection to the server itself (a pooler in between could send one of its own
+	// after the server committed): the transaction was aborted before COMMIT was read.
+	AbortedBefore error
 	Off               *Off
 	// Checked: the connection's check answered now (Conn.Recovery says whether it saw the
 	// end of a crash recovery).
@@ -73,5 +77,9 @@ func (c *Conn) Collect(f *Frame, final bool) Collected {
 	if f != nil && !r.Fatal {
 		f.ref = c.callRef(f.marker, f.id, r)
 	}
-	return Collected{FatalBeforeCommit: r.Fatal}
+	out := Collected{FatalBeforeCommit: r.Fatal}
+	if r.ErrCode != "" && !r.Fatal && !c.identity.pooled {
+		out.AbortedBefore = r.Err
+	}
+	return out
 }
