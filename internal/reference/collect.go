@@ -17,7 +17,7 @@ type Collected struct {
 	// a connection to the server itself (a pooler in between could send one of its own
 	// after the server committed): the transaction was aborted before COMMIT was read.
 	AbortedBefore error
-	Off               *Off
+	Off           *Off
 	// Checked: the connection's check answered now (Conn.Recovery says whether it saw the
 	// end of a crash recovery).
 	Checked bool
