@@ -125,27 +125,33 @@ func (r ReconciliationRef) HasMarker() bool { return r.MarkerTable != "" }
 // ";marker=<operation id>@<quoted table>" with a marker, the form
 // [ParseReconciliationRef] reads.
 func (r ReconciliationRef) String() string {
-	s := "pg:" + strconv.FormatUint(r.SystemIdentifier, 10) + "/" +
-		strconv.FormatUint(uint64(r.Timeline), 10) + "/" + strconv.FormatUint(r.XID, 10)
+	// Appended into one buffer: it is an attribute of every frame span with a reference.
+	b := make([]byte, 0, 96+len(r.MarkerTable))
+	b = append(b, "pg:"...)
+	b = strconv.AppendUint(b, r.SystemIdentifier, 10)
+	b = append(b, '/')
+	b = strconv.AppendUint(b, uint64(r.Timeline), 10)
+	b = append(b, '/')
+	b = strconv.AppendUint(b, r.XID, 10)
 	if r.ServerStart != 0 {
-		s += "/" + strconv.FormatInt(r.ServerStart, 10)
+		b = strconv.AppendInt(append(b, '/'), r.ServerStart, 10)
 		if r.StatsReset != 0 {
-			s += "/" + strconv.FormatInt(r.StatsReset, 10)
+			b = strconv.AppendInt(append(b, '/'), r.StatsReset, 10)
 		}
 	}
 	if r.Pooled {
-		s += ";pooled"
+		b = append(b, ";pooled"...)
 	}
 	if r.FlushLSN != 0 {
-		s += ";flushed=" + FormatLSN(r.FlushLSN)
+		b = appendLSN(append(b, ";flushed="...), r.FlushLSN)
 	}
 	if r.CheckedAt != 0 {
-		s += ";checked=" + strconv.FormatInt(r.CheckedAt, 10)
+		b = strconv.AppendInt(append(b, ";checked="...), r.CheckedAt, 10)
 	}
 	if r.MarkerTable != "" {
-		s += ";marker=" + r.Operation.String() + "@" + r.MarkerTable
+		b = append(append(append(append(b, ";marker="...), r.Operation.String()...), '@'), r.MarkerTable...)
 	}
-	return s
+	return string(b)
 }
 
 // ParseReconciliationRef parses the form produced by [ReconciliationRef.String].
@@ -220,8 +226,20 @@ func positive(s string) (int64, error) {
 
 // FormatLSN writes a WAL position as PostgreSQL does (pg_lsn's text form): the high and
 // low 32 bits in hexadecimal, upper case, with a slash between them.
-func FormatLSN(lsn uint64) string {
-	return strings.ToUpper(strconv.FormatUint(lsn>>32, 16) + "/" + strconv.FormatUint(lsn&0xffffffff, 16))
+func FormatLSN(lsn uint64) string { return string(appendLSN(nil, lsn)) }
+
+// appendLSN appends lsn in pg_lsn's text form, its hexadecimal digits upper-case.
+func appendLSN(b []byte, lsn uint64) []byte {
+	at := len(b)
+	b = strconv.AppendUint(b, lsn>>32, 16)
+	b = append(b, '/')
+	b = strconv.AppendUint(b, lsn&0xffffffff, 16)
+	for i := at; i < len(b); i++ {
+		if 'a' <= b[i] && b[i] <= 'f' {
+			b[i] -= 'a' - 'A'
+		}
+	}
+	return b
 }
 
 // ParseLSN reads a WAL position in pg_lsn's text form (FormatLSN's).
