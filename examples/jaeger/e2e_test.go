@@ -429,7 +429,8 @@ func checkIndeterminateLog(t *testing.T, log string, jt *jTrace) {
 		"tx.operation_id=" + f.attrs["tx.operation_id"],
 		"trace_id=" + f.traceID,
 		"span_id=" + f.spanID,
-		"tx.reconciliation.ref=" + f.attrs["tx.reconciliation.ref"],
+		// slog's text handler quotes a value with ";" or "=" in it, as ";flushed=…".
+		"tx.reconciliation.ref=" + strconv.Quote(f.attrs["tx.reconciliation.ref"]),
 		"tx.commit.committed_locally=true",
 	} {
 		if !strings.Contains(log, want) {

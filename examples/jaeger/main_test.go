@@ -97,7 +97,7 @@ func TestDemoEmbedded(t *testing.T) {
 		}
 	}
 	// The library's log record of the indeterminate commit.
-	if e := errOut.String(); !strings.Contains(e, "transaction commit outcome is indeterminate") || !strings.Contains(e, "tx.reconciliation.ref=pg:") {
+	if e := errOut.String(); !strings.Contains(e, "transaction commit outcome is indeterminate") || !strings.Contains(e, `tx.reconciliation.ref="pg:`) {
 		t.Errorf("no indeterminate log record with its reference in stderr")
 	}
 }
