@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"slices"
+	"strconv"
 	"strings"
 
 	"go.opentelemetry.io/otel/trace"
@@ -130,6 +131,9 @@ func (it item) line(res reconcile.Answer) string {
 
 // parseItem reads a reference, an operation id, or a JSON log record carrying them.
 func parseItem(text string) (item, error) {
+	if u, err := strconv.Unquote(text); err == nil && strings.HasPrefix(text, `"`) {
+		text = u // as slog's text handler writes a reference: quoted, for its ";" and "="
+	}
 	switch {
 	case strings.HasPrefix(text, "{"):
 		return parseRecord(text)

@@ -9,6 +9,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -121,6 +122,11 @@ func TestReconcileRealIndeterminate(t *testing.T) {
 		t.Errorf("from the argument: exit %d, %q; want 0, %q", code, out, want)
 	}
 	runbookShows(t, 1, out)
+	// Quoted, as slog's text handler writes it (its ";flushed=" needs the quotes).
+	code, out, _ = cli(t, ctx, strconv.Quote(ref.String())+"\n", "reconcile")
+	if want := fmt.Sprintf("ref=%s operation=- resolved=committed\n", ref); code != exitSettled || out != want {
+		t.Errorf("quoted: exit %d, %q; want 0, %q", code, out, want)
+	}
 	// One per line on stdin, with one that stays unknown (another cluster's) and a bare
 	// operation id (no reference): exit 1, one line each, in order.
 	other := ref
