@@ -146,7 +146,7 @@ func decide(ref outcome.ReconciliationRef, v serverView) (res Status, reason str
 // pg.ShutdownCheckpointSQL). Its next xid is above every xid with a surviving record
 // (xlogrecovery.c, ApplyWalRecord: AdvanceNextFullTransactionIdPastXid), and flushed WAL
 // is never lost by a recovery in place, so this holds after any number of crashes
-// (TestReconcileCrashRecoveryBoundary). A pooled reference's check ran on another server
+// (TestReconcileBackendKilled, TestReconcileTwoCrashes). A pooled reference's check ran on another server
 // connection, perhaps of an earlier incarnation, and proves nothing here. Below the
 // boundary nothing new is proven: after two crashes an xid the first lost may be reused,
 // committed, and kept by the second.
