@@ -13,17 +13,23 @@
 //     after a statement's messages — and takes its reply out of what pgconn reads, waiting
 //     for it before the next write when asked (Await).
 //
-// Conn is where they meet, and nowhere else. With nothing armed, a write costs one
-// atomic swap and one load; a read, two short sections under a mutex and a walk over the
-// headers of the messages it returns (message boundaries, which an addition needs, are
-// followed on every connection that tracks them: the instrumentation's all do).
+// Conn is where they meet, and nowhere else. It keeps one invariant for all four: at
+// most one read is at the wrapped connection at any moment, whoever started it (pgconn's
+// Read, Await, the read ahead of MarkCommit), and a deadline the library sets for a read
+// of its own never reaches a read of pgconn's. The reader type (reader.go) keeps it; every
+// read of the wrapped connection goes through it, under Conn.mu.
+//
+// With nothing armed, a write costs one atomic swap and one load. A read where the
+// library never reads (no tracking, no TLS read-ahead) is the connection's own; otherwise
+// it costs two short sections under a mutex and a walk over the headers of the messages
+// it returns (message boundaries, which an addition needs, are followed on every
+// connection that tracks them: the instrumentation's all do).
 package wire
 
 import (
 	"crypto/tls"
 	"net"
 	"sync"
-	"sync/atomic"
 	"time"
 )
 
@@ -35,21 +41,17 @@ type Conn struct {
 	// peek looks at unread bytes of a plain socket; nil under TLS and where the socket
 	// cannot be peeked at. Only the connection's user calls it.
 	peek *socketPeek
-	// special: Read must look at what mu guards — a reply filter, or bytes or an error
-	// read ahead. Without it, and without tracking, Read is the connection's Read. It is
-	// derived from that state, by settle alone.
-	special atomic.Bool
+	// passThrough: the library never reads this connection (no tracking, no reading
+	// ahead), so Read and the deadlines are the connection's own.
+	passThrough bool
 	// mu orders the connection's user (Arm, Collect, MarkCommit, Write's addition) with
-	// pgconn's reads, which may run on its background reader's goroutine. It is never
-	// held across a read or write of the wrapped connection.
+	// pgconn's reads, which may run on its background reader's goroutine. It is held
+	// across no read or write of the wrapped connection but the reads ahead of MarkCommit
+	// and drainTLS, whose deadline has passed or nearly.
 	mu     sync.Mutex
 	ahead  readAhead
 	splice splice
-	// reading: a Read of pgconn's (or Await's) is at the wrapped connection; wake, when
-	// set, is closed once that read's bytes are accounted for (Await waits on it). mu
-	// guards both.
-	reading bool
-	wake    chan struct{}
+	rd     reader
 }
 
 // NewConn wraps conn. listener is told when it is closed (nil: nobody); track follows
@@ -69,6 +71,7 @@ func NewConn(conn net.Conn, listener Listener, track bool) *Conn {
 	} else {
 		c.peek = newSocketPeek(conn)
 	}
+	c.passThrough = !track && c.ahead.tls == nil
 	return c
 }
 
@@ -108,7 +111,6 @@ func (c *Conn) startAddition(a *Addition) bool {
 		return false
 	}
 	c.splice.start(a)
-	c.settle()
 	return true
 }
 
@@ -174,9 +176,10 @@ func (c *Conn) Collect(final bool) (a *Addition, pending bool) {
 // Await reads what the server sent until the reply to the addition made after the
 // application's messages (After) is whole, or until deadline, so that the library holds
 // it before the application's next write; what of pgconn's it reads is kept for pgconn,
-// an error included. It reads only when nobody else does: while a read of pgconn's
-// background reader is in flight, it waits for that read to bring the bytes. It reports
-// whether the reply is whole.
+// an error included (a timeout is the deadline's, and is not). It keeps the one-reader
+// invariant (see reader): while a read of pgconn's is at the connection — its background
+// reader outlives a slow write by one read — it waits for that read's bytes to reach the
+// filter rather than read beside it. It reports whether the reply is whole.
 func (c *Conn) Await(deadline time.Time) bool {
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -188,89 +191,69 @@ func (c *Conn) Await(deadline time.Time) bool {
 			return c.splice.added == nil || c.splice.added.state != additionWritten
 		}
 		if f.lib.Done {
-			if buf != nil && c.ahead.tls != nil {
-				c.drainTLS(f, buf)
-			}
 			if f.finished() && len(f.out) == 0 {
-				c.endFilter()
+				c.splice.end()
 			}
 			return true
 		}
 		if c.ahead.state() != aheadEmpty {
 			return false // what a read ended with is kept: no more will come
 		}
-		if c.reading {
-			// pgconn's background reader is at the connection (it outlives a slow write
-			// by one read): its bytes go through the filter.
+		if c.rd.reading {
 			if timer == nil {
 				timer = time.NewTimer(time.Until(deadline))
 				defer timer.Stop()
 			}
-			wake := make(chan struct{})
-			c.wake = wake
-			c.mu.Unlock()
-			select {
-			case <-wake:
-				c.mu.Lock()
-			case <-timer.C:
-				c.mu.Lock()
-				if c.wake == wake {
-					c.wake = nil
-				}
+			if !c.waitRead(timer.C) {
 				return f.lib.Done
 			}
 			continue
 		}
 		if buf == nil {
 			buf = make([]byte, peekSize)
-			if c.Conn.SetReadDeadline(deadline) != nil {
-				return false
-			}
-			defer func() { _ = c.Conn.SetReadDeadline(time.Time{}) }()
 		}
-		c.reading = true
-		c.mu.Unlock()
-		n, err := c.Conn.Read(buf)
-		c.mu.Lock()
-		c.reading = false
-		f.feed(buf[:n])
-		if err != nil && !f.lib.Done {
-			c.ahead.keepErr(err) // pgconn's, after what the filter holds; a timeout is not
-			c.settle()
+		var err error
+		if !c.libRead(buf, deadline, func(n int, rerr error) {
+			f.feed(buf[:n])
+			if err = rerr; err == nil && f.lib.Done && c.ahead.tls != nil {
+				c.drainTLS(f, buf)
+			}
+		}) {
 			return false
 		}
-		c.ahead.keepErr(err)
-		c.settle()
+		c.ahead.keepErr(err) // pgconn's, after what the filter holds; a timeout is not
+		if err != nil && !f.lib.Done {
+			return false
+		}
 	}
 }
 
 // Read reads what the server sent, less the library's part of a reply (see replyFilter),
-// after the bytes read ahead. Without tracking and with nothing held it is the
-// connection's Read. Otherwise each turn gives pgconn what is held, if anything, or reads
-// the connection and accounts for what came: two short sections under mu, none across
-// the read itself.
+// after the bytes read ahead. Where the library never reads (passThrough) it is the
+// connection's Read. Otherwise each turn gives pgconn what is held, if anything, or
+// waits for a read of the library's at the connection to end (see reader), or reads the
+// connection and accounts for what came: two short sections under mu, none across the
+// read itself.
 func (c *Conn) Read(p []byte) (int, error) {
-	if !c.special.Load() && !c.splice.track {
+	if c.passThrough {
 		return c.Conn.Read(p)
 	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
 	for {
-		c.mu.Lock()
-		n, err, done := c.deliver(p)
-		c.reading = !done
-		c.mu.Unlock()
-		if done {
+		if n, err, done := c.deliver(p); done {
 			return n, err
 		}
-		n, err = c.Conn.Read(p)
-		c.mu.Lock()
-		c.reading = false
-		n, err, done = c.received(p, n, err)
-		if c.wake != nil {
-			close(c.wake)
-			c.wake = nil
+		if c.rd.reading {
+			c.waitRead(nil)
+			continue
 		}
+		c.rd.take()
 		c.mu.Unlock()
-		if done {
+		n, err := c.Conn.Read(p)
+		c.mu.Lock()
+		c.rd.release()
+		if n, err, done := c.received(p, n, err); done {
 			return n, err
 		}
 	}
@@ -284,13 +267,14 @@ func (c *Conn) Read(p []byte) (int, error) {
 func (c *Conn) received(p []byte, n int, err error) (int, error, bool) {
 	f := c.splice.filter
 	if f == nil || n == 0 && err == nil {
-		c.splice.pos.advance(p[:n])
+		if c.splice.track {
+			c.splice.pos.advance(p[:n])
+		}
 		return n, err, true
 	}
 	f.feed(p[:n])
 	if err == nil || !isTimeout(err) {
 		c.ahead.keepErr(err)
-		c.settle()
 		return 0, nil, false
 	}
 	if n, _, done := c.deliver(p); done && n > 0 {
@@ -316,11 +300,11 @@ func (c *Conn) deliver(p []byte) (n int, err error, done bool) {
 			f.out = f.out[n:]
 			c.splice.pos.advance(p[:n])
 			if f.finished() && len(f.out) == 0 {
-				c.endFilter()
+				c.splice.end()
 			}
 			return n, nil, true
 		case f.finished():
-			c.endFilter()
+			c.splice.end()
 		case c.ahead.err != nil:
 			return 0, c.ahead.takeErr(), true
 		default:
@@ -332,28 +316,15 @@ func (c *Conn) deliver(p []byte) (n int, err error, done bool) {
 	}
 	n, err = c.ahead.give(p)
 	c.splice.pos.advance(p[:n])
-	c.settle()
 	return n, err, true
 }
 
-// endFilter ends the reply filter's work and goes back to passing bytes through. c.mu is
-// held.
-func (c *Conn) endFilter() {
-	c.splice.end()
-	c.settle()
-}
-
-// settle derives special from what mu guards: whether anything is left for Read to look
-// at. c.mu is held; it is called after each change to that state.
-func (c *Conn) settle() {
-	c.special.Store(c.splice.filter != nil || c.ahead.state() != aheadEmpty)
-}
-
 // drainTLS takes into f, for pgconn, what crypto/tls already holds decrypted or whole
-// after Await's reads: records it read from the socket with the library's reply, which a
+// after Await's read: records it read from the socket with the library's reply, which a
 // peek at the socket no longer sees — a FATAL among them is what MarkCommit must judge. A
 // read whose deadline has passed returns what is held, and ends at once otherwise (a
-// timeout, which crypto/tls resumes after). c.mu is held.
+// timeout, which crypto/tls resumes after). c.mu is held, and the read with it (libRead
+// puts pgconn's deadline back).
 func (c *Conn) drainTLS(f *replyFilter, buf []byte) {
 	if c.Conn.SetReadDeadline(time.Now()) != nil {
 		return
@@ -399,8 +370,19 @@ func (c *Conn) MarkCommit() (sessionEnded bool) {
 	if c.splice.track && !c.splice.pos.atBoundary() || c.splice.filter != nil {
 		return false // bytes from the middle of a message cannot be judged
 	}
+	if c.rd.reading || !c.ahead.wanted() {
+		// A read of pgconn's is at the connection (its background reader's last): the
+		// bytes are its, and nothing is judged.
+		return false
+	}
+	c.rd.take()
+	defer c.rd.release()
+	c.rd.own = time.Now().Add(readAheadWait)
+	defer c.restoreDeadline()
+	if c.Conn.SetReadDeadline(c.rd.effective()) != nil {
+		return false
+	}
 	b := c.ahead.fill()
-	c.settle()
 	return fatalBeforeCommit(b)
 }
 

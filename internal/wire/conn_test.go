@@ -48,12 +48,20 @@ func TestConnPassThrough(t *testing.T) {
 		if n, err := c.Read(got); n != 0 || !errors.Is(err, os.ErrDeadlineExceeded) {
 			t.Fatalf("track %v: Read past the deadline = %d, %v", track, n, err)
 		}
-		if c.special.Load() || c.CommitNotSent() {
+		if held(c) || c.CommitNotSent() {
 			t.Fatalf("track %v: state left behind", track)
 		}
 		_ = c.Close()
 		_ = server.Close()
 	}
+}
+
+// held reports whether c holds anything for pgconn: a reply filter at work, or bytes or an
+// error read ahead.
+func held(c *Conn) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.splice.filter != nil || c.ahead.state() != aheadEmpty
 }
 
 // nopConn is a net.Conn whose reads and writes take everything and allocate nothing.
@@ -212,7 +220,7 @@ func TestWriteAdded(t *testing.T) {
 			if got, want := c.CommitNotSent(), !mine && werr != nil; got != want {
 				t.Fatalf("%d bytes, error %v: CommitNotSent %v, want %v", k, werr, got, want)
 			}
-			if !c.special.Load() || c.splice.filter == nil {
+			if !held(c) || c.splice.filter == nil {
 				t.Fatalf("%d bytes: the reply filter is not in place", k)
 			}
 		}
@@ -248,22 +256,21 @@ func TestArm(t *testing.T) {
 
 // TestDeliver calls deliver directly: what is held goes to pgconn in the order it came —
 // the filter's output, then an error a read met; bytes read ahead, then their error —
-// special is cleared once nothing is held, and a reply the filter cannot account for
+// nothing is held once all is given, and a reply the filter cannot account for
 // closes the connection and is the answer from then on.
 func TestDeliver(t *testing.T) {
 	p := make([]byte, 64)
 	t.Run("read ahead, then its error", func(t *testing.T) {
 		c := NewConn(&scriptConn{}, nil, true)
 		c.ahead.buf, c.ahead.err = []byte("abc"), io.EOF
-		c.special.Store(true)
-		if n, err, done := c.deliver(p[:2]); n != 2 || err != nil || !done || !c.special.Load() {
+		if n, err, done := c.deliver(p[:2]); n != 2 || err != nil || !done || !held(c) {
 			t.Fatalf("first: %d, %v, %v", n, err, done)
 		}
 		if n, err, done := c.deliver(p); n != 1 || err != nil || !done {
 			t.Fatalf("rest: %d, %v, %v", n, err, done)
 		}
-		if n, err, done := c.deliver(p); n != 0 || err != io.EOF || !done || c.special.Load() {
-			t.Fatalf("error: %d, %v, %v, special %v", n, err, done, c.special.Load())
+		if n, err, done := c.deliver(p); n != 0 || err != io.EOF || !done || held(c) {
+			t.Fatalf("error: %d, %v, %v, special %v", n, err, done, held(c))
 		}
 		if _, _, done := c.deliver(p); done {
 			t.Fatal("nothing held, yet done")
@@ -281,7 +288,7 @@ func TestDeliver(t *testing.T) {
 		if n, err, done := c.deliver(p); !bytes.Equal(p[:n], rfq) || err != nil || !done || a.state != additionReplied || c.splice.filter != nil {
 			t.Fatalf("output: %q, %v, %v; state %d", p[:n], err, done, a.state)
 		}
-		if n, err, done := c.deliver(p); n != 0 || err != io.ErrUnexpectedEOF || !done || c.special.Load() {
+		if n, err, done := c.deliver(p); n != 0 || err != io.ErrUnexpectedEOF || !done || held(c) {
 			t.Fatalf("error: %d, %v, %v", n, err, done)
 		}
 	})

@@ -47,27 +47,22 @@ func (r *readAhead) state() aheadState {
 	return aheadEmpty
 }
 
+// wanted reports whether fill has something to read: a connection read ahead on, nothing
+// held, and bytes waiting in its socket (a peek: one system call). Only crypto/tls is
+// known here to end a read at its deadline and to resume after it; another net.Conn could
+// block the COMMIT. Nothing waiting in the socket: nothing to read, and no wait.
+func (r *readAhead) wanted() bool {
+	return r.tls != nil && r.state() == aheadEmpty && r.waiting.waiting()
+}
+
 // fill reads what the server has sent that pgconn has not read, and keeps it for
-// pgconn's next Read; it returns what it read. It reads only when bytes wait in the
-// socket (a peek), under a read deadline of readAheadWait that it clears after: only the
-// connection's user calls it, between statements, when pgconn has no deadline set. A
-// read still in flight then is pgconn's background reader's, which drops a timeout and
-// stops, and whose bytes pgconn reads before these.
+// pgconn's next Read; it returns what it read. Its caller has checked wanted, holds the
+// connection's one read (see reader) and has set the read deadline: readAheadWait at
+// most, which a record arriving whole never meets, and one still arriving meets only in
+// this rare case.
 func (r *readAhead) fill() []byte {
-	if r.tls == nil || r.state() != aheadEmpty || !r.waiting.waiting() {
-		// Only crypto/tls is known here to end a read at its deadline and to resume after
-		// it; another net.Conn could block the COMMIT. Nothing waiting in the socket:
-		// nothing to read, and no wait.
-		return nil
-	}
-	// Something waits: a record arriving whole is read at once; one still arriving is
-	// waited for this long at most, only in this rare case.
-	if err := r.tls.SetReadDeadline(time.Now().Add(readAheadWait)); err != nil {
-		return nil
-	}
 	buf := make([]byte, peekSize)
 	n, err := r.tls.Read(buf)
-	_ = r.tls.SetReadDeadline(time.Time{})
 	if n > 0 {
 		r.buf = buf[:n]
 	}

@@ -166,7 +166,7 @@ func TestReadAhead(t *testing.T) {
 
 	t.Run("nothing waiting", func(t *testing.T) {
 		c, _, dc, _ := tlsPair(t)
-		if c.MarkCommit() || c.ahead.state() != aheadEmpty || c.special.Load() {
+		if c.MarkCommit() || c.ahead.state() != aheadEmpty || held(c) {
 			t.Fatal("evidence, or something held, with nothing sent")
 		}
 		if _, sets := dc.readDeadline(); sets != 0 {
@@ -180,13 +180,13 @@ func TestReadAhead(t *testing.T) {
 			t.Fatal(err)
 		}
 		waitWaiting(t, c.ahead.waiting)
-		if !c.MarkCommit() || c.ahead.state() != aheadBytes || !c.special.Load() {
+		if !c.MarkCommit() || c.ahead.state() != aheadBytes || !held(c) {
 			t.Fatalf("the FATAL was not read ahead: state %d", c.ahead.state())
 		}
 		if d, sets := dc.readDeadline(); sets != 2 || !d.IsZero() {
 			t.Fatalf("read deadline %v after %d sets: not cleared", d, sets)
 		}
-		if n, err := c.Read(buf); !bytes.Equal(buf[:n], fatal) || err != nil || c.special.Load() {
+		if n, err := c.Read(buf); !bytes.Equal(buf[:n], fatal) || err != nil || held(c) {
 			t.Fatalf("pgconn read %q, %v", buf[:n], err)
 		}
 	})
@@ -197,7 +197,7 @@ func TestReadAhead(t *testing.T) {
 		wrote := make(chan error, 1)
 		go func() { _, err := srv.Write(fatal); wrote <- err }()
 		waitWaiting(t, c.ahead.waiting)
-		if c.MarkCommit() || c.ahead.state() != aheadEmpty || c.special.Load() {
+		if c.MarkCommit() || c.ahead.state() != aheadEmpty || held(c) {
 			t.Fatalf("a record cut short was judged or held: state %d", c.ahead.state())
 		}
 		if d, sets := dc.readDeadline(); sets != 2 || !d.IsZero() {
@@ -270,7 +270,7 @@ func TestMarkCommitPlainSocket(t *testing.T) {
 		t.Fatal(err)
 	}
 	waitWaiting(t, c.peek)
-	if !c.MarkCommit() || c.special.Load() {
+	if !c.MarkCommit() || held(c) {
 		t.Fatal("the FATAL was not seen, or was consumed")
 	}
 	got := make([]byte, len(fatal))

@@ -6,7 +6,6 @@ import (
 	"io"
 	"net"
 	"os"
-	"runtime"
 	"testing"
 	"time"
 
@@ -310,86 +309,5 @@ func TestSpliceAfter(t *testing.T) {
 	}
 	if n, ok := syncedWrite(append(append([]byte{}, write...), frontendMsg(t, &pgproto3.Query{String: "select 1"})...)); !ok || n != 2 {
 		t.Errorf("a pipeline's two syncs: %d, %v", n, ok)
-	}
-}
-
-// TestAwaitWithReaderInFlight: when pgconn's background reader is at the connection (it
-// outlives a slow write by one read), Await does not read beside it: it waits for that
-// read to bring the library's reply through the filter, and the reader gets exactly
-// pgconn's bytes.
-func TestAwaitWithReaderInFlight(t *testing.T) {
-	client, server := net.Pipe()
-	defer client.Close()
-	defer server.Close()
-	nc := NewConn(client, nil, true)
-	go func() { _, _ = io.Copy(io.Discard, server) }() // the server reads what it is sent
-	if !nc.Arm(&Addition{Kind: LibraryCall, Msg: frontendMsg(t, &pgproto3.FunctionCall{Function: 1}), After: true}) {
-		t.Fatal("refused")
-	}
-	if _, err := nc.Write(frontendMsg(t, &pgproto3.Query{String: "insert"})); err != nil {
-		t.Fatal(err)
-	}
-	encode := func(ms ...pgproto3.BackendMessage) []byte {
-		var b []byte
-		for _, m := range ms {
-			b, _ = m.Encode(b)
-		}
-		return b
-	}
-	app := encode(&pgproto3.CommandComplete{CommandTag: []byte("INSERT 0 1")}, &pgproto3.ReadyForQuery{TxStatus: 'T'})
-	lib := encode(&pgproto3.FunctionCallResponse{Result: []byte("42")}, &pgproto3.ReadyForQuery{TxStatus: 'T'})
-	later := encode(&pgproto3.NoticeResponse{Message: "later"})
-	got := make(chan []byte)
-	go func() { // pgconn's reader: its reply, then a read that stays in flight
-		var b []byte
-		for {
-			p := make([]byte, 256)
-			n, err := nc.Read(p)
-			if err != nil {
-				close(got)
-				return
-			}
-			b = append(b, p[:n]...)
-			got <- bytes.Clone(b)
-		}
-	}()
-	if _, err := server.Write(app); err != nil {
-		t.Fatal(err)
-	}
-	if b := <-got; !bytes.Equal(b, app) {
-		t.Fatalf("pgconn got %q", b)
-	}
-	// The reader is back at the connection; Await must wait for it, not read beside it.
-	done := make(chan bool)
-	go func() { done <- nc.Await(time.Now().Add(time.Minute)) }()
-	waitReading(t, nc)
-	if _, err := server.Write(append(append([]byte{}, lib...), later...)); err != nil {
-		t.Fatal(err)
-	}
-	if !<-done {
-		t.Fatal("Await gave up on the reply the reader brought")
-	}
-	if b := <-got; !bytes.Equal(b, append(append([]byte{}, app...), later...)) {
-		t.Fatalf("pgconn got %q, want its reply and the notice, without the library's", b)
-	}
-	if a, pending := nc.Collect(false); a == nil || pending || string(a.Reply().Value) != "42" {
-		t.Fatalf("collected %+v, pending %v", a, pending)
-	}
-}
-
-// waitReading waits until a Read is at nc's connection and an Await waits on it.
-func waitReading(t *testing.T, nc *Conn) {
-	t.Helper()
-	for deadline := time.Now().Add(time.Minute); ; {
-		nc.mu.Lock()
-		ready := nc.reading && nc.wake != nil
-		nc.mu.Unlock()
-		if ready {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("no reader in flight with Await waiting")
-		}
-		runtime.Gosched()
 	}
 }
