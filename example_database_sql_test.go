@@ -62,7 +62,7 @@ func Example_databaseSQL() {
 		if s.InstrumentationScope.Name == otelpgxtx.ScopeName {
 			attrs := map[string]string{}
 			for _, kv := range s.Attributes {
-				attrs[string(kv.Key)] = kv.Value.Emit()
+				attrs[string(kv.Key)] = kv.Value.String()
 			}
 			fmt.Println(s.Name, "tx.outcome="+attrs[string(otelpgxtx.OutcomeKey)], "tx.isolation="+attrs[string(otelpgxtx.IsolationKey)])
 		}

@@ -268,15 +268,14 @@ func TestSpanSerializationFailureAtCommit(t *testing.T) {
 }
 
 // syncRepTerminate makes COMMIT wait for the phantom synchronous standby, terminates the
-// backend while it waits, and returns the commit error and the xid.
-func syncRepTerminate(t *testing.T, ctx context.Context, conn *pgx.Conn, table string, id int) (error, uint64) {
+// backend while it waits, and returns the xid and the commit error.
+func syncRepTerminate(t *testing.T, ctx context.Context, conn *pgx.Conn, table string, id int) (xid uint64, commitErr error) {
 	t.Helper()
 	tx := mustBegin(t, ctx, conn)
 	if _, err := tx.Exec(ctx, fmt.Sprintf("insert into %s (id, k) values (%d, %d)", table, id, id)); err != nil {
 		t.Fatal(err)
 	}
 	mustExec(t, ctx, tx, "set local synchronous_commit = on")
-	var xid uint64
 	if err := tx.QueryRow(ctx, "select pg_current_xact_id()::text::bigint").Scan(&xid); err != nil {
 		t.Fatal(err)
 	}
@@ -286,7 +285,7 @@ func syncRepTerminate(t *testing.T, ctx context.Context, conn *pgx.Conn, table s
 	if err := srv.TerminateInSyncRep(ctx, pid); err != nil {
 		t.Fatal(err)
 	}
-	return <-done, xid
+	return xid, <-done
 }
 
 func TestSpanIndeterminateSyncRepTerminated(t *testing.T) {
@@ -298,7 +297,7 @@ func TestSpanIndeterminateSyncRepTerminated(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		commitErr, xid := syncRepTerminate(t, ctx, pc.Conn(), table, 1)
+		xid, commitErr := syncRepTerminate(t, ctx, pc.Conn(), table, 1)
 		pc.Release()
 		if commitErr == nil {
 			t.Fatal("commit succeeded after its backend was terminated")
@@ -514,7 +513,7 @@ func TestSpanConcurrentFrames(t *testing.T) {
 				wantStatementChildren(t, h, f, "begin", ins, "commit")
 				wantAttr(t, f, "tx.outcome", "committed")
 				if v, ok := attr(f, RetryableKey); ok {
-					t.Fatalf("committed frame has tx.retryable %v", v.Emit())
+					t.Fatalf("committed frame has tx.retryable %v", v.String())
 				}
 			}
 		}

@@ -182,7 +182,7 @@ func attrString(t *testing.T, s tracetest.SpanStub, k attribute.Key) string {
 	if !ok {
 		t.Fatalf("span %q has no attribute %s; attributes: %v", s.Name, k, s.Attributes)
 	}
-	return v.Emit()
+	return v.String()
 }
 
 // attributeKey is attribute.Key(k), for the helpers that take a key as a string.
@@ -311,7 +311,7 @@ func pointKey(set attribute.Set, keys []attribute.Key) string {
 	var parts []string
 	for _, k := range keys {
 		if v, ok := set.Value(k); ok {
-			parts = append(parts, string(k)+"="+v.Emit())
+			parts = append(parts, string(k)+"="+v.String())
 		}
 	}
 	return strings.Join(parts, ",")

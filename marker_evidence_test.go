@@ -27,7 +27,7 @@ func commitInSyncRepWait(t *testing.T, ctx context.Context, h *harness, table st
 	}
 	defer conn.Release()
 	mustExec(t, ctx, conn, session...)
-	if err, _ := syncRepTerminate(t, ctx, conn.Conn(), table, id); err == nil {
+	if _, err := syncRepTerminate(t, ctx, conn.Conn(), table, id); err == nil {
 		t.Fatal("COMMIT terminated in its wait returned no error")
 	}
 	if !srv.RowExists(t, ctx, table, id) {

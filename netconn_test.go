@@ -15,7 +15,8 @@ import (
 
 // TestNetConnPassThrough: on an instrumented connection pgconn uses the wrapper, a
 // chained AfterNetConnect's net.Conn is inside it, and what pgconn does with the
-// net.Conn — deadlines for a context, the non-blocking read of CheckConn — works.
+// net.Conn — deadlines for a context, Ping's round trip (pgxpool's and database/sql's
+// liveness check) — works.
 func TestNetConnPassThrough(t *testing.T) {
 	ctx := pgtest.ContextFor(t)
 	h := newHarness(t, "", 1)
@@ -42,8 +43,8 @@ func TestNetConnPassThrough(t *testing.T) {
 	if !ok || calls.Load() != 1 || nc.NetConn() != userConn {
 		t.Fatalf("PgConn().Conn() = %T, user's AfterNetConnect called %d times", conn.PgConn().Conn(), calls.Load())
 	}
-	if err := conn.PgConn().CheckConn(); err != nil {
-		t.Fatalf("CheckConn on an idle connection: %v", err)
+	if err := conn.PgConn().Ping(ctx); err != nil {
+		t.Fatalf("Ping on an idle connection: %v", err)
 	}
 	dctx, cancel := context.WithCancel(ctx) // pgconn sets deadlines on the net.Conn for it
 	defer cancel()
@@ -51,8 +52,8 @@ func TestNetConnPassThrough(t *testing.T) {
 	if err := conn.QueryRow(dctx, "select 41 + 1").Scan(&n); err != nil || n != 42 {
 		t.Fatalf("query: %d %v", n, err)
 	}
-	if err := conn.PgConn().CheckConn(); err != nil {
-		t.Fatalf("CheckConn after a query: %v", err)
+	if err := conn.PgConn().Ping(ctx); err != nil {
+		t.Fatalf("Ping after a query: %v", err)
 	}
 }
 

@@ -76,7 +76,7 @@ func (s *scripted) frames() []tracetest.SpanStub {
 func frameSummary(sp tracetest.SpanStub) string {
 	o, _ := attr(sp, OutcomeKey)
 	e, _ := attr(sp, errorTypeKey)
-	return o.Emit() + " " + e.Emit() + " [" + strings.Join(eventNames(sp), " ") + "]"
+	return o.String() + " " + e.String() + " [" + strings.Join(eventNames(sp), " ") + "]"
 }
 
 // seen returns the simple queries and function calls the fake received, under its lock.

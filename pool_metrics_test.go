@@ -48,7 +48,7 @@ func readPool(t *testing.T, ctx context.Context, reader *sdkmetric.ManualReader)
 		var ids []string
 		for _, k := range []attribute.Key{dbNamespaceKey, dbSystemNameKey, serverAddressKey, serverPortKey} {
 			if v, ok := s.Value(k); ok {
-				ids = append(ids, string(k)+"="+v.Emit())
+				ids = append(ids, string(k)+"="+v.String())
 			}
 		}
 		r.identity[name] = ids

@@ -604,7 +604,7 @@ func (d *mDriver) compareFrames(want *mWant, root trace.Span, hs ...*harness) []
 		}
 		str := func(k string) string {
 			if v, ok := attr(f, attributeKey(k)); ok {
-				return v.Emit()
+				return v.String()
 			}
 			return ""
 		}
@@ -630,9 +630,9 @@ func (d *mDriver) compareFrames(want *mWant, root trace.Span, hs ...*harness) []
 				for _, kv := range e.Attributes {
 					switch kv.Key {
 					case PropagationKey:
-						prop = kv.Value.Emit()
+						prop = kv.Value.String()
 					case participantOutcomeKey:
-						out = kv.Value.Emit()
+						out = kv.Value.String()
 					}
 				}
 				participants = append(participants, prop+":"+out)

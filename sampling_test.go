@@ -53,7 +53,7 @@ func unsampledFramesStillCounted(t *testing.T, logs *bytes.Buffer, opts ...Optio
 	if err != nil {
 		t.Fatal(err)
 	}
-	commitErr, _ := syncRepTerminate(t, ctx, pc.Conn(), table, 1)
+	_, commitErr := syncRepTerminate(t, ctx, pc.Conn(), table, 1)
 	pc.Release()
 	if commitErr == nil {
 		t.Fatal("commit succeeded after termination")

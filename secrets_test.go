@@ -287,7 +287,7 @@ func (h *harness) errorTexts() string {
 		for _, e := range s.Events {
 			for _, kv := range e.Attributes {
 				if kv.Key == "exception.message" {
-					b.WriteString(kv.Value.Emit() + "\n")
+					b.WriteString(kv.Value.String() + "\n")
 				}
 			}
 		}
@@ -297,7 +297,7 @@ func (h *harness) errorTexts() string {
 
 func writeAttrs(b *strings.Builder, attrs []attribute.KeyValue) {
 	for _, kv := range attrs {
-		fmt.Fprintf(b, "  %s=%s\n", kv.Key, kv.Value.Emit())
+		fmt.Fprintf(b, "  %s=%s\n", kv.Key, kv.Value.String())
 	}
 }
 

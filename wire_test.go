@@ -410,7 +410,7 @@ func TestRunIdentityRefused(t *testing.T) {
 			}
 			for _, f := range h.frames() {
 				if ref, ok := attr(f, ReconciliationRefKey); ok {
-					t.Fatalf("a reference without the cluster identity: %v", ref.Emit())
+					t.Fatalf("a reference without the cluster identity: %v", ref.String())
 				}
 			}
 		})

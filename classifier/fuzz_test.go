@@ -32,7 +32,7 @@ const (
 	shapeCount
 )
 
-func fuzzError(shape byte, sqlstate, severity, unlocalized string) (err error, pg *pgconn.PgError) {
+func fuzzError(shape byte, sqlstate, severity, unlocalized string) (pg *pgconn.PgError, err error) {
 	switch shape % shapeCount {
 	case shapeNil:
 		return nil, nil
@@ -41,27 +41,27 @@ func fuzzError(shape byte, sqlstate, severity, unlocalized string) (err error, p
 		return pg, pg
 	case shapeWrappedPgError:
 		pg = &pgconn.PgError{Severity: severity, SeverityUnlocalized: unlocalized, Code: sqlstate}
-		return fmt.Errorf("wrapped: %w", pg), pg
+		return pg, fmt.Errorf("wrapped: %w", pg)
 	case shapeEOF:
-		return io.EOF, nil
+		return nil, io.EOF
 	case shapeUnexpectedEOF:
-		return fmt.Errorf("receive message: %w", io.ErrUnexpectedEOF), nil
+		return nil, fmt.Errorf("receive message: %w", io.ErrUnexpectedEOF)
 	case shapeCanceled:
-		return context.Canceled, nil
+		return nil, context.Canceled
 	case shapeDeadlineExceeded:
-		return fmt.Errorf("timeout: %w", context.DeadlineExceeded), nil
+		return nil, fmt.Errorf("timeout: %w", context.DeadlineExceeded)
 	case shapeSafeToRetryTrue:
-		return retryableErr{safe: true}, nil
+		return nil, retryableErr{safe: true}
 	case shapeSafeToRetryFalse:
-		return retryableErr{safe: false}, nil
+		return nil, retryableErr{safe: false}
 	case shapePlain:
-		return errors.New(sqlstate + severity), nil
+		return nil, errors.New(sqlstate + severity)
 	case shapeCommitRollback:
-		return pgx.ErrTxCommitRollback, nil
+		return nil, pgx.ErrTxCommitRollback
 	case shapeWrappedCommitRollback:
-		return fmt.Errorf("commit: %w", pgx.ErrTxCommitRollback), nil
+		return nil, fmt.Errorf("commit: %w", pgx.ErrTxCommitRollback)
 	case shapeNetOp:
-		return errNetOp, nil
+		return nil, errNetOp
 	}
 	panic("unreachable")
 }
@@ -95,7 +95,7 @@ func FuzzClassify(f *testing.F) {
 	f.Fuzz(func(t *testing.T, phaseB, shape byte, sqlstate, severity, unlocalized string, bits byte) {
 		phase := outcome.Phase(phaseB)
 		facts := factsFromBits(bits)
-		err, pg := fuzzError(shape, sqlstate, severity, unlocalized)
+		pg, err := fuzzError(shape, sqlstate, severity, unlocalized)
 		v := classifier.Classify(phase, err, facts)
 		ev := v.Evidence()
 		ctx := func() string {

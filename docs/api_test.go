@@ -83,41 +83,50 @@ func exported(t *testing.T, dir string) []string {
 		t.Fatal(err)
 	}
 	rel = filepath.ToSlash(rel)
-	pkgs, err := parser.ParseDir(token.NewFileSet(), dir, func(fi fs.FileInfo) bool {
-		return !strings.HasSuffix(fi.Name(), "_test.go")
-	}, 0)
+	// Each file parsed on its own: parser.ParseDir, which did this, is deprecated for not
+	// reading build constraints, and here every file counts whatever its constraints.
+	entries, err := os.ReadDir(dir)
 	if err != nil {
 		t.Fatal(err)
 	}
+	fset := token.NewFileSet()
+	var files []*ast.File
+	for _, e := range entries {
+		if name := e.Name(); !e.IsDir() && strings.HasSuffix(name, ".go") && !strings.HasSuffix(name, "_test.go") {
+			file, err := parser.ParseFile(fset, filepath.Join(dir, name), nil, 0)
+			if err != nil {
+				t.Fatal(err)
+			}
+			files = append(files, file)
+		}
+	}
 	var out []string
 	add := func(kind, name string) { out = append(out, rel+" "+kind+" "+name) }
-	for _, pkg := range pkgs {
-		for _, file := range pkg.Files {
-			for _, decl := range file.Decls {
-				switch decl := decl.(type) {
-				case *ast.FuncDecl:
-					if !decl.Name.IsExported() {
-						continue
-					}
-					if decl.Recv == nil {
-						add("func", decl.Name.Name)
-					} else if recv := receiverType(decl.Recv.List[0].Type); ast.IsExported(recv) {
-						add("method", recv+"."+decl.Name.Name)
-					}
-				case *ast.GenDecl:
-					for _, spec := range decl.Specs {
-						switch spec := spec.(type) {
-						case *ast.ValueSpec:
-							for _, n := range spec.Names {
-								if n.IsExported() {
-									add(decl.Tok.String(), n.Name)
-								}
+	for _, file := range files {
+		for _, decl := range file.Decls {
+			switch decl := decl.(type) {
+			case *ast.FuncDecl:
+				if !decl.Name.IsExported() {
+					continue
+				}
+				if decl.Recv == nil {
+					add("func", decl.Name.Name)
+				} else if recv := receiverType(decl.Recv.List[0].Type); ast.IsExported(recv) {
+					add("method", recv+"."+decl.Name.Name)
+				}
+			case *ast.GenDecl:
+				for _, spec := range decl.Specs {
+					switch spec := spec.(type) {
+					case *ast.ValueSpec:
+						for _, n := range spec.Names {
+							if n.IsExported() {
+								add(decl.Tok.String(), n.Name)
 							}
-						case *ast.TypeSpec:
-							if spec.Name.IsExported() {
-								add("type", spec.Name.Name)
-								members(spec, add)
-							}
+						}
+					case *ast.TypeSpec:
+						if spec.Name.IsExported() {
+							add("type", spec.Name.Name)
+							members(spec, add)
 						}
 					}
 				}

@@ -29,10 +29,9 @@ func timeline(t *testing.T, ctx context.Context, s *Server) int64 {
 // reconnecting after every error, and records which inserts were acknowledged and how
 // many failed.
 type follower struct {
-	mu     sync.Mutex
-	acked  []int
-	errs   int
-	lastOK time.Time
+	mu    sync.Mutex
+	acked []int
+	errs  int
 }
 
 func (f *follower) run(ctx context.Context, connString, table string, stop <-chan struct{}) {

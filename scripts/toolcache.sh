@@ -1,5 +1,5 @@
-# Sourced by scripts/jaeger, scripts/prometheus and scripts/collector: builds a pinned tool
-# from the Go module proxy into the otelpgxtx cache, once. The module is built inside its own directory as the
+# Sourced by scripts/jaeger, scripts/prometheus, scripts/collector and scripts/staticcheck:
+# builds a pinned tool from the Go module proxy into the otelpgxtx cache, once. The module is built inside its own directory as the
 # proxy serves it, so its go.mod and go.sum pin every dependency exactly as upstream builds
 # it (`go install pkg@version` refuses modules with replace or exclude directives), and the
 # library's go.mod never sees them.

@@ -50,13 +50,12 @@ func (g gatedDB) BeginTx(ctx context.Context, o pgx.TxOptions) (pgx.Tx, error) {
 // killVictim is one transaction caught by the backend's SIGKILL, and how it ended for
 // the application.
 type killVictim struct {
-	id           int
-	marker, run  bool
-	mode         string // "sync" (in COMMIT's synchronous-replication wait), "trigger" (in a deferred trigger of COMMIT), "idle"
-	done         chan killEnded
-	finishIdle   func()
-	ended        killEnded
-	gotReference bool
+	id          int
+	marker, run bool
+	mode        string // "sync" (in COMMIT's synchronous-replication wait), "trigger" (in a deferred trigger of COMMIT), "idle"
+	done        chan killEnded
+	finishIdle  func()
+	ended       killEnded
 }
 
 // killEnded is a victim's result as the application saw it: Run's, or the Verdict's of a

@@ -510,7 +510,7 @@ func emit(v attribute.Value) string {
 	if v.Type() == attribute.STRINGSLICE {
 		return strings.Join(v.AsStringSlice(), "\x00")
 	}
-	return v.Emit()
+	return v.String()
 }
 
 // checkAlertRulesAgainstMetrics: every metric and tx_outcome value alerts.yml and

@@ -117,10 +117,10 @@ func spanLine(s sdktrace.ReadOnlySpan, t0 time.Time) string {
 	switch {
 	case isFrame(s):
 		v, _ := spanAttr(s, otelpgxtx.OutcomeKey)
-		fmt.Fprintf(&b, "  tx.outcome=%s  status=%s", v.Emit(), status(s))
+		fmt.Fprintf(&b, "  tx.outcome=%s  status=%s", v.String(), status(s))
 	case s.Name() == otelpgxtx.SpanNameReconcile:
 		v, _ := spanAttr(s, otelpgxtx.ResolvedOutcomeKey)
-		fmt.Fprintf(&b, "  tx.outcome.resolved=%s  status=%s", v.Emit(), status(s))
+		fmt.Fprintf(&b, "  tx.outcome.resolved=%s  status=%s", v.String(), status(s))
 	default:
 		if v, ok := spanAttr(s, "db.query.text"); ok {
 			if _, prepare := spanAttr(s, "pgx.prepare_stmt.name"); prepare {
@@ -153,7 +153,7 @@ func spanDetails(s sdktrace.ReadOnlySpan, names map[trace.SpanID]string) []strin
 	case isFrame(s):
 		for _, k := range frameDetail {
 			if v, ok := spanAttr(s, k); ok {
-				attrs = append(attrs, fmt.Sprintf("%s=%s", k, v.Emit()))
+				attrs = append(attrs, fmt.Sprintf("%s=%s", k, v.String()))
 			}
 		}
 	case strings.HasPrefix(s.Name(), "demo."):
@@ -163,7 +163,7 @@ func spanDetails(s sdktrace.ReadOnlySpan, names map[trace.SpanID]string) []strin
 	case s.Name() == otelpgxtx.SpanNameReconcile:
 		for _, k := range []attribute.Key{"error.type", otelpgxtx.ReconciliationRefKey, otelpgxtx.OperationIDKey} {
 			if v, ok := spanAttr(s, k); ok {
-				attrs = append(attrs, fmt.Sprintf("%s=%s", k, v.Emit()))
+				attrs = append(attrs, fmt.Sprintf("%s=%s", k, v.String()))
 			}
 		}
 	}
@@ -180,7 +180,7 @@ func spanDetails(s sdktrace.ReadOnlySpan, names map[trace.SpanID]string) []strin
 	for _, e := range events {
 		line := fmt.Sprintf("@ +%-9s %s", ms(e.Time.Sub(s.StartTime())), e.Name)
 		for _, kv := range e.Attributes {
-			v := kv.Value.Emit()
+			v := kv.Value.String()
 			if kv.Key == otelpgxtx.OperationIDKey && len(v) > 8 {
 				v = v[:8] + "…"
 			}

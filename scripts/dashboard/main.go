@@ -162,6 +162,7 @@ var datasource = common.DataSourceRef{Type: cog.ToPtr("prometheus"), Uid: cog.To
 
 // render builds the dashboard and returns its JSON.
 func render() ([]byte, error) {
+	//lint:ignore SA1019 the v1 schema on purpose: Grafana's file provisioning and examples/jaeger's TestDashboard read it; dashboardv2 writes another format.
 	b := dashboard.NewDashboardBuilder("otelpgxtx: transactions, reconciliation, connection pool").
 		Uid("otelpgxtx").
 		Description("What an operator of an application instrumented with otelpgxtx watches. Panel links lead to the alert rules of examples/jaeger/alerts.yml in Prometheus.").

@@ -22,7 +22,7 @@ func isFrame(s tracetest.SpanStub) bool {
 func attr(s tracetest.SpanStub, key attribute.Key) (string, bool) {
 	for _, kv := range s.Attributes {
 		if kv.Key == key {
-			return kv.Value.Emit(), true
+			return kv.Value.String(), true
 		}
 	}
 	return "", false
@@ -32,7 +32,7 @@ func attr(s tracetest.SpanStub, key attribute.Key) (string, bool) {
 func spanService(s tracetest.SpanStub) string {
 	if s.Resource != nil {
 		if v, ok := s.Resource.Set().Value("service.name"); ok {
-			return v.Emit()
+			return v.String()
 		}
 	}
 	return "unknown_service"
