@@ -201,7 +201,8 @@ func endAttempt[T any](ctx context.Context, a *attemptTx, p Policy, value T, err
 }
 
 // resultOfCommit is the result of the COMMIT that cr describes: a confirmed commit runs
-// the AfterCommit hooks, an unobserved one is indeterminate, and anything else rolled back.
+// the AfterCommit hooks, a prepared transaction is participating, an unobserved one is
+// indeterminate, and anything else rolled back.
 func resultOfCommit[T any](ctx context.Context, sc *scope, cr commitOutcome, hooks []func(context.Context) error, value T) outcome.Result[T] {
 	f := sc.frame
 	v := cr.classification
@@ -214,6 +215,12 @@ func resultOfCommit[T any](ctx context.Context, sc *scope, cr commitOutcome, hoo
 		}
 		return outcome.NewCommitted(sc.id, value, v.CommittedLocally())
 	case classifier.EvidenceUnknown:
+		if f != nil && f.Prepared() && cr.err == nil {
+			// fn prepared the transaction (PREPARE TRANSACTION): its coordinator decides
+			// it, so nothing is confirmed and no hook runs (see Run). Had fn failed after,
+			// its error is the cause of an Indeterminate.
+			return outcome.NewParticipating(sc.id, value)
+		}
 		cause := cr.err
 		if cause == nil {
 			cause = errCommitUnobserved

@@ -290,7 +290,12 @@ func (a *autoReconciler) oldest() (n int, age time.Duration) {
 }
 
 // mayChange reports whether asking again later may answer otherwise: the transaction was
-// still in progress, or its synchronous standbys had not confirmed it.
+// still in progress, prepared (its coordinator has yet to decide), or its synchronous
+// standbys had not confirmed it.
 func mayChange(ans reconcile.Answer) bool {
-	return ans.Status() == reconcile.Unknown && (ans.Reason() == reconcile.ReasonInProgress || ans.Reason() == reconcile.ReasonNotReplicated)
+	switch ans.Reason() {
+	case reconcile.ReasonInProgress, reconcile.ReasonPrepared, reconcile.ReasonNotReplicated:
+		return ans.Status() == reconcile.Unknown
+	}
+	return false
 }

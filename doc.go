@@ -145,6 +145,8 @@
 //   - tx.reconciliation.ref, tx.reconciliation.xid: the reference taken before COMMIT;
 //   - tx.commit.committed_locally: the server said the commit is in its local WAL but its
 //     synchronous replication was not confirmed;
+//   - tx.prepared ([PreparedKey]): true on a frame whose transaction was prepared
+//     (PREPARE TRANSACTION), whose outcome is participating: it waits for its coordinator;
 //   - tx.retryable: on rolled-back frames;
 //   - tx.rollback ([RollbackKey]): on rolled-back frames, deliberate (the application
 //     rolled back with nothing gone wrong: no statement failed, Run's function returned

@@ -83,7 +83,7 @@ func (f *frame) concluded(unsent bool) {
 	if f.parent != nil {
 		f.parent.spanEvent(eventResumed, f.id)
 	}
-	if f.t.auto != nil && f.Phase() == outcome.PhaseUnknown {
+	if f.t.auto != nil && f.Outcome() == outcome.OutcomeIndeterminate {
 		f.awaited = newAwaited() // before any Verdict is told, so that each is told this one
 	}
 	if f.asked != nil {

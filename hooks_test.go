@@ -111,7 +111,7 @@ func TestEndWithoutStart(t *testing.T) {
 
 // TestReleaseIdleWithFrame releases a connection whose transaction was ended through
 // pgconn, where the tracer could not see it: the connection is idle, so the frame is
-// ended_unobserved, not released_in_transaction.
+// ended_unobserved, not released_in_transaction: indeterminate, for it was a COMMIT.
 func TestReleaseIdleWithFrame(t *testing.T) {
 	ctx := pgtest.ContextFor(t)
 	h := newHarness(t, "", 1)
@@ -121,7 +121,7 @@ func TestReleaseIdleWithFrame(t *testing.T) {
 	}
 	pc.Release()
 	f := onlyFrame(t, h)
-	wantAttr(t, f, "tx.outcome", "rolled_back")
+	wantAttr(t, f, "tx.outcome", "indeterminate")
 	wantAttr(t, f, "error.type", evidence.ReasonEndedUnobserved)
 	h.wantNoFrames(t, ctx)
 }

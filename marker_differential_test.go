@@ -53,7 +53,26 @@ type diffPattern struct {
 	// unseen: the write is inside a function, which the tracer does not see: its plain
 	// pgx COMMIT carries no reference (WithCommitReference says so).
 	unseen bool
+	// decide is the coordinator's decision ("commit" or "rollback") on the transaction
+	// tx prepared (see prepares), made on another connection after COMMIT.
+	decide string
 }
+
+// prepares returns a tx function running sqls (as execs), then PREPARE TRANSACTION of a
+// gid of the row's id (two-phase commit: the coordinator decides after COMMIT).
+func prepares(sqls ...string) func(context.Context, pgx.Tx, int) error {
+	return func(ctx context.Context, tx pgx.Tx, id int) error {
+		if err := execs(sqls...)(ctx, tx, id); err != nil {
+			return err
+		}
+		_, err := tx.Exec(ctx, diffGID(id, "prepare transaction"))
+		return err
+	}
+}
+
+// diffGID is stmt (PREPARE TRANSACTION, COMMIT PREPARED, ROLLBACK PREPARED) of the gid of
+// row id.
+func diffGID(id int, stmt string) string { return fmt.Sprintf("%s 'diff_%d'", stmt, id) }
 
 // execs returns a tx function running each statement, $1 the row's id where it appears.
 func execs(sqls ...string) func(context.Context, pgx.Tx, int) error {
@@ -103,6 +122,9 @@ var diffPatterns = []diffPattern{
 		_, _ = tx.Exec(ctx, "select 1/0")
 		return nil
 	}, table: "diff_app"},
+	{name: "prepared, then committed by its coordinator", tx: prepares(diffInsert), table: "diff_app", decide: "commit"},
+	{name: "prepared, then rolled back by its coordinator", tx: prepares(diffInsert), table: "diff_app", decide: "rollback"},
+	{name: "SET LOCAL ROLE, prepared, committed", tx: prepares("set local role "+diffRole, diffInsert), table: "diff_app", decide: "commit"},
 	{name: "deferred constraint violated at COMMIT", tx: execs(diffInsert, "insert into public.diff_child values (0 - $1::int)"), table: "diff_app"},
 }
 
@@ -214,6 +236,21 @@ func diffRun(t *testing.T, ctx context.Context, h *harness, m diffMode, p diffPa
 			t.Fatalf("%s: %v", p.name, err)
 		}
 		saw = "commit " + diffErr(tx.Commit(ctx))
+	}
+	if p.decide != "" {
+		// The coordinator's decision, on a connection of its own: the marker row, if
+		// written, commits or rolls back with the prepared transaction.
+		if err := srv.Exec(ctx, diffGID(id, p.decide+" prepared")); err != nil {
+			t.Fatalf("%s: %s prepared: %v", p.name, p.decide, err)
+		}
+		if m.name == "plain pgx, marker" {
+			want := p.decide == "commit"
+			frames := h.frames()
+			if ref, ok := refOf(t, frames[len(frames)-1]); !ok || srv.CountOf(t, ctx,
+				"select count(*) from "+diffMarker.Sanitize()+" where operation_id = $1::uuid", ref.Operation.String()) == 1 != want {
+				t.Errorf("%s: the marker row of %v is not there exactly when the coordinator committed", p.name, ref)
+			}
+		}
 	}
 	for _, s := range diffReset {
 		if _, err := h.pool.Exec(ctx, s); err != nil {

@@ -46,9 +46,9 @@ const (
 // replication wait (tens of seconds).
 var durationBuckets = []float64{0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60}
 
-// frameOutcomes are the outcomes a frame ends with: participating is a Run call's, never
-// a frame's.
-var frameOutcomes = []outcome.Outcome{outcome.OutcomeCommitted, outcome.OutcomeRolledBack,
+// frameOutcomes are the outcomes a frame ends with: participating is a prepared
+// transaction's (PREPARE TRANSACTION), which waits for its coordinator.
+var frameOutcomes = []outcome.Outcome{outcome.OutcomeCommitted, outcome.OutcomeParticipating, outcome.OutcomeRolledBack,
 	outcome.OutcomeIndeterminate, outcome.OutcomeCommittedWithPostCommitFailure}
 
 // seriesDeliberate indexes the rolled_back series with tx.rollback=deliberate in the
@@ -149,7 +149,7 @@ func (m *metrics) participant(p Propagation, o outcome.Outcome) {
 // record counts e, a frame's ending, and its durations.
 func (m *metrics) record(e *ending) {
 	o := e.outcome
-	if m == nil || !o.Valid() || o == outcome.OutcomeParticipating {
+	if m == nil || !o.Valid() {
 		return
 	}
 	i := o

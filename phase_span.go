@@ -212,6 +212,9 @@ func (f *frameSpan) outcomeAttrs(e *ending, cfg *config, attrs []attribute.KeyVa
 	if e.committedLocally {
 		attrs = append(attrs, CommittedLocallyKey.Bool(true))
 	}
+	if e.outcome == outcome.OutcomeParticipating {
+		attrs = append(attrs, PreparedKey.Bool(true))
+	}
 	if v.SQLState() != "" {
 		attrs = append(attrs, dbResponseStatusKey.String(v.SQLState()))
 	}

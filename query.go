@@ -95,13 +95,22 @@ func (t *core) beforeQuery(ctx context.Context, conn *pgx.Conn, st *connState, s
 	pg := conn.PgConn()
 	idle := pg.TxStatus() == 'I'
 	// A busy connection (a result the application has not read) refuses the statement
-	// before sending a byte: COMMIT never leaves, so the phase stays.
-	commits := (set.Commits() || st.server() == classifier.ServerCockroachDB && releasesRestart(set, sql)) && !pg.IsBusy()
+	// before sending a byte: COMMIT never leaves, so the phase stays. PREPARE TRANSACTION
+	// is committing too: its reply decides whether the transaction is durable; so are
+	// COMMIT PREPARED and ROLLBACK PREPARED, sent idle, in the frame they begin.
+	commits := (set.Decides() || idle && set.EndsPrepared() || st.server() == classifier.ServerCockroachDB && releasesRestart(set, sql)) && !pg.IsBusy()
+	if f := st.frame(); f != nil && idle {
+		st.refs.Unobserved(&f.commitRef) // its transaction ended unseen: Before ends it
+	}
 	ended, r, begin := st.ev.Before(evidence.Statement{Set: set, Idle: idle, Commits: commits})
 	if ended != nil {
 		ended.record(r)
 	}
-	if begin {
+	switch {
+	case begin && set.EndsPrepared():
+		f := t.startFrame(ctx, conn, st, outcome.PhaseNotStarted, sql, nil)
+		t.referenceOff(st.refs.ArmPrepared(&f.commitRef, pg.ParameterStatus("server_version"), set.Single(), sql, evidence.GID(sql)))
+	case begin:
 		f := t.startFrame(ctx, conn, st, outcome.PhaseNotStarted, sql, nil)
 		t.armCheck(st, f, pg, set, sql)
 		if f.recording || f.commitRef.Refs.Mode != reference.None { // attributes, and whether a reference can be taken
@@ -206,6 +215,9 @@ func releasesRestart(set evidence.Set, sql string) bool {
 // for reason: the connection was released mid-transaction, closed, or found idle.
 func (t *core) abandon(st *connState, reason string) {
 	if f := st.frame(); f != nil {
+		if reason == evidence.ReasonEndedUnobserved {
+			st.refs.Unobserved(&f.commitRef)
+		}
 		f.record(st.ev.Abandon(reason))
 	}
 }

@@ -119,7 +119,7 @@ func WithReconciler(r *reconcile.Reconciler) RetryOption {
 
 // WithReconcileWait bounds how long [Retry] spends settling one indeterminate commit
 // (10 s by default): it asks again while the answer may still change (the transaction
-// in progress, its synchronous standbys not confirming yet, the database not reachable),
+// in progress or prepared, its synchronous standbys not confirming yet, the database not reachable),
 // or waits that long for automatic reconciliation's answer. One ask may run past the
 // bound by the reconciler's own wait (reconcile.WithWait). Zero asks once, or takes
 // automatic reconciliation's answer only if it is there; a negative wait is refused.

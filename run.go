@@ -19,6 +19,11 @@ import (
 //     backoff. An Indeterminate outcome is never retried: replaying it could apply the
 //     work twice.
 //   - A call that joins an outer transaction returns Participating, never Committed.
+//   - A function that prepares the transaction (PREPARE TRANSACTION, two-phase commit)
+//     hands it to its coordinator: Run returns Participating (Indeterminate, with fn's
+//     error, if fn then failed, or if PREPARE's reply was lost), runs no AfterCommit
+//     hook, and never runs fn again. Run's own COMMIT or ROLLBACK after it changes
+//     nothing (the server warns that no transaction is in progress).
 //   - A panic in fn rolls back, ends the frame as rolled_back, and panics again.
 //   - Once Run has returned, tx and every handle derived from it (savepoints,
 //     LargeObjects) fail with an error wrapping pgx.ErrTxClosed and send nothing.

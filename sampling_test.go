@@ -112,8 +112,8 @@ func TestMetricsByOutcome(t *testing.T) {
 					}
 					break
 				}
-				// The four frame outcomes, rolled_back twice (tx.rollback).
-				if m.Unit != "{transaction}" || !d.IsMonotonic || len(d.DataPoints) != 5 {
+				// The five outcomes, rolled_back twice (tx.rollback).
+				if m.Unit != "{transaction}" || !d.IsMonotonic || len(d.DataPoints) != 6 {
 					t.Fatalf("%s: %+v", m.Name, d)
 				}
 				// Every outcome's series exists, at 0 until it happens.

@@ -40,6 +40,9 @@ const (
 	// ("begin; insert …; commit"), where nothing can carry the reference without going
 	// between the application's statements. Reconciliation answers it no_reference.
 	NoReferenceKey = schema.NoReferenceKey
+	// PreparedKey is tx.prepared, true on a frame whose transaction was prepared
+	// (PREPARE TRANSACTION): tx.outcome participating, waiting for its coordinator.
+	PreparedKey = attribute.Key("tx.prepared")
 	// CommittedLocallyKey is tx.commit.committed_locally: the server said the commit is in
 	// its local WAL but synchronous replication was not confirmed.
 	CommittedLocallyKey = attribute.Key("tx.commit.committed_locally")

@@ -91,7 +91,8 @@ func TestStaleNewBeginOnFramedConnection(t *testing.T) {
 		}
 		mustExec(t, ctx, c, "begin", "select 2", "commit")
 	})
-	wantOutcomes(t, h, "rolled_back", "committed")
+	// The rollback past the tracer could as well have been a COMMIT: unknown.
+	wantOutcomes(t, h, "indeterminate", "committed")
 	fs := h.frames()
 	wantAttr(t, fs[0], "error.type", evidence.ReasonEndedUnobserved)
 	wantEvents(t, fs[1], "tx.phase.active", "tx.phase.committing", "tx.phase.committed")

@@ -68,7 +68,7 @@ func (t *Tracer) TraceBatchQuery(ctx context.Context, conn *pgx.Conn, data pgx.T
 			if data.Err != nil && q.batch.err == nil {
 				q.batch.err = data.Err
 			}
-			if data.CommandTag.String() == "ROLLBACK" && t.sanitized.get(data.SQL).set.Commits() {
+			if data.CommandTag.String() == "ROLLBACK" && t.sanitized.get(data.SQL).set.Decides() {
 				q.batch.rollbackTag = true
 			}
 		}
@@ -84,12 +84,17 @@ func (t *Tracer) TraceBatchEnd(ctx context.Context, conn *pgx.Conn, data pgx.Tra
 	})
 }
 
-// TraceCopyFromStart implements pgx.CopyFromTracer.
+// TraceCopyFromStart implements pgx.CopyFromTracer. CopyFrom writes: its frame takes a
+// commit reference at COMMIT, never the xid read after it (its data follows its query).
 func (t *Tracer) TraceCopyFromStart(ctx context.Context, conn *pgx.Conn, data pgx.TraceCopyFromStartData) context.Context {
-	return t.core.startQuery(ctx, conn, evidence.OtherSet, "", foldNone, "", func(ctx context.Context, _ bool) context.Context {
+	return t.core.startQuery(ctx, conn, evidence.CopyFromSet, copyFromSQL, foldNone, "", func(ctx context.Context, _ bool) context.Context {
 		return t.core.innerCopyFromStart(ctx, conn, data)
 	})
 }
+
+// copyFromSQL stands for the statement CopyFrom sends (pgx writes it itself): what the
+// references read of it is that it is a COPY, after which nothing may be added.
+const copyFromSQL = "copy"
 
 // TraceCopyFromEnd implements pgx.CopyFromTracer.
 func (t *Tracer) TraceCopyFromEnd(ctx context.Context, conn *pgx.Conn, data pgx.TraceCopyFromEndData) {
@@ -188,11 +193,13 @@ func (t *Tracer) TraceRelease(pool *pgxpool.Pool, data pgxpool.TraceReleaseData)
 		if st := connStateOf(data.Conn); st != nil {
 			st.mu.Lock()
 			if st.frame() != nil {
+				// The server's last word (ReadyForQuery) first: idle, the transaction ended
+				// where no query showed it, closed or not.
 				reason := evidence.ReasonReleasedInTransaction
-				if pg := data.Conn.PgConn(); pg.IsClosed() {
-					reason = evidence.ReasonConnectionClosed
-				} else if pg.TxStatus() == 'I' {
+				if pg := data.Conn.PgConn(); pg.TxStatus() == 'I' {
 					reason = evidence.ReasonEndedUnobserved
+				} else if pg.IsClosed() {
+					reason = evidence.ReasonConnectionClosed
 				}
 				t.core.abandon(st, reason)
 			}
@@ -220,11 +227,17 @@ func (t *core) onNotice(pg *pgconn.PgConn, n *pgconn.Notice) {
 	}
 }
 
-// connClosing concludes the frame of a connection about to be closed.
+// connClosing concludes the frame of a connection about to be closed: its transaction
+// rolls back with the session, unless the server's last ReadyForQuery said the session
+// was idle (it ended where no query showed it).
 func (t *core) connClosing(conn *pgx.Conn) {
 	if st := connStateOf(conn); st != nil {
+		reason := evidence.ReasonConnectionClosed
+		if conn.PgConn().TxStatus() == 'I' {
+			reason = evidence.ReasonEndedUnobserved
+		}
 		st.mu.Lock()
-		t.abandon(st, evidence.ReasonConnectionClosed)
+		t.abandon(st, reason)
 		st.mu.Unlock()
 	}
 }
@@ -232,12 +245,18 @@ func (t *core) connClosing(conn *pgx.Conn) {
 // netConnClosed concludes the frame of a connection whose net.Conn was closed, unless a
 // query is in flight on it: then the connection's user is inside
 // pgconn, will see the connection closed, and concludes the frame with what its query
-// observed. It may run on any goroutine; st.mu orders it with the user's hooks.
+// observed. It may run on any goroutine; st.mu orders it with the user's hooks. With no
+// query in flight pgconn writes its transaction status no more, and the server's last
+// ReadyForQuery idle means the transaction ended where no query showed it.
 func (t *core) netConnClosed(st *connState) {
 	st.mu.Lock()
 	defer st.mu.Unlock()
 	if len(st.queries) == 0 {
-		t.abandon(st, evidence.ReasonConnectionClosed)
+		reason := evidence.ReasonConnectionClosed
+		if f := st.frame(); f != nil && f.conn.TxStatus() == 'I' {
+			reason = evidence.ReasonEndedUnobserved
+		}
+		t.abandon(st, reason)
 	}
 }
 

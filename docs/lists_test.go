@@ -187,8 +187,8 @@ func TestListsAgreeWithCode(t *testing.T) {
 			final = append(final, r)
 		}
 	}
-	if len(retried) != 2 {
-		t.Errorf("automatic reconciliation asks again on %v: the docs say in_progress and not_replicated", retried)
+	if len(retried) != 3 {
+		t.Errorf("automatic reconciliation asks again on %v: the docs say in_progress, prepared and not_replicated", retried)
 	}
 	wantAll(t, "runbook.md's table of reasons", section(t, "runbook.md", "| `reason` |", "\n"), reasons)
 	wantAll(t, "runbook.md's TransactionReconciledUnknown section", section(t, "runbook.md", "### TransactionReconciledUnknown", "### "), final)

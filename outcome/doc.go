@@ -8,7 +8,8 @@
 // a boolean or an error without lying:
 //
 //   - committed: the physical commit was confirmed; continue with follow-up work;
-//   - participating: the call only joined an outer transaction; it confirms nothing;
+//   - participating: the call only joined an outer transaction, or prepared its transaction
+//     for a coordinator to decide (two-phase commit); it confirms nothing;
 //   - rolled_back: rolled back for certain; retry only if it is marked retryable;
 //   - indeterminate: COMMIT was sent and its fate is unknown; hand it to reconciliation,
 //     never replay it;

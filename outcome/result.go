@@ -55,15 +55,17 @@ func (r Committed[T]) CommittedLocally() bool { return r.committedLocally }
 
 func (Committed[T]) sealed(T) {}
 
-// Participating is a call that joined a transaction begun by an outer call. It never
+// Participating is a call that joined a transaction begun by an outer call, or one that
+// prepared its transaction (PREPARE TRANSACTION) for a coordinator to decide. It never
 // claims a commit, not even after the outer transaction commits: only the owner's result
-// says that.
+// (or the coordinator's COMMIT PREPARED) says that.
 type Participating[T any] struct {
 	id    OperationID
 	value T
 }
 
-// NewParticipating returns a participating result; id is the joined (owner's) frame.
+// NewParticipating returns a participating result; id is the joined (owner's) frame, or
+// the prepared one's.
 func NewParticipating[T any](id OperationID, value T) Participating[T] {
 	return Participating[T]{id: id, value: value}
 }

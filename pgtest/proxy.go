@@ -29,7 +29,7 @@ import (
 //
 // A message carries COMMIT if it is a Query ('Q') one of whose ';'-separated
 // statements, or a Parse ('P') whose SQL, after leading whitespace and comments,
-// starts with the word COMMIT or END (any case), or a Bind ('B') of a statement whose Parse carried COMMIT on
+// starts with the word COMMIT or END (any case), or PREPARE TRANSACTION or ROLLBACK PREPARED, or a Bind ('B') of a statement whose Parse carried COMMIT on
 // the same connection. The Bind rule matters because a client that prepared
 // "commit" once (pgx does after conn.Prepare(ctx, "commit", "commit")) later
 // sends only Bind/Execute/Sync. A Parse alone counts even if the statement is

@@ -338,7 +338,8 @@ func TestProxyCloseWithLiveConnections(t *testing.T) {
 func TestIsCommitSQL(t *testing.T) {
 	for sql, want := range map[string]bool{
 		"commit": true, "COMMIT": true, "  Commit;": true, "end": true, "END TRANSACTION": true,
-		"commit prepared 'x'": true, "/* trace */ commit": true, "-- c\n commit": true,
+		"commit prepared 'x'": true, "PREPARE TRANSACTION 'g'": true, "prepare /* c */ transaction 'g'": true,
+		"rollback prepared 'x'": true, "prepare q as select 1": false, "prepare transactions": false, "/* trace */ commit": true, "-- c\n commit": true,
 		"/* a /* nested */ b */commit": true,
 		"committed":                    false, "endless": false, "commit_x": false, "rollback": false,
 		"select 'commit'": false, "": false, "/* unterminated commit": false,

@@ -113,17 +113,33 @@ func cstring(b []byte) (string, []byte) {
 	return string(b), nil
 }
 
-// isCommitSQL reports whether sql starts with the keyword COMMIT or END,
-// skipping whitespace and comments (tracing libraries prepend comments).
+// isCommitSQL reports whether sql starts with the keyword COMMIT or END, or with the
+// two-phase commit statements PREPARE TRANSACTION and ROLLBACK PREPARED (COMMIT
+// PREPARED starts with COMMIT), skipping whitespace and comments (tracing libraries
+// prepend comments).
 func isCommitSQL(sql string) bool {
 	s := skipSpaceAndComments(sql)
 	for _, kw := range []string{"commit", "end"} {
-		if len(s) >= len(kw) && strings.EqualFold(s[:len(kw)], kw) &&
-			(len(s) == len(kw) || !isIdentByte(s[len(kw)])) {
+		if _, ok := keyword(s, kw); ok {
 			return true
 		}
 	}
+	for _, kws := range [][2]string{{"prepare", "transaction"}, {"rollback", "prepared"}} {
+		if rest, ok := keyword(s, kws[0]); ok {
+			if _, ok := keyword(skipSpaceAndComments(rest), kws[1]); ok {
+				return true
+			}
+		}
+	}
 	return false
+}
+
+// keyword reports whether s starts with the keyword kw (any case), and returns the rest.
+func keyword(s, kw string) (string, bool) {
+	if len(s) >= len(kw) && strings.EqualFold(s[:len(kw)], kw) && (len(s) == len(kw) || !isIdentByte(s[len(kw)])) {
+		return s[len(kw):], true
+	}
+	return s, false
 }
 
 // skipSpaceAndComments returns s from its first token on, or "" for an unterminated

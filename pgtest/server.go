@@ -161,7 +161,8 @@ port = %d
 unix_socket_directories = '%s'
 max_connections = 200
 shared_buffers = 32MB
-max_prepared_transactions = 0
+# Two-phase commit's tests prepare a few transactions at a time, and end each.
+max_prepared_transactions = 10
 logging_collector = off
 # Speed only: the OS keeps the files across an immediate stop, so nothing a
 # test can observe depends on these.

@@ -40,7 +40,7 @@ func TestServerBasics(t *testing.T) {
 		"synchronous_standby_names": "phantom_standby",
 		"synchronous_commit":        "local",
 		"max_connections":           "200",
-		"max_prepared_transactions": "0",
+		"max_prepared_transactions": "10",
 		"listen_addresses":          "127.0.0.1",
 		"ssl":                       "on",
 		"server_version_num":        "", // logged only

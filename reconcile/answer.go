@@ -63,6 +63,11 @@ func (a Answer) Reference() outcome.ReconciliationRef { return a.ref }
 const (
 	// ReasonInProgress: still in progress after the wait (a synchronous-replication wait).
 	ReasonInProgress = "in_progress"
+	// ReasonPrepared: the transaction is prepared (PREPARE TRANSACTION, two-phase commit),
+	// listed in pg_prepared_xacts: it waits for its coordinator's COMMIT PREPARED or
+	// ROLLBACK PREPARED, and is neither committed nor aborted until then. Asked again
+	// after the coordinator decided, the answer is what it decided.
+	ReasonPrepared = "prepared"
 	// ReasonTooOld: pg_xact_status is NULL: the commit log no longer covers the xid.
 	ReasonTooOld = "too_old"
 	// ReasonInTheFuture: the server has not assigned the xid yet: another history.

@@ -32,6 +32,8 @@ type serverView struct {
 	recoveries []Recovery
 	// syncStandbys: synchronous replication is configured (synchronous_standby_names).
 	syncStandbys bool
+	// prepared: a prepared transaction (pg_prepared_xacts) holds the xid's low 32 bits.
+	prepared bool
 }
 
 // running reports whether the server's postmaster is the one that assigned ref's xid
@@ -130,6 +132,12 @@ func decide(ref outcome.ReconciliationRef, v serverView) (res Status, reason str
 		return Unknown, ReasonOtherTimeline, false
 	case *v.status == "committed":
 		return Unknown, ReasonServerRestarted, false
+	case v.prepared:
+		// In progress, and prepared: no backend holds it, and only its coordinator's
+		// COMMIT PREPARED or ROLLBACK PREPARED ends it; waiting or ending a backend
+		// changes nothing. In progress, the full xid is a live one, so the prepared
+		// transaction with its low 32 bits is the reference's.
+		return Unknown, ReasonPrepared, false
 	}
 	return Unknown, "", true
 }
@@ -165,6 +173,10 @@ func (v serverView) lostInRecovery(ref outcome.ReconciliationRef) bool {
 	return false
 }
 
+// preparedSQL reads whether a prepared transaction holds the xid $1 (its low 32 bits, as
+// pg_prepared_xacts shows it).
+const preparedSQL = "exists(select from pg_catalog.pg_prepared_xacts p where p.transaction = pg_catalog.xid($1::text::pg_catalog.xid8))"
+
 // reconcileIdentitySQL reads the server's identity and its latest checkpoint.
 const reconcileIdentitySQL = "s.system_identifier::text, coalesce(" + pg.TimelineSQL + ", k.timeline_id::text), pg_is_in_recovery(), " +
 	pg.ServerStartSQL + ", " + pg.StatsResetSQL + ", k.timeline_id::text, k.next_xid::text, k.checkpoint_lsn::text, " +
@@ -178,8 +190,8 @@ func (r *Reconciler) query(ctx context.Context, xid uint64) (serverView, error) 
 	var v serverView
 	var sysText, tliText, startText, resetText, ckptTLIText, nextText, lsnText, shutdownText string
 	dest := []any{&sysText, &tliText, &v.inRecovery, &startText, &resetText, &ckptTLIText, &nextText, &lsnText, &shutdownText, &v.syncStandbys}
-	err := r.db.QueryRow(ctx, "select pg_xact_status($1::text::xid8), "+reconcileIdentitySQL,
-		strconv.FormatUint(xid, 10)).Scan(append([]any{&v.status}, dest...)...)
+	err := r.db.QueryRow(ctx, "select pg_xact_status($1::text::xid8), "+preparedSQL+", "+reconcileIdentitySQL,
+		strconv.FormatUint(xid, 10)).Scan(append([]any{&v.status, &v.prepared}, dest...)...)
 	if pgErr, ok := errors.AsType[*pgconn.PgError](err); ok && pgErr.Code == "22023" {
 		v.inFuture = true
 		err = r.db.QueryRow(ctx, "select "+reconcileIdentitySQL).Scan(dest...)

@@ -102,7 +102,9 @@ func (c *Conn[F]) Before(s Statement) (ended F, r Result, begin bool) {
 	if f := c.open; f != zero && s.Idle {
 		ended, r = f, c.Abandon(ReasonEndedUnobserved)
 	}
-	return ended, r, c.open == zero && s.Set.Has(Begin) && s.Idle
+	// COMMIT PREPARED and ROLLBACK PREPARED, outside a transaction block, end a
+	// transaction another session prepared: a frame of their own.
+	return ended, r, c.open == zero && s.Idle && (s.Set.Has(Begin) || s.Set.EndsPrepared())
 }
 
 // Committing moves f to committing as its COMMIT is handed over (through active, for
@@ -174,7 +176,18 @@ func (c *Conn[F]) After(f F, e Ended) (r Result) {
 			ev.commit.unsent, r.Waits = true, true
 			break
 		}
-		r.merge(c.conclude(f, classifier.Classify(outcome.PhaseCommitting, e.Err, facts)))
+		v := classifier.Classify(outcome.PhaseCommitting, e.Err, facts)
+		switch {
+		case e.Set.Prepares() && v.Evidence() == classifier.EvidenceCommitted:
+			// PREPARE TRANSACTION succeeded (or the server said its record is durable
+			// locally): the transaction waits for its coordinator, which decides it.
+			// Nothing is confirmed, so it is no commit; nor a rollback (see Prepared).
+			ev.commit.prepared = true
+			v = preparedVerdict
+		case e.Set.EndsPrepared():
+			v = endedPrepared(e.Set, v)
+		}
+		r.merge(c.conclude(f, v))
 		c.committedInBlock = e.InTx && ev.Phase() == outcome.PhaseCommitted
 	case outcome.PhaseActive:
 		c.afterActive(f, e, facts, &r)
@@ -219,13 +232,13 @@ func (c *Conn[F]) afterActive(f F, e Ended, facts classifier.Facts, r *Result) {
 }
 
 // Reasons of a frame whose transaction ended where no query showed it, its error.type
-// beside the classifier's reasons: the frame is rolled_back (unknown if COMMIT had been
-// sent). They are the evidence's, not the classifier's, because only the tracer sees pool
-// releases, closed connections and idle sessions.
+// beside the classifier's reasons. They are the evidence's, not the classifier's, because
+// only the tracer sees pool releases, closed connections and idle sessions.
 const (
 	// ReasonEndedUnobserved: the connection was found outside a transaction at its next
-	// query, acquire or release: the transaction was ended by a path that bypasses pgx's
-	// tracer (a statement sent through *pgconn.PgConn directly).
+	// query, acquire, release or close: the transaction was ended by a path that bypasses
+	// pgx's tracer (a statement sent through *pgconn.PgConn directly, a pipeline), which
+	// may have been a COMMIT. The frame is unknown (indeterminate), never a rollback.
 	ReasonEndedUnobserved = "ended_unobserved"
 	// ReasonReleasedInTransaction: the connection went back to the pool in the middle of
 	// the transaction; the pool destroys it, which rolls the transaction back.
@@ -233,11 +246,38 @@ const (
 	// ReasonConnectionClosed: the connection closed with the transaction open (a *pgx.Conn
 	// closed mid-transaction, a connection database/sql discards).
 	ReasonConnectionClosed = "connection_closed"
+	// ReasonPrepared: the frame's transaction was prepared (PREPARE TRANSACTION): it waits
+	// for its coordinator's COMMIT PREPARED or ROLLBACK PREPARED, and the frame is
+	// participating.
+	ReasonPrepared = "prepared"
 )
+
+// endedPrepared is the verdict of COMMIT PREPARED or ROLLBACK PREPARED (set) from v, the
+// classifier's as for COMMIT. Answered, it did what it says: committed, or rolled back on
+// purpose. Anything else is unknown with v's reason: an error reply says this call
+// changed nothing (the gid unknown, a privilege missing, another database's), so the
+// prepared transaction, if there is one, is still its coordinator's to decide — no
+// rollback to claim; and a lost reply may have done either.
+func endedPrepared(set Set, v classifier.Classification) classifier.Classification {
+	if v.Evidence() == classifier.EvidenceCommitted {
+		if set.Has(RollbackPrepared) {
+			return classifier.Classify(outcome.PhaseActive, nil, classifier.Facts{})
+		}
+		return v
+	}
+	u, _ := classifier.NewClassification(classifier.EvidenceUnknown, false, v.SQLState(), v.Reason())
+	return u
+}
+
+// preparedVerdict is the verdict of a frame whose transaction was prepared: unknown (its
+// fate is its coordinator's), never retryable.
+var preparedVerdict, _ = classifier.NewClassification(classifier.EvidenceUnknown, false, "", ReasonPrepared)
 
 // Abandon concludes the open frame, whose transaction ended where no query showed it, for
 // reason: the connection was released mid-transaction, closed, or found idle. Evidence of
-// commit it cannot have; if COMMIT was sent, the outcome is unknown.
+// commit it cannot have. Found idle (ReasonEndedUnobserved), or with COMMIT sent, the
+// outcome is unknown; released or closed with the transaction open and no COMMIT sent,
+// the server rolls it back.
 func (c *Conn[F]) Abandon(reason string) Result {
 	var zero F
 	f := c.open
@@ -253,9 +293,16 @@ func (c *Conn[F]) Abandon(reason string) Result {
 		closed := reason == ReasonConnectionClosed || reason == ReasonReleasedInTransaction
 		return c.concludeUnsent(f, classifier.Facts{ConnClosed: closed, CommitNotSent: closed})
 	}
-	if ev.Phase() == outcome.PhaseCommitting {
+	if ev.Phase() == outcome.PhaseCommitting || reason == ReasonEndedUnobserved {
+		// The transaction ended past the tracer, or after its COMMIT left: a commit it
+		// may have been. An active frame is committing from the moment its end could be.
+		var r Result
+		if ev.Move(outcome.PhaseCommitting) {
+			r.Moved = r.Moved.With(outcome.PhaseCommitting)
+		}
 		v, _ := classifier.NewClassification(classifier.EvidenceUnknown, false, "", reason)
-		return c.conclude(f, v)
+		r.merge(c.conclude(f, v))
+		return r
 	}
 	v, _ := classifier.NewClassification(classifier.EvidenceRolledBack, false, "", reason)
 	ev.failure.hasFirst = true // a failure, though no query showed one

@@ -64,7 +64,8 @@ func run(t *testing.T, server classifier.ServerKind, steps []step) ([]*testFrame
 			inTx = false
 		}
 		set := Classify(s.sql)
-		ended, r, begin := c.Before(Statement{Set: set, Idle: !inTx, Commits: set.Commits()})
+		commits := set.Decides() || !inTx && set.EndsPrepared()
+		ended, r, begin := c.Before(Statement{Set: set, Idle: !inTx, Commits: commits})
 		if ended != nil {
 			record(ended, r)
 		}
@@ -77,7 +78,7 @@ func run(t *testing.T, server classifier.ServerKind, steps []step) ([]*testFrame
 			if set.Writes() {
 				f.ev.Writes()
 			}
-			if set.Commits() {
+			if commits {
 				record(f, Result{Moved: f.ev.Committing()})
 			}
 		}
@@ -101,6 +102,8 @@ var (
 	serial     = &pgconn.PgError{Severity: "ERROR", SeverityUnlocalized: "ERROR", Code: "40001"}
 	completion = &pgconn.PgError{Severity: "ERROR", SeverityUnlocalized: "ERROR", Code: "40003"}
 	deadline   = context.DeadlineExceeded
+	undefined  = &pgconn.PgError{Severity: "ERROR", SeverityUnlocalized: "ERROR", Code: "42704"}
+	inBlock    = &pgconn.PgError{Severity: "ERROR", SeverityUnlocalized: "ERROR", Code: "25001"}
 )
 
 // TestConnSequences: sequences of events, as the hooks feed them, give each frame the
@@ -139,7 +142,29 @@ func TestConnSequences(t *testing.T) {
 		{name: "a COMMIT never written, then another statement", steps: []step{{sql: "begin", inTx: true}, {sql: "commit", err: deadline, inTx: true, notSent: true}, {sql: "select 1", inTx: true}},
 			moves: "active committing unknown | active", last: outcome.OutcomeIndeterminate, reason: classifier.ReasonDeadlineExceeded, frame: 1},
 		{name: "the connection found idle", steps: []step{{sql: "begin", inTx: true}, {sql: "select 1", unseen: true}},
-			moves: "active rolled_back |", last: outcome.OutcomeRolledBack, reason: ReasonEndedUnobserved, frame: 1},
+			moves: "active committing unknown |", last: outcome.OutcomeIndeterminate, reason: ReasonEndedUnobserved, frame: 1},
+		{name: "closed with the transaction open", steps: []step{{sql: "begin", inTx: true}, {sql: "insert into t values (1)", inTx: true}, {abandon: ReasonConnectionClosed}},
+			moves: "active rolled_back |", last: outcome.OutcomeRolledBack, reason: ReasonConnectionClosed},
+		{name: "prepared", steps: []step{{sql: "begin", inTx: true}, {sql: "insert into t values (1)", inTx: true}, {sql: "prepare transaction 'g1'"}, {sql: "commit"}},
+			moves: "active committing unknown |", last: outcome.OutcomeParticipating, reason: ReasonPrepared},
+		{name: "PREPARE's reply lost", steps: []step{{sql: "begin", inTx: true}, {sql: "prepare transaction 'g1'", err: lost}},
+			moves: "active committing unknown |", last: outcome.OutcomeIndeterminate, reason: classifier.ReasonConnectionLost},
+		{name: "PREPARE refused by the server", steps: []step{{sql: "begin", inTx: true}, {sql: "prepare transaction 'g1'", err: unique}},
+			moves: "active committing rolled_back |", last: outcome.OutcomeRolledBack, reason: classifier.ReasonConstraintViolation},
+		{name: "COMMIT PREPARED", steps: []step{{sql: "commit prepared 'g1'"}},
+			moves: "active committing committed |", last: outcome.OutcomeCommitted, reason: classifier.ReasonCommitted},
+		{name: "ROLLBACK PREPARED", steps: []step{{sql: "rollback prepared 'g1'"}},
+			moves: "active committing rolled_back |", last: outcome.OutcomeRolledBack, reason: classifier.ReasonRolledBack, deliberate: true},
+		{name: "COMMIT PREPARED's reply lost", steps: []step{{sql: "commit prepared 'g1'", err: lost}},
+			moves: "active committing unknown |", last: outcome.OutcomeIndeterminate, reason: classifier.ReasonConnectionLost},
+		{name: "COMMIT PREPARED refused: nothing changed, no rollback", steps: []step{{sql: "commit prepared 'g1'", err: undefined}},
+			moves: "active committing unknown |", last: outcome.OutcomeIndeterminate},
+		{name: "ROLLBACK PREPARED's reply lost", steps: []step{{sql: "rollback prepared 'g1'", err: lost}},
+			moves: "active committing unknown |", last: outcome.OutcomeIndeterminate, reason: classifier.ReasonConnectionLost},
+		{name: "COMMIT PREPARED in a transaction block: no frame of its own", steps: []step{{sql: "begin", inTx: true}, {sql: "commit prepared 'g1'", err: inBlock, inTx: true}, {sql: "rollback"}},
+			moves: "active rolled_back |", last: outcome.OutcomeRolledBack},
+		{name: "PREPARE's write never left", steps: []step{{sql: "begin", inTx: true}, {sql: "prepare transaction 'g1'", err: deadline, inTx: true, notSent: true}, {abandon: ReasonConnectionClosed}},
+			moves: "active committing rolled_back |", last: outcome.OutcomeRolledBack, reason: classifier.ReasonCommitNotSent, retryable: true},
 		{name: "a statement that ends the transaction", steps: []step{{sql: "begin", inTx: true}, {sql: "select 1"}},
 			moves: "active rolled_back |", last: outcome.OutcomeRolledBack, reason: classifier.ReasonRolledBack, deliberate: true},
 		{name: "released while committing", steps: []step{{sql: "begin", inTx: true}, {abandon: ReasonReleasedInTransaction}},

@@ -63,6 +63,8 @@ type commitFacts struct {
 	// unsent: COMMIT failed without a byte of it leaving, on a connection still in the
 	// transaction: the frame waits, committing, for what comes next.
 	unsent bool
+	// prepared: PREPARE TRANSACTION succeeded: the transaction waits for its coordinator.
+	prepared bool
 }
 
 // Init makes f the evidence of a new frame depth levels deep (0 for a top-level
@@ -139,12 +141,17 @@ func (f *Frame) conclude(v classifier.Classification) (moved Phases, ok bool) {
 	return moved, true
 }
 
-// Outcome maps the terminal phase to the frame's outcome.
+// Outcome maps the terminal phase to the frame's outcome. A prepared transaction's is
+// participating: its phase is unknown (its coordinator decides it), and this frame is
+// not the call that does.
 func (f *Frame) Outcome() outcome.Outcome {
 	switch f.Phase() {
 	case outcome.PhaseCommitted:
 		return outcome.OutcomeCommitted
 	case outcome.PhaseUnknown:
+		if f.commit.prepared {
+			return outcome.OutcomeParticipating
+		}
 		return outcome.OutcomeIndeterminate
 	}
 	return outcome.OutcomeRolledBack
@@ -195,6 +202,10 @@ func (f *Frame) AbortedBeforeCommit(err error) { f.commit.abortedBy = err }
 
 // Unsent reports that f's COMMIT never left and f waits for what comes next.
 func (f *Frame) Unsent() bool { return f.commit.unsent }
+
+// Prepared reports whether f's transaction was prepared (PREPARE TRANSACTION): it waits
+// for its coordinator.
+func (f *Frame) Prepared() bool { return f.commit.prepared }
 
 // Began records what BEGIN said of the transaction: its isolation level and access mode,
 // as pgx spells them ("" where it does not say).

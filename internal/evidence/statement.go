@@ -19,6 +19,13 @@ const (
 	Savepoint          // SAVEPOINT name
 	Release            // RELEASE [SAVEPOINT] name
 	RollbackTo         // ROLLBACK [WORK|TRANSACTION] TO [SAVEPOINT] name
+	// Prepare is PREPARE TRANSACTION 'gid': two-phase commit's first phase, which makes
+	// the transaction durable and ends the session's part in it (see Conn.After).
+	Prepare
+	// CommitPrepared and RollbackPrepared (COMMIT PREPARED 'gid', ROLLBACK PREPARED
+	// 'gid') end a prepared transaction; they run outside a transaction block.
+	CommitPrepared
+	RollbackPrepared
 )
 
 // Set is what a query string does, as a set of kinds and two flags. Nearly every
@@ -43,6 +50,19 @@ func (s Set) Single() bool    { return s&singleFlag != 0 }
 func (s Set) Commits() bool   { return s.Has(Commit) || s.Has(CommitChain) }
 func (s Set) RollsBack() bool { return s.Has(Rollback) || s.Has(RollbackChain) }
 func (s Set) Chains() bool    { return s.Has(CommitChain) || s.Has(RollbackChain) }
+
+// Prepares reports whether a statement is PREPARE TRANSACTION.
+func (s Set) Prepares() bool { return s.Has(Prepare) }
+
+// Decides reports whether a statement's reply decides the fate of the transaction it
+// runs in: COMMIT (also AND CHAIN) or PREPARE TRANSACTION. The frame is committing from
+// the moment it is handed over. (COMMIT PREPARED and ROLLBACK PREPARED decide another
+// transaction's, in a frame of their own: see Conn.Before.)
+func (s Set) Decides() bool { return s.Commits() || s.Prepares() }
+
+// EndsPrepared reports whether a statement ends a prepared transaction (COMMIT PREPARED,
+// ROLLBACK PREPARED).
+func (s Set) EndsPrepared() bool { return s.Has(CommitPrepared) || s.Has(RollbackPrepared) }
 func (s Set) MovesSavepoint() bool {
 	return s.Has(Savepoint) || s.Has(Release) || s.Has(RollbackTo)
 }
@@ -59,6 +79,9 @@ func (s Set) Control() bool { return s.Single() && s.Kinds()&controlKinds != 0 }
 // OtherSet is the set of a query that is one statement of no transaction-control kind
 // that writes nothing the kinds know of: a COPY, a prepare.
 const OtherSet Set = 1 << Other
+
+// CopyFromSet is the set of pgx's CopyFrom: one COPY … FROM STDIN, which writes.
+const CopyFromSet Set = OtherSet | writesFlag | singleFlag
 
 // Together is the set of queries sent together, each of set (or-ed): a batch.
 func Together(set Set) Set { return (set &^ singleFlag).transactional() }
@@ -88,14 +111,17 @@ func Classify(sql string) Set {
 
 // writes returns writesFlag unless the statement sql, of kind k, is known to only read:
 // transaction control, and the statements whose first keyword only reads or sets session
-// state. A SELECT is taken to read, though a function it calls may write: such a
-// transaction is treated as one that wrote nothing (no reference is taken for it, which
-// loses precision, never soundness).
+// state. A SELECT is taken to read unless it writes by its own shape (selectWrites),
+// though a function it calls may write: such a transaction is treated as one that wrote
+// nothing (no reference is taken for it, which loses precision, never soundness).
 func writes(k Kind, sql string) Set {
 	if k != Other {
 		return 0
 	}
-	w, _ := sqltext.NextWord(sql)
+	w, rest := sqltext.NextWord(sql)
+	if IsKeyword(w, "select") {
+		return selectWrites(rest)
+	}
 	for _, r := range readOnlyWords {
 		if IsKeyword(w, r) {
 			return 0
@@ -107,8 +133,41 @@ func writes(k Kind, sql string) Set {
 	return writesFlag
 }
 
+// selectWrites returns writesFlag for a SELECT (rest: the text after the keyword) that
+// assigns the transaction an xid by itself: SELECT … INTO, which creates a table, and a
+// locking clause (FOR UPDATE, FOR NO KEY UPDATE, FOR SHARE, FOR KEY SHARE), which marks
+// the rows it locks with the xid. Both are read at the statement's top level (outside
+// parentheses), where nothing else spells them.
+func selectWrites(rest string) Set {
+	depth := 0
+	for i := 0; i < len(rest); {
+		kind, end := sqltext.Next(rest, i)
+		switch {
+		case kind == sqltext.Other && rest[i] == ';':
+			return 0
+		case kind == sqltext.Other && rest[i] == '(':
+			depth++
+		case kind == sqltext.Other && rest[i] == ')':
+			depth--
+		case kind == sqltext.Word && depth == 0:
+			w := rest[i:end]
+			if IsKeyword(w, "into") {
+				return writesFlag
+			}
+			if IsKeyword(w, "for") {
+				next, _ := sqltext.NextWord(rest[end:])
+				if IsKeyword(next, "update") || IsKeyword(next, "share") || IsKeyword(next, "no") || IsKeyword(next, "key") {
+					return writesFlag
+				}
+			}
+		}
+		i = end
+	}
+	return 0
+}
+
 // readOnlyWords are the first keywords of statements that assign no transaction id.
-var readOnlyWords = [...]string{"select", "show", "set", "reset", "values", "table", "fetch", "move", "close", "declare", "listen", "unlisten", "discard"}
+var readOnlyWords = [...]string{"show", "set", "reset", "values", "table", "fetch", "move", "close", "declare", "listen", "unlisten", "discard"}
 
 // transactional drops Other from a set that holds a transaction-control kind: only
 // a set of plain statements is "other".
@@ -132,8 +191,8 @@ func classifyOne(sql string) (Kind, string) {
 		}
 	case IsKeyword(w1, "commit"), IsKeyword(w1, "end"):
 		w2, r := sqltext.NextWord(rest)
-		if IsKeyword(w2, "prepared") {
-			return Other, rest // COMMIT PREPARED runs outside a transaction
+		if IsKeyword(w2, "prepared") && IsKeyword(w1, "commit") {
+			return CommitPrepared, r
 		}
 		if IsKeyword(w2, "work") || IsKeyword(w2, "transaction") {
 			w2, r = sqltext.NextWord(r)
@@ -142,7 +201,7 @@ func classifyOne(sql string) (Kind, string) {
 	case IsKeyword(w1, "rollback"), IsKeyword(w1, "abort"):
 		w2, r := sqltext.NextWord(rest)
 		if IsKeyword(w2, "prepared") && IsKeyword(w1, "rollback") {
-			return Other, rest
+			return RollbackPrepared, r
 		}
 		if IsKeyword(w2, "work") || IsKeyword(w2, "transaction") {
 			w2, r = sqltext.NextWord(r)
@@ -151,6 +210,10 @@ func classifyOne(sql string) (Kind, string) {
 			return RollbackTo, r
 		}
 		return endKind(w2, r, Rollback, RollbackChain)
+	case IsKeyword(w1, "prepare"):
+		if w2, r := sqltext.NextWord(rest); IsKeyword(w2, "transaction") {
+			return Prepare, r
+		}
 	case IsKeyword(w1, "savepoint"):
 		return Savepoint, rest
 	case IsKeyword(w1, "release"):
@@ -224,6 +287,22 @@ func beginOptions(rest string) (isolation, accessMode string) {
 		}
 		rest = r
 	}
+}
+
+// GID returns the global transaction identifier of the PREPARE TRANSACTION, COMMIT
+// PREPARED or ROLLBACK PREPARED at the start of sql: its string literal as written
+// ('…', quotes included), a substring of sql; "" when it is not one (an escape or dollar
+// quoted string, a parameter).
+func GID(sql string) string {
+	kind, rest := classifyOne(sql)
+	rest = sqltext.SkipSpace(rest)
+	if kind != Prepare && kind != CommitPrepared && kind != RollbackPrepared || rest == "" || rest[0] != '\'' {
+		return ""
+	}
+	if kind, end := sqltext.Next(rest, 0); kind == sqltext.Literal {
+		return rest[:end]
+	}
+	return ""
 }
 
 // SavepointName returns the name after SAVEPOINT, RELEASE [SAVEPOINT] or ROLLBACK [WORK|

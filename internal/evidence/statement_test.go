@@ -25,12 +25,20 @@ func TestClassify(t *testing.T) {
 		{"END TRANSACTION", 1 << Commit},
 		{"commit and chain", 1 << CommitChain},
 		{"COMMIT AND NO CHAIN", 1 << Commit},
-		{"commit prepared 'x'", 1 << Other},
+		{"commit prepared 'x'", 1 << CommitPrepared},
+		{"COMMIT PREPARED 'x';", 1 << CommitPrepared},
+		{"end prepared 'x'", 1 << Commit}, // not PostgreSQL's: the server refuses it
+		{"prepare transaction 'g1'", 1 << Prepare},
+		{"PREPARE TRANSACTION 'it''s; commit'", 1 << Prepare},
+		{"insert into t values (1); prepare transaction 'g'", 1 << Prepare},
+		{"prepare q as insert into t values (1)", 1 << Other},
+		{"prepare transactions as select 1", 1 << Other},
 		{"rollback", 1 << Rollback},
 		{"ABORT", 1 << Rollback},
 		{"rollback work", 1 << Rollback},
 		{"rollback and chain", 1 << RollbackChain},
-		{"rollback prepared 'x'", 1 << Other},
+		{"rollback prepared 'x'", 1 << RollbackPrepared},
+		{"abort prepared 'x'", 1 << Rollback}, // not PostgreSQL's: the server refuses it
 		{"savepoint sp_1", 1 << Savepoint},
 		{"release savepoint sp_1", 1 << Release},
 		{"RELEASE sp_1", 1 << Release},
@@ -71,6 +79,18 @@ func TestStatementFlags(t *testing.T) {
 		{"commit;", false, true},
 		{"begin", false, true},
 		{"select * from t", false, true},
+		{"select * into t2 from t", true, true},
+		{"SELECT a INTO TEMP t2 FROM t", true, true},
+		{"select * from t for update", true, true},
+		{"select * from t where id = 1 FOR NO KEY UPDATE skip locked", true, true},
+		{"select * from t for share", true, true},
+		{"select * from t for key share nowait", true, true},
+		{"select substring(s from 1 for 2) from t", false, true},
+		{"select (select 1 into x) ", false, true},
+		{"select 'for update', \"into\" from t", false, true},
+		{"select 1 -- for update\n", false, true},
+		{"select 1; select 2 for update", true, false},
+		{"select * from t for update; commit", true, false},
 		{"SHOW transaction_isolation", false, true},
 		{"set local synchronous_commit = on", false, true},
 		{"  /* c */ values (1)", false, true},
@@ -107,6 +127,24 @@ func TestBeginOptions(t *testing.T) {
 		iso, access := beginOptions(rest)
 		if iso != tc.iso || access != tc.access {
 			t.Errorf("beginOptions(%q) = %q %q, want %q %q", tc.sql, iso, access, tc.iso, tc.access)
+		}
+	}
+}
+
+func TestGID(t *testing.T) {
+	for sql, want := range map[string]string{
+		"prepare transaction 'g1'":              "'g1'",
+		"COMMIT PREPARED 'it''s; ok' ":          "'it''s; ok'",
+		"rollback prepared /* c */ 'x'":         "'x'",
+		"commit prepared E'x'":                  "",
+		"commit prepared $$x$$":                 "",
+		"commit prepared 'unterminated":         "",
+		"commit prepared":                       "",
+		"select 'g1'":                           "",
+		"prepare transaction 'a' -- trailing\n": "'a'",
+	} {
+		if got := GID(sql); got != want {
+			t.Errorf("GID(%q) = %q, want %q", sql, got, want)
 		}
 	}
 }

@@ -19,10 +19,12 @@ import (
 // functions, in that BEGIN's write.
 
 // check is what a check ahead of BEGIN asks: the cluster identity, and a marker
-// function (its quoted table; "" for none).
+// function (its quoted table; "" for none); ahead of COMMIT PREPARED or ROLLBACK
+// PREPARED, also the xid of the prepared transaction of gid (its string literal).
 type check struct {
 	identity bool
 	marker   string
+	gid      string
 }
 
 // ArmCheck has the write of a BEGIN (the statement sql, sent as a lone simple Query)
@@ -36,6 +38,29 @@ type check struct {
 // statement. A server older than MinServerMajor turns references off at once, with the
 // notice returned: the check itself calls what that server does not have.
 func (c *Conn) ArmCheck(refs Refs, serverVersion string, single bool, sql string) *Off {
+	return c.armCheck(refs, serverVersion, single, sql, "")
+}
+
+// ArmPrepared has the write of f's COMMIT PREPARED or ROLLBACK PREPARED (the statement
+// sql, of the prepared transaction whose gid is the string literal gid) carry, ahead of
+// it, the check ArmCheck would, and a read of that transaction's xid in
+// pg_prepared_xacts: f's reference (Collect), which reconciliation settles whatever the
+// statement's reply. It costs no round trip, and runs outside any transaction: it
+// changes nothing of the statement's. Without a gid literal, or when the gid names no
+// prepared transaction, f has no reference.
+func (c *Conn) ArmPrepared(f *Frame, serverVersion string, single bool, sql, gid string) *Off {
+	if gid == "" || !single {
+		return nil
+	}
+	off := c.armCheck(f.Refs, serverVersion, single, sql, gid)
+	if c.adding && c.checking.gid != "" {
+		c.preparing = f
+	}
+	return off
+}
+
+// armCheck is ArmCheck, with the read of the prepared transaction of gid when it is not "".
+func (c *Conn) armCheck(refs Refs, serverVersion string, single bool, sql, gid string) *Off {
 	if c.state == unchecked && c.on(refs) {
 		if why := TooOld(serverVersion); why != "" {
 			c.state, c.offWhy = off, why
@@ -45,7 +70,7 @@ func (c *Conn) ArmCheck(refs Refs, serverVersion string, single bool, sql string
 	if !c.on(refs) || c.adding || !single {
 		return nil
 	}
-	ck := check{identity: c.state == unchecked}
+	ck := check{identity: c.state == unchecked, gid: gid}
 	if _, checked := c.marker(refs.Marker); refs.Mode == Marker && !checked {
 		ck.marker = refs.Marker
 	}
@@ -58,18 +83,52 @@ func (c *Conn) ArmCheck(refs Refs, serverVersion string, single bool, sql string
 	return nil
 }
 
-// sql is c's query: identitySelect's columns with the marker check's after them, or the
-// marker check alone.
+// sql is c's query: identitySelect's columns with the marker check's after them, then
+// the prepared transaction's; or the marker check's and the prepared transaction's alone.
 func (c check) sql() string {
-	sql := "select " + markerCheckSQL(c.marker)
-	if c.identity {
-		sql = identitySelect
-		if c.marker != "" {
-			sql += ", " + markerCheckSQL(c.marker)
-		}
-		sql += identityFrom
+	var cols []string
+	if c.marker != "" {
+		cols = append(cols, markerCheckSQL(c.marker))
 	}
-	return sql
+	if c.gid != "" {
+		cols = append(cols, preparedSQL(c.gid))
+	}
+	if !c.identity {
+		return "select " + strings.Join(cols, ", ")
+	}
+	sql := identitySelect
+	for _, col := range cols {
+		sql += ", " + col
+	}
+	return sql + identityFrom
+}
+
+// preparedSQL is the two columns that read the xid of the prepared transaction of gid
+// (a string literal): its 32 bits as pg_prepared_xacts shows them (NULL when none is
+// prepared with that gid), and the snapshot's xmax, a full xid that places them in their
+// epoch (preparedXID). Nothing in them can fail, and neither assigns an xid.
+func preparedSQL(gid string) string {
+	return "(select p.transaction::text from pg_catalog.pg_prepared_xacts p where p.gid = " + gid + ")" +
+		", pg_catalog.pg_snapshot_xmax(pg_catalog.pg_current_snapshot())::text"
+}
+
+// preparedXID is the full xid of a prepared transaction whose xid's 32 bits are xid32,
+// read with a snapshot whose xmax (the oldest xid still running or not yet completed,
+// plus the completed ones' last) is xmax: the full xid with those bits nearest xmax. Both
+// are live xids, less than 2^31 apart (the server stops assigning xids before
+// wraparound), so the nearest is the one; the prepared transaction's may lie above xmax,
+// when transactions older than it are still running. 0 when the text is not that.
+func preparedXID(xid32, xmax []byte) uint64 {
+	x, err1 := strconv.ParseUint(string(xid32), 10, 32)
+	n, err2 := strconv.ParseUint(string(xmax), 10, 64)
+	if err1 != nil || err2 != nil || x < 3 {
+		return 0 // 0 to 2 are not ordinary xids
+	}
+	full := int64(n) + int64(int32(uint32(x)-uint32(n)))
+	if full < 3 {
+		return 0
+	}
+	return uint64(full)
 }
 
 // message is c's query as the Query message the check's write carries.
@@ -297,17 +356,21 @@ func (c *Conn) checked(r wire.Reply) *Off {
 		}
 		col = ColMarker
 	}
-	if ck.marker == "" {
-		return nil
+	var off *Off
+	if ck.marker != "" {
+		var answer []byte
+		if r.ErrCode == "" && len(r.Row) > col {
+			answer = r.Row[col]
+		}
+		if m := c.newMarkerFn(ck.marker, answer); m.problem != "" {
+			off = &Off{What: offMarker, Why: m.problem}
+		}
+		col++
 	}
-	var answer []byte
-	if r.ErrCode == "" && len(r.Row) > col {
-		answer = r.Row[col]
+	if ck.gid != "" && r.ErrCode == "" && len(r.Row) >= col+2 {
+		c.preparedXID = preparedXID(r.Row[col], r.Row[col+1])
 	}
-	if m := c.newMarkerFn(ck.marker, answer); m.problem != "" {
-		return &Off{What: offMarker, Why: m.problem}
-	}
-	return nil
+	return off
 }
 
 // What the notices of a check say is off.

@@ -40,3 +40,25 @@ func TestParseCheckpoint(t *testing.T) {
 		t.Error("garbage parsed")
 	}
 }
+
+// TestPreparedXID: a prepared transaction's 32-bit xid is placed in the epoch of the
+// snapshot's xmax it was read with, whether it lies below xmax or above it (older
+// transactions still running), across an epoch boundary both ways.
+func TestPreparedXID(t *testing.T) {
+	for _, tc := range []struct {
+		xid32, xmax string
+		want        uint64
+	}{
+		{"727", "727", 727},
+		{"700", "727", 700},
+		{"730", "727", 730},
+		{"4294967290", "4294967300", 4294967290}, // below xmax, in the epoch before
+		{"5", "4294967290", 4294967301},          // above xmax, in the next epoch
+		{"4294967295", "8589934600", 8589934591}, // epoch 2's xmax, epoch 1's last xid
+		{"0", "727", 0}, {"2", "727", 0}, {"x", "727", 0}, {"727", "", 0},
+	} {
+		if got := preparedXID([]byte(tc.xid32), []byte(tc.xmax)); got != tc.want {
+			t.Errorf("preparedXID(%s, %s) = %d, want %d", tc.xid32, tc.xmax, got, tc.want)
+		}
+	}
+}

@@ -37,8 +37,8 @@ func (c *Conn) Collect(f *Frame, final bool) Collected {
 		return Collected{} // the xid read's reply is still on its way
 	}
 	c.adding = false
-	reading := c.reading
-	c.reading = nil
+	reading, preparing := c.reading, c.preparing
+	c.reading, c.preparing = nil, nil
 	if a == nil || !a.Sent() {
 		return Collected{} // tried again at the next BEGIN, statement or COMMIT
 	}
@@ -72,7 +72,12 @@ func (c *Conn) Collect(f *Frame, final bool) Collected {
 			// next BEGIN.
 			return Collected{}
 		}
-		return Collected{Off: c.checked(r), Checked: true}
+		out := Collected{Off: c.checked(r), Checked: true}
+		if xid := c.preparedXID; xid != 0 && preparing != nil && preparing == f && c.Known() {
+			f.ref = c.ref(xid)
+		}
+		c.preparedXID = 0
+		return out
 	}
 	if f != nil && !r.Fatal {
 		f.ref = c.callRef(f.marker, f.id, r)

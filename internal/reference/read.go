@@ -19,7 +19,7 @@ type Statement struct {
 	// Opens: several statements, a BEGIN among them and no other transaction control
 	// ("begin; insert …"), so that the string leaves a transaction open.
 	Opens  bool
-	Commit bool // a COMMIT (not AND CHAIN)
+	Commit bool // a COMMIT (also AND CHAIN) or PREPARE TRANSACTION: it decides the transaction
 	// InTx: the connection is in a transaction that has not failed (pgconn's status T).
 	InTx bool
 }

@@ -94,6 +94,21 @@ func (f *Frame) Missing() string {
 // XID is the xid the read after a statement found, 0 while none.
 func (f *Frame) XID() uint64 { return f.xid }
 
+// Unobserved gives f, whose transaction ended where no query showed it (a COMMIT sent
+// past the tracer, perhaps), the reference it can have: the xid the read after one of its
+// statements found, which pg_xact_status settles whatever ended the transaction. Without
+// one it has none.
+func (c *Conn) Unobserved(f *Frame) {
+	if c.reading == f {
+		// The read's reply came before the server's last ReadyForQuery, which pgconn has
+		// read: it is whole.
+		c.Collect(f, true)
+	}
+	if f.ref == nil && f.xid != 0 && c.Known() {
+		f.ref = c.ref(f.xid)
+	}
+}
+
 // Conn is the references of one connection: where they are (unchecked, on, off), the
 // cluster identity, the marker functions checked on it, and the library's addition in
 // flight. The connection's user changes it, under its state's lock.
@@ -113,6 +128,11 @@ type Conn struct {
 	adding   bool
 	reading  *Frame
 	checking check // what the check in flight ahead of BEGIN asks
+	// preparing is the frame of the COMMIT PREPARED or ROLLBACK PREPARED whose write
+	// carries the check (ArmPrepared), and preparedXID the xid the check read for it,
+	// until Collect gives it the reference.
+	preparing   *Frame
+	preparedXID uint64
 	// run are the references of Run's Policy while Run begins a transaction on the
 	// connection (running): its frame carries them in place of the tracer's.
 	run     Refs
