@@ -34,7 +34,10 @@ import (
 //     attempt or time left;
 //   - Indeterminate: COMMIT was sent and its fate is unknown. Retry never replays it:
 //     without WithReconciler, hand it to reconciliation (reconcile.Indeterminate, or the
-//     callback of [WithAutoReconcile]), which says whether running it again is safe.
+//     callback of [WithAutoReconcile]), which says whether running it again is safe;
+//   - Participating: attempt prepared its transaction (PREPARE TRANSACTION): its
+//     coordinator decides it, and Retry never runs it again. A lost reply to PREPARE is
+//     Indeterminate, as a lost COMMIT's.
 //
 // When the tracer cannot tell how a call ended (its transaction was on a connection that
 // is not instrumented, or was not begun or ended with the context given, and no
