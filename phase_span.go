@@ -388,11 +388,10 @@ func (f *frameSpan) unanswered(savepoint string) {
 var savepointEvents = [...]string{evidence.SavepointCreated: eventSavepointCreated,
 	evidence.SavepointReleased: eventSavepointReleased, evidence.SavepointRolledBack: eventSavepointRolledBack}
 
-// savepointEvent records on f's span a savepoint statement of kinds set, naming the
-// savepoint name, that succeeded: its event, with the depth of the savepoint it made or
-// named, where the frame saw that savepoint made.
-func (f *frame) savepointEvent(set evidence.Set, name string) {
-	move, depth := f.SavepointMoved(set, name)
+// savepointEvent records on f's span what a savepoint statement naming the savepoint name
+// did (move, as the evidence moved its stack): its event, with the depth of the savepoint
+// it made or named, where the frame saw that savepoint made.
+func (f *frame) savepointEvent(move evidence.SavepointMove, depth int, name string) {
 	if depth == 0 { // a savepoint made before the frame was found
 		f.event(savepointEvents[move], savepointNameKey.String(name))
 		return

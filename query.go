@@ -163,14 +163,14 @@ func (t *core) afterQuery(ctx context.Context, conn *pgx.Conn, st *connState, q 
 		f.judgeErr(&t.cfg, ctx, err)
 	}
 	r := st.ev.After(f, evidence.Ended{Set: q.set, Err: err, InTx: inTx, Closed: closed,
-		RollbackTag: q.batch.rollbackTag || tag.String() == "ROLLBACK", CommitNotSent: st.commitNotSent(f)})
+		RollbackTag: q.batch.rollbackTag || tag.String() == "ROLLBACK", CommitNotSent: st.commitNotSent(f), Savepoint: q.savepoint})
 	if r.Waits {
 		f.unsentAsked = verdictFrom(ctx) // told when the frame ends, after this call returned
 	}
 	if open {
 		f.record(r)
 		if r.Savepoint && f.recording {
-			f.savepointEvent(q.set, q.savepoint)
+			f.savepointEvent(r.SavepointMove, r.SavepointDepth, q.savepoint)
 		}
 	}
 	switch r.Start {

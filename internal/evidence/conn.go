@@ -60,8 +60,12 @@ type Result struct {
 	// transaction is still open: the frame waits for the connection's end or the next
 	// statement.
 	Waits bool
-	// Savepoint: a savepoint statement succeeded in the frame (see SavepointMoved).
-	Savepoint bool
+	// Savepoint: a savepoint statement succeeded in the frame; SavepointMove is what it
+	// did, SavepointDepth the depth of the savepoint it made or named (0: one the frame
+	// did not see made). The frame's savepoint stack has moved, whatever is recorded.
+	Savepoint      bool
+	SavepointMove  SavepointMove
+	SavepointDepth int
 	// Start is the frame the caller is to start now.
 	Start Start
 }
@@ -131,6 +135,8 @@ type Ended struct {
 	// CommitNotSent: the write carrying COMMIT sent nothing, or none came (the net.Conn's
 	// account, read only while the frame is committing).
 	CommitNotSent bool
+	// Savepoint is the name a savepoint statement names (SavepointName), as written.
+	Savepoint string
 }
 
 // After feeds c the end of a query that began in frame f (the zero F if none was open),
@@ -228,6 +234,7 @@ func (c *Conn[F]) afterActive(f F, e Ended, facts classifier.Facts, r *Result) {
 		r.merge(c.conclude(f, v))
 	case e.Err == nil && e.Set.MovesSavepoint():
 		r.Savepoint = true
+		r.SavepointMove, r.SavepointDepth = ev.savepointMoved(e.Set, e.Savepoint)
 	}
 }
 

@@ -224,10 +224,13 @@ func TestChainKeepsCharacteristics(t *testing.T) {
 }
 
 // TestSavepointDepth: savepoints push and pop by PostgreSQL's rules, names folded as
-// identifiers are.
+// identifiers are, in the evidence (Conn.After), whether a span records them or not.
 func TestSavepointDepth(t *testing.T) {
-	var f Frame
-	f.Init(0)
+	c := NewConn[*testFrame](classifier.ServerPostgreSQL)
+	f := &testFrame{}
+	f.ev.Init(0)
+	c.Started(f)
+	f.ev.Move(outcome.PhaseActive)
 	for i, tc := range []struct {
 		sql   string
 		move  SavepointMove
@@ -242,8 +245,8 @@ func TestSavepointDepth(t *testing.T) {
 		{"release x", SavepointReleased, 0},
 		{"savepoint a", SavepointCreated, 1},
 	} {
-		move, depth := f.SavepointMoved(Classify(tc.sql), SavepointName(tc.sql))
-		if move != tc.move || depth != tc.depth {
+		r := c.After(f, Ended{Set: Classify(tc.sql), InTx: true, Savepoint: SavepointName(tc.sql)})
+		if move, depth := r.SavepointMove, r.SavepointDepth; !r.Savepoint || move != tc.move || depth != tc.depth {
 			t.Errorf("%d %q: %v %d, want %v %d", i, tc.sql, move, depth, tc.move, tc.depth)
 		}
 	}

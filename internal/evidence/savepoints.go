@@ -12,7 +12,7 @@ const (
 	SavepointRolledBack
 )
 
-// SavepointMoved records on f a savepoint statement of kinds set that succeeded, naming
+// savepointMoved records on f a savepoint statement of kinds set that succeeded, naming
 // savepoint name, and returns what it did and the depth of the savepoint it made or named
 // (tx.savepoint.depth): pgx's Tx.Begin nests savepoints, and their events on one frame say
 // how deep each is only through it. 0 means the name is not among the open savepoints the
@@ -21,7 +21,7 @@ const (
 // PostgreSQL's rules: SAVEPOINT pushes a savepoint, a name may repeat; RELEASE and
 // ROLLBACK TO name the innermost savepoint of that name; RELEASE removes it and every one
 // after it, ROLLBACK TO those after it only.
-func (f *Frame) SavepointMoved(set Set, name string) (move SavepointMove, depth int) {
+func (f *Frame) savepointMoved(set Set, name string) (move SavepointMove, depth int) {
 	if set.Has(Savepoint) {
 		f.savepoints = append(f.savepoints, name)
 		return SavepointCreated, len(f.savepoints)
