@@ -44,7 +44,9 @@ func TestTracerCheck(t *testing.T) {
 	pool := srv.Pool(t, ctx)
 	marker := reconciletest.NewMarkerTable(t, ctx, srv.Exec)
 	fake := pgx.Identifier{"public", "fake_marker_" + strings.ToLower(t.Name())}
-	pgtest.NoError(t, srv.Exec(ctx, "create table "+fake.Sanitize()+" (operation_id uuid primary key);"+
+	// Dropped first: a run before this one (go test -count) made them on this server.
+	pgtest.NoError(t, srv.Exec(ctx, "drop function if exists "+fake.Sanitize()+"(uuid); drop table if exists "+fake.Sanitize()+";"+
+		"create table "+fake.Sanitize()+" (operation_id uuid primary key);"+
 		"create function "+fake.Sanitize()+"(uuid) returns text language sql as $$ select 'm' $$"))
 	for _, c := range []struct {
 		name string

@@ -106,10 +106,17 @@ func TestMultiStatementCommit(t *testing.T) {
 			t.Fatal(err)
 		}
 		present := srv.RowExists(t, ctx, table, id)
-		if present != c.committed {
-			t.Fatalf("%s: row present %v", c.name, present)
-		}
 		answer := (<-hs.answers).Answer
+		committed := c.committed
+		if c.marked && c.after {
+			// Automatic reconciliation may fence the marker before the cut backend has run
+			// the call ahead of COMMIT: the call then fails, the transaction aborts, and
+			// every answer says so. Either way the answers agree with the row.
+			committed = answer.Status() == reconcile.Committed
+		}
+		if present != committed {
+			t.Fatalf("%s: row present %v, automatic reconciliation %s", c.name, present, answer.Status())
+		}
 		if ok != c.wantRef || ok && ref.HasMarker() != c.marked {
 			t.Fatalf("%s: reference %v (present %v), want present %v, marker %v", c.name, ref, ok, c.wantRef, c.marked)
 		}
@@ -127,7 +134,7 @@ func TestMultiStatementCommit(t *testing.T) {
 			t.Errorf("%s: a frame with a reference says it has none", c.name)
 		}
 		want := reconcile.Aborted
-		if c.committed {
+		if committed {
 			want = reconcile.Committed
 		}
 		res, err := rec.Resolve(ctx, ref, trace.SpanContext{})
