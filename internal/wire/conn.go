@@ -268,7 +268,7 @@ func (c *Conn) received(p []byte, n int, err error) (int, error, bool) {
 	f := c.splice.filter
 	if f == nil || n == 0 && err == nil {
 		if c.splice.track {
-			c.splice.pos.advance(p[:n])
+			c.splice.delivered(p[:n])
 		}
 		return n, err, true
 	}
@@ -298,7 +298,7 @@ func (c *Conn) deliver(p []byte) (n int, err error, done bool) {
 		case len(f.out) > 0:
 			n = copy(p, f.out)
 			f.out = f.out[n:]
-			c.splice.pos.advance(p[:n])
+			c.splice.delivered(p[:n])
 			if f.finished() && len(f.out) == 0 {
 				c.splice.end()
 			}
@@ -315,7 +315,7 @@ func (c *Conn) deliver(p []byte) (n int, err error, done bool) {
 		return 0, nil, false
 	}
 	n, err = c.ahead.give(p)
-	c.splice.pos.advance(p[:n])
+	c.splice.delivered(p[:n])
 	return n, err, true
 }
 

@@ -118,11 +118,23 @@ func syncedWrite(b []byte) (syncs int, ok bool) {
 // which Write takes without the lock.
 type splice struct {
 	// track: follow message boundaries in what pgconn is given (commit references on).
-	track  bool
-	next   atomic.Pointer[Addition]
-	pos    streamPos
+	track bool
+	next  atomic.Pointer[Addition]
+	pos   streamPos
+	// ends watches what pgconn is given for the end of a transaction (end_watch.go).
+	ends   endWatch
 	filter *replyFilter
 	added  *Addition
+}
+
+// delivered follows b, bytes given to pgconn: their message boundaries and, where they
+// are followed (track), the transaction ends they show.
+func (s *splice) delivered(b []byte) {
+	if s.track {
+		s.pos.advanceWatching(b, &s.ends)
+		return
+	}
+	s.pos.advance(b)
 }
 
 // arm has the write a was armed for carry a (Conn.Arm says when it may).
