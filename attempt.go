@@ -74,7 +74,7 @@ func runAttempt[T any](ctx context.Context, db DB, p Policy, fn func(context.Con
 		return res, shouldRetry(ctx, p, res, n)
 	}
 	if f := a.sc.frame; f != nil {
-		defer func() { endAttemptFrame(f, res, retry, n) }()
+		defer func() { endAttemptFrame(a.sc.t, f, res, retry, n) }()
 	}
 	value, err := callFn(ctx, &a, fn)
 	res = endAttempt(ctx, &a, p, value, err)
@@ -83,16 +83,16 @@ func runAttempt[T any](ctx context.Context, db DB, p Policy, fn func(context.Con
 
 // endAttemptFrame ends attempt n's frame with its result. A nil result is a panic in fn, which
 // rolled the transaction back; a retried attempt says so with a tx.retry event first.
-func endAttemptFrame[T any](f *frame, res outcome.Result[T], retry bool, n int) {
+func endAttemptFrame[T any](t *core, f *frame, res outcome.Result[T], retry bool, n int) {
 	if res == nil {
-		f.t.end(f, outcome.OutcomeRolledBack, nil)
+		t.end(f, outcome.OutcomeRolledBack, nil)
 		return
 	}
 	if retry && f.span.IsRecording() {
 		f.span.AddEvent(eventRetry, trace.WithAttributes(AttemptKey.Int(n+1),
-			errorTypeKey.String(f.Verdict().Reason())))
+			errorTypeKey.String(f.ev.Verdict().Reason())))
 	}
-	f.t.end(f, res.Outcome(), postCommitFailure(res))
+	t.end(f, res.Outcome(), postCommitFailure(res))
 }
 
 // postCommitFailure is the error of res's post-commit hooks, or nil.
@@ -138,7 +138,8 @@ func beginAttempt[T any](ctx context.Context, db DB, p Policy, n int) (attemptTx
 	}
 	alloc := &runAlloc{}
 	alloc.tx.tx = tx
-	alloc.sc = scope{tx: &alloc.tx, frame: frameOfTx(tx), suspended: scopeFromContext(ctx)}
+	f, t := frameOfTx(tx)
+	alloc.sc = scope{tx: &alloc.tx, frame: f, t: t, suspended: scopeFromContext(ctx)}
 	sc := &alloc.sc
 	sc.pool, _ = db.(*pgxpool.Pool)
 	if f := sc.frame; f != nil {
@@ -208,14 +209,14 @@ func resultOfCommit[T any](ctx context.Context, sc *scope, cr commitOutcome, hoo
 	v := cr.classification
 	switch v.Evidence() {
 	case classifier.EvidenceCommitted:
-		if perr := runHooks(ctx, f, hooks); perr != nil {
+		if perr := runHooks(ctx, sc.t, f, hooks); perr != nil {
 			// perr is not nil: the constructor has nothing to refuse.
 			r, _ := outcome.NewCommittedWithPostCommitFailure(sc.id, value, perr)
 			return r
 		}
 		return outcome.NewCommitted(sc.id, value, v.CommittedLocally())
 	case classifier.EvidenceUnknown:
-		if f != nil && f.Prepared() && cr.err == nil {
+		if f != nil && f.ev.Prepared() && cr.err == nil {
 			// fn prepared the transaction (PREPARE TRANSACTION): its coordinator decides
 			// it, so nothing is confirmed and no hook runs (see Run). Had fn failed after,
 			// its error is the cause of an Indeterminate.
@@ -245,26 +246,30 @@ func rollbackAttempt(ctx context.Context, sc *scope, tx pgx.Tx, cause error) cla
 	conn := tx.Conn()
 	closed := conn != nil && conn.IsClosed()
 	v := classifier.Classify(outcome.PhaseActive, cause, classifier.Facts{ConnClosed: closed})
-	if f := sc.frame; f != nil {
-		f.RolledBackBy(cause, v)
-		f.judgeErr(&f.t.cfg, ctx, cause)
+	// The frame's state is there since the frame is: its hooks made it.
+	f, st := sc.frame, (*connState)(nil)
+	if f != nil {
+		st = madeState(f.conn)
+	}
+	if st != nil {
+		st.mu.Lock()
+		st.ev.RolledBackBy(f, cause, v)
+		st.mu.Unlock()
+		f.judgeErr(&sc.t.cfg, ctx, cause)
 	}
 	// The caller's context may be what failed; the rollback must still be sent. Its error
 	// changes nothing: a failed rollback closes the connection, which rolls back too.
 	_ = tx.Rollback(context.WithoutCancel(ctx))
-	if f := sc.frame; f != nil {
-		st := madeState(f.conn) // there since the frame is
-		if st != nil {
-			st.mu.Lock()
-			defer st.mu.Unlock()
-		}
-		if f.Open() {
-			// The rollback never reached the tracer (the connection was gone).
-			concludeFrame(st, f, f.FirstFailure())
-		}
-		return f.Verdict()
+	if st == nil {
+		return v
 	}
-	return v
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	if f.ev.Open() {
+		// The rollback never reached the tracer (the connection was gone).
+		concludeFrame(st, f, f.ev.FirstFailure())
+	}
+	return f.ev.Verdict()
 }
 
 // commitOutcome is what commit observed: the classification, the COMMIT's error and the
@@ -280,8 +285,8 @@ type commitOutcome struct {
 // writes brought (the reference), or else the classifier's on the error alone.
 func commitAttempt(ctx context.Context, sc *scope, tx pgx.Tx) commitOutcome {
 	err := tx.Commit(ctx)
-	if f := sc.frame; f != nil && !f.Open() {
-		return commitOutcome{classification: f.Verdict(), err: err, ref: f.commitRef.Ref()}
+	if f := sc.frame; f != nil && !f.ev.Open() {
+		return commitOutcome{classification: f.ev.Verdict(), err: err, ref: f.commitRef.Ref()}
 	}
 	facts := classifier.Facts{RollbackTag: errors.Is(err, pgx.ErrTxCommitRollback)}
 	if conn := tx.Conn(); conn != nil {
@@ -306,13 +311,13 @@ func determinateRollback[T any](id outcome.OperationID, phase outcome.Phase, cau
 
 // runHooks runs the post-commit hooks in a tx.post_commit span under the frame. A
 // failure (or a panic) in one does not stop the others and never undoes the commit.
-func runHooks(ctx context.Context, f *frame, hooks []func(context.Context) error) error {
+func runHooks(ctx context.Context, t *core, f *frame, hooks []func(context.Context) error) error {
 	if len(hooks) == 0 {
 		return nil
 	}
 	tracer := otel.GetTracerProvider().Tracer(ScopeName)
 	if f != nil {
-		tracer = f.t.tracer
+		tracer = t.tracer
 		ctx = f.withSpan(ctx)
 	}
 	ctx, span := tracer.Start(ctx, spanNamePostCommit)
@@ -332,7 +337,7 @@ func runHooks(ctx context.Context, f *frame, hooks []func(context.Context) error
 	}
 	if err != nil {
 		// A hook's error is the application's own and may quote its data.
-		span.RecordError(redact.Error(err, f != nil && f.t.cfg.errorMessages))
+		span.RecordError(redact.Error(err, t != nil && t.cfg.errorMessages))
 		span.SetStatus(codes.Error, "post-commit work failed")
 		return err
 	}

@@ -28,26 +28,27 @@ func Begin(ctx context.Context, db DB, txOptions pgx.TxOptions) (context.Context
 	if err != nil {
 		return ctx, nil, err
 	}
-	if f := frameOfTx(tx); f != nil {
+	if f, _ := frameOfTx(tx); f != nil {
 		ctx = trace.ContextWithSpan(contextWithFrame(ctx, f), f.span)
 	}
 	return ctx, tx, nil
 }
 
-// frameOfTx returns the open frame of tx's connection, or nil.
-func frameOfTx(tx pgx.Tx) *frame {
+// frameOfTx returns the open frame of tx's connection, and the tracer whose frame it is;
+// nil, nil if none is open.
+func frameOfTx(tx pgx.Tx) (*frame, *core) {
 	conn := tx.Conn()
 	if conn == nil {
-		return nil
+		return nil, nil
 	}
-	if st := connStateOf(conn); st != nil {
+	if st := madeStateOf(conn); st != nil {
 		st.mu.Lock()
 		defer st.mu.Unlock()
-		if f := st.frame(); f != nil && f.Open() {
-			return f
+		if f := st.frame(); f != nil && f.ev.Open() {
+			return f, st.t
 		}
 	}
-	return nil
+	return nil, nil
 }
 
 // DB is what [Run] and [Begin] begin transactions on: *pgxpool.Pool and *pgx.Conn are.

@@ -24,6 +24,8 @@ import (
 // end of the connection's net.Conn, which may be closed on another goroutine (see
 // wire.Conn). Uncontended, it costs a few nanoseconds per hook and allocates nothing.
 type connState struct {
+	// t is the tracer whose hooks made it: Run ends the frames it manages through it.
+	t       *core
 	mu      sync.Mutex
 	ev      evidence.Conn[*frame] // the frame open on the connection, and its evidence
 	queries []queryState          // started, not yet ended (a busy conn can nest a failed call)
@@ -106,6 +108,23 @@ func connStateOf(conn *pgx.Conn) *connState {
 	return stateOf(conn.PgConn())
 }
 
+// stateOf is the package's stateOf for t's hooks, which make the state t's.
+func (t *core) stateOf(pg *pgconn.PgConn) *connState {
+	st := stateOf(pg)
+	if st != nil && st.t == nil {
+		st.t = t
+	}
+	return st
+}
+
+// connStateOf is stateOf for the *pgx.Conn that t's hooks are given.
+func (t *core) connStateOf(conn *pgx.Conn) *connState {
+	if conn == nil {
+		return nil
+	}
+	return t.stateOf(conn.PgConn())
+}
+
 // frame returns the frame open on the connection, or nil.
 func (st *connState) frame() *frame { return st.ev.Open() }
 
@@ -140,17 +159,16 @@ func madeState(pg *pgconn.PgConn) *connState {
 	return st
 }
 
-// markCommit marks the position before a COMMIT of f is handed over (see wire.Conn).
-func (st *connState) markCommit(f *frame) {
-	if st.nc != nil {
-		f.CommitMarked(st.nc.MarkCommit())
-	}
+// markCommit marks the position before a COMMIT is handed over (see wire.Conn), and
+// reports whether the session had already ended before it.
+func (st *connState) markCommit() (sessionEnded bool) {
+	return st.nc != nil && st.nc.MarkCommit()
 }
 
 // commitNotSent reports whether the write carrying f's COMMIT sent nothing, and returns
 // the net.Conn's accounting of it to idle; only while f is committing.
 func (st *connState) commitNotSent(f *frame) bool {
-	if f == nil || f.Phase() != outcome.PhaseCommitting || st.nc == nil {
+	if f == nil || f.ev.Phase() != outcome.PhaseCommitting || st.nc == nil {
 		return false
 	}
 	return st.nc.CommitNotSent()
@@ -210,15 +228,10 @@ func (w *closeWatch) NetConnClosed() {
 	}
 }
 
-// concludeFrame concludes f, on its connection st (nil when it has none), with v: the
-// executor's rollback that never reached the tracer.
+// concludeFrame concludes f, on its connection st, with v: the executor's rollback that
+// never reached the tracer. st.mu is held.
 func concludeFrame(st *connState, f *frame, v classifier.Classification) {
-	if st == nil {
-		var c evidence.Conn[*frame]
-		f.record(c.Conclude(f, v))
-		return
-	}
-	f.record(st.ev.Conclude(f, v))
+	st.t.apply(st, f, st.ev.Conclude(f, v), nil)
 }
 
 // sameContext reports whether a and b are one context. Only pointers are compared: ==

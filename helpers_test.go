@@ -276,7 +276,7 @@ func (h *harness) wantNoFrames(t *testing.T, ctx context.Context) {
 	}()
 	for _, c := range conns {
 		if st := connStateOf(c.Conn()); st != nil && st.frame() != nil {
-			t.Fatalf("an idle connection still holds a frame in phase %s", st.frame().Phase())
+			t.Fatalf("an idle connection still holds a frame in phase %s", st.frame().ev.Phase())
 		}
 	}
 }

@@ -98,7 +98,7 @@ func InstrumentConnConfig(cfg *pgx.ConnConfig, opts ...Option) (*Tracer, error) 
 		cfg.BuildContextWatcherHandler = func(pg *pgconn.PgConn) ctxwatch.Handler {
 			h := build(pg)
 			if _, deadline := h.(*pgconn.DeadlineContextWatcherHandler); !deadline {
-				if st := stateOf(pg); st != nil {
+				if st := t.stateOf(pg); st != nil {
 					st.refs.Cancels() // see reference.Conn.readsEarly
 				}
 			}

@@ -26,7 +26,7 @@ import (
 // folded), and pushes what its End needs. With no state on the connection, only inner
 // runs.
 func (t *core) startQuery(ctx context.Context, conn *pgx.Conn, set evidence.Set, sql string, fold foldKind, op string, inner func(context.Context, bool) context.Context) context.Context {
-	st := connStateOf(conn)
+	st := t.connStateOf(conn)
 	if st == nil {
 		return inner(ctx, false) // no frame to parent to, but the statement span stays
 	}
@@ -52,7 +52,7 @@ func (t *core) endQuery(ctx context.Context, conn *pgx.Conn, tag pgconn.CommandT
 		q, started = st.pop(ctx)
 	}
 	// A folded query's event: a prepare's now, a statement's with the frame's next event.
-	answering := q.folded && !q.nested && q.frame.Open()
+	answering := q.folded && !q.nested && q.frame.ev.Open()
 	var answer statementAnswer
 	if answering {
 		answer = answerOf(q.op, q.start, err)
@@ -88,9 +88,11 @@ func (t *core) enter(ctx context.Context, conn *pgx.Conn, st *connState, set evi
 }
 
 // beforeQuery runs before a query reaches the driver: the evidence may end the open frame
-// or ask for one for a BEGIN; a statement that may write is recorded (and may carry the
-// xid read), and a COMMIT marks committing before it is handed over (with what commit
-// references its write carries). It returns the frame the query runs in, or nil.
+// or ask for one (a BEGIN; COMMIT PREPARED or ROLLBACK PREPARED sent idle), and is fed
+// the statement as it is handed over — a write recorded, a COMMIT committing — with what
+// the library's addition to the write needs done first (the reference's read settled,
+// COMMIT's position marked) and after (the read or the call armed). It returns the frame
+// the query runs in, or nil.
 func (t *core) beforeQuery(ctx context.Context, conn *pgx.Conn, st *connState, set evidence.Set, sql string) *frame {
 	pg := conn.PgConn()
 	idle := pg.TxStatus() == 'I'
@@ -102,30 +104,34 @@ func (t *core) beforeQuery(ctx context.Context, conn *pgx.Conn, st *connState, s
 	if f := st.frame(); f != nil && idle {
 		st.refs.Unobserved(&f.commitRef) // its transaction ended unseen: Before ends it
 	}
-	ended, r, begin := st.ev.Before(evidence.Statement{Set: set, Idle: idle, Commits: commits})
+	s := evidence.Statement{Set: set, Idle: idle, Commits: commits}
+	ended, r, begin := st.ev.Before(s)
 	if ended != nil {
-		ended.record(r)
+		t.apply(st, ended, r, nil)
 	}
 	switch {
 	case begin && set.EndsPrepared():
-		f := t.startFrame(ctx, conn, st, outcome.PhaseNotStarted, sql, nil)
+		f := t.startFrame(ctx, conn, st, evidence.Begun{}, sql, nil)
 		t.referenceOff(st.refs.ArmPrepared(&f.commitRef, pg.ParameterStatus("server_version"), set.Single(), sql, evidence.GID(sql)))
 	case begin:
-		f := t.startFrame(ctx, conn, st, outcome.PhaseNotStarted, sql, nil)
+		f := t.startFrame(ctx, conn, st, evidence.Begun{}, sql, nil)
 		t.armCheck(st, f, pg, set, sql)
-		if f.recording || f.commitRef.Refs.Mode != reference.None { // attributes, and whether a reference can be taken
-			f.Began(evidence.BeginOptions(sql))
-		}
 	}
 	f := st.frame()
-	if f != nil && set.Writes() {
-		f.Writes()
+	if f == nil {
+		return nil
+	}
+	if commits {
+		if c := st.refs.Settle(ctx, &f.commitRef); c.ReadFailed != nil {
+			s.ReadFailed = &evidence.Failure{V: c.ReadFailedAs, Err: c.ReadFailed}
+		}
+		s.EndedBeforeCommit = st.markCommit()
+	}
+	t.apply(st, f, st.ev.Send(s), nil)
+	if set.Writes() {
 		st.refs.ArmRead(ctx, &f.commitRef, refStatement(set, sql, pg))
 	}
-	if f != nil && commits {
-		st.refs.Settle(ctx, &f.commitRef)
-		f.record(evidence.Result{Moved: f.Committing()})
-		st.markCommit(f)
+	if commits {
 		st.refs.ArmCall(&f.commitRef, refStatement(set, sql, pg))
 	}
 	return f
@@ -133,14 +139,15 @@ func (t *core) beforeQuery(ctx context.Context, conn *pgx.Conn, st *connState, s
 
 // afterQuery runs after a query made in ctx completed, when the connection's transaction
 // status is known again: what the library's additions brought is collected, the failure
-// judged for the span's status, and the evidence fed the query's end.
+// judged for the span's status, and the evidence fed the query's end, whose decision
+// apply carries out.
 func (t *core) afterQuery(ctx context.Context, conn *pgx.Conn, st *connState, q *queryState, tag pgconn.CommandTag, err error) {
 	pg := conn.PgConn()
 	closed := pg.IsClosed()
 	status := pg.TxStatus()
 	inTx := !closed && (status == 'T' || status == 'E')
 	f := q.frame
-	open := f != nil && f.Open() // the query's frame was going on: its end is judged
+	open := f != nil && f.ev.Open() // the query's frame was going on: its end is judged
 	var fr *reference.Frame
 	if f != nil {
 		fr = &f.commitRef
@@ -150,57 +157,38 @@ func (t *core) afterQuery(ctx context.Context, conn *pgx.Conn, st *connState, q 
 	if c.Checked {
 		t.sawCheck(st)
 	}
-	if c.FatalBeforeCommit && f != nil {
-		f.FatalBeforeCommit() // the server answered the call ahead of COMMIT with a FATAL
-	}
-	if c.AbortedBefore != nil && f != nil {
-		f.AbortedBeforeCommit(c.AbortedBefore) // with an ERROR: COMMIT rolls back
-	}
 	if q.batch.err != nil && err == nil {
 		err = q.batch.err
 	}
 	if open {
 		f.judgeErr(&t.cfg, ctx, err)
 	}
-	r := st.ev.After(f, evidence.Ended{Set: q.set, Err: err, InTx: inTx, Closed: closed,
-		RollbackTag: q.batch.rollbackTag || tag.String() == "ROLLBACK", CommitNotSent: st.commitNotSent(f), Savepoint: q.savepoint})
-	if r.Waits {
-		f.unsentAsked = verdictFrom(ctx) // told when the frame ends, after this call returned
+	e := evidence.Ended{Set: q.set, Err: err, InTx: inTx, Closed: closed,
+		RollbackTag: q.batch.rollbackTag || tag.String() == "ROLLBACK", CommitNotSent: st.commitNotSent(f), Savepoint: q.savepoint,
+		FatalBeforeCommit: c.FatalBeforeCommit, AbortedBeforeCommit: c.AbortedBefore}
+	if c.ReadFailed != nil {
+		e.ReadFailed = &evidence.Failure{V: c.ReadFailedAs, Err: c.ReadFailed}
 	}
-	if open {
-		f.record(r)
-		if r.Savepoint && f.recording {
-			f.savepointEvent(r.SavepointMove, r.SavepointDepth, q.savepoint)
-		}
+	r := st.ev.After(f, e)
+	if !open {
+		f = nil // nothing more of a frame that had ended is recorded
 	}
-	switch r.Start {
-	case evidence.StartUnseen:
-		nf := t.startFrame(q.callerCtx, conn, st, outcome.PhaseActive, "", nil)
-		if q.set.Writes() {
-			nf.Writes()
-		}
-	case evidence.StartChained:
-		t.startFrame(f.chainCtx(), conn, st, outcome.PhaseActive, "", f)
-	}
-	if open {
-		if v := verdictFrom(ctx); v != nil {
-			callVerdict(v, f, q, err, inTx)
-		}
-	}
+	t.apply(st, f, r, &queryEnd{ctx: ctx, conn: conn, q: q, err: err, inTx: inTx, open: open})
 }
 
 // callVerdict records in v, the Verdict in the context of a query of f's transaction, what
-// that query ended: f itself, or a savepoint of it. A Verdict f began with already has
-// f's verdict.
-func callVerdict(v *Verdict, f *frame, q *queryState, err error, inTx bool) {
+// that query (at) ended: f itself, or a savepoint of it. A Verdict f began with already
+// has f's verdict.
+func callVerdict(v *Verdict, f *frame, at *queryEnd) {
+	set := at.q.set
 	switch {
-	case !f.Open():
+	case !f.ev.Open():
 		if v != f.asked {
-			e := f.ending(f.Outcome())
+			e := f.ending(f.ev.Outcome())
 			v.frameEnded(&e)
 		}
-	case err == nil && inTx && (q.set.Has(evidence.Release) || q.set.Has(evidence.RollbackTo)) && !q.set.Has(evidence.Savepoint):
-		v.savepointEnded(f.id, q.set.Has(evidence.RollbackTo))
+	case at.err == nil && at.inTx && (set.Has(evidence.Release) || set.Has(evidence.RollbackTo)) && !set.Has(evidence.Savepoint):
+		v.savepointEnded(f.id, set.Has(evidence.RollbackTo))
 	}
 }
 
@@ -218,7 +206,7 @@ func (t *core) abandon(st *connState, reason string) {
 		if reason == evidence.ReasonEndedUnobserved {
 			st.refs.Unobserved(&f.commitRef)
 		}
-		f.record(st.ev.Abandon(reason))
+		t.apply(st, f, st.ev.Abandon(reason), nil)
 	}
 }
 
@@ -241,38 +229,35 @@ func (t *core) classifyBatch(b *pgx.Batch) (evidence.Set, string) {
 
 // startFrame begins a frame for a transaction that conn is beginning with the statement
 // begin ("" when none was seen), or that COMMIT AND CHAIN began after chained, whose
-// filter decision, span name and characteristics it keeps, in phase. Its span is a child
-// of the span in ctx; if ctx carries an open frame on another connection, that frame is
-// suspended and the new one is one level deeper.
-func (t *core) startFrame(ctx context.Context, conn *pgx.Conn, st *connState, phase outcome.Phase, begin string, chained *frame) *frame {
-	f := &frame{t: t, conn: conn.PgConn(), id: outcome.NewOperationID(), startedAt: time.Now()}
+// filter decision, span name and characteristics it keeps, as b says (its phase; its
+// depth and characteristics are startFrame's to find). Its span is a child of the span in
+// ctx; if ctx carries an open frame on another connection, that frame is suspended and
+// the new one is one level deeper.
+func (t *core) startFrame(ctx context.Context, conn *pgx.Conn, st *connState, b evidence.Begun, begin string, chained *frame) *frame {
+	f := &frame{conn: conn.PgConn(), id: outcome.NewOperationID(), startedAt: time.Now()}
 	refs := st.refs.FrameRefs(t.cfg.references())
 	if chained != nil {
 		refs = chained.commitRef.Refs
 	}
-	f.commitRef.Init(refs, &f.Frame, f.id)
-	depth := 0
+	f.commitRef.Init(refs, &f.ev, f.id)
 	if outer := openFrameFromContext(ctx); outer != nil && outer.conn != f.conn {
-		f.parent, depth = outer, outer.Depth()+1
+		f.parent, b.Depth = outer, outer.ev.Depth()+1
 	}
-	f.Init(depth)
 	var chainedSpan *frameSpan
 	if chained != nil {
 		chainedSpan = &chained.frameSpan
+		b.Chained = &chained.ev
 	}
 	f.frameSpan.start(t, ctx, conn, &st.attrs, begin, chainedSpan)
 	if f.parent != nil {
 		f.parent.spanEvent(eventSuspended, f.id)
 	}
-	if phase != outcome.PhaseNotStarted {
-		f.transition(phase)
-	}
-	if chained != nil {
-		f.ChainedFrom(&chained.Frame)
+	if begin != "" && (f.recording || refs.Mode != reference.None) { // attributes, and whether a reference can be taken
+		b.Isolation, b.AccessMode = evidence.BeginOptions(begin)
 	}
 	if f.asked = verdictFrom(ctx); f.asked != nil {
 		f.asked.began()
 	}
-	st.ev.Started(f)
+	t.apply(st, f, st.ev.Start(f, b), nil)
 	return f
 }

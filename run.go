@@ -133,7 +133,7 @@ func nestedSavepoint[T any](ctx context.Context, sc *scope, fn func(context.Cont
 		}
 		return determinateRollback[T](sc.id, outcome.PhaseActive, err, false)
 	}
-	child := &scope{tx: &runTx{tx: sp}, frame: sc.frame, id: sc.id, parent: sc}
+	child := &scope{tx: &runTx{tx: sp}, frame: sc.frame, t: sc.t, id: sc.id, parent: sc}
 	var v T
 	func() {
 		defer func() {

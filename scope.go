@@ -14,8 +14,11 @@ import (
 // connection is not instrumented), and the work to do after its commit. A Nested call
 // has a scope of its own whose hooks join the parent's only if its savepoint is released.
 type scope struct {
-	tx     *runTx
-	frame  *frame
+	tx    *runTx
+	frame *frame
+	// t is the tracer of the frame, nil without one: the frame ends through it, and the
+	// participants are counted in its metrics.
+	t      *core
 	id     outcome.OperationID
 	parent *scope // for Nested: the scope whose savepoint this is
 	// suspended is the scope that was in the context when this one began (RequiresNew):
@@ -102,7 +105,7 @@ func (sc *scope) participated(p Policy, o outcome.Outcome) {
 	if f == nil {
 		return
 	}
-	f.t.metrics.participant(p.Propagation, o)
+	sc.t.metrics.participant(p.Propagation, o)
 	if f.span.IsRecording() {
 		f.span.AddEvent(eventParticipant, trace.WithAttributes(
 			participantOutcomeKey.String(o.String()), PropagationKey.String(p.Propagation.String())))

@@ -62,7 +62,7 @@ func (t *Tracer) TraceBatchStart(ctx context.Context, conn *pgx.Conn, data pgx.T
 // TraceBatchQuery implements pgx.BatchTracer. The transaction status is not valid in
 // the middle of a batch, so results are only collected here and judged at its end.
 func (t *Tracer) TraceBatchQuery(ctx context.Context, conn *pgx.Conn, data pgx.TraceBatchQueryData) {
-	if st := connStateOf(conn); st != nil {
+	if st := t.connStateOf(conn); st != nil {
 		st.mu.Lock()
 		if q := st.top(ctx); q != nil {
 			if data.Err != nil && q.batch.err == nil {
@@ -167,7 +167,7 @@ func (t *Tracer) TraceAcquireStart(ctx context.Context, pool *pgxpool.Pool, data
 // evidence; the frame is concluded here as a last line of defence.
 func (t *Tracer) TraceAcquireEnd(ctx context.Context, pool *pgxpool.Pool, data pgxpool.TraceAcquireEndData) {
 	if data.Conn != nil {
-		if st := connStateOf(data.Conn); st != nil {
+		if st := t.connStateOf(data.Conn); st != nil {
 			st.mu.Lock()
 			if st.frame() != nil && data.Conn.PgConn().TxStatus() == 'I' {
 				t.core.abandon(st, evidence.ReasonEndedUnobserved)
@@ -190,7 +190,7 @@ func (t *Tracer) TraceAcquireEnd(ctx context.Context, pool *pgxpool.Pool, data p
 func (t *Tracer) TraceRelease(pool *pgxpool.Pool, data pgxpool.TraceReleaseData) {
 	t.pool.release(poolState(data.Conn))
 	if data.Conn != nil {
-		if st := connStateOf(data.Conn); st != nil {
+		if st := t.connStateOf(data.Conn); st != nil {
 			st.mu.Lock()
 			if st.frame() != nil {
 				// The server's last word (ReadyForQuery) first: idle, the transaction ended
@@ -218,11 +218,9 @@ func (t *core) onNotice(pg *pgconn.PgConn, n *pgconn.Notice) {
 		return
 	}
 	// The warnings' texts and 57P01's meaning are PostgreSQL's own.
-	if st := stateOf(pg); st != nil && st.server() == classifier.ServerPostgreSQL {
+	if st := t.stateOf(pg); st != nil && st.server() == classifier.ServerPostgreSQL {
 		st.mu.Lock()
-		if f := st.frame(); f != nil {
-			f.Notice()
-		}
+		st.ev.Notice()
 		st.mu.Unlock()
 	}
 }
@@ -231,7 +229,7 @@ func (t *core) onNotice(pg *pgconn.PgConn, n *pgconn.Notice) {
 // rolls back with the session, unless the server's last ReadyForQuery said the session
 // was idle (it ended where no query showed it).
 func (t *core) connClosing(conn *pgx.Conn) {
-	if st := connStateOf(conn); st != nil {
+	if st := t.connStateOf(conn); st != nil {
 		reason := evidence.ReasonConnectionClosed
 		if conn.PgConn().TxStatus() == 'I' {
 			reason = evidence.ReasonEndedUnobserved

@@ -14,7 +14,11 @@ type Holder interface {
 // Conn is the evidence of one connection: the frame open on it, fed the queries of the
 // connection as events. It is a state machine: each method takes what the hooks saw and
 // returns what the caller is to record (a Result), doing no I/O. It asks the caller to
-// start a frame (Result.Begin, then Started), never makes one: the frame is the caller's.
+// start a frame (Before's begin, Result.Start), never makes one: the frame is the
+// caller's, whose evidence it initializes (Start). Its methods are the only way a
+// Frame's evidence changes: the events of a query are Before, Send (as it is handed
+// over) and After; of the connection, Notice, Abandon; of the executor, RolledBackBy and
+// Conclude.
 type Conn[F Holder] struct {
 	open F
 	// server is the kind of server, from what it reported at connection start: the
@@ -36,9 +40,44 @@ func (c *Conn[F]) Server() classifier.ServerKind { return c.server }
 // Open returns the frame open on the connection, or the zero F.
 func (c *Conn[F]) Open() F { return c.open }
 
-// Started makes f, a frame the caller started for a Result.Start (or for a BEGIN that
-// Before asked for), the connection's.
-func (c *Conn[F]) Started(f F) { c.open = f }
+// Begun is how a frame the caller starts begins: Depth levels deep, in Phase (not_started
+// for a BEGIN about to be sent, active for one found begun), with what its BEGIN says
+// (Isolation, AccessMode), or, the next transaction of COMMIT AND CHAIN, Chained's.
+type Begun struct {
+	Depth                 int
+	Phase                 outcome.Phase
+	Isolation, AccessMode string
+	Chained               *Frame
+	// Wrote: the statement that showed the transaction (one found begun) may write.
+	Wrote bool
+}
+
+// Start makes f, a frame the caller started for a Result.Start (or for a statement
+// Before asked for), the connection's, its evidence begun as b says; the Result has the
+// phase it moved to.
+func (c *Conn[F]) Start(f F, b Begun) (r Result) {
+	ev := f.Evidence()
+	ev.init(b.Depth)
+	if b.Chained != nil {
+		ev.chainedFrom(b.Chained)
+	} else {
+		ev.began(b.Isolation, b.AccessMode)
+	}
+	ev.shape.wrote = b.Wrote
+	if b.Phase != outcome.PhaseNotStarted && ev.move(b.Phase) {
+		r.Moved = r.Moved.With(b.Phase)
+	}
+	c.open = f
+	return r
+}
+
+// Failure is a failure pgconn never saw, of the library's own xid read (package
+// reference), classified V: the transaction is aborted, and Err is the cause of the
+// rollback to come.
+type Failure struct {
+	V   classifier.Classification
+	Err error
+}
 
 // Start is a frame the caller must start, told by a Result.
 type Start uint8
@@ -66,6 +105,7 @@ type Result struct {
 	Savepoint      bool
 	SavepointMove  SavepointMove
 	SavepointDepth int
+	SavepointName  string
 	// Start is the frame the caller is to start now.
 	Start Start
 }
@@ -85,6 +125,11 @@ type Statement struct {
 	// and the connection is not busy: a busy connection refuses the statement before
 	// sending a byte, so COMMIT never leaves and the phase stays.
 	Commits bool
+	// For Send: EndedBeforeCommit, a FATAL was already waiting as COMMIT was handed over
+	// (the net.Conn's peek): the session ended before COMMIT was written; ReadFailed, the
+	// xid read after an earlier statement, settled before COMMIT, failed.
+	EndedBeforeCommit bool
+	ReadFailed        *Failure
 }
 
 // Before feeds c a query about to be handed to the driver. The open frame may end here:
@@ -111,13 +156,51 @@ func (c *Conn[F]) Before(s Statement) (ended F, r Result, begin bool) {
 	return ended, r, c.open == zero && s.Idle && (s.Set.Has(Begin) || s.Set.EndsPrepared())
 }
 
-// Committing moves f to committing as its COMMIT is handed over (through active, for
+// Send feeds the open frame, if any, the statement s as it is handed over (after Before,
+// and after the caller started a frame Before asked for): a statement that may write is
+// recorded, and a COMMIT moves the frame to committing. The Result has the phases moved to.
+func (c *Conn[F]) Send(s Statement) (r Result) {
+	var zero F
+	f := c.open
+	if f == zero {
+		return r
+	}
+	ev := f.Evidence()
+	if s.ReadFailed != nil {
+		ev.failedWith(s.ReadFailed.V, s.ReadFailed.Err)
+	}
+	if s.Set.Writes() {
+		ev.shape.wrote = true
+	}
+	if s.Commits {
+		ev.commit.endedBeforeCommit = s.EndedBeforeCommit
+		r.Moved = ev.committing()
+	}
+	return r
+}
+
+// Notice feeds the open frame the server's "already committed locally" warning: evidence
+// only while committing.
+func (c *Conn[F]) Notice() {
+	var zero F
+	if f := c.open; f != zero {
+		f.Evidence().notice()
+	}
+}
+
+// RolledBackBy records that the executor rolls f back for cause, classified v: the first
+// failure unless a query failed before.
+func (c *Conn[F]) RolledBackBy(f F, cause error, v classifier.Classification) {
+	f.Evidence().rolledBackBy(cause, v)
+}
+
+// committing moves f to committing as its COMMIT is handed over (through active, for
 // BEGIN and COMMIT in one string) and returns the phases moved to.
-func (f *Frame) Committing() (moved Phases) {
-	if f.Phase() == outcome.PhaseNotStarted && f.Move(outcome.PhaseActive) {
+func (f *Frame) committing() (moved Phases) {
+	if f.Phase() == outcome.PhaseNotStarted && f.move(outcome.PhaseActive) {
 		moved = moved.With(outcome.PhaseActive)
 	}
-	if f.Move(outcome.PhaseCommitting) {
+	if f.move(outcome.PhaseCommitting) {
 		moved = moved.With(outcome.PhaseCommitting)
 	}
 	return moved
@@ -137,6 +220,13 @@ type Ended struct {
 	CommitNotSent bool
 	// Savepoint is the name a savepoint statement names (SavepointName), as written.
 	Savepoint string
+	// What the library's addition to the query's write brought (package reference):
+	// FatalBeforeCommit, the server answered its call ahead of COMMIT with a FATAL, after
+	// which it read nothing more (COMMIT never ran); AbortedBeforeCommit, with that ERROR
+	// (the transaction was aborted when COMMIT was read); ReadFailed, its xid read failed.
+	FatalBeforeCommit   bool
+	AbortedBeforeCommit error
+	ReadFailed          *Failure
 }
 
 // After feeds c the end of a query that began in frame f (the zero F if none was open),
@@ -155,6 +245,15 @@ func (c *Conn[F]) After(f F, e Ended) (r Result) {
 		return r
 	}
 	ev := f.Evidence()
+	if e.FatalBeforeCommit {
+		ev.commit.endedBeforeCommit = true
+	}
+	if e.AbortedBeforeCommit != nil {
+		ev.commit.abortedBy = e.AbortedBeforeCommit
+	}
+	if e.ReadFailed != nil {
+		ev.failedWith(e.ReadFailed.V, e.ReadFailed.Err)
+	}
 	facts := classifier.Facts{ConnClosed: e.Closed, CommittedLocally: ev.commit.committedLocally, RollbackTag: e.RollbackTag}
 	if e.Err != nil {
 		ev.failure.endErr = e.Err // the cause, should this query conclude the frame
@@ -165,7 +264,7 @@ func (c *Conn[F]) After(f F, e Ended) (r Result) {
 			r = c.conclude(f, classifier.Classify(outcome.PhaseNotStarted, e.Err, facts))
 			break
 		}
-		if ev.Move(outcome.PhaseActive) {
+		if ev.move(outcome.PhaseActive) {
 			r.Moved = r.Moved.With(outcome.PhaseActive)
 		}
 		c.afterActive(f, e, facts, &r)
@@ -215,7 +314,7 @@ func (c *Conn[F]) afterActive(f F, e Ended, facts classifier.Facts, r *Result) {
 		// CockroachDB that can be the commit (RELEASE SAVEPOINT cockroach_restart), and no
 		// server that sends it has proven a rollback. The frame is committing from the
 		// moment the answer came, and unknown.
-		if ev.Move(outcome.PhaseCommitting) {
+		if ev.move(outcome.PhaseCommitting) {
 			r.Moved = r.Moved.With(outcome.PhaseCommitting)
 		}
 		facts.Server = c.server
@@ -235,6 +334,7 @@ func (c *Conn[F]) afterActive(f F, e Ended, facts classifier.Facts, r *Result) {
 	case e.Err == nil && e.Set.MovesSavepoint():
 		r.Savepoint = true
 		r.SavepointMove, r.SavepointDepth = ev.savepointMoved(e.Set, e.Savepoint)
+		r.SavepointName = e.Savepoint
 	}
 }
 
@@ -304,7 +404,7 @@ func (c *Conn[F]) Abandon(reason string) Result {
 		// The transaction ended past the tracer, or after its COMMIT left: a commit it
 		// may have been. An active frame is committing from the moment its end could be.
 		var r Result
-		if ev.Move(outcome.PhaseCommitting) {
+		if ev.move(outcome.PhaseCommitting) {
 			r.Moved = r.Moved.With(outcome.PhaseCommitting)
 		}
 		v, _ := classifier.NewClassification(classifier.EvidenceUnknown, false, "", reason)

@@ -43,13 +43,9 @@ func run(t *testing.T, server classifier.ServerKind, steps []step) ([]*testFrame
 			moves = append(moves, "|")
 		}
 	}
-	start := func(phase outcome.Phase) *testFrame {
+	start := func(b Begun) *testFrame {
 		f := &testFrame{}
-		f.ev.Init(0)
-		if phase != outcome.PhaseNotStarted && f.ev.Move(phase) {
-			moves = append(moves, phase.String())
-		}
-		c.Started(f)
+		record(f, c.Start(f, b))
 		frames = append(frames, f)
 		return f
 	}
@@ -70,27 +66,19 @@ func run(t *testing.T, server classifier.ServerKind, steps []step) ([]*testFrame
 			record(ended, r)
 		}
 		if begin {
-			f := start(outcome.PhaseNotStarted)
-			f.ev.Began(BeginOptions(s.sql))
+			iso, access := BeginOptions(s.sql)
+			start(Begun{Phase: outcome.PhaseNotStarted, Isolation: iso, AccessMode: access})
 		}
 		f := c.Open()
-		if f != nil {
-			if set.Writes() {
-				f.ev.Writes()
-			}
-			if commits {
-				record(f, Result{Moved: f.ev.Committing()})
-			}
-		}
+		record(f, c.Send(Statement{Set: set, Idle: !inTx, Commits: commits}))
 		r = c.After(f, Ended{Set: set, Err: s.err, InTx: s.inTx, CommitNotSent: s.notSent && f != nil && f.ev.Phase() == outcome.PhaseCommitting})
 		record(f, r)
 		inTx = s.inTx
 		switch r.Start {
 		case StartUnseen:
-			start(outcome.PhaseActive)
+			start(Begun{Phase: outcome.PhaseActive})
 		case StartChained:
-			next := start(outcome.PhaseActive)
-			next.ev.ChainedFrom(&f.ev)
+			start(Begun{Phase: outcome.PhaseActive, Chained: &f.ev})
 		}
 	}
 	return frames, moves
@@ -228,9 +216,7 @@ func TestChainKeepsCharacteristics(t *testing.T) {
 func TestSavepointDepth(t *testing.T) {
 	c := NewConn[*testFrame](classifier.ServerPostgreSQL)
 	f := &testFrame{}
-	f.ev.Init(0)
-	c.Started(f)
-	f.ev.Move(outcome.PhaseActive)
+	c.Start(f, Begun{Phase: outcome.PhaseActive})
 	for i, tc := range []struct {
 		sql   string
 		move  SavepointMove
@@ -257,15 +243,13 @@ func TestSavepointDepth(t *testing.T) {
 func TestNoticeOnlyWhileCommitting(t *testing.T) {
 	c := NewConn[*testFrame](classifier.ServerPostgreSQL)
 	f := &testFrame{}
-	f.ev.Init(0)
-	c.Started(f)
-	f.ev.Move(outcome.PhaseActive)
-	f.ev.Notice()
+	c.Start(f, Begun{Phase: outcome.PhaseActive})
+	c.Notice()
 	if f.ev.CommittedLocally() {
 		t.Fatal("committed locally while active")
 	}
-	f.ev.Committing()
-	f.ev.Notice()
+	c.Send(Statement{Set: Classify("commit"), Commits: true})
+	c.Notice()
 	r := c.After(f, Ended{Set: Classify("commit"), Err: lost})
 	if !r.Ended || f.ev.Outcome() != outcome.OutcomeIndeterminate || !f.ev.CommittedLocally() || !f.ev.Verdict().CommittedLocally() {
 		t.Fatalf("%+v %s %v", r, f.ev.Outcome(), f.ev.CommittedLocally())

@@ -12,9 +12,11 @@ import (
 // of it, and, once it is concluded, the classifier's verdict. Its depth is fixed at
 // creation; the rest moves with the events its connection's Conn is fed.
 //
-// The connection's user changes it; other goroutines read only its phase and whether it
-// is concluded (atomics), except that the close of its connection may conclude it on
-// another goroutine, under the lock that orders the connection's hooks.
+// Only its connection's Conn changes it, fed the events of the hooks (conn.go): its
+// exported methods read. The connection's user feeds them; other goroutines read only its
+// phase and whether it is concluded (atomics), except that the close of its connection
+// may conclude it on another goroutine, under the lock that orders the connection's
+// hooks.
 type Frame struct {
 	phase     atomic.Uint32 // outcome.Phase
 	concluded atomic.Bool
@@ -67,9 +69,9 @@ type commitFacts struct {
 	prepared bool
 }
 
-// Init makes f the evidence of a new frame depth levels deep (0 for a top-level
+// init makes f the evidence of a new frame depth levels deep (0 for a top-level
 // transaction), in phase not_started. A Frame is held by value, in the caller's frame.
-func (f *Frame) Init(depth int) { *f = Frame{depth: depth} }
+func (f *Frame) init(depth int) { *f = Frame{depth: depth} }
 
 // Phase is f's phase; other goroutines read it too, hence the atomic.
 func (f *Frame) Phase() outcome.Phase { return outcome.Phase(f.phase.Load()) }
@@ -96,9 +98,9 @@ func CanTransition(from, to outcome.Phase) bool {
 	return false
 }
 
-// Move moves f to phase to and reports whether it did. An illegal transition is a bug in
+// move moves f to phase to and reports whether it did. An illegal transition is a bug in
 // the caller; it is ignored rather than allowed to corrupt the evidence.
-func (f *Frame) Move(to outcome.Phase) bool {
+func (f *Frame) move(to outcome.Phase) bool {
 	if !CanTransition(f.Phase(), to) {
 		return false
 	}
@@ -126,9 +128,9 @@ func (f *Frame) conclude(v classifier.Classification) (moved Phases, ok bool) {
 	default:
 		to = outcome.PhaseRolledBack
 	}
-	if f.Move(to) {
+	if f.move(to) {
 		moved = moved.With(to)
-	} else if f.Phase() != to && f.Move(outcome.PhaseRolledBack) {
+	} else if f.Phase() != to && f.move(outcome.PhaseRolledBack) {
 		// Only committing may become unknown or committed (the classifier guarantees it);
 		// anything else is recorded as the rollback it must be.
 		moved = moved.With(outcome.PhaseRolledBack)
@@ -180,25 +182,13 @@ func (f *Frame) ConcludedAt() time.Time { return f.at.concluded }
 // synchronous replication not confirmed.
 func (f *Frame) CommittedLocally() bool { return f.commit.committedLocally }
 
-// Notice records the server's "already committed locally" warning: evidence for f only
+// notice records the server's "already committed locally" warning: evidence for f only
 // while committing.
-func (f *Frame) Notice() {
+func (f *Frame) notice() {
 	if f.Phase() == outcome.PhaseCommitting {
 		f.commit.committedLocally = true
 	}
 }
-
-// CommitMarked records, as COMMIT is handed over, whether a FATAL was already waiting
-// before it (the net.Conn's peek): the session ended before COMMIT was written.
-func (f *Frame) CommitMarked(endedBefore bool) { f.commit.endedBeforeCommit = endedBefore }
-
-// FatalBeforeCommit records that the server answered the library's call ahead of COMMIT
-// with a FATAL, after which it read nothing more: COMMIT never ran.
-func (f *Frame) FatalBeforeCommit() { f.commit.endedBeforeCommit = true }
-
-// AbortedBeforeCommit records that the server answered the call ahead of COMMIT, in
-// COMMIT's write, with the ERROR err: the transaction was aborted when COMMIT was read.
-func (f *Frame) AbortedBeforeCommit(err error) { f.commit.abortedBy = err }
 
 // Unsent reports that f's COMMIT never left and f waits for what comes next.
 func (f *Frame) Unsent() bool { return f.commit.unsent }
@@ -207,9 +197,9 @@ func (f *Frame) Unsent() bool { return f.commit.unsent }
 // for its coordinator.
 func (f *Frame) Prepared() bool { return f.commit.prepared }
 
-// Began records what BEGIN said of the transaction: its isolation level and access mode,
+// began records what BEGIN said of the transaction: its isolation level and access mode,
 // as pgx spells them ("" where it does not say).
-func (f *Frame) Began(isolation, accessMode string) {
+func (f *Frame) began(isolation, accessMode string) {
 	f.shape.isolation, f.shape.accessMode = isolation, accessMode
 	f.shape.readOnly = accessMode == "read only"
 }
@@ -225,9 +215,6 @@ func (f *Frame) ReadOnly() bool { return f.shape.readOnly }
 
 // Wrote reports that a statement that may write was sent in the transaction.
 func (f *Frame) Wrote() bool { return f.shape.wrote }
-
-// Writes records that a statement that may write was sent.
-func (f *Frame) Writes() { f.shape.wrote = true }
 
 // Failed reports whether a query of f's transaction failed before its end.
 func (f *Frame) Failed() bool { return f.failure.hasFirst }
@@ -251,20 +238,15 @@ func (f *Frame) failedWith(v classifier.Classification, err error) {
 	}
 }
 
-// ReadFailed records a failure of the library's own xid read, which pgconn never saw:
-// the transaction is aborted, and this failure, classified v, is the cause of the
-// rollback to come. A failure recorded before stays the first.
-func (f *Frame) ReadFailed(v classifier.Classification, err error) { f.failedWith(v, err) }
-
-// RolledBackBy records that the executor rolls f back for cause, classified v: the first
+// rolledBackBy records that the executor rolls f back for cause, classified v: the first
 // failure unless a query failed before.
-func (f *Frame) RolledBackBy(cause error, v classifier.Classification) {
+func (f *Frame) rolledBackBy(cause error, v classifier.Classification) {
 	f.failure.cause = cause
 	f.failedWith(v, cause)
 }
 
-// ChainedFrom gives f, the next transaction of COMMIT AND CHAIN, the characteristics of
+// chainedFrom gives f, the next transaction of COMMIT AND CHAIN, the characteristics of
 // the one before it.
-func (f *Frame) ChainedFrom(prev *Frame) {
+func (f *Frame) chainedFrom(prev *Frame) {
 	f.shape.isolation, f.shape.accessMode = prev.shape.isolation, prev.shape.accessMode
 }

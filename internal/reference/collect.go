@@ -21,12 +21,17 @@ type Collected struct {
 	// Checked: the connection's check answered now (Conn.Recovery says whether it saw the
 	// end of a crash recovery).
 	Checked bool
+	// ReadFailed is the failure of the frame's xid read, classified ReadFailedAs, which
+	// pgconn never saw: the transaction is aborted, and it is the cause of the rollback
+	// to come (the caller feeds it to the frame's evidence). Nil unless it is the first.
+	ReadFailed   error
+	ReadFailedAs classifier.Classification
 }
 
 // Collect collects, after the query it was armed for, what became of the library's
 // addition: the cluster identity after a BEGIN; f's reference after its COMMIT; the xid
-// after a statement, once its reply is in or final. A failure of the xid read goes to the
-// reading frame's Life: the transaction is aborted, and that failure, which pgconn never
+// after a statement, once its reply is in or final. A failure of the xid read of f is
+// returned (ReadFailed): the transaction is aborted, and that failure, which pgconn never
 // saw, is the cause of the rollback to come.
 func (c *Conn) Collect(f *Frame, final bool) Collected {
 	if !c.adding {
@@ -51,8 +56,12 @@ func (c *Conn) Collect(f *Frame, final bool) Collected {
 		switch {
 		case r.ErrCode != "" && r.ErrCode != pg.InFailedTransaction && !reading.life.Failed():
 			// The read itself failed (a cancel landed on it, a privilege revoked since the
-			// check). The references are on only where the server is PostgreSQL.
-			reading.life.ReadFailed(classifier.Classify(outcome.PhaseActive, r.Err, classifier.Facts{Server: classifier.ServerPostgreSQL}), r.Err)
+			// check). The references are on only where the server is PostgreSQL. The
+			// reading frame is f: the one open on the connection, as when it read.
+			if reading == f {
+				return Collected{ReadFailed: r.Err,
+					ReadFailedAs: classifier.Classify(outcome.PhaseActive, r.Err, classifier.Facts{Server: classifier.ServerPostgreSQL})}
+			}
 		case r.Done && r.GotValue:
 			// The xid, if the read found one: a later statement's read is tried when it
 			// found none (NULL), never once it found one.

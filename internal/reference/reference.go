@@ -13,7 +13,6 @@ package reference
 import (
 	"strconv"
 
-	"github.com/txevidence/otelpgxtx/classifier"
 	"github.com/txevidence/otelpgxtx/internal/wire"
 	"github.com/txevidence/otelpgxtx/outcome"
 	"github.com/txevidence/otelpgxtx/reconcile"
@@ -40,15 +39,14 @@ type Refs struct {
 	Every  bool
 }
 
-// Life is what the references need of a frame's transaction, from its evidence: whether
-// it is going on, began read-only, wrote, or failed, and where a failure of the library's
-// own read goes.
+// Life is what the references need of a frame's transaction, read from its evidence:
+// whether it is going on, began read-only, wrote, or failed. They change nothing of it: a
+// failure of the library's own read is returned to the caller (Collected.ReadFailed).
 type Life interface {
 	Open() bool
 	ReadOnly() bool
 	Wrote() bool
 	Failed() bool
-	ReadFailed(v classifier.Classification, err error)
 }
 
 // Frame is a frame's commit reference: what its COMMIT carries for one, and what it got.

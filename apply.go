@@ -1,0 +1,124 @@
+package otelpgxtx
+
+import (
+	"context"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/txevidence/otelpgxtx/internal/evidence"
+	"github.com/txevidence/otelpgxtx/outcome"
+)
+
+// apply is the one door through which what the evidence decided (a Result, which the
+// connection's evidence.Conn returned for one event) reaches everything else, in one
+// fixed order, written here and nowhere else:
+//
+//  1. the evidence: it has changed already, and r is its account;
+//  2. the span: the phase events, the savepoint event, the outer frame's resumption;
+//  3. when the frame ended, unless the executor manages it: the metrics, the log record
+//     of an indeterminate one, and the span's end;
+//  4. the Verdicts: the one the frame began with, the one of a COMMIT that never left,
+//     and the one of the query whose end this is (at);
+//  5. automatic reconciliation, of an indeterminate frame, once its span has ended, so
+//     that a reconciliation never starts before the frame it settles has ended;
+//  6. a frame the evidence asks for.
+//
+// f is the frame the event concerned (nil when none was open); at is the query's end
+// that fed the evidence, nil for the other events (a statement handed over, a
+// connection's end, the executor's conclusion). st.mu is held: the hooks, a close on
+// another goroutine and Run all apply under it, so that a frame ends once, in this order.
+func (t *core) apply(st *connState, f *frame, r evidence.Result, at *queryEnd) {
+	var e *ending
+	if f != nil {
+		if r.Moved != 0 && f.recording {
+			r.Moved.Each(f.phaseEvent)
+		}
+		if r.Savepoint && f.recording {
+			f.savepointEvent(r.SavepointMove, r.SavepointDepth, r.SavepointName)
+		}
+		if r.Waits && at != nil {
+			f.unsentAsked = verdictFrom(at.ctx) // told when the frame ends, after this call returned
+		}
+		if r.Ended {
+			e = t.concluded(f)
+		}
+		if e != nil {
+			if f.asked != nil {
+				f.asked.frameEnded(e)
+			}
+			if v := f.unsentAsked; r.UnsentEnded && v != nil && v != f.asked {
+				v.frameEnded(e)
+			}
+		}
+		if at != nil && at.open {
+			if v := verdictFrom(at.ctx); v != nil {
+				callVerdict(v, f, at)
+			}
+		}
+		if e != nil && !f.managed && e.outcome == outcome.OutcomeIndeterminate && t.auto != nil {
+			t.auto.enqueue(e)
+		}
+	}
+	if at == nil {
+		return
+	}
+	switch r.Start {
+	case evidence.StartUnseen:
+		t.startFrame(at.q.callerCtx, at.conn, st, evidence.Begun{Phase: outcome.PhaseActive, Wrote: at.q.set.Writes()}, "", nil)
+	case evidence.StartChained:
+		t.startFrame(f.chainCtx(), at.conn, st, evidence.Begun{Phase: outcome.PhaseActive}, "", f)
+	}
+}
+
+// queryEnd is what a query's end brings to apply beside the evidence's Result.
+type queryEnd struct {
+	ctx  context.Context // the query's: its Verdict is told what the query ended
+	conn *pgx.Conn
+	q    *queryState
+	err  error
+	inTx bool // the session is in a transaction block after it
+	open bool // the query's frame was going on when it ended: its end was judged
+}
+
+// concluded is apply's step 2 and 3 for f, just concluded: the outer frame resumes, and,
+// unless the executor manages f, its outputs get its ending, once. It returns the ending
+// for the Verdicts and reconciliation.
+func (t *core) concluded(f *frame) *ending {
+	if f.parent != nil {
+		f.parent.spanEvent(eventResumed, f.id)
+	}
+	o := f.ev.Outcome()
+	if t.auto != nil && o == outcome.OutcomeIndeterminate {
+		f.awaited = newAwaited() // before any Verdict is told, so that each is told this one
+	}
+	e := f.ending(o)
+	if !f.managed && f.ended.CompareAndSwap(false, true) {
+		t.output(&e, f, nil)
+	}
+	return &e
+}
+
+// end hands the ending of f, a frame the executor manages, with outcome o, to every
+// output, exactly once, after its post-commit work (postCommitErr is that work's failure,
+// for a committed_with_post_commit_failure frame): the metrics, the log record, the span,
+// then automatic reconciliation. Its Verdict was told at its conclusion.
+func (t *core) end(f *frame, o outcome.Outcome, postCommitErr error) {
+	if !f.ended.CompareAndSwap(false, true) {
+		return
+	}
+	e := f.ending(o)
+	t.output(&e, f, postCommitErr)
+	if o == outcome.OutcomeIndeterminate && t.auto != nil {
+		t.auto.enqueue(&e)
+	}
+}
+
+// output hands e, f's ending, to the metrics, the log record of an indeterminate one, and
+// the span, which it ends.
+func (t *core) output(e *ending, f *frame, postCommitErr error) {
+	t.metrics.record(e)
+	if e.outcome == outcome.OutcomeIndeterminate {
+		t.logIndeterminate(e)
+	}
+	f.frameSpan.end(e, &t.cfg, postCommitErr)
+}
