@@ -2,10 +2,12 @@ package otelpgxtx
 
 import (
 	"context"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 
 	"github.com/txevidence/otelpgxtx/internal/evidence"
+	"github.com/txevidence/otelpgxtx/internal/reference"
 	"github.com/txevidence/otelpgxtx/outcome"
 )
 
@@ -121,4 +123,55 @@ func (t *core) output(e *ending, f *frame, postCommitErr error) {
 		t.logIndeterminate(e)
 	}
 	f.frameSpan.end(e, &t.cfg, postCommitErr)
+}
+
+// callVerdict records in v, the Verdict in the context of a query of f's transaction, what
+// that query (at) ended: f itself, or a savepoint of it. A Verdict f began with already
+// has f's verdict.
+func callVerdict(v *Verdict, f *frame, at *queryEnd) {
+	set := at.q.set
+	switch {
+	case !f.ev.Open():
+		if v != f.asked {
+			e := f.ending(f.ev.Outcome())
+			v.frameEnded(&e)
+		}
+	case at.err == nil && at.inTx && (set.Has(evidence.Release) || set.Has(evidence.RollbackTo)) && !set.Has(evidence.Savepoint):
+		v.savepointEnded(f.id, set.Has(evidence.RollbackTo))
+	}
+}
+
+// startFrame begins a frame for a transaction that conn is beginning with the statement
+// begin ("" when none was seen), or that COMMIT AND CHAIN began after chained, whose
+// filter decision, span name and characteristics it keeps, as b says (its phase; its
+// depth and characteristics are startFrame's to find). Its span is a child of the span in
+// ctx; if ctx carries an open frame on another connection, that frame is suspended and
+// the new one is one level deeper.
+func (t *core) startFrame(ctx context.Context, conn *pgx.Conn, st *connState, b evidence.Begun, begin string, chained *frame) *frame {
+	f := &frame{conn: conn.PgConn(), id: outcome.NewOperationID(), startedAt: time.Now()}
+	refs := st.refs.FrameRefs(t.cfg.references())
+	if chained != nil {
+		refs = chained.commitRef.Refs
+	}
+	f.commitRef.Init(refs, &f.ev, f.id)
+	if outer := openFrameFromContext(ctx); outer != nil && outer.conn != f.conn {
+		f.parent, b.Depth = outer, outer.ev.Depth()+1
+	}
+	var chainedSpan *frameSpan
+	if chained != nil {
+		chainedSpan = &chained.frameSpan
+		b.Chained = &chained.ev
+	}
+	f.frameSpan.start(t, ctx, conn, &st.attrs, begin, chainedSpan)
+	if f.parent != nil {
+		f.parent.spanEvent(eventSuspended, f.id)
+	}
+	if begin != "" && (f.recording || refs.Mode != reference.None) { // attributes, and whether a reference can be taken
+		b.Isolation, b.AccessMode = evidence.BeginOptions(begin)
+	}
+	if f.asked = verdictFrom(ctx); f.asked != nil {
+		f.asked.began()
+	}
+	t.apply(st, f, st.ev.Start(f, b), nil)
+	return f
 }

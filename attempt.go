@@ -353,3 +353,9 @@ func runHook(ctx context.Context, h func(context.Context) error) (err error) {
 	}()
 	return h(ctx)
 }
+
+// concludeFrame concludes f, on its connection st, with v: the executor's rollback that
+// never reached the tracer. st.mu is held.
+func concludeFrame(st *connState, f *frame, v classifier.Classification) {
+	st.t.apply(st, f, st.ev.Conclude(f, v), nil)
+}

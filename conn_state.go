@@ -228,12 +228,6 @@ func (w *closeWatch) NetConnClosed() {
 	}
 }
 
-// concludeFrame concludes f, on its connection st, with v: the executor's rollback that
-// never reached the tracer. st.mu is held.
-func concludeFrame(st *connState, f *frame, v classifier.Classification) {
-	st.t.apply(st, f, st.ev.Conclude(f, v), nil)
-}
-
 // sameContext reports whether a and b are one context. Only pointers are compared: ==
 // on two values of a non-comparable context type panics.
 func sameContext(a, b context.Context) bool {

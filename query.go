@@ -3,7 +3,6 @@ package otelpgxtx
 import (
 	"context"
 	"strings"
-	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -11,7 +10,6 @@ import (
 	"github.com/txevidence/otelpgxtx/classifier"
 	"github.com/txevidence/otelpgxtx/internal/evidence"
 	"github.com/txevidence/otelpgxtx/internal/reference"
-	"github.com/txevidence/otelpgxtx/outcome"
 )
 
 // A query, in this file, is one traced call of the driver: a query, batch, copy or
@@ -176,22 +174,6 @@ func (t *core) afterQuery(ctx context.Context, conn *pgx.Conn, st *connState, q 
 	t.apply(st, f, r, &queryEnd{ctx: ctx, conn: conn, q: q, err: err, inTx: inTx, open: open})
 }
 
-// callVerdict records in v, the Verdict in the context of a query of f's transaction, what
-// that query (at) ended: f itself, or a savepoint of it. A Verdict f began with already
-// has f's verdict.
-func callVerdict(v *Verdict, f *frame, at *queryEnd) {
-	set := at.q.set
-	switch {
-	case !f.ev.Open():
-		if v != f.asked {
-			e := f.ending(f.ev.Outcome())
-			v.frameEnded(&e)
-		}
-	case at.err == nil && at.inTx && (set.Has(evidence.Release) || set.Has(evidence.RollbackTo)) && !set.Has(evidence.Savepoint):
-		v.savepointEnded(f.id, set.Has(evidence.RollbackTo))
-	}
-}
-
 // releasesRestart reports whether sql, of kinds set, is RELEASE SAVEPOINT
 // cockroach_restart: CockroachDB commits the transaction there (the client retry protocol
 // of its documentation and of cockroach-go), and the COMMIT after it only ends the block.
@@ -225,39 +207,4 @@ func (t *core) classifyBatch(b *pgx.Batch) (evidence.Set, string) {
 		}
 	}
 	return evidence.Together(set), beginSQL
-}
-
-// startFrame begins a frame for a transaction that conn is beginning with the statement
-// begin ("" when none was seen), or that COMMIT AND CHAIN began after chained, whose
-// filter decision, span name and characteristics it keeps, as b says (its phase; its
-// depth and characteristics are startFrame's to find). Its span is a child of the span in
-// ctx; if ctx carries an open frame on another connection, that frame is suspended and
-// the new one is one level deeper.
-func (t *core) startFrame(ctx context.Context, conn *pgx.Conn, st *connState, b evidence.Begun, begin string, chained *frame) *frame {
-	f := &frame{conn: conn.PgConn(), id: outcome.NewOperationID(), startedAt: time.Now()}
-	refs := st.refs.FrameRefs(t.cfg.references())
-	if chained != nil {
-		refs = chained.commitRef.Refs
-	}
-	f.commitRef.Init(refs, &f.ev, f.id)
-	if outer := openFrameFromContext(ctx); outer != nil && outer.conn != f.conn {
-		f.parent, b.Depth = outer, outer.ev.Depth()+1
-	}
-	var chainedSpan *frameSpan
-	if chained != nil {
-		chainedSpan = &chained.frameSpan
-		b.Chained = &chained.ev
-	}
-	f.frameSpan.start(t, ctx, conn, &st.attrs, begin, chainedSpan)
-	if f.parent != nil {
-		f.parent.spanEvent(eventSuspended, f.id)
-	}
-	if begin != "" && (f.recording || refs.Mode != reference.None) { // attributes, and whether a reference can be taken
-		b.Isolation, b.AccessMode = evidence.BeginOptions(begin)
-	}
-	if f.asked = verdictFrom(ctx); f.asked != nil {
-		f.asked.began()
-	}
-	t.apply(st, f, st.ev.Start(f, b), nil)
-	return f
 }
