@@ -165,6 +165,24 @@ func (st *connState) markCommit() (sessionEnded bool) {
 	return st.nc != nil && st.nc.MarkCommit()
 }
 
+// seenEnd is what the replies pgconn read since the last query the hooks saw showed of
+// the end of the transaction then open (wire.EndSeen): the server's COMMIT, ROLLBACK or
+// PREPARE TRANSACTION, or nothing told apart.
+func (st *connState) seenEnd() evidence.Seen {
+	if st.nc == nil {
+		return evidence.SeenNothing
+	}
+	switch st.nc.SeenEnd() {
+	case wire.EndCommit:
+		return evidence.SeenCommit
+	case wire.EndRollback:
+		return evidence.SeenRollback
+	case wire.EndPrepare:
+		return evidence.SeenPrepare
+	}
+	return evidence.SeenNothing
+}
+
 // commitNotSent reports whether the write carrying f's COMMIT sent nothing, and returns
 // the net.Conn's accounting of it to idle; only while f is committing.
 func (st *connState) commitNotSent(f *frame) bool {

@@ -8,7 +8,6 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/txevidence/otelpgxtx/internal/evidence"
 	"github.com/txevidence/otelpgxtx/outcome"
 	"github.com/txevidence/otelpgxtx/pgtest"
 )
@@ -111,7 +110,7 @@ func TestEndWithoutStart(t *testing.T) {
 
 // TestReleaseIdleWithFrame releases a connection whose transaction was ended through
 // pgconn, where the tracer could not see it: the connection is idle, so the frame is
-// ended_unobserved, not released_in_transaction: indeterminate, for it was a COMMIT.
+// not released_in_transaction: committed, as the server's COMMIT tag that pgconn read says.
 func TestReleaseIdleWithFrame(t *testing.T) {
 	ctx := pgtest.ContextFor(t)
 	h := newHarness(t, "", 1)
@@ -121,8 +120,7 @@ func TestReleaseIdleWithFrame(t *testing.T) {
 	}
 	pc.Release()
 	f := onlyFrame(t, h)
-	wantAttr(t, f, "tx.outcome", "indeterminate")
-	wantAttr(t, f, "error.type", evidence.ReasonEndedUnobserved)
+	wantAttr(t, f, "tx.outcome", "committed")
 	h.wantNoFrames(t, ctx)
 }
 

@@ -99,10 +99,11 @@ func (t *core) beforeQuery(ctx context.Context, conn *pgx.Conn, st *connState, s
 	// is committing too: its reply decides whether the transaction is durable; so are
 	// COMMIT PREPARED and ROLLBACK PREPARED, sent idle, in the frame they begin.
 	commits := (set.Decides() || idle && set.EndsPrepared() || st.server() == classifier.ServerCockroachDB && releasesRestart(set, sql)) && !pg.IsBusy()
+	s := evidence.Statement{Set: set, Idle: idle, Commits: commits}
 	if f := st.frame(); f != nil && idle {
 		st.refs.Unobserved(&f.commitRef) // its transaction ended unseen: Before ends it
+		s.Seen = st.seenEnd()
 	}
-	s := evidence.Statement{Set: set, Idle: idle, Commits: commits}
 	ended, r, begin := st.ev.Before(s)
 	if ended != nil {
 		t.apply(st, ended, r, nil)
@@ -168,6 +169,9 @@ func (t *core) afterQuery(ctx context.Context, conn *pgx.Conn, st *connState, q 
 		e.ReadFailed = &evidence.Failure{V: c.ReadFailedAs, Err: c.ReadFailed}
 	}
 	r := st.ev.After(f, e)
+	if st.nc != nil {
+		st.nc.WatchEnds() // what ends the transaction now open, past the hooks, is watched from here
+	}
 	if !open {
 		f = nil // nothing more of a frame that had ended is recorded
 	}
@@ -185,10 +189,12 @@ func releasesRestart(set evidence.Set, sql string) bool {
 // for reason: the connection was released mid-transaction, closed, or found idle.
 func (t *core) abandon(st *connState, reason string) {
 	if f := st.frame(); f != nil {
+		seen := evidence.SeenNothing
 		if reason == evidence.ReasonEndedUnobserved {
 			st.refs.Unobserved(&f.commitRef)
+			seen = st.seenEnd()
 		}
-		t.apply(st, f, st.ev.Abandon(reason), nil)
+		t.apply(st, f, st.ev.Abandon(reason, seen), nil)
 	}
 }
 

@@ -91,10 +91,11 @@ func TestStaleNewBeginOnFramedConnection(t *testing.T) {
 		}
 		mustExec(t, ctx, c, "begin", "select 2", "commit")
 	})
-	// The rollback past the tracer could as well have been a COMMIT: unknown.
-	wantOutcomes(t, h, "indeterminate", "committed")
+	// The rollback past the tracer is the server's word that pgconn read (its ROLLBACK
+	// tag, then idle): a deliberate rollback.
+	wantOutcomes(t, h, "rolled_back", "committed")
 	fs := h.frames()
-	wantAttr(t, fs[0], "error.type", evidence.ReasonEndedUnobserved)
+	wantAttr(t, fs[0], string(RollbackKey), RollbackDeliberate)
 	wantEvents(t, fs[1], "tx.phase.active", "tx.phase.committing", "tx.phase.committed")
 	if attrString(t, fs[0], OperationIDKey) == attrString(t, fs[1], OperationIDKey) {
 		t.Fatal("the new frame reuses the old operation id")

@@ -391,49 +391,75 @@ func TestTwoPhaseDatabaseSQL(t *testing.T) {
 }
 
 // TestEndedUnobservedNotRolledBack: a transaction committed or rolled back past the tracer
-// (through the PgConn) is found at the connection's next statement, release or close: the
-// frame is indeterminate (ended_unobserved), never a rollback; with the xid read on, its
-// reference settles it both ways.
+// (through the PgConn) is found at the connection's next statement, release or close, and
+// is never a rollback the library cannot prove. The connection follows what pgconn reads
+// (every instrumented one does, references or not), and the frame ends as the server
+// said: committed after its COMMIT, rolled back after its ROLLBACK; where the replies do
+// not tell (a ROLLBACK TO SAVEPOINT and a COMMIT in one string), it is indeterminate
+// (ended_unobserved), and the xid, where the frame has it, settles it.
 func TestEndedUnobservedNotRolledBack(t *testing.T) {
-	for _, end := range []string{"commit", "rollback"} {
-		for _, found := range []string{"next statement", "release", "close"} {
-			t.Run(end+"/"+found, func(t *testing.T) {
-				tp := newTwoPhase(t, "xid")
-				pc, err := tp.h.pool.Acquire(tp.ctx)
-				if err != nil {
-					t.Fatal(err)
-				}
-				mustExec(t, tp.ctx, pc.Conn(), "begin", "insert into "+tp.table+" (id, k) values (1, 1)")
-				if _, err := pc.Conn().PgConn().Exec(tp.ctx, end).ReadAll(); err != nil {
-					t.Fatal(err)
-				}
-				switch found {
-				case "next statement":
-					mustExec(t, tp.ctx, pc.Conn(), "select 1")
-					pc.Release()
-				case "release":
-					pc.Release()
-				case "close":
-					if err := pc.Hijack().Close(tp.ctx); err != nil {
+	for _, mode := range []string{"off", "xid"} {
+		for _, end := range []string{"commit", "rollback", "savepoint s; rollback to savepoint s; commit"} {
+			for _, found := range []string{"next statement", "release", "close"} {
+				t.Run(mode+"/"+end+"/"+found, func(t *testing.T) {
+					tp := newTwoPhase(t, mode)
+					pc, err := tp.h.pool.Acquire(tp.ctx)
+					if err != nil {
 						t.Fatal(err)
 					}
-				}
-				f := tp.frame(t, "indeterminate")
-				if f.attrs("error.type") != "ended_unobserved" || f.attrs("tx.retryable") != "" {
-					t.Fatalf("error.type %q, tx.retryable %q", f.attrs("error.type"), f.attrs("tx.retryable"))
-				}
-				ref, err := outcome.ParseReconciliationRef(f.attrs(string(ReconciliationRefKey)))
-				if err != nil {
-					t.Fatal(err)
-				}
-				want := reconcile.Committed
-				if end == "rollback" {
-					want = reconcile.Aborted
-				}
-				if got, err := tp.rec.Resolve(tp.ctx, ref, trace.SpanContext{}); err != nil || got.Status() != want {
-					t.Fatalf("%s %q %v, want %s", got.Status(), got.Reason(), err, want)
-				}
-			})
+					mustExec(t, tp.ctx, pc.Conn(), "begin", "insert into "+tp.table+" (id, k) values (1, 1)")
+					if _, err := pc.Conn().PgConn().Exec(tp.ctx, end).ReadAll(); err != nil {
+						t.Fatal(err)
+					}
+					switch found {
+					case "next statement":
+						mustExec(t, tp.ctx, pc.Conn(), "select 1")
+						pc.Release()
+					case "release":
+						pc.Release()
+					case "close":
+						if err := pc.Hijack().Close(tp.ctx); err != nil {
+							t.Fatal(err)
+						}
+					}
+					committed := end != "rollback"
+					want := "indeterminate"
+					switch {
+					case strings.Contains(end, ";"):
+					case committed:
+						want = "committed"
+					default:
+						want = "rolled_back"
+					}
+					f := tp.frame(t, want)
+					if f.attrs("tx.retryable") == "true" {
+						t.Fatal("a transaction ended past the tracer is retryable")
+					}
+					if want == "rolled_back" && f.attrs("tx.rollback") != "deliberate" {
+						t.Fatalf("tx.rollback %q, want deliberate: the application's ROLLBACK", f.attrs("tx.rollback"))
+					}
+					if want != "indeterminate" {
+						return
+					}
+					if f.attrs("error.type") != "ended_unobserved" {
+						t.Fatalf("error.type %q", f.attrs("error.type"))
+					}
+					if mode == "off" {
+						return
+					}
+					ref, err := outcome.ParseReconciliationRef(f.attrs(string(ReconciliationRefKey)))
+					if err != nil {
+						t.Fatal(err)
+					}
+					wantAnswer := reconcile.Aborted
+					if committed {
+						wantAnswer = reconcile.Committed
+					}
+					if got, err := tp.rec.Resolve(tp.ctx, ref, trace.SpanContext{}); err != nil || got.Status() != wantAnswer {
+						t.Fatalf("%s %q %v, want %s", got.Status(), got.Reason(), err, wantAnswer)
+					}
+				})
+			}
 		}
 	}
 }

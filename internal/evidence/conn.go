@@ -130,7 +130,23 @@ type Statement struct {
 	// xid read after an earlier statement, settled before COMMIT, failed.
 	EndedBeforeCommit bool
 	ReadFailed        *Failure
+	// Seen: how the replies the connection read showed the open frame's transaction end,
+	// where no query the hooks saw ended it (for Before, which finds the session idle).
+	Seen Seen
 }
+
+// Seen is how the replies to statements the hooks did not see (a COMMIT through the
+// PgConn, a pipeline) ended the open frame's transaction, where the connection followed
+// them (package wire, with commit references on): the server's one ending command tag
+// before its first ReadyForQuery that said idle.
+type Seen uint8
+
+const (
+	SeenNothing  Seen = iota // not seen, or not told apart: unknown
+	SeenCommit               // COMMIT: committed
+	SeenRollback             // ROLLBACK: rolled back
+	SeenPrepare              // PREPARE TRANSACTION: prepared
+)
 
 // Before feeds c a query about to be handed to the driver. The open frame may end here:
 // its COMMIT never left and this is no other COMMIT (judged as that COMMIT's failure
@@ -149,7 +165,7 @@ func (c *Conn[F]) Before(s Statement) (ended F, r Result, begin bool) {
 		}
 	}
 	if f := c.open; f != zero && s.Idle {
-		ended, r = f, c.Abandon(ReasonEndedUnobserved)
+		ended, r = f, c.Abandon(ReasonEndedUnobserved, s.Seen)
 	}
 	// COMMIT PREPARED and ROLLBACK PREPARED, outside a transaction block, end a
 	// transaction another session prepared: a frame of their own.
@@ -345,7 +361,8 @@ const (
 	// ReasonEndedUnobserved: the connection was found outside a transaction at its next
 	// query, acquire, release or close: the transaction was ended by a path that bypasses
 	// pgx's tracer (a statement sent through *pgconn.PgConn directly, a pipeline), which
-	// may have been a COMMIT. The frame is unknown (indeterminate), never a rollback.
+	// may have been a COMMIT, and the replies did not say how (Seen). The frame is unknown
+	// (indeterminate), never a rollback.
 	ReasonEndedUnobserved = "ended_unobserved"
 	// ReasonReleasedInTransaction: the connection went back to the pool in the middle of
 	// the transaction; the pool destroys it, which rolls the transaction back.
@@ -381,17 +398,37 @@ func endedPrepared(set Set, v classifier.Classification) classifier.Classificati
 var preparedVerdict, _ = classifier.NewClassification(classifier.EvidenceUnknown, false, "", ReasonPrepared)
 
 // Abandon concludes the open frame, whose transaction ended where no query showed it, for
-// reason: the connection was released mid-transaction, closed, or found idle. Evidence of
-// commit it cannot have. Found idle (ReasonEndedUnobserved), or with COMMIT sent, the
-// outcome is unknown; released or closed with the transaction open and no COMMIT sent,
-// the server rolls it back.
-func (c *Conn[F]) Abandon(reason string) Result {
+// reason: the connection was released mid-transaction, closed, or found idle. Found idle
+// (ReasonEndedUnobserved), the frame ends as the replies the connection read showed
+// (seen: the server's COMMIT, ROLLBACK or PREPARE TRANSACTION), else unknown, as it is
+// with COMMIT sent; released or closed with the transaction open and no COMMIT sent, the
+// server rolls it back.
+func (c *Conn[F]) Abandon(reason string, seen Seen) Result {
 	var zero F
 	f := c.open
 	if f == zero || !f.Evidence().Open() {
 		return Result{}
 	}
 	ev := f.Evidence()
+	if reason == ReasonEndedUnobserved && seen != SeenNothing && !ev.commit.unsent && ev.Phase() != outcome.PhaseCommitting {
+		// The server's own word, which pgconn read: the command tag of the statement that
+		// ended the transaction, then idle. A COMMIT in a failed transaction answers
+		// ROLLBACK, so COMMIT is a commit; a ROLLBACK TO SAVEPOINT, which answers ROLLBACK
+		// too, never leaves the session idle (wire.EndSeen).
+		var r Result
+		switch seen {
+		case SeenRollback:
+			return c.conclude(f, classifier.Classify(outcome.PhaseActive, nil, classifier.Facts{}))
+		case SeenPrepare:
+			r.Moved = ev.committing()
+			ev.commit.prepared = true
+			r.merge(c.conclude(f, preparedVerdict))
+		default:
+			r.Moved = ev.committing()
+			r.merge(c.conclude(f, classifier.Classify(outcome.PhaseCommitting, nil, classifier.Facts{})))
+		}
+		return r
+	}
 	if ev.commit.unsent {
 		// Its COMMIT never left. If the session ends with the transaction open (closed, or
 		// released to the pool, which destroys it), the server rolls it back (the

@@ -26,8 +26,10 @@ type step struct {
 	notSent bool   // its COMMIT's write sent nothing
 	abandon string // the connection ended for this reason instead (no query)
 	// unseen: the transaction ended before this query where no query showed it (a
-	// statement sent through the PgConn): the connection is idle when it starts.
+	// statement sent through the PgConn): the connection is idle when it starts; seen is
+	// what the replies the connection read showed of that end.
 	unseen bool
+	seen   Seen
 }
 
 // run feeds steps to a new connection's evidence as the hooks would, starting the frames
@@ -52,7 +54,7 @@ func run(t *testing.T, server classifier.ServerKind, steps []step) ([]*testFrame
 	inTx := false // the transaction status before the next query
 	for _, s := range steps {
 		if s.abandon != "" {
-			record(c.Open(), c.Abandon(s.abandon))
+			record(c.Open(), c.Abandon(s.abandon, s.seen))
 			inTx = false
 			continue
 		}
@@ -61,7 +63,7 @@ func run(t *testing.T, server classifier.ServerKind, steps []step) ([]*testFrame
 		}
 		set := Classify(s.sql)
 		commits := set.Decides() || !inTx && set.EndsPrepared()
-		ended, r, begin := c.Before(Statement{Set: set, Idle: !inTx, Commits: commits})
+		ended, r, begin := c.Before(Statement{Set: set, Idle: !inTx, Commits: commits, Seen: s.seen})
 		if ended != nil {
 			record(ended, r)
 		}
@@ -131,6 +133,16 @@ func TestConnSequences(t *testing.T) {
 			moves: "active committing unknown | active", last: outcome.OutcomeIndeterminate, reason: classifier.ReasonDeadlineExceeded, frame: 1},
 		{name: "the connection found idle", steps: []step{{sql: "begin", inTx: true}, {sql: "select 1", unseen: true}},
 			moves: "active committing unknown |", last: outcome.OutcomeIndeterminate, reason: ReasonEndedUnobserved, frame: 1},
+		{name: "found idle after a COMMIT the wire saw", steps: []step{{sql: "begin", inTx: true}, {sql: "insert into t values (1)", inTx: true}, {sql: "select 1", unseen: true, seen: SeenCommit}},
+			moves: "active committing committed |", last: outcome.OutcomeCommitted, reason: classifier.ReasonCommitted, frame: 1},
+		{name: "found idle after a ROLLBACK the wire saw", steps: []step{{sql: "begin", inTx: true}, {sql: "select 1", unseen: true, seen: SeenRollback}},
+			moves: "active rolled_back |", last: outcome.OutcomeRolledBack, reason: classifier.ReasonRolledBack, deliberate: true, frame: 1},
+		{name: "found idle after a PREPARE the wire saw", steps: []step{{sql: "begin", inTx: true}, {sql: "select 1", unseen: true, seen: SeenPrepare}},
+			moves: "active committing unknown |", last: outcome.OutcomeParticipating, reason: ReasonPrepared, frame: 1},
+		{name: "released after a COMMIT the wire saw", steps: []step{{sql: "begin", inTx: true}, {abandon: ReasonEndedUnobserved, seen: SeenCommit}},
+			moves: "active committing committed |", last: outcome.OutcomeCommitted, reason: classifier.ReasonCommitted},
+		{name: "the wire's word is no rollback's for a frame released in its transaction", steps: []step{{sql: "begin", inTx: true}, {abandon: ReasonReleasedInTransaction, seen: SeenCommit}},
+			moves: "active rolled_back |", last: outcome.OutcomeRolledBack, reason: ReasonReleasedInTransaction},
 		{name: "closed with the transaction open", steps: []step{{sql: "begin", inTx: true}, {sql: "insert into t values (1)", inTx: true}, {abandon: ReasonConnectionClosed}},
 			moves: "active rolled_back |", last: outcome.OutcomeRolledBack, reason: ReasonConnectionClosed},
 		{name: "prepared", steps: []step{{sql: "begin", inTx: true}, {sql: "insert into t values (1)", inTx: true}, {sql: "prepare transaction 'g1'"}, {sql: "commit"}},
