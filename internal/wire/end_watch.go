@@ -101,15 +101,9 @@ func (p *streamPos) advanceWatching(b []byte, w *endWatch) {
 
 // WatchEnds starts the watch for the end of the transaction open now: what the replies
 // pgconn reads from here on show of it (SeenEnd). The tracer calls it as each query it
-// sees ends.
-func (c *Conn) WatchEnds() {
-	if !c.splice.track {
-		return
-	}
-	c.mu.Lock()
-	c.splice.ends = endWatch{}
-	c.mu.Unlock()
-}
+// sees ends, when pgconn has read that query's replies: one atomic store, the watch being
+// begun afresh by the next bytes pgconn is given (splice.delivered).
+func (c *Conn) WatchEnds() { c.splice.endsFrom.Store(true) }
 
 // SeenEnd is what the replies pgconn read since WatchEnds showed of the end of the
 // transaction then open (see EndSeen).
@@ -119,5 +113,8 @@ func (c *Conn) SeenEnd() EndSeen {
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	if c.splice.endsFrom.Load() {
+		return EndNotSeen // nothing given to pgconn since
+	}
 	return c.splice.ends.seen()
 }

@@ -121,16 +121,22 @@ type splice struct {
 	track bool
 	next  atomic.Pointer[Addition]
 	pos   streamPos
-	// ends watches what pgconn is given for the end of a transaction (end_watch.go).
-	ends   endWatch
-	filter *replyFilter
-	added  *Addition
+	// ends watches what pgconn is given for the end of a transaction (end_watch.go);
+	// endsFrom, set by WatchEnds, begins it afresh with the next bytes given.
+	ends     endWatch
+	endsFrom atomic.Bool
+	filter   *replyFilter
+	added    *Addition
 }
 
 // delivered follows b, bytes given to pgconn: their message boundaries and, where they
 // are followed (track), the transaction ends they show.
 func (s *splice) delivered(b []byte) {
 	if s.track {
+		if s.endsFrom.Load() {
+			s.endsFrom.Store(false)
+			s.ends = endWatch{}
+		}
 		s.pos.advanceWatching(b, &s.ends)
 		return
 	}
