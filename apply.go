@@ -30,10 +30,13 @@ import (
 // connection's end, the executor's conclusion). st.mu is held: the hooks, a close on
 // another goroutine and Run all apply under it, so that a frame ends once, in this order.
 func (t *core) apply(st *connState, f *frame, r evidence.Result, at *queryEnd) {
-	var e *ending
 	if f != nil {
 		if r.Moved != 0 && f.recording {
-			r.Moved.Each(f.phaseEvent)
+			for p := outcome.PhaseNotStarted; p <= outcome.PhaseUnknown; p++ {
+				if r.Moved.Has(p) {
+					f.phaseEvent(p)
+				}
+			}
 		}
 		if r.Savepoint && f.recording {
 			f.savepointEvent(r.SavepointMove, r.SavepointDepth, r.SavepointName)
@@ -41,15 +44,14 @@ func (t *core) apply(st *connState, f *frame, r evidence.Result, at *queryEnd) {
 		if r.Waits && at != nil {
 			f.unsentAsked = verdictFrom(at.ctx) // told when the frame ends, after this call returned
 		}
+		var e ending // on the stack: every output reads it, none keeps it
 		if r.Ended {
 			e = t.concluded(f)
-		}
-		if e != nil {
 			if f.asked != nil {
-				f.asked.frameEnded(e)
+				f.asked.frameEnded(&e)
 			}
 			if v := f.unsentAsked; r.UnsentEnded && v != nil && v != f.asked {
-				v.frameEnded(e)
+				v.frameEnded(&e)
 			}
 		}
 		if at != nil && at.open {
@@ -57,8 +59,8 @@ func (t *core) apply(st *connState, f *frame, r evidence.Result, at *queryEnd) {
 				callVerdict(v, f, at)
 			}
 		}
-		if e != nil && !f.managed && e.outcome == outcome.OutcomeIndeterminate && t.auto != nil {
-			t.auto.enqueue(e)
+		if r.Ended && !f.managed && e.outcome == outcome.OutcomeIndeterminate && t.auto != nil {
+			t.auto.enqueue(&e)
 		}
 	}
 	if at == nil {
@@ -66,17 +68,19 @@ func (t *core) apply(st *connState, f *frame, r evidence.Result, at *queryEnd) {
 	}
 	switch r.Start {
 	case evidence.StartUnseen:
-		t.startFrame(at.q.callerCtx, at.conn, st, evidence.Begun{Phase: outcome.PhaseActive, Wrote: at.q.set.Writes()}, "", nil)
+		t.startFrame(at.callerCtx, at.conn, st, evidence.Begun{Phase: outcome.PhaseActive, Wrote: at.set.Writes()}, "", nil)
 	case evidence.StartChained:
 		t.startFrame(f.chainCtx(), at.conn, st, evidence.Begun{Phase: outcome.PhaseActive}, "", f)
 	}
 }
 
-// queryEnd is what a query's end brings to apply beside the evidence's Result.
+// queryEnd is what a query's end brings to apply beside the evidence's Result: values
+// only, so that nothing of the hook's own moves to the heap.
 type queryEnd struct {
-	ctx  context.Context // the query's: its Verdict is told what the query ended
-	conn *pgx.Conn
-	q    *queryState
+	ctx       context.Context // the query's: its Verdict is told what the query ended
+	callerCtx context.Context // where a frame it reveals begins
+	conn      *pgx.Conn
+	set       evidence.Set
 	err  error
 	inTx bool // the session is in a transaction block after it
 	open bool // the query's frame was going on when it ended: its end was judged
@@ -85,7 +89,7 @@ type queryEnd struct {
 // concluded is apply's step 2 and 3 for f, just concluded: the outer frame resumes, and,
 // unless the executor manages f, its outputs get its ending, once. It returns the ending
 // for the Verdicts and reconciliation.
-func (t *core) concluded(f *frame) *ending {
+func (t *core) concluded(f *frame) ending {
 	if f.parent != nil {
 		f.parent.spanEvent(eventResumed, f.id)
 	}
@@ -97,7 +101,7 @@ func (t *core) concluded(f *frame) *ending {
 	if !f.managed && f.ended.CompareAndSwap(false, true) {
 		t.output(&e, f, nil)
 	}
-	return &e
+	return e
 }
 
 // end hands the ending of f, a frame the executor manages, with outcome o, to every
@@ -129,7 +133,7 @@ func (t *core) output(e *ending, f *frame, postCommitErr error) {
 // that query (at) ended: f itself, or a savepoint of it. A Verdict f began with already
 // has f's verdict.
 func callVerdict(v *Verdict, f *frame, at *queryEnd) {
-	set := at.q.set
+	set := at.set
 	switch {
 	case !f.ev.Open():
 		if v != f.asked {

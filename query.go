@@ -175,7 +175,7 @@ func (t *core) afterQuery(ctx context.Context, conn *pgx.Conn, st *connState, q 
 	if !open {
 		f = nil // nothing more of a frame that had ended is recorded
 	}
-	t.apply(st, f, r, &queryEnd{ctx: ctx, conn: conn, q: q, err: err, inTx: inTx, open: open})
+	t.apply(st, f, r, &queryEnd{ctx: ctx, callerCtx: q.callerCtx, conn: conn, set: q.set, err: err, inTx: inTx, open: open})
 }
 
 // releasesRestart reports whether sql, of kinds set, is RELEASE SAVEPOINT
