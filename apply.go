@@ -81,9 +81,9 @@ type queryEnd struct {
 	callerCtx context.Context // where a frame it reveals begins
 	conn      *pgx.Conn
 	set       evidence.Set
-	err  error
-	inTx bool // the session is in a transaction block after it
-	open bool // the query's frame was going on when it ended: its end was judged
+	err       error
+	inTx      bool // the session is in a transaction block after it
+	open      bool // the query's frame was going on when it ended: its end was judged
 }
 
 // concluded is apply's step 2 and 3 for f, just concluded: the outer frame resumes, and,
