@@ -242,7 +242,7 @@ func (c *soakCheck) framesLeftOnConnections() {
 		conns := p.AcquireAllIdle(c.ctx)
 		for _, pc := range conns {
 			if st := connStateOf(pc.Conn()); st != nil && st.frame() != nil {
-				c.fail(0, "an idle pooled connection still holds a frame in phase %s (operation %s)", st.frame().Phase(), st.frame().id)
+				c.fail(0, "an idle pooled connection still holds a frame in phase %s (operation %s)", st.frame().ev.Phase(), st.frame().id)
 			}
 			pc.Release()
 		}

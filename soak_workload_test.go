@@ -303,7 +303,7 @@ func (s *soak) runPlain(ctx context.Context, op *soakOp, rng *rand.Rand) {
 		return
 	}
 	opID := ""
-	if f := frameOfTx(tx); f != nil {
+	if f, _ := frameOfTx(tx); f != nil {
 		opID = f.id.String()
 	}
 	if err := s.body(ctx, tx, op, opID, rng); err != nil {
@@ -381,7 +381,7 @@ func (s *soak) incrOnce(ctx context.Context, op *soakOp, rng *rand.Rand) error {
 		return err
 	}
 	opID := ""
-	if f := frameOfTx(tx); f != nil {
+	if f, _ := frameOfTx(tx); f != nil {
 		opID = f.id.String()
 	}
 	if err := s.body(ctx, tx, op, opID, rng); err != nil {
