@@ -253,8 +253,9 @@ func TestPrometheusAlert(t *testing.T) {
 	}
 
 	// The names and labels of docs/metrics.md: one series per frame outcome of the counter
-	// (rolled_back twice, deliberate and failure; participating calls are counted
-	// apart), and the two duration histograms by tx.outcome.
+	// (rolled_back twice, deliberate and failure; participating, a prepared transaction's,
+	// at 0 in the demo; participating Run calls are counted apart), and the two duration
+	// histograms by tx.outcome.
 	var outcomes []string
 	for _, s := range p.query(t, ctx, `otelpgxtx_transactions_total{job="otelpgxtx-demo"}`) {
 		outcomes = append(outcomes, s.Metric["tx_outcome"]+" "+s.Metric["tx_rollback"])
@@ -262,7 +263,7 @@ func TestPrometheusAlert(t *testing.T) {
 			t.Errorf("series %v: want db_system_name=postgresql", s.Metric)
 		}
 	}
-	want := []string{"committed ", "committed_with_post_commit_failure ", "indeterminate ", "rolled_back deliberate", "rolled_back failure"}
+	want := []string{"committed ", "committed_with_post_commit_failure ", "indeterminate ", "participating ", "rolled_back deliberate", "rolled_back failure"}
 	slices.Sort(outcomes)
 	if !slices.Equal(outcomes, want) {
 		t.Errorf("otelpgxtx_transactions_total has tx_outcome and tx_rollback %q, want %q", outcomes, want)
