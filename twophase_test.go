@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/stdlib"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/codes"
@@ -598,5 +599,35 @@ func TestTwoPhaseCoordinator(t *testing.T) {
 				})
 			}
 		}
+	}
+}
+
+// TestTwoPhasePrepareRefused: the server's error in reply to PREPARE TRANSACTION (its gid
+// already in use) is its word that the transaction rolled back — "If the PREPARE
+// TRANSACTION command fails for any reason, it becomes a ROLLBACK" — so the frame is
+// rolled_back, the row is not there, and only the first transaction stays prepared.
+func TestTwoPhasePrepareRefused(t *testing.T) {
+	tp := newTwoPhase(t, "xid")
+	gid := tp.gid(t)
+	if err := tp.prepare(tp.ctx, 1, gid); err != nil {
+		t.Fatal(err)
+	}
+	vctx, v := NewVerdict(tp.ctx)
+	err := tp.prepare(vctx, 2, gid)
+	if pgErr, ok := errors.AsType[*pgconn.PgError](err); !ok || pgErr.Code != "42710" {
+		t.Fatalf("second PREPARE with the same gid: %v, want 42710", err)
+	}
+	res, verr := v.Result()
+	if verr != nil || res.Outcome() != outcome.OutcomeRolledBack {
+		t.Fatalf("verdict %T %v, want a rollback", res, verr)
+	}
+	if f := tp.frame(t, "rolled_back"); f.attrs("tx.rollback") != "failure" {
+		t.Fatalf("tx.rollback %q", f.attrs("tx.rollback"))
+	}
+	if err := srv.Exec(tp.ctx, "commit prepared '"+gid+"'"); err != nil {
+		t.Fatal(err)
+	}
+	if !srv.RowExists(t, tp.ctx, tp.table, 1) || srv.RowExists(t, tp.ctx, tp.table, 2) {
+		t.Fatal("the refused PREPARE's row is there, or the first one's is not")
 	}
 }
