@@ -631,3 +631,73 @@ func TestTwoPhasePrepareRefused(t *testing.T) {
 		t.Fatal("the refused PREPARE's row is there, or the first one's is not")
 	}
 }
+
+// TestTwoPhasePrepareBackendFaults: PREPARE TRANSACTION waiting for synchronous
+// replication (its record flushed locally, like a COMMIT's), its backend then ended by a
+// real fault, with the xid reference. Terminated: the server warns the record is durable
+// locally but not replicated, and ends the session — as for a COMMIT, indeterminate, with
+// tx.commit.committed_locally. SIGKILLed: the postmaster recovers in place (same start
+// time, same timeline) and replays the PREPARE's record; the reply was lost:
+// indeterminate. Either way the transaction is prepared, and reconciliation, asked after
+// the fault, answers prepared — never aborted, which the coordinator's COMMIT PREPARED
+// would contradict — and after COMMIT PREPARED, committed (crash_recovered after the
+// SIGKILL, where the xid alone cannot rule out a reuse).
+func TestTwoPhasePrepareBackendFaults(t *testing.T) {
+	for _, fault := range []struct {
+		name string
+		hit  func(ctx context.Context, pid uint32) error
+		want string
+	}{
+		{"synchronous-replication wait ended early", srv.TerminateInSyncRep, "indeterminate"},
+		{"SIGKILLed in the synchronous-replication wait", func(ctx context.Context, pid uint32) error {
+			if err := srv.WaitForWaitEvent(ctx, pid, "SyncRep"); err != nil {
+				return err
+			}
+			return srv.KillBackend(ctx, pid)
+		}, "indeterminate"},
+	} {
+		t.Run(fault.name, func(t *testing.T) {
+			tp := newTwoPhase(t, "xid")
+			gid := tp.gid(t)
+			vctx, v := NewVerdict(tp.ctx)
+			tx, err := tp.h.pool.Begin(vctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			mustExec(t, vctx, tx, "set local synchronous_commit = on", "insert into "+tp.table+" (id, k) values (1, 1)")
+			pid := tx.Conn().PgConn().PID()
+			done := make(chan error, 1)
+			go func() {
+				_, err := tx.Exec(vctx, "prepare transaction '"+gid+"'")
+				done <- err
+			}()
+			if err := fault.hit(tp.ctx, pid); err != nil {
+				t.Fatal(err)
+			}
+			if err := <-done; err == nil {
+				t.Fatal("PREPARE answered though its backend was ended")
+			}
+			_ = tx.Rollback(vctx)
+			if res, err := v.Result(); err != nil || res.Outcome().String() != fault.want {
+				t.Fatalf("verdict %T %v, want %s", res, err, fault.want)
+			}
+			f := tp.frame(t, fault.want)
+			if !tp.prepared(t, gid) {
+				t.Fatal("the transaction is not prepared")
+			}
+			ref, err := outcome.ParseReconciliationRef(f.attrs(string(ReconciliationRefKey)))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got, err := tp.rec.Resolve(tp.ctx, ref, trace.SpanContext{}); err != nil || got.Status() != reconcile.Unknown || got.Reason() != reconcile.ReasonPrepared {
+				t.Fatalf("%s %q %v, want unknown prepared", got.Status(), got.Reason(), err)
+			}
+			if err := srv.Exec(tp.ctx, "commit prepared '"+gid+"'"); err != nil {
+				t.Fatal(err)
+			}
+			if got, err := tp.rec.Resolve(tp.ctx, ref, trace.SpanContext{}); err != nil || got.Status() != reconcile.Committed && got.Reason() != reconcile.ReasonCrashRecovered {
+				t.Fatalf("after COMMIT PREPARED: %s %q %v, want committed (or crash_recovered after the SIGKILL)", got.Status(), got.Reason(), err)
+			}
+		})
+	}
+}
