@@ -56,7 +56,7 @@ func (t *core) apply(st *connState, f *frame, r evidence.Result, at *queryEnd) {
 		}
 		if at != nil && at.open {
 			if v := verdictFrom(at.ctx); v != nil {
-				callVerdict(v, f, at)
+				callVerdict(v, f, at, &e)
 			}
 		}
 		if r.Ended && !f.managed && e.outcome == outcome.OutcomeIndeterminate && t.auto != nil {
@@ -130,15 +130,14 @@ func (t *core) output(e *ending, f *frame, postCommitErr error) {
 }
 
 // callVerdict records in v, the Verdict in the context of a query of f's transaction, what
-// that query (at) ended: f itself, or a savepoint of it. A Verdict f began with already
-// has f's verdict.
-func callVerdict(v *Verdict, f *frame, at *queryEnd) {
+// that query (at) ended: f itself, with its ending e (apply's, built as the query ended
+// it), or a savepoint of it. A Verdict f began with already has f's verdict.
+func callVerdict(v *Verdict, f *frame, at *queryEnd, e *ending) {
 	set := at.set
 	switch {
 	case !f.ev.Open():
 		if v != f.asked {
-			e := f.ending(f.ev.Outcome())
-			v.frameEnded(&e)
+			v.frameEnded(e)
 		}
 	case at.err == nil && at.inTx && (set.Has(evidence.Release) || set.Has(evidence.RollbackTo)) && !set.Has(evidence.Savepoint):
 		v.savepointEnded(f.id, set.Has(evidence.RollbackTo))
