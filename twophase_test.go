@@ -637,11 +637,12 @@ func TestTwoPhasePrepareRefused(t *testing.T) {
 // real fault, with the xid reference. Terminated: the server warns the record is durable
 // locally but not replicated, and ends the session — as for a COMMIT, indeterminate, with
 // tx.commit.committed_locally. SIGKILLed: the postmaster recovers in place (same start
-// time, same timeline) and replays the PREPARE's record; the reply was lost:
-// indeterminate. Either way the transaction is prepared, and reconciliation, asked after
-// the fault, answers prepared — never aborted, which the coordinator's COMMIT PREPARED
-// would contradict — and after COMMIT PREPARED, committed (crash_recovered after the
-// SIGKILL, where the xid alone cannot rule out a reuse).
+// time, same timeline) and replays the PREPARE's record; stopped immediately and started
+// again: the same after a restart; the reply was lost: indeterminate. Each way the
+// transaction is prepared, and reconciliation, asked after the fault (when the xid could
+// be handed out again), answers prepared — never aborted, which the coordinator's COMMIT
+// PREPARED would contradict — and after COMMIT PREPARED, committed, or unknown where the
+// xid alone cannot rule out a reuse (crash_recovered, server_restarted).
 func TestTwoPhasePrepareBackendFaults(t *testing.T) {
 	for _, fault := range []struct {
 		name string
@@ -654,6 +655,15 @@ func TestTwoPhasePrepareBackendFaults(t *testing.T) {
 				return err
 			}
 			return srv.KillBackend(ctx, pid)
+		}, "indeterminate"},
+		{"server stopped immediately in the synchronous-replication wait", func(ctx context.Context, pid uint32) error {
+			if err := srv.WaitForWaitEvent(ctx, pid, "SyncRep"); err != nil {
+				return err
+			}
+			if err := srv.StopImmediate(); err != nil {
+				return err
+			}
+			return srv.Restart(ctx)
 		}, "indeterminate"},
 	} {
 		t.Run(fault.name, func(t *testing.T) {
@@ -695,9 +705,57 @@ func TestTwoPhasePrepareBackendFaults(t *testing.T) {
 			if err := srv.Exec(tp.ctx, "commit prepared '"+gid+"'"); err != nil {
 				t.Fatal(err)
 			}
-			if got, err := tp.rec.Resolve(tp.ctx, ref, trace.SpanContext{}); err != nil || got.Status() != reconcile.Committed && got.Reason() != reconcile.ReasonCrashRecovered {
-				t.Fatalf("after COMMIT PREPARED: %s %q %v, want committed (or crash_recovered after the SIGKILL)", got.Status(), got.Reason(), err)
+			got, err := tp.rec.Resolve(tp.ctx, ref, trace.SpanContext{})
+			if err != nil || got.Status() != reconcile.Committed && got.Reason() != reconcile.ReasonCrashRecovered && got.Reason() != reconcile.ReasonServerRestarted {
+				t.Fatalf("after COMMIT PREPARED: %s %q %v, want committed (or unknown: a reuse not ruled out)", got.Status(), got.Reason(), err)
 			}
+			t.Logf("after COMMIT PREPARED: %s %s", got.Status(), got.Reason())
 		})
 	}
+}
+
+// TestTwoPhaseFailover: a transaction prepared on the primary of a real pair with
+// synchronous replication (its PREPARE acknowledged, so the standby has it), then the
+// primary crashed and the standby promoted: the new primary still holds it prepared, and
+// reconciliation of the frame's xid reference, asked there (a later timeline, where xids
+// may be handed out again), answers prepared; after the coordinator's COMMIT PREPARED on
+// the new primary, the row is there and the answer is never aborted.
+func TestTwoPhaseFailover(t *testing.T) {
+	ctx := pgtest.ContextFor(t)
+	c := startCluster(t, ctx)
+	h := newHarness(t, c.ConnString(), 1, WithCommitReference())
+	vctx, v := NewVerdict(ctx)
+	tx, err := h.pool.Begin(vctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	mustExec(t, vctx, tx, "insert into t values (1)", "prepare transaction 'failover_g'")
+	_ = tx.Commit(vctx)
+	if res, err := v.Result(); err != nil || res.Outcome() != outcome.OutcomeParticipating {
+		t.Fatalf("verdict %T %v, want participating", res, err)
+	}
+	ref := frameRef(t, h, "participating")
+	if err := c.Promote(ctx); err != nil {
+		t.Fatal(err)
+	}
+	rec := clusterReconciler(t, ctx, c)
+	if got, err := rec.Resolve(ctx, ref, trace.SpanContext{}); err != nil || got.Status() != reconcile.Unknown || got.Reason() != reconcile.ReasonPrepared {
+		t.Fatalf("after the failover: %s %q %v, want unknown prepared", got.Status(), got.Reason(), err)
+	}
+	// The new primary's synchronous standby is the old primary, down: the decision waits
+	// only for the local flush.
+	conn, err := c.Primary().Conn(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	mustExec(t, ctx, conn, "set synchronous_commit = local", "commit prepared 'failover_g'")
+	if !clusterRowExists(t, ctx, c, 1) {
+		t.Fatal("the prepared row is not on the new primary after COMMIT PREPARED")
+	}
+	got, err := rec.Resolve(ctx, ref, trace.SpanContext{})
+	if err != nil || got.Status() == reconcile.Aborted {
+		t.Fatalf("after COMMIT PREPARED on the new primary: %s %q %v", got.Status(), got.Reason(), err)
+	}
+	t.Logf("after COMMIT PREPARED on the new primary: %s %s", got.Status(), got.Reason())
 }
