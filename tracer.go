@@ -193,15 +193,11 @@ func (t *Tracer) TraceRelease(pool *pgxpool.Pool, data pgxpool.TraceReleaseData)
 		if st := t.connStateOf(data.Conn); st != nil {
 			st.mu.Lock()
 			if st.frame() != nil {
-				// The server's last word (ReadyForQuery) first: idle, the transaction ended
-				// where no query showed it, closed or not.
-				reason := evidence.ReasonReleasedInTransaction
-				if pg := data.Conn.PgConn(); pg.TxStatus() == 'I' {
-					reason = evidence.ReasonEndedUnobserved
-				} else if pg.IsClosed() {
+				pg, reason := data.Conn.PgConn(), evidence.ReasonReleasedInTransaction
+				if pg.IsClosed() {
 					reason = evidence.ReasonConnectionClosed
 				}
-				t.core.abandon(st, reason)
+				t.core.abandon(st, goneReason(pg, reason))
 			}
 			st.mu.Unlock()
 		}
@@ -230,14 +226,21 @@ func (t *core) onNotice(pg *pgconn.PgConn, n *pgconn.Notice) {
 // was idle (it ended where no query showed it).
 func (t *core) connClosing(conn *pgx.Conn) {
 	if st := t.connStateOf(conn); st != nil {
-		reason := evidence.ReasonConnectionClosed
-		if conn.PgConn().TxStatus() == 'I' {
-			reason = evidence.ReasonEndedUnobserved
-		}
 		st.mu.Lock()
-		t.abandon(st, reason)
+		t.abandon(st, goneReason(conn.PgConn(), evidence.ReasonConnectionClosed))
 		st.mu.Unlock()
 	}
+}
+
+// goneReason is why the frame of pg, which is closed or released with the frame open,
+// ended: where no query showed it if the server's last ReadyForQuery said the session is
+// idle (and then as the replies pgconn read say, see connState.seenEnd), else reason, the
+// session having ended in the transaction.
+func goneReason(pg *pgconn.PgConn, reason string) string {
+	if pg.TxStatus() == 'I' {
+		return evidence.ReasonEndedUnobserved
+	}
+	return reason
 }
 
 // netConnClosed concludes the frame of a connection whose net.Conn was closed, unless a
@@ -249,12 +252,8 @@ func (t *core) connClosing(conn *pgx.Conn) {
 func (t *core) netConnClosed(st *connState) {
 	st.mu.Lock()
 	defer st.mu.Unlock()
-	if len(st.queries) == 0 {
-		reason := evidence.ReasonConnectionClosed
-		if f := st.frame(); f != nil && f.conn.TxStatus() == 'I' {
-			reason = evidence.ReasonEndedUnobserved
-		}
-		t.abandon(st, reason)
+	if f := st.frame(); f != nil && len(st.queries) == 0 {
+		t.abandon(st, goneReason(f.conn, evidence.ReasonConnectionClosed))
 	}
 }
 
