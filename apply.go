@@ -99,7 +99,7 @@ func (t *core) concluded(f *frame) ending {
 	}
 	e := f.ending(o)
 	if !f.managed && f.ended.CompareAndSwap(false, true) {
-		t.output(&e, f, nil)
+		t.output(&e, f, f.ev.FailedAfterCommit())
 	}
 	return e
 }
@@ -165,7 +165,7 @@ func (t *core) startFrame(ctx context.Context, conn *pgx.Conn, st *connState, b 
 		chainedSpan = &chained.frameSpan
 		b.Chained = &chained.ev
 	}
-	f.frameSpan.start(t, ctx, conn, &st.attrs, begin, chainedSpan)
+	f.frameSpan.start(t, ctx, conn, &st.attrs, begin, chainedSpan, b.Implicit && !t.cfg.innerSet)
 	if f.parent != nil {
 		f.parent.spanEvent(eventSuspended, f.id)
 	}

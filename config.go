@@ -51,6 +51,7 @@ type config struct {
 	meterAttributes []attribute.KeyValue
 	spanNameFunc    SpanNameCtxFunc
 	filter          Filter
+	implicitFilter  ImplicitFilter // WithImplicitFilter; nil: every implicit transaction
 	noConnDetails   bool
 	// What may leave the process; both off by default.
 	rawQueryText  bool
@@ -232,6 +233,38 @@ func WithFilter(f ...Filter) Option {
 				c.filter = func(ctx context.Context, begin string) bool { return prev(ctx, begin) && fn(ctx, begin) }
 			} else {
 				c.filter = fn
+			}
+		}
+	})
+}
+
+// ImplicitFilter decides, per implicit transaction, whether it is a frame: a statement
+// that may write (INSERT, UPDATE, DELETE, MERGE, DDL, COPY, CALL, SELECT … FOR UPDATE …),
+// sent while the session is outside a transaction block — pool.Exec, a sqlc query on
+// the pool, database/sql's ExecContext, a batch or CopyFrom without BEGIN —, which
+// PostgreSQL runs in a transaction of its own and commits as soon as it has run. sql is
+// the statement's text as the application wrote it (a batch's first): the filter runs in
+// the process and records nothing. It must be fast and safe for concurrent use.
+type ImplicitFilter func(ctx context.Context, sql string) bool
+
+// WithImplicitFilter makes frames only of the implicit transactions for which every
+// filter returns true. By default every one is a frame: its outcome is classified,
+// recorded on its statement's span, counted (tx.implicit=true), logged when
+// indeterminate, and told to a [Verdict]. One the filters reject is left as it was
+// without this package: its statement span alone, no outcome, no count, no Verdict. To
+// leave them all out:
+//
+//	otelpgxtx.WithImplicitFilter(func(context.Context, string) bool { return false })
+func WithImplicitFilter(f ...ImplicitFilter) Option {
+	return optionFunc(func(c *config) {
+		for _, fn := range f {
+			if fn == nil {
+				continue
+			}
+			if prev := c.implicitFilter; prev != nil {
+				c.implicitFilter = func(ctx context.Context, sql string) bool { return prev(ctx, sql) && fn(ctx, sql) }
+			} else {
+				c.implicitFilter = fn
 			}
 		}
 	})

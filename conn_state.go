@@ -183,6 +183,13 @@ func (st *connState) seenEnd() evidence.Seen {
 	return evidence.SeenNothing
 }
 
+// repliedClean reports whether the replies pgconn read since the implicit transaction of
+// the query in flight was handed over reached an idle ReadyForQuery with no
+// ErrorResponse before it (wire.Conn.RepliedClean).
+func (st *connState) repliedClean() bool {
+	return st.nc != nil && st.nc.RepliedClean()
+}
+
 // commitNotSent reports whether the write carrying f's COMMIT sent nothing, and returns
 // the net.Conn's accounting of it to idle; only while f is committing.
 func (st *connState) commitNotSent(f *frame) bool {

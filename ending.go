@@ -40,4 +40,5 @@ type ending struct {
 	depth                              int
 	isolation, accessMode, propagation string
 	attemptNo                          int
+	implicit                           bool // an implicit transaction (evidence.Frame.Implicit)
 }

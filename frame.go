@@ -92,7 +92,8 @@ func (f *frame) ending(o outcome.Outcome) ending {
 		committedLocally: ev.CommittedLocally(), firstCause: ev.FirstCause(), cause: ev.Cause(), endErr: ev.EndErr(), ref: f.commitRef.Ref(), noRef: f.commitRef.Missing(),
 		startedAt: f.startedAt, committingAt: ev.CommittingAt(), concludedAt: ev.ConcludedAt(),
 		span: f.span.SpanContext(), parentSpan: f.parentSpan, recorded: !f.unrecorded, spanCtx: f.spanCtx, awaited: f.awaited,
-		depth: ev.Depth(), isolation: ev.Isolation(), accessMode: ev.AccessMode(), propagation: f.propagation, attemptNo: f.attemptNo}
+		depth: ev.Depth(), isolation: ev.Isolation(), accessMode: ev.AccessMode(), propagation: f.propagation, attemptNo: f.attemptNo,
+		implicit: ev.Implicit()}
 	e.at = e.concludedAt // the conclusion has just read the clock
 	if f.managed {
 		e.at = time.Now() // the executor ends the frame after its post-commit work

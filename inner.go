@@ -10,6 +10,7 @@ import (
 	"go.opentelemetry.io/otel/trace/noop"
 
 	"github.com/txevidence/otelpgxtx/internal/redact"
+	"github.com/txevidence/otelpgxtx/outcome"
 )
 
 // innerErr returns what the inner tracer is given of err: err itself for a tracer of the
@@ -305,6 +306,22 @@ func withoutSpan(ctx context.Context) context.Context { return trace.ContextWith
 func (t *core) innerEndStatus(ctx context.Context, err error) context.Context {
 	if t.cfg.innerSet || !t.cfg.expectedErr(ctx, err) {
 		return ctx
+	}
+	span := trace.SpanFromContext(ctx)
+	if !span.IsRecording() {
+		return ctx
+	}
+	return trace.ContextWithSpan(ctx, expectedSpan{span})
+}
+
+// statementFrameEndCtx returns the context for the inner End hook of the statement whose
+// span is its frame's (frameSpan.onStatement), which failed with err: the frame's
+// status is the span's, so the inner tracer may set Error only where the frame did —
+// a rollback for a failure, unless the failure is expected —, never on a frame that
+// committed or whose commit is unknown.
+func (t *core) statementFrameEndCtx(ctx context.Context, f *frame, err error) context.Context {
+	if err == nil || f.ev.Open() || f.ev.Outcome() == outcome.OutcomeRolledBack && !f.ev.Deliberate() {
+		return t.innerEndStatus(ctx, err)
 	}
 	span := trace.SpanFromContext(ctx)
 	if !span.IsRecording() {

@@ -66,9 +66,9 @@ type metrics struct {
 	participations metric.Int64Counter
 	duration       metric.Float64Histogram
 	commit         metric.Float64Histogram
-	// Per-series options, built once so recording allocates nothing.
-	addOpts    [seriesDeliberate + 1][]metric.AddOption
-	recordOpts [seriesDeliberate + 1][]metric.RecordOption
+	// Per-series options, built once so recording allocates nothing: [implicit][series].
+	addOpts    [2][seriesDeliberate + 1][]metric.AddOption
+	recordOpts [2][seriesDeliberate + 1][]metric.RecordOption
 	// participantOpts[failed][propagation]
 	participantOpts [2][Mandatory + 1][]metric.AddOption
 }
@@ -85,21 +85,23 @@ func newMetrics(mp metric.MeterProvider, extra []attribute.KeyValue) *metrics {
 		commit: histogram(meter, metricCommitDuration, "s",
 			"Time spent in the committing phase, by tx.outcome and tx.rollback.", durationBuckets),
 	}
-	series := func(i outcome.Outcome, kv ...attribute.KeyValue) {
-		set := attribute.NewSet(append(append(kv, dbSystemPostgreSQL), extra...)...)
-		m.addOpts[i] = []metric.AddOption{metric.WithAttributeSet(set)}
-		m.recordOpts[i] = []metric.RecordOption{metric.WithAttributeSet(set)}
+	series := func(implicit int, i outcome.Outcome, kv ...attribute.KeyValue) {
+		set := attribute.NewSet(append(append(kv, ImplicitKey.Bool(implicit == 1), dbSystemPostgreSQL), extra...)...)
+		m.addOpts[implicit][i] = []metric.AddOption{metric.WithAttributeSet(set)}
+		m.recordOpts[implicit][i] = []metric.RecordOption{metric.WithAttributeSet(set)}
 		// Every series exists from the start at 0, so that an alert on
 		// increase(…{tx_outcome="indeterminate"}) sees the very first one.
-		m.transactions.Add(context.Background(), 0, m.addOpts[i]...)
+		m.transactions.Add(context.Background(), 0, m.addOpts[implicit][i]...)
 	}
-	for _, o := range frameOutcomes {
-		if o == outcome.OutcomeRolledBack {
-			series(o, OutcomeKey.String(o.String()), RollbackKey.String(RollbackFailure))
-			series(seriesDeliberate, OutcomeKey.String(o.String()), RollbackKey.String(RollbackDeliberate))
-			continue
+	for implicit := range 2 {
+		for _, o := range frameOutcomes {
+			if o == outcome.OutcomeRolledBack {
+				series(implicit, o, OutcomeKey.String(o.String()), RollbackKey.String(RollbackFailure))
+				series(implicit, seriesDeliberate, OutcomeKey.String(o.String()), RollbackKey.String(RollbackDeliberate))
+				continue
+			}
+			series(implicit, o, OutcomeKey.String(o.String()))
 		}
-		series(o, OutcomeKey.String(o.String()))
 	}
 	for failed, o := range []outcome.Outcome{outcome.OutcomeParticipating, outcome.OutcomeRolledBack} {
 		for _, p := range participantPropagations {
@@ -156,15 +158,20 @@ func (m *metrics) record(e *ending) {
 	if o == outcome.OutcomeRolledBack && e.deliberate {
 		i = seriesDeliberate
 	}
+	kind := 0
+	if e.implicit {
+		kind = 1
+	}
+	addOpts, recordOpts := m.addOpts[kind][i], m.recordOpts[kind][i]
 	// The instruments are never nil: a failed creation returns a no-op instrument.
 	ctx := context.Background()
 	if e.span.IsSampled() && e.spanCtx != nil {
 		ctx = e.spanCtx // carries the frame span: links exemplars to the frame's trace
 	}
-	m.transactions.Add(ctx, 1, m.addOpts[i]...)
-	m.duration.Record(ctx, e.at.Sub(e.startedAt).Seconds(), m.recordOpts[i]...)
+	m.transactions.Add(ctx, 1, addOpts...)
+	m.duration.Record(ctx, e.at.Sub(e.startedAt).Seconds(), recordOpts...)
 	if !e.committingAt.IsZero() && !e.concludedAt.IsZero() {
-		m.commit.Record(ctx, e.concludedAt.Sub(e.committingAt).Seconds(), m.recordOpts[i]...)
+		m.commit.Record(ctx, e.concludedAt.Sub(e.committingAt).Seconds(), recordOpts...)
 	}
 }
 

@@ -44,6 +44,9 @@ type frameSpan struct {
 	// recording is the span's IsRecording at start, which holds until it ends: the SDK's
 	// IsRecording takes the span's lock, and the hooks ask on every statement.
 	recording bool
+	// onStatement: the frame's span is its one statement's, which the inner tracer starts
+	// and ends (an implicit transaction's, with the default otelpgx tracer: see attach).
+	onStatement bool
 	name      string // the span's name, for the next frame of COMMIT AND CHAIN
 	// errJudged and errExpected: whether the first failure was an expected one (see
 	// judgeErr); an expected failure leaves the span's status Unset.
@@ -79,8 +82,15 @@ var phaseEvents = func() (names [outcome.PhaseUnknown + 1]string) {
 // statement begin ("" when none was seen), or that COMMIT AND CHAIN began after chained,
 // whose filter decision and span name it keeps. It is a child of the span in ctx.
 // connAttrs are the connection's attributes, made on its first recorded frame.
-func (f *frameSpan) start(t *core, ctx context.Context, conn *pgx.Conn, connAttrs *[]attribute.KeyValue, begin string, chained *frameSpan) {
+func (f *frameSpan) start(t *core, ctx context.Context, conn *pgx.Conn, connAttrs *[]attribute.KeyValue, begin string, chained *frameSpan, onStatement bool) {
 	f.parentSpan = trace.SpanContextFromContext(ctx)
+	if onStatement {
+		// No span of its own: until attach finds the statement's, one that only carries
+		// the caller's span context, under which the inner tracer starts the statement's.
+		f.spanCtx, f.span = ctx, trace.SpanFromContext(trace.ContextWithSpanContext(context.Background(), f.parentSpan))
+		f.unrecorded, f.onStatement = true, true
+		return
+	}
 	if chained == nil && (t.cfg.filter != nil || t.cfg.spanNameFunc != nil) {
 		// A span name leaves the process: both get the text the statement spans get.
 		begin = t.sanitized.innerSQL(begin, t.sanitized.get(begin))
@@ -119,6 +129,24 @@ func (f *frameSpan) start(t *core, ctx context.Context, conn *pgx.Conn, connAttr
 		}
 		f.connAttrs = *connAttrs
 	}
+}
+
+// attach makes the span the inner tracer started for the frame's one statement (from
+// before to after) the frame's span, and records on it the phases the frame moved to
+// as the statement was handed over. An implicit transaction is one statement, whose span
+// already says what it did: a span of the frame's own would only double it. Where the
+// inner tracer started none that records (otelpgx starts none without a recording
+// parent), the frame has no span, as the statement has none; its metrics, log record and
+// Verdict are as any frame's.
+func (f *frameSpan) attach(before, after context.Context) {
+	span := startedSpan(before, after)
+	if span == nil {
+		return
+	}
+	f.span, f.spanCtx, f.unrecorded, f.recording = span, after, false, true
+	f.standIn.sc = span.SpanContext()
+	f.phaseEvent(outcome.PhaseActive)
+	f.phaseEvent(outcome.PhaseCommitting)
 }
 
 // phaseEvent records that f moved to phase to. A folded statement's answer, waiting, goes
@@ -160,7 +188,9 @@ func (f *frameSpan) end(e *ending, cfg *config, postCommitErr error) {
 	if postCommitErr != nil {
 		f.span.AddEvent(eventPostCommitFailed)
 	}
-	f.span.End()
+	if !f.onStatement { // the inner tracer ends the statement's span
+		f.span.End()
+	}
 }
 
 // frameAttrs holds the slices endSpan builds a frame's attributes in: SetAttributes
@@ -188,6 +218,9 @@ func (f *frameSpan) outcomeAttrs(e *ending, cfg *config, attrs []attribute.KeyVa
 	attrs = append(attrs, OperationIDKey.String(e.id.String()), FrameDepthKey.Int(e.depth))
 	attrs = append(attrs, cfg.spanAttributes...)
 	attrs = append(attrs, OutcomeKey.String(e.outcome.String()), PhaseKey.String(e.phase.String()))
+	if e.implicit {
+		attrs = append(attrs, ImplicitKey.Bool(true))
+	}
 	if e.isolation != "" {
 		attrs = append(attrs, IsolationKey.String(e.isolation))
 	}

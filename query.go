@@ -31,7 +31,11 @@ func (t *core) startQuery(ctx context.Context, conn *pgx.Conn, set evidence.Set,
 	st.mu.Lock()
 	defer st.mu.Unlock()
 	ctx, q := t.enter(ctx, conn, st, set, sql)
-	ctx = inner(t.fold(ctx, &q, fold, op), q.folded)
+	before := t.fold(ctx, &q, fold, op)
+	ctx = inner(before, q.folded)
+	if f := q.frame; f != nil && f.onStatement && !q.nested {
+		f.attach(before, ctx) // the statement's span is the frame's
+	}
 	q.ctx = ctx
 	st.push(q)
 	return ctx
@@ -48,6 +52,13 @@ func (t *core) endQuery(ctx context.Context, conn *pgx.Conn, tag pgconn.CommandT
 		st.mu.Lock()
 		defer st.mu.Unlock()
 		q, started = st.pop(ctx)
+	}
+	if started && !q.nested && q.frame != nil && q.frame.onStatement {
+		// The frame's span is the statement's (an implicit transaction's): the frame
+		// ends first, writing its outcome there, and the inner tracer ends the span.
+		t.afterQuery(ctx, conn, st, &q, tag, err)
+		inner(t.statementFrameEndCtx(ctx, q.frame, err), false)
+		return
 	}
 	// A folded query's event: a prepare's now, a statement's with the frame's next event.
 	answering := q.folded && !q.nested && q.frame.ev.Open()
@@ -99,22 +110,32 @@ func (t *core) beforeQuery(ctx context.Context, conn *pgx.Conn, st *connState, s
 	// is committing too: its reply decides whether the transaction is durable; so are
 	// COMMIT PREPARED and ROLLBACK PREPARED, sent idle, in the frame they begin.
 	commits := (set.Decides() || idle && set.EndsPrepared() || st.server() == classifier.ServerCockroachDB && releasesRestart(set, sql)) && !pg.IsBusy()
-	s := evidence.Statement{Set: set, Idle: idle, Commits: commits}
+	s := evidence.Statement{Set: set, Idle: idle, Commits: commits, Implicit: idle && set.Implicit() && t.implicit(ctx, sql)}
 	if f := st.frame(); f != nil && idle {
 		st.refs.Unobserved(&f.commitRef) // its transaction ended unseen: Before ends it
 		s.Seen = st.seenEnd()
 	}
-	ended, r, begin := st.ev.Before(s)
+	ended, r, begins := st.ev.Before(s)
 	if ended != nil {
 		t.apply(st, ended, r, nil)
 	}
-	switch {
-	case begin && set.EndsPrepared():
+	switch begins {
+	case evidence.BeginsPrepared:
 		f := t.startFrame(ctx, conn, st, evidence.Begun{}, sql, nil)
 		t.referenceOff(st.refs.ArmPrepared(&f.commitRef, pg.ParameterStatus("server_version"), set.Single(), sql, evidence.GID(sql)))
-	case begin:
+	case evidence.BeginsBlock:
 		f := t.startFrame(ctx, conn, st, evidence.Begun{}, sql, nil)
 		t.armCheck(st, f, pg, set, sql)
+	case evidence.BeginsImplicit:
+		// Committing from the moment it leaves, as a COMMIT is: its write is marked, and
+		// its reply watched from here (connState.repliedClean).
+		f := t.startFrame(ctx, conn, st, evidence.Begun{Implicit: true, Wrote: true}, sql, nil)
+		f.commitRef.Implicit()
+		if st.nc != nil {
+			st.nc.WatchEnds()
+		}
+		commits = !pg.IsBusy()
+		s.Commits = commits
 	}
 	f := st.frame()
 	if f == nil {
@@ -127,6 +148,9 @@ func (t *core) beforeQuery(ctx context.Context, conn *pgx.Conn, st *connState, s
 		s.EndedBeforeCommit = st.markCommit()
 	}
 	t.apply(st, f, st.ev.Send(s), nil)
+	if begins == evidence.BeginsImplicit {
+		return f // it carries no reference (reference.MissingImplicit)
+	}
 	if set.Writes() {
 		st.refs.ArmRead(ctx, &f.commitRef, refStatement(set, sql, pg))
 	}
@@ -134,6 +158,12 @@ func (t *core) beforeQuery(ctx context.Context, conn *pgx.Conn, st *connState, s
 		st.refs.ArmCall(&f.commitRef, refStatement(set, sql, pg))
 	}
 	return f
+}
+
+// implicit reports whether the implicit transaction of sql, sent in ctx, is a frame
+// (WithImplicitFilter).
+func (t *core) implicit(ctx context.Context, sql string) bool {
+	return t.cfg.implicitFilter == nil || t.cfg.implicitFilter(ctx, sql)
 }
 
 // afterQuery runs after a query made in ctx completed, when the connection's transaction
@@ -164,7 +194,8 @@ func (t *core) afterQuery(ctx context.Context, conn *pgx.Conn, st *connState, q 
 	}
 	e := evidence.Ended{Set: q.set, Err: err, InTx: inTx, Closed: closed,
 		RollbackTag: q.batch.rollbackTag || tag.String() == "ROLLBACK", CommitNotSent: st.commitNotSent(f), Savepoint: q.savepoint,
-		FatalBeforeCommit: c.FatalBeforeCommit, AbortedBeforeCommit: c.AbortedBefore}
+		FatalBeforeCommit: c.FatalBeforeCommit, AbortedBeforeCommit: c.AbortedBefore,
+		RepliedClean: open && f.ev.Implicit() && st.repliedClean()}
 	if c.ReadFailed != nil {
 		e.ReadFailed = &evidence.Failure{V: c.ReadFailedAs, Err: c.ReadFailed}
 	}

@@ -74,7 +74,7 @@ func Retry(ctx context.Context, maxAttempts int, attempt func(ctx context.Contex
 		if verr != nil {
 			return nil, errors.Join(err, verr)
 		}
-		if ind, ok := res.(outcome.Indeterminate[struct{}]); ok && cfg.rec != nil {
+		if ind, ok := res.(outcome.Indeterminate[struct{}]); ok && cfg.rec != nil && v.settleable() {
 			res, err = cfg.settle(ctx, ind, v.pending(), err)
 		}
 		if !shouldRetry(ctx, Policy{MaxAttempts: maxAttempts}, res, n) || !waitBackoff(ctx, p, n) {

@@ -112,15 +112,17 @@ func TestMetricsByOutcome(t *testing.T) {
 					}
 					break
 				}
-				// The five outcomes, rolled_back twice (tx.rollback).
-				if m.Unit != "{transaction}" || !d.IsMonotonic || len(d.DataPoints) != 6 {
+				// The five outcomes, rolled_back twice (tx.rollback), each for explicit and
+				// implicit transactions (tx.implicit).
+				if m.Unit != "{transaction}" || !d.IsMonotonic || len(d.DataPoints) != 12 {
 					t.Fatalf("%s: %+v", m.Name, d)
 				}
 				// Every outcome's series exists, at 0 until it happens.
 				for _, dp := range d.DataPoints {
 					o, _ := dp.Attributes.Value(OutcomeKey)
+					implicit, _ := dp.Attributes.Value(ImplicitKey)
 					want := int64(0)
-					if o.AsString() == "committed" {
+					if o.AsString() == "committed" && !implicit.AsBool() {
 						want = 3
 					}
 					if dp.Value != want {

@@ -40,6 +40,11 @@ const (
 	// ("begin; insert …; commit"), where nothing can carry the reference without going
 	// between the application's statements. Reconciliation answers it no_reference.
 	NoReferenceKey = schema.NoReferenceKey
+	// ImplicitKey is tx.implicit: true on the span of an implicit transaction's frame (a
+	// statement that may write, sent outside a transaction block, which PostgreSQL
+	// commits as soon as it has run), absent on the others; on every series of the
+	// transaction metrics, true or false.
+	ImplicitKey = attribute.Key("tx.implicit")
 	// PreparedKey is tx.prepared, true on a frame whose transaction was prepared
 	// (PREPARE TRANSACTION): tx.outcome participating, waiting for its coordinator.
 	PreparedKey = attribute.Key("tx.prepared")

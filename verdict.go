@@ -64,12 +64,39 @@ type Verdict struct {
 	mu  sync.Mutex
 	err error // a bad argument to NewVerdict
 	d   verdictData
+	// earlier is what the transactions told before the last one left (see fold).
+	earlier earlierFrames
+}
+
+// earlierFrames is what the transactions a Verdict was told of before its last one
+// leave to its answer: the attempt's work is in the database if any of them committed,
+// and may be if any is unknown.
+type earlierFrames struct {
+	committed   bool
+	committedID outcome.OperationID // the last that committed
+	unknown     verdictData         // the first whose commit is unknown, when unknowns > 0
+	unknowns    int
+}
+
+// fold moves d, the verdict of a transaction that ended, into e.
+func (e *earlierFrames) fold(d verdictData) {
+	switch {
+	case !d.set || !d.frame:
+	case d.outcome == outcome.OutcomeCommitted || d.outcome == outcome.OutcomeCommittedWithPostCommitFailure:
+		e.committed, e.committedID = true, d.id
+	case d.outcome == outcome.OutcomeIndeterminate:
+		if e.unknowns == 0 {
+			e.unknown = d
+		}
+		e.unknowns++
+	}
 }
 
 // verdictData is what a Verdict holds of the transaction, replaced whole at each record.
 type verdictData struct {
 	open    bool // a frame began with the context and has not ended
 	set     bool
+	frame   bool // set by a transaction's end (not a savepoint's)
 	outcome outcome.Outcome
 	id      outcome.OperationID
 	// phase is the phase a rollback became certain in.
@@ -150,6 +177,7 @@ func (v *Verdict) Result() (outcome.Result[struct{}], error) {
 	}
 	v.mu.Lock()
 	d := v.d
+	earlier := v.earlier
 	err := v.err
 	v.mu.Unlock()
 	switch {
@@ -160,7 +188,40 @@ func (v *Verdict) Result() (outcome.Result[struct{}], error) {
 	case !d.set:
 		return nil, fmt.Errorf("%w: no transaction of an instrumented connection was begun or ended with this context", ErrNoVerdict)
 	}
-	return d.result(), nil
+	return earlier.with(&d), nil
+}
+
+// with is the answer for an attempt whose last transaction ended as d, after the
+// transactions of e: nothing of the attempt is in the database only if every one of them
+// is a proven rollback. So one whose commit is unknown makes the attempt's indeterminate
+// (the last such, else the first before it), and a rollback after one that committed
+// is a commit with a failure after it — never a rollback, which Retry would run again.
+func (e *earlierFrames) with(d *verdictData) outcome.Result[struct{}] {
+	switch {
+	case d.outcome == outcome.OutcomeIndeterminate:
+		return d.result()
+	case e.unknowns > 0:
+		return e.unknown.result()
+	case e.committed && d.outcome == outcome.OutcomeRolledBack:
+		r, _ := outcome.NewCommittedWithPostCommitFailure(e.committedID, struct{}{}, d.rollbackCause())
+		return r
+	}
+	return d.result()
+}
+
+// settleable reports whether the attempt's answer, indeterminate, is the only thing of
+// it not known: one transaction whose commit is unknown, none committed. Settling it
+// then answers for the attempt; else a proven abort of that one would prove nothing of
+// the rest.
+func (v *Verdict) settleable() bool {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	e := v.earlier
+	unknowns := e.unknowns
+	if v.d.outcome == outcome.OutcomeIndeterminate {
+		unknowns++
+	}
+	return unknowns == 1 && !e.committed
 }
 
 // result is d's verdict as a Result.
@@ -170,6 +231,9 @@ func (d *verdictData) result() outcome.Result[struct{}] {
 		return outcome.NewCommitted(d.id, struct{}{}, d.committedLocally)
 	case outcome.OutcomeParticipating:
 		return outcome.NewParticipating(d.id, struct{}{})
+	case outcome.OutcomeCommittedWithPostCommitFailure:
+		r, _ := outcome.NewCommittedWithPostCommitFailure(d.id, struct{}{}, d.causeErr(errRolledBack))
+		return r
 	case outcome.OutcomeIndeterminate:
 		var ref *outcome.ReconciliationRef
 		if d.hasRef {
@@ -186,6 +250,13 @@ func (d *verdictData) result() outcome.Result[struct{}] {
 		}
 		return r
 	}
+	// A cause, and a phase a rollback is observed in: the constructor has nothing to refuse.
+	r, _ := outcome.NewDeterminateRollback[struct{}](d.id, d.phase, d.rollbackCause(), d.retryable)
+	return r
+}
+
+// rollbackCause is the cause of d, a rollback: the failure, or why it ended.
+func (d *verdictData) rollbackCause() error {
 	var fallback error
 	switch d.reason {
 	case classifier.ReasonRolledBack:
@@ -195,9 +266,7 @@ func (d *verdictData) result() outcome.Result[struct{}] {
 	default:
 		fallback = endReasonError{d.reason}
 	}
-	// A cause, and a phase a rollback is observed in: the constructor has nothing to refuse.
-	r, _ := outcome.NewDeterminateRollback[struct{}](d.id, d.phase, d.causeErr(fallback), d.retryable)
-	return r
+	return d.causeErr(fallback)
 }
 
 // causeErr is the recorded cause, or fallback when no error showed one.
@@ -220,9 +289,11 @@ func (v *Verdict) pending() *awaited {
 }
 
 // began records that a frame begun with v's context is under way: a verdict recorded
-// before belongs to an earlier transaction and is dropped.
+// before belongs to an earlier transaction of the attempt, and is folded into what the
+// earlier ones leave (earlierFrames).
 func (v *Verdict) began() {
 	v.mu.Lock()
+	v.earlier.fold(v.d)
 	v.d = verdictData{open: true}
 	v.mu.Unlock()
 }
@@ -230,8 +301,10 @@ func (v *Verdict) began() {
 // frameEnded records the verdict of a concluded frame, of ending e. It runs under the
 // frame's connection's lock, on whichever goroutine concluded it.
 func (v *Verdict) frameEnded(e *ending) {
-	d := verdictData{set: true, outcome: e.outcome, id: e.id, committedLocally: e.committedLocally, reason: e.verdict.Reason()}
+	d := verdictData{set: true, frame: true, outcome: e.outcome, id: e.id, committedLocally: e.committedLocally, reason: e.verdict.Reason()}
 	switch e.outcome {
+	case outcome.OutcomeCommittedWithPostCommitFailure:
+		d.cause = e.endErr // the call's failure after the commit
 	case outcome.OutcomeIndeterminate:
 		d.cause = e.endErr
 		if e.ref != nil {
@@ -253,6 +326,9 @@ func (v *Verdict) frameEnded(e *ending) {
 		}
 	}
 	v.mu.Lock()
+	if !v.d.open {
+		v.earlier.fold(v.d) // a frame begun in another context, ended with this one
+	}
 	v.d = d
 	v.mu.Unlock()
 }
@@ -267,10 +343,11 @@ func (v *Verdict) notStarted(err error) {
 	c := classifier.Classify(outcome.PhaseNotStarted, err, classifier.Facts{})
 	v.mu.Lock()
 	defer v.mu.Unlock()
-	if v.d.open || v.d.set {
+	if v.d.open || v.d.set && !v.d.frame {
 		return
 	}
-	v.d = verdictData{set: true, outcome: outcome.OutcomeRolledBack, phase: outcome.PhaseNotStarted, retryable: c.Retryable(),
+	v.earlier.fold(v.d) // a transaction of the attempt that ended before
+	v.d = verdictData{set: true, frame: true, outcome: outcome.OutcomeRolledBack, phase: outcome.PhaseNotStarted, retryable: c.Retryable(),
 		cause: err, reason: c.Reason()}
 }
 

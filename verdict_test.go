@@ -576,7 +576,8 @@ func TestRetryNotReached(t *testing.T) {
 	if n := srv.CountOf(t, ctx, "select count(*) from "+table); n != 2 {
 		t.Fatalf("%d rows, want 2: each once", n)
 	}
-	// A verdict recorded stays when the context later fails to connect elsewhere.
+	// A commit recorded stays when the context later fails to connect elsewhere: the
+	// attempt committed, then failed — never a rollback to run again.
 	vctx, v := NewVerdict(ctx)
 	if err := insert(3)(vctx); err != nil {
 		t.Fatal(err)
@@ -585,8 +586,8 @@ func TestRetryNotReached(t *testing.T) {
 	if _, err := down.pool.Acquire(vctx); err == nil {
 		t.Fatal("acquired a connection to port 1")
 	}
-	if res := mustResult(t, v); res.Outcome() != outcome.OutcomeCommitted {
-		t.Errorf("a committed verdict after a failed Acquire with its context: %s", res.Outcome())
+	if res := mustResult(t, v); res.Outcome() != outcome.OutcomeCommittedWithPostCommitFailure {
+		t.Errorf("a commit, then a failed Acquire with its context: %s, want committed_with_post_commit_failure", res.Outcome())
 	}
 	plain, err := pgxpool.New(ctx, srv.ConnString()+"&port=1")
 	if err != nil {

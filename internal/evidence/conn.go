@@ -50,6 +50,9 @@ type Begun struct {
 	Chained               *Frame
 	// Wrote: the statement that showed the transaction (one found begun) may write.
 	Wrote bool
+	// Implicit: the frame is an implicit transaction (BeginsImplicit), which its one
+	// query begins and ends.
+	Implicit bool
 }
 
 // Start makes f, a frame the caller started for a Result.Start (or for a statement
@@ -63,7 +66,7 @@ func (c *Conn[F]) Start(f F, b Begun) (r Result) {
 	} else {
 		ev.began(b.Isolation, b.AccessMode)
 	}
-	ev.shape.wrote = b.Wrote
+	ev.shape.wrote, ev.shape.implicit = b.Wrote, b.Implicit
 	if b.Phase != outcome.PhaseNotStarted && ev.move(b.Phase) {
 		r.Moved = r.Moved.With(b.Phase)
 	}
@@ -133,7 +136,25 @@ type Statement struct {
 	// Seen: how the replies the connection read showed the open frame's transaction end,
 	// where no query the hooks saw ended it (for Before, which finds the session idle).
 	Seen Seen
+	// Implicit: the caller records implicit transactions (Set.Implicit), this one included.
+	Implicit bool
 }
+
+// Begins is the frame a statement begins, which Before asks the caller to start.
+type Begins uint8
+
+const (
+	BeginsNone Begins = iota
+	// BeginsBlock: BEGIN, a transaction block; the frame starts not_started.
+	BeginsBlock
+	// BeginsPrepared: COMMIT PREPARED or ROLLBACK PREPARED, outside a transaction block,
+	// end a transaction another session prepared: a frame of their own.
+	BeginsPrepared
+	// BeginsImplicit: a statement that may write, sent idle, is an implicit transaction
+	// of its own (Set.Implicit): committing from the moment it is handed over, as a
+	// COMMIT is, and ended by its reply.
+	BeginsImplicit
+)
 
 // Seen is how the replies to statements the hooks did not see (a COMMIT through the
 // PgConn, a pipeline) ended the open frame's transaction, where the connection followed
@@ -153,9 +174,9 @@ const (
 // alone judges it: unknown, for nothing tells what the application will do), or the
 // connection is idle, so its transaction ended where no query showed it and it must not
 // ride into unrelated work. ended is that frame, with what its ending decided; begin asks
-// the caller to start a frame for the BEGIN (then Started). The open frame's own
-// part — what it wrote, its COMMIT — is told next, by Wrote and Committing.
-func (c *Conn[F]) Before(s Statement) (ended F, r Result, begin bool) {
+// the caller to start a frame for the statement (then Start). The open frame's own part —
+// what it wrote, its COMMIT — is told next, by Send.
+func (c *Conn[F]) Before(s Statement) (ended F, r Result, begins Begins) {
 	var zero F
 	if f := c.open; f != zero && f.Evidence().commit.unsent {
 		if s.Set.Commits() {
@@ -167,9 +188,16 @@ func (c *Conn[F]) Before(s Statement) (ended F, r Result, begin bool) {
 	if f := c.open; f != zero && s.Idle {
 		ended, r = f, c.Abandon(ReasonEndedUnobserved, s.Seen)
 	}
-	// COMMIT PREPARED and ROLLBACK PREPARED, outside a transaction block, end a
-	// transaction another session prepared: a frame of their own.
-	return ended, r, c.open == zero && s.Idle && (s.Set.Has(Begin) || s.Set.EndsPrepared())
+	switch {
+	case c.open != zero || !s.Idle:
+	case s.Set.Has(Begin):
+		begins = BeginsBlock
+	case s.Set.EndsPrepared():
+		begins = BeginsPrepared
+	case s.Implicit && s.Set.Implicit():
+		begins = BeginsImplicit
+	}
+	return ended, r, begins
 }
 
 // Send feeds the open frame, if any, the statement s as it is handed over (after Before,
@@ -188,7 +216,7 @@ func (c *Conn[F]) Send(s Statement) (r Result) {
 	if s.Set.Writes() {
 		ev.shape.wrote = true
 	}
-	if s.Commits {
+	if s.Commits || ev.shape.implicit {
 		ev.commit.endedBeforeCommit = s.EndedBeforeCommit
 		r.Moved = ev.committing()
 	}
@@ -243,6 +271,11 @@ type Ended struct {
 	FatalBeforeCommit   bool
 	AbortedBeforeCommit error
 	ReadFailed          *Failure
+	// RepliedClean: the last ReadyForQuery of the replies since the query was handed over
+	// said idle, with no ErrorResponse since the one before it (package wire): with the
+	// connection open, pgconn read the query's reply to its last Sync, and the implicit
+	// transaction committed, whatever the client made of the reply.
+	RepliedClean bool
 }
 
 // After feeds c the end of a query that began in frame f (the zero F if none was open),
@@ -298,6 +331,15 @@ func (c *Conn[F]) After(f F, e Ended) (r Result) {
 			break
 		}
 		v := classifier.Classify(outcome.PhaseCommitting, e.Err, facts)
+		if ev.shape.implicit && e.Err != nil && e.RepliedClean && !e.Closed && c.server == classifier.ServerPostgreSQL {
+			// PostgreSQL answered the implicit transaction without an error and went idle:
+			// it committed (PostgreSQL commits an implicit transaction before the
+			// ReadyForQuery after it, and reports a failed commit as an ERROR). The call's
+			// failure is the client's own, made of a reply that came whole (a Scan that
+			// could not convert a value): a failure after the commit.
+			v = classifier.Classify(outcome.PhaseCommitting, nil, facts)
+			ev.commit.failedAfter = e.Err
+		}
 		switch {
 		case e.Set.Prepares() && v.Evidence() == classifier.EvidenceCommitted:
 			// PREPARE TRANSACTION succeeded (or the server said its record is durable

@@ -30,6 +30,9 @@ type step struct {
 	// what the replies the connection read showed of that end.
 	unseen bool
 	seen   Seen
+	// clean: the replies since the query was handed over reached an idle ReadyForQuery
+	// with no ErrorResponse; closed: the connection is closed after it.
+	clean, closed bool
 }
 
 // run feeds steps to a new connection's evidence as the hooks would, starting the frames
@@ -63,17 +66,23 @@ func run(t *testing.T, server classifier.ServerKind, steps []step) ([]*testFrame
 		}
 		set := Classify(s.sql)
 		commits := set.Decides() || !inTx && set.EndsPrepared()
-		ended, r, begin := c.Before(Statement{Set: set, Idle: !inTx, Commits: commits, Seen: s.seen})
+		ended, r, begins := c.Before(Statement{Set: set, Idle: !inTx, Commits: commits, Seen: s.seen, Implicit: true})
 		if ended != nil {
 			record(ended, r)
 		}
-		if begin {
+		switch begins {
+		case BeginsBlock:
 			iso, access := BeginOptions(s.sql)
 			start(Begun{Phase: outcome.PhaseNotStarted, Isolation: iso, AccessMode: access})
+		case BeginsPrepared:
+			start(Begun{})
+		case BeginsImplicit:
+			start(Begun{Implicit: true, Wrote: true})
 		}
 		f := c.Open()
 		record(f, c.Send(Statement{Set: set, Idle: !inTx, Commits: commits}))
-		r = c.After(f, Ended{Set: set, Err: s.err, InTx: s.inTx, CommitNotSent: s.notSent && f != nil && f.ev.Phase() == outcome.PhaseCommitting})
+		r = c.After(f, Ended{Set: set, Err: s.err, InTx: s.inTx, Closed: s.closed, RepliedClean: s.clean,
+			CommitNotSent: s.notSent && f != nil && f.ev.Phase() == outcome.PhaseCommitting})
 		record(f, r)
 		inTx = s.inTx
 		switch r.Start {
@@ -177,6 +186,31 @@ func TestConnSequences(t *testing.T) {
 			moves: "active committing unknown |", last: outcome.OutcomeIndeterminate, reason: classifier.ReasonCompletionUnknown},
 		{name: "BEGIN and COMMIT in one string", steps: []step{{sql: "begin; insert into t values (1); commit"}},
 			moves: "active committing committed |", last: outcome.OutcomeCommitted, reason: classifier.ReasonCommitted},
+		// Implicit transactions: a statement that may write, sent idle.
+		{name: "implicit: committed", steps: []step{{sql: "insert into t values (1)"}},
+			moves: "active committing committed |", last: outcome.OutcomeCommitted, reason: classifier.ReasonCommitted},
+		{name: "implicit: several statements in one string, one transaction", steps: []step{{sql: "insert into t values (1); update t set v = 2"}},
+			moves: "active committing committed |", last: outcome.OutcomeCommitted, reason: classifier.ReasonCommitted},
+		{name: "implicit: an ERROR is its rollback", steps: []step{{sql: "insert into t values (1)", err: unique}},
+			moves: "active committing rolled_back |", last: outcome.OutcomeRolledBack, reason: classifier.ReasonConstraintViolation},
+		{name: "implicit: a serialization failure, retryable", steps: []step{{sql: "update t set v = 1", err: serial}},
+			moves: "active committing rolled_back |", last: outcome.OutcomeRolledBack, reason: classifier.ReasonSerializationFailure, retryable: true},
+		{name: "implicit: the reply lost", steps: []step{{sql: "insert into t values (1)", err: lost, closed: true}},
+			moves: "active committing unknown |", last: outcome.OutcomeIndeterminate, reason: classifier.ReasonConnectionLost},
+		{name: "implicit: never sent", steps: []step{{sql: "insert into t values (1)", err: lost, closed: true, notSent: true}},
+			moves: "active committing rolled_back |", last: outcome.OutcomeRolledBack, reason: classifier.ReasonCommitNotSent, retryable: true},
+		{name: "implicit: the client failed after a clean reply", steps: []step{{sql: "insert into t values (1) returning v", err: deadline, clean: true}},
+			moves: "active committing committed |", last: outcome.OutcomeCommittedWithPostCommitFailure, reason: classifier.ReasonCommitted},
+		{name: "implicit: a clean reply proves nothing on another server", server: classifier.ServerCockroachDB, steps: []step{{sql: "insert into t values (1)", err: deadline, clean: true}},
+			moves: "active committing unknown |", last: outcome.OutcomeIndeterminate, reason: classifier.ReasonDeadlineExceeded},
+		{name: "implicit: an ERROR proves nothing on another server", server: classifier.ServerCockroachDB, steps: []step{{sql: "insert into t values (1)", err: unique}},
+			moves: "active committing unknown |", last: outcome.OutcomeIndeterminate, reason: classifier.ReasonServerError},
+		{name: "implicit: a read is no frame", steps: []step{{sql: "select 1"}, {sql: "insert into t values (1)"}},
+			moves: "active committing committed |", last: outcome.OutcomeCommitted, reason: classifier.ReasonCommitted},
+		{name: "implicit: SELECT FOR UPDATE writes", steps: []step{{sql: "select * from t for update", err: lost, closed: true}},
+			moves: "active committing unknown |", last: outcome.OutcomeIndeterminate, reason: classifier.ReasonConnectionLost},
+		{name: "implicit: a write in a transaction block is the block's", steps: []step{{sql: "begin", inTx: true}, {sql: "insert into t values (1)", inTx: true}, {sql: "rollback"}},
+			moves: "active rolled_back |", last: outcome.OutcomeRolledBack, reason: classifier.ReasonRolledBack, deliberate: true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			server := tc.server

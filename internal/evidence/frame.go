@@ -40,6 +40,7 @@ type shape struct {
 	isolation, accessMode string
 	readOnly              bool // it began READ ONLY
 	wrote                 bool // a statement that may write was sent in it
+	implicit              bool // an implicit transaction: one query, committed by its reply
 }
 
 // failure is what went wrong before the end: the first failed query's classification
@@ -67,6 +68,9 @@ type commitFacts struct {
 	unsent bool
 	// prepared: PREPARE TRANSACTION succeeded: the transaction waits for its coordinator.
 	prepared bool
+	// failedAfter: the call of an implicit transaction that committed failed in the
+	// client, after the server's clean reply (Ended.RepliedClean).
+	failedAfter error
 }
 
 // init makes f the evidence of a new frame depth levels deep (0 for a top-level
@@ -149,6 +153,9 @@ func (f *Frame) conclude(v classifier.Classification) (moved Phases, ok bool) {
 func (f *Frame) Outcome() outcome.Outcome {
 	switch f.Phase() {
 	case outcome.PhaseCommitted:
+		if f.commit.failedAfter != nil {
+			return outcome.OutcomeCommittedWithPostCommitFailure
+		}
 		return outcome.OutcomeCommitted
 	case outcome.PhaseUnknown:
 		if f.commit.prepared {
@@ -212,6 +219,14 @@ func (f *Frame) AccessMode() string { return f.shape.accessMode }
 
 // ReadOnly reports that the transaction began READ ONLY.
 func (f *Frame) ReadOnly() bool { return f.shape.readOnly }
+
+// Implicit reports that f is an implicit transaction: one query sent outside a
+// transaction block (Conn.Before's BeginsImplicit).
+func (f *Frame) Implicit() bool { return f.shape.implicit }
+
+// FailedAfterCommit is the failure of an implicit transaction's call after its commit
+// (see Outcome), or nil.
+func (f *Frame) FailedAfterCommit() error { return f.commit.failedAfter }
 
 // Wrote reports that a statement that may write was sent in the transaction.
 func (f *Frame) Wrote() bool { return f.shape.wrote }

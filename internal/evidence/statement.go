@@ -63,6 +63,16 @@ func (s Set) Decides() bool { return s.Commits() || s.Prepares() }
 // EndsPrepared reports whether a statement ends a prepared transaction (COMMIT PREPARED,
 // ROLLBACK PREPARED).
 func (s Set) EndsPrepared() bool { return s.Has(CommitPrepared) || s.Has(RollbackPrepared) }
+// Implicit reports whether a query of set, sent while the session is idle, is an implicit
+// transaction of its own that may write: PostgreSQL runs a statement sent outside a
+// transaction block in a transaction of its own, committed as soon as it has run (at the
+// Sync after it; a simple-protocol string and a pgx batch are one, up to their Sync). A
+// query that begins, ends or prepares a transaction is not one (it is a frame's
+// statement), nor one known only to read: only a write can be lost with a commit.
+func (s Set) Implicit() bool {
+	return s.Writes() && s.Kinds()&(controlKinds|1<<Prepare|1<<CommitPrepared|1<<RollbackPrepared) == 0
+}
+
 func (s Set) MovesSavepoint() bool {
 	return s.Has(Savepoint) || s.Has(Release) || s.Has(RollbackTo)
 }

@@ -64,12 +64,27 @@ type Frame struct {
 	// multiCommit: the frame's references were on, and its COMMIT came among other
 	// statements of one query string.
 	multiCommit bool
+	// implicit: the frame's references were on, and it is an implicit transaction.
+	implicit bool
 }
 
 // MissingMultiStatement is Frame.Missing's word for a frame whose COMMIT came among other
 // statements of one query string ("begin; insert …; commit", as migration tools write),
 // where nothing can carry the call without going between the application's statements.
 const MissingMultiStatement = "multi_statement"
+
+// MissingImplicit is Frame.Missing's word for an implicit transaction (a statement sent
+// outside a transaction block, committed by the server as soon as it has run): the xid
+// read and the marker call ride in a transaction block — after a write, ahead of COMMIT —
+// and an implicit transaction has neither; carrying them would mean adding messages
+// inside the application's own Sync group (see docs/reconciliation.md).
+const MissingImplicit = "implicit"
+
+// Implicit records that f, whose frame is an implicit transaction, carries no reference
+// (MissingImplicit), when its references were on.
+func (f *Frame) Implicit() {
+	f.implicit = f.Refs.Mode != None
+}
 
 // Init makes f the reference part of a frame whose transaction life is, operation id,
 // carrying refs.
@@ -81,10 +96,14 @@ func (f *Frame) Init(refs Refs, life Life, id outcome.OperationID) {
 func (f *Frame) Ref() *outcome.ReconciliationRef { return f.ref }
 
 // Missing says why a frame whose references were on has no reference, when the reason
-// is its own: MissingMultiStatement, else "".
+// is its own: MissingMultiStatement, MissingImplicit, else "".
 func (f *Frame) Missing() string {
-	if f.ref == nil && f.multiCommit {
+	switch {
+	case f.ref != nil:
+	case f.multiCommit:
 		return MissingMultiStatement
+	case f.implicit:
+		return MissingImplicit
 	}
 	return ""
 }

@@ -37,6 +37,9 @@ type endWatch struct {
 	tag   EndSeen // the ending tag seen since the reset
 	tags  int     // how many
 	idle  bool    // a ReadyForQuery said idle since the reset: the watch is done
+	// lastClean: the last ReadyForQuery said idle, with no ErrorResponse since the one
+	// before it (failedSince), whatever came before: the reply of the last Sync.
+	lastClean, failedSince bool
 }
 
 // start begins a message of type typ.
@@ -51,6 +54,13 @@ func (w *endWatch) add(b []byte) {
 
 // end ends the message.
 func (w *endWatch) end() {
+	switch w.typ {
+	case 'E':
+		w.failedSince = true
+	case 'Z':
+		w.lastClean = w.bodyN == 1 && w.body[0] == 'I' && !w.failedSince
+		w.failedSince = false
+	}
 	if w.idle {
 		return
 	}
@@ -66,6 +76,10 @@ func (w *endWatch) end() {
 		w.idle = len(body) == 1 && body[0] == 'I'
 	}
 }
+
+// clean reports whether the last ReadyForQuery since the reset said idle, with no
+// ErrorResponse since the ReadyForQuery before it.
+func (w *endWatch) clean() bool { return w.lastClean }
 
 // seen is what the watch saw since its reset.
 func (w *endWatch) seen() EndSeen {
@@ -104,6 +118,21 @@ func (p *streamPos) advanceWatching(b []byte, w *endWatch) {
 // sees ends, when pgconn has read that query's replies: one atomic store, the watch being
 // begun afresh by the next bytes pgconn is given (splice.delivered).
 func (c *Conn) WatchEnds() { c.splice.endsFrom.Store(true) }
+
+// RepliedClean reports whether the last ReadyForQuery pgconn read since WatchEnds said
+// idle, with no ErrorResponse since the ReadyForQuery before it. Read once pgconn has
+// read a query's reply to its end (the connection still open), that is the reply of the
+// query's last Sync: sent while the session was idle, the statements before that Sync
+// ran in one implicit transaction, which the server committed before that ReadyForQuery
+// (it reports a failed commit as an ERROR).
+func (c *Conn) RepliedClean() bool {
+	if !c.splice.track {
+		return false
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return !c.splice.endsFrom.Load() && c.splice.ends.clean()
+}
 
 // SeenEnd is what the replies pgconn read since WatchEnds showed of the end of the
 // transaction then open (see EndSeen).

@@ -51,6 +51,43 @@ func TestEndWatch(t *testing.T) {
 	}
 }
 
+// TestEndWatchClean: an implicit transaction's reply is clean when the last ReadyForQuery
+// says idle with no ErrorResponse since the one before it — notices and rows aside; an
+// implicit prepare's reply before it does not count —, the stream split at every byte.
+func TestEndWatchClean(t *testing.T) {
+	tag := &pgproto3.CommandComplete{CommandTag: []byte("INSERT 0 1")}
+	row := &pgproto3.DataRow{Values: [][]byte{[]byte("1")}}
+	idle := &pgproto3.ReadyForQuery{TxStatus: 'I'}
+	failure := &pgproto3.ErrorResponse{Severity: "ERROR", Code: "23505"}
+	warning := &pgproto3.NoticeResponse{Severity: "WARNING", Code: "01000", Message: "canceling wait for synchronous replication"}
+	for _, tc := range []struct {
+		name string
+		msgs []pgproto3.BackendMessage
+		want bool
+	}{
+		{"a write", []pgproto3.BackendMessage{&pgproto3.BindComplete{}, tag, idle}, true},
+		{"rows, a warning", []pgproto3.BackendMessage{row, tag, warning, idle}, true},
+		{"an error", []pgproto3.BackendMessage{failure, idle}, false},
+		{"an error after the tag (the commit failed)", []pgproto3.BackendMessage{tag, failure, idle}, false},
+		{"no ReadyForQuery yet", []pgproto3.BackendMessage{tag}, false},
+		{"a prepare's clean reply, then the execution's error", []pgproto3.BackendMessage{&pgproto3.ParseComplete{}, idle, failure, idle}, false},
+		{"a prepare's clean reply, then the execution's", []pgproto3.BackendMessage{&pgproto3.ParseComplete{}, idle, tag, idle}, true},
+		{"an error, then a clean reply", []pgproto3.BackendMessage{failure, idle, tag, idle}, true},
+		{"in a transaction block", []pgproto3.BackendMessage{tag, &pgproto3.ReadyForQuery{TxStatus: 'T'}}, false},
+	} {
+		stream := encode(tc.msgs...)
+		for cut := 0; cut <= len(stream); cut++ {
+			var p streamPos
+			var w endWatch
+			p.advanceWatching(stream[:cut], &w)
+			p.advanceWatching(stream[cut:], &w)
+			if got := w.clean(); got != tc.want {
+				t.Fatalf("%s, split at %d: clean %v, want %v", tc.name, cut, got, tc.want)
+			}
+		}
+	}
+}
+
 // TestEndWatchAllocs: watching allocates nothing.
 func TestEndWatchAllocs(t *testing.T) {
 	stream := encode(&pgproto3.CommandComplete{CommandTag: []byte("COMMIT")}, &pgproto3.ReadyForQuery{TxStatus: 'I'})
