@@ -47,7 +47,7 @@ type frameSpan struct {
 	// onStatement: the frame's span is its one statement's, which the inner tracer starts
 	// and ends (an implicit transaction's, with the default otelpgx tracer: see attach).
 	onStatement bool
-	name      string // the span's name, for the next frame of COMMIT AND CHAIN
+	name        string // the span's name, for the next frame of COMMIT AND CHAIN
 	// errJudged and errExpected: whether the first failure was an expected one (see
 	// judgeErr); an expected failure leaves the span's status Unset.
 	errJudged, errExpected bool

@@ -63,6 +63,7 @@ func (s Set) Decides() bool { return s.Commits() || s.Prepares() }
 // EndsPrepared reports whether a statement ends a prepared transaction (COMMIT PREPARED,
 // ROLLBACK PREPARED).
 func (s Set) EndsPrepared() bool { return s.Has(CommitPrepared) || s.Has(RollbackPrepared) }
+
 // Implicit reports whether a query of set, sent while the session is idle, is an implicit
 // transaction of its own that may write: PostgreSQL runs a statement sent outside a
 // transaction block in a transaction of its own, committed as soon as it has run (at the
