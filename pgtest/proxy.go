@@ -57,6 +57,8 @@ type Proxy struct {
 	cuts       atomic.Int64
 
 	rec *Recording // set by Record: connections accepted from then on are recorded
+	// implicitText is ImplicitCommits' text, "" for none.
+	implicitText string
 
 	toServer, toClient time.Duration // set by SetDelay, for connections accepted from then on
 	version            string        // set by ReportVersion, for connections accepted from then on
@@ -180,7 +182,7 @@ func (p *Proxy) serve(client net.Conn) {
 		client.Close()
 		return
 	}
-	pc := &proxyConn{client: client, server: server, stmts: map[string]bool{}}
+	pc := &proxyConn{client: client, server: server, stmts: map[string]bool{}, implicit: map[string]bool{}}
 	pc.serverSpoke.Store(true) // the first client send is a round trip
 
 	p.mu.Lock()
@@ -260,6 +262,10 @@ type proxyConn struct {
 	hold      bool            // HoldBeforeCommit fired: the server's connection stays open
 	dropped   bool            // a CancelRequest after a cut: closed, not forwarded
 	stmts     map[string]bool // prepared statement name -> its SQL is a COMMIT
+	// implicit: prepared statement name -> its SQL holds the text of ImplicitCommits;
+	// boundImplicit: the last Bind was of one.
+	implicit      map[string]bool
+	boundImplicit bool
 }
 
 // close closes both sides and reports whether this call did it.

@@ -51,6 +51,27 @@ func (p *Proxy) HoldBeforeCommit() { p.arm(holdBeforeCommit) }
 // Arming again before the fault fires replaces the armed fault.
 func (p *Proxy) CutBetweenReplies() { p.arm(cutBetweenReplies) }
 
+// ImplicitCommits makes the proxy take for a COMMIT, from now on, every statement whose
+// SQL holds text ("" for none), sent as the implicit transaction it is outside a
+// transaction block (the caller's to make sure): a Query that holds it, and the Execute
+// of a portal bound to a prepared statement whose Parse held it — not the Parse itself,
+// which pgx may send alone, to prepare, a round trip before it executes. The faults then
+// fire there: CutBeforeCommit drops the Execute (or the Query) and what follows, so the
+// server never runs the statement; CutAfterCommit forwards through the next Sync, at
+// which the server commits the implicit transaction, and cuts.
+func (p *Proxy) ImplicitCommits(text string) {
+	p.mu.Lock()
+	p.implicitText = text
+	p.mu.Unlock()
+}
+
+// implicitCommits is ImplicitCommits' text.
+func (p *Proxy) implicitCommits() string {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.implicitText
+}
+
 // arm sets the fault the next COMMIT a client sends triggers.
 func (p *Proxy) arm(f fault) {
 	p.mu.Lock()
@@ -104,7 +125,7 @@ func (p *Proxy) forwardTyped(pc *proxyConn, out, msg []byte) ([]byte, bool) {
 	if pc.cutAtSync {
 		return append(out, msg...), msg[0] == 'S'
 	}
-	if pc.carriesCommit(msg) {
+	if pc.carriesCommit(msg, p.implicitCommits()) {
 		switch p.takeFault() {
 		case cutBeforeCommit:
 			pc.blocked.Store(true)

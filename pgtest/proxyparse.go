@@ -69,11 +69,14 @@ func (p *Proxy) scan(pc *proxyConn, data []byte) (out []byte, consumed int, cut 
 
 // carriesCommit applies the rule documented on Proxy and tracks statement
 // names from Parse and Close.
-func (pc *proxyConn) carriesCommit(msg []byte) bool {
+func (pc *proxyConn) carriesCommit(msg []byte, implicit string) bool {
 	body := msg[5:]
 	switch msg[0] {
 	case 'Q':
 		sql, _ := cstring(body)
+		if implicit != "" && strings.Contains(sql, implicit) {
+			return true
+		}
 		for stmt := range strings.SplitSeq(sql, ";") { // a ';' inside a literal may split too
 			if isCommitSQL(stmt) {
 				return true
@@ -84,6 +87,11 @@ func (pc *proxyConn) carriesCommit(msg []byte) bool {
 		name, rest := cstring(body)
 		sql, _ := cstring(rest)
 		isCommit := isCommitSQL(sql)
+		if implicit != "" && strings.Contains(sql, implicit) {
+			pc.implicit[name] = true
+		} else {
+			delete(pc.implicit, name)
+		}
 		if isCommit {
 			pc.stmts[name] = true
 		} else {
@@ -93,11 +101,15 @@ func (pc *proxyConn) carriesCommit(msg []byte) bool {
 	case 'B':
 		_, rest := cstring(body) // portal name
 		stmt, _ := cstring(rest)
+		pc.boundImplicit = pc.implicit[stmt]
 		return pc.stmts[stmt]
+	case 'E':
+		return pc.boundImplicit
 	case 'C':
 		if len(body) > 0 && body[0] == 'S' {
 			name, _ := cstring(body[1:])
 			delete(pc.stmts, name)
+			delete(pc.implicit, name)
 		}
 	}
 	return false

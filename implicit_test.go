@@ -1,0 +1,437 @@
+package otelpgxtx
+
+import (
+	"bytes"
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/stdlib"
+	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/sdk/trace/tracetest"
+
+	"github.com/txevidence/otelpgxtx/internal/reconciletest"
+	"github.com/txevidence/otelpgxtx/outcome"
+	"github.com/txevidence/otelpgxtx/pgtest"
+	"github.com/txevidence/otelpgxtx/reconcile"
+)
+
+// Implicit transactions against the real server: a write sent outside a transaction
+// block, which PostgreSQL commits as soon as it has run, is a frame of its own, under
+// real faults, on every way an application sends one.
+
+// implicitText is in the SQL of every implicit write of these tests: the proxy takes the
+// statements that hold it for commits (pgtest.Proxy.ImplicitCommits).
+const implicitText = "/* implicit write */"
+
+// implicitWay is one way an application sends an autocommit write of row id: plain pgx
+// in each query mode, database/sql, a batch without BEGIN, a sqlc-style query on the
+// pool.
+type implicitWay struct {
+	name  string
+	write func(ctx context.Context, w *implicitSetup, id int) error
+}
+
+var implicitWays = []implicitWay{
+	{"pgx cache statement", pgxMode(pgx.QueryExecModeCacheStatement)},
+	{"pgx cache describe", pgxMode(pgx.QueryExecModeCacheDescribe)},
+	{"pgx describe exec", pgxMode(pgx.QueryExecModeDescribeExec)},
+	{"pgx exec", pgxMode(pgx.QueryExecModeExec)},
+	{"pgx simple protocol", pgxMode(pgx.QueryExecModeSimpleProtocol)},
+	{"database/sql", func(ctx context.Context, w *implicitSetup, id int) error {
+		_, err := w.db.ExecContext(ctx, w.insert(), id)
+		return err
+	}},
+	{"batch without BEGIN", func(ctx context.Context, w *implicitSetup, id int) error {
+		b := &pgx.Batch{}
+		b.Queue(w.insert(), id)
+		b.Queue("update "+w.table+" set v = 1 where id = $1", id)
+		return w.h.pool.SendBatch(ctx, b).Close()
+	}},
+	{"sqlc-style query on the pool", func(ctx context.Context, w *implicitSetup, id int) error {
+		_, err := sqlcQueries{db: w.h.pool}.CreateRow(ctx, w.table, id)
+		return err
+	}},
+}
+
+// pgxMode is the way of pool.Exec in query mode m.
+func pgxMode(m pgx.QueryExecMode) func(ctx context.Context, w *implicitSetup, id int) error {
+	return func(ctx context.Context, w *implicitSetup, id int) error {
+		_, err := w.h.pool.Exec(ctx, w.insert(), m, id)
+		return err
+	}
+}
+
+// sqlcQueries is what sqlc generates for a query, on the pool (its DBTX interface).
+type sqlcQueries struct {
+	db interface {
+		QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+	}
+}
+
+// CreateRow inserts row id and returns it, as a sqlc ":one" query with RETURNING.
+func (q sqlcQueries) CreateRow(ctx context.Context, table string, id int) (int, error) {
+	row := q.db.QueryRow(ctx, "insert into "+table+" (id, k) values ($1, $1) returning id "+implicitText, id)
+	var got int
+	err := row.Scan(&got)
+	return got, err
+}
+
+// implicitSetup is one test's: a harness behind a proxy (one connection), references of
+// mode, a table, and the database/sql handle on the same pool.
+type implicitSetup struct {
+	ctx   context.Context
+	proxy *pgtest.Proxy
+	h     *harness
+	db    *sql.DB
+	table string
+	logs  *bytes.Buffer
+	rec   *reconcile.Reconciler
+}
+
+func newImplicit(t *testing.T, mode string, opts ...Option) *implicitSetup {
+	t.Helper()
+	w := &implicitSetup{ctx: pgtest.ContextFor(t), proxy: pgtest.ProxyFor(t, srv), logs: &bytes.Buffer{}}
+	w.proxy.ImplicitCommits(implicitText)
+	w.table = srv.NewTable(t, w.ctx, tableColumns)
+	opts = append(opts, WithLogger(slog.New(slog.NewJSONHandler(w.logs, nil))))
+	switch mode {
+	case "xid":
+		opts = append(opts, WithCommitReference())
+	case "marker":
+		opts = append(opts, WithCommitMarker(reconciletest.NewMarkerTable(t, w.ctx, srv.Exec)))
+	}
+	w.h = newHarness(t, w.proxy.ConnString(srv.ConnString()), 1, opts...)
+	w.db = stdlib.OpenDBFromPool(w.h.pool)
+	t.Cleanup(func() { _ = w.db.Close() })
+	rec, err := reconcile.New(srv.Pool(t, w.ctx), reconcile.WithWait(20*time.Millisecond, time.Millisecond))
+	if err != nil {
+		t.Fatal(err)
+	}
+	w.rec = rec
+	return w
+}
+
+// insert is the write of row $1.
+func (w *implicitSetup) insert() string {
+	return "insert into " + w.table + " (id, k) values ($1, $1) " + implicitText
+}
+
+// pid is the backend of the pool's one connection.
+func (w *implicitSetup) pid(t *testing.T) uint32 {
+	t.Helper()
+	c, err := w.h.pool.Acquire(w.ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Release()
+	return c.Conn().PgConn().PID()
+}
+
+// implicitFrames returns the spans of implicit transactions' frames (tx.implicit), which
+// are their statements' spans.
+func (h *harness) implicitFrames() []tracetest.SpanStub {
+	var out []tracetest.SpanStub
+	for _, s := range h.exp.GetSpans() {
+		if v, _ := attr(s, ImplicitKey); v.AsBool() {
+			out = append(out, s)
+		}
+	}
+	return out
+}
+
+// implicitFault is a fault of an implicit write: hit runs while the write is on its way
+// (sent, not yet answered), or arms what makes it fail; rows is how many rows of id the
+// table may hold after it (the outcome decides which); want is the outcome.
+type implicitFault struct {
+	name   string
+	arm    func(t *testing.T, w *implicitSetup, id int) // before the write
+	hit    func(t *testing.T, w *implicitSetup, pid uint32)
+	want   outcome.Outcome
+	reason string
+}
+
+var implicitFaults = []implicitFault{
+	{name: "none", want: outcome.OutcomeCommitted, reason: "committed"},
+	{name: "unique violation", arm: func(t *testing.T, w *implicitSetup, id int) {
+		mustOK(t, srv.Exec(w.ctx, fmt.Sprintf("insert into %s (id, k) values (%d, %d)", w.table, id+1, id)))
+	}, want: outcome.OutcomeRolledBack, reason: "constraint_violation"},
+	{name: "proxy cut before the server read it", arm: func(t *testing.T, w *implicitSetup, _ int) { w.proxy.CutBeforeCommit() },
+		want: outcome.OutcomeIndeterminate, reason: "connection_lost"},
+	{name: "proxy cut after the server read it", arm: func(t *testing.T, w *implicitSetup, _ int) { w.proxy.CutAfterCommit() },
+		want: outcome.OutcomeIndeterminate, reason: "connection_lost"},
+	{name: "backend terminated while it waits for a lock", arm: lockRow, hit: func(t *testing.T, w *implicitSetup, pid uint32) {
+		mustOK(t, srv.WaitForWaitEvent(w.ctx, pid, "transactionid"))
+		mustOK(t, srv.Terminate(w.ctx, pid))
+	}, want: outcome.OutcomeIndeterminate, reason: "server_fatal"},
+	{name: "synchronous-replication wait ended early", arm: syncCommit, hit: func(t *testing.T, w *implicitSetup, pid uint32) {
+		mustOK(t, srv.TerminateInSyncRep(w.ctx, pid))
+	}, want: outcome.OutcomeIndeterminate},
+	{name: "backend SIGKILLed in the synchronous-replication wait", arm: syncCommit, hit: func(t *testing.T, w *implicitSetup, pid uint32) {
+		mustOK(t, srv.WaitForWaitEvent(w.ctx, pid, "SyncRep"))
+		mustOK(t, srv.KillBackend(w.ctx, pid))
+	}, want: outcome.OutcomeIndeterminate},
+	{name: "server stopped immediately in the synchronous-replication wait", arm: syncCommit, hit: func(t *testing.T, w *implicitSetup, pid uint32) {
+		mustOK(t, srv.WaitForWaitEvent(w.ctx, pid, "SyncRep"))
+		mustOK(t, srv.StopImmediate())
+		mustOK(t, srv.Restart(w.ctx))
+	}, want: outcome.OutcomeIndeterminate},
+}
+
+// lockRow holds, in a transaction of another session left open until the test ends,
+// row id's key: the write waits for that transaction.
+func lockRow(t *testing.T, w *implicitSetup, id int) {
+	t.Helper()
+	c, err := pgx.Connect(w.ctx, srv.ConnString())
+	mustOK(t, err)
+	tx, err := c.Begin(w.ctx)
+	mustOK(t, err)
+	_, err = tx.Exec(w.ctx, fmt.Sprintf("insert into %s (id, k) values (%d, %d)", w.table, id, id+1))
+	mustOK(t, err)
+	t.Cleanup(func() { _ = tx.Rollback(context.Background()); _ = c.Close(context.Background()) })
+}
+
+// syncCommit makes the pool's connection wait for its synchronous standby at commit,
+// which the test server names and never has.
+func syncCommit(t *testing.T, w *implicitSetup, _ int) {
+	t.Helper()
+	mustOK(t, func() error { _, err := w.h.pool.Exec(w.ctx, "set synchronous_commit = on"); return err }())
+}
+
+func mustOK(t *testing.T, err error) {
+	t.Helper()
+	if err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestImplicitTransactionFaults: on every way an application sends an autocommit write,
+// under each fault, with the references off, the xid and the marker, the write's frame
+// ends with the outcome the evidence proves, on the statement's own span (tx.implicit,
+// its phases, its status: Unset when indeterminate), counted, logged when
+// indeterminate, told to a Verdict; and no outcome contradicts the table: committed has
+// the row, rolled_back has none.
+func TestImplicitTransactionFaults(t *testing.T) {
+	seen := map[string]int{}
+	for _, fault := range implicitFaults {
+		for _, way := range implicitWays {
+			modes := refModes
+			if fault.hit != nil && strings.Contains(fault.name, "synchronous") && way.name != implicitWays[0].name {
+				// The server faults under every way would restart the server 8 times each:
+				// they run on the first way only, whose frames are the same shape.
+				continue
+			}
+			for _, mode := range modes {
+				t.Run(fault.name+"/"+way.name+"/"+mode, func(t *testing.T) {
+					w := newImplicit(t, mode)
+					const id = 1
+					if fault.arm != nil {
+						fault.arm(t, w, id)
+					}
+					pid := w.pid(t)
+					ctx, root := rootSpan(w.ctx, w.h)
+					vctx, v := NewVerdict(ctx)
+					done := make(chan error, 1)
+					go func() { done <- way.write(vctx, w, id) }()
+					if fault.hit != nil {
+						fault.hit(t, w, pid)
+					}
+					werr := <-done
+					root.End()
+					if strings.Contains(fault.name, "proxy cut") || fault.hit != nil {
+						mustOK(t, srv.WaitBackendGone(w.ctx, pid)) // it ran what it read
+					}
+					res, err := v.Result()
+					if err != nil {
+						t.Fatalf("verdict: %v (write: %v)", err, werr)
+					}
+					if res.Outcome() != fault.want {
+						t.Fatalf("verdict %s (%v), want %s; write: %v", res.Outcome(), res, fault.want, werr)
+					}
+					row := srv.CountOf(t, w.ctx, "select count(*) from "+w.table+" where id = $1", id) == 1
+					if fault.name == "backend terminated while it waits for a lock" {
+						row = false // the lock holder's row, not yet committed, is not visible
+					}
+					switch res.Outcome() {
+					case outcome.OutcomeCommitted:
+						if !row {
+							t.Fatal("committed, and the row is not there")
+						}
+					case outcome.OutcomeRolledBack:
+						if row {
+							t.Fatal("rolled back, and the row is there")
+						}
+					}
+					seen[fmt.Sprintf("%s/%s row=%v", fault.name, res.Outcome(), row)]++
+					frames := w.h.implicitFrames()
+					if len(frames) != 1 {
+						t.Fatalf("%d implicit frames, want 1: %v", len(frames), names(w.h.exp.GetSpans()))
+					}
+					f := frames[0]
+					if len(w.h.frames()) != 0 {
+						t.Fatalf("a frame span of its own beside the statement's: %v", names(w.h.frames()))
+					}
+					wantAttr(t, f, string(OutcomeKey), fault.want.String())
+					if fault.reason != "" && fault.want != outcome.OutcomeCommitted {
+						wantAttr(t, f, "error.type", fault.reason)
+					}
+					wantCode := map[outcome.Outcome]codes.Code{outcome.OutcomeCommitted: codes.Ok,
+						outcome.OutcomeRolledBack: codes.Error, outcome.OutcomeIndeterminate: codes.Unset}[fault.want]
+					if f.Status.Code != wantCode {
+						t.Fatalf("status %v, want %v", f.Status.Code, wantCode)
+					}
+					if ev := eventNames(f); len(ev) < 3 || ev[0] != "tx.phase.active" || ev[1] != "tx.phase.committing" {
+						t.Fatalf("events %v", ev)
+					}
+					if fault.want == outcome.OutcomeIndeterminate {
+						if n := strings.Count(w.logs.String(), MessageIndeterminate); n != 1 {
+							t.Fatalf("%d log records, want 1", n)
+						}
+						noRef, _ := attr(f, NoReferenceKey)
+						if (noRef.AsString() == "implicit") != (mode != "off") {
+							t.Fatalf("mode %s: no_reference %q", mode, noRef.AsString())
+						}
+					}
+					counts := w.h.sums(t, w.ctx, metricTransactions, OutcomeKey, ImplicitKey)
+					if n := counts["tx.outcome="+fault.want.String()+",tx.implicit=true"]; n != 1 {
+						t.Fatalf("counted %v, want one implicit %s", nonZero(counts), fault.want)
+					}
+				})
+			}
+		}
+	}
+	for k, n := range seen {
+		t.Logf("%s: %d", k, n)
+	}
+}
+
+// TestImplicitRetry: Retry around attempts of autocommit writes never applies one twice:
+// a cut before or after the server read the write leaves it indeterminate and not run
+// again (no reference can settle it: 1 attempt); a serialization failure is run again;
+// an attempt that committed one write and then failed is committed_with_post_commit_failure,
+// not run again.
+func TestImplicitRetry(t *testing.T) {
+	for _, cut := range []string{"before", "after"} {
+		t.Run("cut "+cut, func(t *testing.T) {
+			w := newImplicit(t, "xid")
+			attempts := 0
+			res, err := Retry(w.ctx, 3, func(ctx context.Context) error {
+				attempts++
+				if attempts == 1 {
+					if cut == "after" {
+						w.proxy.CutAfterCommit()
+					} else {
+						w.proxy.CutBeforeCommit()
+					}
+				}
+				pid := w.pid(t)
+				_, err := w.h.pool.Exec(ctx, w.insert(), 1)
+				if attempts == 1 {
+					mustOK(t, srv.WaitBackendGone(w.ctx, pid))
+				}
+				return err
+			}, WithReconciler(w.rec), WithReconcileWait(0))
+			if attempts != 1 {
+				t.Fatalf("%d attempts, want 1 (%T %v)", attempts, res, err)
+			}
+			if _, ok := res.(outcome.Indeterminate[struct{}]); !ok {
+				t.Fatalf("%T %v, want Indeterminate", res, err)
+			}
+			n := srv.CountOf(t, w.ctx, "select count(*) from "+w.table)
+			if want := map[string]int{"before": 0, "after": 1}[cut]; n != want {
+				t.Fatalf("%d rows, want %d", n, want)
+			}
+		})
+	}
+	t.Run("commit then a failure", func(t *testing.T) {
+		w := newImplicit(t, "off")
+		attempts := 0
+		res, err := Retry(w.ctx, 3, func(ctx context.Context) error {
+			attempts++
+			if _, err := w.h.pool.Exec(ctx, w.insert(), 1); err != nil {
+				return err
+			}
+			_, err := w.h.pool.Exec(ctx, w.insert(), 1) // a unique violation
+			return err
+		})
+		if attempts != 1 || res.Outcome() != outcome.OutcomeCommittedWithPostCommitFailure {
+			t.Fatalf("%d attempts, %T %v: want 1, committed_with_post_commit_failure", attempts, res, err)
+		}
+		var pgErr *pgconn.PgError
+		if r := res.(outcome.CommittedWithPostCommitFailure[struct{}]); !errors.As(r.Failure(), &pgErr) || pgErr.Code != "23505" {
+			t.Fatalf("failure %v, want the unique violation", r.Failure())
+		}
+		if n := srv.CountOf(t, w.ctx, "select count(*) from "+w.table); n != 1 {
+			t.Fatalf("%d rows, want 1", n)
+		}
+	})
+	t.Run("serialization failure run again", func(t *testing.T) {
+		w := newImplicit(t, "off")
+		attempts := 0
+		res, err := Retry(w.ctx, 3, func(ctx context.Context) error {
+			attempts++
+			if attempts == 1 {
+				// The server's own 40001, raised by the statement itself.
+				_, err := w.h.pool.Exec(ctx, "do $$ begin raise exception using errcode = 'serialization_failure', message = 'retry me'; end $$ "+implicitText)
+				return err
+			}
+			_, err := w.h.pool.Exec(ctx, w.insert(), 1)
+			return err
+		})
+		if attempts != 2 || res.Outcome() != outcome.OutcomeCommitted || err != nil {
+			t.Fatalf("%d attempts, %T %v: want 2, committed", attempts, res, err)
+		}
+		if n := srv.CountOf(t, w.ctx, "select count(*) from "+w.table); n != 1 {
+			t.Fatalf("%d rows, want 1", n)
+		}
+	})
+}
+
+// TestImplicitClientFailureAfterCommit: a sqlc-style query whose reply came whole, clean,
+// but whose Scan failed in the client: the implicit transaction committed (PostgreSQL
+// answered it without an error and went idle), so the frame is
+// committed_with_post_commit_failure, the row there; the Verdict says so.
+func TestImplicitClientFailureAfterCommit(t *testing.T) {
+	w := newImplicit(t, "off")
+	vctx, v := NewVerdict(w.ctx)
+	var wrong []string // an int does not scan into a slice of strings
+	err := w.h.pool.QueryRow(vctx, "insert into "+w.table+" (id, k) values (1, 1) returning id "+implicitText).Scan(&wrong)
+	if err == nil {
+		t.Fatal("the scan succeeded")
+	}
+	res, verr := v.Result()
+	if verr != nil || res.Outcome() != outcome.OutcomeCommittedWithPostCommitFailure {
+		t.Fatalf("%T %v, want committed_with_post_commit_failure", res, verr)
+	}
+	if !srv.RowExists(t, w.ctx, w.table, 1) {
+		t.Fatal("the row is not there")
+	}
+}
+
+// TestImplicitReadsAndFilter: reads sent idle are no frames; WithImplicitFilter leaves
+// out the writes it rejects; statements that cannot run in a transaction block run as
+// without the library.
+func TestImplicitReadsAndFilter(t *testing.T) {
+	w := newImplicit(t, "off", WithImplicitFilter(func(_ context.Context, sql string) bool { return !strings.Contains(sql, "skip me") }))
+	ctx, root := rootSpan(w.ctx, w.h)
+	mustExec(t, ctx, w.h.pool, "select 1", "show server_version", "set application_name = 'x'")
+	if _, err := w.h.pool.Exec(ctx, "insert into "+w.table+" (id, k) values (1, 1) /* skip me */"); err != nil {
+		t.Fatal(err)
+	}
+	mustExec(t, ctx, w.h.pool, "vacuum "+w.table, "create index concurrently on "+w.table+" (v)")
+	root.End()
+	frames := w.h.implicitFrames()
+	if len(frames) != 2 {
+		t.Fatalf("%d implicit frames, want 2 (vacuum, create index): %v", len(frames), names(frames))
+	}
+	for _, f := range frames {
+		wantAttr(t, f, string(OutcomeKey), "committed")
+	}
+}
