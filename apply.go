@@ -174,6 +174,9 @@ func (t *core) startFrame(ctx context.Context, conn *pgx.Conn, st *connState, b 
 	}
 	if f.asked = verdictFrom(ctx); f.asked != nil {
 		f.asked.began()
+		if f.attemptNo == 0 {
+			f.attemptNo = f.asked.attempt // a Retry attempt's
+		}
 	}
 	t.apply(st, f, st.ev.Start(f, b), nil)
 	return f

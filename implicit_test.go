@@ -435,3 +435,102 @@ func TestImplicitReadsAndFilter(t *testing.T) {
 		wantAttr(t, f, string(OutcomeKey), "committed")
 	}
 }
+
+// TestRetryOneTrace: a Retry call is one trace: the otelpgxtx.retry span (from the
+// provider of the span in its context) is the ancestor of every attempt's frames, which
+// carry tx.attempt; each attempt is an event with its outcome, the settling of the
+// indeterminate one an event with the reconciler's answer; the span ends with the call's
+// outcome. Here the first attempt's COMMIT is cut before the server read it (settled
+// aborted by the xid), the second commits, and an autocommit write of each attempt is a
+// frame of the same trace.
+func TestRetryOneTrace(t *testing.T) {
+	w := newImplicit(t, "xid")
+	ctx, root := rootSpan(w.ctx, w.h)
+	attempts := 0
+	res, err := Retry(ctx, 3, func(ctx context.Context) error {
+		attempts++
+		if _, err := w.h.pool.Exec(ctx, "insert into "+w.table+" (id, k) values ($1, $1)", 100+attempts); err != nil {
+			return err
+		}
+		if attempts == 1 {
+			w.proxy.CutBeforeCommit()
+		}
+		return pgx.BeginFunc(ctx, w.h.pool, func(tx pgx.Tx) error {
+			_, err := tx.Exec(ctx, "insert into "+w.table+" (id, k) values (1, 1)")
+			return err
+		})
+	}, WithReconciler(w.rec), WithReconcileWait(5*time.Second))
+	root.End()
+	// The first attempt committed its autocommit write, then its transaction's commit
+	// was lost; settled aborted, beside a commit: committed_with_post_commit_failure,
+	// never run again.
+	if attempts != 1 || res.Outcome() != outcome.OutcomeCommittedWithPostCommitFailure {
+		t.Fatalf("%d attempts, %T %v: want 1, committed_with_post_commit_failure", attempts, res, err)
+	}
+	var retry tracetest.SpanStub
+	for _, s := range w.h.exp.GetSpans() {
+		if s.Name == spanNameRetry {
+			retry = s
+		}
+	}
+	if retry.Name == "" {
+		t.Fatalf("no %s span: %v", spanNameRetry, names(w.h.exp.GetSpans()))
+	}
+	if retry.Parent.SpanID() != root.SpanContext().SpanID() {
+		t.Fatal("the Retry span is not the caller's span's child")
+	}
+	frames := append(w.h.frames(), w.h.implicitFrames()...)
+	if len(frames) != 2 {
+		t.Fatalf("%d frames, want 2", len(frames))
+	}
+	for _, f := range frames {
+		if f.SpanContext.TraceID() != retry.SpanContext.TraceID() {
+			t.Fatal("a frame of another trace")
+		}
+		wantAttr(t, f, string(AttemptKey), "1")
+	}
+	wantEvents(t, retry, eventRetryAttempt, eventRetrySettled)
+	wantAttr(t, retry, string(OutcomeKey), "committed_with_post_commit_failure")
+	if n := srv.CountOf(t, w.ctx, "select count(*) from "+w.table); n != 1 {
+		t.Fatalf("%d rows, want 1: the autocommit write once", n)
+	}
+
+	// Alone, the lost commit is settled aborted, and the attempt runs again.
+	w.h.exp.Reset()
+	attempts = 0
+	ctx, root = rootSpan(w.ctx, w.h)
+	res, err = Retry(ctx, 3, func(ctx context.Context) error {
+		attempts++
+		if attempts == 1 {
+			w.proxy.CutBeforeCommit()
+		}
+		return pgx.BeginFunc(ctx, w.h.pool, func(tx pgx.Tx) error {
+			_, err := tx.Exec(ctx, "insert into "+w.table+" (id, k) values (2, 2)")
+			return err
+		})
+	}, WithReconciler(w.rec), WithReconcileWait(5*time.Second))
+	root.End()
+	if attempts != 2 || res.Outcome() != outcome.OutcomeCommitted || err != nil {
+		t.Fatalf("%d attempts, %T %v: want 2, committed", attempts, res, err)
+	}
+	for _, s := range w.h.exp.GetSpans() {
+		if s.Name == spanNameRetry {
+			retry = s
+		}
+	}
+	wantEvents(t, retry, eventRetryAttempt, eventRetrySettled, eventRetryAttempt)
+	if v, _ := attr(tracetest.SpanStub{Attributes: retry.Events[1].Attributes}, ResolvedOutcomeKey); v.AsString() != "aborted" {
+		t.Fatalf("settled %v, want aborted", retry.Events[1].Attributes)
+	}
+	wantAttr(t, retry, string(OutcomeKey), "committed")
+	wantAttr(t, retry, string(AttemptKey), "2")
+	if retry.Status.Code != codes.Ok {
+		t.Fatalf("status %v", retry.Status.Code)
+	}
+	for i, f := range w.h.frames() {
+		wantAttr(t, f, string(AttemptKey), fmt.Sprint(i+1))
+		if f.SpanContext.TraceID() != retry.SpanContext.TraceID() {
+			t.Fatal("a frame of another trace")
+		}
+	}
+}

@@ -5,6 +5,11 @@ import (
 	"errors"
 	"time"
 
+	"go.opentelemetry.io/otel"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/trace"
+
 	"github.com/txevidence/otelpgxtx/outcome"
 	"github.com/txevidence/otelpgxtx/reconcile"
 )
@@ -45,6 +50,19 @@ import (
 // [ErrNoVerdict] and attempt's error, if any. A nil ctx or attempt, maxAttempts below 1,
 // or a refused option is an error wrapping [ErrInvalidArgument]; attempt is not called.
 //
+// A Retry call is one trace: its span (otelpgxtx.retry, from the tracer provider of the
+// span in ctx, else the global one) is the parent of every attempt's transactions, each
+// attempt an event of it with its outcome, the settling of an indeterminate one another,
+// and it ends with the call's tx.outcome. The attempts' frames carry tx.attempt.
+//
+// An attempt may make several transactions: autocommit writes (each an implicit
+// transaction), transactions one after another. Its verdict is theirs together (see
+// [Verdict]): it is run again only when every one of them is a proven, retryable
+// rollback; one that committed before another failed makes the attempt
+// CommittedWithPostCommitFailure, never run again; and an indeterminate one is settled
+// only when it is the only thing of the attempt not known (a proven abort of it beside a
+// commit is CommittedWithPostCommitFailure).
+//
 // Retry is not an executor: the caller's code begins and ends its transaction as before.
 // [Run] is the executor, with propagation, isolation and post-commit work; use it where
 // the code can change.
@@ -67,20 +85,108 @@ func Retry(ctx context.Context, maxAttempts int, attempt func(ctx context.Contex
 		return nil, cfg.err
 	}
 	p := DefaultPolicy()
+	ctx, span := retryTracer(ctx).Start(ctx, spanNameRetry, trace.WithSpanKind(trace.SpanKindInternal))
 	for n := 1; ; n++ {
 		vctx, v := NewVerdict(ctx)
+		v.attempt = n
 		err := attempt(vctx)
 		res, verr := v.Result()
+		retryAttemptEvent(span, n, res, verr)
 		if verr != nil {
+			endRetrySpan(span, n, nil)
 			return nil, errors.Join(err, verr)
 		}
-		if ind, ok := res.(outcome.Indeterminate[struct{}]); ok && cfg.rec != nil && v.settleable() {
-			res, err = cfg.settle(ctx, ind, v.pending(), err)
+		if ind, ok := res.(outcome.Indeterminate[struct{}]); ok && cfg.rec != nil {
+			if one, committed := v.settleable(); one {
+				res, err = cfg.settle(ctx, ind, v.pending(), err)
+				retrySettledEvent(span, res)
+				if r, ok := res.(outcome.DeterminateRollback[struct{}]); ok && committed != nil {
+					// Another transaction of the attempt committed: its work is in the
+					// database, whatever became of this one.
+					res, _ = outcome.NewCommittedWithPostCommitFailure(*committed, struct{}{}, r.Cause())
+				}
+			}
 		}
 		if !shouldRetry(ctx, Policy{MaxAttempts: maxAttempts}, res, n) || !waitBackoff(ctx, p, n) {
+			endRetrySpan(span, n, res)
 			return res, err
 		}
 	}
+}
+
+// retryTracer is the tracer of Retry's span: from the provider of the span in ctx (the
+// application's, that its request's span came from), else the global one.
+func retryTracer(ctx context.Context) trace.Tracer {
+	tp := otel.GetTracerProvider()
+	if s := trace.SpanFromContext(ctx); s.SpanContext().IsValid() {
+		tp = s.TracerProvider()
+	}
+	return tp.Tracer(ScopeName, trace.WithInstrumentationVersion(Version()))
+}
+
+// retryAttemptEvent records attempt n's end on the Retry span: its verdict res, or verr.
+func retryAttemptEvent(span trace.Span, n int, res outcome.Result[struct{}], verr error) {
+	if !span.IsRecording() {
+		return
+	}
+	attrs := []attribute.KeyValue{AttemptKey.Int(n)}
+	if verr != nil {
+		attrs = append(attrs, errorTypeKey.String("no_verdict"))
+	} else {
+		attrs = append(attrs, OutcomeKey.String(res.Outcome().String()), OperationIDKey.String(res.OperationID().String()))
+	}
+	span.AddEvent(eventRetryAttempt, trace.WithAttributes(attrs...))
+}
+
+// retrySettledEvent records on the Retry span what settling an indeterminate attempt
+// answered: res, committed, a rollback (aborted, no_writes), or still indeterminate
+// with the reconciler's answer in its cause.
+func retrySettledEvent(span trace.Span, res outcome.Result[struct{}]) {
+	if !span.IsRecording() {
+		return
+	}
+	status, reason := reconcile.Unknown, ""
+	switch r := res.(type) {
+	case outcome.Committed[struct{}]:
+		status = reconcile.Committed
+	case outcome.DeterminateRollback[struct{}]:
+		status = reconcile.Aborted
+		if ae, ok := errors.AsType[*reconcile.AnswerError](r.Cause()); ok {
+			status = ae.Answer.Status()
+		}
+	case outcome.Indeterminate[struct{}]:
+		if ae, ok := errors.AsType[*reconcile.AnswerError](r.Cause()); ok {
+			reason = ae.Answer.Reason()
+		}
+	}
+	attrs := []attribute.KeyValue{ResolvedOutcomeKey.String(status.String())}
+	if reason != "" {
+		attrs = append(attrs, errorTypeKey.String(reason))
+	}
+	span.AddEvent(eventRetrySettled, trace.WithAttributes(attrs...))
+}
+
+// endRetrySpan ends the Retry span after n attempts with the call's verdict res (nil:
+// none): Ok when committed, Error for a rollback or no verdict, Unset when it stays
+// unknown or participating — the rule of the frame spans.
+func endRetrySpan(span trace.Span, n int, res outcome.Result[struct{}]) {
+	if span.IsRecording() {
+		span.SetAttributes(AttemptKey.Int(n))
+		switch {
+		case res == nil:
+			span.SetAttributes(errorTypeKey.String("no_verdict"))
+			span.SetStatus(codes.Error, "no verdict")
+		default:
+			span.SetAttributes(OutcomeKey.String(res.Outcome().String()))
+			switch res.Outcome() {
+			case outcome.OutcomeCommitted, outcome.OutcomeCommittedWithPostCommitFailure:
+				span.SetStatus(codes.Ok, "")
+			case outcome.OutcomeRolledBack:
+				span.SetStatus(codes.Error, statusDescriptionRolledBack)
+			}
+		}
+	}
+	span.End()
 }
 
 // RetryOption configures [Retry]: [WithReconciler], [WithReconcileWait].

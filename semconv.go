@@ -129,6 +129,22 @@ const (
 // transaction to its settled outcome picks that span out by its name.
 const SpanNameReconcile = schema.SpanNameReconcile
 
+// spanNameRetry is the span of one [Retry] call: its attempts' frames are its
+// descendants, each attempt an event (eventRetryAttempt), the settling of an
+// indeterminate one an event (eventRetrySettled); it ends with the call's tx.outcome.
+const spanNameRetry = "otelpgxtx.retry"
+
+// Events of the Retry span.
+const (
+	// eventRetryAttempt: one call of the attempt function ended, with tx.attempt, the
+	// attempt's tx.outcome (error.type when the tracer had no verdict) and its
+	// tx.operation_id.
+	eventRetryAttempt = "tx.retry.attempt"
+	// eventRetrySettled: the attempt's indeterminate outcome was settled, with
+	// tx.outcome.resolved and, when unknown, error.type (the reason).
+	eventRetrySettled = "tx.retry.settled"
+)
+
 // spanNamePostCommit is the child span of a frame that runs its post-commit hooks; it is
 // reached through its frame, so its name is not exported.
 const spanNamePostCommit = "tx.post_commit"

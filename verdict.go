@@ -66,6 +66,9 @@ type Verdict struct {
 	d   verdictData
 	// earlier is what the transactions told before the last one left (see fold).
 	earlier earlierFrames
+	// attempt is the Retry attempt the Verdict is of (from 1), 0 outside Retry: the
+	// frames begun with its context carry it as tx.attempt. Set before it is shared.
+	attempt int
 }
 
 // earlierFrames is what the transactions a Verdict was told of before its last one
@@ -210,10 +213,10 @@ func (e *earlierFrames) with(d *verdictData) outcome.Result[struct{}] {
 }
 
 // settleable reports whether the attempt's answer, indeterminate, is the only thing of
-// it not known: one transaction whose commit is unknown, none committed. Settling it
-// then answers for the attempt; else a proven abort of that one would prove nothing of
-// the rest.
-func (v *Verdict) settleable() bool {
+// it not known — one transaction whose commit is unknown —, so that settling it answers
+// for the attempt; and, if another of its transactions committed, that one's id: then
+// a proven abort of the unknown one leaves a commit with a failure after it, no rollback.
+func (v *Verdict) settleable() (ok bool, committed *outcome.OperationID) {
 	v.mu.Lock()
 	defer v.mu.Unlock()
 	e := v.earlier
@@ -221,7 +224,11 @@ func (v *Verdict) settleable() bool {
 	if v.d.outcome == outcome.OutcomeIndeterminate {
 		unknowns++
 	}
-	return unknowns == 1 && !e.committed
+	if e.committed {
+		id := e.committedID
+		committed = &id
+	}
+	return unknowns == 1, committed
 }
 
 // result is d's verdict as a Result.
