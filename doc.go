@@ -27,6 +27,11 @@
 //
 //   - frame: one physical transaction as the instrumentation sees it — its span, its
 //     phases, what came of it; frames nest when an outer transaction is suspended.
+//   - implicit transaction: a write sent outside a transaction block (pool.Exec, a sqlc
+//     query on the pool, database/sql's ExecContext, a batch or CopyFrom without BEGIN),
+//     which PostgreSQL commits as soon as it has run: a frame whose span is its
+//     statement's (tx.implicit). "Implicit prepare" is another thing: pgx's prepare of a
+//     statement inside a query.
 //   - phase: where the frame's evidence stands: not_started, active, committing, then
 //     committed, rolled_back or unknown ([outcome.Phase]).
 //   - evidence: what the client observed of an ending: committed, rolled back or unknown
@@ -61,7 +66,9 @@
 // examples/quickstart is a whole program).
 //
 // Every Begin … Commit becomes a frame span, with the statement spans of the inner tracer
-// (otelpgx by default) as its children; BEGIN, COMMIT, ROLLBACK and the savepoint
+// (otelpgx by default) as its children, and every autocommit write an implicit
+// transaction's frame, recorded on its statement's own span (no span more: see "Implicit
+// transactions"); BEGIN, COMMIT, ROLLBACK and the savepoint
 // statements are events of the frame, not spans of their own, unless [WithInnerSpans] asks
 // for their spans (see "Statements as events"). The tracer sends nothing of its own on a
 // plain pgx connection, unless asked for commit references ([WithCommitReference],
@@ -127,6 +134,22 @@
 // the server itself cannot tell whether it completed, and it may have been the commit),
 // after which the frame is committing from that answer and unknown.
 //
+// # Implicit transactions
+//
+// A statement that may write (INSERT, UPDATE, DELETE, MERGE, DDL, COPY, CALL, DO,
+// SELECT … FOR UPDATE or INTO), sent while the session is idle, is a transaction of its
+// own, committed by the server at the Sync after it (a batch without BEGIN is one, up to
+// its one Sync). Its frame is committing from the moment the statement is handed over and
+// ends with its reply, judged as a COMMIT's reply is (docs/classifier.md). With the default
+// otelpgx inner tracer the frame has no span of its own: the statement's span carries its
+// phase events, tx.outcome, tx.implicit=true, tx.operation_id and its status (Unset when
+// indeterminate, where otelpgx alone would say Error). Where otelpgx starts no span (no
+// recording parent), the frame has none either; with a tracer of the application's it has
+// a span of its own. Reads make no frame. The metrics count implicit transactions with
+// tx.implicit=true, the log record and a [Verdict] cover them, and [WithImplicitFilter]
+// leaves out those it rejects. They carry no reference yet
+// (tx.reconciliation.no_reference=implicit): docs/reconciliation.md.
+//
 // # Span schema
 //
 // One span per frame, of kind INTERNAL (see "Span kind" below), named "transaction"
@@ -145,6 +168,8 @@
 //   - tx.reconciliation.ref, tx.reconciliation.xid: the reference taken before COMMIT;
 //   - tx.commit.committed_locally: the server said the commit is in its local WAL but its
 //     synchronous replication was not confirmed;
+//   - tx.implicit ([ImplicitKey]): true on an implicit transaction's frame (its span is
+//     its statement's);
 //   - tx.prepared ([PreparedKey]): true on a frame whose transaction was prepared
 //     (PREPARE TRANSACTION), whose outcome is participating: it waits for its coordinator;
 //   - tx.retryable: on rolled-back frames;

@@ -163,6 +163,11 @@ var implicitFaults = []implicitFault{
 	{name: "unique violation", arm: func(t *testing.T, w *implicitSetup, id int) {
 		mustOK(t, srv.Exec(w.ctx, fmt.Sprintf("insert into %s (id, k) values (%d, %d)", w.table, id+1, id)))
 	}, want: outcome.OutcomeRolledBack, reason: "constraint_violation"},
+	{name: "backend terminated while idle", arm: func(t *testing.T, w *implicitSetup, _ int) {
+		pid := w.pid(t)
+		mustOK(t, srv.Terminate(w.ctx, pid))
+		mustOK(t, srv.WaitBackendGone(w.ctx, pid)) // its FATAL waits in the socket
+	}, want: outcome.OutcomeRolledBack, reason: "session_ended_before_commit"},
 	{name: "proxy cut before the server read it", arm: func(t *testing.T, w *implicitSetup, _ int) { w.proxy.CutBeforeCommit() },
 		want: outcome.OutcomeIndeterminate, reason: "connection_lost"},
 	{name: "proxy cut after the server read it", arm: func(t *testing.T, w *implicitSetup, _ int) { w.proxy.CutAfterCommit() },
