@@ -18,6 +18,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/txevidence/otelpgxtx/internal/reference"
 	"github.com/txevidence/otelpgxtx/outcome"
@@ -26,8 +27,10 @@ import (
 
 // TestWireUnchangedByInstrumentation records the whole conversation of plain pgx use of
 // a pool — connect, queries, a committed and a rolled-back transaction, a batch, a
-// prepared statement, close — with and without InstrumentPool: the client's bytes are
-// identical, and so is the sequence of the server's message types.
+// prepared statement, autocommit writes (implicit transactions, each a frame: pool.Exec in
+// two query modes, an INSERT … RETURNING, a batch of writes, a unique violation,
+// CopyFrom), close — with and without InstrumentPool: the client's bytes are identical,
+// and so is the sequence of the server's message types.
 func TestWireUnchangedByInstrumentation(t *testing.T) {
 	plainClient, plainServer := recordPlainUse(t, false)
 	instrClient, instrServer := recordPlainUse(t, true)
@@ -47,6 +50,8 @@ func recordPlainUse(t *testing.T, instrument bool) (client, serverTypes []byte) 
 	ctx := pgtest.ContextFor(t)
 	proxy := pgtest.ProxyFor(t, srv)
 	rec := proxy.Record()
+	const table = "wire_autocommit"
+	srv.FreshTable(t, ctx, table, "id int primary key, v text")
 	cfg, err := pgxpool.ParseConfig(proxy.ConnString(srv.ConnString()))
 	if err != nil {
 		t.Fatal(err)
@@ -60,6 +65,9 @@ func recordPlainUse(t *testing.T, instrument bool) (client, serverTypes []byte) 
 		if _, err := InstrumentPool(cfg, WithTracerProvider(tp)); err != nil {
 			t.Fatal(err)
 		}
+		var root trace.Span
+		ctx, root = tp.Tracer("test").Start(ctx, "root") // otelpgx records under a recording parent
+		defer root.End()
 	}
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
@@ -97,6 +105,28 @@ func recordPlainUse(t *testing.T, instrument bool) (client, serverTypes []byte) 
 		if err := pool.SendBatch(ctx, b).Close(); err != nil {
 			t.Fatal(err)
 		}
+		// Autocommit writes: implicit transactions.
+		if _, err := pool.Exec(ctx, "insert into "+table+" values ($1, $2)", 1, "a"); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := pool.Exec(ctx, "insert into "+table+" values ($1, $2)", pgx.QueryExecModeSimpleProtocol, 2, "b"); err != nil {
+			t.Fatal(err)
+		}
+		if err := pool.QueryRow(ctx, "insert into "+table+" values ($1, 'c') returning id", 3).Scan(&n); err != nil || n != 3 {
+			t.Fatalf("insert returning: %d %v", n, err)
+		}
+		wb := &pgx.Batch{}
+		wb.Queue("insert into "+table+" values ($1, 'd')", 4)
+		wb.Queue("update "+table+" set v = 'e' where id = $1", 4)
+		if err := pool.SendBatch(ctx, wb).Close(); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := pool.Exec(ctx, "insert into "+table+" values ($1, 'dup')", 1); err == nil {
+			t.Fatal("a duplicate key was inserted")
+		}
+		if _, err := pool.CopyFrom(ctx, pgx.Identifier{table}, []string{"id", "v"}, pgx.CopyFromRows([][]any{{5, "f"}})); err != nil {
+			t.Fatal(err)
+		}
 		conn, err := pool.Acquire(ctx)
 		if err != nil {
 			t.Fatal(err)
@@ -111,6 +141,18 @@ func recordPlainUse(t *testing.T, instrument bool) (client, serverTypes []byte) 
 	}()
 	if instrument && len(exp.GetSpans()) == 0 {
 		t.Fatal("the instrumented pool recorded no span: the comparison would prove nothing")
+	}
+	// The 6 autocommit writes, and the prepared statement run by its name, "ps": pgx hands
+	// the tracer the name, which says nothing of what it runs, so it may write.
+	if implicit := countImplicit(exp.GetSpans()); instrument && implicit != 7 {
+		var got []string
+		for _, sp := range exp.GetSpans() {
+			if v, _ := attr(sp, ImplicitKey); v.AsBool() {
+				q, _ := attr(sp, "db.query.text")
+				got = append(got, sp.Name+": "+q.AsString())
+			}
+		}
+		t.Fatalf("%d implicit transactions' frames, want 7: %q", implicit, got)
 	}
 	convs := rec.Conversations()
 	if len(convs) != 1 {
@@ -479,4 +521,15 @@ func TestIdentityReadWithEndedContext(t *testing.T) {
 	if !connStateOf(conn).refs.Known() {
 		t.Fatal("identity not read")
 	}
+}
+
+// countImplicit counts the spans of implicit transactions' frames.
+func countImplicit(spans tracetest.SpanStubs) int {
+	n := 0
+	for _, s := range spans {
+		if v, _ := attr(s, ImplicitKey); v.AsBool() {
+			n++
+		}
+	}
+	return n
 }
