@@ -296,8 +296,8 @@ func TestImplicitTransactionFaults(t *testing.T) {
 						t.Fatalf("events %v", ev)
 					}
 					if fault.want == outcome.OutcomeIndeterminate {
-						if n := strings.Count(w.logs.String(), MessageIndeterminate); n != 1 {
-							t.Fatalf("%d log records, want 1", n)
+						if n := strings.Count(w.logs.String(), MessageIndeterminate); n != 1 || !strings.Contains(w.logs.String(), `"tx.implicit":true`) {
+							t.Fatalf("%d log records, want 1, with tx.implicit: %s", n, w.logs)
 						}
 						noRef, _ := attr(f, NoReferenceKey)
 						if (noRef.AsString() == "implicit") != (mode != "off") {

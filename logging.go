@@ -26,6 +26,9 @@ func (t *core) logIndeterminate(e *ending) {
 	if e.committedLocally {
 		attrs = append(attrs, slog.Bool(string(CommittedLocallyKey), true))
 	}
+	if e.implicit {
+		attrs = append(attrs, slog.Bool(string(ImplicitKey), true))
+	}
 	t.cfg.logger().LogAttrs(context.Background(), slog.LevelWarn, MessageIndeterminate, attrs...)
 }
 

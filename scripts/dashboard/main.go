@@ -92,8 +92,8 @@ func quantiles(histogram string, by ...string) []query {
 var rows = []row{
 	{"Transactions", []panel{
 		{title: "Transactions by outcome", width: 12, stacked: true, unit: "ops",
-			description: "Physical transactions (frames) ending per second, by tx.outcome; rolled_back split by tx.rollback: deliberate (the application's own Rollback(), not an error) or failure.",
-			queries:     []query{{`sum by (tx_outcome, tx_rollback) (rate(otelpgxtx_transactions_total{` + sel + `}[$__rate_interval]))`, "{{tx_outcome}} {{tx_rollback}}"}},
+			description: "Physical transactions (frames) ending per second, by tx.outcome; rolled_back split by tx.rollback: deliberate (the application's own Rollback(), not an error) or failure; implicit ones (autocommit writes: tx.implicit) apart from BEGIN … COMMIT.",
+			queries:     []query{{`sum by (tx_outcome, tx_rollback, tx_implicit) (rate(otelpgxtx_transactions_total{` + sel + `}[$__rate_interval]))`, "{{tx_outcome}} {{tx_rollback}} implicit={{tx_implicit}}"}},
 			alerts:      []string{"TransactionRollbackRateHigh", "TransactionPostCommitFailure"}},
 		{title: "Failed rollbacks, share of transactions", width: 6, unit: "percentunit",
 			description: "Transactions rolled back because something failed, of all that ended, over 5 minutes: what TransactionRollbackRateHigh pages on above 20 %. Deliberate rollbacks are not counted.",
@@ -105,7 +105,7 @@ var rows = []row{
 	}},
 	{"Indeterminate commits and reconciliation", []panel{
 		{title: "Indeterminate commits", width: 6, single: true, unit: "short",
-			description: "COMMITs whose outcome the client could not observe, in the time range (increase() extrapolates over the range: rounded). Never replay one: reconciliation settles it.",
+			description: "Commits whose outcome the client could not observe — a COMMIT's, or an autocommit write's (tx.implicit) —, in the time range (increase() extrapolates over the range: rounded). Never replay one: reconciliation settles it.",
 			queries:     []query{{`round(sum(increase(otelpgxtx_transactions_total{tx_outcome="indeterminate", ` + sel + `}[$__range])))`, "indeterminate"}},
 			alerts:      []string{"TransactionCommitIndeterminate", "TransactionIndeterminateRateHigh"}},
 		{title: "Still unresolved", width: 6, single: true, unit: "short",
