@@ -7,6 +7,9 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math/rand/v2"
+	"os"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -537,5 +540,140 @@ func TestRetryOneTrace(t *testing.T) {
 		if f.SpanContext.TraceID() != retry.SpanContext.TraceID() {
 			t.Fatal("a frame of another trace")
 		}
+	}
+}
+
+// TestImplicitInterplayModel: seeded, replayable sequences that mix on one pool what an
+// application does — autocommit writes in every way, transactions committed and rolled
+// back, reads, a proxy cut before or after a write's or a COMMIT's reaches the server —
+// each step made with a Verdict of its own. After each step: every frame ended (no idle
+// connection holds one), each transaction's outcome agrees with its rows (committed: all
+// there; rolled back: none), and the step's Verdict is the attempt algebra's answer over
+// its transactions. OTELPGXTX_IMPLICIT_SEED replays a sequence.
+func TestImplicitInterplayModel(t *testing.T) {
+	seed := uint64(time.Now().UnixNano())
+	if s := os.Getenv("OTELPGXTX_IMPLICIT_SEED"); s != "" {
+		n, err := strconv.ParseUint(s, 10, 64)
+		if err != nil {
+			t.Fatalf("OTELPGXTX_IMPLICIT_SEED=%q: want an unsigned integer", s)
+		}
+		seed = n
+	}
+	t.Logf("seed %d (OTELPGXTX_IMPLICIT_SEED replays it)", seed)
+	r := rand.New(rand.NewPCG(seed, 0))
+	w := newImplicit(t, "off")
+	id := 0
+	seen := map[string]int{}
+	for step := range 40 {
+		vctx, v := NewVerdict(w.ctx)
+		type txn struct {
+			ids []int
+			o   outcome.Outcome
+		}
+		var txns []txn
+		kind := r.IntN(4)
+		commit := r.IntN(3) > 0
+		cut := ""
+		// A cut only where a write or a COMMIT will pass the proxy, so that it fires.
+		if r.IntN(5) == 0 && (kind < 2 || kind == 2 && commit) {
+			cut = []string{"before", "after"}[r.IntN(2)]
+			if cut == "before" {
+				w.proxy.CutBeforeCommit()
+			} else {
+				w.proxy.CutAfterCommit()
+			}
+		}
+		pid := w.pid(t)
+		cuts := w.proxy.Cuts()
+		var err error
+		switch kind {
+		case 0: // an autocommit write, in a random way
+			id++
+			way := implicitWays[r.IntN(len(implicitWays))]
+			err = way.write(vctx, w, id)
+			txns = append(txns, txn{ids: []int{id}})
+			seen["autocommit "+way.name]++
+		case 1: // two autocommit writes, the second a duplicate of the first one's key half the time
+			id += 2
+			first, second := id-1, id
+			if r.IntN(2) == 0 {
+				second = first
+			}
+			_, err = w.h.pool.Exec(vctx, w.insert(), first)
+			txns = append(txns, txn{ids: []int{first}})
+			if err == nil {
+				_, err = w.h.pool.Exec(vctx, w.insert(), second)
+				if second != first {
+					txns = append(txns, txn{ids: []int{second}})
+				} else {
+					txns = append(txns, txn{})
+				}
+			}
+			seen["two autocommit writes"]++
+		case 2: // a transaction of two writes, committed or rolled back
+			id += 2
+			err = pgx.BeginFunc(vctx, w.h.pool, func(tx pgx.Tx) error {
+				for _, k := range []int{id - 1, id} {
+					if _, err := tx.Exec(vctx, "insert into "+w.table+" (id, k) values ($1, $1)", k); err != nil {
+						return err
+					}
+				}
+				if !commit {
+					return errors.New("rolled back on purpose")
+				}
+				return nil
+			})
+			txns = append(txns, txn{ids: []int{id - 1, id}})
+			seen[fmt.Sprintf("transaction commit=%v", commit)]++
+		case 3: // a read: no frame
+			_, err = w.h.pool.Exec(vctx, "select count(*) from "+w.table)
+			seen["read"]++
+		}
+		if cut != "" {
+			if w.proxy.Cuts() != cuts+1 {
+				t.Fatalf("step %d: the cut did not fire", step)
+			}
+			mustOK(t, srv.WaitBackendGone(w.ctx, pid)) // it ran what it read
+		}
+		// Each transaction against its rows.
+		res, verr := v.Result()
+		if kind == 3 {
+			if verr == nil {
+				t.Fatalf("step %d: a verdict for a read: %v", step, res)
+			}
+			continue
+		}
+		if verr != nil {
+			t.Fatalf("step %d (kind %d, cut %q): no verdict: %v (err %v)", step, kind, cut, verr, err)
+		}
+		present := 0
+		all := 0
+		for _, x := range txns {
+			for _, k := range x.ids {
+				all++
+				if srv.CountOf(t, w.ctx, "select count(*) from "+w.table+" where id = $1", k) == 1 {
+					present++
+				}
+			}
+		}
+		switch res.Outcome() {
+		case outcome.OutcomeCommitted:
+			if present != all {
+				t.Fatalf("step %d (kind %d, cut %q): committed, %d of %d rows", step, kind, cut, present, all)
+			}
+		case outcome.OutcomeRolledBack:
+			if present != 0 {
+				t.Fatalf("step %d (kind %d, cut %q): rolled back, %d of %d rows", step, kind, cut, present, all)
+			}
+		case outcome.OutcomeCommittedWithPostCommitFailure:
+			if present == 0 {
+				t.Fatalf("step %d (kind %d, cut %q): committed_with_post_commit_failure, no row", step, kind, cut)
+			}
+		}
+		seen[fmt.Sprintf("verdict %s cut=%q", res.Outcome(), cut)]++
+		w.h.wantNoFrames(t, w.ctx)
+	}
+	for k, n := range seen {
+		t.Logf("%s: %d", k, n)
 	}
 }
