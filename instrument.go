@@ -2,7 +2,6 @@ package otelpgxtx
 
 import (
 	"context"
-	"errors"
 	"net"
 
 	"github.com/exaring/otelpgx"
@@ -17,15 +16,16 @@ import (
 
 // InstrumentPool instruments every connection of a pool that cfg will create; call it
 // before pgxpool.NewWithConfig (the package documentation and the example show the whole
-// setup). An error means cfg was left as it was, without a tracer: check it, or the
-// pool records nothing. Close the returned Tracer after the pool.
+// setup). An error (wrapping [ErrInvalidArgument]: a nil config, an option refused, a
+// config instrumented already) means cfg was left as it was, without a tracer: check it,
+// or the pool records nothing. Close the returned Tracer after the pool.
 //
 // It does what [InstrumentConnConfig] does for cfg.ConnConfig, and chains (never
 // replaces) cfg.BeforeClose so that a frame never outlives its connection. A connection
 // released in the middle of a transaction is seen by the tracer's release hook.
 func InstrumentPool(cfg *pgxpool.Config, opts ...Option) (*Tracer, error) {
 	if cfg == nil || cfg.ConnConfig == nil {
-		return nil, errors.New("otelpgxtx: InstrumentPool: nil pool config")
+		return nil, invalid("InstrumentPool: nil pool config")
 	}
 	t, err := InstrumentConnConfig(cfg.ConnConfig, opts...)
 	if err != nil {
@@ -57,10 +57,10 @@ func InstrumentPool(cfg *pgxpool.Config, opts ...Option) (*Tracer, error) {
 // Calling it twice on one config is an error: frames would be recorded twice.
 func InstrumentConnConfig(cfg *pgx.ConnConfig, opts ...Option) (*Tracer, error) {
 	if cfg == nil {
-		return nil, errors.New("otelpgxtx: InstrumentConnConfig: nil connection config")
+		return nil, invalid("InstrumentConnConfig: nil connection config")
 	}
 	if _, ok := cfg.Tracer.(*Tracer); ok {
-		return nil, errors.New("otelpgxtx: the connection config is already instrumented")
+		return nil, invalid("InstrumentConnConfig: the connection config is already instrumented")
 	}
 	if cfg.Tracer != nil {
 		opts = append([]Option{WithInnerTracer(cfg.Tracer)}, opts...)

@@ -34,5 +34,8 @@ func (t *core) logIndeterminate(e *ending) {
 
 // MessageIndeterminate is the message of the log record written for each indeterminate
 // frame ([WithLogger]); a log query selects these records by it, and those of
-// [MessagePendingAtShutdown], for the operator's command (cmd/otelpgxtx).
-const MessageIndeterminate = "transaction commit outcome is indeterminate: do not replay it; reconcile it"
+// [MessagePendingAtShutdown], for the operator's command (cmd/otelpgxtx). It says what
+// is true when it is written — nothing may be replayed before the commit is settled —
+// and stays true when [Retry] settles it aborted and runs the attempt again (its span's
+// tx.retry.settled event records that).
+const MessageIndeterminate = "transaction commit outcome is indeterminate: settle it before any replay"

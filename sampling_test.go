@@ -3,6 +3,7 @@ package otelpgxtx
 import (
 	"bytes"
 	"context"
+	"errors"
 	"log/slog"
 	"slices"
 	"strings"
@@ -140,20 +141,20 @@ func TestMetricsByOutcome(t *testing.T) {
 }
 
 func TestInstrumentBadInput(t *testing.T) {
-	if _, err := InstrumentPool(nil); err == nil {
-		t.Fatal("InstrumentPool(nil) succeeded")
+	if _, err := InstrumentPool(nil); !errors.Is(err, ErrInvalidArgument) {
+		t.Fatalf("InstrumentPool(nil): %v, want ErrInvalidArgument", err)
 	}
-	if _, err := InstrumentPool(&pgxpool.Config{}); err == nil {
-		t.Fatal("InstrumentPool without ConnConfig succeeded")
+	if _, err := InstrumentPool(&pgxpool.Config{}); !errors.Is(err, ErrInvalidArgument) {
+		t.Fatalf("InstrumentPool without ConnConfig: %v, want ErrInvalidArgument", err)
 	}
-	if _, err := InstrumentConnConfig(nil); err == nil {
-		t.Fatal("InstrumentConnConfig(nil) succeeded")
+	if _, err := InstrumentConnConfig(nil); !errors.Is(err, ErrInvalidArgument) {
+		t.Fatalf("InstrumentConnConfig(nil): %v, want ErrInvalidArgument", err)
 	}
 	cfg, err := pgx.ParseConfig(srv.ConnString())
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := InstrumentConnConfig(cfg, WithStatusMapping(StatusMapping(9))); err == nil || !strings.Contains(err.Error(), "unknown status mapping 9") {
+	if _, err := InstrumentConnConfig(cfg, WithStatusMapping(StatusMapping(9))); !errors.Is(err, ErrInvalidArgument) || !strings.Contains(err.Error(), "unknown status mapping 9") {
 		t.Fatalf("unknown status mapping: err = %v", err)
 	}
 	if cfg.Tracer != nil {
@@ -165,8 +166,8 @@ func TestInstrumentBadInput(t *testing.T) {
 	if _, err := InstrumentConnConfig(cfg); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := InstrumentConnConfig(cfg); err == nil {
-		t.Fatal("instrumenting twice succeeded")
+	if _, err := InstrumentConnConfig(cfg); !errors.Is(err, ErrInvalidArgument) {
+		t.Fatalf("instrumenting twice: %v, want ErrInvalidArgument", err)
 	}
 	if _, _, err := Begin(context.Background(), nil, pgx.TxOptions{}); err == nil {
 		t.Fatal("Begin with nil db succeeded")
