@@ -262,6 +262,33 @@ func BenchmarkHookQuery(b *testing.B) {
 	}
 }
 
+// BenchmarkHookAutocommit is one statement sent outside a transaction over fakePG: a
+// write (an implicit transaction, a frame of the Tracer's) and a read (no frame). The
+// Tracer's cost per autocommit statement is c_otelpgxtx − b_otelpgx.
+func BenchmarkHookAutocommit(b *testing.B) {
+	for _, s := range benchSamplings {
+		for _, stmt := range []struct{ name, sql string }{
+			{"write", "update bench_kv set v = v + 1 where k = $1"},
+			{"read", "select v from bench_kv where k = $1"},
+		} {
+			for _, v := range []string{benchA, benchB, benchC} {
+				b.Run(s.name+"/"+stmt.name+"/v="+v, func(b *testing.B) {
+					f := newBenchFake(b, v, s) // b.Loop: this function runs once
+					defer f.close()
+					ctx, span := f.tel.request(context.Background())
+					defer span.End()
+					b.ReportAllocs()
+					benchLoopCPU(b, func() {
+						if _, err := f.conn.Exec(ctx, stmt.sql, 7); err != nil {
+							b.Fatal(err)
+						}
+					})
+				})
+			}
+		}
+	}
+}
+
 // fakeTraced connects to a fakePG with a Tracer (opts added) recording into exp through
 // tp, synchronously; the connection is closed when t ends.
 func fakeTraced(t *testing.T, opts ...Option) (*pgx.Conn, *tracetest.InMemoryExporter, *sdktrace.TracerProvider) {

@@ -91,7 +91,7 @@ func (f *frame) ending(o outcome.Outcome) ending {
 	e := ending{id: f.id, outcome: o, phase: ev.Phase(), verdict: ev.Verdict(), endedIn: ev.EndedIn(), deliberate: ev.Deliberate(),
 		committedLocally: ev.CommittedLocally(), firstCause: ev.FirstCause(), cause: ev.Cause(), endErr: ev.EndErr(), ref: f.commitRef.Ref(), noRef: f.commitRef.Missing(),
 		startedAt: f.startedAt, committingAt: ev.CommittingAt(), concludedAt: ev.ConcludedAt(),
-		span: f.span.SpanContext(), parentSpan: f.parentSpan, recorded: !f.unrecorded, spanCtx: f.spanCtx, awaited: f.awaited,
+		span: f.spanContext(), parentSpan: f.parentSpan, recorded: !f.unrecorded, spanCtx: f.spanCtx, awaited: f.awaited,
 		depth: ev.Depth(), isolation: ev.Isolation(), accessMode: ev.AccessMode(), propagation: f.propagation, attemptNo: f.attemptNo,
 		implicit: ev.Implicit()}
 	e.at = e.concludedAt // the conclusion has just read the clock

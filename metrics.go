@@ -31,7 +31,8 @@ const (
 	// attributes of otelpgxtx.transactions.
 	metricDuration = "otelpgxtx.transaction.duration"
 	// metricCommitDuration is the time a frame spent committing, in seconds, with the
-	// attributes of otelpgxtx.transactions; frames that never sent COMMIT have none.
+	// attributes of otelpgxtx.transactions; frames that never sent COMMIT have none, nor
+	// implicit transactions (their committing phase is their whole statement).
 	metricCommitDuration = "otelpgxtx.transaction.commit.duration"
 	// metricParticipations counts [Run] calls that joined a transaction already in their
 	// context (Required, Mandatory, Nested): one per call, by tx.participant.outcome
@@ -170,7 +171,9 @@ func (m *metrics) record(e *ending) {
 	}
 	m.transactions.Add(ctx, 1, addOpts...)
 	m.duration.Record(ctx, e.at.Sub(e.startedAt).Seconds(), recordOpts...)
-	if !e.committingAt.IsZero() && !e.concludedAt.IsZero() {
+	// An implicit transaction commits its whole statement: its committing phase is its
+	// duration, already recorded, and would make the commit histogram one of statements.
+	if !e.implicit && !e.committingAt.IsZero() && !e.concludedAt.IsZero() {
 		m.commit.Record(ctx, e.concludedAt.Sub(e.committingAt).Seconds(), recordOpts...)
 	}
 }

@@ -87,7 +87,7 @@ func (f *frameSpan) start(t *core, ctx context.Context, conn *pgx.Conn, connAttr
 	if onStatement {
 		// No span of its own: until attach finds the statement's, one that only carries
 		// the caller's span context, under which the inner tracer starts the statement's.
-		f.spanCtx, f.span = ctx, trace.SpanFromContext(trace.ContextWithSpanContext(context.Background(), f.parentSpan))
+		f.spanCtx, f.span = ctx, noopSpan // ending reads parentSpan while unattached (spanContext)
 		f.unrecorded, f.onStatement = true, true
 		return
 	}
@@ -129,6 +129,15 @@ func (f *frameSpan) start(t *core, ctx context.Context, conn *pgx.Conn, connAttr
 		}
 		f.connAttrs = *connAttrs
 	}
+}
+
+// spanContext is the context of the frame's span: while a frame on its statement's span
+// has found none (attach), the caller's, as a filtered frame's span carries it.
+func (f *frameSpan) spanContext() trace.SpanContext {
+	if f.onStatement && f.unrecorded {
+		return f.parentSpan
+	}
+	return f.span.SpanContext()
 }
 
 // attach makes the span the inner tracer started for the frame's one statement (from
