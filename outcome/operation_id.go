@@ -3,8 +3,8 @@ package outcome
 import (
 	"encoding/binary"
 	"encoding/hex"
-	"math/rand/v2"
 	"fmt"
+	"math/rand/v2"
 )
 
 // OperationID identifies one transaction frame across its span, its result, its logs and
