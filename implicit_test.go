@@ -19,6 +19,7 @@ import (
 	"github.com/jackc/pgx/v5/stdlib"
 	"go.opentelemetry.io/otel/codes"
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/txevidence/otelpgxtx/internal/reconciletest"
 	"github.com/txevidence/otelpgxtx/outcome"
@@ -112,6 +113,13 @@ func newImplicit(t *testing.T, mode string, opts ...Option) *implicitSetup {
 		opts = append(opts, WithCommitMarker(reconciletest.NewMarkerTable(t, w.ctx, srv.Exec)))
 	}
 	w.h = newHarness(t, w.proxy.ConnString(srv.ConnString()), 1, opts...)
+	if mode != "off" {
+		// A connection's first implicit transaction carries the check of what the
+		// references need; those after it, their reference.
+		if _, err := w.h.pool.Exec(w.ctx, "update "+w.table+" set v = v where id = $1", -1); err != nil { // with an argument: the extended protocol
+			t.Fatal(err)
+		}
+	}
 	w.db = stdlib.OpenDBFromPool(w.h.pool)
 	t.Cleanup(func() { _ = w.db.Close() })
 	rec, err := reconcile.New(srv.Pool(t, w.ctx), reconcile.WithWait(20*time.Millisecond, time.Millisecond))
@@ -303,12 +311,32 @@ func TestImplicitTransactionFaults(t *testing.T) {
 							t.Fatalf("%d log records, want 1, with tx.implicit: %s", n, w.logs)
 						}
 						noRef, _ := attr(f, NoReferenceKey)
-						if (noRef.AsString() == "implicit") != (mode != "off") {
-							t.Fatalf("mode %s: no_reference %q", mode, noRef.AsString())
+						_, hasRef := attr(f, ReconciliationRefKey)
+						want := map[string]string{"off": "", "xid": "implicit", "marker": ""}[mode]
+						if way.name == "pgx simple protocol" && mode == "marker" {
+							want = "simple_protocol"
+						}
+						if noRef.AsString() != want || hasRef != (mode == "marker" && want == "") {
+							t.Fatalf("mode %s: no_reference %q, reference %v", mode, noRef.AsString(), hasRef)
+						}
+						if hasRef {
+							// The marker settles it, and the answer agrees with the row.
+							ref, err := outcome.ParseReconciliationRef(attrString(t, f, ReconciliationRefKey))
+							mustOK(t, err)
+							got, err := w.rec.Resolve(w.ctx, ref, trace.SpanContext{})
+							mustOK(t, err)
+							if got.Status() == reconcile.Committed != row || got.Status() != reconcile.Committed && got.Status() != reconcile.Aborted {
+								t.Fatalf("reconciled %s %q, row %v", got.Status(), got.Reason(), row)
+							}
+							seen[fmt.Sprintf("%s/marker reconciled %s", fault.name, got.Status())]++
 						}
 					}
 					counts := w.h.sums(t, w.ctx, metricTransactions, OutcomeKey, ImplicitKey)
-					if n := counts["tx.outcome="+fault.want.String()+",tx.implicit=true"]; n != 1 {
+					want := int64(1)
+					if mode != "off" && fault.want == outcome.OutcomeCommitted {
+						want++ // the warm-up write of newImplicit
+					}
+					if n := counts["tx.outcome="+fault.want.String()+",tx.implicit=true"]; n != want {
 						t.Fatalf("counted %v, want one implicit %s", nonZero(counts), fault.want)
 					}
 				})
@@ -321,14 +349,17 @@ func TestImplicitTransactionFaults(t *testing.T) {
 }
 
 // TestImplicitRetry: Retry around attempts of autocommit writes never applies one twice:
-// a cut before or after the server read the write leaves it indeterminate and not run
-// again (no reference can settle it: 1 attempt); a serialization failure is run again;
+// a cut before or after the server read the write leaves it indeterminate — not run again
+// with the xid, which an implicit transaction cannot carry (1 attempt); with the marker,
+// settled: aborted and run again (2 attempts), or committed (1) —; a serialization
+// failure is run again;
 // an attempt that committed one write and then failed is committed_with_post_commit_failure,
 // not run again.
 func TestImplicitRetry(t *testing.T) {
-	for _, cut := range []string{"before", "after"} {
-		t.Run("cut "+cut, func(t *testing.T) {
-			w := newImplicit(t, "xid")
+	for _, c := range []struct{ mode, cut string }{{"xid", "before"}, {"xid", "after"}, {"marker", "before"}, {"marker", "after"}} {
+		cut := c.cut
+		t.Run(c.mode+" cut "+cut, func(t *testing.T) {
+			w := newImplicit(t, c.mode)
 			attempts := 0
 			res, err := Retry(w.ctx, 3, func(ctx context.Context) error {
 				attempts++
@@ -345,16 +376,19 @@ func TestImplicitRetry(t *testing.T) {
 					mustOK(t, srv.WaitBackendGone(w.ctx, pid))
 				}
 				return err
-			}, WithReconciler(w.rec), WithReconcileWait(0))
-			if attempts != 1 {
-				t.Fatalf("%d attempts, want 1 (%T %v)", attempts, res, err)
+			}, WithReconciler(w.rec), WithReconcileWait(5*time.Second))
+			wantAttempts, wantRows, want := 1, map[string]int{"before": 0, "after": 1}[cut], outcome.OutcomeIndeterminate
+			if c.mode == "marker" {
+				wantRows, want = 1, outcome.OutcomeCommitted
+				if cut == "before" {
+					wantAttempts = 2
+				}
 			}
-			if _, ok := res.(outcome.Indeterminate[struct{}]); !ok {
-				t.Fatalf("%T %v, want Indeterminate", res, err)
+			if attempts != wantAttempts || res.Outcome() != want {
+				t.Fatalf("%d attempts, %T %v: want %d, %s", attempts, res, err, wantAttempts, want)
 			}
-			n := srv.CountOf(t, w.ctx, "select count(*) from "+w.table)
-			if want := map[string]int{"before": 0, "after": 1}[cut]; n != want {
-				t.Fatalf("%d rows, want %d", n, want)
+			if n := srv.CountOf(t, w.ctx, "select count(*) from "+w.table); n != wantRows {
+				t.Fatalf("%d rows, want %d", n, wantRows)
 			}
 		})
 	}
@@ -676,4 +710,109 @@ func TestImplicitInterplayModel(t *testing.T) {
 	for k, n := range seen {
 		t.Logf("%s: %d", k, n)
 	}
+}
+
+// TestImplicitReferenceChangesNothing: what the application sees of its autocommit
+// writes — results, RowsAffected, RETURNING rows, errors (SQLSTATE) — and the round trips
+// they take are the same with the references off, the xid and the marker, for patterns an
+// application has: inserts by every query mode, a batch, a failing insert, a read-only
+// session (refused, and a temporary table, allowed), an UPDATE that matches nothing, and
+// statements that cannot run in a transaction block (VACUUM, CREATE INDEX CONCURRENTLY),
+// which must work as without the library.
+func TestImplicitReferenceChangesNothing(t *testing.T) {
+	type step struct {
+		name string
+		do   func(ctx context.Context, w *implicitSetup) string
+	}
+	exec := func(sql string, args ...any) func(ctx context.Context, w *implicitSetup) string {
+		return func(ctx context.Context, w *implicitSetup) string {
+			tag, err := w.h.pool.Exec(ctx, strings.ReplaceAll(sql, "T", w.table), args...)
+			return seenOf(tag.String(), err)
+		}
+	}
+	steps := []step{
+		{"insert", exec("insert into T (id, k) values ($1, $1)", 1)},
+		{"insert, describe exec", exec("insert into T (id, k) values ($1, $1)", pgx.QueryExecModeDescribeExec, 2)},
+		{"insert, exec", exec("insert into T (id, k) values ($1, $1)", pgx.QueryExecModeExec, 3)},
+		{"insert, simple protocol", exec("insert into T (id, k) values ($1, $1)", pgx.QueryExecModeSimpleProtocol, 4)},
+		{"insert returning", func(ctx context.Context, w *implicitSetup) string {
+			var id int
+			err := w.h.pool.QueryRow(ctx, "insert into "+w.table+" (id, k) values ($1, $1) returning id * 10", 5).Scan(&id)
+			return seenOf(fmt.Sprint(id), err)
+		}},
+		{"batch", func(ctx context.Context, w *implicitSetup) string {
+			b := &pgx.Batch{}
+			b.Queue("insert into "+w.table+" (id, k) values ($1, $1)", 6)
+			b.Queue("update "+w.table+" set v = 7 where id = $1", 6)
+			br := w.h.pool.SendBatch(ctx, b)
+			t1, e1 := br.Exec()
+			t2, e2 := br.Exec()
+			return seenOf(t1.String()+"/"+t2.String(), errors.Join(e1, e2, br.Close()))
+		}},
+		{"unique violation", exec("insert into T (id, k) values ($1, $1)", 1)},
+		{"update of nothing", exec("update T set v = 1 where id = $1", -5)},
+		{"read-only session: refused", func(ctx context.Context, w *implicitSetup) string {
+			c, err := w.h.pool.Acquire(ctx)
+			if err != nil {
+				return err.Error()
+			}
+			defer c.Release()
+			mustExec(t, ctx, c.Conn(), "create temporary table if not exists implicit_temp (id int)", "set default_transaction_read_only = on")
+			defer mustExec(t, ctx, c.Conn(), "set default_transaction_read_only = off")
+			_, err = c.Exec(ctx, "insert into "+w.table+" (id, k) values ($1, $1)", 8)
+			tag, err2 := c.Exec(ctx, "insert into implicit_temp values ($1)", 9)
+			return seenOf("", err) + " | temporary: " + seenOf(tag.String(), err2)
+		}},
+		{"vacuum", exec("vacuum T")},
+		{"create index concurrently", exec("create index concurrently if not exists T_v on T (v)")},
+		{"database/sql", func(ctx context.Context, w *implicitSetup) string {
+			r, err := w.db.ExecContext(ctx, "insert into "+w.table+" (id, k) values ($1, $1)", 10)
+			if err != nil {
+				return seenOf("", err)
+			}
+			n, _ := r.RowsAffected()
+			return fmt.Sprint(n)
+		}},
+	}
+	var first map[string]string
+	var firstTrips int64
+	for _, mode := range refModes {
+		w := newImplicit(t, mode)
+		mustExec(t, w.ctx, w.h.pool, "select 1") // the connection is made before the count
+		w.proxy.ResetRoundTrips()
+		got := map[string]string{}
+		for _, s := range steps {
+			got[s.name] = s.do(w.ctx, w)
+		}
+		trips := w.proxy.RoundTrips()
+		t.Logf("%s: %d round trips", mode, trips)
+		if first == nil {
+			first, firstTrips = got, trips
+			continue
+		}
+		for _, s := range steps {
+			if got[s.name] != first[s.name] {
+				t.Errorf("%s, %s: the application saw %q; with the references off %q", mode, s.name, got[s.name], first[s.name])
+			}
+		}
+		if trips != firstTrips {
+			t.Errorf("%s: %d round trips; with the references off %d", mode, trips, firstTrips)
+		}
+	}
+	for _, s := range steps {
+		t.Logf("%s: %s", s.name, first[s.name])
+	}
+}
+
+// seenOf is what an application sees of a statement: its tag or result, or its error's
+// SQLSTATE.
+func seenOf(result string, err error) string {
+	var pgErr *pgconn.PgError
+	switch {
+	case errors.As(err, &pgErr):
+		return "error " + pgErr.Code
+	case err != nil:
+		return "error " + err.Error()
+	}
+	return result
 }

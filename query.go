@@ -130,7 +130,7 @@ func (t *core) beforeQuery(ctx context.Context, conn *pgx.Conn, st *connState, s
 		// Committing from the moment it leaves, as a COMMIT is: its write is marked, and
 		// its reply watched from here (connState.repliedClean).
 		f := t.startFrame(ctx, conn, st, evidence.Begun{Implicit: true, Wrote: true}, sql, nil)
-		f.commitRef.Implicit()
+		t.referenceOff(st.refs.ArmImplicit(&f.commitRef, refStatement(set, sql, pg), pg.ParameterStatus("server_version")))
 		if st.nc != nil {
 			st.nc.WatchEnds()
 		}
@@ -149,7 +149,7 @@ func (t *core) beforeQuery(ctx context.Context, conn *pgx.Conn, st *connState, s
 	}
 	t.apply(st, f, st.ev.Send(s), nil)
 	if begins == evidence.BeginsImplicit {
-		return f // it carries no reference (reference.MissingImplicit)
+		return f // what its reference needs is armed (ArmImplicit)
 	}
 	if set.Writes() {
 		st.refs.ArmRead(ctx, &f.commitRef, refStatement(set, sql, pg))

@@ -38,7 +38,7 @@ type check struct {
 // statement. A server older than MinServerMajor turns references off at once, with the
 // notice returned: the check itself calls what that server does not have.
 func (c *Conn) ArmCheck(refs Refs, serverVersion string, single bool, sql string) *Off {
-	return c.armCheck(refs, serverVersion, single, sql, "")
+	return c.armCheck(refs, serverVersion, single, sql, "", false)
 }
 
 // ArmPrepared has the write of f's COMMIT PREPARED or ROLLBACK PREPARED (the statement
@@ -52,15 +52,16 @@ func (c *Conn) ArmPrepared(f *Frame, serverVersion string, single bool, sql, gid
 	if gid == "" || !single {
 		return nil
 	}
-	off := c.armCheck(f.Refs, serverVersion, single, sql, gid)
+	off := c.armCheck(f.Refs, serverVersion, single, sql, gid, false)
 	if c.adding && c.checking.gid != "" {
 		c.preparing = f
 	}
 	return off
 }
 
-// armCheck is ArmCheck, with the read of the prepared transaction of gid when it is not "".
-func (c *Conn) armCheck(refs Refs, serverVersion string, single bool, sql, gid string) *Off {
+// armCheck is ArmCheck, with the read of the prepared transaction of gid when it is not "";
+// extended: ahead of an extended-protocol Sync group (sql unused), as a Query of its own.
+func (c *Conn) armCheck(refs Refs, serverVersion string, single bool, sql, gid string, extended bool) *Off {
 	if c.state == unchecked && c.on(refs) {
 		if why := TooOld(serverVersion); why != "" {
 			c.state, c.offWhy = off, why
@@ -77,7 +78,7 @@ func (c *Conn) armCheck(refs Refs, serverVersion string, single bool, sql, gid s
 	if ck == (check{}) {
 		return nil
 	}
-	if c.nc.Arm(&wire.Addition{Kind: wire.LibraryQuery, Match: sql, Msg: ck.message()}) {
+	if c.nc.Arm(&wire.Addition{Kind: wire.LibraryQuery, Match: sql, Msg: ck.message(), Extended: extended}) {
 		c.adding, c.checking = true, ck
 	}
 	return nil
@@ -240,6 +241,9 @@ type markerFn struct {
 	msg     []byte
 	argAt   int
 	problem string
+	// portal and portalArgAt are its call as extended-protocol messages (portalMsg).
+	portal      []byte
+	portalArgAt int
 }
 
 // markerCallSQL is the call of table's marker function with a zero operation id: by its

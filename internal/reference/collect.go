@@ -42,8 +42,13 @@ func (c *Conn) Collect(f *Frame, final bool) Collected {
 		return Collected{} // the xid read's reply is still on its way
 	}
 	c.adding = false
-	reading, preparing := c.reading, c.preparing
-	c.reading, c.preparing = nil, nil
+	reading, preparing, implicit := c.reading, c.preparing, c.implicit
+	c.reading, c.preparing, c.implicit = nil, nil, nil
+	if a == nil && implicit != nil && implicit.extended {
+		// No write of the implicit transaction was an executing extended-protocol Sync
+		// group: it went as a simple Query.
+		implicit.simple, implicit.marker, implicit.extended = true, nil, false
+	}
 	if a == nil || !a.Sent() {
 		return Collected{} // tried again at the next BEGIN, statement or COMMIT
 	}

@@ -64,8 +64,11 @@ type Frame struct {
 	// multiCommit: the frame's references were on, and its COMMIT came among other
 	// statements of one query string.
 	multiCommit bool
-	// implicit: the frame's references were on, and it is an implicit transaction.
-	implicit bool
+	// implicit: the frame's references were on, and it is an implicit transaction;
+	// extended: its write carried the marker call (ArmImplicit).
+	implicit, extended bool
+	// simple: the implicit transaction went as a simple Query (Collect).
+	simple bool
 }
 
 // MissingMultiStatement is Frame.Missing's word for a frame whose COMMIT came among other
@@ -79,12 +82,6 @@ const MissingMultiStatement = "multi_statement"
 // and an implicit transaction has neither; carrying them would mean adding messages
 // inside the application's own Sync group (see docs/reconciliation.md).
 const MissingImplicit = "implicit"
-
-// Implicit records that f, whose frame is an implicit transaction, carries no reference
-// (MissingImplicit), when its references were on.
-func (f *Frame) Implicit() {
-	f.implicit = f.Refs.Mode != None
-}
 
 // Init makes f the reference part of a frame whose transaction life is, operation id,
 // carrying refs.
@@ -102,6 +99,8 @@ func (f *Frame) Missing() string {
 	case f.ref != nil:
 	case f.multiCommit:
 		return MissingMultiStatement
+	case f.implicit && f.simple:
+		return MissingSimpleProtocol
 	case f.implicit:
 		return MissingImplicit
 	}
@@ -150,6 +149,9 @@ type Conn struct {
 	// until Collect gives it the reference.
 	preparing   *Frame
 	preparedXID uint64
+	// implicit is the implicit transaction's frame whose write is armed to carry the
+	// check or its marker call (ArmImplicit), until Collect.
+	implicit *Frame
 	// run are the references of Run's Policy while Run begins a transaction on the
 	// connection (running): its frame carries them in place of the tracer's.
 	run     Refs

@@ -22,6 +22,13 @@ const (
 	// LibraryCall: a FunctionCall; its reply is a FunctionCallResponse (or an
 	// ErrorResponse) and a ReadyForQuery.
 	LibraryCall
+	// LibraryPortal: extended-protocol messages without a Sync — Close, Parse, Bind and
+	// Execute of a statement of the library's — ahead of the application's, in its Sync
+	// group (Addition.Extended); its reply is CloseComplete, ParseComplete, BindComplete,
+	// a row and its command tag, or an ErrorResponse after which the server skips the
+	// application's messages up to their Sync: that error is the application's reply, and
+	// goes to pgconn.
+	LibraryPortal
 )
 
 // Reply is what the server answered to the library's message.
@@ -45,7 +52,9 @@ func (r *Reply) Take(kind LibraryMessage, msg pgproto3.BackendMessage) bool {
 		r.ErrCode = m.Code
 		r.Err = pgconn.ErrorResponseToPgError(m)
 		r.Fatal = pg.FatalError(r.Err)
-		r.Done = r.Fatal // the server reads nothing after a FATAL
+		// The server reads nothing after a FATAL; after an ERROR in a Sync group it skips
+		// to the Sync, whose ReadyForQuery answers the application's messages.
+		r.Done = r.Fatal || kind == LibraryPortal
 		return true
 	case *pgproto3.ReadyForQuery:
 		r.Done = true
@@ -66,6 +75,23 @@ func (r *Reply) Take(kind LibraryMessage, msg pgproto3.BackendMessage) bool {
 			if len(r.Row) == 1 {
 				r.Value, r.GotValue = r.Row[0], true
 			}
+			return true
+		}
+	case LibraryPortal:
+		switch m := msg.(type) {
+		case *pgproto3.CloseComplete, *pgproto3.ParseComplete, *pgproto3.BindComplete:
+			return true
+		case *pgproto3.DataRow:
+			if len(m.Values) == 1 {
+				r.GotValue = true
+				r.Value = append([]byte(nil), m.Values[0]...)
+				if m.Values[0] == nil {
+					r.Value = nil
+				}
+			}
+			return true
+		case *pgproto3.CommandComplete:
+			r.Done = true
 			return true
 		}
 	case LibraryCall:
@@ -221,8 +247,10 @@ func (f *replyFilter) message(m []byte) {
 		return
 	}
 	switch {
-	case typ == 'E' && f.lib.Fatal:
-		// The server reads nothing after a FATAL: it is the reply to what pgconn sent.
+	case typ == 'E' && (f.lib.Fatal || f.kind == LibraryPortal):
+		// The server reads nothing after a FATAL: it is the reply to what pgconn sent; and
+		// after an ERROR to the library's part of a Sync group, it skips the
+		// application's messages: the error, then the Sync's ReadyForQuery, are their reply.
 		f.out = append(f.out, m...)
 	case typ == 'E' && f.commit && f.lib.ErrCode != pg.InFailedTransaction:
 		// See Addition.Commit: an error that only says the transaction had already failed
@@ -256,6 +284,12 @@ func backendMessage(typ byte) pgproto3.BackendMessage {
 		return &pgproto3.EmptyQueryResponse{}
 	case 'C':
 		return &pgproto3.CommandComplete{}
+	case '1':
+		return &pgproto3.ParseComplete{}
+	case '2':
+		return &pgproto3.BindComplete{}
+	case '3':
+		return &pgproto3.CloseComplete{}
 	}
 	return nil
 }

@@ -1,6 +1,7 @@
 package wire
 
 import (
+	"bytes"
 	"encoding/binary"
 	"sync/atomic"
 )
@@ -24,7 +25,12 @@ type Addition struct {
 	// only says that the transaction had already failed (25P02), when the ROLLBACK is
 	// COMMIT's own answer. This is the one place that rule is written.
 	Commit bool
-	state  additionState
+	// Extended: Msg goes ahead of a write that is one extended-protocol Sync group of the
+	// application's (extendedGroup), in place of a Query of the text Match: in the
+	// implicit transaction that group runs in (LibraryPortal), or as a Query of its own
+	// before it (LibraryQuery, answered up to its ReadyForQuery).
+	Extended bool
+	state    additionState
 	// syncs is how many replies, each ended by a ReadyForQuery, the application's
 	// messages get before Msg's (After).
 	syncs int
@@ -71,6 +77,14 @@ func (a *Addition) addTo(b []byte) (out []byte, cut int, ok bool) {
 		}
 		return append(append(make([]byte, 0, len(b)+len(a.Msg)), b...), a.Msg...), 0, true
 	}
+	if a.Extended {
+		group, executes := extendedGroup(b)
+		if !group || a.Kind == LibraryQuery && bindsEarlierUnnamed(b) || a.Kind == LibraryPortal && !executes {
+			return nil, 0, false
+		}
+		out = append(append(make([]byte, 0, len(a.Msg)+len(b)), a.Msg...), b...)
+		return out, len(a.Msg), true
+	}
 	if typ, n, _ := msgHeader(b); typ != 'Q' || n != len(b)-1 || len(b) != 1+4+len(a.Match)+1 ||
 		string(b[5:len(b)-1]) != a.Match || b[len(b)-1] != 0 {
 		return nil, 0, false
@@ -109,6 +123,58 @@ func syncedWrite(b []byte) (syncs int, ok bool) {
 		b = b[1+n:]
 	}
 	return syncs, executes && (last == 'S' || last == 'Q')
+}
+
+// extendedGroup reports whether b is one extended-protocol Sync group — whole Parse,
+// Bind, Describe, Close, Flush and Execute messages and exactly one Sync, its last — and
+// whether it executes: pgx's Bind/Describe/Execute/Sync, with a Parse ahead in the modes
+// that parse each time, a batch's pipeline; or its Parse/Describe/Sync that prepares a
+// statement before it first runs. The server runs an executing group in one implicit
+// transaction, committed at that Sync.
+func extendedGroup(b []byte) (group, executes bool) {
+	syncs := 0
+	for len(b) > 0 {
+		_, n, ok := msgHeader(b)
+		if !ok || len(b) < 1+n {
+			return false, false
+		}
+		switch b[0] {
+		case 'S':
+			syncs++
+		case 'E':
+			executes = true
+		case 'P', 'B', 'D', 'C', 'H':
+		default:
+			return false, false
+		}
+		if syncs > 0 && len(b) > 1+n {
+			return false, false // something after the Sync
+		}
+		b = b[1+n:]
+	}
+	return syncs == 1, executes
+}
+
+// bindsEarlierUnnamed reports whether the group b binds the unnamed statement without
+// parsing it first (pgx's describe-exec mode parses it in a write of its own): a Query
+// ahead of b would destroy that statement (PostgreSQL drops the unnamed statement at
+// every simple Query).
+func bindsEarlierUnnamed(b []byte) bool {
+	parsed := false
+	for len(b) > 0 {
+		_, n, _ := msgHeader(b)
+		body := b[5 : 1+n]
+		switch b[0] {
+		case 'P':
+			parsed = parsed || len(body) > 0 && body[0] == 0 // the unnamed statement
+		case 'B':
+			if i := bytes.IndexByte(body, 0); i >= 0 && i+1 < len(body) && body[i+1] == 0 && !parsed {
+				return true // portal, then the statement's name: ""
+			}
+		}
+		b = b[1+n:]
+	}
+	return false
 }
 
 // splice is the library's part in the stream: the addition armed for the next write
