@@ -54,6 +54,18 @@ func replyCases(t testing.TB) []replyCase {
 			app: [][]byte{cc("BEGIN"), rfq('T')}, wantErr: "42501"},
 		{name: "marker", kind: LibraryCall, library: [][]byte{msg(t, &pgproto3.FunctionCallResponse{Result: []byte("m731")}), rfq('T')},
 			app: [][]byte{cc("COMMIT"), rfq('I')}, wantValue: "m731"},
+		// The marker ahead of an implicit transaction's statement, in its Sync group.
+		{name: "implicit marker", kind: LibraryPortal,
+			library: [][]byte{msg(t, &pgproto3.CloseComplete{}), msg(t, &pgproto3.ParseComplete{}), msg(t, &pgproto3.BindComplete{}), row("m733"), cc("SELECT 1")},
+			app:     [][]byte{msg(t, &pgproto3.BindComplete{}), cc("INSERT 0 1"), rfq('I')}, wantValue: "m733"},
+		{name: "implicit marker, the statement fails", kind: LibraryPortal,
+			library: [][]byte{msg(t, &pgproto3.CloseComplete{}), msg(t, &pgproto3.ParseComplete{}), msg(t, &pgproto3.BindComplete{}), row("m734"), cc("SELECT 1")},
+			app:     [][]byte{msg(t, &pgproto3.BindComplete{}), errMsg("ERROR", "23505"), rfq('I')}, wantValue: "m734"},
+		{name: "implicit marker refused: the server skips the statement", kind: LibraryPortal,
+			library: [][]byte{msg(t, &pgproto3.CloseComplete{}), msg(t, &pgproto3.ParseComplete{})},
+			passed:  [][]byte{errMsg("ERROR", "42501")}, app: [][]byte{rfq('I')}, wantErr: "42501"},
+		{name: "implicit marker FATAL", kind: LibraryPortal, library: [][]byte{msg(t, &pgproto3.CloseComplete{})},
+			passed: [][]byte{errMsg("FATAL", "57P01")}, wantErr: "57P01", wantFatal: true},
 	}
 }
 
@@ -146,7 +158,7 @@ func checkLibraryReply(t *testing.T, name string, rc replyCase, r Reply) {
 	t.Helper()
 	got := ""
 	switch {
-	case rc.kind == LibraryCall:
+	case rc.kind == LibraryCall || rc.kind == LibraryPortal:
 		got = string(r.Value)
 	case len(r.Row) > 0:
 		got = string(r.Row[0])
@@ -268,7 +280,7 @@ func FuzzReplyFilter(f *testing.F) {
 		f.Add(byte(rc.kind), in, uint16(len(in)/2))
 	}
 	f.Fuzz(func(t *testing.T, kind byte, in []byte, cut uint16) {
-		fl := &replyFilter{kind: LibraryMessage(kind%2 + 1), commit: kind%2 == 1}
+		fl := &replyFilter{kind: LibraryMessage(kind%3 + 1), commit: kind%3 != 0}
 		c := int(cut) % (len(in) + 1)
 		var out []byte
 		for _, piece := range [][]byte{in[:c], in[c:]} {

@@ -311,3 +311,49 @@ func TestSpliceAfter(t *testing.T) {
 		t.Errorf("a pipeline's two syncs: %d, %v", n, ok)
 	}
 }
+
+// TestExtendedGroup: an implicit transaction's write, which the library's marker call and
+// check go ahead of, is one extended-protocol Sync group; what pgx writes otherwise is not.
+func TestExtendedGroup(t *testing.T) {
+	f := func(ms ...pgproto3.FrontendMessage) []byte {
+		var b []byte
+		for _, m := range ms {
+			b = append(b, frontendMsg(t, m)...)
+		}
+		return b
+	}
+	parse := func(name string) pgproto3.FrontendMessage { return &pgproto3.Parse{Name: name, Query: "insert into t values ($1)"} }
+	bind := func(stmt string) pgproto3.FrontendMessage { return &pgproto3.Bind{PreparedStatement: stmt} }
+	desc, exec, sync := &pgproto3.Describe{ObjectType: 'P'}, &pgproto3.Execute{}, &pgproto3.Sync{}
+	for _, tc := range []struct {
+		name                      string
+		b                         []byte
+		group, executes, unnamedB bool
+	}{
+		{"cache statement", f(bind("stmtcache_1"), desc, exec, sync), true, true, false},
+		{"exec: parse, bind, execute", f(parse(""), bind(""), desc, exec, sync), true, true, false},
+		{"describe exec, second write: binds the unnamed statement parsed before", f(bind(""), desc, exec, sync), true, true, true},
+		{"prepare only", f(parse("stmtcache_2"), &pgproto3.Describe{ObjectType: 'S', Name: "stmtcache_2"}, sync), true, false, false},
+		{"batch: two statements, one Sync", f(bind("a"), desc, exec, bind("b"), desc, exec, sync), true, true, false},
+		{"simple Query", f(&pgproto3.Query{String: "insert into t values (1)"}), false, false, false},
+		{"two Syncs", f(bind("a"), exec, sync, bind("b"), exec, sync), false, false, false},
+		{"no Sync", f(bind("a"), exec, &pgproto3.Flush{}), false, false, false},
+		{"COPY data", f(&pgproto3.CopyData{Data: []byte("1\n")}), false, false, false},
+	} {
+		group, executes := extendedGroup(tc.b)
+		if group != tc.group || group && executes != tc.executes {
+			t.Errorf("%s: group %v, executes %v; want %v, %v", tc.name, group, executes, tc.group, tc.executes)
+		}
+		if group && bindsEarlierUnnamed(tc.b) != tc.unnamedB {
+			t.Errorf("%s: binds an earlier unnamed statement %v, want %v", tc.name, !tc.unnamedB, tc.unnamedB)
+		}
+		for _, kind := range []LibraryMessage{LibraryQuery, LibraryPortal} {
+			a := &Addition{Kind: kind, Extended: true, Msg: []byte("LIB")}
+			out, cut, ok := a.addTo(tc.b)
+			want := tc.group && (kind == LibraryQuery && !tc.unnamedB || kind == LibraryPortal && tc.executes)
+			if ok != want || ok && (cut != 3 || !bytes.Equal(out, append([]byte("LIB"), tc.b...))) {
+				t.Errorf("%s, kind %d: added %v (cut %d), want %v", tc.name, kind, ok, cut, want)
+			}
+		}
+	}
+}
