@@ -322,7 +322,9 @@ func TestExtendedGroup(t *testing.T) {
 		}
 		return b
 	}
-	parse := func(name string) pgproto3.FrontendMessage { return &pgproto3.Parse{Name: name, Query: "insert into t values ($1)"} }
+	parse := func(name string) pgproto3.FrontendMessage {
+		return &pgproto3.Parse{Name: name, Query: "insert into t values ($1)"}
+	}
 	bind := func(stmt string) pgproto3.FrontendMessage { return &pgproto3.Bind{PreparedStatement: stmt} }
 	desc, exec, sync := &pgproto3.Describe{ObjectType: 'P'}, &pgproto3.Execute{}, &pgproto3.Sync{}
 	for _, tc := range []struct {
