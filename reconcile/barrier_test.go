@@ -100,6 +100,15 @@ func TestReconcileReplicationBarrier(t *testing.T) {
 	if err := c.ResumeStandby(ctx); err != nil {
 		t.Fatal(err)
 	}
+	if conn.IsClosed() {
+		// pgx closes a connection whose cancel request did not end the statement within
+		// its delay (a second, by default): on a loaded machine the barrier's cancel can
+		// take longer. The reconciler works on a connection that is open.
+		conn = newConn(t, ctx, c.Primary())
+		if rec, err = reconcile.New(conn, reconcile.WithWait(200*time.Millisecond, 20*time.Millisecond)); err != nil {
+			t.Fatal(err)
+		}
+	}
 	// The reconciler's connection was idle meanwhile; its next statement works.
 	got, err = rec.Resolve(ctx, ref, trace.SpanContext{})
 	if err != nil || got.Status() != reconcile.Committed {

@@ -150,8 +150,10 @@ type Conn struct {
 	preparing   *Frame
 	preparedXID uint64
 	// implicit is the implicit transaction's frame whose write is armed to carry the
-	// check or its marker call (ArmImplicit), until Collect.
-	implicit *Frame
+	// check or its call (ArmImplicit), until Collect; implicitXID is the xid read's
+	// messages there.
+	implicit    *Frame
+	implicitXID []byte
 	// run are the references of Run's Policy while Run begins a transaction on the
 	// connection (running): its frame carries them in place of the tracer's.
 	run     Refs

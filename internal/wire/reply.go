@@ -22,12 +22,12 @@ const (
 	// LibraryCall: a FunctionCall; its reply is a FunctionCallResponse (or an
 	// ErrorResponse) and a ReadyForQuery.
 	LibraryCall
-	// LibraryPortal: extended-protocol messages without a Sync — Close, Parse, Bind and
-	// Execute of a statement of the library's — ahead of the application's, in its Sync
-	// group (Addition.Extended); its reply is CloseComplete, ParseComplete, BindComplete,
-	// a row and its command tag, or an ErrorResponse after which the server skips the
-	// application's messages up to their Sync: that error is the application's reply, and
-	// goes to pgconn.
+	// LibraryPortal: extended-protocol messages without a Sync — Parse, Bind and Execute
+	// of a statement of the library's, and a Flush — after the application's, before
+	// their Sync (Addition.Extended); its reply, after their last Execute's completion,
+	// is ParseComplete, BindComplete, a row and its command tag, or an ErrorResponse: in
+	// that place an error is the implicit transaction's (PostgreSQL puts a failed
+	// commit's there), and goes to pgconn.
 	LibraryPortal
 )
 
@@ -40,6 +40,9 @@ type Reply struct {
 	Err      error    // that error
 	Fatal    bool     // that ErrorResponse was FATAL or PANIC: the session ended there
 	Done     bool     // the library's part of the reply was read whole
+	// Skipped: the server never ran the library's message: an error to the
+	// application's, ahead of it in the Sync group, made it skip to the Sync.
+	Skipped bool
 }
 
 // Take records msg, one message of the reply to the library's message of kind, and
@@ -79,7 +82,7 @@ func (r *Reply) Take(kind LibraryMessage, msg pgproto3.BackendMessage) bool {
 		}
 	case LibraryPortal:
 		switch m := msg.(type) {
-		case *pgproto3.CloseComplete, *pgproto3.ParseComplete, *pgproto3.BindComplete:
+		case *pgproto3.ParseComplete, *pgproto3.BindComplete:
 			return true
 		case *pgproto3.DataRow:
 			if len(m.Values) == 1 {
@@ -145,7 +148,10 @@ type replyFilter struct {
 	commit bool // it went ahead of COMMIT (Addition.Commit): its ERROR replaces the ROLLBACK tag
 	// syncs is how many of the application's replies, each ended by a ReadyForQuery, are
 	// still to pass before the library's (filterApplication); app follows their messages.
+	// execs, for LibraryPortal, is how many of the application's Executes are still to be
+	// completed before the library's reply comes.
 	syncs int
+	execs int
 	app   streamPos
 	state filterState
 	lib   Reply
@@ -199,7 +205,20 @@ func (f *replyFilter) passApplication(b []byte) []byte {
 		n, typ, whole := f.app.step(b)
 		f.out = append(f.out, b[:n]...)
 		b = b[n:]
-		if whole && typ == 'Z' {
+		switch {
+		case !whole:
+		case f.kind == LibraryPortal:
+			switch typ {
+			case 'C', 'I', 's': // an Execute's completion: CommandComplete, EmptyQueryResponse, PortalSuspended
+				if f.execs--; f.execs == 0 {
+					f.state = filterLibrary
+				}
+			case 'E', 'Z':
+				// An error: the server skips to the Sync, the library's messages with the
+				// rest; its ReadyForQuery ends the reply. (Or the session's end.)
+				f.lib.Done, f.lib.Skipped, f.state = true, true, filterPassing
+			}
+		case typ == 'Z':
 			if f.syncs--; f.syncs == 0 {
 				f.state = filterLibrary
 			}
@@ -288,8 +307,6 @@ func backendMessage(typ byte) pgproto3.BackendMessage {
 		return &pgproto3.ParseComplete{}
 	case '2':
 		return &pgproto3.BindComplete{}
-	case '3':
-		return &pgproto3.CloseComplete{}
 	}
 	return nil
 }

@@ -54,18 +54,6 @@ func replyCases(t testing.TB) []replyCase {
 			app: [][]byte{cc("BEGIN"), rfq('T')}, wantErr: "42501"},
 		{name: "marker", kind: LibraryCall, library: [][]byte{msg(t, &pgproto3.FunctionCallResponse{Result: []byte("m731")}), rfq('T')},
 			app: [][]byte{cc("COMMIT"), rfq('I')}, wantValue: "m731"},
-		// The marker ahead of an implicit transaction's statement, in its Sync group.
-		{name: "implicit marker", kind: LibraryPortal,
-			library: [][]byte{msg(t, &pgproto3.CloseComplete{}), msg(t, &pgproto3.ParseComplete{}), msg(t, &pgproto3.BindComplete{}), row("m733"), cc("SELECT 1")},
-			app:     [][]byte{msg(t, &pgproto3.BindComplete{}), cc("INSERT 0 1"), rfq('I')}, wantValue: "m733"},
-		{name: "implicit marker, the statement fails", kind: LibraryPortal,
-			library: [][]byte{msg(t, &pgproto3.CloseComplete{}), msg(t, &pgproto3.ParseComplete{}), msg(t, &pgproto3.BindComplete{}), row("m734"), cc("SELECT 1")},
-			app:     [][]byte{msg(t, &pgproto3.BindComplete{}), errMsg("ERROR", "23505"), rfq('I')}, wantValue: "m734"},
-		{name: "implicit marker refused: the server skips the statement", kind: LibraryPortal,
-			library: [][]byte{msg(t, &pgproto3.CloseComplete{}), msg(t, &pgproto3.ParseComplete{})},
-			passed:  [][]byte{errMsg("ERROR", "42501")}, app: [][]byte{rfq('I')}, wantErr: "42501"},
-		{name: "implicit marker FATAL", kind: LibraryPortal, library: [][]byte{msg(t, &pgproto3.CloseComplete{})},
-			passed: [][]byte{errMsg("FATAL", "57P01")}, wantErr: "57P01", wantFatal: true},
 	}
 }
 
@@ -158,7 +146,7 @@ func checkLibraryReply(t *testing.T, name string, rc replyCase, r Reply) {
 	t.Helper()
 	got := ""
 	switch {
-	case rc.kind == LibraryCall || rc.kind == LibraryPortal:
+	case rc.kind == LibraryCall:
 		got = string(r.Value)
 	case len(r.Row) > 0:
 		got = string(r.Row[0])
@@ -281,6 +269,9 @@ func FuzzReplyFilter(f *testing.F) {
 	}
 	f.Fuzz(func(t *testing.T, kind byte, in []byte, cut uint16) {
 		fl := &replyFilter{kind: LibraryMessage(kind%3 + 1), commit: kind%3 != 0}
+		if fl.kind == LibraryPortal {
+			fl.state, fl.execs = filterApplication, int(cut%3)+1
+		}
 		c := int(cut) % (len(in) + 1)
 		var out []byte
 		for _, piece := range [][]byte{in[:c], in[c:]} {
@@ -328,6 +319,97 @@ func BenchmarkReplyFilterCall(b *testing.B) {
 		f.feed(reply)
 		if !f.finished() || len(f.out) == 0 {
 			b.Fatal("not read")
+		}
+	}
+}
+
+// TestReplyFilterBeforeSync: the library's call after an implicit transaction's statement,
+// before its Sync (LibraryPortal): its reply comes after the application's Executes'
+// completions and before their ReadyForQuery; pgconn gets the application's messages, and
+// the call's ERROR (in the place of a failed commit's), and never the call's other
+// messages; an error to the application's statement makes the server skip the call.
+// Asynchronous messages in every gap, split at every byte.
+func TestReplyFilterBeforeSync(t *testing.T) {
+	rfq := msg(t, &pgproto3.ReadyForQuery{TxStatus: 'I'})
+	cc := func(tag string) []byte { return msg(t, &pgproto3.CommandComplete{CommandTag: []byte(tag)}) }
+	errMsg := func(sev, code string) []byte {
+		return msg(t, &pgproto3.ErrorResponse{Severity: sev, SeverityUnlocalized: sev, Code: code, Message: "m"})
+	}
+	parsed, bound := msg(t, &pgproto3.ParseComplete{}), msg(t, &pgproto3.BindComplete{})
+	row := func(v string) []byte { return msg(t, &pgproto3.DataRow{Values: [][]byte{[]byte(v)}}) }
+	rowDesc := msg(t, &pgproto3.RowDescription{Fields: []pgproto3.FieldDescription{{Name: []byte("id"), DataTypeOID: 23, DataTypeSize: 4, TypeModifier: -1}}})
+	type part struct {
+		b       []byte
+		library bool
+	}
+	lib := func(ms ...[]byte) []part {
+		var ps []part
+		for _, m := range ms {
+			ps = append(ps, part{m, true})
+		}
+		return ps
+	}
+	app := func(ms ...[]byte) []part {
+		var ps []part
+		for _, m := range ms {
+			ps = append(ps, part{m, false})
+		}
+		return ps
+	}
+	cat := func(pss ...[]part) []part {
+		var out []part
+		for _, ps := range pss {
+			out = append(out, ps...)
+		}
+		return out
+	}
+	for _, tc := range []struct {
+		name    string
+		execs   int
+		stream  []part
+		value   string
+		errCode string
+		skipped bool
+	}{
+		{"an insert, then the xid", 1, cat(app(bound, cc("INSERT 0 1")), lib(parsed, bound, row("741"), cc("SELECT 1")), app(rfq)), "741", "", false},
+		{"insert … returning, then the marker", 1, cat(app(parsed, bound, rowDesc, row("7"), cc("INSERT 0 1")), lib(parsed, bound, row("m742"), cc("SELECT 1")), app(rfq)), "m742", "", false},
+		{"a batch of two", 2, cat(app(bound, cc("INSERT 0 1"), bound, cc("UPDATE 1")), lib(parsed, bound, row("743"), cc("SELECT 1")), app(rfq)), "743", "", false},
+		{"the statement fails: the call is skipped", 1, cat(app(bound, errMsg("ERROR", "23505"), rfq)), "", "", true},
+		{"the second of a batch fails", 2, cat(app(bound, cc("INSERT 0 1"), bound, errMsg("ERROR", "23505"), rfq)), "", "", true},
+		{"the call fails: its error is the transaction's", 1, cat(app(bound, cc("INSERT 0 1")), lib(parsed), app(errMsg("ERROR", "57014"), rfq)), "", "57014", false},
+		{"FATAL during the call", 1, cat(app(bound, cc("INSERT 0 1")), lib(parsed, bound), app(errMsg("FATAL", "57P01"))), "", "57P01", false},
+	} {
+		for gap := 0; gap <= len(tc.stream); gap++ {
+			for ai, async := range asyncMessages(t) {
+				stream := cat(tc.stream[:gap], app(async), tc.stream[gap:])
+				var input, want []byte
+				for _, p := range stream {
+					input = append(input, p.b...)
+					if !p.library {
+						want = append(want, p.b...)
+					}
+				}
+				for _, split := range splitsOf(len(input)) {
+					name := fmt.Sprintf("%s/async %d at %d/split %v", tc.name, ai, gap, split)
+					f := &replyFilter{kind: LibraryPortal, commit: true, execs: tc.execs, state: filterApplication}
+					var out []byte
+					for _, piece := range pieces(input, split) {
+						f.feed(piece)
+						out = append(out, f.out...)
+						f.out = f.out[:0]
+					}
+					if f.err != nil {
+						t.Fatalf("%s: %v", name, f.err)
+					}
+					if !bytes.Equal(out, want) {
+						t.Fatalf("%s: pgconn got\n%q\nwant\n%q", name, out, want)
+					}
+					r := f.lib
+					if !r.Done || string(r.Value) != tc.value || r.ErrCode != tc.errCode || r.Skipped != tc.skipped || !f.finished() {
+						t.Fatalf("%s: library read %+v, state %d; want value %q, error %q, skipped %v", name, r, f.state, tc.value, tc.errCode, tc.skipped)
+					}
+				}
+			}
 		}
 	}
 }

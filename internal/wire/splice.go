@@ -25,12 +25,16 @@ type Addition struct {
 	// only says that the transaction had already failed (25P02), when the ROLLBACK is
 	// COMMIT's own answer. This is the one place that rule is written.
 	Commit bool
-	// Extended: Msg goes ahead of a write that is one extended-protocol Sync group of the
-	// application's (extendedGroup), in place of a Query of the text Match: in the
-	// implicit transaction that group runs in (LibraryPortal), or as a Query of its own
-	// before it (LibraryQuery, answered up to its ReadyForQuery).
+	// Extended: Msg goes with a write that is one extended-protocol Sync group of the
+	// application's (extendedGroup), in place of a Query of the text Match: ahead of it,
+	// as a Query of its own (LibraryQuery, answered up to its ReadyForQuery), or, for
+	// LibraryPortal, inside the implicit transaction the group runs in, after the
+	// application's messages and before their Sync, where the server runs it only if
+	// none of theirs failed, and answers it after their last Execute's completion.
 	Extended bool
 	state    additionState
+	// execs is how many Executes of the application's the group holds (LibraryPortal).
+	execs int
 	// syncs is how many replies, each ended by a ReadyForQuery, the application's
 	// messages get before Msg's (After).
 	syncs int
@@ -78,8 +82,19 @@ func (a *Addition) addTo(b []byte) (out []byte, cut int, ok bool) {
 		return append(append(make([]byte, 0, len(b)+len(a.Msg)), b...), a.Msg...), 0, true
 	}
 	if a.Extended {
-		group, executes := extendedGroup(b)
-		if !group || a.Kind == LibraryQuery && bindsEarlierUnnamed(b) || a.Kind == LibraryPortal && !executes {
+		group, execs := extendedGroup(b)
+		switch {
+		case !group:
+			return nil, 0, false
+		case a.Kind == LibraryPortal:
+			if execs == 0 {
+				return nil, 0, false
+			}
+			a.execs = execs
+			sync := len(b) - 5
+			out = append(append(append(make([]byte, 0, len(a.Msg)+len(b)), b[:sync]...), a.Msg...), b[sync:]...)
+			return out, 0, true
+		case bindsEarlierUnnamed(b):
 			return nil, 0, false
 		}
 		out = append(append(make([]byte, 0, len(a.Msg)+len(b)), a.Msg...), b...)
@@ -127,32 +142,32 @@ func syncedWrite(b []byte) (syncs int, ok bool) {
 
 // extendedGroup reports whether b is one extended-protocol Sync group — whole Parse,
 // Bind, Describe, Close, Flush and Execute messages and exactly one Sync, its last — and
-// whether it executes: pgx's Bind/Describe/Execute/Sync, with a Parse ahead in the modes
-// that parse each time, a batch's pipeline; or its Parse/Describe/Sync that prepares a
-// statement before it first runs. The server runs an executing group in one implicit
-// transaction, committed at that Sync.
-func extendedGroup(b []byte) (group, executes bool) {
+// how many Executes it holds: pgx's Bind/Describe/Execute/Sync, with a Parse ahead in the
+// modes that parse each time, a batch's pipeline; or none, its Parse/Describe/Sync that
+// prepares a statement before it first runs. The server runs an executing group in one
+// implicit transaction, committed at that Sync.
+func extendedGroup(b []byte) (group bool, execs int) {
 	syncs := 0
 	for len(b) > 0 {
 		_, n, ok := msgHeader(b)
 		if !ok || len(b) < 1+n {
-			return false, false
+			return false, 0
 		}
 		switch b[0] {
 		case 'S':
 			syncs++
 		case 'E':
-			executes = true
+			execs++
 		case 'P', 'B', 'D', 'C', 'H':
 		default:
-			return false, false
+			return false, 0
 		}
 		if syncs > 0 && len(b) > 1+n {
-			return false, false // something after the Sync
+			return false, 0 // something after the Sync
 		}
 		b = b[1+n:]
 	}
-	return syncs == 1, executes
+	return syncs == 1, execs
 }
 
 // bindsEarlierUnnamed reports whether the group b binds the unnamed statement without
@@ -220,8 +235,8 @@ func (s *splice) arm(a *Addition) {
 // come, and pgconn's background reader read it whole and move a on to replied, before
 // Write returns.
 func (s *splice) start(a *Addition) {
-	s.filter = &replyFilter{kind: a.Kind, after: a.After, commit: a.Commit, syncs: a.syncs}
-	if a.After {
+	s.filter = &replyFilter{kind: a.Kind, after: a.After, commit: a.Commit, syncs: a.syncs, execs: a.execs}
+	if a.After || a.execs > 0 {
 		s.filter.state = filterApplication
 	}
 	s.added = a

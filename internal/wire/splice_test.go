@@ -328,33 +328,43 @@ func TestExtendedGroup(t *testing.T) {
 	bind := func(stmt string) pgproto3.FrontendMessage { return &pgproto3.Bind{PreparedStatement: stmt} }
 	desc, exec, sync := &pgproto3.Describe{ObjectType: 'P'}, &pgproto3.Execute{}, &pgproto3.Sync{}
 	for _, tc := range []struct {
-		name                      string
-		b                         []byte
-		group, executes, unnamedB bool
+		name            string
+		b               []byte
+		group           bool
+		execs           int
+		bindsEarlierUnn bool
 	}{
-		{"cache statement", f(bind("stmtcache_1"), desc, exec, sync), true, true, false},
-		{"exec: parse, bind, execute", f(parse(""), bind(""), desc, exec, sync), true, true, false},
-		{"describe exec, second write: binds the unnamed statement parsed before", f(bind(""), desc, exec, sync), true, true, true},
-		{"prepare only", f(parse("stmtcache_2"), &pgproto3.Describe{ObjectType: 'S', Name: "stmtcache_2"}, sync), true, false, false},
-		{"batch: two statements, one Sync", f(bind("a"), desc, exec, bind("b"), desc, exec, sync), true, true, false},
-		{"simple Query", f(&pgproto3.Query{String: "insert into t values (1)"}), false, false, false},
-		{"two Syncs", f(bind("a"), exec, sync, bind("b"), exec, sync), false, false, false},
-		{"no Sync", f(bind("a"), exec, &pgproto3.Flush{}), false, false, false},
-		{"COPY data", f(&pgproto3.CopyData{Data: []byte("1\n")}), false, false, false},
+		{"cache statement", f(bind("stmtcache_1"), desc, exec, sync), true, 1, false},
+		{"exec: parse, bind, execute", f(parse(""), bind(""), desc, exec, sync), true, 1, false},
+		{"describe exec, second write: binds the unnamed statement parsed before", f(bind(""), desc, exec, sync), true, 1, true},
+		{"prepare only", f(parse("stmtcache_2"), &pgproto3.Describe{ObjectType: 'S', Name: "stmtcache_2"}, sync), true, 0, false},
+		{"batch: two statements, one Sync", f(bind("a"), desc, exec, bind("b"), desc, exec, sync), true, 2, false},
+		{"simple Query", f(&pgproto3.Query{String: "insert into t values (1)"}), false, 0, false},
+		{"two Syncs", f(bind("a"), exec, sync, bind("b"), exec, sync), false, 0, false},
+		{"no Sync", f(bind("a"), exec, &pgproto3.Flush{}), false, 0, false},
+		{"COPY data", f(&pgproto3.CopyData{Data: []byte("1\n")}), false, 0, false},
 	} {
-		group, executes := extendedGroup(tc.b)
-		if group != tc.group || group && executes != tc.executes {
-			t.Errorf("%s: group %v, executes %v; want %v, %v", tc.name, group, executes, tc.group, tc.executes)
+		group, execs := extendedGroup(tc.b)
+		if group != tc.group || group && execs != tc.execs {
+			t.Errorf("%s: group %v, executes %d; want %v, %d", tc.name, group, execs, tc.group, tc.execs)
 		}
-		if group && bindsEarlierUnnamed(tc.b) != tc.unnamedB {
-			t.Errorf("%s: binds an earlier unnamed statement %v, want %v", tc.name, !tc.unnamedB, tc.unnamedB)
+		if group && bindsEarlierUnnamed(tc.b) != tc.bindsEarlierUnn {
+			t.Errorf("%s: binds an earlier unnamed statement %v, want %v", tc.name, !tc.bindsEarlierUnn, tc.bindsEarlierUnn)
 		}
-		for _, kind := range []LibraryMessage{LibraryQuery, LibraryPortal} {
-			a := &Addition{Kind: kind, Extended: true, Msg: []byte("LIB")}
-			out, cut, ok := a.addTo(tc.b)
-			want := tc.group && (kind == LibraryQuery && !tc.unnamedB || kind == LibraryPortal && tc.executes)
-			if ok != want || ok && (cut != 3 || !bytes.Equal(out, append([]byte("LIB"), tc.b...))) {
-				t.Errorf("%s, kind %d: added %v (cut %d), want %v", tc.name, kind, ok, cut, want)
+		// The check goes ahead of the group; a call, after its messages, before its Sync.
+		check := &Addition{Kind: LibraryQuery, Extended: true, Msg: []byte("LIB")}
+		out, cut, ok := check.addTo(tc.b)
+		if want := tc.group && !tc.bindsEarlierUnn; ok != want || ok && (cut != 3 || !bytes.Equal(out, append([]byte("LIB"), tc.b...))) {
+			t.Errorf("%s, check: added %v (cut %d), want %v", tc.name, ok, cut, want)
+		}
+		call := &Addition{Kind: LibraryPortal, Extended: true, Msg: []byte("LIB")}
+		out, cut, ok = call.addTo(tc.b)
+		if want := tc.group && tc.execs > 0; ok != want {
+			t.Errorf("%s, call: added %v, want %v", tc.name, ok, want)
+		} else if ok {
+			sync := len(tc.b) - 5
+			if wantOut := append(append(append([]byte{}, tc.b[:sync]...), "LIB"...), tc.b[sync:]...); cut != 0 || !bytes.Equal(out, wantOut) || call.execs != tc.execs {
+				t.Errorf("%s, call: %q (cut %d, execs %d)", tc.name, out, cut, call.execs)
 			}
 		}
 	}
