@@ -102,6 +102,13 @@ type implicitSetup struct {
 
 func newImplicit(t *testing.T, mode string, opts ...Option) *implicitSetup {
 	t.Helper()
+	return newImplicitOn(t, mode, "", opts...)
+}
+
+// newImplicitOn is newImplicit on the connection string base ("": the server through the
+// proxy).
+func newImplicitOn(t *testing.T, mode, base string, opts ...Option) *implicitSetup {
+	t.Helper()
 	w := &implicitSetup{ctx: pgtest.ContextFor(t), proxy: pgtest.ProxyFor(t, srv), logs: &bytes.Buffer{}}
 	w.proxy.ImplicitCommits(implicitText)
 	w.table = srv.NewTable(t, w.ctx, tableColumns)
@@ -112,7 +119,10 @@ func newImplicit(t *testing.T, mode string, opts ...Option) *implicitSetup {
 	case "marker":
 		opts = append(opts, WithCommitMarker(reconciletest.NewMarkerTable(t, w.ctx, srv.Exec)))
 	}
-	w.h = newHarness(t, w.proxy.ConnString(srv.ConnString()), 1, opts...)
+	if base == "" {
+		base = w.proxy.ConnString(srv.ConnString())
+	}
+	w.h = newHarness(t, base, 1, opts...)
 	if mode != "off" {
 		// A connection's first implicit transaction carries the check of what the
 		// references need; those after it, their reference.
@@ -724,7 +734,8 @@ func TestImplicitInterplayModel(t *testing.T) {
 
 // TestImplicitReferenceChangesNothing: what the application sees of its autocommit
 // writes — results, RowsAffected, RETURNING rows, errors (SQLSTATE) — and the round trips
-// they take are the same with the references off, the xid and the marker, for patterns an
+// they take are the same with the references off, the xid and the marker, over TCP, TLS
+// and PgBouncer, for patterns an
 // application has: inserts by every query mode, a batch, a failing insert, a read-only
 // session (refused, and a temporary table, allowed), an UPDATE that matches nothing, and
 // statements that cannot run in a transaction block (VACUUM, CREATE INDEX CONCURRENTLY),
@@ -784,33 +795,47 @@ func TestImplicitReferenceChangesNothing(t *testing.T) {
 			return fmt.Sprint(n)
 		}},
 	}
-	var first map[string]string
-	var firstTrips int64
-	for _, mode := range refModes {
-		w := newImplicit(t, mode)
-		mustExec(t, w.ctx, w.h.pool, "select 1") // the connection is made before the count
-		w.proxy.ResetRoundTrips()
-		got := map[string]string{}
-		for _, s := range steps {
-			got[s.name] = s.do(w.ctx, w)
-		}
-		trips := w.proxy.RoundTrips()
-		t.Logf("%s: %d round trips", mode, trips)
-		if first == nil {
-			first, firstTrips = got, trips
-			continue
-		}
-		for _, s := range steps {
-			if got[s.name] != first[s.name] {
-				t.Errorf("%s, %s: the application saw %q; with the references off %q", mode, s.name, got[s.name], first[s.name])
+	ctx := pgtest.ContextFor(t)
+	bouncer := pgtest.PgBouncerFor(t, ctx, srv, "session", 1)
+	for _, base := range []struct{ name, conn string }{{"tcp", ""}, {"tls", "tls"}, {"pgbouncer", bouncer.ConnString()}} {
+		t.Run(base.name, func(t *testing.T) {
+			var first map[string]string
+			var firstTrips int64
+			for _, mode := range refModes {
+				conn := base.conn
+				if conn == "tls" {
+					conn = pgtest.ProxyFor(t, srv).ConnString(srv.TLSConnString())
+				}
+				w := newImplicitOn(t, mode, conn)
+				mustExec(t, w.ctx, w.h.pool, "select 1") // the connection is made before the count
+				w.proxy.ResetRoundTrips()
+				got := map[string]string{}
+				for _, s := range steps {
+					got[s.name] = s.do(w.ctx, w)
+				}
+				trips := w.proxy.RoundTrips()
+				if first == nil {
+					first, firstTrips = got, trips
+				} else {
+					for _, s := range steps {
+						if got[s.name] != first[s.name] {
+							t.Errorf("%s, %s: the application saw %q; with the references off %q", mode, s.name, got[s.name], first[s.name])
+						}
+					}
+					if base.conn == "" && trips != firstTrips {
+						t.Errorf("%s: %d round trips; with the references off %d", mode, trips, firstTrips)
+					}
+				}
+				if base.conn == "" {
+					t.Logf("%s: %d round trips", mode, trips)
+				}
+				_ = w.db.Close()
+				w.h.pool.Close() // its server connection goes back to PgBouncer's pool of one
 			}
-		}
-		if trips != firstTrips {
-			t.Errorf("%s: %d round trips; with the references off %d", mode, trips, firstTrips)
-		}
-	}
-	for _, s := range steps {
-		t.Logf("%s: %s", s.name, first[s.name])
+			for _, s := range steps {
+				t.Logf("%s: %s", s.name, first[s.name])
+			}
+		})
 	}
 }
 
