@@ -12,10 +12,11 @@ import (
 	"github.com/txevidence/otelpgxtx/internal/errs"
 )
 
-// ErrInvalidArgument is wrapped by every error about a bad argument to [Run], [Begin],
-// [AfterCommit] or an option: a nil db or function, an invalid policy, an option value
-// [InstrumentPool] or [InstrumentConnConfig] refuses. It is
-// reconcile.ErrInvalidArgument, the same error, so that one errors.Is tells bad input
+// ErrInvalidArgument is wrapped by every error about a bad argument to [InstrumentPool],
+// [InstrumentConnConfig], [Run], [Retry], [Begin], [AfterCommit], [Tracer.Check],
+// [NewVerdict] (through [Verdict.Result]) or an option: a nil config, db, context or
+// function, a config instrumented already, an invalid policy, an option value refused. It
+// is reconcile.ErrInvalidArgument, the same error, so that one errors.Is tells bad input
 // from a database failure whichever package reported it.
 var ErrInvalidArgument = errs.ErrInvalidArgument
 

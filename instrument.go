@@ -16,16 +16,20 @@ import (
 
 // InstrumentPool instruments every connection of a pool that cfg will create; call it
 // before pgxpool.NewWithConfig (the package documentation and the example show the whole
-// setup). An error (wrapping [ErrInvalidArgument]: a nil config, an option refused, a
-// config instrumented already) means cfg was left as it was, without a tracer: check it,
-// or the pool records nothing. Close the returned Tracer after the pool.
+// setup). An error (wrapping [ErrInvalidArgument]: a nil config or one without its
+// ConnConfig, an option refused, a config instrumented already) means cfg was left as it
+// was, without a tracer: check it, or the pool records nothing. Close the returned Tracer
+// after the pool.
 //
 // It does what [InstrumentConnConfig] does for cfg.ConnConfig, and chains (never
 // replaces) cfg.BeforeClose so that a frame never outlives its connection. A connection
 // released in the middle of a transaction is seen by the tracer's release hook.
 func InstrumentPool(cfg *pgxpool.Config, opts ...Option) (*Tracer, error) {
-	if cfg == nil || cfg.ConnConfig == nil {
+	if cfg == nil {
 		return nil, invalid("InstrumentPool: nil pool config")
+	}
+	if cfg.ConnConfig == nil {
+		return nil, invalid("InstrumentPool: the pool config has no ConnConfig (make it with pgxpool.ParseConfig)")
 	}
 	t, err := InstrumentConnConfig(cfg.ConnConfig, opts...)
 	if err != nil {
@@ -54,7 +58,9 @@ func InstrumentPool(cfg *pgxpool.Config, opts ...Option) (*Tracer, error) {
 // nothing of its own: the bytes on the wire are those of the application, unless commit
 // references are asked for ([WithCommitReference], [WithCommitMarker], or a [Policy] of
 // [Run]'s), which add to the application's writes what they name.
-// Calling it twice on one config is an error: frames would be recorded twice.
+// Calling it twice on one config is an error: frames would be recorded twice. Every
+// error it returns (a nil cfg, a config instrumented already, an option refused) wraps
+// [ErrInvalidArgument] and leaves cfg as it was.
 func InstrumentConnConfig(cfg *pgx.ConnConfig, opts ...Option) (*Tracer, error) {
 	if cfg == nil {
 		return nil, invalid("InstrumentConnConfig: nil connection config")

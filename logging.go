@@ -36,6 +36,7 @@ func (t *core) logIndeterminate(e *ending) {
 // frame ([WithLogger]); a log query selects these records by it, and those of
 // [MessagePendingAtShutdown], for the operator's command (cmd/otelpgxtx). It says what
 // is true when it is written — nothing may be replayed before the commit is settled —
-// and stays true when [Retry] settles it aborted and runs the attempt again (its span's
-// tx.retry.settled event records that).
+// and stays true when [Retry] with [WithReconciler] settles it aborted and runs the
+// attempt again. That settling is recorded in the trace (the otelpgxtx.retry span's
+// tx.retry.settled event, then the next attempt's frames), not in a log record.
 const MessageIndeterminate = "transaction commit outcome is indeterminate: settle it before any replay"

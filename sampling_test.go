@@ -16,6 +16,7 @@ import (
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 
 	"github.com/txevidence/otelpgxtx/pgtest"
+	"github.com/txevidence/otelpgxtx/reconcile"
 )
 
 // TestUnsampledFramesStillCounted: with a never-sample sampler no span is exported, but
@@ -140,16 +141,57 @@ func TestMetricsByOutcome(t *testing.T) {
 	}
 }
 
+// TestNilArgumentsWrapErrInvalidArgument: a nil config, pool or connection given to a
+// constructor (InstrumentPool, InstrumentConnConfig, Begin, reconcile.New), untyped or
+// typed, is an error wrapping ErrInvalidArgument, prefixed with its own package, and
+// nothing panics.
+func TestNilArgumentsWrapErrInvalidArgument(t *testing.T) {
+	ctx := context.Background()
+	for name, call := range map[string]func() error{
+		"InstrumentPool(nil)": func() error { _, err := InstrumentPool(nil); return err },
+		"InstrumentPool(nil, an option)": func() error {
+			_, err := InstrumentPool(nil, WithCommitReference())
+			return err
+		},
+		"InstrumentPool without ConnConfig": func() error { _, err := InstrumentPool(&pgxpool.Config{}); return err },
+		"InstrumentConnConfig(nil)":         func() error { _, err := InstrumentConnConfig(nil); return err },
+		"InstrumentConnConfig(nil, an option)": func() error {
+			_, err := InstrumentConnConfig(nil, WithCommitReference())
+			return err
+		},
+		"Begin(nil)":                  func() error { _, _, err := Begin(ctx, nil, pgx.TxOptions{}); return err },
+		"Begin(nil *pgxpool.Pool)":    func() error { _, _, err := Begin(ctx, (*pgxpool.Pool)(nil), pgx.TxOptions{}); return err },
+		"Begin(nil *pgx.Conn)":        func() error { _, _, err := Begin(ctx, (*pgx.Conn)(nil), pgx.TxOptions{}); return err },
+		"reconcile.New(nil)":          func() error { _, err := reconcile.New(nil); return err },
+		"reconcile.New(nil *pgxpool)": func() error { _, err := reconcile.New((*pgxpool.Pool)(nil)); return err },
+		"reconcile.New(nil *pgx.Conn)": func() error {
+			_, err := reconcile.New((*pgx.Conn)(nil))
+			return err
+		},
+	} {
+		t.Run(name, func(t *testing.T) {
+			var err error
+			func() {
+				defer func() {
+					if r := recover(); r != nil {
+						t.Fatalf("panicked: %v", r)
+					}
+				}()
+				err = call()
+			}()
+			if !errors.Is(err, ErrInvalidArgument) {
+				t.Fatalf("%v, want an error wrapping ErrInvalidArgument", err)
+			}
+			pkg := "otelpgxtx"
+			if strings.HasPrefix(name, "reconcile.") {
+				pkg = "reconcile"
+			}
+			wantOwnPrefix(t, name, err, pkg)
+		})
+	}
+}
+
 func TestInstrumentBadInput(t *testing.T) {
-	if _, err := InstrumentPool(nil); !errors.Is(err, ErrInvalidArgument) {
-		t.Fatalf("InstrumentPool(nil): %v, want ErrInvalidArgument", err)
-	}
-	if _, err := InstrumentPool(&pgxpool.Config{}); !errors.Is(err, ErrInvalidArgument) {
-		t.Fatalf("InstrumentPool without ConnConfig: %v, want ErrInvalidArgument", err)
-	}
-	if _, err := InstrumentConnConfig(nil); !errors.Is(err, ErrInvalidArgument) {
-		t.Fatalf("InstrumentConnConfig(nil): %v, want ErrInvalidArgument", err)
-	}
 	cfg, err := pgx.ParseConfig(srv.ConnString())
 	if err != nil {
 		t.Fatal(err)
@@ -169,8 +211,21 @@ func TestInstrumentBadInput(t *testing.T) {
 	if _, err := InstrumentConnConfig(cfg); !errors.Is(err, ErrInvalidArgument) {
 		t.Fatalf("instrumenting twice: %v, want ErrInvalidArgument", err)
 	}
-	if _, _, err := Begin(context.Background(), nil, pgx.TxOptions{}); err == nil {
-		t.Fatal("Begin with nil db succeeded")
+	pcfg, err := pgxpool.ParseConfig(srv.ConnString())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := InstrumentPool(pcfg, WithSpanName("")); !errors.Is(err, ErrInvalidArgument) {
+		t.Fatalf("InstrumentPool with a refused option: %v, want ErrInvalidArgument", err)
+	}
+	if pcfg.ConnConfig.Tracer != nil || pcfg.BeforeClose != nil {
+		t.Fatal("a failed InstrumentPool changed the config")
+	}
+	if _, err := InstrumentPool(pcfg); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := InstrumentPool(pcfg); !errors.Is(err, ErrInvalidArgument) {
+		t.Fatalf("instrumenting a pool config twice: %v, want ErrInvalidArgument", err)
 	}
 }
 

@@ -76,6 +76,7 @@ var (
 	out      io.Writer
 	cfg      *pgxpool.Config
 	pool     *pgxpool.Pool
+	recPool  *pgxpool.Pool
 	rec      *reconcile.Reconciler
 	pending  []outcome.Indeterminate[struct{}]
 	transfer func(context.Context) error
@@ -96,7 +97,7 @@ var (
 // checkout, as a reader would copy it. A whole program (it begins with its package
 // clause) is built as it is; any other block must be marked a fragment ("go fragment" on
 // its fence) and is built as the body of a function of a package that declares what an
-// application has at hand (fragmentPrelude: ctx, dsn, out, cfg, pool, rec, pending, transfer,
+// application has at hand (fragmentPrelude: ctx, dsn, out, cfg, pool, recPool, rec, pending, transfer,
 // resume, publishOrderCreated) — so a variable it declares and never uses fails, as it would in the reader's
 // code; the function returns an error, so that a fragment may return one. A fragment
 // marked with an example's name ("go fragment ExampleRetry") must also be that tested

@@ -97,7 +97,8 @@ func run(ctx context.Context, dsn string, waitForStandby bool, spans, out io.Wri
 	}
 
 	// The safe retry. The reconciler asks the database, on a pool of its own, so that it
-	// never waits behind the application for a connection.
+	// never waits behind the application for a connection. A plain pool: the reconciler
+	// reads PostgreSQL's own records and needs no tracer.
 	recPool, err := pgxpool.New(ctx, dsn)
 	if err != nil {
 		return err
