@@ -147,8 +147,9 @@
 // recording parent), the frame has none either; with a tracer of the application's it has
 // a span of its own. Reads make no frame. The metrics count implicit transactions with
 // tx.implicit=true, the log record and a [Verdict] cover them, and [WithImplicitFilter]
-// leaves out those it rejects. They carry no reference yet
-// (tx.reconciliation.no_reference=implicit): docs/reconciliation.md.
+// leaves out those it rejects. With the references on, the marker call or the xid read
+// rides after the statement, before its Sync, in the same write; a write sent as a simple
+// Query gets none (tx.reconciliation.no_reference=simple_protocol): docs/reconciliation.md.
 //
 // # Span schema
 //
