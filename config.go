@@ -224,18 +224,23 @@ type Filter func(ctx context.Context, begin string) bool
 // WithFilter records a frame span only for the transactions for which every filter
 // returns true. Filters run once per frame, on the caller's goroutine.
 func WithFilter(f ...Filter) Option {
-	return optionFunc(func(c *config) {
-		for _, fn := range f {
-			if fn == nil {
-				continue
-			}
-			if prev := c.filter; prev != nil {
-				c.filter = func(ctx context.Context, begin string) bool { return prev(ctx, begin) && fn(ctx, begin) }
-			} else {
-				c.filter = fn
-			}
+	return optionFunc(func(c *config) { c.filter = allOf(c.filter, f) })
+}
+
+// allOf returns a filter that passes what prev (nil: none) and every filter of fs that is
+// not nil pass.
+func allOf[F ~func(context.Context, string) bool](prev F, fs []F) F {
+	for _, fn := range fs {
+		if fn == nil {
+			continue
 		}
-	})
+		if p := prev; p != nil {
+			prev = func(ctx context.Context, s string) bool { return p(ctx, s) && fn(ctx, s) }
+		} else {
+			prev = fn
+		}
+	}
+	return prev
 }
 
 // ImplicitFilter decides, per implicit transaction, whether it is a frame: a statement
@@ -256,18 +261,7 @@ type ImplicitFilter func(ctx context.Context, sql string) bool
 //
 //	otelpgxtx.WithImplicitFilter(func(context.Context, string) bool { return false })
 func WithImplicitFilter(f ...ImplicitFilter) Option {
-	return optionFunc(func(c *config) {
-		for _, fn := range f {
-			if fn == nil {
-				continue
-			}
-			if prev := c.implicitFilter; prev != nil {
-				c.implicitFilter = func(ctx context.Context, sql string) bool { return prev(ctx, sql) && fn(ctx, sql) }
-			} else {
-				c.implicitFilter = fn
-			}
-		}
-	})
+	return optionFunc(func(c *config) { c.implicitFilter = allOf(c.implicitFilter, f) })
 }
 
 // WithDisableConnectionDetailsInAttributes leaves server.address, server.port and

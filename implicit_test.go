@@ -8,8 +8,6 @@ import (
 	"fmt"
 	"log/slog"
 	"math/rand/v2"
-	"os"
-	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -605,15 +603,7 @@ func TestRetryOneTrace(t *testing.T) {
 // there; rolled back: none), and the step's Verdict is the attempt algebra's answer over
 // its transactions. OTELPGXTX_IMPLICIT_SEED replays a sequence.
 func TestImplicitInterplayModel(t *testing.T) {
-	seed := uint64(time.Now().UnixNano())
-	if s := os.Getenv("OTELPGXTX_IMPLICIT_SEED"); s != "" {
-		n, err := strconv.ParseUint(s, 10, 64)
-		if err != nil {
-			t.Fatalf("OTELPGXTX_IMPLICIT_SEED=%q: want an unsigned integer", s)
-		}
-		seed = n
-	}
-	t.Logf("seed %d (OTELPGXTX_IMPLICIT_SEED replays it)", seed)
+	seed := testSeed(t, "OTELPGXTX_IMPLICIT_SEED")
 	r := rand.New(rand.NewPCG(seed, 0))
 	w := newImplicit(t, "off")
 	id := 0

@@ -21,15 +21,7 @@ import (
 // rollback retryable only as the last one is. Settling is offered only for exactly one
 // unknown. Each sequence is replayed alone by OTELPGXTX_VERDICT_SEED.
 func TestVerdictAttemptModel(t *testing.T) {
-	seed := rand.Uint64()
-	if s := os.Getenv("OTELPGXTX_VERDICT_SEED"); s != "" {
-		n, err := strconv.ParseUint(s, 10, 64)
-		if err != nil {
-			t.Fatalf("OTELPGXTX_VERDICT_SEED=%q: want an unsigned integer", s)
-		}
-		seed = n
-	}
-	t.Logf("seed %d (OTELPGXTX_VERDICT_SEED replays it)", seed)
+	seed := testSeed(t, "OTELPGXTX_VERDICT_SEED")
 	seen := map[outcome.Outcome]int{}
 	for i := range 2000 {
 		s := seed + uint64(i)
@@ -154,4 +146,20 @@ func verdictSequence(seed uint64) (got, want modelAnswer, trace string) {
 		got.id = want.id // a failed Acquire has no operation id
 	}
 	return got, want, trace
+}
+
+// testSeed is the seed of a seeded test: the environment variable env's, else a random
+// one; logged either way, so that a failure can be replayed.
+func testSeed(t *testing.T, env string) uint64 {
+	t.Helper()
+	seed := rand.Uint64()
+	if s := os.Getenv(env); s != "" {
+		n, err := strconv.ParseUint(s, 10, 64)
+		if err != nil {
+			t.Fatalf("%s=%q: want an unsigned integer", env, s)
+		}
+		seed = n
+	}
+	t.Logf("seed %d (%s replays it)", seed, env)
+	return seed
 }

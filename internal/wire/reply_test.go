@@ -98,12 +98,7 @@ func TestReplyFilter(t *testing.T) {
 				for _, split := range splitsOf(len(input)) {
 					name := fmt.Sprintf("%s/async %d at %d/split %v", rc.name, ai, gap, split)
 					f := &replyFilter{kind: rc.kind, commit: rc.kind == LibraryCall}
-					var out []byte
-					for _, piece := range pieces(input, split) {
-						f.feed(piece)
-						out = append(out, f.out...)
-						f.out = f.out[:0]
-					}
+					out := feedSplit(f, input, split)
 					if f.err != nil {
 						t.Fatalf("%s: %v", name, f.err)
 					}
@@ -115,6 +110,17 @@ func TestReplyFilter(t *testing.T) {
 			}
 		}
 	}
+}
+
+// feedSplit feeds input to f cut at split (see splitsOf), and returns what pgconn got.
+func feedSplit(f *replyFilter, input []byte, split int) []byte {
+	var out []byte
+	for _, piece := range pieces(input, split) {
+		f.feed(piece)
+		out = append(out, f.out...)
+		f.out = f.out[:0]
+	}
+	return out
 }
 
 // splitsOf returns the ways a stream of n bytes is cut: whole, at every byte once, and
@@ -392,12 +398,7 @@ func TestReplyFilterBeforeSync(t *testing.T) {
 				for _, split := range splitsOf(len(input)) {
 					name := fmt.Sprintf("%s/async %d at %d/split %v", tc.name, ai, gap, split)
 					f := &replyFilter{kind: LibraryPortal, commit: true, execs: tc.execs, state: filterApplication}
-					var out []byte
-					for _, piece := range pieces(input, split) {
-						f.feed(piece)
-						out = append(out, f.out...)
-						f.out = f.out[:0]
-					}
+					out := feedSplit(f, input, split)
 					if f.err != nil {
 						t.Fatalf("%s: %v", name, f.err)
 					}
