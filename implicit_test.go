@@ -908,3 +908,47 @@ func TestImplicitFailover(t *testing.T) {
 		})
 	}
 }
+
+// TestImplicitAutoReconcile: automatic reconciliation settles an implicit transaction's
+// indeterminate commit as an explicit one's: with the marker, a cut after the server read
+// the write is answered committed, one before it aborted, each once, to the callback.
+func TestImplicitAutoReconcile(t *testing.T) {
+	for _, cut := range []string{"before", "after"} {
+		t.Run(cut, func(t *testing.T) {
+			answers := make(chan Reconciliation, 4)
+			ctx := pgtest.ContextFor(t)
+			rec, err := reconcile.New(srv.Pool(t, ctx), reconcile.WithWait(20*time.Millisecond, time.Millisecond))
+			mustOK(t, err)
+			w := newImplicit(t, "marker", WithAutoReconcile(rec, WithOnReconciled(func(r Reconciliation) { answers <- r })))
+			t.Cleanup(func() { _ = w.h.tracer.Close(context.Background()) })
+			if cut == "before" {
+				w.proxy.CutBeforeCommit()
+			} else {
+				w.proxy.CutAfterCommit()
+			}
+			pid := w.pid(t)
+			vctx, v := NewVerdict(w.ctx)
+			if _, err := w.h.pool.Exec(vctx, w.insert(), 1); err == nil {
+				t.Fatal("the write answered through the cut")
+			}
+			mustOK(t, srv.WaitBackendGone(w.ctx, pid))
+			res, err := v.Result()
+			if err != nil || res.Outcome() != outcome.OutcomeIndeterminate {
+				t.Fatalf("verdict %T %v, want indeterminate", res, err)
+			}
+			var got Reconciliation
+			select {
+			case got = <-answers:
+			case <-w.ctx.Done():
+				t.Fatal("no answer")
+			}
+			want := map[string]reconcile.Status{"before": reconcile.Aborted, "after": reconcile.Committed}[cut]
+			if got.OperationID != res.OperationID() || got.Answer.Status() != want {
+				t.Fatalf("answer %s %q for %s, want %s for %s", got.Answer.Status(), got.Answer.Reason(), got.OperationID, want, res.OperationID())
+			}
+			if row := srv.RowExists(t, w.ctx, w.table, 1); row != (want == reconcile.Committed) {
+				t.Fatalf("row %v, answer %s", row, want)
+			}
+		})
+	}
+}
