@@ -610,10 +610,7 @@ func TestImplicitInterplayModel(t *testing.T) {
 	seen := map[string]int{}
 	for step := range 40 {
 		vctx, v := NewVerdict(w.ctx)
-		type txn struct {
-			ids []int
-			o   outcome.Outcome
-		}
+		type txn struct{ ids []int } // the rows of one transaction of the step
 		var txns []txn
 		kind := r.IntN(4)
 		commit := r.IntN(3) > 0
