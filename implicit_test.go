@@ -93,9 +93,10 @@ type implicitSetup struct {
 	proxy *pgtest.Proxy
 	h     *harness
 	db    *sql.DB
-	table string
-	logs  *bytes.Buffer
-	rec   *reconcile.Reconciler
+	table  string
+	logs   *bytes.Buffer
+	rec    *reconcile.Reconciler
+	marker pgx.Identifier // the marker table, with the marker on
 }
 
 func newImplicit(t *testing.T, mode string, opts ...Option) *implicitSetup {
@@ -115,7 +116,8 @@ func newImplicitOn(t *testing.T, mode, base string, opts ...Option) *implicitSet
 	case "xid":
 		opts = append(opts, WithCommitReference())
 	case "marker":
-		opts = append(opts, WithCommitMarker(reconciletest.NewMarkerTable(t, w.ctx, srv.Exec)))
+		w.marker = reconciletest.NewMarkerTable(t, w.ctx, srv.Exec)
+		opts = append(opts, WithCommitMarker(w.marker))
 	}
 	if base == "" {
 		base = w.proxy.ConnString(srv.ConnString())
@@ -947,5 +949,87 @@ func TestImplicitAutoReconcile(t *testing.T) {
 				t.Fatalf("row %v, answer %s", row, want)
 			}
 		})
+	}
+}
+
+// TestImplicitReferenceNoWrites: an implicit transaction that wrote nothing (an UPDATE of
+// no row: no xid) is settled no_writes by its reference, as an explicit one is; cut after
+// the server read it, the marker's reference settles it too (its absence: nothing of the
+// transaction is there). (With arguments: pgx sends Exec without any in the simple
+// protocol.)
+func TestImplicitReferenceNoWrites(t *testing.T) {
+	for _, mode := range []string{"xid", "marker"} {
+		t.Run(mode, func(t *testing.T) {
+			w := newImplicit(t, mode)
+						w.proxy.CutAfterCommit()
+			ctx, root := rootSpan(w.ctx, w.h)
+			_, err := w.h.pool.Exec(ctx, "update "+w.table+" set v = 1 where id = $1 "+implicitText, -1)
+			root.End()
+			if err == nil {
+				t.Fatal("the cut did not fire")
+			}
+			if len(w.h.implicitFrames()) != 1 {
+				t.Fatalf("frames: %v", names(w.h.exp.GetSpans()))
+			}
+			f := w.h.implicitFrames()[0]
+			ref, ok := refOf(t, f)
+			if mode == "xid" {
+				if ok {
+					t.Fatalf("a reference whose xid never came: %+v", ref)
+				}
+				return
+			}
+			if !ok {
+				t.Fatal("no reference")
+			}
+			answer, err := w.rec.Resolve(w.ctx, ref, trace.SpanContext{})
+			if err != nil || answer.Status() != reconcile.Aborted && answer.Status() != reconcile.NoWrites {
+				t.Fatalf("%v %v", answer, err)
+			}
+		})
+	}
+	// Answered: the xid read found none.
+	for _, mode := range []string{"xid", "marker"} {
+		w := newImplicit(t, mode)
+				ctx, root := rootSpan(w.ctx, w.h)
+		if _, err := w.h.pool.Exec(ctx, "update "+w.table+" set v = 1 where id = $1", -1); err != nil {
+			t.Fatal(err)
+		}
+		root.End()
+		ref, ok := refOf(t, w.h.implicitFrames()[0])
+		if !ok || ref.XID != 0 || ref.MarkerTable != "" {
+			t.Fatalf("%s: reference %+v, %v: want the no-writes reference", mode, ref, ok)
+		}
+		answer, err := w.rec.Resolve(w.ctx, ref, trace.SpanContext{})
+		if err != nil || answer.Status() != reconcile.NoWrites {
+			t.Fatalf("%s: %v %v", mode, answer, err)
+		}
+	}
+}
+
+// TestImplicitReferenceCallFails: the marker function dropped after the connection
+// checked it: the call inside the implicit transaction fails, which aborts it; pgconn is
+// given the call's error after the statement's completion, where PostgreSQL puts a failed
+// implicit commit's, so pgx reports the write failed; the frame is rolled_back, and the
+// row is not there.
+func TestImplicitReferenceCallFails(t *testing.T) {
+	w := newImplicit(t, "marker")
+		mustOK(t, srv.Exec(w.ctx, "drop function "+w.marker.Sanitize()+"(uuid)"))
+	vctx, v := NewVerdict(w.ctx)
+	_, err := w.h.pool.Exec(vctx, w.insert(), 1)
+	var pgErr *pgconn.PgError
+	if !errors.As(err, &pgErr) || pgErr.Code != "42883" {
+		t.Fatalf("write: %v, want the call's 42883", err)
+	}
+	res, verr := v.Result()
+	if verr != nil || res.Outcome() != outcome.OutcomeRolledBack {
+		t.Fatalf("%T %v, want rolled_back", res, verr)
+	}
+	if srv.RowExists(t, w.ctx, w.table, 1) {
+		t.Fatal("rolled back, and the row is there")
+	}
+	// The connection goes on.
+	if _, err := w.h.pool.Exec(w.ctx, "select 1"); err != nil {
+		t.Fatal(err)
 	}
 }

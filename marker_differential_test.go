@@ -9,6 +9,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/txevidence/otelpgxtx/outcome"
 	"github.com/txevidence/otelpgxtx/pgtest"
@@ -277,4 +278,192 @@ func diffErr(err error) string {
 		return "sqlstate " + pgErr.Code
 	}
 	return err.Error()
+}
+
+// diffAutocommit is one autocommit pattern: what real applications send outside a
+// transaction block, each an implicit transaction, after session statements (undone by
+// diffReset). It returns everything the application sees: results, RowsAffected,
+// RETURNING rows, errors (SQLSTATE and message).
+type diffAutocommit struct {
+	name    string
+	session []string
+	run     func(ctx context.Context, pool *pgxpool.Pool, id int) string
+}
+
+// diffSeen is what the application sees of a command's result and error.
+func diffSeen(tag pgconn.CommandTag, err error) string {
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) {
+		return fmt.Sprintf("%q: %s %s", tag.String(), pgErr.Code, pgErr.Message)
+	}
+	return fmt.Sprintf("%q: %v", tag.String(), err)
+}
+
+// diffRows is what the application sees of a query's rows.
+func diffRows(rows pgx.Rows) string {
+	var out []string
+	for rows.Next() {
+		vals, err := rows.Values()
+		out = append(out, fmt.Sprint(vals, err))
+	}
+	rows.Close()
+	return fmt.Sprint(out, " ", diffSeen(rows.CommandTag(), rows.Err()))
+}
+
+var diffAutocommits = []diffAutocommit{
+	{name: "pool.Exec insert", run: func(ctx context.Context, pool *pgxpool.Pool, id int) string {
+		return diffSeen(pool.Exec(ctx, diffInsert, id))
+	}},
+	{name: "pool.Exec insert, exec mode", run: func(ctx context.Context, pool *pgxpool.Pool, id int) string {
+		return diffSeen(pool.Exec(ctx, diffInsert, pgx.QueryExecModeExec, id))
+	}},
+	{name: "pool.Exec insert, describe exec mode", run: func(ctx context.Context, pool *pgxpool.Pool, id int) string {
+		return diffSeen(pool.Exec(ctx, diffInsert, pgx.QueryExecModeDescribeExec, id))
+	}},
+	{name: "QueryRow insert returning", run: func(ctx context.Context, pool *pgxpool.Pool, id int) string {
+		var got int
+		err := pool.QueryRow(ctx, "insert into public.diff_app (id) values ($1) returning id", id).Scan(&got)
+		return fmt.Sprint(got, " ", diffSeen(pgconn.CommandTag{}, err))
+	}},
+	{name: "insert returning several rows", run: func(ctx context.Context, pool *pgxpool.Pool, id int) string {
+		rows, err := pool.Query(ctx, "insert into public.diff_app (id) select $1::int * 10 + g from generate_series(1, 3) g returning id, 'x'::text", id)
+		if err != nil {
+			return diffSeen(pgconn.CommandTag{}, err)
+		}
+		return diffRows(rows)
+	}},
+	{name: "update of no row", run: func(ctx context.Context, pool *pgxpool.Pool, id int) string {
+		return diffSeen(pool.Exec(ctx, "update public.diff_app set id = id where id = $1", -id))
+	}},
+	{name: "batch of two inserts", run: func(ctx context.Context, pool *pgxpool.Pool, id int) string {
+		b := &pgx.Batch{}
+		b.Queue(diffInsert, id)
+		b.Queue("insert into public.diff_app (id) values ($1::int + 1)", id)
+		br := pool.SendBatch(ctx, b)
+		first := diffSeen(br.Exec())
+		second := diffSeen(br.Exec())
+		return first + "; " + second + "; " + diffSeen(pgconn.CommandTag{}, br.Close())
+	}},
+	{name: "batch whose second insert fails", run: func(ctx context.Context, pool *pgxpool.Pool, id int) string {
+		b := &pgx.Batch{}
+		b.Queue(diffInsert, id)
+		b.Queue(diffInsert, id)
+		br := pool.SendBatch(ctx, b)
+		first := diffSeen(br.Exec())
+		second := diffSeen(br.Exec())
+		return first + "; " + second + "; " + diffSeen(pgconn.CommandTag{}, br.Close())
+	}},
+	{name: "unique violation", run: func(ctx context.Context, pool *pgxpool.Pool, id int) string {
+		first := diffSeen(pool.Exec(ctx, diffInsert, id))
+		return first + "; " + diffSeen(pool.Exec(ctx, diffInsert, id))
+	}},
+	{name: "deferred constraint violated at the implicit commit", run: func(ctx context.Context, pool *pgxpool.Pool, id int) string {
+		return diffSeen(pool.Exec(ctx, "insert into public.diff_child values (0 - $1::int)", id))
+	}},
+	{name: "read-only session", session: []string{"set default_transaction_read_only = on"}, run: func(ctx context.Context, pool *pgxpool.Pool, id int) string {
+		return diffSeen(pool.Exec(ctx, diffInsert, id))
+	}},
+	{name: "notice", run: func(ctx context.Context, pool *pgxpool.Pool, id int) string {
+		return diffSeen(pool.Exec(ctx, "insert into public.diff_app (id) values (public.diff_notice($1))", id))
+	}},
+	{name: "VACUUM, extended protocol", run: func(ctx context.Context, pool *pgxpool.Pool, id int) string {
+		rows, err := pool.Query(ctx, "vacuum public.diff_app")
+		if err != nil {
+			return diffSeen(pgconn.CommandTag{}, err)
+		}
+		return diffRows(rows)
+	}},
+	{name: "CREATE INDEX CONCURRENTLY, extended protocol", run: func(ctx context.Context, pool *pgxpool.Pool, id int) string {
+		rows, err := pool.Query(ctx, "create index concurrently diff_app_cic on public.diff_app (id)")
+		if err != nil {
+			return diffSeen(pgconn.CommandTag{}, err)
+		}
+		return diffRows(rows)
+	}},
+	{name: "VACUUM, simple protocol", run: func(ctx context.Context, pool *pgxpool.Pool, id int) string {
+		return diffSeen(pool.Exec(ctx, "vacuum public.diff_app"))
+	}},
+}
+
+// TestMarkerNeverChangesAutocommit is the differential test of the implicit
+// transactions' references: every autocommit pattern, with the references off, with the
+// xid read and with the marker, over TCP, TLS and PgBouncer (session and transaction
+// pooling), gives the application exactly the same results, errors, notices and rows; and
+// with the references on, a committed write's frame has its reference.
+func TestMarkerNeverChangesAutocommit(t *testing.T) {
+	ctx := pgtest.ContextFor(t)
+	setup := append(append([]string{}, diffSetup...),
+		"create or replace function public.diff_notice(i int) returns int language plpgsql as $$ begin raise notice 'writing %', i; return i; end $$")
+	for _, s := range setup {
+		mustOK(t, srv.Exec(ctx, s))
+	}
+	ddl, err := reconcile.MarkerTableDDL(diffMarker)
+	mustOK(t, err)
+	mustOK(t, srv.Exec(ctx, ddl))
+	bases := []struct{ name, conn string }{{"tcp", srv.ConnString()}, {"tls", srv.TLSConnString()},
+		{"pgbouncer session", pgtest.PgBouncerFor(t, ctx, srv, "session", 1).ConnString()},
+		// pgx's statement cache names statements on a server connection that outlives the
+		// client's in transaction pooling: the exec mode there.
+		{"pgbouncer transaction", pgtest.PgBouncerFor(t, ctx, srv, "transaction", 1).ConnString() + "&default_query_exec_mode=exec"}}
+	for _, b := range bases {
+		t.Run(b.name, func(t *testing.T) {
+			seen := map[string]string{}
+			for _, m := range []struct {
+				name string
+				opts []Option
+			}{{"off", nil}, {"xid", []Option{WithCommitReference()}}, {"marker", []Option{WithCommitMarker(diffMarker)}}} {
+				var notices []string
+				onNotice := harnessConfig(func(c *pgxpool.Config) {
+					c.ConnConfig.OnNotice = func(_ *pgconn.PgConn, n *pgconn.Notice) { notices = append(notices, n.Severity+" "+n.Message) }
+				})
+				// The same rows for each mode.
+				mustOK(t, srv.Exec(ctx, "truncate public.diff_app, public.diff_child"))
+				mustOK(t, srv.Exec(ctx, "drop index if exists public.diff_app_cic"))
+				h := newHarness(t, b.conn, 1, append(m.opts, onNotice)...)
+				id := 2000000
+				// The connection's first write carries its check: a write of its own.
+				if _, err := h.pool.Exec(ctx, diffInsert, id); err != nil {
+					t.Fatal(err)
+				}
+				for _, p := range diffAutocommits {
+					id += 100
+					for _, s := range p.session {
+						if _, err := h.pool.Exec(ctx, s); err != nil {
+							t.Fatal(err)
+						}
+					}
+					h.exp.Reset()
+					notices = nil
+					rctx, root := rootSpan(ctx, h)
+					got := p.run(rctx, h.pool, id)
+					root.End()
+					for _, s := range diffReset {
+						if _, err := h.pool.Exec(ctx, s); err != nil {
+							t.Fatal(err)
+						}
+					}
+					got += fmt.Sprintf(" notices %q, rows %d", notices,
+						srv.CountOf(t, ctx, "select count(*) from public.diff_app where id in ($1, $1 + 1) or id between $1 * 10 + 1 and $1 * 10 + 3", id))
+					if want, ok := seen[p.name]; !ok {
+						seen[p.name] = got
+					} else if got != want {
+						t.Errorf("%s, %s: the application saw\n%s\nwith the references off\n%s", m.name, p.name, got, want)
+					}
+					if m.name != "off" && (p.name == "pool.Exec insert" || p.name == "batch of two inserts") {
+						frames := h.implicitFrames()
+						if len(frames) != 1 {
+							t.Fatalf("%s, %s: %d implicit frames", m.name, p.name, len(frames))
+						}
+						if ref, ok := refOf(t, frames[0]); !ok || ref.XID == 0 || ref.HasMarker() != (m.name == "marker") {
+							t.Errorf("%s, %s: reference %+v, %v", m.name, p.name, ref, ok)
+						}
+					}
+				}
+				h.pool.Close()
+			}
+			for _, p := range diffAutocommits {
+				t.Logf("%s: %s", p.name, seen[p.name])
+			}
+		})
+	}
 }
