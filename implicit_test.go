@@ -89,10 +89,10 @@ func (q sqlcQueries) CreateRow(ctx context.Context, table string, id int) (int, 
 // implicitSetup is one test's: a harness behind a proxy (one connection), references of
 // mode, a table, and the database/sql handle on the same pool.
 type implicitSetup struct {
-	ctx   context.Context
-	proxy *pgtest.Proxy
-	h     *harness
-	db    *sql.DB
+	ctx    context.Context
+	proxy  *pgtest.Proxy
+	h      *harness
+	db     *sql.DB
 	table  string
 	logs   *bytes.Buffer
 	rec    *reconcile.Reconciler
@@ -961,7 +961,7 @@ func TestImplicitReferenceNoWrites(t *testing.T) {
 	for _, mode := range []string{"xid", "marker"} {
 		t.Run(mode, func(t *testing.T) {
 			w := newImplicit(t, mode)
-						w.proxy.CutAfterCommit()
+			w.proxy.CutAfterCommit()
 			ctx, root := rootSpan(w.ctx, w.h)
 			_, err := w.h.pool.Exec(ctx, "update "+w.table+" set v = 1 where id = $1 "+implicitText, -1)
 			root.End()
@@ -991,7 +991,7 @@ func TestImplicitReferenceNoWrites(t *testing.T) {
 	// Answered: the xid read found none.
 	for _, mode := range []string{"xid", "marker"} {
 		w := newImplicit(t, mode)
-				ctx, root := rootSpan(w.ctx, w.h)
+		ctx, root := rootSpan(w.ctx, w.h)
 		if _, err := w.h.pool.Exec(ctx, "update "+w.table+" set v = 1 where id = $1", -1); err != nil {
 			t.Fatal(err)
 		}
@@ -1014,7 +1014,7 @@ func TestImplicitReferenceNoWrites(t *testing.T) {
 // row is not there.
 func TestImplicitReferenceCallFails(t *testing.T) {
 	w := newImplicit(t, "marker")
-		mustOK(t, srv.Exec(w.ctx, "drop function "+w.marker.Sanitize()+"(uuid)"))
+	mustOK(t, srv.Exec(w.ctx, "drop function "+w.marker.Sanitize()+"(uuid)"))
 	vctx, v := NewVerdict(w.ctx)
 	_, err := w.h.pool.Exec(vctx, w.insert(), 1)
 	var pgErr *pgconn.PgError
