@@ -50,6 +50,9 @@ type soakSpans struct {
 	frames  []soakFrame
 	// reconciles are the tx.reconcile spans, by operation id, in end order.
 	reconciles map[string][]string
+	// retries are the otelpgxtx.retry spans' parents: a Retry call's frames are its
+	// children, and belong to the operation its parent is.
+	retries map[trace.SpanID]trace.SpanID
 }
 
 // soakScope reports a span of the library's: the tracer's, or the reconciler's.
@@ -130,6 +133,12 @@ func (p *soakSpans) OnEnd(s sdktrace.ReadOnlySpan) {
 	p.ends[s.SpanContext().SpanID()]++
 	if isFrame {
 		p.frames = append(p.frames, fr)
+	}
+	if s.Name() == spanNameRetry {
+		if p.retries == nil {
+			p.retries = map[trace.SpanID]trace.SpanID{}
+		}
+		p.retries[s.SpanContext().SpanID()] = s.Parent().SpanID()
 	}
 	p.mu.Unlock()
 }
@@ -312,6 +321,11 @@ func (c *soakCheck) spansEndedOnce() {
 	sp := c.s.spans
 	sp.mu.Lock()
 	c.frames = slices.Clone(sp.frames)
+	for i := range c.frames {
+		if op, ok := sp.retries[c.frames[i].parent]; ok {
+			c.frames[i].parent = op // a Retry attempt's frame is the operation's
+		}
+	}
 	unended := 0
 	for id, name := range sp.started {
 		if n := sp.ends[id]; n != 1 {
