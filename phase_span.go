@@ -51,7 +51,10 @@ type frameSpan struct {
 	// errJudged and errExpected: whether the first failure was an expected one (see
 	// judgeErr); an expected failure leaves the span's status Unset.
 	errJudged, errExpected bool
-	frameFolding           // the statements that are events of the frame
+	// folding is what the statements that are events of the frame need: made by the
+	// first one, so that a frame without one (an implicit transaction's, an unsampled
+	// one's) carries none of it.
+	folding *frameFolding
 }
 
 // frameFolding is what the span keeps of the statements that are its events, not spans
@@ -114,7 +117,6 @@ func (f *frameSpan) start(t *core, ctx context.Context, conn *pgx.Conn, connAttr
 	}
 	f.recording = f.span.IsRecording()
 	if f.recording {
-		f.standIn.sc = f.span.SpanContext()
 		// Written with the outcome attributes when the frame ends, in one SetAttributes.
 		if *connAttrs == nil {
 			attrs := []attribute.KeyValue{dbSystemPostgreSQL}
@@ -153,7 +155,6 @@ func (f *frameSpan) attach(before, after context.Context) {
 		return
 	}
 	f.span, f.spanCtx, f.unrecorded, f.recording = span, after, false, true
-	f.standIn.sc = span.SpanContext()
 	f.phaseEvent(outcome.PhaseActive)
 	f.phaseEvent(outcome.PhaseCommitting)
 }
@@ -332,10 +333,10 @@ func (s *frameStandIn) SpanContext() trace.SpanContext { return s.sc }
 // event adds the event name with attrs to the frame's span, and the answer of the
 // statement that caused it, if one is waiting for its event (see answered).
 func (f *frameSpan) event(name string, attrs ...attribute.KeyValue) {
-	if f.answering {
-		f.answering = false
-		// Built in the frame's own array: the SDK copies an event's attributes.
-		attrs = f.answer.attrs(append(f.eventAttrs[:0], attrs...))
+	if p := f.folding; p != nil && p.answering {
+		p.answering = false
+		// Built in the folding's own array: the SDK copies an event's attributes.
+		attrs = p.answer.attrs(append(p.eventAttrs[:0], attrs...))
 	}
 	if len(attrs) == 0 {
 		f.span.AddEvent(name)
@@ -381,7 +382,7 @@ func (t *core) fold(ctx context.Context, q *queryState, k foldKind, op string) c
 	switch {
 	case k == foldControl && t.foldsControl(q):
 		q.folded, q.start, q.op = true, time.Now(), op
-		return q.frame.standInCtx(ctx)
+		return q.frame.folds().standInCtx(ctx)
 	case k == foldPrepare && t.foldsPrepare(ctx, q):
 		q.folded, q.start, q.op = true, time.Now(), op
 	}
@@ -394,6 +395,14 @@ func (t *core) fold(ctx context.Context, q *queryState, k foldKind, op string) c
 func (t *core) foldsControl(q *queryState) bool {
 	return !q.nested && q.frame != nil && q.frame.recording && q.set.Control() &&
 		t.folds(InnerSpanTransactionControl)
+}
+
+// folds returns what the statements that are events of f need, made at the first.
+func (f *frameSpan) folds() *frameFolding {
+	if f.folding == nil {
+		f.folding = &frameFolding{standIn: frameStandIn{sc: f.span.SpanContext()}}
+	}
+	return f.folding
 }
 
 // standInCtx returns ctx with the frame's stand-in as its span. The context it makes is
@@ -416,7 +425,7 @@ func (p *frameFolding) answered(a statementAnswer) {
 // transaction, which the server only warns about; a savepoint statement that failed —
 // the event eventStatement, so that every statement folded into the frame is one event.
 func (f *frameSpan) unanswered(savepoint string) {
-	if !f.answering {
+	if f.folding == nil || !f.folding.answering {
 		return
 	}
 	if savepoint != "" {

@@ -71,7 +71,7 @@ func (t *core) endQuery(ctx context.Context, conn *pgx.Conn, tag pgconn.CommandT
 	inner(t.innerEndStatus(innerEndCtx(ctx, q.frame), err), q.folded)
 	if started && !q.nested {
 		if answering {
-			q.frame.answered(answer)
+			q.frame.folds().answered(answer)
 		}
 		t.afterQuery(ctx, conn, st, &q, tag, err)
 		if answering {
