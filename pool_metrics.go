@@ -261,13 +261,13 @@ func (c *startedCtx) Value(key any) any {
 	return c.Context.Value(key)
 }
 
-// since returns the time since the start of kind in ctx, and whether there was one.
-func since(ctx context.Context, kind startedKey) (time.Duration, bool) {
+// since returns the time from the start of kind in ctx to now, and whether there was one.
+func since(ctx context.Context, kind startedKey, now time.Time) (time.Duration, bool) {
 	c, ok := ctx.Value(kind).(*startedCtx)
 	if !ok {
 		return 0, false
 	}
-	return time.Since(c.start), true
+	return now.Sub(c.start), true
 }
 
 // acquireStart counts an acquire as pending and notes its start.
@@ -292,7 +292,8 @@ func (pm *poolMetrics) acquireEnd(ctx context.Context, pool *pgxpool.Pool, st *p
 		}
 		return
 	}
-	if d, ok := since(ctx, startedAcquire); ok {
+	now := time.Now() // the wait's end is the use's start: one clock read for both
+	if d, ok := since(ctx, startedAcquire, now); ok {
 		pm.waitTime.Record(context.Background(), d.Seconds(), pm.recordOpts...)
 	}
 	if st != nil {
@@ -300,7 +301,7 @@ func (pm *poolMetrics) acquireEnd(ctx context.Context, pool *pgxpool.Pool, st *p
 			st.seen = true // a connection belongs to one pool: one lookup per connection
 			pm.seen(pool)
 		}
-		st.acquiredAt = time.Now()
+		st.acquiredAt = now
 	}
 }
 
@@ -326,7 +327,7 @@ func (pm *poolMetrics) connectEnd(ctx context.Context, err error) {
 	if pm == nil || err != nil {
 		return
 	}
-	if d, ok := since(ctx, startedConnect); ok {
+	if d, ok := since(ctx, startedConnect, time.Now()); ok {
 		pm.createTime.Record(context.Background(), d.Seconds(), pm.recordOpts...)
 	}
 }
