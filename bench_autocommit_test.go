@@ -32,8 +32,10 @@ var benchAutocommitStatements = []benchAutocommitStatement{
 	}},
 }
 
-// benchAutocommitVariants: bare pgx, otelpgx alone, the Tracer with its defaults.
-var benchAutocommitVariants = []string{benchA, benchB, benchC}
+// benchAutocommitVariants: bare pgx, otelpgx alone, the Tracer with its defaults, and
+// with the xid or the marker after an INSERT, before its Sync (their price per write:
+// server-µs/op; a SELECT, no implicit transaction, carries nothing).
+var benchAutocommitVariants = []string{benchA, benchB, benchC, benchG, benchH}
 
 // benchAutocommitDB is one variant's pool of one connection on the test server, warm.
 type benchAutocommitDB struct {

@@ -101,10 +101,6 @@ func (d *benchDB) close() {
 func (d *benchDB) tx(ctx context.Context, key int64) error {
 	ctx, span := d.tel.request(ctx)
 	defer span.End()
-	if d.w.work == nil { // an autocommit write: an implicit transaction
-		_, err := d.pool.Exec(ctx, "insert into bench_log (k, v) values ($1, $2)", key, key)
-		return err
-	}
 	if d.v == benchD || d.v == benchE || d.v == benchF {
 		res := Run(ctx, d.pool, d.policy, func(ctx context.Context, tx pgx.Tx) (struct{}, error) {
 			return struct{}{}, d.w.work(ctx, tx, key)
@@ -305,18 +301,6 @@ func BenchmarkTx(b *testing.B) {
 			}
 		}
 	}
-}
-
-// BenchmarkTxAutocommit runs one autocommit INSERT at a time against the real server (an
-// implicit transaction: a frame of the tracer's), with otelpgx alone (b), the tracer (c),
-// and the tracer with the xid (g) or the marker (h) after the statement: the client's and
-// the server's CPU per write (client-µs/tx, server-µs/tx) are the references' price.
-func BenchmarkTxAutocommit(b *testing.B) {
-	admin := benchSchema(b)
-	autocommit := []benchWorkload{{name: "autocommit"}}
-	benchEach(b, admin, srv.ConnString(), 1, autocommit, benchSamplings, []string{benchA, benchB, benchC, benchG, benchH}, func(b *testing.B, d *benchDB, admin *pgx.Conn) {
-		benchLoop(b, d, admin, 1)
-	})
 }
 
 // BenchmarkTxScale runs writes from g goroutines over a pool of g connections, for
