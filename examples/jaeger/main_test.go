@@ -85,7 +85,7 @@ func TestDemoEmbedded(t *testing.T) {
 		"demo.results=outer=committed inner=participating",
 		"Search by Tags: tx.outcome=indeterminate",
 		"http://localhost:16686",
-		`otelpgxtx_transactions_total{tx_outcome="indeterminate"} 1`,
+		`otelpgxtx_transactions_total{tx_implicit="false",tx_outcome="indeterminate"} 1`,
 		`otelpgxtx_reconciliations_total{tx_outcome_resolved="committed"} 1`,
 		"otelpgxtx_reconciliation_unresolved_age_seconds 0",
 		"the indeterminate commit was reconciled committed in the background,",

@@ -183,7 +183,9 @@ var alertNames = []string{"TransactionCommitIndeterminate", "TransactionCommitUn
 func TestPrometheusAlert(t *testing.T) {
 	ctx := pgtest.Context(t, 4*time.Minute)
 	a, p, out, errOut := scrapedDemo(t, ctx, "otelpgxtx-prometheus")
-	const indeterminate = `otelpgxtx_transactions_total{tx_outcome="indeterminate"}`
+	// The demo's indeterminate commit is a COMMIT's (tx_implicit="false"; autocommit
+	// writes have series of their own).
+	const indeterminate = `otelpgxtx_transactions_total{tx_outcome="indeterminate", tx_implicit="false"}`
 
 	// Scraped, at 0, and the rules evaluated since: nothing may be firing yet.
 	var seen time.Time
@@ -254,24 +256,30 @@ func TestPrometheusAlert(t *testing.T) {
 
 	// The names and labels of docs/metrics.md: one series per frame outcome of the counter
 	// (rolled_back twice, deliberate and failure; participating, a prepared transaction's,
-	// at 0 in the demo; participating Run calls are counted apart), and the two duration
-	// histograms by tx.outcome.
+	// at 0 in the demo; participating Run calls are counted apart), for BEGIN … COMMIT and
+	// for implicit transactions (tx_implicit), and the two duration histograms by
+	// tx.outcome.
 	var outcomes []string
 	for _, s := range p.query(t, ctx, `otelpgxtx_transactions_total{job="otelpgxtx-demo"}`) {
-		outcomes = append(outcomes, s.Metric["tx_outcome"]+" "+s.Metric["tx_rollback"])
+		outcomes = append(outcomes, s.Metric["tx_implicit"]+" "+s.Metric["tx_outcome"]+" "+s.Metric["tx_rollback"])
 		if s.Metric["db_system_name"] != "postgresql" {
 			t.Errorf("series %v: want db_system_name=postgresql", s.Metric)
 		}
 	}
-	want := []string{"committed ", "committed_with_post_commit_failure ", "indeterminate ", "participating ", "rolled_back deliberate", "rolled_back failure"}
+	var want []string
+	for _, implicit := range []string{"false", "true"} {
+		for _, o := range []string{"committed ", "committed_with_post_commit_failure ", "indeterminate ", "participating ", "rolled_back deliberate", "rolled_back failure"} {
+			want = append(want, implicit+" "+o)
+		}
+	}
 	slices.Sort(outcomes)
 	if !slices.Equal(outcomes, want) {
 		t.Errorf("otelpgxtx_transactions_total has tx_outcome and tx_rollback %q, want %q", outcomes, want)
 	}
 	// The demo's one participating call, and its deliberate rollback.
 	for q, v := range map[string]string{
-		`otelpgxtx_participations_total{tx_participant_outcome="participating", tx_propagation="required"}`: "1",
-		`otelpgxtx_transactions_total{tx_outcome="rolled_back", tx_rollback="deliberate"}`:                  "1",
+		`otelpgxtx_participations_total{tx_participant_outcome="participating", tx_propagation="required"}`:     "1",
+		`otelpgxtx_transactions_total{tx_outcome="rolled_back", tx_rollback="deliberate", tx_implicit="false"}`: "1",
 	} {
 		if r := p.query(t, ctx, q); len(r) != 1 || r[0].Value[1] != v {
 			t.Errorf("%s = %v, want %s", q, r, v)
@@ -292,7 +300,7 @@ func TestPrometheusAlert(t *testing.T) {
 		t.Errorf("otelpgxtx series names %v, want %v", names, wantNames)
 	}
 	for _, h := range []string{"otelpgxtx_transaction_duration_seconds_count", "otelpgxtx_transaction_commit_duration_seconds_count"} {
-		r := p.query(t, ctx, h+`{tx_outcome="indeterminate"}`)
+		r := p.query(t, ctx, h+`{tx_outcome="indeterminate", tx_implicit="false"}`)
 		if len(r) != 1 || r[0].Value[1] != "1" {
 			t.Errorf("%s{tx_outcome=\"indeterminate\"} = %v, want 1", h, r)
 		}
