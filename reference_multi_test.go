@@ -85,6 +85,7 @@ func TestMultiStatementCommit(t *testing.T) {
 		} else {
 			hs.h.proxy.CutBeforeCommit()
 		}
+		pid := conn.Conn().PgConn().PID()
 		for _, s := range c.stmts {
 			if strings.Contains(s, "%") {
 				s = fmt.Sprintf(s, table, id)
@@ -102,7 +103,9 @@ func TestMultiStatementCommit(t *testing.T) {
 			t.Fatalf("%s: %s, want indeterminate (%v)", c.name, got, err)
 		}
 		ref, ok := refOf(t, last)
-		if err := srv.WaitQuiet(ctx); err != nil {
+		// The cut backend runs what it read, then exits: only then is the row to be read
+		// (WaitQuiet can pass before it has run a string sent outside a transaction).
+		if err := srv.WaitBackendGone(ctx, pid); err != nil {
 			t.Fatal(err)
 		}
 		present := srv.RowExists(t, ctx, table, id)
