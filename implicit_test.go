@@ -334,7 +334,7 @@ func TestImplicitTransactionFaults(t *testing.T) {
 							if hasRef || noRef.AsString() != "simple_protocol" {
 								t.Fatalf("simple protocol: reference %v, no_reference %q", hasRef, noRef.AsString())
 							}
-						case mode == "marker" && !hasRef, !hasRef && noRef.AsString() != "implicit":
+						case mode == "marker" && !hasRef, !hasRef && noRef.AsString() != "xid_lost":
 							t.Fatalf("mode %s: reference %v, no_reference %q", mode, hasRef, noRef.AsString())
 						}
 						if hasRef {
@@ -1031,5 +1031,58 @@ func TestImplicitReferenceCallFails(t *testing.T) {
 	// The connection goes on.
 	if _, err := w.h.pool.Exec(w.ctx, "select 1"); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// TestImplicitNoReferenceReasons: an indeterminate implicit transaction without a
+// reference says why: the connection's first, which carried the check ("unchecked"); a
+// statement that may not run in a transaction block ("no_transaction_block"); a write
+// sent as a simple Query ("simple_protocol"); the xid's reply lost with the commit's
+// ("xid_lost").
+func TestImplicitNoReferenceReasons(t *testing.T) {
+	w := newImplicit(t, "xid")
+	cold := newHarness(t, w.proxy.ConnString(srv.ConnString()), 1, WithCommitReference())
+	for _, c := range []struct {
+		name, want string
+		h          *harness
+		write      func(ctx context.Context, h *harness) error
+	}{
+		{"the connection's first", "unchecked", cold, func(ctx context.Context, h *harness) error {
+			_, err := h.pool.Exec(ctx, w.insert(), 1)
+			return err
+		}},
+		{"VACUUM", "no_transaction_block", w.h, func(ctx context.Context, h *harness) error {
+			_, err := h.pool.Exec(ctx, "vacuum "+w.table+" "+implicitText, pgx.QueryExecModeExec)
+			return err
+		}},
+		{"simple protocol", "simple_protocol", w.h, func(ctx context.Context, h *harness) error {
+			_, err := h.pool.Exec(ctx, w.insert(), pgx.QueryExecModeSimpleProtocol, 2)
+			return err
+		}},
+		{"the xid's reply lost", "xid_lost", w.h, func(ctx context.Context, h *harness) error {
+			_, err := h.pool.Exec(ctx, w.insert(), 3)
+			return err
+		}},
+	} {
+		if c.want != "unchecked" { // the last case's cut took the connection: check the next one
+			_, err := c.h.pool.Exec(w.ctx, "update "+w.table+" set v = v where id = $1", -1)
+			mustOK(t, err)
+		}
+		var pid uint32
+		withConn(t, w.ctx, c.h, func(conn *pgx.Conn) { pid = conn.PgConn().PID() })
+		c.h.exp.Reset()
+		w.proxy.CutAfterCommit()
+		ctx, root := rootSpan(w.ctx, c.h)
+		if err := c.write(ctx, c.h); err == nil {
+			t.Fatalf("%s: the write answered through the cut", c.name)
+		}
+		root.End()
+		mustOK(t, srv.WaitBackendGone(w.ctx, pid))
+		frames := c.h.implicitFrames()
+		if len(frames) != 1 {
+			t.Fatalf("%s: %d implicit frames", c.name, len(frames))
+		}
+		wantAttr(t, frames[0], string(OutcomeKey), "indeterminate")
+		wantAttr(t, frames[0], string(NoReferenceKey), c.want)
 	}
 }

@@ -38,11 +38,12 @@ const (
 	// commit references on but none taken, when the reason is the frame's own:
 	// "multi_statement", its COMMIT came among other statements of one query string
 	// ("begin; insert …; commit"), where nothing can carry the reference without going
-	// between the application's statements; "simple_protocol", an implicit transaction
-	// sent as a simple Query, a transaction of its own that nothing can join; "implicit",
-	// another implicit transaction without one (the connection's first, which carries the
-	// check; a statement that may not run in a transaction block; the xid's reply lost with
-	// the commit's). Reconciliation answers it no_reference.
+	// between the application's statements; of an implicit transaction:
+	// "simple_protocol", sent as a simple Query, a transaction of its own that nothing can
+	// join; "unchecked", the connection's first, which carried the check;
+	// "no_transaction_block", a statement that may not run in a transaction block;
+	// "xid_lost", the xid read's reply lost with the commit's; "implicit", another.
+	// Reconciliation answers it no_reference.
 	NoReferenceKey = schema.NoReferenceKey
 	// ImplicitKey is tx.implicit: true on the span of an implicit transaction's frame (a
 	// statement that may write, sent outside a transaction block, which PostgreSQL

@@ -44,9 +44,9 @@ func (c *Conn) Collect(f *Frame, final bool) Collected {
 	c.adding = false
 	reading, preparing, implicit := c.reading, c.preparing, c.implicit
 	c.reading, c.preparing, c.implicit = nil, nil, nil
-	if a == nil && implicit != nil && implicit.extended {
-		// No write of the implicit transaction was an executing extended-protocol Sync
-		// group: it went as a simple Query.
+	if a == nil && implicit != nil {
+		// No write of the implicit transaction took what was armed (its call, or the check
+		// ahead of any Sync group): it went as a simple Query.
 		implicit.simple, implicit.marker, implicit.extended = true, nil, false
 	}
 	if a == nil || !a.Sent() {
@@ -95,6 +95,9 @@ func (c *Conn) Collect(f *Frame, final bool) Collected {
 	}
 	if f != nil && !r.Fatal {
 		f.ref = c.callRef(f.marker, f.id, r)
+		if f.ref == nil && f.implicit && f.marker == nil && !r.GotValue && r.ErrCode == "" {
+			f.implicitWhy = MissingXIDLost
+		}
 	}
 	out := Collected{FatalBeforeCommit: r.Fatal}
 	if r.ErrCode != "" && !r.Fatal && !c.identity.pooled {

@@ -22,6 +22,17 @@ import (
 // be another transaction.
 const MissingSimpleProtocol = "simple_protocol"
 
+// Frame.Missing's words for the other implicit transactions without a reference:
+// MissingUnchecked, the connection's first, whose write carried the check;
+// MissingNoTransactionBlock, a statement that may not run in a transaction block (only
+// INSERT, UPDATE, DELETE, MERGE, SELECT and WITH carry one); MissingXIDLost, the xid read
+// went, and its reply was lost with the commit's. MissingImplicit stays for the rest.
+const (
+	MissingUnchecked          = "unchecked"
+	MissingNoTransactionBlock = "no_transaction_block"
+	MissingXIDLost            = "xid_lost"
+)
+
 // ArmImplicit has the write of f's implicit transaction (the statement s) carry what f's
 // reference needs, when its references are on and the write is one executing
 // extended-protocol Sync group (wire.Addition.Extended; else, a simple Query, it carries
@@ -50,6 +61,7 @@ func (c *Conn) ArmImplicit(f *Frame, s Statement, serverVersion string) *Off {
 		return nil
 	}
 	if _, checked := c.marker(f.Refs.Marker); c.state != on || f.Refs.Mode == Marker && !checked {
+		f.implicitWhy = MissingUnchecked
 		off := c.armCheck(f.Refs, serverVersion, true, "", "", true)
 		if c.adding {
 			c.implicit = f
@@ -57,6 +69,7 @@ func (c *Conn) ArmImplicit(f *Frame, s Statement, serverVersion string) *Off {
 		return off
 	}
 	if !runsInBlock(s.SQL) {
+		f.implicitWhy = MissingNoTransactionBlock
 		return nil
 	}
 	m := c.markerOf(f.Refs)

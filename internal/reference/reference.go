@@ -67,8 +67,10 @@ type Frame struct {
 	// implicit: the frame's references were on, and it is an implicit transaction;
 	// extended: its write carried the marker call (ArmImplicit).
 	implicit, extended bool
-	// simple: the implicit transaction went as a simple Query (Collect).
-	simple bool
+	// simple: the implicit transaction went as a simple Query (Collect); implicitWhy is
+	// why another has none, when it is known (MissingUnchecked …).
+	simple      bool
+	implicitWhy string
 }
 
 // MissingMultiStatement is Frame.Missing's word for a frame whose COMMIT came among other
@@ -101,6 +103,8 @@ func (f *Frame) Missing() string {
 		return MissingMultiStatement
 	case f.implicit && f.simple:
 		return MissingSimpleProtocol
+	case f.implicit && f.implicitWhy != "":
+		return f.implicitWhy
 	case f.implicit:
 		return MissingImplicit
 	}
