@@ -134,6 +134,8 @@ func (t *core) beforeQuery(ctx context.Context, conn *pgx.Conn, st *connState, s
 		if st.nc != nil {
 			st.nc.WatchEnds()
 		}
+		// A busy connection refuses it before a byte leaves: then it never commits, and
+		// its end, not_started, is a rollback.
 		commits = !pg.IsBusy()
 		s.Commits = commits
 	}

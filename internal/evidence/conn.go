@@ -216,7 +216,7 @@ func (c *Conn[F]) Send(s Statement) (r Result) {
 	if s.Set.Writes() {
 		ev.shape.wrote = true
 	}
-	if s.Commits || ev.shape.implicit {
+	if s.Commits {
 		ev.commit.endedBeforeCommit = s.EndedBeforeCommit
 		r.Moved = ev.committing()
 	}

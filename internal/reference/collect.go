@@ -47,7 +47,7 @@ func (c *Conn) Collect(f *Frame, final bool) Collected {
 	if a == nil && implicit != nil {
 		// No write of the implicit transaction took what was armed (its call, or the check
 		// ahead of any Sync group): it went as a simple Query.
-		implicit.simple, implicit.marker, implicit.extended = true, nil, false
+		implicit.simple, implicit.marker = true, nil
 	}
 	if a == nil || !a.Sent() {
 		return Collected{} // tried again at the next BEGIN, statement or COMMIT

@@ -74,7 +74,7 @@ func (c *Conn) ArmImplicit(f *Frame, s Statement, serverVersion string) *Off {
 	}
 	m := c.markerOf(f.Refs)
 	if c.nc.Arm(&wire.Addition{Kind: wire.LibraryPortal, Extended: true, Commit: true, Msg: c.implicitMsg(m, f.id)}) {
-		c.adding, c.implicit, f.marker, f.extended = true, f, m, true
+		c.adding, c.implicit, f.marker = true, f, m
 	}
 	return nil
 }

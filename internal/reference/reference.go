@@ -64,9 +64,8 @@ type Frame struct {
 	// multiCommit: the frame's references were on, and its COMMIT came among other
 	// statements of one query string.
 	multiCommit bool
-	// implicit: the frame's references were on, and it is an implicit transaction;
-	// extended: its write carried the marker call (ArmImplicit).
-	implicit, extended bool
+	// implicit: the frame's references were on, and it is an implicit transaction.
+	implicit bool
 	// simple: the implicit transaction went as a simple Query (Collect); implicitWhy is
 	// why another has none, when it is known (MissingUnchecked …).
 	simple      bool
