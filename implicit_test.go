@@ -248,13 +248,7 @@ func TestImplicitTransactionFaults(t *testing.T) {
 	seen := map[string]int{}
 	for _, fault := range implicitFaults {
 		for _, way := range implicitWays {
-			modes := refModes
-			if fault.hit != nil && strings.Contains(fault.name, "synchronous") && way.name != implicitWays[0].name {
-				// The server faults under every way would restart the server 8 times each:
-				// they run on the first way only, whose frames are the same shape.
-				continue
-			}
-			for _, mode := range modes {
+			for _, mode := range refModes {
 				t.Run(fault.name+"/"+way.name+"/"+mode, func(t *testing.T) {
 					w := newImplicit(t, mode)
 					const id = 1
