@@ -43,6 +43,8 @@ type connState struct {
 	nc *wire.Conn
 	// pool is what the connection-pool metrics keep on it.
 	pool poolConnState
+	// named are its statements prepared by name (see prepared_names.go).
+	named namedStatements
 }
 
 // queryState is what a query's Start hook hands to its End hook (see startQuery).

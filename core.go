@@ -26,6 +26,8 @@ type core struct {
 	// tracer — SQL, errors, batches and statement names as they are — unless
 	// WithSanitizedInnerTracer asks otherwise; its spans get no attribute of ours.
 	innerAsIs bool
+	// named: a connection has a statement prepared by name (see prepared_names.go).
+	named anyNamed
 
 	query   pgx.QueryTracer
 	batch   pgx.BatchTracer

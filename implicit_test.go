@@ -1080,3 +1080,98 @@ func TestImplicitNoReferenceReasons(t *testing.T) {
 		wantAttr(t, frames[0], string(NoReferenceKey), c.want)
 	}
 }
+
+// TestImplicitPreparedByName: a statement the application prepared under a name, run by
+// that name (pgx hands the tracer the name), is judged by the SQL it was prepared with: a
+// SELECT makes no implicit transaction, an INSERT does — in a batch too — and carries the
+// marker; a name prepared again with other SQL, which the server refuses, keeps its first
+// SQL; the inner tracer's span still names what pgx gave it. A cut after the server read
+// the write leaves it indeterminate, settled committed by its marker, and the row is
+// there.
+func TestImplicitPreparedByName(t *testing.T) {
+	w := newImplicit(t, "marker")
+	withConn(t, w.ctx, w.h, func(conn *pgx.Conn) {
+		_, err := conn.Prepare(w.ctx, "read_row", "select k from "+w.table+" where id = $1")
+		mustOK(t, err)
+		_, err = conn.Prepare(w.ctx, "write_row", w.insert())
+		mustOK(t, err)
+		if _, err := conn.Prepare(w.ctx, "write_row", "select 1"); err == nil {
+			t.Fatal("a name prepared again with other SQL was taken")
+		}
+		// The proxy forgets a name whose Parse the server refused: the cut's write has a
+		// name of its own.
+		_, err = conn.Prepare(w.ctx, "cut_row", w.insert())
+		mustOK(t, err)
+	})
+	w.h.exp.Reset()
+	ctx, root := rootSpan(w.ctx, w.h)
+	var k int
+	if err := w.h.pool.QueryRow(ctx, "read_row", 1).Scan(&k); !errors.Is(err, pgx.ErrNoRows) {
+		t.Fatalf("read by name: %v", err)
+	}
+	if n := len(w.h.implicitFrames()); n != 0 {
+		t.Fatalf("a read run by name made %d implicit frames", n)
+	}
+	vctx, v := NewVerdict(ctx)
+	if _, err := w.h.pool.Exec(vctx, "write_row", 1); err != nil {
+		t.Fatal(err)
+	}
+	b := &pgx.Batch{}
+	b.Queue("write_row", 2)
+	mustOK(t, w.h.pool.SendBatch(vctx, b).Close())
+	res, err := v.Result()
+	if err != nil || res.Outcome() != outcome.OutcomeCommitted {
+		t.Fatalf("verdict %v %v, want committed", res, err)
+	}
+	frames := w.h.implicitFrames()
+	if len(frames) != 2 {
+		t.Fatalf("%d implicit frames, want 2 (the write and the batch): %v", len(frames), names(w.h.exp.GetSpans()))
+	}
+	for _, f := range frames {
+		wantAttr(t, f, string(OutcomeKey), "committed")
+		if _, ok := refOf(t, f); !ok {
+			t.Fatalf("%s: no marker on a write run by name", f.Name)
+		}
+	}
+	if q, _ := attr(frames[0], "db.query.text"); q.AsString() != "write_row" {
+		t.Fatalf("the statement span's db.query.text %q, want the name pgx gave", q.AsString())
+	}
+	// Under a cut after the server read it: indeterminate, settled by its marker.
+	w.h.exp.Reset()
+	w.proxy.CutAfterCommit()
+	if _, err := w.h.pool.Exec(ctx, "cut_row", 3); err == nil {
+		t.Fatal("the write answered through the cut")
+	}
+	root.End()
+	frames = w.h.implicitFrames()
+	if len(frames) != 1 {
+		t.Fatalf("%d implicit frames after the cut, want 1", len(frames))
+	}
+	wantAttr(t, frames[0], string(OutcomeKey), "indeterminate")
+	ref, ok := refOf(t, frames[0])
+	if !ok {
+		t.Fatal("no marker")
+	}
+	got, err := w.rec.Resolve(w.ctx, ref, trace.SpanContext{})
+	if err != nil || got.Status() != reconcile.Committed || !srv.RowExists(t, w.ctx, w.table, 3) {
+		t.Fatalf("reconciled %v %v, row there %v; want committed and the row", got, err, srv.RowExists(t, w.ctx, w.table, 3))
+	}
+}
+
+// TestPreparedNamesKept: which names a connection keeps (pgx's statement cache and
+// unnamed statements are run by their SQL), and a refused preparation keeps nothing.
+func TestPreparedNamesKept(t *testing.T) {
+	for _, c := range []struct {
+		name, sql string
+		keep      bool
+	}{
+		{"", "insert into t values (1)", false},
+		{"insert into t values (1)", "insert into t values (1)", false},
+		{"stmtcache_0123abcd", "insert into t values (1)", false},
+		{"write_row", "insert into t values (1)", true},
+	} {
+		if got := keepsName(c.name, c.sql); got != c.keep {
+			t.Errorf("keepsName(%q, %q) = %v, want %v", c.name, c.sql, got, c.keep)
+		}
+	}
+}

@@ -231,16 +231,17 @@ func (t *core) abandon(st *connState, reason string) {
 	}
 }
 
-// classifyBatch returns what the queued queries of b do to the transaction, and the SQL
-// of the query that begins the frame (the one with BEGIN, else the first).
-func (t *core) classifyBatch(b *pgx.Batch) (evidence.Set, string) {
+// classifyBatch returns what the queued queries of b, sent on conn, do to the
+// transaction, and the SQL of the query that begins the frame (the one with BEGIN, else
+// the first).
+func (t *core) classifyBatch(conn *pgx.Conn, b *pgx.Batch) (evidence.Set, string) {
 	var set evidence.Set
 	beginSQL := ""
 	if b != nil {
 		for i, qq := range b.QueuedQueries {
-			s := t.sanitized.get(qq.SQL).set
+			sql, s := t.statementOf(conn, qq.SQL, t.sanitized.get(qq.SQL).set)
 			if i == 0 || beginSQL == "" && s.Has(evidence.Begin) {
-				beginSQL = qq.SQL
+				beginSQL = sql
 			}
 			set |= s
 		}

@@ -38,7 +38,8 @@ var (
 // TraceQueryStart implements pgx.QueryTracer.
 func (t *Tracer) TraceQueryStart(ctx context.Context, conn *pgx.Conn, data pgx.TraceQueryStartData) context.Context {
 	s := t.sanitized.get(data.SQL) // one lookup for the statement's kinds and its text
-	return t.core.startQuery(ctx, conn, s.set, data.SQL, foldControl, s.op, func(ctx context.Context, _ bool) context.Context {
+	sql, set := t.core.statementOf(conn, data.SQL, s.set)
+	return t.core.startQuery(ctx, conn, set, sql, foldControl, s.op, func(ctx context.Context, _ bool) context.Context {
 		return t.core.innerQueryStart(ctx, conn, data, s)
 	})
 }
@@ -53,7 +54,7 @@ func (t *Tracer) TraceQueryEnd(ctx context.Context, conn *pgx.Conn, data pgx.Tra
 // TraceBatchStart implements pgx.BatchTracer. A batch is handed to the driver whole, so
 // a COMMIT anywhere in it marks committing before anything is sent.
 func (t *Tracer) TraceBatchStart(ctx context.Context, conn *pgx.Conn, data pgx.TraceBatchStartData) context.Context {
-	set, beginSQL := t.core.classifyBatch(data.Batch)
+	set, beginSQL := t.core.classifyBatch(conn, data.Batch)
 	return t.core.startQuery(ctx, conn, set, beginSQL, foldNone, "", func(ctx context.Context, _ bool) context.Context {
 		return t.core.innerBatchStart(ctx, conn, data)
 	})
@@ -106,6 +107,7 @@ func (t *Tracer) TraceCopyFromEnd(ctx context.Context, conn *pgx.Conn, data pgx.
 // TracePrepareStart implements pgx.PrepareTracer. Preparing a statement runs nothing: it
 // neither begins nor commits.
 func (t *Tracer) TracePrepareStart(ctx context.Context, conn *pgx.Conn, data pgx.TracePrepareStartData) context.Context {
+	t.core.prepareStarted(conn, data.Name, data.SQL)
 	data.Name = t.core.innerStmtName(data.Name)
 	return t.core.startQuery(ctx, conn, evidence.OtherSet, "", foldPrepare, data.Name, func(ctx context.Context, folded bool) context.Context {
 		return t.core.innerPrepareStart(ctx, conn, data, folded)
@@ -114,6 +116,7 @@ func (t *Tracer) TracePrepareStart(ctx context.Context, conn *pgx.Conn, data pgx
 
 // TracePrepareEnd implements pgx.PrepareTracer.
 func (t *Tracer) TracePrepareEnd(ctx context.Context, conn *pgx.Conn, data pgx.TracePrepareEndData) {
+	t.core.prepareEnded(conn, data.Err)
 	t.core.endQuery(ctx, conn, pgconn.CommandTag{}, data.Err, func(ctx context.Context, folded bool) {
 		t.core.innerPrepareEnd(ctx, conn, data, folded)
 	})
