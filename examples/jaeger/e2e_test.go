@@ -137,12 +137,18 @@ func checkScenarios(t *testing.T, tr map[string]*jTrace, events bool) {
 		}
 		root := roots[0]
 		for _, f := range jt.frames() {
-			if f.name != "transaction" || f.kind != kindInternal {
+			switch {
+			case f.isImplicit(): // the statement's own span, otelpgx's
+				if f.scope != "github.com/exaring/otelpgx" || f.name != "INSERT" || f.kind != kindClient {
+					t.Errorf("%s: implicit frame span %q of %s, kind %d", name, f.name, f.scope, f.kind)
+				}
+			case f.name != "transaction" || f.kind != kindInternal:
 				t.Errorf("%s: frame span %q kind %d", name, f.name, f.kind)
 			}
 			for _, k := range []string{"tx.outcome", "tx.phase", "tx.operation_id", "tx.frame.depth", "tx.propagation", "tx.attempt",
 				"db.system.name", "db.namespace", "server.address", "server.port"} {
-				if _, ok := f.attrs[k]; !ok && (name != "read_only" || k != "tx.propagation" && k != "tx.attempt") { // plain pgx: no Run
+				noRun := name == "read_only" || f.isImplicit() // plain pgx: no Run
+				if _, ok := f.attrs[k]; !ok && (!noRun || k != "tx.propagation" && k != "tx.attempt") {
 					t.Errorf("%s: frame %s has no %s", name, f.spanID, k)
 				}
 			}
@@ -152,8 +158,8 @@ func checkScenarios(t *testing.T, tr map[string]*jTrace, events bool) {
 			wantStatus(t, name, f)
 		}
 		for _, s := range jt.spans {
-			if s.scope != "github.com/exaring/otelpgx" || s.name == "connect" {
-				continue
+			if s.scope != "github.com/exaring/otelpgx" || s.name == "connect" || s.isImplicit() {
+				continue // an implicit frame's span is checked as a frame
 			}
 			if s.isPrepare() {
 				prepares++
@@ -297,6 +303,19 @@ func checkScenarios(t *testing.T, tr map[string]*jTrace, events bool) {
 		"tx.savepoint.created", "tx.savepoint.released", "tx.participant", "tx.phase.committing", "tx.phase.committed")
 	wantStatements(t, events, "savepoint", tr["savepoint"], f, "begin", "insert", "savepoint", "insert", "rollback", "savepoint", "insert", "release", "commit")
 
+	// Two autocommit INSERTs: implicit transactions, each frame the statement's span,
+	// children of the demo root.
+	if fs := tr["autocommit"].frames(); len(fs) != 2 || !fs[0].isImplicit() || !fs[1].isImplicit() {
+		t.Errorf("autocommit: frames %v, want the two statements' spans", spanNames(fs))
+	} else {
+		wantOutcome(t, "autocommit first", fs[0], "committed")
+		wantEvents(t, "autocommit first", fs[0], "tx.phase.active", "tx.phase.committing", "tx.phase.committed")
+		wantOutcome(t, "autocommit second", fs[1], "rolled_back")
+		// The statement's error, on its span: otelpgx's exception event.
+		wantEvents(t, "autocommit second", fs[1], "tx.phase.active", "tx.phase.committing", "tx.phase.rolled_back", "exception")
+		wantAttr(t, "autocommit second", fs[1], "error.type", "constraint_violation")
+	}
+
 	f = one("post_commit_failure")
 	wantOutcome(t, "post_commit_failure", f, "committed_with_post_commit_failure")
 	wantEvents(t, "post_commit_failure", f, "tx.phase.active", "tx.phase.committing", "tx.phase.committed", "tx.post_commit.failed")
@@ -353,7 +372,9 @@ func wantStatus(t *testing.T, name string, f *jSpan) {
 			if f.status != statusUnset {
 				t.Errorf("%s: deliberately rolled_back frame status %d %q, want Unset", name, f.status, f.statusMsg)
 			}
-		} else if f.status != statusError || f.statusMsg != "transaction rolled back" || f.attrs["tx.rollback"] != "failure" {
+		} else if f.status != statusError || f.attrs["tx.rollback"] != "failure" ||
+			f.statusMsg != "transaction rolled back" && !f.isImplicit() { // an implicit frame's is its statement's error
+
 			t.Errorf("%s: rolled_back frame status %d %q, tx.rollback %q, want Error \"transaction rolled back\", failure",
 				name, f.status, f.statusMsg, f.attrs["tx.rollback"])
 		}

@@ -276,6 +276,7 @@ func (j *jaegerProc) searchByTag(t *testing.T, ctx context.Context, service, key
 
 const (
 	kindInternal = 1 // OTLP SPAN_KIND_INTERNAL
+	kindClient   = 3 // OTLP SPAN_KIND_CLIENT
 
 	statusUnset = 0
 	statusOk    = 1
@@ -312,9 +313,15 @@ type jEvent struct {
 }
 
 func (s *jSpan) isFrame() bool {
+	if s.isImplicit() {
+		return true
+	}
 	_, ok := s.attrs["tx.frame.depth"]
 	return ok && s.scope == "github.com/txevidence/otelpgxtx"
 }
+
+// isImplicit reports an implicit transaction's frame: its statement's span (otelpgx's).
+func (s *jSpan) isImplicit() bool { return s.attrs["tx.implicit"] == "true" }
 
 // isPrepare reports an otelpgx prepare span (pgx prepares a statement on its first
 // use on a connection).

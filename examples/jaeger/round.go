@@ -93,8 +93,12 @@ func (a *app) round(ctx context.Context, n int) roundReport {
 	return rep
 }
 
-// isFrame reports whether s is a transaction frame span of the library.
+// isFrame reports whether s is a transaction frame span: the library's, or an implicit
+// transaction's, whose frame is its statement's span (tx.implicit).
 func isFrame(s sdktrace.ReadOnlySpan) bool {
+	if implicit, _ := spanAttr(s, otelpgxtx.ImplicitKey); implicit.AsBool() {
+		return true
+	}
 	if s.InstrumentationScope().Name != otelpgxtx.ScopeName {
 		return false
 	}

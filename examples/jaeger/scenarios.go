@@ -224,6 +224,31 @@ var scenarios = []*scenario{
 		},
 	},
 	{
+		name: "autocommit",
+		title: "two autocommit INSERTs on the pool, no BEGIN (as sqlc calls them): each is an implicit transaction, " +
+			"its frame the statement's own span; the second breaks the primary key: rolled_back",
+		frames: []string{"committed", "rolled_back"},
+		run: func(ctx context.Context, a *app, s *scenarioRun) error {
+			insert := fmt.Sprintf("insert into %s (id, k, note) values ($1, $2, $3)", a.table)
+			for _, w := range []struct {
+				label, note string
+				want        outcome.Outcome
+			}{{"first", "order 14", outcome.OutcomeCommitted}, {"second", "order 14 again", outcome.OutcomeRolledBack}} {
+				vctx, v := otelpgxtx.NewVerdict(ctx) // what the library made of the writes made with vctx
+				_, werr := a.pool.Exec(vctx, insert, 14, len(w.note), w.note)
+				res, err := v.Result()
+				if err != nil {
+					return fmt.Errorf("%s: %w (write: %v)", w.label, err, werr)
+				}
+				s.note(w.label + "=" + res.Outcome().String())
+				if res.Outcome() != w.want {
+					return fmt.Errorf("%s: got %s, want %s (write: %v)", w.label, res.Outcome(), w.want, werr)
+				}
+			}
+			return a.wantRows(ctx, map[int]bool{14: true})
+		},
+	},
+	{
 		name:   "indeterminate",
 		title:  "the backend is terminated while COMMIT waits for synchronous replication: indeterminate, then reconciled",
 		frames: []string{"indeterminate"},

@@ -116,6 +116,9 @@ func spanLine(s sdktrace.ReadOnlySpan, t0 time.Time) string {
 	fmt.Fprintf(&b, "  +%s  %s", ms(s.StartTime().Sub(t0)), ms(s.EndTime().Sub(s.StartTime())))
 	switch {
 	case isFrame(s):
+		if v, ok := spanAttr(s, "db.query.text"); ok { // an implicit transaction's: the statement's span
+			fmt.Fprintf(&b, "  %s", oneLine(v.AsString(), 60))
+		}
 		v, _ := spanAttr(s, otelpgxtx.OutcomeKey)
 		fmt.Fprintf(&b, "  tx.outcome=%s  status=%s", v.String(), status(s))
 	case s.Name() == otelpgxtx.SpanNameReconcile:
@@ -138,7 +141,7 @@ func spanLine(s sdktrace.ReadOnlySpan, t0 time.Time) string {
 
 // frameDetail is the order in which a frame span's attributes are shown.
 var frameDetail = []attribute.Key{
-	otelpgxtx.PhaseKey, otelpgxtx.FrameDepthKey, otelpgxtx.PropagationKey, otelpgxtx.IsolationKey,
+	otelpgxtx.PhaseKey, otelpgxtx.ImplicitKey, otelpgxtx.FrameDepthKey, otelpgxtx.PropagationKey, otelpgxtx.IsolationKey,
 	otelpgxtx.AttemptKey, otelpgxtx.RetryableKey, "error.type", "db.response.status_code",
 	otelpgxtx.CommittedLocallyKey, otelpgxtx.ReconciliationXIDKey, otelpgxtx.ReconciliationRefKey,
 	otelpgxtx.OperationIDKey,
