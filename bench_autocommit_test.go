@@ -34,8 +34,9 @@ var benchAutocommitStatements = []benchAutocommitStatement{
 
 // benchAutocommitVariants: bare pgx, otelpgx alone, the Tracer with its defaults, and
 // with the xid or the marker after an INSERT, before its Sync (their price per write:
-// server-µs/op; a SELECT, no implicit transaction, carries nothing).
-var benchAutocommitVariants = []string{benchA, benchB, benchC, benchG, benchH}
+// server-µs/op; a SELECT, no implicit transaction, carries nothing), and with no implicit
+// transaction made a frame (k: c's price less the frame's).
+var benchAutocommitVariants = []string{benchA, benchB, benchC, benchG, benchH, benchK}
 
 // benchAutocommitDB is one variant's pool of one connection on the test server, warm.
 type benchAutocommitDB struct {
@@ -116,8 +117,9 @@ func BenchmarkAutocommit(b *testing.B) {
 	}
 }
 
-// benchAutocommitPairs: the Tracer against otelpgx alone, and the null pair.
-var benchAutocommitPairs = [][2]string{{benchB, benchC}, {benchC, benchC}}
+// benchAutocommitPairs: the Tracer against otelpgx alone, with and without implicit
+// frames (k), the frame's own price (c against k), and the null pair.
+var benchAutocommitPairs = [][2]string{{benchB, benchC}, {benchB, benchK}, {benchK, benchC}, {benchC, benchC}}
 
 // BenchmarkAutocommitPair is BenchmarkAutocommit's c against b (and c against itself, the
 // measure's noise) paired in time as BenchmarkHookPair pairs its sides: blocks of

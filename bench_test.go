@@ -71,6 +71,7 @@ const (
 	benchH = "h_otelpgxtx_marker"
 	benchI = "i_otelpgxtx_spans"
 	benchJ = "j_otelpgxtx_prepare_spans"
+	benchK = "k_otelpgxtx_unframed"
 
 	benchKeyGroups = 64  // disjoint groups of bench_kv rows: goroutine g writes group g % 64
 	benchKeysPerG  = 128 // rows of bench_kv per group
@@ -185,6 +186,9 @@ var benchVariantOptions = map[string][]Option{
 	benchH: {WithCommitMarker(benchMarker)},
 	benchI: {WithInnerSpans(InnerSpanTransactionControl, InnerSpanPrepare)},
 	benchJ: {WithInnerSpans(InnerSpanPrepare)},
+	// k: c with no implicit transaction made a frame: what the tracer costs an
+	// autocommit write besides its frame.
+	benchK: {WithImplicitFilter(func(context.Context, string) bool { return false })},
 }
 
 // benchInstrument configures cfg (and pool, when the variant runs on a pool) for
