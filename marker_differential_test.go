@@ -383,6 +383,17 @@ var diffAutocommits = []diffAutocommit{
 	{name: "VACUUM, simple protocol", run: func(ctx context.Context, pool *pgxpool.Pool, id int) string {
 		return diffSeen(pool.Exec(ctx, "vacuum public.diff_app"))
 	}},
+	{name: "CREATE DATABASE, extended protocol", run: func(ctx context.Context, pool *pgxpool.Pool, id int) string {
+		rows, err := pool.Query(ctx, "create database diff_created")
+		got := diffSeen(pgconn.CommandTag{}, err)
+		if err == nil {
+			got = diffRows(rows)
+		}
+		return got + "; " + diffSeen(pool.Exec(ctx, "drop database diff_created"))
+	}},
+	{name: "CREATE DATABASE, simple protocol", run: func(ctx context.Context, pool *pgxpool.Pool, id int) string {
+		return diffSeen(pool.Exec(ctx, "create database diff_created")) + "; " + diffSeen(pool.Exec(ctx, "drop database diff_created"))
+	}},
 }
 
 // TestMarkerNeverChangesAutocommit is the differential test of the implicit
