@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 
@@ -329,6 +330,49 @@ func TestBenchFakeServer(t *testing.T) {
 		wantEvents(t, s, "tx.phase.active", "tx.phase.committing", "tx.phase.committed")
 		if _, ok := attr(s, ReconciliationXIDKey); ok != (i == 1) {
 			t.Errorf("frame %d: reconciliation xid present %v", i, ok)
+		}
+	}
+}
+
+// BenchmarkHookAutocommitPool is BenchmarkHookAutocommit on a pool of one connection over
+// fakePG, the way most applications write (pool.Exec): the pool's hooks (otelpgx's
+// acquire span, the connection-pool metrics) are in it, and k (the Tracer with no implicit
+// frame) tells the frame's price from the rest of the Tracer's, without I/O.
+func BenchmarkHookAutocommitPool(b *testing.B) {
+	for _, s := range benchSamplings {
+		for _, stmt := range []struct{ name, sql string }{
+			{"write", "update bench_kv set v = v + 1 where k = $1"},
+			{"read", "select v from bench_kv where k = $1"},
+		} {
+			for _, v := range []string{benchA, benchB, benchK, benchC} {
+				b.Run(s.name+"/"+stmt.name+"/v="+v, func(b *testing.B) {
+					pcfg, err := pgxpool.ParseConfig("")
+					if err != nil {
+						b.Fatal(err)
+					}
+					pcfg.ConnConfig, pcfg.MaxConns = fakePGConfig(), 1
+					tel := benchInstrument(b, pcfg.ConnConfig, pcfg, v, s)
+					pool, err := pgxpool.NewWithConfig(context.Background(), pcfg)
+					if err != nil {
+						b.Fatal(err)
+					}
+					defer pool.Close()
+					defer tel.shutdown()
+					ctx, span := tel.request(context.Background())
+					defer span.End()
+					for range 8 { // warm: the statement prepared and cached
+						if _, err := pool.Exec(ctx, stmt.sql, 7); err != nil {
+							b.Fatal(err)
+						}
+					}
+					b.ReportAllocs()
+					benchLoopCPU(b, func() {
+						if _, err := pool.Exec(ctx, stmt.sql, 7); err != nil {
+							b.Fatal(err)
+						}
+					})
+				})
+			}
 		}
 	}
 }
