@@ -1,6 +1,8 @@
 package otelpgxtx
 
 import (
+	"sync/atomic"
+
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"go.opentelemetry.io/otel/trace"
@@ -26,8 +28,9 @@ type core struct {
 	// tracer — SQL, errors, batches and statement names as they are — unless
 	// WithSanitizedInnerTracer asks otherwise; its spans get no attribute of ours.
 	innerAsIs bool
-	// named: a connection has a statement prepared by name (see prepared_names.go).
-	named anyNamed
+	// named: a connection has a statement prepared by name (see prepared_names.go), which
+	// the hooks look up; until then a query's SQL is taken as it is, with no lookup.
+	named atomic.Bool
 
 	query   pgx.QueryTracer
 	batch   pgx.BatchTracer

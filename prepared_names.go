@@ -1,13 +1,6 @@
 package otelpgxtx
 
-import (
-	"strings"
-	"sync/atomic"
-
-	"github.com/jackc/pgx/v5"
-
-	"github.com/txevidence/otelpgxtx/internal/evidence"
-)
+import "strings"
 
 // A statement the application prepared under a name of its own (pgx.Conn.Prepare) is run
 // by that name, and pgx hands the tracer the name for the query's SQL, which says nothing
@@ -32,49 +25,30 @@ func keepsName(name, sql string) bool {
 	return name != "" && name != sql && !strings.HasPrefix(name, "stmtcache_")
 }
 
-// anyNamed: some connection of the tracer has a statement prepared by name, which the
-// hooks look up; until then a query's SQL is taken as it is, with no lookup.
-type anyNamed struct{ atomic.Bool }
-
-// prepareStarted records, on conn, that the statement name is being prepared with sql.
-func (t *core) prepareStarted(conn *pgx.Conn, name, sql string) {
-	if !keepsName(name, sql) {
-		return
-	}
-	if st := t.connStateOf(conn); st != nil {
-		st.named.preparing.name, st.named.preparing.sql = name, sql
+// start records that the statement name is being prepared with sql.
+func (n *namedStatements) start(name, sql string) {
+	if keepsName(name, sql) {
+		n.preparing.name, n.preparing.sql = name, sql
 	}
 }
 
-// prepareEnded keeps, on conn, the statement being prepared, unless err says the server
-// refused it.
-func (t *core) prepareEnded(conn *pgx.Conn, err error) {
-	st := madeStateOf(conn)
-	if st == nil || st.named.preparing.name == "" {
-		return
+// end keeps the statement being prepared, unless err says the server refused it, and
+// reports whether it kept one.
+func (n *namedStatements) end(err error) bool {
+	p := n.preparing
+	n.preparing.name, n.preparing.sql = "", ""
+	if p.name == "" || err != nil {
+		return false
 	}
-	p := st.named.preparing
-	st.named.preparing.name, st.named.preparing.sql = "", ""
-	if err != nil {
-		return
+	if n.sql == nil {
+		n.sql = make(map[string]string)
 	}
-	if st.named.sql == nil {
-		st.named.sql = make(map[string]string)
-	}
-	st.named.sql[p.name] = p.sql
-	t.named.Store(true)
+	n.sql[p.name] = p.sql
+	return true
 }
 
-// statementOf returns what a query of sql, whose kinds are set, runs on conn: the SQL and
-// kinds of the statement prepared under the name sql, if there is one; else sql and set.
-func (t *core) statementOf(conn *pgx.Conn, sql string, set evidence.Set) (string, evidence.Set) {
-	if !t.named.Load() {
-		return sql, set
-	}
-	if st := madeStateOf(conn); st != nil {
-		if real, ok := st.named.sql[sql]; ok {
-			return real, t.sanitized.get(real).set
-		}
-	}
-	return sql, set
+// of returns the SQL of the statement prepared under the name sql, if there is one.
+func (n *namedStatements) of(sql string) (string, bool) {
+	real, ok := n.sql[sql]
+	return real, ok
 }

@@ -248,3 +248,36 @@ func (t *core) classifyBatch(conn *pgx.Conn, b *pgx.Batch) (evidence.Set, string
 	}
 	return evidence.Together(set), beginSQL
 }
+
+// prepareStarted records, on conn, that the statement name is being prepared with sql
+// (see prepared_names.go).
+func (t *core) prepareStarted(conn *pgx.Conn, name, sql string) {
+	if !keepsName(name, sql) {
+		return
+	}
+	if st := t.connStateOf(conn); st != nil {
+		st.named.start(name, sql)
+	}
+}
+
+// prepareEnded keeps, on conn, the statement being prepared, unless err says the server
+// refused it.
+func (t *core) prepareEnded(conn *pgx.Conn, err error) {
+	if st := madeStateOf(conn); st != nil && st.named.end(err) {
+		t.named.Store(true)
+	}
+}
+
+// statementOf returns what a query of sql, whose kinds are set, runs on conn: the SQL and
+// kinds of the statement prepared under the name sql, if there is one; else sql and set.
+func (t *core) statementOf(conn *pgx.Conn, sql string, set evidence.Set) (string, evidence.Set) {
+	if !t.named.Load() {
+		return sql, set
+	}
+	if st := madeStateOf(conn); st != nil {
+		if real, ok := st.named.of(sql); ok {
+			return real, t.sanitized.get(real).set
+		}
+	}
+	return sql, set
+}
