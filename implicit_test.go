@@ -14,6 +14,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/jackc/pgx/v5/stdlib"
 	"go.opentelemetry.io/otel/codes"
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
@@ -39,28 +40,48 @@ const implicitText = "/* implicit write */"
 type implicitWay struct {
 	name  string
 	write func(ctx context.Context, w *implicitSetup, id int) error
+	// setup, if set, readies the pool's connection for write before a fault is armed.
+	setup func(ctx context.Context, w *implicitSetup) error
 }
 
 var implicitWays = []implicitWay{
-	{"pgx cache statement", pgxMode(pgx.QueryExecModeCacheStatement)},
-	{"pgx cache describe", pgxMode(pgx.QueryExecModeCacheDescribe)},
-	{"pgx describe exec", pgxMode(pgx.QueryExecModeDescribeExec)},
-	{"pgx exec", pgxMode(pgx.QueryExecModeExec)},
-	{"pgx simple protocol", pgxMode(pgx.QueryExecModeSimpleProtocol)},
+	{"pgx cache statement", pgxMode(pgx.QueryExecModeCacheStatement), nil},
+	{"pgx cache describe", pgxMode(pgx.QueryExecModeCacheDescribe), nil},
+	{"pgx describe exec", pgxMode(pgx.QueryExecModeDescribeExec), nil},
+	{"pgx exec", pgxMode(pgx.QueryExecModeExec), nil},
+	{"pgx simple protocol", pgxMode(pgx.QueryExecModeSimpleProtocol), nil},
 	{"database/sql", func(ctx context.Context, w *implicitSetup, id int) error {
 		_, err := w.db.ExecContext(ctx, w.insert(), id)
 		return err
-	}},
+	}, nil},
 	{"batch without BEGIN", func(ctx context.Context, w *implicitSetup, id int) error {
 		b := &pgx.Batch{}
 		b.Queue(w.insert(), id)
 		b.Queue("update "+w.table+" set v = 1 where id = $1", id)
 		return w.h.pool.SendBatch(ctx, b).Close()
-	}},
+	}, nil},
 	{"sqlc-style query on the pool", func(ctx context.Context, w *implicitSetup, id int) error {
 		_, err := sqlcQueries{db: w.h.pool}.CreateRow(ctx, w.table, id)
 		return err
+	}, nil},
+	{"pgx prepared by name", func(ctx context.Context, w *implicitSetup, id int) error {
+		return w.h.pool.AcquireFunc(ctx, func(c *pgxpool.Conn) error {
+			if err := prepareImplicitInsert(ctx, w, c.Conn()); err != nil {
+				return err
+			}
+			_, err := c.Exec(ctx, "implicit_insert", id)
+			return err
+		})
+	}, func(ctx context.Context, w *implicitSetup) error {
+		return w.h.pool.AcquireFunc(ctx, func(c *pgxpool.Conn) error { return prepareImplicitInsert(ctx, w, c.Conn()) })
 	}},
+}
+
+// prepareImplicitInsert prepares w's insert on conn as "implicit_insert": on a connection
+// that has it already, pgx answers without a word to the server.
+func prepareImplicitInsert(ctx context.Context, w *implicitSetup, conn *pgx.Conn) error {
+	_, err := conn.Prepare(ctx, "implicit_insert", w.insert())
+	return err
 }
 
 // pgxMode is the way of pool.Exec in query mode m.
@@ -252,6 +273,9 @@ func TestImplicitTransactionFaults(t *testing.T) {
 				t.Run(fault.name+"/"+way.name+"/"+mode, func(t *testing.T) {
 					w := newImplicit(t, mode)
 					const id = 1
+					if way.setup != nil {
+						mustOK(t, way.setup(w.ctx, w))
+					}
 					if fault.arm != nil {
 						fault.arm(t, w, id)
 					}
