@@ -256,7 +256,8 @@ func sameSpan(a, b trace.Span) bool {
 	return sa.SpanID() == sb.SpanID() && sa.TraceID() == sb.TraceID() && a.IsRecording() && b.IsRecording()
 }
 
-var noopSpan = noop.Span{}
+// noopSpan is boxed once: a noop.Span put in a trace.Span anew would allocate each time.
+var noopSpan trace.Span = noop.Span{}
 
 // omits reports whether the inner tracer's spans of kind k are turned off.
 func (t *core) omits(k InnerSpan) bool { return t.cfg.omitSpans&(1<<k) != 0 }
