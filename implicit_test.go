@@ -210,6 +210,11 @@ var implicitFaults = []implicitFault{
 		mustOK(t, srv.Terminate(w.ctx, pid))
 		mustOK(t, srv.WaitBackendGone(w.ctx, pid)) // its FATAL waits in the socket
 	}, want: outcome.OutcomeRolledBack, reason: "session_ended_before_commit"},
+	{name: "server stopped (fast) and restarted while idle", arm: func(t *testing.T, w *implicitSetup, _ int) {
+		w.pid(t)                      // the pool's connection is open before the stop
+		mustOK(t, srv.StopFast())     // its backend sends it FATAL 57P01 and ends
+		mustOK(t, srv.Restart(w.ctx)) // the write goes to the old connection
+	}, want: outcome.OutcomeRolledBack, reason: "session_ended_before_commit"},
 	{name: "proxy cut before the server read it", arm: func(t *testing.T, w *implicitSetup, _ int) { w.proxy.CutBeforeCommit() },
 		want: outcome.OutcomeIndeterminate, reason: "connection_lost"},
 	{name: "proxy cut after the server read it", arm: func(t *testing.T, w *implicitSetup, _ int) { w.proxy.CutAfterCommit() },

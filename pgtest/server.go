@@ -266,7 +266,27 @@ func (s *Server) StopImmediate() error {
 	return nil
 }
 
-// Restart starts the server again after StopImmediate, on the same port, and
+// StopFast stops the server as a clean shutdown does (pg_ctl stop -m fast): every
+// backend ends its session — an idle one sends its client FATAL 57P01 first — and the
+// server writes a shutdown checkpoint. Restart starts it again.
+func (s *Server) StopFast() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.resumeHeld() // a stopped process would never exit
+	if s.closed {
+		return errors.New("pgtest: server is closed")
+	}
+	if !s.running {
+		return errors.New("pgtest: server is not running")
+	}
+	if err := s.run(context.Background(), s.bins.pgCtl, "stop", "-m", "fast", "-w", "-D", s.dataDir); err != nil {
+		return err
+	}
+	s.running = false
+	return nil
+}
+
+// Restart starts the server again after StopImmediate or StopFast, on the same port, and
 // returns once a connection succeeds (bounded by ctx).
 func (s *Server) Restart(ctx context.Context) error {
 	s.mu.Lock()
