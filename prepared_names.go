@@ -9,7 +9,9 @@ import "strings"
 // an INSERT does, and may carry a reference. The inner tracer is still handed the name.
 
 // namedStatements are a connection's statements prepared by name: their SQL by name, as
-// pgx keeps them. Only the connection's user touches them, in the hooks.
+// pgx keeps them. pgx's Deallocate calls no hook, so a name it dropped stays here: run
+// again, pgx sends the name as SQL, which fails and writes nothing, whatever it is judged.
+// Only the connection's user touches them, in the hooks.
 type namedStatements struct {
 	sql map[string]string
 	// preparing is the statement being prepared, kept by its End if the server took it
