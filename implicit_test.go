@@ -177,6 +177,15 @@ func (w *implicitSetup) pid(t *testing.T) uint32 {
 	return c.Conn().PgConn().PID()
 }
 
+// waitFatal waits until what the server sent before it ended the pool's connection has
+// reached the client's socket, through the proxy.
+func (w *implicitSetup) waitFatal(t *testing.T) {
+	t.Helper()
+	withConn(t, w.ctx, w.h, func(conn *pgx.Conn) {
+		waitSocket(t, w.ctx, conn, func(n int, _ error) bool { return n > 0 })
+	})
+}
+
 // implicitFrames returns the spans of implicit transactions' frames (tx.implicit), which
 // are their statements' spans.
 func (h *harness) implicitFrames() []tracetest.SpanStub {
@@ -208,12 +217,14 @@ var implicitFaults = []implicitFault{
 	{name: "backend terminated while idle", arm: func(t *testing.T, w *implicitSetup, _ int) {
 		pid := w.pid(t)
 		mustOK(t, srv.Terminate(w.ctx, pid))
-		mustOK(t, srv.WaitBackendGone(w.ctx, pid)) // its FATAL waits in the socket
+		mustOK(t, srv.WaitBackendGone(w.ctx, pid))
+		w.waitFatal(t) // its FATAL waits in the socket
 	}, want: outcome.OutcomeRolledBack, reason: "session_ended_before_commit"},
 	{name: "server stopped (fast) and restarted while idle", arm: func(t *testing.T, w *implicitSetup, _ int) {
 		w.pid(t)                      // the pool's connection is open before the stop
 		mustOK(t, srv.StopFast())     // its backend sends it FATAL 57P01 and ends
 		mustOK(t, srv.Restart(w.ctx)) // the write goes to the old connection
+		w.waitFatal(t)
 	}, want: outcome.OutcomeRolledBack, reason: "session_ended_before_commit"},
 	{name: "proxy cut before the server read it", arm: func(t *testing.T, w *implicitSetup, _ int) { w.proxy.CutBeforeCommit() },
 		want: outcome.OutcomeIndeterminate, reason: "connection_lost"},

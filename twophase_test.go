@@ -759,3 +759,111 @@ func TestTwoPhaseFailover(t *testing.T) {
 	}
 	t.Logf("after COMMIT PREPARED on the new primary: %s %s", got.Status(), got.Reason())
 }
+
+// TestTwoPhaseCommitPreparedBackendFaults: COMMIT PREPARED, sent idle (a frame of its
+// own), waiting for synchronous replication after its commit record is flushed locally,
+// its backend then ended by a real fault, with the references off and the xid (read ahead
+// of the decision from pg_prepared_xacts); and a backend terminated while the session was
+// idle, before the decision was written. In the wait: indeterminate; the transaction is no
+// longer prepared and its row is there (after crash recovery, or the restart), and its
+// reference, asked then, answers committed — or unknown where the xid alone cannot rule out
+// a reuse (crash_recovered, server_restarted) —, never aborted. Terminated while idle: the
+// FATAL was waiting before the decision left, so the decision never ran
+// (session_ended_before_commit), yet the frame is indeterminate, not rolled back: the
+// transaction is still prepared, its coordinator's to decide; no row.
+func TestTwoPhaseCommitPreparedBackendFaults(t *testing.T) {
+	inWait := func(fault func(ctx context.Context, pid uint32) error) func(ctx context.Context, pid uint32) error {
+		return func(ctx context.Context, pid uint32) error {
+			if err := srv.WaitForWaitEvent(ctx, pid, "SyncRep"); err != nil {
+				return err
+			}
+			return fault(ctx, pid)
+		}
+	}
+	for _, fault := range []struct {
+		name string
+		idle func(ctx context.Context, pid uint32) error // before the decision is sent
+		hit  func(ctx context.Context, pid uint32) error // while it waits
+		want string
+	}{
+		{"backend terminated while idle", func(ctx context.Context, pid uint32) error {
+			if err := srv.Terminate(ctx, pid); err != nil {
+				return err
+			}
+			return srv.WaitBackendGone(ctx, pid)
+		}, nil, "indeterminate"},
+		{"synchronous-replication wait ended early", nil, srv.TerminateInSyncRep, "indeterminate"},
+		{"SIGKILLed in the synchronous-replication wait", nil, inWait(srv.KillBackend), "indeterminate"},
+		{"server stopped immediately in the synchronous-replication wait", nil, inWait(func(ctx context.Context, _ uint32) error {
+			if err := srv.StopImmediate(); err != nil {
+				return err
+			}
+			return srv.Restart(ctx)
+		}), "indeterminate"},
+	} {
+		for _, mode := range []string{"off", "xid"} {
+			t.Run(fault.name+"/"+mode, func(t *testing.T) {
+				tp := newTwoPhase(t, mode)
+				gid := tp.gid(t)
+				mustOK(t, srv.Exec(tp.ctx, fmt.Sprintf("begin; insert into %s (id, k) values (1, 1); prepare transaction '%s'", tp.table, gid)))
+				pc, err := tp.h.pool.Acquire(tp.ctx)
+				mustOK(t, err)
+				defer pc.Release()
+				pid := pc.Conn().PgConn().PID()
+				if fault.hit != nil {
+					_, err := pc.Exec(tp.ctx, "set synchronous_commit = on")
+					mustOK(t, err)
+				}
+				if fault.idle != nil {
+					mustOK(t, fault.idle(tp.ctx, pid))
+					waitSocket(t, tp.ctx, pc.Conn(), func(n int, _ error) bool { return n > 0 }) // the FATAL came
+				}
+				vctx, v := NewVerdict(tp.ctx)
+				done := make(chan error, 1)
+				go func() {
+					_, err := pc.Exec(vctx, "commit prepared '"+gid+"'")
+					done <- err
+				}()
+				if fault.hit != nil {
+					mustOK(t, fault.hit(tp.ctx, pid))
+				}
+				if err := <-done; err == nil {
+					t.Fatal("COMMIT PREPARED answered though its backend was ended")
+				}
+				res, err := v.Result()
+				if err != nil || res.Outcome().String() != fault.want {
+					t.Fatalf("verdict %T %v, want %s", res, err, fault.want)
+				}
+				f := tp.frame(t, fault.want)
+				committed := fault.hit != nil // each fault in the wait came after the commit record
+				if tp.prepared(t, gid) == committed || srv.RowExists(t, tp.ctx, tp.table, 1) != committed {
+					t.Fatalf("prepared %v, row %v; want the decision %v", tp.prepared(t, gid), srv.RowExists(t, tp.ctx, tp.table, 1), committed)
+				}
+				ref := f.attrs(string(ReconciliationRefKey))
+				if !committed {
+					if got := f.attrs("error.type"); got != "session_ended_before_commit" {
+						t.Fatalf("error.type %q, want session_ended_before_commit", got)
+					}
+					if ref != "" {
+						t.Fatalf("a reference %q from a session that had ended", ref)
+					}
+					return
+				}
+				if (ref != "") != (mode == "xid") {
+					t.Fatalf("mode %s: reference %q", mode, ref)
+				}
+				if ref == "" {
+					return
+				}
+				parsed, err := outcome.ParseReconciliationRef(ref)
+				mustOK(t, err)
+				got, err := tp.rec.Resolve(tp.ctx, parsed, trace.SpanContext{})
+				if err != nil || got.Status() == reconcile.Aborted || got.Status() == reconcile.NoWrites ||
+					got.Status() == reconcile.Unknown && got.Reason() != reconcile.ReasonCrashRecovered && got.Reason() != reconcile.ReasonServerRestarted {
+					t.Fatalf("reconciled %s %q %v, want committed (or unknown: a reuse not ruled out)", got.Status(), got.Reason(), err)
+				}
+				t.Logf("reconciled %s %s", got.Status(), got.Reason())
+			})
+		}
+	}
+}
