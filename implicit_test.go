@@ -1176,13 +1176,16 @@ func TestImplicitPreparedByName(t *testing.T) {
 	if q, _ := attr(frames[0], "db.query.text"); q.AsString() != "write_row" {
 		t.Fatalf("the statement span's db.query.text %q, want the name pgx gave", q.AsString())
 	}
-	// Under a cut after the server read it: indeterminate, settled by its marker.
+	// Under a cut after the server read it: indeterminate, settled by its marker once the
+	// backend ran what it read (asked before, the reconciler's fence would win: aborted).
 	w.h.exp.Reset()
+	pid := w.pid(t)
 	w.proxy.CutAfterCommit()
 	if _, err := w.h.pool.Exec(ctx, "cut_row", 3); err == nil {
 		t.Fatal("the write answered through the cut")
 	}
 	root.End()
+	mustOK(t, srv.WaitBackendGone(w.ctx, pid))
 	frames = w.h.implicitFrames()
 	if len(frames) != 1 {
 		t.Fatalf("%d implicit frames after the cut, want 1", len(frames))
