@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"math/rand/v2"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -944,13 +945,34 @@ func TestImplicitFailover(t *testing.T) {
 
 // TestImplicitAutoReconcile: automatic reconciliation settles an implicit transaction's
 // indeterminate commit as an explicit one's: with the marker, a cut after the server read
-// the write is answered committed, one before it aborted, each once, to the callback.
+// the write is answered committed, one before it aborted, each once, to the callback. The
+// reconciler's connections wait until the cut backend ran what it read: asked earlier, its
+// fence wins the race with the write still in the backend's socket, and the answer is
+// aborted — soundly, the write then failing on the fenced marker — which would make this
+// test's ground truth depend on timing.
 func TestImplicitAutoReconcile(t *testing.T) {
 	for _, cut := range []string{"before", "after"} {
 		t.Run(cut, func(t *testing.T) {
 			answers := make(chan Reconciliation, 4)
 			ctx := pgtest.ContextFor(t)
-			rec, err := reconcile.New(srv.Pool(t, ctx), reconcile.WithWait(20*time.Millisecond, time.Millisecond))
+			ran := make(chan struct{}) // closed once the cut backend is gone
+			var gated atomic.Bool
+			cfg, err := pgxpool.ParseConfig(srv.ConnString())
+			mustOK(t, err)
+			cfg.PrepareConn = func(ctx context.Context, _ *pgx.Conn) (bool, error) {
+				if gated.Load() {
+					select {
+					case <-ran:
+					case <-ctx.Done():
+						return false, ctx.Err()
+					}
+				}
+				return true, nil
+			}
+			recPool, err := pgxpool.NewWithConfig(ctx, cfg)
+			mustOK(t, err)
+			t.Cleanup(recPool.Close)
+			rec, err := reconcile.New(recPool, reconcile.WithWait(20*time.Millisecond, time.Millisecond))
 			mustOK(t, err)
 			w := newImplicit(t, "marker", WithAutoReconcile(rec, WithOnReconciled(func(r Reconciliation) { answers <- r })))
 			t.Cleanup(func() { _ = w.h.tracer.Close(context.Background()) })
@@ -961,10 +983,12 @@ func TestImplicitAutoReconcile(t *testing.T) {
 			}
 			pid := w.pid(t)
 			vctx, v := NewVerdict(w.ctx)
+			gated.Store(true)
 			if _, err := w.h.pool.Exec(vctx, w.insert(), 1); err == nil {
 				t.Fatal("the write answered through the cut")
 			}
 			mustOK(t, srv.WaitBackendGone(w.ctx, pid))
+			close(ran)
 			res, err := v.Result()
 			if err != nil || res.Outcome() != outcome.OutcomeIndeterminate {
 				t.Fatalf("verdict %T %v, want indeterminate", res, err)
