@@ -249,27 +249,15 @@ func (s *Server) Pool(tb testing.TB, ctx context.Context) *pgxpool.Pool {
 // StopImmediate stops the server like a crash (pg_ctl stop -m immediate):
 // backends are killed without a shutdown checkpoint and the data is kept, so
 // Restart goes through crash recovery.
-func (s *Server) StopImmediate() error {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	s.resumeHeld() // a stopped process would never exit
-	if s.closed {
-		return errors.New("pgtest: server is closed")
-	}
-	if !s.running {
-		return errors.New("pgtest: server is not running")
-	}
-	if err := s.run(context.Background(), s.bins.pgCtl, "stop", "-m", "immediate", "-w", "-D", s.dataDir); err != nil {
-		return err
-	}
-	s.running = false
-	return nil
-}
+func (s *Server) StopImmediate() error { return s.stop("immediate") }
 
 // StopFast stops the server as a clean shutdown does (pg_ctl stop -m fast): every
 // backend ends its session — an idle one sends its client FATAL 57P01 first — and the
 // server writes a shutdown checkpoint. Restart starts it again.
-func (s *Server) StopFast() error {
+func (s *Server) StopFast() error { return s.stop("fast") }
+
+// stop stops the running server with pg_ctl's shutdown mode.
+func (s *Server) stop(mode string) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.resumeHeld() // a stopped process would never exit
@@ -279,7 +267,7 @@ func (s *Server) StopFast() error {
 	if !s.running {
 		return errors.New("pgtest: server is not running")
 	}
-	if err := s.run(context.Background(), s.bins.pgCtl, "stop", "-m", "fast", "-w", "-D", s.dataDir); err != nil {
+	if err := s.run(context.Background(), s.bins.pgCtl, "stop", "-m", mode, "-w", "-D", s.dataDir); err != nil {
 		return err
 	}
 	s.running = false
