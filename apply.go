@@ -165,7 +165,7 @@ func (t *core) startFrame(ctx context.Context, conn *pgx.Conn, st *connState, b 
 		chainedSpan = &chained.frameSpan
 		b.Chained = &chained.ev
 	}
-	f.frameSpan.start(t, ctx, conn, &st.attrs, begin, chainedSpan, b.Implicit && !t.cfg.innerSet)
+	f.frameSpan.start(t, ctx, conn, &st.attrs, begin, chainedSpan, b.Implicit && !t.cfg.innerSet && !t.cfg.implicitSpans)
 	if f.parent != nil {
 		f.parent.spanEvent(eventSuspended, f.id)
 	}

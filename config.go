@@ -52,6 +52,7 @@ type config struct {
 	spanNameFunc    SpanNameCtxFunc
 	filter          Filter
 	implicitFilter  ImplicitFilter // WithImplicitFilter; nil: every implicit transaction
+	implicitSpans   bool           // WithImplicitFrameSpans: an implicit frame's span is its own
 	noConnDetails   bool
 	// What may leave the process; both off by default.
 	rawQueryText  bool
@@ -262,6 +263,17 @@ type ImplicitFilter func(ctx context.Context, sql string) bool
 //	otelpgxtx.WithImplicitFilter(func(context.Context, string) bool { return false })
 func WithImplicitFilter(f ...ImplicitFilter) Option {
 	return optionFunc(func(c *config) { c.implicitFilter = allOf(c.implicitFilter, f) })
+}
+
+// WithImplicitFrameSpans gives every implicit transaction's frame a span of its own (named
+// as [WithSpanName] says, the statement's span its child), as an explicit transaction's
+// frame has, in place of the statement's span: one span more per autocommit write, and a
+// frame span even where the statement has none — otelpgx starts none without a recording
+// parent span, so an autocommit write made outside any trace is then a trace of its own
+// (as the sampler decides). A tracer of the application's ([WithInnerTracer]) implies it:
+// its spans are not the library's to write.
+func WithImplicitFrameSpans() Option {
+	return optionFunc(func(c *config) { c.implicitSpans = true })
 }
 
 // WithDisableConnectionDetailsInAttributes leaves server.address, server.port and

@@ -144,8 +144,8 @@
 // otelpgx inner tracer the frame has no span of its own: the statement's span carries its
 // phase events, tx.outcome, tx.implicit=true, tx.operation_id and its status (Unset when
 // indeterminate, where otelpgx alone would say Error). Where otelpgx starts no span (no
-// recording parent), the frame has none either; with a tracer of the application's it has
-// a span of its own. Reads make no frame. The metrics count implicit transactions with
+// recording parent), the frame has none either; with a tracer of the application's, or
+// with [WithImplicitFrameSpans], it has a span of its own. Reads make no frame. The metrics count implicit transactions with
 // tx.implicit=true, the log record and a [Verdict] cover them, and [WithImplicitFilter]
 // leaves out those it rejects. With the references on, the marker call or the xid read
 // rides after the statement, before its Sync, in the same write; a write sent as a simple

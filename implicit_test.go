@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"log/slog"
 	"math/rand/v2"
+	"slices"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -1241,4 +1242,85 @@ func TestPreparedNamesKept(t *testing.T) {
 			t.Errorf("keepsName(%q, %q) = %v, want %v", c.name, c.sql, got, c.keep)
 		}
 	}
+}
+
+// TestImplicitFrameSpans: asked for (WithImplicitFrameSpans), or with a tracer of the
+// application's, an implicit transaction's frame has a span of its own, as an explicit
+// one's: "transaction", tx.implicit, its phases and outcome, the statement's span (if any)
+// its child. With WithImplicitFrameSpans and no span in the caller's context — where
+// otelpgx starts none, so the default frame has no span — the frame span is a root span;
+// a cut after the server read the write leaves it indeterminate, status Unset, with its
+// marker.
+func TestImplicitFrameSpans(t *testing.T) {
+	t.Run("asked outside any trace", func(t *testing.T) {
+		w := newImplicit(t, "marker", WithImplicitFrameSpans())
+		w.h.exp.Reset()
+		if _, err := w.h.pool.Exec(w.ctx, w.insert(), 1); err != nil { // no span in w.ctx
+			t.Fatal(err)
+		}
+		pid := w.pid(t)
+		w.proxy.CutAfterCommit()
+		if _, err := w.h.pool.Exec(w.ctx, w.insert(), 2); err == nil {
+			t.Fatal("the write answered through the cut")
+		}
+		mustOK(t, srv.WaitBackendGone(w.ctx, pid))
+		frames := w.h.frames()
+		if len(frames) != 2 {
+			t.Fatalf("%d frame spans, want 2: %v", len(frames), names(w.h.exp.GetSpans()))
+		}
+		for i, want := range []string{"committed", "indeterminate"} {
+			f := frames[i]
+			if f.Name != "transaction" || f.Parent.IsValid() {
+				t.Fatalf("frame %d: %q, parent %v: want a root transaction span", i, f.Name, f.Parent.SpanID())
+			}
+			wantAttr(t, f, string(OutcomeKey), want)
+			if v, _ := attr(f, ImplicitKey); !v.AsBool() {
+				t.Fatalf("frame %d without tx.implicit", i)
+			}
+			if ev := eventNames(f); len(ev) < 3 || ev[0] != "tx.phase.active" || ev[1] != "tx.phase.committing" {
+				t.Fatalf("frame %d: events %v", i, ev)
+			}
+			children := 0
+			for _, s := range w.h.exp.GetSpans() {
+				if s.Parent.SpanID() == f.SpanContext.SpanID() && s.Name == "INSERT" {
+					children++
+				}
+			}
+			if children != 1 {
+				t.Fatalf("frame %d: %d INSERT statement spans under it, want 1", i, children)
+			}
+		}
+		if frames[1].Status.Code != codes.Unset {
+			t.Fatalf("indeterminate frame status %v, want Unset", frames[1].Status.Code)
+		}
+		ref, ok := refOf(t, frames[1])
+		if !ok {
+			t.Fatal("no marker on the indeterminate frame")
+		}
+		got, err := w.rec.Resolve(w.ctx, ref, trace.SpanContext{})
+		if err != nil || got.Status() != reconcile.Committed || !srv.RowExists(t, w.ctx, w.table, 2) {
+			t.Fatalf("reconciled %v %v; want committed and the row", got, err)
+		}
+	})
+	t.Run("the application tracer", func(t *testing.T) {
+		rec := &sqlRecorder{}
+		w := newImplicit(t, "off", WithInnerTracer(rec))
+		w.h.exp.Reset()
+		ctx, root := rootSpan(w.ctx, w.h)
+		if _, err := w.h.pool.Exec(ctx, w.insert(), 1); err != nil {
+			t.Fatal(err)
+		}
+		root.End()
+		frames := w.h.frames()
+		if len(frames) != 1 || frames[0].Name != "transaction" || frames[0].Parent.SpanID() != root.SpanContext().SpanID() {
+			t.Fatalf("frames %v, want one transaction span under the root", names(frames))
+		}
+		wantAttr(t, frames[0], string(OutcomeKey), "committed")
+		if v, _ := attr(frames[0], ImplicitKey); !v.AsBool() {
+			t.Fatal("no tx.implicit")
+		}
+		if !slices.Contains(rec.sqls, w.insert()) {
+			t.Fatalf("the application's tracer got %q", rec.sqls)
+		}
+	})
 }
