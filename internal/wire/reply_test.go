@@ -74,10 +74,6 @@ func asyncMessages(t testing.TB) [][]byte {
 func TestReplyFilter(t *testing.T) {
 	asyncs := asyncMessages(t)
 	for _, rc := range replyCases(t) {
-		type part struct {
-			b       []byte
-			library bool
-		}
 		var base []part
 		for _, m := range rc.library {
 			base = append(base, part{m, true})
@@ -88,13 +84,7 @@ func TestReplyFilter(t *testing.T) {
 		for gap := 0; gap <= len(base); gap++ {
 			for ai, async := range asyncs {
 				stream := append(append(append([]part{}, base[:gap]...), part{async, false}), base[gap:]...)
-				var input, want []byte
-				for _, p := range stream {
-					input = append(input, p.b...)
-					if !p.library {
-						want = append(want, p.b...)
-					}
-				}
+				input, want := streamBytes(stream)
 				for _, split := range splitsOf(len(input)) {
 					name := fmt.Sprintf("%s/async %d at %d/split %v", rc.name, ai, gap, split)
 					f := &replyFilter{kind: rc.kind, commit: rc.kind == LibraryCall}
@@ -344,10 +334,6 @@ func TestReplyFilterBeforeSync(t *testing.T) {
 	parsed, bound := msg(t, &pgproto3.ParseComplete{}), msg(t, &pgproto3.BindComplete{})
 	row := func(v string) []byte { return msg(t, &pgproto3.DataRow{Values: [][]byte{[]byte(v)}}) }
 	rowDesc := msg(t, &pgproto3.RowDescription{Fields: []pgproto3.FieldDescription{{Name: []byte("id"), DataTypeOID: 23, DataTypeSize: 4, TypeModifier: -1}}})
-	type part struct {
-		b       []byte
-		library bool
-	}
 	lib := func(ms ...[]byte) []part {
 		var ps []part
 		for _, m := range ms {
@@ -388,13 +374,7 @@ func TestReplyFilterBeforeSync(t *testing.T) {
 		for gap := 0; gap <= len(tc.stream); gap++ {
 			for ai, async := range asyncMessages(t) {
 				stream := cat(tc.stream[:gap], app(async), tc.stream[gap:])
-				var input, want []byte
-				for _, p := range stream {
-					input = append(input, p.b...)
-					if !p.library {
-						want = append(want, p.b...)
-					}
-				}
+				input, want := streamBytes(stream)
 				for _, split := range splitsOf(len(input)) {
 					name := fmt.Sprintf("%s/async %d at %d/split %v", tc.name, ai, gap, split)
 					f := &replyFilter{kind: LibraryPortal, commit: true, execs: tc.execs, state: filterApplication}
@@ -413,4 +393,22 @@ func TestReplyFilterBeforeSync(t *testing.T) {
 			}
 		}
 	}
+}
+
+// part is a message of a reply stream, the library's or the application's.
+type part struct {
+	b       []byte
+	library bool
+}
+
+// streamBytes returns what the server sends as stream (input) and what pgconn must read
+// of it: every part but the library's (want).
+func streamBytes(stream []part) (input, want []byte) {
+	for _, p := range stream {
+		input = append(input, p.b...)
+		if !p.library {
+			want = append(want, p.b...)
+		}
+	}
+	return input, want
 }
