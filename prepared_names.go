@@ -27,11 +27,9 @@ func keepsName(name, sql string) bool {
 	return name != "" && name != sql && !strings.HasPrefix(name, "stmtcache_")
 }
 
-// start records that the statement name is being prepared with sql.
+// start records that the statement name is being prepared with sql (keepsName's).
 func (n *namedStatements) start(name, sql string) {
-	if keepsName(name, sql) {
-		n.preparing.name, n.preparing.sql = name, sql
-	}
+	n.preparing.name, n.preparing.sql = name, sql
 }
 
 // end keeps the statement being prepared, unless err says the server refused it, and
