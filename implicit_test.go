@@ -382,6 +382,16 @@ func TestImplicitTransactionFaults(t *testing.T) {
 							if got.Status() == reconcile.Committed && !row || (got.Status() == reconcile.Aborted || got.Status() == reconcile.NoWrites) && row {
 								t.Fatalf("reconciled %s %q, row %v", got.Status(), got.Reason(), row)
 							}
+							// Asked again once the server has handed out xids after it: the same
+							// answer.
+							for range 3 {
+								mustOK(t, srv.Exec(w.ctx, "select pg_catalog.pg_current_xact_id()"))
+							}
+							again, err := w.rec.Resolve(w.ctx, ref, trace.SpanContext{})
+							mustOK(t, err)
+							if again.Status() != got.Status() || again.Reason() != got.Reason() {
+								t.Fatalf("reconciled %s %q, then after more xids %s %q", got.Status(), got.Reason(), again.Status(), again.Reason())
+							}
 							seen[fmt.Sprintf("%s/%s reconciled %s %s", fault.name, mode, got.Status(), got.Reason())]++
 						} else if mode != "off" {
 							seen[fmt.Sprintf("%s/%s no reference (%s)", fault.name, mode, noRef.AsString())]++
