@@ -71,6 +71,15 @@ func (t *core) apply(st *connState, f *frame, r evidence.Result, at *queryEnd) {
 		t.startFrame(at.callerCtx, at.conn, st, evidence.Begun{Phase: outcome.PhaseActive, Wrote: at.set.Writes()}, "", nil)
 	case evidence.StartChained:
 		t.startFrame(f.chainCtx(), at.conn, st, evidence.Begun{Phase: outcome.PhaseActive}, "", f)
+	case evidence.StartRest:
+		// What the query ran after the server ended f's transaction inside its reply: a
+		// transaction block still open after it, else an implicit transaction, which the
+		// query's end judges (a span of its own: the statement's is f's).
+		b := evidence.Begun{Phase: outcome.PhaseActive, Wrote: at.set.Writes()}
+		if !at.inTx {
+			b.Phase, b.Implicit, b.Rest = outcome.PhaseCommitting, true, true
+		}
+		t.startFrame(at.callerCtx, at.conn, st, b, "", nil)
 	}
 }
 
@@ -165,7 +174,7 @@ func (t *core) startFrame(ctx context.Context, conn *pgx.Conn, st *connState, b 
 		chainedSpan = &chained.frameSpan
 		b.Chained = &chained.ev
 	}
-	f.frameSpan.start(t, ctx, conn, &st.attrs, begin, chainedSpan, b.Implicit && !t.cfg.innerSet && !t.cfg.implicitSpans)
+	f.frameSpan.start(t, ctx, conn, &st.attrs, begin, chainedSpan, b.Implicit && !b.Rest && !t.cfg.innerSet && !t.cfg.implicitSpans)
 	if f.parent != nil {
 		f.parent.spanEvent(eventSuspended, f.id)
 	}

@@ -63,6 +63,9 @@ type queryState struct {
 	folded bool
 	start  time.Time
 	op     string
+	// prepareFailed: pgx's prepare of the query's statement, a call within it, failed:
+	// pgx never sent its execution.
+	prepareFailed bool
 }
 
 // batchFacts collects the results of a batch's queued queries until its end, when TxStatus is
@@ -174,7 +177,12 @@ func (st *connState) seenEnd() evidence.Seen {
 	if st.nc == nil {
 		return evidence.SeenNothing
 	}
-	switch st.nc.SeenEnd() {
+	return seenFromWire(st.nc.SeenEnd())
+}
+
+// seenFromWire is the evidence's word for what the wire saw end a transaction.
+func seenFromWire(e wire.EndSeen) evidence.Seen {
+	switch e {
 	case wire.EndCommit:
 		return evidence.SeenCommit
 	case wire.EndRollback:

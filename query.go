@@ -52,6 +52,9 @@ func (t *core) endQuery(ctx context.Context, conn *pgx.Conn, tag pgconn.CommandT
 		st.mu.Lock()
 		defer st.mu.Unlock()
 		q, started = st.pop(ctx)
+		if n := len(st.queries); started && q.nested && err != nil && n > 0 {
+			st.queries[n-1].prepareFailed = true // the query it is part of never ran
+		}
 	}
 	if started && !q.nested && q.frame != nil && q.frame.onStatement {
 		// The frame's span is the statement's (an implicit transaction's): the frame
@@ -191,12 +194,23 @@ func (t *core) afterQuery(ctx context.Context, conn *pgx.Conn, st *connState, q 
 	if q.batch.err != nil && err == nil {
 		err = q.batch.err
 	}
+	at := &queryEnd{ctx: ctx, callerCtx: q.callerCtx, conn: conn, set: q.set, err: err, inTx: inTx, open: open}
+	notSent := st.commitNotSent(f)
+	if open && t.split(st, at) {
+		// The server ended the frame's transaction inside this query's reply: what the
+		// query ran after that is the frame now open, which the query's end judges.
+		f = st.frame()
+		open = f != nil && f.ev.Open()
+		at.open = open
+		c = reference.Collected{} // what the addition brought was the ended frame's
+	}
 	if open {
 		f.judgeErr(&t.cfg, ctx, err)
 	}
 	e := evidence.Ended{Set: q.set, Err: err, InTx: inTx, Closed: closed,
-		RollbackTag: q.batch.rollbackTag || tag.String() == "ROLLBACK", CommitNotSent: st.commitNotSent(f), Savepoint: q.savepoint,
+		RollbackTag: q.batch.rollbackTag || tag.String() == "ROLLBACK", CommitNotSent: notSent, Savepoint: q.savepoint,
 		FatalBeforeCommit: c.FatalBeforeCommit, AbortedBeforeCommit: c.AbortedBefore,
+		NothingRan:   q.prepareFailed,
 		RepliedClean: open && f.ev.Implicit() && st.repliedClean()}
 	if c.ReadFailed != nil {
 		e.ReadFailed = &evidence.Failure{V: c.ReadFailedAs, Err: c.ReadFailed}
@@ -208,7 +222,34 @@ func (t *core) afterQuery(ctx context.Context, conn *pgx.Conn, st *connState, q 
 	if !open {
 		f = nil // nothing more of a frame that had ended is recorded
 	}
-	t.apply(st, f, r, &queryEnd{ctx: ctx, callerCtx: q.callerCtx, conn: conn, set: q.set, err: err, inTx: inTx, open: open})
+	t.apply(st, f, r, at)
+}
+
+// split ends the frames whose transactions the server ended inside the reply of the
+// query that ends (at), at each COMMIT, ROLLBACK or PREPARE TRANSACTION tag that more of
+// the reply followed (wire.Splits), each with what its tag says, and starts the frame of
+// what followed each (evidence.StartRest). It reports whether it ended any.
+func (t *core) split(st *connState, at *queryEnd) bool {
+	if st.nc == nil {
+		return false
+	}
+	splits := st.nc.Splits()
+	ended := false
+	for i := range splits.Len() {
+		f := st.frame()
+		if f == nil {
+			break
+		}
+		// A reply cut off after its last ending tag: a string of one statement has no rest.
+		rest := !(splits.Cut && i == splits.Len()-1 && at.set.Single())
+		r := st.ev.Split(at.set, seenFromWire(splits.At(i)), rest)
+		if !r.Ended {
+			continue
+		}
+		ended = true
+		t.apply(st, f, r, at)
+	}
+	return ended
 }
 
 // releasesRestart reports whether sql, of kinds set, is RELEASE SAVEPOINT

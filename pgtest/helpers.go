@@ -47,7 +47,13 @@ var tableSeq atomic.Int64
 // test's leftovers can be found by), and returns its name.
 func (s *Server) NewTable(tb testing.TB, ctx context.Context, columns string) string {
 	tb.Helper()
-	name := fmt.Sprintf("t_%s_%d", strings.ToLower(strings.NewReplacer("/", "_", "-", "_", ".", "_", " ", "_").Replace(tb.Name())), tableSeq.Add(1))
+	ident := strings.Map(func(r rune) rune {
+		if r >= 'a' && r <= 'z' || r >= '0' && r <= '9' {
+			return r
+		}
+		return '_' // a plain identifier, whatever the test's name holds
+	}, strings.ToLower(tb.Name()))
+	name := fmt.Sprintf("t_%s_%d", ident, tableSeq.Add(1))
 	if len(name) > 60 {
 		name = fmt.Sprintf("t_%d", tableSeq.Add(1))
 	}

@@ -53,6 +53,8 @@ type Begun struct {
 	// Implicit: the frame is an implicit transaction (BeginsImplicit), which its one
 	// query begins and ends.
 	Implicit bool
+	// Rest: the frame is what a query ran after a split (StartRest).
+	Rest bool
 }
 
 // Start makes f, a frame the caller started for a Result.Start (or for a statement
@@ -67,7 +69,10 @@ func (c *Conn[F]) Start(f F, b Begun) (r Result) {
 		ev.began(b.Isolation, b.AccessMode)
 	}
 	ev.shape.wrote, ev.shape.implicit = b.Wrote, b.Implicit
-	if b.Phase != outcome.PhaseNotStarted && ev.move(b.Phase) {
+	switch {
+	case b.Phase == outcome.PhaseCommitting:
+		r.Moved = ev.committing() // what follows a split, sent idle: committing from the start
+	case b.Phase != outcome.PhaseNotStarted && ev.move(b.Phase):
 		r.Moved = r.Moved.With(b.Phase)
 	}
 	c.open = f
@@ -89,6 +94,10 @@ const (
 	StartNone    Start = iota
 	StartUnseen        // a transaction whose BEGIN was not seen (inside a string not read): active
 	StartChained       // the next transaction of COMMIT AND CHAIN, or ROLLBACK AND CHAIN: active
+	// StartRest: what the query in flight ran after a split (Split): an implicit
+	// transaction, committing, if the session is idle after the query, else a transaction
+	// block an unseen BEGIN began, active.
+	StartRest
 )
 
 // Result is what an event decided of a frame.
@@ -271,6 +280,9 @@ type Ended struct {
 	FatalBeforeCommit   bool
 	AbortedBeforeCommit error
 	ReadFailed          *Failure
+	// NothingRan: the query's error came before any of it ran (its statement's prepare
+	// failed, so pgx never sent its execution).
+	NothingRan bool
 	// RepliedClean: the last ReadyForQuery of the replies since the query was handed over
 	// said idle, with no ErrorResponse since the one before it (package wire): with the
 	// connection open, pgconn read the query's reply to its last Sync, and the implicit
@@ -339,6 +351,14 @@ func (c *Conn[F]) After(f F, e Ended) (r Result) {
 			// could not convert a value): a failure after the commit.
 			v = classifier.Classify(outcome.PhaseCommitting, nil, facts)
 			ev.commit.failedAfter = e.Err
+		}
+		if ev.shape.implicit && e.Err != nil && e.Set.CommitsInside() && !e.NothingRan && v.Evidence() == classifier.EvidenceRolledBack &&
+			!facts.CommitNotSent && !facts.SessionEndedBeforeCommit && facts.AbortedBeforeCommit == nil {
+			// A CALL, a DO block, a VACUUM … sent idle failed after it began to run: what
+			// it committed inside before the failure is durable, and no command tag said
+			// whether it committed anything. The error proves the rollback of its last
+			// transaction only.
+			v = mayHaveCommittedInside(v)
 		}
 		switch {
 		case e.Set.Prepares() && v.Evidence() == classifier.EvidenceCommitted:
@@ -417,6 +437,58 @@ const (
 	// participating.
 	ReasonPrepared = "prepared"
 )
+
+// ReasonCommittedInside: a statement that may commit inside itself (Set.CommitsInside:
+// CALL, DO, VACUUM, CREATE INDEX CONCURRENTLY, …), sent outside a transaction block,
+// failed after it began to run: the transactions it committed before the failure are
+// durable, and nothing in the reply tells whether there were any. The frame is unknown
+// (indeterminate), never a retryable rollback.
+const ReasonCommittedInside = "may_have_committed_inside"
+
+// mayHaveCommittedInside is the verdict of a statement that may commit inside, failed as
+// v says: unknown, with v's SQLSTATE, never retryable.
+func mayHaveCommittedInside(v classifier.Classification) classifier.Classification {
+	u, _ := classifier.NewClassification(classifier.EvidenceUnknown, false, v.SQLState(), ReasonCommittedInside)
+	return u
+}
+
+// Split concludes the open frame, whose transaction the server ended inside the reply of
+// the query in flight, with more of that reply after it (wire.Splits): seen is the
+// server's tag — COMMIT committed it (a COMMIT in a failed transaction answers ROLLBACK),
+// ROLLBACK rolled it back (the frame's first failure its cause, if it had one), PREPARE
+// TRANSACTION prepared it. The frame ends with what the server said, whatever became of
+// the rest of the query; rest asks for the frame of what followed (StartRest). In a query
+// of set with a ROLLBACK TO SAVEPOINT, which answers ROLLBACK too, a ROLLBACK tag is no
+// split: the frame goes on.
+func (c *Conn[F]) Split(set Set, seen Seen, rest bool) (r Result) {
+	var zero F
+	f := c.open
+	if f == zero || !f.Evidence().Open() || seen == SeenNothing || seen == SeenRollback && set.Has(RollbackTo) {
+		return r
+	}
+	ev := f.Evidence()
+	ev.commit.unsent = false
+	switch seen {
+	case SeenRollback:
+		v := classifier.Classify(outcome.PhaseActive, nil, classifier.Facts{})
+		if ev.failure.hasFirst {
+			v = ev.failure.first
+		}
+		r = c.conclude(f, v)
+	case SeenPrepare:
+		r.Moved = ev.committing()
+		ev.commit.prepared = true
+		r.merge(c.conclude(f, preparedVerdict))
+	default:
+		r.Moved = ev.committing()
+		facts := classifier.Facts{Server: c.server, CommittedLocally: ev.commit.committedLocally}
+		r.merge(c.conclude(f, classifier.Classify(outcome.PhaseCommitting, nil, facts)))
+	}
+	if rest {
+		r.Start = StartRest
+	}
+	return r
+}
 
 // endedPrepared is the verdict of COMMIT PREPARED or ROLLBACK PREPARED (set) from v, the
 // classifier's as for COMMIT. Answered, it did what it says: committed, or rolled back on

@@ -35,6 +35,8 @@ type Set uint16
 
 // Flags of a Set, beside its kinds.
 const (
+	// insideFlag: a statement may commit inside (CommitsInside).
+	insideFlag Set = 1 << 13
 	// writesFlag: a statement may write (one not known to only read), so that the
 	// transaction it runs in may have an xid: commit references are taken only then.
 	writesFlag Set = 1 << 14
@@ -44,8 +46,17 @@ const (
 
 func (s Set) Has(k Kind) bool { return s&(1<<k) != 0 }
 func (s Set) Writes() bool    { return s&writesFlag != 0 }
-func (s Set) Kinds() Set      { return s &^ (writesFlag | singleFlag) }
+func (s Set) Kinds() Set      { return s &^ (writesFlag | singleFlag | insideFlag) }
 func (s Set) Single() bool    { return s&singleFlag != 0 }
+
+// CommitsInside reports whether a statement may commit inside itself when it runs outside
+// a transaction block, with no command tag of its own for each commit: CALL and DO (a
+// procedure or a DO block may COMMIT and ROLLBACK, PostgreSQL 11 and later), and the
+// commands that run several transactions of their own (VACUUM, ANALYZE, CLUSTER and
+// REINDEX, table by table; CREATE INDEX, DROP INDEX, REINDEX and ALTER TABLE … DETACH
+// PARTITION with CONCURRENTLY, phase by phase). Its failure proves no rollback of what
+// an inner commit made durable.
+func (s Set) CommitsInside() bool { return s&insideFlag != 0 }
 
 func (s Set) Commits() bool   { return s.Has(Commit) || s.Has(CommitChain) }
 func (s Set) RollsBack() bool { return s.Has(Rollback) || s.Has(RollbackChain) }
@@ -68,10 +79,16 @@ func (s Set) EndsPrepared() bool { return s.Has(CommitPrepared) || s.Has(Rollbac
 // transaction of its own that may write: PostgreSQL runs a statement sent outside a
 // transaction block in a transaction of its own, committed as soon as it has run (at the
 // Sync after it; a simple-protocol string and a pgx batch are one, up to their Sync). A
-// query that begins, ends or prepares a transaction is not one (it is a frame's
-// statement), nor one known only to read: only a write can be lost with a commit.
+// query that begins or prepares a transaction is not one (it is a frame's statement),
+// nor a transaction-control statement alone, nor one known only to read: only a write can
+// be lost with a commit. Several statements with a COMMIT or ROLLBACK among them and no
+// BEGIN are one: their implicit transaction ends at that COMMIT (the protocol's own
+// example, "insert …; commit; insert …"), and what follows it is another (Conn.Split).
 func (s Set) Implicit() bool {
-	return s.Writes() && s.Kinds()&(controlKinds|1<<Prepare|1<<CommitPrepared|1<<RollbackPrepared) == 0
+	if !s.Writes() || s.Kinds()&(1<<Begin|1<<Prepare|1<<CommitPrepared|1<<RollbackPrepared) != 0 {
+		return false
+	}
+	return !s.Single() || s.Kinds()&controlKinds == 0
 }
 
 func (s Set) MovesSavepoint() bool {
@@ -102,7 +119,7 @@ func Together(set Set) Set { return (set &^ singleFlag).transactional() }
 // on semicolons outside quotes, quoted identifiers, dollar quotes and comments.
 func Classify(sql string) Set {
 	kind, rest := classifyOne(sql)
-	set := Set(1)<<kind | singleFlag | writes(kind, sql)
+	set := Set(1)<<kind | singleFlag | writes(kind, sql) | inside(kind, sql)
 	// The common case is a single statement: one IndexByte, no allocation.
 	for strings.IndexByte(rest, ';') >= 0 {
 		end := sqltext.StatementEnd(rest)
@@ -116,6 +133,11 @@ func Classify(sql string) Set {
 		stmt := rest
 		kind, rest = classifyOne(rest)
 		set = set&^singleFlag | 1<<kind | writes(kind, stmt)
+	}
+	if !set.Single() {
+		// Several statements in one string run in an implicit transaction block, in which a
+		// CALL or DO is atomic (no COMMIT inside) and the others are refused.
+		set &^= insideFlag
 	}
 	return set.transactional()
 }
@@ -143,6 +165,39 @@ func writes(k Kind, sql string) Set {
 	}
 	return writesFlag
 }
+
+// inside returns insideFlag for a statement sql, of kind k, that may commit inside
+// (Set.CommitsInside): by its first keyword (CALL, DO, VACUUM, ANALYZE, CLUSTER, REINDEX),
+// or CONCURRENTLY at the top level of a CREATE, DROP or ALTER (not REFRESH MATERIALIZED
+// VIEW CONCURRENTLY, which runs in one transaction).
+func inside(k Kind, sql string) Set {
+	if k != Other {
+		return 0
+	}
+	w, rest := sqltext.NextWord(sql)
+	for _, c := range insideWords {
+		if IsKeyword(w, c) {
+			return insideFlag
+		}
+	}
+	if !IsKeyword(w, "create") && !IsKeyword(w, "drop") && !IsKeyword(w, "alter") {
+		return 0
+	}
+	for i := 0; i < len(rest); {
+		kind, end := sqltext.Next(rest, i)
+		switch {
+		case kind == sqltext.Other && rest[i] == ';':
+			return 0
+		case kind == sqltext.Word && IsKeyword(rest[i:end], "concurrently"):
+			return insideFlag
+		}
+		i = end
+	}
+	return 0
+}
+
+// insideWords are the first keywords of statements that may commit inside.
+var insideWords = [...]string{"call", "do", "vacuum", "analyze", "analyse", "cluster", "reindex"}
 
 // selectWrites returns writesFlag for a SELECT (rest: the text after the keyword) that
 // assigns the transaction an xid by itself: SELECT … INTO, which creates a table, and a

@@ -27,6 +27,43 @@ const (
 // endTags are the command tags that end a transaction, NUL included, by EndSeen.
 var endTags = [...][]byte{EndCommit: []byte("COMMIT\x00"), EndRollback: []byte("ROLLBACK\x00"), EndPrepare: []byte("PREPARE TRANSACTION\x00")}
 
+// maxSplits is how many Splits one reply records; a reply with more says so (Over).
+const maxSplits = 8
+
+// Splits are the transaction ends inside one reply — the messages up to a ReadyForQuery,
+// the answer to one simple Query or one Sync — that more of the same reply followed: the
+// COMMIT, ROLLBACK or PREPARE TRANSACTION command tags, in order, each followed by
+// another statement's messages (its completion, its rows, its error). A string
+// "insert …; commit; insert …; select 1/0" or a batch with BEGIN … COMMIT and more after
+// it has one, the COMMIT: the transaction before it ended there, as the tag says, and what
+// came after it ran in another. An ending tag right before the ReadyForQuery is the
+// reply's own end, no split. A reply cut off before its ReadyForQuery (Cut) ends with the
+// last ending tag read, which nothing was seen to follow.
+type Splits struct {
+	ends [maxSplits]EndSeen
+	n    uint8
+	// Over: the reply had more splits than maxSplits; the first are kept.
+	Over bool
+	// Cut: the reply was not read to its ReadyForQuery: the connection ended in it.
+	Cut bool
+}
+
+// Len is how many splits s holds.
+func (s *Splits) Len() int { return int(s.n) }
+
+// At is the i-th split, in the order the server sent them.
+func (s *Splits) At(i int) EndSeen { return s.ends[i] }
+
+// push adds e.
+func (s *Splits) push(e EndSeen) {
+	if int(s.n) == maxSplits {
+		s.Over = true
+		return
+	}
+	s.ends[s.n] = e
+	s.n++
+}
+
 // endWatch follows the messages pgconn reads for the end of a transaction (EndSeen): it
 // keeps the first bytes of each CommandComplete and ReadyForQuery body. It allocates
 // nothing.
@@ -40,6 +77,12 @@ type endWatch struct {
 	// lastClean: the last ReadyForQuery said idle, with no ErrorResponse since the one
 	// before it (failedSince), whatever came before: the reply of the last Sync.
 	lastClean, failedSince bool
+	// cur are the splits of the reply under way, pending its last ending tag not yet
+	// followed by anything, began whether any of it came; last are those of the last
+	// reply read whole.
+	cur, last Splits
+	pending   EndSeen
+	began     bool
 }
 
 // start begins a message of type typ.
@@ -54,27 +97,71 @@ func (w *endWatch) add(b []byte) {
 
 // end ends the message.
 func (w *endWatch) end() {
+	var ending EndSeen
 	switch w.typ {
 	case 'E':
 		w.failedSince = true
+	case 'C':
+		ending = w.endTag()
 	case 'Z':
 		w.lastClean = w.bodyN == 1 && w.body[0] == 'I' && !w.failedSince
 		w.failedSince = false
 	}
+	w.split(ending)
 	if w.idle {
 		return
 	}
-	body := w.body[:w.bodyN]
 	switch w.typ {
 	case 'C':
-		for k := EndCommit; k <= EndPrepare; k++ {
-			if bytes.Equal(body, endTags[k]) {
-				w.tag, w.tags = k, w.tags+1
-			}
+		if ending != EndNotSeen {
+			w.tag, w.tags = ending, w.tags+1
 		}
 	case 'Z':
-		w.idle = len(body) == 1 && body[0] == 'I'
+		w.idle = w.bodyN == 1 && w.body[0] == 'I'
 	}
+}
+
+// endTag is the ending a CommandComplete's tag says, or EndNotSeen.
+func (w *endWatch) endTag() EndSeen {
+	body := w.body[:w.bodyN]
+	for k := EndCommit; k <= EndPrepare; k++ {
+		if bytes.Equal(body, endTags[k]) {
+			return k
+		}
+	}
+	return EndNotSeen
+}
+
+// split follows the message just ended (ending: the end its tag says) for Splits: a
+// ReadyForQuery ends the reply, a notice, parameter status or notification says nothing of
+// a statement, and any other message is a statement's, after the pending ending if any.
+func (w *endWatch) split(ending EndSeen) {
+	switch w.typ {
+	case 'Z':
+		w.last, w.cur, w.pending, w.began = w.cur, Splits{}, EndNotSeen, false
+		return
+	case 'N', 'S', 'A':
+		return // may come between replies too
+	}
+	w.began = true
+	if w.pending != EndNotSeen {
+		w.cur.push(w.pending)
+	}
+	w.pending = ending
+}
+
+// splits are the splits of the query's reply: the last read whole, unless one was begun
+// after it and not finished (the connection ended in it), whose last ending tag counts too.
+func (w *endWatch) splits() Splits {
+	if !w.began {
+		return w.last
+	}
+	s := w.cur
+	if w.pending != EndNotSeen {
+		s.push(w.pending)
+	}
+	s.Cut = true
+	return s
 }
 
 // clean reports whether the last ReadyForQuery since the reset said idle, with no
@@ -132,6 +219,21 @@ func (c *Conn) RepliedClean() bool {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return !c.splice.endsFrom.Load() && c.splice.ends.clean()
+}
+
+// Splits are the transaction ends inside the last reply pgconn read since WatchEnds, or in
+// the one it was reading when the connection ended (see Splits): read when a query ends,
+// it is that query's reply.
+func (c *Conn) Splits() Splits {
+	if !c.splice.track {
+		return Splits{}
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.splice.endsFrom.Load() {
+		return Splits{} // nothing given to pgconn since
+	}
+	return c.splice.ends.splits()
 }
 
 // SeenEnd is what the replies pgconn read since WatchEnds showed of the end of the

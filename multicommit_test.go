@@ -1,0 +1,345 @@
+package otelpgxtx
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"sort"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"go.opentelemetry.io/otel/sdk/trace/tracetest"
+
+	"github.com/txevidence/otelpgxtx/outcome"
+)
+
+// Statements, strings and batches that commit more than once, against the real server: a
+// procedure or DO block that COMMITs inside, a string or batch with COMMIT in the middle.
+// The rows of a ledger without a key decide every expected outcome: one answer never
+// covers several transactions, and Retry never applies committed work twice.
+
+// ledger is one test's: a table without a key (a replay shows as a second row), the
+// procedures that write to it, and the advisory lock key its faults wait on.
+type ledger struct {
+	table string
+	lock  int64
+}
+
+// newLedger makes the ledger table and its procedures on the test server:
+//
+//	commit_fail(a, b, code): inserts a, COMMITs, inserts b, raises code
+//	commit_twice_fail(code): inserts a, COMMITs, inserts b, COMMITs, inserts c, raises code
+//	rollback_commit_fail(code): inserts x, ROLLBACKs, inserts a, COMMITs, raises code
+//	fail_only(code): inserts a, raises code — no COMMIT inside
+//	commit_ok(_): inserts a, COMMITs, inserts b
+//	commit_wait(_): inserts a, COMMITs, waits for the test's advisory lock, inserts b
+func newLedger(t *testing.T, w *implicitSetup) *ledger {
+	t.Helper()
+	n := tableSeq.Add(1)
+	l := &ledger{table: fmt.Sprintf("ledger_%d_%d", n, time.Now().UnixNano()%1e9), lock: n + 7_000_000}
+	ins := func(v string) string { return "insert into " + l.table + " values (" + v + ");" }
+	raise := "raise exception using errcode = code, message = 'fails after its commit';"
+	for _, ddl := range []string{
+		"create table " + l.table + " (tag text not null)",
+		"create procedure " + l.table + "_commit_fail(a text, b text, code text) language plpgsql as $$ begin " +
+			ins("a") + " commit; " + ins("b") + raise + " end $$",
+		"create procedure " + l.table + "_commit_twice_fail(code text) language plpgsql as $$ begin " +
+			ins("'a'") + " commit; " + ins("'b'") + " commit; " + ins("'c'") + raise + " end $$",
+		"create procedure " + l.table + "_rollback_commit_fail(code text) language plpgsql as $$ begin " +
+			ins("'x'") + " rollback; " + ins("'a'") + " commit; " + raise + " end $$",
+		"create procedure " + l.table + "_fail_only(code text) language plpgsql as $$ begin " +
+			ins("'a'") + raise + " end $$",
+		"create procedure " + l.table + "_commit_ok(code text) language plpgsql as $$ begin " +
+			ins("'a'") + " commit; " + ins("'b'") + " end $$",
+		fmt.Sprintf("create procedure %s_commit_wait(code text) language plpgsql as $$ begin %s commit; perform pg_advisory_xact_lock(%d); %s end $$",
+			l.table, ins("'a'"), l.lock, ins("'b'")),
+	} {
+		if err := srv.Exec(w.ctx, ddl); err != nil {
+			t.Fatalf("%s: %v", ddl, err)
+		}
+	}
+	return l
+}
+
+// rows is the ledger's tags, sorted: "a a b" after a replay of a and b.
+func (l *ledger) rows(t *testing.T, w *implicitSetup) string {
+	t.Helper()
+	c, err := srv.Conn(w.ctx)
+	mustOK(t, err)
+	defer c.Close(context.WithoutCancel(w.ctx))
+	r, err := c.Query(w.ctx, "select tag from "+l.table+" order by tag")
+	mustOK(t, err)
+	tags, err := pgx.CollectRows(r, pgx.RowTo[string])
+	mustOK(t, err)
+	return strings.Join(tags, " ")
+}
+
+// sql is s with {L} the ledger's table and {LOCK} its lock key.
+func (l *ledger) sql(s string) string {
+	return strings.NewReplacer("{L}", l.table, "{LOCK}", fmt.Sprint(l.lock)).Replace(s)
+}
+
+// holdLock takes l's advisory lock on a connection of its own until the returned release.
+func (l *ledger) holdLock(t *testing.T, w *implicitSetup) (release func()) {
+	t.Helper()
+	c, err := srv.Conn(w.ctx)
+	mustOK(t, err)
+	_, err = c.Exec(w.ctx, "select pg_advisory_lock($1)", l.lock)
+	mustOK(t, err)
+	return func() { _ = c.Close(context.WithoutCancel(w.ctx)) }
+}
+
+// multiCase is one statement, string or batch that may commit more than once, sent on the
+// pool with the context given; want is the Verdict's outcome and rows the ledger after one
+// attempt; reason is the last frame's error.type, "" to leave it unread.
+type multiCase struct {
+	name   string
+	send   func(ctx context.Context, w *implicitSetup, l *ledger) error
+	want   outcome.Outcome
+	rows   string
+	frames []string // every frame's tx.outcome, in start order
+	reason string
+	// fault, if set, runs while the statement is on its way, after its inner commit: the
+	// ledger's lock is held until it returns.
+	fault func(t *testing.T, w *implicitSetup, pid uint32)
+}
+
+// execArgs is pool.Exec of sql with args in query mode m.
+func execArgs(m pgx.QueryExecMode, sql string, args ...any) func(ctx context.Context, w *implicitSetup, l *ledger) error {
+	return func(ctx context.Context, w *implicitSetup, l *ledger) error {
+		_, err := w.h.pool.Exec(ctx, l.sql(sql), append([]any{m}, args...)...)
+		return err
+	}
+}
+
+// batch is pool.SendBatch of sqls, in the default query mode.
+func batch(sqls ...string) func(ctx context.Context, w *implicitSetup, l *ledger) error {
+	return func(ctx context.Context, w *implicitSetup, l *ledger) error {
+		b := &pgx.Batch{}
+		for _, s := range sqls {
+			b.Queue(l.sql(s))
+		}
+		return w.h.pool.SendBatch(ctx, b).Close()
+	}
+}
+
+var (
+	cwpcf         = outcome.OutcomeCommittedWithPostCommitFailure
+	indeterminate = outcome.OutcomeIndeterminate
+	committed     = outcome.OutcomeCommitted
+	rolledBack    = outcome.OutcomeRolledBack
+)
+
+// terminateInLock terminates the backend pid once it waits for the ledger's lock, after
+// its inner commit.
+func terminateInLock(t *testing.T, w *implicitSetup, pid uint32) {
+	mustOK(t, srv.WaitForWaitEvent(w.ctx, pid, "advisory"))
+	mustOK(t, srv.Terminate(w.ctx, pid))
+}
+
+// cutInLock cuts the connection at the proxy once the backend pid waits for the ledger's
+// lock, after its inner commit.
+func cutInLock(t *testing.T, w *implicitSetup, pid uint32) {
+	mustOK(t, srv.WaitForWaitEvent(w.ctx, pid, "advisory"))
+	w.proxy.CutAll()
+}
+
+var multiCases = []multiCase{
+	{name: "call: commit, then 40001 (extended)", send: execArgs(pgx.QueryExecModeCacheStatement, "call {L}_commit_fail($1, $2, '40001')", "a", "b"),
+		want: indeterminate, rows: "a", frames: []string{"indeterminate"}, reason: "may_have_committed_inside"},
+	{name: "call: commit, then 40001 (simple protocol)", send: execArgs(pgx.QueryExecModeSimpleProtocol, "call {L}_commit_fail($1, $2, '40001')", "a", "b"),
+		want: indeterminate, rows: "a", frames: []string{"indeterminate"}, reason: "may_have_committed_inside"},
+	{name: "call: commit, then 23505 (database/sql)", send: func(ctx context.Context, w *implicitSetup, l *ledger) error {
+		_, err := w.db.ExecContext(ctx, "call "+l.table+"_commit_fail($1, $2, '23505')", "a", "b")
+		return err
+	}, want: indeterminate, rows: "a", frames: []string{"indeterminate"}, reason: "may_have_committed_inside"},
+	{name: "call: commit twice, then 40001", send: execArgs(pgx.QueryExecModeExec, "call {L}_commit_twice_fail($1)", "40001"),
+		want: indeterminate, rows: "a b", frames: []string{"indeterminate"}, reason: "may_have_committed_inside"},
+	{name: "call: rollback, commit, then 40001", send: execArgs(pgx.QueryExecModeDescribeExec, "call {L}_rollback_commit_fail($1)", "40001"),
+		want: indeterminate, rows: "a", frames: []string{"indeterminate"}, reason: "may_have_committed_inside"},
+	{name: "call: fails with no commit inside", send: execArgs(pgx.QueryExecModeCacheStatement, "call {L}_fail_only($1)", "40001"),
+		want: indeterminate, rows: "", frames: []string{"indeterminate"}, reason: "may_have_committed_inside"},
+	{name: "call: no such procedure (its prepare fails)", send: execArgs(pgx.QueryExecModeCacheStatement, "call {L}_no_such($1)", "40001"),
+		want: rolledBack, rows: "", frames: []string{"rolled_back"}},
+	{name: "call: commits inside and succeeds", send: execArgs(pgx.QueryExecModeCacheStatement, "call {L}_commit_ok($1)", "x"),
+		want: committed, rows: "a b", frames: []string{"committed"}},
+	{name: "do: commit, then 40001", send: execArgs(pgx.QueryExecModeSimpleProtocol,
+		"do $$ begin insert into {L} values ('a'); commit; insert into {L} values ('b'); raise exception using errcode = '40001'; end $$"),
+		want: indeterminate, rows: "a", frames: []string{"indeterminate"}, reason: "may_have_committed_inside"},
+	{name: "call: terminated after its commit", send: execArgs(pgx.QueryExecModeCacheStatement, "call {L}_commit_wait($1)", "x"), fault: terminateInLock,
+		want: indeterminate, rows: "a", frames: []string{"indeterminate"}},
+	{name: "call: cut after its commit", send: execArgs(pgx.QueryExecModeCacheStatement, "call {L}_commit_wait($1)", "x"), fault: cutInLock,
+		want: indeterminate, rows: "a b", frames: []string{"indeterminate"}},
+	{name: "string: insert, commit, insert, 1/0", send: execArgs(pgx.QueryExecModeSimpleProtocol,
+		"insert into {L} values ('a'); commit; insert into {L} values ('b'); select 1/0"),
+		want: cwpcf, rows: "a", frames: []string{"committed", "rolled_back"}},
+	{name: "string: begin, insert, commit, insert, commit, insert, 40001", send: execArgs(pgx.QueryExecModeSimpleProtocol,
+		"begin; insert into {L} values ('a'); commit; insert into {L} values ('b'); commit; insert into {L} values ('c');"+
+			" do $$ begin raise exception using errcode = '40001'; end $$"),
+		want: cwpcf, rows: "a b", frames: []string{"committed", "committed", "rolled_back"}},
+	{name: "string: insert, commit, then cut", send: execArgs(pgx.QueryExecModeSimpleProtocol,
+		"insert into {L} values ('a'); commit; select pg_advisory_xact_lock({LOCK}); insert into {L} values ('b')"), fault: cutInLock,
+		want: indeterminate, rows: "a b", frames: []string{"indeterminate"}}, // the server flushed nothing before the lock
+	{name: "string: insert, commit, a notice, then cut", send: execArgs(pgx.QueryExecModeSimpleProtocol,
+		"insert into {L} values ('a'); commit; do $$ begin raise notice 'flushed'; end $$; select pg_advisory_xact_lock({LOCK}); insert into {L} values ('b')"),
+		fault: cutInLock, want: indeterminate, rows: "a b", frames: []string{"committed", "indeterminate"}}, // a notice flushes what came before it
+	{name: "batch: begin, insert, commit, insert, 1/0", send: batch("begin", "insert into {L} values ('a')", "commit", "insert into {L} values ('b')", "select 1/0"),
+		want: cwpcf, rows: "a", frames: []string{"committed", "rolled_back"}},
+	{name: "batch: insert, commit, insert, 1/0", send: batch("insert into {L} values ('a')", "commit", "insert into {L} values ('b')", "select 1/0"),
+		want: cwpcf, rows: "a", frames: []string{"committed", "rolled_back"}},
+	{name: "batch: begin, insert, commit, begin, insert (left open)", send: func(ctx context.Context, w *implicitSetup, l *ledger) error {
+		return w.h.pool.AcquireFunc(ctx, func(c *pgxpool.Conn) error {
+			b := &pgx.Batch{}
+			for _, s := range []string{"begin", "insert into {L} values ('a')", "commit", "begin", "insert into {L} values ('b')"} {
+				b.Queue(l.sql(s))
+			}
+			if err := c.SendBatch(ctx, b).Close(); err != nil {
+				return err
+			}
+			_, err := c.Exec(ctx, "rollback")
+			return err
+		})
+	}, want: cwpcf, rows: "a", frames: []string{"committed", "rolled_back"}},
+}
+
+// TestCommitsMoreThanOnce: for each case, with the references off, the xid and the marker,
+// one attempt's Verdict, the frames' outcomes and the ledger agree: a frame ends at each
+// COMMIT the server reported, what followed is a frame of its own, and a statement that
+// may commit inside is a proven rollback only where nothing of it ran. Then Retry around
+// the same case, on a fresh ledger, applies the committed part once.
+func TestCommitsMoreThanOnce(t *testing.T) {
+	seen := map[string]int{}
+	for _, c := range multiCases {
+		for _, mode := range refModes {
+			t.Run(c.name+"/"+mode, func(t *testing.T) {
+				w := newImplicit(t, mode)
+				l := newLedger(t, w)
+				w.h.exp.Reset()
+				res, err := l.attempt(t, w, c, w.ctx)
+				rows := l.rows(t, w)
+				if rows != c.rows {
+					t.Fatalf("ledger %q, want %q (call: %v)", rows, c.rows, err)
+				}
+				if res.Outcome() != c.want {
+					t.Fatalf("verdict %s (%v), want %s; call: %v", res.Outcome(), res, c.want, err)
+				}
+				wantAgrees(t, res.Outcome(), rows, err)
+				got := spanOutcomes(w.h)
+				if !slices.Equal(got, c.frames) {
+					t.Fatalf("frames %v, want %v", got, c.frames)
+				}
+				if c.reason != "" {
+					fs := outcomeSpans(w.h)
+					wantAttr(t, fs[len(fs)-1], "error.type", c.reason)
+				}
+				if c.want == indeterminate {
+					if n := strings.Count(w.logs.String(), MessageIndeterminate); n != 1 {
+						t.Fatalf("%d log records, want 1: %s", n, w.logs)
+					}
+				}
+				seen[fmt.Sprintf("%s/%s: %s, rows %q", c.name, mode, res.Outcome(), rows)]++
+
+				// Retry, with the reconciler, on a fresh ledger: the committed part once.
+				mustOK(t, srv.Exec(w.ctx, "truncate "+l.table))
+				attempts := 0
+				rres, rerr := Retry(w.ctx, 3, func(ctx context.Context) error {
+					attempts++
+					_, err := l.attempt(t, w, c, ctx)
+					return err
+				}, WithReconciler(w.rec), WithReconcileWait(time.Second))
+				rows = l.rows(t, w)
+				if rows != c.rows {
+					t.Fatalf("after Retry (%d attempts, %v %v): ledger %q, want %q", attempts, rres, rerr, rows, c.rows)
+				}
+				if rres == nil {
+					t.Fatalf("Retry: no result: %v", rerr)
+				}
+				wantAgrees(t, rres.Outcome(), rows, rerr)
+			})
+		}
+	}
+	for k, n := range seen {
+		t.Logf("%s: %d", k, n)
+	}
+}
+
+// attempt runs c once on w's pool with a Verdict in ctx, its fault (if any) while it is
+// on its way, and returns the Verdict's answer and the call's error.
+func (l *ledger) attempt(t *testing.T, w *implicitSetup, c multiCase, ctx context.Context) (outcome.Result[struct{}], error) {
+	t.Helper()
+	ctx, root := rootSpan(ctx, w.h)
+	defer root.End()
+	vctx, v := NewVerdict(ctx)
+	if verdictFrom(ctx) != nil {
+		vctx, v = ctx, verdictFrom(ctx) // Retry's attempt: its own Verdict
+	}
+	pid := w.pid(t)
+	var release func()
+	if c.fault != nil {
+		release = l.holdLock(t, w)
+	}
+	send := c.send
+	done := make(chan error, 1)
+	go func() {
+		lc := *l
+		done <- send(vctx, w, &lc)
+	}()
+	if c.fault != nil {
+		c.fault(t, w, pid)
+		release()
+		mustOK(t, srv.WaitBackendGone(w.ctx, pid))
+	}
+	err := <-done
+	res, verr := v.Result()
+	if verr != nil {
+		t.Fatalf("verdict: %v (call: %v)", verr, err)
+	}
+	return res, err
+}
+
+// wantAgrees fails unless the outcome o agrees with the ledger's rows after a call that
+// returned err: nothing there is never committed, something there is never a rollback,
+// and a call that failed after committing is never plain committed.
+func wantAgrees(t *testing.T, o outcome.Outcome, rows string, err error) {
+	t.Helper()
+	switch {
+	case rows == "" && (o == committed || o == cwpcf):
+		t.Fatalf("%s, and the ledger is empty", o)
+	case rows != "" && o == rolledBack && !strings.Contains(fmt.Sprint(err), "rollback"):
+		var pgErr *pgconn.PgError
+		if !errors.As(err, &pgErr) || err == nil {
+			t.Fatalf("%s, and the ledger holds %q", o, rows)
+		}
+		t.Fatalf("%s (%v), and the ledger holds %q", o, err, rows)
+	case err != nil && o == committed:
+		t.Fatalf("committed, and the call failed: %v", err)
+	}
+}
+
+// outcomeSpans are the spans that carry a frame's tx.outcome (frame spans, and the
+// statement spans of implicit frames), in start order.
+func outcomeSpans(h *harness) []tracetest.SpanStub {
+	var out []tracetest.SpanStub
+	for _, s := range h.exp.GetSpans() {
+		if _, ok := attr(s, OutcomeKey); ok {
+			out = append(out, s)
+		}
+	}
+	sort.SliceStable(out, func(i, j int) bool { return out[i].StartTime.Before(out[j].StartTime) })
+	return out
+}
+
+// spanOutcomes are the tx.outcome of outcomeSpans.
+func spanOutcomes(h *harness) []string {
+	var out []string
+	for _, s := range outcomeSpans(h) {
+		v, _ := attr(s, OutcomeKey)
+		out = append(out, v.AsString())
+	}
+	return out
+}
