@@ -104,6 +104,9 @@ type multiCase struct {
 	rows   string
 	frames []string // every frame's tx.outcome, in start order
 	reason string
+	// on, if set, is the outcome with the references on (xid, marker), where the lxid read
+	// proves what the error alone cannot: then the one frame has it, and reason is not read.
+	on outcome.Outcome
 	// fault, if set, runs while the statement is on its way, after its inner commit: the
 	// ledger's lock is held until it returns.
 	fault func(t *testing.T, w *implicitSetup, pid uint32)
@@ -163,7 +166,16 @@ var multiCases = []multiCase{
 	{name: "call: rollback, commit, then 40001", send: execArgs(pgx.QueryExecModeDescribeExec, "call {L}_rollback_commit_fail($1)", "40001"),
 		want: indeterminate, rows: "a", frames: []string{"indeterminate"}, reason: "may_have_committed_inside"},
 	{name: "call: fails with no commit inside", send: execArgs(pgx.QueryExecModeCacheStatement, "call {L}_fail_only($1)", "40001"),
-		want: indeterminate, rows: "", frames: []string{"indeterminate"}, reason: "may_have_committed_inside"},
+		want: indeterminate, rows: "", frames: []string{"indeterminate"}, reason: "may_have_committed_inside", on: rolledBack},
+	{name: "call: fails with no commit inside (simple protocol)", send: execArgs(pgx.QueryExecModeSimpleProtocol, "call {L}_fail_only($1)", "23505"),
+		want: indeterminate, rows: "", frames: []string{"indeterminate"}, reason: "may_have_committed_inside", on: rolledBack},
+	{name: "do: fails with no commit inside", send: execArgs(pgx.QueryExecModeSimpleProtocol,
+		"do $$ begin insert into {L} values ('a'); raise exception using errcode = '40001'; end $$"),
+		want: indeterminate, rows: "", frames: []string{"indeterminate"}, reason: "may_have_committed_inside", on: rolledBack},
+	{name: "call: fails with no commit inside (database/sql)", send: func(ctx context.Context, w *implicitSetup, l *ledger) error {
+		_, err := w.db.ExecContext(ctx, "call "+l.table+"_fail_only($1)", "40001")
+		return err
+	}, want: indeterminate, rows: "", frames: []string{"indeterminate"}, reason: "may_have_committed_inside", on: rolledBack},
 	{name: "call: no such procedure (its prepare fails)", send: execArgs(pgx.QueryExecModeCacheStatement, "call {L}_no_such($1)", "40001"),
 		want: rolledBack, rows: "", frames: []string{"rolled_back"}},
 	{name: "call: commits inside and succeeds", send: execArgs(pgx.QueryExecModeCacheStatement, "call {L}_commit_ok($1)", "x"),
@@ -175,6 +187,10 @@ var multiCases = []multiCase{
 		want: indeterminate, rows: "a", frames: []string{"indeterminate"}},
 	{name: "call: cut after its commit", send: execArgs(pgx.QueryExecModeCacheStatement, "call {L}_commit_wait($1)", "x"), fault: cutInLock,
 		want: indeterminate, rows: "a b", frames: []string{"indeterminate"}},
+	{name: "string: nine commits, then 1/0", send: execArgs(pgx.QueryExecModeSimpleProtocol,
+		strings.Repeat("insert into {L} values ('a'); commit; ", 9)+"select 1/0"),
+		want: indeterminate, rows: strings.TrimSpace(strings.Repeat("a ", 9)),
+		frames: append(slices.Repeat([]string{"committed"}, 8), "indeterminate"), reason: "may_have_committed_inside"}, // more than a reply's splits
 	{name: "string: insert, commit, insert, 1/0", send: execArgs(pgx.QueryExecModeSimpleProtocol,
 		"insert into {L} values ('a'); commit; insert into {L} values ('b'); select 1/0"),
 		want: cwpcf, rows: "a", frames: []string{"committed", "rolled_back"}},
@@ -220,6 +236,9 @@ func TestCommitsMoreThanOnce(t *testing.T) {
 				w := newImplicit(t, mode)
 				l := newLedger(t, w)
 				w.h.exp.Reset()
+				if c.on != 0 && mode != "off" {
+					c.want, c.frames, c.reason = c.on, []string{c.on.String()}, ""
+				}
 				res, err := l.attempt(t, w, c, w.ctx)
 				rows := l.rows(t, w)
 				if rows != c.rows {

@@ -2,6 +2,7 @@ package otelpgxtx
 
 import (
 	"context"
+	"errors"
 	"strings"
 
 	"github.com/jackc/pgx/v5"
@@ -9,6 +10,7 @@ import (
 
 	"github.com/txevidence/otelpgxtx/classifier"
 	"github.com/txevidence/otelpgxtx/internal/evidence"
+	"github.com/txevidence/otelpgxtx/internal/pg"
 	"github.com/txevidence/otelpgxtx/internal/reference"
 )
 
@@ -196,7 +198,11 @@ func (t *core) afterQuery(ctx context.Context, conn *pgx.Conn, st *connState, q 
 	}
 	at := &queryEnd{ctx: ctx, callerCtx: q.callerCtx, conn: conn, set: q.set, err: err, inTx: inTx, open: open}
 	notSent := st.commitNotSent(f)
-	if open && t.split(st, at) {
+	split, moreEnds := false, false
+	if open {
+		split, moreEnds = t.split(st, at)
+	}
+	if split {
 		// The server ended the frame's transaction inside this query's reply: what the
 		// query ran after that is the frame now open, which the query's end judges.
 		f = st.frame()
@@ -210,10 +216,15 @@ func (t *core) afterQuery(ctx context.Context, conn *pgx.Conn, st *connState, q 
 	e := evidence.Ended{Set: q.set, Err: err, InTx: inTx, Closed: closed,
 		RollbackTag: q.batch.rollbackTag || tag.String() == "ROLLBACK", CommitNotSent: notSent, Savepoint: q.savepoint,
 		FatalBeforeCommit: c.FatalBeforeCommit, AbortedBeforeCommit: c.AbortedBefore,
-		NothingRan:   q.prepareFailed,
+		NothingRan: q.prepareFailed, MoreEnds: moreEnds,
 		RepliedClean: open && f.ev.Implicit() && st.repliedClean()}
 	if c.ReadFailed != nil {
 		e.ReadFailed = &evidence.Failure{V: c.ReadFailedAs, Err: c.ReadFailed}
+	}
+	if open && f.ev.Implicit() && q.set.CommitsInside() && !q.prepareFailed && !closed && !inTx && serverError(err) {
+		// Its failure proves no rollback unless it ran in one transaction: asked on this
+		// failure path only, after everything above read the query's own reply.
+		e.OneTransaction = st.refs.OneTransaction(ctx, &f.commitRef, pg)
 	}
 	r := st.ev.After(f, e)
 	if st.nc != nil {
@@ -228,13 +239,13 @@ func (t *core) afterQuery(ctx context.Context, conn *pgx.Conn, st *connState, q 
 // split ends the frames whose transactions the server ended inside the reply of the
 // query that ends (at), at each COMMIT, ROLLBACK or PREPARE TRANSACTION tag that more of
 // the reply followed (wire.Splits), each with what its tag says, and starts the frame of
-// what followed each (evidence.StartRest). It reports whether it ended any.
-func (t *core) split(st *connState, at *queryEnd) bool {
+// what followed each (evidence.StartRest). It reports whether it ended any, and whether
+// the reply held more than it could tell (wire.Splits.Over).
+func (t *core) split(st *connState, at *queryEnd) (ended, more bool) {
 	if st.nc == nil {
-		return false
+		return false, false
 	}
 	splits := st.nc.Splits()
-	ended := false
 	for i := range splits.Len() {
 		f := st.frame()
 		if f == nil {
@@ -249,7 +260,13 @@ func (t *core) split(st *connState, at *queryEnd) bool {
 		ended = true
 		t.apply(st, f, r, at)
 	}
-	return ended
+	return ended, splits.Over
+}
+
+// serverError reports whether err is the server's ERROR reply.
+func serverError(err error) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) && !pg.FatalError(err)
 }
 
 // releasesRestart reports whether sql, of kinds set, is RELEASE SAVEPOINT

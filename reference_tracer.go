@@ -20,7 +20,7 @@ import (
 // refStatement is what the references need of the statement sql, of kinds set, on pg.
 func refStatement(set evidence.Set, sql string, pg *pgconn.PgConn) reference.Statement {
 	return reference.Statement{SQL: sql, Single: set.Single(), Writes: set.Writes(), Plain: set.Kinds() == evidence.OtherSet,
-		Opens: !set.Single() && set.Kinds() == 1<<evidence.Begin, Commit: set.Decides(), InTx: pg.TxStatus() == 'T'}
+		Opens: !set.Single() && set.Kinds() == 1<<evidence.Begin, Commit: set.Decides(), InTx: pg.TxStatus() == 'T', Inside: set.CommitsInside()}
 }
 
 // armCheck has the write of f's BEGIN (sql, of kinds set) carry the check of what f's

@@ -283,6 +283,13 @@ type Ended struct {
 	// NothingRan: the query's error came before any of it ran (its statement's prepare
 	// failed, so pgx never sent its execution).
 	NothingRan bool
+	// OneTransaction: the query, which may commit inside, ran in exactly one transaction
+	// of its backend (package reference: the backend's virtual transaction ids before and
+	// after it), which its error ended: nothing of it committed.
+	OneTransaction bool
+	// MoreEnds: the reply held more ending tags than were told (Split): the frame's
+	// query ran past transactions of its own that ended unseen.
+	MoreEnds bool
 	// RepliedClean: the last ReadyForQuery of the replies since the query was handed over
 	// said idle, with no ErrorResponse since the one before it (package wire): with the
 	// connection open, pgconn read the query's reply to its last Sync, and the implicit
@@ -352,7 +359,7 @@ func (c *Conn[F]) After(f F, e Ended) (r Result) {
 			v = classifier.Classify(outcome.PhaseCommitting, nil, facts)
 			ev.commit.failedAfter = e.Err
 		}
-		if ev.shape.implicit && e.Err != nil && e.Set.CommitsInside() && !e.NothingRan && v.Evidence() == classifier.EvidenceRolledBack &&
+		if ev.shape.implicit && e.Err != nil && (e.Set.CommitsInside() && !e.NothingRan && !e.OneTransaction || e.MoreEnds) && v.Evidence() == classifier.EvidenceRolledBack &&
 			!facts.CommitNotSent && !facts.SessionEndedBeforeCommit && facts.AbortedBeforeCommit == nil {
 			// A CALL, a DO block, a VACUUM … sent idle failed after it began to run: what
 			// it committed inside before the failure is durable, and no command tag said

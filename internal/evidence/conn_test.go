@@ -33,6 +33,10 @@ type step struct {
 	// clean: the replies since the query was handed over reached an idle ReadyForQuery
 	// with no ErrorResponse; closed: the connection is closed after it.
 	clean, closed bool
+	// splits: the ending tags inside the query's reply that more of it followed
+	// (wire.Splits); nothingRan: its prepare failed.
+	splits     []Seen
+	nothingRan bool
 }
 
 // run feeds steps to a new connection's evidence as the hooks would, starting the frames
@@ -82,7 +86,17 @@ func run(t *testing.T, server classifier.ServerKind, steps []step) ([]*testFrame
 		f := c.Open()
 		// An implicit transaction's one statement is its commit (the caller's Commits).
 		record(f, c.Send(Statement{Set: set, Idle: !inTx, Commits: commits || begins == BeginsImplicit}))
-		r = c.After(f, Ended{Set: set, Err: s.err, InTx: s.inTx, Closed: s.closed, RepliedClean: s.clean,
+		for _, seen := range s.splits {
+			if r := c.Split(set, seen, true); r.Ended {
+				record(f, r)
+				b := Begun{Phase: outcome.PhaseActive}
+				if !s.inTx {
+					b.Phase, b.Implicit, b.Rest = outcome.PhaseCommitting, true, true
+				}
+				f = start(b)
+			}
+		}
+		r = c.After(f, Ended{Set: set, Err: s.err, InTx: s.inTx, Closed: s.closed, RepliedClean: s.clean, NothingRan: s.nothingRan,
 			CommitNotSent: s.notSent && f != nil && f.ev.Phase() == outcome.PhaseCommitting})
 		record(f, r)
 		inTx = s.inTx
@@ -210,6 +224,40 @@ func TestConnSequences(t *testing.T) {
 			moves: "active committing committed |", last: outcome.OutcomeCommitted, reason: classifier.ReasonCommitted},
 		{name: "implicit: SELECT FOR UPDATE writes", steps: []step{{sql: "select * from t for update", err: lost, closed: true}},
 			moves: "active committing unknown |", last: outcome.OutcomeIndeterminate, reason: classifier.ReasonConnectionLost},
+		// Several transactions in one query: a frame ends at each ending tag inside the reply.
+		{name: "split: insert; commit; insert; 1/0, sent idle", steps: []step{{sql: "insert into t values (1); commit; insert into t values (2); select 1/0", err: undefined, splits: []Seen{SeenCommit}}},
+			moves: "active committing committed | active committing rolled_back |", last: outcome.OutcomeRolledBack, reason: classifier.ReasonServerError, frame: 2},
+		{name: "split: the part before the COMMIT committed", steps: []step{{sql: "insert into t values (1); commit; insert into t values (2); select 1/0", err: undefined, splits: []Seen{SeenCommit}}},
+			moves: "active committing committed | active committing rolled_back |", last: outcome.OutcomeCommitted, reason: classifier.ReasonCommitted, frame: 1},
+		{name: "split: begin … commit, then a reply lost", steps: []step{{sql: "begin; insert into t values (1); commit; insert into t values (2)", err: lost, closed: true, splits: []Seen{SeenCommit}}},
+			moves: "active committing committed | active committing unknown |", last: outcome.OutcomeIndeterminate, reason: classifier.ReasonConnectionLost, frame: 2},
+		{name: "split: commit, then a block left open", steps: []step{{sql: "begin", inTx: true}, {sql: "commit; begin; insert into t values (2)", inTx: true, splits: []Seen{SeenCommit}}, {sql: "rollback"}},
+			moves: "active committing committed | active rolled_back |", last: outcome.OutcomeRolledBack, reason: classifier.ReasonRolledBack, deliberate: true},
+		{name: "split: a rollback, then a commit", steps: []step{{sql: "begin; insert into t values (1); rollback; insert into t values (2); commit; insert into t values (3); select 1/0", err: undefined, splits: []Seen{SeenRollback, SeenCommit}}},
+			moves: "active committing rolled_back | active committing committed | active committing rolled_back |", last: outcome.OutcomeRolledBack, reason: classifier.ReasonRolledBack, deliberate: true, frame: 1},
+		{name: "split: ROLLBACK is no split beside a ROLLBACK TO SAVEPOINT", steps: []step{{sql: "begin; savepoint a; insert into t values (1); rollback to a; insert into t values (2); commit; select 1/0", err: undefined, splits: []Seen{SeenRollback, SeenCommit}}},
+			moves: "active committing committed | active committing rolled_back |", last: outcome.OutcomeCommitted, reason: classifier.ReasonCommitted, frame: 1},
+		{name: "split: prepared, then more", steps: []step{{sql: "begin; insert into t values (1); prepare transaction 'g'; insert into t values (2); select 1/0", err: undefined, splits: []Seen{SeenPrepare}}},
+			moves: "active committing unknown | active committing rolled_back |", last: outcome.OutcomeParticipating, reason: ReasonPrepared, frame: 1},
+		// Statements that may commit inside: their failure proves no rollback.
+		{name: "call: failed after it ran", steps: []step{{sql: "call p($1)", err: serial}},
+			moves: "active committing unknown |", last: outcome.OutcomeIndeterminate, reason: ReasonCommittedInside},
+		{name: "do: failed after it ran", steps: []step{{sql: "do $$ begin commit; end $$", err: unique}},
+			moves: "active committing unknown |", last: outcome.OutcomeIndeterminate, reason: ReasonCommittedInside},
+		{name: "vacuum: failed after it ran", steps: []step{{sql: "vacuum t, u", err: undefined}},
+			moves: "active committing unknown |", last: outcome.OutcomeIndeterminate, reason: ReasonCommittedInside},
+		{name: "create index concurrently: failed after it ran", steps: []step{{sql: "create unique index concurrently i on t (v)", err: unique}},
+			moves: "active committing unknown |", last: outcome.OutcomeIndeterminate, reason: ReasonCommittedInside},
+		{name: "call: its prepare failed, nothing ran", steps: []step{{sql: "call p($1)", err: undefined, nothingRan: true}},
+			moves: "active committing rolled_back |", last: outcome.OutcomeRolledBack, reason: classifier.ReasonServerError},
+		{name: "call: never sent", steps: []step{{sql: "call p($1)", err: lost, closed: true, notSent: true}},
+			moves: "active committing rolled_back |", last: outcome.OutcomeRolledBack, reason: classifier.ReasonCommitNotSent, retryable: true},
+		{name: "call: committed", steps: []step{{sql: "call p($1)"}},
+			moves: "active committing committed |", last: outcome.OutcomeCommitted, reason: classifier.ReasonCommitted},
+		{name: "call: in a transaction block, the block's", steps: []step{{sql: "begin", inTx: true}, {sql: "call p($1)", err: serial, inTx: true}, {sql: "rollback"}},
+			moves: "active rolled_back |", last: outcome.OutcomeRolledBack, reason: classifier.ReasonSerializationFailure, retryable: true},
+		{name: "call: in a string of several statements, atomic", steps: []step{{sql: "insert into t values (1); call p(1)", err: serial}},
+			moves: "active committing rolled_back |", last: outcome.OutcomeRolledBack, reason: classifier.ReasonSerializationFailure, retryable: true},
 		{name: "implicit: a write in a transaction block is the block's", steps: []step{{sql: "begin", inTx: true}, {sql: "insert into t values (1)", inTx: true}, {sql: "rollback"}},
 			moves: "active rolled_back |", last: outcome.OutcomeRolledBack, reason: classifier.ReasonRolledBack, deliberate: true},
 	} {

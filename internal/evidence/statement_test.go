@@ -113,6 +113,74 @@ func TestStatementFlags(t *testing.T) {
 	}
 }
 
+// TestCommitsInside: the statements that may commit inside when they run alone, outside a
+// transaction block; in a string of several, which runs in an implicit transaction block,
+// none may (a CALL or DO is atomic there, and the others are refused); a batch keeps what
+// each of its queries says.
+func TestCommitsInside(t *testing.T) {
+	for _, tc := range []struct {
+		sql  string
+		want bool
+	}{
+		{"call p($1)", true},
+		{"CALL s.p()", true},
+		{"/* job */ do $$ begin commit; end $$", true},
+		{"vacuum", true},
+		{"VACUUM (analyze) t, u", true},
+		{"analyze t, u", true},
+		{"analyse", true},
+		{"cluster", true},
+		{"reindex schema s", true},
+		{"create index concurrently i on t (v)", true},
+		{"CREATE UNIQUE INDEX CONCURRENTLY IF NOT EXISTS i ON t (v)", true},
+		{"drop index concurrently i", true},
+		{"alter table t detach partition p concurrently", true},
+		{"create index i on t (v)", false},
+		{"create table concurrently_named (v int)", false},
+		{"create index i on t ((\"concurrently\"))", false},
+		{"refresh materialized view concurrently m", false},
+		{"insert into t values ('call')", false},
+		{"select p()", false},
+		{"commit", false},
+		{"call p(); call q()", false},
+		{"insert into t values (1); call p()", false},
+	} {
+		if got := Classify(tc.sql).CommitsInside(); got != tc.want {
+			t.Errorf("Classify(%q).CommitsInside() = %v, want %v", tc.sql, got, tc.want)
+		}
+	}
+	if !Together(Classify("insert into t values (1)") | Classify("call p()")).CommitsInside() {
+		t.Error("a batch with a CALL: CommitsInside false")
+	}
+	if Classify("call p()").Kinds() != OtherSet {
+		t.Error("CALL's kinds are not Other's")
+	}
+}
+
+// TestImplicitStrings: which strings sent idle are an implicit transaction: a write, alone
+// or with others, and a string with COMMIT or ROLLBACK in it and no BEGIN; not a BEGIN's
+// string, a PREPARE TRANSACTION's, nor transaction control alone.
+func TestImplicitStrings(t *testing.T) {
+	for _, tc := range []struct {
+		sql  string
+		want bool
+	}{
+		{"insert into t values (1)", true},
+		{"insert into t values (1); commit; insert into t values (2)", true},
+		{"insert into t values (1); rollback", true},
+		{"call p()", true},
+		{"commit", false},
+		{"select 1; commit", false},
+		{"begin; insert into t values (1); commit", false},
+		{"insert into t values (1); prepare transaction 'g'", false},
+		{"commit prepared 'g'", false},
+	} {
+		if got := Classify(tc.sql).Implicit(); got != tc.want {
+			t.Errorf("Classify(%q).Implicit() = %v, want %v", tc.sql, got, tc.want)
+		}
+	}
+}
+
 func TestBeginOptions(t *testing.T) {
 	for _, tc := range []struct{ sql, iso, access string }{
 		{"begin", "", ""},

@@ -50,3 +50,25 @@ func TestNilConnKnowsNoIdentity(t *testing.T) {
 		t.Fatal("a nil Conn knows an identity")
 	}
 }
+
+// TestParseVXID: the lxid read's row, as pg_locks shows a virtual transaction id
+// (backendId/lxid before PostgreSQL 17, procNumber/lxid since), with the pid; anything
+// else is no answer.
+func TestParseVXID(t *testing.T) {
+	for _, tc := range []struct {
+		row  [][]byte
+		want vxid
+	}{
+		{[][]byte{[]byte("3/1234"), []byte("4242")}, vxid{proc: 3, lxid: 1234, pid: 4242, ok: true}},
+		{[][]byte{[]byte("3/4294967295"), []byte("1")}, vxid{proc: 3, lxid: 4294967295, pid: 1, ok: true}},
+		{[][]byte{[]byte("31234"), []byte("4242")}, vxid{}},
+		{[][]byte{[]byte("3/x"), []byte("4242")}, vxid{}},
+		{[][]byte{[]byte("3/1"), nil}, vxid{}},
+		{[][]byte{[]byte("3/1")}, vxid{}},
+		{nil, vxid{}},
+	} {
+		if got := parseVXID(tc.row); got.ok != tc.want.ok || got.ok && got != tc.want {
+			t.Errorf("parseVXID(%q) = %+v, want %+v", tc.row, got, tc.want)
+		}
+	}
+}

@@ -42,8 +42,8 @@ func (c *Conn) Collect(f *Frame, final bool) Collected {
 		return Collected{} // the xid read's reply is still on its way
 	}
 	c.adding = false
-	reading, preparing, implicit := c.reading, c.preparing, c.implicit
-	c.reading, c.preparing, c.implicit = nil, nil, nil
+	reading, preparing, implicit, inside := c.reading, c.preparing, c.implicit, c.inside
+	c.reading, c.preparing, c.implicit, c.inside = nil, nil, nil, nil
 	if a == nil && implicit != nil {
 		// No write of the implicit transaction took what was armed (its call, or the check
 		// ahead of any Sync group): it went as a simple Query.
@@ -54,6 +54,9 @@ func (c *Conn) Collect(f *Frame, final bool) Collected {
 	}
 	r := a.Reply()
 	switch {
+	case inside != nil:
+		collectInside(inside, r)
+		return Collected{}
 	case a.After:
 		if reading == nil || !reading.life.Open() {
 			return Collected{}

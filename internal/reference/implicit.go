@@ -70,6 +70,9 @@ func (c *Conn) ArmImplicit(f *Frame, s Statement, serverVersion string) *Off {
 	}
 	if !runsInBlock(s.SQL) {
 		f.implicitWhy = MissingNoTransactionBlock
+		if s.Inside {
+			return c.armInside(f, s)
+		}
 		return nil
 	}
 	m := c.markerOf(f.Refs)

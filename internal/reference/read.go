@@ -22,6 +22,8 @@ type Statement struct {
 	Commit bool // a COMMIT (also AND CHAIN) or PREPARE TRANSACTION: it decides the transaction
 	// InTx: the connection is in a transaction that has not failed (pgconn's status T).
 	InTx bool
+	// Inside: it may commit inside (CALL, DO, VACUUM …), when it runs alone.
+	Inside bool
 }
 
 // ArmRead has the write of a statement s of f's transaction carry the xid read after the

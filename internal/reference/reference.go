@@ -70,6 +70,9 @@ type Frame struct {
 	// why another has none, when it is known (MissingUnchecked …).
 	simple      bool
 	implicitWhy string
+	// before is the backend's virtual transaction id read ahead of a statement that may
+	// commit inside (inside.go), until OneTransaction asks.
+	before vxid
 }
 
 // MissingMultiStatement is Frame.Missing's word for a frame whose COMMIT came among other
@@ -157,6 +160,10 @@ type Conn struct {
 	// messages there.
 	implicit    *Frame
 	implicitXID []byte
+	// inside is the frame whose statement, which may commit inside, carries the lxid read
+	// ahead of it (inside.go), until Collect; lxidQuery is that read's message.
+	inside    *Frame
+	lxidQuery []byte
 	// run are the references of Run's Policy while Run begins a transaction on the
 	// connection (running): its frame carries them in place of the tracer's.
 	run     Refs

@@ -1,6 +1,8 @@
 package wire
 
 import (
+	"fmt"
+	"slices"
 	"testing"
 
 	"github.com/jackc/pgx/v5/pgproto3"
@@ -95,5 +97,63 @@ func TestEndWatchAllocs(t *testing.T) {
 	var w endWatch
 	if n := testing.AllocsPerRun(100, func() { w = endWatch{}; p.advanceWatching(stream, &w) }); n != 0 {
 		t.Fatalf("%v allocations", n)
+	}
+}
+
+// TestEndWatchSplits: the ending tags inside one reply that more of it followed, in order,
+// the stream split at every byte; a tag right before the ReadyForQuery is the reply's own
+// end; a notice or notification follows nothing; a reply cut off keeps its last tag.
+func TestEndWatchSplits(t *testing.T) {
+	tag := func(s string) pgproto3.BackendMessage { return &pgproto3.CommandComplete{CommandTag: []byte(s)} }
+	ready := func(s byte) pgproto3.BackendMessage { return &pgproto3.ReadyForQuery{TxStatus: s} }
+	failure := &pgproto3.ErrorResponse{Severity: "ERROR", Code: "22012"}
+	notice := &pgproto3.NoticeResponse{Severity: "NOTICE", Message: "flushed"}
+	note := &pgproto3.NotificationResponse{Channel: "c"}
+	for _, tc := range []struct {
+		name string
+		msgs []pgproto3.BackendMessage
+		want []EndSeen
+		cut  bool
+	}{
+		{"one commit, nothing after", []pgproto3.BackendMessage{tag("COMMIT"), ready('I')}, nil, false},
+		{"insert; commit; insert; 1/0", []pgproto3.BackendMessage{tag("INSERT 0 1"), tag("COMMIT"), tag("INSERT 0 1"), failure, ready('I')}, []EndSeen{EndCommit}, false},
+		{"commit; error", []pgproto3.BackendMessage{tag("COMMIT"), failure, ready('I')}, []EndSeen{EndCommit}, false},
+		{"commit, rollback, prepare, each followed",
+			[]pgproto3.BackendMessage{tag("BEGIN"), tag("COMMIT"), tag("BEGIN"), tag("ROLLBACK"), tag("BEGIN"), tag("PREPARE TRANSACTION"), &pgproto3.DataRow{}, tag("SELECT 1"), ready('I')},
+			[]EndSeen{EndCommit, EndRollback, EndPrepare}, false},
+		{"commit; commit", []pgproto3.BackendMessage{tag("COMMIT"), tag("COMMIT"), ready('I')}, []EndSeen{EndCommit}, false},
+		{"a notice after the commit is no statement", []pgproto3.BackendMessage{tag("INSERT 0 1"), tag("COMMIT"), notice, note, ready('I')}, nil, false},
+		{"the prepare's reply, then the execution's", []pgproto3.BackendMessage{&pgproto3.ParseComplete{}, ready('I'), tag("COMMIT"), tag("INSERT 0 1"), ready('I')}, []EndSeen{EndCommit}, false},
+		{"a reply cut off after a commit", []pgproto3.BackendMessage{tag("INSERT 0 1"), tag("COMMIT"), notice}, []EndSeen{EndCommit}, true},
+		{"a reply cut off after a commit and more", []pgproto3.BackendMessage{tag("COMMIT"), tag("INSERT 0 1")}, []EndSeen{EndCommit}, true},
+		{"a whole reply, then a notification", []pgproto3.BackendMessage{tag("COMMIT"), failure, ready('I'), note}, []EndSeen{EndCommit}, false},
+		{"commit prepared is no end of the session's transaction", []pgproto3.BackendMessage{tag("COMMIT PREPARED"), failure, ready('I')}, nil, false},
+		{"more than fit", append(slices.Repeat([]pgproto3.BackendMessage{tag("COMMIT")}, maxSplits+3), ready('I')), slices.Repeat([]EndSeen{EndCommit}, maxSplits), false},
+	} {
+		stream := encode(tc.msgs...)
+		check := func(how string, w *endWatch) {
+			t.Helper()
+			s := w.splits()
+			var got []EndSeen
+			for i := range s.Len() {
+				got = append(got, s.At(i))
+			}
+			if !slices.Equal(got, tc.want) || s.Cut != tc.cut || s.Over != (tc.name == "more than fit") {
+				t.Fatalf("%s, %s: %v cut %v over %v, want %v cut %v", tc.name, how, got, s.Cut, s.Over, tc.want, tc.cut)
+			}
+		}
+		for cut := 0; cut <= len(stream); cut++ {
+			var p streamPos
+			var w endWatch
+			p.advanceWatching(stream[:cut], &w)
+			p.advanceWatching(stream[cut:], &w)
+			check(fmt.Sprintf("split at %d", cut), &w)
+		}
+		var p streamPos
+		var w endWatch
+		for i := range stream {
+			p.advanceWatching(stream[i:i+1], &w)
+		}
+		check("byte by byte", &w)
 	}
 }

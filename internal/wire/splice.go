@@ -32,6 +32,10 @@ type Addition struct {
 	// application's messages and before their Sync, where the server runs it only if
 	// none of theirs failed, and answers it after their last Execute's completion.
 	Extended bool
+	// AnyQuery: ahead of a write that is exactly one simple Query, whatever its text (pgx's
+	// simple protocol writes the arguments into the text), or, with Extended, of one
+	// extended-protocol Sync group that executes (not a prepare's).
+	AnyQuery bool
 	state    additionState
 	// execs is how many Executes of the application's the group holds (LibraryPortal).
 	execs int
@@ -84,7 +88,11 @@ func (a *Addition) addTo(b []byte) (out []byte, cut int, ok bool) {
 	if a.Extended {
 		group, execs := extendedGroup(b)
 		switch {
-		case !group:
+		case !group && a.AnyQuery:
+			return a.aheadOfQuery(b)
+		case !group, a.AnyQuery && execs == 0:
+			// AnyQuery goes right ahead of the group that executes: a prepare's group
+			// runs a transaction of its own (inside.go in package reference counts them).
 			return nil, 0, false
 		case a.Kind == LibraryPortal:
 			if execs == 0 {
@@ -100,8 +108,21 @@ func (a *Addition) addTo(b []byte) (out []byte, cut int, ok bool) {
 		out = append(append(make([]byte, 0, len(a.Msg)+len(b)), a.Msg...), b...)
 		return out, len(a.Msg), true
 	}
+	if a.AnyQuery {
+		return a.aheadOfQuery(b)
+	}
 	if typ, n, _ := msgHeader(b); typ != 'Q' || n != len(b)-1 || len(b) != 1+4+len(a.Match)+1 ||
 		string(b[5:len(b)-1]) != a.Match || b[len(b)-1] != 0 {
+		return nil, 0, false
+	}
+	out = append(append(make([]byte, 0, len(a.Msg)+len(b)), a.Msg...), b...)
+	return out, len(a.Msg), true
+}
+
+// aheadOfQuery returns b with a's message ahead of it when b is exactly one simple Query,
+// whatever its text (AnyQuery).
+func (a *Addition) aheadOfQuery(b []byte) (out []byte, cut int, ok bool) {
+	if typ, n, _ := msgHeader(b); typ != 'Q' || n != len(b)-1 || b[len(b)-1] != 0 {
 		return nil, 0, false
 	}
 	out = append(append(make([]byte, 0, len(a.Msg)+len(b)), a.Msg...), b...)

@@ -340,6 +340,7 @@ func TestExtendedGroup(t *testing.T) {
 		{"prepare only", f(parse("stmtcache_2"), &pgproto3.Describe{ObjectType: 'S', Name: "stmtcache_2"}, sync), true, 0, false},
 		{"batch: two statements, one Sync", f(bind("a"), desc, exec, bind("b"), desc, exec, sync), true, 2, false},
 		{"simple Query", f(&pgproto3.Query{String: "insert into t values (1)"}), false, 0, false},
+		{"two simple Queries", f(&pgproto3.Query{String: "select 1"}, &pgproto3.Query{String: "select 2"}), false, 0, false},
 		{"two Syncs", f(bind("a"), exec, sync, bind("b"), exec, sync), false, 0, false},
 		{"no Sync", f(bind("a"), exec, &pgproto3.Flush{}), false, 0, false},
 		{"COPY data", f(&pgproto3.CopyData{Data: []byte("1\n")}), false, 0, false},
@@ -356,6 +357,13 @@ func TestExtendedGroup(t *testing.T) {
 		out, cut, ok := check.addTo(tc.b)
 		if want := tc.group && !tc.bindsEarlierUnn; ok != want || ok && (cut != 3 || !bytes.Equal(out, append([]byte("LIB"), tc.b...))) {
 			t.Errorf("%s, check: added %v (cut %d), want %v", tc.name, ok, cut, want)
+		}
+		// The lxid read (AnyQuery) goes right ahead of a group that executes, or of any one
+		// simple Query, whatever its text.
+		lxid := &Addition{Kind: LibraryQuery, Extended: true, AnyQuery: true, Msg: []byte("LIB")}
+		out, cut, ok = lxid.addTo(tc.b)
+		if want := tc.group && !tc.bindsEarlierUnn && tc.execs > 0 || tc.name == "simple Query"; ok != want || ok && (cut != 3 || !bytes.Equal(out, append([]byte("LIB"), tc.b...))) {
+			t.Errorf("%s, lxid read: added %v (cut %d), want %v", tc.name, ok, cut, want)
 		}
 		call := &Addition{Kind: LibraryPortal, Extended: true, Msg: []byte("LIB")}
 		out, cut, ok = call.addTo(tc.b)
