@@ -10,6 +10,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/jackc/pgx/v5/stdlib"
 
 	"github.com/txevidence/otelpgxtx/outcome"
 	"github.com/txevidence/otelpgxtx/pgtest"
@@ -394,6 +395,43 @@ var diffAutocommits = []diffAutocommit{
 	{name: "CREATE DATABASE, simple protocol", run: func(ctx context.Context, pool *pgxpool.Pool, id int) string {
 		return diffSeen(pool.Exec(ctx, "create database diff_created")) + "; " + diffSeen(pool.Exec(ctx, "drop database diff_created"))
 	}},
+	// Statements, strings and batches that commit more than once (the lxid read rides ahead
+	// of a CALL or DO, and is read again after one failed).
+	{name: "CALL that commits inside, then fails, extended protocol", run: func(ctx context.Context, pool *pgxpool.Pool, id int) string {
+		return diffSeen(pool.Exec(ctx, "call public.diff_commit_fail($1)", id))
+	}},
+	{name: "CALL that commits inside and succeeds, extended protocol", run: func(ctx context.Context, pool *pgxpool.Pool, id int) string {
+		return diffSeen(pool.Exec(ctx, "call public.diff_commit_ok($1)", id))
+	}},
+	{name: "CALL that fails with no commit, simple protocol", run: func(ctx context.Context, pool *pgxpool.Pool, id int) string {
+		return diffSeen(pool.Exec(ctx, "call public.diff_fail_only($1)", pgx.QueryExecModeSimpleProtocol, id))
+	}},
+	{name: "CALL that fails with no commit, database/sql", run: func(ctx context.Context, pool *pgxpool.Pool, id int) string {
+		db := stdlib.OpenDBFromPool(pool)
+		defer db.Close()
+		res, err := db.ExecContext(ctx, "call public.diff_fail_only($1)", id)
+		if err != nil {
+			return diffSeen(pgconn.CommandTag{}, err)
+		}
+		n, err := res.RowsAffected()
+		return fmt.Sprint(n, err)
+	}},
+	{name: "DO that commits inside, then fails", run: func(ctx context.Context, pool *pgxpool.Pool, id int) string {
+		return diffSeen(pool.Exec(ctx, fmt.Sprintf("do $$ begin insert into public.diff_app values (%d); commit; "+
+			"raise exception using errcode = '40001', message = 'after its commit'; end $$", id)))
+	}},
+	{name: "string: insert, commit, insert, 1/0", run: func(ctx context.Context, pool *pgxpool.Pool, id int) string {
+		return diffSeen(pool.Exec(ctx, fmt.Sprintf("insert into public.diff_app values (%d); commit; insert into public.diff_app values (%d); select 1/0", id, id+1)))
+	}},
+	{name: "batch: begin, insert, commit, insert, 1/0", run: func(ctx context.Context, pool *pgxpool.Pool, id int) string {
+		b := &pgx.Batch{}
+		b.Queue("begin")
+		b.Queue(diffInsert, id)
+		b.Queue("commit")
+		b.Queue("insert into public.diff_app (id) values ($1::int + 1)", id)
+		b.Queue("select 1/0")
+		return diffSeen(pgconn.CommandTag{}, pool.SendBatch(ctx, b).Close())
+	}},
 }
 
 // TestMarkerNeverChangesAutocommit is the differential test of the implicit
@@ -404,7 +442,13 @@ var diffAutocommits = []diffAutocommit{
 func TestMarkerNeverChangesAutocommit(t *testing.T) {
 	ctx := pgtest.ContextFor(t)
 	setup := append(append([]string{}, diffSetup...),
-		"create or replace function public.diff_notice(i int) returns int language plpgsql as $$ begin raise notice 'writing %', i; return i; end $$")
+		"create or replace function public.diff_notice(i int) returns int language plpgsql as $$ begin raise notice 'writing %', i; return i; end $$",
+		"create or replace procedure public.diff_commit_fail(i int) language plpgsql as $$ begin insert into public.diff_app values (i); commit; "+
+			"insert into public.diff_app values (i + 1); raise exception using errcode = '40001', message = 'after its commit'; end $$",
+		"create or replace procedure public.diff_commit_ok(i int) language plpgsql as $$ begin insert into public.diff_app values (i); commit; "+
+			"insert into public.diff_app values (i + 1); end $$",
+		"create or replace procedure public.diff_fail_only(i int) language plpgsql as $$ begin insert into public.diff_app values (i); "+
+			"raise exception using errcode = '23505', message = 'no commit inside'; end $$")
 	for _, s := range setup {
 		mustOK(t, srv.Exec(ctx, s))
 	}
