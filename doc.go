@@ -184,7 +184,9 @@
 //     fixed, low-cardinality reason: one of the classifier's Reason constants
 //     (serialization_failure, connection_lost, server_fatal, …), or, for a frame whose
 //     transaction ended where no statement showed it, ended_unobserved,
-//     released_in_transaction or connection_closed.
+//     released_in_transaction or connection_closed; may_have_committed_inside for a CALL,
+//     DO or VACUUM sent outside a transaction block that failed after it ran (it may have
+//     committed inside: unknown).
 //
 // Events, in time order: tx.phase.active, tx.phase.committing, then exactly one of
 // tx.phase.committed, tx.phase.rolled_back, tx.phase.unknown (tx.phase. and the

@@ -362,3 +362,23 @@ func spanOutcomes(h *harness) []string {
 	}
 	return out
 }
+
+// TestRunRefusesCommitInside: Run's transaction is a block, in which a procedure cannot
+// COMMIT: PostgreSQL answers 2D000 (invalid transaction termination), the transaction
+// rolls back whole, and the ledger holds nothing — Run's answer is one transaction's.
+func TestRunRefusesCommitInside(t *testing.T) {
+	w := newImplicit(t, "off")
+	l := newLedger(t, w)
+	res := Run(w.ctx, w.h.pool, DefaultPolicy(), func(ctx context.Context, tx pgx.Tx) (struct{}, error) {
+		_, err := tx.Exec(ctx, "call "+l.table+"_commit_ok($1)", "x")
+		return struct{}{}, err
+	})
+	r, ok := res.(outcome.DeterminateRollback[struct{}])
+	var pgErr *pgconn.PgError
+	if !ok || !errors.As(r.Cause(), &pgErr) || pgErr.Code != "2D000" || r.Retryable() {
+		t.Fatalf("%T %v, want a rollback for 2D000, not retryable", res, res)
+	}
+	if rows := l.rows(t, w); rows != "" {
+		t.Fatalf("ledger %q, want nothing", rows)
+	}
+}

@@ -56,7 +56,9 @@ import (
 // and it ends with the call's tx.outcome. The attempts' frames carry tx.attempt.
 //
 // An attempt may make several transactions: autocommit writes (each an implicit
-// transaction), transactions one after another. Its verdict is theirs together (see
+// transaction), transactions one after another, a string or batch with COMMIT in the
+// middle (a transaction before it, another after), a procedure that COMMITs inside (whose
+// failure is Indeterminate unless the references prove it ran in one transaction). Its verdict is theirs together (see
 // [Verdict]): it is run again only when every one of them is a proven, retryable
 // rollback; one that committed before another failed makes the attempt
 // CommittedWithPostCommitFailure, never run again; and an indeterminate one is settled

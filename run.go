@@ -24,6 +24,11 @@ import (
 //     error, if fn then failed, or if PREPARE's reply was lost), runs no AfterCommit
 //     hook, and never runs fn again. Run's own COMMIT or ROLLBACK after it changes
 //     nothing (the server warns that no transaction is in progress).
+//   - fn runs in a transaction block, so a procedure it CALLs cannot COMMIT or ROLLBACK
+//     inside (PostgreSQL answers 2D000, invalid transaction termination, and the whole
+//     transaction rolls back): Run's transaction is one transaction, whatever fn calls.
+//     Call such a procedure outside Run (pool.Exec, inside [Retry]), where the library
+//     tells a failure after an inner COMMIT from a rollback.
 //   - A panic in fn rolls back, ends the frame as rolled_back, and panics again.
 //   - Once Run has returned, tx and every handle derived from it (savepoints,
 //     LargeObjects) fail with an error wrapping pgx.ErrTxClosed and send nothing.

@@ -167,7 +167,8 @@ var dbSystemPostgreSQL = schema.DBSystemPostgreSQL
 // classifier.ReasonCompletionUnknown, …: what the server or the connection answered),
 // or one of the evidence's (the transaction ended where no statement showed it:
 // evidence.ReasonEndedUnobserved, evidence.ReasonReleasedInTransaction,
-// evidence.ReasonConnectionClosed). A tx.reconcile span's error.type is one of package
+// evidence.ReasonConnectionClosed), or evidence.ReasonCommittedInside (a statement that
+// may commit inside failed after it ran: unknown). A tx.reconcile span's error.type is one of package
 // reconcile's reasons.
 
 // RollbackKey is tx.rollback: on a rolled_back frame span, and on the rolled_back series
