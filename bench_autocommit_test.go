@@ -26,6 +26,10 @@ var benchAutocommitStatements = []benchAutocommitStatement{
 		_, err := pool.Exec(ctx, "insert into bench_log (k, v) values ($1, $2)", key, key)
 		return err
 	}},
+	{"call", func(ctx context.Context, pool *pgxpool.Pool, key int64) error {
+		_, err := pool.Exec(ctx, "call bench_call($1, $2)", key, key)
+		return err
+	}},
 	{"select", func(ctx context.Context, pool *pgxpool.Pool, key int64) error {
 		var v int64
 		return pool.QueryRow(ctx, "select v from bench_kv where k = $1", key).Scan(&v)

@@ -283,6 +283,9 @@ func benchSchema(b *testing.B) *pgx.Conn {
 		fmt.Sprintf("insert into bench_kv select g, 0 from generate_series(1, %d) g on conflict do nothing",
 			benchKeyGroups*benchKeysPerG),
 		"create table if not exists bench_log (k bigint not null, v bigint not null)",
+		// A procedure that commits inside: its two writes are two transactions.
+		"create or replace procedure bench_call(a bigint, b bigint) language plpgsql as $$ begin " +
+			"insert into bench_log (k, v) values (a, b); commit; insert into bench_log (k, v) values (a, b); end $$",
 		benchMarkerDDL(b),
 	} {
 		if _, err := conn.Exec(ctx, sql); err != nil {

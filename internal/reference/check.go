@@ -38,7 +38,7 @@ type check struct {
 // statement. A server older than MinServerMajor turns references off at once, with the
 // notice returned: the check itself calls what that server does not have.
 func (c *Conn) ArmCheck(refs Refs, serverVersion string, single bool, sql string) *Off {
-	return c.armCheck(refs, serverVersion, single, sql, "", false)
+	return c.armCheck(refs, serverVersion, single, sql, "", false, nil)
 }
 
 // ArmPrepared has the write of f's COMMIT PREPARED or ROLLBACK PREPARED (the statement
@@ -52,7 +52,7 @@ func (c *Conn) ArmPrepared(f *Frame, serverVersion string, single bool, sql, gid
 	if gid == "" || !single {
 		return nil
 	}
-	off := c.armCheck(f.Refs, serverVersion, single, sql, gid, false)
+	off := c.armCheck(f.Refs, serverVersion, single, sql, gid, false, nil)
 	if c.adding && c.checking.gid != "" {
 		c.preparing = f
 	}
@@ -60,8 +60,10 @@ func (c *Conn) ArmPrepared(f *Frame, serverVersion string, single bool, sql, gid
 }
 
 // armCheck is ArmCheck, with the read of the prepared transaction of gid when it is not "";
-// extended: ahead of an extended-protocol Sync group (sql unused), as a Query of its own.
-func (c *Conn) armCheck(refs Refs, serverVersion string, single bool, sql, gid string, extended bool) *Off {
+// extended: ahead of an extended-protocol Sync group (sql unused), as a Query of its own,
+// with then (if not nil) inside the group, before its Sync (LibraryPortal: the implicit
+// transaction's xid read).
+func (c *Conn) armCheck(refs Refs, serverVersion string, single bool, sql, gid string, extended bool, then []byte) *Off {
 	if c.state == unchecked && c.on(refs) {
 		if why := TooOld(serverVersion); why != "" {
 			c.state, c.offWhy = off, why
@@ -78,7 +80,11 @@ func (c *Conn) armCheck(refs Refs, serverVersion string, single bool, sql, gid s
 	if ck == (check{}) {
 		return nil
 	}
-	if c.nc.Arm(&wire.Addition{Kind: wire.LibraryQuery, Match: sql, Msg: ck.message(), Extended: extended}) {
+	a := &wire.Addition{Kind: wire.LibraryQuery, Match: sql, Msg: ck.message(), Extended: extended}
+	if then != nil {
+		a = &wire.Addition{Kind: wire.LibraryPortal, Extended: true, Commit: true, Ahead: ck.message(), Msg: then}
+	}
+	if c.nc.Arm(a) {
 		c.adding, c.checking = true, ck
 	}
 	return nil

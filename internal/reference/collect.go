@@ -96,13 +96,31 @@ func (c *Conn) Collect(f *Frame, final bool) Collected {
 		c.preparedXID = 0
 		return out
 	}
+	var out Collected
+	if len(a.Ahead) > 0 {
+		// The check rode ahead of the implicit transaction's xid read: the reference is
+		// that xid only if the check answered and the connection's references are on.
+		ahead := a.AheadReply()
+		if ahead.Fatal {
+			// The server ended the session at the check: it read nothing after it, so the
+			// implicit transaction never ran.
+			return Collected{FatalBeforeCommit: true}
+		}
+		if !ahead.Done || pg.Transient(ahead.ErrCode) {
+			return Collected{}
+		}
+		out = Collected{Off: c.checked(ahead), Checked: true}
+		if !c.Known() {
+			return out
+		}
+	}
 	if f != nil && !r.Fatal {
 		f.ref = c.callRef(f.marker, f.id, r)
 		if f.ref == nil && f.implicit && f.marker == nil && !r.GotValue && r.ErrCode == "" {
 			f.implicitWhy = MissingXIDLost
 		}
 	}
-	out := Collected{FatalBeforeCommit: r.Fatal}
+	out.FatalBeforeCommit = r.Fatal
 	if r.ErrCode != "" && !r.Fatal && !c.identity.pooled {
 		out.AbortedBefore = r.Err
 	}

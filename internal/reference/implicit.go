@@ -39,8 +39,13 @@ const (
 // nothing: f has no reference, MissingSimpleProtocol):
 //
 //   - on a connection not checked yet (or whose marker function is not), the check, as a
-//     Query of its own ahead of the group, which changes nothing of the application's; f
-//     has no reference (MissingImplicit), the next implicit transaction will;
+//     Query of its own ahead of the group, which changes nothing of the application's
+//     whatever it answers, and, inside the group, the xid read, which cannot fail on the
+//     PostgreSQL 13 or later the server said it is at connection start: f's reference is
+//     that xid, once the check answered (the connection's first write is settled as any
+//     other — the moment indeterminate commits cluster, after a failover or a restart,
+//     is the moment connections are new); with the marker, the connection's later writes
+//     carry the marker call;
 //   - else, after the statement, inside its implicit transaction, the call of the marker
 //     function (WithCommitMarker), or the xid read (pg_current_xact_id_if_assigned), then
 //     a Flush: the server sends the call's reply before it commits at the Sync, so that
@@ -62,7 +67,15 @@ func (c *Conn) ArmImplicit(f *Frame, s Statement, serverVersion string) *Off {
 	}
 	if _, checked := c.marker(f.Refs.Marker); c.state != on || f.Refs.Mode == Marker && !checked {
 		f.implicitWhy = MissingUnchecked
-		off := c.armCheck(f.Refs, serverVersion, true, "", "", true)
+		var then []byte
+		if c.postgres && runsInBlock(s.SQL) {
+			// What cannot fail rides with the check: the xid read (the server is PostgreSQL
+			// 13 or later, as it reported at connection start), inside the transaction, the
+			// check ahead of it as a Query of its own; the marker waits for a connection
+			// whose marker function is checked.
+			then = c.implicitMsg(nil, f.id)
+		}
+		off := c.armCheck(f.Refs, serverVersion, true, "", "", true, then)
 		if c.adding {
 			c.implicit = f
 		}

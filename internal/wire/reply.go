@@ -159,43 +159,53 @@ type replyFilter struct {
 	out   []byte // bytes for pgconn, not yet read
 	err   error  // ErrUnaccountedReply and its cause (filterFailed)
 	held  []byte // the call's ERROR, given to pgconn in place of COMMIT's ROLLBACK tag
+	// then: the library's Query ahead is read first (kind LibraryQuery); its reply whole,
+	// kept in ahead, the filter goes on as the portal's in the group (Addition.Ahead).
+	then  bool
+	ahead Reply
 }
 
 // feed takes bytes the server sent. Once the library's part is read, the rest goes to out
 // unparsed.
 func (f *replyFilter) feed(b []byte) {
-	switch f.state {
-	case filterFailed:
-		return
-	case filterPassing:
-		f.out = append(f.out, b...)
-		return
-	case filterApplication:
-		if b = f.passApplication(b); len(b) == 0 {
+	for {
+		switch f.state {
+		case filterFailed:
+			return
+		case filterPassing:
+			f.out = append(f.out, b...)
+			return
+		case filterApplication:
+			if b = f.passApplication(b); len(b) == 0 {
+				return
+			}
+		}
+		f.in = append(f.in, b...)
+		for f.state == filterLibrary || f.state == filterReplacing {
+			if len(f.in) < 5 {
+				return
+			}
+			_, n, ok := msgHeader(f.in)
+			if !ok || n > maxLibraryMessage {
+				f.fail(fmt.Errorf("message %q of length %d", f.in[0], n))
+				return
+			}
+			if len(f.in) < 1+n {
+				return
+			}
+			f.message(f.in[:1+n])
+			if f.state == filterFailed {
+				return
+			}
+			f.in = f.in[1+n:]
+		}
+		if f.state != filterApplication {
+			f.out = append(f.out, f.in...) // filterPassing: what came after the library's part
+			f.in = nil
 			return
 		}
+		b, f.in = f.in, nil // the Query ahead was read: the group's replies follow
 	}
-	f.in = append(f.in, b...)
-	for f.state == filterLibrary || f.state == filterReplacing {
-		if len(f.in) < 5 {
-			return
-		}
-		_, n, ok := msgHeader(f.in)
-		if !ok || n > maxLibraryMessage {
-			f.fail(fmt.Errorf("message %q of length %d", f.in[0], n))
-			return
-		}
-		if len(f.in) < 1+n {
-			return
-		}
-		f.message(f.in[:1+n])
-		if f.state == filterFailed {
-			return
-		}
-		f.in = f.in[1+n:]
-	}
-	f.out = append(f.out, f.in...) // filterPassing: what came after the library's part
-	f.in = nil
 }
 
 // passApplication gives pgconn b's bytes up to the end of the ReadyForQuery that ends
@@ -271,13 +281,18 @@ func (f *replyFilter) message(m []byte) {
 		// after an ERROR to the library's part of a Sync group, it skips the
 		// application's messages: the error, then the Sync's ReadyForQuery, are their reply.
 		f.out = append(f.out, m...)
-	case typ == 'E' && f.commit && f.lib.ErrCode != pg.InFailedTransaction:
+	case typ == 'E' && f.commit && !f.then && f.lib.ErrCode != pg.InFailedTransaction:
 		// See Addition.Commit: an error that only says the transaction had already failed
 		// is no cause, COMMIT's ROLLBACK is its own answer then.
 		f.held = append([]byte{}, m...)
 	}
 	switch {
 	case !f.lib.Done:
+	case f.then && !f.lib.Fatal:
+		// The Query ahead is answered: the group's replies pass, up to the portal's.
+		f.then, f.ahead, f.lib, f.kind, f.state = false, f.lib, Reply{}, LibraryPortal, filterApplication
+	case f.then:
+		f.then, f.ahead, f.lib, f.state = false, f.lib, Reply{Done: true, Fatal: true, Err: f.lib.Err, ErrCode: f.lib.ErrCode}, filterPassing
 	case f.held != nil && !f.lib.Fatal:
 		f.state = filterReplacing
 	default:

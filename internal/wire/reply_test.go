@@ -355,6 +355,8 @@ func TestReplyFilterBeforeSync(t *testing.T) {
 		}
 		return out
 	}
+	checkRow := msg(t, &pgproto3.DataRow{Values: [][]byte{[]byte("7713899101641277397"), []byte("1")}})
+	checked := lib(rowDesc, checkRow, cc("SELECT 1"), rfq) // the check ahead of the group (Addition.Ahead)
 	for _, tc := range []struct {
 		name    string
 		execs   int
@@ -362,14 +364,25 @@ func TestReplyFilterBeforeSync(t *testing.T) {
 		value   string
 		errCode string
 		skipped bool
+		// ahead: the stream starts with the check's reply; aheadErr is its SQLSTATE.
+		ahead    bool
+		aheadErr string
 	}{
-		{"an insert, then the xid", 1, cat(app(bound, cc("INSERT 0 1")), lib(parsed, bound, row("741"), cc("SELECT 1")), app(rfq)), "741", "", false},
-		{"insert … returning, then the marker", 1, cat(app(parsed, bound, rowDesc, row("7"), cc("INSERT 0 1")), lib(parsed, bound, row("m742"), cc("SELECT 1")), app(rfq)), "m742", "", false},
-		{"a batch of two", 2, cat(app(bound, cc("INSERT 0 1"), bound, cc("UPDATE 1")), lib(parsed, bound, row("743"), cc("SELECT 1")), app(rfq)), "743", "", false},
-		{"the statement fails: the call is skipped", 1, cat(app(bound, errMsg("ERROR", "23505"), rfq)), "", "", true},
-		{"the second of a batch fails", 2, cat(app(bound, cc("INSERT 0 1"), bound, errMsg("ERROR", "23505"), rfq)), "", "", true},
-		{"the call fails: its error is the transaction's", 1, cat(app(bound, cc("INSERT 0 1")), lib(parsed), app(errMsg("ERROR", "57014"), rfq)), "", "57014", false},
-		{"FATAL during the call", 1, cat(app(bound, cc("INSERT 0 1")), lib(parsed, bound), app(errMsg("FATAL", "57P01"))), "", "57P01", false},
+		{name: "the check ahead, an insert, then the xid", execs: 1, ahead: true,
+			stream: cat(checked, app(bound, cc("INSERT 0 1")), lib(parsed, bound, row("744"), cc("SELECT 1")), app(rfq)), value: "744"},
+		{name: "the check refused, then the insert and the xid", execs: 1, ahead: true, aheadErr: "42501",
+			stream: cat(lib(errMsg("ERROR", "42501"), rfq), app(bound, cc("INSERT 0 1")), lib(parsed, bound, row("745"), cc("SELECT 1")), app(rfq)), value: "745"},
+		{name: "the check ahead, the statement fails: the call is skipped", execs: 1, ahead: true,
+			stream: cat(checked, app(bound, errMsg("ERROR", "23505"), rfq)), skipped: true},
+		{name: "FATAL to the check ahead", execs: 1, ahead: true, aheadErr: "57P01", errCode: "57P01",
+			stream: cat(app(errMsg("FATAL", "57P01")))},
+		{"an insert, then the xid", 1, cat(app(bound, cc("INSERT 0 1")), lib(parsed, bound, row("741"), cc("SELECT 1")), app(rfq)), "741", "", false, false, ""},
+		{"insert … returning, then the marker", 1, cat(app(parsed, bound, rowDesc, row("7"), cc("INSERT 0 1")), lib(parsed, bound, row("m742"), cc("SELECT 1")), app(rfq)), "m742", "", false, false, ""},
+		{"a batch of two", 2, cat(app(bound, cc("INSERT 0 1"), bound, cc("UPDATE 1")), lib(parsed, bound, row("743"), cc("SELECT 1")), app(rfq)), "743", "", false, false, ""},
+		{"the statement fails: the call is skipped", 1, cat(app(bound, errMsg("ERROR", "23505"), rfq)), "", "", true, false, ""},
+		{"the second of a batch fails", 2, cat(app(bound, cc("INSERT 0 1"), bound, errMsg("ERROR", "23505"), rfq)), "", "", true, false, ""},
+		{"the call fails: its error is the transaction's", 1, cat(app(bound, cc("INSERT 0 1")), lib(parsed), app(errMsg("ERROR", "57014"), rfq)), "", "57014", false, false, ""},
+		{"FATAL during the call", 1, cat(app(bound, cc("INSERT 0 1")), lib(parsed, bound), app(errMsg("FATAL", "57P01"))), "", "57P01", false, false, ""},
 	} {
 		for gap := 0; gap <= len(tc.stream); gap++ {
 			for ai, async := range asyncMessages(t) {
@@ -378,6 +391,9 @@ func TestReplyFilterBeforeSync(t *testing.T) {
 				for _, split := range splitsOf(len(input)) {
 					name := fmt.Sprintf("%s/async %d at %d/split %v", tc.name, ai, gap, split)
 					f := &replyFilter{kind: LibraryPortal, commit: true, execs: tc.execs, state: filterApplication}
+					if tc.ahead {
+						f.kind, f.then, f.state = LibraryQuery, true, filterLibrary
+					}
 					out := feedSplit(f, input, split)
 					if f.err != nil {
 						t.Fatalf("%s: %v", name, f.err)
@@ -388,6 +404,9 @@ func TestReplyFilterBeforeSync(t *testing.T) {
 					r := f.lib
 					if !r.Done || string(r.Value) != tc.value || r.ErrCode != tc.errCode || r.Skipped != tc.skipped || !f.finished() {
 						t.Fatalf("%s: library read %+v, state %d; want value %q, error %q, skipped %v", name, r, f.state, tc.value, tc.errCode, tc.skipped)
+					}
+					if a := f.ahead; tc.ahead && (!a.Done || a.ErrCode != tc.aheadErr || tc.aheadErr == "" && len(a.Row) != 2) {
+						t.Fatalf("%s: the check ahead read %+v, want error %q", name, a, tc.aheadErr)
 					}
 				}
 			}

@@ -32,6 +32,12 @@ type Addition struct {
 	// application's messages and before their Sync, where the server runs it only if
 	// none of theirs failed, and answers it after their last Execute's completion.
 	Extended bool
+	// Ahead, with LibraryPortal: a Query of the library's (LibraryQuery) that goes ahead of
+	// the group too, as a Query of its own, answered up to its ReadyForQuery before the
+	// group's first reply (AheadReply): the connection's check, riding with its first
+	// implicit transaction beside that transaction's own call.
+	Ahead []byte
+	ahead Reply
 	// AnyQuery: ahead of a write that is exactly one simple Query, whatever its text (pgx's
 	// simple protocol writes the arguments into the text), or, with Extended, of one
 	// extended-protocol Sync group that executes (not a prepare's).
@@ -73,6 +79,10 @@ func (a *Addition) Sent() bool { return a.state >= additionWritten }
 // collected.
 func (a *Addition) Reply() Reply { return a.reply }
 
+// AheadReply returns what the server answered to a's Query ahead of the group (Ahead), as
+// far as it was read.
+func (a *Addition) AheadReply() Reply { return a.ahead }
+
 // addTo returns b with a's message added, and how many of its first bytes are the
 // library's alone (ahead of b); ok is false, and nothing is added, unless b is a write a
 // was armed for: ahead, exactly one simple Query of the text Match — a batch, a
@@ -95,13 +105,13 @@ func (a *Addition) addTo(b []byte) (out []byte, cut int, ok bool) {
 			// runs a transaction of its own (inside.go in package reference counts them).
 			return nil, 0, false
 		case a.Kind == LibraryPortal:
-			if execs == 0 {
+			if execs == 0 || len(a.Ahead) > 0 && bindsEarlierUnnamed(b) {
 				return nil, 0, false
 			}
 			a.execs = execs
 			sync := len(b) - 5
-			out = append(append(append(make([]byte, 0, len(a.Msg)+len(b)), b[:sync]...), a.Msg...), b[sync:]...)
-			return out, 0, true
+			out = append(append(append(append(make([]byte, 0, len(a.Ahead)+len(a.Msg)+len(b)), a.Ahead...), b[:sync]...), a.Msg...), b[sync:]...)
+			return out, len(a.Ahead), true
 		case bindsEarlierUnnamed(b):
 			return nil, 0, false
 		}
@@ -257,7 +267,11 @@ func (s *splice) arm(a *Addition) {
 // Write returns.
 func (s *splice) start(a *Addition) {
 	s.filter = &replyFilter{kind: a.Kind, after: a.After, commit: a.Commit, syncs: a.syncs, execs: a.execs}
-	if a.After || a.execs > 0 {
+	switch {
+	case len(a.Ahead) > 0:
+		// The Query ahead first, then the group's replies and the portal's among them.
+		s.filter.kind, s.filter.then = LibraryQuery, true
+	case a.After || a.execs > 0:
 		s.filter.state = filterApplication
 	}
 	s.added = a
@@ -268,7 +282,7 @@ func (s *splice) start(a *Addition) {
 // through.
 func (s *splice) end() {
 	if s.added != nil {
-		s.added.reply = s.filter.lib
+		s.added.reply, s.added.ahead = s.filter.lib, s.filter.ahead
 		s.added.state = additionReplied
 	}
 	s.filter = nil
@@ -283,7 +297,7 @@ func (s *splice) collect(final bool) (a *Addition, pending bool) {
 		return nil, false
 	}
 	if s.filter != nil {
-		a.reply = s.filter.lib // as far as it was read
+		a.reply, a.ahead = s.filter.lib, s.filter.ahead // as far as it was read
 	}
 	if a.After && a.state == additionWritten && !a.reply.Done && !final {
 		return nil, true
