@@ -115,7 +115,13 @@ type Reconciliation struct {
 // is held: on a reconciliation worker; for an outcome pending at [Tracer.Close], on
 // Close's goroutine; for a frame ending after Close, on a goroutine of its own, started
 // as the frame ends, so it may use any connection, the frame's too. It should not block
-// for long, nor call [Tracer.Close] (which waits for the workers).
+// for long, nor call [Tracer.Close] (which waits for the workers). A nil fn is an error.
 func WithOnReconciled(fn func(Reconciliation)) AutoReconcileOption {
-	return autoOptionFunc(func(c *autoConfig) { c.onReconciled = fn })
+	return autoOptionFunc(func(c *autoConfig) {
+		if fn == nil {
+			refuse(&c.err, invalid("WithOnReconciled: nil function"))
+			return
+		}
+		c.onReconciled = fn
+	})
 }

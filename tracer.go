@@ -270,10 +270,14 @@ func (t *core) netConnClosed(st *connState) {
 // so is every frame that ends indeterminate after Close (its callback on a goroutine of
 // its own, since the frame's may hold a lock of its connection's). Call it after the application
 // stopped using the pool, and before closing the db it reconciles with. It returns
-// ctx's error if ctx ended first; calling it again does nothing.
+// ctx's error if ctx ended first; calling it again does nothing. A nil ctx is an error
+// wrapping [ErrInvalidArgument], and closes nothing: call it again with a context.
 func (t *Tracer) Close(ctx context.Context) error {
 	if t == nil {
 		return nil
+	}
+	if ctx == nil {
+		return invalid("Tracer.Close: nil context")
 	}
 	t.pool.close()
 	if t.auto == nil {
