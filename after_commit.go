@@ -11,6 +11,9 @@ import (
 // A rollback discards it. A failing hook turns the owner's result into
 // CommittedWithPostCommitFailure: the commit is not undone.
 func AfterCommit(ctx context.Context, hook func(context.Context) error) error {
+	if ctx == nil {
+		return invalid("AfterCommit: nil context")
+	}
 	if hook == nil {
 		return invalid("AfterCommit: nil hook")
 	}

@@ -97,7 +97,9 @@ func (a *autoReconciler) enqueue(e *ending) {
 	switch {
 	case a.closed:
 		a.mu.Unlock()
-		a.leave(p)
+		// No worker is left to hand it to, and this goroutine may hold its connection's
+		// lock: the callback runs on a goroutine of its own (see settle).
+		a.leave(p, true)
 		return
 	case !p.hasRef:
 		// Nothing to ask; settled by a worker all the same, not here: the frame's goroutine
@@ -175,7 +177,7 @@ func (a *autoReconciler) next() (p *pendingOutcome, wait time.Duration, closed b
 // reconcile wait); an answer that may still change is retried after a backoff.
 func (a *autoReconciler) ask(p *pendingOutcome) {
 	if p.final != nil {
-		a.settle(p, *p.final)
+		a.settle(p, *p.final, false)
 		return
 	}
 	var res reconcile.Answer
@@ -203,22 +205,34 @@ func (a *autoReconciler) ask(p *pendingOutcome) {
 	}
 	delete(a.pending, p)
 	a.mu.Unlock()
-	a.settle(p, res)
+	a.settle(p, res, false)
 }
 
-// settle counts the final answer and hands it to the application.
-func (a *autoReconciler) settle(p *pendingOutcome, res reconcile.Answer) {
+// settle counts the final answer and hands it to the application. The callback is the
+// application's code, which may take any lock or use any connection, so it never runs
+// where a lock of the library's may be held: on a worker or Close's goroutine, which hold
+// none, or, when late (a frame ending after Close, on the goroutine that ended it, which
+// may hold its connection's), on a goroutine of its own, which ends when the callback
+// returns.
+func (a *autoReconciler) settle(p *pendingOutcome, res reconcile.Answer, late bool) {
 	p.waiter.settled(res)
 	a.metrics.record(res, time.Since(p.at))
-	if a.cfg.onReconciled != nil {
-		a.cfg.onReconciled(Reconciliation{OperationID: p.id, Answer: res, TraceParent: schema.TraceParent(p.link),
-			IndeterminateAt: p.at, Attempts: p.attempts, CommittedLocally: p.local})
+	fn := a.cfg.onReconciled
+	if fn == nil {
+		return
 	}
+	r := Reconciliation{OperationID: p.id, Answer: res, TraceParent: schema.TraceParent(p.link),
+		IndeterminateAt: p.at, Attempts: p.attempts, CommittedLocally: p.local}
+	if late {
+		go fn(r)
+		return
+	}
+	fn(r)
 }
 
 // leave writes what the operator command needs to settle p later, and settles it
-// unknown with reason stopped.
-func (a *autoReconciler) leave(p *pendingOutcome) {
+// unknown with reason stopped; late as settle's.
+func (a *autoReconciler) leave(p *pendingOutcome, late bool) {
 	attrs := []slog.Attr{
 		slog.String(string(OperationIDKey), p.id.String()),
 		slog.Time("indeterminate_at", p.at),
@@ -231,7 +245,7 @@ func (a *autoReconciler) leave(p *pendingOutcome) {
 		attrs = append(attrs, slog.String("trace_id", p.link.TraceID().String()), slog.String("span_id", p.link.SpanID().String()))
 	}
 	a.log().LogAttrs(context.Background(), slog.LevelWarn, MessagePendingAtShutdown, attrs...)
-	a.settle(p, reconcile.UnknownAnswer(reconcile.ReasonStopped, p.ref))
+	a.settle(p, reconcile.UnknownAnswer(reconcile.ReasonStopped, p.ref), late)
 }
 
 // MessagePendingAtShutdown is the message of the log record [Tracer.Close] writes for each
@@ -270,7 +284,7 @@ func (a *autoReconciler) close(ctx context.Context) error {
 			if p.final != nil || !p.hasRef {
 				a.ask(p) // asks nothing
 			} else {
-				a.leave(p)
+				a.leave(p, false) // Close's goroutine holds no lock of the library's
 			}
 		}
 		a.metrics.unregister()

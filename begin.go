@@ -18,6 +18,9 @@ import (
 // and ctx is returned as it was. A nil db, or a nil *pgxpool.Pool or *pgx.Conn, is an
 // error wrapping [ErrInvalidArgument].
 func Begin(ctx context.Context, db DB, txOptions pgx.TxOptions) (context.Context, pgx.Tx, error) {
+	if ctx == nil {
+		return nil, nil, invalid("Begin: nil context")
+	}
 	if db == nil {
 		return ctx, nil, invalid("Begin: nil db")
 	}

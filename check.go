@@ -10,6 +10,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/txevidence/otelpgxtx/classifier"
+	"github.com/txevidence/otelpgxtx/internal/pg"
 	"github.com/txevidence/otelpgxtx/internal/reference"
 )
 
@@ -22,7 +23,8 @@ import (
 // reconcile.MarkerTableDDL makes. Give it the pool the tracer instruments, or a connection
 // to the same database as the same role. It runs the query each connection's own check
 // runs, once, outside any transaction; without references it asks nothing and returns nil.
-// An error says what to fix; a nil db is an error wrapping [ErrInvalidArgument].
+// An error says what to fix; a nil context or db (a typed nil pool or connection too) is
+// an error wrapping [ErrInvalidArgument].
 func (t *Tracer) Check(ctx context.Context, db interface {
 	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
 }) error {
@@ -33,6 +35,8 @@ func (t *Tracer) Check(ctx context.Context, db interface {
 		return invalid("Tracer.Check: nil context")
 	case db == nil:
 		return invalid("Tracer.Check: nil db")
+	case pg.IsNilHandle(db):
+		return invalid("Tracer.Check: nil %T", db)
 	}
 	refs := t.cfg.references()
 	if refs.Mode == reference.None {

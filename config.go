@@ -11,6 +11,7 @@ import (
 	"go.opentelemetry.io/otel/metric"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/txevidence/otelpgxtx/internal/pg"
 	"github.com/txevidence/otelpgxtx/internal/reference"
 )
 
@@ -98,20 +99,27 @@ func newConfig(opts []Option) config {
 }
 
 // WithTracerProvider sets the tracer provider; the global one by default. A nil provider
-// keeps the default. (A reconcile.Reconciler has an option of its own.)
+// keeps the default; a typed nil one (a nil *sdktrace.TracerProvider) is an error, since
+// it would panic at the first span. (A reconcile.Reconciler has an option of its own.)
 func WithTracerProvider(tp trace.TracerProvider) Option {
 	return optionFunc(func(c *config) {
-		if tp != nil {
+		switch {
+		case pg.IsNilHandle(tp):
+			refuse(&c.err, invalid("WithTracerProvider: nil %T", tp))
+		case tp != nil:
 			c.tracerProvider = tp
 		}
 	})
 }
 
 // WithMeterProvider sets the meter provider; the global one by default. A nil provider
-// keeps the default.
+// keeps the default; a typed nil one is an error.
 func WithMeterProvider(mp metric.MeterProvider) Option {
 	return optionFunc(func(c *config) {
-		if mp != nil {
+		switch {
+		case pg.IsNilHandle(mp):
+			refuse(&c.err, invalid("WithMeterProvider: nil %T", mp))
+		case mp != nil:
 			c.meterProvider = mp
 		}
 	})
@@ -150,8 +158,13 @@ func WithStatusMapping(m StatusMapping) Option {
 // would be without this package, and its spans get no attribute of this package's;
 // [WithSanitizedInnerTracer] hands it what the default otelpgx tracer gets instead.
 // A tracer the connection config already has when it is instrumented is passed here.
+// A typed nil tracer (a nil pointer of a tracer type) is an error.
 func WithInnerTracer(inner pgx.QueryTracer) Option {
 	return optionFunc(func(c *config) {
+		if pg.IsNilHandle(inner) {
+			refuse(&c.err, invalid("WithInnerTracer: nil %T (a plain nil turns statement spans off)", inner))
+			return
+		}
 		c.inner, c.innerSet = inner, true
 	})
 }
@@ -170,9 +183,16 @@ func WithSanitizedInnerTracer() Option {
 // WithOtelpgxOptions passes options to the default otelpgx inner tracer (for example
 // otelpgx.WithTrimSQLInSpanName()). The providers are set for it already, and so is its
 // span name function: otelpgx.SQLOperationName, from the tracer's cache of SQL strings. They
-// are passed after those, so an otelpgx.WithSpanNameFunc of yours replaces it.
+// are passed after those, so an otelpgx.WithSpanNameFunc of yours replaces it. A nil
+// option is an error (otelpgx would panic on it).
 func WithOtelpgxOptions(opts ...otelpgx.Option) Option {
 	return optionFunc(func(c *config) {
+		for i, o := range opts {
+			if o == nil || pg.IsNilHandle(o) {
+				refuse(&c.err, invalid("WithOtelpgxOptions: option %d is nil", i))
+				return
+			}
+		}
 		c.otelpgxOptions = append(c.otelpgxOptions, opts...)
 	})
 }
@@ -182,18 +202,31 @@ func WithOtelpgxOptions(opts ...otelpgx.Option) Option {
 
 // WithSpanAttributes adds attributes to every frame span, and to the statement spans of
 // the default otelpgx inner tracer (otelpgx.WithTracerAttributes): service-level facts,
-// not per-transaction ones. Metrics do not get them; see [WithMeterAttributes].
+// not per-transaction ones. Metrics do not get them; see [WithMeterAttributes]. A key the
+// library writes itself is an error naming it: every tx.* key, and the semantic
+// conventions' keys it sets (db.system.name, db.namespace, db.operation.name,
+// db.query.summary, db.response.status_code, error.type, server.address, server.port, the
+// pool metrics' db.client.connection.*), so that tx.outcome=… is only ever a frame's.
 func WithSpanAttributes(attrs ...attribute.KeyValue) Option {
 	return optionFunc(func(c *config) {
+		if err := checkAttributes("WithSpanAttributes", attrs); err != nil {
+			refuse(&c.err, err)
+			return
+		}
 		c.spanAttributes = append(c.spanAttributes, attrs...)
 	})
 }
 
 // WithMeterAttributes adds attributes to every measurement of the transaction metrics,
 // and of the default otelpgx inner tracer's metrics (otelpgx.WithMeterAttributes). Each
-// distinct value is a time series of its own: keep them few and fixed.
+// distinct value is a time series of its own: keep them few and fixed. A key the library
+// writes itself is an error, as with [WithSpanAttributes].
 func WithMeterAttributes(attrs ...attribute.KeyValue) Option {
 	return optionFunc(func(c *config) {
+		if err := checkAttributes("WithMeterAttributes", attrs); err != nil {
+			refuse(&c.err, err)
+			return
+		}
 		c.meterAttributes = append(c.meterAttributes, attrs...)
 	})
 }
@@ -223,9 +256,27 @@ func WithSpanNameCtxFunc(fn SpanNameCtxFunc) Option {
 type Filter func(ctx context.Context, begin string) bool
 
 // WithFilter records a frame span only for the transactions for which every filter
-// returns true. Filters run once per frame, on the caller's goroutine.
+// returns true. Filters run once per frame, on the caller's goroutine. A nil filter is an
+// error.
 func WithFilter(f ...Filter) Option {
-	return optionFunc(func(c *config) { c.filter = allOf(c.filter, f) })
+	return optionFunc(func(c *config) {
+		if err := checkFuncs("WithFilter", f); err != nil {
+			refuse(&c.err, err)
+			return
+		}
+		c.filter = allOf(c.filter, f)
+	})
+}
+
+// checkFuncs refuses a nil function among fns, the arguments of option name: a nil
+// function is a variable never set, not a wish for no filter.
+func checkFuncs[F any](name string, fns []F) error {
+	for i, fn := range fns {
+		if pg.IsNilHandle(fn) {
+			return invalid("%s: function %d is nil", name, i)
+		}
+	}
+	return nil
 }
 
 // allOf returns a filter that passes what prev (nil: none) and every filter of fs that is
@@ -261,8 +312,16 @@ type ImplicitFilter func(ctx context.Context, sql string) bool
 // leave them all out:
 //
 //	otelpgxtx.WithImplicitFilter(func(context.Context, string) bool { return false })
+//
+// A nil filter is an error.
 func WithImplicitFilter(f ...ImplicitFilter) Option {
-	return optionFunc(func(c *config) { c.implicitFilter = allOf(c.implicitFilter, f) })
+	return optionFunc(func(c *config) {
+		if err := checkFuncs("WithImplicitFilter", f); err != nil {
+			refuse(&c.err, err)
+			return
+		}
+		c.implicitFilter = allOf(c.implicitFilter, f)
+	})
 }
 
 // WithImplicitFrameSpans gives every implicit transaction's frame a span of its own (named

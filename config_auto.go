@@ -111,10 +111,17 @@ type Reconciliation struct {
 
 // WithOnReconciled registers fn to receive the final [Reconciliation] of every frame
 // given to automatic reconciliation, exactly once per frame: to resume follow-up work of
-// a commit that turned out committed, say. It runs on a reconciliation worker — for an
-// outcome pending at [Tracer.Close], on Close's goroutine; for a frame ending after Close,
-// on the goroutine that ended it — and should neither block for long, nor use the frame's
-// connection, nor call [Tracer.Close] (which waits for the workers).
+// a commit that turned out committed, say. It never runs where a lock of the library's
+// is held: on a reconciliation worker; for an outcome pending at [Tracer.Close], on
+// Close's goroutine; for a frame ending after Close, on a goroutine of its own, started
+// as the frame ends, so it may use any connection, the frame's too. It should not block
+// for long, nor call [Tracer.Close] (which waits for the workers). A nil fn is an error.
 func WithOnReconciled(fn func(Reconciliation)) AutoReconcileOption {
-	return autoOptionFunc(func(c *autoConfig) { c.onReconciled = fn })
+	return autoOptionFunc(func(c *autoConfig) {
+		if fn == nil {
+			refuse(&c.err, invalid("WithOnReconciled: nil function"))
+			return
+		}
+		c.onReconciled = fn
+	})
 }

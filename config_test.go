@@ -214,7 +214,6 @@ func TestFilter(t *testing.T) {
 	var logs bytes.Buffer
 	var asked atomic.Int32
 	h := newHarness(t, "", 2, WithLogger(slog.New(slog.NewTextHandler(&logs, nil))), WithFilter(
-		nil, // ignored
 		func(ctx context.Context, begin string) bool { asked.Add(1); return true },
 		func(ctx context.Context, begin string) bool { return ctx.Value(skipKey{}) == nil },
 	))

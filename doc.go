@@ -96,7 +96,11 @@
 // tracer provider, its error messages). The tracer's are declared in config.go (the
 // commit references' in config_reference.go), automatic reconciliation's in
 // config_auto.go, Retry's in retry.go. A [Policy] configures one [Run] call. An option
-// value that is refused is an error wrapping [ErrInvalidArgument] that names the option.
+// value that is refused is an error wrapping [ErrInvalidArgument] that names the option,
+// and so is a nil option argument without a documented meaning (a nil function, a typed
+// nil provider): no bad argument makes the library panic. [WithSpanAttributes] and
+// [WithMeterAttributes] refuse a key the library writes itself (every tx.* key, and the
+// semantic conventions' keys it sets), so that tx.outcome is only ever a frame's.
 //
 // # Frames
 //

@@ -14,8 +14,10 @@ import (
 
 // ErrInvalidArgument is wrapped by every error about a bad argument to [InstrumentPool],
 // [InstrumentConnConfig], [Run], [Retry], [Begin], [AfterCommit], [Tracer.Check],
-// [NewVerdict] (through [Verdict.Result]) or an option: a nil config, db, context or
-// function, a config instrumented already, an invalid policy, an option value refused. It
+// [Tracer.Close], [NewVerdict] (through [Verdict.Result]) or an option: a nil config, db,
+// context or function (a typed nil pool, connection or provider too), a config
+// instrumented already, an invalid policy, an option value refused. No bad argument makes
+// the library panic. It
 // is reconcile.ErrInvalidArgument, the same error, so that one errors.Is tells bad input
 // from a database failure whichever package reported it.
 var ErrInvalidArgument = errs.ErrInvalidArgument

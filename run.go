@@ -32,11 +32,11 @@ import (
 //   - A panic in fn rolls back, ends the frame as rolled_back, and panics again.
 //   - Once Run has returned, tx and every handle derived from it (savepoints,
 //     LargeObjects) fail with an error wrapping pgx.ErrTxClosed and send nothing.
-//   - Bad input (nil db or fn, an invalid policy, RequiresNew on the outer
+//   - Bad input (a nil context, db or fn, an invalid policy, RequiresNew on the outer
 //     transaction's own connection) returns a DeterminateRollback in phase not_started
 //     whose cause wraps [ErrInvalidArgument]; nothing was begun.
 func Run[T any](ctx context.Context, db DB, policy Policy, fn func(ctx context.Context, tx pgx.Tx) (T, error)) outcome.Result[T] {
-	if err := checkRun(db, fn != nil, policy); err != nil {
+	if err := checkRun(ctx, db, fn != nil, policy); err != nil {
 		return notStarted[T](err)
 	}
 	sc := scopeFromContext(ctx)
@@ -68,8 +68,10 @@ func Run[T any](ctx context.Context, db DB, policy Policy, fn func(ctx context.C
 }
 
 // checkRun refuses Run's bad input before anything is begun.
-func checkRun(db DB, hasFn bool, p Policy) error {
+func checkRun(ctx context.Context, db DB, hasFn bool, p Policy) error {
 	switch {
+	case ctx == nil:
+		return invalid("Run: nil context")
 	case db == nil:
 		return invalid("Run: nil db")
 	case pg.IsNilHandle(db):

@@ -1,6 +1,8 @@
 package otelpgxtx
 
 import (
+	"strings"
+
 	"go.opentelemetry.io/otel/attribute"
 	semconv "go.opentelemetry.io/otel/semconv/v1.43.0"
 
@@ -191,3 +193,28 @@ const (
 	// expected one ([WithExpectedErrors]).
 	RollbackFailure = "failure"
 )
+
+// ownKeys are the semantic conventions' keys the library writes on its spans and metrics
+// (besides every tx.* key): an attribute of the application's under one of them would
+// overwrite the library's value, or stand where the library writes none.
+var ownKeys = map[attribute.Key]bool{
+	dbSystemNameKey: true, dbNamespaceKey: true, dbResponseStatusKey: true, dbOperationNameKey: true,
+	dbQuerySummaryKey: true, serverAddressKey: true, serverPortKey: true, errorTypeKey: true,
+	poolNameKey: true, connectionStateKey: true,
+}
+
+// ownKey reports whether k is a key the library writes itself: the tx.* namespace is the
+// library's, all of it, so that a key it adds later is never already the application's.
+func ownKey(k attribute.Key) bool {
+	return strings.HasPrefix(string(k), "tx.") || ownKeys[k]
+}
+
+// checkAttributes refuses, for option name, an attribute under a key the library writes.
+func checkAttributes(name string, attrs []attribute.KeyValue) error {
+	for _, kv := range attrs {
+		if ownKey(kv.Key) {
+			return invalid("%s: %s is a key the library writes itself", name, kv.Key)
+		}
+	}
+	return nil
+}

@@ -267,12 +267,17 @@ func (t *core) netConnClosed(st *connState) {
 // ([MessagePendingAtShutdown], with its operation id and reference, on the [WithLogger]
 // logger, else slog's default) for "otelpgxtx reconcile" to settle it after the restart,
 // and is handed to the [WithOnReconciled] callback unknown with reason [reconcile.ReasonStopped];
-// so is every frame that ends indeterminate after Close. Call it after the application
+// so is every frame that ends indeterminate after Close (its callback on a goroutine of
+// its own, since the frame's may hold a lock of its connection's). Call it after the application
 // stopped using the pool, and before closing the db it reconciles with. It returns
-// ctx's error if ctx ended first; calling it again does nothing.
+// ctx's error if ctx ended first; calling it again does nothing. A nil ctx is an error
+// wrapping [ErrInvalidArgument], and closes nothing: call it again with a context.
 func (t *Tracer) Close(ctx context.Context) error {
 	if t == nil {
 		return nil
+	}
+	if ctx == nil {
+		return invalid("Tracer.Close: nil context")
 	}
 	t.pool.close()
 	if t.auto == nil {

@@ -47,9 +47,11 @@ func (s ServerKind) String() string {
 // and none of crdb_version, mz_version, or a server_version naming YugabyteDB ("-YB-") is
 // taken for PostgreSQL: a server that claims to be PostgreSQL gets PostgreSQL's rules, so
 // the claim is the limit of what this can tell. A pooler in between (PgBouncer) passes on
-// the server's own parameters.
+// the server's own parameters. A nil param reports nothing: ServerUnknown.
 func ServerOf(param func(name string) string) ServerKind {
 	switch {
+	case param == nil:
+		return ServerUnknown
 	case param("crdb_version") != "":
 		return ServerCockroachDB
 	case param("mz_version") != "":

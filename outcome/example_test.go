@@ -63,5 +63,5 @@ func ExampleResult() {
 	// rolled_back                        rolled back in committing (ERROR: could not serialize access (SQLSTATE 40001)): retry
 	// indeterminate                      indeterminate (unexpected EOF): reconcile pg:7350493852390428123/1/748, never replay
 	// committed_with_post_commit_failure committed 7, but after the commit: publish event: broker down
-	// outcome: a determinate rollback cannot be observed in phase committed
+	// outcome: invalid argument: a determinate rollback cannot be observed in phase committed
 }

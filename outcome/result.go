@@ -1,9 +1,6 @@
 package outcome
 
-import (
-	"errors"
-	"fmt"
-)
+import "github.com/txevidence/otelpgxtx/internal/errs"
 
 // Result is how one transaction call ended, with what the caller may rely on. It is
 // sealed: its five variants are the only implementations, so a type switch over them is
@@ -95,10 +92,10 @@ type DeterminateRollback[T any] struct {
 // unknown, or rolled_back itself, which names no moment).
 func NewDeterminateRollback[T any](id OperationID, phase Phase, cause error, retryable bool) (DeterminateRollback[T], error) {
 	if cause == nil {
-		return DeterminateRollback[T]{}, errors.New("outcome: a determinate rollback needs its cause")
+		return DeterminateRollback[T]{}, invalid("a determinate rollback needs its cause")
 	}
 	if phase != PhaseNotStarted && phase != PhaseActive && phase != PhaseCommitting {
-		return DeterminateRollback[T]{}, fmt.Errorf("outcome: a determinate rollback cannot be observed in phase %s", phase)
+		return DeterminateRollback[T]{}, invalid("a determinate rollback cannot be observed in phase %s", phase)
 	}
 	return DeterminateRollback[T]{id: id, phase: phase, cause: cause, retryable: retryable}, nil
 }
@@ -140,10 +137,10 @@ type Indeterminate[T any] struct {
 // which the outcome could not be reconciled or even found.
 func NewIndeterminate[T any](id OperationID, cause error, ref *ReconciliationRef, committedLocally bool) (Indeterminate[T], error) {
 	if cause == nil {
-		return Indeterminate[T]{}, errors.New("outcome: an indeterminate outcome needs the failure that made it unknown")
+		return Indeterminate[T]{}, invalid("an indeterminate outcome needs the failure that made it unknown")
 	}
 	if id.IsZero() {
-		return Indeterminate[T]{}, errors.New("outcome: an indeterminate outcome needs an operation id")
+		return Indeterminate[T]{}, invalid("an indeterminate outcome needs an operation id")
 	}
 	r := Indeterminate[T]{id: id, cause: cause, committedLocally: committedLocally}
 	if ref != nil {
@@ -194,7 +191,7 @@ type CommittedWithPostCommitFailure[T any] struct {
 // NewCommittedWithPostCommitFailure returns the result; it refuses a nil failure.
 func NewCommittedWithPostCommitFailure[T any](id OperationID, value T, failure error) (CommittedWithPostCommitFailure[T], error) {
 	if failure == nil {
-		return CommittedWithPostCommitFailure[T]{}, errors.New("outcome: a post-commit failure needs the failure")
+		return CommittedWithPostCommitFailure[T]{}, invalid("a post-commit failure needs the failure")
 	}
 	return CommittedWithPostCommitFailure[T]{id: id, value: value, failure: failure}, nil
 }
@@ -214,3 +211,7 @@ func (r CommittedWithPostCommitFailure[T]) Value() T { return r.value }
 func (r CommittedWithPostCommitFailure[T]) Failure() error { return r.failure }
 
 func (CommittedWithPostCommitFailure[T]) sealed(T) {}
+
+// invalid is an error of this package wrapping the module's ErrInvalidArgument
+// (otelpgxtx.ErrInvalidArgument): a constructor's argument refused.
+var invalid = errs.Package("outcome").Invalid

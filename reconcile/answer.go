@@ -128,8 +128,12 @@ type AnswerError struct {
 	Err    error
 }
 
-// Error says the answer, its reason, and the failure.
+// Error says the answer, its reason, and the failure; of a nil *AnswerError, that it is
+// nil, rather than panic inside the caller's logging.
 func (e *AnswerError) Error() string {
+	if e == nil {
+		return "reconcile: <nil *AnswerError>"
+	}
 	s := "reconcile: " + e.Answer.status.String()
 	if e.Answer.reason != "" {
 		s += " (" + e.Answer.reason + ")"
@@ -140,5 +144,11 @@ func (e *AnswerError) Error() string {
 	return s
 }
 
-// Unwrap returns the failure that left the commit's outcome unknown.
-func (e *AnswerError) Unwrap() error { return e.Err }
+// Unwrap returns the failure that left the commit's outcome unknown (nil for a nil
+// *AnswerError).
+func (e *AnswerError) Unwrap() error {
+	if e == nil {
+		return nil
+	}
+	return e.Err
+}

@@ -88,8 +88,8 @@ func PruneMarkers(ctx context.Context, db interface {
 	if err != nil {
 		return 0, invalid("PruneMarkers: %v", err)
 	}
-	if db == nil || pg.IsNilHandle(db) || retention <= 0 {
-		return 0, invalid("PruneMarkers: nil db or non-positive retention")
+	if ctx == nil || db == nil || pg.IsNilHandle(db) || retention <= 0 {
+		return 0, invalid("PruneMarkers: nil context or db, or non-positive retention")
 	}
 	tag, err := db.Exec(ctx, "with h as (insert into "+name+" as m (operation_id, fenced, created_at) "+
 		"values ('"+horizonID+"', true, now() - $1::bigint * interval '1 microsecond') "+
@@ -127,6 +127,9 @@ const prunedMargin = 10 * time.Minute
 // one. Without a reference the time of the operation is unknown too: once the table has
 // been pruned, absence is unknown, [ReasonMarkerPruned].
 func (r *Reconciler) ResolveAssertedMarker(ctx context.Context, table pgx.Identifier, op outcome.OperationID, link trace.SpanContext) (Answer, error) {
+	if err := r.check("ResolveAssertedMarker", ctx); err != nil {
+		return Answer{}, err
+	}
 	name, err := markertable.Quote(table...)
 	if err != nil {
 		return Answer{}, invalid("ResolveAssertedMarker: %v", err)

@@ -81,10 +81,16 @@ func WithLogger(l *slog.Logger) Option {
 }
 
 // WithTracerProvider sets the tracer provider of the tx.reconcile spans; the global one
-// by default. A nil provider keeps the default.
+// by default. A nil provider keeps the default; a typed nil one (a nil
+// *sdktrace.TracerProvider) is an error, since it would panic at the first span.
 func WithTracerProvider(tp trace.TracerProvider) Option {
 	return optionFunc(func(c *config) {
-		if tp != nil {
+		switch {
+		case pg.IsNilHandle(tp):
+			if c.err == nil { // the first refused is the one reported
+				c.err = invalid("WithTracerProvider: nil %T", tp)
+			}
+		case tp != nil:
 			c.tracerProvider = tp
 		}
 	})
@@ -162,7 +168,10 @@ func New(db Querier, opts ...Option) (*Reconciler, error) {
 // reference, linking its span to the frame that observed it (from the result's
 // traceparent). A result without a reference stays unknown, [ReasonNoReference].
 func Indeterminate[T any](ctx context.Context, r *Reconciler, ind outcome.Indeterminate[T]) (Answer, error) {
-	if r == nil {
+	switch {
+	case ctx == nil:
+		return Answer{}, invalid("Indeterminate: nil context")
+	case r == nil:
 		return Answer{}, invalid("Indeterminate: nil reconciler")
 	}
 	var refp *outcome.ReconciliationRef
@@ -175,6 +184,9 @@ func Indeterminate[T any](ctx context.Context, r *Reconciler, ind outcome.Indete
 // Resolve settles the transaction a reference names (one stored, say, with the operation
 // in a queue). link, if valid, is the span that observed the indeterminate outcome.
 func (r *Reconciler) Resolve(ctx context.Context, ref outcome.ReconciliationRef, link trace.SpanContext) (Answer, error) {
+	if err := r.check("Resolve", ctx); err != nil {
+		return Answer{ref: ref}, err
+	}
 	if err := ref.Validate(); err != nil {
 		return Answer{ref: ref}, invalid("Resolve: %w", err)
 	}
@@ -186,6 +198,13 @@ func (r *Reconciler) Resolve(ctx context.Context, ref outcome.ReconciliationRef,
 // tx.reconcile span naming op and linked to link. It is what automatic reconciliation
 // asks for each indeterminate frame.
 func (r *Reconciler) ResolveOperation(ctx context.Context, op outcome.OperationID, ref *outcome.ReconciliationRef, link trace.SpanContext) (Answer, error) {
+	if err := r.check("ResolveOperation", ctx); err != nil {
+		var a Answer
+		if ref != nil {
+			a.ref = *ref
+		}
+		return a, err
+	}
 	if ref == nil {
 		return r.trace(ctx, link, op, outcome.ReconciliationRef{}, func(context.Context) (Answer, error) {
 			return Answer{reason: ReasonNoReference}, nil
@@ -195,6 +214,18 @@ func (r *Reconciler) ResolveOperation(ctx context.Context, op outcome.OperationI
 		return Answer{ref: *ref}, invalid("ResolveOperation: %w", err)
 	}
 	return r.resolve(ctx, *ref, link, op)
+}
+
+// check refuses a call of method name on a nil *Reconciler or with a nil context, which
+// would panic inside.
+func (r *Reconciler) check(name string, ctx context.Context) error {
+	switch {
+	case r == nil:
+		return invalid("%s: nil *Reconciler (make one with New)", name)
+	case ctx == nil:
+		return invalid("%s: nil context", name)
+	}
+	return nil
 }
 
 // resolve is Resolve for a validated reference, in a tx.reconcile span; id names the

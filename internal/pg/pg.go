@@ -7,12 +7,11 @@ package pg
 import (
 	"errors"
 	"fmt"
+	"reflect"
 	"strconv"
 	"strings"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
-	"github.com/jackc/pgx/v5/pgxpool"
 )
 
 // TimelineSQL is the timeline the server writes WAL on, the first eight hex digits of
@@ -114,13 +113,16 @@ func FatalError(err error) bool {
 	return ok && Fatal(pgErr.Severity, pgErr.SeverityUnlocalized)
 }
 
-// IsNilHandle reports a typed nil pool or connection, which would panic on first use.
+// IsNilHandle reports a typed nil in an interface — a nil *pgxpool.Pool or *pgx.Conn, or
+// a nil pointer, func, map or channel of any other type — which would panic on first use
+// where a plain nil is refused.
 func IsNilHandle(v any) bool {
-	switch v := v.(type) {
-	case *pgxpool.Pool:
-		return v == nil
-	case *pgx.Conn:
-		return v == nil
+	if v == nil {
+		return false
+	}
+	switch rv := reflect.ValueOf(v); rv.Kind() {
+	case reflect.Pointer, reflect.Func, reflect.Map, reflect.Chan, reflect.UnsafePointer:
+		return rv.IsNil()
 	}
 	return false
 }
