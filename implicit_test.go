@@ -223,10 +223,15 @@ var implicitFaults = []implicitFault{
 		w.waitFatal(t) // its FATAL waits in the socket
 	}, want: outcome.OutcomeRolledBack, reason: "session_ended_before_commit"},
 	{name: "server stopped (fast) and restarted while idle", arm: func(t *testing.T, w *implicitSetup, _ int) {
-		w.pid(t)                      // the pool's connection is open before the stop
+		// The pool's connection is held across the stop and the restart, so that the
+		// pool's ping of a connection idle for over a second (pgxpool's ShouldPing) never
+		// replaces it, however long the restart takes.
+		c, err := w.h.pool.Acquire(w.ctx)
+		mustOK(t, err)
 		mustOK(t, srv.StopFast())     // its backend sends it FATAL 57P01 and ends
 		mustOK(t, srv.Restart(w.ctx)) // the write goes to the old connection
-		w.waitFatal(t)
+		waitSocket(t, w.ctx, c.Conn(), func(n int, _ error) bool { return n > 0 })
+		c.Release()
 	}, want: outcome.OutcomeRolledBack, reason: "session_ended_before_commit"},
 	{name: "proxy cut before the server read it", arm: func(t *testing.T, w *implicitSetup, _ int) { w.proxy.CutBeforeCommit() },
 		want: outcome.OutcomeIndeterminate, reason: "connection_lost"},
