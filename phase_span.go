@@ -179,8 +179,9 @@ func (f *frameSpan) spanContext() trace.SpanContext {
 // as the statement was handed over. An implicit transaction is one statement, whose span
 // already says what it did: a span of the frame's own would only double it. Where the
 // inner tracer started none that records (otelpgx starts none without a recording
-// parent), the frame has no span, as the statement has none; its metrics, log record and
-// Verdict are as any frame's.
+// parent), a committed frame has no span, as the statement has none, and one that did not
+// commit gets its own as it ends (startUnspanned); its metrics, log record and Verdict are
+// as any frame's.
 func (f *frameSpan) attach(before, after context.Context) {
 	span := startedSpan(before, after)
 	if span == nil {
