@@ -47,13 +47,15 @@ type frameSpan struct {
 	// onStatement: the frame's span is its one statement's, which the inner tracer starts
 	// and ends (an implicit transaction's, with the default otelpgx tracer: see attach).
 	onStatement bool
+	// errJudged and errExpected: whether the first failure was an expected one (see
+	// judgeErr); an expected failure leaves the span's status Unset. The bools are kept
+	// together: a frame of more than 760 bytes (with its malloc header) takes the next
+	// size class, 128 bytes more per frame.
+	errJudged, errExpected bool
 	// unspanned is what such a frame needs to start a span of its own when it ends, if its
 	// statement had none that records and it did not commit (see startUnspanned).
 	unspanned unspanned
 	name      string // the span's name, for the next frame of COMMIT AND CHAIN
-	// errJudged and errExpected: whether the first failure was an expected one (see
-	// judgeErr); an expected failure leaves the span's status Unset.
-	errJudged, errExpected bool
 	// folding is what the statements that are events of the frame need: made by the
 	// first one, so that a frame without one (an implicit transaction's, an unsampled
 	// one's) carries none of it.
