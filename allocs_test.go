@@ -5,6 +5,7 @@ package otelpgxtx
 import (
 	"context"
 	"testing"
+	"unsafe"
 )
 
 // TestHookAllocs holds the allocation targets of the Tracer and of Run as a test, where
@@ -71,5 +72,14 @@ func TestVerdictAllocs(t *testing.T) {
 		if asked > plain {
 			t.Errorf("%s: %.1f allocations per transaction with a Verdict, %.1f without: want no more", s.name, asked, plain)
 		}
+	}
+}
+
+// TestFrameSize: a frame, allocated once per transaction, stays within the 768-byte size
+// class with the 8-byte header Go puts before objects of more than 512 bytes: a field more
+// takes it to the next class, 128 bytes more per frame (BenchmarkHookAutocommit's B/op).
+func TestFrameSize(t *testing.T) {
+	if n := unsafe.Sizeof(frame{}); n+8 > 768 {
+		t.Errorf("a frame is %d bytes, want at most 760", n)
 	}
 }

@@ -46,7 +46,7 @@ func (t *core) apply(st *connState, f *frame, r evidence.Result, at *queryEnd) {
 		}
 		var e ending // on the stack: every output reads it, none keeps it
 		if r.Ended {
-			e = t.concluded(f)
+			e = t.concluded(st, f)
 			if f.asked != nil {
 				f.asked.frameEnded(&e)
 			}
@@ -95,16 +95,21 @@ type queryEnd struct {
 	open      bool // the query's frame was going on when it ended: its end was judged
 }
 
-// concluded is apply's step 2 and 3 for f, just concluded: the outer frame resumes, and,
-// unless the executor manages f, its outputs get its ending, once. It returns the ending
-// for the Verdicts and reconciliation.
-func (t *core) concluded(f *frame) ending {
+// concluded is apply's step 2 and 3 for f, just concluded on st's connection: the outer
+// frame resumes, and, unless the executor manages f, its outputs get its ending, once. It
+// returns the ending for the Verdicts and reconciliation.
+func (t *core) concluded(st *connState, f *frame) ending {
 	if f.parent != nil {
 		f.parent.spanEvent(eventResumed, f.id)
 	}
 	o := f.ev.Outcome()
 	if t.auto != nil && o == outcome.OutcomeIndeterminate {
 		f.awaited = newAwaited() // before any Verdict is told, so that each is told this one
+	}
+	if f.onStatement && !f.recording && o != outcome.OutcomeCommitted {
+		// Before the ending is made: the log record, the Verdicts and reconciliation's
+		// link name the span it starts.
+		t.startUnspanned(f, &st.attrs)
 	}
 	e := f.ending(o)
 	if !f.managed && f.ended.CompareAndSwap(false, true) {

@@ -236,7 +236,9 @@ func WithMeterAttributes(attrs ...attribute.KeyValue) Option {
 // literals replaced by "?" unless [WithRawQueryText] is set, since a name leaves the
 // process. The statement is "" for a transaction the tracer found already open; the next
 // transaction of COMMIT AND CHAIN keeps the name (and the [Filter]'s decision) of the one
-// it follows. An empty name keeps the [WithSpanName] one. It runs once per frame, on the
+// it follows; for an implicit transaction's frame span it is the write itself, and a frame
+// on its statement's span asks neither (see [WithImplicitFrameSpans]). An empty name keeps
+// the [WithSpanName] one. It runs once per frame, on the
 // caller's goroutine, and must be of low cardinality: it names a kind of transaction,
 // never one transaction.
 type SpanNameCtxFunc func(ctx context.Context, begin string) string
@@ -329,8 +331,9 @@ func WithImplicitFilter(f ...ImplicitFilter) Option {
 // frame has, in place of the statement's span: one span more per autocommit write, and a
 // frame span even where the statement has none — otelpgx starts none without a recording
 // parent span, so an autocommit write made outside any trace is then a trace of its own
-// (as the sampler decides). A tracer of the application's ([WithInnerTracer]) implies it:
-// its spans are not the library's to write.
+// (as the sampler decides). Without it, such a write has a span only when it did not
+// commit. A tracer of the application's ([WithInnerTracer]) implies it: its spans are not
+// the library's to write.
 func WithImplicitFrameSpans() Option {
 	return optionFunc(func(c *config) { c.implicitSpans = true })
 }

@@ -148,8 +148,12 @@
 // otelpgx inner tracer the frame has no span of its own: the statement's span carries its
 // phase events, tx.outcome, tx.implicit=true, tx.operation_id and its status (Unset when
 // indeterminate, where otelpgx alone would say Error). Where otelpgx starts no span (no
-// recording parent), the frame has none either; with a tracer of the application's, or
-// with [WithImplicitFrameSpans], it has a span of its own. Reads make no frame. The metrics count implicit transactions with
+// recording parent: a background job's write), a committed frame has none either, and one
+// that did not commit (rolled back, indeterminate, committed with a failure after the
+// commit) gets a span of its own as it ends, started back at the frame's start, as
+// [WithFilter] and the sampler decide: a lost write outside any trace is still traced.
+// With a tracer of the application's, or with [WithImplicitFrameSpans], every one has a
+// span of its own. Reads make no frame. The metrics count implicit transactions with
 // tx.implicit=true, the log record and a [Verdict] cover them, and [WithImplicitFilter]
 // leaves out those it rejects. With the references on, the marker call or the xid read
 // rides after the statement, before its Sync, in the same write; a write sent as a simple
@@ -174,7 +178,7 @@
 //   - tx.commit.committed_locally: the server said the commit is in its local WAL but its
 //     synchronous replication was not confirmed;
 //   - tx.implicit ([ImplicitKey]): true on an implicit transaction's frame (its span is
-//     its statement's);
+//     mostly its statement's: see "Implicit transactions");
 //   - tx.prepared ([PreparedKey]): true on a frame whose transaction was prepared
 //     (PREPARE TRANSACTION), whose outcome is participating: it waits for its coordinator;
 //   - tx.retryable: on rolled-back frames;

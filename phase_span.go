@@ -47,10 +47,15 @@ type frameSpan struct {
 	// onStatement: the frame's span is its one statement's, which the inner tracer starts
 	// and ends (an implicit transaction's, with the default otelpgx tracer: see attach).
 	onStatement bool
-	name        string // the span's name, for the next frame of COMMIT AND CHAIN
 	// errJudged and errExpected: whether the first failure was an expected one (see
-	// judgeErr); an expected failure leaves the span's status Unset.
+	// judgeErr); an expected failure leaves the span's status Unset. The bools are kept
+	// together: a frame of more than 760 bytes (with its malloc header) takes the next
+	// size class, 128 bytes more per frame.
 	errJudged, errExpected bool
+	// unspanned is what such a frame needs to start a span of its own when it ends, if its
+	// statement had none that records and it did not commit (see startUnspanned).
+	unspanned unspanned
+	name      string // the span's name, for the next frame of COMMIT AND CHAIN
 	// folding is what the statements that are events of the frame need: made by the
 	// first one, so that a frame without one (an implicit transaction's, an unsampled
 	// one's) carries none of it.
@@ -65,6 +70,14 @@ type frameFolding struct {
 	answer     statementAnswer
 	answering  bool
 	eventAttrs [5]attribute.KeyValue // an answering event's attributes are built here
+}
+
+// unspanned is what an implicit frame on its statement's span keeps, at no allocation, for
+// a span of its own started at its end: its connection (the span's attributes) and its
+// statement (the filter's and the span name's argument, as a frame span's BEGIN).
+type unspanned struct {
+	conn *pgx.Conn
+	sql  string
 }
 
 // frameStartOptions are the frame span's start options, built once so that Start
@@ -92,45 +105,66 @@ func (f *frameSpan) start(t *core, ctx context.Context, conn *pgx.Conn, connAttr
 		// the caller's span context, under which the inner tracer starts the statement's.
 		f.spanCtx, f.span = ctx, noopSpan // ending reads parentSpan while unattached (spanContext)
 		f.unrecorded, f.onStatement = true, true
+		f.unspanned = unspanned{conn: conn, sql: begin}
 		return
 	}
-	if chained == nil && (t.cfg.filter != nil || t.cfg.spanNameFunc != nil) {
-		// A span name leaves the process: both get the text the statement spans get.
-		begin = t.sanitized.innerSQL(begin, t.sanitized.get(begin))
+	name, filtered := "", false
+	switch {
+	case chained != nil:
+		name, filtered = chained.name, chained.unrecorded
+	default:
+		name, filtered = t.frameSpanName(ctx, begin)
 	}
-	if chained != nil && chained.unrecorded || chained == nil && t.cfg.filter != nil && !t.cfg.filter(ctx, begin) {
+	if filtered {
 		// Not recorded: a span that only carries the caller's span context, so that the
 		// inner tracer parents its statement spans as if there were no frame.
 		f.spanCtx, f.span = ctx, trace.SpanFromContext(trace.ContextWithSpanContext(context.Background(), f.parentSpan))
 		f.unrecorded = true
 	} else {
-		f.name = t.cfg.spanName
-		switch {
-		case chained != nil:
-			f.name = chained.name
-		case t.cfg.spanNameFunc != nil:
-			if n := t.cfg.spanNameFunc(ctx, begin); n != "" {
-				f.name = n
-			}
-		}
+		f.name = name
 		f.spanCtx, f.span = t.tracer.Start(ctx, f.name, frameStartOptions...)
 	}
 	f.recording = f.span.IsRecording()
 	if f.recording {
-		// Written with the outcome attributes when the frame ends, in one SetAttributes.
-		if *connAttrs == nil {
-			attrs := []attribute.KeyValue{dbSystemPostgreSQL}
-			if !t.cfg.noConnDetails {
-				cfg := conn.Config() // a copy of the whole configuration: once per connection
-				attrs = append(attrs,
-					dbNamespaceKey.String(cfg.Database),
-					serverAddressKey.String(cfg.Host),
-					serverPortKey.Int(int(cfg.Port)))
-			}
-			*connAttrs = attrs
-		}
-		f.connAttrs = *connAttrs
+		f.connAttrs = t.connAttrs(conn, connAttrs)
 	}
+}
+
+// frameSpanName returns the name of the span of a frame begun in ctx with the statement
+// begin, and whether a Filter rejects it.
+func (t *core) frameSpanName(ctx context.Context, begin string) (name string, filtered bool) {
+	if t.cfg.filter != nil || t.cfg.spanNameFunc != nil {
+		// A span name leaves the process: both get the text the statement spans get.
+		begin = t.sanitized.innerSQL(begin, t.sanitized.get(begin))
+	}
+	if t.cfg.filter != nil && !t.cfg.filter(ctx, begin) {
+		return "", true
+	}
+	name = t.cfg.spanName
+	if t.cfg.spanNameFunc != nil {
+		if n := t.cfg.spanNameFunc(ctx, begin); n != "" {
+			name = n
+		}
+	}
+	return name, false
+}
+
+// connAttrs returns the attributes of conn that every recorded frame span carries, made
+// on the first and kept in slot, the connection's: conn.Config() copies the whole
+// configuration, once per connection.
+func (t *core) connAttrs(conn *pgx.Conn, slot *[]attribute.KeyValue) []attribute.KeyValue {
+	if *slot == nil {
+		attrs := []attribute.KeyValue{dbSystemPostgreSQL}
+		if !t.cfg.noConnDetails {
+			cfg := conn.Config()
+			attrs = append(attrs,
+				dbNamespaceKey.String(cfg.Database),
+				serverAddressKey.String(cfg.Host),
+				serverPortKey.Int(int(cfg.Port)))
+		}
+		*slot = attrs
+	}
+	return *slot
 }
 
 // spanContext is the context of the frame's span: while a frame on its statement's span
@@ -147,8 +181,9 @@ func (f *frameSpan) spanContext() trace.SpanContext {
 // as the statement was handed over. An implicit transaction is one statement, whose span
 // already says what it did: a span of the frame's own would only double it. Where the
 // inner tracer started none that records (otelpgx starts none without a recording
-// parent), the frame has no span, as the statement has none; its metrics, log record and
-// Verdict are as any frame's.
+// parent), a committed frame has no span, as the statement has none, and one that did not
+// commit gets its own as it ends (startUnspanned); its metrics, log record and Verdict are
+// as any frame's.
 func (f *frameSpan) attach(before, after context.Context) {
 	span := startedSpan(before, after)
 	if span == nil {
@@ -157,6 +192,33 @@ func (f *frameSpan) attach(before, after context.Context) {
 	f.span, f.spanCtx, f.unrecorded, f.recording = span, after, false, true
 	f.phaseEvent(outcome.PhaseActive)
 	f.phaseEvent(outcome.PhaseCommitting)
+}
+
+// startUnspanned gives f, an implicit frame whose statement had no span that records
+// (otelpgx starts none without a recording parent: a background job's write), a span of
+// its own as it ends without a commit confirmed, so that a lost or failed autocommit write
+// is in the traces wherever it ran; a committed one stays without, at no cost. The span is
+// the one WithImplicitFrameSpans would have started, as the Filter and the sampler decide,
+// started back at the frame's start, with the phase events at the times the evidence
+// recorded them. slot holds the connection's attributes (connState.attrs).
+func (t *core) startUnspanned(f *frame, slot *[]attribute.KeyValue) {
+	s := &f.frameSpan
+	name, filtered := t.frameSpanName(s.spanCtx, s.unspanned.sql)
+	if filtered {
+		return
+	}
+	s.spanCtx, s.span = t.tracer.Start(s.spanCtx, name, trace.WithSpanKind(trace.SpanKindInternal), trace.WithTimestamp(f.startedAt))
+	s.onStatement, s.unrecorded = false, false // its span is its own now: end ends it
+	s.recording = s.span.IsRecording()
+	if !s.recording {
+		return
+	}
+	s.connAttrs = t.connAttrs(s.unspanned.conn, slot)
+	if at := f.ev.CommittingAt(); !at.IsZero() { // its statement was handed over
+		s.span.AddEvent(phaseEvents[outcome.PhaseActive], trace.WithTimestamp(at))
+		s.span.AddEvent(phaseEvents[outcome.PhaseCommitting], trace.WithTimestamp(at))
+	}
+	s.span.AddEvent(phaseEvents[f.ev.Phase()], trace.WithTimestamp(f.ev.ConcludedAt()))
 }
 
 // phaseEvent records that f moved to phase to. A folded statement's answer, waiting, goes
