@@ -1,14 +1,18 @@
 package otelpgxtx
 
 import (
+	"bytes"
+	"errors"
 	"fmt"
 	"testing"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/stdlib"
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/txevidence/otelpgxtx/outcome"
+	"github.com/txevidence/otelpgxtx/pgtest"
 	"github.com/txevidence/otelpgxtx/reconcile"
 )
 
@@ -90,5 +94,45 @@ func TestImplicitFirstWriteReference(t *testing.T) {
 				}
 			})
 		}
+	}
+}
+
+// TestReferenceLogsNoError: the xid read after a transaction's first write rides inside
+// that write's Sync group, so that when the write fails the server skips it without a
+// word: over the wire recording, the server answers a failed first write (23505) with its
+// one ErrorResponse and never with 25P02, which it would log; the transaction's outcome
+// and the application's error are the write's. Extended protocol, with the xid and the
+// marker (whose transactions take the read too when no marker is armed).
+func TestReferenceLogsNoError(t *testing.T) {
+	for _, mode := range []string{"xid", "marker"} {
+		t.Run(mode, func(t *testing.T) {
+			ctx := pgtest.ContextFor(t)
+			opt := WithCommitReference()
+			if mode == "marker" {
+				opt = WithCommitMarker(newMarkerTableFor(t, ctx))
+			}
+			h := newRefHarness(t, srv.ConnString(), opt)
+			table := srv.NewTable(t, ctx, tableColumns)
+			mustOK(t, plainInsert(ctx, h.pool, table, 1, nil)) // the connection checked, the row there
+			vctx, v := NewVerdict(ctx)
+			err := plainInsert(vctx, h.pool, table, 1, nil) // a unique violation at the first write
+			var pgErr *pgconn.PgError
+			if !errors.As(err, &pgErr) || pgErr.Code != "23505" {
+				t.Fatalf("the write answered %v, want its 23505", err)
+			}
+			if res, err := v.Result(); err != nil || res.Outcome() != outcome.OutcomeRolledBack {
+				t.Fatalf("%v %v, want rolled back", res, err)
+			}
+			var server []byte
+			for _, c := range h.rec.Conversations() {
+				server = append(server, c.ServerBytes()...)
+			}
+			if n := bytes.Count(server, []byte("C25P02\x00")); n != 0 {
+				t.Fatalf("the server answered 25P02 %d times: an error of the library's own, in its log", n)
+			}
+			if n := bytes.Count(server, []byte("C23505\x00")); n != 1 {
+				t.Fatalf("the server answered 23505 %d times, want once", n)
+			}
+		})
 	}
 }

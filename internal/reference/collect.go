@@ -57,6 +57,15 @@ func (c *Conn) Collect(f *Frame, final bool) Collected {
 	case inside != nil:
 		collectInside(inside, r)
 		return Collected{}
+	case reading != nil && !a.After:
+		// The read inside the statement's Sync group: an error to it went to pgconn, as
+		// the statement's own, and the evidence has it from there.
+		if r.Done && r.GotValue && r.ErrCode == "" && reading.life.Open() {
+			if xid, err := strconv.ParseUint(string(r.Value), 10, 64); err == nil {
+				reading.xid = xid
+			}
+		}
+		return Collected{}
 	case a.After:
 		if reading == nil || !reading.life.Open() {
 			return Collected{}

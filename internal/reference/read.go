@@ -42,7 +42,13 @@ func (c *Conn) ArmRead(ctx context.Context, f *Frame, s Statement) {
 		!c.Known() || c.adding || !s.Writes || !(s.Plain && s.InTx || s.Opens) || !c.readsEarly(ctx, s.SQL) {
 		return
 	}
-	if c.nc.Arm(&wire.Addition{Kind: wire.LibraryCall, Msg: c.xidCall, After: true}) {
+	// Inside the statement's Sync group, after its messages and before its Sync: should the
+	// statement fail, the server skips the read without a word (after the Sync, in the
+	// failed transaction, it would answer, and log, 25P02). A simple Query has no group:
+	// the read follows it as a FunctionCall, which a failed statement makes the server
+	// answer with 25P02 and log — the one place a reference can make the server log an
+	// error of its own, the price of having the xid before COMMIT is written there.
+	if c.nc.Arm(&wire.Addition{Kind: wire.LibraryPortal, Extended: true, Msg: c.implicitMsg(nil, f.id), OrCall: c.xidCall}) {
 		c.adding, c.reading = true, f
 	}
 }

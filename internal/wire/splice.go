@@ -38,6 +38,9 @@ type Addition struct {
 	// implicit transaction beside that transaction's own call.
 	Ahead []byte
 	ahead Reply
+	// OrCall, with LibraryPortal: for a write that is no extended-protocol Sync group,
+	// this FunctionCall after it instead (LibraryCall, After): the addition becomes that.
+	OrCall []byte
 	// AnyQuery: ahead of a write that is exactly one simple Query, whatever its text (pgx's
 	// simple protocol writes the arguments into the text), or, with Extended, of one
 	// extended-protocol Sync group that executes (not a prepare's).
@@ -98,6 +101,12 @@ func (a *Addition) addTo(b []byte) (out []byte, cut int, ok bool) {
 	if a.Extended {
 		group, execs := extendedGroup(b)
 		switch {
+		case !group && a.OrCall != nil:
+			if _, ok := syncedWrite(b); !ok {
+				return nil, 0, false // not the statement's write yet: a waits for it
+			}
+			a.Kind, a.Extended, a.After, a.Msg, a.OrCall = LibraryCall, false, true, a.OrCall, nil
+			return a.addTo(b)
 		case !group && a.AnyQuery:
 			return a.aheadOfQuery(b)
 		case !group, a.AnyQuery && execs == 0:
