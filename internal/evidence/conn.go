@@ -445,58 +445,6 @@ const (
 	ReasonPrepared = "prepared"
 )
 
-// ReasonCommittedInside: a statement that may commit inside itself (Set.CommitsInside:
-// CALL, DO, VACUUM, CREATE INDEX CONCURRENTLY, …), sent outside a transaction block,
-// failed after it began to run: the transactions it committed before the failure are
-// durable, and nothing in the reply tells whether there were any. The frame is unknown
-// (indeterminate), never a retryable rollback.
-const ReasonCommittedInside = "may_have_committed_inside"
-
-// mayHaveCommittedInside is the verdict of a statement that may commit inside, failed as
-// v says: unknown, with v's SQLSTATE, never retryable.
-func mayHaveCommittedInside(v classifier.Classification) classifier.Classification {
-	u, _ := classifier.NewClassification(classifier.EvidenceUnknown, false, v.SQLState(), ReasonCommittedInside)
-	return u
-}
-
-// Split concludes the open frame, whose transaction the server ended inside the reply of
-// the query in flight, with more of that reply after it (wire.Splits): seen is the
-// server's tag — COMMIT committed it (a COMMIT in a failed transaction answers ROLLBACK),
-// ROLLBACK rolled it back (the frame's first failure its cause, if it had one), PREPARE
-// TRANSACTION prepared it. The frame ends with what the server said, whatever became of
-// the rest of the query; rest asks for the frame of what followed (StartRest). In a query
-// of set with a ROLLBACK TO SAVEPOINT, which answers ROLLBACK too, a ROLLBACK tag is no
-// split: the frame goes on.
-func (c *Conn[F]) Split(set Set, seen Seen, rest bool) (r Result) {
-	var zero F
-	f := c.open
-	if f == zero || !f.Evidence().Open() || seen == SeenNothing || seen == SeenRollback && set.Has(RollbackTo) {
-		return r
-	}
-	ev := f.Evidence()
-	ev.commit.unsent = false
-	switch seen {
-	case SeenRollback:
-		v := classifier.Classify(outcome.PhaseActive, nil, classifier.Facts{})
-		if ev.failure.hasFirst {
-			v = ev.failure.first
-		}
-		r = c.conclude(f, v)
-	case SeenPrepare:
-		r.Moved = ev.committing()
-		ev.commit.prepared = true
-		r.merge(c.conclude(f, preparedVerdict))
-	default:
-		r.Moved = ev.committing()
-		facts := classifier.Facts{Server: c.server, CommittedLocally: ev.commit.committedLocally}
-		r.merge(c.conclude(f, classifier.Classify(outcome.PhaseCommitting, nil, facts)))
-	}
-	if rest {
-		r.Start = StartRest
-	}
-	return r
-}
-
 // endedPrepared is the verdict of COMMIT PREPARED or ROLLBACK PREPARED (set) from v, the
 // classifier's as for COMMIT. Answered, it did what it says: committed, or rolled back on
 // purpose. Anything else is unknown with v's reason: an error reply says this call
@@ -536,19 +484,7 @@ func (c *Conn[F]) Abandon(reason string, seen Seen) Result {
 		// ended the transaction, then idle. A COMMIT in a failed transaction answers
 		// ROLLBACK, so COMMIT is a commit; a ROLLBACK TO SAVEPOINT, which answers ROLLBACK
 		// too, never leaves the session idle (wire.EndSeen).
-		var r Result
-		switch seen {
-		case SeenRollback:
-			return c.conclude(f, classifier.Classify(outcome.PhaseActive, nil, classifier.Facts{}))
-		case SeenPrepare:
-			r.Moved = ev.committing()
-			ev.commit.prepared = true
-			r.merge(c.conclude(f, preparedVerdict))
-		default:
-			r.Moved = ev.committing()
-			r.merge(c.conclude(f, classifier.Classify(outcome.PhaseCommitting, nil, classifier.Facts{})))
-		}
-		return r
+		return c.concludeSeen(f, seen)
 	}
 	if ev.commit.unsent {
 		// Its COMMIT never left. If the session ends with the transaction open (closed, or
