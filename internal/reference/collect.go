@@ -55,7 +55,7 @@ func (c *Conn) Collect(f *Frame, final bool) Collected {
 	r := a.Reply()
 	switch {
 	case inside != nil:
-		collectInside(inside, r)
+		c.collectInside(inside, r)
 		return Collected{}
 	case reading != nil && !a.After:
 		// The read inside the statement's Sync group: an error to it went to pgconn, as

@@ -37,7 +37,7 @@ const insideReadTimeout = 5 * time.Second
 
 // vxid is a backend's virtual transaction id as pg_locks shows it, with the backend's pid.
 type vxid struct {
-	proc, lxid, pid uint64
+	proc, lxid, pid uint32
 	ok              bool
 }
 
@@ -47,12 +47,13 @@ func parseVXID(row [][]byte) (v vxid) {
 		return v
 	}
 	proc, lxid, found := bytes.Cut(row[0], []byte("/"))
-	var e1, e2, e3 error
-	v.proc, e1 = strconv.ParseUint(string(proc), 10, 32)
-	v.lxid, e2 = strconv.ParseUint(string(lxid), 10, 32)
-	v.pid, e3 = strconv.ParseUint(string(row[1]), 10, 32)
-	v.ok = found && e1 == nil && e2 == nil && e3 == nil
-	return v
+	p, e1 := strconv.ParseUint(string(proc), 10, 32)
+	l, e2 := strconv.ParseUint(string(lxid), 10, 32)
+	pid, e3 := strconv.ParseUint(string(row[1]), 10, 32)
+	if !found || e1 != nil || e2 != nil || e3 != nil {
+		return vxid{}
+	}
+	return vxid{proc: uint32(p), lxid: uint32(l), pid: uint32(pid), ok: true}
 }
 
 // armInside has the write of f's statement s, which may commit inside, carry the lxid read
@@ -72,9 +73,10 @@ func (c *Conn) armInside(f *Frame, s Statement) *Off {
 }
 
 // collectInside keeps, for f, the lxid read's answer r.
-func collectInside(f *Frame, r wire.Reply) {
+func (c *Conn) collectInside(f *Frame, r wire.Reply) {
+	c.before, c.beforeOf = vxid{}, nil
 	if r.Done && !r.Fatal && r.ErrCode == "" {
-		f.before = parseVXID(r.Row)
+		c.before, c.beforeOf = parseVXID(r.Row), f
 	}
 }
 
@@ -83,9 +85,9 @@ func collectInside(f *Frame, r wire.Reply) {
 // above): then its error rolled back all of it. It costs one round trip on pg, on this
 // failure path only, and only where the read ahead of the statement answered.
 func (c *Conn) OneTransaction(ctx context.Context, f *Frame, pg *pgconn.PgConn) bool {
-	before := f.before
-	f.before = vxid{}
-	if !before.ok || c.identity.pooled || pg.IsClosed() || pg.IsBusy() || pg.TxStatus() != 'I' {
+	before, of := c.before, c.beforeOf
+	c.before, c.beforeOf = vxid{}, nil
+	if of != f || !before.ok || c.identity.pooled || pg.IsClosed() || pg.IsBusy() || pg.TxStatus() != 'I' {
 		return false
 	}
 	ctx, cancel := context.WithTimeout(ctx, insideReadTimeout)

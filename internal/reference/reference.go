@@ -70,9 +70,6 @@ type Frame struct {
 	// why another has none, when it is known (MissingUnchecked …).
 	simple      bool
 	implicitWhy string
-	// before is the backend's virtual transaction id read ahead of a statement that may
-	// commit inside (inside.go), until OneTransaction asks.
-	before vxid
 }
 
 // MissingMultiStatement is Frame.Missing's word for a frame whose COMMIT came among other
@@ -164,6 +161,11 @@ type Conn struct {
 	// ahead of it (inside.go), until Collect; lxidQuery is that read's message.
 	inside    *Frame
 	lxidQuery []byte
+	// before is the backend's virtual transaction id the lxid read found ahead of
+	// beforeOf's statement, until OneTransaction asks: one statement at a time has one, so
+	// the connection keeps it, not every frame.
+	before   vxid
+	beforeOf *Frame
 	// run are the references of Run's Policy while Run begins a transaction on the
 	// connection (running): its frame carries them in place of the tracer's.
 	run     Refs
