@@ -25,7 +25,9 @@ test-library:
 # says which), as test-library runs them against go.mod's, the oldest the library works with:
 # the packages that use pgx (how pgx reports errors, closes connections and traces shapes
 # what they see). Without -race (test-library has it) and without the soaks and the
-# model-based test, statistics of the library rather than facts of pgx: about 4 minutes.
+# model-based test, statistics of the library rather than facts of pgx: 8 minutes on two
+# cores shared with other test runs. docs/testing.md#oldest-and-newest-dependencies says why
+# these versions.
 NEWEST_PACKAGES = . ./classifier ./cmd/otelpgxtx ./internal/... ./pgtest ./reconcile
 NEWEST_LEFT_OUT = ^(TestStaleManyTransactionsRandomFailures|TestRunModel)$$
 test-newest:
@@ -48,7 +50,8 @@ test-majors:
 		OTELPGXTX_PG_BIN=$$bin $(GO) test -count=1 -skip '$(MAJOR_LEFT_OUT)' $(MAJOR_PACKAGES) || exit 1; \
 	done
 
-# pgx's own tests (root package, pgxpool, stdlib of the pgx in go.mod), with -race, without
+# pgx's own tests (root package, pgxpool, stdlib of the pgx in go.mod, the oldest the library
+# supports; `scripts/newest go run ./scripts/pgxsuite` for the newest), with -race, without
 # the library, with it installed where pgx parses each config, at connect time, and where
 # pgx parses with commit references on (the xid read; the marker) (scripts/pgxsuite; about
 # 2 minutes warm).
