@@ -1,12 +1,12 @@
 # The two commands of the README: make demo and make test.
 GO ?= go
 
-.PHONY: demo test setup test-library test-majors test-examples test-scripts test-pgx tools vet fuzz soak model bench bench-quick dashboard picture
+.PHONY: demo test setup test-library test-newest test-majors test-examples test-scripts test-pgx tools vet fuzz soak model bench bench-quick dashboard picture
 
 demo:
 	cd examples/jaeger && $(GO) run .
 
-test: setup vet tools test-library test-majors test-examples test-scripts test-pgx
+test: setup vet tools test-library test-newest test-majors test-examples test-scripts test-pgx
 
 # What the tests need beyond Go and the PostgreSQL server programs (PgBouncer, npm, a C
 # compiler, the locales): installed as root, else named in the one command that would.
@@ -20,6 +20,18 @@ test-library:
 	$(GO) test -race -count=1 ./...
 	$(GO) test -race -count=1 -tags soak -run '^TestSoundness(Failover)?$$' .
 	$(GO) test -count=1 -run 'TestHookAllocs$$' .
+
+# The library's tests against the newest pgx and OpenTelemetry tested (scripts/newest, which
+# says which), as test-library runs them against go.mod's, the oldest the library works with:
+# the packages that use pgx (how pgx reports errors, closes connections and traces shapes
+# what they see). Without -race (test-library has it) and without the soaks and the
+# model-based test, statistics of the library rather than facts of pgx: 8 minutes on two
+# cores shared with other test runs. docs/testing.md#oldest-and-newest-dependencies says why
+# these versions.
+NEWEST_PACKAGES = . ./classifier ./cmd/otelpgxtx ./internal/... ./pgtest ./reconcile
+NEWEST_LEFT_OUT = ^(TestStaleManyTransactionsRandomFailures|TestRunModel)$$
+test-newest:
+	scripts/newest $(GO) test -count=1 -skip '$(NEWEST_LEFT_OUT)' $(NEWEST_PACKAGES)
 
 # The real-server tests whose facts depend on the PostgreSQL major (the harness, the
 # classifier, the reconciler, the root package's reference, reconciliation and failover tests,
@@ -38,7 +50,8 @@ test-majors:
 		OTELPGXTX_PG_BIN=$$bin $(GO) test -count=1 -skip '$(MAJOR_LEFT_OUT)' $(MAJOR_PACKAGES) || exit 1; \
 	done
 
-# pgx's own tests (root package, pgxpool, stdlib of the pgx in go.mod), with -race, without
+# pgx's own tests (root package, pgxpool, stdlib of the pgx in go.mod, the oldest the library
+# supports; `scripts/newest go run ./scripts/pgxsuite` for the newest), with -race, without
 # the library, with it installed where pgx parses each config, at connect time, and where
 # pgx parses with commit references on (the xid read; the marker) (scripts/pgxsuite; about
 # 2 minutes warm).
