@@ -110,7 +110,7 @@ func TestBadArguments(t *testing.T) {
 			return err
 		}},
 		{name: "InstrumentConnConfig", call: func() error { _, err := InstrumentConnConfig(nil); return err }},
-		{name: "WithOtelpgxOptions", call: refused(t, WithOtelpgxOptions(otelpgx.WithTrimSQLInSpanName(), nil))},
+		{name: "WithOtelpgxOptions", call: refused(t, WithOtelpgxOptions(otelpgx.WithFullSQLInSpanName(), nil))},
 		{name: "WithTracerProvider", call: refused(t, WithTracerProvider((*sdktrace.TracerProvider)(nil)))},
 		{name: "WithMeterProvider", call: refused(t, WithMeterProvider((*sdkmetric.MeterProvider)(nil)))},
 		{name: "WithInnerTracer", call: refused(t, WithInnerTracer((*otelpgx.Tracer)(nil)))},
@@ -258,7 +258,7 @@ func TestBadArguments(t *testing.T) {
 	}
 	for _, c := range calls {
 		t.Run(c.name, func(t *testing.T) {
-			err, panicked := callSafely(c.call)
+			panicked, err := callSafely(c.call)
 			switch {
 			case panicked != nil:
 				t.Fatalf("panicked: %v", panicked)
@@ -339,10 +339,10 @@ func connConfig(t *testing.T) *pgx.ConnConfig {
 	return cfg
 }
 
-// callSafely calls call and returns its error, or what it panicked with.
-func callSafely(call func() error) (err error, panicked any) {
+// callSafely calls call and returns what it panicked with, and its error.
+func callSafely(call func() error) (panicked any, err error) {
 	defer func() { panicked = recover() }()
-	return call(), nil
+	return nil, call()
 }
 
 // exportedFuncs lists the exported functions and methods of the library's packages (the
@@ -444,8 +444,7 @@ func takesReference(src []byte, fset *token.FileSet, ft *ast.FuncType, values ma
 				continue
 			}
 		}
-		text := string(src[fset.Position(typ.Pos()).Offset:fset.Position(typ.End()).Offset])
-		if !values[text] {
+		if !values[string(src[fset.Position(typ.Pos()).Offset:fset.Position(typ.End()).Offset])] {
 			return true
 		}
 	}
