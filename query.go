@@ -242,8 +242,8 @@ func (t *core) afterQuery(ctx context.Context, conn *pgx.Conn, st *connState, q 
 // what followed each (evidence.StartRest). It reports whether it ended any, and whether
 // the reply held more than it could tell (wire.Splits.Over).
 func (t *core) split(st *connState, at *queryEnd) (ended, more bool) {
-	if st.nc == nil {
-		return false, false
+	if st.nc == nil || at.set.Single() && !at.set.Decides() {
+		return false, false // one statement that ends no transaction: nothing to split
 	}
 	splits := st.nc.Splits()
 	for i := range splits.Len() {
