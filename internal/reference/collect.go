@@ -57,16 +57,9 @@ func (c *Conn) Collect(f *Frame, final bool) Collected {
 	case inside != nil:
 		c.collectInside(inside, r)
 		return Collected{}
-	case reading != nil && !a.After:
-		// The read inside the statement's Sync group: an error to it went to pgconn, as
-		// the statement's own, and the evidence has it from there.
-		if r.Done && r.GotValue && r.ErrCode == "" && reading.life.Open() {
-			if xid, err := strconv.ParseUint(string(r.Value), 10, 64); err == nil {
-				reading.xid = xid
-			}
-		}
-		return Collected{}
-	case a.After:
+	case a.After || reading != nil:
+		// The xid read after a statement: after its Sync (a FunctionCall), or inside its
+		// Sync group, whose ERROR the filter keeps from pgconn as it keeps the call's.
 		if reading == nil || !reading.life.Open() {
 			return Collected{}
 		}

@@ -276,10 +276,13 @@ func (f *replyFilter) message(m []byte) {
 		return
 	}
 	switch {
-	case typ == 'E' && (f.lib.Fatal || f.kind == LibraryPortal):
+	case typ == 'E' && (f.lib.Fatal || f.kind == LibraryPortal && f.commit):
 		// The server reads nothing after a FATAL: it is the reply to what pgconn sent; and
-		// after an ERROR to the library's part of a Sync group, it skips the
-		// application's messages: the error, then the Sync's ReadyForQuery, are their reply.
+		// an ERROR to the library's part of an implicit transaction's Sync group is that
+		// transaction's failure: the error, then the Sync's ReadyForQuery, are its reply.
+		// (An xid read after a statement of a transaction block, Commit false, keeps its
+		// ERROR: the statement succeeded, the block is aborted, as the Sync's ReadyForQuery
+		// then says.)
 		f.out = append(f.out, m...)
 	case typ == 'E' && f.commit && !f.then && f.lib.ErrCode != pg.InFailedTransaction:
 		// See Addition.Commit: an error that only says the transaction had already failed

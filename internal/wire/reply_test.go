@@ -431,3 +431,22 @@ func streamBytes(stream []part) (input, want []byte) {
 	}
 	return input, want
 }
+
+// TestReplyFilterReadInBlockFails: the xid read inside a transaction block's statement's
+// Sync group (Commit false) keeps its ERROR from pgconn: the statement's reply, then the
+// Sync's ReadyForQuery (E: the block is aborted), are all pgconn reads, the stream split at
+// every byte.
+func TestReplyFilterReadInBlockFails(t *testing.T) {
+	cc := msg(t, &pgproto3.CommandComplete{CommandTag: []byte("INSERT 0 1")})
+	bound, parsed := msg(t, &pgproto3.BindComplete{}), msg(t, &pgproto3.ParseComplete{})
+	refused := msg(t, &pgproto3.ErrorResponse{Severity: "ERROR", SeverityUnlocalized: "ERROR", Code: "42501", Message: "m"})
+	failed := msg(t, &pgproto3.ReadyForQuery{TxStatus: 'E'})
+	input, want := streamBytes([]part{{bound, false}, {cc, false}, {parsed, true}, {refused, true}, {failed, false}})
+	for _, split := range splitsOf(len(input)) {
+		f := &replyFilter{kind: LibraryPortal, execs: 1, state: filterApplication}
+		out := feedSplit(f, input, split)
+		if f.err != nil || !bytes.Equal(out, want) || f.lib.ErrCode != "42501" || !f.lib.Done || !f.finished() {
+			t.Fatalf("split %v: pgconn got %q (want %q), library read %+v, err %v", split, out, want, f.lib, f.err)
+		}
+	}
+}
