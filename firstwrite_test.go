@@ -79,6 +79,13 @@ func TestImplicitFirstWriteReference(t *testing.T) {
 				if got.Status() != reconcile.Committed || !srv.RowExists(t, w.ctx, w.table, 1) {
 					t.Fatalf("reconciled %s %q, row there: %v", got.Status(), got.Reason(), srv.RowExists(t, w.ctx, w.table, 1))
 				}
+				// Asked again once the server has handed out more xids: the same answer.
+				for range 3 {
+					mustOK(t, srv.Exec(w.ctx, "select pg_catalog.pg_current_xact_id()"))
+				}
+				if again, err := w.rec.Resolve(w.ctx, ref, trace.SpanContext{}); err != nil || again.Status() != got.Status() {
+					t.Fatalf("asked again after more xids: %v %v, first %s", again, err, got.Status())
+				}
 				// The connection's next write (a new one: the first died) carries its reference.
 				cold.exp.Reset()
 				ctx2, root2 := rootSpan(w.ctx, cold)
