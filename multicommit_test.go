@@ -145,6 +145,13 @@ func terminateInLock(t *testing.T, w *implicitSetup, pid uint32) {
 	mustOK(t, srv.Terminate(w.ctx, pid))
 }
 
+// killInLock SIGKILLs the backend pid once it waits for the ledger's lock, after its inner
+// commit: the postmaster recovers in place (same start time, same timeline).
+func killInLock(t *testing.T, w *implicitSetup, pid uint32) {
+	mustOK(t, srv.WaitForWaitEvent(w.ctx, pid, "advisory"))
+	mustOK(t, srv.KillBackend(w.ctx, pid))
+}
+
 // cutInLock cuts the connection at the proxy once the backend pid waits for the ledger's
 // lock, after its inner commit.
 func cutInLock(t *testing.T, w *implicitSetup, pid uint32) {
@@ -184,6 +191,8 @@ var multiCases = []multiCase{
 		"do $$ begin insert into {L} values ('a'); commit; insert into {L} values ('b'); raise exception using errcode = '40001'; end $$"),
 		want: indeterminate, rows: "a", frames: []string{"indeterminate"}, reason: "may_have_committed_inside"},
 	{name: "call: terminated after its commit", send: execArgs(pgx.QueryExecModeCacheStatement, "call {L}_commit_wait($1)", "x"), fault: terminateInLock,
+		want: indeterminate, rows: "a", frames: []string{"indeterminate"}},
+	{name: "call: SIGKILLed after its commit", send: execArgs(pgx.QueryExecModeCacheStatement, "call {L}_commit_wait($1)", "x"), fault: killInLock,
 		want: indeterminate, rows: "a", frames: []string{"indeterminate"}},
 	{name: "call: cut after its commit", send: execArgs(pgx.QueryExecModeCacheStatement, "call {L}_commit_wait($1)", "x"), fault: cutInLock,
 		want: indeterminate, rows: "a b", frames: []string{"indeterminate"}},
