@@ -146,7 +146,7 @@ func (t *core) output(e *ending, f *frame, postCommitErr error) {
 // callVerdict records in v, the Verdict in the context of a query of f's transaction, what
 // that query (at) ended: f itself, with its ending e (apply's, built as the query ended
 // it), or a savepoint of it. A Verdict f began with already has f's verdict.
-func callVerdict(v *Verdict, f *frame, at *queryEnd, e *ending) {
+func callVerdict(v *verdictState, f *frame, at *queryEnd, e *ending) {
 	set := at.set
 	switch {
 	case !f.ev.Open():

@@ -13,6 +13,7 @@ import (
 
 	"github.com/txevidence/otelpgxtx/classifier"
 	"github.com/txevidence/otelpgxtx/internal/redact"
+	"github.com/txevidence/otelpgxtx/internal/reference"
 	"github.com/txevidence/otelpgxtx/internal/schema"
 	"github.com/txevidence/otelpgxtx/outcome"
 )
@@ -25,7 +26,7 @@ type heldConn struct {
 
 // acquire takes the connection an attempt runs on: from a pool, the connection itself,
 // or none for any other DB, which begins the transaction on its own.
-func acquire(ctx context.Context, db DB) (heldConn, error) {
+func acquire(ctx context.Context, db txBeginner) (heldConn, error) {
 	switch db := db.(type) {
 	case *pgxpool.Pool:
 		pc, err := db.Acquire(ctx)
@@ -68,17 +69,17 @@ func (a *attemptTx) release() {
 // the frame too, here only, once fn has returned or panicked: the frame's span outlives
 // the commit, for the post-commit hooks and the retry event. retry says whether Run
 // tries again.
-func runAttempt[T any](ctx context.Context, db DB, p Policy, fn func(context.Context, pgx.Tx) (T, error), n int) (res outcome.Result[T], retry bool) {
+func runAttempt[T any](ctx context.Context, db txBeginner, p attemptPolicy, fn func(context.Context, pgx.Tx) (T, error), n int) (res outcome.Result[T], retry bool) {
 	a, res := beginAttempt[T](ctx, db, p, n)
 	if res != nil {
-		return res, shouldRetry(ctx, p, res, n)
+		return res, shouldRetry(ctx, p.maxAttempts, res, n)
 	}
 	if f := a.sc.frame; f != nil {
 		defer func() { endAttemptFrame(a.sc.t, f, res, retry, n) }()
 	}
 	value, err := callFn(ctx, &a, fn)
-	res = endAttempt(ctx, &a, p, value, err)
-	return res, shouldRetry(ctx, p, res, n)
+	res = endAttempt(ctx, &a, value, err)
+	return res, shouldRetry(ctx, p.maxAttempts, res, n)
 }
 
 // endAttemptFrame ends attempt n's frame with its result. A nil result is a panic in fn, which
@@ -89,8 +90,8 @@ func endAttemptFrame[T any](t *core, f *frame, res outcome.Result[T], retry bool
 		return
 	}
 	if retry && f.span.IsRecording() {
-		f.span.AddEvent(eventRetry, trace.WithAttributes(AttemptKey.Int(n+1),
-			errorTypeKey.String(f.ev.Verdict().Reason())))
+		f.span.AddEvent(eventRetry, trace.WithAttributes(attemptKey.Int(n+1),
+			schema.ErrorTypeKey.String(f.ev.Verdict().Reason())))
 	}
 	t.end(f, res.Outcome(), postCommitFailure(res))
 }
@@ -106,8 +107,8 @@ func postCommitFailure[T any](res outcome.Result[T]) error {
 // beginAttempt acquires a connection and begins attempt n's transaction on it. When
 // nothing could be begun it returns the not_started rollback instead. The attempt is a
 // value, so that Run allocates nothing for it.
-func beginAttempt[T any](ctx context.Context, db DB, p Policy, n int) (attemptTx, outcome.Result[T]) {
-	opts := p.txOptions()
+func beginAttempt[T any](ctx context.Context, db txBeginner, p attemptPolicy, n int) (attemptTx, outcome.Result[T]) {
+	opts := p.opts
 	held, err := acquire(ctx, db)
 	if err != nil {
 		v := classifier.Classify(outcome.PhaseNotStarted, err, classifier.Facts{})
@@ -119,7 +120,7 @@ func beginAttempt[T any](ctx context.Context, db DB, p Policy, n int) (attemptTx
 		// in its write as the tracer's are (see armCheck).
 		st := connStateOf(held.conn)
 		if st != nil {
-			st.refs.Running(p.references())
+			st.refs.Running(p.refs)
 		}
 		tx, err = held.conn.BeginTx(ctx, opts)
 		if st != nil {
@@ -143,7 +144,7 @@ func beginAttempt[T any](ctx context.Context, db DB, p Policy, n int) (attemptTx
 	sc := &alloc.sc
 	sc.pool, _ = db.(*pgxpool.Pool)
 	if f := sc.frame; f != nil {
-		f.managed, f.propagation, f.attemptNo = true, p.Propagation.String(), n
+		f.managed, f.propagation, f.attemptNo = true, p.propagation, n
 		sc.id = f.id
 	} else {
 		sc.id = outcome.NewOperationID()
@@ -174,7 +175,7 @@ func callFn[T any](ctx context.Context, a *attemptTx, fn func(context.Context, p
 
 // endAttempt ends the transaction after fn returned err: it rolls back when fn failed, a
 // participant doomed the transaction or a result is unread, and commits otherwise.
-func endAttempt[T any](ctx context.Context, a *attemptTx, p Policy, value T, err error) outcome.Result[T] {
+func endAttempt[T any](ctx context.Context, a *attemptTx, value T, err error) outcome.Result[T] {
 	sc, tx := a.sc, a.tx
 	if err == nil {
 		err = sc.rollbackCause()
@@ -182,7 +183,7 @@ func endAttempt[T any](ctx context.Context, a *attemptTx, p Policy, value T, err
 	if err == nil && tx.Conn() != nil && tx.Conn().PgConn().IsBusy() {
 		// pgconn would refuse COMMIT on a busy connection before sending a byte, so the
 		// transaction is rolled back, for certain, instead of being left to look unknown.
-		err = ErrUnreadResult
+		err = errUnreadResult
 	}
 	if err != nil {
 		v := rollbackAttempt(ctx, sc, tx, err)
@@ -315,7 +316,7 @@ func runHooks(ctx context.Context, t *core, f *frame, hooks []func(context.Conte
 	if len(hooks) == 0 {
 		return nil
 	}
-	tracer := otel.GetTracerProvider().Tracer(ScopeName)
+	tracer := otel.GetTracerProvider().Tracer(scopeName)
 	if f != nil {
 		tracer = t.tracer
 		ctx = f.withSpan(ctx)
@@ -323,7 +324,7 @@ func runHooks(ctx context.Context, t *core, f *frame, hooks []func(context.Conte
 	ctx, span := tracer.Start(ctx, spanNamePostCommit)
 	defer span.End()
 	if f != nil && span.IsRecording() {
-		span.SetAttributes(OperationIDKey.String(f.id.String()))
+		span.SetAttributes(schema.OperationIDKey.String(f.id.String()))
 	}
 	var errs []error
 	for _, h := range hooks {
@@ -358,4 +359,17 @@ func runHook(ctx context.Context, h func(context.Context) error) (err error) {
 // never reached the tracer. st.mu is held.
 func concludeFrame(st *connState, f *frame, v classifier.Classification) {
 	st.t.apply(st, f, st.ev.Conclude(f, v), nil)
+}
+
+// txBeginner is what an attempt begins its transaction on: the root package's DB.
+type txBeginner interface {
+	BeginTx(ctx context.Context, txOptions pgx.TxOptions) (pgx.Tx, error)
+}
+
+// attemptPolicy is what an attempt needs of Run's Policy, made once per Run call.
+type attemptPolicy struct {
+	opts        pgx.TxOptions
+	refs        reference.Refs // the commit references its frame carries
+	propagation string         // Policy.Propagation's name, tx.propagation
+	maxAttempts int
 }

@@ -6,6 +6,8 @@ import (
 	"sync"
 	"time"
 
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/metric"
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/txevidence/otelpgxtx/internal/schema"
@@ -60,11 +62,11 @@ type autoReconciler struct {
 
 // newAutoReconciler makes the automatic reconciliation a of the tracer configured tc,
 // whose workers start with the first indeterminate frame and run until Tracer.Close.
-func newAutoReconciler(tc *config, a *autoConfig) *autoReconciler {
-	ar := &autoReconciler{cfg: *a, r: a.r, log: tc.logger, pending: make(map[*pendingOutcome]struct{}),
+func newAutoReconciler(a *autoConfig, log func() *slog.Logger, mp metric.MeterProvider, meterAttributes []attribute.KeyValue) *autoReconciler {
+	ar := &autoReconciler{cfg: *a, r: a.r, log: log, pending: make(map[*pendingOutcome]struct{}),
 		wake: make(chan struct{}, a.workers), stop: make(chan struct{})}
 	ar.ctx, ar.cancel = context.WithCancel(context.Background())
-	ar.metrics = newReconcileMetrics(tc.meterProvider, tc.meterAttributes, ar.oldest)
+	ar.metrics = newReconcileMetrics(mp, meterAttributes, ar.oldest)
 	return ar
 }
 
@@ -221,7 +223,7 @@ func (a *autoReconciler) settle(p *pendingOutcome, res reconcile.Answer, late bo
 	if fn == nil {
 		return
 	}
-	r := Reconciliation{OperationID: p.id, Answer: res, TraceParent: schema.TraceParent(p.link),
+	r := settledFrame{OperationID: p.id, Answer: res, TraceParent: schema.TraceParent(p.link),
 		IndeterminateAt: p.at, Attempts: p.attempts, CommittedLocally: p.local}
 	if late {
 		go fn(r)
@@ -234,24 +236,24 @@ func (a *autoReconciler) settle(p *pendingOutcome, res reconcile.Answer, late bo
 // unknown with reason stopped; late as settle's.
 func (a *autoReconciler) leave(p *pendingOutcome, late bool) {
 	attrs := []slog.Attr{
-		slog.String(string(OperationIDKey), p.id.String()),
+		slog.String(string(schema.OperationIDKey), p.id.String()),
 		slog.Time("indeterminate_at", p.at),
 		slog.Int("attempts", p.attempts),
 	}
 	if p.hasRef {
-		attrs = append(attrs, slog.String(string(ReconciliationRefKey), p.ref.String()))
+		attrs = append(attrs, slog.String(string(schema.ReconciliationRefKey), p.ref.String()))
 	}
 	if p.link.HasTraceID() {
 		attrs = append(attrs, slog.String("trace_id", p.link.TraceID().String()), slog.String("span_id", p.link.SpanID().String()))
 	}
-	a.log().LogAttrs(context.Background(), slog.LevelWarn, MessagePendingAtShutdown, attrs...)
+	a.log().LogAttrs(context.Background(), slog.LevelWarn, messagePendingAtShutdown, attrs...)
 	a.settle(p, reconcile.UnknownAnswer(reconcile.ReasonStopped, p.ref), late)
 }
 
 // MessagePendingAtShutdown is the message of the log record [Tracer.Close] writes for each
 // outcome automatic reconciliation had not settled: select them with it and pipe them to
 // "otelpgxtx reconcile".
-const MessagePendingAtShutdown = "transaction commit outcome still unknown at shutdown: reconcile it"
+const MessagePendingAtShutdown = messagePendingAtShutdown
 
 // close stops the workers: an attempt in flight may finish until ctx is done, then it
 // is cancelled. Every outcome still pending is left to the operator (see leave).
@@ -312,4 +314,15 @@ func mayChange(ans reconcile.Answer) bool {
 		return ans.Status() == reconcile.Unknown
 	}
 	return false
+}
+
+// settledFrame is what the WithOnReconciled callback is told of one settled frame: the
+// fields of the exported Reconciliation, which is made of it by conversion.
+type settledFrame struct {
+	OperationID      outcome.OperationID
+	Answer           reconcile.Answer
+	TraceParent      string
+	IndeterminateAt  time.Time
+	Attempts         int
+	CommittedLocally bool
 }

@@ -17,6 +17,7 @@ import (
 	"go.opentelemetry.io/otel/sdk/metric/metricdata"
 
 	"github.com/txevidence/otelpgxtx/internal/reconciletest"
+	"github.com/txevidence/otelpgxtx/internal/schema"
 	"github.com/txevidence/otelpgxtx/outcome"
 	"github.com/txevidence/otelpgxtx/pgtest"
 	"github.com/txevidence/otelpgxtx/reconcile"
@@ -56,7 +57,7 @@ func (h *harness) reconcileCounts(t *testing.T, ctx context.Context) (counts map
 			case metricReconciliations:
 				for _, dp := range m.Data.(metricdata.Sum[int64]).DataPoints {
 					res, _ := dp.Attributes.Value(ResolvedOutcomeKey)
-					reason, _ := dp.Attributes.Value(errorTypeKey)
+					reason, _ := dp.Attributes.Value(schema.ErrorTypeKey)
 					counts[res.AsString()+"/"+reason.AsString()] += dp.Value
 				}
 			case metricReconciliationDuration:
@@ -276,8 +277,8 @@ func TestUnresolvedGaugesShared(t *testing.T) {
 	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))
 	defer func() { _ = mp.Shutdown(ctx) }()
 	meter := mp.Meter(ScopeName)
-	set := attribute.NewSet(dbSystemPostgreSQL)
-	other := attribute.NewSet(dbSystemPostgreSQL, attribute.String("db.namespace", "b"))
+	set := attribute.NewSet(schema.DBSystemPostgreSQL)
+	other := attribute.NewSet(schema.DBSystemPostgreSQL, attribute.String("db.namespace", "b"))
 	leaveA := unresolvedGauges.join(meter, set, func() (int, time.Duration) { return 2, 3 * time.Second })
 	leaveB := unresolvedGauges.join(meter, set, func() (int, time.Duration) { return 1, 5 * time.Second })
 	leaveC := unresolvedGauges.join(meter, other, func() (int, time.Duration) { return 7, time.Second })

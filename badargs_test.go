@@ -23,6 +23,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/txevidence/otelpgxtx/classifier"
+	"github.com/txevidence/otelpgxtx/internal/schema"
 	"github.com/txevidence/otelpgxtx/outcome"
 	"github.com/txevidence/otelpgxtx/pgtest"
 	"github.com/txevidence/otelpgxtx/reconcile"
@@ -275,8 +276,8 @@ func TestBadArguments(t *testing.T) {
 			IsolationKey, AccessModeKey, AttemptKey, ReconciliationXIDKey, ReconciliationRefKey, NoReferenceKey,
 			ImplicitKey, PreparedKey, CommittedLocallyKey, RetryableKey, ResolvedOutcomeKey, RollbackKey,
 			participantOutcomeKey, savepointNameKey, savepointDepthKey, statementDurationKey,
-			dbSystemNameKey, dbNamespaceKey, dbResponseStatusKey, dbOperationNameKey, dbQuerySummaryKey,
-			serverAddressKey, serverPortKey, errorTypeKey, poolNameKey, connectionStateKey} {
+			schema.DBSystemNameKey, dbNamespaceKey, dbResponseStatusKey, dbOperationNameKey, dbQuerySummaryKey,
+			serverAddressKey, serverPortKey, schema.ErrorTypeKey, poolNameKey, connectionStateKey} {
 			for name, o := range map[string]Option{"WithSpanAttributes": WithSpanAttributes(k.String("x")),
 				"WithMeterAttributes": WithMeterAttributes(attribute.String("team", "a"), k.String("x"))} {
 				err := refused(t, o)()

@@ -23,6 +23,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 	"go.opentelemetry.io/otel/trace/embedded"
 
+	"github.com/txevidence/otelpgxtx/internal/schema"
 	"github.com/txevidence/otelpgxtx/outcome"
 )
 
@@ -110,7 +111,7 @@ func benchFrameSpan(ctx context.Context, tr trace.Tracer, m *metrics, extra []at
 	}
 	span.SetStatus(codes.Ok, "")
 	buf := frameAttrs.Get().(*[]attribute.KeyValue)
-	attrs := append((*buf)[:0], dbSystemPostgreSQL, dbNamespaceKey.String("bench"), serverAddressKey.String("127.0.0.1"),
+	attrs := append((*buf)[:0], schema.DBSystemPostgreSQL, dbNamespaceKey.String("bench"), serverAddressKey.String("127.0.0.1"),
 		serverPortKey.Int(5432), OperationIDKey.String(id.String()), FrameDepthKey.Int(0),
 		OutcomeKey.String(o.String()), PhaseKey.String(outcome.PhaseCommitted.String()))
 	setFrameAttrs(span, buf, append(attrs, extra...))
@@ -122,8 +123,8 @@ func benchFrameSpan(ctx context.Context, tr trace.Tracer, m *metrics, extra []at
 // connection's five (db.system.name again among them: the SDK keeps both until it
 // deduplicates at export), the query text and the operation name.
 var benchStatementAttrs = []attribute.KeyValue{
-	dbSystemPostgreSQL,
-	dbSystemPostgreSQL, attribute.String("server.address", "127.0.0.1"), attribute.Int("server.port", 5432),
+	schema.DBSystemPostgreSQL,
+	schema.DBSystemPostgreSQL, attribute.String("server.address", "127.0.0.1"), attribute.Int("server.port", 5432),
 	attribute.String("user.name", "bench"), attribute.String("db.namespace", "bench"),
 	attribute.String("db.query.text", "update t set v = v + 1 where id = $1"), attribute.String("db.operation.name", "UPDATE"),
 }

@@ -36,7 +36,7 @@ type config struct {
 	tracerProvider trace.TracerProvider
 	meterProvider  metric.MeterProvider
 	spanName       string
-	status         StatusMapping
+	strict         bool // WithStatusMapping(StatusStrict)
 	inner          pgx.QueryTracer
 	innerSet       bool
 	sanitizeInner  bool // WithSanitizedInnerTracer
@@ -50,9 +50,9 @@ type config struct {
 	// Set by the options grouped below WithOtelpgxOptions.
 	spanAttributes  []attribute.KeyValue
 	meterAttributes []attribute.KeyValue
-	spanNameFunc    SpanNameCtxFunc
-	filter          Filter
-	implicitFilter  ImplicitFilter // WithImplicitFilter; nil: every implicit transaction
+	spanNameFunc    func(ctx context.Context, begin string) string
+	filter          func(ctx context.Context, begin string) bool
+	implicitFilter  func(ctx context.Context, sql string) bool // WithImplicitFilter; nil: every implicit transaction
 	implicitSpans   bool           // WithImplicitFrameSpans: an implicit frame's span is its own
 	noConnDetails   bool
 	// What may leave the process; both off by default.
@@ -62,7 +62,7 @@ type config struct {
 	err error
 
 	// expected decides which failures leave span status Unset (WithExpectedErrors).
-	expected []ExpectedErrorFunc
+	expected []func(ctx context.Context, err error) bool
 	// omitSpans has bit k set for each InnerSpan kind turned off (WithoutInnerSpans),
 	// keepSpans for each made a span where by default it is an event (WithInnerSpans);
 	// spansChosen: either option was given.
@@ -145,7 +145,7 @@ func WithStatusMapping(m StatusMapping) Option {
 			refuse(&c.err, invalid("WithStatusMapping: unknown status mapping %d", m))
 			return
 		}
-		c.status = m
+		c.strict = m == StatusStrict
 	})
 }
 
@@ -266,7 +266,7 @@ func WithFilter(f ...Filter) Option {
 			refuse(&c.err, err)
 			return
 		}
-		c.filter = allOf(c.filter, f)
+		c.filter = allOf(Filter(c.filter), f)
 	})
 }
 
@@ -322,7 +322,7 @@ func WithImplicitFilter(f ...ImplicitFilter) Option {
 			refuse(&c.err, err)
 			return
 		}
-		c.implicitFilter = allOf(c.implicitFilter, f)
+		c.implicitFilter = allOf(ImplicitFilter(c.implicitFilter), f)
 	})
 }
 
@@ -399,7 +399,10 @@ func WithExpectedErrors(fns ...ExpectedErrorFunc) Option {
 				return
 			}
 		}
-		c.expected = append([]ExpectedErrorFunc(nil), fns...)
+		c.expected = make([]func(context.Context, error) bool, len(fns))
+		for i, fn := range fns {
+			c.expected[i] = fn
+		}
 	})
 }
 
@@ -457,7 +460,7 @@ func innerSpansOption(name string, kinds []InnerSpan, set func(c *config, bit ui
 
 // checkOmitSpans refuses WithoutInnerSpans and WithInnerSpans with a tracer of the user's
 // own.
-func (c *config) checkOmitSpans() error {
+func checkOmitSpans(c *config) error {
 	if c.spansChosen && c.innerSet {
 		return invalid("WithoutInnerSpans and WithInnerSpans apply to the default otelpgx inner tracer; a tracer of your own decides its own spans")
 	}

@@ -20,7 +20,7 @@ type autoConfig struct {
 	r                  *reconcile.Reconciler
 	queue, workers     int
 	retryMin, retryMax time.Duration
-	onReconciled       func(Reconciliation)
+	onReconciled       func(settledFrame)
 	err                error
 }
 
@@ -122,6 +122,6 @@ func WithOnReconciled(fn func(Reconciliation)) AutoReconcileOption {
 			refuse(&c.err, invalid("WithOnReconciled: nil function"))
 			return
 		}
-		c.onReconciled = fn
+		c.onReconciled = func(r settledFrame) { fn(Reconciliation(r)) }
 	})
 }

@@ -25,7 +25,10 @@ var ErrInvalidArgument = errs.ErrInvalidArgument
 // ErrUnreadResult is the cause of the rollback of a [Run] whose function returned nil
 // with a result it had not read (a pgx.Rows not closed): the connection is still busy
 // with it, so COMMIT cannot be sent. Run rolls back instead; close rows before returning.
-var ErrUnreadResult = errors.New("otelpgxtx: the transaction function returned with an unread result (a pgx.Rows not closed); rolled back")
+var ErrUnreadResult = errUnreadResult
+
+// errUnreadResult is ErrUnreadResult, defined where the layers below use it.
+var errUnreadResult = errors.New("otelpgxtx: the transaction function returned with an unread result (a pgx.Rows not closed); rolled back")
 
 // errCommitUnobserved is the cause of an unknown commit whose end no statement showed
 // (the frame was abandoned while committing).
@@ -33,7 +36,10 @@ var errCommitUnobserved = errors.New("otelpgxtx: the COMMIT's reply was never ob
 
 // ErrTxOwnedByRun is returned by Commit and Rollback of the transaction handed to a
 // [Run] function: Run ends the transaction itself, from the function's result.
-var ErrTxOwnedByRun = errors.New("otelpgxtx: the transaction belongs to Run: return nil to commit, an error to roll back")
+var ErrTxOwnedByRun = errTxOwnedByRun
+
+// errTxOwnedByRun is ErrTxOwnedByRun, defined where the layers below use it.
+var errTxOwnedByRun = errors.New("otelpgxtx: the transaction belongs to Run: return nil to commit, an error to roll back")
 
 // errTxEnded is what every handle derived from a Run transaction returns once Run has
 // ended that transaction.
@@ -46,7 +52,10 @@ var errTxEnded = fmt.Errorf("otelpgxtx: the transaction of Run has ended: %w", p
 // the transaction begun with it has not ended yet. Nothing can be
 // concluded from it: treat it as you would an error without the library, and never as
 // a rollback.
-var ErrNoVerdict = errors.New("otelpgxtx: no verdict")
+var ErrNoVerdict = errNoVerdict
+
+// errNoVerdict is ErrNoVerdict, defined where the layers below use it.
+var errNoVerdict = errors.New("otelpgxtx: no verdict")
 
 // errRolledBack is the cause of a deliberate rollback: the application's own ROLLBACK,
 // with nothing gone wrong.

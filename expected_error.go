@@ -30,7 +30,7 @@ func CallerCanceled(ctx context.Context, err error) bool {
 }
 
 // defaultExpected is the default of [WithExpectedErrors].
-var defaultExpected = []ExpectedErrorFunc{CallerCanceled}
+var defaultExpected = []func(context.Context, error) bool{CallerCanceled}
 
 // expectedSpan is a span that ended with an expected error: it takes every call but the
 // Error status.

@@ -16,6 +16,7 @@ import (
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/txevidence/otelpgxtx/internal/schema"
 	"github.com/txevidence/otelpgxtx/outcome"
 	"github.com/txevidence/otelpgxtx/pgtest"
 )
@@ -176,7 +177,7 @@ func runExpectedFaults(t *testing.T, opts ...Option) expectedCase {
 	c.counts = nonZero(h.sums(t, ctx, metricTransactions, OutcomeKey, RollbackKey))
 	for _, f := range c.frames {
 		if v, _ := attr(f, OutcomeKey); v.AsString() == "indeterminate" {
-			c.indeterminateReason = attrString(t, f, errorTypeKey)
+			c.indeterminateReason = attrString(t, f, schema.ErrorTypeKey)
 		}
 	}
 	return c
@@ -221,7 +222,7 @@ func TestExpectedErrors(t *testing.T) {
 	}
 	var errorTypes []string
 	for _, f := range def.frames {
-		errorTypes = append(errorTypes, attrString(t, f, errorTypeKey))
+		errorTypes = append(errorTypes, attrString(t, f, schema.ErrorTypeKey))
 	}
 	if want := "[canceled canceled constraint_violation deadline_exceeded canceled]"; fmt.Sprint(errorTypes) != want {
 		t.Errorf("frames' error.type %v, want %s", errorTypes, want)
@@ -257,7 +258,7 @@ func outcomeAttrs(f tracetest.SpanStub) []attribute.KeyValue {
 	var out []attribute.KeyValue
 	for _, kv := range f.Attributes {
 		switch kv.Key {
-		case OutcomeKey, PhaseKey, RollbackKey, errorTypeKey, dbResponseStatusKey, RetryableKey, PropagationKey:
+		case OutcomeKey, PhaseKey, RollbackKey, schema.ErrorTypeKey, dbResponseStatusKey, RetryableKey, PropagationKey:
 			out = append(out, kv)
 		}
 	}

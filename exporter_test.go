@@ -17,6 +17,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/txevidence/otelpgxtx/internal/evidence"
+	"github.com/txevidence/otelpgxtx/internal/schema"
 	"github.com/txevidence/otelpgxtx/pgtest"
 )
 
@@ -105,7 +106,7 @@ func TestSpanCommitted(t *testing.T) {
 		wantStatus(t, f, codes.Ok, "")
 		// The literals are recorded as placeholders by default.
 		wantStatementChildren(t, h, f, "begin isolation level repeatable read", "insert into "+table+" (id, k) values (?, ?)", "commit")
-		if _, ok := attr(f, errorTypeKey); ok {
+		if _, ok := attr(f, schema.ErrorTypeKey); ok {
 			t.Fatal("a committed frame has error.type")
 		}
 		if !srv.RowExists(t, ctx, table, 1) {

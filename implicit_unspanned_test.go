@@ -13,6 +13,7 @@ import (
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/txevidence/otelpgxtx/internal/schema"
 	"github.com/txevidence/otelpgxtx/outcome"
 )
 
@@ -118,7 +119,7 @@ func wantUnspannedFrame(t *testing.T, s tracetest.SpanStub, want outcome.Outcome
 	if v, _ := attr(s, ImplicitKey); !v.AsBool() {
 		t.Fatal("no tx.implicit")
 	}
-	if _, ok := attr(s, dbSystemNameKey); !ok {
+	if _, ok := attr(s, schema.DBSystemNameKey); !ok {
 		t.Fatal("no db.system.name")
 	}
 	if s.Status.Code != code {

@@ -11,6 +11,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/txevidence/otelpgxtx/internal/schema"
 	"github.com/txevidence/otelpgxtx/internal/wire"
 )
 
@@ -139,11 +140,11 @@ func mayUseTLS(cfg *pgconn.Config) bool {
 func newTracer(opts []Option) (*Tracer, error) {
 	cfg := newConfig(opts)
 	if cfg.err == nil {
-		cfg.err = cfg.checkOmitSpans()
+		cfg.err = checkOmitSpans(&cfg)
 	}
 	t := &Tracer{core: core{
 		cfg:     cfg,
-		tracer:  cfg.tracerProvider.Tracer(ScopeName, trace.WithInstrumentationVersion(Version())),
+		tracer:  cfg.tracerProvider.Tracer(scopeName, trace.WithInstrumentationVersion(schema.Version)),
 		metrics: newMetrics(cfg.meterProvider, cfg.meterAttributes),
 	}}
 	t.sanitized.raw = cfg.rawQueryText
@@ -166,7 +167,7 @@ func newTracer(opts []Option) (*Tracer, error) {
 	}
 	t.setInner(inner)
 	if cfg.err == nil && cfg.auto != nil {
-		t.auto = newAutoReconciler(&t.cfg, cfg.auto)
+		t.auto = newAutoReconciler(cfg.auto, t.cfg.logger, cfg.meterProvider, cfg.meterAttributes)
 	}
 	return t, cfg.err
 }

@@ -3,6 +3,8 @@ package otelpgxtx
 import (
 	"context"
 	"log/slog"
+
+	"github.com/txevidence/otelpgxtx/internal/schema"
 )
 
 // logIndeterminate writes one record per indeterminate frame, ended e, so that an
@@ -10,26 +12,26 @@ import (
 // reconciliation needs.
 func (t *core) logIndeterminate(e *ending) {
 	attrs := []slog.Attr{
-		slog.String(string(OperationIDKey), e.id.String()),
-		slog.String(string(PhaseKey), e.phase.String()),
-		slog.String(string(errorTypeKey), e.verdict.Reason()),
+		slog.String(string(schema.OperationIDKey), e.id.String()),
+		slog.String(string(phaseKey), e.phase.String()),
+		slog.String(string(schema.ErrorTypeKey), e.verdict.Reason()),
 	}
 	if sc := e.span; sc.HasTraceID() {
 		attrs = append(attrs, slog.String("trace_id", sc.TraceID().String()), slog.String("span_id", sc.SpanID().String()))
 	}
 	if e.ref != nil {
-		attrs = append(attrs, slog.String(string(ReconciliationRefKey), e.ref.String()))
+		attrs = append(attrs, slog.String(string(schema.ReconciliationRefKey), e.ref.String()))
 	}
 	if e.noRef != "" {
-		attrs = append(attrs, slog.String(string(NoReferenceKey), e.noRef))
+		attrs = append(attrs, slog.String(string(schema.NoReferenceKey), e.noRef))
 	}
 	if e.committedLocally {
-		attrs = append(attrs, slog.Bool(string(CommittedLocallyKey), true))
+		attrs = append(attrs, slog.Bool(string(committedLocallyKey), true))
 	}
 	if e.implicit {
-		attrs = append(attrs, slog.Bool(string(ImplicitKey), true))
+		attrs = append(attrs, slog.Bool(string(implicitKey), true))
 	}
-	t.cfg.logger().LogAttrs(context.Background(), slog.LevelWarn, MessageIndeterminate, attrs...)
+	t.cfg.logger().LogAttrs(context.Background(), slog.LevelWarn, messageIndeterminate, attrs...)
 }
 
 // MessageIndeterminate is the message of the log record written for each indeterminate
@@ -39,4 +41,4 @@ func (t *core) logIndeterminate(e *ending) {
 // and stays true when [Retry] with [WithReconciler] settles it aborted and runs the
 // attempt again. That settling is recorded in the trace (the otelpgxtx.retry span's
 // tx.retry.settled event, then the next attempt's frames), not in a log record.
-const MessageIndeterminate = "transaction commit outcome is indeterminate: settle it before any replay"
+const MessageIndeterminate = messageIndeterminate

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"reflect"
+	"slices"
 	"sync"
 	"time"
 
@@ -11,6 +12,7 @@ import (
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/metric"
 
+	"github.com/txevidence/otelpgxtx/internal/schema"
 	"github.com/txevidence/otelpgxtx/outcome"
 	"github.com/txevidence/otelpgxtx/reconcile"
 )
@@ -58,7 +60,7 @@ var frameOutcomes = []outcome.Outcome{outcome.OutcomeCommitted, outcome.OutcomeP
 const seriesDeliberate = outcome.OutcomeCommittedWithPostCommitFailure + 1
 
 // participantPropagations are the propagations whose calls can join a transaction.
-var participantPropagations = []Propagation{Required, Nested, Mandatory}
+var participantPropagations = [...]string{"required", "nested", "mandatory"}
 
 // metrics are recorded for every frame, sampled or not: an indeterminate commit must be
 // countable even when its trace was dropped.
@@ -71,11 +73,11 @@ type metrics struct {
 	addOpts    [2][seriesDeliberate + 1][]metric.AddOption
 	recordOpts [2][seriesDeliberate + 1][]metric.RecordOption
 	// participantOpts[failed][propagation]
-	participantOpts [2][Mandatory + 1][]metric.AddOption
+	participantOpts [2][len(participantPropagations)][]metric.AddOption
 }
 
 func newMetrics(mp metric.MeterProvider, extra []attribute.KeyValue) *metrics {
-	meter := mp.Meter(ScopeName, metric.WithInstrumentationVersion(Version()))
+	meter := mp.Meter(scopeName, metric.WithInstrumentationVersion(schema.Version))
 	m := &metrics{
 		transactions: counter(meter, metricTransactions, "{transaction}",
 			"Physical transactions (frames) that ended, by tx.outcome and, for rolled_back, tx.rollback (deliberate or failure)."),
@@ -87,7 +89,7 @@ func newMetrics(mp metric.MeterProvider, extra []attribute.KeyValue) *metrics {
 			"Time spent in the committing phase, by tx.outcome and tx.rollback.", durationBuckets),
 	}
 	series := func(implicit int, i outcome.Outcome, kv ...attribute.KeyValue) {
-		set := attribute.NewSet(append(append(kv, ImplicitKey.Bool(implicit == 1), dbSystemPostgreSQL), extra...)...)
+		set := attribute.NewSet(append(append(kv, implicitKey.Bool(implicit == 1), schema.DBSystemPostgreSQL), extra...)...)
 		m.addOpts[implicit][i] = []metric.AddOption{metric.WithAttributeSet(set)}
 		m.recordOpts[implicit][i] = []metric.RecordOption{metric.WithAttributeSet(set)}
 		// Every series exists from the start at 0, so that an alert on
@@ -97,17 +99,17 @@ func newMetrics(mp metric.MeterProvider, extra []attribute.KeyValue) *metrics {
 	for implicit := range 2 {
 		for _, o := range frameOutcomes {
 			if o == outcome.OutcomeRolledBack {
-				series(implicit, o, OutcomeKey.String(o.String()), RollbackKey.String(RollbackFailure))
-				series(implicit, seriesDeliberate, OutcomeKey.String(o.String()), RollbackKey.String(RollbackDeliberate))
+				series(implicit, o, outcomeKey.String(o.String()), rollbackKey.String(rollbackFailure))
+				series(implicit, seriesDeliberate, outcomeKey.String(o.String()), rollbackKey.String(rollbackDeliberate))
 				continue
 			}
-			series(implicit, o, OutcomeKey.String(o.String()))
+			series(implicit, o, outcomeKey.String(o.String()))
 		}
 	}
 	for failed, o := range []outcome.Outcome{outcome.OutcomeParticipating, outcome.OutcomeRolledBack} {
-		for _, p := range participantPropagations {
+		for p, name := range participantPropagations {
 			set := attribute.NewSet(append([]attribute.KeyValue{participantOutcomeKey.String(o.String()),
-				PropagationKey.String(p.String()), dbSystemPostgreSQL}, extra...)...)
+				propagationKey.String(name), schema.DBSystemPostgreSQL}, extra...)...)
 			m.participantOpts[failed][p] = []metric.AddOption{metric.WithAttributeSet(set)}
 			m.participations.Add(context.Background(), 0, m.participantOpts[failed][p]...)
 		}
@@ -136,10 +138,12 @@ func histogram(meter metric.Meter, name, unit, description string, buckets []flo
 	return h
 }
 
-// participant counts a Run call with propagation p that joined an outer transaction and
-// ended with o: participating, or rolled_back when it failed.
-func (m *metrics) participant(p Propagation, o outcome.Outcome) {
-	if m == nil || p < Required || p > Mandatory || m.participantOpts[0][p] == nil {
+// participant counts a Run call with the propagation named propagation (Propagation's
+// String) that joined an outer transaction and ended with o: participating, or
+// rolled_back when it failed.
+func (m *metrics) participant(propagation string, o outcome.Outcome) {
+	p := slices.Index(participantPropagations[:], propagation)
+	if m == nil || p < 0 {
 		return
 	}
 	failed := 0
@@ -213,7 +217,7 @@ type reconcileMetrics struct {
 }
 
 func newReconcileMetrics(mp metric.MeterProvider, extra []attribute.KeyValue, pending func() (int, time.Duration)) *reconcileMetrics {
-	meter := mp.Meter(ScopeName, metric.WithInstrumentationVersion(Version()))
+	meter := mp.Meter(scopeName, metric.WithInstrumentationVersion(schema.Version))
 	m := &reconcileMetrics{
 		extra: extra,
 		reconciliations: counter(meter, metricReconciliations, "{transaction}",
@@ -221,7 +225,7 @@ func newReconcileMetrics(mp metric.MeterProvider, extra []attribute.KeyValue, pe
 		duration: histogram(meter, metricReconciliationDuration, "s",
 			"Time from an indeterminate commit to its reconciliation's final answer, by tx.outcome.resolved.", reconcileBuckets),
 	}
-	set := attribute.NewSet(append([]attribute.KeyValue{dbSystemPostgreSQL}, extra...)...)
+	set := attribute.NewSet(append([]attribute.KeyValue{schema.DBSystemPostgreSQL}, extra...)...)
 	m.leave = unresolvedGauges.join(meter, set, pending)
 	// Every series exists from the start at 0, as the outcome series do.
 	for _, r := range []reconcile.Status{reconcile.Committed, reconcile.Aborted, reconcile.NoWrites} {
@@ -234,9 +238,9 @@ func newReconcileMetrics(mp metric.MeterProvider, extra []attribute.KeyValue, pe
 }
 
 func (m *reconcileMetrics) attrs(r reconcile.Status, reason string) attribute.Set {
-	kv := append([]attribute.KeyValue{ResolvedOutcomeKey.String(r.String()), dbSystemPostgreSQL}, m.extra...)
+	kv := append([]attribute.KeyValue{schema.ResolvedOutcomeKey.String(r.String()), schema.DBSystemPostgreSQL}, m.extra...)
 	if reason != "" {
-		kv = append(kv, errorTypeKey.String(reason))
+		kv = append(kv, schema.ErrorTypeKey.String(reason))
 	}
 	return attribute.NewSet(kv...)
 }

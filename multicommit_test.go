@@ -302,9 +302,10 @@ func (l *ledger) attempt(t *testing.T, w *implicitSetup, c multiCase, ctx contex
 	t.Helper()
 	ctx, root := rootSpan(ctx, w.h)
 	defer root.End()
-	vctx, v := NewVerdict(ctx)
-	if verdictFrom(ctx) != nil {
-		vctx, v = ctx, verdictFrom(ctx) // Retry's attempt: its own Verdict
+	vctx, nv := NewVerdict(ctx)
+	answer := nv.Result
+	if st := verdictFrom(ctx); st != nil {
+		vctx, answer = ctx, st.answer // Retry's attempt: its own Verdict
 	}
 	pid := w.pid(t)
 	var release func()
@@ -323,7 +324,7 @@ func (l *ledger) attempt(t *testing.T, w *implicitSetup, c multiCase, ctx contex
 		mustOK(t, srv.WaitBackendGone(w.ctx, pid))
 	}
 	err := <-done
-	res, verr := v.Result()
+	res, verr := answer()
 	if verr != nil {
 		t.Fatalf("verdict: %v (call: %v)", verr, err)
 	}

@@ -13,6 +13,7 @@ import (
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 
 	"github.com/txevidence/otelpgxtx/classifier"
+	"github.com/txevidence/otelpgxtx/internal/schema"
 	"github.com/txevidence/otelpgxtx/outcome"
 )
 
@@ -75,7 +76,7 @@ func (s *scripted) frames() []tracetest.SpanStub {
 // frameSummary is tx.outcome, error.type and the phase events of a frame span.
 func frameSummary(sp tracetest.SpanStub) string {
 	o, _ := attr(sp, OutcomeKey)
-	e, _ := attr(sp, errorTypeKey)
+	e, _ := attr(sp, schema.ErrorTypeKey)
 	return o.String() + " " + e.String() + " [" + strings.Join(eventNames(sp), " ") + "]"
 }
 

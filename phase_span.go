@@ -16,6 +16,7 @@ import (
 	"go.opentelemetry.io/otel/trace/noop"
 
 	"github.com/txevidence/otelpgxtx/internal/evidence"
+	"github.com/txevidence/otelpgxtx/internal/schema"
 	"github.com/txevidence/otelpgxtx/outcome"
 )
 
@@ -154,7 +155,7 @@ func (t *core) frameSpanName(ctx context.Context, begin string) (name string, fi
 // configuration, once per connection.
 func (t *core) connAttrs(conn *pgx.Conn, slot *[]attribute.KeyValue) []attribute.KeyValue {
 	if *slot == nil {
-		attrs := []attribute.KeyValue{dbSystemPostgreSQL}
+		attrs := []attribute.KeyValue{schema.DBSystemPostgreSQL}
 		if !t.cfg.noConnDetails {
 			cfg := conn.Config()
 			attrs = append(attrs,
@@ -234,7 +235,7 @@ func (f *frameSpan) phaseEvent(to outcome.Phase) {
 // suspension and resumption of its frame.
 func (f *frameSpan) spanEvent(name string, id outcome.OperationID) {
 	if f.span.IsRecording() {
-		f.span.AddEvent(name, trace.WithAttributes(OperationIDKey.String(id.String())))
+		f.span.AddEvent(name, trace.WithAttributes(schema.OperationIDKey.String(id.String())))
 	}
 }
 
@@ -287,38 +288,38 @@ func setFrameAttrs(span trace.Span, buf *[]attribute.KeyValue, attrs []attribute
 func (f *frameSpan) outcomeAttrs(e *ending, cfg *config, attrs []attribute.KeyValue) []attribute.KeyValue {
 	v := e.verdict
 	attrs = append(attrs, f.connAttrs...)
-	attrs = append(attrs, OperationIDKey.String(e.id.String()), FrameDepthKey.Int(e.depth))
+	attrs = append(attrs, schema.OperationIDKey.String(e.id.String()), frameDepthKey.Int(e.depth))
 	attrs = append(attrs, cfg.spanAttributes...)
-	attrs = append(attrs, OutcomeKey.String(e.outcome.String()), PhaseKey.String(e.phase.String()))
+	attrs = append(attrs, outcomeKey.String(e.outcome.String()), phaseKey.String(e.phase.String()))
 	if e.implicit {
-		attrs = append(attrs, ImplicitKey.Bool(true))
+		attrs = append(attrs, implicitKey.Bool(true))
 	}
 	if e.isolation != "" {
-		attrs = append(attrs, IsolationKey.String(e.isolation))
+		attrs = append(attrs, isolationKey.String(e.isolation))
 	}
 	if e.accessMode != "" {
-		attrs = append(attrs, AccessModeKey.String(e.accessMode))
+		attrs = append(attrs, accessModeKey.String(e.accessMode))
 	}
 	if e.propagation != "" {
-		attrs = append(attrs, PropagationKey.String(e.propagation))
+		attrs = append(attrs, propagationKey.String(e.propagation))
 	}
 	if e.attemptNo > 0 {
-		attrs = append(attrs, AttemptKey.Int(e.attemptNo))
+		attrs = append(attrs, attemptKey.Int(e.attemptNo))
 	}
 	if e.ref != nil {
-		attrs = append(attrs, ReconciliationRefKey.String(e.ref.String()))
+		attrs = append(attrs, schema.ReconciliationRefKey.String(e.ref.String()))
 		if !e.ref.NoWrites() {
-			attrs = append(attrs, ReconciliationXIDKey.String(strconv.FormatUint(e.ref.XID, 10)))
+			attrs = append(attrs, reconciliationXIDKey.String(strconv.FormatUint(e.ref.XID, 10)))
 		}
 	}
 	if e.noRef != "" && e.outcome == outcome.OutcomeIndeterminate {
-		attrs = append(attrs, NoReferenceKey.String(e.noRef))
+		attrs = append(attrs, schema.NoReferenceKey.String(e.noRef))
 	}
 	if e.committedLocally {
-		attrs = append(attrs, CommittedLocallyKey.Bool(true))
+		attrs = append(attrs, committedLocallyKey.Bool(true))
 	}
 	if e.outcome == outcome.OutcomeParticipating {
-		attrs = append(attrs, PreparedKey.Bool(true))
+		attrs = append(attrs, preparedKey.Bool(true))
 	}
 	if v.SQLState() != "" {
 		attrs = append(attrs, dbResponseStatusKey.String(v.SQLState()))
@@ -332,23 +333,23 @@ func (f *frameSpan) setOutcomeStatus(e *ending, cfg *config, attrs []attribute.K
 	v := e.verdict
 	switch e.outcome {
 	case outcome.OutcomeCommitted, outcome.OutcomeCommittedWithPostCommitFailure:
-		if cfg.status == StatusOkOnCommit {
+		if !cfg.strict {
 			f.span.SetStatus(codes.Ok, "")
 		}
 	case outcome.OutcomeRolledBack:
-		attrs = append(attrs, RetryableKey.Bool(v.Retryable()))
+		attrs = append(attrs, retryableKey.Bool(v.Retryable()))
 		// A deliberate rollback with nothing gone wrong is not an error.
 		if e.deliberate {
-			attrs = append(attrs, RollbackKey.String(RollbackDeliberate))
+			attrs = append(attrs, rollbackKey.String(rollbackDeliberate))
 		} else {
-			attrs = append(attrs, RollbackKey.String(RollbackFailure), errorTypeKey.String(v.Reason()))
+			attrs = append(attrs, rollbackKey.String(rollbackFailure), schema.ErrorTypeKey.String(v.Reason()))
 			if !f.errExpected {
 				f.span.SetStatus(codes.Error, statusDescriptionRolledBack)
 			}
 		}
 	case outcome.OutcomeIndeterminate:
 		// Neither Ok nor Error: nothing was determined. tx.outcome says which.
-		attrs = append(attrs, errorTypeKey.String(v.Reason()))
+		attrs = append(attrs, schema.ErrorTypeKey.String(v.Reason()))
 	}
 	return attrs
 }

@@ -165,9 +165,9 @@ func waitBackoff(ctx context.Context, p Policy, n int) bool {
 
 // shouldRetry reports whether Run tries again after attempt n ended with res: only a
 // retryable rollback is, and only while attempts and the caller's time are left.
-func shouldRetry[T any](ctx context.Context, p Policy, res outcome.Result[T], n int) bool {
+func shouldRetry[T any](ctx context.Context, maxAttempts int, res outcome.Result[T], n int) bool {
 	rb, ok := res.(outcome.DeterminateRollback[T])
-	return ok && rb.Retryable() && n < p.MaxAttempts && ctx.Err() == nil
+	return ok && rb.Retryable() && n < maxAttempts && ctx.Err() == nil
 }
 
 // backoff draws the wait before try n+1 uniformly from [0, min(max, base·2^(n-1))].

@@ -15,6 +15,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/txevidence/otelpgxtx/internal/schema"
 	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/metric"
@@ -97,7 +98,7 @@ type seenPool struct {
 // newPoolMetrics creates the instruments on the tracer's meter, for the pool cfg
 // configures, and registers the callback that observes its counts.
 func newPoolMetrics(c config, cfg *pgxpool.Config) *poolMetrics {
-	meter := c.meterProvider.Meter(ScopeName, metric.WithInstrumentationVersion(Version()))
+	meter := c.meterProvider.Meter(scopeName, metric.WithInstrumentationVersion(schema.Version))
 	// Clipped: attribute.NewSet sorts the slice it is given in place, so the idle and used
 	// sets appended to base must never share its array.
 	base := slices.Clip(append(poolAttributes(c.poolName, cfg.ConnConfig), c.meterAttributes...))
@@ -128,12 +129,12 @@ func poolAttributes(name string, cc *pgx.ConnConfig) []attribute.KeyValue {
 			target = cc.Host // a Unix socket's directory: no port to join
 		}
 	}
-	for _, fallback := range []string{cc.Database, target, dbSystemPostgreSQL.Value.AsString()} {
+	for _, fallback := range []string{cc.Database, target, schema.DBSystemPostgreSQL.Value.AsString()} {
 		if name == "" {
 			name = fallback
 		}
 	}
-	attrs := []attribute.KeyValue{poolNameKey.String(name), dbSystemPostgreSQL}
+	attrs := []attribute.KeyValue{poolNameKey.String(name), schema.DBSystemPostgreSQL}
 	if cc.Database != "" {
 		attrs = append(attrs, dbNamespaceKey.String(cc.Database))
 	}

@@ -15,6 +15,7 @@ import (
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
 	"go.opentelemetry.io/otel/sdk/metric/metricdata"
 
+	"github.com/txevidence/otelpgxtx/internal/schema"
 	"github.com/txevidence/otelpgxtx/pgtest"
 )
 
@@ -46,7 +47,7 @@ func readPool(t *testing.T, ctx context.Context, reader *sdkmetric.ManualReader)
 			r.pools[v.AsString()] = true
 		}
 		var ids []string
-		for _, k := range []attribute.Key{dbNamespaceKey, dbSystemNameKey, serverAddressKey, serverPortKey} {
+		for _, k := range []attribute.Key{dbNamespaceKey, schema.DBSystemNameKey, serverAddressKey, serverPortKey} {
 			if v, ok := s.Value(k); ok {
 				ids = append(ids, string(k)+"="+v.String())
 			}
@@ -225,7 +226,7 @@ func TestPoolMetrics(t *testing.T) {
 	if u := r.hist[metricConnectionUseTime]; u.Count != 3 {
 		t.Errorf("%s count %d, want 3 uses (c1, the destroyed c2, the waiter's)", metricConnectionUseTime, u.Count)
 	}
-	if fs := h.frames(); len(fs) != 1 || attrString(t, fs[0], errorTypeKey) == "" {
+	if fs := h.frames(); len(fs) != 1 || attrString(t, fs[0], schema.ErrorTypeKey) == "" {
 		t.Errorf("the destroyed connection's frame: %v", names(fs))
 	}
 

@@ -44,7 +44,7 @@ func (t *core) referenceOff(off *reference.Off) {
 // tx.reconciliation.recovery field (a reconcile.Recovery) answers aborted every commit of
 // that postmaster the recovery lost, after the server's next checkpoint has overwritten it
 // too. Pipe it to "otelpgxtx reconcile" with the records of the commits to settle.
-const MessageCrashRecovered = "the database recovered from a crash: this record settles the commits the recovery lost"
+const MessageCrashRecovered = messageCrashRecovered
 
 // sawCheck keeps what st's check, just answered, saw of a crash recovery: one log record
 // per recovery, and automatic reconciliation's reconciler told of it.
@@ -53,7 +53,7 @@ func (t *core) sawCheck(st *connState) {
 	if !ok {
 		return
 	}
-	t.cfg.logger().LogAttrs(context.Background(), slog.LevelWarn, MessageCrashRecovered, slog.String(string(schema.RecoveryKey), rec.String()))
+	t.cfg.logger().LogAttrs(context.Background(), slog.LevelWarn, messageCrashRecovered, slog.String(string(schema.RecoveryKey), rec.String()))
 	if t.auto != nil {
 		t.auto.r.Remember(rec)
 	}

@@ -10,6 +10,7 @@ import (
 	"go.opentelemetry.io/otel/codes"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/txevidence/otelpgxtx/internal/schema"
 	"github.com/txevidence/otelpgxtx/outcome"
 	"github.com/txevidence/otelpgxtx/reconcile"
 )
@@ -90,7 +91,7 @@ func Retry(ctx context.Context, maxAttempts int, attempt func(ctx context.Contex
 	ctx, span := retryTracer(ctx).Start(ctx, spanNameRetry, trace.WithSpanKind(trace.SpanKindInternal))
 	for n := 1; ; n++ {
 		vctx, v := NewVerdict(ctx)
-		v.attempt = n
+		v.s.attempt = n
 		err := attempt(vctx)
 		res, verr := v.Result()
 		retryAttemptEvent(span, n, res, verr)
@@ -99,8 +100,8 @@ func Retry(ctx context.Context, maxAttempts int, attempt func(ctx context.Contex
 			return nil, errors.Join(err, verr)
 		}
 		if ind, ok := res.(outcome.Indeterminate[struct{}]); ok && cfg.rec != nil {
-			if one, committed := v.settleable(); one {
-				res, err = cfg.settle(ctx, ind, v.pending(), err)
+			if one, committed := v.s.settleable(); one {
+				res, err = cfg.settle(ctx, ind, v.s.pending(), err)
 				retrySettledEvent(span, res)
 				if r, ok := res.(outcome.DeterminateRollback[struct{}]); ok && committed != nil {
 					// Another transaction of the attempt committed: its work is in the
@@ -109,7 +110,7 @@ func Retry(ctx context.Context, maxAttempts int, attempt func(ctx context.Contex
 				}
 			}
 		}
-		if !shouldRetry(ctx, Policy{MaxAttempts: maxAttempts}, res, n) || !waitBackoff(ctx, p, n) {
+		if !shouldRetry(ctx, maxAttempts, res, n) || !waitBackoff(ctx, p, n) {
 			endRetrySpan(span, n, res)
 			return res, err
 		}
@@ -123,7 +124,7 @@ func retryTracer(ctx context.Context) trace.Tracer {
 	if s := trace.SpanFromContext(ctx); s.SpanContext().IsValid() {
 		tp = s.TracerProvider()
 	}
-	return tp.Tracer(ScopeName, trace.WithInstrumentationVersion(Version()))
+	return tp.Tracer(scopeName, trace.WithInstrumentationVersion(schema.Version))
 }
 
 // retryAttemptEvent records attempt n's end on the Retry span: its verdict res, or verr.
@@ -131,11 +132,11 @@ func retryAttemptEvent(span trace.Span, n int, res outcome.Result[struct{}], ver
 	if !span.IsRecording() {
 		return
 	}
-	attrs := []attribute.KeyValue{AttemptKey.Int(n)}
+	attrs := []attribute.KeyValue{attemptKey.Int(n)}
 	if verr != nil {
-		attrs = append(attrs, errorTypeKey.String("no_verdict"))
+		attrs = append(attrs, schema.ErrorTypeKey.String("no_verdict"))
 	} else {
-		attrs = append(attrs, OutcomeKey.String(res.Outcome().String()), OperationIDKey.String(res.OperationID().String()))
+		attrs = append(attrs, outcomeKey.String(res.Outcome().String()), schema.OperationIDKey.String(res.OperationID().String()))
 	}
 	span.AddEvent(eventRetryAttempt, trace.WithAttributes(attrs...))
 }
@@ -161,9 +162,9 @@ func retrySettledEvent(span trace.Span, res outcome.Result[struct{}]) {
 			reason = ae.Answer.Reason()
 		}
 	}
-	attrs := []attribute.KeyValue{ResolvedOutcomeKey.String(status.String())}
+	attrs := []attribute.KeyValue{schema.ResolvedOutcomeKey.String(status.String())}
 	if reason != "" {
-		attrs = append(attrs, errorTypeKey.String(reason))
+		attrs = append(attrs, schema.ErrorTypeKey.String(reason))
 	}
 	span.AddEvent(eventRetrySettled, trace.WithAttributes(attrs...))
 }
@@ -173,13 +174,13 @@ func retrySettledEvent(span trace.Span, res outcome.Result[struct{}]) {
 // unknown or participating — the rule of the frame spans.
 func endRetrySpan(span trace.Span, n int, res outcome.Result[struct{}]) {
 	if span.IsRecording() {
-		span.SetAttributes(AttemptKey.Int(n))
+		span.SetAttributes(attemptKey.Int(n))
 		switch {
 		case res == nil:
-			span.SetAttributes(errorTypeKey.String("no_verdict"))
+			span.SetAttributes(schema.ErrorTypeKey.String("no_verdict"))
 			span.SetStatus(codes.Error, "no verdict")
 		default:
-			span.SetAttributes(OutcomeKey.String(res.Outcome().String()))
+			span.SetAttributes(outcomeKey.String(res.Outcome().String()))
 			switch res.Outcome() {
 			case outcome.OutcomeCommitted, outcome.OutcomeCommittedWithPostCommitFailure:
 				span.SetStatus(codes.Ok, "")

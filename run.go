@@ -48,14 +48,14 @@ func Run[T any](ctx context.Context, db DB, policy Policy, fn func(ctx context.C
 		if sc == nil {
 			return notStarted[T](invalid("Mandatory propagation needs a transaction of Run in the context"))
 		}
-		return join(ctx, policy, sc, fn)
+		return join(ctx, policy.Propagation.String(), sc, fn)
 	case Required:
 		if sc != nil {
-			return join(ctx, policy, sc, fn)
+			return join(ctx, policy.Propagation.String(), sc, fn)
 		}
 	case Nested:
 		if sc != nil {
-			return nested(ctx, policy, sc, fn)
+			return nested(ctx, policy.Propagation.String(), sc, fn)
 		}
 	case RequiresNew:
 		if sc != nil {
@@ -85,7 +85,7 @@ func checkRun(ctx context.Context, db DB, hasFn bool, p Policy) error {
 // checkSecondConnection refuses a RequiresNew that could only wait for itself: on the
 // outer transaction's own connection, or on a pool whose every connection is held by a
 // suspended transaction of this call chain (transactions on other pools hold none of it).
-func checkSecondConnection(ctx context.Context, db DB, sc *scope) error {
+func checkSecondConnection(ctx context.Context, db txBeginner, sc *scope) error {
 	switch db := db.(type) {
 	case *pgx.Conn:
 		if db == sc.owner().tx.Conn() {
@@ -107,24 +107,24 @@ func checkSecondConnection(ctx context.Context, db DB, sc *scope) error {
 
 // join runs fn as a participant of sc. Its failure dooms the owner's transaction, so
 // the rollback it reports is certain; it is never retried on its own.
-func join[T any](ctx context.Context, p Policy, sc *scope, fn func(context.Context, pgx.Tx) (T, error)) outcome.Result[T] {
+func join[T any](ctx context.Context, propagation string, sc *scope, fn func(context.Context, pgx.Tx) (T, error)) outcome.Result[T] {
 	v, err := fn(ctx, sc.tx)
 	if err != nil {
 		sc.markRollbackOnly(err)
 		r := determinateRollback[T](sc.id, outcome.PhaseActive, err, false)
-		sc.participated(p, r.Outcome())
+		sc.participated(propagation, r.Outcome())
 		return r
 	}
-	sc.participated(p, outcome.OutcomeParticipating)
+	sc.participated(propagation, outcome.OutcomeParticipating)
 	return outcome.NewParticipating(sc.id, v)
 }
 
 // nested runs fn inside a savepoint of sc's transaction. A failure rolls back to the
 // savepoint and discards the hooks fn registered; success releases it and hands them to
 // the parent. Either way nothing is committed yet: success is Participating.
-func nested[T any](ctx context.Context, p Policy, sc *scope, fn func(context.Context, pgx.Tx) (T, error)) outcome.Result[T] {
+func nested[T any](ctx context.Context, propagation string, sc *scope, fn func(context.Context, pgx.Tx) (T, error)) outcome.Result[T] {
 	res := nestedSavepoint(ctx, sc, fn)
-	sc.participated(p, res.Outcome())
+	sc.participated(propagation, res.Outcome())
 	return res
 }
 
@@ -189,8 +189,9 @@ func txIntact(tx pgx.Tx) bool {
 
 // runOwner begins, runs and ends the physical transaction, retrying a retryable rollback.
 func runOwner[T any](ctx context.Context, db DB, p Policy, fn func(context.Context, pgx.Tx) (T, error)) outcome.Result[T] {
+	ap := attemptPolicy{opts: p.txOptions(), refs: p.references(), propagation: p.Propagation.String(), maxAttempts: p.MaxAttempts}
 	for n := 1; ; n++ {
-		res, retry := runAttempt(ctx, db, p, fn, n)
+		res, retry := runAttempt(ctx, db, ap, fn, n)
 		if !retry || !waitBackoff(ctx, p, n) {
 			return res
 		}

@@ -79,7 +79,7 @@ func (t *runTx) endRefused() error {
 	case t.ended():
 		return errTxEnded
 	case t.root == nil:
-		return ErrTxOwnedByRun
+		return errTxOwnedByRun
 	}
 	return nil
 }

@@ -3,10 +3,11 @@ package otelpgxtx
 import (
 	"context"
 	"fmt"
-	"github.com/txevidence/otelpgxtx/internal/evidence"
 	"math/rand/v2"
 	"strings"
 	"testing"
+
+	"github.com/txevidence/otelpgxtx/internal/evidence"
 
 	"github.com/exaring/otelpgx"
 )

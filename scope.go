@@ -100,15 +100,15 @@ func (sc *scope) rollbackCause() error {
 // participated records a participant's call on the owner's frame: a participant has no
 // frame of its own, so its outcome is an event there, and a count of its own, whether it
 // joined or failed.
-func (sc *scope) participated(p Policy, o outcome.Outcome) {
+func (sc *scope) participated(propagation string, o outcome.Outcome) {
 	f := sc.frame
 	if f == nil {
 		return
 	}
-	sc.t.metrics.participant(p.Propagation, o)
+	sc.t.metrics.participant(propagation, o)
 	if f.span.IsRecording() {
 		f.span.AddEvent(eventParticipant, trace.WithAttributes(
-			participantOutcomeKey.String(o.String()), PropagationKey.String(p.Propagation.String())))
+			participantOutcomeKey.String(o.String()), propagationKey.String(propagation)))
 	}
 }
 

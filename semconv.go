@@ -16,24 +16,24 @@ import (
 // exported, since what reads those is a query or an alert rule, not Go.
 const (
 	// OutcomeKey is tx.outcome: one of the five outcome strings, always set at the end.
-	OutcomeKey = attribute.Key("tx.outcome")
+	OutcomeKey = outcomeKey
 	// PhaseKey is tx.phase: the last observed phase.
-	PhaseKey = attribute.Key("tx.phase")
+	PhaseKey = phaseKey
 	// OperationIDKey is tx.operation_id: the frame's operation id.
 	OperationIDKey = schema.OperationIDKey
 	// FrameDepthKey is tx.frame.depth: 0 for a top-level transaction, n for one begun
 	// while n others are suspended.
-	FrameDepthKey = attribute.Key("tx.frame.depth")
+	FrameDepthKey = frameDepthKey
 	// PropagationKey is tx.propagation, set by the executor.
-	PropagationKey = attribute.Key("tx.propagation")
+	PropagationKey = propagationKey
 	// IsolationKey is tx.isolation, as pgx spells it ("serializable", "read committed").
-	IsolationKey = attribute.Key("tx.isolation")
+	IsolationKey = isolationKey
 	// AccessModeKey is tx.access_mode ("read write", "read only").
-	AccessModeKey = attribute.Key("tx.access_mode")
+	AccessModeKey = accessModeKey
 	// AttemptKey is tx.attempt: 1 for the first attempt of an executor call.
-	AttemptKey = attribute.Key("tx.attempt")
+	AttemptKey = attemptKey
 	// ReconciliationXIDKey is tx.reconciliation.xid: the xid8 of the commit reference.
-	ReconciliationXIDKey = attribute.Key("tx.reconciliation.xid")
+	ReconciliationXIDKey = reconciliationXIDKey
 	// ReconciliationRefKey is tx.reconciliation.ref: the whole reconciliation reference.
 	ReconciliationRefKey = schema.ReconciliationRefKey
 	// NoReferenceKey is tx.reconciliation.no_reference, on an indeterminate frame with
@@ -51,15 +51,15 @@ const (
 	// statement that may write, sent outside a transaction block, which PostgreSQL
 	// commits as soon as it has run), absent on the others; on every series of the
 	// transaction metrics, true or false.
-	ImplicitKey = attribute.Key("tx.implicit")
+	ImplicitKey = implicitKey
 	// PreparedKey is tx.prepared, true on a frame whose transaction was prepared
 	// (PREPARE TRANSACTION): tx.outcome participating, waiting for its coordinator.
-	PreparedKey = attribute.Key("tx.prepared")
+	PreparedKey = preparedKey
 	// CommittedLocallyKey is tx.commit.committed_locally: the server said the commit is in
 	// its local WAL but synchronous replication was not confirmed.
-	CommittedLocallyKey = attribute.Key("tx.commit.committed_locally")
+	CommittedLocallyKey = committedLocallyKey
 	// RetryableKey is tx.retryable, set on rolled-back frames.
-	RetryableKey = attribute.Key("tx.retryable")
+	RetryableKey = retryableKey
 	// ResolvedOutcomeKey is tx.outcome.resolved, on reconciliation spans.
 	ResolvedOutcomeKey = schema.ResolvedOutcomeKey
 )
@@ -86,13 +86,11 @@ const (
 // Semantic-convention keys: the conventions own them, and the OpenTelemetry module's
 // semconv package (its newest, v1.43.0) names them, so they are not exported here.
 const (
-	dbSystemNameKey     = schema.DBSystemNameKey
 	dbNamespaceKey      = semconv.DBNamespaceKey
 	dbResponseStatusKey = semconv.DBResponseStatusCodeKey
 	dbOperationNameKey  = semconv.DBOperationNameKey
 	serverAddressKey    = semconv.ServerAddressKey
 	serverPortKey       = semconv.ServerPortKey
-	errorTypeKey        = schema.ErrorTypeKey
 )
 
 // Event names on the frame span, unexported: they annotate a trace for the person reading
@@ -160,8 +158,6 @@ const spanNamePostCommit = "tx.post_commit"
 // rolled-back frame; the cause is in error.type and db.response.status_code.
 const statusDescriptionRolledBack = "transaction rolled back"
 
-var dbSystemPostgreSQL = schema.DBSystemPostgreSQL
-
 // ---- error.type values ------------------------------------------------------------
 //
 // A frame that did not commit says why in error.type: one of the classifier's reasons
@@ -179,27 +175,27 @@ var dbSystemPostgreSQL = schema.DBSystemPostgreSQL
 // ([RollbackFailure]). A deliberate Rollback() is how Go code usually ends a read-only
 // transaction; an alert on rollbacks must not count it. Its two values are the only ones,
 // so it adds one series to each metric.
-const RollbackKey = attribute.Key("tx.rollback")
+const RollbackKey = rollbackKey
 
 // The values of [RollbackKey].
 const (
 	// RollbackDeliberate: the application rolled back with nothing gone wrong — no
 	// statement failed, [Run]'s function returned nil, no participant failed, and the
 	// server answered the ROLLBACK. Its span status stays Unset.
-	RollbackDeliberate = "deliberate"
+	RollbackDeliberate = rollbackDeliberate
 	// RollbackFailure: a statement, the COMMIT or the connection failed, [Run]'s function
 	// returned an error or panicked, or the transaction ended where no statement showed
 	// it (error.type says which). Its span status is Error, unless the failure was an
 	// expected one ([WithExpectedErrors]).
-	RollbackFailure = "failure"
+	RollbackFailure = rollbackFailure
 )
 
 // ownKeys are the semantic conventions' keys the library writes on its spans and metrics
 // (besides every tx.* key): an attribute of the application's under one of them would
 // overwrite the library's value, or stand where the library writes none.
 var ownKeys = map[attribute.Key]bool{
-	dbSystemNameKey: true, dbNamespaceKey: true, dbResponseStatusKey: true, dbOperationNameKey: true,
-	dbQuerySummaryKey: true, serverAddressKey: true, serverPortKey: true, errorTypeKey: true,
+	schema.DBSystemNameKey: true, dbNamespaceKey: true, dbResponseStatusKey: true, dbOperationNameKey: true,
+	dbQuerySummaryKey: true, serverAddressKey: true, serverPortKey: true, schema.ErrorTypeKey: true,
 	poolNameKey: true, connectionStateKey: true,
 }
 
@@ -218,3 +214,26 @@ func checkAttributes(name string, attrs []attribute.KeyValue) error {
 	}
 	return nil
 }
+
+// The values of the exported keys above, defined once beside the unexported ones.
+const (
+	outcomeKey               = attribute.Key("tx.outcome")
+	phaseKey                 = attribute.Key("tx.phase")
+	frameDepthKey            = attribute.Key("tx.frame.depth")
+	propagationKey           = attribute.Key("tx.propagation")
+	isolationKey             = attribute.Key("tx.isolation")
+	accessModeKey            = attribute.Key("tx.access_mode")
+	attemptKey               = attribute.Key("tx.attempt")
+	reconciliationXIDKey     = attribute.Key("tx.reconciliation.xid")
+	implicitKey              = attribute.Key("tx.implicit")
+	preparedKey              = attribute.Key("tx.prepared")
+	committedLocallyKey      = attribute.Key("tx.commit.committed_locally")
+	retryableKey             = attribute.Key("tx.retryable")
+	rollbackKey              = attribute.Key("tx.rollback")
+	rollbackDeliberate       = "deliberate"
+	rollbackFailure          = "failure"
+	scopeName                = "github.com/txevidence/otelpgxtx"
+	messageIndeterminate     = "transaction commit outcome is indeterminate: settle it before any replay"
+	messagePendingAtShutdown = "transaction commit outcome still unknown at shutdown: reconcile it"
+	messageCrashRecovered    = "the database recovered from a crash: this record settles the commits the recovery lost"
+)

@@ -22,6 +22,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/txevidence/otelpgxtx/classifier"
+	"github.com/txevidence/otelpgxtx/internal/schema"
 	"github.com/txevidence/otelpgxtx/outcome"
 	"github.com/txevidence/otelpgxtx/reconcile"
 )
@@ -86,7 +87,7 @@ func (p *soakSpans) OnEnd(s sdktrace.ReadOnlySpan) {
 				fr.op = kv.Value.AsString()
 			case ReconciliationRefKey:
 				fr.ref = kv.Value.AsString()
-			case errorTypeKey:
+			case schema.ErrorTypeKey:
 				fr.errType = kv.Value.AsString()
 			case dbResponseStatusKey:
 				fr.sqlstate = kv.Value.AsString()
@@ -121,7 +122,7 @@ func (p *soakSpans) OnEnd(s sdktrace.ReadOnlySpan) {
 				op = kv.Value.AsString()
 			case ResolvedOutcomeKey:
 				resolved = kv.Value.AsString()
-			case errorTypeKey:
+			case schema.ErrorTypeKey:
 				reason = kv.Value.AsString()
 			}
 		}

@@ -61,6 +61,12 @@ func (e endReasonError) Error() string {
 // do not even look for one. It never changes what pgx or database/sql return. Its methods
 // are safe for concurrent use.
 type Verdict struct {
+	s verdictState
+}
+
+// verdictState is a Verdict's answer as the frames tell it, and what a Retry attempt
+// asks of it; the frames hold it, in the context NewVerdict made.
+type verdictState struct {
 	mu  sync.Mutex
 	err error // a bad argument to NewVerdict
 	d   verdictData
@@ -121,8 +127,8 @@ type verdictData struct {
 // automatic reconciliation's answer, made when the frame ends unknown on a tracer that
 // reconciles (WithAutoReconcile): a Retry told this frame waits for it.
 type frameAnswer struct {
-	asked       *Verdict
-	unsentAsked *Verdict
+	asked       *verdictState
+	unsentAsked *verdictState
 	awaited     *awaited
 }
 
@@ -140,19 +146,19 @@ var verdictsAsked atomic.Bool
 func NewVerdict(ctx context.Context) (context.Context, *Verdict) {
 	v := &Verdict{}
 	if ctx == nil {
-		v.err = invalid("NewVerdict: nil context")
+		v.s.err = invalid("NewVerdict: nil context")
 		return context.Background(), v
 	}
 	verdictsAsked.Store(true)
-	return context.WithValue(ctx, verdictKey{}, v), v
+	return context.WithValue(ctx, verdictKey{}, &v.s), v
 }
 
 // verdictFrom returns the Verdict ctx carries, or nil; without a lookup until one was made.
-func verdictFrom(ctx context.Context) *Verdict {
+func verdictFrom(ctx context.Context) *verdictState {
 	if !verdictsAsked.Load() || ctx == nil {
 		return nil
 	}
-	v, _ := ctx.Value(verdictKey{}).(*Verdict)
+	v, _ := ctx.Value(verdictKey{}).(*verdictState)
 	return v
 }
 
@@ -178,6 +184,11 @@ func (v *Verdict) Result() (outcome.Result[struct{}], error) {
 	if v == nil {
 		return nil, invalid("Verdict.Result: nil *Verdict")
 	}
+	return v.s.answer()
+}
+
+// answer is Result's answer.
+func (v *verdictState) answer() (outcome.Result[struct{}], error) {
 	v.mu.Lock()
 	d := v.d
 	earlier := v.earlier
@@ -187,9 +198,9 @@ func (v *Verdict) Result() (outcome.Result[struct{}], error) {
 	case err != nil:
 		return nil, err
 	case !d.set && d.open:
-		return nil, fmt.Errorf("%w: the transaction begun with this context has not ended", ErrNoVerdict)
+		return nil, fmt.Errorf("%w: the transaction begun with this context has not ended", errNoVerdict)
 	case !d.set:
-		return nil, fmt.Errorf("%w: no transaction of an instrumented connection was begun or ended with this context", ErrNoVerdict)
+		return nil, fmt.Errorf("%w: no transaction of an instrumented connection was begun or ended with this context", errNoVerdict)
 	}
 	return earlier.with(&d), nil
 }
@@ -216,7 +227,7 @@ func (e *earlierFrames) with(d *verdictData) outcome.Result[struct{}] {
 // it not known — one transaction whose commit is unknown —, so that settling it answers
 // for the attempt; and, if another of its transactions committed, that one's id: then
 // a proven abort of the unknown one leaves a commit with a failure after it, no rollback.
-func (v *Verdict) settleable() (ok bool, committed *outcome.OperationID) {
+func (v *verdictState) settleable() (ok bool, committed *outcome.OperationID) {
 	v.mu.Lock()
 	defer v.mu.Unlock()
 	e := v.earlier
@@ -286,7 +297,7 @@ func (d *verdictData) causeErr(fallback error) error {
 
 // pending returns automatic reconciliation's answer to the indeterminate frame v was
 // last told of, or nil when the frame's tracer does not reconcile.
-func (v *Verdict) pending() *awaited {
+func (v *verdictState) pending() *awaited {
 	v.mu.Lock()
 	defer v.mu.Unlock()
 	if v.d.outcome != outcome.OutcomeIndeterminate {
@@ -298,7 +309,7 @@ func (v *Verdict) pending() *awaited {
 // began records that a frame begun with v's context is under way: a verdict recorded
 // before belongs to an earlier transaction of the attempt, and is folded into what the
 // earlier ones leave (earlierFrames).
-func (v *Verdict) began() {
+func (v *verdictState) began() {
 	v.mu.Lock()
 	v.earlier.fold(v.d)
 	v.d = verdictData{open: true}
@@ -307,7 +318,7 @@ func (v *Verdict) began() {
 
 // frameEnded records the verdict of a concluded frame, of ending e. It runs under the
 // frame's connection's lock, on whichever goroutine concluded it.
-func (v *Verdict) frameEnded(e *ending) {
+func (v *verdictState) frameEnded(e *ending) {
 	d := verdictData{set: true, frame: true, outcome: e.outcome, id: e.id, committedLocally: e.committedLocally, reason: e.verdict.Reason()}
 	switch e.outcome {
 	case outcome.OutcomeCommittedWithPostCommitFailure:
@@ -346,7 +357,7 @@ func (v *Verdict) frameEnded(e *ending) {
 // of it was sent, so it rolled back for certain; whether running it again may succeed is
 // the classifier's, as for Run's not_started rollback. It answers only when nothing else
 // was recorded: a frame begun or ended with the context is the answer.
-func (v *Verdict) notStarted(err error) {
+func (v *verdictState) notStarted(err error) {
 	c := classifier.Classify(outcome.PhaseNotStarted, err, classifier.Facts{})
 	v.mu.Lock()
 	defer v.mu.Unlock()
@@ -360,7 +371,7 @@ func (v *Verdict) notStarted(err error) {
 
 // savepointEnded records the verdict of a savepoint statement of the transaction of
 // operation id, answered without error: released (Participating) or rolled back to.
-func (v *Verdict) savepointEnded(id outcome.OperationID, rolledBack bool) {
+func (v *verdictState) savepointEnded(id outcome.OperationID, rolledBack bool) {
 	v.mu.Lock()
 	defer v.mu.Unlock()
 	d := verdictData{set: true, open: v.d.open, outcome: outcome.OutcomeParticipating, id: id}

@@ -70,12 +70,12 @@ func verdictSequence(seed uint64) (got, want modelAnswer, trace string) {
 	for range n {
 		switch k := r.IntN(10); {
 		case k == 0 && !open:
-			v.notStarted(&net.OpError{Op: "dial", Net: "tcp", Err: errors.New("connection refused")})
+			v.s.notStarted(&net.OpError{Op: "dial", Net: "tcp", Err: errors.New("connection refused")})
 			trace += " acquire-failed"
 			done = append(done, ended{o: outcome.OutcomeRolledBack, retryable: true})
 		default:
 			if !open && r.IntN(3) > 0 {
-				v.began()
+				v.s.began()
 				open = true
 				trace += " begin"
 			}
@@ -99,7 +99,7 @@ func verdictSequence(seed uint64) (got, want modelAnswer, trace string) {
 			case outcome.OutcomeCommittedWithPostCommitFailure:
 				e.endErr = errors.New("scan")
 			}
-			v.frameEnded(&e)
+			v.s.frameEnded(&e)
 			open = false
 			trace += " " + o.String()
 			done = append(done, ended{o: o, retryable: retryable, id: e.id})
@@ -141,7 +141,7 @@ func verdictSequence(seed uint64) (got, want modelAnswer, trace string) {
 	if rb, ok := res.(outcome.DeterminateRollback[struct{}]); ok {
 		got.retryable = rb.Retryable()
 	}
-	got.settleable, _ = v.settleable()
+	got.settleable, _ = v.s.settleable()
 	if want.id.IsZero() {
 		got.id = want.id // a failed Acquire has no operation id
 	}

@@ -617,13 +617,13 @@ func TestVerdictNotStarted(t *testing.T) {
 		{context.Canceled, false},
 	} {
 		_, v := NewVerdict(context.Background())
-		v.notStarted(tc.err)
+		v.s.notStarted(tc.err)
 		rb, ok := mustResult(t, v).(outcome.DeterminateRollback[struct{}])
 		if !ok || rb.Retryable() != tc.retryable || rb.Phase() != outcome.PhaseNotStarted || !errors.Is(rb.Cause(), tc.err) {
 			t.Errorf("%v: %#v, want a rollback in not_started, retryable %v", tc.err, rb, tc.retryable)
 		}
-		v.began()
-		v.notStarted(tc.err)
+		v.s.began()
+		v.s.notStarted(tc.err)
 		if _, err := v.Result(); !errors.Is(err, ErrNoVerdict) {
 			t.Errorf("%v after a frame began: %v, want the frame's (not ended: ErrNoVerdict)", tc.err, err)
 		}

@@ -3,7 +3,7 @@ package otelpgxtx
 import "github.com/txevidence/otelpgxtx/internal/schema"
 
 // ScopeName is the instrumentation scope name of the tracer and meter.
-const ScopeName = "github.com/txevidence/otelpgxtx"
+const ScopeName = scopeName
 
 // Version is the version of this instrumentation.
 func Version() string { return schema.Version }
