@@ -3,6 +3,8 @@ package otelpgxtx
 import (
 	"context"
 	"errors"
+
+	"github.com/txevidence/otelpgxtx/internal/executor"
 )
 
 // AfterCommit registers hook to run after the physical commit of the transaction that
@@ -17,15 +19,15 @@ func AfterCommit(ctx context.Context, hook func(context.Context) error) error {
 	if hook == nil {
 		return invalid("AfterCommit: nil hook")
 	}
-	sc := scopeFromContext(ctx)
+	sc := executor.ScopeFromContext(ctx)
 	if sc == nil {
 		return invalid("AfterCommit: no transaction of Run in the context")
 	}
-	sc.mu.Lock()
-	defer sc.mu.Unlock()
-	if sc.closed {
+	sc.Mu.Lock()
+	defer sc.Mu.Unlock()
+	if sc.Closed {
 		return errors.New("otelpgxtx: AfterCommit: the transaction has already ended")
 	}
-	sc.hooks = append(sc.hooks, hook)
+	sc.Hooks = append(sc.Hooks, hook)
 	return nil
 }

@@ -6,6 +6,8 @@ import (
 	"context"
 	"testing"
 	"unsafe"
+
+	"github.com/txevidence/otelpgxtx/internal/frame"
 )
 
 // TestHookAllocs holds the allocation targets of the Tracer and of Run as a test, where
@@ -79,7 +81,7 @@ func TestVerdictAllocs(t *testing.T) {
 // class with the 8-byte header Go puts before objects of more than 512 bytes: a field more
 // takes it to the next class, 128 bytes more per frame (BenchmarkHookAutocommit's B/op).
 func TestFrameSize(t *testing.T) {
-	if n := unsafe.Sizeof(frame{}); n+8 > 768 {
+	if n := unsafe.Sizeof(frame.Frame{}); n+8 > 768 {
 		t.Errorf("a frame is %d bytes, want at most 760", n)
 	}
 }

@@ -12,15 +12,15 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"go.opentelemetry.io/otel/attribute"
-	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
-	"go.opentelemetry.io/otel/sdk/metric/metricdata"
-
+	"github.com/txevidence/otelpgxtx/internal/metrics"
 	"github.com/txevidence/otelpgxtx/internal/reconciletest"
 	"github.com/txevidence/otelpgxtx/internal/schema"
 	"github.com/txevidence/otelpgxtx/outcome"
 	"github.com/txevidence/otelpgxtx/pgtest"
 	"github.com/txevidence/otelpgxtx/reconcile"
+	"go.opentelemetry.io/otel/attribute"
+	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
+	"go.opentelemetry.io/otel/sdk/metric/metricdata"
 )
 
 // reconciled collects the callback's reconciliations, per operation id.
@@ -54,17 +54,17 @@ func (h *harness) reconcileCounts(t *testing.T, ctx context.Context) (counts map
 	for _, sm := range rm.ScopeMetrics {
 		for _, m := range sm.Metrics {
 			switch m.Name {
-			case metricReconciliations:
+			case metrics.MetricReconciliations:
 				for _, dp := range m.Data.(metricdata.Sum[int64]).DataPoints {
 					res, _ := dp.Attributes.Value(ResolvedOutcomeKey)
 					reason, _ := dp.Attributes.Value(schema.ErrorTypeKey)
 					counts[res.AsString()+"/"+reason.AsString()] += dp.Value
 				}
-			case metricReconciliationDuration:
+			case metrics.MetricReconciliationDuration:
 				for _, dp := range m.Data.(metricdata.Histogram[float64]).DataPoints {
 					histCount += dp.Count
 				}
-			case metricUnresolved:
+			case metrics.MetricUnresolved:
 				for _, dp := range m.Data.(metricdata.Gauge[int64]).DataPoints {
 					unresolved = dp.Value
 				}
@@ -238,7 +238,7 @@ func TestAutoReconcileOptions(t *testing.T) {
 		"backoff":        WithAutoReconcile(rec, WithRetryBackoff(time.Second, time.Millisecond)),
 	} {
 		tr, err := newTracer([]Option{o})
-		if !errors.Is(err, ErrInvalidArgument) || tr.auto != nil {
+		if !errors.Is(err, ErrInvalidArgument) || tr.Auto != nil {
 			t.Errorf("%s: accepted (%v)", name, err)
 		}
 	}
@@ -262,7 +262,7 @@ func TestAutoReconcileStartsOnDemand(t *testing.T) {
 	h := newHarness(t, "", 1, withAutoReconcile(t, db)) // its LeakCheck runs after the pool's Close
 	table := srv.NewTable(t, ctx, tableColumns)
 	commitOne(t, ctx, h, table, 1)
-	if h.tracer.auto == nil || h.tracer.auto.started {
+	if h.tracer.Auto == nil || h.tracer.Auto.Started {
 		t.Fatal("the reconciler's workers started without an indeterminate frame")
 	}
 }
@@ -279,9 +279,9 @@ func TestUnresolvedGaugesShared(t *testing.T) {
 	meter := mp.Meter(ScopeName)
 	set := attribute.NewSet(schema.DBSystemPostgreSQL)
 	other := attribute.NewSet(schema.DBSystemPostgreSQL, attribute.String("db.namespace", "b"))
-	leaveA := unresolvedGauges.join(meter, set, func() (int, time.Duration) { return 2, 3 * time.Second })
-	leaveB := unresolvedGauges.join(meter, set, func() (int, time.Duration) { return 1, 5 * time.Second })
-	leaveC := unresolvedGauges.join(meter, other, func() (int, time.Duration) { return 7, time.Second })
+	leaveA := metrics.UnresolvedGauges.Join(meter, set, func() (int, time.Duration) { return 2, 3 * time.Second })
+	leaveB := metrics.UnresolvedGauges.Join(meter, set, func() (int, time.Duration) { return 1, 5 * time.Second })
+	leaveC := metrics.UnresolvedGauges.Join(meter, other, func() (int, time.Duration) { return 7, time.Second })
 	collect := func() map[string]string {
 		var rm metricdata.ResourceMetrics
 		if err := reader.Collect(ctx, &rm); err != nil {
@@ -306,15 +306,15 @@ func TestUnresolvedGaugesShared(t *testing.T) {
 	}
 	enc := func(s attribute.Set) string { return s.Encoded(attribute.DefaultEncoder()) }
 	want := map[string]string{
-		metricUnresolved + " " + enc(set): "3", metricUnresolvedAge + " " + enc(set): "5",
-		metricUnresolved + " " + enc(other): "7", metricUnresolvedAge + " " + enc(other): "1",
+		metrics.MetricUnresolved + " " + enc(set): "3", metrics.MetricUnresolvedAge + " " + enc(set): "5",
+		metrics.MetricUnresolved + " " + enc(other): "7", metrics.MetricUnresolvedAge + " " + enc(other): "1",
 	}
 	if got := collect(); fmt.Sprint(got) != fmt.Sprint(want) {
 		t.Fatalf("two members and another set: %v, want %v", got, want)
 	}
 	leaveB()
 	leaveC()
-	want = map[string]string{metricUnresolved + " " + enc(set): "2", metricUnresolvedAge + " " + enc(set): "3"}
+	want = map[string]string{metrics.MetricUnresolved + " " + enc(set): "2", metrics.MetricUnresolvedAge + " " + enc(set): "3"}
 	if got := collect(); fmt.Sprint(got) != fmt.Sprint(want) {
 		t.Fatalf("one member left: %v, want %v", got, want)
 	}

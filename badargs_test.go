@@ -17,16 +17,16 @@ import (
 	"github.com/exaring/otelpgx"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
-	"go.opentelemetry.io/otel/attribute"
-	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
-	sdktrace "go.opentelemetry.io/otel/sdk/trace"
-	"go.opentelemetry.io/otel/trace"
-
 	"github.com/txevidence/otelpgxtx/classifier"
+	"github.com/txevidence/otelpgxtx/internal/poolmetrics"
 	"github.com/txevidence/otelpgxtx/internal/schema"
 	"github.com/txevidence/otelpgxtx/outcome"
 	"github.com/txevidence/otelpgxtx/pgtest"
 	"github.com/txevidence/otelpgxtx/reconcile"
+	"go.opentelemetry.io/otel/attribute"
+	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+	"go.opentelemetry.io/otel/trace"
 )
 
 // badCall is one call of the exported API with a bad argument.
@@ -275,9 +275,9 @@ func TestBadArguments(t *testing.T) {
 		for _, k := range []attribute.Key{OutcomeKey, PhaseKey, OperationIDKey, FrameDepthKey, PropagationKey,
 			IsolationKey, AccessModeKey, AttemptKey, ReconciliationXIDKey, ReconciliationRefKey, NoReferenceKey,
 			ImplicitKey, PreparedKey, CommittedLocallyKey, RetryableKey, ResolvedOutcomeKey, RollbackKey,
-			participantOutcomeKey, savepointNameKey, savepointDepthKey, statementDurationKey,
-			schema.DBSystemNameKey, dbNamespaceKey, dbResponseStatusKey, dbOperationNameKey, dbQuerySummaryKey,
-			serverAddressKey, serverPortKey, schema.ErrorTypeKey, poolNameKey, connectionStateKey} {
+			schema.ParticipantOutcomeKey, schema.SavepointNameKey, schema.SavepointDepthKey, schema.StatementDurationKey,
+			schema.DBSystemNameKey, schema.DBNamespaceKey, schema.DBResponseStatusKey, schema.DBOperationNameKey, schema.DBQuerySummaryKey,
+			schema.ServerAddressKey, schema.ServerPortKey, schema.ErrorTypeKey, poolmetrics.PoolNameKey, poolmetrics.ConnectionStateKey} {
 			for name, o := range map[string]Option{"WithSpanAttributes": WithSpanAttributes(k.String("x")),
 				"WithMeterAttributes": WithMeterAttributes(attribute.String("team", "a"), k.String("x"))} {
 				err := refused(t, o)()

@@ -4,9 +4,9 @@ import (
 	"context"
 
 	"github.com/jackc/pgx/v5"
-	"go.opentelemetry.io/otel/trace"
-
+	"github.com/txevidence/otelpgxtx/internal/frame"
 	"github.com/txevidence/otelpgxtx/internal/pg"
+	"go.opentelemetry.io/otel/trace"
 )
 
 // Begin begins a transaction on db and returns a context that carries its frame, with
@@ -31,27 +31,10 @@ func Begin(ctx context.Context, db DB, txOptions pgx.TxOptions) (context.Context
 	if err != nil {
 		return ctx, nil, err
 	}
-	if f, _ := frameOfTx(tx); f != nil {
-		ctx = trace.ContextWithSpan(contextWithFrame(ctx, f), f.span)
+	if f, _ := frame.FrameOfTx(tx); f != nil {
+		ctx = trace.ContextWithSpan(frame.ContextWithFrame(ctx, f), f.OTel)
 	}
 	return ctx, tx, nil
-}
-
-// frameOfTx returns the open frame of tx's connection, and the tracer whose frame it is;
-// nil, nil if none is open.
-func frameOfTx(tx pgx.Tx) (*frame, *core) {
-	conn := tx.Conn()
-	if conn == nil {
-		return nil, nil
-	}
-	if st := madeStateOf(conn); st != nil {
-		st.mu.Lock()
-		defer st.mu.Unlock()
-		if f := st.frame(); f != nil && f.ev.Open() {
-			return f, st.t
-		}
-	}
-	return nil, nil
 }
 
 // DB is what [Run] and [Begin] begin transactions on: *pgxpool.Pool and *pgx.Conn are.

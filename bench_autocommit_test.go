@@ -1,12 +1,5 @@
 package otelpgxtx
 
-// The cost of one autocommit statement on the real server (see bench_test.go for the
-// variants): pool.Exec of an INSERT and pool.QueryRow of a SELECT with no BEGIN, on an
-// instrumented pool, each variant on its own (BenchmarkAutocommit) and the Tracer against
-// otelpgx alone paired in time (BenchmarkAutocommitPair). The target: an autocommit write
-// through the Tracer costs the client no more CPU than through otelpgx alone, and an
-// autocommit read no more than it did before.
-
 import (
 	"context"
 	"testing"

@@ -1,11 +1,5 @@
 package otelpgxtx
 
-// The end-to-end cost of statements as events of their frame (the target: c ≤ b, the
-// Tracer with its defaults costing the client no more than otelpgx alone): what a traced
-// transaction costs the client the way users pay it, with every span exported through the SDK's batch span processor and the
-// OTLP exporter to a real receiver on this machine (Jaeger v2, as the end-to-end tests
-// run it), beside the same with a discarding exporter.
-
 import (
 	"context"
 	"encoding/json"

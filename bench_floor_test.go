@@ -1,10 +1,5 @@
 package otelpgxtx
 
-// The SDK's floor (see bench_test.go for the variants): what the OpenTelemetry SDK alone
-// charges for a frame's spans and metrics (BenchmarkHookFloor), and the tests that hold
-// its models to the real frame and statement spans (TestBenchFloorModel,
-// TestBenchFloorFrame).
-
 import (
 	"context"
 	"fmt"
@@ -15,6 +10,10 @@ import (
 	"time"
 
 	"github.com/exaring/otelpgx"
+	"github.com/txevidence/otelpgxtx/internal/framespan"
+	"github.com/txevidence/otelpgxtx/internal/metrics"
+	"github.com/txevidence/otelpgxtx/internal/schema"
+	"github.com/txevidence/otelpgxtx/outcome"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/codes"
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
@@ -22,9 +21,6 @@ import (
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 	"go.opentelemetry.io/otel/trace"
 	"go.opentelemetry.io/otel/trace/embedded"
-
-	"github.com/txevidence/otelpgxtx/internal/schema"
-	"github.com/txevidence/otelpgxtx/outcome"
 )
 
 var (
@@ -59,7 +55,7 @@ func BenchmarkHookFloor(b *testing.B) {
 			b.Run(s.name+"/v="+v, func(b *testing.B) {
 				tel := newBenchTelemetry(b, s)
 				defer tel.shutdown()
-				m := newMetrics(tel.mp, nil)
+				m := metrics.New(tel.mp, nil)
 				tr := tel.tp.Tracer(ScopeName)
 				ctx, req := tel.request(context.Background())
 				defer req.End()
@@ -72,12 +68,14 @@ func BenchmarkHookFloor(b *testing.B) {
 }
 
 // benchFloors are BenchmarkHookFloor's variants by name.
-var benchFloors = map[string]func(context.Context, trace.Tracer, *metrics){
-	"frame_span":              func(ctx context.Context, tr trace.Tracer, m *metrics) { benchFrameSpan(ctx, tr, m, nil) },
-	"frame_span_run":          func(ctx context.Context, tr trace.Tracer, m *metrics) { benchFrameSpan(ctx, tr, m, benchRunAttrs) },
+var benchFloors = map[string]func(context.Context, trace.Tracer, *metrics.Metrics){
+	"frame_span": func(ctx context.Context, tr trace.Tracer, m *metrics.Metrics) { benchFrameSpan(ctx, tr, m, nil) },
+	"frame_span_run": func(ctx context.Context, tr trace.Tracer, m *metrics.Metrics) {
+		benchFrameSpan(ctx, tr, m, benchRunAttrs)
+	},
 	"bare_span":               benchBareSpan,
-	"statement_spans":         func(ctx context.Context, tr trace.Tracer, _ *metrics) { benchStatementSpans(ctx, tr, false) },
-	"statement_spans_summary": func(ctx context.Context, tr trace.Tracer, _ *metrics) { benchStatementSpans(ctx, tr, true) },
+	"statement_spans":         func(ctx context.Context, tr trace.Tracer, _ *metrics.Metrics) { benchStatementSpans(ctx, tr, false) },
+	"statement_spans_summary": func(ctx context.Context, tr trace.Tracer, _ *metrics.Metrics) { benchStatementSpans(ctx, tr, true) },
 }
 
 // benchRunAttrs are the attributes a Run frame has that a frame of hand-written pgx has not.
@@ -85,16 +83,16 @@ var benchRunAttrs = []attribute.KeyValue{PropagationKey.String("required"), Atte
 
 // benchFrameSpan makes a frame's span and metrics as phase_span.go does, with extra
 // attributes at its end.
-func benchFrameSpan(ctx context.Context, tr trace.Tracer, m *metrics, extra []attribute.KeyValue) {
+func benchFrameSpan(ctx context.Context, tr trace.Tracer, m *metrics.Metrics, extra []attribute.KeyValue) {
 	id := outcome.NewOperationID()
 	start := time.Now()
-	sctx, span := tr.Start(ctx, DefaultSpanName, frameStartOptions...)
+	sctx, span := tr.Start(ctx, DefaultSpanName, framespan.FrameStartOptions...)
 	rec := span.IsRecording()
 	if rec {
-		span.AddEvent(phaseEvents[outcome.PhaseActive])
+		span.AddEvent(framespan.PhaseEvents[outcome.PhaseActive])
 		benchSinkCtx = trace.ContextWithSpan(ctx, span)
-		span.AddEvent(phaseEvents[outcome.PhaseCommitting])
-		span.AddEvent(phaseEvents[outcome.PhaseCommitted])
+		span.AddEvent(framespan.PhaseEvents[outcome.PhaseCommitting])
+		span.AddEvent(framespan.PhaseEvents[outcome.PhaseCommitted])
 	}
 	now := time.Now()
 	mctx := context.Background()
@@ -102,19 +100,19 @@ func benchFrameSpan(ctx context.Context, tr trace.Tracer, m *metrics, extra []at
 		mctx = sctx
 	}
 	o := outcome.OutcomeCommitted
-	m.transactions.Add(mctx, 1, m.addOpts[0][o]...)
-	m.duration.Record(mctx, now.Sub(start).Seconds(), m.recordOpts[0][o]...)
-	m.commit.Record(mctx, now.Sub(start).Seconds(), m.recordOpts[0][o]...)
+	m.Transactions.Add(mctx, 1, m.AddOpts[0][o]...)
+	m.Duration.Record(mctx, now.Sub(start).Seconds(), m.RecordOpts[0][o]...)
+	m.Commit.Record(mctx, now.Sub(start).Seconds(), m.RecordOpts[0][o]...)
 	if !rec {
 		span.End()
 		return
 	}
 	span.SetStatus(codes.Ok, "")
-	buf := frameAttrs.Get().(*[]attribute.KeyValue)
-	attrs := append((*buf)[:0], schema.DBSystemPostgreSQL, dbNamespaceKey.String("bench"), serverAddressKey.String("127.0.0.1"),
-		serverPortKey.Int(5432), OperationIDKey.String(id.String()), FrameDepthKey.Int(0),
+	buf := framespan.FrameAttrs.Get().(*[]attribute.KeyValue)
+	attrs := append((*buf)[:0], schema.DBSystemPostgreSQL, schema.DBNamespaceKey.String("bench"), schema.ServerAddressKey.String("127.0.0.1"),
+		schema.ServerPortKey.Int(5432), OperationIDKey.String(id.String()), FrameDepthKey.Int(0),
 		OutcomeKey.String(o.String()), PhaseKey.String(outcome.PhaseCommitted.String()))
-	setFrameAttrs(span, buf, append(attrs, extra...))
+	framespan.SetFrameAttrs(span, buf, append(attrs, extra...))
 	span.End()
 }
 
@@ -130,7 +128,7 @@ var benchStatementAttrs = []attribute.KeyValue{
 }
 
 // benchSummary is a statement's db.query.summary as the Tracer's sanitizer caches it.
-var benchSummary = []attribute.KeyValue{dbQuerySummaryKey.String("update t")}
+var benchSummary = []attribute.KeyValue{schema.DBQuerySummaryKey.String("update t")}
 
 // benchRowsAffected is what otelpgx sets on a statement span at its end.
 var benchRowsAffected = otelpgx.RowsAffectedKey.Int64(1)
@@ -157,8 +155,8 @@ func benchStatementSpan(ctx context.Context, tr trace.Tracer, summary bool) {
 }
 
 // benchBareSpan starts and ends a span with nothing on it.
-func benchBareSpan(ctx context.Context, tr trace.Tracer, _ *metrics) {
-	_, span := tr.Start(ctx, DefaultSpanName, frameStartOptions...)
+func benchBareSpan(ctx context.Context, tr trace.Tracer, _ *metrics.Metrics) {
+	_, span := tr.Start(ctx, DefaultSpanName, framespan.FrameStartOptions...)
 	span.End()
 }
 
@@ -225,7 +223,7 @@ func TestBenchFloorFrame(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	m := newMetrics(sdkmetric.NewMeterProvider(), nil)
+	m := metrics.New(sdkmetric.NewMeterProvider(), nil)
 	benchFrameSpan(context.Background(), tp.Tracer(ScopeName), m, nil)
 	benchFrameSpan(context.Background(), tp.Tracer(ScopeName), m, benchRunAttrs)
 	spans := exp.GetSpans()

@@ -1,10 +1,5 @@
 package otelpgxtx
 
-// The micro-benchmarks over the in-process fake server (see bench_test.go for the
-// variants): the per-transaction and per-statement hook path without I/O (BenchmarkHookTx,
-// BenchmarkHookQuery), one side against another paired in time (BenchmarkHookPair), and
-// TestBenchFakeServer, which checks that the fake is a faithful enough stand-in.
-
 import (
 	"context"
 	"errors"
@@ -16,10 +11,10 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/txevidence/otelpgxtx/internal/metrics"
+	"github.com/txevidence/otelpgxtx/outcome"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
-
-	"github.com/txevidence/otelpgxtx/outcome"
 )
 
 // benchFake is one variant's connection to a fakePG.
@@ -139,7 +134,7 @@ func newBenchPairSide(b *testing.B, v string, s benchSampling) benchPairSide {
 	}
 	if floor, ok := benchFloors[v]; ok {
 		tel := newBenchTelemetry(b, s)
-		m := newMetrics(tel.mp, nil)
+		m := metrics.New(tel.mp, nil)
 		tr := tel.tp.Tracer(ScopeName)
 		ctx, req := tel.request(context.Background())
 		return benchPairSide{

@@ -1,46 +1,5 @@
 package otelpgxtx
 
-// Benchmarks of the cost of the evidence, side by side with bare pgx and otelpgx, against
-// its targets: in tx/s on a real server, c/b ≥ 0.97, d/c ≥ 0.98 and e/d ≥ 0.97 (reference
-// references: ≥ 0.92 with 8 goroutines, ≥ 0.98 over a network round trip); without I/O,
-// what Run and the Tracer add over what the SDK alone charges; and c ≤ b, the Tracer with
-// its defaults costing no more than otelpgx alone. scripts/bench runs them, compares the
-// variants with benchstat and prints each target with its verdict.
-//
-// The real-server benchmarks (BenchmarkTx at each added network round-trip time,
-// BenchmarkTxScale at each concurrency) report, next to tx/s and latency, the CPU time
-// per transaction of this process (client-µs/tx) and of the pool's server backends
-// (server-µs/tx): figures that a noisy machine disturbs far less than throughput.
-//
-// Variants (the v= key, so that `benchstat -col /v` puts them side by side):
-//
-//	a_pgx          bare pgx, no tracing at all
-//	b_otelpgx      pgx + otelpgx as ConnConfig.Tracer
-//	c_otelpgxtx    pgx + InstrumentPool (our Tracer, wrapping otelpgx), pgx.Tx by hand
-//	d_run          c through Run, CommitReference off
-//	e_run_capture  d with CommitReference on
-//	f_run_marker   e with the commit marker (Policy.CommitMarker); real server only
-//	g_otelpgxtx_xid     c with WithCommitReference (the xid read in COMMIT's write); real server only
-//	h_otelpgxtx_marker  c with WithCommitMarker; real server only
-//	i_otelpgxtx_spans   c with every statement span, as before the frame's events stood
-//	                    for the transaction-control ones: WithInnerSpans
-//	                    (InnerSpanTransactionControl, InnerSpanPrepare)
-//	j_otelpgxtx_prepare_spans  c with the implicit prepares as spans (WithInnerSpans
-//	                    (InnerSpanPrepare)): BenchmarkTxExport's describe_exec workload
-//
-// b–e run every transaction under an application "request" span, as a traced service
-// does: otelpgx (v0.13) starts statement spans only under a recording parent, so
-// without one b would record no span at all and c would pay for otelpgx's spans as
-// well as its own. Tracing uses the SDK: a batch span processor exporting to a
-// discarding exporter, with an always-on sampler ("sampled") and a never-sample one
-// ("unsampled"), and an SDK MeterProvider with a manual reader (never collected);
-// BenchmarkTxExport also exports through OTLP to a real Jaeger (bench_export_test.go).
-//
-// The benchmarks in files by concern: this file holds the variants, their telemetry, the
-// workloads and the CPU-time measure; bench_tx_test.go the real-server benchmarks;
-// bench_hook_test.go the micro-benchmarks over the in-process fake server;
-// bench_floor_test.go the SDK's floor; bench_export_test.go the export to a real Jaeger.
-
 import (
 	"context"
 	"fmt"
@@ -53,11 +12,11 @@ import (
 	"github.com/exaring/otelpgx"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/txevidence/otelpgxtx/internal/framespan"
+	"github.com/txevidence/otelpgxtx/reconcile"
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/trace"
-
-	"github.com/txevidence/otelpgxtx/reconcile"
 )
 
 const (
@@ -151,7 +110,7 @@ func (e *benchExportCount) ExportSpans(ctx context.Context, spans []sdktrace.Rea
 // request starts the application's request span around one transaction.
 func (t *benchTelemetry) request(ctx context.Context) (context.Context, trace.Span) {
 	if t == nil {
-		return ctx, noopSpan
+		return ctx, framespan.NoopSpan
 	}
 	return t.app.Start(ctx, "request")
 }

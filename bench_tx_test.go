@@ -1,9 +1,5 @@
 package otelpgxtx
 
-// The real-server benchmarks (see bench_test.go for the variants): each variant's pool on
-// the test server, the timed loop and what it reports (tx/s, latency, client and server
-// CPU time per transaction), and BenchmarkTx, BenchmarkTxScale and BenchmarkTxRoundTrips.
-
 import (
 	"context"
 	"errors"
@@ -19,7 +15,6 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
-
 	"github.com/txevidence/otelpgxtx/outcome"
 	"github.com/txevidence/otelpgxtx/pgtest"
 )

@@ -3,6 +3,8 @@ package otelpgxtx
 import (
 	"context"
 	"testing"
+
+	"github.com/txevidence/otelpgxtx/internal/verdict"
 )
 
 // The cost of asking for the verdict, per transaction (BEGIN, 3 statements, COMMIT over
@@ -20,7 +22,7 @@ var benchVerdictModes = []string{"off", "armed", "asked"}
 // benchVerdictTx returns one transaction of f in mode.
 func benchVerdictTx(f *benchFake, mode string) func() error {
 	return func() error {
-		verdictsAsked.Store(mode != "off")
+		verdict.Asked.Store(mode != "off")
 		if mode != "asked" {
 			return f.tx(context.Background())
 		}
@@ -35,8 +37,8 @@ func benchVerdictTx(f *benchFake, mode string) func() error {
 
 // BenchmarkVerdict is each mode alone (ns/op, allocs/op): compare with benchstat -col /v.
 func BenchmarkVerdict(b *testing.B) {
-	prev := verdictsAsked.Load()
-	defer verdictsAsked.Store(prev)
+	prev := verdict.Asked.Load()
+	defer verdict.Asked.Store(prev)
 	for _, s := range benchSamplings {
 		for _, mode := range benchVerdictModes {
 			b.Run(s.name+"/v="+mode, func(b *testing.B) {
@@ -57,8 +59,8 @@ func BenchmarkVerdict(b *testing.B) {
 // BenchmarkVerdictPair is what armed and asked add to off, paired in time as
 // BenchmarkHookPair pairs (Δns/tx, Δcpu-ns/tx), and off against itself, the noise.
 func BenchmarkVerdictPair(b *testing.B) {
-	prev := verdictsAsked.Load()
-	defer verdictsAsked.Store(prev)
+	prev := verdict.Asked.Load()
+	defer verdict.Asked.Store(prev)
 	side := func(b *testing.B, s benchSampling, mode string) benchPairSide {
 		f := newBenchFake(b, benchC, s)
 		return benchPairSide{block: benchPairBlock, run: benchVerdictTx(f, mode),

@@ -8,7 +8,6 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
-
 	"github.com/txevidence/otelpgxtx/classifier"
 	"github.com/txevidence/otelpgxtx/internal/pg"
 	"github.com/txevidence/otelpgxtx/internal/reference"
@@ -38,7 +37,7 @@ func (t *Tracer) Check(ctx context.Context, db interface {
 	case pg.IsNilHandle(db):
 		return invalid("Tracer.Check: nil %T", db)
 	}
-	refs := t.cfg.references()
+	refs := t.Cfg.References()
 	if refs.Mode == reference.None {
 		return nil
 	}

@@ -6,13 +6,12 @@ import (
 
 	"github.com/exaring/otelpgx"
 	"github.com/jackc/pgx/v5"
+	"github.com/txevidence/otelpgxtx/internal/pg"
+	"github.com/txevidence/otelpgxtx/internal/settings"
 	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/metric"
 	"go.opentelemetry.io/otel/trace"
-
-	"github.com/txevidence/otelpgxtx/internal/pg"
-	"github.com/txevidence/otelpgxtx/internal/reference"
 )
 
 // DefaultSpanName is the name of a frame span unless [WithSpanName] says otherwise;
@@ -31,64 +30,22 @@ const (
 	StatusStrict
 )
 
-// config is the result of the options; unexported, as in opentelemetry-go-contrib.
-type config struct {
-	tracerProvider trace.TracerProvider
-	meterProvider  metric.MeterProvider
-	spanName       string
-	strict         bool // WithStatusMapping(StatusStrict)
-	inner          pgx.QueryTracer
-	innerSet       bool
-	sanitizeInner  bool // WithSanitizedInnerTracer
-	otelpgxOptions []otelpgx.Option
-	log            *slog.Logger
-	auto           *autoConfig // WithAutoReconcile
-	// reference is what plain pgx commits carry (WithCommitReference, WithCommitMarker);
-	// marker is the quoted marker table.
-	reference reference.Mode
-	marker    string
-	// Set by the options grouped below WithOtelpgxOptions.
-	spanAttributes  []attribute.KeyValue
-	meterAttributes []attribute.KeyValue
-	spanNameFunc    func(ctx context.Context, begin string) string
-	filter          func(ctx context.Context, begin string) bool
-	implicitFilter  func(ctx context.Context, sql string) bool // WithImplicitFilter; nil: every implicit transaction
-	implicitSpans   bool           // WithImplicitFrameSpans: an implicit frame's span is its own
-	noConnDetails   bool
-	// What may leave the process; both off by default.
-	rawQueryText  bool
-	errorMessages bool
-	// err is the first option refused (see refuse).
-	err error
-
-	// expected decides which failures leave span status Unset (WithExpectedErrors).
-	expected []func(ctx context.Context, err error) bool
-	// omitSpans has bit k set for each InnerSpan kind turned off (WithoutInnerSpans),
-	// keepSpans for each made a span where by default it is an event (WithInnerSpans);
-	// spansChosen: either option was given.
-	omitSpans, keepSpans uint8
-	spansChosen          bool
-	// The connection-pool metrics of InstrumentPool: WithPoolName, WithDisablePoolMetrics.
-	poolName      string
-	noPoolMetrics bool
-}
-
 // Option configures a [Tracer].
 type Option interface {
-	apply(*config)
+	apply(*settings.Config)
 }
 
-type optionFunc func(*config)
+type optionFunc func(*settings.Config)
 
-func (f optionFunc) apply(c *config) { f(c) }
+func (f optionFunc) apply(c *settings.Config) { f(c) }
 
 // newConfig applies opts over the defaults: the global providers and DefaultSpanName.
-func newConfig(opts []Option) config {
-	c := config{
-		tracerProvider: otel.GetTracerProvider(),
-		meterProvider:  otel.GetMeterProvider(),
-		spanName:       DefaultSpanName,
-		expected:       defaultExpected,
+func newConfig(opts []Option) settings.Config {
+	c := settings.Config{
+		TracerProvider: otel.GetTracerProvider(),
+		MeterProvider:  otel.GetMeterProvider(),
+		SpanName:       DefaultSpanName,
+		Expected:       defaultExpected,
 	}
 	for _, o := range opts {
 		if o != nil {
@@ -102,12 +59,12 @@ func newConfig(opts []Option) config {
 // keeps the default; a typed nil one (a nil *sdktrace.TracerProvider) is an error, since
 // it would panic at the first span. (A reconcile.Reconciler has an option of its own.)
 func WithTracerProvider(tp trace.TracerProvider) Option {
-	return optionFunc(func(c *config) {
+	return optionFunc(func(c *settings.Config) {
 		switch {
 		case pg.IsNilHandle(tp):
-			refuse(&c.err, invalid("WithTracerProvider: nil %T", tp))
+			refuse(&c.Err, invalid("WithTracerProvider: nil %T", tp))
 		case tp != nil:
-			c.tracerProvider = tp
+			c.TracerProvider = tp
 		}
 	})
 }
@@ -115,12 +72,12 @@ func WithTracerProvider(tp trace.TracerProvider) Option {
 // WithMeterProvider sets the meter provider; the global one by default. A nil provider
 // keeps the default; a typed nil one is an error.
 func WithMeterProvider(mp metric.MeterProvider) Option {
-	return optionFunc(func(c *config) {
+	return optionFunc(func(c *settings.Config) {
 		switch {
 		case pg.IsNilHandle(mp):
-			refuse(&c.err, invalid("WithMeterProvider: nil %T", mp))
+			refuse(&c.Err, invalid("WithMeterProvider: nil %T", mp))
 		case mp != nil:
-			c.meterProvider = mp
+			c.MeterProvider = mp
 		}
 	})
 }
@@ -128,24 +85,24 @@ func WithMeterProvider(mp metric.MeterProvider) Option {
 // WithSpanName sets the name of frame spans ("transaction" by default). Keep it of low
 // cardinality: it names a kind of transaction, never one transaction.
 func WithSpanName(name string) Option {
-	return optionFunc(func(c *config) {
+	return optionFunc(func(c *settings.Config) {
 		if name == "" {
-			refuse(&c.err, invalid("WithSpanName: empty span name"))
+			refuse(&c.Err, invalid("WithSpanName: empty span name"))
 			return
 		}
-		c.spanName = name
+		c.SpanName = name
 	})
 }
 
 // WithStatusMapping chooses how a committed frame's span status is set. An unknown value
 // is an error.
 func WithStatusMapping(m StatusMapping) Option {
-	return optionFunc(func(c *config) {
+	return optionFunc(func(c *settings.Config) {
 		if m != StatusOkOnCommit && m != StatusStrict {
-			refuse(&c.err, invalid("WithStatusMapping: unknown status mapping %d", m))
+			refuse(&c.Err, invalid("WithStatusMapping: unknown status mapping %d", m))
 			return
 		}
-		c.strict = m == StatusStrict
+		c.Strict = m == StatusStrict
 	})
 }
 
@@ -160,12 +117,12 @@ func WithStatusMapping(m StatusMapping) Option {
 // A tracer the connection config already has when it is instrumented is passed here.
 // A typed nil tracer (a nil pointer of a tracer type) is an error.
 func WithInnerTracer(inner pgx.QueryTracer) Option {
-	return optionFunc(func(c *config) {
+	return optionFunc(func(c *settings.Config) {
 		if pg.IsNilHandle(inner) {
-			refuse(&c.err, invalid("WithInnerTracer: nil %T (a plain nil turns statement spans off)", inner))
+			refuse(&c.Err, invalid("WithInnerTracer: nil %T (a plain nil turns statement spans off)", inner))
 			return
 		}
-		c.inner, c.innerSet = inner, true
+		c.Inner, c.InnerSet = inner, true
 	})
 }
 
@@ -177,7 +134,7 @@ func WithInnerTracer(inner pgx.QueryTracer) Option {
 // starts. Use it when that tracer sends what it is given out of the process. Without an
 // inner tracer of the application's it changes nothing.
 func WithSanitizedInnerTracer() Option {
-	return optionFunc(func(c *config) { c.sanitizeInner = true })
+	return optionFunc(func(c *settings.Config) { c.SanitizeInner = true })
 }
 
 // WithOtelpgxOptions passes options to the default otelpgx inner tracer (for example
@@ -186,14 +143,14 @@ func WithSanitizedInnerTracer() Option {
 // are passed after those, so an otelpgx.WithSpanNameFunc of yours replaces it. A nil
 // option is an error (otelpgx would panic on it).
 func WithOtelpgxOptions(opts ...otelpgx.Option) Option {
-	return optionFunc(func(c *config) {
+	return optionFunc(func(c *settings.Config) {
 		for i, o := range opts {
 			if o == nil || pg.IsNilHandle(o) {
-				refuse(&c.err, invalid("WithOtelpgxOptions: option %d is nil", i))
+				refuse(&c.Err, invalid("WithOtelpgxOptions: option %d is nil", i))
 				return
 			}
 		}
-		c.otelpgxOptions = append(c.otelpgxOptions, opts...)
+		c.OtelpgxOptions = append(c.OtelpgxOptions, opts...)
 	})
 }
 
@@ -208,12 +165,12 @@ func WithOtelpgxOptions(opts ...otelpgx.Option) Option {
 // db.query.summary, db.response.status_code, error.type, server.address, server.port, the
 // pool metrics' db.client.connection.*), so that tx.outcome=… is only ever a frame's.
 func WithSpanAttributes(attrs ...attribute.KeyValue) Option {
-	return optionFunc(func(c *config) {
+	return optionFunc(func(c *settings.Config) {
 		if err := checkAttributes("WithSpanAttributes", attrs); err != nil {
-			refuse(&c.err, err)
+			refuse(&c.Err, err)
 			return
 		}
-		c.spanAttributes = append(c.spanAttributes, attrs...)
+		c.SpanAttributes = append(c.SpanAttributes, attrs...)
 	})
 }
 
@@ -222,12 +179,12 @@ func WithSpanAttributes(attrs ...attribute.KeyValue) Option {
 // distinct value is a time series of its own: keep them few and fixed. A key the library
 // writes itself is an error, as with [WithSpanAttributes].
 func WithMeterAttributes(attrs ...attribute.KeyValue) Option {
-	return optionFunc(func(c *config) {
+	return optionFunc(func(c *settings.Config) {
 		if err := checkAttributes("WithMeterAttributes", attrs); err != nil {
-			refuse(&c.err, err)
+			refuse(&c.Err, err)
 			return
 		}
-		c.meterAttributes = append(c.meterAttributes, attrs...)
+		c.MeterAttributes = append(c.MeterAttributes, attrs...)
 	})
 }
 
@@ -246,7 +203,7 @@ type SpanNameCtxFunc func(ctx context.Context, begin string) string
 // WithSpanNameCtxFunc names frame spans with fn instead of [WithSpanName]'s fixed name.
 // A nil fn keeps the fixed name.
 func WithSpanNameCtxFunc(fn SpanNameCtxFunc) Option {
-	return optionFunc(func(c *config) { c.spanNameFunc = fn })
+	return optionFunc(func(c *settings.Config) { c.SpanNameFunc = fn })
 }
 
 // Filter decides, per transaction, whether its frame span is recorded; it gets what a
@@ -261,12 +218,12 @@ type Filter func(ctx context.Context, begin string) bool
 // returns true. Filters run once per frame, on the caller's goroutine. A nil filter is an
 // error.
 func WithFilter(f ...Filter) Option {
-	return optionFunc(func(c *config) {
+	return optionFunc(func(c *settings.Config) {
 		if err := checkFuncs("WithFilter", f); err != nil {
-			refuse(&c.err, err)
+			refuse(&c.Err, err)
 			return
 		}
-		c.filter = allOf(Filter(c.filter), f)
+		c.Filter = allOf(Filter(c.Filter), f)
 	})
 }
 
@@ -317,12 +274,12 @@ type ImplicitFilter func(ctx context.Context, sql string) bool
 //
 // A nil filter is an error.
 func WithImplicitFilter(f ...ImplicitFilter) Option {
-	return optionFunc(func(c *config) {
+	return optionFunc(func(c *settings.Config) {
 		if err := checkFuncs("WithImplicitFilter", f); err != nil {
-			refuse(&c.err, err)
+			refuse(&c.Err, err)
 			return
 		}
-		c.implicitFilter = allOf(ImplicitFilter(c.implicitFilter), f)
+		c.ImplicitFilter = allOf(ImplicitFilter(c.ImplicitFilter), f)
 	})
 }
 
@@ -335,7 +292,7 @@ func WithImplicitFilter(f ...ImplicitFilter) Option {
 // commit. A tracer of the application's ([WithInnerTracer]) implies it: its spans are not
 // the library's to write.
 func WithImplicitFrameSpans() Option {
-	return optionFunc(func(c *config) { c.implicitSpans = true })
+	return optionFunc(func(c *settings.Config) { c.ImplicitSpans = true })
 }
 
 // WithDisableConnectionDetailsInAttributes leaves server.address, server.port and
@@ -343,7 +300,7 @@ func WithImplicitFrameSpans() Option {
 // (otelpgx.WithDisableConnectionDetailsInAttributes): for a deployment whose host names
 // or database names must not leave the process.
 func WithDisableConnectionDetailsInAttributes() Option {
-	return optionFunc(func(c *config) { c.noConnDetails = true })
+	return optionFunc(func(c *settings.Config) { c.NoConnDetails = true })
 }
 
 // ---- end of the group -------------------------------------------------------------
@@ -355,7 +312,7 @@ func WithDisableConnectionDetailsInAttributes() Option {
 // Without it they go to slog.Default(), as the OpenTelemetry options default to the
 // globals. None holds user data.
 func WithLogger(l *slog.Logger) Option {
-	return optionFunc(func(c *config) { c.log = l })
+	return optionFunc(func(c *settings.Config) { c.Log = l })
 }
 
 // WithRawQueryText records query text as the application wrote it (db.query.text of
@@ -367,7 +324,7 @@ func WithLogger(l *slog.Logger) Option {
 // vendors and dashboards with wider access than the database. Statement parameters
 // ($1 …) are not recorded either way unless otelpgx.WithIncludeQueryParameters is passed.
 func WithRawQueryText() Option {
-	return optionFunc(func(c *config) { c.rawQueryText = true })
+	return optionFunc(func(c *settings.Config) { c.RawQueryText = true })
 }
 
 // WithErrorMessages records errors with their full text: the server's message, which
@@ -378,7 +335,7 @@ func WithRawQueryText() Option {
 //
 // Warning: the full text may carry user data out of the process, as WithRawQueryText does.
 func WithErrorMessages() Option {
-	return optionFunc(func(c *config) { c.errorMessages = true })
+	return optionFunc(func(c *settings.Config) { c.ErrorMessages = true })
 }
 
 // ---- Which failures are errors ---------------------------------------------------
@@ -392,16 +349,16 @@ func WithErrorMessages() Option {
 // default otelpgx inner tracer; a tracer of your own ([WithInnerTracer]) sets its spans'
 // status itself.
 func WithExpectedErrors(fns ...ExpectedErrorFunc) Option {
-	return optionFunc(func(c *config) {
+	return optionFunc(func(c *settings.Config) {
 		for i, fn := range fns {
 			if fn == nil {
-				refuse(&c.err, invalid("WithExpectedErrors: function %d is nil", i))
+				refuse(&c.Err, invalid("WithExpectedErrors: function %d is nil", i))
 				return
 			}
 		}
-		c.expected = make([]func(context.Context, error) bool, len(fns))
+		c.Expected = make([]func(context.Context, error) bool, len(fns))
 		for i, fn := range fns {
-			c.expected[i] = fn
+			c.Expected[i] = fn
 		}
 	})
 }
@@ -418,9 +375,9 @@ func WithExpectedErrors(fns ...ExpectedErrorFunc) Option {
 // error, and so is this option with a tracer of your own ([WithInnerTracer], or a tracer
 // the config already had), which decides its own spans.
 func WithoutInnerSpans(kinds ...InnerSpan) Option {
-	return innerSpansOption("WithoutInnerSpans", kinds, func(c *config, bit uint8) {
-		c.omitSpans |= bit
-		c.keepSpans &^= bit
+	return innerSpansOption("WithoutInnerSpans", kinds, func(c *settings.Config, bit uint8) {
+		c.OmitSpans |= bit
+		c.KeepSpans &^= bit
 	})
 }
 
@@ -438,30 +395,30 @@ func WithoutInnerSpans(kinds ...InnerSpan) Option {
 // doc, "Statements as events"), for less: a transaction of BEGIN, one statement and COMMIT is then two
 // spans, the frame and the statement, where otelpgx alone makes three.
 func WithInnerSpans(kinds ...InnerSpan) Option {
-	return innerSpansOption("WithInnerSpans", kinds, func(c *config, bit uint8) {
-		c.keepSpans |= bit
-		c.omitSpans &^= bit
+	return innerSpansOption("WithInnerSpans", kinds, func(c *settings.Config, bit uint8) {
+		c.KeepSpans |= bit
+		c.OmitSpans &^= bit
 	})
 }
 
 // innerSpansOption is the option named name that applies set to the bit of each kind.
-func innerSpansOption(name string, kinds []InnerSpan, set func(c *config, bit uint8)) Option {
-	return optionFunc(func(c *config) {
+func innerSpansOption(name string, kinds []InnerSpan, set func(c *settings.Config, bit uint8)) Option {
+	return optionFunc(func(c *settings.Config) {
 		for _, k := range kinds {
 			if k < InnerSpanConnect || k >= numInnerSpans {
-				refuse(&c.err, invalid("%s: unknown kind %d", name, uint8(k)))
+				refuse(&c.Err, invalid("%s: unknown kind %d", name, uint8(k)))
 				return
 			}
 			set(c, 1<<k)
-			c.spansChosen = true
+			c.SpansChosen = true
 		}
 	})
 }
 
 // checkOmitSpans refuses WithoutInnerSpans and WithInnerSpans with a tracer of the user's
 // own.
-func checkOmitSpans(c *config) error {
-	if c.spansChosen && c.innerSet {
+func checkOmitSpans(c *settings.Config) error {
+	if c.SpansChosen && c.InnerSet {
 		return invalid("WithoutInnerSpans and WithInnerSpans apply to the default otelpgx inner tracer; a tracer of your own decides its own spans")
 	}
 	return nil
@@ -478,41 +435,19 @@ func checkOmitSpans(c *config) error {
 // also carry db.system.name, db.namespace, server.address and server.port, by which pools
 // of different servers stay apart. An empty name is an error.
 func WithPoolName(name string) Option {
-	return optionFunc(func(c *config) {
+	return optionFunc(func(c *settings.Config) {
 		if name == "" {
-			refuse(&c.err, invalid("WithPoolName: empty pool name"))
+			refuse(&c.Err, invalid("WithPoolName: empty pool name"))
 			return
 		}
-		c.poolName = name
+		c.PoolName = name
 	})
 }
 
 // WithDisablePoolMetrics turns off the connection-pool metrics [InstrumentPool] records
 // (db.client.connection.*); the transaction metrics stay.
 func WithDisablePoolMetrics() Option {
-	return optionFunc(func(c *config) { c.noPoolMetrics = true })
-}
-
-// expectedErr reports whether err, a failure of a call made in ctx, is expected.
-func (c *config) expectedErr(ctx context.Context, err error) bool {
-	if err == nil {
-		return false
-	}
-	for _, fn := range c.expected {
-		if fn(ctx, err) {
-			return true
-		}
-	}
-	return false
-}
-
-// logger is where the library's records go: WithLogger's logger, else slog's default at
-// the time of the record (an application may set it after instrumenting).
-func (c *config) logger() *slog.Logger {
-	if l := c.log; l != nil {
-		return l
-	}
-	return slog.Default()
+	return optionFunc(func(c *settings.Config) { c.NoPoolMetrics = true })
 }
 
 // refuse keeps err, a refused option value, in *first unless an earlier one was refused

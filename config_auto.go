@@ -3,6 +3,8 @@ package otelpgxtx
 import (
 	"time"
 
+	"github.com/txevidence/otelpgxtx/internal/auto"
+	"github.com/txevidence/otelpgxtx/internal/settings"
 	"github.com/txevidence/otelpgxtx/outcome"
 	"github.com/txevidence/otelpgxtx/reconcile"
 )
@@ -12,23 +14,14 @@ import (
 
 // AutoReconcileOption configures [WithAutoReconcile].
 type AutoReconcileOption interface {
-	applyAuto(*autoConfig)
-}
-
-// autoConfig is what the AutoReconcileOptions set; err is the first option refused.
-type autoConfig struct {
-	r                  *reconcile.Reconciler
-	queue, workers     int
-	retryMin, retryMax time.Duration
-	onReconciled       func(settledFrame)
-	err                error
+	applyAuto(*auto.Config)
 }
 
 // autoOptionFunc is an AutoReconcileOption that sets one field of autoConfig.
-type autoOptionFunc func(*autoConfig)
+type autoOptionFunc func(*auto.Config)
 
 // applyAuto calls f.
-func (f autoOptionFunc) applyAuto(c *autoConfig) { f(c) }
+func (f autoOptionFunc) applyAuto(c *auto.Config) { f(c) }
 
 // WithAutoReconcile reconciles every indeterminate frame of the tracer — those of [Run]
 // and plain pgx transactions alike — in the background, asking r (give it a pool of its
@@ -46,45 +39,45 @@ func (f autoOptionFunc) applyAuto(c *autoConfig) { f(c) }
 // workers start with the first indeterminate frame and run until [Tracer.Close]: close it
 // when the pool is done, or outcomes still pending are neither logged nor settled.
 func WithAutoReconcile(r *reconcile.Reconciler, opts ...AutoReconcileOption) Option {
-	return optionFunc(func(c *config) {
-		a := autoConfig{r: r, queue: 1024, workers: 2, retryMin: 100 * time.Millisecond, retryMax: 30 * time.Second}
+	return optionFunc(func(c *settings.Config) {
+		a := auto.Config{R: r, Queue: 1024, Workers: 2, RetryMin: 100 * time.Millisecond, RetryMax: 30 * time.Second}
 		if r == nil {
-			refuse(&a.err, invalid("WithAutoReconcile: nil reconciler (make one with reconcile.New)"))
+			refuse(&a.Err, invalid("WithAutoReconcile: nil reconciler (make one with reconcile.New)"))
 		}
 		for _, o := range opts {
 			if o != nil {
 				o.applyAuto(&a)
 			}
 		}
-		if a.err != nil {
-			refuse(&c.err, a.err)
+		if a.Err != nil {
+			refuse(&c.Err, a.Err)
 			return
 		}
-		c.auto = &a
+		c.Auto = &a
 	})
 }
 
 // WithQueue bounds the outcomes waiting for reconciliation (1024 by default) and the
 // attempts made at once (2 by default).
 func WithQueue(size, workers int) AutoReconcileOption {
-	return autoOptionFunc(func(c *autoConfig) {
+	return autoOptionFunc(func(c *auto.Config) {
 		if size <= 0 || workers <= 0 {
-			refuse(&c.err, invalid("WithQueue: size and workers must be > 0, got %d, %d", size, workers))
+			refuse(&c.Err, invalid("WithQueue: size and workers must be > 0, got %d, %d", size, workers))
 			return
 		}
-		c.queue, c.workers = size, workers
+		c.Queue, c.Workers = size, workers
 	})
 }
 
 // WithRetryBackoff sets the delay before an attempt is retried: first, doubling up to
 // most; 100 ms and 30 s by default.
 func WithRetryBackoff(first, most time.Duration) AutoReconcileOption {
-	return autoOptionFunc(func(c *autoConfig) {
+	return autoOptionFunc(func(c *auto.Config) {
 		if first <= 0 || most < first {
-			refuse(&c.err, invalid("WithRetryBackoff: want 0 < first <= most, got %v, %v", first, most))
+			refuse(&c.Err, invalid("WithRetryBackoff: want 0 < first <= most, got %v, %v", first, most))
 			return
 		}
-		c.retryMin, c.retryMax = first, most
+		c.RetryMin, c.RetryMax = first, most
 	})
 }
 
@@ -117,11 +110,11 @@ type Reconciliation struct {
 // as the frame ends, so it may use any connection, the frame's too. It should not block
 // for long, nor call [Tracer.Close] (which waits for the workers). A nil fn is an error.
 func WithOnReconciled(fn func(Reconciliation)) AutoReconcileOption {
-	return autoOptionFunc(func(c *autoConfig) {
+	return autoOptionFunc(func(c *auto.Config) {
 		if fn == nil {
-			refuse(&c.err, invalid("WithOnReconciled: nil function"))
+			refuse(&c.Err, invalid("WithOnReconciled: nil function"))
 			return
 		}
-		c.onReconciled = func(r settledFrame) { fn(Reconciliation(r)) }
+		c.OnReconciled = func(r auto.Settled) { fn(Reconciliation(r)) }
 	})
 }

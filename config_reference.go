@@ -2,18 +2,10 @@ package otelpgxtx
 
 import (
 	"github.com/jackc/pgx/v5"
-
 	"github.com/txevidence/otelpgxtx/internal/markertable"
 	"github.com/txevidence/otelpgxtx/internal/reference"
+	"github.com/txevidence/otelpgxtx/internal/settings"
 )
-
-// The options of the commit references of plain pgx and database/sql frames:
-// WithCommitReference and WithCommitMarker.
-
-// references is what the commits of plain pgx frames carry (a Policy decides for Run's).
-func (c *config) references() reference.Refs {
-	return reference.Refs{Mode: c.reference, Marker: c.marker}
-}
 
 // WithCommitReference gives plain pgx and database/sql transactions — pool.Begin …
 // Commit, pgx.BeginFunc, BeginTx, stdlib, a raw begin … commit — the commit reference
@@ -41,9 +33,9 @@ func (c *config) references() reference.Refs {
 // transaction. docs/reconciliation.md ("Plain pgx and database/sql") says what it sends;
 // docs/performance.md what it costs.
 func WithCommitReference() Option {
-	return optionFunc(func(c *config) {
-		if c.reference == reference.None {
-			c.reference = reference.XID
+	return optionFunc(func(c *settings.Config) {
+		if c.Reference == reference.None {
+			c.Reference = reference.XID
 		}
 	})
 }
@@ -64,12 +56,12 @@ func WithCommitReference() Option {
 // function is checked with the cluster identity; where it is missing or not callable by
 // every role, the connection's commits carry the xid read alone, with one log record.
 func WithCommitMarker(table pgx.Identifier) Option {
-	return optionFunc(func(c *config) {
+	return optionFunc(func(c *settings.Config) {
 		name, err := markertable.Quote(table...)
 		if err != nil {
-			refuse(&c.err, invalid("WithCommitMarker: %w", err))
+			refuse(&c.Err, invalid("WithCommitMarker: %w", err))
 			return
 		}
-		c.reference, c.marker = reference.Marker, name
+		c.Reference, c.Marker = reference.Marker, name
 	})
 }

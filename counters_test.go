@@ -10,11 +10,12 @@ import (
 	"testing"
 
 	"github.com/jackc/pgx/v5"
-	"go.opentelemetry.io/otel/attribute"
-	"go.opentelemetry.io/otel/codes"
-
+	"github.com/txevidence/otelpgxtx/internal/metrics"
+	"github.com/txevidence/otelpgxtx/internal/schema"
 	"github.com/txevidence/otelpgxtx/outcome"
 	"github.com/txevidence/otelpgxtx/pgtest"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
 )
 
 // TestTransactionCounts holds what each counter counts, as a new user meets it: a
@@ -79,12 +80,12 @@ func TestTransactionCounts(t *testing.T) {
 		keys   []attribute.Key
 		counts map[string]int64
 	}{
-		{metricTransactions, []attribute.Key{OutcomeKey, RollbackKey}, map[string]int64{
+		{metrics.MetricTransactions, []attribute.Key{OutcomeKey, RollbackKey}, map[string]int64{
 			"tx.outcome=rolled_back,tx.rollback=deliberate": 1,
 			"tx.outcome=rolled_back,tx.rollback=failure":    2,
 			"tx.outcome=committed":                          1,
 		}},
-		{metricParticipations, []attribute.Key{participantOutcomeKey, PropagationKey}, map[string]int64{
+		{metrics.MetricParticipations, []attribute.Key{schema.ParticipantOutcomeKey, PropagationKey}, map[string]int64{
 			"tx.participant.outcome=rolled_back,tx.propagation=nested":     1,
 			"tx.participant.outcome=participating,tx.propagation=nested":   1,
 			"tx.participant.outcome=participating,tx.propagation=required": 1,
@@ -98,12 +99,12 @@ func TestTransactionCounts(t *testing.T) {
 	// each participant outcome for each propagation that can join. Participating among
 	// the transactions is a prepared transaction's (PREPARE TRANSACTION), never a Run
 	// call's: at 0 here.
-	all := h.sums(t, ctx, metricTransactions, OutcomeKey, RollbackKey)
+	all := h.sums(t, ctx, metrics.MetricTransactions, OutcomeKey, RollbackKey)
 	if len(all) != 6 || all["tx.outcome=participating"] != 0 {
-		t.Errorf("%s series %v, want the five outcomes, rolled_back split in two, participating at 0", metricTransactions, all)
+		t.Errorf("%s series %v, want the five outcomes, rolled_back split in two, participating at 0", metrics.MetricTransactions, all)
 	}
-	if all := h.sums(t, ctx, metricParticipations, participantOutcomeKey, PropagationKey); len(all) != 6 {
-		t.Errorf("%s series %v, want 2 outcomes × 3 propagations", metricParticipations, all)
+	if all := h.sums(t, ctx, metrics.MetricParticipations, schema.ParticipantOutcomeKey, PropagationKey); len(all) != 6 {
+		t.Errorf("%s series %v, want 2 outcomes × 3 propagations", metrics.MetricParticipations, all)
 	}
 
 	// The spans say the same: the deliberate rollback is not an error.
@@ -120,7 +121,7 @@ func TestTransactionCounts(t *testing.T) {
 			t.Errorf("frame %d: tx.rollback=%q status %v, want %q %v", i, v.AsString(), fs[i].Status.Code, want.rollback, want.status)
 		}
 	}
-	if got := fmt.Sprint(eventNames(fs[2])); strings.Count(got, eventParticipant) != 3 {
+	if got := fmt.Sprint(eventNames(fs[2])); strings.Count(got, schema.EventParticipant) != 3 {
 		t.Errorf("owner's events %s: want 3 participant events", got)
 	}
 }

@@ -7,6 +7,7 @@ import (
 	"sync"
 	"testing"
 
+	"github.com/txevidence/otelpgxtx/internal/framespan"
 	"github.com/txevidence/otelpgxtx/outcome"
 	"github.com/txevidence/otelpgxtx/pgtest"
 )
@@ -63,7 +64,7 @@ func TestOneEndingCloseAndHook(t *testing.T) {
 	for _, f := range fs {
 		terminal := 0
 		for _, e := range f.Events {
-			if e.Name == phaseEvents[outcome.PhaseCommitted] || e.Name == phaseEvents[outcome.PhaseRolledBack] || e.Name == phaseEvents[outcome.PhaseUnknown] {
+			if e.Name == framespan.PhaseEvents[outcome.PhaseCommitted] || e.Name == framespan.PhaseEvents[outcome.PhaseRolledBack] || e.Name == framespan.PhaseEvents[outcome.PhaseUnknown] {
 				terminal++
 			}
 		}

@@ -3,9 +3,6 @@ package otelpgxtx
 import (
 	"context"
 	"errors"
-
-	"go.opentelemetry.io/otel/codes"
-	"go.opentelemetry.io/otel/trace"
 )
 
 // ExpectedErrorFunc reports whether err, which a statement, a connect, a pool acquire or
@@ -31,20 +28,3 @@ func CallerCanceled(ctx context.Context, err error) bool {
 
 // defaultExpected is the default of [WithExpectedErrors].
 var defaultExpected = []func(context.Context, error) bool{CallerCanceled}
-
-// expectedSpan is a span that ended with an expected error: it takes every call but the
-// Error status.
-type expectedSpan struct{ trace.Span }
-
-// SetStatus drops codes.Error, which an expected error must not set.
-func (s expectedSpan) SetStatus(code codes.Code, description string) {
-	if code != codes.Error {
-		s.Span.SetStatus(code, description)
-	}
-}
-
-// expectedCtx marks the context of a batch query that failed with an expected error:
-// otelpgx starts and ends that span inside one hook, from its own tracer, so the mark
-// travels to the tracer the default otelpgx is given (expectedStatusTracer), which wraps
-// the span it starts.
-type expectedCtx struct{ context.Context }

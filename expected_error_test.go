@@ -11,14 +11,15 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/txevidence/otelpgxtx/internal/inner"
+	"github.com/txevidence/otelpgxtx/internal/metrics"
+	"github.com/txevidence/otelpgxtx/internal/schema"
+	"github.com/txevidence/otelpgxtx/outcome"
+	"github.com/txevidence/otelpgxtx/pgtest"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/codes"
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 	"go.opentelemetry.io/otel/trace"
-
-	"github.com/txevidence/otelpgxtx/internal/schema"
-	"github.com/txevidence/otelpgxtx/outcome"
-	"github.com/txevidence/otelpgxtx/pgtest"
 )
 
 // cancelWhen runs call with a context that is canceled once the backend of pid waits
@@ -174,7 +175,7 @@ func runExpectedFaults(t *testing.T, opts ...Option) expectedCase {
 	}
 
 	c.frames = h.frames()
-	c.counts = nonZero(h.sums(t, ctx, metricTransactions, OutcomeKey, RollbackKey))
+	c.counts = nonZero(h.sums(t, ctx, metrics.MetricTransactions, OutcomeKey, RollbackKey))
 	for _, f := range c.frames {
 		if v, _ := attr(f, OutcomeKey); v.AsString() == "indeterminate" {
 			c.indeterminateReason = attrString(t, f, schema.ErrorTypeKey)
@@ -244,7 +245,7 @@ func TestExpectedErrors(t *testing.T) {
 			}
 		}
 		if !maps.Equal(c.counts, wantCounts) {
-			t.Errorf("%s: %s = %v, want %v", name, metricTransactions, c.counts, wantCounts)
+			t.Errorf("%s: %s = %v, want %v", name, metrics.MetricTransactions, c.counts, wantCounts)
 		}
 		rb, ok := c.run.(outcome.DeterminateRollback[int])
 		if !ok || rb.Retryable() || rb.Phase() != outcome.PhaseActive || !errors.Is(rb.Cause(), context.Canceled) {
@@ -258,7 +259,7 @@ func outcomeAttrs(f tracetest.SpanStub) []attribute.KeyValue {
 	var out []attribute.KeyValue
 	for _, kv := range f.Attributes {
 		switch kv.Key {
-		case OutcomeKey, PhaseKey, RollbackKey, schema.ErrorTypeKey, dbResponseStatusKey, RetryableKey, PropagationKey:
+		case OutcomeKey, PhaseKey, RollbackKey, schema.ErrorTypeKey, schema.DBResponseStatusKey, RetryableKey, PropagationKey:
 			out = append(out, kv)
 		}
 	}
@@ -309,7 +310,7 @@ func (r *endSpanRecorder) TraceQueryStart(ctx context.Context, _ *pgx.Conn, _ pg
 
 func (r *endSpanRecorder) TraceQueryEnd(ctx context.Context, _ *pgx.Conn, _ pgx.TraceQueryEndData) {
 	r.ends++
-	if _, ok := trace.SpanFromContext(ctx).(expectedSpan); ok {
+	if _, ok := trace.SpanFromContext(ctx).(inner.ExpectedSpan); ok {
 		r.wrapped++
 	}
 }

@@ -12,13 +12,12 @@ import (
 	"github.com/exaring/otelpgx"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
-	"go.opentelemetry.io/otel/codes"
-	"go.opentelemetry.io/otel/sdk/trace/tracetest"
-	"go.opentelemetry.io/otel/trace"
-
 	"github.com/txevidence/otelpgxtx/internal/evidence"
 	"github.com/txevidence/otelpgxtx/internal/schema"
 	"github.com/txevidence/otelpgxtx/pgtest"
+	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/sdk/trace/tracetest"
+	"go.opentelemetry.io/otel/trace"
 )
 
 // wantStatementChildren asserts that the frame has statement spans (from otelpgx) as
@@ -74,7 +73,7 @@ func frameContract(t *testing.T, f tracetest.SpanStub, depth int) {
 	if id := attrString(t, f, OperationIDKey); len(id) != 32 {
 		t.Fatalf("tx.operation_id = %q, want 32 hex digits", id)
 	}
-	if _, ok := attr(f, serverPortKey); !ok {
+	if _, ok := attr(f, schema.ServerPortKey); !ok {
 		t.Fatal("no server.port")
 	}
 }
@@ -167,7 +166,7 @@ func TestSpanRollbackAfterStatementError(t *testing.T) {
 		wantAttr(t, f, "tx.outcome", "rolled_back")
 		wantAttr(t, f, "db.response.status_code", "22012")
 		wantAttr(t, f, "error.type", "server_error")
-		wantStatus(t, f, codes.Error, statusDescriptionRolledBack)
+		wantStatus(t, f, codes.Error, schema.StatusDescriptionRolledBack)
 	})
 }
 
@@ -196,7 +195,7 @@ func TestSpanDeferredConstraintAtCommit(t *testing.T) {
 		wantAttr(t, f, "error.type", "constraint_violation")
 		wantEvents(t, f, "tx.phase.active", "tx.phase.committing", "tx.phase.rolled_back")
 		wantAnswer(t, h, f, "tx.phase.rolled_back", "COMMIT", "23505")
-		wantStatus(t, f, codes.Error, statusDescriptionRolledBack)
+		wantStatus(t, f, codes.Error, schema.StatusDescriptionRolledBack)
 		if srv.RowExists(t, ctx, table, 2) {
 			t.Fatal("row present after a rollback at COMMIT")
 		}
@@ -264,7 +263,7 @@ func TestSpanSerializationFailureAtCommit(t *testing.T) {
 		wantAttr(t, failed, "tx.isolation", "serializable")
 		wantEvents(t, failed, "tx.phase.active", "tx.phase.committing", "tx.phase.rolled_back")
 		wantAnswer(t, h, failed, "tx.phase.rolled_back", "COMMIT", "40001")
-		wantStatus(t, failed, codes.Error, statusDescriptionRolledBack)
+		wantStatus(t, failed, codes.Error, schema.StatusDescriptionRolledBack)
 	})
 }
 
@@ -427,7 +426,7 @@ func TestSpanSavepoints(t *testing.T) {
 		var spNames []string
 		for _, e := range f.Events {
 			for _, kv := range e.Attributes {
-				if kv.Key == savepointNameKey {
+				if kv.Key == schema.SavepointNameKey {
 					spNames = append(spNames, kv.Value.AsString())
 				}
 			}
@@ -563,12 +562,12 @@ func TestSpanImplicitPrepareStaysUnderItsStatement(t *testing.T) {
 				}
 				return
 			}
-			if len(kids) != 0 || !slices.Equal(eventNames(query), []string{eventPrepare}) {
+			if len(kids) != 0 || !slices.Equal(eventNames(query), []string{schema.EventPrepare}) {
 				t.Fatalf("the query span has %d children and events %v, want its prepare event", len(kids), eventNames(query))
 			}
 			e := query.Events[0]
 			name, _ := eventAttr(e, otelpgx.PrepareStmtNameKey)
-			took, _ := eventAttr(e, statementDurationKey)
+			took, _ := eventAttr(e, schema.StatementDurationKey)
 			if name.AsString() != "stmtcache" || took.AsFloat64() <= 0 || took.AsFloat64() > query.EndTime.Sub(query.StartTime).Seconds() {
 				t.Fatalf("prepare event attributes %v: want pgx.prepare_stmt.name stmtcache and a duration within the query's", e.Attributes)
 			}

@@ -10,13 +10,13 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
-	"go.opentelemetry.io/otel/trace"
-
+	"github.com/txevidence/otelpgxtx/internal/frame"
 	"github.com/txevidence/otelpgxtx/internal/reconciletest"
 	"github.com/txevidence/otelpgxtx/internal/reference"
 	"github.com/txevidence/otelpgxtx/outcome"
 	"github.com/txevidence/otelpgxtx/pgtest"
 	"github.com/txevidence/otelpgxtx/reconcile"
+	"go.opentelemetry.io/otel/trace"
 )
 
 // startCluster starts a pgtest.Cluster for the test, with table t (id int primary key).
@@ -251,7 +251,7 @@ func TestIdentityOnStandby(t *testing.T) {
 		if err := conn.Ping(ctx); err != nil {
 			t.Fatalf("%s: connection unusable after the identity read: %v", tc.name, err)
 		}
-		sys, timeline, _, _ := connStateOf(conn).refs.Identity()
+		sys, timeline, _, _ := frame.ConnStateOf(conn).Refs.Identity()
 		if got := sys != 0; got != tc.identity || tc.identity && timeline != 1 {
 			t.Errorf("%s: identity read %v (timeline %d), want %v", tc.name, got, timeline, tc.identity)
 		}

@@ -1,10 +1,5 @@
 package otelpgxtx
 
-// The helpers shared by the tests of several concerns, so that a test file holds its own
-// concern only: the test server's tables, connections and statements, Run's functions,
-// and reading what the harness exported (spans, metrics). The harness itself (the
-// instrumented pool and its exporter and reader) is in main_test.go.
-
 import (
 	"context"
 	"fmt"
@@ -18,6 +13,8 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/txevidence/otelpgxtx/internal/frame"
+	"github.com/txevidence/otelpgxtx/internal/metrics"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/codes"
 	"go.opentelemetry.io/otel/sdk/metric/metricdata"
@@ -275,8 +272,8 @@ func (h *harness) wantNoFrames(t *testing.T, ctx context.Context) {
 		}
 	}()
 	for _, c := range conns {
-		if st := connStateOf(c.Conn()); st != nil && st.frame() != nil {
-			t.Fatalf("an idle connection still holds a frame in phase %s", st.frame().ev.Phase())
+		if st := frame.ConnStateOf(c.Conn()); st != nil && st.Frame() != nil {
+			t.Fatalf("an idle connection still holds a frame in phase %s", st.Frame().Ev.Phase())
 		}
 	}
 }
@@ -327,7 +324,7 @@ func nonZero(m map[string]int64) map[string]int64 {
 func (h *harness) countsByOutcome(t *testing.T, ctx context.Context) map[string]int64 {
 	t.Helper()
 	out := map[string]int64{}
-	for k, n := range h.sums(t, ctx, metricTransactions, OutcomeKey) {
+	for k, n := range h.sums(t, ctx, metrics.MetricTransactions, OutcomeKey) {
 		out[strings.TrimPrefix(k, string(OutcomeKey)+"=")] = n
 	}
 	return out

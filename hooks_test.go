@@ -7,7 +7,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
-
+	"github.com/txevidence/otelpgxtx/internal/frame"
 	"github.com/txevidence/otelpgxtx/outcome"
 	"github.com/txevidence/otelpgxtx/pgtest"
 )
@@ -103,8 +103,8 @@ func TestEndWithoutStart(t *testing.T) {
 	if inner.ends != 4 {
 		t.Fatalf("inner tracer saw %d ends, want 4", inner.ends)
 	}
-	if st := connStateOf(conn); st.frame() != nil || len(st.queries) != 0 {
-		t.Fatalf("state after unmatched ends: frame %v, %d queries", st.frame(), len(st.queries))
+	if st := frame.ConnStateOf(conn); st.Frame() != nil || len(st.Queries) != 0 {
+		t.Fatalf("state after unmatched ends: frame %v, %d queries", st.Frame(), len(st.Queries))
 	}
 }
 

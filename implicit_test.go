@@ -18,14 +18,16 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/jackc/pgx/v5/stdlib"
-	"go.opentelemetry.io/otel/codes"
-	"go.opentelemetry.io/otel/sdk/trace/tracetest"
-	"go.opentelemetry.io/otel/trace"
-
+	"github.com/txevidence/otelpgxtx/internal/frame"
+	"github.com/txevidence/otelpgxtx/internal/metrics"
 	"github.com/txevidence/otelpgxtx/internal/reconciletest"
+	"github.com/txevidence/otelpgxtx/internal/schema"
 	"github.com/txevidence/otelpgxtx/outcome"
 	"github.com/txevidence/otelpgxtx/pgtest"
 	"github.com/txevidence/otelpgxtx/reconcile"
+	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/sdk/trace/tracetest"
+	"go.opentelemetry.io/otel/trace"
 )
 
 // Implicit transactions against the real server: a write sent outside a transaction
@@ -402,7 +404,7 @@ func TestImplicitTransactionFaults(t *testing.T) {
 							seen[fmt.Sprintf("%s/%s no reference (%s)", fault.name, mode, noRef.AsString())]++
 						}
 					}
-					counts := w.h.sums(t, w.ctx, metricTransactions, OutcomeKey, ImplicitKey)
+					counts := w.h.sums(t, w.ctx, metrics.MetricTransactions, OutcomeKey, ImplicitKey)
 					want := int64(1)
 					if mode != "off" && fault.want == outcome.OutcomeCommitted {
 						want++ // the warm-up write of newImplicit
@@ -585,12 +587,12 @@ func TestRetryOneTrace(t *testing.T) {
 	}
 	var retry tracetest.SpanStub
 	for _, s := range w.h.exp.GetSpans() {
-		if s.Name == spanNameRetry {
+		if s.Name == schema.SpanNameRetry {
 			retry = s
 		}
 	}
 	if retry.Name == "" {
-		t.Fatalf("no %s span: %v", spanNameRetry, names(w.h.exp.GetSpans()))
+		t.Fatalf("no %s span: %v", schema.SpanNameRetry, names(w.h.exp.GetSpans()))
 	}
 	if retry.Parent.SpanID() != root.SpanContext().SpanID() {
 		t.Fatal("the Retry span is not the caller's span's child")
@@ -605,7 +607,7 @@ func TestRetryOneTrace(t *testing.T) {
 		}
 		wantAttr(t, f, string(AttemptKey), "1")
 	}
-	wantEvents(t, retry, eventRetryAttempt, eventRetrySettled)
+	wantEvents(t, retry, schema.EventRetryAttempt, schema.EventRetrySettled)
 	wantAttr(t, retry, string(OutcomeKey), "committed_with_post_commit_failure")
 	if n := srv.CountOf(t, w.ctx, "select count(*) from "+w.table); n != 1 {
 		t.Fatalf("%d rows, want 1: the autocommit write once", n)
@@ -630,11 +632,11 @@ func TestRetryOneTrace(t *testing.T) {
 		t.Fatalf("%d attempts, %T %v: want 2, committed", attempts, res, err)
 	}
 	for _, s := range w.h.exp.GetSpans() {
-		if s.Name == spanNameRetry {
+		if s.Name == schema.SpanNameRetry {
 			retry = s
 		}
 	}
-	wantEvents(t, retry, eventRetryAttempt, eventRetrySettled, eventRetryAttempt)
+	wantEvents(t, retry, schema.EventRetryAttempt, schema.EventRetrySettled, schema.EventRetryAttempt)
 	if v, _ := attr(tracetest.SpanStub{Attributes: retry.Events[1].Attributes}, ResolvedOutcomeKey); v.AsString() != "aborted" {
 		t.Fatalf("settled %v, want aborted", retry.Events[1].Attributes)
 	}
@@ -1256,7 +1258,7 @@ func TestPreparedNamesKept(t *testing.T) {
 		{"stmtcache_0123abcd", "insert into t values (1)", false},
 		{"write_row", "insert into t values (1)", true},
 	} {
-		if got := keepsName(c.name, c.sql); got != c.keep {
+		if got := frame.KeepsName(c.name, c.sql); got != c.keep {
 			t.Errorf("keepsName(%q, %q) = %v, want %v", c.name, c.sql, got, c.keep)
 		}
 	}

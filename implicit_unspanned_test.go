@@ -8,13 +8,13 @@ import (
 	"testing"
 	"time"
 
+	"github.com/txevidence/otelpgxtx/internal/metrics"
+	"github.com/txevidence/otelpgxtx/internal/schema"
+	"github.com/txevidence/otelpgxtx/outcome"
 	"go.opentelemetry.io/otel/codes"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 	"go.opentelemetry.io/otel/trace"
-
-	"github.com/txevidence/otelpgxtx/internal/schema"
-	"github.com/txevidence/otelpgxtx/outcome"
 )
 
 // TestImplicitUnspannedFrames: an autocommit write with no span in its context — a
@@ -101,7 +101,7 @@ func TestImplicitUnspannedFrames(t *testing.T) {
 			t.Fatalf("%d spans, want the frame's: %v", len(spans), names(spans))
 		}
 		wantUnspannedFrame(t, spans[0], outcome.OutcomeCommittedWithPostCommitFailure, codes.Ok, returned)
-		wantEvents(t, spans[0], "tx.phase.active", "tx.phase.committing", "tx.phase.committed", eventPostCommitFailed)
+		wantEvents(t, spans[0], "tx.phase.active", "tx.phase.committing", "tx.phase.committed", schema.EventPostCommitFailed)
 	})
 }
 
@@ -200,7 +200,7 @@ func TestImplicitUnspannedFramesDecided(t *testing.T) {
 			if !c.asked() {
 				t.Fatalf("the configuration was not asked: sampler %d, filter %q", drop.asked.Load(), filtered)
 			}
-			counts := w.h.sums(t, w.ctx, metricTransactions, OutcomeKey, ImplicitKey)
+			counts := w.h.sums(t, w.ctx, metrics.MetricTransactions, OutcomeKey, ImplicitKey)
 			if n := counts["tx.outcome=rolled_back,tx.implicit=true"]; n != 1 {
 				t.Fatalf("counted %v, want one implicit rolled_back", nonZero(counts))
 			}

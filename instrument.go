@@ -9,10 +9,16 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgconn/ctxwatch"
 	"github.com/jackc/pgx/v5/pgxpool"
-	"go.opentelemetry.io/otel/trace"
-
+	"github.com/txevidence/otelpgxtx/internal/auto"
+	"github.com/txevidence/otelpgxtx/internal/frame"
+	"github.com/txevidence/otelpgxtx/internal/framespan"
+	"github.com/txevidence/otelpgxtx/internal/hooks"
+	"github.com/txevidence/otelpgxtx/internal/inner"
+	"github.com/txevidence/otelpgxtx/internal/metrics"
+	"github.com/txevidence/otelpgxtx/internal/poolmetrics"
 	"github.com/txevidence/otelpgxtx/internal/schema"
 	"github.com/txevidence/otelpgxtx/internal/wire"
+	"go.opentelemetry.io/otel/trace"
 )
 
 // InstrumentPool instruments every connection of a pool that cfg will create; call it
@@ -36,12 +42,12 @@ func InstrumentPool(cfg *pgxpool.Config, opts ...Option) (*Tracer, error) {
 	if err != nil {
 		return nil, err
 	}
-	if !t.cfg.noPoolMetrics {
-		t.pool = newPoolMetrics(t.cfg, cfg)
+	if !t.Cfg.NoPoolMetrics {
+		t.Pool = poolmetrics.New(t.Cfg, cfg)
 	}
 	userBeforeClose := cfg.BeforeClose
 	cfg.BeforeClose = func(conn *pgx.Conn) {
-		t.connClosing(conn)
+		t.ConnClosing(conn)
 		if userBeforeClose != nil {
 			userBeforeClose(conn)
 		}
@@ -105,8 +111,8 @@ func InstrumentConnConfig(cfg *pgx.ConnConfig, opts ...Option) (*Tracer, error) 
 		cfg.BuildContextWatcherHandler = func(pg *pgconn.PgConn) ctxwatch.Handler {
 			h := build(pg)
 			if _, deadline := h.(*pgconn.DeadlineContextWatcherHandler); !deadline {
-				if st := t.stateOf(pg); st != nil {
-					st.refs.Cancels() // see reference.Conn.readsEarly
+				if st := t.StateOf(pg); st != nil {
+					st.Refs.Cancels() // see reference.Conn.readsEarly
 				}
 			}
 			return h
@@ -114,7 +120,7 @@ func InstrumentConnConfig(cfg *pgx.ConnConfig, opts ...Option) (*Tracer, error) 
 	}
 	userOnNotice := cfg.OnNotice
 	cfg.OnNotice = func(pg *pgconn.PgConn, n *pgconn.Notice) {
-		t.onNotice(pg, n)
+		t.OnNotice(pg, n)
 		if userOnNotice != nil {
 			userOnNotice(pg, n)
 		}
@@ -139,35 +145,37 @@ func mayUseTLS(cfg *pgconn.Config) bool {
 // functions to return rather than hand to otel.Handle.
 func newTracer(opts []Option) (*Tracer, error) {
 	cfg := newConfig(opts)
-	if cfg.err == nil {
-		cfg.err = checkOmitSpans(&cfg)
+	if cfg.Err == nil {
+		cfg.Err = checkOmitSpans(&cfg)
 	}
-	t := &Tracer{core: core{
-		cfg:     cfg,
-		tracer:  cfg.tracerProvider.Tracer(scopeName, trace.WithInstrumentationVersion(schema.Version)),
-		metrics: newMetrics(cfg.meterProvider, cfg.meterAttributes),
-	}}
-	t.sanitized.raw = cfg.rawQueryText
-	t.innerAsIs = cfg.innerSet && cfg.inner != nil && !cfg.sanitizeInner
-	inner := cfg.inner
-	if !cfg.innerSet {
+	t := &Tracer{hooks.Adapter{Core: frame.Core{
+		Cfg:     cfg,
+		Tracer:  cfg.TracerProvider.Tracer(schema.ScopeName, trace.WithInstrumentationVersion(schema.Version)),
+		Metrics: metrics.New(cfg.MeterProvider, cfg.MeterAttributes),
+	}}}
+	t.Spans = framespan.Starter{Cfg: &t.Cfg, Tracer: t.Tracer, Sanitized: &t.Sanitized}
+	t.Inner.Cfg, t.Inner.Sanitized = &t.Cfg, &t.Sanitized
+	t.Sanitized.Raw = cfg.RawQueryText
+	t.Inner.AsIs = cfg.InnerSet && cfg.Inner != nil && !cfg.SanitizeInner
+	innerTracer := cfg.Inner
+	if !cfg.InnerSet {
 		oo := []otelpgx.Option{
 			// Wrapped, so that a batch query failing with an expected error keeps its span's
 			// status Unset (see expectedCtx).
-			otelpgx.WithTracerProvider(expectedStatusProvider{cfg.tracerProvider}),
-			otelpgx.WithMeterProvider(cfg.meterProvider),
-			otelpgx.WithTracerAttributes(cfg.spanAttributes...),
-			otelpgx.WithMeterAttributes(cfg.meterAttributes...),
-			otelpgx.WithSpanNameCtxFunc(t.sanitized.operationName), // a user's own, passed after, wins
+			otelpgx.WithTracerProvider(inner.ExpectedStatusProvider{TracerProvider: cfg.TracerProvider}),
+			otelpgx.WithMeterProvider(cfg.MeterProvider),
+			otelpgx.WithTracerAttributes(cfg.SpanAttributes...),
+			otelpgx.WithMeterAttributes(cfg.MeterAttributes...),
+			otelpgx.WithSpanNameCtxFunc(t.Sanitized.OperationName), // a user's own, passed after, wins
 		}
-		if cfg.noConnDetails {
+		if cfg.NoConnDetails {
 			oo = append(oo, otelpgx.WithDisableConnectionDetailsInAttributes())
 		}
-		inner = otelpgx.NewTracer(append(oo, cfg.otelpgxOptions...)...)
+		innerTracer = otelpgx.NewTracer(append(oo, cfg.OtelpgxOptions...)...)
 	}
-	t.setInner(inner)
-	if cfg.err == nil && cfg.auto != nil {
-		t.auto = newAutoReconciler(cfg.auto, t.cfg.logger, cfg.meterProvider, cfg.meterAttributes)
+	t.Inner.SetInner(innerTracer)
+	if cfg.Err == nil && cfg.Auto != nil {
+		t.Auto = auto.New(cfg.Auto, t.Cfg.Logger, cfg.MeterProvider, cfg.MeterAttributes)
 	}
-	return t, cfg.err
+	return t, cfg.Err
 }

@@ -12,13 +12,13 @@ import (
 	"testing"
 
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/txevidence/otelpgxtx/internal/settings"
+	"github.com/txevidence/otelpgxtx/pgtest"
+	"github.com/txevidence/otelpgxtx/reconcile"
 	"go.opentelemetry.io/otel/sdk/metric"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 	"go.opentelemetry.io/otel/trace"
-
-	"github.com/txevidence/otelpgxtx/pgtest"
-	"github.com/txevidence/otelpgxtx/reconcile"
 )
 
 var srv *pgtest.Server
@@ -112,7 +112,7 @@ func newHarnessSampled(t *testing.T, connString string, maxConns int32, sampler 
 		}
 	}
 	oc := newConfig(opts)
-	h.controlEvents = !oc.innerSet && oc.keepSpans&(1<<InnerSpanTransactionControl) == 0
+	h.controlEvents = !oc.InnerSet && oc.KeepSpans&(1<<InnerSpanTransactionControl) == 0
 	h.tracer, err = InstrumentPool(cfg, append([]Option{WithTracerProvider(h.tp), WithMeterProvider(mp)}, opts...)...)
 	if err != nil {
 		t.Fatal(err)
@@ -129,12 +129,12 @@ func newHarnessSampled(t *testing.T, connString string, maxConns int32, sampler 
 // reconciliation's reconciler records its spans with it.
 type harnessOption func(tp trace.TracerProvider) Option
 
-func (harnessOption) apply(*config) {}
+func (harnessOption) apply(*settings.Config) {}
 
 // harnessConfig changes the harness's pool config before it is instrumented.
 type harnessConfig func(*pgxpool.Config)
 
-func (harnessConfig) apply(*config) {}
+func (harnessConfig) apply(*settings.Config) {}
 
 // dialGate refuses every new connection of a harness while refuse is set, so that a
 // test can keep pgconn from sending the CancelRequest with which it closes a connection

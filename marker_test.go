@@ -12,13 +12,15 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"go.opentelemetry.io/otel/trace"
-
+	"github.com/txevidence/otelpgxtx/internal/executor"
+	"github.com/txevidence/otelpgxtx/internal/frame"
 	"github.com/txevidence/otelpgxtx/internal/markertable"
 	"github.com/txevidence/otelpgxtx/internal/reconciletest"
+	"github.com/txevidence/otelpgxtx/internal/schema"
 	"github.com/txevidence/otelpgxtx/outcome"
 	"github.com/txevidence/otelpgxtx/pgtest"
 	"github.com/txevidence/otelpgxtx/reconcile"
+	"go.opentelemetry.io/otel/trace"
 )
 
 // markerProxied is the setup of the marker tests through the proxy: a harness of
@@ -195,11 +197,11 @@ func overMarkerReconcile(t *testing.T, base string) {
 			if _, err := tx.Exec(ctx, "set local synchronous_commit = on"); err != nil {
 				return 0, err
 			}
-			sys, timeline, database, checkedAt := stateOf(tx.Conn().PgConn()).refs.Identity()
+			sys, timeline, database, checkedAt := frame.StateOf(tx.Conn().PgConn()).Refs.Identity()
 			q, _ := markertable.Quote(marker...)
 			q, _ = markertable.RefTable(database, q)
 			began <- started{tx.Conn().PgConn().PID(), outcome.ReconciliationRef{SystemIdentifier: sys,
-				Timeline: timeline, MarkerTable: q, Operation: scopeFromContext(ctx).id, CheckedAt: checkedAt}}
+				Timeline: timeline, MarkerTable: q, Operation: executor.ScopeFromContext(ctx).ID, CheckedAt: checkedAt}}
 			return 3, nil
 		})
 	}()
@@ -315,7 +317,7 @@ func TestCommitSpanSameWithReference(t *testing.T) {
 				got = append(got, c.Name+" "+fmt.Sprint(c.Status.Code))
 			}
 			for _, e := range statementEvents(f) {
-				op, _ := eventAttr(e, dbOperationNameKey)
+				op, _ := eventAttr(e, schema.DBOperationNameKey)
 				got = append(got, e.Name+" "+op.AsString())
 			}
 			slices.Sort(got)

@@ -13,9 +13,9 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
-	"go.opentelemetry.io/otel/sdk/trace/tracetest"
-
+	"github.com/txevidence/otelpgxtx/internal/verdict"
 	"github.com/txevidence/otelpgxtx/outcome"
+	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 )
 
 // Statements, strings and batches that commit more than once, against the real server: a
@@ -304,8 +304,8 @@ func (l *ledger) attempt(t *testing.T, w *implicitSetup, c multiCase, ctx contex
 	defer root.End()
 	vctx, nv := NewVerdict(ctx)
 	answer := nv.Result
-	if st := verdictFrom(ctx); st != nil {
-		vctx, answer = ctx, st.answer // Retry's attempt: its own Verdict
+	if st := verdict.From(ctx); st != nil {
+		vctx, answer = ctx, st.Answer // Retry's attempt: its own Verdict
 	}
 	pid := w.pid(t)
 	var release func()

@@ -3,6 +3,7 @@ package otelpgxtx
 import (
 	"net"
 
+	"github.com/txevidence/otelpgxtx/internal/frame"
 	"github.com/txevidence/otelpgxtx/internal/wire"
 )
 
@@ -12,5 +13,5 @@ import (
 // options: commit references need them, and a Policy of Run's may ask for references on
 // any connection.
 func newNetConn(conn net.Conn, t *Tracer) *wire.Conn {
-	return wire.NewConn(conn, &closeWatch{closed: t.netConnClosed}, true)
+	return wire.NewConn(conn, &frame.CloseWatch{Closed: t.NetConnClosed}, true)
 }

@@ -9,12 +9,12 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgproto3"
-	sdktrace "go.opentelemetry.io/otel/sdk/trace"
-	"go.opentelemetry.io/otel/sdk/trace/tracetest"
-
 	"github.com/txevidence/otelpgxtx/classifier"
+	"github.com/txevidence/otelpgxtx/internal/frame"
 	"github.com/txevidence/otelpgxtx/internal/schema"
 	"github.com/txevidence/otelpgxtx/outcome"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 )
 
 // Servers that speak PostgreSQL's protocol but are not PostgreSQL, as the scripted server
@@ -98,7 +98,7 @@ func TestServerKindFromStartup(t *testing.T) {
 		if _, err := s.conn.Exec(context.Background(), "begin"); err != nil {
 			t.Fatal(err)
 		}
-		if got := connStateOf(s.conn).server(); got != tc.want {
+		if got := frame.ConnStateOf(s.conn).Server(); got != tc.want {
 			t.Errorf("server %v, want %v", got, tc.want)
 		}
 		if seen := s.seen(); !slices.Equal(seen, []string{"begin"}) {

@@ -13,12 +13,12 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/stdlib"
+	"github.com/txevidence/otelpgxtx/internal/schema"
+	"github.com/txevidence/otelpgxtx/pgtest"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/sdk/metric/metricdata"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
-
-	"github.com/txevidence/otelpgxtx/pgtest"
 )
 
 // spanSettings are the two ways transaction-control statements are recorded: as events
@@ -50,7 +50,7 @@ func statementEvents(f tracetest.SpanStub) []sdktrace.Event {
 	evs := slices.Clone(f.Events)
 	slices.SortStableFunc(evs, func(a, b sdktrace.Event) int { return a.Time.Compare(b.Time) })
 	return slices.DeleteFunc(evs, func(e sdktrace.Event) bool {
-		_, ok := eventAttr(e, dbOperationNameKey)
+		_, ok := eventAttr(e, schema.DBOperationNameKey)
 		return !ok
 	})
 }
@@ -70,9 +70,9 @@ func wantControlEvents(t *testing.T, f tracetest.SpanStub, ops ...string) {
 	t.Helper()
 	var got []string
 	for _, e := range statementEvents(f) {
-		v, _ := eventAttr(e, dbOperationNameKey)
+		v, _ := eventAttr(e, schema.DBOperationNameKey)
 		got = append(got, v.AsString())
-		d, ok := eventAttr(e, statementDurationKey)
+		d, ok := eventAttr(e, schema.StatementDurationKey)
 		if took := d.AsFloat64(); !ok || took <= 0 || took > f.EndTime.Sub(f.StartTime).Seconds() {
 			t.Fatalf("event %s of %s: tx.statement.duration %v (present %v), want within the frame's %v",
 				e.Name, v.AsString(), took, ok, f.EndTime.Sub(f.StartTime))
@@ -98,10 +98,10 @@ func wantAnswer(t *testing.T, h *harness, f tracetest.SpanStub, event, op, sqlSt
 		t.Fatalf("no statement span %s with pgx.sql_state %q under the frame: %v", op, sqlState, names(h.children(f)))
 	}
 	for _, e := range statementEvents(f) {
-		if v, _ := eventAttr(e, dbOperationNameKey); e.Name != event || v.AsString() != op {
+		if v, _ := eventAttr(e, schema.DBOperationNameKey); e.Name != event || v.AsString() != op {
 			continue
 		}
-		if v, _ := eventAttr(e, dbResponseStatusKey); v.AsString() != sqlState {
+		if v, _ := eventAttr(e, schema.DBResponseStatusKey); v.AsString() != sqlState {
 			t.Fatalf("event %s of %s: db.response.status_code %q, want %q", event, op, v.AsString(), sqlState)
 		}
 		return
@@ -149,16 +149,16 @@ func TestControlEventsAnswers(t *testing.T) {
 		wantStatementChildren(t, h, f, "begin", "begin", "savepoint sp_1", "savepoint sp_2",
 			"insert into "+table+" (id, k) values (?, ?)", "rollback to savepoint sp_2", "release savepoint sp_1",
 			"savepoint sp_3", "release savepoint sp_3", "release savepoint nosuch", "commit")
-		wantEvents(t, f, slices.Concat([]string{"tx.phase.active"}, h.eventsIfFolded(eventStatement),
+		wantEvents(t, f, slices.Concat([]string{"tx.phase.active"}, h.eventsIfFolded(schema.EventStatement),
 			[]string{"tx.savepoint.created", "tx.savepoint.created", "tx.savepoint.rolled_back", "tx.savepoint.released",
 				"tx.savepoint.created", "tx.savepoint.released"},
-			h.eventsIfFolded(eventStatement), []string{"tx.phase.committing", "tx.phase.rolled_back"})...)
+			h.eventsIfFolded(schema.EventStatement), []string{"tx.phase.committing", "tx.phase.rolled_back"})...)
 		wantAnswer(t, h, f, "tx.phase.active", "BEGIN", "")
-		wantAnswer(t, h, f, eventStatement, "RELEASE", "3B001")
+		wantAnswer(t, h, f, schema.EventStatement, "RELEASE", "3B001")
 		wantAnswer(t, h, f, "tx.phase.rolled_back", "COMMIT", "")
 		var depths []int64
 		for _, e := range f.Events {
-			if v, ok := eventAttr(e, savepointDepthKey); ok {
+			if v, ok := eventAttr(e, schema.SavepointDepthKey); ok {
 				depths = append(depths, v.AsInt64())
 			}
 		}

@@ -7,10 +7,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-
 	"github.com/txevidence/otelpgxtx/internal/markertable"
 	"github.com/txevidence/otelpgxtx/internal/reference"
-	"github.com/txevidence/otelpgxtx/outcome"
 )
 
 // Propagation says how [Run] relates to a transaction already in its context.
@@ -161,13 +159,6 @@ func waitBackoff(ctx context.Context, p Policy, n int) bool {
 	case <-timer.C:
 		return true
 	}
-}
-
-// shouldRetry reports whether Run tries again after attempt n ended with res: only a
-// retryable rollback is, and only while attempts and the caller's time are left.
-func shouldRetry[T any](ctx context.Context, maxAttempts int, res outcome.Result[T], n int) bool {
-	rb, ok := res.(outcome.DeterminateRollback[T])
-	return ok && rb.Retryable() && n < maxAttempts && ctx.Err() == nil
 }
 
 // backoff draws the wait before try n+1 uniformly from [0, min(max, base·2^(n-1))].

@@ -11,12 +11,12 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/txevidence/otelpgxtx/internal/poolmetrics"
+	"github.com/txevidence/otelpgxtx/internal/schema"
+	"github.com/txevidence/otelpgxtx/pgtest"
 	"go.opentelemetry.io/otel/attribute"
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
 	"go.opentelemetry.io/otel/sdk/metric/metricdata"
-
-	"github.com/txevidence/otelpgxtx/internal/schema"
-	"github.com/txevidence/otelpgxtx/pgtest"
 )
 
 // poolReading is one collection of the connection-pool metrics.
@@ -43,11 +43,11 @@ func readPool(t *testing.T, ctx context.Context, reader *sdkmetric.ManualReader)
 		units: map[string]string{}, kinds: map[string]string{}, pools: map[string]bool{}, identity: map[string][]string{}}
 	var name string
 	pool := func(s attribute.Set) {
-		if v, ok := s.Value(poolNameKey); ok {
+		if v, ok := s.Value(poolmetrics.PoolNameKey); ok {
 			r.pools[v.AsString()] = true
 		}
 		var ids []string
-		for _, k := range []attribute.Key{dbNamespaceKey, schema.DBSystemNameKey, serverAddressKey, serverPortKey} {
+		for _, k := range []attribute.Key{schema.DBNamespaceKey, schema.DBSystemNameKey, schema.ServerAddressKey, schema.ServerPortKey} {
 			if v, ok := s.Value(k); ok {
 				ids = append(ids, string(k)+"="+v.String())
 			}
@@ -73,7 +73,7 @@ func readPool(t *testing.T, ctx context.Context, reader *sdkmetric.ManualReader)
 				for _, dp := range d.DataPoints {
 					pool(dp.Attributes)
 					key := m.Name
-					if v, ok := dp.Attributes.Value(connectionStateKey); ok {
+					if v, ok := dp.Attributes.Value(poolmetrics.ConnectionStateKey); ok {
 						key += " " + v.AsString()
 					}
 					r.points[key] += dp.Value
@@ -119,13 +119,13 @@ func TestPoolMetrics(t *testing.T) {
 		return fmt.Sprintf("idle %d used %d", s.IdleConns(), s.AcquiredConns())
 	}
 	counts := func(r poolReading) string {
-		return fmt.Sprintf("idle %d used %d", r.points[metricConnectionCount+" idle"], r.points[metricConnectionCount+" used"])
+		return fmt.Sprintf("idle %d used %d", r.points[poolmetrics.MetricConnectionCount+" idle"], r.points[poolmetrics.MetricConnectionCount+" used"])
 	}
 
 	// Before the pool's first acquire there is nothing to count, but the timeouts
 	// series is there at 0.
 	r := readPool(t, ctx, h.reader)
-	if _, ok := r.points[metricConnectionCount+" used"]; ok || r.points[metricConnectionTimeouts] != 0 || !r.names[metricConnectionTimeouts] {
+	if _, ok := r.points[poolmetrics.MetricConnectionCount+" used"]; ok || r.points[poolmetrics.MetricConnectionTimeouts] != 0 || !r.names[poolmetrics.MetricConnectionTimeouts] {
 		t.Fatalf("before any acquire: %v", r.points)
 	}
 
@@ -144,14 +144,14 @@ func TestPoolMetrics(t *testing.T) {
 	if counts(r) != "idle 0 used 2" || counts(r) != stat() {
 		t.Errorf("exhausted: %s, pgxpool.Stat %s, want idle 0 used 2", counts(r), stat())
 	}
-	for name, want := range map[string]int64{metricConnectionMax: 2, metricConnectionIdleMax: 2, metricConnectionIdleMin: 0,
-		metricConnectionPendingRequests: 0, metricConnectionTimeouts: 0} {
+	for name, want := range map[string]int64{poolmetrics.MetricConnectionMax: 2, poolmetrics.MetricConnectionIdleMax: 2, poolmetrics.MetricConnectionIdleMin: 0,
+		poolmetrics.MetricConnectionPendingRequests: 0, poolmetrics.MetricConnectionTimeouts: 0} {
 		if got := r.points[name]; got != want {
 			t.Errorf("%s = %d, want %d", name, got, want)
 		}
 	}
-	if n := r.hist[metricConnectionCreateTime].Count; n != 2 || int64(n) != h.pool.Stat().NewConnsCount() {
-		t.Errorf("%s count %d, want the pool's 2 new connections", metricConnectionCreateTime, n)
+	if n := r.hist[poolmetrics.MetricConnectionCreateTime].Count; n != 2 || int64(n) != h.pool.Stat().NewConnsCount() {
+		t.Errorf("%s count %d, want the pool's 2 new connections", poolmetrics.MetricConnectionCreateTime, n)
 	}
 
 	// An acquire waits: pending, until a connection comes back; its wait is recorded.
@@ -162,8 +162,8 @@ func TestPoolMetrics(t *testing.T) {
 		waiter, err = h.pool.Acquire(ctx)
 		waited <- err
 	}()
-	waitPool(t, ctx, h.reader, "one pending acquire", func(r poolReading) bool { return r.points[metricConnectionPendingRequests] == 1 })
-	before := r.hist[metricConnectionWaitTime]
+	waitPool(t, ctx, h.reader, "one pending acquire", func(r poolReading) bool { return r.points[poolmetrics.MetricConnectionPendingRequests] == 1 })
+	before := r.hist[poolmetrics.MetricConnectionWaitTime]
 	// c1's holder works 50 ms more (on the server), then gives it back.
 	if _, err := c1.Exec(ctx, "select pg_sleep(0.05)"); err != nil {
 		t.Fatal(err)
@@ -173,15 +173,15 @@ func TestPoolMetrics(t *testing.T) {
 		t.Fatal(err)
 	}
 	r = readPool(t, ctx, h.reader)
-	w := r.hist[metricConnectionWaitTime]
+	w := r.hist[poolmetrics.MetricConnectionWaitTime]
 	if longest, _ := w.Max.Value(); w.Count != before.Count+1 || longest < 0.05 {
-		t.Errorf("%s: %d acquires, the longest %.3fs; want one more (%d) that waited over 0.05s", metricConnectionWaitTime, w.Count, longest, before.Count+1)
+		t.Errorf("%s: %d acquires, the longest %.3fs; want one more (%d) that waited over 0.05s", poolmetrics.MetricConnectionWaitTime, w.Count, longest, before.Count+1)
 	}
-	if r.points[metricConnectionPendingRequests] != 0 || counts(r) != "idle 0 used 2" {
-		t.Errorf("after the wait: pending %d, %s", r.points[metricConnectionPendingRequests], counts(r))
+	if r.points[poolmetrics.MetricConnectionPendingRequests] != 0 || counts(r) != "idle 0 used 2" {
+		t.Errorf("after the wait: pending %d, %s", r.points[poolmetrics.MetricConnectionPendingRequests], counts(r))
 	}
-	if u := r.hist[metricConnectionUseTime]; u.Count != 1 {
-		t.Errorf("%s count %d, want c1's one use", metricConnectionUseTime, u.Count)
+	if u := r.hist[poolmetrics.MetricConnectionUseTime]; u.Count != 1 {
+		t.Errorf("%s count %d, want c1's one use", poolmetrics.MetricConnectionUseTime, u.Count)
 	}
 
 	// An acquire whose deadline passes while the pool is exhausted: a timeout.
@@ -198,8 +198,8 @@ func TestPoolMetrics(t *testing.T) {
 		t.Fatalf("canceled acquire: %v", err)
 	}
 	r = readPool(t, ctx, h.reader)
-	if r.points[metricConnectionTimeouts] != 1 || r.points[metricConnectionPendingRequests] != 0 {
-		t.Errorf("timeouts %d, pending %d; want 1 and 0", r.points[metricConnectionTimeouts], r.points[metricConnectionPendingRequests])
+	if r.points[poolmetrics.MetricConnectionTimeouts] != 1 || r.points[poolmetrics.MetricConnectionPendingRequests] != 0 {
+		t.Errorf("timeouts %d, pending %d; want 1 and 0", r.points[poolmetrics.MetricConnectionTimeouts], r.points[poolmetrics.MetricConnectionPendingRequests])
 	}
 
 	// A connection destroyed mid-transaction: its backend terminated, the statement
@@ -218,13 +218,13 @@ func TestPoolMetrics(t *testing.T) {
 	c2.Release()
 	waiter.Release()
 	r = waitPool(t, ctx, h.reader, "the destroyed connection gone", func(r poolReading) bool {
-		return r.points[metricConnectionCount+" used"] == 0 && r.points[metricConnectionCount+" idle"] == 1
+		return r.points[poolmetrics.MetricConnectionCount+" used"] == 0 && r.points[poolmetrics.MetricConnectionCount+" idle"] == 1
 	})
 	if counts(r) != stat() {
 		t.Errorf("after the destroyed connection: %s, pgxpool.Stat %s", counts(r), stat())
 	}
-	if u := r.hist[metricConnectionUseTime]; u.Count != 3 {
-		t.Errorf("%s count %d, want 3 uses (c1, the destroyed c2, the waiter's)", metricConnectionUseTime, u.Count)
+	if u := r.hist[poolmetrics.MetricConnectionUseTime]; u.Count != 3 {
+		t.Errorf("%s count %d, want 3 uses (c1, the destroyed c2, the waiter's)", poolmetrics.MetricConnectionUseTime, u.Count)
 	}
 	if fs := h.frames(); len(fs) != 1 || attrString(t, fs[0], schema.ErrorTypeKey) == "" {
 		t.Errorf("the destroyed connection's frame: %v", names(fs))
@@ -232,10 +232,10 @@ func TestPoolMetrics(t *testing.T) {
 
 	// The conventions' names, units, instrument kinds, and the pool's name.
 	want := map[string][2]string{
-		metricConnectionCount: {"{connection}", "updown"}, metricConnectionIdleMax: {"{connection}", "updown"},
-		metricConnectionIdleMin: {"{connection}", "updown"}, metricConnectionMax: {"{connection}", "updown"},
-		metricConnectionPendingRequests: {"{request}", "updown"}, metricConnectionTimeouts: {"{timeout}", "counter"},
-		metricConnectionCreateTime: {"s", "histogram"}, metricConnectionWaitTime: {"s", "histogram"}, metricConnectionUseTime: {"s", "histogram"},
+		poolmetrics.MetricConnectionCount: {"{connection}", "updown"}, poolmetrics.MetricConnectionIdleMax: {"{connection}", "updown"},
+		poolmetrics.MetricConnectionIdleMin: {"{connection}", "updown"}, poolmetrics.MetricConnectionMax: {"{connection}", "updown"},
+		poolmetrics.MetricConnectionPendingRequests: {"{request}", "updown"}, poolmetrics.MetricConnectionTimeouts: {"{timeout}", "counter"},
+		poolmetrics.MetricConnectionCreateTime: {"s", "histogram"}, poolmetrics.MetricConnectionWaitTime: {"s", "histogram"}, poolmetrics.MetricConnectionUseTime: {"s", "histogram"},
 	}
 	for name, uk := range want {
 		if r.units[name] != uk[0] || r.kinds[name] != uk[1] {
@@ -250,7 +250,7 @@ func TestPoolMetrics(t *testing.T) {
 	if err := h.tracer.Close(ctx); err != nil {
 		t.Fatal(err)
 	}
-	if r := readPool(t, ctx, h.reader); r.names[metricConnectionCount] {
+	if r := readPool(t, ctx, h.reader); r.names[poolmetrics.MetricConnectionCount] {
 		t.Errorf("after Close: %v", r.points)
 	}
 }
@@ -279,15 +279,15 @@ func TestPoolAttributes(t *testing.T) {
 		if c.conn != "postgres://u@db.example.com:6432/app" {
 			cc.Database = "" // a connection string without one gets PGDATABASE or the user's name
 		}
-		got := attribute.NewSet(poolAttributes(c.name, cc)...)
-		want := attribute.NewSet(append(c.attrs, poolNameKey.String(c.want), attribute.String("db.system.name", "postgresql"))...)
+		got := attribute.NewSet(poolmetrics.PoolAttributes(c.name, cc)...)
+		want := attribute.NewSet(append(c.attrs, poolmetrics.PoolNameKey.String(c.want), attribute.String("db.system.name", "postgresql"))...)
 		if !got.Equals(&want) {
 			t.Errorf("%q named %q: %v, want %v", c.conn, c.name, got.Encoded(attribute.DefaultEncoder()), want.Encoded(attribute.DefaultEncoder()))
 		}
 	}
 	// Nothing configured but the system: the name is db.system.name's.
-	got := attribute.NewSet(poolAttributes("", &pgx.ConnConfig{})...)
-	want := attribute.NewSet(poolNameKey.String("postgresql"), attribute.String("db.system.name", "postgresql"))
+	got := attribute.NewSet(poolmetrics.PoolAttributes("", &pgx.ConnConfig{})...)
+	want := attribute.NewSet(poolmetrics.PoolNameKey.String("postgresql"), attribute.String("db.system.name", "postgresql"))
 	if !got.Equals(&want) {
 		t.Errorf("empty config: %v", got.Encoded(attribute.DefaultEncoder()))
 	}
@@ -354,12 +354,12 @@ func TestPoolMetricsOptions(t *testing.T) {
 			t.Fatal(err)
 		}
 	}()
-	if r := readPool(t, ctx, reader); r.points[metricConnectionCount+" idle"] != 0 || !slices.Contains(keys(r.points), metricConnectionCount+" idle") {
+	if r := readPool(t, ctx, reader); r.points[poolmetrics.MetricConnectionCount+" idle"] != 0 || !slices.Contains(keys(r.points), poolmetrics.MetricConnectionCount+" idle") {
 		t.Fatalf("a closed pool still referenced: %v, want its counts at 0", r.points)
 	}
 	waitPool(t, ctx, reader, "the dropped pool no longer observed", func(r poolReading) bool {
 		runtime.GC()
-		return !r.names[metricConnectionCount]
+		return !r.names[poolmetrics.MetricConnectionCount]
 	})
 	_ = tracer
 }

@@ -3,6 +3,7 @@ package otelpgxtx
 import (
 	"testing"
 
+	"github.com/txevidence/otelpgxtx/internal/frame"
 	"github.com/txevidence/otelpgxtx/internal/reference"
 	"github.com/txevidence/otelpgxtx/reconcile"
 )
@@ -14,7 +15,7 @@ func TestSeenRecoveries(t *testing.T) {
 	rec := func(lsn uint64, next uint64, ended bool) reference.Checkpoint {
 		return reference.Checkpoint{Recovery: reconcile.Recovery{SystemIdentifier: 9, Timeline: 1, ServerStart: 5, CheckpointLSN: lsn, NextXID: next}, Ended: ended}
 	}
-	var s seenRecoveries
+	var s frame.SeenRecoveries
 	for i, step := range []struct {
 		ck      reference.Checkpoint
 		flushed uint64
@@ -28,7 +29,7 @@ func TestSeenRecoveries(t *testing.T) {
 		{rec(300, 800, true), 310, true},   // a recovery in a later second
 		{rec(300, 800, true), 310, false},
 	} {
-		got, ok := s.saw(step.ck, step.flushed)
+		got, ok := s.Saw(step.ck, step.flushed)
 		if ok != step.logged || ok && got != step.ck.Recovery {
 			t.Errorf("step %d: %v %v, want logged %v", i, got, ok, step.logged)
 		}
@@ -36,7 +37,7 @@ func TestSeenRecoveries(t *testing.T) {
 	// A first check of another postmaster, within its start's second, proves nothing.
 	other := rec(100, 700, false)
 	other.ServerStart = 6
-	if _, ok := s.saw(other, 400); ok {
+	if _, ok := s.Saw(other, 400); ok {
 		t.Error("a first check's checkpoint in the start's second logged")
 	}
 }

@@ -6,9 +6,9 @@ import (
 	"testing"
 
 	"github.com/jackc/pgx/v5"
-
 	"github.com/txevidence/otelpgxtx/classifier"
 	"github.com/txevidence/otelpgxtx/internal/reconciletest"
+	"github.com/txevidence/otelpgxtx/internal/schema"
 	"github.com/txevidence/otelpgxtx/outcome"
 	"github.com/txevidence/otelpgxtx/pgtest"
 )
@@ -85,7 +85,7 @@ func TestCommitReplyLostAfterCallFailed(t *testing.T) {
 				}
 				wantAttr(t, last, string(OutcomeKey), "rolled_back")
 				wantAttr(t, last, "error.type", classifier.ReasonServerError)
-				wantAttr(t, last, string(dbResponseStatusKey), "55P03")
+				wantAttr(t, last, string(schema.DBResponseStatusKey), "55P03")
 				if present {
 					t.Fatal("row present after a COMMIT of an aborted transaction")
 				}

@@ -10,7 +10,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-
+	"github.com/txevidence/otelpgxtx/internal/frame"
 	"github.com/txevidence/otelpgxtx/internal/reconciletest"
 	"github.com/txevidence/otelpgxtx/internal/reference"
 	"github.com/txevidence/otelpgxtx/outcome"
@@ -25,10 +25,10 @@ var identitySQL, _ = reference.CheckQuery("")
 // does ahead of the first BEGIN of a frame with those references: it begins a
 // transaction with them and rolls it back.
 func checkReferences(ctx context.Context, conn *pgx.Conn, refs reference.Refs) error {
-	st := connStateOf(conn)
-	st.refs.Running(refs)
+	st := frame.ConnStateOf(conn)
+	st.Refs.Running(refs)
 	tx, err := conn.Begin(ctx)
-	st.refs.Ran()
+	st.Refs.Ran()
 	if err != nil {
 		return err
 	}
@@ -101,7 +101,7 @@ func TestReferenceCheckCancelled(t *testing.T) {
 	t.Run("Run", func(t *testing.T) {
 		table := srv.NewTable(t, ctx, tableColumns)
 		conn := instrumentedConn(t, ctx, srv.ConnString())
-		st := connStateOf(conn)
+		st := frame.ConnStateOf(conn)
 		run := func(id int, p Policy) error {
 			if r := Run(ctx, conn, p, insertFn(table, id)); r.Outcome() != outcome.OutcomeCommitted {
 				return fmt.Errorf("Run: %T", r)
@@ -112,23 +112,23 @@ func TestReferenceCheckCancelled(t *testing.T) {
 		if err := cancelWhileLocked(t, ctx, conn.PgConn().PID(), func() error { return run(1, markerPolicy(marker)) }); err != nil {
 			t.Fatalf("%v (the cancel hit the library's check, not Run's transaction)", err)
 		}
-		if st.refs.Checked() {
+		if st.Refs.Checked() {
 			t.Fatal("the cancelled identity check was kept as the answer")
 		}
-		if err := run(2, DefaultPolicy()); err != nil || !st.refs.Known() {
-			t.Fatalf("asked again: identity %v, %v", st.refs.Known(), err)
+		if err := run(2, DefaultPolicy()); err != nil || !st.Refs.Known() {
+			t.Fatalf("asked again: identity %v, %v", st.Refs.Known(), err)
 		}
 		// The marker check alone, cancelled ahead of the next BEGIN.
 		if err := cancelWhileLocked(t, ctx, conn.PgConn().PID(), func() error { return run(3, markerPolicy(marker)) }); err != nil {
 			t.Fatal(err)
 		}
-		if ok, problem := st.refs.MarkerChecked(quoted); ok {
+		if ok, problem := st.Refs.MarkerChecked(quoted); ok {
 			t.Fatalf("the cancelled marker check was kept as the answer: %q", problem)
 		}
 		if err := run(4, markerPolicy(marker)); err != nil {
 			t.Fatal(err)
 		}
-		if ok, problem := st.refs.MarkerChecked(quoted); !ok || problem != "" {
+		if ok, problem := st.Refs.MarkerChecked(quoted); !ok || problem != "" {
 			t.Fatalf("asked again: marker %v %q", ok, problem)
 		}
 		if n := srv.CountOf(t, ctx, "select count(*) from "+quoted); n != 1 {

@@ -19,15 +19,15 @@ import (
 	"github.com/jackc/pgx/v5/pgconn/ctxwatch"
 	"github.com/jackc/pgx/v5/pgproto3"
 	"github.com/jackc/pgx/v5/pgxpool"
-	sdktrace "go.opentelemetry.io/otel/sdk/trace"
-	"go.opentelemetry.io/otel/sdk/trace/tracetest"
-	"go.opentelemetry.io/otel/trace"
-
+	"github.com/txevidence/otelpgxtx/internal/frame"
 	"github.com/txevidence/otelpgxtx/internal/reconciletest"
 	"github.com/txevidence/otelpgxtx/internal/wire"
 	"github.com/txevidence/otelpgxtx/outcome"
 	"github.com/txevidence/otelpgxtx/pgtest"
 	"github.com/txevidence/otelpgxtx/reconcile"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+	"go.opentelemetry.io/otel/sdk/trace/tracetest"
+	"go.opentelemetry.io/otel/trace"
 )
 
 // refHarness is an instrumented pool of one connection through a proxy, with commit
@@ -880,7 +880,7 @@ func TestXIDReadWithCancelRequests(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		st := connStateOf(conn)
+		st := frame.ConnStateOf(conn)
 		for i, stmtCtx := range []context.Context{ctx, context.WithoutCancel(ctx)} {
 			id := 10*len(exp.GetSpans()) + i + 1
 			if cancels {
@@ -891,7 +891,7 @@ func TestXIDReadWithCancelRequests(t *testing.T) {
 				t.Fatal(err)
 			}
 			mustExec(t, stmtCtx, tx, fmt.Sprintf("insert into %s (id) values (%d)", table, id))
-			early := st.refs.Reading() != nil || st.frame().commitRef.XID() != 0
+			early := st.Refs.Reading() != nil || st.Frame().CommitRef.XID() != 0
 			if want := !cancels || stmtCtx.Done() == nil; early != want {
 				t.Fatalf("cancel requests %v, context cancellable %v: the xid read followed the insert %v, want %v",
 					cancels, stmtCtx.Done() != nil, early, want)

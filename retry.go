@@ -5,14 +5,16 @@ import (
 	"errors"
 	"time"
 
+	"github.com/txevidence/otelpgxtx/internal/auto"
+	"github.com/txevidence/otelpgxtx/internal/executor"
+	"github.com/txevidence/otelpgxtx/internal/record"
+	"github.com/txevidence/otelpgxtx/internal/schema"
+	"github.com/txevidence/otelpgxtx/outcome"
+	"github.com/txevidence/otelpgxtx/reconcile"
 	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/codes"
 	"go.opentelemetry.io/otel/trace"
-
-	"github.com/txevidence/otelpgxtx/internal/schema"
-	"github.com/txevidence/otelpgxtx/outcome"
-	"github.com/txevidence/otelpgxtx/reconcile"
 )
 
 // Retry is the retry loop of code that uses pgx or database/sql directly, made safe: it
@@ -88,10 +90,10 @@ func Retry(ctx context.Context, maxAttempts int, attempt func(ctx context.Contex
 		return nil, cfg.err
 	}
 	p := DefaultPolicy()
-	ctx, span := retryTracer(ctx).Start(ctx, spanNameRetry, trace.WithSpanKind(trace.SpanKindInternal))
+	ctx, span := retryTracer(ctx).Start(ctx, schema.SpanNameRetry, trace.WithSpanKind(trace.SpanKindInternal))
 	for n := 1; ; n++ {
 		vctx, v := NewVerdict(ctx)
-		v.s.attempt = n
+		v.s.Attempt = n
 		err := attempt(vctx)
 		res, verr := v.Result()
 		retryAttemptEvent(span, n, res, verr)
@@ -100,8 +102,8 @@ func Retry(ctx context.Context, maxAttempts int, attempt func(ctx context.Contex
 			return nil, errors.Join(err, verr)
 		}
 		if ind, ok := res.(outcome.Indeterminate[struct{}]); ok && cfg.rec != nil {
-			if one, committed := v.s.settleable(); one {
-				res, err = cfg.settle(ctx, ind, v.s.pending(), err)
+			if one, committed := v.s.Settleable(); one {
+				res, err = cfg.settle(ctx, ind, v.s.Pending(), err)
 				retrySettledEvent(span, res)
 				if r, ok := res.(outcome.DeterminateRollback[struct{}]); ok && committed != nil {
 					// Another transaction of the attempt committed: its work is in the
@@ -110,7 +112,7 @@ func Retry(ctx context.Context, maxAttempts int, attempt func(ctx context.Contex
 				}
 			}
 		}
-		if !shouldRetry(ctx, maxAttempts, res, n) || !waitBackoff(ctx, p, n) {
+		if !executor.ShouldRetry(ctx, maxAttempts, res, n) || !waitBackoff(ctx, p, n) {
 			endRetrySpan(span, n, res)
 			return res, err
 		}
@@ -124,7 +126,7 @@ func retryTracer(ctx context.Context) trace.Tracer {
 	if s := trace.SpanFromContext(ctx); s.SpanContext().IsValid() {
 		tp = s.TracerProvider()
 	}
-	return tp.Tracer(scopeName, trace.WithInstrumentationVersion(schema.Version))
+	return tp.Tracer(schema.ScopeName, trace.WithInstrumentationVersion(schema.Version))
 }
 
 // retryAttemptEvent records attempt n's end on the Retry span: its verdict res, or verr.
@@ -132,13 +134,13 @@ func retryAttemptEvent(span trace.Span, n int, res outcome.Result[struct{}], ver
 	if !span.IsRecording() {
 		return
 	}
-	attrs := []attribute.KeyValue{attemptKey.Int(n)}
+	attrs := []attribute.KeyValue{schema.AttemptKey.Int(n)}
 	if verr != nil {
 		attrs = append(attrs, schema.ErrorTypeKey.String("no_verdict"))
 	} else {
-		attrs = append(attrs, outcomeKey.String(res.Outcome().String()), schema.OperationIDKey.String(res.OperationID().String()))
+		attrs = append(attrs, schema.OutcomeKey.String(res.Outcome().String()), schema.OperationIDKey.String(res.OperationID().String()))
 	}
-	span.AddEvent(eventRetryAttempt, trace.WithAttributes(attrs...))
+	span.AddEvent(schema.EventRetryAttempt, trace.WithAttributes(attrs...))
 }
 
 // retrySettledEvent records on the Retry span what settling an indeterminate attempt
@@ -166,7 +168,7 @@ func retrySettledEvent(span trace.Span, res outcome.Result[struct{}]) {
 	if reason != "" {
 		attrs = append(attrs, schema.ErrorTypeKey.String(reason))
 	}
-	span.AddEvent(eventRetrySettled, trace.WithAttributes(attrs...))
+	span.AddEvent(schema.EventRetrySettled, trace.WithAttributes(attrs...))
 }
 
 // endRetrySpan ends the Retry span after n attempts with the call's verdict res (nil:
@@ -174,18 +176,18 @@ func retrySettledEvent(span trace.Span, res outcome.Result[struct{}]) {
 // unknown or participating — the rule of the frame spans.
 func endRetrySpan(span trace.Span, n int, res outcome.Result[struct{}]) {
 	if span.IsRecording() {
-		span.SetAttributes(attemptKey.Int(n))
+		span.SetAttributes(schema.AttemptKey.Int(n))
 		switch {
 		case res == nil:
 			span.SetAttributes(schema.ErrorTypeKey.String("no_verdict"))
 			span.SetStatus(codes.Error, "no verdict")
 		default:
-			span.SetAttributes(outcomeKey.String(res.Outcome().String()))
+			span.SetAttributes(schema.OutcomeKey.String(res.Outcome().String()))
 			switch res.Outcome() {
 			case outcome.OutcomeCommitted, outcome.OutcomeCommittedWithPostCommitFailure:
 				span.SetStatus(codes.Ok, "")
 			case outcome.OutcomeRolledBack:
-				span.SetStatus(codes.Error, statusDescriptionRolledBack)
+				span.SetStatus(codes.Error, schema.StatusDescriptionRolledBack)
 			}
 		}
 	}
@@ -252,7 +254,7 @@ var errNotAnswered = errors.New("otelpgxtx: automatic reconciliation had not ans
 // settle turns ind, the verdict of an attempt that failed with err, into what the
 // database answers: Committed (with a nil error), a retryable rollback (aborted,
 // no_writes), or ind again, its cause carrying the answer, when the answer stays unknown.
-func (c *retryConfig) settle(ctx context.Context, ind outcome.Indeterminate[struct{}], w *awaited, err error) (outcome.Result[struct{}], error) {
+func (c *retryConfig) settle(ctx context.Context, ind outcome.Indeterminate[struct{}], w *record.Awaited, err error) (outcome.Result[struct{}], error) {
 	ans, aerr := c.answer(ctx, ind, w)
 	if aerr == nil {
 		switch ans.Status() {
@@ -284,17 +286,17 @@ func (c *retryConfig) settle(ctx context.Context, ind outcome.Indeterminate[stru
 // answer is the database's answer to ind: automatic reconciliation's, from w, when the
 // tracer reconciles; else the reconciler's, asked again while it may still change, within
 // the wait.
-func (c *retryConfig) answer(ctx context.Context, ind outcome.Indeterminate[struct{}], w *awaited) (reconcile.Answer, error) {
+func (c *retryConfig) answer(ctx context.Context, ind outcome.Indeterminate[struct{}], w *record.Awaited) (reconcile.Answer, error) {
 	deadline := time.Now().Add(c.wait)
 	if w != nil {
 		timer := time.NewTimer(c.wait)
 		select {
-		case <-w.done:
+		case <-w.Done:
 		case <-timer.C:
 		case <-ctx.Done():
 		}
 		timer.Stop()
-		ans, final, ok := w.last()
+		ans, final, ok := w.Last()
 		switch {
 		case final && (ans.Reason() == reconcile.ReasonQueueFull || ans.Reason() == reconcile.ReasonStopped):
 			// Nothing was asked: the queue was full, or the tracer closed. Ask here.
@@ -309,7 +311,7 @@ func (c *retryConfig) answer(ctx context.Context, ind outcome.Indeterminate[stru
 	pause := 50 * time.Millisecond
 	for {
 		ans, err := reconcile.Indeterminate(ctx, c.rec, ind)
-		if errors.Is(err, ErrInvalidArgument) || err == nil && !mayChange(ans) || !time.Now().Add(pause).Before(deadline) {
+		if errors.Is(err, ErrInvalidArgument) || err == nil && !auto.MayChange(ans) || !time.Now().Add(pause).Before(deadline) {
 			return ans, err
 		}
 		timer := time.NewTimer(pause)

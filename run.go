@@ -5,7 +5,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
-
+	"github.com/txevidence/otelpgxtx/internal/executor"
 	"github.com/txevidence/otelpgxtx/internal/pg"
 	"github.com/txevidence/otelpgxtx/outcome"
 )
@@ -37,30 +37,30 @@ import (
 //     whose cause wraps [ErrInvalidArgument]; nothing was begun.
 func Run[T any](ctx context.Context, db DB, policy Policy, fn func(ctx context.Context, tx pgx.Tx) (T, error)) outcome.Result[T] {
 	if err := checkRun(ctx, db, fn != nil, policy); err != nil {
-		return notStarted[T](err)
+		return executor.NotStarted[T](err)
 	}
-	sc := scopeFromContext(ctx)
-	if sc != nil && !sc.open() {
+	sc := executor.ScopeFromContext(ctx)
+	if sc != nil && !sc.Open() {
 		sc = nil
 	}
 	switch policy.Propagation {
 	case Mandatory:
 		if sc == nil {
-			return notStarted[T](invalid("Mandatory propagation needs a transaction of Run in the context"))
+			return executor.NotStarted[T](invalid("Mandatory propagation needs a transaction of Run in the context"))
 		}
-		return join(ctx, policy.Propagation.String(), sc, fn)
+		return executor.Join(ctx, policy.Propagation.String(), sc, fn)
 	case Required:
 		if sc != nil {
-			return join(ctx, policy.Propagation.String(), sc, fn)
+			return executor.Join(ctx, policy.Propagation.String(), sc, fn)
 		}
 	case Nested:
 		if sc != nil {
-			return nested(ctx, policy.Propagation.String(), sc, fn)
+			return executor.Nested(ctx, policy.Propagation.String(), sc, fn)
 		}
 	case RequiresNew:
 		if sc != nil {
 			if err := checkSecondConnection(ctx, db, sc); err != nil {
-				return notStarted[T](err)
+				return executor.NotStarted[T](err)
 			}
 		}
 	}
@@ -85,16 +85,16 @@ func checkRun(ctx context.Context, db DB, hasFn bool, p Policy) error {
 // checkSecondConnection refuses a RequiresNew that could only wait for itself: on the
 // outer transaction's own connection, or on a pool whose every connection is held by a
 // suspended transaction of this call chain (transactions on other pools hold none of it).
-func checkSecondConnection(ctx context.Context, db txBeginner, sc *scope) error {
+func checkSecondConnection(ctx context.Context, db executor.TxBeginner, sc *executor.Scope) error {
 	switch db := db.(type) {
 	case *pgx.Conn:
-		if db == sc.owner().tx.Conn() {
+		if db == sc.Owner().Tx.Conn() {
 			return invalid("RequiresNew needs a second connection, and db is the outer transaction's *pgx.Conn")
 		}
 	case *pgxpool.Pool:
 		held := 0
-		for s := sc; s != nil; s = s.owner().suspended { // each suspended owner holds one
-			if s.owner().pool == db {
+		for s := sc; s != nil; s = s.Owner().Suspended { // each suspended owner holds one
+			if s.Owner().Pool == db {
 				held++
 			}
 		}
@@ -105,93 +105,11 @@ func checkSecondConnection(ctx context.Context, db txBeginner, sc *scope) error 
 	return nil
 }
 
-// join runs fn as a participant of sc. Its failure dooms the owner's transaction, so
-// the rollback it reports is certain; it is never retried on its own.
-func join[T any](ctx context.Context, propagation string, sc *scope, fn func(context.Context, pgx.Tx) (T, error)) outcome.Result[T] {
-	v, err := fn(ctx, sc.tx)
-	if err != nil {
-		sc.markRollbackOnly(err)
-		r := determinateRollback[T](sc.id, outcome.PhaseActive, err, false)
-		sc.participated(propagation, r.Outcome())
-		return r
-	}
-	sc.participated(propagation, outcome.OutcomeParticipating)
-	return outcome.NewParticipating(sc.id, v)
-}
-
-// nested runs fn inside a savepoint of sc's transaction. A failure rolls back to the
-// savepoint and discards the hooks fn registered; success releases it and hands them to
-// the parent. Either way nothing is committed yet: success is Participating.
-func nested[T any](ctx context.Context, propagation string, sc *scope, fn func(context.Context, pgx.Tx) (T, error)) outcome.Result[T] {
-	res := nestedSavepoint(ctx, sc, fn)
-	sc.participated(propagation, res.Outcome())
-	return res
-}
-
-// nestedSavepoint is nested without its participant event: the savepoint, fn in a child
-// scope, and the savepoint's release or rollback.
-func nestedSavepoint[T any](ctx context.Context, sc *scope, fn func(context.Context, pgx.Tx) (T, error)) outcome.Result[T] {
-	sp, err := sc.tx.tx.Begin(ctx)
-	if err != nil {
-		if !txIntact(sc.tx.tx) {
-			// The SAVEPOINT failed in the server or lost the connection: the outer
-			// transaction cannot commit. A context that had already expired sent nothing.
-			sc.markRollbackOnly(err)
-		}
-		return determinateRollback[T](sc.id, outcome.PhaseActive, err, false)
-	}
-	child := &scope{tx: &runTx{tx: sp}, frame: sc.frame, t: sc.t, id: sc.id, parent: sc}
-	var v T
-	func() {
-		defer func() {
-			if p := recover(); p != nil {
-				_ = sp.Rollback(context.WithoutCancel(ctx))
-				child.takeHooks()
-				child.tx.end()
-				panic(p)
-			}
-		}()
-		v, err = fn(context.WithValue(ctx, scopeKey{}, child), child.tx)
-	}()
-	hooks := child.takeHooks()
-	child.tx.end()
-	if err == nil && ctx.Err() != nil {
-		// The call's deadline passed (or it was cancelled) while fn ran: its work is not
-		// what the caller asked for in time, so it is undone, as a failed call's is.
-		err = context.Cause(ctx)
-	}
-	// The savepoint belongs to the outer transaction, which outlives this call's context:
-	// ending it with an expired context would send nothing, leave the savepoint open and
-	// doom the outer transaction for a deadline that was only the inner call's.
-	octx := context.WithoutCancel(ctx)
-	if err != nil {
-		if rbErr := sp.Rollback(octx); rbErr != nil {
-			sc.markRollbackOnly(rbErr)
-		}
-		return determinateRollback[T](sc.id, outcome.PhaseActive, err, false)
-	}
-	if err := sp.Commit(octx); err != nil {
-		sc.markRollbackOnly(err)
-		return determinateRollback[T](sc.id, outcome.PhaseActive, err, false)
-	}
-	sc.mu.Lock()
-	sc.hooks = append(sc.hooks, hooks...)
-	sc.mu.Unlock()
-	return outcome.NewParticipating(sc.id, v)
-}
-
-// txIntact reports whether tx's connection is open and in a transaction that can still
-// commit.
-func txIntact(tx pgx.Tx) bool {
-	conn := tx.Conn()
-	return conn != nil && !conn.IsClosed() && conn.PgConn().TxStatus() == 'T'
-}
-
 // runOwner begins, runs and ends the physical transaction, retrying a retryable rollback.
 func runOwner[T any](ctx context.Context, db DB, p Policy, fn func(context.Context, pgx.Tx) (T, error)) outcome.Result[T] {
-	ap := attemptPolicy{opts: p.txOptions(), refs: p.references(), propagation: p.Propagation.String(), maxAttempts: p.MaxAttempts}
+	ap := executor.AttemptPolicy{Opts: p.txOptions(), Refs: p.references(), Propagation: p.Propagation.String(), MaxAttempts: p.MaxAttempts}
 	for n := 1; ; n++ {
-		res, retry := runAttempt(ctx, db, ap, fn, n)
+		res, retry := executor.RunAttempt(ctx, db, ap, fn, n)
 		if !retry || !waitBackoff(ctx, p, n) {
 			return res
 		}

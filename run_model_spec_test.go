@@ -1,11 +1,5 @@
 package otelpgxtx
 
-// The specification half of the model-based test of Run (run_model_test.go is the
-// driver): random trees of Run calls, and a small reference model that says, for a tree,
-// what each call returns, which rows are committed, which AfterCommit hooks run and what
-// each frame span says. The model is the executor's contract, written as plainly as it
-// can be; the driver runs the same tree against the real server and compares.
-
 import (
 	"fmt"
 	"math/rand/v2"
@@ -13,7 +7,6 @@ import (
 	"strings"
 
 	"github.com/jackc/pgx/v5"
-
 	"github.com/txevidence/otelpgxtx/outcome"
 )
 

@@ -1,17 +1,5 @@
 package otelpgxtx
 
-// TestRunModel is a model-based test of Run: random trees of Run calls (every
-// propagation, nested calls on the same and on other pools, fn returning nil or an error
-// or panicking, contexts cancelled between two statements, AfterCommit hooks, handles
-// kept after Run returned, policy variants, connections cut after COMMIT by a proxy) run
-// against the real server, pools A and B through a real transaction-mode PgBouncer, and
-// are compared with the reference model of
-// run_model_spec_test.go: rows in the table, each call's result, hook runs, the frame
-// spans, every span ended once, no frame left on a connection, no goroutine leaked.
-//
-// The environment sets it up (see modelConfigFromEnv); a failing tree is printed with
-// its seed, which replays it alone.
-
 import (
 	"context"
 	"errors"
@@ -27,12 +15,12 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/txevidence/otelpgxtx/internal/schema"
+	"github.com/txevidence/otelpgxtx/outcome"
+	"github.com/txevidence/otelpgxtx/pgtest"
 	"go.opentelemetry.io/otel/codes"
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 	"go.opentelemetry.io/otel/trace"
-
-	"github.com/txevidence/otelpgxtx/outcome"
-	"github.com/txevidence/otelpgxtx/pgtest"
 )
 
 const (
@@ -625,20 +613,20 @@ func (d *mDriver) compareFrames(want *mWant, root trace.Span, hs ...*harness) []
 		var suspended, resumed int
 		for _, e := range f.Events {
 			switch e.Name {
-			case eventParticipant:
+			case schema.EventParticipant:
 				var prop, out string
 				for _, kv := range e.Attributes {
 					switch kv.Key {
 					case PropagationKey:
 						prop = kv.Value.String()
-					case participantOutcomeKey:
+					case schema.ParticipantOutcomeKey:
 						out = kv.Value.String()
 					}
 				}
 				participants = append(participants, prop+":"+out)
-			case eventSuspended:
+			case schema.EventSuspended:
 				suspended++
-			case eventResumed:
+			case schema.EventResumed:
 				resumed++
 			}
 		}
@@ -647,7 +635,7 @@ func (d *mDriver) compareFrames(want *mWant, root trace.Span, hs ...*harness) []
 		check("tx.resumed events", resumed, m.suspended)
 		var post []codes.Code
 		for _, s := range owner[f.SpanContext.SpanID()].children(f) {
-			if s.Name == spanNamePostCommit {
+			if s.Name == schema.SpanNamePostCommit {
 				post = append(post, s.Status.Code)
 			}
 		}

@@ -12,12 +12,13 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
-	"go.opentelemetry.io/otel/codes"
-	"go.opentelemetry.io/otel/trace"
-
+	"github.com/txevidence/otelpgxtx/internal/metrics"
+	"github.com/txevidence/otelpgxtx/internal/schema"
 	"github.com/txevidence/otelpgxtx/outcome"
 	"github.com/txevidence/otelpgxtx/pgtest"
 	"github.com/txevidence/otelpgxtx/reconcile"
+	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/trace"
 )
 
 // policyWith is the default policy with propagation prop.
@@ -99,7 +100,7 @@ func TestRunParticipating(t *testing.T) {
 			} else {
 				wantEvents(t, onlyFrame(t, h), "tx.phase.active", "tx.participant", "tx.phase.rolled_back")
 			}
-			if got := h.sums(t, ctx, metricParticipations, participantOutcomeKey)["tx.participant.outcome=participating"]; got != 1 {
+			if got := h.sums(t, ctx, metrics.MetricParticipations, schema.ParticipantOutcomeKey)["tx.participant.outcome=participating"]; got != 1 {
 				t.Fatalf("participating counted %d times", got)
 			}
 		})
@@ -186,7 +187,7 @@ func TestRunRetriesSerializationFailure(t *testing.T) {
 			wantAttr(t, f, "error.type", "serialization_failure")
 		}
 		for _, e := range eventNames(f) {
-			if e == eventRetry {
+			if e == schema.EventRetry {
 				retryEvents++
 			}
 		}
@@ -354,7 +355,7 @@ func TestRunPostCommitFailure(t *testing.T) {
 	kids := h.children(f)
 	var post bool
 	for _, k := range kids {
-		if k.Name == spanNamePostCommit {
+		if k.Name == schema.SpanNamePostCommit {
 			post = true
 			if k.Status.Code != codes.Error {
 				t.Fatalf("post-commit span status %v", k.Status)
@@ -405,7 +406,7 @@ func TestRunRequiresNewInsideRequired(t *testing.T) {
 	wantAttr(t, i, "tx.frame.depth", "1")
 	wantAttr(t, i, "tx.propagation", "requires_new")
 	wantEvents(t, o, "tx.phase.active", "tx.suspended", "tx.resumed", "tx.phase.rolled_back")
-	wantStatus(t, o, codes.Error, statusDescriptionRolledBack)
+	wantStatus(t, o, codes.Error, schema.StatusDescriptionRolledBack)
 }
 
 func TestRunNestedSavepoint(t *testing.T) {
@@ -460,7 +461,7 @@ func TestRunPanicRollsBack(t *testing.T) {
 	}()
 	f := onlyFrame(t, h)
 	wantAttr(t, f, "tx.outcome", "rolled_back")
-	wantStatus(t, f, codes.Error, statusDescriptionRolledBack)
+	wantStatus(t, f, codes.Error, schema.StatusDescriptionRolledBack)
 	if srv.RowExists(t, ctx, table, 1) {
 		t.Fatal("row present after panic")
 	}

@@ -12,11 +12,11 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
-	"go.opentelemetry.io/otel/sdk/metric/metricdata"
-	sdktrace "go.opentelemetry.io/otel/sdk/trace"
-
+	"github.com/txevidence/otelpgxtx/internal/metrics"
 	"github.com/txevidence/otelpgxtx/pgtest"
 	"github.com/txevidence/otelpgxtx/reconcile"
+	"go.opentelemetry.io/otel/sdk/metric/metricdata"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 )
 
 // TestUnsampledFramesStillCounted: with a never-sample sampler no span is exported, but
@@ -106,7 +106,7 @@ func TestMetricsByOutcome(t *testing.T) {
 					t.Fatalf("%s outcome = %v", m.Name, v)
 				}
 			case metricdata.Sum[int64]:
-				if m.Name == metricParticipations {
+				if m.Name == metrics.MetricParticipations {
 					// No Run call joined a transaction: six series, each at 0.
 					if m.Unit != "{call}" || !d.IsMonotonic || len(d.DataPoints) != 6 || slices.ContainsFunc(d.DataPoints,
 						func(dp metricdata.DataPoint[int64]) bool { return dp.Value != 0 }) {
@@ -134,7 +134,7 @@ func TestMetricsByOutcome(t *testing.T) {
 			}
 		}
 	}
-	for _, name := range []string{metricTransactions, metricDuration, metricCommitDuration} {
+	for _, name := range []string{metrics.MetricTransactions, metrics.MetricDuration, metrics.MetricCommitDuration} {
 		if !seen[name] {
 			t.Fatalf("metric %s not recorded; seen %v", name, seen)
 		}

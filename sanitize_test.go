@@ -7,9 +7,9 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/txevidence/otelpgxtx/internal/evidence"
-
 	"github.com/exaring/otelpgx"
+	"github.com/txevidence/otelpgxtx/internal/evidence"
+	"github.com/txevidence/otelpgxtx/internal/sanitize"
 )
 
 func TestSanitizeSQL(t *testing.T) {
@@ -42,7 +42,7 @@ func TestSanitizeSQL(t *testing.T) {
 		{"select 1; copy t to stdout;\nselect x", "select ?; copy t to stdout;\nselect x"},
 		{"", ""},
 	} {
-		if got := sanitizeSQL(tc.sql); got != tc.want {
+		if got := sanitize.SanitizeSQL(tc.sql); got != tc.want {
 			t.Errorf("sanitizeSQL(%q) = %q, want %q", tc.sql, got, tc.want)
 		}
 	}
@@ -77,65 +77,65 @@ func TestQuerySummary(t *testing.T) {
 		{"create hunter2 x", "CREATE"},
 		{"copy t from stdin;\nS3cret\t1\n", "COPY t"},
 	} {
-		if got := querySummary(sanitizeSQL(tc.sql)); got != tc.want {
+		if got := sanitize.QuerySummary(sanitize.SanitizeSQL(tc.sql)); got != tc.want {
 			t.Errorf("querySummary(%q) = %q, want %q", tc.sql, got, tc.want)
 		}
 	}
 	long := "select * from " + strings.Repeat("a_long_table_name, ", 40) + "b"
-	if got := querySummary(sanitizeSQL(long)); len(got) > maxSummary || !strings.HasPrefix(got, "SELECT a_long_table_name") {
-		t.Errorf("querySummary of a long list = %q (%d bytes), want at most %d", got, len(got), maxSummary)
+	if got := sanitize.QuerySummary(sanitize.SanitizeSQL(long)); len(got) > sanitize.MaxSummary || !strings.HasPrefix(got, "SELECT a_long_table_name") {
+		t.Errorf("querySummary of a long list = %q (%d bytes), want at most %d", got, len(got), sanitize.MaxSummary)
 	}
 }
 
 func TestSanitizerCache(t *testing.T) {
-	var z sanitizer
+	var z sanitize.Sanitizer
 	sql := "select * from t where k = 'x' and v = $1"
-	first := z.get(sql)
-	if first.text != "select * from t where k = ? and v = $1" || first.summary[0].Value.AsString() != "SELECT t" ||
-		first.set.Kinds() != evidence.OtherSet {
-		t.Fatalf("get = %q %v %b", first.text, first.summary, first.set)
+	first := z.Get(sql)
+	if first.Text != "select * from t where k = ? and v = $1" || first.Summary[0].Value.AsString() != "SELECT t" ||
+		first.Set.Kinds() != evidence.OtherSet {
+		t.Fatalf("get = %q %v %b", first.Text, first.Summary, first.Set)
 	}
 	// The hooks take a statement's kinds from the cache: they must be its own.
-	if set := z.get("commit; begin").set; set != evidence.Classify("commit; begin") || !set.Commits() || !set.Has(evidence.Begin) {
+	if set := z.Get("commit; begin").Set; set != evidence.Classify("commit; begin") || !set.Commits() || !set.Has(evidence.Begin) {
 		t.Errorf("get(commit; begin).set = %b, want %b", set, evidence.Classify("commit; begin"))
 	}
-	if allocs := testing.AllocsPerRun(100, func() { z.get(sql) }); allocs != 0 {
+	if allocs := testing.AllocsPerRun(100, func() { z.Get(sql) }); allocs != 0 {
 		t.Errorf("a cached statement costs %v allocations, want 0", allocs)
 	}
 	// otelpgx's span name of the sanitized text, which it is given: otelpgx's own answer,
 	// from the cache at no allocation once the text is there, where otelpgx allocates.
 	ctx := context.Background()
-	if got, want := z.operationName(ctx, first.text), otelpgx.SQLOperationName(ctx, first.text); got != want || got != "SELECT" {
-		t.Errorf("operationName(%q) = %q, otelpgx's is %q", first.text, got, want)
+	if got, want := z.OperationName(ctx, first.Text), otelpgx.SQLOperationName(ctx, first.Text); got != want || got != "SELECT" {
+		t.Errorf("operationName(%q) = %q, otelpgx's is %q", first.Text, got, want)
 	}
-	if allocs := testing.AllocsPerRun(100, func() { z.operationName(ctx, first.text) }); allocs != 0 {
+	if allocs := testing.AllocsPerRun(100, func() { z.OperationName(ctx, first.Text) }); allocs != 0 {
 		t.Errorf("a cached operation name costs %v allocations, want 0", allocs)
 	}
-	if allocs := testing.AllocsPerRun(100, func() { otelpgx.SQLOperationName(ctx, first.text) }); allocs == 0 {
+	if allocs := testing.AllocsPerRun(100, func() { otelpgx.SQLOperationName(ctx, first.Text) }); allocs == 0 {
 		t.Error("otelpgx.SQLOperationName no longer allocates: the cache of operation names may be redundant")
 	}
-	for i := range sanitizeCacheEntries + 10 {
-		z.get(fmt.Sprintf("select %d", i))
+	for i := range sanitize.SanitizeCacheEntries + 10 {
+		z.Get(fmt.Sprintf("select %d", i))
 	}
-	if n := len(z.m); n > sanitizeCacheEntries {
-		t.Errorf("cache holds %d entries, want at most %d", n, sanitizeCacheEntries)
+	if n := len(z.M); n > sanitize.SanitizeCacheEntries {
+		t.Errorf("cache holds %d entries, want at most %d", n, sanitize.SanitizeCacheEntries)
 	}
-	big := strings.Repeat("x", maxCachedSQL-20)
-	for i := range 2 * sanitizeCacheBytes / maxCachedSQL {
-		z.get(fmt.Sprintf("select '%s' /* %d */", big, i))
+	big := strings.Repeat("x", sanitize.MaxCachedSQL-20)
+	for i := range 2 * sanitize.SanitizeCacheBytes / sanitize.MaxCachedSQL {
+		z.Get(fmt.Sprintf("select '%s' /* %d */", big, i))
 	}
 	total := 0
-	for k, v := range z.m {
-		total += v.size(k)
+	for k, v := range z.M {
+		total += v.Size(k)
 	}
-	if total != z.bytes || total > sanitizeCacheBytes {
-		t.Errorf("cache holds %d bytes of text (counted %d), want at most %d", total, z.bytes, sanitizeCacheBytes)
+	if total != z.Bytes || total > sanitize.SanitizeCacheBytes {
+		t.Errorf("cache holds %d bytes of text (counted %d), want at most %d", total, z.Bytes, sanitize.SanitizeCacheBytes)
 	}
-	huge := "select '" + strings.Repeat("x", maxCachedSQL) + "'"
-	if got := z.get(huge).text; got != "select ?" {
+	huge := "select '" + strings.Repeat("x", sanitize.MaxCachedSQL) + "'"
+	if got := z.Get(huge).Text; got != "select ?" {
 		t.Errorf("huge statement sanitized to %q", got)
 	}
-	if _, cached := z.m[huge]; cached {
+	if _, cached := z.M[huge]; cached {
 		t.Error("a statement longer than maxCachedSQL was cached")
 	}
 }
@@ -212,17 +212,17 @@ func FuzzSanitize(f *testing.F) {
 		f.Add(s, uint64(1), []byte("seed"))
 	}
 	f.Fuzz(func(t *testing.T, raw string, seed uint64, payload []byte) {
-		once := sanitizeSQL(raw)
-		if twice := sanitizeSQL(once); twice != once {
+		once := sanitize.SanitizeSQL(raw)
+		if twice := sanitize.SanitizeSQL(once); twice != once {
 			t.Fatalf("not idempotent: %q → %q → %q", raw, once, twice)
 		}
-		querySummary(once)
+		sanitize.QuerySummary(once)
 		// The span name otelpgx is given is its own, from text it was handed sanitized or raw.
-		for _, z := range []*sanitizer{{}, {raw: true}} {
-			given := z.innerSQL(raw, z.get(raw))
+		for _, z := range []*sanitize.Sanitizer{{}, {Raw: true}} {
+			given := z.InnerSQL(raw, z.Get(raw))
 			for range 2 { // filling the cache, then from it
-				if got, want := z.operationName(context.Background(), given), otelpgx.SQLOperationName(context.Background(), given); got != want {
-					t.Fatalf("raw %v: operationName(%q) = %q, otelpgx's is %q", z.raw, given, got, want)
+				if got, want := z.OperationName(context.Background(), given), otelpgx.SQLOperationName(context.Background(), given); got != want {
+					t.Fatalf("raw %v: operationName(%q) = %q, otelpgx's is %q", z.Raw, given, got, want)
 				}
 			}
 		}
@@ -245,15 +245,15 @@ func FuzzSanitize(f *testing.F) {
 			skeleton.WriteString(strings.ToLower(tok) + " ")
 			sql.WriteString(tok)
 		}
-		got := sanitizeSQL(sql.String())
+		got := sanitize.SanitizeSQL(sql.String())
 		check := strings.NewReplacer("$1", "", "$2", "").Replace(got)
 		if i := strings.IndexAny(check, "ABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789'\\"); i >= 0 {
 			t.Fatalf("literal byte %q survived: %q → %q", check[i], sql.String(), got)
 		}
-		if again := sanitizeSQL(got); again != got {
+		if again := sanitize.SanitizeSQL(got); again != got {
 			t.Fatalf("not idempotent: %q → %q → %q", sql.String(), got, again)
 		}
-		for _, w := range strings.FieldsFunc(querySummary(got), func(c rune) bool { return c == ' ' || c == ';' || c == '.' }) {
+		for _, w := range strings.FieldsFunc(sanitize.QuerySummary(got), func(c rune) bool { return c == ' ' || c == ';' || c == '.' }) {
 			if !strings.Contains(skeleton.String(), strings.ToLower(w)) {
 				t.Fatalf("summary word %q of %q is not from the skeleton", w, sql.String())
 			}
@@ -268,25 +268,25 @@ func BenchmarkSanitize(b *testing.B) {
 	b.Run("cold", func(b *testing.B) {
 		b.ReportAllocs()
 		for b.Loop() {
-			s := sanitizeSQL(sql)
-			querySummary(s)
+			s := sanitize.SanitizeSQL(sql)
+			sanitize.QuerySummary(s)
 		}
 	})
 	b.Run("cached", func(b *testing.B) {
-		var z sanitizer
-		z.get(sql)
+		var z sanitize.Sanitizer
+		z.Get(sql)
 		b.ReportAllocs()
 		for b.Loop() {
-			z.get(sql)
+			z.Get(sql)
 		}
 	})
 	b.Run("cached/parallel", func(b *testing.B) {
-		var z sanitizer
-		z.get(sql)
+		var z sanitize.Sanitizer
+		z.Get(sql)
 		b.ReportAllocs()
 		b.RunParallel(func(pb *testing.PB) {
 			for pb.Next() {
-				z.get(sql)
+				z.Get(sql)
 			}
 		})
 	})

@@ -14,12 +14,12 @@ import (
 	"github.com/exaring/otelpgx"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/tracelog"
-	"go.opentelemetry.io/otel/attribute"
-	"go.opentelemetry.io/otel/sdk/metric/metricdata"
-
+	"github.com/txevidence/otelpgxtx/internal/schema"
 	"github.com/txevidence/otelpgxtx/outcome"
 	"github.com/txevidence/otelpgxtx/pgtest"
 	"github.com/txevidence/otelpgxtx/reconcile"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/sdk/metric/metricdata"
 )
 
 // lockedBuffer is a log destination safe for the goroutines of a test.
@@ -87,7 +87,7 @@ func TestNoSecretsLeaveByDefault(t *testing.T) {
 		"create role ", " login password ?", "select ? || ? || ? || ? || ?::text || $1::text",
 		"select ?::int", "copy " /* the inline rows are cut */, "insert into ", "(id, note) values (?, ?)",
 		"SQLSTATE 22P02", "SQLSTATE 22003", "(message redacted)",
-		string(dbQuerySummaryKey) + "=SELECT", string(dbQuerySummaryKey) + "=CREATE ROLE", string(dbQuerySummaryKey) + "=BATCH SELECT",
+		string(schema.DBQuerySummaryKey) + "=SELECT", string(schema.DBQuerySummaryKey) + "=CREATE ROLE", string(schema.DBQuerySummaryKey) + "=BATCH SELECT",
 	} {
 		if !strings.Contains(tel.spans, want) {
 			t.Errorf("the exported spans lack %q", want)

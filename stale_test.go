@@ -11,10 +11,10 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"go.opentelemetry.io/otel/codes"
-
 	"github.com/txevidence/otelpgxtx/internal/evidence"
+	"github.com/txevidence/otelpgxtx/internal/schema"
 	"github.com/txevidence/otelpgxtx/pgtest"
+	"go.opentelemetry.io/otel/codes"
 )
 
 func TestStaleReleasedMidTransaction(t *testing.T) {
@@ -25,7 +25,7 @@ func TestStaleReleasedMidTransaction(t *testing.T) {
 	f := onlyFrame(t, h)
 	wantAttr(t, f, "tx.outcome", "rolled_back")
 	wantAttr(t, f, "error.type", evidence.ReasonReleasedInTransaction)
-	wantStatus(t, f, codes.Error, statusDescriptionRolledBack)
+	wantStatus(t, f, codes.Error, schema.StatusDescriptionRolledBack)
 	// The next transaction starts clean.
 	tx := mustBegin(t, ctx, h.pool)
 	if err := tx.Commit(ctx); err != nil {

@@ -4,12 +4,8 @@ import (
 	"context"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
-	"go.opentelemetry.io/otel/trace"
-
-	"github.com/txevidence/otelpgxtx/classifier"
-	"github.com/txevidence/otelpgxtx/internal/evidence"
+	"github.com/txevidence/otelpgxtx/internal/hooks"
 )
 
 // Tracer is a pgx tracer that records one span per transaction frame, with the
@@ -22,7 +18,7 @@ import (
 // span. It implements pgx.QueryTracer, pgx.BatchTracer, pgx.CopyFromTracer,
 // pgx.PrepareTracer, pgx.ConnectTracer, pgxpool.AcquireTracer and pgxpool.ReleaseTracer.
 type Tracer struct {
-	core
+	hooks.Adapter
 }
 
 var (
@@ -34,231 +30,6 @@ var (
 	_ pgxpool.AcquireTracer = (*Tracer)(nil)
 	_ pgxpool.ReleaseTracer = (*Tracer)(nil)
 )
-
-// TraceQueryStart implements pgx.QueryTracer.
-func (t *Tracer) TraceQueryStart(ctx context.Context, conn *pgx.Conn, data pgx.TraceQueryStartData) context.Context {
-	s := t.sanitized.get(data.SQL) // one lookup for the statement's kinds and its text
-	sql, set := t.core.statementOf(conn, data.SQL, s.set)
-	return t.core.startQuery(ctx, conn, set, sql, foldControl, s.op, func(ctx context.Context, _ bool) context.Context {
-		return t.core.innerQueryStart(ctx, conn, data, s)
-	})
-}
-
-// TraceQueryEnd implements pgx.QueryTracer.
-func (t *Tracer) TraceQueryEnd(ctx context.Context, conn *pgx.Conn, data pgx.TraceQueryEndData) {
-	t.core.endQuery(ctx, conn, data.CommandTag, data.Err, func(ctx context.Context, _ bool) {
-		t.core.innerQueryEnd(ctx, conn, data)
-	})
-}
-
-// TraceBatchStart implements pgx.BatchTracer. A batch is handed to the driver whole, so
-// a COMMIT anywhere in it marks committing before anything is sent.
-func (t *Tracer) TraceBatchStart(ctx context.Context, conn *pgx.Conn, data pgx.TraceBatchStartData) context.Context {
-	set, beginSQL := t.core.classifyBatch(conn, data.Batch)
-	return t.core.startQuery(ctx, conn, set, beginSQL, foldNone, "", func(ctx context.Context, _ bool) context.Context {
-		return t.core.innerBatchStart(ctx, conn, data)
-	})
-}
-
-// TraceBatchQuery implements pgx.BatchTracer. The transaction status is not valid in
-// the middle of a batch, so results are only collected here and judged at its end.
-func (t *Tracer) TraceBatchQuery(ctx context.Context, conn *pgx.Conn, data pgx.TraceBatchQueryData) {
-	if st := t.connStateOf(conn); st != nil {
-		st.mu.Lock()
-		if q := st.top(ctx); q != nil {
-			if data.Err != nil && q.batch.err == nil {
-				q.batch.err = data.Err
-			}
-			if data.CommandTag.String() == "ROLLBACK" && t.sanitized.get(data.SQL).set.Decides() {
-				q.batch.rollbackTag = true
-			}
-		}
-		st.mu.Unlock()
-	}
-	t.core.innerBatchQuery(ctx, conn, data)
-}
-
-// TraceBatchEnd implements pgx.BatchTracer.
-func (t *Tracer) TraceBatchEnd(ctx context.Context, conn *pgx.Conn, data pgx.TraceBatchEndData) {
-	t.core.endQuery(ctx, conn, pgconn.CommandTag{}, data.Err, func(ctx context.Context, _ bool) {
-		t.core.innerBatchEnd(ctx, conn, data)
-	})
-}
-
-// TraceCopyFromStart implements pgx.CopyFromTracer. CopyFrom writes: its frame takes a
-// commit reference at COMMIT, never the xid read after it (its data follows its query).
-func (t *Tracer) TraceCopyFromStart(ctx context.Context, conn *pgx.Conn, data pgx.TraceCopyFromStartData) context.Context {
-	return t.core.startQuery(ctx, conn, evidence.CopyFromSet, copyFromSQL, foldNone, "", func(ctx context.Context, _ bool) context.Context {
-		return t.core.innerCopyFromStart(ctx, conn, data)
-	})
-}
-
-// copyFromSQL stands for the statement CopyFrom sends (pgx writes it itself): what the
-// references read of it is that it is a COPY, after which nothing may be added.
-const copyFromSQL = "copy"
-
-// TraceCopyFromEnd implements pgx.CopyFromTracer.
-func (t *Tracer) TraceCopyFromEnd(ctx context.Context, conn *pgx.Conn, data pgx.TraceCopyFromEndData) {
-	t.core.endQuery(ctx, conn, data.CommandTag, data.Err, func(ctx context.Context, _ bool) {
-		t.core.innerCopyFromEnd(ctx, conn, data)
-	})
-}
-
-// TracePrepareStart implements pgx.PrepareTracer. Preparing a statement runs nothing: it
-// neither begins nor commits.
-func (t *Tracer) TracePrepareStart(ctx context.Context, conn *pgx.Conn, data pgx.TracePrepareStartData) context.Context {
-	t.core.prepareStarted(conn, data.Name, data.SQL)
-	data.Name = t.core.innerStmtName(data.Name)
-	return t.core.startQuery(ctx, conn, evidence.OtherSet, "", foldPrepare, data.Name, func(ctx context.Context, folded bool) context.Context {
-		return t.core.innerPrepareStart(ctx, conn, data, folded)
-	})
-}
-
-// TracePrepareEnd implements pgx.PrepareTracer.
-func (t *Tracer) TracePrepareEnd(ctx context.Context, conn *pgx.Conn, data pgx.TracePrepareEndData) {
-	t.core.prepareEnded(conn, data.Err)
-	t.core.endQuery(ctx, conn, pgconn.CommandTag{}, data.Err, func(ctx context.Context, folded bool) {
-		t.core.innerPrepareEnd(ctx, conn, data, folded)
-	})
-}
-
-// TraceConnectStart implements pgx.ConnectTracer.
-func (t *Tracer) TraceConnectStart(ctx context.Context, data pgx.TraceConnectStartData) context.Context {
-	ctx = t.pool.connectStart(ctx)
-	if t.connect != nil {
-		return t.core.innerStart(InnerSpanConnect, ctx, func(ctx context.Context) context.Context {
-			return t.connect.TraceConnectStart(ctx, data)
-		})
-	}
-	return ctx
-}
-
-// TraceConnectEnd implements pgx.ConnectTracer.
-func (t *Tracer) TraceConnectEnd(ctx context.Context, data pgx.TraceConnectEndData) {
-	t.pool.connectEnd(ctx, data.Err)
-	notReached(ctx, data.Err)
-	if t.connect != nil {
-		ctx = t.core.innerEnd(InnerSpanConnect, ctx, data.Err)
-		data.Err = t.core.innerErr(data.Err)
-		t.connect.TraceConnectEnd(ctx, data)
-	}
-}
-
-// notReached tells the Verdict of ctx, if any, that its transaction never reached the
-// server when err, a failed Acquire's or Connect's, is not nil.
-func notReached(ctx context.Context, err error) {
-	if err != nil {
-		if v := verdictFrom(ctx); v != nil {
-			v.notStarted(err)
-		}
-	}
-}
-
-// TraceAcquireStart implements pgxpool.AcquireTracer.
-func (t *Tracer) TraceAcquireStart(ctx context.Context, pool *pgxpool.Pool, data pgxpool.TraceAcquireStartData) context.Context {
-	ctx = t.pool.acquireStart(ctx)
-	if t.acquire != nil {
-		return t.core.innerStart(InnerSpanAcquire, ctx, func(ctx context.Context) context.Context {
-			return t.acquire.TraceAcquireStart(ctx, pool, data)
-		})
-	}
-	return ctx
-}
-
-// TraceAcquireEnd implements pgxpool.AcquireTracer. An idle connection handed out with
-// a frame still on it would classify unrelated work against an old transaction's
-// evidence; the frame is concluded here as a last line of defence.
-func (t *Tracer) TraceAcquireEnd(ctx context.Context, pool *pgxpool.Pool, data pgxpool.TraceAcquireEndData) {
-	if data.Conn != nil {
-		if st := t.connStateOf(data.Conn); st != nil {
-			st.mu.Lock()
-			if st.frame() != nil && data.Conn.PgConn().TxStatus() == 'I' {
-				t.core.abandon(st, evidence.ReasonEndedUnobserved)
-			}
-			st.mu.Unlock()
-		}
-	}
-	t.pool.acquireEnd(ctx, pool, poolState(data.Conn), data.Err)
-	notReached(ctx, data.Err)
-	if t.acquire != nil {
-		ctx = t.core.innerEnd(InnerSpanAcquire, ctx, data.Err)
-		data.Err = t.core.innerErr(data.Err)
-		t.acquire.TraceAcquireEnd(ctx, pool, data)
-	}
-}
-
-// TraceRelease implements pgxpool.ReleaseTracer. A connection released in the middle of
-// a transaction is destroyed by the pool, which rolls the transaction back; one released
-// idle or closed with a frame on it had its transaction end where no query showed it.
-func (t *Tracer) TraceRelease(pool *pgxpool.Pool, data pgxpool.TraceReleaseData) {
-	t.pool.release(poolState(data.Conn))
-	if data.Conn != nil {
-		if st := t.connStateOf(data.Conn); st != nil {
-			st.mu.Lock()
-			if st.frame() != nil {
-				pg, reason := data.Conn.PgConn(), evidence.ReasonReleasedInTransaction
-				if pg.IsClosed() {
-					reason = evidence.ReasonConnectionClosed
-				}
-				t.core.abandon(st, goneReason(pg, reason))
-			}
-			st.mu.Unlock()
-		}
-	}
-	if t.release != nil {
-		t.release.TraceRelease(pool, data)
-	}
-}
-
-// onNotice sees every notice before the user's handler: the "already committed
-// locally" warning is evidence for the frame in committing.
-func (t *core) onNotice(pg *pgconn.PgConn, n *pgconn.Notice) {
-	if !classifier.CommittedLocallyNotice(n) {
-		return
-	}
-	// The warnings' texts and 57P01's meaning are PostgreSQL's own.
-	if st := t.stateOf(pg); st != nil && st.server() == classifier.ServerPostgreSQL {
-		st.mu.Lock()
-		st.ev.Notice()
-		st.mu.Unlock()
-	}
-}
-
-// connClosing concludes the frame of a connection about to be closed: its transaction
-// rolls back with the session, unless the server's last ReadyForQuery said the session
-// was idle (it ended where no query showed it).
-func (t *core) connClosing(conn *pgx.Conn) {
-	if st := t.connStateOf(conn); st != nil {
-		st.mu.Lock()
-		t.abandon(st, goneReason(conn.PgConn(), evidence.ReasonConnectionClosed))
-		st.mu.Unlock()
-	}
-}
-
-// goneReason is why the frame of pg, which is closed or released with the frame open,
-// ended: where no query showed it if the server's last ReadyForQuery said the session is
-// idle (and then as the replies pgconn read say, see connState.seenEnd), else reason, the
-// session having ended in the transaction.
-func goneReason(pg *pgconn.PgConn, reason string) string {
-	if pg.TxStatus() == 'I' {
-		return evidence.ReasonEndedUnobserved
-	}
-	return reason
-}
-
-// netConnClosed concludes the frame of a connection whose net.Conn was closed, unless a
-// query is in flight on it: then the connection's user is inside
-// pgconn, will see the connection closed, and concludes the frame with what its query
-// observed. It may run on any goroutine; st.mu orders it with the user's hooks. With no
-// query in flight pgconn writes its transaction status no more, and the server's last
-// ReadyForQuery idle means the transaction ended where no query showed it.
-func (t *core) netConnClosed(st *connState) {
-	st.mu.Lock()
-	defer st.mu.Unlock()
-	if f := st.frame(); f != nil && len(st.queries) == 0 {
-		t.abandon(st, goneReason(f.conn, evidence.ReasonConnectionClosed))
-	}
-}
 
 // Close stops the tracer's automatic reconciliation ([WithAutoReconcile]), and the
 // observation of the connection counts of the pool it instruments ([InstrumentPool]).
@@ -279,31 +50,79 @@ func (t *Tracer) Close(ctx context.Context) error {
 	if ctx == nil {
 		return invalid("Tracer.Close: nil context")
 	}
-	t.pool.close()
-	if t.auto == nil {
+	t.Pool.Close()
+	if t.Auto == nil {
 		return nil
 	}
-	return t.auto.close(ctx)
+	return t.Auto.Close(ctx)
 }
 
-// expectedStatusProvider is the tracer provider of the default otelpgx inner tracer: its
-// tracers wrap the spans started in an expectedCtx. Any other start is the SDK's, as it is.
-type expectedStatusProvider struct{ trace.TracerProvider }
-
-// Tracer returns the provider's tracer, wrapped.
-func (p expectedStatusProvider) Tracer(name string, opts ...trace.TracerOption) trace.Tracer {
-	return expectedStatusTracer{p.TracerProvider.Tracer(name, opts...)}
+// TraceQueryStart implements the hook.
+func (t *Tracer) TraceQueryStart(ctx context.Context, conn *pgx.Conn, data pgx.TraceQueryStartData) context.Context {
+	return t.Adapter.TraceQueryStart(ctx, conn, data)
 }
 
-type expectedStatusTracer struct{ trace.Tracer }
+// TraceQueryEnd implements the hook.
+func (t *Tracer) TraceQueryEnd(ctx context.Context, conn *pgx.Conn, data pgx.TraceQueryEndData) {
+	t.Adapter.TraceQueryEnd(ctx, conn, data)
+}
 
-// Start starts the span; in an expectedCtx (a type assertion, no lookup) it returns it
-// wrapped in expectedSpan.
-func (t expectedStatusTracer) Start(ctx context.Context, name string, opts ...trace.SpanStartOption) (context.Context, trace.Span) {
-	ctx2, span := t.Tracer.Start(ctx, name, opts...)
-	if _, ok := ctx.(expectedCtx); ok {
-		span = expectedSpan{span}
-		ctx2 = trace.ContextWithSpan(ctx2, span)
-	}
-	return ctx2, span
+// TraceBatchStart implements the hook.
+func (t *Tracer) TraceBatchStart(ctx context.Context, conn *pgx.Conn, data pgx.TraceBatchStartData) context.Context {
+	return t.Adapter.TraceBatchStart(ctx, conn, data)
+}
+
+// TraceBatchQuery implements the hook.
+func (t *Tracer) TraceBatchQuery(ctx context.Context, conn *pgx.Conn, data pgx.TraceBatchQueryData) {
+	t.Adapter.TraceBatchQuery(ctx, conn, data)
+}
+
+// TraceBatchEnd implements the hook.
+func (t *Tracer) TraceBatchEnd(ctx context.Context, conn *pgx.Conn, data pgx.TraceBatchEndData) {
+	t.Adapter.TraceBatchEnd(ctx, conn, data)
+}
+
+// TraceCopyFromStart implements the hook.
+func (t *Tracer) TraceCopyFromStart(ctx context.Context, conn *pgx.Conn, data pgx.TraceCopyFromStartData) context.Context {
+	return t.Adapter.TraceCopyFromStart(ctx, conn, data)
+}
+
+// TraceCopyFromEnd implements the hook.
+func (t *Tracer) TraceCopyFromEnd(ctx context.Context, conn *pgx.Conn, data pgx.TraceCopyFromEndData) {
+	t.Adapter.TraceCopyFromEnd(ctx, conn, data)
+}
+
+// TracePrepareStart implements the hook.
+func (t *Tracer) TracePrepareStart(ctx context.Context, conn *pgx.Conn, data pgx.TracePrepareStartData) context.Context {
+	return t.Adapter.TracePrepareStart(ctx, conn, data)
+}
+
+// TracePrepareEnd implements the hook.
+func (t *Tracer) TracePrepareEnd(ctx context.Context, conn *pgx.Conn, data pgx.TracePrepareEndData) {
+	t.Adapter.TracePrepareEnd(ctx, conn, data)
+}
+
+// TraceConnectStart implements the hook.
+func (t *Tracer) TraceConnectStart(ctx context.Context, data pgx.TraceConnectStartData) context.Context {
+	return t.Adapter.TraceConnectStart(ctx, data)
+}
+
+// TraceConnectEnd implements the hook.
+func (t *Tracer) TraceConnectEnd(ctx context.Context, data pgx.TraceConnectEndData) {
+	t.Adapter.TraceConnectEnd(ctx, data)
+}
+
+// TraceAcquireStart implements the hook.
+func (t *Tracer) TraceAcquireStart(ctx context.Context, pool *pgxpool.Pool, data pgxpool.TraceAcquireStartData) context.Context {
+	return t.Adapter.TraceAcquireStart(ctx, pool, data)
+}
+
+// TraceAcquireEnd implements the hook.
+func (t *Tracer) TraceAcquireEnd(ctx context.Context, pool *pgxpool.Pool, data pgxpool.TraceAcquireEndData) {
+	t.Adapter.TraceAcquireEnd(ctx, pool, data)
+}
+
+// TraceRelease implements the hook.
+func (t *Tracer) TraceRelease(pool *pgxpool.Pool, data pgxpool.TraceReleaseData) {
+	t.Adapter.TraceRelease(pool, data)
 }

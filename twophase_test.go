@@ -14,14 +14,14 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/stdlib"
-	"go.opentelemetry.io/otel/attribute"
-	"go.opentelemetry.io/otel/codes"
-	"go.opentelemetry.io/otel/trace"
-
+	"github.com/txevidence/otelpgxtx/internal/metrics"
 	"github.com/txevidence/otelpgxtx/internal/reconciletest"
 	"github.com/txevidence/otelpgxtx/outcome"
 	"github.com/txevidence/otelpgxtx/pgtest"
 	"github.com/txevidence/otelpgxtx/reconcile"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/trace"
 )
 
 // Two-phase commit (PREPARE TRANSACTION) against the real server, whose pgtest
@@ -162,8 +162,8 @@ func TestTwoPhasePrepared(t *testing.T) {
 				if !tp.prepared(t, gid) || srv.RowExists(t, tp.ctx, tp.table, 1) {
 					t.Fatal("not prepared, or visible before its coordinator decided")
 				}
-				if n := tp.h.sums(t, tp.ctx, metricTransactions, OutcomeKey, RollbackKey)["tx.outcome=participating"]; n != 1 {
-					t.Fatalf("%s participating = %d, want 1", metricTransactions, n)
+				if n := tp.h.sums(t, tp.ctx, metrics.MetricTransactions, OutcomeKey, RollbackKey)["tx.outcome=participating"]; n != 1 {
+					t.Fatalf("%s participating = %d, want 1", metrics.MetricTransactions, n)
 				}
 				ref := f.attrs(string(ReconciliationRefKey))
 				if (ref != "") != (mode != "off") {

@@ -10,6 +10,7 @@ import (
 	"testing"
 
 	"github.com/txevidence/otelpgxtx/classifier"
+	"github.com/txevidence/otelpgxtx/internal/record"
 	"github.com/txevidence/otelpgxtx/outcome"
 )
 
@@ -70,18 +71,18 @@ func verdictSequence(seed uint64) (got, want modelAnswer, trace string) {
 	for range n {
 		switch k := r.IntN(10); {
 		case k == 0 && !open:
-			v.s.notStarted(&net.OpError{Op: "dial", Net: "tcp", Err: errors.New("connection refused")})
+			v.s.NotStarted(&net.OpError{Op: "dial", Net: "tcp", Err: errors.New("connection refused")})
 			trace += " acquire-failed"
 			done = append(done, ended{o: outcome.OutcomeRolledBack, retryable: true})
 		default:
 			if !open && r.IntN(3) > 0 {
-				v.s.began()
+				v.s.Began()
 				open = true
 				trace += " begin"
 			}
 			o := []outcome.Outcome{outcome.OutcomeCommitted, outcome.OutcomeRolledBack, outcome.OutcomeIndeterminate,
 				outcome.OutcomeCommittedWithPostCommitFailure, outcome.OutcomeParticipating}[r.IntN(5)]
-			e := ending{id: outcome.NewOperationID(), outcome: o}
+			e := record.Ending{ID: outcome.NewOperationID(), Outcome: o}
 			retryable := false
 			switch o {
 			case outcome.OutcomeRolledBack:
@@ -90,19 +91,19 @@ func verdictSequence(seed uint64) (got, want modelAnswer, trace string) {
 				if retryable {
 					code = "40001"
 				}
-				e.verdict, _ = classifier.NewClassification(classifier.EvidenceRolledBack, retryable, code, classifier.ReasonServerError)
-				e.endedIn = outcome.PhaseActive
-				e.endErr = errors.New("failed")
+				e.Verdict, _ = classifier.NewClassification(classifier.EvidenceRolledBack, retryable, code, classifier.ReasonServerError)
+				e.EndedIn = outcome.PhaseActive
+				e.EndErr = errors.New("failed")
 			case outcome.OutcomeIndeterminate:
-				e.verdict, _ = classifier.NewClassification(classifier.EvidenceUnknown, false, "", classifier.ReasonConnectionLost)
-				e.endErr = errors.New("lost")
+				e.Verdict, _ = classifier.NewClassification(classifier.EvidenceUnknown, false, "", classifier.ReasonConnectionLost)
+				e.EndErr = errors.New("lost")
 			case outcome.OutcomeCommittedWithPostCommitFailure:
-				e.endErr = errors.New("scan")
+				e.EndErr = errors.New("scan")
 			}
-			v.s.frameEnded(&e)
+			v.s.FrameEnded(&e)
 			open = false
 			trace += " " + o.String()
-			done = append(done, ended{o: o, retryable: retryable, id: e.id})
+			done = append(done, ended{o: o, retryable: retryable, id: e.ID})
 		}
 	}
 	// The model.
@@ -141,7 +142,7 @@ func verdictSequence(seed uint64) (got, want modelAnswer, trace string) {
 	if rb, ok := res.(outcome.DeterminateRollback[struct{}]); ok {
 		got.retryable = rb.Retryable()
 	}
-	got.settleable, _ = v.s.settleable()
+	got.settleable, _ = v.s.Settleable()
 	if want.id.IsZero() {
 		got.id = want.id // a failed Acquire has no operation id
 	}

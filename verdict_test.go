@@ -13,13 +13,14 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/jackc/pgx/v5/stdlib"
-	sdktrace "go.opentelemetry.io/otel/sdk/trace"
-	"go.opentelemetry.io/otel/sdk/trace/tracetest"
-
+	"github.com/txevidence/otelpgxtx/internal/errs"
 	"github.com/txevidence/otelpgxtx/internal/evidence"
+	"github.com/txevidence/otelpgxtx/internal/verdict"
 	"github.com/txevidence/otelpgxtx/outcome"
 	"github.com/txevidence/otelpgxtx/pgtest"
 	"github.com/txevidence/otelpgxtx/reconcile"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 )
 
 // mustResult is v's Result, which must be known.
@@ -114,7 +115,7 @@ func TestVerdictRollbacks(t *testing.T) {
 		if err := tx.Rollback(vctx); err != nil {
 			t.Fatal(err)
 		}
-		if rb := rollback(t, v, false, outcome.PhaseActive); !errors.Is(rb.Cause(), errRolledBack) {
+		if rb := rollback(t, v, false, outcome.PhaseActive); !errors.Is(rb.Cause(), errs.ErrRolledBack) {
 			t.Errorf("cause %v, want errRolledBack", rb.Cause())
 		}
 	})
@@ -486,29 +487,29 @@ func TestVerdictCauses(t *testing.T) {
 	id := outcome.NewOperationID()
 	errAppRollback := errors.New("the application rolls back")
 	for _, tc := range []struct {
-		d    verdictData
+		d    verdict.Data
 		want error
 		text string
 	}{
-		{verdictData{reason: "rolled_back"}, errRolledBack, ""},
-		{verdictData{reason: "commit_rollback"}, pgx.ErrTxCommitRollback, ""},
-		{verdictData{reason: evidence.ReasonConnectionClosed}, nil, "rolled back: connection_closed"},
-		{verdictData{reason: "commit_rollback", cause: errAppRollback}, errAppRollback, ""},
+		{verdict.Data{Reason: "rolled_back"}, errs.ErrRolledBack, ""},
+		{verdict.Data{Reason: "commit_rollback"}, pgx.ErrTxCommitRollback, ""},
+		{verdict.Data{Reason: evidence.ReasonConnectionClosed}, nil, "rolled back: connection_closed"},
+		{verdict.Data{Reason: "commit_rollback", Cause: errAppRollback}, errAppRollback, ""},
 	} {
-		tc.d.set, tc.d.outcome, tc.d.id, tc.d.phase = true, outcome.OutcomeRolledBack, id, outcome.PhaseActive
-		rb, ok := tc.d.result().(outcome.DeterminateRollback[struct{}])
+		tc.d.Set, tc.d.Outcome, tc.d.Id, tc.d.Phase = true, outcome.OutcomeRolledBack, id, outcome.PhaseActive
+		rb, ok := tc.d.Result().(outcome.DeterminateRollback[struct{}])
 		switch {
 		case !ok:
-			t.Errorf("%s: not a rollback", tc.d.reason)
+			t.Errorf("%s: not a rollback", tc.d.Reason)
 		case tc.want != nil && !errors.Is(rb.Cause(), tc.want):
-			t.Errorf("%s: cause %v, want %v", tc.d.reason, rb.Cause(), tc.want)
+			t.Errorf("%s: cause %v, want %v", tc.d.Reason, rb.Cause(), tc.want)
 		case tc.text != "" && !strings.Contains(rb.Cause().Error(), tc.text):
-			t.Errorf("%s: cause %q, want it to say %q", tc.d.reason, rb.Cause(), tc.text)
+			t.Errorf("%s: cause %q, want it to say %q", tc.d.Reason, rb.Cause(), tc.text)
 		}
 	}
-	ind := verdictData{set: true, outcome: outcome.OutcomeIndeterminate, id: id}
-	if r, ok := ind.result().(outcome.Indeterminate[struct{}]); !ok || !errors.Is(r.Cause(), errCommitUnobserved) {
-		t.Errorf("indeterminate without an error: %#v", ind.result())
+	ind := verdict.Data{Set: true, Outcome: outcome.OutcomeIndeterminate, Id: id}
+	if r, ok := ind.Result().(outcome.Indeterminate[struct{}]); !ok || !errors.Is(r.Cause(), errs.ErrCommitUnobserved) {
+		t.Errorf("indeterminate without an error: %#v", ind.Result())
 	}
 }
 
@@ -617,13 +618,13 @@ func TestVerdictNotStarted(t *testing.T) {
 		{context.Canceled, false},
 	} {
 		_, v := NewVerdict(context.Background())
-		v.s.notStarted(tc.err)
+		v.s.NotStarted(tc.err)
 		rb, ok := mustResult(t, v).(outcome.DeterminateRollback[struct{}])
 		if !ok || rb.Retryable() != tc.retryable || rb.Phase() != outcome.PhaseNotStarted || !errors.Is(rb.Cause(), tc.err) {
 			t.Errorf("%v: %#v, want a rollback in not_started, retryable %v", tc.err, rb, tc.retryable)
 		}
-		v.s.began()
-		v.s.notStarted(tc.err)
+		v.s.Began()
+		v.s.NotStarted(tc.err)
 		if _, err := v.Result(); !errors.Is(err, ErrNoVerdict) {
 			t.Errorf("%v after a frame began: %v, want the frame's (not ended: ErrNoVerdict)", tc.err, err)
 		}

@@ -16,13 +16,13 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgproto3"
 	"github.com/jackc/pgx/v5/pgxpool"
-	sdktrace "go.opentelemetry.io/otel/sdk/trace"
-	"go.opentelemetry.io/otel/sdk/trace/tracetest"
-	"go.opentelemetry.io/otel/trace"
-
+	"github.com/txevidence/otelpgxtx/internal/frame"
 	"github.com/txevidence/otelpgxtx/internal/reference"
 	"github.com/txevidence/otelpgxtx/outcome"
 	"github.com/txevidence/otelpgxtx/pgtest"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+	"go.opentelemetry.io/otel/sdk/trace/tracetest"
+	"go.opentelemetry.io/otel/trace"
 )
 
 // TestWireUnchangedByInstrumentation records the whole conversation of plain pgx use of
@@ -511,14 +511,14 @@ func TestIdentityReadWithEndedContext(t *testing.T) {
 		t.Fatalf("with an ended context: %v", err)
 	}
 	// pgx closes a connection whose BEGIN failed, as it does without the library.
-	if st := connStateOf(conn); st.refs.Checked() || st.refs.Adding() {
+	if st := frame.ConnStateOf(conn); st.Refs.Checked() || st.Refs.Adding() {
 		t.Fatal("an ended context counted as the server's answer")
 	}
 	conn = instrumentedConn(t, ctx, srv.ConnString())
 	if err := checkReferences(ctx, conn, reference.Refs{Mode: reference.XID}); err != nil {
 		t.Fatal(err)
 	}
-	if !connStateOf(conn).refs.Known() {
+	if !frame.ConnStateOf(conn).Refs.Known() {
 		t.Fatal("identity not read")
 	}
 }

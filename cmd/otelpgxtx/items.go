@@ -185,8 +185,8 @@ func parseRecord(text string) (item, error) {
 		}
 		it.op = id
 	}
-	tid, err1 := trace.TraceIDFromHex(str("trace_id"))
-	sid, err2 := trace.SpanIDFromHex(str("span_id"))
+	tid, err1 := trace.TraceIDFromHex(str(schema.TraceIDLogKey))
+	sid, err2 := trace.SpanIDFromHex(str(schema.SpanIDLogKey))
 	if err1 == nil && err2 == nil {
 		it.link = trace.NewSpanContext(trace.SpanContextConfig{TraceID: tid, SpanID: sid, TraceFlags: trace.FlagsSampled, Remote: true})
 	}

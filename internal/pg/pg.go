@@ -5,6 +5,7 @@
 package pg
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"reflect"
@@ -125,4 +126,10 @@ func IsNilHandle(v any) bool {
 		return rv.IsNil()
 	}
 	return false
+}
+
+// SameContext reports whether a and b are one context. Only pointers are compared: ==
+// on two values of a non-comparable context type panics.
+func SameContext(a, b context.Context) bool {
+	return a != nil && reflect.TypeOf(a).Kind() == reflect.Pointer && a == b
 }

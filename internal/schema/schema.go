@@ -53,3 +53,10 @@ func SpanContextOf(tp string) trace.SpanContext {
 	ctx := propagation.TraceContext{}.Extract(context.Background(), propagation.MapCarrier{"traceparent": tp})
 	return trace.SpanContextFromContext(ctx)
 }
+
+// The keys of the log records that name a frame's span (MessageIndeterminate,
+// MessagePendingAtShutdown), which the command reads back: defined once, here.
+const (
+	TraceIDLogKey = "trace_id"
+	SpanIDLogKey  = "span_id"
+)

@@ -1,50 +1,64 @@
-package otelpgxtx
+package inner
 
 import (
 	"context"
 	"strings"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/txevidence/otelpgxtx/internal/evidence"
+	"github.com/txevidence/otelpgxtx/internal/framespan"
+	"github.com/txevidence/otelpgxtx/internal/pg"
+	"github.com/txevidence/otelpgxtx/internal/redact"
+	"github.com/txevidence/otelpgxtx/internal/sanitize"
+	"github.com/txevidence/otelpgxtx/internal/schema"
+	"github.com/txevidence/otelpgxtx/internal/settings"
+	"github.com/txevidence/otelpgxtx/outcome"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/trace"
-	"go.opentelemetry.io/otel/trace/noop"
-
-	"github.com/txevidence/otelpgxtx/internal/redact"
-	"github.com/txevidence/otelpgxtx/outcome"
 )
+
+// innerHooks is the inner tracer (otelpgx by default, or the application's), by each
+// tracer interface it implements, and what it is handed: its spans are the statements'.
+type Hooks struct {
+	Cfg       *settings.Config
+	Sanitized *sanitize.Sanitizer
+	// asIs: the inner tracer is the application's, and is handed what pgx hands a
+	// tracer — SQL, errors, batches and statement names as they are — unless
+	// WithSanitizedInnerTracer asks otherwise; its spans get no attribute of ours.
+	AsIs bool
+
+	query   pgx.QueryTracer
+	batch   pgx.BatchTracer
+	copy    pgx.CopyFromTracer
+	prepare pgx.PrepareTracer
+	Connect pgx.ConnectTracer
+	Acquire pgxpool.AcquireTracer
+	Release pgxpool.ReleaseTracer
+}
 
 // innerErr returns what the inner tracer is given of err: err itself for a tracer of the
 // application's (see innerAsIs), else what may be recorded of it (see redact.Error).
-func (t *core) innerErr(err error) error {
-	if t.innerAsIs {
+func (t *Hooks) InnerErr(err error) error {
+	if t.AsIs {
 		return err
 	}
-	return redact.Error(err, t.cfg.errorMessages)
+	return redact.Error(err, t.Cfg.ErrorMessages)
 }
 
 // innerSQL returns what the inner tracer is given of sql, which s is what the sanitizer
 // knows of: sql itself for a tracer of the application's (see innerAsIs), else the
 // sanitizer's text.
-func (t *core) innerSQL(sql string, s *sanitized) string {
-	if t.innerAsIs {
+func (t *Hooks) innerSQL(sql string, s *sanitize.Sanitized) string {
+	if t.AsIs {
 		return sql
 	}
-	return t.sanitized.innerSQL(sql, s)
-}
-
-// startedSpan returns the span an inner Start hook put into after, or nil if it started
-// none that records.
-func startedSpan(before, after context.Context) trace.Span {
-	span := trace.SpanFromContext(after)
-	if !span.IsRecording() || sameSpan(span, trace.SpanFromContext(before)) {
-		return nil
-	}
-	return span
+	return t.Sanitized.InnerSQL(sql, s)
 }
 
 // innerQueryStart hands a query's start to the inner tracer, sanitized; s is what the
 // sanitizer knows of its SQL.
-func (t *core) innerQueryStart(ctx context.Context, conn *pgx.Conn, data pgx.TraceQueryStartData, s *sanitized) context.Context {
+func (t *Hooks) InnerQueryStart(ctx context.Context, conn *pgx.Conn, data pgx.TraceQueryStartData, s *sanitize.Sanitized) context.Context {
 	if t.query == nil {
 		return ctx
 	}
@@ -53,9 +67,9 @@ func (t *core) innerQueryStart(ctx context.Context, conn *pgx.Conn, data pgx.Tra
 }
 
 // innerQueryEnd hands a query's end to the inner tracer, its error redacted.
-func (t *core) innerQueryEnd(ctx context.Context, conn *pgx.Conn, data pgx.TraceQueryEndData) {
+func (t *Hooks) InnerQueryEnd(ctx context.Context, conn *pgx.Conn, data pgx.TraceQueryEndData) {
 	if t.query != nil {
-		data.Err = t.innerErr(data.Err)
+		data.Err = t.InnerErr(data.Err)
 		t.query.TraceQueryEnd(ctx, conn, data)
 	}
 }
@@ -63,16 +77,16 @@ func (t *core) innerQueryEnd(ctx context.Context, conn *pgx.Conn, data pgx.Trace
 // summarized sets s's db.query.summary on the span an inner Start hook started (from
 // before to after), if it started one that records, and returns after. A tracer of the
 // application's keeps its spans as it made them.
-func (t *core) summarized(before, after context.Context, s *sanitized) context.Context {
-	if span := t.ownStartedSpan(before, after); span != nil && s.summary != nil {
-		span.SetAttributes(s.summary...)
+func (t *Hooks) summarized(before, after context.Context, s *sanitize.Sanitized) context.Context {
+	if span := t.ownStartedSpan(before, after); span != nil && s.Summary != nil {
+		span.SetAttributes(s.Summary...)
 	}
 	return after
 }
 
 // innerBatchStart hands a batch's start to the inner tracer, its SQL sanitized (see
 // innerBatch).
-func (t *core) innerBatchStart(ctx context.Context, conn *pgx.Conn, data pgx.TraceBatchStartData) context.Context {
+func (t *Hooks) InnerBatchStart(ctx context.Context, conn *pgx.Conn, data pgx.TraceBatchStartData) context.Context {
 	if t.batch != nil {
 		inner := data
 		inner.Batch = t.innerBatch(data.Batch)
@@ -86,25 +100,25 @@ func (t *core) innerBatchStart(ctx context.Context, conn *pgx.Conn, data pgx.Tra
 }
 
 // innerBatchQuery hands one result of a batch to the inner tracer, sanitized.
-func (t *core) innerBatchQuery(ctx context.Context, conn *pgx.Conn, data pgx.TraceBatchQueryData) {
+func (t *Hooks) InnerBatchQuery(ctx context.Context, conn *pgx.Conn, data pgx.TraceBatchQueryData) {
 	if t.batch != nil {
-		if t.omits(InnerSpanBatchQuery) {
+		if t.omits(KindBatchQuery) {
 			ctx = withoutSpan(ctx)
 		} else {
 			ctx = t.innerBatchQueryCtx(ctx, data.Err)
 		}
-		if !t.innerAsIs {
-			data.SQL = t.sanitized.innerSQL(data.SQL, t.sanitized.get(data.SQL))
+		if !t.AsIs {
+			data.SQL = t.Sanitized.InnerSQL(data.SQL, t.Sanitized.Get(data.SQL))
 		}
-		data.Err = t.innerErr(data.Err)
+		data.Err = t.InnerErr(data.Err)
 		t.batch.TraceBatchQuery(ctx, conn, data)
 	}
 }
 
 // innerBatchEnd hands a batch's end to the inner tracer, its error redacted.
-func (t *core) innerBatchEnd(ctx context.Context, conn *pgx.Conn, data pgx.TraceBatchEndData) {
+func (t *Hooks) InnerBatchEnd(ctx context.Context, conn *pgx.Conn, data pgx.TraceBatchEndData) {
 	if t.batch != nil {
-		data.Err = t.innerErr(data.Err)
+		data.Err = t.InnerErr(data.Err)
 		t.batch.TraceBatchEnd(ctx, conn, data)
 	}
 }
@@ -113,11 +127,11 @@ func (t *core) innerBatchEnd(ctx context.Context, conn *pgx.Conn, data pgx.Trace
 // made of the table name (a copy has no SQL text to summarize). Unlike summarized, it
 // builds the summary only once a recording span is there, for the concatenation
 // allocates; innerBatchStart does the same with its loop over the batch.
-func (t *core) innerCopyFromStart(ctx context.Context, conn *pgx.Conn, data pgx.TraceCopyFromStartData) context.Context {
+func (t *Hooks) InnerCopyFromStart(ctx context.Context, conn *pgx.Conn, data pgx.TraceCopyFromStartData) context.Context {
 	if t.copy != nil {
 		inner := t.copy.TraceCopyFromStart(ctx, conn, data)
 		if span := t.ownStartedSpan(ctx, inner); span != nil {
-			span.SetAttributes(dbQuerySummaryKey.String("COPY " + data.TableName.Sanitize()))
+			span.SetAttributes(schema.DBQuerySummaryKey.String("COPY " + data.TableName.Sanitize()))
 		}
 		ctx = inner
 	}
@@ -125,9 +139,9 @@ func (t *core) innerCopyFromStart(ctx context.Context, conn *pgx.Conn, data pgx.
 }
 
 // innerCopyFromEnd hands a copy's end to the inner tracer, its error redacted.
-func (t *core) innerCopyFromEnd(ctx context.Context, conn *pgx.Conn, data pgx.TraceCopyFromEndData) {
+func (t *Hooks) InnerCopyFromEnd(ctx context.Context, conn *pgx.Conn, data pgx.TraceCopyFromEndData) {
 	if t.copy != nil {
-		data.Err = t.innerErr(data.Err)
+		data.Err = t.InnerErr(data.Err)
 		t.copy.TraceCopyFromEnd(ctx, conn, data)
 	}
 }
@@ -135,26 +149,26 @@ func (t *core) innerCopyFromEnd(ctx context.Context, conn *pgx.Conn, data pgx.Tr
 // innerPrepareStart hands a prepare's start to the inner tracer, sanitized (its statement
 // name too: see innerStmtName). A folded prepare starts no span: its
 // inner hook gets a context whose span does not record.
-func (t *core) innerPrepareStart(ctx context.Context, conn *pgx.Conn, data pgx.TracePrepareStartData, folded bool) context.Context {
+func (t *Hooks) InnerPrepareStart(ctx context.Context, conn *pgx.Conn, data pgx.TracePrepareStartData, folded bool) context.Context {
 	if t.prepare != nil {
-		s := t.sanitized.get(data.SQL)
+		s := t.Sanitized.Get(data.SQL)
 		data.SQL = t.innerSQL(data.SQL, s)
 		start := func(ctx context.Context) context.Context { return t.prepare.TracePrepareStart(ctx, conn, data) }
 		if folded {
 			return quietStart(ctx, start)
 		}
-		ctx = t.summarized(ctx, t.innerStart(InnerSpanPrepare, ctx, start), s)
+		ctx = t.summarized(ctx, t.InnerStart(KindPrepare, ctx, start), s)
 	}
 	return ctx
 }
 
 // innerPrepareEnd hands a prepare's end to the inner tracer, its error redacted.
-func (t *core) innerPrepareEnd(ctx context.Context, conn *pgx.Conn, data pgx.TracePrepareEndData, folded bool) {
+func (t *Hooks) InnerPrepareEnd(ctx context.Context, conn *pgx.Conn, data pgx.TracePrepareEndData, folded bool) {
 	if t.prepare != nil {
-		if folded || t.omits(InnerSpanPrepare) {
+		if folded || t.omits(KindPrepare) {
 			ctx = withoutSpan(ctx)
 		}
-		data.Err = t.innerErr(data.Err)
+		data.Err = t.InnerErr(data.Err)
 		t.prepare.TracePrepareEnd(ctx, conn, data)
 	}
 }
@@ -163,8 +177,8 @@ func (t *core) innerPrepareEnd(ctx context.Context, conn *pgx.Conn, data pgx.Tra
 // prepared statement's name: pgx names the statements it caches by a digest of the raw
 // SQL, literals and all, which becomes "stmtcache" unless [WithRawQueryText] or the tracer
 // is the application's.
-func (t *core) innerStmtName(name string) string {
-	if !t.cfg.rawQueryText && !t.innerAsIs && strings.HasPrefix(name, "stmtcache_") {
+func (t *Hooks) InnerStmtName(name string) string {
+	if !t.Cfg.RawQueryText && !t.AsIs && strings.HasPrefix(name, "stmtcache_") {
 		return "stmtcache"
 	}
 	return name
@@ -172,12 +186,12 @@ func (t *core) innerStmtName(name string) string {
 
 // batchSummary returns db.query.summary of a batch as the semantic conventions define
 // it: "BATCH " and its statements' summary when they share one, else "BATCH".
-func (t *core) batchSummary(b *pgx.Batch) attribute.KeyValue {
+func (t *Hooks) batchSummary(b *pgx.Batch) attribute.KeyValue {
 	common := ""
 	for i, q := range b.QueuedQueries {
 		sum := ""
-		if s := t.sanitized.get(q.SQL); len(s.summary) > 0 {
-			sum = s.summary[0].Value.AsString()
+		if s := t.Sanitized.Get(q.SQL); len(s.Summary) > 0 {
+			sum = s.Summary[0].Value.AsString()
 		}
 		if i > 0 && sum != common {
 			common = ""
@@ -186,33 +200,33 @@ func (t *core) batchSummary(b *pgx.Batch) attribute.KeyValue {
 		common = sum
 	}
 	if common == "" {
-		return dbQuerySummaryKey.String("BATCH")
+		return schema.DBQuerySummaryKey.String("BATCH")
 	}
-	return dbQuerySummaryKey.String("BATCH " + common)
+	return schema.DBQuerySummaryKey.String("BATCH " + common)
 }
 
 // innerBatch returns the batch an inner tracer is given: the default otelpgx tracer
 // reads only its length, but a user's tracer that asked for sanitized text
 // ([WithSanitizedInnerTracer]) may read its SQL, which it then gets sanitized, in a copy
 // (the queued queries are the caller's).
-func (t *core) innerBatch(b *pgx.Batch) *pgx.Batch {
-	if b == nil || !t.cfg.innerSet || t.cfg.rawQueryText || t.innerAsIs {
+func (t *Hooks) innerBatch(b *pgx.Batch) *pgx.Batch {
+	if b == nil || !t.Cfg.InnerSet || t.Cfg.RawQueryText || t.AsIs {
 		return b
 	}
 	c := &pgx.Batch{QueuedQueries: make([]*pgx.QueuedQuery, len(b.QueuedQueries))}
 	for i, q := range b.QueuedQueries {
-		c.QueuedQueries[i] = &pgx.QueuedQuery{SQL: t.sanitized.get(q.SQL).text, Arguments: q.Arguments}
+		c.QueuedQueries[i] = &pgx.QueuedQuery{SQL: t.Sanitized.Get(q.SQL).Text, Arguments: q.Arguments}
 	}
 	return c
 }
 
 // ownStartedSpan is startedSpan for the spans this library may add attributes to: those
 // of its own inner tracer, never those of a tracer of the application's.
-func (t *core) ownStartedSpan(before, after context.Context) trace.Span {
-	if t.innerAsIs {
+func (t *Hooks) ownStartedSpan(before, after context.Context) trace.Span {
+	if t.AsIs {
 		return nil
 	}
-	return startedSpan(before, after)
+	return framespan.StartedSpan(before, after)
 }
 
 // innerStartCtx makes f's span the parent of what the inner tracer starts. It allocates only
@@ -220,61 +234,48 @@ func (t *core) ownStartedSpan(before, after context.Context) trace.Span {
 // Begin it does): an unsampled frame under an unsampled caller costs nothing. The context
 // it makes is kept for the caller's context it was made from, which a transaction's
 // statements mostly share, and looked up first.
-func innerStartCtx(ctx context.Context, f *frame) context.Context {
-	if f == nil || f.unrecorded {
+func InnerStartCtx(ctx context.Context, f *framespan.Span) context.Context {
+	if f == nil || f.Unrecorded {
 		return ctx
 	}
-	if sameContext(ctx, f.framedIn) {
-		return f.framedOut
+	if pg.SameContext(ctx, f.FramedIn) {
+		return f.FramedOut
 	}
 	in := trace.SpanFromContext(ctx)
-	if !f.recording && !in.IsRecording() || sameSpan(in, f.span) {
+	if !f.Recording && !in.IsRecording() || framespan.SameSpan(in, f.OTel) {
 		return ctx
 	}
-	f.framedIn, f.framedOut = ctx, trace.ContextWithSpan(ctx, f.span)
-	return f.framedOut
+	f.FramedIn, f.FramedOut = ctx, trace.ContextWithSpan(ctx, f.OTel)
+	return f.FramedOut
 }
 
 // innerEndCtx hides f's span from an inner End hook that did not start a span of its own:
 // inner tracers end "the span in ctx", and that must never be the frame's (see
 // "Composition with the inner tracer" in the package documentation).
 // A span that does not record has nothing an End hook could change.
-func innerEndCtx(ctx context.Context, f *frame) context.Context {
-	if f != nil && f.recording && sameSpan(trace.SpanFromContext(ctx), f.span) {
-		return trace.ContextWithSpan(ctx, noopSpan)
+func InnerEndCtx(ctx context.Context, f *framespan.Span) context.Context {
+	if f != nil && f.Recording && framespan.SameSpan(trace.SpanFromContext(ctx), f.OTel) {
+		return trace.ContextWithSpan(ctx, framespan.NoopSpan)
 	}
 	return ctx
 }
 
-// sameSpan reports whether a and b are one span. Spans are told apart by their ids,
-// never with ==: a span's dynamic type need not be comparable (the SDK's non-recording
-// span is not, and == on two of them panics). Only a recording span is compared: its ids
-// are its own, where a no-op span may carry its parent's. The ids go first: the SDK's
-// IsRecording takes the span's lock, and on the hook paths the spans mostly differ.
-func sameSpan(a, b trace.Span) bool {
-	sa, sb := a.SpanContext(), b.SpanContext()
-	return sa.SpanID() == sb.SpanID() && sa.TraceID() == sb.TraceID() && a.IsRecording() && b.IsRecording()
-}
-
-// noopSpan is boxed once: a noop.Span put in a trace.Span anew would allocate each time.
-var noopSpan trace.Span = noop.Span{}
-
 // omits reports whether the inner tracer's spans of kind k are turned off.
-func (t *core) omits(k InnerSpan) bool { return t.cfg.omitSpans&(1<<k) != 0 }
+func (t *Hooks) omits(k Kind) bool { return t.Cfg.OmitSpans&(1<<k) != 0 }
 
 // folds reports whether the spans of kind k — InnerSpanTransactionControl, or the implicit
 // prepares of InnerSpanPrepare — are events in place of spans: by default, with the
 // default otelpgx inner tracer. A tracer of the application's gets every statement as pgx
 // gives it and decides its own spans.
-func (t *core) folds(k InnerSpan) bool {
-	return !t.cfg.innerSet && t.cfg.keepSpans&(1<<k) == 0
+func (t *Hooks) Folds(k Kind) bool {
+	return !t.Cfg.InnerSet && t.Cfg.KeepSpans&(1<<k) == 0
 }
 
 // innerStart runs start, an inner Start hook of kind k. For an omitted kind it is given a
 // span that does not record, so otelpgx starts none (and still notes the start time for
 // its metrics), and the caller's span is put back into what it returns, so that the work
 // the hook precedes (a connect inside an acquire) is parented as without it.
-func (t *core) innerStart(k InnerSpan, ctx context.Context, start func(context.Context) context.Context) context.Context {
+func (t *Hooks) InnerStart(k Kind, ctx context.Context, start func(context.Context) context.Context) context.Context {
 	if !t.omits(k) {
 		return start(ctx)
 	}
@@ -291,28 +292,30 @@ func quietStart(ctx context.Context, start func(context.Context) context.Context
 // with err (nil: it did not): one without a span for an omitted kind — otelpgx ends "the
 // span in the context", which must not be the caller's —, else one whose span cannot take
 // the Error status of an expected error (innerEndStatus).
-func (t *core) innerEnd(k InnerSpan, ctx context.Context, err error) context.Context {
+func (t *Hooks) InnerEnd(k Kind, ctx context.Context, err error) context.Context {
 	if t.omits(k) {
 		return withoutSpan(ctx)
 	}
-	return t.innerEndStatus(ctx, err)
+	return t.InnerEndStatus(ctx, err)
 }
 
 // withoutSpan returns ctx with a span that does not record in place of its own.
-func withoutSpan(ctx context.Context) context.Context { return trace.ContextWithSpan(ctx, noopSpan) }
+func withoutSpan(ctx context.Context) context.Context {
+	return trace.ContextWithSpan(ctx, framespan.NoopSpan)
+}
 
 // innerEndStatus returns the context for the default otelpgx tracer's End hook of a call
 // in ctx that failed with err: when err is expected, the span it ends is wrapped so that
 // it cannot set status Error. A tracer of the user's own gets ctx as it is.
-func (t *core) innerEndStatus(ctx context.Context, err error) context.Context {
-	if t.cfg.innerSet || !t.cfg.expectedErr(ctx, err) {
+func (t *Hooks) InnerEndStatus(ctx context.Context, err error) context.Context {
+	if t.Cfg.InnerSet || !t.Cfg.ExpectedErr(ctx, err) {
 		return ctx
 	}
 	span := trace.SpanFromContext(ctx)
 	if !span.IsRecording() {
 		return ctx
 	}
-	return trace.ContextWithSpan(ctx, expectedSpan{span})
+	return trace.ContextWithSpan(ctx, ExpectedSpan{span})
 }
 
 // statementFrameEndCtx returns the context for the inner End hook of the statement whose
@@ -320,22 +323,34 @@ func (t *core) innerEndStatus(ctx context.Context, err error) context.Context {
 // status is the span's, so the inner tracer may set Error only where the frame did —
 // a rollback for a failure, unless the failure is expected —, never on a frame that
 // committed or whose commit is unknown.
-func (t *core) statementFrameEndCtx(ctx context.Context, f *frame, err error) context.Context {
-	if err == nil || f.ev.Open() || f.ev.Outcome() == outcome.OutcomeRolledBack && !f.ev.Deliberate() {
-		return t.innerEndStatus(ctx, err)
+func (t *Hooks) StatementFrameEndCtx(ctx context.Context, ev *evidence.Frame, err error) context.Context {
+	if err == nil || ev.Open() || ev.Outcome() == outcome.OutcomeRolledBack && !ev.Deliberate() {
+		return t.InnerEndStatus(ctx, err)
 	}
 	span := trace.SpanFromContext(ctx)
 	if !span.IsRecording() {
 		return ctx
 	}
-	return trace.ContextWithSpan(ctx, expectedSpan{span})
+	return trace.ContextWithSpan(ctx, ExpectedSpan{span})
 }
 
 // innerBatchQueryCtx returns the context for the default otelpgx tracer's TraceBatchQuery
 // of a query that failed with err: marked when err is expected.
-func (t *core) innerBatchQueryCtx(ctx context.Context, err error) context.Context {
-	if t.cfg.innerSet || !t.cfg.expectedErr(ctx, err) {
+func (t *Hooks) innerBatchQueryCtx(ctx context.Context, err error) context.Context {
+	if t.Cfg.InnerSet || !t.Cfg.ExpectedErr(ctx, err) {
 		return ctx
 	}
 	return expectedCtx{ctx}
 }
+
+// innerKind is a kind of span the default inner tracer makes: an InnerSpan, by number.
+type Kind uint8
+
+// The kinds, numbered as InnerSpan's constants are.
+const (
+	KindConnect Kind = iota + 1
+	KindAcquire
+	KindBatchQuery
+	KindPrepare
+	KindTransactionControl
+)

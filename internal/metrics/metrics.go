@@ -1,4 +1,4 @@
-package otelpgxtx
+package metrics
 
 import (
 	"context"
@@ -8,13 +8,13 @@ import (
 	"sync"
 	"time"
 
-	"go.opentelemetry.io/otel"
-	"go.opentelemetry.io/otel/attribute"
-	"go.opentelemetry.io/otel/metric"
-
+	"github.com/txevidence/otelpgxtx/internal/record"
 	"github.com/txevidence/otelpgxtx/internal/schema"
 	"github.com/txevidence/otelpgxtx/outcome"
 	"github.com/txevidence/otelpgxtx/reconcile"
+	"go.opentelemetry.io/otel"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/metric"
 )
 
 // Metric names, unexported: what selects a series is a query or an alert rule, by the
@@ -28,26 +28,26 @@ const (
 	// and, for rolled_back, tx.rollback ([RollbackDeliberate] or [RollbackFailure]).
 	// Plain pgx transactions and each attempt of [Run] count alike; a Run call that
 	// joined an outer transaction has no frame and is counted by otelpgxtx.participations.
-	metricTransactions = "otelpgxtx.transactions"
+	MetricTransactions = "otelpgxtx.transactions"
 	// metricDuration is the time from BEGIN to a frame's outcome, in seconds, with the
 	// attributes of otelpgxtx.transactions.
-	metricDuration = "otelpgxtx.transaction.duration"
+	MetricDuration = "otelpgxtx.transaction.duration"
 	// metricCommitDuration is the time a frame spent committing, in seconds, with the
 	// attributes of otelpgxtx.transactions; frames that never sent COMMIT have none, nor
 	// implicit transactions (their committing phase is their whole statement).
-	metricCommitDuration = "otelpgxtx.transaction.commit.duration"
+	MetricCommitDuration = "otelpgxtx.transaction.commit.duration"
 	// metricParticipations counts [Run] calls that joined a transaction already in their
 	// context (Required, Mandatory, Nested): one per call, by tx.participant.outcome
 	// (participating, or rolled_back when the call failed: a Nested call's savepoint was
 	// rolled back, a Required or Mandatory call's failure dooms the owner's transaction,
 	// whose own frame counts in otelpgxtx.transactions) and tx.propagation. Participants
 	// commit nothing, so they are kept out of the transaction counts.
-	metricParticipations = "otelpgxtx.participations"
+	MetricParticipations = "otelpgxtx.participations"
 )
 
 // durationBuckets spans a fast local commit (sub-millisecond) to a stuck synchronous
 // replication wait (tens of seconds).
-var durationBuckets = []float64{0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60}
+var DurationBuckets = []float64{0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60}
 
 // frameOutcomes are the outcomes a frame ends with: participating is a prepared
 // transaction's (PREPARE TRANSACTION), which waits for its coordinator.
@@ -64,52 +64,52 @@ var participantPropagations = [...]string{"required", "nested", "mandatory"}
 
 // metrics are recorded for every frame, sampled or not: an indeterminate commit must be
 // countable even when its trace was dropped.
-type metrics struct {
-	transactions   metric.Int64Counter
+type Metrics struct {
+	Transactions   metric.Int64Counter
 	participations metric.Int64Counter
-	duration       metric.Float64Histogram
-	commit         metric.Float64Histogram
+	Duration       metric.Float64Histogram
+	Commit         metric.Float64Histogram
 	// Per-series options, built once so recording allocates nothing: [implicit][series].
-	addOpts    [2][seriesDeliberate + 1][]metric.AddOption
-	recordOpts [2][seriesDeliberate + 1][]metric.RecordOption
+	AddOpts    [2][seriesDeliberate + 1][]metric.AddOption
+	RecordOpts [2][seriesDeliberate + 1][]metric.RecordOption
 	// participantOpts[failed][propagation]
 	participantOpts [2][len(participantPropagations)][]metric.AddOption
 }
 
-func newMetrics(mp metric.MeterProvider, extra []attribute.KeyValue) *metrics {
-	meter := mp.Meter(scopeName, metric.WithInstrumentationVersion(schema.Version))
-	m := &metrics{
-		transactions: counter(meter, metricTransactions, "{transaction}",
+func New(mp metric.MeterProvider, extra []attribute.KeyValue) *Metrics {
+	meter := mp.Meter(schema.ScopeName, metric.WithInstrumentationVersion(schema.Version))
+	m := &Metrics{
+		Transactions: Counter(meter, MetricTransactions, "{transaction}",
 			"Physical transactions (frames) that ended, by tx.outcome and, for rolled_back, tx.rollback (deliberate or failure)."),
-		participations: counter(meter, metricParticipations, "{call}",
+		participations: Counter(meter, MetricParticipations, "{call}",
 			"Run calls that joined a transaction already in their context, by tx.participant.outcome and tx.propagation."),
-		duration: histogram(meter, metricDuration, "s",
-			"Duration of transaction frames from BEGIN to their outcome, by tx.outcome and tx.rollback.", durationBuckets),
-		commit: histogram(meter, metricCommitDuration, "s",
-			"Time spent in the committing phase, by tx.outcome and tx.rollback.", durationBuckets),
+		Duration: Histogram(meter, MetricDuration, "s",
+			"Duration of transaction frames from BEGIN to their outcome, by tx.outcome and tx.rollback.", DurationBuckets),
+		Commit: Histogram(meter, MetricCommitDuration, "s",
+			"Time spent in the committing phase, by tx.outcome and tx.rollback.", DurationBuckets),
 	}
 	series := func(implicit int, i outcome.Outcome, kv ...attribute.KeyValue) {
-		set := attribute.NewSet(append(append(kv, implicitKey.Bool(implicit == 1), schema.DBSystemPostgreSQL), extra...)...)
-		m.addOpts[implicit][i] = []metric.AddOption{metric.WithAttributeSet(set)}
-		m.recordOpts[implicit][i] = []metric.RecordOption{metric.WithAttributeSet(set)}
+		set := attribute.NewSet(append(append(kv, schema.ImplicitKey.Bool(implicit == 1), schema.DBSystemPostgreSQL), extra...)...)
+		m.AddOpts[implicit][i] = []metric.AddOption{metric.WithAttributeSet(set)}
+		m.RecordOpts[implicit][i] = []metric.RecordOption{metric.WithAttributeSet(set)}
 		// Every series exists from the start at 0, so that an alert on
 		// increase(…{tx_outcome="indeterminate"}) sees the very first one.
-		m.transactions.Add(context.Background(), 0, m.addOpts[implicit][i]...)
+		m.Transactions.Add(context.Background(), 0, m.AddOpts[implicit][i]...)
 	}
 	for implicit := range 2 {
 		for _, o := range frameOutcomes {
 			if o == outcome.OutcomeRolledBack {
-				series(implicit, o, outcomeKey.String(o.String()), rollbackKey.String(rollbackFailure))
-				series(implicit, seriesDeliberate, outcomeKey.String(o.String()), rollbackKey.String(rollbackDeliberate))
+				series(implicit, o, schema.OutcomeKey.String(o.String()), schema.RollbackKey.String(schema.RollbackFailure))
+				series(implicit, seriesDeliberate, schema.OutcomeKey.String(o.String()), schema.RollbackKey.String(schema.RollbackDeliberate))
 				continue
 			}
-			series(implicit, o, outcomeKey.String(o.String()))
+			series(implicit, o, schema.OutcomeKey.String(o.String()))
 		}
 	}
 	for failed, o := range []outcome.Outcome{outcome.OutcomeParticipating, outcome.OutcomeRolledBack} {
 		for p, name := range participantPropagations {
-			set := attribute.NewSet(append([]attribute.KeyValue{participantOutcomeKey.String(o.String()),
-				propagationKey.String(name), schema.DBSystemPostgreSQL}, extra...)...)
+			set := attribute.NewSet(append([]attribute.KeyValue{schema.ParticipantOutcomeKey.String(o.String()),
+				schema.PropagationKey.String(name), schema.DBSystemPostgreSQL}, extra...)...)
 			m.participantOpts[failed][p] = []metric.AddOption{metric.WithAttributeSet(set)}
 			m.participations.Add(context.Background(), 0, m.participantOpts[failed][p]...)
 		}
@@ -119,7 +119,7 @@ func newMetrics(mp metric.MeterProvider, extra []attribute.KeyValue) *metrics {
 
 // counter creates a counter on meter. A failure is reported to otel.Handle and leaves the
 // no-op instrument the API returns with it, so that recording never needs a nil check.
-func counter(meter metric.Meter, name, unit, description string) metric.Int64Counter {
+func Counter(meter metric.Meter, name, unit, description string) metric.Int64Counter {
 	c, err := meter.Int64Counter(name, metric.WithUnit(unit), metric.WithDescription(description))
 	if err != nil {
 		otel.Handle(err)
@@ -129,7 +129,7 @@ func counter(meter metric.Meter, name, unit, description string) metric.Int64Cou
 
 // histogram creates a histogram on meter with explicit buckets; a failure is handled as
 // counter's is.
-func histogram(meter metric.Meter, name, unit, description string, buckets []float64) metric.Float64Histogram {
+func Histogram(meter metric.Meter, name, unit, description string, buckets []float64) metric.Float64Histogram {
 	h, err := meter.Float64Histogram(name, metric.WithUnit(unit), metric.WithDescription(description),
 		metric.WithExplicitBucketBoundaries(buckets...))
 	if err != nil {
@@ -141,7 +141,7 @@ func histogram(meter metric.Meter, name, unit, description string, buckets []flo
 // participant counts a Run call with the propagation named propagation (Propagation's
 // String) that joined an outer transaction and ended with o: participating, or
 // rolled_back when it failed.
-func (m *metrics) participant(propagation string, o outcome.Outcome) {
+func (m *Metrics) Participant(propagation string, o outcome.Outcome) {
 	p := slices.Index(participantPropagations[:], propagation)
 	if m == nil || p < 0 {
 		return
@@ -154,31 +154,31 @@ func (m *metrics) participant(propagation string, o outcome.Outcome) {
 }
 
 // record counts e, a frame's ending, and its durations.
-func (m *metrics) record(e *ending) {
-	o := e.outcome
+func (m *Metrics) Record(e *record.Ending) {
+	o := e.Outcome
 	if m == nil || !o.Valid() {
 		return
 	}
 	i := o
-	if o == outcome.OutcomeRolledBack && e.deliberate {
+	if o == outcome.OutcomeRolledBack && e.Deliberate {
 		i = seriesDeliberate
 	}
 	kind := 0
-	if e.implicit {
+	if e.Implicit {
 		kind = 1
 	}
-	addOpts, recordOpts := m.addOpts[kind][i], m.recordOpts[kind][i]
+	addOpts, recordOpts := m.AddOpts[kind][i], m.RecordOpts[kind][i]
 	// The instruments are never nil: a failed creation returns a no-op instrument.
 	ctx := context.Background()
-	if e.span.IsSampled() && e.spanCtx != nil {
-		ctx = e.spanCtx // carries the frame span: links exemplars to the frame's trace
+	if e.Span.IsSampled() && e.SpanCtx != nil {
+		ctx = e.SpanCtx // carries the frame span: links exemplars to the frame's trace
 	}
-	m.transactions.Add(ctx, 1, addOpts...)
-	m.duration.Record(ctx, e.at.Sub(e.startedAt).Seconds(), recordOpts...)
+	m.Transactions.Add(ctx, 1, addOpts...)
+	m.Duration.Record(ctx, e.At.Sub(e.StartedAt).Seconds(), recordOpts...)
 	// An implicit transaction commits its whole statement: its committing phase is its
 	// duration, already recorded, and would make the commit histogram one of statements.
-	if !e.implicit && !e.committingAt.IsZero() && !e.concludedAt.IsZero() {
-		m.commit.Record(ctx, e.concludedAt.Sub(e.committingAt).Seconds(), recordOpts...)
+	if !e.Implicit && !e.CommittingAt.IsZero() && !e.ConcludedAt.IsZero() {
+		m.Commit.Record(ctx, e.ConcludedAt.Sub(e.CommittingAt).Seconds(), recordOpts...)
 	}
 }
 
@@ -190,14 +190,14 @@ func (m *metrics) record(e *ending) {
 const (
 	// metricReconciliations counts settled indeterminate frames, by tx.outcome.resolved
 	// and, when unknown, error.type.
-	metricReconciliations = "otelpgxtx.reconciliations"
+	MetricReconciliations = "otelpgxtx.reconciliations"
 	// metricUnresolved is the number of indeterminate frames waiting to be settled.
-	metricUnresolved = "otelpgxtx.reconciliation.unresolved"
+	MetricUnresolved = "otelpgxtx.reconciliation.unresolved"
 	// metricUnresolvedAge is the age of the oldest of them, in seconds; 0 when none is.
-	metricUnresolvedAge = "otelpgxtx.reconciliation.unresolved.age"
+	MetricUnresolvedAge = "otelpgxtx.reconciliation.unresolved.age"
 	// metricReconciliationDuration is the time from an indeterminate commit to its final
 	// answer, in seconds.
-	metricReconciliationDuration = "otelpgxtx.reconciliation.duration"
+	MetricReconciliationDuration = "otelpgxtx.reconciliation.duration"
 )
 
 // reconcileBuckets spans a commit settled at the first attempt to one left for an hour.
@@ -209,24 +209,24 @@ var finalReasons = []string{reconcile.ReasonNoReference, reconcile.ReasonTooOld,
 
 // reconcileMetrics count what automatic reconciliation learned, whether the frames were
 // sampled or not.
-type reconcileMetrics struct {
+type ReconcileMetrics struct {
 	reconciliations metric.Int64Counter
 	duration        metric.Float64Histogram
 	extra           []attribute.KeyValue
 	leave           func() // leaves the unresolved gauges' group
 }
 
-func newReconcileMetrics(mp metric.MeterProvider, extra []attribute.KeyValue, pending func() (int, time.Duration)) *reconcileMetrics {
-	meter := mp.Meter(scopeName, metric.WithInstrumentationVersion(schema.Version))
-	m := &reconcileMetrics{
+func NewReconcile(mp metric.MeterProvider, extra []attribute.KeyValue, pending func() (int, time.Duration)) *ReconcileMetrics {
+	meter := mp.Meter(schema.ScopeName, metric.WithInstrumentationVersion(schema.Version))
+	m := &ReconcileMetrics{
 		extra: extra,
-		reconciliations: counter(meter, metricReconciliations, "{transaction}",
+		reconciliations: Counter(meter, MetricReconciliations, "{transaction}",
 			"Indeterminate frames settled by automatic reconciliation, by tx.outcome.resolved and, when unknown, error.type (the reason)."),
-		duration: histogram(meter, metricReconciliationDuration, "s",
+		duration: Histogram(meter, MetricReconciliationDuration, "s",
 			"Time from an indeterminate commit to its reconciliation's final answer, by tx.outcome.resolved.", reconcileBuckets),
 	}
 	set := attribute.NewSet(append([]attribute.KeyValue{schema.DBSystemPostgreSQL}, extra...)...)
-	m.leave = unresolvedGauges.join(meter, set, pending)
+	m.leave = UnresolvedGauges.Join(meter, set, pending)
 	// Every series exists from the start at 0, as the outcome series do.
 	for _, r := range []reconcile.Status{reconcile.Committed, reconcile.Aborted, reconcile.NoWrites} {
 		m.reconciliations.Add(context.Background(), 0, metric.WithAttributeSet(m.attrs(r, "")))
@@ -237,7 +237,7 @@ func newReconcileMetrics(mp metric.MeterProvider, extra []attribute.KeyValue, pe
 	return m
 }
 
-func (m *reconcileMetrics) attrs(r reconcile.Status, reason string) attribute.Set {
+func (m *ReconcileMetrics) attrs(r reconcile.Status, reason string) attribute.Set {
 	kv := append([]attribute.KeyValue{schema.ResolvedOutcomeKey.String(r.String()), schema.DBSystemPostgreSQL}, m.extra...)
 	if reason != "" {
 		kv = append(kv, schema.ErrorTypeKey.String(reason))
@@ -246,19 +246,19 @@ func (m *reconcileMetrics) attrs(r reconcile.Status, reason string) attribute.Se
 }
 
 // record counts one final answer, age after its indeterminate commit.
-func (m *reconcileMetrics) record(res reconcile.Answer, age time.Duration) {
+func (m *ReconcileMetrics) Record(res reconcile.Answer, age time.Duration) {
 	ctx := context.Background()
 	m.reconciliations.Add(ctx, 1, metric.WithAttributeSet(m.attrs(res.Status(), res.Reason())))
 	m.duration.Record(ctx, age.Seconds(), metric.WithAttributeSet(m.attrs(res.Status(), "")))
 }
 
-func (m *reconcileMetrics) unregister() { m.leave() }
+func (m *ReconcileMetrics) Unregister() { m.leave() }
 
 // unresolvedGauges reports the unresolved gauges of every automatic reconciler, one
 // callback per meter and attribute set: two tracers on one meter provider with the same
 // attributes observe the same series, and with a callback each the last observation
 // would win. The group sums the pending frames and reports the oldest age.
-var unresolvedGauges = gaugeGroups{groups: map[gaugeKey]*gaugeGroup{}}
+var UnresolvedGauges = gaugeGroups{groups: map[gaugeKey]*gaugeGroup{}}
 
 type gaugeGroups struct {
 	mu     sync.Mutex
@@ -281,7 +281,7 @@ type gaugeGroup struct {
 // join adds pending to the group of meter and set, registering the group's callback
 // when it is the first member, and returns the function that leaves it. A meter that
 // cannot be a map key (not comparable) gets a group of its own.
-func (g *gaugeGroups) join(meter metric.Meter, set attribute.Set, pending func() (int, time.Duration)) (leave func()) {
+func (g *gaugeGroups) Join(meter metric.Meter, set attribute.Set, pending func() (int, time.Duration)) (leave func()) {
 	shared := reflect.TypeOf(meter) != nil && reflect.TypeOf(meter).Comparable()
 	var key gaugeKey
 	g.mu.Lock()
@@ -325,10 +325,10 @@ func (g *gaugeGroups) join(meter metric.Meter, set attribute.Set, pending func()
 
 // register creates the gauges on meter and the callback that reports the group's members.
 func (grp *gaugeGroup) register(meter metric.Meter, set attribute.Set) {
-	count, err1 := meter.Int64ObservableGauge(metricUnresolved,
+	count, err1 := meter.Int64ObservableGauge(MetricUnresolved,
 		metric.WithUnit("{transaction}"),
 		metric.WithDescription("Indeterminate frames waiting for automatic reconciliation."))
-	age, err2 := meter.Float64ObservableGauge(metricUnresolvedAge,
+	age, err2 := meter.Float64ObservableGauge(MetricUnresolvedAge,
 		metric.WithUnit("s"),
 		metric.WithDescription("Age of the oldest indeterminate frame waiting for automatic reconciliation; 0 when none is."))
 	if err := errors.Join(err1, err2); err != nil {

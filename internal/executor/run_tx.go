@@ -1,4 +1,4 @@
-package otelpgxtx
+package executor
 
 import (
 	"context"
@@ -6,6 +6,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/txevidence/otelpgxtx/internal/errs"
 )
 
 // runTx is the pgx.Tx handed to a Run function, and each savepoint begun on it. Run's
@@ -41,7 +42,7 @@ func (t *runTx) end() { t.done.Store(true) }
 // commit or roll back, and ends with the transaction at the latest.
 func (t *runTx) Begin(ctx context.Context) (pgx.Tx, error) {
 	if t.ended() {
-		return nil, errTxEnded
+		return nil, errs.ErrTxEnded
 	}
 	sp, err := t.tx.Begin(ctx)
 	if err != nil {
@@ -77,9 +78,9 @@ func (t *runTx) Rollback(ctx context.Context) error {
 func (t *runTx) endRefused() error {
 	switch {
 	case t.ended():
-		return errTxEnded
+		return errs.ErrTxEnded
 	case t.root == nil:
-		return errTxOwnedByRun
+		return errs.ErrTxOwnedByRun
 	}
 	return nil
 }
@@ -87,7 +88,7 @@ func (t *runTx) endRefused() error {
 // CopyFrom delegates to the transaction.
 func (t *runTx) CopyFrom(ctx context.Context, table pgx.Identifier, cols []string, src pgx.CopyFromSource) (int64, error) {
 	if t.ended() {
-		return 0, errTxEnded
+		return 0, errs.ErrTxEnded
 	}
 	return t.tx.CopyFrom(ctx, table, cols, src)
 }
@@ -95,7 +96,7 @@ func (t *runTx) CopyFrom(ctx context.Context, table pgx.Identifier, cols []strin
 // SendBatch delegates to the transaction.
 func (t *runTx) SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults {
 	if t.ended() {
-		return pgx.FailedBatchResults(b, errTxEnded)
+		return pgx.FailedBatchResults(b, errs.ErrTxEnded)
 	}
 	return t.tx.SendBatch(ctx, b)
 }
@@ -108,7 +109,7 @@ func (t *runTx) LargeObjects() pgx.LargeObjects { return t.tx.LargeObjects() }
 // Prepare delegates to the transaction.
 func (t *runTx) Prepare(ctx context.Context, name, sql string) (*pgconn.StatementDescription, error) {
 	if t.ended() {
-		return nil, errTxEnded
+		return nil, errs.ErrTxEnded
 	}
 	return t.tx.Prepare(ctx, name, sql)
 }
@@ -116,7 +117,7 @@ func (t *runTx) Prepare(ctx context.Context, name, sql string) (*pgconn.Statemen
 // Exec delegates to the transaction.
 func (t *runTx) Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error) {
 	if t.ended() {
-		return pgconn.CommandTag{}, errTxEnded
+		return pgconn.CommandTag{}, errs.ErrTxEnded
 	}
 	return t.tx.Exec(ctx, sql, args...)
 }
@@ -124,7 +125,7 @@ func (t *runTx) Exec(ctx context.Context, sql string, args ...any) (pgconn.Comma
 // Query delegates to the transaction.
 func (t *runTx) Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error) {
 	if t.ended() {
-		return nil, errTxEnded
+		return nil, errs.ErrTxEnded
 	}
 	return t.tx.Query(ctx, sql, args...)
 }
@@ -132,7 +133,7 @@ func (t *runTx) Query(ctx context.Context, sql string, args ...any) (pgx.Rows, e
 // QueryRow delegates to the transaction.
 func (t *runTx) QueryRow(ctx context.Context, sql string, args ...any) pgx.Row {
 	if t.ended() {
-		return errRow{errTxEnded}
+		return errRow{errs.ErrTxEnded}
 	}
 	return t.tx.QueryRow(ctx, sql, args...)
 }

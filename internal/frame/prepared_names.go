@@ -1,6 +1,8 @@
-package otelpgxtx
+package frame
 
-import "strings"
+import (
+	"strings"
+)
 
 // A statement the application prepared under a name of its own (pgx.Conn.Prepare) is run
 // by that name, and pgx hands the tracer the name for the query's SQL, which says nothing
@@ -12,7 +14,7 @@ import "strings"
 // pgx keeps them. pgx's Deallocate calls no hook, so a name it dropped stays here: run
 // again, pgx sends the name as SQL, which fails and writes nothing, whatever it is judged.
 // Only the connection's user touches them, in the hooks.
-type namedStatements struct {
+type NamedStatements struct {
 	sql map[string]string
 	// preparing is the statement being prepared, kept by its End if the server took it
 	// (a name prepared again with other SQL is refused and keeps its first SQL, in pgx as
@@ -23,18 +25,18 @@ type namedStatements struct {
 // keepsName reports whether a statement prepared as name with sql is run by its name: not
 // an unnamed one, nor one pgx names after its SQL (name == sql), nor one of pgx's
 // statement cache — all run by their SQL.
-func keepsName(name, sql string) bool {
+func KeepsName(name, sql string) bool {
 	return name != "" && name != sql && !strings.HasPrefix(name, "stmtcache_")
 }
 
 // start records that the statement name is being prepared with sql (keepsName's).
-func (n *namedStatements) start(name, sql string) {
+func (n *NamedStatements) Start(name, sql string) {
 	n.preparing.name, n.preparing.sql = name, sql
 }
 
 // end keeps the statement being prepared, unless err says the server refused it, and
 // reports whether it kept one.
-func (n *namedStatements) end(err error) bool {
+func (n *NamedStatements) End(err error) bool {
 	p := n.preparing
 	n.preparing.name, n.preparing.sql = "", ""
 	if p.name == "" || err != nil {
@@ -48,7 +50,7 @@ func (n *namedStatements) end(err error) bool {
 }
 
 // of returns the SQL of the statement prepared under the name sql, if there is one.
-func (n *namedStatements) of(sql string) (string, bool) {
+func (n *NamedStatements) Of(sql string) (string, bool) {
 	real, ok := n.sql[sql]
 	return real, ok
 }

@@ -1,4 +1,4 @@
-package otelpgxtx
+package frame
 
 import (
 	"sync"
@@ -11,7 +11,7 @@ import (
 // logged, so that each is logged once whatever number of connections see it, and the
 // latest flush position each postmaster showed, which tells a recovery made in the second
 // the postmaster started from the shutdown before it.
-type seenRecoveries struct {
+type SeenRecoveries struct {
 	mu      sync.Mutex
 	logged  map[reconcile.Recovery]struct{}
 	flushed map[postmaster]uint64
@@ -30,7 +30,7 @@ const maxSeen = 1024
 
 // saw keeps what one check saw, the latest checkpoint ck and the flush position flushed,
 // and returns the recovery ck ends if it is one not seen before.
-func (s *seenRecoveries) saw(ck reference.Checkpoint, flushed uint64) (reconcile.Recovery, bool) {
+func (s *SeenRecoveries) Saw(ck reference.Checkpoint, flushed uint64) (reconcile.Recovery, bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	p := postmaster{ck.SystemIdentifier, ck.Timeline, ck.ServerStart}

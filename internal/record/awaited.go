@@ -1,4 +1,4 @@
-package otelpgxtx
+package record
 
 import (
 	"sync"
@@ -9,8 +9,8 @@ import (
 // awaited is automatic reconciliation's answer for one frame, for [Retry] to wait for
 // rather than ask the database a second time: the last answer an attempt got, and the
 // final one, once done is closed.
-type awaited struct {
-	done chan struct{}
+type Awaited struct {
+	Done chan struct{}
 	once sync.Once
 	mu   sync.Mutex
 	ans  reconcile.Answer
@@ -18,11 +18,11 @@ type awaited struct {
 }
 
 // newAwaited returns an answer not given yet.
-func newAwaited() *awaited { return &awaited{done: make(chan struct{})} }
+func NewAwaited() *Awaited { return &Awaited{Done: make(chan struct{})} }
 
 // attempted records the answer of an attempt that will be retried (in progress, not
 // replicated): what a Retry that stops waiting answers with.
-func (w *awaited) attempted(ans reconcile.Answer) {
+func (w *Awaited) Attempted(ans reconcile.Answer) {
 	if w == nil {
 		return
 	}
@@ -32,21 +32,21 @@ func (w *awaited) attempted(ans reconcile.Answer) {
 }
 
 // settled records the final answer.
-func (w *awaited) settled(ans reconcile.Answer) {
+func (w *Awaited) Settled(ans reconcile.Answer) {
 	if w == nil {
 		return
 	}
 	w.once.Do(func() {
-		w.attempted(ans)
-		close(w.done)
+		w.Attempted(ans)
+		close(w.Done)
 	})
 }
 
 // last returns the latest answer and whether it is final; ok is false while no attempt
 // has answered.
-func (w *awaited) last() (ans reconcile.Answer, final, ok bool) {
+func (w *Awaited) Last() (ans reconcile.Answer, final, ok bool) {
 	select {
-	case <-w.done:
+	case <-w.Done:
 		final = true
 	default:
 	}

@@ -1,4 +1,4 @@
-package otelpgxtx
+package sanitize
 
 import (
 	"context"
@@ -6,15 +6,11 @@ import (
 	"sync"
 
 	"github.com/exaring/otelpgx"
-	"go.opentelemetry.io/otel/attribute"
-	semconv "go.opentelemetry.io/otel/semconv/v1.43.0"
-
 	"github.com/txevidence/otelpgxtx/internal/evidence"
+	"github.com/txevidence/otelpgxtx/internal/schema"
 	"github.com/txevidence/otelpgxtx/internal/sqltext"
+	"go.opentelemetry.io/otel/attribute"
 )
-
-// dbQuerySummaryKey is db.query.summary (stable since semantic conventions v1.26).
-const dbQuerySummaryKey = semconv.DBQuerySummaryKey
 
 // sanitizeSQL returns sql with every literal replaced by "?" and every comment by a
 // space; keywords, identifiers and $n parameters stay as written. From a quote that does
@@ -22,7 +18,7 @@ const dbQuerySummaryKey = semconv.DBQuerySummaryKey
 // The lines after COPY … FROM STDIN are the rows of a script (psql's inline data),
 // never SQL: they are replaced too. It returns sql itself when there is nothing to
 // replace.
-func sanitizeSQL(sql string) string {
+func SanitizeSQL(sql string) string {
 	var out []byte // nil until the first replacement
 	first, isCopy, stdin := true, false, false
 	for i := 0; i < len(sql); {
@@ -73,7 +69,7 @@ func copied(out []byte, sql string, i int) []byte {
 }
 
 // maxSummary bounds db.query.summary, as the semantic conventions recommend.
-const maxSummary = 255
+const MaxSummary = 255
 
 // querySummary returns db.query.summary for sql as the database semantic conventions
 // describe it: each statement's operations and the tables they act on, in order ("SELECT
@@ -81,7 +77,7 @@ const maxSummary = 255
 // is not a query or a change of rows is summarised by its leading keywords ("CREATE
 // ROLE", "BEGIN").
 // sql must be sanitized text: the summary is made of its words.
-func querySummary(sql string) string {
+func QuerySummary(sql string) string {
 	var b summaryBuilder
 	for i := 0; i < len(sql); {
 		kind, end := sqltext.Next(sql, i)
@@ -300,7 +296,7 @@ func (b *summaryBuilder) name(text string) {
 
 // append adds a space-separated word, unless the summary would grow past maxSummary.
 func (b *summaryBuilder) append(w string) {
-	if len(b.out)+1+len(w) > maxSummary {
+	if len(b.out)+1+len(w) > MaxSummary {
 		return
 	}
 	if len(b.out) > 0 {
@@ -314,74 +310,74 @@ func (b *summaryBuilder) String() string { return string(b.out) }
 
 // sanitized is what the tracer knows of one SQL string: what its statements do to the
 // transaction, and what it records of it.
-type sanitized struct {
-	set     evidence.Set         // evidence.Classify of the SQL string
-	text    string               // the sanitized query text
-	summary []attribute.KeyValue // db.query.summary, ready for SetAttributes; nil if none
+type Sanitized struct {
+	Set     evidence.Set         // evidence.Classify of the SQL string
+	Text    string               // the sanitized query text
+	Summary []attribute.KeyValue // db.query.summary, ready for SetAttributes; nil if none
 	// op is otelpgx.SQLOperationName of what the inner tracer is given of the SQL string
 	// (see operationName); only cached entries have it.
-	op string
+	Op string
 }
 
 // Bounds of the sanitizer's cache: it keeps up to this many SQL strings (pgx's own
 // statement cache holds 512 per connection), of at most maxCachedSQL bytes each and
 // sanitizeCacheBytes in all.
 const (
-	sanitizeCacheEntries = 4096
-	maxCachedSQL         = 8 << 10
-	sanitizeCacheBytes   = 4 << 20
+	SanitizeCacheEntries = 4096
+	MaxCachedSQL         = 8 << 10
+	SanitizeCacheBytes   = 4 << 20
 )
 
 // sanitizer caches what the tracer knows of each SQL string (see sanitized), so that a
 // repeated statement costs one map lookup and no allocation, for its kinds and its text
 // alike. It is safe for concurrent use.
-type sanitizer struct {
+type Sanitizer struct {
 	mu    sync.RWMutex
-	m     map[string]*sanitized
-	bytes int // the text the cache holds: SQL strings and the sanitized ones that differ
+	M     map[string]*Sanitized
+	Bytes int // the text the cache holds: SQL strings and the sanitized ones that differ
 	// raw: the inner tracer is given the SQL as written ([WithRawQueryText]).
-	raw bool
+	Raw bool
 }
 
 // size is what caching sql and s costs in text.
-func (s *sanitized) size(sql string) int {
-	if s.text == sql {
+func (s *Sanitized) Size(sql string) int {
+	if s.Text == sql {
 		return len(sql) // sanitizeSQL returned sql itself
 	}
-	return len(sql) + len(s.text)
+	return len(sql) + len(s.Text)
 }
 
 // get returns what the tracer knows of sql.
-func (z *sanitizer) get(sql string) *sanitized {
+func (z *Sanitizer) Get(sql string) *Sanitized {
 	z.mu.RLock()
-	s, ok := z.m[sql]
+	s, ok := z.M[sql]
 	z.mu.RUnlock()
 	if ok {
 		return s
 	}
-	s = &sanitized{set: evidence.Classify(sql), text: sanitizeSQL(sql)}
-	if sum := querySummary(s.text); sum != "" {
-		s.summary = []attribute.KeyValue{dbQuerySummaryKey.String(sum)}
+	s = &Sanitized{Set: evidence.Classify(sql), Text: SanitizeSQL(sql)}
+	if sum := QuerySummary(s.Text); sum != "" {
+		s.Summary = []attribute.KeyValue{schema.DBQuerySummaryKey.String(sum)}
 	}
-	if len(sql) > maxCachedSQL {
+	if len(sql) > MaxCachedSQL {
 		return s // uncached: operationName never reads its op
 	}
-	s.op = otelpgx.SQLOperationName(context.Background(), z.innerSQL(sql, s))
+	s.Op = otelpgx.SQLOperationName(context.Background(), z.InnerSQL(sql, s))
 	z.mu.Lock()
-	if z.m == nil {
-		z.m = make(map[string]*sanitized)
+	if z.M == nil {
+		z.M = make(map[string]*Sanitized)
 	}
-	if _, raced := z.m[sql]; !raced {
-		n := s.size(sql)
-		for len(z.m) >= sanitizeCacheEntries || z.bytes+n > sanitizeCacheBytes {
-			for k, v := range z.m { // map iteration starts anywhere: a random eviction
-				z.bytes -= v.size(k)
-				delete(z.m, k)
+	if _, raced := z.M[sql]; !raced {
+		n := s.Size(sql)
+		for len(z.M) >= SanitizeCacheEntries || z.Bytes+n > SanitizeCacheBytes {
+			for k, v := range z.M { // map iteration starts anywhere: a random eviction
+				z.Bytes -= v.Size(k)
+				delete(z.M, k)
 				break
 			}
 		}
-		z.m[sql] = s
-		z.bytes += n
+		z.M[sql] = s
+		z.Bytes += n
 	}
 	z.mu.Unlock()
 	return s
@@ -389,11 +385,11 @@ func (z *sanitizer) get(sql string) *sanitized {
 
 // innerSQL returns what the inner tracer is given of sql, which s is what the sanitizer
 // knows of: its sanitized text unless [WithRawQueryText] was passed.
-func (z *sanitizer) innerSQL(sql string, s *sanitized) string {
-	if z.raw {
+func (z *Sanitizer) InnerSQL(sql string, s *Sanitized) string {
+	if z.Raw {
 		return sql
 	}
-	return s.text
+	return s.Text
 }
 
 // operationName is otelpgx.SQLOperationName(ctx, given), for given the text an inner
@@ -403,10 +399,10 @@ func (z *sanitizer) innerSQL(sql string, s *sanitized) string {
 // statements that differ only in their literals share one. A cached answer is used only
 // when given is what the inner tracer gets of its SQL string, so that the name is always
 // otelpgx's own.
-func (z *sanitizer) operationName(ctx context.Context, given string) string {
-	if len(given) <= maxCachedSQL {
-		if s := z.get(given); z.innerSQL(given, s) == given {
-			return s.op
+func (z *Sanitizer) OperationName(ctx context.Context, given string) string {
+	if len(given) <= MaxCachedSQL {
+		if s := z.Get(given); z.InnerSQL(given, s) == given {
+			return s.Op
 		}
 	}
 	return otelpgx.SQLOperationName(ctx, given)

@@ -1,4 +1,4 @@
-package otelpgxtx
+package executor
 
 import (
 	"context"
@@ -7,15 +7,16 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
-	"go.opentelemetry.io/otel"
-	"go.opentelemetry.io/otel/codes"
-	"go.opentelemetry.io/otel/trace"
-
 	"github.com/txevidence/otelpgxtx/classifier"
+	"github.com/txevidence/otelpgxtx/internal/errs"
+	"github.com/txevidence/otelpgxtx/internal/frame"
 	"github.com/txevidence/otelpgxtx/internal/redact"
 	"github.com/txevidence/otelpgxtx/internal/reference"
 	"github.com/txevidence/otelpgxtx/internal/schema"
 	"github.com/txevidence/otelpgxtx/outcome"
+	"go.opentelemetry.io/otel"
+	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/trace"
 )
 
 // heldConn is the connection Run holds for one attempt, and how to give it back.
@@ -26,7 +27,7 @@ type heldConn struct {
 
 // acquire takes the connection an attempt runs on: from a pool, the connection itself,
 // or none for any other DB, which begins the transaction on its own.
-func acquire(ctx context.Context, db txBeginner) (heldConn, error) {
+func acquire(ctx context.Context, db TxBeginner) (heldConn, error) {
 	switch db := db.(type) {
 	case *pgxpool.Pool:
 		pc, err := db.Acquire(ctx)
@@ -45,21 +46,21 @@ func acquire(ctx context.Context, db txBeginner) (heldConn, error) {
 type attemptTx struct {
 	held heldConn
 	tx   pgx.Tx
-	sc   *scope
+	sc   *Scope
 	ctx  *runContext
 }
 
 // runAlloc is what Run allocates per attempt, in one allocation: the scope, the Tx
 // handle given to fn, and fn's context.
 type runAlloc struct {
-	sc  scope
+	sc  Scope
 	tx  runTx
 	ctx runContext
 }
 
 // release ends every handle of the attempt's transaction and gives its connection back.
 func (a *attemptTx) release() {
-	a.sc.tx.end()
+	a.sc.Tx.end()
 	if a.held.release != nil {
 		a.held.release()
 	}
@@ -69,31 +70,31 @@ func (a *attemptTx) release() {
 // the frame too, here only, once fn has returned or panicked: the frame's span outlives
 // the commit, for the post-commit hooks and the retry event. retry says whether Run
 // tries again.
-func runAttempt[T any](ctx context.Context, db txBeginner, p attemptPolicy, fn func(context.Context, pgx.Tx) (T, error), n int) (res outcome.Result[T], retry bool) {
+func RunAttempt[T any](ctx context.Context, db TxBeginner, p AttemptPolicy, fn func(context.Context, pgx.Tx) (T, error), n int) (res outcome.Result[T], retry bool) {
 	a, res := beginAttempt[T](ctx, db, p, n)
 	if res != nil {
-		return res, shouldRetry(ctx, p.maxAttempts, res, n)
+		return res, ShouldRetry(ctx, p.MaxAttempts, res, n)
 	}
 	if f := a.sc.frame; f != nil {
 		defer func() { endAttemptFrame(a.sc.t, f, res, retry, n) }()
 	}
 	value, err := callFn(ctx, &a, fn)
 	res = endAttempt(ctx, &a, value, err)
-	return res, shouldRetry(ctx, p.maxAttempts, res, n)
+	return res, ShouldRetry(ctx, p.MaxAttempts, res, n)
 }
 
 // endAttemptFrame ends attempt n's frame with its result. A nil result is a panic in fn, which
 // rolled the transaction back; a retried attempt says so with a tx.retry event first.
-func endAttemptFrame[T any](t *core, f *frame, res outcome.Result[T], retry bool, n int) {
+func endAttemptFrame[T any](t *frame.Core, f *frame.Frame, res outcome.Result[T], retry bool, n int) {
 	if res == nil {
-		t.end(f, outcome.OutcomeRolledBack, nil)
+		t.End(f, outcome.OutcomeRolledBack, nil)
 		return
 	}
-	if retry && f.span.IsRecording() {
-		f.span.AddEvent(eventRetry, trace.WithAttributes(attemptKey.Int(n+1),
-			schema.ErrorTypeKey.String(f.ev.Verdict().Reason())))
+	if retry && f.OTel.IsRecording() {
+		f.OTel.AddEvent(schema.EventRetry, trace.WithAttributes(schema.AttemptKey.Int(n+1),
+			schema.ErrorTypeKey.String(f.Ev.Verdict().Reason())))
 	}
-	t.end(f, res.Outcome(), postCommitFailure(res))
+	t.End(f, res.Outcome(), postCommitFailure(res))
 }
 
 // postCommitFailure is the error of res's post-commit hooks, or nil.
@@ -107,8 +108,8 @@ func postCommitFailure[T any](res outcome.Result[T]) error {
 // beginAttempt acquires a connection and begins attempt n's transaction on it. When
 // nothing could be begun it returns the not_started rollback instead. The attempt is a
 // value, so that Run allocates nothing for it.
-func beginAttempt[T any](ctx context.Context, db txBeginner, p attemptPolicy, n int) (attemptTx, outcome.Result[T]) {
-	opts := p.opts
+func beginAttempt[T any](ctx context.Context, db TxBeginner, p AttemptPolicy, n int) (attemptTx, outcome.Result[T]) {
+	opts := p.Opts
 	held, err := acquire(ctx, db)
 	if err != nil {
 		v := classifier.Classify(outcome.PhaseNotStarted, err, classifier.Facts{})
@@ -118,13 +119,13 @@ func beginAttempt[T any](ctx context.Context, db txBeginner, p attemptPolicy, n 
 	if held.conn != nil {
 		// The frame BEGIN starts carries the policy's references, checked ahead of BEGIN
 		// in its write as the tracer's are (see armCheck).
-		st := connStateOf(held.conn)
+		st := frame.ConnStateOf(held.conn)
 		if st != nil {
-			st.refs.Running(p.refs)
+			st.Refs.Running(p.Refs)
 		}
 		tx, err = held.conn.BeginTx(ctx, opts)
 		if st != nil {
-			st.refs.Ran()
+			st.Refs.Ran()
 		}
 	} else {
 		tx, err = db.BeginTx(ctx, opts)
@@ -139,15 +140,15 @@ func beginAttempt[T any](ctx context.Context, db txBeginner, p attemptPolicy, n 
 	}
 	alloc := &runAlloc{}
 	alloc.tx.tx = tx
-	f, t := frameOfTx(tx)
-	alloc.sc = scope{tx: &alloc.tx, frame: f, t: t, suspended: scopeFromContext(ctx)}
+	f, t := frame.FrameOfTx(tx)
+	alloc.sc = Scope{Tx: &alloc.tx, frame: f, t: t, Suspended: ScopeFromContext(ctx)}
 	sc := &alloc.sc
-	sc.pool, _ = db.(*pgxpool.Pool)
+	sc.Pool, _ = db.(*pgxpool.Pool)
 	if f := sc.frame; f != nil {
-		f.managed, f.propagation, f.attemptNo = true, p.propagation, n
-		sc.id = f.id
+		f.Managed, f.Propagation, f.AttemptNo = true, p.Propagation, n
+		sc.ID = f.ID
 	} else {
-		sc.id = outcome.NewOperationID()
+		sc.ID = outcome.NewOperationID()
 	}
 	alloc.ctx = runContext{Context: ctx, sc: sc}
 	return attemptTx{held: held, tx: tx, sc: sc, ctx: &alloc.ctx}, nil
@@ -159,7 +160,7 @@ func callFn[T any](ctx context.Context, a *attemptTx, fn func(context.Context, p
 	sc := a.sc
 	var fctx context.Context = a.ctx
 	if f := sc.frame; f != nil {
-		fctx = f.withSpan(fctx)
+		fctx = f.WithSpan(fctx)
 	}
 	defer func() {
 		if pv := recover(); pv != nil {
@@ -170,7 +171,7 @@ func callFn[T any](ctx context.Context, a *attemptTx, fn func(context.Context, p
 			panic(pv)
 		}
 	}()
-	return fn(fctx, sc.tx)
+	return fn(fctx, sc.Tx)
 }
 
 // endAttempt ends the transaction after fn returned err: it rolls back when fn failed, a
@@ -183,7 +184,7 @@ func endAttempt[T any](ctx context.Context, a *attemptTx, value T, err error) ou
 	if err == nil && tx.Conn() != nil && tx.Conn().PgConn().IsBusy() {
 		// pgconn would refuse COMMIT on a busy connection before sending a byte, so the
 		// transaction is rolled back, for certain, instead of being left to look unknown.
-		err = errUnreadResult
+		err = errs.ErrUnreadResult
 	}
 	if err != nil {
 		v := rollbackAttempt(ctx, sc, tx, err)
@@ -194,7 +195,7 @@ func endAttempt[T any](ctx context.Context, a *attemptTx, value T, err error) ou
 			// may have been the commit (see afterActiveQuery): never a rollback.
 			return resultOfCommit[T](ctx, sc, commitOutcome{classification: v, err: err}, nil, value)
 		}
-		return determinateRollback[T](sc.id, outcome.PhaseActive, err, v.Retryable())
+		return determinateRollback[T](sc.ID, outcome.PhaseActive, err, v.Retryable())
 	}
 	cr := commitAttempt(ctx, sc, tx)
 	hooks := sc.takeHooks()
@@ -205,32 +206,32 @@ func endAttempt[T any](ctx context.Context, a *attemptTx, value T, err error) ou
 // resultOfCommit is the result of the COMMIT that cr describes: a confirmed commit runs
 // the AfterCommit hooks, a prepared transaction is participating, an unobserved one is
 // indeterminate, and anything else rolled back.
-func resultOfCommit[T any](ctx context.Context, sc *scope, cr commitOutcome, hooks []func(context.Context) error, value T) outcome.Result[T] {
+func resultOfCommit[T any](ctx context.Context, sc *Scope, cr commitOutcome, hooks []func(context.Context) error, value T) outcome.Result[T] {
 	f := sc.frame
 	v := cr.classification
 	switch v.Evidence() {
 	case classifier.EvidenceCommitted:
 		if perr := runHooks(ctx, sc.t, f, hooks); perr != nil {
 			// perr is not nil: the constructor has nothing to refuse.
-			r, _ := outcome.NewCommittedWithPostCommitFailure(sc.id, value, perr)
+			r, _ := outcome.NewCommittedWithPostCommitFailure(sc.ID, value, perr)
 			return r
 		}
-		return outcome.NewCommitted(sc.id, value, v.CommittedLocally())
+		return outcome.NewCommitted(sc.ID, value, v.CommittedLocally())
 	case classifier.EvidenceUnknown:
-		if f != nil && f.ev.Prepared() && cr.err == nil {
+		if f != nil && f.Ev.Prepared() && cr.err == nil {
 			// fn prepared the transaction (PREPARE TRANSACTION): its coordinator decides
 			// it, so nothing is confirmed and no hook runs (see Run). Had fn failed after,
 			// its error is the cause of an Indeterminate.
-			return outcome.NewParticipating(sc.id, value)
+			return outcome.NewParticipating(sc.ID, value)
 		}
 		cause := cr.err
 		if cause == nil {
-			cause = errCommitUnobserved
+			cause = errs.ErrCommitUnobserved
 		}
 		// Committing, a cause and a fresh id: the constructor has nothing to refuse.
-		r, _ := outcome.NewIndeterminate[T](sc.id, cause, cr.ref, v.CommittedLocally())
+		r, _ := outcome.NewIndeterminate[T](sc.ID, cause, cr.ref, v.CommittedLocally())
 		if f != nil {
-			r = r.WithTraceParent(schema.TraceParent(f.span.SpanContext()))
+			r = r.WithTraceParent(schema.TraceParent(f.OTel.SpanContext()))
 		}
 		return r
 	}
@@ -238,25 +239,25 @@ func resultOfCommit[T any](ctx context.Context, sc *scope, cr commitOutcome, hoo
 	if cause == nil {
 		cause = pgx.ErrTxCommitRollback
 	}
-	return determinateRollback[T](sc.id, outcome.PhaseCommitting, cause, v.Retryable())
+	return determinateRollback[T](sc.ID, outcome.PhaseCommitting, cause, v.Retryable())
 }
 
 // rollbackAttempt ends the transaction after fn failed with cause, and returns the verdict:
 // the cause decides whether a retry can help.
-func rollbackAttempt(ctx context.Context, sc *scope, tx pgx.Tx, cause error) classifier.Classification {
+func rollbackAttempt(ctx context.Context, sc *Scope, tx pgx.Tx, cause error) classifier.Classification {
 	conn := tx.Conn()
 	closed := conn != nil && conn.IsClosed()
 	v := classifier.Classify(outcome.PhaseActive, cause, classifier.Facts{ConnClosed: closed})
 	// The frame's state is there since the frame is: its hooks made it.
-	f, st := sc.frame, (*connState)(nil)
+	f, st := sc.frame, (*frame.Conn)(nil)
 	if f != nil {
-		st = madeState(f.conn)
+		st = frame.MadeState(f.Conn)
 	}
 	if st != nil {
-		st.mu.Lock()
-		st.ev.RolledBackBy(f, cause, v)
-		st.mu.Unlock()
-		f.judgeErr(&sc.t.cfg, ctx, cause)
+		st.Mu.Lock()
+		st.Ev.RolledBackBy(f, cause, v)
+		st.Mu.Unlock()
+		f.JudgeErr(&sc.t.Cfg, ctx, cause)
 	}
 	// The caller's context may be what failed; the rollback must still be sent. Its error
 	// changes nothing: a failed rollback closes the connection, which rolls back too.
@@ -264,13 +265,13 @@ func rollbackAttempt(ctx context.Context, sc *scope, tx pgx.Tx, cause error) cla
 	if st == nil {
 		return v
 	}
-	st.mu.Lock()
-	defer st.mu.Unlock()
-	if f.ev.Open() {
+	st.Mu.Lock()
+	defer st.Mu.Unlock()
+	if f.Ev.Open() {
 		// The rollback never reached the tracer (the connection was gone).
-		concludeFrame(st, f, f.ev.FirstFailure())
+		concludeFrame(st, f, f.Ev.FirstFailure())
 	}
-	return f.ev.Verdict()
+	return f.Ev.Verdict()
 }
 
 // commitOutcome is what commit observed: the classification, the COMMIT's error and the
@@ -284,10 +285,10 @@ type commitOutcome struct {
 // commitAttempt ends the transaction with pgx's own COMMIT, and returns the classification: the
 // frame's, which has seen the server's notices and what the library's additions to the
 // writes brought (the reference), or else the classifier's on the error alone.
-func commitAttempt(ctx context.Context, sc *scope, tx pgx.Tx) commitOutcome {
+func commitAttempt(ctx context.Context, sc *Scope, tx pgx.Tx) commitOutcome {
 	err := tx.Commit(ctx)
-	if f := sc.frame; f != nil && !f.ev.Open() {
-		return commitOutcome{classification: f.ev.Verdict(), err: err, ref: f.commitRef.Ref()}
+	if f := sc.frame; f != nil && !f.Ev.Open() {
+		return commitOutcome{classification: f.Ev.Verdict(), err: err, ref: f.CommitRef.Ref()}
 	}
 	facts := classifier.Facts{RollbackTag: errors.Is(err, pgx.ErrTxCommitRollback)}
 	if conn := tx.Conn(); conn != nil {
@@ -298,7 +299,7 @@ func commitAttempt(ctx context.Context, sc *scope, tx pgx.Tx) commitOutcome {
 
 // notStarted is the result of a call that began nothing: err is never nil here, and
 // not_started is a rollback phase, so the constructor cannot refuse it.
-func notStarted[T any](err error) outcome.Result[T] {
+func NotStarted[T any](err error) outcome.Result[T] {
 	return determinateRollback[T](outcome.OperationID{}, outcome.PhaseNotStarted, err, false)
 }
 
@@ -312,19 +313,19 @@ func determinateRollback[T any](id outcome.OperationID, phase outcome.Phase, cau
 
 // runHooks runs the post-commit hooks in a tx.post_commit span under the frame. A
 // failure (or a panic) in one does not stop the others and never undoes the commit.
-func runHooks(ctx context.Context, t *core, f *frame, hooks []func(context.Context) error) error {
+func runHooks(ctx context.Context, t *frame.Core, f *frame.Frame, hooks []func(context.Context) error) error {
 	if len(hooks) == 0 {
 		return nil
 	}
-	tracer := otel.GetTracerProvider().Tracer(scopeName)
+	tracer := otel.GetTracerProvider().Tracer(schema.ScopeName)
 	if f != nil {
-		tracer = t.tracer
-		ctx = f.withSpan(ctx)
+		tracer = t.Tracer
+		ctx = f.WithSpan(ctx)
 	}
-	ctx, span := tracer.Start(ctx, spanNamePostCommit)
+	ctx, span := tracer.Start(ctx, schema.SpanNamePostCommit)
 	defer span.End()
 	if f != nil && span.IsRecording() {
-		span.SetAttributes(schema.OperationIDKey.String(f.id.String()))
+		span.SetAttributes(schema.OperationIDKey.String(f.ID.String()))
 	}
 	var errs []error
 	for _, h := range hooks {
@@ -338,7 +339,7 @@ func runHooks(ctx context.Context, t *core, f *frame, hooks []func(context.Conte
 	}
 	if err != nil {
 		// A hook's error is the application's own and may quote its data.
-		span.RecordError(redact.Error(err, t != nil && t.cfg.errorMessages))
+		span.RecordError(redact.Error(err, t != nil && t.Cfg.ErrorMessages))
 		span.SetStatus(codes.Error, "post-commit work failed")
 		return err
 	}
@@ -357,19 +358,26 @@ func runHook(ctx context.Context, h func(context.Context) error) (err error) {
 
 // concludeFrame concludes f, on its connection st, with v: the executor's rollback that
 // never reached the tracer. st.mu is held.
-func concludeFrame(st *connState, f *frame, v classifier.Classification) {
-	st.t.apply(st, f, st.ev.Conclude(f, v), nil)
+func concludeFrame(st *frame.Conn, f *frame.Frame, v classifier.Classification) {
+	st.T.Apply(st, f, st.Ev.Conclude(f, v), nil)
 }
 
 // txBeginner is what an attempt begins its transaction on: the root package's DB.
-type txBeginner interface {
+type TxBeginner interface {
 	BeginTx(ctx context.Context, txOptions pgx.TxOptions) (pgx.Tx, error)
 }
 
 // attemptPolicy is what an attempt needs of Run's Policy, made once per Run call.
-type attemptPolicy struct {
-	opts        pgx.TxOptions
-	refs        reference.Refs // the commit references its frame carries
-	propagation string         // Policy.Propagation's name, tx.propagation
-	maxAttempts int
+type AttemptPolicy struct {
+	Opts        pgx.TxOptions
+	Refs        reference.Refs // the commit references its frame carries
+	Propagation string         // Policy.Propagation's name, tx.propagation
+	MaxAttempts int
+}
+
+// shouldRetry reports whether Run tries again after attempt n ended with res: only a
+// retryable rollback is, and only while attempts and the caller's time are left.
+func ShouldRetry[T any](ctx context.Context, maxAttempts int, res outcome.Result[T], n int) bool {
+	rb, ok := res.(outcome.DeterminateRollback[T])
+	return ok && rb.Retryable() && n < maxAttempts && ctx.Err() == nil
 }

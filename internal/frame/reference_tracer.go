@@ -1,11 +1,10 @@
-package otelpgxtx
+package frame
 
 import (
 	"context"
 	"log/slog"
 
 	"github.com/jackc/pgx/v5/pgconn"
-
 	"github.com/txevidence/otelpgxtx/internal/evidence"
 	"github.com/txevidence/otelpgxtx/internal/reference"
 	"github.com/txevidence/otelpgxtx/internal/schema"
@@ -18,43 +17,35 @@ import (
 // references are (the tracer's options, or Run's Policy for a transaction Run begins).
 
 // refStatement is what the references need of the statement sql, of kinds set, on pg.
-func refStatement(set evidence.Set, sql string, pg *pgconn.PgConn) reference.Statement {
+func RefStatement(set evidence.Set, sql string, pg *pgconn.PgConn) reference.Statement {
 	return reference.Statement{SQL: sql, Single: set.Single(), Writes: set.Writes(), Plain: set.Kinds() == evidence.OtherSet,
 		Opens: !set.Single() && set.Kinds() == 1<<evidence.Begin, Commit: set.Decides(), InTx: pg.TxStatus() == 'T', Inside: set.CommitsInside()}
 }
 
 // armCheck has the write of f's BEGIN (sql, of kinds set) carry the check of what f's
 // references need that the connection has not checked yet (reference.Conn.ArmCheck).
-func (t *core) armCheck(st *connState, f *frame, pg *pgconn.PgConn, set evidence.Set, sql string) {
-	t.referenceOff(st.refs.ArmCheck(f.commitRef.Refs, pg.ParameterStatus("server_version"), set.Single(), sql))
+func (t *Core) ArmCheck(st *Conn, f *Frame, pg *pgconn.PgConn, set evidence.Set, sql string) {
+	t.ReferenceOff(st.Refs.ArmCheck(f.CommitRef.Refs, pg.ParameterStatus("server_version"), set.Single(), sql))
 }
 
 // referenceOff writes one record about the connection's references being off, if off
 // says they are: what it holds is the library's own (SQLSTATEs, the table name the
 // application configured), never user data.
-func (t *core) referenceOff(off *reference.Off) {
+func (t *Core) ReferenceOff(off *reference.Off) {
 	if off != nil {
-		t.cfg.logger().LogAttrs(context.Background(), slog.LevelWarn, "otelpgxtx: "+off.What, slog.String("reason", off.Why))
+		t.Cfg.Logger().LogAttrs(context.Background(), slog.LevelWarn, "otelpgxtx: "+off.What, slog.String("reason", off.Why))
 	}
 }
 
-// MessageCrashRecovered is the message of the log record the tracer writes, once, when a
-// connection's check sees that the server's latest checkpoint ends a crash recovery of the
-// running postmaster (a backend died hard and the postmaster recovered in place): its
-// tx.reconciliation.recovery field (a reconcile.Recovery) answers aborted every commit of
-// that postmaster the recovery lost, after the server's next checkpoint has overwritten it
-// too. Pipe it to "otelpgxtx reconcile" with the records of the commits to settle.
-const MessageCrashRecovered = messageCrashRecovered
-
 // sawCheck keeps what st's check, just answered, saw of a crash recovery: one log record
 // per recovery, and automatic reconciliation's reconciler told of it.
-func (t *core) sawCheck(st *connState) {
-	rec, ok := t.recoveries.saw(st.refs.Checkpoint())
+func (t *Core) SawCheck(st *Conn) {
+	rec, ok := t.recoveries.Saw(st.Refs.Checkpoint())
 	if !ok {
 		return
 	}
-	t.cfg.logger().LogAttrs(context.Background(), slog.LevelWarn, messageCrashRecovered, slog.String(string(schema.RecoveryKey), rec.String()))
-	if t.auto != nil {
-		t.auto.r.Remember(rec)
+	t.Cfg.Logger().LogAttrs(context.Background(), slog.LevelWarn, schema.MessageCrashRecovered, slog.String(string(schema.RecoveryKey), rec.String()))
+	if t.Auto != nil {
+		t.Auto.R.Remember(rec)
 	}
 }

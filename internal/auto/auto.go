@@ -1,4 +1,4 @@
-package otelpgxtx
+package auto
 
 import (
 	"context"
@@ -6,13 +6,14 @@ import (
 	"sync"
 	"time"
 
-	"go.opentelemetry.io/otel/attribute"
-	"go.opentelemetry.io/otel/metric"
-	"go.opentelemetry.io/otel/trace"
-
+	"github.com/txevidence/otelpgxtx/internal/metrics"
+	"github.com/txevidence/otelpgxtx/internal/record"
 	"github.com/txevidence/otelpgxtx/internal/schema"
 	"github.com/txevidence/otelpgxtx/outcome"
 	"github.com/txevidence/otelpgxtx/reconcile"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/metric"
+	"go.opentelemetry.io/otel/trace"
 )
 
 // pendingOutcome is one indeterminate frame waiting for its reconciliation.
@@ -34,16 +35,16 @@ type pendingOutcome struct {
 	// final is the answer of an outcome dropped from the queue, settled without asking.
 	final *reconcile.Answer
 	// waiter is told every answer, for a Retry that waits for it (the frame's awaited).
-	waiter *awaited
+	waiter *record.Awaited
 }
 
 // autoReconciler is the tracer's background reconciliation: a bounded set of pending
 // outcomes and a fixed number of workers.
-type autoReconciler struct {
-	cfg     autoConfig
-	r       *reconcile.Reconciler
+type Reconciler struct {
+	cfg     Config
+	R       *reconcile.Reconciler
 	log     func() *slog.Logger // the tracer's logger (config.logger)
-	metrics *reconcileMetrics
+	metrics *metrics.ReconcileMetrics
 
 	mu      sync.Mutex
 	pending map[*pendingOutcome]struct{}
@@ -51,7 +52,7 @@ type autoReconciler struct {
 	// reference, and those over the queue's bound (unknown, queue_full).
 	ready   []*pendingOutcome
 	closed  bool
-	started bool // the workers run (startLocked)
+	Started bool // the workers run (startLocked)
 	wake    chan struct{}
 	stop    chan struct{}
 	ctx     context.Context // cancelled when Close gives up waiting for an attempt
@@ -62,11 +63,11 @@ type autoReconciler struct {
 
 // newAutoReconciler makes the automatic reconciliation a of the tracer configured tc,
 // whose workers start with the first indeterminate frame and run until Tracer.Close.
-func newAutoReconciler(a *autoConfig, log func() *slog.Logger, mp metric.MeterProvider, meterAttributes []attribute.KeyValue) *autoReconciler {
-	ar := &autoReconciler{cfg: *a, r: a.r, log: log, pending: make(map[*pendingOutcome]struct{}),
-		wake: make(chan struct{}, a.workers), stop: make(chan struct{})}
+func New(a *Config, log func() *slog.Logger, mp metric.MeterProvider, meterAttributes []attribute.KeyValue) *Reconciler {
+	ar := &Reconciler{cfg: *a, R: a.R, log: log, pending: make(map[*pendingOutcome]struct{}),
+		wake: make(chan struct{}, a.Workers), stop: make(chan struct{})}
 	ar.ctx, ar.cancel = context.WithCancel(context.Background())
-	ar.metrics = newReconcileMetrics(mp, meterAttributes, ar.oldest)
+	ar.metrics = metrics.NewReconcile(mp, meterAttributes, ar.oldest)
 	return ar
 }
 
@@ -74,26 +75,26 @@ func newAutoReconciler(a *autoConfig, log func() *slog.Logger, mp metric.MeterPr
 // frames never end indeterminate runs no goroutine, so that one never closed leaves none
 // behind. a.mu is held, and the reconciler is not closed: the workers are counted before
 // Close waits for them.
-func (a *autoReconciler) startLocked() {
-	if a.started {
+func (a *Reconciler) startLocked() {
+	if a.Started {
 		return
 	}
-	a.started = true
-	a.wg.Add(a.cfg.workers)
-	for range a.cfg.workers {
+	a.Started = true
+	a.wg.Add(a.cfg.Workers)
+	for range a.cfg.Workers {
 		go a.work()
 	}
 }
 
 // enqueue hands an indeterminate frame, ended e, to the workers; it never blocks.
-func (a *autoReconciler) enqueue(e *ending) {
-	p := &pendingOutcome{id: e.id, link: e.span, parent: e.parentSpan, at: e.concludedAt, local: e.committedLocally,
-		waiter: e.awaited}
+func (a *Reconciler) Enqueue(e *record.Ending) {
+	p := &pendingOutcome{id: e.ID, link: e.Span, parent: e.ParentSpan, at: e.ConcludedAt, local: e.CommittedLocally,
+		waiter: e.Awaited}
 	if p.at.IsZero() {
 		p.at = time.Now()
 	}
-	if e.ref != nil {
-		p.ref, p.hasRef = *e.ref, true
+	if e.Ref != nil {
+		p.ref, p.hasRef = *e.Ref, true
 	}
 	a.mu.Lock()
 	switch {
@@ -107,7 +108,7 @@ func (a *autoReconciler) enqueue(e *ending) {
 		// Nothing to ask; settled by a worker all the same, not here: the frame's goroutine
 		// may hold its connection's lock, and the callback is the application's.
 		a.ready = append(a.ready, p)
-	case len(a.pending) >= a.cfg.queue:
+	case len(a.pending) >= a.cfg.Queue:
 		final := reconcile.UnknownAnswer(reconcile.ReasonQueueFull, p.ref)
 		p.final = &final
 		a.ready = append(a.ready, p)
@@ -123,7 +124,7 @@ func (a *autoReconciler) enqueue(e *ending) {
 }
 
 // work runs attempts until the reconciler is closed.
-func (a *autoReconciler) work() {
+func (a *Reconciler) work() {
 	defer a.wg.Done()
 	timer := time.NewTimer(time.Hour)
 	defer timer.Stop()
@@ -147,7 +148,7 @@ func (a *autoReconciler) work() {
 }
 
 // next takes the pending outcome that is due first, or says how long to wait for one.
-func (a *autoReconciler) next() (p *pendingOutcome, wait time.Duration, closed bool) {
+func (a *Reconciler) next() (p *pendingOutcome, wait time.Duration, closed bool) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	if a.closed {
@@ -177,7 +178,7 @@ func (a *autoReconciler) next() (p *pendingOutcome, wait time.Duration, closed b
 
 // ask asks the database once (polling an in-progress transaction within the
 // reconcile wait); an answer that may still change is retried after a backoff.
-func (a *autoReconciler) ask(p *pendingOutcome) {
+func (a *Reconciler) ask(p *pendingOutcome) {
 	if p.final != nil {
 		a.settle(p, *p.final, false)
 		return
@@ -189,19 +190,19 @@ func (a *autoReconciler) ask(p *pendingOutcome) {
 	if p.hasRef {
 		ref = &p.ref
 	}
-	res, err = a.r.ResolveOperation(ctx, p.id, ref, p.link)
+	res, err = a.R.ResolveOperation(ctx, p.id, ref, p.link)
 	a.mu.Lock()
 	p.attempts++
 	p.inFlight = false
-	if err != nil || mayChange(res) {
-		backoff := a.cfg.retryMin << min(p.attempts-1, 30)
-		if backoff <= 0 || backoff > a.cfg.retryMax {
-			backoff = a.cfg.retryMax
+	if err != nil || MayChange(res) {
+		backoff := a.cfg.RetryMin << min(p.attempts-1, 30)
+		if backoff <= 0 || backoff > a.cfg.RetryMax {
+			backoff = a.cfg.RetryMax
 		}
 		p.due = time.Now().Add(backoff)
 		a.mu.Unlock()
 		if err == nil {
-			p.waiter.attempted(res)
+			p.waiter.Attempted(res)
 		}
 		return
 	}
@@ -216,14 +217,14 @@ func (a *autoReconciler) ask(p *pendingOutcome) {
 // none, or, when late (a frame ending after Close, on the goroutine that ended it, which
 // may hold its connection's), on a goroutine of its own, which ends when the callback
 // returns.
-func (a *autoReconciler) settle(p *pendingOutcome, res reconcile.Answer, late bool) {
-	p.waiter.settled(res)
-	a.metrics.record(res, time.Since(p.at))
-	fn := a.cfg.onReconciled
+func (a *Reconciler) settle(p *pendingOutcome, res reconcile.Answer, late bool) {
+	p.waiter.Settled(res)
+	a.metrics.Record(res, time.Since(p.at))
+	fn := a.cfg.OnReconciled
 	if fn == nil {
 		return
 	}
-	r := settledFrame{OperationID: p.id, Answer: res, TraceParent: schema.TraceParent(p.link),
+	r := Settled{OperationID: p.id, Answer: res, TraceParent: schema.TraceParent(p.link),
 		IndeterminateAt: p.at, Attempts: p.attempts, CommittedLocally: p.local}
 	if late {
 		go fn(r)
@@ -234,7 +235,7 @@ func (a *autoReconciler) settle(p *pendingOutcome, res reconcile.Answer, late bo
 
 // leave writes what the operator command needs to settle p later, and settles it
 // unknown with reason stopped; late as settle's.
-func (a *autoReconciler) leave(p *pendingOutcome, late bool) {
+func (a *Reconciler) leave(p *pendingOutcome, late bool) {
 	attrs := []slog.Attr{
 		slog.String(string(schema.OperationIDKey), p.id.String()),
 		slog.Time("indeterminate_at", p.at),
@@ -244,20 +245,15 @@ func (a *autoReconciler) leave(p *pendingOutcome, late bool) {
 		attrs = append(attrs, slog.String(string(schema.ReconciliationRefKey), p.ref.String()))
 	}
 	if p.link.HasTraceID() {
-		attrs = append(attrs, slog.String("trace_id", p.link.TraceID().String()), slog.String("span_id", p.link.SpanID().String()))
+		attrs = append(attrs, slog.String(schema.TraceIDLogKey, p.link.TraceID().String()), slog.String(schema.SpanIDLogKey, p.link.SpanID().String()))
 	}
-	a.log().LogAttrs(context.Background(), slog.LevelWarn, messagePendingAtShutdown, attrs...)
+	a.log().LogAttrs(context.Background(), slog.LevelWarn, schema.MessagePendingAtShutdown, attrs...)
 	a.settle(p, reconcile.UnknownAnswer(reconcile.ReasonStopped, p.ref), late)
 }
 
-// MessagePendingAtShutdown is the message of the log record [Tracer.Close] writes for each
-// outcome automatic reconciliation had not settled: select them with it and pipe them to
-// "otelpgxtx reconcile".
-const MessagePendingAtShutdown = messagePendingAtShutdown
-
 // close stops the workers: an attempt in flight may finish until ctx is done, then it
 // is cancelled. Every outcome still pending is left to the operator (see leave).
-func (a *autoReconciler) close(ctx context.Context) error {
+func (a *Reconciler) Close(ctx context.Context) error {
 	var err error
 	a.closing.Do(func() {
 		a.mu.Lock()
@@ -289,13 +285,13 @@ func (a *autoReconciler) close(ctx context.Context) error {
 				a.leave(p, false) // Close's goroutine holds no lock of the library's
 			}
 		}
-		a.metrics.unregister()
+		a.metrics.Unregister()
 	})
 	return err
 }
 
 // oldest returns how many outcomes are pending and the age of the oldest one.
-func (a *autoReconciler) oldest() (n int, age time.Duration) {
+func (a *Reconciler) oldest() (n int, age time.Duration) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	now := time.Now()
@@ -308,7 +304,7 @@ func (a *autoReconciler) oldest() (n int, age time.Duration) {
 // mayChange reports whether asking again later may answer otherwise: the transaction was
 // still in progress, prepared (its coordinator has yet to decide), or its synchronous
 // standbys had not confirmed it.
-func mayChange(ans reconcile.Answer) bool {
+func MayChange(ans reconcile.Answer) bool {
 	switch ans.Reason() {
 	case reconcile.ReasonInProgress, reconcile.ReasonPrepared, reconcile.ReasonNotReplicated:
 		return ans.Status() == reconcile.Unknown
@@ -318,11 +314,20 @@ func mayChange(ans reconcile.Answer) bool {
 
 // settledFrame is what the WithOnReconciled callback is told of one settled frame: the
 // fields of the exported Reconciliation, which is made of it by conversion.
-type settledFrame struct {
+type Settled struct {
 	OperationID      outcome.OperationID
 	Answer           reconcile.Answer
 	TraceParent      string
 	IndeterminateAt  time.Time
 	Attempts         int
 	CommittedLocally bool
+}
+
+// autoConfig is what the AutoReconcileOptions set; err is the first option refused.
+type Config struct {
+	R                  *reconcile.Reconciler
+	Queue, Workers     int
+	RetryMin, RetryMax time.Duration
+	OnReconciled       func(Settled)
+	Err                error
 }

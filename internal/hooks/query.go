@@ -1,4 +1,4 @@
-package otelpgxtx
+package hooks
 
 import (
 	"context"
@@ -7,9 +7,11 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
-
 	"github.com/txevidence/otelpgxtx/classifier"
 	"github.com/txevidence/otelpgxtx/internal/evidence"
+	"github.com/txevidence/otelpgxtx/internal/frame"
+	"github.com/txevidence/otelpgxtx/internal/framespan"
+	"github.com/txevidence/otelpgxtx/internal/inner"
 	"github.com/txevidence/otelpgxtx/internal/pg"
 	"github.com/txevidence/otelpgxtx/internal/reference"
 )
@@ -25,62 +27,62 @@ import (
 // Tracer.fold), lets the inner tracer start its span (inner, told whether the query is
 // folded), and pushes what its End needs. With no state on the connection, only inner
 // runs.
-func (t *core) startQuery(ctx context.Context, conn *pgx.Conn, set evidence.Set, sql string, fold foldKind, op string, inner func(context.Context, bool) context.Context) context.Context {
-	st := t.connStateOf(conn)
+func (t *Adapter) startQuery(ctx context.Context, conn *pgx.Conn, set evidence.Set, sql string, fold framespan.FoldKind, op string, innerHook func(context.Context, bool) context.Context) context.Context {
+	st := t.ConnStateOf(conn)
 	if st == nil {
-		return inner(ctx, false) // no frame to parent to, but the statement span stays
+		return innerHook(ctx, false) // no frame to parent to, but the statement span stays
 	}
-	st.mu.Lock()
-	defer st.mu.Unlock()
+	st.Mu.Lock()
+	defer st.Mu.Unlock()
 	ctx, q := t.enter(ctx, conn, st, set, sql)
 	before := t.fold(ctx, &q, fold, op)
-	ctx = inner(before, q.folded)
-	if f := q.frame; f != nil && f.onStatement && !q.nested {
-		f.attach(before, ctx) // the statement's span is the frame's
+	ctx = innerHook(before, q.Folded)
+	if f := q.Frame; f != nil && f.OnStatement && !q.Nested {
+		f.Attach(before, ctx) // the statement's span is the frame's
 	}
-	q.ctx = ctx
-	st.push(q)
+	q.Ctx = ctx
+	st.Push(q)
 	return ctx
 }
 
 // endQuery is the body of every End hook: it pops what startQuery pushed, lets the inner
 // tracer end its span (inner, told whether the query is folded), and judges the query. An
 // End without its Start has nothing to judge.
-func (t *core) endQuery(ctx context.Context, conn *pgx.Conn, tag pgconn.CommandTag, err error, inner func(context.Context, bool)) {
-	st := madeStateOf(conn)
-	var q queryState
+func (t *Adapter) endQuery(ctx context.Context, conn *pgx.Conn, tag pgconn.CommandTag, err error, innerHook func(context.Context, bool)) {
+	st := frame.MadeStateOf(conn)
+	var q frame.QueryState
 	started := false
 	if st != nil {
-		st.mu.Lock()
-		defer st.mu.Unlock()
-		q, started = st.pop(ctx)
-		if n := len(st.queries); started && q.nested && err != nil && n > 0 {
-			st.queries[n-1].prepareFailed = true // the query it is part of never ran
+		st.Mu.Lock()
+		defer st.Mu.Unlock()
+		q, started = st.Pop(ctx)
+		if n := len(st.Queries); started && q.Nested && err != nil && n > 0 {
+			st.Queries[n-1].PrepareFailed = true // the query it is part of never ran
 		}
 	}
-	if started && !q.nested && q.frame != nil && q.frame.onStatement {
+	if started && !q.Nested && q.Frame != nil && q.Frame.OnStatement {
 		// The frame's span is the statement's (an implicit transaction's): the frame
 		// ends first, writing its outcome there, and the inner tracer ends the span.
 		t.afterQuery(ctx, conn, st, &q, tag, err)
-		inner(t.statementFrameEndCtx(ctx, q.frame, err), false)
+		innerHook(t.Inner.StatementFrameEndCtx(ctx, &q.Frame.Ev, err), false)
 		return
 	}
 	// A folded query's event: a prepare's now, a statement's with the frame's next event.
-	answering := q.folded && !q.nested && q.frame.ev.Open()
-	var answer statementAnswer
+	answering := q.Folded && !q.Nested && q.Frame.Ev.Open()
+	var answer framespan.StatementAnswer
 	if answering {
-		answer = answerOf(q.op, q.start, err)
-	} else if q.folded && q.nested {
-		prepareEvent(ctx, &q, err)
+		answer = framespan.AnswerOf(q.Op, q.Start, err)
+	} else if q.Folded && q.Nested {
+		framespan.PrepareEvent(ctx, q.Start, q.Op, err)
 	}
-	inner(t.innerEndStatus(innerEndCtx(ctx, q.frame), err), q.folded)
-	if started && !q.nested {
+	innerHook(t.Inner.InnerEndStatus(inner.InnerEndCtx(ctx, q.Frame.SpanOrNil()), err), q.Folded)
+	if started && !q.Nested {
 		if answering {
-			q.frame.folds().answered(answer)
+			q.Frame.Folds().Answered(answer)
 		}
 		t.afterQuery(ctx, conn, st, &q, tag, err)
 		if answering {
-			q.frame.unanswered(q.savepoint)
+			q.Frame.Unanswered(q.Savepoint)
 		}
 	}
 }
@@ -89,16 +91,16 @@ func (t *core) endQuery(ctx context.Context, conn *pgx.Conn, tag pgconn.CommandT
 // tracer. A call made while another is in flight on the same connection — pgx's implicit
 // prepare inside a query — is part of that one: it neither moves the phase nor re-parents
 // what the inner tracer starts to the frame.
-func (t *core) enter(ctx context.Context, conn *pgx.Conn, st *connState, set evidence.Set, sql string) (context.Context, queryState) {
-	if len(st.queries) > 0 {
-		return ctx, queryState{set: set, frame: st.queries[len(st.queries)-1].frame, nested: true}
+func (t *Adapter) enter(ctx context.Context, conn *pgx.Conn, st *frame.Conn, set evidence.Set, sql string) (context.Context, frame.QueryState) {
+	if len(st.Queries) > 0 {
+		return ctx, frame.QueryState{Set: set, Frame: st.Queries[len(st.Queries)-1].Frame, Nested: true}
 	}
 	f := t.beforeQuery(ctx, conn, st, set, sql)
-	q := queryState{set: set, frame: f, callerCtx: ctx}
+	q := frame.QueryState{Set: set, Frame: f, CallerCtx: ctx}
 	if set.MovesSavepoint() {
-		q.savepoint = evidence.SavepointName(sql)
+		q.Savepoint = evidence.SavepointName(sql)
 	}
-	return innerStartCtx(ctx, f), q
+	return inner.InnerStartCtx(ctx, f.SpanOrNil()), q
 }
 
 // beforeQuery runs before a query reaches the driver: the evidence may end the open frame
@@ -107,97 +109,97 @@ func (t *core) enter(ctx context.Context, conn *pgx.Conn, st *connState, set evi
 // the library's addition to the write needs done first (the reference's read settled,
 // COMMIT's position marked) and after (the read or the call armed). It returns the frame
 // the query runs in, or nil.
-func (t *core) beforeQuery(ctx context.Context, conn *pgx.Conn, st *connState, set evidence.Set, sql string) *frame {
+func (t *Adapter) beforeQuery(ctx context.Context, conn *pgx.Conn, st *frame.Conn, set evidence.Set, sql string) *frame.Frame {
 	pg := conn.PgConn()
 	idle := pg.TxStatus() == 'I'
 	// A busy connection (a result the application has not read) refuses the statement
 	// before sending a byte: COMMIT never leaves, so the phase stays. PREPARE TRANSACTION
 	// is committing too: its reply decides whether the transaction is durable; so are
 	// COMMIT PREPARED and ROLLBACK PREPARED, sent idle, in the frame they begin.
-	commits := (set.Decides() || idle && set.EndsPrepared() || st.server() == classifier.ServerCockroachDB && releasesRestart(set, sql)) && !pg.IsBusy()
+	commits := (set.Decides() || idle && set.EndsPrepared() || st.Server() == classifier.ServerCockroachDB && releasesRestart(set, sql)) && !pg.IsBusy()
 	s := evidence.Statement{Set: set, Idle: idle, Commits: commits, Implicit: idle && set.Implicit() && t.implicit(ctx, sql)}
-	if f := st.frame(); f != nil && idle {
-		st.refs.Unobserved(&f.commitRef) // its transaction ended unseen: Before ends it
-		s.Seen = st.seenEnd()
+	if f := st.Frame(); f != nil && idle {
+		st.Refs.Unobserved(&f.CommitRef) // its transaction ended unseen: Before ends it
+		s.Seen = st.SeenEnd()
 	}
-	ended, r, begins := st.ev.Before(s)
+	ended, r, begins := st.Ev.Before(s)
 	if ended != nil {
-		t.apply(st, ended, r, nil)
+		t.Apply(st, ended, r, nil)
 	}
 	switch begins {
 	case evidence.BeginsPrepared:
-		f := t.startFrame(ctx, conn, st, evidence.Begun{}, sql, nil)
-		t.referenceOff(st.refs.ArmPrepared(&f.commitRef, pg.ParameterStatus("server_version"), set.Single(), sql, evidence.GID(sql)))
+		f := t.StartFrame(ctx, conn, st, evidence.Begun{}, sql, nil)
+		t.ReferenceOff(st.Refs.ArmPrepared(&f.CommitRef, pg.ParameterStatus("server_version"), set.Single(), sql, evidence.GID(sql)))
 	case evidence.BeginsBlock:
-		f := t.startFrame(ctx, conn, st, evidence.Begun{}, sql, nil)
-		t.armCheck(st, f, pg, set, sql)
+		f := t.StartFrame(ctx, conn, st, evidence.Begun{}, sql, nil)
+		t.ArmCheck(st, f, pg, set, sql)
 	case evidence.BeginsImplicit:
 		// Committing from the moment it leaves, as a COMMIT is: its write is marked, and
 		// its reply watched from here (connState.repliedClean).
-		f := t.startFrame(ctx, conn, st, evidence.Begun{Implicit: true, Wrote: true}, sql, nil)
-		t.referenceOff(st.refs.ArmImplicit(&f.commitRef, refStatement(set, sql, pg), pg.ParameterStatus("server_version")))
-		if st.nc != nil {
-			st.nc.WatchEnds()
+		f := t.StartFrame(ctx, conn, st, evidence.Begun{Implicit: true, Wrote: true}, sql, nil)
+		t.ReferenceOff(st.Refs.ArmImplicit(&f.CommitRef, frame.RefStatement(set, sql, pg), pg.ParameterStatus("server_version")))
+		if st.NetConn != nil {
+			st.NetConn.WatchEnds()
 		}
 		// A busy connection refuses it before a byte leaves: then it never commits, and
 		// its end, not_started, is a rollback.
 		commits = !pg.IsBusy()
 		s.Commits = commits
 	}
-	f := st.frame()
+	f := st.Frame()
 	if f == nil {
 		return nil
 	}
 	if commits {
-		if c := st.refs.Settle(ctx, &f.commitRef); c.ReadFailed != nil {
+		if c := st.Refs.Settle(ctx, &f.CommitRef); c.ReadFailed != nil {
 			s.ReadFailed = &evidence.Failure{V: c.ReadFailedAs, Err: c.ReadFailed}
 		}
-		s.EndedBeforeCommit = st.markCommit()
+		s.EndedBeforeCommit = st.MarkCommit()
 	}
-	t.apply(st, f, st.ev.Send(s), nil)
+	t.Apply(st, f, st.Ev.Send(s), nil)
 	if begins == evidence.BeginsImplicit {
 		return f // what its reference needs is armed (ArmImplicit)
 	}
 	if set.Writes() {
-		st.refs.ArmRead(ctx, &f.commitRef, refStatement(set, sql, pg))
+		st.Refs.ArmRead(ctx, &f.CommitRef, frame.RefStatement(set, sql, pg))
 	}
 	if commits {
-		st.refs.ArmCall(&f.commitRef, refStatement(set, sql, pg))
+		st.Refs.ArmCall(&f.CommitRef, frame.RefStatement(set, sql, pg))
 	}
 	return f
 }
 
 // implicit reports whether the implicit transaction of sql, sent in ctx, is a frame
 // (WithImplicitFilter).
-func (t *core) implicit(ctx context.Context, sql string) bool {
-	return t.cfg.implicitFilter == nil || t.cfg.implicitFilter(ctx, sql)
+func (t *Adapter) implicit(ctx context.Context, sql string) bool {
+	return t.Cfg.ImplicitFilter == nil || t.Cfg.ImplicitFilter(ctx, sql)
 }
 
 // afterQuery runs after a query made in ctx completed, when the connection's transaction
 // status is known again: what the library's additions brought is collected, the failure
 // judged for the span's status, and the evidence fed the query's end, whose decision
 // apply carries out.
-func (t *core) afterQuery(ctx context.Context, conn *pgx.Conn, st *connState, q *queryState, tag pgconn.CommandTag, err error) {
+func (t *Adapter) afterQuery(ctx context.Context, conn *pgx.Conn, st *frame.Conn, q *frame.QueryState, tag pgconn.CommandTag, err error) {
 	pg := conn.PgConn()
 	closed := pg.IsClosed()
 	status := pg.TxStatus()
 	inTx := !closed && (status == 'T' || status == 'E')
-	f := q.frame
-	open := f != nil && f.ev.Open() // the query's frame was going on: its end is judged
+	f := q.Frame
+	open := f != nil && f.Ev.Open() // the query's frame was going on: its end is judged
 	var fr *reference.Frame
 	if f != nil {
-		fr = &f.commitRef
+		fr = &f.CommitRef
 	}
-	c := st.refs.Collect(fr, false) // what became of the library's addition, if any
-	t.referenceOff(c.Off)
+	c := st.Refs.Collect(fr, false) // what became of the library's addition, if any
+	t.ReferenceOff(c.Off)
 	if c.Checked {
-		t.sawCheck(st)
+		t.SawCheck(st)
 	}
-	if q.batch.err != nil && err == nil {
-		err = q.batch.err
+	if q.Batch.Err != nil && err == nil {
+		err = q.Batch.Err
 	}
-	at := &queryEnd{ctx: ctx, callerCtx: q.callerCtx, conn: conn, set: q.set, err: err, inTx: inTx, open: open}
-	notSent := st.commitNotSent(f)
+	at := &frame.QueryEnd{Ctx: ctx, CallerCtx: q.CallerCtx, Conn: conn, Set: q.Set, Err: err, InTx: inTx, Open: open}
+	notSent := st.CommitNotSent(f)
 	split, moreEnds := false, false
 	if open {
 		split, moreEnds = t.split(st, at)
@@ -205,35 +207,35 @@ func (t *core) afterQuery(ctx context.Context, conn *pgx.Conn, st *connState, q 
 	if split {
 		// The server ended the frame's transaction inside this query's reply: what the
 		// query ran after that is the frame now open, which the query's end judges.
-		f = st.frame()
-		open = f != nil && f.ev.Open()
-		at.open = open
+		f = st.Frame()
+		open = f != nil && f.Ev.Open()
+		at.Open = open
 		c = reference.Collected{} // what the addition brought was the ended frame's
 	}
 	if open {
-		f.judgeErr(&t.cfg, ctx, err)
+		f.JudgeErr(&t.Cfg, ctx, err)
 	}
-	e := evidence.Ended{Set: q.set, Err: err, InTx: inTx, Closed: closed,
-		RollbackTag: q.batch.rollbackTag || tag.String() == "ROLLBACK", CommitNotSent: notSent, Savepoint: q.savepoint,
+	e := evidence.Ended{Set: q.Set, Err: err, InTx: inTx, Closed: closed,
+		RollbackTag: q.Batch.RollbackTag || tag.String() == "ROLLBACK", CommitNotSent: notSent, Savepoint: q.Savepoint,
 		FatalBeforeCommit: c.FatalBeforeCommit, AbortedBeforeCommit: c.AbortedBefore,
-		NothingRan: q.prepareFailed, MoreEnds: moreEnds,
-		RepliedClean: open && f.ev.Implicit() && st.repliedClean()}
+		NothingRan: q.PrepareFailed, MoreEnds: moreEnds,
+		RepliedClean: open && f.Ev.Implicit() && st.RepliedClean()}
 	if c.ReadFailed != nil {
 		e.ReadFailed = &evidence.Failure{V: c.ReadFailedAs, Err: c.ReadFailed}
 	}
-	if open && f.ev.Implicit() && q.set.CommitsInside() && !q.prepareFailed && !closed && !inTx && serverError(err) {
+	if open && f.Ev.Implicit() && q.Set.CommitsInside() && !q.PrepareFailed && !closed && !inTx && serverError(err) {
 		// Its failure proves no rollback unless it ran in one transaction: asked on this
 		// failure path only, after everything above read the query's own reply.
-		e.OneTransaction = st.refs.OneTransaction(ctx, &f.commitRef, pg)
+		e.OneTransaction = st.Refs.OneTransaction(ctx, &f.CommitRef, pg)
 	}
-	r := st.ev.After(f, e)
-	if st.nc != nil {
-		st.nc.WatchEnds() // what ends the transaction now open, past the hooks, is watched from here
+	r := st.Ev.After(f, e)
+	if st.NetConn != nil {
+		st.NetConn.WatchEnds() // what ends the transaction now open, past the hooks, is watched from here
 	}
 	if !open {
 		f = nil // nothing more of a frame that had ended is recorded
 	}
-	t.apply(st, f, r, at)
+	t.Apply(st, f, r, at)
 }
 
 // split ends the frames whose transactions the server ended inside the reply of the
@@ -241,24 +243,24 @@ func (t *core) afterQuery(ctx context.Context, conn *pgx.Conn, st *connState, q 
 // the reply followed (wire.Splits), each with what its tag says, and starts the frame of
 // what followed each (evidence.StartRest). It reports whether it ended any, and whether
 // the reply held more than it could tell (wire.Splits.Over).
-func (t *core) split(st *connState, at *queryEnd) (ended, more bool) {
-	if st.nc == nil || at.set.Single() && !at.set.Decides() {
+func (t *Adapter) split(st *frame.Conn, at *frame.QueryEnd) (ended, more bool) {
+	if st.NetConn == nil || at.Set.Single() && !at.Set.Decides() {
 		return false, false // one statement that ends no transaction: nothing to split
 	}
-	splits := st.nc.Splits()
+	splits := st.NetConn.Splits()
 	for i := range splits.Len() {
-		f := st.frame()
+		f := st.Frame()
 		if f == nil {
 			break
 		}
 		// A reply cut off after its last ending tag: a string of one statement has no rest.
-		rest := !(splits.Cut && i == splits.Len()-1 && at.set.Single())
-		r := st.ev.Split(at.set, seenFromWire(splits.At(i)), rest)
+		rest := !(splits.Cut && i == splits.Len()-1 && at.Set.Single())
+		r := st.Ev.Split(at.Set, frame.SeenFromWire(splits.At(i)), rest)
 		if !r.Ended {
 			continue
 		}
 		ended = true
-		t.apply(st, f, r, at)
+		t.Apply(st, f, r, at)
 	}
 	return ended, splits.Over
 }
@@ -276,28 +278,15 @@ func releasesRestart(set evidence.Set, sql string) bool {
 	return set.Has(evidence.Release) && strings.EqualFold(evidence.SavepointName(sql), "cockroach_restart")
 }
 
-// abandon ends the frame open on st, whose transaction ended where no query showed it,
-// for reason: the connection was released mid-transaction, closed, or found idle.
-func (t *core) abandon(st *connState, reason string) {
-	if f := st.frame(); f != nil {
-		seen := evidence.SeenNothing
-		if reason == evidence.ReasonEndedUnobserved {
-			st.refs.Unobserved(&f.commitRef)
-			seen = st.seenEnd()
-		}
-		t.apply(st, f, st.ev.Abandon(reason, seen), nil)
-	}
-}
-
 // classifyBatch returns what the queued queries of b, sent on conn, do to the
 // transaction, and the SQL of the query that begins the frame (the one with BEGIN, else
 // the first).
-func (t *core) classifyBatch(conn *pgx.Conn, b *pgx.Batch) (evidence.Set, string) {
+func (t *Adapter) classifyBatch(conn *pgx.Conn, b *pgx.Batch) (evidence.Set, string) {
 	var set evidence.Set
 	beginSQL := ""
 	if b != nil {
 		for i, qq := range b.QueuedQueries {
-			sql, s := t.statementOf(conn, qq.SQL, t.sanitized.get(qq.SQL).set)
+			sql, s := t.statementOf(conn, qq.SQL, t.Sanitized.Get(qq.SQL).Set)
 			if i == 0 || beginSQL == "" && s.Has(evidence.Begin) {
 				beginSQL = sql
 			}
@@ -309,32 +298,32 @@ func (t *core) classifyBatch(conn *pgx.Conn, b *pgx.Batch) (evidence.Set, string
 
 // prepareStarted records, on conn, that the statement name is being prepared with sql
 // (see prepared_names.go).
-func (t *core) prepareStarted(conn *pgx.Conn, name, sql string) {
-	if !keepsName(name, sql) {
+func (t *Adapter) prepareStarted(conn *pgx.Conn, name, sql string) {
+	if !frame.KeepsName(name, sql) {
 		return
 	}
-	if st := t.connStateOf(conn); st != nil {
-		st.named.start(name, sql)
+	if st := t.ConnStateOf(conn); st != nil {
+		st.Named.Start(name, sql)
 	}
 }
 
 // prepareEnded keeps, on conn, the statement being prepared, unless err says the server
 // refused it.
-func (t *core) prepareEnded(conn *pgx.Conn, err error) {
-	if st := madeStateOf(conn); st != nil && st.named.end(err) {
+func (t *Adapter) prepareEnded(conn *pgx.Conn, err error) {
+	if st := frame.MadeStateOf(conn); st != nil && st.Named.End(err) {
 		t.named.Store(true)
 	}
 }
 
 // statementOf returns what a query of sql, whose kinds are set, runs on conn: the SQL and
 // kinds of the statement prepared under the name sql, if there is one; else sql and set.
-func (t *core) statementOf(conn *pgx.Conn, sql string, set evidence.Set) (string, evidence.Set) {
+func (t *Adapter) statementOf(conn *pgx.Conn, sql string, set evidence.Set) (string, evidence.Set) {
 	if !t.named.Load() {
 		return sql, set
 	}
-	if st := madeStateOf(conn); st != nil {
-		if real, ok := st.named.of(sql); ok {
-			return real, t.sanitized.get(real).set
+	if st := frame.MadeStateOf(conn); st != nil {
+		if real, ok := st.Named.Of(sql); ok {
+			return real, t.Sanitized.Get(real).Set
 		}
 	}
 	return sql, set

@@ -1,4 +1,4 @@
-package otelpgxtx
+package poolmetrics
 
 import (
 	"context"
@@ -15,12 +15,20 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/txevidence/otelpgxtx/internal/metrics"
 	"github.com/txevidence/otelpgxtx/internal/schema"
+	"github.com/txevidence/otelpgxtx/internal/settings"
 	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/metric"
 	semconv "go.opentelemetry.io/otel/semconv/v1.43.0"
 )
+
+// poolConnState is what the pool metrics keep on a connection, in its connState.
+type ConnState struct {
+	seen       bool      // its pool is among the observed ones
+	acquiredAt time.Time // when it was last acquired; zero once released
+}
 
 // Connection-pool metric names, as the OpenTelemetry semantic conventions for database
 // client metrics define them (db.client.connection.*): the conventions own these names
@@ -35,29 +43,29 @@ import (
 const (
 	// metricConnectionCount is the number of connections in each state: idle, and used
 	// (acquired). Connections being created are in neither.
-	metricConnectionCount = "db.client.connection.count"
+	MetricConnectionCount = "db.client.connection.count"
 	// metricConnectionIdleMax is the most idle connections the pool keeps: pgxpool closes
 	// an idle connection only for its idle time or lifetime, so this is its MaxConns.
-	metricConnectionIdleMax = "db.client.connection.idle.max"
+	MetricConnectionIdleMax = "db.client.connection.idle.max"
 	// metricConnectionIdleMin is the fewest idle connections the pool keeps (MinIdleConns).
-	metricConnectionIdleMin = "db.client.connection.idle.min"
+	MetricConnectionIdleMin = "db.client.connection.idle.min"
 	// metricConnectionMax is the most connections the pool opens (MaxConns).
-	metricConnectionMax = "db.client.connection.max"
+	MetricConnectionMax = "db.client.connection.max"
 	// metricConnectionPendingRequests is the number of acquires in progress: begun and not
 	// yet handed a connection or failed.
-	metricConnectionPendingRequests = "db.client.connection.pending_requests"
+	MetricConnectionPendingRequests = "db.client.connection.pending_requests"
 	// metricConnectionTimeouts counts acquires that failed because their context's
 	// deadline passed (pgxpool's acquire timeout is the context's).
-	metricConnectionTimeouts = "db.client.connection.timeouts"
+	MetricConnectionTimeouts = "db.client.connection.timeouts"
 	// metricConnectionCreateTime is the time a new connection of the pool took to
 	// connect, in seconds (connections that failed to connect are not recorded).
-	metricConnectionCreateTime = "db.client.connection.create_time"
+	MetricConnectionCreateTime = "db.client.connection.create_time"
 	// metricConnectionWaitTime is the time an acquire took to obtain a connection, in
 	// seconds (failed acquires are counted by their error, not here).
-	metricConnectionWaitTime = "db.client.connection.wait_time"
+	MetricConnectionWaitTime = "db.client.connection.wait_time"
 	// metricConnectionUseTime is the time from an acquire to the release of its
 	// connection, in seconds, whatever state the connection was released in.
-	metricConnectionUseTime = "db.client.connection.use_time"
+	MetricConnectionUseTime = "db.client.connection.use_time"
 )
 
 // Attribute keys of the connection-pool metrics.
@@ -66,16 +74,16 @@ const (
 	// pool without one the first of the conventions' fallbacks that its configuration
 	// has: db.namespace (the database), the server target (address:port), db.system.name
 	// ("postgresql"); see [WithPoolName].
-	poolNameKey = semconv.DBClientConnectionPoolNameKey
+	PoolNameKey = semconv.DBClientConnectionPoolNameKey
 	// connectionStateKey is db.client.connection.state: "idle" or "used".
-	connectionStateKey = semconv.DBClientConnectionStateKey
+	ConnectionStateKey = semconv.DBClientConnectionStateKey
 )
 
 // poolMetrics records the connection-pool metrics of the pools a tracer instruments. The
 // counts come from pgxpool.Stat in an asynchronous callback; the times, the timeouts and
 // the pending acquires from the tracer's hooks, which see every acquire, connect and
 // release.
-type poolMetrics struct {
+type Metrics struct {
 	timeouts                      metric.Int64Counter
 	createTime, waitTime, useTime metric.Float64Histogram
 	addOpts                       []metric.AddOption
@@ -97,19 +105,19 @@ type seenPool struct {
 
 // newPoolMetrics creates the instruments on the tracer's meter, for the pool cfg
 // configures, and registers the callback that observes its counts.
-func newPoolMetrics(c config, cfg *pgxpool.Config) *poolMetrics {
-	meter := c.meterProvider.Meter(scopeName, metric.WithInstrumentationVersion(schema.Version))
+func New(c settings.Config, cfg *pgxpool.Config) *Metrics {
+	meter := c.MeterProvider.Meter(schema.ScopeName, metric.WithInstrumentationVersion(schema.Version))
 	// Clipped: attribute.NewSet sorts the slice it is given in place, so the idle and used
 	// sets appended to base must never share its array.
-	base := slices.Clip(append(poolAttributes(c.poolName, cfg.ConnConfig), c.meterAttributes...))
+	base := slices.Clip(append(PoolAttributes(c.PoolName, cfg.ConnConfig), c.MeterAttributes...))
 	set := attribute.NewSet(base...)
-	pm := &poolMetrics{
-		timeouts: counter(meter, metricConnectionTimeouts, "{timeout}",
+	pm := &Metrics{
+		timeouts: metrics.Counter(meter, MetricConnectionTimeouts, "{timeout}",
 			"The number of connection timeouts that have occurred trying to obtain a connection from the pool."),
-		createTime: histogram(meter, metricConnectionCreateTime, "s", "The time it took to create a new connection.", durationBuckets),
-		waitTime:   histogram(meter, metricConnectionWaitTime, "s", "The time it took to obtain an open connection from the pool.", durationBuckets),
-		useTime: histogram(meter, metricConnectionUseTime, "s",
-			"The time between borrowing a connection and returning it to the pool.", durationBuckets),
+		createTime: metrics.Histogram(meter, MetricConnectionCreateTime, "s", "The time it took to create a new connection.", metrics.DurationBuckets),
+		waitTime:   metrics.Histogram(meter, MetricConnectionWaitTime, "s", "The time it took to obtain an open connection from the pool.", metrics.DurationBuckets),
+		useTime: metrics.Histogram(meter, MetricConnectionUseTime, "s",
+			"The time between borrowing a connection and returning it to the pool.", metrics.DurationBuckets),
 		addOpts:    []metric.AddOption{metric.WithAttributeSet(set)},
 		recordOpts: []metric.RecordOption{metric.WithAttributeSet(set)},
 	}
@@ -121,7 +129,7 @@ func newPoolMetrics(c config, cfg *pgxpool.Config) *poolMetrics {
 
 // poolAttributes are the attributes of every data point of a pool's metrics: its name
 // (name, or the conventions' fallback) and its configured database identity.
-func poolAttributes(name string, cc *pgx.ConnConfig) []attribute.KeyValue {
+func PoolAttributes(name string, cc *pgx.ConnConfig) []attribute.KeyValue {
 	var target string
 	if cc.Host != "" {
 		target = net.JoinHostPort(cc.Host, strconv.Itoa(int(cc.Port)))
@@ -134,19 +142,19 @@ func poolAttributes(name string, cc *pgx.ConnConfig) []attribute.KeyValue {
 			name = fallback
 		}
 	}
-	attrs := []attribute.KeyValue{poolNameKey.String(name), schema.DBSystemPostgreSQL}
+	attrs := []attribute.KeyValue{PoolNameKey.String(name), schema.DBSystemPostgreSQL}
 	if cc.Database != "" {
-		attrs = append(attrs, dbNamespaceKey.String(cc.Database))
+		attrs = append(attrs, schema.DBNamespaceKey.String(cc.Database))
 	}
 	if cc.Host != "" {
-		attrs = append(attrs, serverAddressKey.String(cc.Host), serverPortKey.Int(int(cc.Port)))
+		attrs = append(attrs, schema.ServerAddressKey.String(cc.Host), schema.ServerPortKey.Int(int(cc.Port)))
 	}
 	return attrs
 }
 
 // register creates the asynchronous instruments and the callback that observes the
 // pools' counts at each collection.
-func (pm *poolMetrics) register(meter metric.Meter, set attribute.Set, base []attribute.KeyValue) {
+func (pm *Metrics) register(meter metric.Meter, set attribute.Set, base []attribute.KeyValue) {
 	upDown := func(name, unit, description string) metric.Int64ObservableUpDownCounter {
 		i, err := meter.Int64ObservableUpDownCounter(name, metric.WithUnit(unit), metric.WithDescription(description))
 		if err != nil {
@@ -154,15 +162,15 @@ func (pm *poolMetrics) register(meter metric.Meter, set attribute.Set, base []at
 		}
 		return i
 	}
-	count := upDown(metricConnectionCount, "{connection}",
+	count := upDown(MetricConnectionCount, "{connection}",
 		"The number of connections that are currently in state described by the state attribute.")
-	idleMax := upDown(metricConnectionIdleMax, "{connection}", "The maximum number of idle open connections allowed.")
-	idleMin := upDown(metricConnectionIdleMin, "{connection}", "The minimum number of idle open connections allowed.")
-	maxConns := upDown(metricConnectionMax, "{connection}", "The maximum number of open connections allowed.")
-	pending := upDown(metricConnectionPendingRequests, "{request}", "The number of current pending requests for an open connection.")
+	idleMax := upDown(MetricConnectionIdleMax, "{connection}", "The maximum number of idle open connections allowed.")
+	idleMin := upDown(MetricConnectionIdleMin, "{connection}", "The minimum number of idle open connections allowed.")
+	maxConns := upDown(MetricConnectionMax, "{connection}", "The maximum number of open connections allowed.")
+	pending := upDown(MetricConnectionPendingRequests, "{request}", "The number of current pending requests for an open connection.")
 	opt := metric.WithAttributeSet(set)
-	idle := metric.WithAttributeSet(attribute.NewSet(append(base, connectionStateKey.String("idle"))...))
-	used := metric.WithAttributeSet(attribute.NewSet(append(base, connectionStateKey.String("used"))...))
+	idle := metric.WithAttributeSet(attribute.NewSet(append(base, ConnectionStateKey.String("idle"))...))
+	used := metric.WithAttributeSet(attribute.NewSet(append(base, ConnectionStateKey.String("used"))...))
 	var err error
 	pm.reg, err = meter.RegisterCallback(func(_ context.Context, o metric.Observer) error {
 		var n poolCounts
@@ -187,7 +195,7 @@ type poolCounts struct{ idle, used, max, minIdle int64 }
 
 // count sums the counts of the pools still alive into n, dropping the others, and
 // reports whether any pool was there.
-func (pm *poolMetrics) count(n *poolCounts) bool {
+func (pm *Metrics) count(n *poolCounts) bool {
 	pm.mu.Lock()
 	defer pm.mu.Unlock()
 	live := pm.pools[:0]
@@ -209,7 +217,7 @@ func (pm *poolMetrics) count(n *poolCounts) bool {
 }
 
 // seen adds pool to the observed pools, once.
-func (pm *poolMetrics) seen(pool *pgxpool.Pool) {
+func (pm *Metrics) seen(pool *pgxpool.Pool) {
 	w := weak.Make(pool)
 	pm.mu.Lock()
 	defer pm.mu.Unlock()
@@ -222,7 +230,7 @@ func (pm *poolMetrics) seen(pool *pgxpool.Pool) {
 }
 
 // close stops observing the pools; again, it does nothing.
-func (pm *poolMetrics) close() {
+func (pm *Metrics) Close() {
 	if pm == nil {
 		return
 	}
@@ -272,7 +280,7 @@ func since(ctx context.Context, kind startedKey, now time.Time) (time.Duration, 
 }
 
 // acquireStart counts an acquire as pending and notes its start.
-func (pm *poolMetrics) acquireStart(ctx context.Context) context.Context {
+func (pm *Metrics) AcquireStart(ctx context.Context) context.Context {
 	if pm == nil {
 		return ctx
 	}
@@ -282,7 +290,7 @@ func (pm *poolMetrics) acquireStart(ctx context.Context) context.Context {
 
 // acquireEnd records an acquire of pool that ended with conn (nil when it failed with
 // err): its wait, or its timeout; and the start of the connection's use.
-func (pm *poolMetrics) acquireEnd(ctx context.Context, pool *pgxpool.Pool, st *poolConnState, err error) {
+func (pm *Metrics) AcquireEnd(ctx context.Context, pool *pgxpool.Pool, st *ConnState, err error) {
 	if pm == nil {
 		return
 	}
@@ -307,7 +315,7 @@ func (pm *poolMetrics) acquireEnd(ctx context.Context, pool *pgxpool.Pool, st *p
 }
 
 // release records the use of a connection the pool gets back, in whatever state.
-func (pm *poolMetrics) release(st *poolConnState) {
+func (pm *Metrics) Release(st *ConnState) {
 	if pm == nil || st == nil || st.acquiredAt.IsZero() {
 		return // not acquired through the tracer's hooks (pgxpool's AcquireAllIdle)
 	}
@@ -316,7 +324,7 @@ func (pm *poolMetrics) release(st *poolConnState) {
 }
 
 // connectStart notes the start of a connect.
-func (pm *poolMetrics) connectStart(ctx context.Context) context.Context {
+func (pm *Metrics) ConnectStart(ctx context.Context) context.Context {
 	if pm == nil {
 		return ctx
 	}
@@ -324,7 +332,7 @@ func (pm *poolMetrics) connectStart(ctx context.Context) context.Context {
 }
 
 // connectEnd records the time a successful connect took.
-func (pm *poolMetrics) connectEnd(ctx context.Context, err error) {
+func (pm *Metrics) ConnectEnd(ctx context.Context, err error) {
 	if pm == nil || err != nil {
 		return
 	}

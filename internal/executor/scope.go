@@ -1,36 +1,37 @@
-package otelpgxtx
+package executor
 
 import (
 	"context"
 	"sync"
 
 	"github.com/jackc/pgx/v5/pgxpool"
-	"go.opentelemetry.io/otel/trace"
-
+	"github.com/txevidence/otelpgxtx/internal/frame"
+	"github.com/txevidence/otelpgxtx/internal/schema"
 	"github.com/txevidence/otelpgxtx/outcome"
+	"go.opentelemetry.io/otel/trace"
 )
 
 // scope is one transaction as [Run] owns it: its handle, its frame (nil when the
 // connection is not instrumented), and the work to do after its commit. A Nested call
 // has a scope of its own whose hooks join the parent's only if its savepoint is released.
-type scope struct {
-	tx    *runTx
-	frame *frame
+type Scope struct {
+	Tx    *runTx
+	frame *frame.Frame
 	// t is the tracer of the frame, nil without one: the frame ends through it, and the
 	// participants are counted in its metrics.
-	t      *core
-	id     outcome.OperationID
-	parent *scope // for Nested: the scope whose savepoint this is
+	t      *frame.Core
+	ID     outcome.OperationID
+	parent *Scope // for Nested: the scope whose savepoint this is
 	// suspended is the scope that was in the context when this one began (RequiresNew):
 	// it holds a connection while this one runs.
-	suspended *scope
+	Suspended *Scope
 	// pool is the pool the owner's connection came from, or nil.
-	pool *pgxpool.Pool
+	Pool *pgxpool.Pool
 
-	mu           sync.Mutex
-	hooks        []func(context.Context) error
+	Mu           sync.Mutex
+	Hooks        []func(context.Context) error
 	rollbackOnly error // a participant failed: the owner must not commit
-	closed       bool
+	Closed       bool
 }
 
 // scopeKey is the context key of the scope that Run's function and AfterCommit find.
@@ -41,7 +42,7 @@ type scopeKey struct{}
 // every lookup made under it.
 type runContext struct {
 	context.Context
-	sc *scope
+	sc *Scope
 }
 
 // Value returns the scope for scopeKey, its frame for frameKey, and asks the parent
@@ -50,7 +51,7 @@ func (c *runContext) Value(key any) any {
 	switch key.(type) {
 	case scopeKey:
 		return c.sc
-	case frameKey:
+	case frame.FrameKey:
 		if c.sc.frame != nil {
 			return c.sc.frame
 		}
@@ -59,13 +60,13 @@ func (c *runContext) Value(key any) any {
 }
 
 // scopeFromContext returns the scope Run put in ctx, or nil.
-func scopeFromContext(ctx context.Context) *scope {
-	sc, _ := ctx.Value(scopeKey{}).(*scope)
+func ScopeFromContext(ctx context.Context) *Scope {
+	sc, _ := ctx.Value(scopeKey{}).(*Scope)
 	return sc
 }
 
 // owner returns the scope that will commit: a Nested scope's outermost parent.
-func (sc *scope) owner() *scope {
+func (sc *Scope) Owner() *Scope {
 	for sc.parent != nil {
 		sc = sc.parent
 	}
@@ -73,51 +74,51 @@ func (sc *scope) owner() *scope {
 }
 
 // open reports whether sc's transaction still takes participants and hooks.
-func (sc *scope) open() bool {
-	sc.mu.Lock()
-	defer sc.mu.Unlock()
-	return !sc.closed
+func (sc *Scope) Open() bool {
+	sc.Mu.Lock()
+	defer sc.Mu.Unlock()
+	return !sc.Closed
 }
 
 // markRollbackOnly dooms the owner's transaction with err, the first failure wins: a
 // participant cannot roll back on its own, so the owner rolls back when fn returns.
-func (sc *scope) markRollbackOnly(err error) {
-	sc = sc.owner()
-	sc.mu.Lock()
+func (sc *Scope) markRollbackOnly(err error) {
+	sc = sc.Owner()
+	sc.Mu.Lock()
 	if sc.rollbackOnly == nil {
 		sc.rollbackOnly = err
 	}
-	sc.mu.Unlock()
+	sc.Mu.Unlock()
 }
 
 // rollbackCause is the failure that doomed sc's transaction, or nil.
-func (sc *scope) rollbackCause() error {
-	sc.mu.Lock()
-	defer sc.mu.Unlock()
+func (sc *Scope) rollbackCause() error {
+	sc.Mu.Lock()
+	defer sc.Mu.Unlock()
 	return sc.rollbackOnly
 }
 
 // participated records a participant's call on the owner's frame: a participant has no
 // frame of its own, so its outcome is an event there, and a count of its own, whether it
 // joined or failed.
-func (sc *scope) participated(propagation string, o outcome.Outcome) {
+func (sc *Scope) participated(propagation string, o outcome.Outcome) {
 	f := sc.frame
 	if f == nil {
 		return
 	}
-	sc.t.metrics.participant(propagation, o)
-	if f.span.IsRecording() {
-		f.span.AddEvent(eventParticipant, trace.WithAttributes(
-			participantOutcomeKey.String(o.String()), propagationKey.String(propagation)))
+	sc.t.Metrics.Participant(propagation, o)
+	if f.OTel.IsRecording() {
+		f.OTel.AddEvent(schema.EventParticipant, trace.WithAttributes(
+			schema.ParticipantOutcomeKey.String(o.String()), schema.PropagationKey.String(propagation)))
 	}
 }
 
 // takeHooks closes the scope and returns its hooks.
-func (sc *scope) takeHooks() []func(context.Context) error {
-	sc.mu.Lock()
-	defer sc.mu.Unlock()
-	sc.closed = true
-	h := sc.hooks
-	sc.hooks = nil
+func (sc *Scope) takeHooks() []func(context.Context) error {
+	sc.Mu.Lock()
+	defer sc.Mu.Unlock()
+	sc.Closed = true
+	h := sc.Hooks
+	sc.Hooks = nil
 	return h
 }

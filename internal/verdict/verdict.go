@@ -1,0 +1,291 @@
+package verdict
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"sync/atomic"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/txevidence/otelpgxtx/classifier"
+	"github.com/txevidence/otelpgxtx/internal/errs"
+	"github.com/txevidence/otelpgxtx/internal/record"
+	"github.com/txevidence/otelpgxtx/internal/schema"
+	"github.com/txevidence/otelpgxtx/outcome"
+	"go.opentelemetry.io/otel/trace"
+)
+
+// endReasonError is the cause of a rollback that no error of the application's showed:
+// the frame ended for reason (a classifier or tracer reason, e.g. connection_closed).
+type endReasonError struct{ reason string }
+
+func (e endReasonError) Error() string {
+	return "otelpgxtx: the transaction was rolled back: " + e.reason
+}
+
+// verdictState is a Verdict's answer as the frames tell it, and what a Retry attempt
+// asks of it; the frames hold it, in the context NewVerdict made.
+type State struct {
+	mu  sync.Mutex
+	Err error // a bad argument to NewVerdict
+	d   Data
+	// earlier is what the transactions told before the last one left (see fold).
+	earlier Earlier
+	// attempt is the Retry attempt the Verdict is of (from 1), 0 outside Retry: the
+	// frames begun with its context carry it as tx.attempt. Set before it is shared.
+	Attempt int
+}
+
+// earlierFrames is what the transactions a Verdict was told of before its last one
+// leave to its answer: the attempt's work is in the database if any of them committed,
+// and may be if any is unknown.
+type Earlier struct {
+	committed   bool
+	committedID outcome.OperationID // the last that committed
+	unknown     Data                // the first whose commit is unknown, when unknowns > 0
+	unknowns    int
+}
+
+// fold moves d, the verdict of a transaction that ended, into e.
+func (e *Earlier) fold(d Data) {
+	switch {
+	case !d.Set || !d.frame:
+	case d.Outcome == outcome.OutcomeCommitted || d.Outcome == outcome.OutcomeCommittedWithPostCommitFailure:
+		e.committed, e.committedID = true, d.Id
+	case d.Outcome == outcome.OutcomeIndeterminate:
+		if e.unknowns == 0 {
+			e.unknown = d
+		}
+		e.unknowns++
+	}
+}
+
+// verdictData is what a Verdict holds of the transaction, replaced whole at each record.
+type Data struct {
+	open    bool // a frame began with the context and has not ended
+	Set     bool
+	frame   bool // set by a transaction's end (not a savepoint's)
+	Outcome outcome.Outcome
+	Id      outcome.OperationID
+	// phase is the phase a rollback became certain in.
+	Phase            outcome.Phase
+	retryable        bool
+	committedLocally bool
+	ref              outcome.ReconciliationRef
+	hasRef           bool
+	Cause            error  // the failure, nil when reason tells
+	Reason           string // the verdict's reason, for a cause no error showed
+	span             trace.SpanContext
+	// awaited is automatic reconciliation's answer to an indeterminate frame, or nil.
+	awaited *record.Awaited
+}
+
+// verdictKey is the context key of a *Verdict.
+type Key struct{}
+
+// verdictsAsked is set by the first NewVerdict: until then no hook looks for a Verdict in
+// a context, so that a tracer whose callers never ask pays not even the lookup.
+var Asked atomic.Bool
+
+// verdictFrom returns the Verdict ctx carries, or nil; without a lookup until one was made.
+func From(ctx context.Context) *State {
+	if !Asked.Load() || ctx == nil {
+		return nil
+	}
+	v, _ := ctx.Value(Key{}).(*State)
+	return v
+}
+
+// answer is Result's answer.
+func (v *State) Answer() (outcome.Result[struct{}], error) {
+	v.mu.Lock()
+	d := v.d
+	earlier := v.earlier
+	err := v.Err
+	v.mu.Unlock()
+	switch {
+	case err != nil:
+		return nil, err
+	case !d.Set && d.open:
+		return nil, fmt.Errorf("%w: the transaction begun with this context has not ended", errs.ErrNoVerdict)
+	case !d.Set:
+		return nil, fmt.Errorf("%w: no transaction of an instrumented connection was begun or ended with this context", errs.ErrNoVerdict)
+	}
+	return earlier.with(&d), nil
+}
+
+// with is the answer for an attempt whose last transaction ended as d, after the
+// transactions of e: nothing of the attempt is in the database only if every one of them
+// is a proven rollback. So one whose commit is unknown makes the attempt's indeterminate
+// (the last such, else the first before it), and a rollback after one that committed
+// is a commit with a failure after it — never a rollback, which Retry would run again.
+func (e *Earlier) with(d *Data) outcome.Result[struct{}] {
+	switch {
+	case d.Outcome == outcome.OutcomeIndeterminate:
+		return d.Result()
+	case e.unknowns > 0:
+		return e.unknown.Result()
+	case e.committed && d.Outcome == outcome.OutcomeRolledBack:
+		r, _ := outcome.NewCommittedWithPostCommitFailure(e.committedID, struct{}{}, d.rollbackCause())
+		return r
+	}
+	return d.Result()
+}
+
+// settleable reports whether the attempt's answer, indeterminate, is the only thing of
+// it not known — one transaction whose commit is unknown —, so that settling it answers
+// for the attempt; and, if another of its transactions committed, that one's id: then
+// a proven abort of the unknown one leaves a commit with a failure after it, no rollback.
+func (v *State) Settleable() (ok bool, committed *outcome.OperationID) {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	e := v.earlier
+	unknowns := e.unknowns
+	if v.d.Outcome == outcome.OutcomeIndeterminate {
+		unknowns++
+	}
+	if e.committed {
+		id := e.committedID
+		committed = &id
+	}
+	return unknowns == 1, committed
+}
+
+// result is d's verdict as a Result.
+func (d *Data) Result() outcome.Result[struct{}] {
+	switch d.Outcome {
+	case outcome.OutcomeCommitted:
+		return outcome.NewCommitted(d.Id, struct{}{}, d.committedLocally)
+	case outcome.OutcomeParticipating:
+		return outcome.NewParticipating(d.Id, struct{}{})
+	case outcome.OutcomeCommittedWithPostCommitFailure:
+		r, _ := outcome.NewCommittedWithPostCommitFailure(d.Id, struct{}{}, d.causeErr(errs.ErrRolledBack))
+		return r
+	case outcome.OutcomeIndeterminate:
+		var ref *outcome.ReconciliationRef
+		if d.hasRef {
+			ref = &d.ref
+		}
+		r, err := outcome.NewIndeterminate[struct{}](d.Id, d.causeErr(errs.ErrCommitUnobserved), ref, d.committedLocally)
+		if err != nil {
+			// A reference the tracer took is well formed; should one not be, the outcome is
+			// still indeterminate, without it.
+			r, _ = outcome.NewIndeterminate[struct{}](d.Id, d.causeErr(errs.ErrCommitUnobserved), nil, d.committedLocally)
+		}
+		if d.span.IsValid() {
+			r = r.WithTraceParent(schema.TraceParent(d.span))
+		}
+		return r
+	}
+	// A cause, and a phase a rollback is observed in: the constructor has nothing to refuse.
+	r, _ := outcome.NewDeterminateRollback[struct{}](d.Id, d.Phase, d.rollbackCause(), d.retryable)
+	return r
+}
+
+// rollbackCause is the cause of d, a rollback: the failure, or why it ended.
+func (d *Data) rollbackCause() error {
+	var fallback error
+	switch d.Reason {
+	case classifier.ReasonRolledBack:
+		fallback = errs.ErrRolledBack
+	case classifier.ReasonCommitRollback:
+		fallback = pgx.ErrTxCommitRollback // as pgx's Commit says it
+	default:
+		fallback = endReasonError{d.Reason}
+	}
+	return d.causeErr(fallback)
+}
+
+// causeErr is the recorded cause, or fallback when no error showed one.
+func (d *Data) causeErr(fallback error) error {
+	if d.Cause != nil {
+		return d.Cause
+	}
+	return fallback
+}
+
+// pending returns automatic reconciliation's answer to the indeterminate frame v was
+// last told of, or nil when the frame's tracer does not reconcile.
+func (v *State) Pending() *record.Awaited {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	if v.d.Outcome != outcome.OutcomeIndeterminate {
+		return nil
+	}
+	return v.d.awaited
+}
+
+// began records that a frame begun with v's context is under way: a verdict recorded
+// before belongs to an earlier transaction of the attempt, and is folded into what the
+// earlier ones leave (earlierFrames).
+func (v *State) Began() {
+	v.mu.Lock()
+	v.earlier.fold(v.d)
+	v.d = Data{open: true}
+	v.mu.Unlock()
+}
+
+// frameEnded records the verdict of a concluded frame, of ending e. It runs under the
+// frame's connection's lock, on whichever goroutine concluded it.
+func (v *State) FrameEnded(e *record.Ending) {
+	d := Data{Set: true, frame: true, Outcome: e.Outcome, Id: e.ID, committedLocally: e.CommittedLocally, Reason: e.Verdict.Reason()}
+	switch e.Outcome {
+	case outcome.OutcomeCommittedWithPostCommitFailure:
+		d.Cause = e.EndErr // the call's failure after the commit
+	case outcome.OutcomeIndeterminate:
+		d.Cause = e.EndErr
+		if e.Ref != nil {
+			d.ref, d.hasRef = *e.Ref, true
+		}
+		if e.Recorded {
+			d.span = e.Span
+		}
+		d.awaited = e.Awaited
+	case outcome.OutcomeRolledBack:
+		d.retryable = e.Verdict.Retryable()
+		d.Phase = e.EndedIn
+		d.Cause = e.FirstCause
+		if d.Cause == nil {
+			d.Cause = e.Cause // Run's function's error
+		}
+		if d.Cause == nil {
+			d.Cause = e.EndErr
+		}
+	}
+	v.mu.Lock()
+	if !v.d.open {
+		v.earlier.fold(v.d) // a frame begun in another context, ended with this one
+	}
+	v.d = d
+	v.mu.Unlock()
+}
+
+// notStarted records that a transaction tried with v's context never reached the server:
+// the pool could not acquire a connection, or none could be made (refused, a server in
+// crash recovery or at its connection limit, a TLS or authentication failure). Nothing
+// of it was sent, so it rolled back for certain; whether running it again may succeed is
+// the classifier's, as for Run's not_started rollback. It answers only when nothing else
+// was recorded: a frame begun or ended with the context is the answer.
+func (v *State) NotStarted(err error) {
+	c := classifier.Classify(outcome.PhaseNotStarted, err, classifier.Facts{})
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	if v.d.open || v.d.Set && !v.d.frame {
+		return
+	}
+	v.earlier.fold(v.d) // a transaction of the attempt that ended before
+	v.d = Data{Set: true, frame: true, Outcome: outcome.OutcomeRolledBack, Phase: outcome.PhaseNotStarted, retryable: c.Retryable(),
+		Cause: err, Reason: c.Reason()}
+}
+
+// savepointEnded records the verdict of a savepoint statement of the transaction of
+// operation id, answered without error: released (Participating) or rolled back to.
+func (v *State) SavepointEnded(id outcome.OperationID, rolledBack bool) {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	d := Data{Set: true, open: v.d.open, Outcome: outcome.OutcomeParticipating, Id: id}
+	if rolledBack {
+		d.Outcome, d.Phase, d.Cause = outcome.OutcomeRolledBack, outcome.PhaseActive, errs.ErrSavepointRolledBack
+	}
+	v.d = d
+}
