@@ -238,7 +238,7 @@ func TestAutoReconcileOptions(t *testing.T) {
 		"backoff":        WithAutoReconcile(rec, WithRetryBackoff(time.Second, time.Millisecond)),
 	} {
 		tr, err := newTracer([]Option{o})
-		if !errors.Is(err, ErrInvalidArgument) || tr.Auto != nil {
+		if !errors.Is(err, ErrInvalidArgument) || tr.a.Auto != nil {
 			t.Errorf("%s: accepted (%v)", name, err)
 		}
 	}
@@ -262,7 +262,7 @@ func TestAutoReconcileStartsOnDemand(t *testing.T) {
 	h := newHarness(t, "", 1, withAutoReconcile(t, db)) // its LeakCheck runs after the pool's Close
 	table := srv.NewTable(t, ctx, tableColumns)
 	commitOne(t, ctx, h, table, 1)
-	if h.tracer.Auto == nil || h.tracer.Auto.Started {
+	if h.tracer.a.Auto == nil || h.tracer.a.Auto.Started {
 		t.Fatal("the reconciler's workers started without an indeterminate frame")
 	}
 }

@@ -37,7 +37,7 @@ func (t *Tracer) Check(ctx context.Context, db interface {
 	case pg.IsNilHandle(db):
 		return invalid("Tracer.Check: nil %T", db)
 	}
-	refs := t.Cfg.References()
+	refs := t.a.Cfg.References()
 	if refs.Mode == reference.None {
 		return nil
 	}

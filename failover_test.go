@@ -251,7 +251,7 @@ func TestIdentityOnStandby(t *testing.T) {
 		if err := conn.Ping(ctx); err != nil {
 			t.Fatalf("%s: connection unusable after the identity read: %v", tc.name, err)
 		}
-		sys, timeline, _, _ := frame.ConnStateOf(conn).Refs.Identity()
+		sys, timeline, _, _ := frame.State(conn.PgConn()).Refs.Identity()
 		if got := sys != 0; got != tc.identity || tc.identity && timeline != 1 {
 			t.Errorf("%s: identity read %v (timeline %d), want %v", tc.name, got, timeline, tc.identity)
 		}

@@ -272,7 +272,7 @@ func (h *harness) wantNoFrames(t *testing.T, ctx context.Context) {
 		}
 	}()
 	for _, c := range conns {
-		if st := frame.ConnStateOf(c.Conn()); st != nil && st.Frame() != nil {
+		if st := frame.State(c.Conn().PgConn()); st != nil && st.Frame() != nil {
 			t.Fatalf("an idle connection still holds a frame in phase %s", st.Frame().Ev.Phase())
 		}
 	}

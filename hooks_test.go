@@ -103,7 +103,7 @@ func TestEndWithoutStart(t *testing.T) {
 	if inner.ends != 4 {
 		t.Fatalf("inner tracer saw %d ends, want 4", inner.ends)
 	}
-	if st := frame.ConnStateOf(conn); st.Frame() != nil || len(st.Queries) != 0 {
+	if st := frame.State(conn.PgConn()); st.Frame() != nil || len(st.Queries) != 0 {
 		t.Fatalf("state after unmatched ends: frame %v, %d queries", st.Frame(), len(st.Queries))
 	}
 }

@@ -42,12 +42,12 @@ func InstrumentPool(cfg *pgxpool.Config, opts ...Option) (*Tracer, error) {
 	if err != nil {
 		return nil, err
 	}
-	if !t.Cfg.NoPoolMetrics {
-		t.Pool = poolmetrics.New(t.Cfg, cfg)
+	if !t.a.Cfg.NoPoolMetrics {
+		t.a.Pool = poolmetrics.New(t.a.Cfg, cfg)
 	}
 	userBeforeClose := cfg.BeforeClose
 	cfg.BeforeClose = func(conn *pgx.Conn) {
-		t.ConnClosing(conn)
+		t.a.ConnClosing(conn)
 		if userBeforeClose != nil {
 			userBeforeClose(conn)
 		}
@@ -111,7 +111,7 @@ func InstrumentConnConfig(cfg *pgx.ConnConfig, opts ...Option) (*Tracer, error) 
 		cfg.BuildContextWatcherHandler = func(pg *pgconn.PgConn) ctxwatch.Handler {
 			h := build(pg)
 			if _, deadline := h.(*pgconn.DeadlineContextWatcherHandler); !deadline {
-				if st := t.StateOf(pg); st != nil {
+				if st := t.a.State(pg); st != nil {
 					st.Refs.Cancels() // see reference.Conn.readsEarly
 				}
 			}
@@ -120,7 +120,7 @@ func InstrumentConnConfig(cfg *pgx.ConnConfig, opts ...Option) (*Tracer, error) 
 	}
 	userOnNotice := cfg.OnNotice
 	cfg.OnNotice = func(pg *pgconn.PgConn, n *pgconn.Notice) {
-		t.OnNotice(pg, n)
+		t.a.OnNotice(pg, n)
 		if userOnNotice != nil {
 			userOnNotice(pg, n)
 		}
@@ -148,15 +148,15 @@ func newTracer(opts []Option) (*Tracer, error) {
 	if cfg.Err == nil {
 		cfg.Err = checkOmitSpans(&cfg)
 	}
-	t := &Tracer{hooks.Adapter{Core: frame.Core{
+	t := &Tracer{a: hooks.Adapter{Core: frame.Core{
 		Cfg:     cfg,
 		Tracer:  cfg.TracerProvider.Tracer(schema.ScopeName, trace.WithInstrumentationVersion(schema.Version)),
 		Metrics: metrics.New(cfg.MeterProvider, cfg.MeterAttributes),
 	}}}
-	t.Spans = framespan.Starter{Cfg: &t.Cfg, Tracer: t.Tracer, Sanitized: &t.Sanitized}
-	t.Inner.Cfg, t.Inner.Sanitized = &t.Cfg, &t.Sanitized
-	t.Sanitized.Raw = cfg.RawQueryText
-	t.Inner.AsIs = cfg.InnerSet && cfg.Inner != nil && !cfg.SanitizeInner
+	t.a.Spans = framespan.Starter{Cfg: &t.a.Cfg, Tracer: t.a.Tracer, Sanitized: &t.a.Sanitized}
+	t.a.Inner.Cfg, t.a.Inner.Sanitized = &t.a.Cfg, &t.a.Sanitized
+	t.a.Sanitized.Raw = cfg.RawQueryText
+	t.a.Inner.AsIs = cfg.InnerSet && cfg.Inner != nil && !cfg.SanitizeInner
 	innerTracer := cfg.Inner
 	if !cfg.InnerSet {
 		oo := []otelpgx.Option{
@@ -166,16 +166,16 @@ func newTracer(opts []Option) (*Tracer, error) {
 			otelpgx.WithMeterProvider(cfg.MeterProvider),
 			otelpgx.WithTracerAttributes(cfg.SpanAttributes...),
 			otelpgx.WithMeterAttributes(cfg.MeterAttributes...),
-			otelpgx.WithSpanNameCtxFunc(t.Sanitized.OperationName), // a user's own, passed after, wins
+			otelpgx.WithSpanNameCtxFunc(t.a.Sanitized.OperationName), // a user's own, passed after, wins
 		}
 		if cfg.NoConnDetails {
 			oo = append(oo, otelpgx.WithDisableConnectionDetailsInAttributes())
 		}
 		innerTracer = otelpgx.NewTracer(append(oo, cfg.OtelpgxOptions...)...)
 	}
-	t.Inner.SetInner(innerTracer)
+	t.a.Inner.SetInner(innerTracer)
 	if cfg.Err == nil && cfg.Auto != nil {
-		t.Auto = auto.New(cfg.Auto, t.Cfg.Logger, cfg.MeterProvider, cfg.MeterAttributes)
+		t.a.Auto = auto.New(cfg.Auto, t.a.Cfg.Logger, cfg.MeterProvider, cfg.MeterAttributes)
 	}
 	return t, cfg.Err
 }

@@ -197,7 +197,7 @@ func overMarkerReconcile(t *testing.T, base string) {
 			if _, err := tx.Exec(ctx, "set local synchronous_commit = on"); err != nil {
 				return 0, err
 			}
-			sys, timeline, database, checkedAt := frame.StateOf(tx.Conn().PgConn()).Refs.Identity()
+			sys, timeline, database, checkedAt := frame.State(tx.Conn().PgConn()).Refs.Identity()
 			q, _ := markertable.Quote(marker...)
 			q, _ = markertable.RefTable(database, q)
 			began <- started{tx.Conn().PgConn().PID(), outcome.ReconciliationRef{SystemIdentifier: sys,

@@ -13,5 +13,5 @@ import (
 // options: commit references need them, and a Policy of Run's may ask for references on
 // any connection.
 func newNetConn(conn net.Conn, t *Tracer) *wire.Conn {
-	return wire.NewConn(conn, &frame.CloseWatch{Closed: t.NetConnClosed}, true)
+	return wire.NewConn(conn, &frame.CloseWatch{Closed: t.a.NetConnClosed}, true)
 }

@@ -98,7 +98,7 @@ func TestServerKindFromStartup(t *testing.T) {
 		if _, err := s.conn.Exec(context.Background(), "begin"); err != nil {
 			t.Fatal(err)
 		}
-		if got := frame.ConnStateOf(s.conn).Server(); got != tc.want {
+		if got := frame.State(s.conn.PgConn()).Server(); got != tc.want {
 			t.Errorf("server %v, want %v", got, tc.want)
 		}
 		if seen := s.seen(); !slices.Equal(seen, []string{"begin"}) {

@@ -25,7 +25,7 @@ var identitySQL, _ = reference.CheckQuery("")
 // does ahead of the first BEGIN of a frame with those references: it begins a
 // transaction with them and rolls it back.
 func checkReferences(ctx context.Context, conn *pgx.Conn, refs reference.Refs) error {
-	st := frame.ConnStateOf(conn)
+	st := frame.State(conn.PgConn())
 	st.Refs.Running(refs)
 	tx, err := conn.Begin(ctx)
 	st.Refs.Ran()
@@ -101,7 +101,7 @@ func TestReferenceCheckCancelled(t *testing.T) {
 	t.Run("Run", func(t *testing.T) {
 		table := srv.NewTable(t, ctx, tableColumns)
 		conn := instrumentedConn(t, ctx, srv.ConnString())
-		st := frame.ConnStateOf(conn)
+		st := frame.State(conn.PgConn())
 		run := func(id int, p Policy) error {
 			if r := Run(ctx, conn, p, insertFn(table, id)); r.Outcome() != outcome.OutcomeCommitted {
 				return fmt.Errorf("Run: %T", r)

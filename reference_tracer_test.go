@@ -880,7 +880,7 @@ func TestXIDReadWithCancelRequests(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		st := frame.ConnStateOf(conn)
+		st := frame.State(conn.PgConn())
 		for i, stmtCtx := range []context.Context{ctx, context.WithoutCancel(ctx)} {
 			id := 10*len(exp.GetSpans()) + i + 1
 			if cancels {

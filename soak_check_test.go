@@ -22,6 +22,8 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/txevidence/otelpgxtx/classifier"
+	"github.com/txevidence/otelpgxtx/internal/frame"
+	"github.com/txevidence/otelpgxtx/internal/metrics"
 	"github.com/txevidence/otelpgxtx/internal/schema"
 	"github.com/txevidence/otelpgxtx/outcome"
 	"github.com/txevidence/otelpgxtx/reconcile"
@@ -89,7 +91,7 @@ func (p *soakSpans) OnEnd(s sdktrace.ReadOnlySpan) {
 				fr.ref = kv.Value.AsString()
 			case schema.ErrorTypeKey:
 				fr.errType = kv.Value.AsString()
-			case dbResponseStatusKey:
+			case schema.DBResponseStatusKey:
 				fr.sqlstate = kv.Value.AsString()
 			case AttemptKey:
 				fr.attempt = kv.Value.AsInt64()
@@ -101,11 +103,11 @@ func (p *soakSpans) OnEnd(s sdktrace.ReadOnlySpan) {
 			if fr.outcome == "indeterminate" && fr.ref == "" {
 				fr.events = append(fr.events, e.Name)
 			}
-			if e.Name != eventParticipant {
+			if e.Name != schema.EventParticipant {
 				continue
 			}
 			for _, kv := range e.Attributes {
-				if kv.Key == participantOutcomeKey {
+				if kv.Key == schema.ParticipantOutcomeKey {
 					if fr.participants == nil {
 						fr.participants = map[string]int64{}
 					}
@@ -135,7 +137,7 @@ func (p *soakSpans) OnEnd(s sdktrace.ReadOnlySpan) {
 	if isFrame {
 		p.frames = append(p.frames, fr)
 	}
-	if s.Name() == spanNameRetry {
+	if s.Name() == schema.SpanNameRetry {
 		if p.retries == nil {
 			p.retries = map[trace.SpanID]trace.SpanID{}
 		}
@@ -251,8 +253,8 @@ func (c *soakCheck) framesLeftOnConnections() {
 	for _, p := range pools {
 		conns := p.AcquireAllIdle(c.ctx)
 		for _, pc := range conns {
-			if st := connStateOf(pc.Conn()); st != nil && st.frame() != nil {
-				c.fail(0, "an idle pooled connection still holds a frame in phase %s (operation %s)", st.frame().ev.Phase(), st.frame().id)
+			if st := frame.Made(pc.Conn().PgConn()); st != nil && st.Frame() != nil {
+				c.fail(0, "an idle pooled connection still holds a frame in phase %s (operation %s)", st.Frame().Ev.Phase(), st.Frame().ID)
 			}
 			pc.Release()
 		}
@@ -447,7 +449,7 @@ func (c *soakCheck) metricsAgainstSpans() {
 	if fmt.Sprint(metricCounts) != fmt.Sprint(spanCounts) {
 		c.fail(0, "metrics by outcome %v, frame spans by outcome %v", metricCounts, spanCounts)
 	}
-	if got := nonZero(h.sums(t, ctx, metricParticipations, participantOutcomeKey)); fmt.Sprint(got) != fmt.Sprint(participantCounts) {
+	if got := nonZero(h.sums(t, ctx, metrics.MetricParticipations, schema.ParticipantOutcomeKey)); fmt.Sprint(got) != fmt.Sprint(participantCounts) {
 		c.fail(0, "participations by outcome %v, tx.participant events %v", got, participantCounts)
 	}
 }

@@ -201,7 +201,7 @@ func (s *soak) drainReconciliation(ctx context.Context) {
 	deadline := time.Now().Add(2 * time.Minute)
 	for _, tr := range s.tracers {
 		for {
-			n, _ := tr.auto.oldest()
+			n, _ := tr.a.Auto.Oldest()
 			if n == 0 || time.Now().After(deadline) || ctx.Err() != nil {
 				break
 			}

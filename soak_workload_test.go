@@ -18,6 +18,8 @@ import (
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/txevidence/otelpgxtx/internal/executor"
+	"github.com/txevidence/otelpgxtx/internal/frame"
 	"github.com/txevidence/otelpgxtx/outcome"
 	"github.com/txevidence/otelpgxtx/reconcile"
 )
@@ -303,8 +305,8 @@ func (s *soak) runPlain(ctx context.Context, op *soakOp, rng *rand.Rand) {
 		return
 	}
 	opID := ""
-	if f, _ := frameOfTx(tx); f != nil {
-		opID = f.id.String()
+	if f, _ := frame.FrameOfTx(tx); f != nil {
+		opID = f.ID.String()
 	}
 	if err := s.body(ctx, tx, op, opID, rng); err != nil {
 		op.failedAt, op.err = "statement", err
@@ -381,8 +383,8 @@ func (s *soak) incrOnce(ctx context.Context, op *soakOp, rng *rand.Rand) error {
 		return err
 	}
 	opID := ""
-	if f, _ := frameOfTx(tx); f != nil {
-		opID = f.id.String()
+	if f, _ := frame.FrameOfTx(tx); f != nil {
+		opID = f.ID.String()
 	}
 	if err := s.body(ctx, tx, op, opID, rng); err != nil {
 		_ = tx.Rollback(ctx)
@@ -442,11 +444,11 @@ func (s *soak) runWithRun(ctx context.Context, op *soakOp, rng *rand.Rand) {
 // runBody is the Run function: the body, the participant, the post-commit hook.
 func (s *soak) runBody(ctx context.Context, tx pgx.Tx, op *soakOp, rng *rand.Rand) (int64, error) {
 	op.calls++
-	sc := scopeFromContext(ctx)
+	sc := executor.ScopeFromContext(ctx)
 	if sc == nil {
 		return 0, errors.New("soak: no scope in the Run function's context")
 	}
-	opID := sc.id.String()
+	opID := sc.ID.String()
 	if err := s.body(ctx, tx, op, opID, rng); err != nil {
 		return 0, err
 	}

@@ -18,7 +18,8 @@ import (
 // span. It implements pgx.QueryTracer, pgx.BatchTracer, pgx.CopyFromTracer,
 // pgx.PrepareTracer, pgx.ConnectTracer, pgxpool.AcquireTracer and pgxpool.ReleaseTracer.
 type Tracer struct {
-	hooks.Adapter
+	// a is what the hooks do: the Tracer is only its public door.
+	a hooks.Adapter
 }
 
 var (
@@ -50,79 +51,79 @@ func (t *Tracer) Close(ctx context.Context) error {
 	if ctx == nil {
 		return invalid("Tracer.Close: nil context")
 	}
-	t.Pool.Close()
-	if t.Auto == nil {
+	t.a.Pool.Close()
+	if t.a.Auto == nil {
 		return nil
 	}
-	return t.Auto.Close(ctx)
+	return t.a.Auto.Close(ctx)
 }
 
 // TraceQueryStart implements the hook.
 func (t *Tracer) TraceQueryStart(ctx context.Context, conn *pgx.Conn, data pgx.TraceQueryStartData) context.Context {
-	return t.Adapter.TraceQueryStart(ctx, conn, data)
+	return t.a.TraceQueryStart(ctx, conn, data)
 }
 
 // TraceQueryEnd implements the hook.
 func (t *Tracer) TraceQueryEnd(ctx context.Context, conn *pgx.Conn, data pgx.TraceQueryEndData) {
-	t.Adapter.TraceQueryEnd(ctx, conn, data)
+	t.a.TraceQueryEnd(ctx, conn, data)
 }
 
 // TraceBatchStart implements the hook.
 func (t *Tracer) TraceBatchStart(ctx context.Context, conn *pgx.Conn, data pgx.TraceBatchStartData) context.Context {
-	return t.Adapter.TraceBatchStart(ctx, conn, data)
+	return t.a.TraceBatchStart(ctx, conn, data)
 }
 
 // TraceBatchQuery implements the hook.
 func (t *Tracer) TraceBatchQuery(ctx context.Context, conn *pgx.Conn, data pgx.TraceBatchQueryData) {
-	t.Adapter.TraceBatchQuery(ctx, conn, data)
+	t.a.TraceBatchQuery(ctx, conn, data)
 }
 
 // TraceBatchEnd implements the hook.
 func (t *Tracer) TraceBatchEnd(ctx context.Context, conn *pgx.Conn, data pgx.TraceBatchEndData) {
-	t.Adapter.TraceBatchEnd(ctx, conn, data)
+	t.a.TraceBatchEnd(ctx, conn, data)
 }
 
 // TraceCopyFromStart implements the hook.
 func (t *Tracer) TraceCopyFromStart(ctx context.Context, conn *pgx.Conn, data pgx.TraceCopyFromStartData) context.Context {
-	return t.Adapter.TraceCopyFromStart(ctx, conn, data)
+	return t.a.TraceCopyFromStart(ctx, conn, data)
 }
 
 // TraceCopyFromEnd implements the hook.
 func (t *Tracer) TraceCopyFromEnd(ctx context.Context, conn *pgx.Conn, data pgx.TraceCopyFromEndData) {
-	t.Adapter.TraceCopyFromEnd(ctx, conn, data)
+	t.a.TraceCopyFromEnd(ctx, conn, data)
 }
 
 // TracePrepareStart implements the hook.
 func (t *Tracer) TracePrepareStart(ctx context.Context, conn *pgx.Conn, data pgx.TracePrepareStartData) context.Context {
-	return t.Adapter.TracePrepareStart(ctx, conn, data)
+	return t.a.TracePrepareStart(ctx, conn, data)
 }
 
 // TracePrepareEnd implements the hook.
 func (t *Tracer) TracePrepareEnd(ctx context.Context, conn *pgx.Conn, data pgx.TracePrepareEndData) {
-	t.Adapter.TracePrepareEnd(ctx, conn, data)
+	t.a.TracePrepareEnd(ctx, conn, data)
 }
 
 // TraceConnectStart implements the hook.
 func (t *Tracer) TraceConnectStart(ctx context.Context, data pgx.TraceConnectStartData) context.Context {
-	return t.Adapter.TraceConnectStart(ctx, data)
+	return t.a.TraceConnectStart(ctx, data)
 }
 
 // TraceConnectEnd implements the hook.
 func (t *Tracer) TraceConnectEnd(ctx context.Context, data pgx.TraceConnectEndData) {
-	t.Adapter.TraceConnectEnd(ctx, data)
+	t.a.TraceConnectEnd(ctx, data)
 }
 
 // TraceAcquireStart implements the hook.
 func (t *Tracer) TraceAcquireStart(ctx context.Context, pool *pgxpool.Pool, data pgxpool.TraceAcquireStartData) context.Context {
-	return t.Adapter.TraceAcquireStart(ctx, pool, data)
+	return t.a.TraceAcquireStart(ctx, pool, data)
 }
 
 // TraceAcquireEnd implements the hook.
 func (t *Tracer) TraceAcquireEnd(ctx context.Context, pool *pgxpool.Pool, data pgxpool.TraceAcquireEndData) {
-	t.Adapter.TraceAcquireEnd(ctx, pool, data)
+	t.a.TraceAcquireEnd(ctx, pool, data)
 }
 
 // TraceRelease implements the hook.
 func (t *Tracer) TraceRelease(pool *pgxpool.Pool, data pgxpool.TraceReleaseData) {
-	t.Adapter.TraceRelease(pool, data)
+	t.a.TraceRelease(pool, data)
 }

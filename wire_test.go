@@ -511,14 +511,14 @@ func TestIdentityReadWithEndedContext(t *testing.T) {
 		t.Fatalf("with an ended context: %v", err)
 	}
 	// pgx closes a connection whose BEGIN failed, as it does without the library.
-	if st := frame.ConnStateOf(conn); st.Refs.Checked() || st.Refs.Adding() {
+	if st := frame.State(conn.PgConn()); st.Refs.Checked() || st.Refs.Adding() {
 		t.Fatal("an ended context counted as the server's answer")
 	}
 	conn = instrumentedConn(t, ctx, srv.ConnString())
 	if err := checkReferences(ctx, conn, reference.Refs{Mode: reference.XID}); err != nil {
 		t.Fatal(err)
 	}
-	if !frame.ConnStateOf(conn).Refs.Known() {
+	if !frame.State(conn.PgConn()).Refs.Known() {
 		t.Fatal("identity not read")
 	}
 }

@@ -38,7 +38,7 @@ type pendingOutcome struct {
 	waiter *record.Awaited
 }
 
-// autoReconciler is the tracer's background reconciliation: a bounded set of pending
+// Reconciler is the tracer's background reconciliation: a bounded set of pending
 // outcomes and a fixed number of workers.
 type Reconciler struct {
 	cfg     Config
@@ -61,13 +61,13 @@ type Reconciler struct {
 	closing sync.Once
 }
 
-// newAutoReconciler makes the automatic reconciliation a of the tracer configured tc,
+// New makes the automatic reconciliation a of the tracer configured tc,
 // whose workers start with the first indeterminate frame and run until Tracer.Close.
 func New(a *Config, log func() *slog.Logger, mp metric.MeterProvider, meterAttributes []attribute.KeyValue) *Reconciler {
 	ar := &Reconciler{cfg: *a, R: a.R, log: log, pending: make(map[*pendingOutcome]struct{}),
 		wake: make(chan struct{}, a.Workers), stop: make(chan struct{})}
 	ar.ctx, ar.cancel = context.WithCancel(context.Background())
-	ar.metrics = metrics.NewReconcile(mp, meterAttributes, ar.oldest)
+	ar.metrics = metrics.NewReconcile(mp, meterAttributes, ar.Oldest)
 	return ar
 }
 
@@ -86,7 +86,7 @@ func (a *Reconciler) startLocked() {
 	}
 }
 
-// enqueue hands an indeterminate frame, ended e, to the workers; it never blocks.
+// Enqueue hands an indeterminate frame, ended e, to the workers; it never blocks.
 func (a *Reconciler) Enqueue(e *record.Ending) {
 	p := &pendingOutcome{id: e.ID, link: e.Span, parent: e.ParentSpan, at: e.ConcludedAt, local: e.CommittedLocally,
 		waiter: e.Awaited}
@@ -251,7 +251,7 @@ func (a *Reconciler) leave(p *pendingOutcome, late bool) {
 	a.settle(p, reconcile.UnknownAnswer(reconcile.ReasonStopped, p.ref), late)
 }
 
-// close stops the workers: an attempt in flight may finish until ctx is done, then it
+// Close stops the workers: an attempt in flight may finish until ctx is done, then it
 // is cancelled. Every outcome still pending is left to the operator (see leave).
 func (a *Reconciler) Close(ctx context.Context) error {
 	var err error
@@ -290,8 +290,8 @@ func (a *Reconciler) Close(ctx context.Context) error {
 	return err
 }
 
-// oldest returns how many outcomes are pending and the age of the oldest one.
-func (a *Reconciler) oldest() (n int, age time.Duration) {
+// Oldest returns how many outcomes are pending and the age of the oldest one.
+func (a *Reconciler) Oldest() (n int, age time.Duration) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	now := time.Now()
@@ -301,7 +301,7 @@ func (a *Reconciler) oldest() (n int, age time.Duration) {
 	return len(a.pending), age
 }
 
-// mayChange reports whether asking again later may answer otherwise: the transaction was
+// MayChange reports whether asking again later may answer otherwise: the transaction was
 // still in progress, prepared (its coordinator has yet to decide), or its synchronous
 // standbys had not confirmed it.
 func MayChange(ans reconcile.Answer) bool {
@@ -312,7 +312,7 @@ func MayChange(ans reconcile.Answer) bool {
 	return false
 }
 
-// settledFrame is what the WithOnReconciled callback is told of one settled frame: the
+// Settled is what the WithOnReconciled callback is told of one settled frame: the
 // fields of the exported Reconciliation, which is made of it by conversion.
 type Settled struct {
 	OperationID      outcome.OperationID
@@ -323,7 +323,7 @@ type Settled struct {
 	CommittedLocally bool
 }
 
-// autoConfig is what the AutoReconcileOptions set; err is the first option refused.
+// Config is what the AutoReconcileOptions set; err is the first option refused.
 type Config struct {
 	R                  *reconcile.Reconciler
 	Queue, Workers     int

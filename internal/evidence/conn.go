@@ -50,7 +50,7 @@ type Begun struct {
 	Chained               *Frame
 	// Wrote: the statement that showed the transaction (one found begun) may write.
 	Wrote bool
-	// Implicit: the frame is an implicit transaction (BeginsImplicit), which its one
+	// Implicit: the frame is an implicit transaction (StartImplicit), which its one
 	// query begins and ends.
 	Implicit bool
 	// Rest: the frame is what a query ran after a split (StartRest).
@@ -98,6 +98,16 @@ const (
 	// transaction, committing, if the session is idle after the query, else a transaction
 	// block an unseen BEGIN began, active.
 	StartRest
+	// StartBlock: the statement about to be sent (Before) is BEGIN, a transaction block;
+	// the frame starts not_started.
+	StartBlock
+	// StartPrepared: COMMIT PREPARED or ROLLBACK PREPARED, sent outside a transaction
+	// block, end a transaction another session prepared: a frame of their own.
+	StartPrepared
+	// StartImplicit: a statement that may write, sent idle, is an implicit transaction of
+	// its own (Set.Implicit): committing from the moment it is handed over, as a COMMIT
+	// is, and ended by its reply.
+	StartImplicit
 )
 
 // Result is what an event decided of a frame.
@@ -118,8 +128,14 @@ type Result struct {
 	SavepointMove  SavepointMove
 	SavepointDepth int
 	SavepointName  string
-	// Start is the frame the caller is to start now.
+	// Start is the frame the caller is to start now, after this Result's frame.
 	Start Start
+	// Finished: the executor, which manages the frame, is done with it (Finish): its
+	// outputs get its ending now, with Outcome; FailedAfter is the failure of its
+	// post-commit work, if any; Retried: the executor runs the transaction again.
+	Finished, Retried bool
+	Outcome           outcome.Outcome
+	FailedAfter       error
 }
 
 // merge adds o's moves and ending to r.
@@ -149,22 +165,6 @@ type Statement struct {
 	Implicit bool
 }
 
-// Begins is the frame a statement begins, which Before asks the caller to start.
-type Begins uint8
-
-const (
-	BeginsNone Begins = iota
-	// BeginsBlock: BEGIN, a transaction block; the frame starts not_started.
-	BeginsBlock
-	// BeginsPrepared: COMMIT PREPARED or ROLLBACK PREPARED, outside a transaction block,
-	// end a transaction another session prepared: a frame of their own.
-	BeginsPrepared
-	// BeginsImplicit: a statement that may write, sent idle, is an implicit transaction
-	// of its own (Set.Implicit): committing from the moment it is handed over, as a
-	// COMMIT is, and ended by its reply.
-	BeginsImplicit
-)
-
 // Seen is how the replies to statements the hooks did not see (a COMMIT through the
 // PgConn, a pipeline) ended the open frame's transaction, where the connection followed
 // them (package wire, with commit references on): the server's one ending command tag
@@ -182,10 +182,11 @@ const (
 // its COMMIT never left and this is no other COMMIT (judged as that COMMIT's failure
 // alone judges it: unknown, for nothing tells what the application will do), or the
 // connection is idle, so its transaction ended where no query showed it and it must not
-// ride into unrelated work. ended is that frame, with what its ending decided; begin asks
-// the caller to start a frame for the statement (then Start). The open frame's own part —
-// what it wrote, its COMMIT — is told next, by Send.
-func (c *Conn[F]) Before(s Statement) (ended F, r Result, begins Begins) {
+// ride into unrelated work. ended is that frame, with what its ending decided; r.Start
+// asks the caller to start a frame for the statement (StartBlock, StartPrepared,
+// StartImplicit; then Start). The open frame's own part — what it wrote, its COMMIT — is
+// told next, by Send.
+func (c *Conn[F]) Before(s Statement) (ended F, r Result) {
 	var zero F
 	if f := c.open; f != zero && f.Evidence().commit.unsent {
 		if s.Set.Commits() {
@@ -200,13 +201,13 @@ func (c *Conn[F]) Before(s Statement) (ended F, r Result, begins Begins) {
 	switch {
 	case c.open != zero || !s.Idle:
 	case s.Set.Has(Begin):
-		begins = BeginsBlock
+		r.Start = StartBlock
 	case s.Set.EndsPrepared():
-		begins = BeginsPrepared
+		r.Start = StartPrepared
 	case s.Implicit && s.Set.Implicit():
-		begins = BeginsImplicit
+		r.Start = StartImplicit
 	}
-	return ended, r, begins
+	return ended, r
 }
 
 // Send feeds the open frame, if any, the statement s as it is handed over (after Before,
@@ -243,8 +244,18 @@ func (c *Conn[F]) Notice() {
 
 // RolledBackBy records that the executor rolls f back for cause, classified v: the first
 // failure unless a query failed before.
-func (c *Conn[F]) RolledBackBy(f F, cause error, v classifier.Classification) {
+func (c *Conn[F]) RolledBackBy(f F, cause error, v classifier.Classification) Result {
 	f.Evidence().rolledBackBy(cause, v)
+	return Result{}
+}
+
+// Finish is the executor's end of f, a frame it manages, once its post-commit work is
+// done: the frame ended with o (the executor's outcome: committed_with_post_commit_failure
+// when that work failed, with failedAfter its error; rolled_back after a panic), and
+// retried says whether the executor runs the transaction again. Nothing of the
+// evidence moves; the Result hands the frame's ending to the outputs.
+func (c *Conn[F]) Finish(f F, o outcome.Outcome, failedAfter error, retried bool) Result {
+	return Result{Finished: true, Outcome: o, FailedAfter: failedAfter, Retried: retried}
 }
 
 // committing moves f to committing as its COMMIT is handed over (through active, for

@@ -70,22 +70,23 @@ func run(t *testing.T, server classifier.ServerKind, steps []step) ([]*testFrame
 		}
 		set := Classify(s.sql)
 		commits := set.Decides() || !inTx && set.EndsPrepared()
-		ended, r, begins := c.Before(Statement{Set: set, Idle: !inTx, Commits: commits, Seen: s.seen, Implicit: true})
+		ended, r := c.Before(Statement{Set: set, Idle: !inTx, Commits: commits, Seen: s.seen, Implicit: true})
 		if ended != nil {
 			record(ended, r)
 		}
+		begins := r.Start
 		switch begins {
-		case BeginsBlock:
+		case StartBlock:
 			iso, access := BeginOptions(s.sql)
 			start(Begun{Phase: outcome.PhaseNotStarted, Isolation: iso, AccessMode: access})
-		case BeginsPrepared:
+		case StartPrepared:
 			start(Begun{})
-		case BeginsImplicit:
+		case StartImplicit:
 			start(Begun{Implicit: true, Wrote: true})
 		}
 		f := c.Open()
 		// An implicit transaction's one statement is its commit (the caller's Commits).
-		record(f, c.Send(Statement{Set: set, Idle: !inTx, Commits: commits || begins == BeginsImplicit}))
+		record(f, c.Send(Statement{Set: set, Idle: !inTx, Commits: commits || begins == StartImplicit}))
 		for _, seen := range s.splits {
 			if r := c.Split(set, seen, true); r.Ended {
 				record(f, r)

@@ -221,7 +221,7 @@ func (f *Frame) AccessMode() string { return f.shape.accessMode }
 func (f *Frame) ReadOnly() bool { return f.shape.readOnly }
 
 // Implicit reports that f is an implicit transaction: one query sent outside a
-// transaction block (Conn.Before's BeginsImplicit).
+// transaction block (Conn.Before's StartImplicit).
 func (f *Frame) Implicit() bool { return f.shape.implicit }
 
 // FailedAfterCommit is the failure of an implicit transaction's call after its commit

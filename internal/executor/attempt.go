@@ -9,6 +9,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/txevidence/otelpgxtx/classifier"
 	"github.com/txevidence/otelpgxtx/internal/errs"
+	"github.com/txevidence/otelpgxtx/internal/evidence"
 	"github.com/txevidence/otelpgxtx/internal/frame"
 	"github.com/txevidence/otelpgxtx/internal/redact"
 	"github.com/txevidence/otelpgxtx/internal/reference"
@@ -16,7 +17,6 @@ import (
 	"github.com/txevidence/otelpgxtx/outcome"
 	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/codes"
-	"go.opentelemetry.io/otel/trace"
 )
 
 // heldConn is the connection Run holds for one attempt, and how to give it back.
@@ -66,7 +66,7 @@ func (a *attemptTx) release() {
 	}
 }
 
-// runAttempt is one attempt: it begins a transaction, runs fn in it and ends it. It ends
+// RunAttempt is one attempt: it begins a transaction, runs fn in it and ends it. It ends
 // the frame too, here only, once fn has returned or panicked: the frame's span outlives
 // the commit, for the post-commit hooks and the retry event. retry says whether Run
 // tries again.
@@ -76,25 +76,24 @@ func RunAttempt[T any](ctx context.Context, db TxBeginner, p AttemptPolicy, fn f
 		return res, ShouldRetry(ctx, p.MaxAttempts, res, n)
 	}
 	if f := a.sc.frame; f != nil {
-		defer func() { endAttemptFrame(a.sc.t, f, res, retry, n) }()
+		defer func() { endAttemptFrame(a.sc.t, f, res, retry) }()
 	}
 	value, err := callFn(ctx, &a, fn)
 	res = endAttempt(ctx, &a, value, err)
 	return res, ShouldRetry(ctx, p.MaxAttempts, res, n)
 }
 
-// endAttemptFrame ends attempt n's frame with its result. A nil result is a panic in fn, which
-// rolled the transaction back; a retried attempt says so with a tx.retry event first.
-func endAttemptFrame[T any](t *frame.Core, f *frame.Frame, res outcome.Result[T], retry bool, n int) {
-	if res == nil {
-		t.End(f, outcome.OutcomeRolledBack, nil)
-		return
+// endAttemptFrame ends attempt n's frame with its result, through the frame's door: a
+// nil result is a panic in fn, which rolled the transaction back; a retried attempt's
+// frame says so with a tx.retry event.
+func endAttemptFrame[T any](t *frame.Core, f *frame.Frame, res outcome.Result[T], retry bool) {
+	o, failed := outcome.OutcomeRolledBack, error(nil)
+	if res != nil {
+		o, failed = res.Outcome(), postCommitFailure(res)
+	} else {
+		retry = false
 	}
-	if retry && f.OTel.IsRecording() {
-		f.OTel.AddEvent(schema.EventRetry, trace.WithAttributes(schema.AttemptKey.Int(n+1),
-			schema.ErrorTypeKey.String(f.Ev.Verdict().Reason())))
-	}
-	t.End(f, res.Outcome(), postCommitFailure(res))
+	t.Feed(f, func(ev *evidence.Conn[*frame.Frame]) evidence.Result { return ev.Finish(f, o, failed, retry) })
 }
 
 // postCommitFailure is the error of res's post-commit hooks, or nil.
@@ -119,7 +118,7 @@ func beginAttempt[T any](ctx context.Context, db TxBeginner, p AttemptPolicy, n 
 	if held.conn != nil {
 		// The frame BEGIN starts carries the policy's references, checked ahead of BEGIN
 		// in its write as the tracer's are (see armCheck).
-		st := frame.ConnStateOf(held.conn)
+		st := frame.State(held.conn.PgConn())
 		if st != nil {
 			st.Refs.Running(p.Refs)
 		}
@@ -248,29 +247,19 @@ func rollbackAttempt(ctx context.Context, sc *Scope, tx pgx.Tx, cause error) cla
 	conn := tx.Conn()
 	closed := conn != nil && conn.IsClosed()
 	v := classifier.Classify(outcome.PhaseActive, cause, classifier.Facts{ConnClosed: closed})
-	// The frame's state is there since the frame is: its hooks made it.
-	f, st := sc.frame, (*frame.Conn)(nil)
-	if f != nil {
-		st = frame.MadeState(f.Conn)
-	}
-	if st != nil {
-		st.Mu.Lock()
-		st.Ev.RolledBackBy(f, cause, v)
-		st.Mu.Unlock()
+	f := sc.frame
+	if f != nil && sc.t.Feed(f, func(ev *evidence.Conn[*frame.Frame]) evidence.Result { return ev.RolledBackBy(f, cause, v) }) {
 		f.JudgeErr(&sc.t.Cfg, ctx, cause)
 	}
 	// The caller's context may be what failed; the rollback must still be sent. Its error
 	// changes nothing: a failed rollback closes the connection, which rolls back too.
 	_ = tx.Rollback(context.WithoutCancel(ctx))
-	if st == nil {
+	if f == nil {
 		return v
 	}
-	st.Mu.Lock()
-	defer st.Mu.Unlock()
-	if f.Ev.Open() {
-		// The rollback never reached the tracer (the connection was gone).
-		concludeFrame(st, f, f.Ev.FirstFailure())
-	}
+	// Where the rollback never reached the tracer (the connection was gone), the frame is
+	// still open: the executor concludes it with its first failure.
+	sc.t.Feed(f, func(ev *evidence.Conn[*frame.Frame]) evidence.Result { return ev.Conclude(f, f.Ev.FirstFailure()) })
 	return f.Ev.Verdict()
 }
 
@@ -297,7 +286,7 @@ func commitAttempt(ctx context.Context, sc *Scope, tx pgx.Tx) commitOutcome {
 	return commitOutcome{classification: classifier.Classify(outcome.PhaseCommitting, err, facts), err: err}
 }
 
-// notStarted is the result of a call that began nothing: err is never nil here, and
+// NotStarted is the result of a call that began nothing: err is never nil here, and
 // not_started is a rollback phase, so the constructor cannot refuse it.
 func NotStarted[T any](err error) outcome.Result[T] {
 	return determinateRollback[T](outcome.OperationID{}, outcome.PhaseNotStarted, err, false)
@@ -356,18 +345,12 @@ func runHook(ctx context.Context, h func(context.Context) error) (err error) {
 	return h(ctx)
 }
 
-// concludeFrame concludes f, on its connection st, with v: the executor's rollback that
-// never reached the tracer. st.mu is held.
-func concludeFrame(st *frame.Conn, f *frame.Frame, v classifier.Classification) {
-	st.T.Apply(st, f, st.Ev.Conclude(f, v), nil)
-}
-
-// txBeginner is what an attempt begins its transaction on: the root package's DB.
+// TxBeginner is what an attempt begins its transaction on: the root package's DB.
 type TxBeginner interface {
 	BeginTx(ctx context.Context, txOptions pgx.TxOptions) (pgx.Tx, error)
 }
 
-// attemptPolicy is what an attempt needs of Run's Policy, made once per Run call.
+// AttemptPolicy is what an attempt needs of Run's Policy, made once per Run call.
 type AttemptPolicy struct {
 	Opts        pgx.TxOptions
 	Refs        reference.Refs // the commit references its frame carries
@@ -375,7 +358,7 @@ type AttemptPolicy struct {
 	MaxAttempts int
 }
 
-// shouldRetry reports whether Run tries again after attempt n ended with res: only a
+// ShouldRetry reports whether Run tries again after attempt n ended with res: only a
 // retryable rollback is, and only while attempts and the caller's time are left.
 func ShouldRetry[T any](ctx context.Context, maxAttempts int, res outcome.Result[T], n int) bool {
 	rb, ok := res.(outcome.DeterminateRollback[T])

@@ -7,7 +7,7 @@ import (
 	"github.com/txevidence/otelpgxtx/outcome"
 )
 
-// join runs fn as a participant of sc. Its failure dooms the owner's transaction, so
+// Join runs fn as a participant of sc. Its failure dooms the owner's transaction, so
 // the rollback it reports is certain; it is never retried on its own.
 func Join[T any](ctx context.Context, propagation string, sc *Scope, fn func(context.Context, pgx.Tx) (T, error)) outcome.Result[T] {
 	v, err := fn(ctx, sc.Tx)
@@ -21,7 +21,7 @@ func Join[T any](ctx context.Context, propagation string, sc *Scope, fn func(con
 	return outcome.NewParticipating(sc.ID, v)
 }
 
-// nested runs fn inside a savepoint of sc's transaction. A failure rolls back to the
+// Nested runs fn inside a savepoint of sc's transaction. A failure rolls back to the
 // savepoint and discards the hooks fn registered; success releases it and hands them to
 // the parent. Either way nothing is committed yet: success is Participating.
 func Nested[T any](ctx context.Context, propagation string, sc *Scope, fn func(context.Context, pgx.Tx) (T, error)) outcome.Result[T] {

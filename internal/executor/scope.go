@@ -11,7 +11,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 )
 
-// scope is one transaction as [Run] owns it: its handle, its frame (nil when the
+// Scope is one transaction as [Run] owns it: its handle, its frame (nil when the
 // connection is not instrumented), and the work to do after its commit. A Nested call
 // has a scope of its own whose hooks join the parent's only if its savepoint is released.
 type Scope struct {
@@ -22,10 +22,10 @@ type Scope struct {
 	t      *frame.Core
 	ID     outcome.OperationID
 	parent *Scope // for Nested: the scope whose savepoint this is
-	// suspended is the scope that was in the context when this one began (RequiresNew):
+	// Suspended is the scope that was in the context when this one began (RequiresNew):
 	// it holds a connection while this one runs.
 	Suspended *Scope
-	// pool is the pool the owner's connection came from, or nil.
+	// Pool is the pool the owner's connection came from, or nil.
 	Pool *pgxpool.Pool
 
 	Mu           sync.Mutex
@@ -59,13 +59,13 @@ func (c *runContext) Value(key any) any {
 	return c.Context.Value(key)
 }
 
-// scopeFromContext returns the scope Run put in ctx, or nil.
+// ScopeFromContext returns the scope Run put in ctx, or nil.
 func ScopeFromContext(ctx context.Context) *Scope {
 	sc, _ := ctx.Value(scopeKey{}).(*Scope)
 	return sc
 }
 
-// owner returns the scope that will commit: a Nested scope's outermost parent.
+// Owner returns the scope that will commit: a Nested scope's outermost parent.
 func (sc *Scope) Owner() *Scope {
 	for sc.parent != nil {
 		sc = sc.parent
@@ -73,7 +73,7 @@ func (sc *Scope) Owner() *Scope {
 	return sc
 }
 
-// open reports whether sc's transaction still takes participants and hooks.
+// Open reports whether sc's transaction still takes participants and hooks.
 func (sc *Scope) Open() bool {
 	sc.Mu.Lock()
 	defer sc.Mu.Unlock()

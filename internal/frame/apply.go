@@ -15,94 +15,123 @@ import (
 	"github.com/txevidence/otelpgxtx/outcome"
 )
 
-// apply is the one door through which what the evidence decided (a Result, which the
-// connection's evidence.Conn returned for one event) reaches everything else, in one
-// fixed order, written here and nowhere else:
+// Apply is the one door through which what the evidence decided (a Result, which the
+// connection's evidence.Conn returned for one event) reaches everything else. It takes
+// the Results in a loop, each in one fixed order, written here and nowhere else:
 //
 //  1. the evidence: it has changed already, and r is its account;
-//  2. the span: the phase events, the savepoint event, the outer frame's resumption;
-//  3. when the frame ended, unless the executor manages it: the metrics, the log record
-//     of an indeterminate one, and the span's end;
+//  2. the span: the phase events, the savepoint event, the retry event, the outer
+//     frame's resumption;
+//  3. when the frame ended, unless the executor manages it, or when the executor
+//     finished it: the metrics, the log record of an indeterminate one, and the span's end;
 //  4. the Verdicts: the one the frame began with, the one of a COMMIT that never left,
-//     and the one of the query whose end this is (at);
+//     and the one of the query whose end this is (q);
 //  5. automatic reconciliation, of an indeterminate frame, once its span has ended, so
 //     that a reconciliation never starts before the frame it settles has ended;
-//  6. a frame the evidence asks for.
+//  6. a frame the evidence asks for (Result.Start): made, and begun by the evidence,
+//     whose Result for it goes round the loop once more.
 //
-// f is the frame the event concerned (nil when none was open); at is the query's end
-// that fed the evidence, nil for the other events (a statement handed over, a
-// connection's end, the executor's conclusion). st.mu is held: the hooks, a close on
-// another goroutine and Run all apply under it, so that a frame ends once, in this order.
-func (t *Core) Apply(st *Conn, f *Frame, r evidence.Result, at *QueryEnd) {
-	if f != nil {
-		if r.Moved != 0 && f.Recording {
-			for p := outcome.PhaseNotStarted; p <= outcome.PhaseUnknown; p++ {
-				if r.Moved.Has(p) {
-					f.PhaseEvent(p)
-				}
+// f is the frame the event concerned (nil when none was open); q is the query that fed
+// the evidence (its start, or its end), nil for the other events (a connection's end, the
+// executor's). It returns the frame it started, if any. st.Mu is held: the hooks, a
+// close on another goroutine and Run all apply under it, so that a frame ends once, in
+// this order; nothing Apply calls calls it back.
+func (t *Core) Apply(st *Conn, f *Frame, r evidence.Result, q *Query) (started *Frame) {
+	for {
+		if f != nil {
+			t.applyTo(st, f, r, q)
+		}
+		if r.Start == evidence.StartNone || q == nil {
+			return started
+		}
+		b, ctx, begin, chained := evidence.Begun{}, q.CallerCtx, "", (*Frame)(nil)
+		switch r.Start {
+		case evidence.StartBlock, evidence.StartPrepared:
+			begin = q.SQL
+		case evidence.StartImplicit:
+			// Committing from the moment it leaves, as a COMMIT is (Send moves it).
+			b, begin = evidence.Begun{Implicit: true, Wrote: true}, q.SQL
+		case evidence.StartUnseen:
+			b = evidence.Begun{Phase: outcome.PhaseActive, Wrote: q.Set.Writes()}
+		case evidence.StartChained:
+			b, ctx, chained = evidence.Begun{Phase: outcome.PhaseActive}, f.chainCtx(), f
+		case evidence.StartRest:
+			// What the query ran after the server ended f's transaction inside its reply: a
+			// transaction block still open after it, else an implicit transaction, which the
+			// query's end judges (a span of its own: the statement's is f's).
+			b = evidence.Begun{Phase: outcome.PhaseActive, Wrote: q.Set.Writes()}
+			if !q.InTx {
+				b.Phase, b.Implicit, b.Rest = outcome.PhaseCommitting, true, true
 			}
 		}
-		if r.Savepoint && f.Recording {
-			f.SavepointEvent(r.SavepointMove, r.SavepointDepth, r.SavepointName)
-		}
-		if r.Waits && at != nil {
-			f.unsentAsked = verdict.From(at.Ctx) // told when the frame ends, after this call returned
-		}
-		var e record.Ending // on the stack: every output reads it, none keeps it
-		if r.Ended {
-			e = t.concluded(st, f)
-			if f.asked != nil {
-				f.asked.FrameEnded(&e)
-			}
-			if v := f.unsentAsked; r.UnsentEnded && v != nil && v != f.asked {
-				v.FrameEnded(&e)
-			}
-		}
-		if at != nil && at.Open {
-			if v := verdict.From(at.Ctx); v != nil {
-				callVerdict(v, f, at, &e)
-			}
-		}
-		if r.Ended && !f.Managed && e.Outcome == outcome.OutcomeIndeterminate && t.Auto != nil {
-			t.Auto.Enqueue(&e)
-		}
-	}
-	if at == nil {
-		return
-	}
-	switch r.Start {
-	case evidence.StartUnseen:
-		t.StartFrame(at.CallerCtx, at.Conn, st, evidence.Begun{Phase: outcome.PhaseActive, Wrote: at.Set.Writes()}, "", nil)
-	case evidence.StartChained:
-		t.StartFrame(f.chainCtx(), at.Conn, st, evidence.Begun{Phase: outcome.PhaseActive}, "", f)
-	case evidence.StartRest:
-		// What the query ran after the server ended f's transaction inside its reply: a
-		// transaction block still open after it, else an implicit transaction, which the
-		// query's end judges (a span of its own: the statement's is f's).
-		b := evidence.Begun{Phase: outcome.PhaseActive, Wrote: at.Set.Writes()}
-		if !at.InTx {
-			b.Phase, b.Implicit, b.Rest = outcome.PhaseCommitting, true, true
-		}
-		t.StartFrame(at.CallerCtx, at.Conn, st, b, "", nil)
+		started = t.newFrame(ctx, q.Conn, st, &b, begin, chained)
+		f, r, q = started, st.Ev.Start(started, b), nil
 	}
 }
 
-// queryEnd is what a query's end brings to apply beside the evidence's Result: values
-// only, so that nothing of the hook's own moves to the heap.
-type QueryEnd struct {
+// applyTo is Apply's steps 2 to 5 for f and r.
+func (t *Core) applyTo(st *Conn, f *Frame, r evidence.Result, q *Query) {
+	if r.Moved != 0 && f.Recording {
+		for p := outcome.PhaseNotStarted; p <= outcome.PhaseUnknown; p++ {
+			if r.Moved.Has(p) {
+				f.PhaseEvent(p)
+			}
+		}
+	}
+	if r.Savepoint && f.Recording {
+		f.SavepointEvent(r.SavepointMove, r.SavepointDepth, r.SavepointName)
+	}
+	if r.Retried {
+		f.RetryEvent(f.AttemptNo+1, f.Ev.Verdict().Reason())
+	}
+	if r.Waits && q != nil {
+		f.unsentAsked = verdict.From(q.Ctx) // told when the frame ends, after this call returned
+	}
+	var e record.Ending // on the stack: every output reads it, none keeps it
+	output := false     // the outputs got e now
+	if r.Ended {
+		e, output = t.concluded(st, f)
+		if f.asked != nil {
+			f.asked.FrameEnded(&e)
+		}
+		if v := f.unsentAsked; r.UnsentEnded && v != nil && v != f.asked {
+			v.FrameEnded(&e)
+		}
+	}
+	if r.Finished && f.ended.CompareAndSwap(false, true) {
+		// The executor's end, after its post-commit work: its Verdict was told at the
+		// conclusion.
+		e, output = f.ending(r.Outcome), true
+		t.output(&e, f, r.FailedAfter)
+	}
+	if q != nil && q.Open {
+		if v := verdict.From(q.Ctx); v != nil {
+			callVerdict(v, f, q, &e)
+		}
+	}
+	if output && e.Outcome == outcome.OutcomeIndeterminate && t.Auto != nil {
+		t.Auto.Enqueue(&e)
+	}
+}
+
+// Query is what a query brings to apply beside the evidence's Result — at its start (a
+// frame to begin for it) or at its end (what it ended): values only, so that nothing of
+// the hook's own moves to the heap.
+type Query struct {
 	Ctx       context.Context // the query's: its Verdict is told what the query ended
-	CallerCtx context.Context // where a frame it reveals begins
+	CallerCtx context.Context // where a frame it begins or reveals begins
 	Conn      *pgx.Conn
 	Set       evidence.Set
+	SQL       string // its statement, for a frame it begins (a BEGIN's options, the span's name)
 	Err       error
 	InTx      bool // the session is in a transaction block after it
-	Open      bool // the query's frame was going on when it ended: its end was judged
+	Open      bool // at its end: the query's frame was going on, so its end was judged
 }
 
-// concluded is apply's step 2 and 3 for f, just concluded on st's connection: the outer
-// frame resumes, and, unless the executor manages f, its outputs get its ending, once. It
-// returns the ending for the Verdicts and reconciliation.
-func (t *Core) concluded(st *Conn, f *Frame) record.Ending {
+// concluded is apply's steps 2 and 3 for f, just concluded on st's connection: the outer
+// frame resumes, and, unless the executor manages f, its outputs get its ending, once
+// (output). It returns the ending for the Verdicts and reconciliation.
+func (t *Core) concluded(st *Conn, f *Frame) (e record.Ending, output bool) {
 	if f.parent != nil {
 		f.parent.SpanEvent(schema.EventResumed, f.ID)
 	}
@@ -115,26 +144,12 @@ func (t *Core) concluded(st *Conn, f *Frame) record.Ending {
 		// link name the span it starts.
 		t.Spans.StartUnspanned(&f.Span, &f.Ev, f.startedAt, &st.attrs)
 	}
-	e := f.ending(o)
+	e = f.ending(o)
 	if !f.Managed && f.ended.CompareAndSwap(false, true) {
 		t.output(&e, f, f.Ev.FailedAfterCommit())
+		output = true
 	}
-	return e
-}
-
-// end hands the ending of f, a frame the executor manages, with outcome o, to every
-// output, exactly once, after its post-commit work (postCommitErr is that work's failure,
-// for a committed_with_post_commit_failure frame): the metrics, the log record, the span,
-// then automatic reconciliation. Its Verdict was told at its conclusion.
-func (t *Core) End(f *Frame, o outcome.Outcome, postCommitErr error) {
-	if !f.ended.CompareAndSwap(false, true) {
-		return
-	}
-	e := f.ending(o)
-	t.output(&e, f, postCommitErr)
-	if o == outcome.OutcomeIndeterminate && t.Auto != nil {
-		t.Auto.Enqueue(&e)
-	}
+	return e, output
 }
 
 // output hands e, f's ending, to the metrics, the log record of an indeterminate one, and
@@ -148,27 +163,27 @@ func (t *Core) output(e *record.Ending, f *Frame, postCommitErr error) {
 }
 
 // callVerdict records in v, the Verdict in the context of a query of f's transaction, what
-// that query (at) ended: f itself, with its ending e (apply's, built as the query ended
+// that query (q) ended: f itself, with its ending e (apply's, built as the query ended
 // it), or a savepoint of it. A Verdict f began with already has f's verdict.
-func callVerdict(v *verdict.State, f *Frame, at *QueryEnd, e *record.Ending) {
-	set := at.Set
+func callVerdict(v *verdict.State, f *Frame, q *Query, e *record.Ending) {
+	set := q.Set
 	switch {
 	case !f.Ev.Open():
 		if v != f.asked {
 			v.FrameEnded(e)
 		}
-	case at.Err == nil && at.InTx && (set.Has(evidence.Release) || set.Has(evidence.RollbackTo)) && !set.Has(evidence.Savepoint):
+	case q.Err == nil && q.InTx && (set.Has(evidence.Release) || set.Has(evidence.RollbackTo)) && !set.Has(evidence.Savepoint):
 		v.SavepointEnded(f.ID, set.Has(evidence.RollbackTo))
 	}
 }
 
-// startFrame begins a frame for a transaction that conn is beginning with the statement
+// newFrame makes a frame for a transaction that conn is beginning with the statement
 // begin ("" when none was seen), or that COMMIT AND CHAIN began after chained, whose
-// filter decision, span name and characteristics it keeps, as b says (its phase; its
-// depth and characteristics are startFrame's to find). Its span is a child of the span in
-// ctx; if ctx carries an open frame on another connection, that frame is suspended and
-// the new one is one level deeper.
-func (t *Core) StartFrame(ctx context.Context, conn *pgx.Conn, st *Conn, b evidence.Begun, begin string, chained *Frame) *Frame {
+// filter decision, span name and characteristics it keeps, and completes b, how the
+// evidence is to begin it (its depth, what its BEGIN says). Its span is a child of the
+// span in ctx; if ctx carries an open frame on another connection, that frame is
+// suspended and the new one is one level deeper. The evidence begins it next (Apply).
+func (t *Core) newFrame(ctx context.Context, conn *pgx.Conn, st *Conn, b *evidence.Begun, begin string, chained *Frame) *Frame {
 	f := &Frame{Conn: conn.PgConn(), ID: outcome.NewOperationID(), startedAt: time.Now()}
 	refs := st.Refs.FrameRefs(t.Cfg.References())
 	if chained != nil {
@@ -196,6 +211,20 @@ func (t *Core) StartFrame(ctx context.Context, conn *pgx.Conn, st *Conn, b evide
 			f.AttemptNo = f.asked.Attempt // a Retry attempt's
 		}
 	}
-	t.Apply(st, f, st.Ev.Start(f, b), nil)
 	return f
+}
+
+// Feed feeds the evidence of f's connection one event of the executor's — event returns
+// its Result — and applies it, under the connection's lock: the executor's way through
+// the one door. It reports false, and feeds nothing, where the connection has no state of
+// the tracer's (then f is no frame of its).
+func (t *Core) Feed(f *Frame, event func(ev *evidence.Conn[*Frame]) evidence.Result) bool {
+	st := Made(f.Conn)
+	if st == nil {
+		return false
+	}
+	st.Mu.Lock()
+	defer st.Mu.Unlock()
+	t.Apply(st, f, event(&st.Ev), nil)
+	return true
 }

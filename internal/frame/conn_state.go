@@ -6,7 +6,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/txevidence/otelpgxtx/classifier"
 	"github.com/txevidence/otelpgxtx/internal/evidence"
@@ -18,14 +17,15 @@ import (
 	"go.opentelemetry.io/otel/attribute"
 )
 
-// connState is what the tracer keeps on one connection, in its CustomData.
+// Conn is what the tracer keeps on one connection, in its CustomData.
 //
 // The connection's user changes it, in the hooks and in Run; mu orders that with the
 // end of the connection's net.Conn, which may be closed on another goroutine (see
 // wire.Conn). Uncontended, it costs a few nanoseconds per hook and allocates nothing.
 type Conn struct {
-	// t is the tracer whose hooks made it: Run ends the frames it manages through it.
-	T       *Core
+	// core is the tracer whose hooks hold it: the executor ends the frames it manages
+	// through it (FrameOfTx).
+	core    *Core
 	Mu      sync.Mutex
 	Ev      evidence.Conn[*Frame] // the frame open on the connection, and its evidence
 	Queries []QueryState          // started, not yet ended (a busy conn can nest a failed call)
@@ -35,19 +35,19 @@ type Conn struct {
 	// configuration, which is too dear for every transaction.
 	attrs []attribute.KeyValue
 
-	// refs are the connection's commit references: the cluster identity, the marker
+	// Refs are the connection's commit references: the cluster identity, the marker
 	// functions checked, what the library added to the writes (package reference).
 	Refs reference.Conn
 
-	// nc is the connection's net.Conn wrapper, nil where pgconn uses another.
+	// NetConn is the connection's net.Conn wrapper, nil where pgconn uses another.
 	NetConn *wire.Conn
-	// pool is what the connection-pool metrics keep on it.
-	pool poolmetrics.ConnState
-	// named are its statements prepared by name (see prepared_names.go).
+	// Pool is what the connection-pool metrics keep on it.
+	Pool poolmetrics.ConnState
+	// Named are its statements prepared by name (see prepared_names.go).
 	Named NamedStatements
 }
 
-// queryState is what a query's Start hook hands to its End hook (see startQuery).
+// QueryState is what a query's Start hook hands to its End hook (see startQuery).
 type QueryState struct {
 	Ctx       context.Context // what Start returned: End gets it back
 	CallerCtx context.Context // what Start was given: the parent of a frame found at End
@@ -56,14 +56,14 @@ type QueryState struct {
 	Savepoint string
 	Batch     batchFacts
 	Nested    bool // started while another call was in flight on the connection
-	// folded: the query is an event in place of a span — a transaction-control
+	// Folded: the query is an event in place of a span — a transaction-control
 	// statement's of its frame, an implicit prepare's of its
 	// statement —, which started at start. op is what the event names:
 	// the statement's db.operation.name, the prepared statement's name.
 	Folded bool
 	Start  time.Time
 	Op     string
-	// prepareFailed: pgx's prepare of the query's statement, a call within it, failed:
+	// PrepareFailed: pgx's prepare of the query's statement, a call within it, failed:
 	// pgx never sent its execution.
 	PrepareFailed bool
 }
@@ -79,9 +79,9 @@ type batchFacts struct {
 // connection's state goes wherever the connection goes, and dies with it.
 const stateKey = "github.com/txevidence/otelpgxtx.state"
 
-// stateOf returns the tracer's state of pg, made on first use; nil for a connection
+// State returns the tracer's state of pg, made on first use; nil for a connection
 // without CustomData, which is none that pgx connected.
-func StateOf(pg *pgconn.PgConn) *Conn {
+func State(pg *pgconn.PgConn) *Conn {
 	if pg == nil {
 		return nil
 	}
@@ -105,58 +105,27 @@ func StateOf(pg *pgconn.PgConn) *Conn {
 	return st
 }
 
-// connStateOf is stateOf for the *pgx.Conn that the hooks are given.
-func ConnStateOf(conn *pgx.Conn) *Conn {
-	if conn == nil {
-		return nil
-	}
-	return StateOf(conn.PgConn())
-}
-
-// stateOf is the package's stateOf for t's hooks, which make the state t's.
-func (t *Core) StateOf(pg *pgconn.PgConn) *Conn {
-	st := StateOf(pg)
-	if st != nil && st.T == nil {
-		st.T = t
+// State is the package's State for t's hooks: the state is t's, whose frames the
+// executor ends through t (FrameOfTx).
+func (t *Core) State(pg *pgconn.PgConn) *Conn {
+	st := State(pg)
+	if st != nil && st.core == nil {
+		st.core = t
 	}
 	return st
 }
 
-// connStateOf is stateOf for the *pgx.Conn that t's hooks are given.
-func (t *Core) ConnStateOf(conn *pgx.Conn) *Conn {
-	if conn == nil {
-		return nil
-	}
-	return t.StateOf(conn.PgConn())
-}
-
-// frame returns the frame open on the connection, or nil.
+// Frame returns the frame open on the connection, or nil.
 func (st *Conn) Frame() *Frame { return st.Ev.Open() }
 
-// server is the kind of server, from what it reported at connection start: the
+// Server is the kind of server, from what it reported at connection start: the
 // classifier's PostgreSQL-only rules, the committed-locally notices and commit references
 // apply to PostgreSQL alone.
 func (st *Conn) Server() classifier.ServerKind { return st.Ev.Server() }
 
-// poolState is what the pool metrics keep on the connection of conn, nil without state.
-func PoolState(conn *pgx.Conn) *poolmetrics.ConnState {
-	if st := ConnStateOf(conn); st != nil {
-		return &st.pool
-	}
-	return nil
-}
-
-// madeStateOf is the tracer's state of conn if a hook made it already, else nil: for an
-// End hook, whose Start made it if it ran, and which has nothing to judge otherwise.
-func MadeStateOf(conn *pgx.Conn) *Conn {
-	if conn == nil {
-		return nil
-	}
-	return MadeState(conn.PgConn())
-}
-
-// madeState is madeStateOf for pg.
-func MadeState(pg *pgconn.PgConn) *Conn {
+// Made returns the tracer's state of pg if a hook made it already, else nil: for an End
+// hook, whose Start made it if it ran, and which has nothing to judge otherwise.
+func Made(pg *pgconn.PgConn) *Conn {
 	if pg == nil {
 		return nil
 	}
@@ -164,13 +133,13 @@ func MadeState(pg *pgconn.PgConn) *Conn {
 	return st
 }
 
-// markCommit marks the position before a COMMIT is handed over (see wire.Conn), and
+// MarkCommit marks the position before a COMMIT is handed over (see wire.Conn), and
 // reports whether the session had already ended before it.
 func (st *Conn) MarkCommit() (sessionEnded bool) {
 	return st.NetConn != nil && st.NetConn.MarkCommit()
 }
 
-// seenEnd is what the replies pgconn read since the last query the hooks saw showed of
+// SeenEnd is what the replies pgconn read since the last query the hooks saw showed of
 // the end of the transaction then open (wire.EndSeen): the server's COMMIT, ROLLBACK or
 // PREPARE TRANSACTION, or nothing told apart.
 func (st *Conn) SeenEnd() evidence.Seen {
@@ -180,7 +149,7 @@ func (st *Conn) SeenEnd() evidence.Seen {
 	return SeenFromWire(st.NetConn.SeenEnd())
 }
 
-// seenFromWire is the evidence's word for what the wire saw end a transaction.
+// SeenFromWire is the evidence's word for what the wire saw end a transaction.
 func SeenFromWire(e wire.EndSeen) evidence.Seen {
 	switch e {
 	case wire.EndCommit:
@@ -193,14 +162,14 @@ func SeenFromWire(e wire.EndSeen) evidence.Seen {
 	return evidence.SeenNothing
 }
 
-// repliedClean reports whether the replies pgconn read since the implicit transaction of
+// RepliedClean reports whether the replies pgconn read since the implicit transaction of
 // the query in flight was handed over reached an idle ReadyForQuery with no
 // ErrorResponse before it (wire.Conn.RepliedClean).
 func (st *Conn) RepliedClean() bool {
 	return st.NetConn != nil && st.NetConn.RepliedClean()
 }
 
-// commitNotSent reports whether the write carrying f's COMMIT sent nothing, and returns
+// CommitNotSent reports whether the write carrying f's COMMIT sent nothing, and returns
 // the net.Conn's accounting of it to idle; only while f is committing.
 func (st *Conn) CommitNotSent(f *Frame) bool {
 	if f == nil || f.Ev.Phase() != outcome.PhaseCommitting || st.NetConn == nil {
@@ -209,10 +178,10 @@ func (st *Conn) CommitNotSent(f *Frame) bool {
 	return st.NetConn.CommitNotSent()
 }
 
-// push records a started query, for its End hook to pop.
+// Push records a started query, for its End hook to pop.
 func (st *Conn) Push(q QueryState) { st.Queries = append(st.Queries, q) }
 
-// pop removes and returns the query whose Start returned ctx; the last one if none did.
+// Pop removes and returns the query whose Start returned ctx; the last one if none did.
 // Contexts are matched with sameContext: == on a context passed by value can panic.
 // ok is false when no query was started: the caller has nothing to end.
 func (st *Conn) Pop(ctx context.Context) (q QueryState, ok bool) {
@@ -234,7 +203,7 @@ func (st *Conn) Pop(ctx context.Context) (q QueryState, ok bool) {
 	return q, true
 }
 
-// top returns the innermost running query, for batch-query hooks.
+// Top returns the innermost running query, for batch-query hooks.
 func (st *Conn) Top(ctx context.Context) *QueryState {
 	for j := len(st.Queries) - 1; j >= 0; j-- {
 		if pg.SameContext(st.Queries[j].Ctx, ctx) {
@@ -247,7 +216,7 @@ func (st *Conn) Top(ctx context.Context) *QueryState {
 	return nil
 }
 
-// closeWatch is the tracer's side of a wrapped connection's close notice: it concludes
+// CloseWatch is the tracer's side of a wrapped connection's close notice: it concludes
 // the frame open on the connection (see Tracer.netConnClosed), once the connection has
 // tracer state (stateOf stores it). Close may run on another goroutine than the
 // connection's user, hence atomic.

@@ -9,7 +9,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 )
 
-// core is what every frame needs of its tracer: the configuration, the OpenTelemetry
+// Core is what every frame needs of its tracer: the configuration, the OpenTelemetry
 // tracer of the frame spans, the outputs (metrics, automatic reconciliation), the
 // sanitizer, and the crash recoveries logged. The hooks' adapter holds it; the frames
 // end through it (apply.go).
@@ -17,11 +17,11 @@ type Core struct {
 	Cfg     settings.Config
 	Tracer  trace.Tracer
 	Metrics *metrics.Metrics
-	// auto reconciles indeterminate frames in the background (WithAutoReconcile), or is nil.
+	// Auto reconciles indeterminate frames in the background (WithAutoReconcile), or is nil.
 	Auto *auto.Reconciler
-	// sanitized holds, per SQL string, what the inner tracer is given of it.
+	// Sanitized holds, per SQL string, what the inner tracer is given of it.
 	Sanitized sanitize.Sanitizer
-	// spans starts the frame spans.
+	// Spans starts the frame spans.
 	Spans framespan.Starter
 	// recoveries are the ends of crash recoveries it logged (MessageCrashRecovered).
 	recoveries SeenRecoveries

@@ -16,24 +16,24 @@ import (
 	"go.opentelemetry.io/otel/trace"
 )
 
-// frameOfTx returns the open frame of tx's connection, and the tracer whose frame it is;
+// FrameOfTx returns the open frame of tx's connection, and the tracer whose frame it is;
 // nil, nil if none is open.
 func FrameOfTx(tx pgx.Tx) (*Frame, *Core) {
 	conn := tx.Conn()
 	if conn == nil {
 		return nil, nil
 	}
-	if st := MadeStateOf(conn); st != nil {
+	if st := Made(conn.PgConn()); st != nil {
 		st.Mu.Lock()
 		defer st.Mu.Unlock()
 		if f := st.Frame(); f != nil && f.Ev.Open() {
-			return f, st.T
+			return f, st.core
 		}
 	}
 	return nil, nil
 }
 
-// frame is one physical transaction as the instrumentation sees it: its evidence (the
+// Frame is one physical transaction as the instrumentation sees it: its evidence (the
 // phases, what was observed, the verdict: package evidence), and one part for each
 // consumer of what the evidence records — its span, what a Verdict is told, the
 // executor's, its commit reference — so that a change to one concern reads one part. Its
@@ -50,13 +50,13 @@ func FrameOfTx(tx pgx.Tx) (*Frame, *Core) {
 // except that the close of its connection may conclude it on another goroutine, under the
 // connection state's mutex (see closeWatch).
 type Frame struct {
-	// ev is its evidence, which only the connection's evidence.Conn changes; everything
+	// Ev is its evidence, which only the connection's evidence.Conn changes; everything
 	// else reads it (its exported methods read), and the outputs read its ending record.
 	Ev             evidence.Frame
 	framespan.Span // its span (phase_span.go) and the statements that are its events
 	frameAnswer    // what a Verdict is told (verdict.go)
 	frameExecutor  // what Run sets (run.go, attempt.go)
-	// commitRef is its commit reference (package reference).
+	// CommitRef is its commit reference (package reference).
 	CommitRef reference.Frame
 
 	ID        outcome.OperationID
@@ -91,7 +91,7 @@ func (f *Frame) chainCtx() context.Context {
 // a concluded frame is skipped, never reused.
 type FrameKey struct{}
 
-// contextWithFrame returns ctx with f as its innermost frame.
+// ContextWithFrame returns ctx with f as its innermost frame.
 func ContextWithFrame(ctx context.Context, f *Frame) context.Context {
 	return context.WithValue(ctx, FrameKey{}, f)
 }

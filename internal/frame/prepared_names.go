@@ -10,7 +10,7 @@ import (
 // run by name is judged by that SQL: a SELECT run by name begins no implicit transaction,
 // an INSERT does, and may carry a reference. The inner tracer is still handed the name.
 
-// namedStatements are a connection's statements prepared by name: their SQL by name, as
+// NamedStatements are a connection's statements prepared by name: their SQL by name, as
 // pgx keeps them. pgx's Deallocate calls no hook, so a name it dropped stays here: run
 // again, pgx sends the name as SQL, which fails and writes nothing, whatever it is judged.
 // Only the connection's user touches them, in the hooks.
@@ -22,19 +22,19 @@ type NamedStatements struct {
 	preparing struct{ name, sql string }
 }
 
-// keepsName reports whether a statement prepared as name with sql is run by its name: not
+// KeepsName reports whether a statement prepared as name with sql is run by its name: not
 // an unnamed one, nor one pgx names after its SQL (name == sql), nor one of pgx's
 // statement cache — all run by their SQL.
 func KeepsName(name, sql string) bool {
 	return name != "" && name != sql && !strings.HasPrefix(name, "stmtcache_")
 }
 
-// start records that the statement name is being prepared with sql (keepsName's).
+// Start records that the statement name is being prepared with sql (keepsName's).
 func (n *NamedStatements) Start(name, sql string) {
 	n.preparing.name, n.preparing.sql = name, sql
 }
 
-// end keeps the statement being prepared, unless err says the server refused it, and
+// End keeps the statement being prepared, unless err says the server refused it, and
 // reports whether it kept one.
 func (n *NamedStatements) End(err error) bool {
 	p := n.preparing
@@ -49,7 +49,7 @@ func (n *NamedStatements) End(err error) bool {
 	return true
 }
 
-// of returns the SQL of the statement prepared under the name sql, if there is one.
+// Of returns the SQL of the statement prepared under the name sql, if there is one.
 func (n *NamedStatements) Of(sql string) (string, bool) {
 	real, ok := n.sql[sql]
 	return real, ok

@@ -4,7 +4,7 @@ import (
 	"github.com/txevidence/otelpgxtx/internal/evidence"
 )
 
-// abandon ends the frame open on st, whose transaction ended where no query showed it,
+// Abandon ends the frame open on st, whose transaction ended where no query showed it,
 // for reason: the connection was released mid-transaction, closed, or found idle.
 func (t *Core) Abandon(st *Conn, reason string) {
 	if f := st.Frame(); f != nil {

@@ -7,7 +7,7 @@ import (
 	"github.com/txevidence/otelpgxtx/reconcile"
 )
 
-// seenRecoveries are what a tracer's checks saw of crash recoveries: the recoveries it
+// SeenRecoveries are what a tracer's checks saw of crash recoveries: the recoveries it
 // logged, so that each is logged once whatever number of connections see it, and the
 // latest flush position each postmaster showed, which tells a recovery made in the second
 // the postmaster started from the shutdown before it.
@@ -28,7 +28,7 @@ type postmaster struct {
 // matter least.
 const maxSeen = 1024
 
-// saw keeps what one check saw, the latest checkpoint ck and the flush position flushed,
+// Saw keeps what one check saw, the latest checkpoint ck and the flush position flushed,
 // and returns the recovery ck ends if it is one not seen before.
 func (s *SeenRecoveries) Saw(ck reference.Checkpoint, flushed uint64) (reconcile.Recovery, bool) {
 	s.mu.Lock()

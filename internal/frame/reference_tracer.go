@@ -16,19 +16,19 @@ import (
 // hands it each statement and records what it brought. A frame carries what its
 // references are (the tracer's options, or Run's Policy for a transaction Run begins).
 
-// refStatement is what the references need of the statement sql, of kinds set, on pg.
+// RefStatement is what the references need of the statement sql, of kinds set, on pg.
 func RefStatement(set evidence.Set, sql string, pg *pgconn.PgConn) reference.Statement {
 	return reference.Statement{SQL: sql, Single: set.Single(), Writes: set.Writes(), Plain: set.Kinds() == evidence.OtherSet,
 		Opens: !set.Single() && set.Kinds() == 1<<evidence.Begin, Commit: set.Decides(), InTx: pg.TxStatus() == 'T', Inside: set.CommitsInside()}
 }
 
-// armCheck has the write of f's BEGIN (sql, of kinds set) carry the check of what f's
+// ArmCheck has the write of f's BEGIN (sql, of kinds set) carry the check of what f's
 // references need that the connection has not checked yet (reference.Conn.ArmCheck).
 func (t *Core) ArmCheck(st *Conn, f *Frame, pg *pgconn.PgConn, set evidence.Set, sql string) {
 	t.ReferenceOff(st.Refs.ArmCheck(f.CommitRef.Refs, pg.ParameterStatus("server_version"), set.Single(), sql))
 }
 
-// referenceOff writes one record about the connection's references being off, if off
+// ReferenceOff writes one record about the connection's references being off, if off
 // says they are: what it holds is the library's own (SQLSTATEs, the table name the
 // application configured), never user data.
 func (t *Core) ReferenceOff(off *reference.Off) {
@@ -37,7 +37,7 @@ func (t *Core) ReferenceOff(off *reference.Off) {
 	}
 }
 
-// sawCheck keeps what st's check, just answered, saw of a crash recovery: one log record
+// SawCheck keeps what st's check, just answered, saw of a crash recovery: one log record
 // per recovery, and automatic reconciliation's reconciler told of it.
 func (t *Core) SawCheck(st *Conn) {
 	rec, ok := t.recoveries.Saw(st.Refs.Checkpoint())

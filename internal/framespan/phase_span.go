@@ -28,27 +28,27 @@ import (
 // statement that is an event of the frame, and ends with the frame's
 // ending: its outcome attributes and status.
 
-// frameSpan is the frame's span, and what its statements need of it.
+// Span is the frame's span, and what its statements need of it.
 type Span struct {
 	OTel trace.Span
-	// parentSpan is the span context the frame span was started under, so that a chained
+	// ParentSpan is the span context the frame span was started under, so that a chained
 	// transaction (COMMIT AND CHAIN) gets the same parent.
 	ParentSpan trace.SpanContext
-	// spanCtx is the context the frame span was started in and returned by Start: it
+	// SpanCtx is the context the frame span was started in and returned by Start: it
 	// carries the frame span, for metric exemplars, at no allocation.
 	SpanCtx context.Context
-	// framedIn and framedOut are innerStartCtx's last caller context and its answer; only
+	// FramedIn and framedOut are innerStartCtx's last caller context and its answer; only
 	// the connection's user calls it.
 	FramedIn, FramedOut context.Context
 	// connAttrs are the connection's attributes, from its connState.
 	connAttrs []attribute.KeyValue
-	// unrecorded: a Filter rejected the frame; its span only carries the caller's span
+	// Unrecorded: a Filter rejected the frame; its span only carries the caller's span
 	// context, and nothing is parented to it.
 	Unrecorded bool
-	// recording is the span's IsRecording at start, which holds until it ends: the SDK's
+	// Recording is the span's IsRecording at start, which holds until it ends: the SDK's
 	// IsRecording takes the span's lock, and the hooks ask on every statement.
 	Recording bool
-	// onStatement: the frame's span is its one statement's, which the inner tracer starts
+	// OnStatement: the frame's span is its one statement's, which the inner tracer starts
 	// and ends (an implicit transaction's, with the default otelpgx tracer: see attach).
 	OnStatement bool
 	// errJudged and errExpected: whether the first failure was an expected one (see
@@ -84,7 +84,7 @@ type unspanned struct {
 	sql  string
 }
 
-// spanStarter starts the frame spans of a tracer: with its OpenTelemetry tracer, as its
+// Starter starts the frame spans of a tracer: with its OpenTelemetry tracer, as its
 // configuration names and filters them (the statement, sanitized, is what a Filter and a
 // span name function are given).
 type Starter struct {
@@ -93,13 +93,13 @@ type Starter struct {
 	Sanitized *sanitize.Sanitizer
 }
 
-// frameStartOptions are the frame span's start options, built once so that Start
+// FrameStartOptions are the frame span's start options, built once so that Start
 // allocates nothing for them. No explicit timestamp: boxing a time.Time allocates, and
 // the SDK reads the clock itself. The kind is INTERNAL: the frame groups the statement
 // spans, which are the CLIENT calls (see "Span kind" in the package documentation).
 var FrameStartOptions = []trace.SpanStartOption{trace.WithSpanKind(trace.SpanKindInternal)}
 
-// phaseEvents are the event names per phase, built once so a transition allocates no name.
+// PhaseEvents are the event names per phase, built once so a transition allocates no name.
 var PhaseEvents = func() (names [outcome.PhaseUnknown + 1]string) {
 	for p := range names {
 		names[p] = schema.EventPhasePrefix + outcome.Phase(p).String()
@@ -107,7 +107,7 @@ var PhaseEvents = func() (names [outcome.PhaseUnknown + 1]string) {
 	return names
 }()
 
-// start starts the span of t's frame, for a transaction that conn is beginning with the
+// Start starts the span of t's frame, for a transaction that conn is beginning with the
 // statement begin ("" when none was seen), or that COMMIT AND CHAIN began after chained,
 // whose filter decision and span name it keeps. It is a child of the span in ctx.
 // connAttrs are the connection's attributes, made on its first recorded frame.
@@ -180,7 +180,7 @@ func (t *Starter) connAttrs(conn *pgx.Conn, slot *[]attribute.KeyValue) []attrib
 	return *slot
 }
 
-// spanContext is the context of the frame's span: while a frame on its statement's span
+// SpanContext is the context of the frame's span: while a frame on its statement's span
 // has found none (attach), the caller's, as a filtered frame's span carries it.
 func (f *Span) SpanContext() trace.SpanContext {
 	if f.OnStatement && f.Unrecorded {
@@ -189,7 +189,7 @@ func (f *Span) SpanContext() trace.SpanContext {
 	return f.OTel.SpanContext()
 }
 
-// attach makes the span the inner tracer started for the frame's one statement (from
+// Attach makes the span the inner tracer started for the frame's one statement (from
 // before to after) the frame's span, and records on it the phases the frame moved to
 // as the statement was handed over. An implicit transaction is one statement, whose span
 // already says what it did: a span of the frame's own would only double it. Where the
@@ -207,7 +207,7 @@ func (f *Span) Attach(before, after context.Context) {
 	f.PhaseEvent(outcome.PhaseCommitting)
 }
 
-// startUnspanned gives f, an implicit frame whose statement had no span that records
+// StartUnspanned gives f, an implicit frame whose statement had no span that records
 // (otelpgx starts none without a recording parent: a background job's write), a span of
 // its own as it ends without a commit confirmed, so that a lost or failed autocommit write
 // is in the traces wherever it ran; a committed one stays without, at no cost. The span is
@@ -233,7 +233,7 @@ func (t *Starter) StartUnspanned(s *Span, ev *evidence.Frame, startedAt time.Tim
 	s.OTel.AddEvent(PhaseEvents[ev.Phase()], trace.WithTimestamp(ev.ConcludedAt()))
 }
 
-// phaseEvent records that f moved to phase to. A folded statement's answer, waiting, goes
+// PhaseEvent records that f moved to phase to. A folded statement's answer, waiting, goes
 // with the event it caused (f.event): BEGIN's with active, COMMIT's and ROLLBACK's with
 // the ending phase.
 func (f *Span) PhaseEvent(to outcome.Phase) {
@@ -242,7 +242,7 @@ func (f *Span) PhaseEvent(to outcome.Phase) {
 	}
 }
 
-// spanEvent adds the event name, naming the operation id, to the span: a nested frame's
+// SpanEvent adds the event name, naming the operation id, to the span: a nested frame's
 // suspension and resumption of its frame.
 func (f *Span) SpanEvent(name string, id outcome.OperationID) {
 	if f.OTel.IsRecording() {
@@ -250,7 +250,7 @@ func (f *Span) SpanEvent(name string, id outcome.OperationID) {
 	}
 }
 
-// withSpan makes f's span the parent of what runs inside the frame; an unrecorded frame
+// WithSpan makes f's span the parent of what runs inside the frame; an unrecorded frame
 // leaves ctx's own span there, as if there were no frame.
 func (f *Span) WithSpan(ctx context.Context) context.Context {
 	if f.Unrecorded {
@@ -259,7 +259,7 @@ func (f *Span) WithSpan(ctx context.Context) context.Context {
 	return trace.ContextWithSpan(ctx, f.OTel)
 }
 
-// end writes the outcome attributes and status of e, its frame's ending, and ends the
+// End writes the outcome attributes and status of e, its frame's ending, and ends the
 // span. It is called once, by the frame's end; cfg is the tracer's, postCommitErr the
 // follow-up failure of a committed_with_post_commit_failure frame.
 func (f *Span) End(e *record.Ending, cfg *settings.Config, postCommitErr error) {
@@ -277,7 +277,7 @@ func (f *Span) End(e *record.Ending, cfg *settings.Config, postCommitErr error) 
 	}
 }
 
-// frameAttrs holds the slices endSpan builds a frame's attributes in: SetAttributes
+// FrameAttrs holds the slices endSpan builds a frame's attributes in: SetAttributes
 // copies what it is given (the SDK appends each value to the span's own), so one slice
 // serves frame after frame, where a new one would cost each frame some 1 KB of heap.
 var FrameAttrs = sync.Pool{New: func() any {
@@ -285,7 +285,7 @@ var FrameAttrs = sync.Pool{New: func() any {
 	return &s
 }}
 
-// setFrameAttrs writes attrs, built in buf from frameAttrs, to span in one SetAttributes
+// SetFrameAttrs writes attrs, built in buf from frameAttrs, to span in one SetAttributes
 // call, and gives buf back to the pool.
 func SetFrameAttrs(span trace.Span, buf *[]attribute.KeyValue, attrs []attribute.KeyValue) {
 	span.SetAttributes(attrs...)
@@ -365,7 +365,7 @@ func (f *Span) setOutcomeStatus(e *record.Ending, cfg *settings.Config, attrs []
 	return attrs
 }
 
-// judgeErr records whether the first failure the frame saw, of a call made in ctx, was expected:
+// JudgeErr records whether the first failure the frame saw, of a call made in ctx, was expected:
 // the failure that decides its span's status.
 func (s *Span) JudgeErr(cfg *settings.Config, ctx context.Context, err error) {
 	if err != nil && !s.errJudged {
@@ -373,7 +373,7 @@ func (s *Span) JudgeErr(cfg *settings.Config, ctx context.Context, err error) {
 	}
 }
 
-// statementAnswer is what the event of a statement without a span of its own carries
+// StatementAnswer is what the event of a statement without a span of its own carries
 // beyond the event's own attributes.
 type StatementAnswer struct {
 	op       string        // db.operation.name, as the statement's span would have been named
@@ -404,7 +404,7 @@ type frameStandIn struct {
 // SpanContext returns the frame span's context.
 func (s *frameStandIn) SpanContext() trace.SpanContext { return s.sc }
 
-// event adds the event name with attrs to the frame's span, and the answer of the
+// Event adds the event name with attrs to the frame's span, and the answer of the
 // statement that caused it, if one is waiting for its event (see answered).
 func (f *Span) Event(name string, attrs ...attribute.KeyValue) {
 	if p := f.folding; p != nil && p.answering {
@@ -429,7 +429,7 @@ func (f *Span) Event(name string, attrs ...attribute.KeyValue) {
 // tracer still gets both hooks of the statement, under a span that does not record, so
 // that otelpgx starts no span and records its metrics exactly as before.
 
-// answerOf returns the answer of a statement named op that started at start and ended
+// AnswerOf returns the answer of a statement named op that started at start and ended
 // now with err.
 func AnswerOf(op string, start time.Time, err error) StatementAnswer {
 	a := StatementAnswer{op: op, took: time.Since(start)}
@@ -440,7 +440,7 @@ func AnswerOf(op string, start time.Time, err error) StatementAnswer {
 	return a
 }
 
-// foldKind is which kind of event a query may be in place of its span.
+// FoldKind is which kind of event a query may be in place of its span.
 type FoldKind uint8
 
 const (
@@ -449,7 +449,7 @@ const (
 	FoldPrepare          // an implicit prepare: an event of its statement's span
 )
 
-// folds returns what the statements that are events of f need, made at the first.
+// Folds returns what the statements that are events of f need, made at the first.
 func (f *Span) Folds() *frameFolding {
 	if f.folding == nil {
 		f.folding = &frameFolding{standIn: frameStandIn{sc: f.OTel.SpanContext()}}
@@ -457,7 +457,7 @@ func (f *Span) Folds() *frameFolding {
 	return f.folding
 }
 
-// standInCtx returns ctx with the frame's stand-in as its span. The context it makes is
+// StandInCtx returns ctx with the frame's stand-in as its span. The context it makes is
 // kept for the context it was made from, which a transaction's BEGIN and COMMIT mostly
 // share (see innerStartCtx), and looked up first.
 func (p *frameFolding) StandInCtx(ctx context.Context) context.Context {
@@ -467,13 +467,13 @@ func (p *frameFolding) StandInCtx(ctx context.Context) context.Context {
 	return p.standIn.out
 }
 
-// answered records a, the answer of a statement folded into the frame: the next event of
+// Answered records a, the answer of a statement folded into the frame: the next event of
 // the frame that answers a statement carries it (see frame.event).
 func (p *frameFolding) Answered(a StatementAnswer) {
 	p.answer, p.answering = a, true
 }
 
-// unanswered gives a statement that caused no event of its own — a BEGIN inside the
+// Unanswered gives a statement that caused no event of its own — a BEGIN inside the
 // transaction, which the server only warns about; a savepoint statement that failed —
 // the event eventStatement, so that every statement folded into the frame is one event.
 func (f *Span) Unanswered(savepoint string) {
@@ -487,11 +487,11 @@ func (f *Span) Unanswered(savepoint string) {
 	f.Event(schema.EventStatement)
 }
 
-// savepointEvents are the events of what a savepoint statement did.
+// SavepointEvents are the events of what a savepoint statement did.
 var SavepointEvents = [...]string{evidence.SavepointCreated: schema.EventSavepointCreated,
 	evidence.SavepointReleased: schema.EventSavepointReleased, evidence.SavepointRolledBack: schema.EventSavepointRolledBack}
 
-// prepareEvent adds the event of q, a folded prepare that ended with err, to the
+// PrepareEvent adds the event of q, a folded prepare that ended with err, to the
 // statement's span in ctx (the context its Start hook returned: see innerPrepareStart).
 func PrepareEvent(ctx context.Context, start time.Time, name string, err error) {
 	a := AnswerOf("", start, err)
@@ -538,4 +538,12 @@ func (f *Span) SavepointEvent(move evidence.SavepointMove, depth int, name strin
 		return
 	}
 	f.Event(SavepointEvents[move], schema.SavepointNameKey.String(name), schema.SavepointDepthKey.Int(depth))
+}
+
+// RetryEvent records that the executor runs the frame's transaction again, as attempt n,
+// after it ended for reason (its error.type).
+func (f *Span) RetryEvent(n int, reason string) {
+	if f.OTel.IsRecording() {
+		f.OTel.AddEvent(schema.EventRetry, trace.WithAttributes(schema.AttemptKey.Int(n), schema.ErrorTypeKey.String(reason)))
+	}
 }

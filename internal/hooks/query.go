@@ -28,7 +28,7 @@ import (
 // folded), and pushes what its End needs. With no state on the connection, only inner
 // runs.
 func (t *Adapter) startQuery(ctx context.Context, conn *pgx.Conn, set evidence.Set, sql string, fold framespan.FoldKind, op string, innerHook func(context.Context, bool) context.Context) context.Context {
-	st := t.ConnStateOf(conn)
+	st := t.State(conn.PgConn())
 	if st == nil {
 		return innerHook(ctx, false) // no frame to parent to, but the statement span stays
 	}
@@ -49,7 +49,7 @@ func (t *Adapter) startQuery(ctx context.Context, conn *pgx.Conn, set evidence.S
 // tracer end its span (inner, told whether the query is folded), and judges the query. An
 // End without its Start has nothing to judge.
 func (t *Adapter) endQuery(ctx context.Context, conn *pgx.Conn, tag pgconn.CommandTag, err error, innerHook func(context.Context, bool)) {
-	st := frame.MadeStateOf(conn)
+	st := frame.Made(conn.PgConn())
 	var q frame.QueryState
 	started := false
 	if st != nil {
@@ -122,22 +122,18 @@ func (t *Adapter) beforeQuery(ctx context.Context, conn *pgx.Conn, st *frame.Con
 		st.Refs.Unobserved(&f.CommitRef) // its transaction ended unseen: Before ends it
 		s.Seen = st.SeenEnd()
 	}
-	ended, r, begins := st.Ev.Before(s)
-	if ended != nil {
-		t.Apply(st, ended, r, nil)
-	}
+	ended, r := st.Ev.Before(s)
+	begins := r.Start
+	started := t.Apply(st, ended, r, &frame.Query{Ctx: ctx, CallerCtx: ctx, Conn: conn, Set: set, SQL: sql})
 	switch begins {
-	case evidence.BeginsPrepared:
-		f := t.StartFrame(ctx, conn, st, evidence.Begun{}, sql, nil)
-		t.ReferenceOff(st.Refs.ArmPrepared(&f.CommitRef, pg.ParameterStatus("server_version"), set.Single(), sql, evidence.GID(sql)))
-	case evidence.BeginsBlock:
-		f := t.StartFrame(ctx, conn, st, evidence.Begun{}, sql, nil)
-		t.ArmCheck(st, f, pg, set, sql)
-	case evidence.BeginsImplicit:
+	case evidence.StartPrepared:
+		t.ReferenceOff(st.Refs.ArmPrepared(&started.CommitRef, pg.ParameterStatus("server_version"), set.Single(), sql, evidence.GID(sql)))
+	case evidence.StartBlock:
+		t.ArmCheck(st, started, pg, set, sql)
+	case evidence.StartImplicit:
 		// Committing from the moment it leaves, as a COMMIT is: its write is marked, and
-		// its reply watched from here (connState.repliedClean).
-		f := t.StartFrame(ctx, conn, st, evidence.Begun{Implicit: true, Wrote: true}, sql, nil)
-		t.ReferenceOff(st.Refs.ArmImplicit(&f.CommitRef, frame.RefStatement(set, sql, pg), pg.ParameterStatus("server_version")))
+		// its reply watched from here (frame.Conn.RepliedClean).
+		t.ReferenceOff(st.Refs.ArmImplicit(&started.CommitRef, frame.RefStatement(set, sql, pg), pg.ParameterStatus("server_version")))
 		if st.NetConn != nil {
 			st.NetConn.WatchEnds()
 		}
@@ -157,7 +153,7 @@ func (t *Adapter) beforeQuery(ctx context.Context, conn *pgx.Conn, st *frame.Con
 		s.EndedBeforeCommit = st.MarkCommit()
 	}
 	t.Apply(st, f, st.Ev.Send(s), nil)
-	if begins == evidence.BeginsImplicit {
+	if begins == evidence.StartImplicit {
 		return f // what its reference needs is armed (ArmImplicit)
 	}
 	if set.Writes() {
@@ -198,7 +194,7 @@ func (t *Adapter) afterQuery(ctx context.Context, conn *pgx.Conn, st *frame.Conn
 	if q.Batch.Err != nil && err == nil {
 		err = q.Batch.Err
 	}
-	at := &frame.QueryEnd{Ctx: ctx, CallerCtx: q.CallerCtx, Conn: conn, Set: q.Set, Err: err, InTx: inTx, Open: open}
+	at := &frame.Query{Ctx: ctx, CallerCtx: q.CallerCtx, Conn: conn, Set: q.Set, Err: err, InTx: inTx, Open: open}
 	notSent := st.CommitNotSent(f)
 	split, moreEnds := false, false
 	if open {
@@ -243,7 +239,7 @@ func (t *Adapter) afterQuery(ctx context.Context, conn *pgx.Conn, st *frame.Conn
 // the reply followed (wire.Splits), each with what its tag says, and starts the frame of
 // what followed each (evidence.StartRest). It reports whether it ended any, and whether
 // the reply held more than it could tell (wire.Splits.Over).
-func (t *Adapter) split(st *frame.Conn, at *frame.QueryEnd) (ended, more bool) {
+func (t *Adapter) split(st *frame.Conn, at *frame.Query) (ended, more bool) {
 	if st.NetConn == nil || at.Set.Single() && !at.Set.Decides() {
 		return false, false // one statement that ends no transaction: nothing to split
 	}
@@ -302,7 +298,7 @@ func (t *Adapter) prepareStarted(conn *pgx.Conn, name, sql string) {
 	if !frame.KeepsName(name, sql) {
 		return
 	}
-	if st := t.ConnStateOf(conn); st != nil {
+	if st := t.State(conn.PgConn()); st != nil {
 		st.Named.Start(name, sql)
 	}
 }
@@ -310,7 +306,7 @@ func (t *Adapter) prepareStarted(conn *pgx.Conn, name, sql string) {
 // prepareEnded keeps, on conn, the statement being prepared, unless err says the server
 // refused it.
 func (t *Adapter) prepareEnded(conn *pgx.Conn, err error) {
-	if st := frame.MadeStateOf(conn); st != nil && st.Named.End(err) {
+	if st := frame.Made(conn.PgConn()); st != nil && st.Named.End(err) {
 		t.named.Store(true)
 	}
 }
@@ -321,7 +317,7 @@ func (t *Adapter) statementOf(conn *pgx.Conn, sql string, set evidence.Set) (str
 	if !t.named.Load() {
 		return sql, set
 	}
-	if st := frame.MadeStateOf(conn); st != nil {
+	if st := frame.Made(conn.PgConn()); st != nil {
 		if real, ok := st.Named.Of(sql); ok {
 			return real, t.Sanitized.Get(real).Set
 		}

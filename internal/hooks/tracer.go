@@ -16,12 +16,12 @@ import (
 	"github.com/txevidence/otelpgxtx/internal/verdict"
 )
 
-// adapter is the pgx hooks' side of the tracer: what each hook does, turned into the
+// Adapter is the pgx hooks' side of the tracer: what each hook does, turned into the
 // frames' events (query.go) beside the inner tracer's hooks and the pool metrics.
 type Adapter struct {
 	frame.Core
 	Inner inner.Hooks
-	// pool records the connection-pool metrics (InstrumentPool), or is nil.
+	// Pool records the connection-pool metrics (InstrumentPool), or is nil.
 	Pool *poolmetrics.Metrics
 	// named: a connection has a statement prepared by name (see prepared_names.go), which
 	// the hooks look up; until then a query's SQL is taken as it is, with no lookup.
@@ -56,7 +56,7 @@ func (t *Adapter) TraceBatchStart(ctx context.Context, conn *pgx.Conn, data pgx.
 // TraceBatchQuery implements pgx.BatchTracer. The transaction status is not valid in
 // the middle of a batch, so results are only collected here and judged at its end.
 func (t *Adapter) TraceBatchQuery(ctx context.Context, conn *pgx.Conn, data pgx.TraceBatchQueryData) {
-	if st := t.ConnStateOf(conn); st != nil {
+	if st := t.State(conn.PgConn()); st != nil {
 		st.Mu.Lock()
 		if q := st.Top(ctx); q != nil {
 			if data.Err != nil && q.Batch.Err == nil {
@@ -163,7 +163,7 @@ func (t *Adapter) TraceAcquireStart(ctx context.Context, pool *pgxpool.Pool, dat
 // evidence; the frame is concluded here as a last line of defence.
 func (t *Adapter) TraceAcquireEnd(ctx context.Context, pool *pgxpool.Pool, data pgxpool.TraceAcquireEndData) {
 	if data.Conn != nil {
-		if st := t.ConnStateOf(data.Conn); st != nil {
+		if st := t.State(data.Conn.PgConn()); st != nil {
 			st.Mu.Lock()
 			if st.Frame() != nil && data.Conn.PgConn().TxStatus() == 'I' {
 				t.Abandon(st, evidence.ReasonEndedUnobserved)
@@ -171,7 +171,7 @@ func (t *Adapter) TraceAcquireEnd(ctx context.Context, pool *pgxpool.Pool, data 
 			st.Mu.Unlock()
 		}
 	}
-	t.Pool.AcquireEnd(ctx, pool, frame.PoolState(data.Conn), data.Err)
+	t.Pool.AcquireEnd(ctx, pool, t.poolState(data.Conn), data.Err)
 	notReached(ctx, data.Err)
 	if t.Inner.Acquire != nil {
 		ctx = t.Inner.InnerEnd(inner.KindAcquire, ctx, data.Err)
@@ -184,9 +184,9 @@ func (t *Adapter) TraceAcquireEnd(ctx context.Context, pool *pgxpool.Pool, data 
 // a transaction is destroyed by the pool, which rolls the transaction back; one released
 // idle or closed with a frame on it had its transaction end where no query showed it.
 func (t *Adapter) TraceRelease(pool *pgxpool.Pool, data pgxpool.TraceReleaseData) {
-	t.Pool.Release(frame.PoolState(data.Conn))
+	t.Pool.Release(t.poolState(data.Conn))
 	if data.Conn != nil {
-		if st := t.ConnStateOf(data.Conn); st != nil {
+		if st := t.State(data.Conn.PgConn()); st != nil {
 			st.Mu.Lock()
 			if st.Frame() != nil {
 				pg, reason := data.Conn.PgConn(), evidence.ReasonReleasedInTransaction
@@ -203,25 +203,25 @@ func (t *Adapter) TraceRelease(pool *pgxpool.Pool, data pgxpool.TraceReleaseData
 	}
 }
 
-// onNotice sees every notice before the user's handler: the "already committed
+// OnNotice sees every notice before the user's handler: the "already committed
 // locally" warning is evidence for the frame in committing.
 func (t *Adapter) OnNotice(pg *pgconn.PgConn, n *pgconn.Notice) {
 	if !classifier.CommittedLocallyNotice(n) {
 		return
 	}
 	// The warnings' texts and 57P01's meaning are PostgreSQL's own.
-	if st := t.StateOf(pg); st != nil && st.Server() == classifier.ServerPostgreSQL {
+	if st := t.State(pg); st != nil && st.Server() == classifier.ServerPostgreSQL {
 		st.Mu.Lock()
 		st.Ev.Notice()
 		st.Mu.Unlock()
 	}
 }
 
-// connClosing concludes the frame of a connection about to be closed: its transaction
+// ConnClosing concludes the frame of a connection about to be closed: its transaction
 // rolls back with the session, unless the server's last ReadyForQuery said the session
 // was idle (it ended where no query showed it).
 func (t *Adapter) ConnClosing(conn *pgx.Conn) {
-	if st := t.ConnStateOf(conn); st != nil {
+	if st := t.State(conn.PgConn()); st != nil {
 		st.Mu.Lock()
 		t.Abandon(st, goneReason(conn.PgConn(), evidence.ReasonConnectionClosed))
 		st.Mu.Unlock()
@@ -239,7 +239,7 @@ func goneReason(pg *pgconn.PgConn, reason string) string {
 	return reason
 }
 
-// netConnClosed concludes the frame of a connection whose net.Conn was closed, unless a
+// NetConnClosed concludes the frame of a connection whose net.Conn was closed, unless a
 // query is in flight on it: then the connection's user is inside
 // pgconn, will see the connection closed, and concludes the frame with what its query
 // observed. It may run on any goroutine; st.mu orders it with the user's hooks. With no
@@ -251,4 +251,15 @@ func (t *Adapter) NetConnClosed(st *frame.Conn) {
 	if f := st.Frame(); f != nil && len(st.Queries) == 0 {
 		t.Abandon(st, goneReason(f.Conn, evidence.ReasonConnectionClosed))
 	}
+}
+
+// poolState is what the pool metrics keep on conn, nil for no connection.
+func (t *Adapter) poolState(conn *pgx.Conn) *poolmetrics.ConnState {
+	if conn == nil {
+		return nil
+	}
+	if st := t.State(conn.PgConn()); st != nil {
+		return &st.Pool
+	}
+	return nil
 }

@@ -5,7 +5,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 )
 
-// setInner keeps each tracer interface inner implements, asserted once here rather than
+// SetInner keeps each tracer interface inner implements, asserted once here rather than
 // in every hook.
 func (t *Hooks) SetInner(inner pgx.QueryTracer) {
 	t.query = inner

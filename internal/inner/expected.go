@@ -6,7 +6,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 )
 
-// expectedSpan is a span that ended with an expected error: it takes every call but the
+// ExpectedSpan is a span that ended with an expected error: it takes every call but the
 // Error status.
 type ExpectedSpan struct{ trace.Span }
 
@@ -16,7 +16,7 @@ type ExpectedSpan struct{ trace.Span }
 // the span it starts.
 type expectedCtx struct{ context.Context }
 
-// expectedStatusProvider is the tracer provider of the default otelpgx inner tracer: its
+// ExpectedStatusProvider is the tracer provider of the default otelpgx inner tracer: its
 // tracers wrap the spans started in an expectedCtx. Any other start is the SDK's, as it is.
 type ExpectedStatusProvider struct{ trace.TracerProvider }
 

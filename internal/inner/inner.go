@@ -18,12 +18,12 @@ import (
 	"go.opentelemetry.io/otel/trace"
 )
 
-// innerHooks is the inner tracer (otelpgx by default, or the application's), by each
+// Hooks is the inner tracer (otelpgx by default, or the application's), by each
 // tracer interface it implements, and what it is handed: its spans are the statements'.
 type Hooks struct {
 	Cfg       *settings.Config
 	Sanitized *sanitize.Sanitizer
-	// asIs: the inner tracer is the application's, and is handed what pgx hands a
+	// AsIs: the inner tracer is the application's, and is handed what pgx hands a
 	// tracer — SQL, errors, batches and statement names as they are — unless
 	// WithSanitizedInnerTracer asks otherwise; its spans get no attribute of ours.
 	AsIs bool
@@ -37,7 +37,7 @@ type Hooks struct {
 	Release pgxpool.ReleaseTracer
 }
 
-// innerErr returns what the inner tracer is given of err: err itself for a tracer of the
+// InnerErr returns what the inner tracer is given of err: err itself for a tracer of the
 // application's (see innerAsIs), else what may be recorded of it (see redact.Error).
 func (t *Hooks) InnerErr(err error) error {
 	if t.AsIs {
@@ -56,7 +56,7 @@ func (t *Hooks) innerSQL(sql string, s *sanitize.Sanitized) string {
 	return t.Sanitized.InnerSQL(sql, s)
 }
 
-// innerQueryStart hands a query's start to the inner tracer, sanitized; s is what the
+// InnerQueryStart hands a query's start to the inner tracer, sanitized; s is what the
 // sanitizer knows of its SQL.
 func (t *Hooks) InnerQueryStart(ctx context.Context, conn *pgx.Conn, data pgx.TraceQueryStartData, s *sanitize.Sanitized) context.Context {
 	if t.query == nil {
@@ -66,7 +66,7 @@ func (t *Hooks) InnerQueryStart(ctx context.Context, conn *pgx.Conn, data pgx.Tr
 	return t.summarized(ctx, t.query.TraceQueryStart(ctx, conn, data), s)
 }
 
-// innerQueryEnd hands a query's end to the inner tracer, its error redacted.
+// InnerQueryEnd hands a query's end to the inner tracer, its error redacted.
 func (t *Hooks) InnerQueryEnd(ctx context.Context, conn *pgx.Conn, data pgx.TraceQueryEndData) {
 	if t.query != nil {
 		data.Err = t.InnerErr(data.Err)
@@ -84,7 +84,7 @@ func (t *Hooks) summarized(before, after context.Context, s *sanitize.Sanitized)
 	return after
 }
 
-// innerBatchStart hands a batch's start to the inner tracer, its SQL sanitized (see
+// InnerBatchStart hands a batch's start to the inner tracer, its SQL sanitized (see
 // innerBatch).
 func (t *Hooks) InnerBatchStart(ctx context.Context, conn *pgx.Conn, data pgx.TraceBatchStartData) context.Context {
 	if t.batch != nil {
@@ -99,7 +99,7 @@ func (t *Hooks) InnerBatchStart(ctx context.Context, conn *pgx.Conn, data pgx.Tr
 	return ctx
 }
 
-// innerBatchQuery hands one result of a batch to the inner tracer, sanitized.
+// InnerBatchQuery hands one result of a batch to the inner tracer, sanitized.
 func (t *Hooks) InnerBatchQuery(ctx context.Context, conn *pgx.Conn, data pgx.TraceBatchQueryData) {
 	if t.batch != nil {
 		if t.omits(KindBatchQuery) {
@@ -115,7 +115,7 @@ func (t *Hooks) InnerBatchQuery(ctx context.Context, conn *pgx.Conn, data pgx.Tr
 	}
 }
 
-// innerBatchEnd hands a batch's end to the inner tracer, its error redacted.
+// InnerBatchEnd hands a batch's end to the inner tracer, its error redacted.
 func (t *Hooks) InnerBatchEnd(ctx context.Context, conn *pgx.Conn, data pgx.TraceBatchEndData) {
 	if t.batch != nil {
 		data.Err = t.InnerErr(data.Err)
@@ -123,7 +123,7 @@ func (t *Hooks) InnerBatchEnd(ctx context.Context, conn *pgx.Conn, data pgx.Trac
 	}
 }
 
-// innerCopyFromStart hands a copy's start to the inner tracer, with a db.query.summary
+// InnerCopyFromStart hands a copy's start to the inner tracer, with a db.query.summary
 // made of the table name (a copy has no SQL text to summarize). Unlike summarized, it
 // builds the summary only once a recording span is there, for the concatenation
 // allocates; innerBatchStart does the same with its loop over the batch.
@@ -138,7 +138,7 @@ func (t *Hooks) InnerCopyFromStart(ctx context.Context, conn *pgx.Conn, data pgx
 	return ctx
 }
 
-// innerCopyFromEnd hands a copy's end to the inner tracer, its error redacted.
+// InnerCopyFromEnd hands a copy's end to the inner tracer, its error redacted.
 func (t *Hooks) InnerCopyFromEnd(ctx context.Context, conn *pgx.Conn, data pgx.TraceCopyFromEndData) {
 	if t.copy != nil {
 		data.Err = t.InnerErr(data.Err)
@@ -146,7 +146,7 @@ func (t *Hooks) InnerCopyFromEnd(ctx context.Context, conn *pgx.Conn, data pgx.T
 	}
 }
 
-// innerPrepareStart hands a prepare's start to the inner tracer, sanitized (its statement
+// InnerPrepareStart hands a prepare's start to the inner tracer, sanitized (its statement
 // name too: see innerStmtName). A folded prepare starts no span: its
 // inner hook gets a context whose span does not record.
 func (t *Hooks) InnerPrepareStart(ctx context.Context, conn *pgx.Conn, data pgx.TracePrepareStartData, folded bool) context.Context {
@@ -162,7 +162,7 @@ func (t *Hooks) InnerPrepareStart(ctx context.Context, conn *pgx.Conn, data pgx.
 	return ctx
 }
 
-// innerPrepareEnd hands a prepare's end to the inner tracer, its error redacted.
+// InnerPrepareEnd hands a prepare's end to the inner tracer, its error redacted.
 func (t *Hooks) InnerPrepareEnd(ctx context.Context, conn *pgx.Conn, data pgx.TracePrepareEndData, folded bool) {
 	if t.prepare != nil {
 		if folded || t.omits(KindPrepare) {
@@ -173,7 +173,7 @@ func (t *Hooks) InnerPrepareEnd(ctx context.Context, conn *pgx.Conn, data pgx.Tr
 	}
 }
 
-// innerStmtName returns what the inner tracer, and a prepare's event, are given of a
+// InnerStmtName returns what the inner tracer, and a prepare's event, are given of a
 // prepared statement's name: pgx names the statements it caches by a digest of the raw
 // SQL, literals and all, which becomes "stmtcache" unless [WithRawQueryText] or the tracer
 // is the application's.
@@ -229,7 +229,7 @@ func (t *Hooks) ownStartedSpan(before, after context.Context) trace.Span {
 	return framespan.StartedSpan(before, after)
 }
 
-// innerStartCtx makes f's span the parent of what the inner tracer starts. It allocates only
+// InnerStartCtx makes f's span the parent of what the inner tracer starts. It allocates only
 // when someone records and ctx does not already carry the frame's span (inside Run or
 // Begin it does): an unsampled frame under an unsampled caller costs nothing. The context
 // it makes is kept for the caller's context it was made from, which a transaction's
@@ -249,7 +249,7 @@ func InnerStartCtx(ctx context.Context, f *framespan.Span) context.Context {
 	return f.FramedOut
 }
 
-// innerEndCtx hides f's span from an inner End hook that did not start a span of its own:
+// InnerEndCtx hides f's span from an inner End hook that did not start a span of its own:
 // inner tracers end "the span in ctx", and that must never be the frame's (see
 // "Composition with the inner tracer" in the package documentation).
 // A span that does not record has nothing an End hook could change.
@@ -263,7 +263,7 @@ func InnerEndCtx(ctx context.Context, f *framespan.Span) context.Context {
 // omits reports whether the inner tracer's spans of kind k are turned off.
 func (t *Hooks) omits(k Kind) bool { return t.Cfg.OmitSpans&(1<<k) != 0 }
 
-// folds reports whether the spans of kind k — InnerSpanTransactionControl, or the implicit
+// Folds reports whether the spans of kind k — InnerSpanTransactionControl, or the implicit
 // prepares of InnerSpanPrepare — are events in place of spans: by default, with the
 // default otelpgx inner tracer. A tracer of the application's gets every statement as pgx
 // gives it and decides its own spans.
@@ -271,7 +271,7 @@ func (t *Hooks) Folds(k Kind) bool {
 	return !t.Cfg.InnerSet && t.Cfg.KeepSpans&(1<<k) == 0
 }
 
-// innerStart runs start, an inner Start hook of kind k. For an omitted kind it is given a
+// InnerStart runs start, an inner Start hook of kind k. For an omitted kind it is given a
 // span that does not record, so otelpgx starts none (and still notes the start time for
 // its metrics), and the caller's span is put back into what it returns, so that the work
 // the hook precedes (a connect inside an acquire) is parented as without it.
@@ -288,7 +288,7 @@ func quietStart(ctx context.Context, start func(context.Context) context.Context
 	return trace.ContextWithSpan(start(withoutSpan(ctx)), trace.SpanFromContext(ctx))
 }
 
-// innerEnd returns the context for an inner End hook of kind k of a call that failed
+// InnerEnd returns the context for an inner End hook of kind k of a call that failed
 // with err (nil: it did not): one without a span for an omitted kind — otelpgx ends "the
 // span in the context", which must not be the caller's —, else one whose span cannot take
 // the Error status of an expected error (innerEndStatus).
@@ -304,7 +304,7 @@ func withoutSpan(ctx context.Context) context.Context {
 	return trace.ContextWithSpan(ctx, framespan.NoopSpan)
 }
 
-// innerEndStatus returns the context for the default otelpgx tracer's End hook of a call
+// InnerEndStatus returns the context for the default otelpgx tracer's End hook of a call
 // in ctx that failed with err: when err is expected, the span it ends is wrapped so that
 // it cannot set status Error. A tracer of the user's own gets ctx as it is.
 func (t *Hooks) InnerEndStatus(ctx context.Context, err error) context.Context {
@@ -318,7 +318,7 @@ func (t *Hooks) InnerEndStatus(ctx context.Context, err error) context.Context {
 	return trace.ContextWithSpan(ctx, ExpectedSpan{span})
 }
 
-// statementFrameEndCtx returns the context for the inner End hook of the statement whose
+// StatementFrameEndCtx returns the context for the inner End hook of the statement whose
 // span is its frame's (frameSpan.onStatement), which failed with err: the frame's
 // status is the span's, so the inner tracer may set Error only where the frame did —
 // a rollback for a failure, unless the failure is expected —, never on a frame that
@@ -343,7 +343,7 @@ func (t *Hooks) innerBatchQueryCtx(ctx context.Context, err error) context.Conte
 	return expectedCtx{ctx}
 }
 
-// innerKind is a kind of span the default inner tracer makes: an InnerSpan, by number.
+// Kind is a kind of span the default inner tracer makes: an InnerSpan, by number.
 type Kind uint8
 
 // The kinds, numbered as InnerSpan's constants are.

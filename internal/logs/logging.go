@@ -8,7 +8,7 @@ import (
 	"github.com/txevidence/otelpgxtx/internal/schema"
 )
 
-// logIndeterminate writes one record per indeterminate frame, ended e, so that an
+// Indeterminate writes one record per indeterminate frame, ended e, so that an
 // unknown commit survives trace sampling: the operation id and reference are what
 // reconciliation needs.
 func Indeterminate(l *slog.Logger, e *record.Ending) {

@@ -23,20 +23,20 @@ import (
 // otelpgxtx_transaction_commit_duration_seconds and
 // otelpgxtx_participations_total{tx_participant_outcome="…", tx_propagation="…"}.
 const (
-	// metricTransactions counts physical transactions: one per frame, when it ends, by its
+	// MetricTransactions counts physical transactions: one per frame, when it ends, by its
 	// tx.outcome (committed, rolled_back, indeterminate, committed_with_post_commit_failure)
 	// and, for rolled_back, tx.rollback ([RollbackDeliberate] or [RollbackFailure]).
 	// Plain pgx transactions and each attempt of [Run] count alike; a Run call that
 	// joined an outer transaction has no frame and is counted by otelpgxtx.participations.
 	MetricTransactions = "otelpgxtx.transactions"
-	// metricDuration is the time from BEGIN to a frame's outcome, in seconds, with the
+	// MetricDuration is the time from BEGIN to a frame's outcome, in seconds, with the
 	// attributes of otelpgxtx.transactions.
 	MetricDuration = "otelpgxtx.transaction.duration"
-	// metricCommitDuration is the time a frame spent committing, in seconds, with the
+	// MetricCommitDuration is the time a frame spent committing, in seconds, with the
 	// attributes of otelpgxtx.transactions; frames that never sent COMMIT have none, nor
 	// implicit transactions (their committing phase is their whole statement).
 	MetricCommitDuration = "otelpgxtx.transaction.commit.duration"
-	// metricParticipations counts [Run] calls that joined a transaction already in their
+	// MetricParticipations counts [Run] calls that joined a transaction already in their
 	// context (Required, Mandatory, Nested): one per call, by tx.participant.outcome
 	// (participating, or rolled_back when the call failed: a Nested call's savepoint was
 	// rolled back, a Required or Mandatory call's failure dooms the owner's transaction,
@@ -45,7 +45,7 @@ const (
 	MetricParticipations = "otelpgxtx.participations"
 )
 
-// durationBuckets spans a fast local commit (sub-millisecond) to a stuck synchronous
+// DurationBuckets spans a fast local commit (sub-millisecond) to a stuck synchronous
 // replication wait (tens of seconds).
 var DurationBuckets = []float64{0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60}
 
@@ -62,7 +62,7 @@ const seriesDeliberate = outcome.OutcomeCommittedWithPostCommitFailure + 1
 // participantPropagations are the propagations whose calls can join a transaction.
 var participantPropagations = [...]string{"required", "nested", "mandatory"}
 
-// metrics are recorded for every frame, sampled or not: an indeterminate commit must be
+// Metrics are recorded for every frame, sampled or not: an indeterminate commit must be
 // countable even when its trace was dropped.
 type Metrics struct {
 	Transactions   metric.Int64Counter
@@ -117,7 +117,7 @@ func New(mp metric.MeterProvider, extra []attribute.KeyValue) *Metrics {
 	return m
 }
 
-// counter creates a counter on meter. A failure is reported to otel.Handle and leaves the
+// Counter creates a counter on meter. A failure is reported to otel.Handle and leaves the
 // no-op instrument the API returns with it, so that recording never needs a nil check.
 func Counter(meter metric.Meter, name, unit, description string) metric.Int64Counter {
 	c, err := meter.Int64Counter(name, metric.WithUnit(unit), metric.WithDescription(description))
@@ -127,7 +127,7 @@ func Counter(meter metric.Meter, name, unit, description string) metric.Int64Cou
 	return c
 }
 
-// histogram creates a histogram on meter with explicit buckets; a failure is handled as
+// Histogram creates a histogram on meter with explicit buckets; a failure is handled as
 // counter's is.
 func Histogram(meter metric.Meter, name, unit, description string, buckets []float64) metric.Float64Histogram {
 	h, err := meter.Float64Histogram(name, metric.WithUnit(unit), metric.WithDescription(description),
@@ -138,7 +138,7 @@ func Histogram(meter metric.Meter, name, unit, description string, buckets []flo
 	return h
 }
 
-// participant counts a Run call with the propagation named propagation (Propagation's
+// Participant counts a Run call with the propagation named propagation (Propagation's
 // String) that joined an outer transaction and ended with o: participating, or
 // rolled_back when it failed.
 func (m *Metrics) Participant(propagation string, o outcome.Outcome) {
@@ -153,7 +153,7 @@ func (m *Metrics) Participant(propagation string, o outcome.Outcome) {
 	m.participations.Add(context.Background(), 1, m.participantOpts[failed][p]...)
 }
 
-// record counts e, a frame's ending, and its durations.
+// Record counts e, a frame's ending, and its durations.
 func (m *Metrics) Record(e *record.Ending) {
 	o := e.Outcome
 	if m == nil || !o.Valid() {
@@ -188,14 +188,14 @@ func (m *Metrics) Record(e *record.Ending) {
 // error_type="…"}, otelpgxtx_reconciliation_unresolved, otelpgxtx_reconciliation_unresolved_age_seconds
 // and otelpgxtx_reconciliation_duration_seconds.
 const (
-	// metricReconciliations counts settled indeterminate frames, by tx.outcome.resolved
+	// MetricReconciliations counts settled indeterminate frames, by tx.outcome.resolved
 	// and, when unknown, error.type.
 	MetricReconciliations = "otelpgxtx.reconciliations"
-	// metricUnresolved is the number of indeterminate frames waiting to be settled.
+	// MetricUnresolved is the number of indeterminate frames waiting to be settled.
 	MetricUnresolved = "otelpgxtx.reconciliation.unresolved"
-	// metricUnresolvedAge is the age of the oldest of them, in seconds; 0 when none is.
+	// MetricUnresolvedAge is the age of the oldest of them, in seconds; 0 when none is.
 	MetricUnresolvedAge = "otelpgxtx.reconciliation.unresolved.age"
-	// metricReconciliationDuration is the time from an indeterminate commit to its final
+	// MetricReconciliationDuration is the time from an indeterminate commit to its final
 	// answer, in seconds.
 	MetricReconciliationDuration = "otelpgxtx.reconciliation.duration"
 )
@@ -207,7 +207,7 @@ var reconcileBuckets = []float64{0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 
 var finalReasons = []string{reconcile.ReasonNoReference, reconcile.ReasonTooOld, reconcile.ReasonInTheFuture, reconcile.ReasonOtherSystem,
 	reconcile.ReasonOtherTimeline, reconcile.ReasonServerRestarted, reconcile.ReasonCrashRecovered, reconcile.ReasonQueueFull, reconcile.ReasonStopped}
 
-// reconcileMetrics count what automatic reconciliation learned, whether the frames were
+// ReconcileMetrics count what automatic reconciliation learned, whether the frames were
 // sampled or not.
 type ReconcileMetrics struct {
 	reconciliations metric.Int64Counter
@@ -245,7 +245,7 @@ func (m *ReconcileMetrics) attrs(r reconcile.Status, reason string) attribute.Se
 	return attribute.NewSet(kv...)
 }
 
-// record counts one final answer, age after its indeterminate commit.
+// Record counts one final answer, age after its indeterminate commit.
 func (m *ReconcileMetrics) Record(res reconcile.Answer, age time.Duration) {
 	ctx := context.Background()
 	m.reconciliations.Add(ctx, 1, metric.WithAttributeSet(m.attrs(res.Status(), res.Reason())))
@@ -254,7 +254,7 @@ func (m *ReconcileMetrics) Record(res reconcile.Answer, age time.Duration) {
 
 func (m *ReconcileMetrics) Unregister() { m.leave() }
 
-// unresolvedGauges reports the unresolved gauges of every automatic reconciler, one
+// UnresolvedGauges reports the unresolved gauges of every automatic reconciler, one
 // callback per meter and attribute set: two tracers on one meter provider with the same
 // attributes observe the same series, and with a callback each the last observation
 // would win. The group sums the pending frames and reports the oldest age.
@@ -278,7 +278,7 @@ type gaugeGroup struct {
 	reg     metric.Registration
 }
 
-// join adds pending to the group of meter and set, registering the group's callback
+// Join adds pending to the group of meter and set, registering the group's callback
 // when it is the first member, and returns the function that leaves it. A meter that
 // cannot be a map key (not comparable) gets a group of its own.
 func (g *gaugeGroups) Join(meter metric.Meter, set attribute.Set, pending func() (int, time.Duration)) (leave func()) {

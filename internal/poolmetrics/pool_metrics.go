@@ -24,7 +24,7 @@ import (
 	semconv "go.opentelemetry.io/otel/semconv/v1.43.0"
 )
 
-// poolConnState is what the pool metrics keep on a connection, in its connState.
+// ConnState is what the pool metrics keep on a connection, in its connState.
 type ConnState struct {
 	seen       bool      // its pool is among the observed ones
 	acquiredAt time.Time // when it was last acquired; zero once released
@@ -41,45 +41,45 @@ type ConnState struct {
 // Prometheus exporter they become db_client_connection_count,
 // db_client_connection_timeouts_total, db_client_connection_wait_time_seconds and so on.
 const (
-	// metricConnectionCount is the number of connections in each state: idle, and used
+	// MetricConnectionCount is the number of connections in each state: idle, and used
 	// (acquired). Connections being created are in neither.
 	MetricConnectionCount = "db.client.connection.count"
-	// metricConnectionIdleMax is the most idle connections the pool keeps: pgxpool closes
+	// MetricConnectionIdleMax is the most idle connections the pool keeps: pgxpool closes
 	// an idle connection only for its idle time or lifetime, so this is its MaxConns.
 	MetricConnectionIdleMax = "db.client.connection.idle.max"
-	// metricConnectionIdleMin is the fewest idle connections the pool keeps (MinIdleConns).
+	// MetricConnectionIdleMin is the fewest idle connections the pool keeps (MinIdleConns).
 	MetricConnectionIdleMin = "db.client.connection.idle.min"
-	// metricConnectionMax is the most connections the pool opens (MaxConns).
+	// MetricConnectionMax is the most connections the pool opens (MaxConns).
 	MetricConnectionMax = "db.client.connection.max"
-	// metricConnectionPendingRequests is the number of acquires in progress: begun and not
+	// MetricConnectionPendingRequests is the number of acquires in progress: begun and not
 	// yet handed a connection or failed.
 	MetricConnectionPendingRequests = "db.client.connection.pending_requests"
-	// metricConnectionTimeouts counts acquires that failed because their context's
+	// MetricConnectionTimeouts counts acquires that failed because their context's
 	// deadline passed (pgxpool's acquire timeout is the context's).
 	MetricConnectionTimeouts = "db.client.connection.timeouts"
-	// metricConnectionCreateTime is the time a new connection of the pool took to
+	// MetricConnectionCreateTime is the time a new connection of the pool took to
 	// connect, in seconds (connections that failed to connect are not recorded).
 	MetricConnectionCreateTime = "db.client.connection.create_time"
-	// metricConnectionWaitTime is the time an acquire took to obtain a connection, in
+	// MetricConnectionWaitTime is the time an acquire took to obtain a connection, in
 	// seconds (failed acquires are counted by their error, not here).
 	MetricConnectionWaitTime = "db.client.connection.wait_time"
-	// metricConnectionUseTime is the time from an acquire to the release of its
+	// MetricConnectionUseTime is the time from an acquire to the release of its
 	// connection, in seconds, whatever state the connection was released in.
 	MetricConnectionUseTime = "db.client.connection.use_time"
 )
 
 // Attribute keys of the connection-pool metrics.
 const (
-	// poolNameKey is db.client.connection.pool.name: [WithPoolName]'s name, or for a
+	// PoolNameKey is db.client.connection.pool.name: [WithPoolName]'s name, or for a
 	// pool without one the first of the conventions' fallbacks that its configuration
 	// has: db.namespace (the database), the server target (address:port), db.system.name
 	// ("postgresql"); see [WithPoolName].
 	PoolNameKey = semconv.DBClientConnectionPoolNameKey
-	// connectionStateKey is db.client.connection.state: "idle" or "used".
+	// ConnectionStateKey is db.client.connection.state: "idle" or "used".
 	ConnectionStateKey = semconv.DBClientConnectionStateKey
 )
 
-// poolMetrics records the connection-pool metrics of the pools a tracer instruments. The
+// Metrics records the connection-pool metrics of the pools a tracer instruments. The
 // counts come from pgxpool.Stat in an asynchronous callback; the times, the timeouts and
 // the pending acquires from the tracer's hooks, which see every acquire, connect and
 // release.
@@ -103,7 +103,7 @@ type seenPool struct {
 	minIdle int64
 }
 
-// newPoolMetrics creates the instruments on the tracer's meter, for the pool cfg
+// New creates the instruments on the tracer's meter, for the pool cfg
 // configures, and registers the callback that observes its counts.
 func New(c settings.Config, cfg *pgxpool.Config) *Metrics {
 	meter := c.MeterProvider.Meter(schema.ScopeName, metric.WithInstrumentationVersion(schema.Version))
@@ -127,7 +127,7 @@ func New(c settings.Config, cfg *pgxpool.Config) *Metrics {
 	return pm
 }
 
-// poolAttributes are the attributes of every data point of a pool's metrics: its name
+// PoolAttributes are the attributes of every data point of a pool's metrics: its name
 // (name, or the conventions' fallback) and its configured database identity.
 func PoolAttributes(name string, cc *pgx.ConnConfig) []attribute.KeyValue {
 	var target string
@@ -229,7 +229,7 @@ func (pm *Metrics) seen(pool *pgxpool.Pool) {
 	pm.pools = append(pm.pools, seenPool{p: w, minIdle: int64(pool.Config().MinIdleConns)})
 }
 
-// close stops observing the pools; again, it does nothing.
+// Close stops observing the pools; again, it does nothing.
 func (pm *Metrics) Close() {
 	if pm == nil {
 		return
@@ -279,7 +279,7 @@ func since(ctx context.Context, kind startedKey, now time.Time) (time.Duration, 
 	return now.Sub(c.start), true
 }
 
-// acquireStart counts an acquire as pending and notes its start.
+// AcquireStart counts an acquire as pending and notes its start.
 func (pm *Metrics) AcquireStart(ctx context.Context) context.Context {
 	if pm == nil {
 		return ctx
@@ -288,7 +288,7 @@ func (pm *Metrics) AcquireStart(ctx context.Context) context.Context {
 	return &startedCtx{Context: ctx, kind: startedAcquire, start: time.Now()}
 }
 
-// acquireEnd records an acquire of pool that ended with conn (nil when it failed with
+// AcquireEnd records an acquire of pool that ended with conn (nil when it failed with
 // err): its wait, or its timeout; and the start of the connection's use.
 func (pm *Metrics) AcquireEnd(ctx context.Context, pool *pgxpool.Pool, st *ConnState, err error) {
 	if pm == nil {
@@ -314,7 +314,7 @@ func (pm *Metrics) AcquireEnd(ctx context.Context, pool *pgxpool.Pool, st *ConnS
 	}
 }
 
-// release records the use of a connection the pool gets back, in whatever state.
+// Release records the use of a connection the pool gets back, in whatever state.
 func (pm *Metrics) Release(st *ConnState) {
 	if pm == nil || st == nil || st.acquiredAt.IsZero() {
 		return // not acquired through the tracer's hooks (pgxpool's AcquireAllIdle)
@@ -323,7 +323,7 @@ func (pm *Metrics) Release(st *ConnState) {
 	st.acquiredAt = time.Time{}
 }
 
-// connectStart notes the start of a connect.
+// ConnectStart notes the start of a connect.
 func (pm *Metrics) ConnectStart(ctx context.Context) context.Context {
 	if pm == nil {
 		return ctx
@@ -331,7 +331,7 @@ func (pm *Metrics) ConnectStart(ctx context.Context) context.Context {
 	return &startedCtx{Context: ctx, kind: startedConnect, start: time.Now()}
 }
 
-// connectEnd records the time a successful connect took.
+// ConnectEnd records the time a successful connect took.
 func (pm *Metrics) ConnectEnd(ctx context.Context, err error) {
 	if pm == nil || err != nil {
 		return

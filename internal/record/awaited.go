@@ -6,7 +6,7 @@ import (
 	"github.com/txevidence/otelpgxtx/reconcile"
 )
 
-// awaited is automatic reconciliation's answer for one frame, for [Retry] to wait for
+// Awaited is automatic reconciliation's answer for one frame, for [Retry] to wait for
 // rather than ask the database a second time: the last answer an attempt got, and the
 // final one, once done is closed.
 type Awaited struct {
@@ -17,10 +17,10 @@ type Awaited struct {
 	has  bool // ans is an attempt's answer (the final one once done is closed)
 }
 
-// newAwaited returns an answer not given yet.
+// NewAwaited returns an answer not given yet.
 func NewAwaited() *Awaited { return &Awaited{Done: make(chan struct{})} }
 
-// attempted records the answer of an attempt that will be retried (in progress, not
+// Attempted records the answer of an attempt that will be retried (in progress, not
 // replicated): what a Retry that stops waiting answers with.
 func (w *Awaited) Attempted(ans reconcile.Answer) {
 	if w == nil {
@@ -31,7 +31,7 @@ func (w *Awaited) Attempted(ans reconcile.Answer) {
 	w.mu.Unlock()
 }
 
-// settled records the final answer.
+// Settled records the final answer.
 func (w *Awaited) Settled(ans reconcile.Answer) {
 	if w == nil {
 		return
@@ -42,7 +42,7 @@ func (w *Awaited) Settled(ans reconcile.Answer) {
 	})
 }
 
-// last returns the latest answer and whether it is final; ok is false while no attempt
+// Last returns the latest answer and whether it is final; ok is false while no attempt
 // has answered.
 func (w *Awaited) Last() (ans reconcile.Answer, final, ok bool) {
 	select {

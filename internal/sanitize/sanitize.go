@@ -12,7 +12,7 @@ import (
 	"go.opentelemetry.io/otel/attribute"
 )
 
-// sanitizeSQL returns sql with every literal replaced by "?" and every comment by a
+// SanitizeSQL returns sql with every literal replaced by "?" and every comment by a
 // space; keywords, identifiers and $n parameters stay as written. From a quote that does
 // not close, everything is replaced: text that cannot be read is never passed through.
 // The lines after COPY … FROM STDIN are the rows of a script (psql's inline data),
@@ -68,10 +68,10 @@ func copied(out []byte, sql string, i int) []byte {
 	return append(make([]byte, 0, len(sql)), sql[:i]...)
 }
 
-// maxSummary bounds db.query.summary, as the semantic conventions recommend.
+// MaxSummary bounds db.query.summary, as the semantic conventions recommend.
 const MaxSummary = 255
 
-// querySummary returns db.query.summary for sql as the database semantic conventions
+// QuerySummary returns db.query.summary for sql as the database semantic conventions
 // describe it: each statement's operations and the tables they act on, in order ("SELECT
 // orders", "INSERT shipping_details SELECT orders"), never a literal. A statement that
 // is not a query or a change of rows is summarised by its leading keywords ("CREATE
@@ -308,13 +308,13 @@ func (b *summaryBuilder) append(w string) {
 // String returns the summary built so far.
 func (b *summaryBuilder) String() string { return string(b.out) }
 
-// sanitized is what the tracer knows of one SQL string: what its statements do to the
+// Sanitized is what the tracer knows of one SQL string: what its statements do to the
 // transaction, and what it records of it.
 type Sanitized struct {
 	Set     evidence.Set         // evidence.Classify of the SQL string
 	Text    string               // the sanitized query text
 	Summary []attribute.KeyValue // db.query.summary, ready for SetAttributes; nil if none
-	// op is otelpgx.SQLOperationName of what the inner tracer is given of the SQL string
+	// Op is otelpgx.SQLOperationName of what the inner tracer is given of the SQL string
 	// (see operationName); only cached entries have it.
 	Op string
 }
@@ -328,18 +328,18 @@ const (
 	SanitizeCacheBytes   = 4 << 20
 )
 
-// sanitizer caches what the tracer knows of each SQL string (see sanitized), so that a
+// Sanitizer caches what the tracer knows of each SQL string (see sanitized), so that a
 // repeated statement costs one map lookup and no allocation, for its kinds and its text
 // alike. It is safe for concurrent use.
 type Sanitizer struct {
 	mu    sync.RWMutex
 	M     map[string]*Sanitized
 	Bytes int // the text the cache holds: SQL strings and the sanitized ones that differ
-	// raw: the inner tracer is given the SQL as written ([WithRawQueryText]).
+	// Raw: the inner tracer is given the SQL as written ([WithRawQueryText]).
 	Raw bool
 }
 
-// size is what caching sql and s costs in text.
+// Size is what caching sql and s costs in text.
 func (s *Sanitized) Size(sql string) int {
 	if s.Text == sql {
 		return len(sql) // sanitizeSQL returned sql itself
@@ -347,7 +347,7 @@ func (s *Sanitized) Size(sql string) int {
 	return len(sql) + len(s.Text)
 }
 
-// get returns what the tracer knows of sql.
+// Get returns what the tracer knows of sql.
 func (z *Sanitizer) Get(sql string) *Sanitized {
 	z.mu.RLock()
 	s, ok := z.M[sql]
@@ -383,7 +383,7 @@ func (z *Sanitizer) Get(sql string) *Sanitized {
 	return s
 }
 
-// innerSQL returns what the inner tracer is given of sql, which s is what the sanitizer
+// InnerSQL returns what the inner tracer is given of sql, which s is what the sanitizer
 // knows of: its sanitized text unless [WithRawQueryText] was passed.
 func (z *Sanitizer) InnerSQL(sql string, s *Sanitized) string {
 	if z.Raw {
@@ -392,7 +392,7 @@ func (z *Sanitizer) InnerSQL(sql string, s *Sanitized) string {
 	return s.Text
 }
 
-// operationName is otelpgx.SQLOperationName(ctx, given), for given the text an inner
+// OperationName is otelpgx.SQLOperationName(ctx, given), for given the text an inner
 // otelpgx tracer was handed of a SQL string, from the cache: otelpgx would parse and
 // upper-case the statement on every sampled query (one allocation each). Sanitized
 // texts are cached as SQL strings of their own: they sanitize to themselves, and many

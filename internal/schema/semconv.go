@@ -5,22 +5,22 @@ import (
 	semconv "go.opentelemetry.io/otel/semconv/v1.43.0"
 )
 
-// dbQuerySummaryKey is db.query.summary (stable since semantic conventions v1.26).
+// DBQuerySummaryKey is db.query.summary (stable since semantic conventions v1.26).
 const DBQuerySummaryKey = semconv.DBQuerySummaryKey
 
 // Attribute keys of the frame's events, unexported with the event names they go with.
 const (
-	// participantOutcomeKey is tx.participant.outcome, on tx.participant events: the
+	// ParticipantOutcomeKey is tx.participant.outcome, on tx.participant events: the
 	// participant's own result. It is not tx.outcome, so that a search for a frame
 	// outcome never finds a participant's.
 	ParticipantOutcomeKey = attribute.Key("tx.participant.outcome")
-	// savepointNameKey is tx.savepoint.name, on savepoint events.
+	// SavepointNameKey is tx.savepoint.name, on savepoint events.
 	SavepointNameKey = attribute.Key("tx.savepoint.name")
-	// savepointDepthKey is tx.savepoint.depth, on savepoint events: 1 for the outermost
+	// SavepointDepthKey is tx.savepoint.depth, on savepoint events: 1 for the outermost
 	// savepoint of the transaction, n for one made while n−1 others were open — for a
 	// release or rollback to, the depth of the savepoint it names.
 	SavepointDepthKey = attribute.Key("tx.savepoint.depth")
-	// statementDurationKey is tx.statement.duration, in seconds: on the event that stands
+	// StatementDurationKey is tx.statement.duration, in seconds: on the event that stands
 	// for a statement without a span of its own (a transaction-control statement's event on
 	// its frame, an implicit prepare's on its statement span), how long the statement
 	// took, from its start hook to its end hook; the event is recorded when it ended.
@@ -40,60 +40,60 @@ const (
 // Event names on the frame span, unexported: they annotate a trace for the person reading
 // it, and the package documentation lists them.
 const (
-	// eventPhasePrefix and a phase's name (tx.phase.committing) name the event of each
+	// EventPhasePrefix and a phase's name (tx.phase.committing) name the event of each
 	// phase the frame enters.
 	EventPhasePrefix = "tx.phase."
-	// eventSuspended is on the outer frame when a frame nested in it begins, with the
+	// EventSuspended is on the outer frame when a frame nested in it begins, with the
 	// nested frame's tx.operation_id.
 	EventSuspended = "tx.suspended"
-	// eventResumed is on the outer frame when the nested frame concludes.
+	// EventResumed is on the outer frame when the nested frame concludes.
 	EventResumed = "tx.resumed"
-	// eventSavepointCreated records a SAVEPOINT, with tx.savepoint.name.
+	// EventSavepointCreated records a SAVEPOINT, with tx.savepoint.name.
 	EventSavepointCreated = "tx.savepoint.created"
-	// eventSavepointReleased records a RELEASE SAVEPOINT, with tx.savepoint.name.
+	// EventSavepointReleased records a RELEASE SAVEPOINT, with tx.savepoint.name.
 	EventSavepointReleased = "tx.savepoint.released"
-	// eventSavepointRolledBack records a ROLLBACK TO SAVEPOINT, with tx.savepoint.name.
+	// EventSavepointRolledBack records a ROLLBACK TO SAVEPOINT, with tx.savepoint.name.
 	EventSavepointRolledBack = "tx.savepoint.rolled_back"
-	// eventStatement records a transaction-control statement, without a span of its own,
+	// EventStatement records a transaction-control statement, without a span of its own,
 	// whose answer made no other event of the frame: a savepoint statement that failed, a
 	// BEGIN inside the transaction. It carries db.operation.name, tx.statement.duration and,
 	// on a server error, db.response.status_code.
 	EventStatement = "tx.statement"
-	// eventPrepare, on a statement's span, records the implicit prepare of the statement
+	// EventPrepare, on a statement's span, records the implicit prepare of the statement
 	// (pgx prepares it before it runs it), with tx.statement.duration, otelpgx's
 	// pgx.prepare_stmt.name when the statement is named, and db.response.status_code on a
 	// server error.
 	EventPrepare = "pgx.prepare"
-	// eventRetry is on the frame of an attempt that [Run] retries.
+	// EventRetry is on the frame of an attempt that [Run] retries.
 	EventRetry = "tx.retry"
-	// eventPostCommitFailed is on a committed frame whose post-commit work failed.
+	// EventPostCommitFailed is on a committed frame whose post-commit work failed.
 	EventPostCommitFailed = "tx.post_commit.failed"
-	// eventParticipant records a Run call that joined this frame's transaction (Required,
+	// EventParticipant records a Run call that joined this frame's transaction (Required,
 	// Mandatory) or ran in a savepoint of it (Nested), with the call's tx.outcome.
 	EventParticipant = "tx.participant"
 )
 
-// spanNameRetry is the span of one [Retry] call: its attempts' frames are its
+// SpanNameRetry is the span of one [Retry] call: its attempts' frames are its
 // descendants, each attempt an event (eventRetryAttempt), the settling of an
 // indeterminate one an event (eventRetrySettled); it ends with the call's tx.outcome.
 const SpanNameRetry = "otelpgxtx.retry"
 
 // Events of the Retry span.
 const (
-	// eventRetryAttempt: one call of the attempt function ended, with tx.attempt, the
+	// EventRetryAttempt: one call of the attempt function ended, with tx.attempt, the
 	// attempt's tx.outcome (error.type when the tracer had no verdict) and its
 	// tx.operation_id.
 	EventRetryAttempt = "tx.retry.attempt"
-	// eventRetrySettled: the attempt's indeterminate outcome was settled, with
+	// EventRetrySettled: the attempt's indeterminate outcome was settled, with
 	// tx.outcome.resolved and, when unknown, error.type (the reason).
 	EventRetrySettled = "tx.retry.settled"
 )
 
-// spanNamePostCommit is the child span of a frame that runs its post-commit hooks; it is
+// SpanNamePostCommit is the child span of a frame that runs its post-commit hooks; it is
 // reached through its frame, so its name is not exported.
 const SpanNamePostCommit = "tx.post_commit"
 
-// statusDescriptionRolledBack is the fixed description of the Error status of a
+// StatusDescriptionRolledBack is the fixed description of the Error status of a
 // rolled-back frame; the cause is in error.type and db.response.status_code.
 const StatusDescriptionRolledBack = "transaction rolled back"
 

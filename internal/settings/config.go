@@ -13,7 +13,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 )
 
-// config is the result of the options; unexported, as in opentelemetry-go-contrib.
+// Config is the result of the options; unexported, as in opentelemetry-go-contrib.
 type Config struct {
 	TracerProvider trace.TracerProvider
 	MeterProvider  metric.MeterProvider
@@ -25,7 +25,7 @@ type Config struct {
 	OtelpgxOptions []otelpgx.Option
 	Log            *slog.Logger
 	Auto           *auto.Config // WithAutoReconcile
-	// reference is what plain pgx commits carry (WithCommitReference, WithCommitMarker);
+	// Reference is what plain pgx commits carry (WithCommitReference, WithCommitMarker);
 	// marker is the quoted marker table.
 	Reference reference.Mode
 	Marker    string
@@ -40,12 +40,12 @@ type Config struct {
 	// What may leave the process; both off by default.
 	RawQueryText  bool
 	ErrorMessages bool
-	// err is the first option refused (see refuse).
+	// Err is the first option refused (see refuse).
 	Err error
 
-	// expected decides which failures leave span status Unset (WithExpectedErrors).
+	// Expected decides which failures leave span status Unset (WithExpectedErrors).
 	Expected []func(ctx context.Context, err error) bool
-	// omitSpans has bit k set for each InnerSpan kind turned off (WithoutInnerSpans),
+	// OmitSpans has bit k set for each InnerSpan kind turned off (WithoutInnerSpans),
 	// keepSpans for each made a span where by default it is an event (WithInnerSpans);
 	// spansChosen: either option was given.
 	OmitSpans, KeepSpans uint8
@@ -55,7 +55,7 @@ type Config struct {
 	NoPoolMetrics bool
 }
 
-// expectedErr reports whether err, a failure of a call made in ctx, is expected.
+// ExpectedErr reports whether err, a failure of a call made in ctx, is expected.
 func (c *Config) ExpectedErr(ctx context.Context, err error) bool {
 	if err == nil {
 		return false
@@ -68,7 +68,7 @@ func (c *Config) ExpectedErr(ctx context.Context, err error) bool {
 	return false
 }
 
-// logger is where the library's records go: WithLogger's logger, else slog's default at
+// Logger is where the library's records go: WithLogger's logger, else slog's default at
 // the time of the record (an application may set it after instrumenting).
 func (c *Config) Logger() *slog.Logger {
 	if l := c.Log; l != nil {
@@ -80,7 +80,7 @@ func (c *Config) Logger() *slog.Logger {
 // The options of the commit references of plain pgx and database/sql frames:
 // WithCommitReference and WithCommitMarker.
 
-// references is what the commits of plain pgx frames carry (a Policy decides for Run's).
+// References is what the commits of plain pgx frames carry (a Policy decides for Run's).
 func (c *Config) References() reference.Refs {
 	return reference.Refs{Mode: c.Reference, Marker: c.Marker}
 }

@@ -23,7 +23,7 @@ func (e endReasonError) Error() string {
 	return "otelpgxtx: the transaction was rolled back: " + e.reason
 }
 
-// verdictState is a Verdict's answer as the frames tell it, and what a Retry attempt
+// State is a Verdict's answer as the frames tell it, and what a Retry attempt
 // asks of it; the frames hold it, in the context NewVerdict made.
 type State struct {
 	mu  sync.Mutex
@@ -31,12 +31,12 @@ type State struct {
 	d   Data
 	// earlier is what the transactions told before the last one left (see fold).
 	earlier Earlier
-	// attempt is the Retry attempt the Verdict is of (from 1), 0 outside Retry: the
+	// Attempt is the Retry attempt the Verdict is of (from 1), 0 outside Retry: the
 	// frames begun with its context carry it as tx.attempt. Set before it is shared.
 	Attempt int
 }
 
-// earlierFrames is what the transactions a Verdict was told of before its last one
+// Earlier is what the transactions a Verdict was told of before its last one
 // leave to its answer: the attempt's work is in the database if any of them committed,
 // and may be if any is unknown.
 type Earlier struct {
@@ -60,14 +60,14 @@ func (e *Earlier) fold(d Data) {
 	}
 }
 
-// verdictData is what a Verdict holds of the transaction, replaced whole at each record.
+// Data is what a Verdict holds of the transaction, replaced whole at each record.
 type Data struct {
 	open    bool // a frame began with the context and has not ended
 	Set     bool
 	frame   bool // set by a transaction's end (not a savepoint's)
 	Outcome outcome.Outcome
 	Id      outcome.OperationID
-	// phase is the phase a rollback became certain in.
+	// Phase is the phase a rollback became certain in.
 	Phase            outcome.Phase
 	retryable        bool
 	committedLocally bool
@@ -80,14 +80,14 @@ type Data struct {
 	awaited *record.Awaited
 }
 
-// verdictKey is the context key of a *Verdict.
+// Key is the context key of a *Verdict.
 type Key struct{}
 
-// verdictsAsked is set by the first NewVerdict: until then no hook looks for a Verdict in
+// Asked is set by the first NewVerdict: until then no hook looks for a Verdict in
 // a context, so that a tracer whose callers never ask pays not even the lookup.
 var Asked atomic.Bool
 
-// verdictFrom returns the Verdict ctx carries, or nil; without a lookup until one was made.
+// From returns the Verdict ctx carries, or nil; without a lookup until one was made.
 func From(ctx context.Context) *State {
 	if !Asked.Load() || ctx == nil {
 		return nil
@@ -96,7 +96,7 @@ func From(ctx context.Context) *State {
 	return v
 }
 
-// answer is Result's answer.
+// Answer is Result's answer.
 func (v *State) Answer() (outcome.Result[struct{}], error) {
 	v.mu.Lock()
 	d := v.d
@@ -132,7 +132,7 @@ func (e *Earlier) with(d *Data) outcome.Result[struct{}] {
 	return d.Result()
 }
 
-// settleable reports whether the attempt's answer, indeterminate, is the only thing of
+// Settleable reports whether the attempt's answer, indeterminate, is the only thing of
 // it not known — one transaction whose commit is unknown —, so that settling it answers
 // for the attempt; and, if another of its transactions committed, that one's id: then
 // a proven abort of the unknown one leaves a commit with a failure after it, no rollback.
@@ -151,7 +151,7 @@ func (v *State) Settleable() (ok bool, committed *outcome.OperationID) {
 	return unknowns == 1, committed
 }
 
-// result is d's verdict as a Result.
+// Result is d's verdict as a Result.
 func (d *Data) Result() outcome.Result[struct{}] {
 	switch d.Outcome {
 	case outcome.OutcomeCommitted:
@@ -204,7 +204,7 @@ func (d *Data) causeErr(fallback error) error {
 	return fallback
 }
 
-// pending returns automatic reconciliation's answer to the indeterminate frame v was
+// Pending returns automatic reconciliation's answer to the indeterminate frame v was
 // last told of, or nil when the frame's tracer does not reconcile.
 func (v *State) Pending() *record.Awaited {
 	v.mu.Lock()
@@ -215,7 +215,7 @@ func (v *State) Pending() *record.Awaited {
 	return v.d.awaited
 }
 
-// began records that a frame begun with v's context is under way: a verdict recorded
+// Began records that a frame begun with v's context is under way: a verdict recorded
 // before belongs to an earlier transaction of the attempt, and is folded into what the
 // earlier ones leave (earlierFrames).
 func (v *State) Began() {
@@ -225,7 +225,7 @@ func (v *State) Began() {
 	v.mu.Unlock()
 }
 
-// frameEnded records the verdict of a concluded frame, of ending e. It runs under the
+// FrameEnded records the verdict of a concluded frame, of ending e. It runs under the
 // frame's connection's lock, on whichever goroutine concluded it.
 func (v *State) FrameEnded(e *record.Ending) {
 	d := Data{Set: true, frame: true, Outcome: e.Outcome, Id: e.ID, committedLocally: e.CommittedLocally, Reason: e.Verdict.Reason()}
@@ -260,7 +260,7 @@ func (v *State) FrameEnded(e *record.Ending) {
 	v.mu.Unlock()
 }
 
-// notStarted records that a transaction tried with v's context never reached the server:
+// NotStarted records that a transaction tried with v's context never reached the server:
 // the pool could not acquire a connection, or none could be made (refused, a server in
 // crash recovery or at its connection limit, a TLS or authentication failure). Nothing
 // of it was sent, so it rolled back for certain; whether running it again may succeed is
@@ -278,7 +278,7 @@ func (v *State) NotStarted(err error) {
 		Cause: err, Reason: c.Reason()}
 }
 
-// savepointEnded records the verdict of a savepoint statement of the transaction of
+// SavepointEnded records the verdict of a savepoint statement of the transaction of
 // operation id, answered without error: released (Participating) or rolled back to.
 func (v *State) SavepointEnded(id outcome.OperationID, rolledBack bool) {
 	v.mu.Lock()
