@@ -496,7 +496,7 @@ func TestVerdictCauses(t *testing.T) {
 		{verdict.Data{Reason: evidence.ReasonConnectionClosed}, nil, "rolled back: connection_closed"},
 		{verdict.Data{Reason: "commit_rollback", Cause: errAppRollback}, errAppRollback, ""},
 	} {
-		tc.d.Set, tc.d.Outcome, tc.d.Id, tc.d.Phase = true, outcome.OutcomeRolledBack, id, outcome.PhaseActive
+		tc.d.Set, tc.d.Outcome, tc.d.ID, tc.d.Phase = true, outcome.OutcomeRolledBack, id, outcome.PhaseActive
 		rb, ok := tc.d.Result().(outcome.DeterminateRollback[struct{}])
 		switch {
 		case !ok:
@@ -507,7 +507,7 @@ func TestVerdictCauses(t *testing.T) {
 			t.Errorf("%s: cause %q, want it to say %q", tc.d.Reason, rb.Cause(), tc.text)
 		}
 	}
-	ind := verdict.Data{Set: true, Outcome: outcome.OutcomeIndeterminate, Id: id}
+	ind := verdict.Data{Set: true, Outcome: outcome.OutcomeIndeterminate, ID: id}
 	if r, ok := ind.Result().(outcome.Indeterminate[struct{}]); !ok || !errors.Is(r.Cause(), errs.ErrCommitUnobserved) {
 		t.Errorf("indeterminate without an error: %#v", ind.Result())
 	}

@@ -20,8 +20,9 @@ import (
 // that a name can be followed to its string value as the code spells it.
 type pkgDecls map[string]map[string]ast.Expr
 
-// loadDecls parses the non-test Go files of the root package, internal/schema, reconcile
-// and the semconv version the code imports.
+// loadDecls parses the non-test Go files of the root package, the internal packages that
+// name metrics and log fields, internal/schema, reconcile and the semconv version the
+// code imports.
 func loadDecls(t *testing.T) pkgDecls {
 	t.Helper()
 	out, err := exec.Command("go", "list", "-m", "-f", "{{.Dir}}", "go.opentelemetry.io/otel").Output()
@@ -30,7 +31,8 @@ func loadDecls(t *testing.T) pkgDecls {
 	}
 	semconv := filepath.Join(strings.TrimSpace(string(out)), "semconv", "v1.43.0")
 	d := pkgDecls{}
-	for pkg, dir := range map[string]string{"otelpgxtx": "..", "schema": "../internal/schema", "reconcile": "../reconcile", "semconv": semconv} {
+	for pkg, dir := range map[string]string{"otelpgxtx": "..", "schema": "../internal/schema", "metrics": "../internal/metrics",
+		"poolmetrics": "../internal/poolmetrics", "auto": "../internal/auto", "logs": "../internal/logs", "reconcile": "../reconcile", "semconv": semconv} {
 		d[pkg] = map[string]ast.Expr{}
 		for _, f := range goFiles(t, dir) {
 			for _, decl := range f.Decls {
@@ -154,13 +156,13 @@ func wantAll(t *testing.T, where, text string, names []string) {
 // hold every one, read from the code itself, so that a new one cannot be missing:
 //   - the unknown reasons (reconcile's Reason… constants): all of them in the runbook's
 //     table; the final ones (those automatic reconciliation does not ask again, per
-//     mayChange, which automatic reconciliation and Retry share) in metrics.md's reconciliations row, in the runbook's
+//     auto.MayChange, which automatic reconciliation and Retry share) in metrics.md's reconciliations row, in the runbook's
 //     TransactionReconciledUnknown section and in that alert rule;
 //   - the metric names (metric… constants) and the attributes the metrics carry
-//     (metrics.go, pool_metrics.go) in metrics.md, and every metric an alert rule queries
+//     (internal/metrics, internal/poolmetrics) in metrics.md, and every metric an alert rule queries
 //     in metrics.md;
-//   - the fields of the two log records the operator's command reads (logIndeterminate,
-//     autoReconciler.leave) in the runbook's paragraph on them.
+//   - the fields of the two log records the operator's command reads (logs.Indeterminate,
+//     auto.Reconciler.leave) in the runbook's paragraph on them.
 func TestListsAgreeWithCode(t *testing.T) {
 	d := loadDecls(t)
 	var reasons, final []string
@@ -174,9 +176,9 @@ func TestListsAgreeWithCode(t *testing.T) {
 		t.Fatalf("%d reasons read from package reconcile: %v", len(reasons), reasons)
 	}
 	retried := map[string]bool{}
-	ast.Inspect(funcBody(t, "..", "mayChange"), func(n ast.Node) bool {
+	ast.Inspect(funcBody(t, "../internal/auto", "MayChange"), func(n ast.Node) bool {
 		if s, ok := n.(*ast.SelectorExpr); ok && strings.HasPrefix(s.Sel.Name, "Reason") {
-			if r := d.value("otelpgxtx", s); r != "" {
+			if r := d.value("auto", s); r != "" {
 				retried[r] = true
 			}
 		}
@@ -202,12 +204,14 @@ func TestListsAgreeWithCode(t *testing.T) {
 		t.Fatal(err)
 	}
 	var names, attrs []string
-	for name, v := range d["otelpgxtx"] {
-		if strings.HasPrefix(name, "metric") {
-			names = append(names, d.value("otelpgxtx", v))
+	for _, pkg := range []string{"metrics", "poolmetrics"} {
+		for name, v := range d[pkg] {
+			if strings.HasPrefix(name, "Metric") {
+				names = append(names, d.value(pkg, v))
+			}
 		}
 	}
-	for _, f := range []string{"metrics.go", "pool_metrics.go"} {
+	for pkg, f := range map[string]string{"metrics": "internal/metrics/metrics.go", "poolmetrics": "internal/poolmetrics/pool_metrics.go"} {
 		file, err := parser.ParseFile(token.NewFileSet(), filepath.Join("..", f), nil, 0)
 		if err != nil {
 			t.Fatal(err)
@@ -218,7 +222,7 @@ func TestListsAgreeWithCode(t *testing.T) {
 				return true
 			}
 			if s, ok := c.Fun.(*ast.SelectorExpr); ok && slices.Contains([]string{"String", "Int", "Bool"}, s.Sel.Name) {
-				if k := d.value("otelpgxtx", s.X); strings.Contains(k, ".") && !slices.Contains(attrs, k) {
+				if k := d.value(pkg, s.X); strings.Contains(k, ".") && !slices.Contains(attrs, k) {
 					attrs = append(attrs, k)
 				}
 			}
@@ -251,15 +255,15 @@ func TestListsAgreeWithCode(t *testing.T) {
 	}
 
 	var fields []string
-	for _, fn := range []string{"logIndeterminate", "leave"} {
-		ast.Inspect(funcBody(t, "..", fn), func(n ast.Node) bool {
+	for pkg, fn := range map[string]string{"logs": "Indeterminate", "auto": "leave"} {
+		ast.Inspect(funcBody(t, "../internal/"+pkg, fn), func(n ast.Node) bool {
 			c, ok := n.(*ast.CallExpr)
 			if !ok || len(c.Args) == 0 {
 				return true
 			}
 			if s, ok := c.Fun.(*ast.SelectorExpr); ok {
 				if x, ok := s.X.(*ast.Ident); ok && x.Name == "slog" && s.Sel.Name != "Default" {
-					if k := d.value("otelpgxtx", c.Args[0]); k != "" && !slices.Contains(fields, k) {
+					if k := d.value(pkg, c.Args[0]); k != "" && !slices.Contains(fields, k) {
 						fields = append(fields, k)
 					}
 				}

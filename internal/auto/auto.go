@@ -18,10 +18,9 @@ import (
 
 // pendingOutcome is one indeterminate frame waiting for its reconciliation.
 type pendingOutcome struct {
-	id     outcome.OperationID
-	ref    outcome.ReconciliationRef
-	hasRef bool
-	link   trace.SpanContext
+	id   outcome.OperationID
+	ref  *outcome.ReconciliationRef // nil: the frame has none
+	link trace.SpanContext
 	// parent is the span the frame was begun under: the attempts' parent, so that they
 	// join the frame's trace, as a follow-up of the work that began it. When the frame
 	// was begun under none, the attempts are children of the frame span (see
@@ -88,13 +87,10 @@ func (a *Reconciler) startLocked() {
 
 // Enqueue hands an indeterminate frame, ended e, to the workers; it never blocks.
 func (a *Reconciler) Enqueue(e *record.Ending) {
-	p := &pendingOutcome{id: e.ID, link: e.Span, parent: e.ParentSpan, at: e.ConcludedAt, local: e.CommittedLocally,
+	p := &pendingOutcome{id: e.ID, ref: e.Ref, link: e.Span, parent: e.ParentSpan, at: e.ConcludedAt, local: e.CommittedLocally,
 		waiter: e.Awaited}
 	if p.at.IsZero() {
 		p.at = time.Now()
-	}
-	if e.Ref != nil {
-		p.ref, p.hasRef = *e.Ref, true
 	}
 	a.mu.Lock()
 	switch {
@@ -104,12 +100,12 @@ func (a *Reconciler) Enqueue(e *record.Ending) {
 		// lock: the callback runs on a goroutine of its own (see settle).
 		a.leave(p, true)
 		return
-	case !p.hasRef:
+	case p.ref == nil:
 		// Nothing to ask; settled by a worker all the same, not here: the frame's goroutine
 		// may hold its connection's lock, and the callback is the application's.
 		a.ready = append(a.ready, p)
 	case len(a.pending) >= a.cfg.Queue:
-		final := reconcile.UnknownAnswer(reconcile.ReasonQueueFull, p.ref)
+		final := reconcile.UnknownAnswer(reconcile.ReasonQueueFull, p.refValue())
 		p.final = &final
 		a.ready = append(a.ready, p)
 	default:
@@ -186,11 +182,8 @@ func (a *Reconciler) ask(p *pendingOutcome) {
 	var res reconcile.Answer
 	var err error
 	ctx := trace.ContextWithSpanContext(a.ctx, p.parent)
-	var ref *outcome.ReconciliationRef // nil: nothing to ask, settled at once in a span of its own
-	if p.hasRef {
-		ref = &p.ref
-	}
-	res, err = a.R.ResolveOperation(ctx, p.id, ref, p.link)
+	// A nil reference: nothing to ask, settled at once in a span of its own.
+	res, err = a.R.ResolveOperation(ctx, p.id, p.ref, p.link)
 	a.mu.Lock()
 	p.attempts++
 	p.inFlight = false
@@ -241,14 +234,14 @@ func (a *Reconciler) leave(p *pendingOutcome, late bool) {
 		slog.Time("indeterminate_at", p.at),
 		slog.Int("attempts", p.attempts),
 	}
-	if p.hasRef {
+	if p.ref != nil {
 		attrs = append(attrs, slog.String(string(schema.ReconciliationRefKey), p.ref.String()))
 	}
 	if p.link.HasTraceID() {
 		attrs = append(attrs, slog.String(schema.TraceIDLogKey, p.link.TraceID().String()), slog.String(schema.SpanIDLogKey, p.link.SpanID().String()))
 	}
 	a.log().LogAttrs(context.Background(), slog.LevelWarn, schema.MessagePendingAtShutdown, attrs...)
-	a.settle(p, reconcile.UnknownAnswer(reconcile.ReasonStopped, p.ref), late)
+	a.settle(p, reconcile.UnknownAnswer(reconcile.ReasonStopped, p.refValue()), late)
 }
 
 // Close stops the workers: an attempt in flight may finish until ctx is done, then it
@@ -279,7 +272,7 @@ func (a *Reconciler) Close(ctx context.Context) error {
 		clear(a.pending)
 		a.mu.Unlock()
 		for _, p := range left {
-			if p.final != nil || !p.hasRef {
+			if p.final != nil || p.ref == nil {
 				a.ask(p) // asks nothing
 			} else {
 				a.leave(p, false) // Close's goroutine holds no lock of the library's
@@ -330,4 +323,13 @@ type Config struct {
 	RetryMin, RetryMax time.Duration
 	OnReconciled       func(Settled)
 	Err                error
+}
+
+// refValue is p's reference, or the zero one for a frame without: what an answer that
+// asked nothing names.
+func (p *pendingOutcome) refValue() outcome.ReconciliationRef {
+	if p.ref == nil {
+		return outcome.ReconciliationRef{}
+	}
+	return *p.ref
 }

@@ -14,6 +14,7 @@ import (
 	"github.com/txevidence/otelpgxtx/internal/redact"
 	"github.com/txevidence/otelpgxtx/internal/reference"
 	"github.com/txevidence/otelpgxtx/internal/schema"
+	"github.com/txevidence/otelpgxtx/internal/verdict"
 	"github.com/txevidence/otelpgxtx/outcome"
 	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/codes"
@@ -117,7 +118,7 @@ func beginAttempt[T any](ctx context.Context, db TxBeginner, p AttemptPolicy, n 
 	var tx pgx.Tx
 	if held.conn != nil {
 		// The frame BEGIN starts carries the policy's references, checked ahead of BEGIN
-		// in its write as the tracer's are (see armCheck).
+		// in its write as the tracer's are (see frame.Core.ArmCheck).
 		st := frame.State(held.conn.PgConn())
 		if st != nil {
 			st.Refs.Running(p.Refs)
@@ -191,7 +192,7 @@ func endAttempt[T any](ctx context.Context, a *attemptTx, value T, err error) ou
 		a.release()
 		if v.Evidence() == classifier.EvidenceUnknown {
 			// The server could not tell whether a statement completed, and that statement
-			// may have been the commit (see afterActiveQuery): never a rollback.
+			// may have been the commit (see evidence.Conn.After): never a rollback.
 			return resultOfCommit[T](ctx, sc, commitOutcome{classification: v, err: err}, nil, value)
 		}
 		return determinateRollback[T](sc.ID, outcome.PhaseActive, err, v.Retryable())
@@ -223,22 +224,15 @@ func resultOfCommit[T any](ctx context.Context, sc *Scope, cr commitOutcome, hoo
 			// its error is the cause of an Indeterminate.
 			return outcome.NewParticipating(sc.ID, value)
 		}
-		cause := cr.err
-		if cause == nil {
-			cause = errs.ErrCommitUnobserved
-		}
-		// Committing, a cause and a fresh id: the constructor has nothing to refuse.
-		r, _ := outcome.NewIndeterminate[T](sc.ID, cause, cr.ref, v.CommittedLocally())
+		d := verdict.Data{Outcome: outcome.OutcomeIndeterminate, ID: sc.ID, Cause: cr.err, Ref: cr.ref, CommittedLocally: v.CommittedLocally()}
 		if f != nil {
-			r = r.WithTraceParent(schema.TraceParent(f.OTel.SpanContext()))
+			d.Span = f.OTel.SpanContext()
 		}
-		return r
+		return verdict.ResultOf(&d, value)
 	}
-	cause := cr.err
-	if cause == nil {
-		cause = pgx.ErrTxCommitRollback
-	}
-	return determinateRollback[T](sc.ID, outcome.PhaseCommitting, cause, v.Retryable())
+	d := verdict.Data{Outcome: outcome.OutcomeRolledBack, ID: sc.ID, Phase: outcome.PhaseCommitting, Cause: cr.err,
+		Reason: classifier.ReasonCommitRollback, Retryable: v.Retryable()} // no error: COMMIT answered ROLLBACK, as pgx says it
+	return verdict.ResultOf(&d, value)
 }
 
 // rollbackAttempt ends the transaction after fn failed with cause, and returns the verdict:

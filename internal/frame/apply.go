@@ -90,7 +90,7 @@ func (t *Core) applyTo(st *Conn, f *Frame, r evidence.Result, q *Query) {
 	var e record.Ending // on the stack: every output reads it, none keeps it
 	output := false     // the outputs got e now
 	if r.Ended {
-		e, output = t.concluded(st, f)
+		e, output = t.onConcluded(st, f)
 		if f.asked != nil {
 			f.asked.FrameEnded(&e)
 		}
@@ -101,8 +101,8 @@ func (t *Core) applyTo(st *Conn, f *Frame, r evidence.Result, q *Query) {
 	if r.Finished && f.ended.CompareAndSwap(false, true) {
 		// The executor's end, after its post-commit work: its Verdict was told at the
 		// conclusion.
-		e, output = f.ending(r.Outcome), true
-		t.output(&e, f, r.FailedAfter)
+		e, output = f.record(r.Outcome), true
+		t.emit(&e, f, r.FailedAfter)
 	}
 	if q != nil && q.Open {
 		if v := verdict.From(q.Ctx); v != nil {
@@ -128,10 +128,10 @@ type Query struct {
 	Open      bool // at its end: the query's frame was going on, so its end was judged
 }
 
-// concluded is apply's steps 2 and 3 for f, just concluded on st's connection: the outer
+// onConcluded is apply's steps 2 and 3 for f, just concluded on st's connection: the outer
 // frame resumes, and, unless the executor manages f, its outputs get its ending, once
 // (output). It returns the ending for the Verdicts and reconciliation.
-func (t *Core) concluded(st *Conn, f *Frame) (e record.Ending, output bool) {
+func (t *Core) onConcluded(st *Conn, f *Frame) (e record.Ending, output bool) {
 	if f.parent != nil {
 		f.parent.SpanEvent(schema.EventResumed, f.ID)
 	}
@@ -144,22 +144,22 @@ func (t *Core) concluded(st *Conn, f *Frame) (e record.Ending, output bool) {
 		// link name the span it starts.
 		t.Spans.StartUnspanned(&f.Span, &f.Ev, f.startedAt, &st.attrs)
 	}
-	e = f.ending(o)
+	e = f.record(o)
 	if !f.Managed && f.ended.CompareAndSwap(false, true) {
-		t.output(&e, f, f.Ev.FailedAfterCommit())
+		t.emit(&e, f, f.Ev.FailedAfterCommit())
 		output = true
 	}
 	return e, output
 }
 
-// output hands e, f's ending, to the metrics, the log record of an indeterminate one, and
+// emit hands e, f's ending, to the metrics, the log record of an indeterminate one, and
 // the span, which it ends.
-func (t *Core) output(e *record.Ending, f *Frame, postCommitErr error) {
+func (t *Core) emit(e *record.Ending, f *Frame, postCommitErr error) {
 	t.Metrics.Record(e)
 	if e.Outcome == outcome.OutcomeIndeterminate {
 		logs.Indeterminate(t.Cfg.Logger(), e)
 	}
-	f.Span.End(e, &t.Cfg, postCommitErr)
+	f.Span.EndWith(e, &t.Cfg, postCommitErr)
 }
 
 // callVerdict records in v, the Verdict in the context of a query of f's transaction, what

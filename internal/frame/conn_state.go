@@ -43,7 +43,7 @@ type Conn struct {
 	NetConn *wire.Conn
 	// Pool is what the connection-pool metrics keep on it.
 	Pool poolmetrics.ConnState
-	// Named are its statements prepared by name (see prepared_names.go).
+	// Named are its statements prepared by name (see NamedStatements).
 	Named NamedStatements
 }
 
@@ -217,11 +217,11 @@ func (st *Conn) Top(ctx context.Context) *QueryState {
 }
 
 // CloseWatch is the tracer's side of a wrapped connection's close notice: it concludes
-// the frame open on the connection (see Tracer.netConnClosed), once the connection has
-// tracer state (stateOf stores it). Close may run on another goroutine than the
+// the frame open on the connection (see hooks.Adapter.NetConnClosed), once the connection has
+// tracer state (State stores it). Close may run on another goroutine than the
 // connection's user, hence atomic.
 type CloseWatch struct {
-	Closed func(*Conn) // Tracer.netConnClosed
+	Closed func(*Conn) // hooks.Adapter.NetConnClosed
 	st     atomic.Pointer[Conn]
 }
 

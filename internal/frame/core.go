@@ -12,7 +12,7 @@ import (
 // Core is what every frame needs of its tracer: the configuration, the OpenTelemetry
 // tracer of the frame spans, the outputs (metrics, automatic reconciliation), the
 // sanitizer, and the crash recoveries logged. The hooks' adapter holds it; the frames
-// end through it (apply.go).
+// end through it (Apply).
 type Core struct {
 	Cfg     settings.Config
 	Tracer  trace.Tracer

@@ -43,19 +43,19 @@ func FrameOfTx(tx pgx.Tx) (*Frame, *Core) {
 // them: the conclusion records the verdict and takes the frame off its connection (the
 // evidence), and tells a Verdict; end hands the ending to the outputs — span, metrics, log
 // record, reconciliation — once, at the conclusion unless the executor manages the frame.
-// Both go through apply (apply.go).
+// Both go through Apply.
 //
 // The owning connection's goroutine changes it; other goroutines only read its phase and
 // end state (atomics) and add events to its span (which is safe for concurrent use),
 // except that the close of its connection may conclude it on another goroutine, under the
-// connection state's mutex (see closeWatch).
+// connection state's mutex (see CloseWatch).
 type Frame struct {
 	// Ev is its evidence, which only the connection's evidence.Conn changes; everything
 	// else reads it (its exported methods read), and the outputs read its ending record.
 	Ev             evidence.Frame
-	framespan.Span // its span (phase_span.go) and the statements that are its events
-	frameAnswer    // what a Verdict is told (verdict.go)
-	frameExecutor  // what Run sets (run.go, attempt.go)
+	framespan.Span // its span (package framespan) and the statements that are its events
+	frameAnswer    // what a Verdict is told (package verdict)
+	frameExecutor  // what Run sets (package executor)
 	// CommitRef is its commit reference (package reference).
 	CommitRef reference.Frame
 
@@ -63,7 +63,7 @@ type Frame struct {
 	Conn      *pgconn.PgConn
 	parent    *Frame // the suspended outer frame, or nil
 	startedAt time.Time
-	ended     atomic.Bool // the outputs have its ending (Tracer.end)
+	ended     atomic.Bool // the outputs have its ending (Apply)
 }
 
 // Evidence returns f's evidence, for the connection's (evidence.Holder).
@@ -105,8 +105,8 @@ func openFrameFromContext(ctx context.Context) *Frame {
 	return f
 }
 
-// ending returns f's record, ended with o.
-func (f *Frame) ending(o outcome.Outcome) record.Ending {
+// record returns f's record, ended with o.
+func (f *Frame) record(o outcome.Outcome) record.Ending {
 	ev := &f.Ev
 	e := record.Ending{ID: f.ID, Outcome: o, Phase: ev.Phase(), Verdict: ev.Verdict(), EndedIn: ev.EndedIn(), Deliberate: ev.Deliberate(),
 		CommittedLocally: ev.CommittedLocally(), FirstCause: ev.FirstCause(), Cause: ev.Cause(), EndErr: ev.EndErr(), Ref: f.CommitRef.Ref(), NoRef: f.CommitRef.Missing(),

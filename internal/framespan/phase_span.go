@@ -2,16 +2,12 @@ package framespan
 
 import (
 	"context"
-	"errors"
 	"strconv"
 	"sync"
 	"time"
 
-	"github.com/exaring/otelpgx"
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/txevidence/otelpgxtx/internal/evidence"
-	"github.com/txevidence/otelpgxtx/internal/pg"
 	"github.com/txevidence/otelpgxtx/internal/record"
 	"github.com/txevidence/otelpgxtx/internal/sanitize"
 	"github.com/txevidence/otelpgxtx/internal/schema"
@@ -37,10 +33,10 @@ type Span struct {
 	// SpanCtx is the context the frame span was started in and returned by Start: it
 	// carries the frame span, for metric exemplars, at no allocation.
 	SpanCtx context.Context
-	// FramedIn and framedOut are innerStartCtx's last caller context and its answer; only
+	// FramedIn and FramedOut are inner.InnerStartCtx's last caller context and its answer; only
 	// the connection's user calls it.
 	FramedIn, FramedOut context.Context
-	// connAttrs are the connection's attributes, from its connState.
+	// connAttrs are the connection's attributes, from its frame.Conn.
 	connAttrs []attribute.KeyValue
 	// Unrecorded: a Filter rejected the frame; its span only carries the caller's span
 	// context, and nothing is parented to it.
@@ -52,28 +48,18 @@ type Span struct {
 	// and ends (an implicit transaction's, with the default otelpgx tracer: see attach).
 	OnStatement bool
 	// errJudged and errExpected: whether the first failure was an expected one (see
-	// judgeErr); an expected failure leaves the span's status Unset. The bools are kept
+	// JudgeErr); an expected failure leaves the span's status Unset. The bools are kept
 	// together: a frame of more than 760 bytes (with its malloc header) takes the next
 	// size class, 128 bytes more per frame.
 	errJudged, errExpected bool
 	// unspanned is what such a frame needs to start a span of its own when it ends, if its
-	// statement had none that records and it did not commit (see startUnspanned).
+	// statement had none that records and it did not commit (see Starter.StartUnspanned).
 	unspanned unspanned
 	name      string // the span's name, for the next frame of COMMIT AND CHAIN
 	// folding is what the statements that are events of the frame need: made by the
 	// first one, so that a frame without one (an implicit transaction's, an unsampled
 	// one's) carries none of it.
 	folding *frameFolding
-}
-
-// frameFolding is what the span keeps of the statements that are its events, not spans
-// : standIn takes the span's place for the inner tracer's hooks of
-// such a statement; answer is its answer, waiting for the event it makes while answering.
-type frameFolding struct {
-	standIn    frameStandIn
-	answer     StatementAnswer
-	answering  bool
-	eventAttrs [5]attribute.KeyValue // an answering event's attributes are built here
 }
 
 // unspanned is what an implicit frame on its statement's span keeps, at no allocation, for
@@ -195,7 +181,7 @@ func (f *Span) SpanContext() trace.SpanContext {
 // already says what it did: a span of the frame's own would only double it. Where the
 // inner tracer started none that records (otelpgx starts none without a recording
 // parent), a committed frame has no span, as the statement has none, and one that did not
-// commit gets its own as it ends (startUnspanned); its metrics, log record and Verdict are
+// commit gets its own as it ends (Starter.StartUnspanned); its metrics, log record and Verdict are
 // as any frame's.
 func (f *Span) Attach(before, after context.Context) {
 	span := StartedSpan(before, after)
@@ -213,7 +199,7 @@ func (f *Span) Attach(before, after context.Context) {
 // is in the traces wherever it ran; a committed one stays without, at no cost. The span is
 // the one WithImplicitFrameSpans would have started, as the Filter and the sampler decide,
 // started back at the frame's start, with the phase events at the times the evidence
-// recorded them. slot holds the connection's attributes (connState.attrs).
+// recorded them. slot holds the connection's attributes (frame.Conn's).
 func (t *Starter) StartUnspanned(s *Span, ev *evidence.Frame, startedAt time.Time, slot *[]attribute.KeyValue) {
 	name, filtered := t.frameSpanName(s.SpanCtx, s.unspanned.sql)
 	if filtered {
@@ -259,10 +245,10 @@ func (f *Span) WithSpan(ctx context.Context) context.Context {
 	return trace.ContextWithSpan(ctx, f.OTel)
 }
 
-// End writes the outcome attributes and status of e, its frame's ending, and ends the
+// EndWith writes the outcome attributes and status of e, its frame's ending, and ends the
 // span. It is called once, by the frame's end; cfg is the tracer's, postCommitErr the
 // follow-up failure of a committed_with_post_commit_failure frame.
-func (f *Span) End(e *record.Ending, cfg *settings.Config, postCommitErr error) {
+func (f *Span) EndWith(e *record.Ending, cfg *settings.Config, postCommitErr error) {
 	if !f.Recording {
 		f.OTel.End()
 		return
@@ -277,7 +263,7 @@ func (f *Span) End(e *record.Ending, cfg *settings.Config, postCommitErr error) 
 	}
 }
 
-// FrameAttrs holds the slices endSpan builds a frame's attributes in: SetAttributes
+// FrameAttrs holds the slices EndWith builds a frame's attributes in: SetAttributes
 // copies what it is given (the SDK appends each value to the span's own), so one slice
 // serves frame after frame, where a new one would cost each frame some 1 KB of heap.
 var FrameAttrs = sync.Pool{New: func() any {
@@ -373,138 +359,9 @@ func (s *Span) JudgeErr(cfg *settings.Config, ctx context.Context, err error) {
 	}
 }
 
-// StatementAnswer is what the event of a statement without a span of its own carries
-// beyond the event's own attributes.
-type StatementAnswer struct {
-	op       string        // db.operation.name, as the statement's span would have been named
-	took     time.Duration // from its Start hook to its End hook
-	sqlState string        // the server's SQLSTATE when it failed with one
-}
-
-// attrs appends the answer's attributes to attrs.
-func (a *StatementAnswer) attrs(attrs []attribute.KeyValue) []attribute.KeyValue {
-	attrs = append(attrs, schema.DBOperationNameKey.String(a.op), schema.StatementDurationKey.Float64(a.took.Seconds()))
-	if a.sqlState != "" {
-		attrs = append(attrs, schema.DBResponseStatusKey.String(a.sqlState))
-	}
-	return attrs
-}
-
-// frameStandIn takes the frame span's place in the context of a statement that is an
-// event of the frame: it does not record, so the inner tracer starts no span and ends
-// none, and it carries the frame's span context, so that the exemplars of otelpgx's
-// metrics for the statement name the frame span that holds its event.
-type frameStandIn struct {
-	noop.Span
-	sc trace.SpanContext
-	// in and out are standInCtx's last context and its answer.
-	in, out context.Context
-}
-
-// SpanContext returns the frame span's context.
-func (s *frameStandIn) SpanContext() trace.SpanContext { return s.sc }
-
-// Event adds the event name with attrs to the frame's span, and the answer of the
-// statement that caused it, if one is waiting for its event (see answered).
-func (f *Span) Event(name string, attrs ...attribute.KeyValue) {
-	if p := f.folding; p != nil && p.answering {
-		p.answering = false
-		// Built in the folding's own array: the SDK copies an event's attributes.
-		attrs = p.answer.attrs(append(p.eventAttrs[:0], attrs...))
-	}
-	if len(attrs) == 0 {
-		f.OTel.AddEvent(name)
-		return
-	}
-	f.OTel.AddEvent(name, trace.WithAttributes(attrs...))
-}
-
-// Transaction-control statements as events of their frame (InnerSpanTransactionControl,
-// folded by default). The frame span already says what the spans of BEGIN, COMMIT,
-// ROLLBACK and the savepoint statements say — tx.phase.active is BEGIN's answer,
-// tx.phase.committing to tx.phase.committed is COMMIT's round trip, the frame's status and
-// error.type are COMMIT's failure, tx.savepoint.* are the savepoint statements — so each
-// such statement is not a span of its own but the event its answer already makes, with
-// what only its span had: its operation name, its duration and its SQLSTATE. The inner
-// tracer still gets both hooks of the statement, under a span that does not record, so
-// that otelpgx starts no span and records its metrics exactly as before.
-
-// AnswerOf returns the answer of a statement named op that started at start and ended
-// now with err.
-func AnswerOf(op string, start time.Time, err error) StatementAnswer {
-	a := StatementAnswer{op: op, took: time.Since(start)}
-	var pgErr *pgconn.PgError
-	if err != nil && errors.As(err, &pgErr) {
-		a.sqlState = pgErr.Code
-	}
-	return a
-}
-
-// FoldKind is which kind of event a query may be in place of its span.
-type FoldKind uint8
-
-const (
-	FoldNone    FoldKind = iota
-	FoldControl          // a transaction-control statement: an event of its frame
-	FoldPrepare          // an implicit prepare: an event of its statement's span
-)
-
-// Folds returns what the statements that are events of f need, made at the first.
-func (f *Span) Folds() *frameFolding {
-	if f.folding == nil {
-		f.folding = &frameFolding{standIn: frameStandIn{sc: f.OTel.SpanContext()}}
-	}
-	return f.folding
-}
-
-// StandInCtx returns ctx with the frame's stand-in as its span. The context it makes is
-// kept for the context it was made from, which a transaction's BEGIN and COMMIT mostly
-// share (see innerStartCtx), and looked up first.
-func (p *frameFolding) StandInCtx(ctx context.Context) context.Context {
-	if !pg.SameContext(ctx, p.standIn.in) {
-		p.standIn.in, p.standIn.out = ctx, trace.ContextWithSpan(ctx, &p.standIn)
-	}
-	return p.standIn.out
-}
-
-// Answered records a, the answer of a statement folded into the frame: the next event of
-// the frame that answers a statement carries it (see frame.event).
-func (p *frameFolding) Answered(a StatementAnswer) {
-	p.answer, p.answering = a, true
-}
-
-// Unanswered gives a statement that caused no event of its own — a BEGIN inside the
-// transaction, which the server only warns about; a savepoint statement that failed —
-// the event eventStatement, so that every statement folded into the frame is one event.
-func (f *Span) Unanswered(savepoint string) {
-	if f.folding == nil || !f.folding.answering {
-		return
-	}
-	if savepoint != "" {
-		f.Event(schema.EventStatement, schema.SavepointNameKey.String(savepoint))
-		return
-	}
-	f.Event(schema.EventStatement)
-}
-
 // SavepointEvents are the events of what a savepoint statement did.
 var SavepointEvents = [...]string{evidence.SavepointCreated: schema.EventSavepointCreated,
 	evidence.SavepointReleased: schema.EventSavepointReleased, evidence.SavepointRolledBack: schema.EventSavepointRolledBack}
-
-// PrepareEvent adds the event of q, a folded prepare that ended with err, to the
-// statement's span in ctx (the context its Start hook returned: see innerPrepareStart).
-func PrepareEvent(ctx context.Context, start time.Time, name string, err error) {
-	a := AnswerOf("", start, err)
-	attrs := make([]attribute.KeyValue, 0, 3)
-	attrs = append(attrs, schema.StatementDurationKey.Float64(a.took.Seconds()))
-	if name != "" {
-		attrs = append(attrs, otelpgx.PrepareStmtNameKey.String(name))
-	}
-	if a.sqlState != "" {
-		attrs = append(attrs, schema.DBResponseStatusKey.String(a.sqlState))
-	}
-	trace.SpanFromContext(ctx).AddEvent(schema.EventPrepare, trace.WithAttributes(attrs...))
-}
 
 // StartedSpan returns the span an inner Start hook put into after, or nil if it started
 // none that records.

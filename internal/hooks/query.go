@@ -24,7 +24,7 @@ import (
 
 // startQuery is the body of every Start hook: it records the start of a query whose
 // statements are of kinds set, may make it an event in place of a span (fold, op: see
-// Tracer.fold), lets the inner tracer start its span (inner, told whether the query is
+// Adapter.fold), lets the inner tracer start its span (inner, told whether the query is
 // folded), and pushes what its End needs. With no state on the connection, only inner
 // runs.
 func (t *Adapter) startQuery(ctx context.Context, conn *pgx.Conn, set evidence.Set, sql string, fold framespan.FoldKind, op string, innerHook func(context.Context, bool) context.Context) context.Context {
@@ -293,7 +293,7 @@ func (t *Adapter) classifyBatch(conn *pgx.Conn, b *pgx.Batch) (evidence.Set, str
 }
 
 // prepareStarted records, on conn, that the statement name is being prepared with sql
-// (see prepared_names.go).
+// (see frame.NamedStatements).
 func (t *Adapter) prepareStarted(conn *pgx.Conn, name, sql string) {
 	if !frame.KeepsName(name, sql) {
 		return

@@ -23,7 +23,7 @@ type Adapter struct {
 	Inner inner.Hooks
 	// Pool records the connection-pool metrics (InstrumentPool), or is nil.
 	Pool *poolmetrics.Metrics
-	// named: a connection has a statement prepared by name (see prepared_names.go), which
+	// named: a connection has a statement prepared by name (see frame.NamedStatements), which
 	// the hooks look up; until then a query's SQL is taken as it is, with no lookup.
 	named atomic.Bool
 }
@@ -230,7 +230,7 @@ func (t *Adapter) ConnClosing(conn *pgx.Conn) {
 
 // goneReason is why the frame of pg, which is closed or released with the frame open,
 // ended: where no query showed it if the server's last ReadyForQuery said the session is
-// idle (and then as the replies pgconn read say, see connState.seenEnd), else reason, the
+// idle (and then as the replies pgconn read say, see frame.Conn.SeenEnd), else reason, the
 // session having ended in the transaction.
 func goneReason(pg *pgconn.PgConn, reason string) string {
 	if pg.TxStatus() == 'I' {

@@ -319,7 +319,7 @@ func (t *Hooks) InnerEndStatus(ctx context.Context, err error) context.Context {
 }
 
 // StatementFrameEndCtx returns the context for the inner End hook of the statement whose
-// span is its frame's (frameSpan.onStatement), which failed with err: the frame's
+// span is its frame's (framespan.Span.OnStatement), which failed with err: the frame's
 // status is the span's, so the inner tracer may set Error only where the frame did —
 // a rollback for a failure, unless the failure is expected —, never on a frame that
 // committed or whose commit is unknown.

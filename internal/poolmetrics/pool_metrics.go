@@ -24,7 +24,7 @@ import (
 	semconv "go.opentelemetry.io/otel/semconv/v1.43.0"
 )
 
-// ConnState is what the pool metrics keep on a connection, in its connState.
+// ConnState is what the pool metrics keep on a connection, in its frame.Conn.
 type ConnState struct {
 	seen       bool      // its pool is among the observed ones
 	acquiredAt time.Time // when it was last acquired; zero once released

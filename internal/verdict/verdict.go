@@ -46,12 +46,12 @@ type Earlier struct {
 	unknowns    int
 }
 
-// fold moves d, the verdict of a transaction that ended, into e.
-func (e *Earlier) fold(d Data) {
+// add moves d, the verdict of a transaction that ended, into e.
+func (e *Earlier) add(d Data) {
 	switch {
 	case !d.Set || !d.frame:
 	case d.Outcome == outcome.OutcomeCommitted || d.Outcome == outcome.OutcomeCommittedWithPostCommitFailure:
-		e.committed, e.committedID = true, d.Id
+		e.committed, e.committedID = true, d.ID
 	case d.Outcome == outcome.OutcomeIndeterminate:
 		if e.unknowns == 0 {
 			e.unknown = d
@@ -66,16 +66,15 @@ type Data struct {
 	Set     bool
 	frame   bool // set by a transaction's end (not a savepoint's)
 	Outcome outcome.Outcome
-	Id      outcome.OperationID
+	ID      outcome.OperationID
 	// Phase is the phase a rollback became certain in.
 	Phase            outcome.Phase
-	retryable        bool
-	committedLocally bool
-	ref              outcome.ReconciliationRef
-	hasRef           bool
-	Cause            error  // the failure, nil when reason tells
-	Reason           string // the verdict's reason, for a cause no error showed
-	span             trace.SpanContext
+	Retryable        bool
+	CommittedLocally bool
+	Ref              *outcome.ReconciliationRef // an indeterminate one's, if taken
+	Cause            error                      // the failure, nil when reason tells
+	Reason           string                     // the verdict's reason, for a cause no error showed
+	Span             trace.SpanContext          // an indeterminate one's frame span, if recorded
 	// awaited is automatic reconciliation's answer to an indeterminate frame, or nil.
 	awaited *record.Awaited
 }
@@ -152,33 +151,33 @@ func (v *State) Settleable() (ok bool, committed *outcome.OperationID) {
 }
 
 // Result is d's verdict as a Result.
-func (d *Data) Result() outcome.Result[struct{}] {
+func (d *Data) Result() outcome.Result[struct{}] { return ResultOf(d, struct{}{}) }
+
+// ResultOf is the verdict d as a Result carrying value: the one way a verdict becomes a
+// Result, for a Verdict's answer and for Run's.
+func ResultOf[T any](d *Data, value T) outcome.Result[T] {
 	switch d.Outcome {
 	case outcome.OutcomeCommitted:
-		return outcome.NewCommitted(d.Id, struct{}{}, d.committedLocally)
+		return outcome.NewCommitted(d.ID, value, d.CommittedLocally)
 	case outcome.OutcomeParticipating:
-		return outcome.NewParticipating(d.Id, struct{}{})
+		return outcome.NewParticipating(d.ID, value)
 	case outcome.OutcomeCommittedWithPostCommitFailure:
-		r, _ := outcome.NewCommittedWithPostCommitFailure(d.Id, struct{}{}, d.causeErr(errs.ErrRolledBack))
+		r, _ := outcome.NewCommittedWithPostCommitFailure(d.ID, value, d.causeErr(errs.ErrRolledBack))
 		return r
 	case outcome.OutcomeIndeterminate:
-		var ref *outcome.ReconciliationRef
-		if d.hasRef {
-			ref = &d.ref
-		}
-		r, err := outcome.NewIndeterminate[struct{}](d.Id, d.causeErr(errs.ErrCommitUnobserved), ref, d.committedLocally)
+		r, err := outcome.NewIndeterminate[T](d.ID, d.causeErr(errs.ErrCommitUnobserved), d.Ref, d.CommittedLocally)
 		if err != nil {
 			// A reference the tracer took is well formed; should one not be, the outcome is
 			// still indeterminate, without it.
-			r, _ = outcome.NewIndeterminate[struct{}](d.Id, d.causeErr(errs.ErrCommitUnobserved), nil, d.committedLocally)
+			r, _ = outcome.NewIndeterminate[T](d.ID, d.causeErr(errs.ErrCommitUnobserved), nil, d.CommittedLocally)
 		}
-		if d.span.IsValid() {
-			r = r.WithTraceParent(schema.TraceParent(d.span))
+		if d.Span.IsValid() {
+			r = r.WithTraceParent(schema.TraceParent(d.Span))
 		}
 		return r
 	}
 	// A cause, and a phase a rollback is observed in: the constructor has nothing to refuse.
-	r, _ := outcome.NewDeterminateRollback[struct{}](d.Id, d.Phase, d.rollbackCause(), d.retryable)
+	r, _ := outcome.NewDeterminateRollback[T](d.ID, d.Phase, d.rollbackCause(), d.Retryable)
 	return r
 }
 
@@ -220,7 +219,7 @@ func (v *State) Pending() *record.Awaited {
 // earlier ones leave (earlierFrames).
 func (v *State) Began() {
 	v.mu.Lock()
-	v.earlier.fold(v.d)
+	v.earlier.add(v.d)
 	v.d = Data{open: true}
 	v.mu.Unlock()
 }
@@ -228,21 +227,19 @@ func (v *State) Began() {
 // FrameEnded records the verdict of a concluded frame, of ending e. It runs under the
 // frame's connection's lock, on whichever goroutine concluded it.
 func (v *State) FrameEnded(e *record.Ending) {
-	d := Data{Set: true, frame: true, Outcome: e.Outcome, Id: e.ID, committedLocally: e.CommittedLocally, Reason: e.Verdict.Reason()}
+	d := Data{Set: true, frame: true, Outcome: e.Outcome, ID: e.ID, CommittedLocally: e.CommittedLocally, Reason: e.Verdict.Reason()}
 	switch e.Outcome {
 	case outcome.OutcomeCommittedWithPostCommitFailure:
 		d.Cause = e.EndErr // the call's failure after the commit
 	case outcome.OutcomeIndeterminate:
 		d.Cause = e.EndErr
-		if e.Ref != nil {
-			d.ref, d.hasRef = *e.Ref, true
-		}
+		d.Ref = e.Ref
 		if e.Recorded {
-			d.span = e.Span
+			d.Span = e.Span
 		}
 		d.awaited = e.Awaited
 	case outcome.OutcomeRolledBack:
-		d.retryable = e.Verdict.Retryable()
+		d.Retryable = e.Verdict.Retryable()
 		d.Phase = e.EndedIn
 		d.Cause = e.FirstCause
 		if d.Cause == nil {
@@ -254,7 +251,7 @@ func (v *State) FrameEnded(e *record.Ending) {
 	}
 	v.mu.Lock()
 	if !v.d.open {
-		v.earlier.fold(v.d) // a frame begun in another context, ended with this one
+		v.earlier.add(v.d) // a frame begun in another context, ended with this one
 	}
 	v.d = d
 	v.mu.Unlock()
@@ -273,8 +270,8 @@ func (v *State) NotStarted(err error) {
 	if v.d.open || v.d.Set && !v.d.frame {
 		return
 	}
-	v.earlier.fold(v.d) // a transaction of the attempt that ended before
-	v.d = Data{Set: true, frame: true, Outcome: outcome.OutcomeRolledBack, Phase: outcome.PhaseNotStarted, retryable: c.Retryable(),
+	v.earlier.add(v.d) // a transaction of the attempt that ended before
+	v.d = Data{Set: true, frame: true, Outcome: outcome.OutcomeRolledBack, Phase: outcome.PhaseNotStarted, Retryable: c.Retryable(),
 		Cause: err, Reason: c.Reason()}
 }
 
@@ -283,7 +280,7 @@ func (v *State) NotStarted(err error) {
 func (v *State) SavepointEnded(id outcome.OperationID, rolledBack bool) {
 	v.mu.Lock()
 	defer v.mu.Unlock()
-	d := Data{Set: true, open: v.d.open, Outcome: outcome.OutcomeParticipating, Id: id}
+	d := Data{Set: true, open: v.d.open, Outcome: outcome.OutcomeParticipating, ID: id}
 	if rolledBack {
 		d.Outcome, d.Phase, d.Cause = outcome.OutcomeRolledBack, outcome.PhaseActive, errs.ErrSavepointRolledBack
 	}
