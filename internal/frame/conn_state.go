@@ -6,6 +6,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/txevidence/otelpgxtx/classifier"
 	"github.com/txevidence/otelpgxtx/internal/evidence"
@@ -230,4 +231,13 @@ func (w *CloseWatch) NetConnClosed() {
 	if st := w.st.Load(); st != nil {
 		w.Closed(st)
 	}
+}
+
+// PgConn is conn's PgConn, nil for no connection: what State and Made take of the
+// *pgx.Conn a hook is given.
+func PgConn(conn *pgx.Conn) *pgconn.PgConn {
+	if conn == nil {
+		return nil
+	}
+	return conn.PgConn()
 }

@@ -28,7 +28,7 @@ import (
 // folded), and pushes what its End needs. With no state on the connection, only inner
 // runs.
 func (t *Adapter) startQuery(ctx context.Context, conn *pgx.Conn, set evidence.Set, sql string, fold framespan.FoldKind, op string, innerHook func(context.Context, bool) context.Context) context.Context {
-	st := t.State(conn.PgConn())
+	st := t.State(frame.PgConn(conn))
 	if st == nil {
 		return innerHook(ctx, false) // no frame to parent to, but the statement span stays
 	}
@@ -49,7 +49,7 @@ func (t *Adapter) startQuery(ctx context.Context, conn *pgx.Conn, set evidence.S
 // tracer end its span (inner, told whether the query is folded), and judges the query. An
 // End without its Start has nothing to judge.
 func (t *Adapter) endQuery(ctx context.Context, conn *pgx.Conn, tag pgconn.CommandTag, err error, innerHook func(context.Context, bool)) {
-	st := frame.Made(conn.PgConn())
+	st := frame.Made(frame.PgConn(conn))
 	var q frame.QueryState
 	started := false
 	if st != nil {
@@ -298,7 +298,7 @@ func (t *Adapter) prepareStarted(conn *pgx.Conn, name, sql string) {
 	if !frame.KeepsName(name, sql) {
 		return
 	}
-	if st := t.State(conn.PgConn()); st != nil {
+	if st := t.State(frame.PgConn(conn)); st != nil {
 		st.Named.Start(name, sql)
 	}
 }
@@ -306,7 +306,7 @@ func (t *Adapter) prepareStarted(conn *pgx.Conn, name, sql string) {
 // prepareEnded keeps, on conn, the statement being prepared, unless err says the server
 // refused it.
 func (t *Adapter) prepareEnded(conn *pgx.Conn, err error) {
-	if st := frame.Made(conn.PgConn()); st != nil && st.Named.End(err) {
+	if st := frame.Made(frame.PgConn(conn)); st != nil && st.Named.End(err) {
 		t.named.Store(true)
 	}
 }
@@ -317,7 +317,7 @@ func (t *Adapter) statementOf(conn *pgx.Conn, sql string, set evidence.Set) (str
 	if !t.named.Load() {
 		return sql, set
 	}
-	if st := frame.Made(conn.PgConn()); st != nil {
+	if st := frame.Made(frame.PgConn(conn)); st != nil {
 		if real, ok := st.Named.Of(sql); ok {
 			return real, t.Sanitized.Get(real).Set
 		}

@@ -56,7 +56,7 @@ func (t *Adapter) TraceBatchStart(ctx context.Context, conn *pgx.Conn, data pgx.
 // TraceBatchQuery implements pgx.BatchTracer. The transaction status is not valid in
 // the middle of a batch, so results are only collected here and judged at its end.
 func (t *Adapter) TraceBatchQuery(ctx context.Context, conn *pgx.Conn, data pgx.TraceBatchQueryData) {
-	if st := t.State(conn.PgConn()); st != nil {
+	if st := t.State(frame.PgConn(conn)); st != nil {
 		st.Mu.Lock()
 		if q := st.Top(ctx); q != nil {
 			if data.Err != nil && q.Batch.Err == nil {
@@ -221,7 +221,7 @@ func (t *Adapter) OnNotice(pg *pgconn.PgConn, n *pgconn.Notice) {
 // rolls back with the session, unless the server's last ReadyForQuery said the session
 // was idle (it ended where no query showed it).
 func (t *Adapter) ConnClosing(conn *pgx.Conn) {
-	if st := t.State(conn.PgConn()); st != nil {
+	if st := t.State(frame.PgConn(conn)); st != nil {
 		st.Mu.Lock()
 		t.Abandon(st, goneReason(conn.PgConn(), evidence.ReasonConnectionClosed))
 		st.Mu.Unlock()
@@ -258,7 +258,7 @@ func (t *Adapter) poolState(conn *pgx.Conn) *poolmetrics.ConnState {
 	if conn == nil {
 		return nil
 	}
-	if st := t.State(conn.PgConn()); st != nil {
+	if st := t.State(frame.PgConn(conn)); st != nil {
 		return &st.Pool
 	}
 	return nil
