@@ -113,7 +113,7 @@ func (f *Span) Folds() *frameFolding {
 
 // StandInCtx returns ctx with the frame's stand-in as its span. The context it makes is
 // kept for the context it was made from, which a transaction's BEGIN and COMMIT mostly
-// share (see inner.InnerStartCtx), and looked up first.
+// share (see inner.StartCtx), and looked up first.
 func (p *frameFolding) StandInCtx(ctx context.Context) context.Context {
 	if !pg.SameContext(ctx, p.standIn.in) {
 		p.standIn.in, p.standIn.out = ctx, trace.ContextWithSpan(ctx, &p.standIn)

@@ -33,7 +33,7 @@ type Span struct {
 	// SpanCtx is the context the frame span was started in and returned by Start: it
 	// carries the frame span, for metric exemplars, at no allocation.
 	SpanCtx context.Context
-	// FramedIn and FramedOut are inner.InnerStartCtx's last caller context and its answer; only
+	// FramedIn and FramedOut are inner.StartCtx's last caller context and its answer; only
 	// the connection's user calls it.
 	FramedIn, FramedOut context.Context
 	// connAttrs are the connection's attributes, from its frame.Conn.

@@ -75,7 +75,7 @@ func (t *Adapter) endQuery(ctx context.Context, conn *pgx.Conn, tag pgconn.Comma
 	} else if q.Folded && q.Nested {
 		framespan.PrepareEvent(ctx, q.Start, q.Op, err)
 	}
-	innerHook(t.Inner.InnerEndStatus(inner.InnerEndCtx(ctx, q.Frame.SpanOrNil()), err), q.Folded)
+	innerHook(t.Inner.EndStatus(inner.EndCtx(ctx, q.Frame.SpanOrNil()), err), q.Folded)
 	if started && !q.Nested {
 		if answering {
 			q.Frame.Folds().Answered(answer)
@@ -100,7 +100,7 @@ func (t *Adapter) enter(ctx context.Context, conn *pgx.Conn, st *frame.Conn, set
 	if set.MovesSavepoint() {
 		q.Savepoint = evidence.SavepointName(sql)
 	}
-	return inner.InnerStartCtx(ctx, f.SpanOrNil()), q
+	return inner.StartCtx(ctx, f.SpanOrNil()), q
 }
 
 // beforeQuery runs before a query reaches the driver: the evidence may end the open frame

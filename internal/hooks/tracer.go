@@ -33,14 +33,14 @@ func (t *Adapter) TraceQueryStart(ctx context.Context, conn *pgx.Conn, data pgx.
 	s := t.Sanitized.Get(data.SQL) // one lookup for the statement's kinds and its text
 	sql, set := t.statementOf(conn, data.SQL, s.Set)
 	return t.startQuery(ctx, conn, set, sql, framespan.FoldControl, s.Op, func(ctx context.Context, _ bool) context.Context {
-		return t.Inner.InnerQueryStart(ctx, conn, data, s)
+		return t.Inner.QueryStart(ctx, conn, data, s)
 	})
 }
 
 // TraceQueryEnd implements pgx.QueryTracer.
 func (t *Adapter) TraceQueryEnd(ctx context.Context, conn *pgx.Conn, data pgx.TraceQueryEndData) {
 	t.endQuery(ctx, conn, data.CommandTag, data.Err, func(ctx context.Context, _ bool) {
-		t.Inner.InnerQueryEnd(ctx, conn, data)
+		t.Inner.QueryEnd(ctx, conn, data)
 	})
 }
 
@@ -49,7 +49,7 @@ func (t *Adapter) TraceQueryEnd(ctx context.Context, conn *pgx.Conn, data pgx.Tr
 func (t *Adapter) TraceBatchStart(ctx context.Context, conn *pgx.Conn, data pgx.TraceBatchStartData) context.Context {
 	set, beginSQL := t.classifyBatch(conn, data.Batch)
 	return t.startQuery(ctx, conn, set, beginSQL, framespan.FoldNone, "", func(ctx context.Context, _ bool) context.Context {
-		return t.Inner.InnerBatchStart(ctx, conn, data)
+		return t.Inner.BatchStart(ctx, conn, data)
 	})
 }
 
@@ -68,13 +68,13 @@ func (t *Adapter) TraceBatchQuery(ctx context.Context, conn *pgx.Conn, data pgx.
 		}
 		st.Mu.Unlock()
 	}
-	t.Inner.InnerBatchQuery(ctx, conn, data)
+	t.Inner.BatchQuery(ctx, conn, data)
 }
 
 // TraceBatchEnd implements pgx.BatchTracer.
 func (t *Adapter) TraceBatchEnd(ctx context.Context, conn *pgx.Conn, data pgx.TraceBatchEndData) {
 	t.endQuery(ctx, conn, pgconn.CommandTag{}, data.Err, func(ctx context.Context, _ bool) {
-		t.Inner.InnerBatchEnd(ctx, conn, data)
+		t.Inner.BatchEnd(ctx, conn, data)
 	})
 }
 
@@ -82,7 +82,7 @@ func (t *Adapter) TraceBatchEnd(ctx context.Context, conn *pgx.Conn, data pgx.Tr
 // commit reference at COMMIT, never the xid read after it (its data follows its query).
 func (t *Adapter) TraceCopyFromStart(ctx context.Context, conn *pgx.Conn, data pgx.TraceCopyFromStartData) context.Context {
 	return t.startQuery(ctx, conn, evidence.CopyFromSet, copyFromSQL, framespan.FoldNone, "", func(ctx context.Context, _ bool) context.Context {
-		return t.Inner.InnerCopyFromStart(ctx, conn, data)
+		return t.Inner.CopyFromStart(ctx, conn, data)
 	})
 }
 
@@ -93,7 +93,7 @@ const copyFromSQL = "copy"
 // TraceCopyFromEnd implements pgx.CopyFromTracer.
 func (t *Adapter) TraceCopyFromEnd(ctx context.Context, conn *pgx.Conn, data pgx.TraceCopyFromEndData) {
 	t.endQuery(ctx, conn, data.CommandTag, data.Err, func(ctx context.Context, _ bool) {
-		t.Inner.InnerCopyFromEnd(ctx, conn, data)
+		t.Inner.CopyFromEnd(ctx, conn, data)
 	})
 }
 
@@ -101,9 +101,9 @@ func (t *Adapter) TraceCopyFromEnd(ctx context.Context, conn *pgx.Conn, data pgx
 // neither begins nor commits.
 func (t *Adapter) TracePrepareStart(ctx context.Context, conn *pgx.Conn, data pgx.TracePrepareStartData) context.Context {
 	t.prepareStarted(conn, data.Name, data.SQL)
-	data.Name = t.Inner.InnerStmtName(data.Name)
+	data.Name = t.Inner.StmtName(data.Name)
 	return t.startQuery(ctx, conn, evidence.OtherSet, "", framespan.FoldPrepare, data.Name, func(ctx context.Context, folded bool) context.Context {
-		return t.Inner.InnerPrepareStart(ctx, conn, data, folded)
+		return t.Inner.PrepareStart(ctx, conn, data, folded)
 	})
 }
 
@@ -111,7 +111,7 @@ func (t *Adapter) TracePrepareStart(ctx context.Context, conn *pgx.Conn, data pg
 func (t *Adapter) TracePrepareEnd(ctx context.Context, conn *pgx.Conn, data pgx.TracePrepareEndData) {
 	t.prepareEnded(conn, data.Err)
 	t.endQuery(ctx, conn, pgconn.CommandTag{}, data.Err, func(ctx context.Context, folded bool) {
-		t.Inner.InnerPrepareEnd(ctx, conn, data, folded)
+		t.Inner.PrepareEnd(ctx, conn, data, folded)
 	})
 }
 
@@ -119,7 +119,7 @@ func (t *Adapter) TracePrepareEnd(ctx context.Context, conn *pgx.Conn, data pgx.
 func (t *Adapter) TraceConnectStart(ctx context.Context, data pgx.TraceConnectStartData) context.Context {
 	ctx = t.Pool.ConnectStart(ctx)
 	if t.Inner.Connect != nil {
-		return t.Inner.InnerStart(inner.KindConnect, ctx, func(ctx context.Context) context.Context {
+		return t.Inner.Start(inner.KindConnect, ctx, func(ctx context.Context) context.Context {
 			return t.Inner.Connect.TraceConnectStart(ctx, data)
 		})
 	}
@@ -131,8 +131,8 @@ func (t *Adapter) TraceConnectEnd(ctx context.Context, data pgx.TraceConnectEndD
 	t.Pool.ConnectEnd(ctx, data.Err)
 	notReached(ctx, data.Err)
 	if t.Inner.Connect != nil {
-		ctx = t.Inner.InnerEnd(inner.KindConnect, ctx, data.Err)
-		data.Err = t.Inner.InnerErr(data.Err)
+		ctx = t.Inner.End(inner.KindConnect, ctx, data.Err)
+		data.Err = t.Inner.Err(data.Err)
 		t.Inner.Connect.TraceConnectEnd(ctx, data)
 	}
 }
@@ -151,7 +151,7 @@ func notReached(ctx context.Context, err error) {
 func (t *Adapter) TraceAcquireStart(ctx context.Context, pool *pgxpool.Pool, data pgxpool.TraceAcquireStartData) context.Context {
 	ctx = t.Pool.AcquireStart(ctx)
 	if t.Inner.Acquire != nil {
-		return t.Inner.InnerStart(inner.KindAcquire, ctx, func(ctx context.Context) context.Context {
+		return t.Inner.Start(inner.KindAcquire, ctx, func(ctx context.Context) context.Context {
 			return t.Inner.Acquire.TraceAcquireStart(ctx, pool, data)
 		})
 	}
@@ -174,8 +174,8 @@ func (t *Adapter) TraceAcquireEnd(ctx context.Context, pool *pgxpool.Pool, data 
 	t.Pool.AcquireEnd(ctx, pool, t.poolState(data.Conn), data.Err)
 	notReached(ctx, data.Err)
 	if t.Inner.Acquire != nil {
-		ctx = t.Inner.InnerEnd(inner.KindAcquire, ctx, data.Err)
-		data.Err = t.Inner.InnerErr(data.Err)
+		ctx = t.Inner.End(inner.KindAcquire, ctx, data.Err)
+		data.Err = t.Inner.Err(data.Err)
 		t.Inner.Acquire.TraceAcquireEnd(ctx, pool, data)
 	}
 }

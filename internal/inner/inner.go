@@ -5,41 +5,20 @@ import (
 	"strings"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/txevidence/otelpgxtx/internal/evidence"
 	"github.com/txevidence/otelpgxtx/internal/framespan"
 	"github.com/txevidence/otelpgxtx/internal/pg"
 	"github.com/txevidence/otelpgxtx/internal/redact"
 	"github.com/txevidence/otelpgxtx/internal/sanitize"
 	"github.com/txevidence/otelpgxtx/internal/schema"
-	"github.com/txevidence/otelpgxtx/internal/settings"
 	"github.com/txevidence/otelpgxtx/outcome"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/trace"
 )
 
-// Hooks is the inner tracer (otelpgx by default, or the application's), by each
-// tracer interface it implements, and what it is handed: its spans are the statements'.
-type Hooks struct {
-	Cfg       *settings.Config
-	Sanitized *sanitize.Sanitizer
-	// AsIs: the inner tracer is the application's, and is handed what pgx hands a
-	// tracer — SQL, errors, batches and statement names as they are — unless
-	// WithSanitizedInnerTracer asks otherwise; its spans get no attribute of ours.
-	AsIs bool
-
-	query   pgx.QueryTracer
-	batch   pgx.BatchTracer
-	copy    pgx.CopyFromTracer
-	prepare pgx.PrepareTracer
-	Connect pgx.ConnectTracer
-	Acquire pgxpool.AcquireTracer
-	Release pgxpool.ReleaseTracer
-}
-
-// InnerErr returns what the inner tracer is given of err: err itself for a tracer of the
+// Err returns what the inner tracer is given of err: err itself for a tracer of the
 // application's (see innerAsIs), else what may be recorded of it (see redact.Error).
-func (t *Hooks) InnerErr(err error) error {
+func (t *Hooks) Err(err error) error {
 	if t.AsIs {
 		return err
 	}
@@ -56,9 +35,9 @@ func (t *Hooks) innerSQL(sql string, s *sanitize.Sanitized) string {
 	return t.Sanitized.InnerSQL(sql, s)
 }
 
-// InnerQueryStart hands a query's start to the inner tracer, sanitized; s is what the
+// QueryStart hands a query's start to the inner tracer, sanitized; s is what the
 // sanitizer knows of its SQL.
-func (t *Hooks) InnerQueryStart(ctx context.Context, conn *pgx.Conn, data pgx.TraceQueryStartData, s *sanitize.Sanitized) context.Context {
+func (t *Hooks) QueryStart(ctx context.Context, conn *pgx.Conn, data pgx.TraceQueryStartData, s *sanitize.Sanitized) context.Context {
 	if t.query == nil {
 		return ctx
 	}
@@ -66,10 +45,10 @@ func (t *Hooks) InnerQueryStart(ctx context.Context, conn *pgx.Conn, data pgx.Tr
 	return t.summarized(ctx, t.query.TraceQueryStart(ctx, conn, data), s)
 }
 
-// InnerQueryEnd hands a query's end to the inner tracer, its error redacted.
-func (t *Hooks) InnerQueryEnd(ctx context.Context, conn *pgx.Conn, data pgx.TraceQueryEndData) {
+// QueryEnd hands a query's end to the inner tracer, its error redacted.
+func (t *Hooks) QueryEnd(ctx context.Context, conn *pgx.Conn, data pgx.TraceQueryEndData) {
 	if t.query != nil {
-		data.Err = t.InnerErr(data.Err)
+		data.Err = t.Err(data.Err)
 		t.query.TraceQueryEnd(ctx, conn, data)
 	}
 }
@@ -84,9 +63,9 @@ func (t *Hooks) summarized(before, after context.Context, s *sanitize.Sanitized)
 	return after
 }
 
-// InnerBatchStart hands a batch's start to the inner tracer, its SQL sanitized (see
+// BatchStart hands a batch's start to the inner tracer, its SQL sanitized (see
 // innerBatch).
-func (t *Hooks) InnerBatchStart(ctx context.Context, conn *pgx.Conn, data pgx.TraceBatchStartData) context.Context {
+func (t *Hooks) BatchStart(ctx context.Context, conn *pgx.Conn, data pgx.TraceBatchStartData) context.Context {
 	if t.batch != nil {
 		inner := data
 		inner.Batch = t.innerBatch(data.Batch)
@@ -99,8 +78,8 @@ func (t *Hooks) InnerBatchStart(ctx context.Context, conn *pgx.Conn, data pgx.Tr
 	return ctx
 }
 
-// InnerBatchQuery hands one result of a batch to the inner tracer, sanitized.
-func (t *Hooks) InnerBatchQuery(ctx context.Context, conn *pgx.Conn, data pgx.TraceBatchQueryData) {
+// BatchQuery hands one result of a batch to the inner tracer, sanitized.
+func (t *Hooks) BatchQuery(ctx context.Context, conn *pgx.Conn, data pgx.TraceBatchQueryData) {
 	if t.batch != nil {
 		if t.omits(KindBatchQuery) {
 			ctx = withoutSpan(ctx)
@@ -110,24 +89,24 @@ func (t *Hooks) InnerBatchQuery(ctx context.Context, conn *pgx.Conn, data pgx.Tr
 		if !t.AsIs {
 			data.SQL = t.Sanitized.InnerSQL(data.SQL, t.Sanitized.Get(data.SQL))
 		}
-		data.Err = t.InnerErr(data.Err)
+		data.Err = t.Err(data.Err)
 		t.batch.TraceBatchQuery(ctx, conn, data)
 	}
 }
 
-// InnerBatchEnd hands a batch's end to the inner tracer, its error redacted.
-func (t *Hooks) InnerBatchEnd(ctx context.Context, conn *pgx.Conn, data pgx.TraceBatchEndData) {
+// BatchEnd hands a batch's end to the inner tracer, its error redacted.
+func (t *Hooks) BatchEnd(ctx context.Context, conn *pgx.Conn, data pgx.TraceBatchEndData) {
 	if t.batch != nil {
-		data.Err = t.InnerErr(data.Err)
+		data.Err = t.Err(data.Err)
 		t.batch.TraceBatchEnd(ctx, conn, data)
 	}
 }
 
-// InnerCopyFromStart hands a copy's start to the inner tracer, with a db.query.summary
+// CopyFromStart hands a copy's start to the inner tracer, with a db.query.summary
 // made of the table name (a copy has no SQL text to summarize). Unlike summarized, it
 // builds the summary only once a recording span is there, for the concatenation
 // allocates; innerBatchStart does the same with its loop over the batch.
-func (t *Hooks) InnerCopyFromStart(ctx context.Context, conn *pgx.Conn, data pgx.TraceCopyFromStartData) context.Context {
+func (t *Hooks) CopyFromStart(ctx context.Context, conn *pgx.Conn, data pgx.TraceCopyFromStartData) context.Context {
 	if t.copy != nil {
 		inner := t.copy.TraceCopyFromStart(ctx, conn, data)
 		if span := t.ownStartedSpan(ctx, inner); span != nil {
@@ -138,18 +117,18 @@ func (t *Hooks) InnerCopyFromStart(ctx context.Context, conn *pgx.Conn, data pgx
 	return ctx
 }
 
-// InnerCopyFromEnd hands a copy's end to the inner tracer, its error redacted.
-func (t *Hooks) InnerCopyFromEnd(ctx context.Context, conn *pgx.Conn, data pgx.TraceCopyFromEndData) {
+// CopyFromEnd hands a copy's end to the inner tracer, its error redacted.
+func (t *Hooks) CopyFromEnd(ctx context.Context, conn *pgx.Conn, data pgx.TraceCopyFromEndData) {
 	if t.copy != nil {
-		data.Err = t.InnerErr(data.Err)
+		data.Err = t.Err(data.Err)
 		t.copy.TraceCopyFromEnd(ctx, conn, data)
 	}
 }
 
-// InnerPrepareStart hands a prepare's start to the inner tracer, sanitized (its statement
+// PrepareStart hands a prepare's start to the inner tracer, sanitized (its statement
 // name too: see innerStmtName). A folded prepare starts no span: its
 // inner hook gets a context whose span does not record.
-func (t *Hooks) InnerPrepareStart(ctx context.Context, conn *pgx.Conn, data pgx.TracePrepareStartData, folded bool) context.Context {
+func (t *Hooks) PrepareStart(ctx context.Context, conn *pgx.Conn, data pgx.TracePrepareStartData, folded bool) context.Context {
 	if t.prepare != nil {
 		s := t.Sanitized.Get(data.SQL)
 		data.SQL = t.innerSQL(data.SQL, s)
@@ -157,27 +136,27 @@ func (t *Hooks) InnerPrepareStart(ctx context.Context, conn *pgx.Conn, data pgx.
 		if folded {
 			return quietStart(ctx, start)
 		}
-		ctx = t.summarized(ctx, t.InnerStart(KindPrepare, ctx, start), s)
+		ctx = t.summarized(ctx, t.Start(KindPrepare, ctx, start), s)
 	}
 	return ctx
 }
 
-// InnerPrepareEnd hands a prepare's end to the inner tracer, its error redacted.
-func (t *Hooks) InnerPrepareEnd(ctx context.Context, conn *pgx.Conn, data pgx.TracePrepareEndData, folded bool) {
+// PrepareEnd hands a prepare's end to the inner tracer, its error redacted.
+func (t *Hooks) PrepareEnd(ctx context.Context, conn *pgx.Conn, data pgx.TracePrepareEndData, folded bool) {
 	if t.prepare != nil {
 		if folded || t.omits(KindPrepare) {
 			ctx = withoutSpan(ctx)
 		}
-		data.Err = t.InnerErr(data.Err)
+		data.Err = t.Err(data.Err)
 		t.prepare.TracePrepareEnd(ctx, conn, data)
 	}
 }
 
-// InnerStmtName returns what the inner tracer, and a prepare's event, are given of a
+// StmtName returns what the inner tracer, and a prepare's event, are given of a
 // prepared statement's name: pgx names the statements it caches by a digest of the raw
 // SQL, literals and all, which becomes "stmtcache" unless [WithRawQueryText] or the tracer
 // is the application's.
-func (t *Hooks) InnerStmtName(name string) string {
+func (t *Hooks) StmtName(name string) string {
 	if !t.Cfg.RawQueryText && !t.AsIs && strings.HasPrefix(name, "stmtcache_") {
 		return "stmtcache"
 	}
@@ -229,12 +208,12 @@ func (t *Hooks) ownStartedSpan(before, after context.Context) trace.Span {
 	return framespan.StartedSpan(before, after)
 }
 
-// InnerStartCtx makes f's span the parent of what the inner tracer starts. It allocates only
+// StartCtx makes f's span the parent of what the inner tracer starts. It allocates only
 // when someone records and ctx does not already carry the frame's span (inside Run or
 // Begin it does): an unsampled frame under an unsampled caller costs nothing. The context
 // it makes is kept for the caller's context it was made from, which a transaction's
 // statements mostly share, and looked up first.
-func InnerStartCtx(ctx context.Context, f *framespan.Span) context.Context {
+func StartCtx(ctx context.Context, f *framespan.Span) context.Context {
 	if f == nil || f.Unrecorded {
 		return ctx
 	}
@@ -249,11 +228,11 @@ func InnerStartCtx(ctx context.Context, f *framespan.Span) context.Context {
 	return f.FramedOut
 }
 
-// InnerEndCtx hides f's span from an inner End hook that did not start a span of its own:
+// EndCtx hides f's span from an inner End hook that did not start a span of its own:
 // inner tracers end "the span in ctx", and that must never be the frame's (see
 // "Composition with the inner tracer" in the package documentation).
 // A span that does not record has nothing an End hook could change.
-func InnerEndCtx(ctx context.Context, f *framespan.Span) context.Context {
+func EndCtx(ctx context.Context, f *framespan.Span) context.Context {
 	if f != nil && f.Recording && framespan.SameSpan(trace.SpanFromContext(ctx), f.OTel) {
 		return trace.ContextWithSpan(ctx, framespan.NoopSpan)
 	}
@@ -271,11 +250,11 @@ func (t *Hooks) Folds(k Kind) bool {
 	return !t.Cfg.InnerSet && t.Cfg.KeepSpans&(1<<k) == 0
 }
 
-// InnerStart runs start, an inner Start hook of kind k. For an omitted kind it is given a
+// Start runs start, an inner Start hook of kind k. For an omitted kind it is given a
 // span that does not record, so otelpgx starts none (and still notes the start time for
 // its metrics), and the caller's span is put back into what it returns, so that the work
 // the hook precedes (a connect inside an acquire) is parented as without it.
-func (t *Hooks) InnerStart(k Kind, ctx context.Context, start func(context.Context) context.Context) context.Context {
+func (t *Hooks) Start(k Kind, ctx context.Context, start func(context.Context) context.Context) context.Context {
 	if !t.omits(k) {
 		return start(ctx)
 	}
@@ -288,15 +267,15 @@ func quietStart(ctx context.Context, start func(context.Context) context.Context
 	return trace.ContextWithSpan(start(withoutSpan(ctx)), trace.SpanFromContext(ctx))
 }
 
-// InnerEnd returns the context for an inner End hook of kind k of a call that failed
+// End returns the context for an inner End hook of kind k of a call that failed
 // with err (nil: it did not): one without a span for an omitted kind — otelpgx ends "the
 // span in the context", which must not be the caller's —, else one whose span cannot take
 // the Error status of an expected error (innerEndStatus).
-func (t *Hooks) InnerEnd(k Kind, ctx context.Context, err error) context.Context {
+func (t *Hooks) End(k Kind, ctx context.Context, err error) context.Context {
 	if t.omits(k) {
 		return withoutSpan(ctx)
 	}
-	return t.InnerEndStatus(ctx, err)
+	return t.EndStatus(ctx, err)
 }
 
 // withoutSpan returns ctx with a span that does not record in place of its own.
@@ -304,10 +283,10 @@ func withoutSpan(ctx context.Context) context.Context {
 	return trace.ContextWithSpan(ctx, framespan.NoopSpan)
 }
 
-// InnerEndStatus returns the context for the default otelpgx tracer's End hook of a call
+// EndStatus returns the context for the default otelpgx tracer's End hook of a call
 // in ctx that failed with err: when err is expected, the span it ends is wrapped so that
 // it cannot set status Error. A tracer of the user's own gets ctx as it is.
-func (t *Hooks) InnerEndStatus(ctx context.Context, err error) context.Context {
+func (t *Hooks) EndStatus(ctx context.Context, err error) context.Context {
 	if t.Cfg.InnerSet || !t.Cfg.ExpectedErr(ctx, err) {
 		return ctx
 	}
@@ -325,7 +304,7 @@ func (t *Hooks) InnerEndStatus(ctx context.Context, err error) context.Context {
 // committed or whose commit is unknown.
 func (t *Hooks) StatementFrameEndCtx(ctx context.Context, ev *evidence.Frame, err error) context.Context {
 	if err == nil || ev.Open() || ev.Outcome() == outcome.OutcomeRolledBack && !ev.Deliberate() {
-		return t.InnerEndStatus(ctx, err)
+		return t.EndStatus(ctx, err)
 	}
 	span := trace.SpanFromContext(ctx)
 	if !span.IsRecording() {
