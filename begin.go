@@ -4,9 +4,10 @@ import (
 	"context"
 
 	"github.com/jackc/pgx/v5"
+	"go.opentelemetry.io/otel/trace"
+
 	"github.com/txevidence/otelpgxtx/internal/frame"
 	"github.com/txevidence/otelpgxtx/internal/pg"
-	"go.opentelemetry.io/otel/trace"
 )
 
 // Begin begins a transaction on db and returns a context that carries its frame, with

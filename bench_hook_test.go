@@ -11,10 +11,11 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
-	"github.com/txevidence/otelpgxtx/internal/metrics"
-	"github.com/txevidence/otelpgxtx/outcome"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
+
+	"github.com/txevidence/otelpgxtx/internal/metrics"
+	"github.com/txevidence/otelpgxtx/outcome"
 )
 
 // benchFake is one variant's connection to a fakePG.

@@ -6,12 +6,13 @@ import (
 
 	"github.com/exaring/otelpgx"
 	"github.com/jackc/pgx/v5"
-	"github.com/txevidence/otelpgxtx/internal/pg"
-	"github.com/txevidence/otelpgxtx/internal/settings"
 	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/metric"
 	"go.opentelemetry.io/otel/trace"
+
+	"github.com/txevidence/otelpgxtx/internal/pg"
+	"github.com/txevidence/otelpgxtx/internal/settings"
 )
 
 // DefaultSpanName is the name of a frame span unless [WithSpanName] says otherwise;

@@ -2,6 +2,7 @@ package otelpgxtx
 
 import (
 	"github.com/jackc/pgx/v5"
+
 	"github.com/txevidence/otelpgxtx/internal/markertable"
 	"github.com/txevidence/otelpgxtx/internal/reference"
 	"github.com/txevidence/otelpgxtx/internal/settings"

@@ -14,14 +14,15 @@ import (
 
 	"github.com/exaring/otelpgx"
 	"github.com/jackc/pgx/v5"
-	"github.com/txevidence/otelpgxtx/internal/metrics"
-	"github.com/txevidence/otelpgxtx/outcome"
-	"github.com/txevidence/otelpgxtx/pgtest"
-	"github.com/txevidence/otelpgxtx/reconcile"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/sdk/metric/metricdata"
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 	"go.opentelemetry.io/otel/trace"
+
+	"github.com/txevidence/otelpgxtx/internal/metrics"
+	"github.com/txevidence/otelpgxtx/outcome"
+	"github.com/txevidence/otelpgxtx/pgtest"
+	"github.com/txevidence/otelpgxtx/reconcile"
 )
 
 // metricAttrs returns the attribute sets of the transactions counter's data points with

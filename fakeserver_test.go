@@ -13,6 +13,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgproto3"
+
 	"github.com/txevidence/otelpgxtx/internal/reference"
 )
 

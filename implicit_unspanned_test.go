@@ -8,13 +8,14 @@ import (
 	"testing"
 	"time"
 
-	"github.com/txevidence/otelpgxtx/internal/metrics"
-	"github.com/txevidence/otelpgxtx/internal/schema"
-	"github.com/txevidence/otelpgxtx/outcome"
 	"go.opentelemetry.io/otel/codes"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 	"go.opentelemetry.io/otel/trace"
+
+	"github.com/txevidence/otelpgxtx/internal/metrics"
+	"github.com/txevidence/otelpgxtx/internal/schema"
+	"github.com/txevidence/otelpgxtx/outcome"
 )
 
 // TestImplicitUnspannedFrames: an autocommit write with no span in its context — a

@@ -9,10 +9,11 @@ import (
 	"github.com/exaring/otelpgx"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
-	"github.com/txevidence/otelpgxtx/internal/evidence"
-	"github.com/txevidence/otelpgxtx/pgtest"
 	"go.opentelemetry.io/otel/sdk/metric/metricdata"
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
+
+	"github.com/txevidence/otelpgxtx/internal/evidence"
+	"github.com/txevidence/otelpgxtx/pgtest"
 )
 
 // innerSpanKinds runs, under a request span, an acquire that connects, a statement pgx

@@ -9,6 +9,8 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgconn/ctxwatch"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"go.opentelemetry.io/otel/trace"
+
 	"github.com/txevidence/otelpgxtx/internal/auto"
 	"github.com/txevidence/otelpgxtx/internal/frame"
 	"github.com/txevidence/otelpgxtx/internal/framespan"
@@ -18,7 +20,6 @@ import (
 	"github.com/txevidence/otelpgxtx/internal/poolmetrics"
 	"github.com/txevidence/otelpgxtx/internal/schema"
 	"github.com/txevidence/otelpgxtx/internal/wire"
-	"go.opentelemetry.io/otel/trace"
 )
 
 // InstrumentPool instruments every connection of a pool that cfg will create; call it

@@ -12,13 +12,14 @@ import (
 	"testing"
 
 	"github.com/jackc/pgx/v5/pgxpool"
-	"github.com/txevidence/otelpgxtx/internal/settings"
-	"github.com/txevidence/otelpgxtx/pgtest"
-	"github.com/txevidence/otelpgxtx/reconcile"
 	"go.opentelemetry.io/otel/sdk/metric"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 	"go.opentelemetry.io/otel/trace"
+
+	"github.com/txevidence/otelpgxtx/internal/settings"
+	"github.com/txevidence/otelpgxtx/pgtest"
+	"github.com/txevidence/otelpgxtx/reconcile"
 )
 
 var srv *pgtest.Server

@@ -13,9 +13,10 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"go.opentelemetry.io/otel/sdk/trace/tracetest"
+
 	"github.com/txevidence/otelpgxtx/internal/verdict"
 	"github.com/txevidence/otelpgxtx/outcome"
-	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 )
 
 // Statements, strings and batches that commit more than once, against the real server: a

@@ -7,9 +7,10 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"go.opentelemetry.io/otel/trace/noop"
+
 	"github.com/txevidence/otelpgxtx/pgtest"
 	"github.com/txevidence/otelpgxtx/reconcile"
-	"go.opentelemetry.io/otel/trace/noop"
 )
 
 // TestOnReconciledAfterCloseOutsideLock: a frame that ends indeterminate after

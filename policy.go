@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+
 	"github.com/txevidence/otelpgxtx/internal/markertable"
 	"github.com/txevidence/otelpgxtx/internal/reference"
 )

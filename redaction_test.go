@@ -8,10 +8,11 @@ import (
 	"testing"
 	"time"
 
-	"github.com/txevidence/otelpgxtx/pgtest"
 	"go.opentelemetry.io/otel/codes"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
+
+	"github.com/txevidence/otelpgxtx/pgtest"
 )
 
 // TestErrorDescriptionsOfRealFaults makes each fault for real and reads what the statement

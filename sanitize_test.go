@@ -8,6 +8,7 @@ import (
 	"testing"
 
 	"github.com/exaring/otelpgx"
+
 	"github.com/txevidence/otelpgxtx/internal/evidence"
 	"github.com/txevidence/otelpgxtx/internal/sanitize"
 )

@@ -3,9 +3,10 @@ package otelpgxtx
 import (
 	"strings"
 
+	"go.opentelemetry.io/otel/attribute"
+
 	"github.com/txevidence/otelpgxtx/internal/poolmetrics"
 	"github.com/txevidence/otelpgxtx/internal/schema"
-	"go.opentelemetry.io/otel/attribute"
 )
 
 // MessagePendingAtShutdown is the message of the log record [Tracer.Close] writes for each

@@ -11,10 +11,11 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/stdlib"
-	"github.com/txevidence/otelpgxtx/internal/evidence"
-	"github.com/txevidence/otelpgxtx/pgtest"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/trace"
+
+	"github.com/txevidence/otelpgxtx/internal/evidence"
+	"github.com/txevidence/otelpgxtx/pgtest"
 )
 
 // frameStarts counts the frame spans started, to compare with those ended.

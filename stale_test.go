@@ -11,10 +11,11 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"go.opentelemetry.io/otel/codes"
+
 	"github.com/txevidence/otelpgxtx/internal/evidence"
 	"github.com/txevidence/otelpgxtx/internal/schema"
 	"github.com/txevidence/otelpgxtx/pgtest"
-	"go.opentelemetry.io/otel/codes"
 )
 
 func TestStaleReleasedMidTransaction(t *testing.T) {

@@ -5,6 +5,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+
 	"github.com/txevidence/otelpgxtx/internal/hooks"
 )
 
@@ -58,72 +59,72 @@ func (t *Tracer) Close(ctx context.Context) error {
 	return t.a.Auto.Close(ctx)
 }
 
-// TraceQueryStart implements the hook.
+// TraceQueryStart implements pgx.QueryTracer.
 func (t *Tracer) TraceQueryStart(ctx context.Context, conn *pgx.Conn, data pgx.TraceQueryStartData) context.Context {
 	return t.a.TraceQueryStart(ctx, conn, data)
 }
 
-// TraceQueryEnd implements the hook.
+// TraceQueryEnd implements pgx.QueryTracer.
 func (t *Tracer) TraceQueryEnd(ctx context.Context, conn *pgx.Conn, data pgx.TraceQueryEndData) {
 	t.a.TraceQueryEnd(ctx, conn, data)
 }
 
-// TraceBatchStart implements the hook.
+// TraceBatchStart implements pgx.BatchTracer.
 func (t *Tracer) TraceBatchStart(ctx context.Context, conn *pgx.Conn, data pgx.TraceBatchStartData) context.Context {
 	return t.a.TraceBatchStart(ctx, conn, data)
 }
 
-// TraceBatchQuery implements the hook.
+// TraceBatchQuery implements pgx.BatchTracer.
 func (t *Tracer) TraceBatchQuery(ctx context.Context, conn *pgx.Conn, data pgx.TraceBatchQueryData) {
 	t.a.TraceBatchQuery(ctx, conn, data)
 }
 
-// TraceBatchEnd implements the hook.
+// TraceBatchEnd implements pgx.BatchTracer.
 func (t *Tracer) TraceBatchEnd(ctx context.Context, conn *pgx.Conn, data pgx.TraceBatchEndData) {
 	t.a.TraceBatchEnd(ctx, conn, data)
 }
 
-// TraceCopyFromStart implements the hook.
+// TraceCopyFromStart implements pgx.CopyFromTracer.
 func (t *Tracer) TraceCopyFromStart(ctx context.Context, conn *pgx.Conn, data pgx.TraceCopyFromStartData) context.Context {
 	return t.a.TraceCopyFromStart(ctx, conn, data)
 }
 
-// TraceCopyFromEnd implements the hook.
+// TraceCopyFromEnd implements pgx.CopyFromTracer.
 func (t *Tracer) TraceCopyFromEnd(ctx context.Context, conn *pgx.Conn, data pgx.TraceCopyFromEndData) {
 	t.a.TraceCopyFromEnd(ctx, conn, data)
 }
 
-// TracePrepareStart implements the hook.
+// TracePrepareStart implements pgx.PrepareTracer.
 func (t *Tracer) TracePrepareStart(ctx context.Context, conn *pgx.Conn, data pgx.TracePrepareStartData) context.Context {
 	return t.a.TracePrepareStart(ctx, conn, data)
 }
 
-// TracePrepareEnd implements the hook.
+// TracePrepareEnd implements pgx.PrepareTracer.
 func (t *Tracer) TracePrepareEnd(ctx context.Context, conn *pgx.Conn, data pgx.TracePrepareEndData) {
 	t.a.TracePrepareEnd(ctx, conn, data)
 }
 
-// TraceConnectStart implements the hook.
+// TraceConnectStart implements pgx.ConnectTracer.
 func (t *Tracer) TraceConnectStart(ctx context.Context, data pgx.TraceConnectStartData) context.Context {
 	return t.a.TraceConnectStart(ctx, data)
 }
 
-// TraceConnectEnd implements the hook.
+// TraceConnectEnd implements pgx.ConnectTracer.
 func (t *Tracer) TraceConnectEnd(ctx context.Context, data pgx.TraceConnectEndData) {
 	t.a.TraceConnectEnd(ctx, data)
 }
 
-// TraceAcquireStart implements the hook.
+// TraceAcquireStart implements pgxpool.AcquireTracer.
 func (t *Tracer) TraceAcquireStart(ctx context.Context, pool *pgxpool.Pool, data pgxpool.TraceAcquireStartData) context.Context {
 	return t.a.TraceAcquireStart(ctx, pool, data)
 }
 
-// TraceAcquireEnd implements the hook.
+// TraceAcquireEnd implements pgxpool.AcquireTracer.
 func (t *Tracer) TraceAcquireEnd(ctx context.Context, pool *pgxpool.Pool, data pgxpool.TraceAcquireEndData) {
 	t.a.TraceAcquireEnd(ctx, pool, data)
 }
 
-// TraceRelease implements the hook.
+// TraceRelease implements pgxpool.ReleaseTracer.
 func (t *Tracer) TraceRelease(pool *pgxpool.Pool, data pgxpool.TraceReleaseData) {
 	t.a.TraceRelease(pool, data)
 }

@@ -6,9 +6,10 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+
 	"github.com/txevidence/otelpgxtx/outcome"
 	"github.com/txevidence/otelpgxtx/pgtest"
-	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 )
 
 // TestUnsampledSDKSpansDoNotPanic: with the SDK, a frame that is not sampled has a

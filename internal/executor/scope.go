@@ -5,10 +5,11 @@ import (
 	"sync"
 
 	"github.com/jackc/pgx/v5/pgxpool"
+	"go.opentelemetry.io/otel/trace"
+
 	"github.com/txevidence/otelpgxtx/internal/frame"
 	"github.com/txevidence/otelpgxtx/internal/schema"
 	"github.com/txevidence/otelpgxtx/outcome"
-	"go.opentelemetry.io/otel/trace"
 )
 
 // Scope is one transaction as [Run] owns it: its handle, its frame (nil when the

@@ -1,12 +1,13 @@
 package frame
 
 import (
+	"go.opentelemetry.io/otel/trace"
+
 	"github.com/txevidence/otelpgxtx/internal/auto"
 	"github.com/txevidence/otelpgxtx/internal/framespan"
 	"github.com/txevidence/otelpgxtx/internal/metrics"
 	"github.com/txevidence/otelpgxtx/internal/sanitize"
 	"github.com/txevidence/otelpgxtx/internal/settings"
-	"go.opentelemetry.io/otel/trace"
 )
 
 // Core is what every frame needs of its tracer: the configuration, the OpenTelemetry

@@ -7,13 +7,14 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"go.opentelemetry.io/otel/trace"
+
 	"github.com/txevidence/otelpgxtx/internal/evidence"
 	"github.com/txevidence/otelpgxtx/internal/framespan"
 	"github.com/txevidence/otelpgxtx/internal/record"
 	"github.com/txevidence/otelpgxtx/internal/reference"
 	"github.com/txevidence/otelpgxtx/internal/verdict"
 	"github.com/txevidence/otelpgxtx/outcome"
-	"go.opentelemetry.io/otel/trace"
 )
 
 // FrameOfTx returns the open frame of tx's connection, and the tracer whose frame it is;

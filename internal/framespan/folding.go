@@ -7,11 +7,12 @@ import (
 
 	"github.com/exaring/otelpgx"
 	"github.com/jackc/pgx/v5/pgconn"
-	"github.com/txevidence/otelpgxtx/internal/pg"
-	"github.com/txevidence/otelpgxtx/internal/schema"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/trace"
 	"go.opentelemetry.io/otel/trace/noop"
+
+	"github.com/txevidence/otelpgxtx/internal/pg"
+	"github.com/txevidence/otelpgxtx/internal/schema"
 )
 
 // Statements as events of a span: a transaction-control statement's answer is an event of

@@ -4,10 +4,11 @@ import (
 	"context"
 	"time"
 
+	"go.opentelemetry.io/otel/trace"
+
 	"github.com/txevidence/otelpgxtx/internal/frame"
 	"github.com/txevidence/otelpgxtx/internal/framespan"
 	"github.com/txevidence/otelpgxtx/internal/inner"
-	"go.opentelemetry.io/otel/trace"
 )
 
 // fold decides whether q, a query that enter has just recorded, is an event in place of a

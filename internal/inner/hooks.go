@@ -3,6 +3,7 @@ package inner
 import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+
 	"github.com/txevidence/otelpgxtx/internal/sanitize"
 	"github.com/txevidence/otelpgxtx/internal/settings"
 )

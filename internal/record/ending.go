@@ -4,9 +4,10 @@ import (
 	"context"
 	"time"
 
+	"go.opentelemetry.io/otel/trace"
+
 	"github.com/txevidence/otelpgxtx/classifier"
 	"github.com/txevidence/otelpgxtx/outcome"
-	"go.opentelemetry.io/otel/trace"
 )
 
 // Ending is the record of how one frame ended, which every output reads — the span, the

@@ -6,10 +6,11 @@ import (
 	"sync"
 
 	"github.com/exaring/otelpgx"
+	"go.opentelemetry.io/otel/attribute"
+
 	"github.com/txevidence/otelpgxtx/internal/evidence"
 	"github.com/txevidence/otelpgxtx/internal/schema"
 	"github.com/txevidence/otelpgxtx/internal/sqltext"
-	"go.opentelemetry.io/otel/attribute"
 )
 
 // SanitizeSQL returns sql with every literal replaced by "?" and every comment by a

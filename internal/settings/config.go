@@ -6,11 +6,12 @@ import (
 
 	"github.com/exaring/otelpgx"
 	"github.com/jackc/pgx/v5"
-	"github.com/txevidence/otelpgxtx/internal/auto"
-	"github.com/txevidence/otelpgxtx/internal/reference"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/metric"
 	"go.opentelemetry.io/otel/trace"
+
+	"github.com/txevidence/otelpgxtx/internal/auto"
+	"github.com/txevidence/otelpgxtx/internal/reference"
 )
 
 // Config is the result of the options; unexported, as in opentelemetry-go-contrib.

@@ -7,12 +7,13 @@ import (
 	"sync/atomic"
 
 	"github.com/jackc/pgx/v5"
+	"go.opentelemetry.io/otel/trace"
+
 	"github.com/txevidence/otelpgxtx/classifier"
 	"github.com/txevidence/otelpgxtx/internal/errs"
 	"github.com/txevidence/otelpgxtx/internal/record"
 	"github.com/txevidence/otelpgxtx/internal/schema"
 	"github.com/txevidence/otelpgxtx/outcome"
-	"go.opentelemetry.io/otel/trace"
 )
 
 // endReasonError is the cause of a rollback that no error of the application's showed:
