@@ -73,7 +73,7 @@ func (c *gateConn) Write(b []byte) (int, error) {
 }
 
 // loopback returns both ends of a TCP connection on the loopback interface.
-func loopback(t *testing.T) (client, server net.Conn) {
+func loopback(t testing.TB) (client, server net.Conn) {
 	t.Helper()
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
