@@ -60,8 +60,12 @@ var pairedWorks = []pairedWork{
 		func(ctx context.Context, p *pgxpool.Pool, key int64) error { return pairedInsert(ctx, p.Exec, key) },
 		func(ctx context.Context, c *pgx.Conn, key int64) error { return pairedInsert(ctx, c.Exec, key) }},
 	{"select",
-		func(ctx context.Context, p *pgxpool.Pool, key int64) error { return pairedSelect(p.QueryRow(ctx, pairedSelectSQL, key)) },
-		func(ctx context.Context, c *pgx.Conn, key int64) error { return pairedSelect(c.QueryRow(ctx, pairedSelectSQL, key)) }},
+		func(ctx context.Context, p *pgxpool.Pool, key int64) error {
+			return pairedSelect(p.QueryRow(ctx, pairedSelectSQL, key))
+		},
+		func(ctx context.Context, c *pgx.Conn, key int64) error {
+			return pairedSelect(c.QueryRow(ctx, pairedSelectSQL, key))
+		}},
 	{"tx",
 		func(ctx context.Context, p *pgxpool.Pool, key int64) error {
 			return pgx.BeginFunc(ctx, p, func(tx pgx.Tx) error { return pairedInsert(ctx, tx.Exec, key) })
