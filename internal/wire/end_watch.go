@@ -95,16 +95,29 @@ func (w *endWatch) add(b []byte) {
 	}
 }
 
-// end ends the message.
-func (w *endWatch) end() {
+// end ends the message, whose body's first bytes add kept.
+func (w *endWatch) end() { w.ended(w.body[:w.bodyN]) }
+
+// message watches a whole message of type typ whose body lies in the bytes given to
+// pgconn, where it lies: what start, add and end do, without copying a byte. Only the
+// body's first len(w.body) bytes are read, as add keeps them.
+func (w *endWatch) message(typ byte, body []byte) {
+	w.typ = typ
+	w.ended(body[:min(len(body), len(w.body))])
+}
+
+// ended ends the message of type w.typ whose body begins with body (its first
+// len(w.body) bytes at most).
+func (w *endWatch) ended(body []byte) {
 	var ending EndSeen
+	idle := w.typ == 'Z' && len(body) == 1 && body[0] == 'I'
 	switch w.typ {
 	case 'E':
 		w.failedSince = true
 	case 'C':
-		ending = w.endTag()
+		ending = endTag(body)
 	case 'Z':
-		w.lastClean = w.bodyN == 1 && w.body[0] == 'I' && !w.failedSince
+		w.lastClean = idle && !w.failedSince
 		w.failedSince = false
 	}
 	w.split(ending)
@@ -117,13 +130,13 @@ func (w *endWatch) end() {
 			w.tag, w.tags = ending, w.tags+1
 		}
 	case 'Z':
-		w.idle = w.bodyN == 1 && w.body[0] == 'I'
+		w.idle = idle
 	}
 }
 
-// endTag is the ending a CommandComplete's tag says, or EndNotSeen.
-func (w *endWatch) endTag() EndSeen {
-	body := w.body[:w.bodyN]
+// endTag is the ending a CommandComplete's tag says (body: the tag, NUL included, or its
+// first bytes), or EndNotSeen.
+func endTag(body []byte) EndSeen {
 	for k := EndCommit; k <= EndPrepare; k++ {
 		if bytes.Equal(body, endTags[k]) {
 			return k
@@ -179,9 +192,18 @@ func (w *endWatch) seen() EndSeen {
 	return EndUnknown
 }
 
-// advanceWatching moves p past b, as advance does, and gives w the messages it passes.
+// advanceWatching moves p past b, as advance does, and gives w the messages it passes. A
+// message that lies whole in b is read where it lies; only one cut by the end of b is
+// followed byte by byte (its header and the first bytes of its body kept).
 func (p *streamPos) advanceWatching(b []byte, w *endWatch) {
 	for len(b) > 0 {
+		if p.atBoundary() {
+			if typ, n, ok := msgHeader(b); ok && len(b) >= 1+n {
+				w.message(typ, b[5:1+n])
+				b = b[1+n:]
+				continue
+			}
+		}
 		inBody, hdrBefore := p.hdrN == 0 && p.skip > 0, p.hdrN
 		n, typ, whole := p.step(b)
 		body := b[:n]

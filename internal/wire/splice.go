@@ -324,9 +324,16 @@ type streamPos struct {
 	skip int // bytes of the current message's body still to come
 }
 
-// advance moves past b.
+// advance moves past b: from one whole message to the next where they lie whole in b, and
+// byte by byte through one cut by the end of b.
 func (p *streamPos) advance(b []byte) {
 	for len(b) > 0 {
+		if p.atBoundary() {
+			if _, n, ok := msgHeader(b); ok && len(b) >= 1+n {
+				b = b[1+n:]
+				continue
+			}
+		}
 		n, _, _ := p.step(b)
 		b = b[n:]
 	}
