@@ -261,9 +261,11 @@ func (c *Conn) Read(p []byte) (int, error) {
 
 // received accounts for what a read of the connection returned into p, and reports
 // whether Read is done with it. Without a reply filter it is pgconn's as it came. With
-// one, the bytes go through the filter, and an error is kept for after its output; a
-// timeout belongs to the deadline of this read: with nothing to give, it is the answer,
-// with something, the next read meets the deadline again. c.mu is held.
+// one, the bytes go through the filter in place: pgconn's part stays in p, the library's
+// taken out of it (feedInPlace), and what did not fit waits in the filter for the next
+// Read; an error is kept for after the filter's output. A timeout belongs to the deadline
+// of this read: with nothing to give, it is the answer, with something, the next read
+// meets the deadline again. c.mu is held.
 func (c *Conn) received(p []byte, n int, err error) (int, error, bool) {
 	f := c.splice.filter
 	if f == nil || n == 0 && err == nil {
@@ -272,9 +274,19 @@ func (c *Conn) received(p []byte, n int, err error) (int, error, bool) {
 		}
 		return n, err, true
 	}
-	f.feed(p[:n])
-	if err == nil || !isTimeout(err) {
+	k := f.feedInPlace(p[:n])
+	timeout := err != nil && isTimeout(err)
+	if !timeout {
 		c.ahead.keepErr(err)
+	}
+	if k > 0 {
+		c.splice.delivered(p[:k])
+		if f.finished() && len(f.out) == 0 {
+			c.splice.end()
+		}
+		return k, nil, true
+	}
+	if !timeout {
 		return 0, nil, false
 	}
 	if n, _, done := c.deliver(p); done && n > 0 {

@@ -163,58 +163,122 @@ type replyFilter struct {
 	// kept in ahead, the filter goes on as the portal's in the group (Addition.Ahead).
 	then  bool
 	ahead Reply
+	// decoded are the messages the library's part is decoded into (decoder).
+	decoded decodedMessages
 }
 
-// feed takes bytes the server sent. Once the library's part is read, the rest goes to out
-// unparsed.
-func (f *replyFilter) feed(b []byte) {
-	for {
-		switch f.state {
-		case filterFailed:
-			return
-		case filterPassing:
-			f.out = append(f.out, b...)
-			return
-		case filterApplication:
-			if b = f.passApplication(b); len(b) == 0 {
-				return
-			}
+// feed takes bytes the server sent; pgconn's part of them goes to out, after what out
+// holds. b is not changed.
+func (f *replyFilter) feed(b []byte) { f.scan(b, false) }
+
+// feedInPlace takes b, bytes the server sent, read into pgconn's own buffer, and leaves
+// pgconn's part of them at its start, in order, where it lies or moved down over the
+// library's part: it returns how many bytes of b are pgconn's now. What would not fit there
+// (an error given in place of a shorter message), and all of it when out still holds bytes
+// for pgconn, goes to out, to be given after those n bytes. Only a message cut by the end
+// of b is copied (in), until its end comes. A reply the filter cannot account for leaves
+// pgconn nothing (n is 0; see fail).
+func (f *replyFilter) feedInPlace(b []byte) (n int) { return f.scan(b, true) }
+
+// filterOut is where scan writes pgconn's part of b: back at b's start (n bytes so far)
+// while inPlace, else to the filter's out.
+type filterOut struct {
+	b       []byte
+	n       int
+	inPlace bool
+}
+
+// emit gives pgconn m, bytes of b or of the filter's own (in, held); read is how many bytes
+// of b are consumed, m's included when it lies in b. In place, m goes right after what is
+// there already, as long as that does not reach into bytes of b still to be read; once
+// something did not fit, the rest of b goes to out, after it in order.
+func (f *replyFilter) emit(o *filterOut, m []byte, read int) {
+	switch {
+	case len(m) == 0:
+	case o.inPlace && o.n+len(m) <= read:
+		if &o.b[o.n] != &m[0] { // where it lies already: nothing to move
+			copy(o.b[o.n:], m)
 		}
-		f.in = append(f.in, b...)
-		for f.state == filterLibrary || f.state == filterReplacing {
-			if len(f.in) < 5 {
-				return
-			}
-			_, n, ok := msgHeader(f.in)
-			if !ok || n > maxLibraryMessage {
-				f.fail(fmt.Errorf("message %q of length %d", f.in[0], n))
-				return
-			}
-			if len(f.in) < 1+n {
-				return
-			}
-			f.message(f.in[:1+n])
-			if f.state == filterFailed {
-				return
-			}
-			f.in = f.in[1+n:]
-		}
-		if f.state != filterApplication {
-			f.out = append(f.out, f.in...) // filterPassing: what came after the library's part
-			f.in = nil
-			return
-		}
-		b, f.in = f.in, nil // the Query ahead was read: the group's replies follow
+		o.n += len(m)
+	default:
+		o.inPlace = false
+		f.out = append(f.out, m...)
 	}
 }
 
-// passApplication gives pgconn b's bytes up to the end of the ReadyForQuery that ends
-// the application's replies, and returns the rest: the library's reply, and what follows.
-func (f *replyFilter) passApplication(b []byte) []byte {
-	for len(b) > 0 && f.state == filterApplication {
-		n, typ, whole := f.app.step(b)
-		f.out = append(f.out, b[:n]...)
-		b = b[n:]
+// scan takes b, bytes the server sent: pgconn's part goes back at b's start when inPlace
+// and out is empty (see feedInPlace), else to out (b unchanged). Once the library's part
+// is read, the rest goes to pgconn unparsed.
+func (f *replyFilter) scan(b []byte, inPlace bool) int {
+	o := filterOut{b: b, inPlace: inPlace && len(f.out) == 0}
+	for r := 0; r < len(b) && f.state != filterFailed; {
+		switch f.state {
+		case filterPassing:
+			f.emit(&o, b[r:], len(b))
+			r = len(b)
+		case filterApplication:
+			r = f.passApplication(&o, b, r)
+		default: // filterLibrary, filterReplacing: the library's part, message by message
+			r = f.library(&o, b, r)
+		}
+	}
+	if f.state == filterFailed {
+		return 0
+	}
+	return o.n
+}
+
+// library reads whole messages of b from r on while the library's part is being read, and
+// returns how far it read. A message cut by the end of b is kept in in until its end
+// comes.
+func (f *replyFilter) library(o *filterOut, b []byte, r int) int {
+	for r < len(b) && (f.state == filterLibrary || f.state == filterReplacing) {
+		if len(f.in) == 0 && len(b)-r >= 5 {
+			_, n, ok := msgHeader(b[r:])
+			if !ok || n > maxLibraryMessage {
+				f.fail(fmt.Errorf("message %q of length %d", b[r], n))
+				return len(b)
+			}
+			if len(b)-r >= 1+n { // whole in b: read where it lies
+				f.message(o, b[r:r+1+n], r+1+n)
+				r += 1 + n
+				continue
+			}
+		}
+		// A message begun in an earlier read, or cut by the end of b: its header first,
+		// then its body, into in.
+		if k := min(5-len(f.in), len(b)-r); k > 0 {
+			f.in = append(f.in, b[r:r+k]...)
+			r += k
+		}
+		if len(f.in) < 5 {
+			return r
+		}
+		_, n, ok := msgHeader(f.in)
+		if !ok || n > maxLibraryMessage {
+			f.fail(fmt.Errorf("message %q of length %d", f.in[0], n))
+			return len(b)
+		}
+		k := min(1+n-len(f.in), len(b)-r)
+		f.in = append(f.in, b[r:r+k]...)
+		r += k
+		if len(f.in) < 1+n {
+			return r
+		}
+		f.message(o, f.in, r)
+		f.in = f.in[:0]
+	}
+	return r
+}
+
+// passApplication gives pgconn b's bytes from r up to the end of the ReadyForQuery that
+// ends the application's replies, and returns where the rest begins: the library's reply,
+// and what follows.
+func (f *replyFilter) passApplication(o *filterOut, b []byte, r int) int {
+	for r < len(b) && f.state == filterApplication {
+		n, typ, whole := f.app.step(b[r:])
+		f.emit(o, b[r:r+n], r+n)
+		r += n
 		switch {
 		case !whole:
 		case f.kind == LibraryPortal:
@@ -234,35 +298,36 @@ func (f *replyFilter) passApplication(b []byte) []byte {
 			}
 		}
 	}
-	return b
+	return r
 }
 
 // finished reports whether the library's part of the reply is read and nothing of it is
 // still to be given to pgconn in place of something else.
 func (f *replyFilter) finished() bool { return f.state == filterPassing }
 
-// message judges one whole message: the library's, or pgconn's.
-func (f *replyFilter) message(m []byte) {
+// message judges one whole message, the library's or pgconn's (see emit for o and read).
+// m is read here and not kept: what the library keeps of it is copied.
+func (f *replyFilter) message(o *filterOut, m []byte, read int) {
 	typ, body := m[0], m[5:]
 	switch typ {
 	case 'N', 'S', 'A': // NoticeResponse, ParameterStatus, NotificationResponse
-		f.out = append(f.out, m...)
+		f.emit(o, m, read)
 		return
 	}
 	if f.state == filterReplacing {
 		// COMMIT's reply after the call failed: ROLLBACK, then ReadyForQuery.
 		switch {
 		case typ == 'C' && string(bytes.TrimRight(body, "\x00")) == "ROLLBACK":
-			f.out = append(f.out, f.held...)
+			f.emit(o, f.held, read)
 		case typ == 'Z':
-			f.out = append(f.out, m...)
+			f.emit(o, m, read)
 			f.state = filterPassing
 		default:
 			f.fail(fmt.Errorf("message %q after the library's call failed", typ))
 		}
 		return
 	}
-	msg := backendMessage(typ)
+	msg := f.decoder(typ)
 	if msg == nil {
 		f.fail(fmt.Errorf("message %q", typ))
 		return
@@ -283,7 +348,7 @@ func (f *replyFilter) message(m []byte) {
 		// (An xid read after a statement of a transaction block, Commit false, keeps its
 		// ERROR: the statement succeeded, the block is aborted, as the Sync's ReadyForQuery
 		// then says.)
-		f.out = append(f.out, m...)
+		f.emit(o, m, read)
 	case typ == 'E' && f.commit && !f.then && f.lib.ErrCode != pg.InFailedTransaction:
 		// See Addition.Commit: an error that only says the transaction had already failed
 		// is no cause, COMMIT's ROLLBACK is its own answer then.
@@ -303,30 +368,44 @@ func (f *replyFilter) message(m []byte) {
 	}
 }
 
-// backendMessage returns an empty message of type typ for the library's part of a reply,
-// nil for one that has no place there.
-func backendMessage(typ byte) pgproto3.BackendMessage {
+// decoder returns a message of type typ to decode one of the library's part of a reply
+// into, nil for one that has no place there: the filter's own for the messages of every
+// reply (Reply.Take copies what it keeps of them), so that reading them allocates nothing —
+// a DataRow's values slice is made by pgproto3 only past the filter's room for two columns
+// (it makes one of 32 otherwise).
+func (f *replyFilter) decoder(typ byte) pgproto3.BackendMessage {
+	d := &f.decoded
 	switch typ {
 	case 'E':
 		return &pgproto3.ErrorResponse{}
 	case 'Z':
-		return &pgproto3.ReadyForQuery{}
+		return &d.ready
 	case 'V':
-		return &pgproto3.FunctionCallResponse{}
+		return &d.call
 	case 'D':
-		return &pgproto3.DataRow{}
+		d.row.Values = d.values[:0]
+		return &d.row
 	case 'T':
 		return &pgproto3.RowDescription{}
 	case 'I':
 		return &pgproto3.EmptyQueryResponse{}
 	case 'C':
-		return &pgproto3.CommandComplete{}
+		return &d.tag
 	case '1':
 		return &pgproto3.ParseComplete{}
 	case '2':
 		return &pgproto3.BindComplete{}
 	}
 	return nil
+}
+
+// decodedMessages are a filter's messages to decode into (decoder).
+type decodedMessages struct {
+	ready  pgproto3.ReadyForQuery
+	call   pgproto3.FunctionCallResponse
+	row    pgproto3.DataRow
+	values [2][]byte
+	tag    pgproto3.CommandComplete
 }
 
 // fail records a reply that cannot be accounted for; nothing more is given to pgconn.

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/binary"
 	"fmt"
+	"reflect"
 	"testing"
 
 	"github.com/jackc/pgx/v5/pgproto3"
@@ -88,7 +89,7 @@ func TestReplyFilter(t *testing.T) {
 				for _, split := range splitsOf(len(input)) {
 					name := fmt.Sprintf("%s/async %d at %d/split %v", rc.name, ai, gap, split)
 					f := &replyFilter{kind: rc.kind, commit: rc.kind == LibraryCall}
-					out := feedSplit(f, input, split)
+					out := feedSplit(t, f, input, split)
 					if f.err != nil {
 						t.Fatalf("%s: %v", name, f.err)
 					}
@@ -103,12 +104,27 @@ func TestReplyFilter(t *testing.T) {
 }
 
 // feedSplit feeds input to f cut at split (see splitsOf), and returns what pgconn got.
-func feedSplit(f *replyFilter, input []byte, split int) []byte {
-	var out []byte
+// A twin of f is fed the same pieces in place, each read into a buffer of pgconn's, as
+// Conn.Read feeds it (feedInPlace): what pgconn gets from it (the buffer's first n bytes,
+// then what the filter kept), what the library reads and where the filter ends must be
+// the same, or feedSplit fails t.
+func feedSplit(t testing.TB, f *replyFilter, input []byte, split int) []byte {
+	t.Helper()
+	twin := *f
+	var out, inPlace []byte
 	for _, piece := range pieces(input, split) {
 		f.feed(piece)
 		out = append(out, f.out...)
 		f.out = f.out[:0]
+		buf := append([]byte(nil), piece...)
+		n := twin.feedInPlace(buf)
+		inPlace = append(append(inPlace, buf[:n]...), twin.out...)
+		twin.out = twin.out[:0]
+	}
+	if !bytes.Equal(inPlace, out) || twin.state != f.state || (twin.err == nil) != (f.err == nil) ||
+		!reflect.DeepEqual(twin.lib, f.lib) || !reflect.DeepEqual(twin.ahead, f.ahead) {
+		t.Fatalf("split %d: in place, pgconn got\n%q\nlibrary %+v, state %d, err %v; copied, pgconn got\n%q\nlibrary %+v, state %d, err %v",
+			split, inPlace, twin.lib, twin.state, twin.err, out, f.lib, f.state, f.err)
 	}
 	return out
 }
@@ -183,12 +199,7 @@ func TestReplyFilterCallFails(t *testing.T) {
 		}
 		for _, split := range splitsOf(len(input)) {
 			f := &replyFilter{kind: LibraryCall, commit: true}
-			var out []byte
-			for _, piece := range pieces(input, split) {
-				f.feed(piece)
-				out = append(out, f.out...)
-				f.out = f.out[:0]
-			}
+			out := feedSplit(t, f, input, split)
 			if f.err != nil || !bytes.Equal(out, want) || f.lib.ErrCode != "40001" || f.lib.Fatal {
 				t.Fatalf("gap %d, split %d: err %v, pgconn got %q, want %q; library read %+v", gap, split, f.err, out, want, f.lib)
 			}
@@ -269,12 +280,7 @@ func FuzzReplyFilter(f *testing.F) {
 			fl.state, fl.execs = filterApplication, int(cut%3)+1
 		}
 		c := int(cut) % (len(in) + 1)
-		var out []byte
-		for _, piece := range [][]byte{in[:c], in[c:]} {
-			fl.feed(piece)
-			out = append(out, fl.out...)
-			fl.out = fl.out[:0]
-		}
+		out := feedSplit(t, fl, in, c)
 		if fl.err != nil {
 			return // the connection is closed: nothing more reaches pgconn
 		}
@@ -282,7 +288,8 @@ func FuzzReplyFilter(f *testing.F) {
 		j := 0
 		rest := in
 		for len(rest) >= 5 {
-			n := int(binary.BigEndian.Uint32(rest[1:5]))
+			// A length below its own four bytes passes as a header alone, as streamPos reads it.
+			n := max(int(binary.BigEndian.Uint32(rest[1:5])), 4)
 			if len(rest) < 1+n {
 				break
 			}
@@ -394,7 +401,7 @@ func TestReplyFilterBeforeSync(t *testing.T) {
 					if tc.ahead {
 						f.kind, f.then, f.state = LibraryQuery, true, filterLibrary
 					}
-					out := feedSplit(f, input, split)
+					out := feedSplit(t, f, input, split)
 					if f.err != nil {
 						t.Fatalf("%s: %v", name, f.err)
 					}
@@ -444,7 +451,7 @@ func TestReplyFilterReadInBlockFails(t *testing.T) {
 	input, want := streamBytes([]part{{bound, false}, {cc, false}, {parsed, true}, {refused, true}, {failed, false}})
 	for _, split := range splitsOf(len(input)) {
 		f := &replyFilter{kind: LibraryPortal, execs: 1, state: filterApplication}
-		out := feedSplit(f, input, split)
+		out := feedSplit(t, f, input, split)
 		if f.err != nil || !bytes.Equal(out, want) || f.lib.ErrCode != "42501" || !f.lib.Done || !f.finished() {
 			t.Fatalf("split %v: pgconn got %q (want %q), library read %+v, err %v", split, out, want, f.lib, f.err)
 		}
