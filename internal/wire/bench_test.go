@@ -50,7 +50,7 @@ type benchStatement struct {
 	reply []byte
 }
 
-func benchStatements(b *testing.B) []benchStatement {
+func benchStatements(b testing.TB) []benchStatement {
 	bound, parsed := msg(b, &pgproto3.BindComplete{}), msg(b, &pgproto3.ParseComplete{})
 	idle := msg(b, &pgproto3.ReadyForQuery{TxStatus: 'I'})
 	cc := func(tag string) []byte { return msg(b, &pgproto3.CommandComplete{CommandTag: []byte(tag)}) }

@@ -83,17 +83,39 @@ func (c *Conn) Listener() Listener { return c.closing.listener }
 // armed an addition for carries it (see Arm).
 func (c *Conn) Write(b []byte) (int, error) {
 	if a := c.splice.next.Swap(nil); a != nil {
-		out, cut, ok := a.addTo(b)
-		switch {
-		case !ok:
-			// Not yet the write a was armed for: pgx writes, in a write of their own ahead
-			// of the statement's, the preparation of its statement and the closing of the
-			// statements its cache evicted. a waits for the statement's write, unless
-			// Collect withdrew it meanwhile.
-			c.splice.next.CompareAndSwap(nil, a)
-		case c.startAddition(a):
-			return c.writeAdded(a, b, out, cut)
-		}
+		return c.writeArmed(a, b)
+	}
+	n, err := c.Conn.Write(b)
+	c.commit.wrote(n > 0 || err == nil)
+	return n, err
+}
+
+// maxWriteBuf bounds the room kept for the next write carrying an addition.
+const maxWriteBuf = 16 << 10
+
+// writeArmed writes b, the first write since a was armed, with a's message if it is the
+// write a was armed for (see Arm), into the connection's write buffer when nobody else
+// holds it.
+func (c *Conn) writeArmed(a *Addition, b []byte) (int, error) {
+	var buf []byte
+	mine := c.splice.wbufBusy.CompareAndSwap(false, true)
+	if mine {
+		buf = c.splice.wbuf[:0]
+		defer c.splice.wbufBusy.Store(false)
+	}
+	out, cut, ok := a.addTo(b, buf)
+	if mine && ok && cap(out) <= maxWriteBuf {
+		c.splice.wbuf = out[:0]
+	}
+	switch {
+	case !ok:
+		// Not yet the write a was armed for: pgx writes, in a write of their own ahead of
+		// the statement's, the preparation of its statement and the closing of the
+		// statements its cache evicted. a waits for the statement's write, unless Collect
+		// withdrew it meanwhile.
+		c.splice.next.CompareAndSwap(nil, a)
+	case c.startAddition(a):
+		return c.writeAdded(a, b, out, cut)
 	}
 	n, err := c.Conn.Write(b)
 	c.commit.wrote(n > 0 || err == nil)

@@ -3,6 +3,7 @@ package wire
 import (
 	"bytes"
 	"encoding/binary"
+	"slices"
 	"sync/atomic"
 )
 
@@ -86,17 +87,17 @@ func (a *Addition) Reply() Reply { return a.reply }
 // far as it was read.
 func (a *Addition) AheadReply() Reply { return a.ahead }
 
-// addTo returns b with a's message added, and how many of its first bytes are the
-// library's alone (ahead of b); ok is false, and nothing is added, unless b is a write a
-// was armed for: ahead, exactly one simple Query of the text Match — a batch, a
-// pipeline, the extended protocol or any other statement is left exactly as it is —;
-// after, see syncedWrite.
-func (a *Addition) addTo(b []byte) (out []byte, cut int, ok bool) {
+// addTo returns b with a's message added, appended to buf (empty, its room reused), and
+// how many of its first bytes are the library's alone (ahead of b); ok is false, and
+// nothing is added, unless b is a write a was armed for: ahead, exactly one simple Query of
+// the text Match — a batch, a pipeline, the extended protocol or any other statement is
+// left exactly as it is —; after, see syncedWrite.
+func (a *Addition) addTo(b, buf []byte) (out []byte, cut int, ok bool) {
 	if a.After {
 		if a.syncs, ok = syncedWrite(b); !ok {
 			return nil, 0, false
 		}
-		return append(append(make([]byte, 0, len(b)+len(a.Msg)), b...), a.Msg...), 0, true
+		return append(append(slices.Grow(buf, len(b)+len(a.Msg)), b...), a.Msg...), 0, true
 	}
 	if a.Extended {
 		group, execs := extendedGroup(b)
@@ -106,9 +107,9 @@ func (a *Addition) addTo(b []byte) (out []byte, cut int, ok bool) {
 				return nil, 0, false // not the statement's write yet: a waits for it
 			}
 			a.Kind, a.Extended, a.After, a.Msg, a.OrCall = LibraryCall, false, true, a.OrCall, nil
-			return a.addTo(b)
+			return a.addTo(b, buf)
 		case !group && a.AnyQuery:
-			return a.aheadOfQuery(b)
+			return a.aheadOfQuery(b, buf)
 		case !group, a.AnyQuery && execs == 0:
 			// AnyQuery goes right ahead of the group that executes: a prepare's group
 			// runs a transaction of its own (inside.go in package reference counts them).
@@ -119,32 +120,32 @@ func (a *Addition) addTo(b []byte) (out []byte, cut int, ok bool) {
 			}
 			a.execs = execs
 			sync := len(b) - 5
-			out = append(append(append(append(make([]byte, 0, len(a.Ahead)+len(a.Msg)+len(b)), a.Ahead...), b[:sync]...), a.Msg...), b[sync:]...)
+			out = append(append(append(append(slices.Grow(buf, len(a.Ahead)+len(a.Msg)+len(b)), a.Ahead...), b[:sync]...), a.Msg...), b[sync:]...)
 			return out, len(a.Ahead), true
 		case bindsEarlierUnnamed(b):
 			return nil, 0, false
 		}
-		out = append(append(make([]byte, 0, len(a.Msg)+len(b)), a.Msg...), b...)
+		out = append(append(slices.Grow(buf, len(a.Msg)+len(b)), a.Msg...), b...)
 		return out, len(a.Msg), true
 	}
 	if a.AnyQuery {
-		return a.aheadOfQuery(b)
+		return a.aheadOfQuery(b, buf)
 	}
 	if typ, n, _ := msgHeader(b); typ != 'Q' || n != len(b)-1 || len(b) != 1+4+len(a.Match)+1 ||
 		string(b[5:len(b)-1]) != a.Match || b[len(b)-1] != 0 {
 		return nil, 0, false
 	}
-	out = append(append(make([]byte, 0, len(a.Msg)+len(b)), a.Msg...), b...)
+	out = append(append(slices.Grow(buf, len(a.Msg)+len(b)), a.Msg...), b...)
 	return out, len(a.Msg), true
 }
 
-// aheadOfQuery returns b with a's message ahead of it when b is exactly one simple Query,
-// whatever its text (AnyQuery).
-func (a *Addition) aheadOfQuery(b []byte) (out []byte, cut int, ok bool) {
+// aheadOfQuery returns b with a's message ahead of it, appended to buf, when b is exactly
+// one simple Query, whatever its text (AnyQuery).
+func (a *Addition) aheadOfQuery(b, buf []byte) (out []byte, cut int, ok bool) {
 	if typ, n, _ := msgHeader(b); typ != 'Q' || n != len(b)-1 || b[len(b)-1] != 0 {
 		return nil, 0, false
 	}
-	out = append(append(make([]byte, 0, len(a.Msg)+len(b)), a.Msg...), b...)
+	out = append(append(slices.Grow(buf, len(a.Msg)+len(b)), a.Msg...), b...)
 	return out, len(a.Msg), true
 }
 
@@ -248,6 +249,15 @@ type splice struct {
 	endsFrom atomic.Bool
 	filter   *replyFilter
 	added    *Addition
+	// filterMem is the filter start puts in place, and the messages it decodes into: one
+	// per connection, reused, so that an addition allocates no filter. Only one is at work
+	// at a time (Arm and startAddition wait for the last to end), and whoever holds filter
+	// (Await, across a read) holds it while it is at work.
+	filterMem replyFilter
+	// wbuf is the buffer of a write carrying an addition (Addition.addTo), reused while
+	// nobody is writing with it (wbufBusy).
+	wbuf     []byte
+	wbufBusy atomic.Bool
 }
 
 // delivered follows b, bytes given to pgconn: their message boundaries and, where they
@@ -275,7 +285,8 @@ func (s *splice) arm(a *Addition) {
 // come, and pgconn's background reader read it whole and move a on to replied, before
 // Write returns.
 func (s *splice) start(a *Addition) {
-	s.filter = &replyFilter{kind: a.Kind, after: a.After, commit: a.Commit, syncs: a.syncs, execs: a.execs}
+	s.filterMem = replyFilter{kind: a.Kind, after: a.After, commit: a.Commit, syncs: a.syncs, execs: a.execs}
+	s.filter = &s.filterMem
 	switch {
 	case len(a.Ahead) > 0:
 		// The Query ahead first, then the group's replies and the portal's among them.

@@ -354,19 +354,19 @@ func TestExtendedGroup(t *testing.T) {
 		}
 		// The check goes ahead of the group; a call, after its messages, before its Sync.
 		check := &Addition{Kind: LibraryQuery, Extended: true, Msg: []byte("LIB")}
-		out, cut, ok := check.addTo(tc.b)
+		out, cut, ok := check.addTo(tc.b, nil)
 		if want := tc.group && !tc.bindsEarlierUnn; ok != want || ok && (cut != 3 || !bytes.Equal(out, append([]byte("LIB"), tc.b...))) {
 			t.Errorf("%s, check: added %v (cut %d), want %v", tc.name, ok, cut, want)
 		}
 		// The lxid read (AnyQuery) goes right ahead of a group that executes, or of any one
 		// simple Query, whatever its text.
 		lxid := &Addition{Kind: LibraryQuery, Extended: true, AnyQuery: true, Msg: []byte("LIB")}
-		out, cut, ok = lxid.addTo(tc.b)
+		out, cut, ok = lxid.addTo(tc.b, nil)
 		if want := tc.group && !tc.bindsEarlierUnn && tc.execs > 0 || tc.name == "simple Query"; ok != want || ok && (cut != 3 || !bytes.Equal(out, append([]byte("LIB"), tc.b...))) {
 			t.Errorf("%s, lxid read: added %v (cut %d), want %v", tc.name, ok, cut, want)
 		}
 		call := &Addition{Kind: LibraryPortal, Extended: true, Msg: []byte("LIB")}
-		out, cut, ok = call.addTo(tc.b)
+		out, cut, ok = call.addTo(tc.b, nil)
 		if want := tc.group && tc.execs > 0; ok != want {
 			t.Errorf("%s, call: added %v, want %v", tc.name, ok, want)
 		} else if ok {
