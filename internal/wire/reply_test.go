@@ -309,23 +309,6 @@ func FuzzReplyFilter(f *testing.F) {
 	})
 }
 
-// BenchmarkReplyFilterCall is the tracer's reading of the call's reply ahead of COMMIT's:
-// what a commit with a reference adds to reading its reply, per commit.
-func BenchmarkReplyFilterCall(b *testing.B) {
-	reply := bytes.Join([][]byte{
-		msg(b, &pgproto3.FunctionCallResponse{Result: []byte("m731")}), msg(b, &pgproto3.ReadyForQuery{TxStatus: 'T'}),
-		msg(b, &pgproto3.CommandComplete{CommandTag: []byte("COMMIT")}), msg(b, &pgproto3.ReadyForQuery{TxStatus: 'I'}),
-	}, nil)
-	b.ReportAllocs()
-	for b.Loop() {
-		f := &replyFilter{kind: LibraryCall, commit: true} // as Conn.writeAdded makes it
-		f.feed(reply)
-		if !f.finished() || len(f.out) == 0 {
-			b.Fatal("not read")
-		}
-	}
-}
-
 // TestReplyFilterBeforeSync: the library's call after an implicit transaction's statement,
 // before its Sync (LibraryPortal): its reply comes after the application's Executes'
 // completions and before their ReadyForQuery; pgconn gets the application's messages, and
