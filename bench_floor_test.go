@@ -42,6 +42,13 @@ var (
 //     deduplicates them with a map on the stack, so that it costs 3 allocations more;
 //   - v=bare_span: a span with nothing on it, Start and End: the least one more span
 //     per transaction can cost;
+//   - v=implicit_frame: a committed implicit transaction (an autocommit write) as the
+//     Tracer makes it: its statement's span as otelpgx makes it (below) with the
+//     db.query.summary the Tracer sets, and on it what the frame adds at its end (status
+//     Ok and its 3 attributes in one SetAttributes), with its one metric record (the
+//     duration, with the context that carries the span); TestBenchFloorFrame checks the
+//     model. v=statement_span is that statement's span alone: the difference is what the
+//     SDK charges for a committed implicit frame;
 //   - v=statement_spans: the 5 statement spans otelpgx makes of that transaction (Start
 //     with its kind and its 8 attributes, pgx.rows_affected at the end, End), and
 //     v=statement_spans_summary the same with the db.query.summary the Tracer sets on each
@@ -75,6 +82,8 @@ var benchFloors = map[string]func(context.Context, trace.Tracer, *metrics.Metric
 		benchFrameSpan(ctx, tr, m, benchRunAttrs)
 	},
 	"bare_span":               benchBareSpan,
+	"implicit_frame":          benchImplicitFrame,
+	"statement_span":          func(ctx context.Context, tr trace.Tracer, _ *metrics.Metrics) { benchStatementSpan(ctx, tr, true) },
 	"statement_spans":         func(ctx context.Context, tr trace.Tracer, _ *metrics.Metrics) { benchStatementSpans(ctx, tr, false) },
 	"statement_spans_summary": func(ctx context.Context, tr trace.Tracer, _ *metrics.Metrics) { benchStatementSpans(ctx, tr, true) },
 }
@@ -101,7 +110,6 @@ func benchFrameSpan(ctx context.Context, tr trace.Tracer, m *metrics.Metrics, ex
 		mctx = sctx
 	}
 	o := outcome.OutcomeCommitted
-	m.Transactions.Add(mctx, 1, m.AddOpts[0][o]...)
 	m.Duration.Record(mctx, now.Sub(start).Seconds(), m.RecordOpts[0][o]...)
 	m.Commit.Record(mctx, now.Sub(start).Seconds(), m.RecordOpts[0][o]...)
 	if !rec {
@@ -114,6 +122,33 @@ func benchFrameSpan(ctx context.Context, tr trace.Tracer, m *metrics.Metrics, ex
 		schema.ServerPortKey.Int(5432), OperationIDKey.String(id.String()), FrameDepthKey.Int(0),
 		OutcomeKey.String(o.String()), PhaseKey.String(outcome.PhaseCommitted.String()))
 	framespan.SetFrameAttrs(span, buf, append(attrs, extra...))
+	span.End()
+}
+
+// benchImplicitFrame makes a committed implicit frame on its statement's span as
+// phase_span.go and metrics.go do, the statement's span as otelpgx does.
+func benchImplicitFrame(ctx context.Context, tr trace.Tracer, m *metrics.Metrics) {
+	id := outcome.NewOperationID()
+	start := time.Now()
+	sctx, span := tr.Start(ctx, "UPDATE", trace.WithSpanKind(trace.SpanKindClient), trace.WithAttributes(benchStatementAttrs...))
+	rec := span.IsRecording()
+	if rec {
+		span.SetAttributes(benchSummary...)
+	}
+	now := time.Now()
+	mctx := context.Background()
+	if span.SpanContext().IsSampled() {
+		mctx = sctx
+	}
+	o := outcome.OutcomeCommitted
+	m.Duration.Record(mctx, now.Sub(start).Seconds(), m.RecordOpts[1][o]...)
+	if rec {
+		span.SetStatus(codes.Ok, "")
+		buf := framespan.FrameAttrs.Get().(*[]attribute.KeyValue)
+		attrs := append((*buf)[:0], OutcomeKey.String(o.String()), ImplicitKey.Bool(true), OperationIDKey.String(id.String()))
+		framespan.SetFrameAttrs(span, buf, attrs)
+		span.SetAttributes(benchRowsAffected)
+	}
 	span.End()
 }
 
@@ -191,6 +226,39 @@ func TestBenchFloorModel(t *testing.T) {
 	}
 	if real, model := benchSpanShape(spans[0]), benchSpanShape(spans[1]); real != model {
 		t.Errorf("the model ends as\n\t%s\nbut the statement span ends as\n\t%s", model, real)
+	}
+}
+
+// TestBenchFloorImplicit checks implicit_frame's model against a real committed
+// implicit transaction: over fakePG, the statement span of an autocommit write under the
+// Tracer's defaults, the frame's span, gets the SDK calls that benchImplicitFrame makes,
+// and ends the same.
+func TestBenchFloorImplicit(t *testing.T) {
+	exp := tracetest.NewInMemoryExporter()
+	tp := &callLogProvider{tp: sdktrace.NewTracerProvider(sdktrace.WithSyncer(exp))}
+	conn, _, _ := fakeTraced(t, WithTracerProvider(tp))
+	const sql = "update t set v = v + 1 where id = $1"
+	if _, err := conn.Exec(context.Background(), sql, 1); err != nil { // prepared once, untraced, as in the benchmarks
+		t.Fatal(err)
+	}
+	ctx, req := tp.tp.Tracer("request").Start(context.Background(), "request")
+	if _, err := conn.Exec(ctx, sql, 1); err != nil {
+		t.Fatal(err)
+	}
+	benchImplicitFrame(ctx, tp.Tracer("model"), metrics.New(sdkmetric.NewMeterProvider(), nil))
+	req.End()
+	spans := exp.GetSpans()
+	if len(spans) != 3 || len(tp.logs) != 2 {
+		t.Fatalf("%d spans, %d call logs: want the statement's, the model's and the request's", len(spans), len(tp.logs))
+	}
+	if v, ok := attr(spans[0], OutcomeKey); !ok || v.AsString() != "committed" {
+		t.Fatalf("the statement's span is no committed frame: %v", spans[0].Attributes)
+	}
+	if real, model := *tp.logs[0], *tp.logs[1]; !slices.Equal(real, model) {
+		t.Errorf("the model calls\n\t%v\nbut the implicit frame calls\n\t%v", model, real)
+	}
+	if real, model := benchSpanShape(spans[0]), benchSpanShape(spans[1]); real != model {
+		t.Errorf("the model ends as\n\t%s\nbut the implicit frame ends as\n\t%s", model, real)
 	}
 }
 

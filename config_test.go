@@ -25,8 +25,8 @@ import (
 	"github.com/txevidence/otelpgxtx/reconcile"
 )
 
-// metricAttrs returns the attribute sets of the transactions counter's data points with
-// a non-zero value.
+// metricAttrs returns the attribute sets of the duration histogram's data points: one per
+// series a frame was counted in.
 func (h *harness) metricAttrs(t *testing.T, ctx context.Context) []attribute.Set {
 	t.Helper()
 	var rm metricdata.ResourceMetrics
@@ -36,11 +36,11 @@ func (h *harness) metricAttrs(t *testing.T, ctx context.Context) []attribute.Set
 	var out []attribute.Set
 	for _, sm := range rm.ScopeMetrics {
 		for _, m := range sm.Metrics {
-			if m.Name != metrics.MetricTransactions {
+			if m.Name != metrics.MetricDuration {
 				continue
 			}
-			for _, dp := range m.Data.(metricdata.Sum[int64]).DataPoints {
-				if dp.Value > 0 {
+			for _, dp := range m.Data.(metricdata.Histogram[float64]).DataPoints {
+				if dp.Count > 0 {
 					out = append(out, dp.Attributes)
 				}
 			}

@@ -81,7 +81,7 @@ func TestTransactionCounts(t *testing.T) {
 		keys   []attribute.Key
 		counts map[string]int64
 	}{
-		{metrics.MetricTransactions, []attribute.Key{OutcomeKey, RollbackKey}, map[string]int64{
+		{metrics.MetricDuration, []attribute.Key{OutcomeKey, RollbackKey}, map[string]int64{
 			"tx.outcome=rolled_back,tx.rollback=deliberate": 1,
 			"tx.outcome=rolled_back,tx.rollback=failure":    2,
 			"tx.outcome=committed":                          1,
@@ -96,13 +96,12 @@ func TestTransactionCounts(t *testing.T) {
 			t.Errorf("%s = %v, want %v", want.metric, got, want.counts)
 		}
 	}
-	// Every series exists from the start: the frame outcomes (rolled_back twice), and
-	// each participant outcome for each propagation that can join. Participating among
-	// the transactions is a prepared transaction's (PREPARE TRANSACTION), never a Run
-	// call's: at 0 here.
-	all := h.sums(t, ctx, metrics.MetricTransactions, OutcomeKey, RollbackKey)
-	if len(all) != 6 || all["tx.outcome=participating"] != 0 {
-		t.Errorf("%s series %v, want the five outcomes, rolled_back split in two, participating at 0", metrics.MetricTransactions, all)
+	// Every participation series exists from the start: each participant outcome for each
+	// propagation that can join. The frames' series are the duration histogram's, each
+	// born with its first frame: participating among the transactions is a prepared
+	// transaction's (PREPARE TRANSACTION), never a Run call's, and none is here.
+	if all := h.sums(t, ctx, metrics.MetricDuration, OutcomeKey, RollbackKey); len(all) != 3 {
+		t.Errorf("%s series %v, want the three outcomes counted", metrics.MetricDuration, all)
 	}
 	if all := h.sums(t, ctx, metrics.MetricParticipations, schema.ParticipantOutcomeKey, PropagationKey); len(all) != 6 {
 		t.Errorf("%s series %v, want 2 outcomes × 3 propagations", metrics.MetricParticipations, all)

@@ -145,9 +145,15 @@
 // own, committed by the server at the Sync after it (a batch without BEGIN is one, up to
 // its one Sync). Its frame is committing from the moment the statement is handed over and
 // ends with its reply, judged as a COMMIT's reply is (docs/classifier.md). With the default
-// otelpgx inner tracer the frame has no span of its own: the statement's span carries its
-// phase events, tx.outcome, tx.implicit=true, tx.operation_id and its status (Unset when
-// indeterminate, where otelpgx alone would say Error). Where otelpgx starts no span (no
+// otelpgx inner tracer the frame has no span of its own: the statement's span carries
+// tx.outcome, tx.implicit=true, tx.operation_id and its status (Unset when indeterminate,
+// where otelpgx alone would say Error). A committed one adds nothing more but tx.attempt
+// (inside [Retry]), its reference (with the references on) and
+// tx.commit.committed_locally, when it has them:
+// the statement's span already says the rest, and its phases (the statement handed over,
+// answered) tell nothing. One that did not commit also gets a frame's phase events, at
+// the times the evidence recorded them, and its other attributes (see "Span schema").
+// Where otelpgx starts no span (no
 // recording parent: a background job's write), a committed frame has none either, and one
 // that did not commit (rolled back, indeterminate, committed with a failure after the
 // commit) gets a span of its own as it ends, started back at the frame's start, as
@@ -178,7 +184,10 @@
 //   - tx.commit.committed_locally: the server said the commit is in its local WAL but its
 //     synchronous replication was not confirmed;
 //   - tx.implicit ([ImplicitKey]): true on an implicit transaction's frame (its span is
-//     mostly its statement's: see "Implicit transactions");
+//     mostly its statement's: see "Implicit transactions"; on a committed one's
+//     statement span only tx.outcome, tx.implicit, tx.operation_id and, when it has them,
+//     tx.attempt, the reference and tx.commit.committed_locally, and no event of the
+//     frame's);
 //   - tx.prepared ([PreparedKey]): true on a frame whose transaction was prepared
 //     (PREPARE TRANSACTION), whose outcome is participating: it waits for its coordinator;
 //   - tx.retryable: on rolled-back frames;
@@ -288,14 +297,15 @@
 //
 // # Metrics
 //
-// Counted whether or not the trace is sampled: otelpgxtx.transactions, one per frame, by
-// tx.outcome and, for rolled_back, [RollbackKey] (a deliberate rollback is not a failure);
-// otelpgxtx.transaction.duration and otelpgxtx.transaction.commit.duration in seconds;
-// otelpgxtx.participations, the Run calls that joined an outer transaction, which are not
-// transactions; with automatic reconciliation, otelpgxtx.reconciliations,
-// otelpgxtx.reconciliation.unresolved, otelpgxtx.reconciliation.unresolved.age and
-// otelpgxtx.reconciliation.duration. Every series of the counters exists from the start
-// at 0. [InstrumentPool] also records the connection-pool metrics of the semantic
+// Counted whether or not the trace is sampled: otelpgxtx.transaction.duration in seconds,
+// one data point per frame (its count is the number of transactions), by tx.outcome, for
+// rolled_back [RollbackKey] (a deliberate rollback is not a failure), and tx.implicit;
+// otelpgxtx.transaction.commit.duration; otelpgxtx.participations, the Run calls that
+// joined an outer transaction, which are not transactions; with automatic reconciliation,
+// otelpgxtx.reconciliations, otelpgxtx.reconciliation.unresolved,
+// otelpgxtx.reconciliation.unresolved.age and otelpgxtx.reconciliation.duration. Every
+// series of the counters exists from the start at 0; a histogram's appears with its
+// first data point (the alert rules of examples/jaeger catch a series that appears). [InstrumentPool] also records the connection-pool metrics of the semantic
 // conventions (db.client.connection.count and the other db.client.connection.* names).
 // docs/metrics.md lists every name with its attributes and units.
 //

@@ -176,7 +176,7 @@ func runExpectedFaults(t *testing.T, opts ...Option) expectedCase {
 	}
 
 	c.frames = h.frames()
-	c.counts = nonZero(h.sums(t, ctx, metrics.MetricTransactions, OutcomeKey, RollbackKey))
+	c.counts = nonZero(h.sums(t, ctx, metrics.MetricDuration, OutcomeKey, RollbackKey))
 	for _, f := range c.frames {
 		if v, _ := attr(f, OutcomeKey); v.AsString() == "indeterminate" {
 			c.indeterminateReason = attrString(t, f, schema.ErrorTypeKey)
@@ -246,7 +246,7 @@ func TestExpectedErrors(t *testing.T) {
 			}
 		}
 		if !maps.Equal(c.counts, wantCounts) {
-			t.Errorf("%s: %s = %v, want %v", name, metrics.MetricTransactions, c.counts, wantCounts)
+			t.Errorf("%s: %s = %v, want %v", name, metrics.MetricDuration, c.counts, wantCounts)
 		}
 		rb, ok := c.run.(outcome.DeterminateRollback[int])
 		if !ok || rb.Retryable() || rb.Phase() != outcome.PhaseActive || !errors.Is(rb.Cause(), context.Canceled) {

@@ -281,8 +281,8 @@ func (h *harness) wantNoFrames(t *testing.T, ctx context.Context) {
 
 // Reading metrics.
 
-// sums reads the int64 sum metric name from the harness's reader: its data points' values
-// by their attributes, each key the sorted key=value pairs of the keys asked for
+// sums reads the int64 sum metric name from the harness's reader, or the counts of the
+// histogram name: its data points' values by their attributes, each key the sorted key=value pairs of the keys asked for
 // (db.system.name and the like left out), "" for a point that has none of them.
 func (h *harness) sums(t *testing.T, ctx context.Context, name string, keys ...attribute.Key) map[string]int64 {
 	t.Helper()
@@ -296,8 +296,17 @@ func (h *harness) sums(t *testing.T, ctx context.Context, name string, keys ...a
 			if m.Name != name {
 				continue
 			}
-			for _, dp := range m.Data.(metricdata.Sum[int64]).DataPoints {
-				out[pointKey(dp.Attributes, keys)] += dp.Value
+			switch data := m.Data.(type) {
+			case metricdata.Sum[int64]:
+				for _, dp := range data.DataPoints {
+					out[pointKey(dp.Attributes, keys)] += dp.Value
+				}
+			case metricdata.Histogram[float64]: // its count: otelpgxtx.transaction.duration counts the frames
+				for _, dp := range data.DataPoints {
+					out[pointKey(dp.Attributes, keys)] += int64(dp.Count)
+				}
+			default:
+				t.Fatalf("%s: %T, want a sum or a histogram", name, m.Data)
 			}
 		}
 	}
@@ -315,17 +324,18 @@ func pointKey(set attribute.Set, keys []attribute.Key) string {
 	return strings.Join(parts, ",")
 }
 
-// nonZero drops the series still at 0 (every series is born at 0).
+// nonZero drops the series still at 0 (the counters' series are born at 0).
 func nonZero(m map[string]int64) map[string]int64 {
 	maps.DeleteFunc(m, func(_ string, v int64) bool { return v == 0 })
 	return m
 }
 
-// countsByOutcome reads the transactions counter from the manual reader, by tx.outcome.
+// countsByOutcome reads the frames counted by the duration histogram from the manual
+// reader, by tx.outcome.
 func (h *harness) countsByOutcome(t *testing.T, ctx context.Context) map[string]int64 {
 	t.Helper()
 	out := map[string]int64{}
-	for k, n := range h.sums(t, ctx, metrics.MetricTransactions, OutcomeKey) {
+	for k, n := range h.sums(t, ctx, metrics.MetricDuration, OutcomeKey) {
 		out[strings.TrimPrefix(k, string(OutcomeKey)+"=")] = n
 	}
 	return out

@@ -203,6 +203,43 @@ func (h *harness) implicitFrames() []tracetest.SpanStub {
 	return out
 }
 
+// wantImplicitShape checks what an implicit frame on its statement's span (f) ended
+// with o wrote there: committed, its outcome, kind and operation id and nothing of the
+// rest of a frame (no phase event, no tx.phase, no tx.frame.depth); else the phase events
+// of a frame, active and committing as the statement was handed over, then the last
+// (tx.phase.<phase>), and a frame's attributes.
+func wantImplicitShape(t *testing.T, f tracetest.SpanStub, o outcome.Outcome) {
+	t.Helper()
+	var phases []string
+	for _, e := range eventNames(f) {
+		if strings.HasPrefix(e, schema.EventPhasePrefix) {
+			phases = append(phases, e)
+		}
+	}
+	_, hasPhase := attr(f, PhaseKey)
+	_, hasDepth := attr(f, FrameDepthKey)
+	if _, ok := attr(f, OperationIDKey); !ok {
+		t.Fatalf("%s implicit frame without %s: %v", o, OperationIDKey, f.Attributes)
+	}
+	if o == outcome.OutcomeCommitted {
+		if len(phases) != 0 || hasPhase || hasDepth {
+			t.Fatalf("committed implicit frame: phase events %v, tx.phase %v, tx.frame.depth %v: want none", phases, hasPhase, hasDepth)
+		}
+		return
+	}
+	if len(phases) != 3 || phases[0] != "tx.phase.active" || phases[1] != "tx.phase.committing" || !hasPhase || !hasDepth {
+		t.Fatalf("%s implicit frame: phase events %v, tx.phase %v, tx.frame.depth %v", o, phases, hasPhase, hasDepth)
+	}
+	if v, _ := attr(f, PhaseKey); phases[2] != schema.EventPhasePrefix+v.AsString() {
+		t.Fatalf("%s implicit frame: last phase event %s, tx.phase %s", o, phases[2], v.AsString())
+	}
+	for _, e := range f.Events {
+		if strings.HasPrefix(e.Name, schema.EventPhasePrefix) && (e.Time.Before(f.StartTime) || e.Time.After(f.EndTime)) {
+			t.Fatalf("%s implicit frame: %s at %v, outside its span (%v to %v)", o, e.Name, e.Time, f.StartTime, f.EndTime)
+		}
+	}
+}
+
 // implicitFault is a fault of an implicit write: hit runs while the write is on its way
 // (sent, not yet answered), or arms what makes it fail; rows is how many rows of id the
 // table may hold after it (the outcome decides which); want is the outcome.
@@ -357,9 +394,7 @@ func TestImplicitTransactionFaults(t *testing.T) {
 					if f.Status.Code != wantCode {
 						t.Fatalf("status %v, want %v", f.Status.Code, wantCode)
 					}
-					if ev := eventNames(f); len(ev) < 3 || ev[0] != "tx.phase.active" || ev[1] != "tx.phase.committing" {
-						t.Fatalf("events %v", ev)
-					}
+					wantImplicitShape(t, f, fault.want)
 					if fault.want == outcome.OutcomeIndeterminate {
 						if n := strings.Count(w.logs.String(), MessageIndeterminate); n != 1 || !strings.Contains(w.logs.String(), `"tx.implicit":true`) {
 							t.Fatalf("%d log records, want 1, with tx.implicit: %s", n, w.logs)
@@ -405,7 +440,7 @@ func TestImplicitTransactionFaults(t *testing.T) {
 							seen[fmt.Sprintf("%s/%s no reference (%s)", fault.name, mode, noRef.AsString())]++
 						}
 					}
-					counts := w.h.sums(t, w.ctx, metrics.MetricTransactions, OutcomeKey, ImplicitKey)
+					counts := w.h.sums(t, w.ctx, metrics.MetricDuration, OutcomeKey, ImplicitKey)
 					want := int64(1)
 					if mode != "off" && fault.want == outcome.OutcomeCommitted {
 						want++ // the warm-up write of newImplicit

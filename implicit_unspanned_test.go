@@ -201,7 +201,7 @@ func TestImplicitUnspannedFramesDecided(t *testing.T) {
 			if !c.asked() {
 				t.Fatalf("the configuration was not asked: sampler %d, filter %q", drop.asked.Load(), filtered)
 			}
-			counts := w.h.sums(t, w.ctx, metrics.MetricTransactions, OutcomeKey, ImplicitKey)
+			counts := w.h.sums(t, w.ctx, metrics.MetricDuration, OutcomeKey, ImplicitKey)
 			if n := counts["tx.outcome=rolled_back,tx.implicit=true"]; n != 1 {
 				t.Fatalf("counted %v, want one implicit rolled_back", nonZero(counts))
 			}

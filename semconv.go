@@ -103,8 +103,7 @@ const SpanNameReconcile = schema.SpanNameReconcile
 // reconcile's reasons.
 
 // RollbackKey is tx.rollback: on a rolled_back frame span, and on the rolled_back series
-// of otelpgxtx.transactions, otelpgxtx.transaction.duration and
-// otelpgxtx.transaction.commit.duration, whether the application ended the transaction on purpose ([RollbackDeliberate]) or something failed
+// of otelpgxtx.transaction.duration and otelpgxtx.transaction.commit.duration, whether the application ended the transaction on purpose ([RollbackDeliberate]) or something failed
 // ([RollbackFailure]). A deliberate Rollback() is how Go code usually ends a read-only
 // transaction; an alert on rollbacks must not count it. Its two values are the only ones,
 // so it adds one series to each metric.

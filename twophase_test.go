@@ -163,8 +163,8 @@ func TestTwoPhasePrepared(t *testing.T) {
 				if !tp.prepared(t, gid) || srv.RowExists(t, tp.ctx, tp.table, 1) {
 					t.Fatal("not prepared, or visible before its coordinator decided")
 				}
-				if n := tp.h.sums(t, tp.ctx, metrics.MetricTransactions, OutcomeKey, RollbackKey)["tx.outcome=participating"]; n != 1 {
-					t.Fatalf("%s participating = %d, want 1", metrics.MetricTransactions, n)
+				if n := tp.h.sums(t, tp.ctx, metrics.MetricDuration, OutcomeKey, RollbackKey)["tx.outcome=participating"]; n != 1 {
+					t.Fatalf("%s participating = %d, want 1", metrics.MetricDuration, n)
 				}
 				ref := f.attrs(string(ReconciliationRefKey))
 				if (ref != "") != (mode != "off") {

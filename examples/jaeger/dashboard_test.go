@@ -83,10 +83,10 @@ func TestDashboard(t *testing.T) {
 	ctx := pgtest.Context(t, 4*time.Minute)
 	d := readDashboard(t)
 	a, p, out, errOut := scrapedDemo(t, ctx, "otelpgxtx-dashboard")
-	// A scrape before the work, with every series at its start (0): rate() and
+	// A scrape before the work, with every counter's series at its start (0): rate() and
 	// increase() need two samples of a series.
 	waitFor(t, ctx, time.Minute, "a scrape of the demo before its round", func() bool {
-		return len(p.query(t, ctx, `otelpgxtx_transactions_total{job="otelpgxtx-demo"}`)) > 0
+		return len(p.query(t, ctx, `otelpgxtx_participations_total{job="otelpgxtx-demo"}`)) > 0
 	})
 
 	if rep := a.round(ctx, 1); !rep.ok() {
@@ -97,7 +97,7 @@ func TestDashboard(t *testing.T) {
 	// meaningful 0): a scrape with them all, before the load, so that the load's scrape
 	// is their second sample.
 	waitFor(t, ctx, time.Minute, "a scrape with every histogram", func() bool {
-		for _, h := range []string{"otelpgxtx_reconciliation_duration_seconds", "otelpgxtx_transaction_commit_duration_seconds",
+		for _, h := range []string{"otelpgxtx_reconciliation_duration_seconds", "otelpgxtx_transaction_duration_seconds", "otelpgxtx_transaction_commit_duration_seconds",
 			"db_client_connection_create_time_seconds", "db_client_connection_wait_time_seconds", "db_client_connection_use_time_seconds"} {
 			if len(p.query(t, ctx, h+`_count{job="otelpgxtx-demo"}`)) == 0 {
 				return false
@@ -127,9 +127,9 @@ func TestDashboard(t *testing.T) {
 	}
 	// Wait for a scrape that saw all of it: Prometheus's count of finished transactions
 	// equals the exporter's, and the reconciliation of the indeterminate commits is in.
-	want := gathered(t, a, "otelpgxtx_transactions_total")
+	want := gathered(t, a, "otelpgxtx_transaction_duration_seconds")
 	waitFor(t, ctx, time.Minute, fmt.Sprintf("Prometheus counting the %v transactions of the round and the load", want), func() bool {
-		r := p.query(t, ctx, `sum(otelpgxtx_transactions_total{job="otelpgxtx-demo"})`)
+		r := p.query(t, ctx, `sum(otelpgxtx_transaction_duration_seconds_count{job="otelpgxtx-demo"})`)
 		u := p.query(t, ctx, `sum(otelpgxtx_reconciliation_unresolved)`)
 		return len(r) == 1 && r[0].Value[1] == fmt.Sprint(want) && len(u) == 1 && u[0].Value[1] == "0"
 	})
@@ -265,7 +265,8 @@ func checkPoolMetrics(t *testing.T, ctx context.Context, p *promProc, a *app) {
 	}
 }
 
-// gathered is the sum of the demo exporter's samples of a counter family.
+// gathered is the sum of the demo exporter's samples of a counter family, or the count of
+// a histogram family's.
 func gathered(t *testing.T, a *app, name string) float64 {
 	t.Helper()
 	mfs, err := a.registry().Gather()
@@ -276,7 +277,7 @@ func gathered(t *testing.T, a *app, name string) float64 {
 	for _, mf := range mfs {
 		if mf.GetName() == name {
 			for _, m := range mf.GetMetric() {
-				sum += m.GetCounter().GetValue()
+				sum += m.GetCounter().GetValue() + float64(m.GetHistogram().GetSampleCount())
 			}
 		}
 	}

@@ -174,26 +174,32 @@ var alertNames = []string{"TransactionCommitIndeterminate", "TransactionCommitUn
 // TestPrometheusAlert runs a real Prometheus (the release scripts/prometheus builds)
 // scraping the demo's metrics endpoint and evaluating alerts.yml. Before anything went
 // wrong no alert is active; after one round of the demo's scenarios the post-commit-failure
-// alert fires, while the indeterminate commit, which automatic reconciliation settled
-// committed, pages nobody: Prometheus holds the indeterminate series at 1 and the
-// reconciliations series committed at 1, and no alert is pending or firing for them. Then
-// a plain pgx commit cut the same way, which has no reference, is settled unknown
-// (no_reference) and TransactionReconciledUnknown pages. The series have the names and
-// labels docs/metrics.md documents.
+// alert fires — on the first such frame of the process, whose series appears with it, at
+// 1 (the transactions are counted by the duration histogram, which has no series at 0) —,
+// while the indeterminate commit, which automatic reconciliation settled committed, pages
+// nobody: Prometheus holds the indeterminate series at 1 and the reconciliations series
+// committed at 1, and no alert is pending or firing for them. Then a plain pgx commit cut
+// the same way, which has no reference, is settled unknown (no_reference) and
+// TransactionReconciledUnknown pages. The series have the names and labels docs/metrics.md
+// documents.
 func TestPrometheusAlert(t *testing.T) {
 	ctx := pgtest.Context(t, 4*time.Minute)
 	a, p, out, errOut := scrapedDemo(t, ctx, "otelpgxtx-prometheus")
 	// The demo's indeterminate commit is a COMMIT's (tx_implicit="false"; autocommit
 	// writes have series of their own).
-	const indeterminate = `otelpgxtx_transactions_total{tx_outcome="indeterminate", tx_implicit="false"}`
+	const indeterminate = `otelpgxtx_transaction_duration_seconds_count{tx_outcome="indeterminate", tx_implicit="false"}`
 
-	// Scraped, at 0, and the rules evaluated since: nothing may be firing yet.
+	// Scraped (the counters' series at 0; no transaction's yet), and the rules evaluated
+	// since: nothing may be firing yet.
 	var seen time.Time
-	waitFor(t, ctx, time.Minute, "the indeterminate series at 0 in Prometheus", func() bool {
-		r := p.query(t, ctx, indeterminate)
+	waitFor(t, ctx, time.Minute, "the participations series at 0 in Prometheus", func() bool {
+		r := p.query(t, ctx, `otelpgxtx_participations_total{tx_participant_outcome="participating", tx_propagation="required"}`)
 		seen = time.Now()
 		return len(r) == 1 && r[0].Value[1] == "0"
 	})
+	if r := p.query(t, ctx, `otelpgxtx_transaction_duration_seconds_count`); len(r) != 0 {
+		t.Fatalf("transactions counted before any: %v", r)
+	}
 	waitFor(t, ctx, time.Minute, "a rule evaluation after the first scrape", func() bool {
 		return p.lastEvaluation(t, ctx).After(seen)
 	})
@@ -254,32 +260,30 @@ func TestPrometheusAlert(t *testing.T) {
 		}
 	}
 
-	// The names and labels of docs/metrics.md: one series per frame outcome of the counter
-	// (rolled_back twice, deliberate and failure; participating, a prepared transaction's,
-	// at 0 in the demo; participating Run calls are counted apart), for BEGIN … COMMIT and
-	// for implicit transactions (tx_implicit), and the two duration histograms by
-	// tx.outcome.
+	// The names and labels of docs/metrics.md: one series of the duration histogram per
+	// frame outcome that happened (rolled_back twice, deliberate and failure; no
+	// participating, a prepared transaction's, in the demo; participating Run calls are
+	// counted apart), for BEGIN … COMMIT and for implicit transactions (tx_implicit), and
+	// the commit duration histogram by tx.outcome.
 	var outcomes []string
-	for _, s := range p.query(t, ctx, `otelpgxtx_transactions_total{job="otelpgxtx-demo"}`) {
+	for _, s := range p.query(t, ctx, `otelpgxtx_transaction_duration_seconds_count{job="otelpgxtx-demo"}`) {
 		outcomes = append(outcomes, s.Metric["tx_implicit"]+" "+s.Metric["tx_outcome"]+" "+s.Metric["tx_rollback"])
 		if s.Metric["db_system_name"] != "postgresql" {
 			t.Errorf("series %v: want db_system_name=postgresql", s.Metric)
 		}
 	}
-	var want []string
-	for _, implicit := range []string{"false", "true"} {
-		for _, o := range []string{"committed ", "committed_with_post_commit_failure ", "indeterminate ", "participating ", "rolled_back deliberate", "rolled_back failure"} {
-			want = append(want, implicit+" "+o)
-		}
-	}
+	// The round's: its BEGIN … COMMIT frames end every way but participating; its two
+	// autocommit writes commit, then fail on a duplicate key.
+	want := []string{"false committed ", "false committed_with_post_commit_failure ", "false indeterminate ",
+		"false rolled_back deliberate", "false rolled_back failure", "true committed ", "true rolled_back failure"}
 	slices.Sort(outcomes)
 	if !slices.Equal(outcomes, want) {
-		t.Errorf("otelpgxtx_transactions_total has tx_outcome and tx_rollback %q, want %q", outcomes, want)
+		t.Errorf("otelpgxtx_transaction_duration_seconds_count has tx_implicit, tx_outcome and tx_rollback %q, want %q", outcomes, want)
 	}
 	// The demo's one participating call, and its deliberate rollback.
 	for q, v := range map[string]string{
-		`otelpgxtx_participations_total{tx_participant_outcome="participating", tx_propagation="required"}`:     "1",
-		`otelpgxtx_transactions_total{tx_outcome="rolled_back", tx_rollback="deliberate", tx_implicit="false"}`: "1",
+		`otelpgxtx_participations_total{tx_participant_outcome="participating", tx_propagation="required"}`:                     "1",
+		`otelpgxtx_transaction_duration_seconds_count{tx_outcome="rolled_back", tx_rollback="deliberate", tx_implicit="false"}`: "1",
 	} {
 		if r := p.query(t, ctx, q); len(r) != 1 || r[0].Value[1] != v {
 			t.Errorf("%s = %v, want %s", q, r, v)
@@ -289,7 +293,7 @@ func TestPrometheusAlert(t *testing.T) {
 	if err := p.api(ctx, "/api/v1/label/__name__/values", url.Values{"match[]": {`{__name__=~"otelpgxtx_.*"}`}}, &names); err != nil {
 		t.Fatal(err)
 	}
-	wantNames := []string{"otelpgxtx_transactions_total", "otelpgxtx_participations_total", "otelpgxtx_reconciliations_total",
+	wantNames := []string{"otelpgxtx_participations_total", "otelpgxtx_reconciliations_total",
 		"otelpgxtx_reconciliation_unresolved", "otelpgxtx_reconciliation_unresolved_age_seconds"}
 	for _, h := range []string{"otelpgxtx_transaction_commit_duration_seconds", "otelpgxtx_transaction_duration_seconds",
 		"otelpgxtx_reconciliation_duration_seconds"} {

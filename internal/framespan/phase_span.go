@@ -177,21 +177,21 @@ func (f *Span) SpanContext() trace.SpanContext {
 }
 
 // Attach makes the span the inner tracer started for the frame's one statement (from
-// before to after) the frame's span, and records on it the phases the frame moved to
-// as the statement was handed over. An implicit transaction is one statement, whose span
-// already says what it did: a span of the frame's own would only double it. Where the
-// inner tracer started none that records (otelpgx starts none without a recording
-// parent), a committed frame has no span, as the statement has none, and one that did not
-// commit gets its own as it ends (Starter.StartUnspanned); its metrics, log record and Verdict are
-// as any frame's.
+// before to after) the frame's span. An implicit transaction is one statement, whose span
+// already says what it did: a span of the frame's own would only double it. Nothing is
+// written on it until the frame ends (EndWith): a frame that committed adds only what the
+// statement's span does not say (its outcome, its kind, its operation id, its status), and
+// one that did not commit its phase events too, at the times the evidence recorded them,
+// and every attribute of a frame. Where the inner tracer started none that records
+// (otelpgx starts none without a recording parent), a committed frame has no span, as the
+// statement has none, and one that did not commit gets its own as it ends
+// (Starter.StartUnspanned); its metrics, log record and Verdict are as any frame's.
 func (f *Span) Attach(before, after context.Context) {
 	span := StartedSpan(before, after)
 	if span == nil {
 		return
 	}
 	f.OTel, f.SpanCtx, f.Unrecorded, f.Recording = span, after, false, true
-	f.PhaseEvent(outcome.PhaseActive)
-	f.PhaseEvent(outcome.PhaseCommitting)
 }
 
 // StartUnspanned gives f, an implicit frame whose statement had no span that records
@@ -213,18 +213,45 @@ func (t *Starter) StartUnspanned(s *Span, ev *evidence.Frame, startedAt time.Tim
 		return
 	}
 	s.connAttrs = t.connAttrs(s.unspanned.conn, slot)
-	if at := ev.CommittingAt(); !at.IsZero() { // its statement was handed over
-		s.OTel.AddEvent(PhaseEvents[outcome.PhaseActive], trace.WithTimestamp(at))
-		s.OTel.AddEvent(PhaseEvents[outcome.PhaseCommitting], trace.WithTimestamp(at))
+	phaseEventsAt(s.OTel, ev.CommittingAt(), ev.Phase(), ev.ConcludedAt(), time.Time{})
+}
+
+// phaseEventsAt adds to span, an implicit frame's, the phase events of a frame that
+// became committing at committing (zero if its statement was never handed over) and
+// ended in the phase last at concluded: active and committing at the hand-over (no
+// earlier than notBefore, the start of a span that began after it), then the last.
+func phaseEventsAt(span trace.Span, committing time.Time, last outcome.Phase, concluded, notBefore time.Time) {
+	if !committing.IsZero() { // its statement was handed over
+		at := trace.WithTimestamp(later(committing, notBefore))
+		span.AddEvent(PhaseEvents[outcome.PhaseActive], at)
+		span.AddEvent(PhaseEvents[outcome.PhaseCommitting], at)
 	}
-	s.OTel.AddEvent(PhaseEvents[ev.Phase()], trace.WithTimestamp(ev.ConcludedAt()))
+	span.AddEvent(PhaseEvents[last], trace.WithTimestamp(later(concluded, notBefore)))
+}
+
+// later returns the later of a and b.
+func later(a, b time.Time) time.Time {
+	if b.After(a) {
+		return b
+	}
+	return a
+}
+
+// spanStart returns when span started, where its implementation says (the SDK's spans
+// do: sdktrace.ReadOnlySpan), else the zero time.
+func spanStart(span trace.Span) time.Time {
+	if s, ok := span.(interface{ StartTime() time.Time }); ok {
+		return s.StartTime()
+	}
+	return time.Time{}
 }
 
 // PhaseEvent records that f moved to phase to. A folded statement's answer, waiting, goes
 // with the event it caused (f.event): BEGIN's with active, COMMIT's and ROLLBACK's with
-// the ending phase.
+// the ending phase. A frame on its statement's span writes its phases only at its end,
+// and only if it did not commit (EndWith).
 func (f *Span) PhaseEvent(to outcome.Phase) {
-	if f.Recording {
+	if f.Recording && !f.OnStatement {
 		f.Event(PhaseEvents[to])
 	}
 }
@@ -254,6 +281,13 @@ func (f *Span) EndWith(e *record.Ending, cfg *settings.Config, postCommitErr err
 		f.OTel.End()
 		return
 	}
+	if f.OnStatement { // an implicit frame on its statement's span, which the inner tracer ends
+		if e.Outcome == outcome.OutcomeCommitted {
+			f.endCommittedStatement(e, cfg)
+			return
+		}
+		phaseEventsAt(f.OTel, e.CommittingAt, e.Phase, e.ConcludedAt, spanStart(f.OTel))
+	}
 	buf := FrameAttrs.Get().(*[]attribute.KeyValue)
 	SetFrameAttrs(f.OTel, buf, f.setOutcomeStatus(e, cfg, f.outcomeAttrs(e, cfg, (*buf)[:0])))
 	if postCommitErr != nil {
@@ -262,6 +296,47 @@ func (f *Span) EndWith(e *record.Ending, cfg *settings.Config, postCommitErr err
 	if !f.OnStatement { // the inner tracer ends the statement's span
 		f.OTel.End()
 	}
+}
+
+// committedStatementAttrs are the attributes of a committed implicit frame on its
+// statement's span that are the same for every one: tx.outcome and tx.implicit.
+var committedStatementAttrs = [...]attribute.KeyValue{schema.OutcomeKey.String(outcome.OutcomeCommitted.String()), schema.ImplicitKey.Bool(true)}
+
+// endCommittedStatement writes what a committed implicit frame adds to its statement's
+// span, which already says what the statement did and where (its connection's
+// attributes, the tracer's, its nesting in the trace): its outcome, its kind, its
+// operation id and its status, and what only some commits have: the attempt of Retry it
+// was made in, the reference taken with it (with references on: which transaction it
+// was, whether it survived a failover) and the server's warning that it is committed
+// only locally. Its phases (active,
+// committing, committed: one statement handed over and answered) and the rest of a
+// frame's attributes (tx.phase, tx.frame.depth, the tracer's attributes again) would tell
+// nothing more; its duration and count are its metric record.
+func (f *Span) endCommittedStatement(e *record.Ending, cfg *settings.Config) {
+	if !cfg.Strict {
+		f.OTel.SetStatus(codes.Ok, "")
+	}
+	buf := FrameAttrs.Get().(*[]attribute.KeyValue)
+	attrs := append(append((*buf)[:0], committedStatementAttrs[:]...), schema.OperationIDKey.String(e.ID.String()))
+	if e.AttemptNo > 0 {
+		attrs = append(attrs, schema.AttemptKey.Int(e.AttemptNo))
+	}
+	attrs = refAttrs(e, attrs)
+	if e.CommittedLocally {
+		attrs = append(attrs, schema.CommittedLocallyKey.Bool(true))
+	}
+	SetFrameAttrs(f.OTel, buf, attrs)
+}
+
+// refAttrs appends to attrs the attributes of e's reference, if it has one.
+func refAttrs(e *record.Ending, attrs []attribute.KeyValue) []attribute.KeyValue {
+	if e.Ref != nil {
+		attrs = append(attrs, schema.ReconciliationRefKey.String(e.Ref.String()))
+		if !e.Ref.NoWrites() {
+			attrs = append(attrs, schema.ReconciliationXIDKey.String(strconv.FormatUint(e.Ref.XID, 10)))
+		}
+	}
+	return attrs
 }
 
 // FrameAttrs holds the slices EndWith builds a frame's attributes in: SetAttributes
@@ -304,12 +379,7 @@ func (f *Span) outcomeAttrs(e *record.Ending, cfg *settings.Config, attrs []attr
 	if e.AttemptNo > 0 {
 		attrs = append(attrs, schema.AttemptKey.Int(e.AttemptNo))
 	}
-	if e.Ref != nil {
-		attrs = append(attrs, schema.ReconciliationRefKey.String(e.Ref.String()))
-		if !e.Ref.NoWrites() {
-			attrs = append(attrs, schema.ReconciliationXIDKey.String(strconv.FormatUint(e.Ref.XID, 10)))
-		}
-	}
+	attrs = refAttrs(e, attrs)
 	if e.NoRef != "" && e.Outcome == outcome.OutcomeIndeterminate {
 		attrs = append(attrs, schema.NoReferenceKey.String(e.NoRef))
 	}

@@ -20,29 +20,30 @@ import (
 
 // Metric names, unexported: what selects a series is a query or an alert rule, by the
 // name docs/metrics.md documents, not Go code. With the Prometheus exporter they become
-// otelpgxtx_transactions_total{tx_outcome="…"}, otelpgxtx_transaction_duration_seconds,
-// otelpgxtx_transaction_commit_duration_seconds and
+// otelpgxtx_transaction_duration_seconds_{bucket,sum,count}{tx_outcome="…"},
+// otelpgxtx_transaction_commit_duration_seconds_{bucket,sum,count} and
 // otelpgxtx_participations_total{tx_participant_outcome="…", tx_propagation="…"}.
 const (
-	// MetricTransactions counts physical transactions: one per frame, when it ends, by its
-	// tx.outcome (committed, rolled_back, indeterminate, committed_with_post_commit_failure)
-	// and, for rolled_back, tx.rollback ([RollbackDeliberate] or [RollbackFailure]).
-	// Plain pgx transactions and each attempt of [Run] count alike; a Run call that
-	// joined an outer transaction has no frame and is counted by otelpgxtx.participations.
-	MetricTransactions = "otelpgxtx.transactions"
-	// MetricDuration is the time from BEGIN to a frame's outcome, in seconds, with the
-	// attributes of otelpgxtx.transactions.
+	// MetricDuration is the time from BEGIN (an implicit transaction's statement) to a
+	// frame's outcome, in seconds: one data point per frame, when it ends, by its
+	// tx.outcome (committed, rolled_back, indeterminate, committed_with_post_commit_failure,
+	// participating), for rolled_back tx.rollback ([RollbackDeliberate] or
+	// [RollbackFailure]), and tx.implicit. Its count is the number of physical
+	// transactions: plain pgx transactions, each attempt of [Run] and each implicit
+	// transaction alike; a Run call that joined an outer transaction has no frame and is
+	// counted by otelpgxtx.participations. One record per frame gives both the count and
+	// the duration (there is no counter beside it).
 	MetricDuration = "otelpgxtx.transaction.duration"
 	// MetricCommitDuration is the time a frame spent committing, in seconds, with the
-	// attributes of otelpgxtx.transactions; frames that never sent COMMIT have none, nor
-	// implicit transactions (their committing phase is their whole statement).
+	// attributes of otelpgxtx.transaction.duration; frames that never sent COMMIT have
+	// none, nor implicit transactions (their committing phase is their whole statement).
 	MetricCommitDuration = "otelpgxtx.transaction.commit.duration"
 	// MetricParticipations counts [Run] calls that joined a transaction already in their
 	// context (Required, Mandatory, Nested): one per call, by tx.participant.outcome
 	// (participating, or rolled_back when the call failed: a Nested call's savepoint was
 	// rolled back, a Required or Mandatory call's failure dooms the owner's transaction,
-	// whose own frame counts in otelpgxtx.transactions) and tx.propagation. Participants
-	// commit nothing, so they are kept out of the transaction counts.
+	// whose own frame counts in otelpgxtx.transaction.duration) and tx.propagation.
+	// Participants commit nothing, so they are kept out of the transaction counts.
 	MetricParticipations = "otelpgxtx.participations"
 )
 
@@ -66,12 +67,15 @@ var participantPropagations = [...]string{"required", "nested", "mandatory"}
 // Metrics are recorded for every frame, sampled or not: an indeterminate commit must be
 // countable even when its trace was dropped.
 type Metrics struct {
-	Transactions   metric.Int64Counter
 	participations metric.Int64Counter
 	Duration       metric.Float64Histogram
 	Commit         metric.Float64Histogram
-	// Per-series options, built once so recording allocates nothing: [implicit][series].
-	AddOpts    [2][seriesDeliberate + 1][]metric.AddOption
+	// RecordOpts are the per-series options, [implicit][series], each one
+	// metric.WithAttributeSet of a set made here, so that recording allocates nothing and
+	// builds no set. The SDK (v1.45 to v1.47) still reads every attribute of the set again
+	// on each call (its attribute normalization), and caches nothing of it between calls:
+	// what a record costs grows with the set's attributes, and a second record on the same
+	// set (the counter there was beside the histogram) costs it again.
 	RecordOpts [2][seriesDeliberate + 1][]metric.RecordOption
 	// participantOpts[failed][propagation]
 	participantOpts [2][len(participantPropagations)][]metric.AddOption
@@ -80,22 +84,16 @@ type Metrics struct {
 func New(mp metric.MeterProvider, extra []attribute.KeyValue) *Metrics {
 	meter := mp.Meter(schema.ScopeName, metric.WithInstrumentationVersion(schema.Version))
 	m := &Metrics{
-		Transactions: Counter(meter, MetricTransactions, "{transaction}",
-			"Physical transactions (frames) that ended, by tx.outcome and, for rolled_back, tx.rollback (deliberate or failure)."),
 		participations: Counter(meter, MetricParticipations, "{call}",
 			"Run calls that joined a transaction already in their context, by tx.participant.outcome and tx.propagation."),
 		Duration: Histogram(meter, MetricDuration, "s",
-			"Duration of transaction frames from BEGIN to their outcome, by tx.outcome and tx.rollback.", DurationBuckets),
+			"Duration of transaction frames from BEGIN to their outcome, one per physical transaction (its count counts them), by tx.outcome, tx.rollback and tx.implicit.", DurationBuckets),
 		Commit: Histogram(meter, MetricCommitDuration, "s",
 			"Time spent in the committing phase, by tx.outcome and tx.rollback.", DurationBuckets),
 	}
 	series := func(implicit int, i outcome.Outcome, kv ...attribute.KeyValue) {
 		set := attribute.NewSet(append(append(kv, schema.ImplicitKey.Bool(implicit == 1), schema.DBSystemPostgreSQL), extra...)...)
-		m.AddOpts[implicit][i] = []metric.AddOption{metric.WithAttributeSet(set)}
 		m.RecordOpts[implicit][i] = []metric.RecordOption{metric.WithAttributeSet(set)}
-		// Every series exists from the start at 0, so that an alert on
-		// increase(…{tx_outcome="indeterminate"}) sees the very first one.
-		m.Transactions.Add(context.Background(), 0, m.AddOpts[implicit][i]...)
 	}
 	for implicit := range 2 {
 		for _, o := range frameOutcomes {
@@ -112,6 +110,8 @@ func New(mp metric.MeterProvider, extra []attribute.KeyValue) *Metrics {
 			set := attribute.NewSet(append([]attribute.KeyValue{schema.ParticipantOutcomeKey.String(o.String()),
 				schema.PropagationKey.String(name), schema.DBSystemPostgreSQL}, extra...)...)
 			m.participantOpts[failed][p] = []metric.AddOption{metric.WithAttributeSet(set)}
+			// Every series exists from the start at 0, so that an alert on increase(…)
+			// sees the very first one.
 			m.participations.Add(context.Background(), 0, m.participantOpts[failed][p]...)
 		}
 	}
@@ -154,7 +154,8 @@ func (m *Metrics) Participant(propagation string, o outcome.Outcome) {
 	m.participations.Add(context.Background(), 1, m.participantOpts[failed][p]...)
 }
 
-// Record counts e, a frame's ending, and its durations.
+// Record records e, a frame's ending: its duration, whose data point also counts it, and
+// the time it spent committing.
 func (m *Metrics) Record(e *record.Ending) {
 	o := e.Outcome
 	if m == nil || !o.Valid() {
@@ -168,13 +169,12 @@ func (m *Metrics) Record(e *record.Ending) {
 	if e.Implicit {
 		kind = 1
 	}
-	addOpts, recordOpts := m.AddOpts[kind][i], m.RecordOpts[kind][i]
+	recordOpts := m.RecordOpts[kind][i]
 	// The instruments are never nil: a failed creation returns a no-op instrument.
 	ctx := context.Background()
 	if e.Span.IsSampled() && e.SpanCtx != nil {
 		ctx = e.SpanCtx // carries the frame span: links exemplars to the frame's trace
 	}
-	m.Transactions.Add(ctx, 1, addOpts...)
 	m.Duration.Record(ctx, e.At.Sub(e.StartedAt).Seconds(), recordOpts...)
 	// An implicit transaction commits its whole statement: its committing phase is its
 	// duration, already recorded, and would make the commit histogram one of statements.
@@ -228,7 +228,8 @@ func NewReconcile(mp metric.MeterProvider, extra []attribute.KeyValue, pending f
 	}
 	set := attribute.NewSet(append([]attribute.KeyValue{schema.DBSystemPostgreSQL}, extra...)...)
 	m.leave = UnresolvedGauges.Join(meter, set, pending)
-	// Every series exists from the start at 0, as the outcome series do.
+	// Every series exists from the start at 0, as the participation series do: an alert on
+	// increase(…) sees the first answer of a process.
 	for _, r := range []reconcile.Status{reconcile.Committed, reconcile.Aborted, reconcile.NoWrites} {
 		m.reconciliations.Add(context.Background(), 0, metric.WithAttributeSet(m.attrs(r, "")))
 	}

@@ -92,12 +92,12 @@ func quantiles(histogram string, by ...string) []query {
 var rows = []row{
 	{"Transactions", []panel{
 		{title: "Transactions by outcome", width: 12, stacked: true, unit: "ops",
-			description: "Physical transactions (frames) ending per second, by tx.outcome; rolled_back split by tx.rollback: deliberate (the application's own Rollback(), not an error) or failure; implicit ones (autocommit writes: tx.implicit) apart from BEGIN … COMMIT.",
-			queries:     []query{{`sum by (tx_outcome, tx_rollback, tx_implicit) (rate(otelpgxtx_transactions_total{` + sel + `}[$__rate_interval]))`, "{{tx_outcome}} {{tx_rollback}} implicit={{tx_implicit}}"}},
+			description: "Physical transactions (frames) ending per second, by tx.outcome (the count of the duration histogram, one data point per frame); rolled_back split by tx.rollback: deliberate (the application's own Rollback(), not an error) or failure; implicit ones (autocommit writes: tx.implicit) apart from BEGIN … COMMIT.",
+			queries:     []query{{`sum by (tx_outcome, tx_rollback, tx_implicit) (rate(otelpgxtx_transaction_duration_seconds_count{` + sel + `}[$__rate_interval]))`, "{{tx_outcome}} {{tx_rollback}} implicit={{tx_implicit}}"}},
 			alerts:      []string{"TransactionRollbackRateHigh", "TransactionPostCommitFailure"}},
 		{title: "Failed rollbacks, share of transactions", width: 6, unit: "percentunit",
 			description: "Transactions rolled back because something failed, of all that ended, over 5 minutes: what TransactionRollbackRateHigh pages on above 20 %. Deliberate rollbacks are not counted.",
-			queries:     []query{{`sum by (job, instance) (rate(otelpgxtx_transactions_total{tx_outcome="rolled_back", tx_rollback="failure", ` + sel + `}[5m])) / sum by (job, instance) (rate(otelpgxtx_transactions_total{` + sel + `}[5m]))`, "{{instance}}"}},
+			queries:     []query{{`sum by (job, instance) (rate(otelpgxtx_transaction_duration_seconds_count{tx_outcome="rolled_back", tx_rollback="failure", ` + sel + `}[5m])) / sum by (job, instance) (rate(otelpgxtx_transaction_duration_seconds_count{` + sel + `}[5m]))`, "{{instance}}"}},
 			alerts:      []string{"TransactionRollbackRateHigh"}},
 		{title: "Run calls that joined a transaction", width: 6, stacked: true, unit: "ops",
 			description: "Run calls that joined a transaction already in their context (participants commit nothing), by tx.participant.outcome and tx.propagation.",
@@ -105,8 +105,8 @@ var rows = []row{
 	}},
 	{"Indeterminate commits and reconciliation", []panel{
 		{title: "Indeterminate commits", width: 6, single: true, unit: "short",
-			description: "Commits whose outcome the client could not observe — a COMMIT's, or an autocommit write's (tx.implicit) —, in the time range (increase() extrapolates over the range: rounded). Never replay one: reconciliation settles it.",
-			queries:     []query{{`round(sum(increase(otelpgxtx_transactions_total{tx_outcome="indeterminate", ` + sel + `}[$__range])))`, "indeterminate"}},
+			description: "Commits whose outcome the client could not observe — a COMMIT's, or an autocommit write's (tx.implicit) —, in the time range: a series that appeared in the range (a process's first one makes it, at 1) counts from its start, the others by increase(), which extrapolates over the range (rounded). Never replay one: reconciliation settles it.",
+			queries:     []query{{`round(sum((otelpgxtx_transaction_duration_seconds_count{tx_outcome="indeterminate", ` + sel + `} unless otelpgxtx_transaction_duration_seconds_count{tx_outcome="indeterminate", ` + sel + `} offset $__range) or increase(otelpgxtx_transaction_duration_seconds_count{tx_outcome="indeterminate", ` + sel + `}[$__range])))`, "indeterminate"}},
 			alerts:      []string{"TransactionCommitIndeterminate", "TransactionIndeterminateRateHigh"}},
 		{title: "Still unresolved", width: 6, single: true, unit: "short",
 			description: "Indeterminate commits automatic reconciliation has not settled yet.",
@@ -172,7 +172,7 @@ func render() ([]byte, error) {
 		Timezone(common.TimeZoneBrowser).
 		WithVariable(dashboard.NewDatasourceVariableBuilder("datasource").Label("Prometheus").Type("prometheus")).
 		WithVariable(dashboard.NewQueryVariableBuilder("job").Label("Job").
-			Query(dashboard.StringOrMap{String: cog.ToPtr("label_values(otelpgxtx_transactions_total, job)")}).
+			Query(dashboard.StringOrMap{String: cog.ToPtr("label_values(otelpgxtx_transaction_duration_seconds_count, job)")}).
 			Datasource(datasource).Multi(true).IncludeAll(true).AllValue(".*").
 			Current(dashboard.VariableOption{Text: option("All"), Value: option("$__all")}).
 			Refresh(dashboard.VariableRefreshOnTimeRangeChanged)).
