@@ -51,6 +51,52 @@ func TestHookAllocs(t *testing.T) {
 	}
 }
 
+// TestAutocommitAllocs holds the allocation floor of an autocommit statement on a pool
+// over fakePG (BenchmarkHookAutocommitPool), per statement: the Tracer without a frame (k,
+// every write's implicit frame refused) allocates no more than otelpgx alone (b) sampled,
+// and one more unsampled (the acquire's start, carried in its context to its end for the
+// pool metrics' wait time: otelpgx carries its own only in a span); a read, which makes
+// no frame, costs what k costs; a committed write's frame (c−k) costs one allocation
+// unsampled (the frame: a context may still hold it when the next one starts, so it is
+// never reused) and two sampled (the frame, and its operation id's text on the
+// statement's span). Before the frame's phase events and its other attributes left the
+// committed write's span (issue 66), c−k sampled was 6 (51 against 45).
+func TestAutocommitAllocs(t *testing.T) {
+	for _, s := range benchSamplings {
+		var n [2]map[string]float64 // [write, read][variant]
+		for i, stmt := range benchAutocommitFakeStatements {
+			n[i] = map[string]float64{}
+			for _, v := range []string{benchB, benchK, benchC} {
+				ctx, exec := newBenchAutocommitPool(t, v, s, stmt.sql)
+				n[i][v] = testing.AllocsPerRun(200, func() {
+					if err := exec(ctx); err != nil {
+						t.Fatal(err)
+					}
+				})
+			}
+		}
+		w, r := n[0], n[1]
+		t.Logf("%s allocs per statement: write b %.1f, k %.1f, c %.1f; read b %.1f, k %.1f, c %.1f",
+			s.name, w[benchB], w[benchK], w[benchC], r[benchB], r[benchK], r[benchC])
+		kb, frame := 1.0, 1.0
+		if s.name == "sampled" {
+			kb, frame = 0, 2
+		}
+		if d := w[benchK] - w[benchB]; d > kb {
+			t.Errorf("%s: the Tracer without a frame adds %.1f allocations to otelpgx's per write, want at most %.0f", s.name, d, kb)
+		}
+		if d := r[benchK] - r[benchB]; d > kb {
+			t.Errorf("%s: the Tracer adds %.1f allocations to otelpgx's per read, want at most %.0f", s.name, d, kb)
+		}
+		if r[benchC] != r[benchK] {
+			t.Errorf("%s: a read allocates %.1f with the implicit frames on, %.1f without: it makes no frame", s.name, r[benchC], r[benchK])
+		}
+		if d := w[benchC] - w[benchK]; d > frame {
+			t.Errorf("%s: a committed write's frame costs %.1f allocations, want at most %.0f", s.name, d, frame)
+		}
+	}
+}
+
 // TestVerdictAllocs: a transaction begun and committed with a Verdict in its context
 // allocates no more in the hooks than one without (NewVerdict's own allocations are made
 // before, by the caller who asks), sampled and unsampled.

@@ -336,34 +336,13 @@ func TestBenchFakeServer(t *testing.T) {
 // frame) tells the frame's price from the rest of the Tracer's, without I/O.
 func BenchmarkHookAutocommitPool(b *testing.B) {
 	for _, s := range benchSamplings {
-		for _, stmt := range []struct{ name, sql string }{
-			{"write", "update bench_kv set v = v + 1 where k = $1"},
-			{"read", "select v from bench_kv where k = $1"},
-		} {
+		for _, stmt := range benchAutocommitFakeStatements {
 			for _, v := range []string{benchA, benchB, benchK, benchC} {
 				b.Run(s.name+"/"+stmt.name+"/v="+v, func(b *testing.B) {
-					pcfg, err := pgxpool.ParseConfig("")
-					if err != nil {
-						b.Fatal(err)
-					}
-					pcfg.ConnConfig, pcfg.MaxConns = fakePGConfig(), 1
-					tel := benchInstrument(b, pcfg.ConnConfig, pcfg, v, s)
-					pool, err := pgxpool.NewWithConfig(context.Background(), pcfg)
-					if err != nil {
-						b.Fatal(err)
-					}
-					defer pool.Close()
-					defer tel.shutdown()
-					ctx, span := tel.request(context.Background())
-					defer span.End()
-					for range 8 { // warm: the statement prepared and cached
-						if _, err := pool.Exec(ctx, stmt.sql, 7); err != nil {
-							b.Fatal(err)
-						}
-					}
+					ctx, exec := newBenchAutocommitPool(b, v, s, stmt.sql)
 					b.ReportAllocs()
 					benchLoopCPU(b, func() {
-						if _, err := pool.Exec(ctx, stmt.sql, 7); err != nil {
+						if err := exec(ctx); err != nil {
 							b.Fatal(err)
 						}
 					})
@@ -371,4 +350,43 @@ func BenchmarkHookAutocommitPool(b *testing.B) {
 			}
 		}
 	}
+}
+
+// benchAutocommitFakeStatements are the autocommit statements sent to fakePG: a write (an
+// implicit transaction) and a read (none).
+var benchAutocommitFakeStatements = []struct{ name, sql string }{
+	{"write", "update bench_kv set v = v + 1 where k = $1"},
+	{"read", "select v from bench_kv where k = $1"},
+}
+
+// newBenchAutocommitPool makes variant v's pool of one connection over fakePG, warm, and
+// returns the context of an application request and what sends sql once on the pool;
+// everything is closed when tb ends.
+func newBenchAutocommitPool(tb testing.TB, v string, s benchSampling, sql string) (context.Context, func(context.Context) error) {
+	pcfg, err := pgxpool.ParseConfig("")
+	if err != nil {
+		tb.Fatal(err)
+	}
+	pcfg.ConnConfig, pcfg.MaxConns = fakePGConfig(), 1
+	tel := benchInstrument(tb, pcfg.ConnConfig, pcfg, v, s)
+	pool, err := pgxpool.NewWithConfig(context.Background(), pcfg)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	ctx, span := tel.request(context.Background())
+	tb.Cleanup(func() {
+		span.End()
+		pool.Close()
+		tel.shutdown()
+	})
+	exec := func(ctx context.Context) error {
+		_, err := pool.Exec(ctx, sql, 7)
+		return err
+	}
+	for range 8 { // warm: the statement prepared and cached
+		if err := exec(ctx); err != nil {
+			tb.Fatal(err)
+		}
+	}
+	return ctx, exec
 }

@@ -185,7 +185,10 @@ func callVerdict(v *verdict.State, f *Frame, q *Query, e *record.Ending) {
 // span in ctx; if ctx carries an open frame on another connection, that frame is
 // suspended and the new one is one level deeper. The evidence begins it next (Apply).
 func (t *Core) newFrame(ctx context.Context, conn *pgx.Conn, st *Conn, b *evidence.Begun, begin string, chained *Frame) *Frame {
-	f := &Frame{Conn: conn.PgConn(), ID: outcome.NewOperationID(), startedAt: time.Now()}
+	f := &Frame{Conn: conn.PgConn(), ID: outcome.NewOperationID()}
+	if !b.Implicit || b.Rest {
+		f.startedAt = time.Now()
+	} // else its statement's hand-over starts it: HandedOver
 	refs := st.Refs.FrameRefs(t.Cfg.References())
 	if chained != nil {
 		refs = chained.CommitRef.Refs
@@ -213,6 +216,16 @@ func (t *Core) newFrame(ctx context.Context, conn *pgx.Conn, st *Conn, b *eviden
 		}
 	}
 	return f
+}
+
+// HandedOver starts f, an implicit transaction's frame that its statement begins, at the
+// moment the evidence recorded that statement handed over (committing, Conn.Send): the
+// same moment, read once, where a clock read of its own at its making would be a few
+// microseconds earlier; now, if the statement never left (a busy connection refused it).
+func (f *Frame) HandedOver() {
+	if f.startedAt = f.Ev.CommittingAt(); f.startedAt.IsZero() {
+		f.startedAt = time.Now()
+	}
 }
 
 // Feed feeds the evidence of f's connection one event of the executor's — event returns

@@ -155,6 +155,7 @@ func (t *Adapter) beforeQuery(ctx context.Context, conn *pgx.Conn, st *frame.Con
 	}
 	t.Apply(st, f, st.Ev.Send(s), nil)
 	if begins == evidence.StartImplicit {
+		f.HandedOver()
 		return f // what its reference needs is armed (ArmImplicit)
 	}
 	if set.Writes() {
