@@ -67,7 +67,7 @@ func TestAutocommitAllocs(t *testing.T) {
 		for i, stmt := range benchAutocommitFakeStatements {
 			n[i] = map[string]float64{}
 			for _, v := range []string{benchB, benchK, benchC} {
-				ctx, exec := newBenchAutocommitPool(t, v, s, stmt.sql)
+				ctx, exec, _ := newBenchAutocommitPool(t, v, s, stmt.sql)
 				n[i][v] = testing.AllocsPerRun(200, func() {
 					if err := exec(ctx); err != nil {
 						t.Fatal(err)

@@ -101,11 +101,13 @@ func BenchmarkHookTx(b *testing.B) {
 // place of statement spans save (c−i) and the Tracer with every span (i−b, which
 // the floors model); and the SDK floors of
 // BenchmarkHookFloor measured the same way: the frame span (against nothing), what a
-// Run frame's two attributes add to it, and what db.query.summary adds to the
-// statement spans.
+// Run frame's two attributes add to it, what db.query.summary adds to the statement
+// spans, and what a committed implicit frame adds to its statement's span (the SDK's
+// floor of BenchmarkHookAutocommitPoolPair's c−k for a write).
 var benchPairs = [][2]string{
 	{benchB, benchC}, {benchC, benchD}, {benchD, benchE}, {benchC, benchC}, {benchI, benchC}, {benchB, benchI},
 	{benchNone, "frame_span"}, {"frame_span", "frame_span_run"}, {"statement_spans", "statement_spans_summary"},
+	{"statement_span", "implicit_frame"},
 }
 
 // benchNone is a pair side that does nothing: against it, a floor's own cost.
@@ -339,7 +341,7 @@ func BenchmarkHookAutocommitPool(b *testing.B) {
 		for _, stmt := range benchAutocommitFakeStatements {
 			for _, v := range []string{benchA, benchB, benchK, benchC} {
 				b.Run(s.name+"/"+stmt.name+"/v="+v, func(b *testing.B) {
-					ctx, exec := newBenchAutocommitPool(b, v, s, stmt.sql)
+					ctx, exec, _ := newBenchAutocommitPool(b, v, s, stmt.sql)
 					b.ReportAllocs()
 					benchLoopCPU(b, func() {
 						if err := exec(ctx); err != nil {
@@ -352,6 +354,34 @@ func BenchmarkHookAutocommitPool(b *testing.B) {
 	}
 }
 
+// BenchmarkHookAutocommitPoolPair is BenchmarkHookAutocommitPool's variants paired in
+// time as BenchmarkHookPair pairs its sides (blocks of benchAutocommitPoolBlock
+// statements of each, alternating, both sides' spans flushed and the heap collected
+// outside the blocks; the median difference per statement, wall and process CPU): the
+// Tracer against otelpgx alone, with and without implicit frames (k), the frame's own
+// price (c against k), and the null pair (c against itself). The floor of a committed
+// write's frame, what the SDK alone charges for it, is BenchmarkHookPair's
+// implicit_frame-statement_span.
+func BenchmarkHookAutocommitPoolPair(b *testing.B) {
+	for _, s := range benchSamplings {
+		for _, stmt := range benchAutocommitFakeStatements {
+			for _, p := range benchAutocommitPairs {
+				b.Run(s.name+"/"+stmt.name+"/v="+p[1]+"-"+p[0], func(b *testing.B) {
+					side := func(v string) benchPairSide {
+						ctx, exec, flush := newBenchAutocommitPool(b, v, s, stmt.sql)
+						return benchPairSide{block: benchAutocommitPoolBlock, run: func() error { return exec(ctx) }, quiet: flush, close: func() {}}
+					}
+					benchPair(b, side(p[0]), side(p[1]))
+				})
+			}
+		}
+	}
+}
+
+// benchAutocommitPoolBlock is how many statements one side of a
+// BenchmarkHookAutocommitPoolPair sample sends: 1 to 10 ms of work.
+const benchAutocommitPoolBlock = 256
+
 // benchAutocommitFakeStatements are the autocommit statements sent to fakePG: a write (an
 // implicit transaction) and a read (none).
 var benchAutocommitFakeStatements = []struct{ name, sql string }{
@@ -360,9 +390,9 @@ var benchAutocommitFakeStatements = []struct{ name, sql string }{
 }
 
 // newBenchAutocommitPool makes variant v's pool of one connection over fakePG, warm, and
-// returns the context of an application request and what sends sql once on the pool;
-// everything is closed when tb ends.
-func newBenchAutocommitPool(tb testing.TB, v string, s benchSampling, sql string) (context.Context, func(context.Context) error) {
+// returns the context of an application request, what sends sql once on the pool, and
+// what flushes the variant's spans to its exporter; everything is closed when tb ends.
+func newBenchAutocommitPool(tb testing.TB, v string, s benchSampling, sql string) (context.Context, func(context.Context) error, func()) {
 	pcfg, err := pgxpool.ParseConfig("")
 	if err != nil {
 		tb.Fatal(err)
@@ -388,5 +418,10 @@ func newBenchAutocommitPool(tb testing.TB, v string, s benchSampling, sql string
 			tb.Fatal(err)
 		}
 	}
-	return ctx, exec
+	flush := func() {
+		if tel != nil {
+			_ = tel.tp.ForceFlush(context.Background())
+		}
+	}
+	return ctx, exec, flush
 }
