@@ -206,9 +206,10 @@
 //     committed inside: unknown).
 //
 // Events, in time order: tx.phase.active, tx.phase.committing, then exactly one of
-// tx.phase.committed, tx.phase.rolled_back, tx.phase.unknown (tx.phase. and the
-// phase; none on a committed implicit transaction's statement span); tx.suspended and tx.resumed around a nested frame; tx.savepoint.created,
-// tx.savepoint.released, tx.savepoint.rolled_back with tx.savepoint.name (savepoints are
+// tx.phase.committed, tx.phase.rolled_back, tx.phase.unknown (tx.phase. and the phase;
+// none on a committed implicit transaction's statement span); tx.suspended and tx.resumed
+// around a nested frame; tx.savepoint.created, tx.savepoint.released,
+// tx.savepoint.rolled_back with tx.savepoint.name (savepoints are
 // events, not spans: they never change the frame's phase, and spans would double the span
 // count of code that uses pgx's pseudo-nested Tx.Begin) and tx.savepoint.depth (1 for the
 // outermost savepoint; for RELEASE and ROLLBACK TO, the depth of the one they name);
