@@ -20,7 +20,7 @@ setup:
 test-library:
 	$(GO) test -race -count=1 ./...
 	$(GO) test -race -count=1 -tags soak -run '^TestSoundness(Failover)?$$' .
-	$(GO) test -count=1 -run '^(TestHookAllocs|TestVerdictAllocs|TestFrameSize)$$' .
+	$(GO) test -count=1 -run '^(TestHookAllocs|TestAutocommitAllocs|TestVerdictAllocs|TestFrameSize)$$' .
 
 # The library's tests against the newest pgx and OpenTelemetry tested (scripts/newest, which
 # says which), as test-library runs them against go.mod's, the oldest the library works with:
