@@ -220,7 +220,7 @@ func BenchmarkMarkCommit(b *testing.B) {
 	}
 	b.ReportAllocs()
 	for b.Loop() {
-		if nc.MarkCommit() || nc.CommitNotSent() {
+		if nc.MarkCommit(true) || nc.CommitNotSent() {
 			b.Fatal("evidence on an idle connection")
 		}
 	}

@@ -136,9 +136,13 @@ func Made(pg *pgconn.PgConn) *Conn {
 }
 
 // MarkCommit marks the position before a COMMIT is handed over (see wire.Conn), and
-// reports whether the session had already ended before it.
+// reports whether the session had already ended before it. It asks that of PostgreSQL
+// only: that a server reads nothing after its FATAL is PostgreSQL's (a backend exits), and
+// the classifier's session_ended_before_commit holds for it alone, so on any other server
+// (or one not known) the answer would change no verdict, and the peek's system call (the
+// read ahead under TLS) is not made.
 func (st *Conn) MarkCommit() (sessionEnded bool) {
-	return st.NetConn != nil && st.NetConn.MarkCommit()
+	return st.NetConn != nil && st.NetConn.MarkCommit(st.Server() == classifier.ServerPostgreSQL)
 }
 
 // SeenEnd is what the replies pgconn read since the last query the hooks saw showed of

@@ -82,7 +82,7 @@ func BenchmarkWireStatement(b *testing.B) {
 			cpu := processCPU(b)
 			for b.Loop() {
 				if s.write {
-					c.MarkCommit()
+					c.MarkCommit(true)
 					c.WatchEnds()
 				}
 				if s.xid && !c.Arm(&Addition{Kind: LibraryPortal, Extended: true, Commit: true, Msg: xidMsg}) {

@@ -374,11 +374,16 @@ func (c *Conn) drainTLS(f *replyFilter, buf []byte) {
 }
 
 // MarkCommit marks the position before a COMMIT is handed to pgconn: the next write
-// carries it (see commitWrite). It also reports whether the server had already ended the
-// session before that write: a FATAL waiting unread in the socket (see socketPeek) or,
-// where the socket cannot be peeked at (TLS), read ahead (see readAhead).
-func (c *Conn) MarkCommit() (sessionEnded bool) {
+// carries it (see commitWrite). With judge, it also reports whether the server had
+// already ended the session before that write: a FATAL waiting unread in the socket (see
+// socketPeek) or, where the socket cannot be peeked at (TLS), read ahead (see readAhead).
+// Without, it reads nothing (no system call): its caller asks only where the answer can
+// change a verdict.
+func (c *Conn) MarkCommit(judge bool) (sessionEnded bool) {
 	c.commit.mark()
+	if !judge {
+		return false
+	}
 	c.mu.Lock()
 	var held []byte // read already, for pgconn (Await's read of what followed the xid read)
 	if f := c.splice.filter; f != nil {

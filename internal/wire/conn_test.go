@@ -194,7 +194,7 @@ func TestWriteAdded(t *testing.T) {
 			}
 			sc := &scriptConn{writes: []scriptWrite{{k, werr}}}
 			c, a, _, _ := additionFixture(t, sc)
-			c.MarkCommit()
+			c.MarkCommit(true)
 			if !c.startAddition(a) {
 				t.Fatal("startAddition refused on a fresh connection")
 			}

@@ -99,7 +99,7 @@ func TestStatementAllocs(t *testing.T) {
 		buf := make([]byte, 8192)
 		statement := func() {
 			if s.write {
-				c.MarkCommit()
+				c.MarkCommit(true)
 				c.WatchEnds()
 			}
 			if s.xid && !c.Arm(a) {

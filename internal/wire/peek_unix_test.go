@@ -18,7 +18,7 @@ func BenchmarkWirePeek(b *testing.B) {
 		b.Run(tc.name, func(b *testing.B) {
 			b.ReportAllocs()
 			for b.Loop() {
-				if tc.c.MarkCommit() {
+				if tc.c.MarkCommit(true) {
 					b.Fatal("a FATAL")
 				}
 				tc.c.CommitNotSent()

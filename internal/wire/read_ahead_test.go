@@ -166,7 +166,7 @@ func TestReadAhead(t *testing.T) {
 
 	t.Run("nothing waiting", func(t *testing.T) {
 		c, _, dc, _ := tlsPair(t)
-		if c.MarkCommit() || c.ahead.state() != aheadEmpty || held(c) {
+		if c.MarkCommit(true) || c.ahead.state() != aheadEmpty || held(c) {
 			t.Fatal("evidence, or something held, with nothing sent")
 		}
 		if _, sets := dc.readDeadline(); sets != 0 {
@@ -180,7 +180,14 @@ func TestReadAhead(t *testing.T) {
 			t.Fatal(err)
 		}
 		waitWaiting(t, c.ahead.waiting)
-		if !c.MarkCommit() || c.ahead.state() != aheadBytes || !held(c) {
+		// Not asked to judge (a server not PostgreSQL), it reads nothing ahead.
+		if c.MarkCommit(false) || c.ahead.state() != aheadEmpty || held(c) {
+			t.Fatalf("unjudged, the FATAL was read ahead: state %d", c.ahead.state())
+		}
+		if _, sets := dc.readDeadline(); sets != 0 {
+			t.Fatalf("unjudged, %d read deadlines set", sets)
+		}
+		if !c.MarkCommit(true) || c.ahead.state() != aheadBytes || !held(c) {
 			t.Fatalf("the FATAL was not read ahead: state %d", c.ahead.state())
 		}
 		if d, sets := dc.readDeadline(); sets != 2 || !d.IsZero() {
@@ -197,7 +204,7 @@ func TestReadAhead(t *testing.T) {
 		wrote := make(chan error, 1)
 		go func() { _, err := srv.Write(fatal); wrote <- err }()
 		waitWaiting(t, c.ahead.waiting)
-		if c.MarkCommit() || c.ahead.state() != aheadEmpty || held(c) {
+		if c.MarkCommit(true) || c.ahead.state() != aheadEmpty || held(c) {
 			t.Fatalf("a record cut short was judged or held: state %d", c.ahead.state())
 		}
 		if d, sets := dc.readDeadline(); sets != 2 || !d.IsZero() {
@@ -222,7 +229,7 @@ func TestReadAhead(t *testing.T) {
 			t.Fatal(err)
 		}
 		waitWaiting(t, c.ahead.waiting)
-		if !c.MarkCommit() {
+		if !c.MarkCommit(true) {
 			t.Fatal("the FATAL was not seen")
 		}
 		var got []byte
@@ -245,7 +252,7 @@ func TestReadAhead(t *testing.T) {
 			t.Fatal(err)
 		}
 		waitWaiting(t, c.ahead.waiting)
-		if c.MarkCommit() || c.ahead.state() != aheadEmpty {
+		if c.MarkCommit(true) || c.ahead.state() != aheadEmpty {
 			t.Fatal("read ahead under a reply filter")
 		}
 		if _, sets := dc.readDeadline(); sets != 0 {
@@ -255,14 +262,14 @@ func TestReadAhead(t *testing.T) {
 }
 
 // TestMarkCommitPlainSocket: on a plain TCP socket a FATAL waiting is peeked at, not
-// consumed: pgconn still reads it whole.
+// consumed: pgconn still reads it whole; not asked to judge, MarkCommit does not look.
 func TestMarkCommitPlainSocket(t *testing.T) {
 	client, server := loopback(t)
 	c := NewConn(client, nil, true)
 	if c.peek == nil || c.ahead.tls != nil {
 		t.Fatal("no peek on a TCP socket")
 	}
-	if c.MarkCommit() {
+	if c.MarkCommit(true) {
 		t.Fatal("evidence with nothing sent")
 	}
 	fatal := fatalMsg(t)
@@ -270,7 +277,10 @@ func TestMarkCommitPlainSocket(t *testing.T) {
 		t.Fatal(err)
 	}
 	waitWaiting(t, c.peek)
-	if !c.MarkCommit() || held(c) {
+	if c.MarkCommit(false) {
+		t.Fatal("unjudged (a server not PostgreSQL), the FATAL was judged")
+	}
+	if !c.MarkCommit(true) || held(c) {
 		t.Fatal("the FATAL was not seen, or was consumed")
 	}
 	got := make([]byte, len(fatal))
