@@ -163,6 +163,7 @@ func (t *Adapter) TraceAcquireStart(ctx context.Context, pool *pgxpool.Pool, dat
 // a frame still on it would classify unrelated work against an old transaction's
 // evidence; the frame is concluded here as a last line of defence.
 func (t *Adapter) TraceAcquireEnd(ctx context.Context, pool *pgxpool.Pool, data pgxpool.TraceAcquireEndData) {
+	var ps *poolmetrics.ConnState
 	if data.Conn != nil {
 		if st := t.State(data.Conn.PgConn()); st != nil {
 			st.Mu.Lock()
@@ -170,9 +171,10 @@ func (t *Adapter) TraceAcquireEnd(ctx context.Context, pool *pgxpool.Pool, data 
 				t.Abandon(st, evidence.ReasonEndedUnobserved)
 			}
 			st.Mu.Unlock()
+			ps = &st.Pool
 		}
 	}
-	t.Pool.AcquireEnd(ctx, pool, t.poolState(data.Conn), data.Err)
+	t.Pool.AcquireEnd(ctx, pool, ps, data.Err)
 	notReached(ctx, data.Err)
 	if t.Inner.Acquire != nil {
 		ctx = t.Inner.End(inner.KindAcquire, ctx, data.Err)
@@ -185,9 +187,9 @@ func (t *Adapter) TraceAcquireEnd(ctx context.Context, pool *pgxpool.Pool, data 
 // a transaction is destroyed by the pool, which rolls the transaction back; one released
 // idle or closed with a frame on it had its transaction end where no query showed it.
 func (t *Adapter) TraceRelease(pool *pgxpool.Pool, data pgxpool.TraceReleaseData) {
-	t.Pool.Release(t.poolState(data.Conn))
 	if data.Conn != nil {
 		if st := t.State(data.Conn.PgConn()); st != nil {
+			t.Pool.Release(&st.Pool)
 			st.Mu.Lock()
 			if st.Frame() != nil {
 				pg, reason := data.Conn.PgConn(), evidence.ReasonReleasedInTransaction
@@ -254,13 +256,3 @@ func (t *Adapter) NetConnClosed(st *frame.Conn) {
 	}
 }
 
-// poolState is what the pool metrics keep on conn, nil for no connection.
-func (t *Adapter) poolState(conn *pgx.Conn) *poolmetrics.ConnState {
-	if conn == nil {
-		return nil
-	}
-	if st := t.State(frame.PgConn(conn)); st != nil {
-		return &st.Pool
-	}
-	return nil
-}
