@@ -255,4 +255,3 @@ func (t *Adapter) NetConnClosed(st *frame.Conn) {
 		t.Abandon(st, goneReason(f.Conn, evidence.ReasonConnectionClosed))
 	}
 }
-
