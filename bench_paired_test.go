@@ -17,8 +17,6 @@ import (
 	"fmt"
 	"runtime"
 	rtmetrics "runtime/metrics"
-	"slices"
-	"syscall"
 	"testing"
 	"time"
 
@@ -296,13 +294,13 @@ func pairedRun(b *testing.B, base, head *pairedSide) {
 			}
 		}
 		o, by := heap()
-		c, t := pairedCPU(b), time.Now()
+		c, t := benchProcessCPU(b), time.Now()
 		for range pairedBlock {
 			if err := s.unit(); err != nil {
 				b.Fatal(err)
 			}
 		}
-		wall, cpu := time.Since(t), pairedCPU(b)-c
+		wall, cpu := time.Since(t), benchProcessCPU(b)-c
 		o2, by2 := heap()
 		n := float64(pairedBlock)
 		return pairedCost{float64(wall) / n, float64(cpu) / n, float64(o2-o) / n, float64(by2-by) / n}
@@ -325,14 +323,14 @@ func pairedRun(b *testing.B, base, head *pairedSide) {
 		for i, c := range costs {
 			xs[i] = f(c)
 		}
-		return pairedMedian(xs)
+		return benchMedian(xs)
 	}
 	diff := func(f func(pairedCost) float64) float64 {
 		xs := make([]float64, len(bases))
 		for i := range bases {
 			xs[i] = f(heads[i]) - f(bases[i])
 		}
-		return pairedMedian(xs)
+		return benchMedian(xs)
 	}
 	wall := func(c pairedCost) float64 { return c.wall }
 	cpu := func(c pairedCost) float64 { return c.cpu }
@@ -346,25 +344,4 @@ func pairedRun(b *testing.B, base, head *pairedSide) {
 	b.ReportMetric(med(heads, allocs), "head-allocs/op")
 	b.ReportMetric(med(bases, bytes), "base-B/op")
 	b.ReportMetric(med(heads, bytes), "head-B/op")
-}
-
-// pairedCPU is the CPU time (user and system) this process has used so far.
-func pairedCPU(b *testing.B) time.Duration {
-	var ru syscall.Rusage
-	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
-		b.Fatal(err)
-	}
-	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
-}
-
-// pairedMedian returns the median of xs, which it sorts.
-func pairedMedian(xs []float64) float64 {
-	if len(xs) == 0 {
-		return 0
-	}
-	slices.Sort(xs)
-	if n := len(xs); n%2 == 0 {
-		return (xs[n/2-1] + xs[n/2]) / 2
-	}
-	return xs[len(xs)/2]
 }
