@@ -35,8 +35,8 @@ import (
 // sends only Bind/Execute/Sync. A Parse alone counts even if the statement is
 // only prepared and never executed.
 //
-// Once the proxy has cut a connection, it drops every CancelRequest (closing its
-// connection unanswered), as a network that lost the path to the server would: pgx
+// Once the proxy has begun to cut a connection, it drops every CancelRequest (closing
+// its connection unanswered), as a network that lost the path to the server would: pgx
 // sends one when it closes a broken connection (pgconn's asyncClose), and one that
 // reached the server before a forwarded COMMIT completed would abort it, so that
 // "cut after COMMIT" would end committed or aborted by chance.
@@ -55,6 +55,14 @@ type Proxy struct {
 
 	roundTrips atomic.Int64
 	cuts       atomic.Int64
+	// cutting is set before a cut closes or blocks anything, and stays set: from then on
+	// every CancelRequest is dropped. Counting the cut after the close (cuts) let pgx's
+	// cancel of the connection just closed through while a CutAll was still counting.
+	cutting atomic.Bool
+	// dropped counts the CancelRequests dropped (DroppedCancels).
+	dropped atomic.Int64
+	// afterClose, a test's seam, runs after CutAll or ResetAll closed a connection.
+	afterClose func()
 
 	rec *Recording // set by Record: connections accepted from then on are recorded
 	// implicitText is ImplicitCommits' text, "" for none.
@@ -296,6 +304,7 @@ func (p *Proxy) relayServer(pc *proxyConn) {
 		}
 		if ready != nil && len(data) > 0 {
 			if k, found := ready.through(data); found {
+				p.cutting.Store(true)
 				_ = pc.toClient.write(data[:k])
 				pc.blocked.Store(true)
 				p.cuts.Add(1)
@@ -330,8 +339,12 @@ func (p *Proxy) relayClient(pc *proxyConn) {
 			pending = append(pending, buf[:n]...)
 			out, consumed, cut := p.scan(pc, pending)
 			if pc.dropped {
+				p.dropped.Add(1)
 				pc.close()
 				return
+			}
+			if cut {
+				p.cutting.Store(true)
 			}
 			if len(out) > 0 {
 				if err := pc.toServer.write(out); err != nil {

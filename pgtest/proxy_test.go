@@ -464,6 +464,73 @@ func TestProxyProcess(t *testing.T) {
 	}
 }
 
+// TestProxyDropsCancelDuringCutAll: pgx answers the close of CutAll (and ResetAll) with a
+// CancelRequest (pgconn's asyncClose), which can reach the proxy before CutAll returns; the
+// proxy drops it all the same, so that what the server still runs after a cut is not
+// cancelled by chance (a statement waiting for a lock, in TestCommitsMoreThanOnce). The
+// seam afterClose holds the cut, after its close, until that CancelRequest was dropped or
+// the backend's pg_sleep ended.
+func TestProxyDropsCancelDuringCutAll(t *testing.T) {
+	ctx := ContextFor(t)
+	for _, cut := range []struct {
+		name string
+		do   func(*Proxy)
+	}{{"CutAll", (*Proxy).CutAll}, {"ResetAll", (*Proxy).ResetAll}} {
+		t.Run(cut.name, func(t *testing.T) {
+			p := ProxyFor(t, srv)
+			c := connectVia(t, ctx, p, srv.ConnString())
+			pid := c.PgConn().PID()
+			done := make(chan error, 1)
+			go func() {
+				_, err := c.Exec(ctx, "select pg_sleep(600)")
+				done <- err
+			}()
+			if err := srv.WaitForWaitEvent(ctx, pid, "PgSleep"); err != nil {
+				t.Fatal(err)
+			}
+			sleeping := func(c *pgx.Conn) (bool, error) {
+				var n int
+				err := c.QueryRow(ctx, "select count(*) from pg_stat_activity where pid = $1 and wait_event = 'PgSleep'", int64(pid)).Scan(&n)
+				return n == 1, err
+			}
+			p.afterClose = func() {
+				err := srv.poll(ctx, "the cut's CancelRequest dropped, or the backend cancelled", func(c *pgx.Conn) (bool, error) {
+					if p.DroppedCancels() > 0 {
+						return true, nil
+					}
+					ok, err := sleeping(c)
+					return !ok, err
+				})
+				if err != nil {
+					t.Error(err)
+				}
+			}
+			cut.do(p)
+			if err := <-done; err == nil {
+				t.Fatal("the statement survived the cut")
+			}
+			if n := p.DroppedCancels(); n != 1 {
+				t.Fatalf("%d CancelRequests dropped, want pgx's one", n)
+			}
+			if err := srv.poll(ctx, "a check", func(c *pgx.Conn) (bool, error) {
+				ok, err := sleeping(c)
+				if err == nil && !ok {
+					err = fmt.Errorf("backend %d no longer sleeps: the cancel reached the server", pid)
+				}
+				return true, err
+			}); err != nil {
+				t.Fatal(err)
+			}
+			if err := srv.Terminate(ctx, pid); err != nil {
+				t.Fatal(err)
+			}
+			if err := srv.WaitBackendGone(ctx, pid); err != nil {
+				t.Fatal(err)
+			}
+		})
+	}
+}
+
 // TestProxyDropsCancelAfterCut: a CancelRequest goes through the proxy until it has cut
 // a connection; from then on it is dropped, as by a network that lost the server, so
 // that pgx's own cancel of the broken connection cannot abort a COMMIT it forwarded.

@@ -91,10 +91,27 @@ func (p *Proxy) takeFault() fault {
 // CutAll closes every live connection (both sides) now. Each connection it
 // closes counts as one cut.
 func (p *Proxy) CutAll() {
-	for _, pc := range p.live() {
+	p.closeAll(nil)
+}
+
+// closeAll closes every live connection, each after prepare (if any) on its client
+// side, once the proxy is marked cutting: the CancelRequest pgx sends for a connection
+// it finds closed must meet a proxy that already drops it.
+func (p *Proxy) closeAll(prepare func(client net.Conn)) {
+	conns := p.live()
+	if len(conns) > 0 {
+		p.cutting.Store(true)
+	}
+	for _, pc := range conns {
 		pc.blocked.Store(true)
+		if prepare != nil {
+			prepare(pc.client)
+		}
 		if pc.close() {
 			p.cuts.Add(1)
+		}
+		if p.afterClose != nil {
+			p.afterClose()
 		}
 	}
 }
@@ -104,20 +121,20 @@ func (p *Proxy) CutAll() {
 // client's next write fails without sending a byte; the server side with a close. Each
 // connection it aborts counts as one cut.
 func (p *Proxy) ResetAll() {
-	for _, pc := range p.live() {
-		pc.blocked.Store(true)
-		if tc, ok := pc.client.(*net.TCPConn); ok {
+	p.closeAll(func(client net.Conn) {
+		if tc, ok := client.(*net.TCPConn); ok {
 			_ = tc.SetLinger(0)
 		}
-		if pc.close() {
-			p.cuts.Add(1)
-		}
-	}
+	})
 }
 
 // Cuts is the number of cuts performed: one per fired CutAfterCommit, CutBeforeCommit or
 // CutBetweenReplies, plus one per connection closed by CutAll or ResetAll.
 func (p *Proxy) Cuts() int64 { return p.cuts.Load() }
+
+// DroppedCancels is the number of CancelRequests dropped because the proxy had cut (or
+// was cutting) a connection.
+func (p *Proxy) DroppedCancels() int64 { return p.dropped.Load() }
 
 // forwardTyped appends the typed message msg to out unless a COMMIT fault drops it, and
 // reports whether to cut the connection once out is forwarded.

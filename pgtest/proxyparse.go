@@ -37,7 +37,7 @@ func (p *Proxy) scan(pc *proxyConn, data []byte) (out []byte, consumed int, cut 
 			}
 			consumed += n
 			code := binary.BigEndian.Uint32(rest[4:])
-			if code == cancelRequestCode && p.cuts.Load() > 0 {
+			if code == cancelRequestCode && p.cutting.Load() {
 				pc.dropped = true
 				return out, consumed, false
 			}
