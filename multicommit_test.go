@@ -14,9 +14,12 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/txevidence/otelpgxtx/internal/verdict"
 	"github.com/txevidence/otelpgxtx/outcome"
+	"github.com/txevidence/otelpgxtx/pgtest"
+	"github.com/txevidence/otelpgxtx/reconcile"
 )
 
 // Statements, strings and batches that commit more than once, against the real server: a
@@ -153,6 +156,15 @@ func killInLock(t *testing.T, w *implicitSetup, pid uint32) {
 	mustOK(t, srv.KillBackend(w.ctx, pid))
 }
 
+// stopInLock stops the server immediately once the backend pid waits for the ledger's
+// lock, after its inner commit, and starts it again: crash recovery under a new postmaster
+// (a new start time, the same timeline), where killInLock's recovers under the same one.
+func stopInLock(t *testing.T, w *implicitSetup, pid uint32) {
+	mustOK(t, srv.WaitForWaitEvent(w.ctx, pid, "advisory"))
+	mustOK(t, srv.StopImmediate())
+	mustOK(t, srv.Restart(w.ctx))
+}
+
 // cutInLock cuts the connection at the proxy once the backend pid waits for the ledger's
 // lock, after its inner commit.
 func cutInLock(t *testing.T, w *implicitSetup, pid uint32) {
@@ -195,6 +207,8 @@ var multiCases = []multiCase{
 		want: indeterminate, rows: "a", frames: []string{"indeterminate"}},
 	{name: "call: SIGKILLed after its commit", send: execArgs(pgx.QueryExecModeCacheStatement, "call {L}_commit_wait($1)", "x"), fault: killInLock,
 		want: indeterminate, rows: "a", frames: []string{"indeterminate"}},
+	{name: "call: server stopped immediately after its commit", send: execArgs(pgx.QueryExecModeCacheStatement, "call {L}_commit_wait($1)", "x"), fault: stopInLock,
+		want: indeterminate, rows: "a", frames: []string{"indeterminate"}},
 	{name: "call: cut after its commit", send: execArgs(pgx.QueryExecModeCacheStatement, "call {L}_commit_wait($1)", "x"), fault: cutInLock,
 		want: indeterminate, rows: "a b", frames: []string{"indeterminate"}},
 	{name: "string: nine commits, then 1/0", send: execArgs(pgx.QueryExecModeSimpleProtocol,
@@ -211,6 +225,15 @@ var multiCases = []multiCase{
 	{name: "string: insert, commit, then cut", send: execArgs(pgx.QueryExecModeSimpleProtocol,
 		"insert into {L} values ('a'); commit; select pg_advisory_xact_lock({LOCK}); insert into {L} values ('b')"), fault: cutInLock,
 		want: indeterminate, rows: "a b", frames: []string{"indeterminate"}}, // the server flushed nothing before the lock
+	{name: "string: insert, commit, then server stopped immediately", send: execArgs(pgx.QueryExecModeSimpleProtocol,
+		"insert into {L} values ('a'); commit; select pg_advisory_xact_lock({LOCK}); insert into {L} values ('b')"), fault: stopInLock,
+		want: indeterminate, rows: "a", frames: []string{"committed", "indeterminate"}}, // the backend's last words (quickdie) flush COMMIT's reply
+	{name: "batch: insert, commit, then server stopped immediately", send: batch("insert into {L} values ('a')", "commit", "select pg_advisory_xact_lock({LOCK})", "insert into {L} values ('b')"),
+		fault: stopInLock, want: indeterminate, rows: "a", frames: []string{"committed", "indeterminate"}},
+	{name: "batch: insert, commit, then SIGKILLed", send: batch("insert into {L} values ('a')", "commit", "select pg_advisory_xact_lock({LOCK})", "insert into {L} values ('b')"),
+		fault: killInLock, want: indeterminate, rows: "a", frames: []string{"indeterminate"}}, // nothing flushed: no reply of COMMIT
+	{name: "batch: insert, commit, cut, then 1/0", send: batch("insert into {L} values ('a')", "commit", "select pg_advisory_xact_lock({LOCK})", "select 1/0"),
+		fault: cutInLock, want: indeterminate, rows: "a", frames: []string{"indeterminate"}},
 	{name: "string: insert, commit, a notice, then cut", send: execArgs(pgx.QueryExecModeSimpleProtocol,
 		"insert into {L} values ('a'); commit; do $$ begin raise notice 'flushed'; end $$; select pg_advisory_xact_lock({LOCK}); insert into {L} values ('b')"),
 		fault: cutInLock, want: indeterminate, rows: "a b", frames: []string{"committed", "indeterminate"}}, // a notice flushes what came before it
@@ -266,12 +289,13 @@ func TestCommitsMoreThanOnce(t *testing.T) {
 					fs := outcomeSpans(w.h)
 					wantAttr(t, fs[len(fs)-1], "error.type", c.reason)
 				}
+				refs := wantRefsAgree(t, w.ctx, w.rec, outcomeSpans(w.h), rows)
 				if c.want == indeterminate {
 					if n := strings.Count(w.logs.String(), MessageIndeterminate); n != 1 {
 						t.Fatalf("%d log records, want 1: %s", n, w.logs)
 					}
 				}
-				seen[fmt.Sprintf("%s/%s: %s, rows %q", c.name, mode, res.Outcome(), rows)]++
+				seen[fmt.Sprintf("%s/%s: %s, rows %q, %d references", c.name, mode, res.Outcome(), rows, refs)]++
 
 				// Retry, with the reconciler, on a fresh ledger: the committed part once.
 				mustOK(t, srv.Exec(w.ctx, "truncate "+l.table))
@@ -351,6 +375,35 @@ func wantAgrees(t *testing.T, o outcome.Outcome, rows string, err error) {
 	}
 }
 
+// wantRefsAgree fails unless what rec answers for each reference the frames of one call
+// carry (spans, in start order) agrees with the ledger's rows after it: a frame answered
+// aborted is no committed one, nor the first (whose transaction holds the call's first
+// write, so that rows are empty), and a frame answered committed leaves rows. It returns
+// how many frames carried one.
+func wantRefsAgree(t *testing.T, ctx context.Context, rec *reconcile.Reconciler, spans []tracetest.SpanStub, rows string) int {
+	t.Helper()
+	n := 0
+	for i, s := range spans {
+		ref, ok := refOf(t, s)
+		if !ok {
+			continue
+		}
+		n++
+		o, _ := attr(s, OutcomeKey)
+		got, err := rec.Resolve(ctx, ref, trace.SpanContext{})
+		mustOK(t, err)
+		switch {
+		case got.Status() == reconcile.Aborted && (o.AsString() == "committed" || o.AsString() == cwpcf.String()):
+			t.Fatalf("frame %d (%s) reconciled aborted", i, o.AsString())
+		case got.Status() == reconcile.Aborted && i == 0 && rows != "":
+			t.Fatalf("the first frame (%s) reconciled aborted, and the ledger holds %q", o.AsString(), rows)
+		case got.Status() == reconcile.Committed && rows == "":
+			t.Fatalf("frame %d (%s) reconciled committed, and the ledger is empty", i, o.AsString())
+		}
+	}
+	return n
+}
+
 // outcomeSpans are the spans that carry a frame's tx.outcome (frame spans, and the
 // statement spans of implicit frames), in start order.
 func outcomeSpans(h *harness) []tracetest.SpanStub {
@@ -391,5 +444,105 @@ func TestRunRefusesCommitInside(t *testing.T) {
 	}
 	if rows := l.rows(t, w); rows != "" {
 		t.Fatalf("ledger %q, want nothing", rows)
+	}
+}
+
+// TestCommitsMoreThanOnceFailover: a procedure, a simple-protocol string and a batch
+// that COMMIT inside, then wait for a lock, while the primary crashes and its synchronous
+// standby is promoted (pgtest's Cluster). The inner commit was replicated before it
+// answered, so the new primary has a and never b; the call is indeterminate, with the
+// references off, the xid and the marker; a frame whose COMMIT the client saw answered
+// (the string's and the batch's: the crashing backend flushes what it had buffered) is
+// committed, the rest indeterminate, and no reference a frame carries is reconciled
+// committed (b is not there) — nor anything the call's frames say contradicted by a.
+func TestCommitsMoreThanOnceFailover(t *testing.T) {
+	const proc = "create procedure ledger_commit_wait() language plpgsql as $$ begin insert into ledger values ('a'); commit; perform pg_advisory_xact_lock(42); insert into ledger values ('b'); end $$"
+	cases := []struct {
+		name   string
+		send   func(ctx context.Context, h *harness) error
+		frames []string
+	}{
+		{"call", func(ctx context.Context, h *harness) error {
+			_, err := h.pool.Exec(ctx, "call ledger_commit_wait()", pgx.QueryExecModeCacheStatement)
+			return err
+		}, []string{"indeterminate"}},
+		{"string", func(ctx context.Context, h *harness) error {
+			_, err := h.pool.Exec(ctx, "insert into ledger values ('a'); commit; select pg_advisory_xact_lock(42); insert into ledger values ('b')", pgx.QueryExecModeSimpleProtocol)
+			return err
+		}, []string{"committed", "indeterminate"}},
+		{"batch", func(ctx context.Context, h *harness) error {
+			b := &pgx.Batch{}
+			for _, s := range []string{"insert into ledger values ('a')", "commit", "select pg_advisory_xact_lock(42)", "insert into ledger values ('b')"} {
+				b.Queue(s)
+			}
+			return h.pool.SendBatch(ctx, b).Close()
+		}, []string{"committed", "indeterminate"}},
+	}
+	for _, mode := range refModes {
+		t.Run(mode, func(t *testing.T) {
+			ctx := pgtest.ContextFor(t)
+			c := startCluster(t, ctx)
+			mustOK(t, c.Primary().Exec(ctx, "create table ledger (tag text not null)"))
+			mustOK(t, c.Primary().Exec(ctx, proc))
+			var opts []Option
+			switch mode {
+			case "xid":
+				opts = append(opts, WithCommitReference())
+			case "marker":
+				marker := pgx.Identifier{"public", "multicommit_failover_marker"}
+				ddl, err := reconcile.MarkerTableDDL(marker)
+				mustOK(t, err)
+				mustOK(t, c.Primary().Exec(ctx, ddl))
+				opts = append(opts, WithCommitMarker(marker))
+			}
+			for i, tc := range cases {
+				if i > 0 { // the old primary back, as the new one's synchronous standby
+					mustOK(t, c.Rejoin(ctx))
+					mustOK(t, c.Primary().Exec(ctx, "truncate ledger"))
+				}
+				h := newHarness(t, c.ConnString(), 1, opts...)
+				if _, err := h.pool.Exec(ctx, "update ledger set tag = tag where tag = $1", "-"); err != nil { // the connection's check of what references need
+					t.Fatal(err)
+				}
+				holder, err := c.Primary().Conn(ctx)
+				mustOK(t, err)
+				_, err = holder.Exec(ctx, "select pg_advisory_lock(42)")
+				mustOK(t, err)
+				var pid uint32
+				withConn(t, ctx, h, func(c *pgx.Conn) { pid = c.PgConn().PID() })
+				h.exp.Reset()
+				rctx, root := rootSpan(ctx, h)
+				vctx, v := NewVerdict(rctx)
+				done := make(chan error, 1)
+				go func() { done <- tc.send(vctx, h) }()
+				mustOK(t, c.Primary().WaitForWaitEvent(ctx, pid, "advisory"))
+				mustOK(t, c.Promote(ctx))
+				_ = holder.Close(context.WithoutCancel(ctx))
+				err = <-done
+				root.End()
+				if err == nil {
+					t.Fatalf("%s: answered though its primary crashed", tc.name)
+				}
+				res, verr := v.Result()
+				mustOK(t, verr)
+				if res.Outcome() != indeterminate {
+					t.Fatalf("%s: verdict %s, want indeterminate (call: %v)", tc.name, res.Outcome(), err)
+				}
+				conn, err := pgx.Connect(ctx, c.ConnString())
+				mustOK(t, err)
+				var rows string
+				mustOK(t, conn.QueryRow(ctx, "select coalesce(string_agg(tag, ' ' order by tag), '') from ledger").Scan(&rows))
+				_ = conn.Close(ctx)
+				if rows != "a" {
+					t.Fatalf("%s: the new primary's ledger %q, want %q", tc.name, rows, "a")
+				}
+				wantAgrees(t, res.Outcome(), rows, err)
+				if got := spanOutcomes(h); !slices.Equal(got, tc.frames) {
+					t.Fatalf("%s: frames %v, want %v", tc.name, got, tc.frames)
+				}
+				refs := wantRefsAgree(t, ctx, clusterReconciler(t, ctx, c), outcomeSpans(h), rows)
+				t.Logf("%s/%s: indeterminate, rows %q, frames %v, %d with a reference", tc.name, mode, rows, tc.frames, refs)
+			}
+		})
 	}
 }

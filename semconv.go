@@ -60,8 +60,8 @@ const (
 	ReconciliationRefKey = schema.ReconciliationRefKey
 	// NoReferenceKey is tx.reconciliation.no_reference, on an indeterminate frame with
 	// commit references on but none taken, when the reason is the frame's own:
-	// "multi_statement", its COMMIT came among other statements of one query string
-	// ("begin; insert …; commit"), where nothing can carry the reference without going
+	// "multi_statement", its COMMIT came among other statements of one query string or
+	// batch ("begin; insert …; commit"), where nothing can carry the reference without going
 	// between the application's statements; of an implicit transaction:
 	// "simple_protocol", sent as a simple Query, a transaction of its own that nothing can
 	// join; "unchecked", the connection's first, which carried the check;

@@ -59,7 +59,7 @@ type Proxy struct {
 	// every CancelRequest is dropped. Counting the cut after the close (cuts) let pgx's
 	// cancel of the connection just closed through while a CutAll was still counting.
 	cutting atomic.Bool
-	// dropped counts the CancelRequests dropped (DroppedCancels).
+	// dropped counts the CancelRequests dropped.
 	dropped atomic.Int64
 	// afterClose, a test's seam, runs after CutAll or ResetAll closed a connection.
 	afterClose func()

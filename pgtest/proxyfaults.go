@@ -132,10 +132,6 @@ func (p *Proxy) ResetAll() {
 // CutBetweenReplies, plus one per connection closed by CutAll or ResetAll.
 func (p *Proxy) Cuts() int64 { return p.cuts.Load() }
 
-// DroppedCancels is the number of CancelRequests dropped because the proxy had cut (or
-// was cutting) a connection.
-func (p *Proxy) DroppedCancels() int64 { return p.dropped.Load() }
-
 // forwardTyped appends the typed message msg to out unless a COMMIT fault drops it, and
 // reports whether to cut the connection once out is forwarded.
 func (p *Proxy) forwardTyped(pc *proxyConn, out, msg []byte) ([]byte, bool) {

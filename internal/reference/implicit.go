@@ -65,10 +65,21 @@ func (c *Conn) ArmImplicit(f *Frame, s Statement, serverVersion string) *Off {
 	if c.adding {
 		return nil
 	}
+	// A transaction-control statement (a COMMIT, a ROLLBACK) or one that may commit inside
+	// (a CALL) among a batch's statements ends the transaction f began before the Sync:
+	// what rides ahead of the Sync runs in, and answers for, the group's last transaction,
+	// which is not f's (TestCommitsMoreThanOnce, "batch: insert, commit, cut, then 1/0":
+	// a marker there, absent, reconciled f aborted while its row was committed).
+	several := !s.Single && (!s.Plain || s.Inside)
+	if several {
+		f.implicitWhy = MissingMultiStatement
+	}
 	if _, checked := c.marker(f.Refs.Marker); c.state != on || f.Refs.Mode == Marker && !checked {
-		f.implicitWhy = MissingUnchecked
+		if !several {
+			f.implicitWhy = MissingUnchecked
+		}
 		var then []byte
-		if c.postgres && runsInBlock(s.SQL) {
+		if c.postgres && runsInBlock(s.SQL) && !several {
 			// What cannot fail rides with the check: the xid read (the server is PostgreSQL
 			// 13 or later, as it reported at connection start), inside the transaction, the
 			// check ahead of it as a Query of its own; the marker waits for a connection
@@ -80,6 +91,9 @@ func (c *Conn) ArmImplicit(f *Frame, s Statement, serverVersion string) *Off {
 			c.implicit = f
 		}
 		return off
+	}
+	if several {
+		return nil
 	}
 	if !runsInBlock(s.SQL) {
 		f.implicitWhy = MissingNoTransactionBlock

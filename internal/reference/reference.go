@@ -74,7 +74,9 @@ type Frame struct {
 
 // MissingMultiStatement is Frame.Missing's word for a frame whose COMMIT came among other
 // statements of one query string ("begin; insert …; commit", as migration tools write),
-// where nothing can carry the call without going between the application's statements.
+// where nothing can carry the call without going between the application's statements,
+// and for an implicit transaction sent in a batch with another transaction's end among its
+// statements, where what rides before the Sync answers for the last transaction only.
 const MissingMultiStatement = "multi_statement"
 
 // MissingImplicit is Frame.Missing's word for an implicit transaction (a statement sent
