@@ -19,15 +19,11 @@ setup:
 # package's slowest tests (ROOT_SLOW: 245 of its 380 seconds under -race on a quiet
 # machine, 2026-12-06; the whole package took 522 to 564 seconds on a loaded one). Then
 # allocs_test.go, built without -race (the race detector changes allocation counts): all
-# of its tests. The slowest tests run beside the rest, printed once both are done: they wait
-# on their servers most of the time (213 s wall for 59 s of CPU, 2026-12-06).
+# of its tests.
 ROOT_SLOW = TestImplicitTransactionFaults|TestStaleManyTransactionsRandomFailures|TestCommitsMoreThanOnce|TestLedgerWorkloadUnderSyncRepTerminations|TestSpanConcurrentFrames|TestMarkerNeverChangesCommit|TestMarkerNeverChangesAutocommit
 test-library:
-	@out=$$(mktemp -d); \
-	echo "test-library: $(GO) test -race -count=1 -run '^(ROOT_SLOW)$$' . beside the rest"; \
-	$(GO) test -race -count=1 -run '^($(ROOT_SLOW))$$' . >$$out/slow 2>&1 & slow=$$!; \
-	$(GO) test -race -count=1 -skip '^($(ROOT_SLOW))$$' ./...; rest=$$?; \
-	wait $$slow; s=$$?; cat $$out/slow; rm -rf $$out; [ $$rest = 0 ] && [ $$s = 0 ]
+	$(GO) test -race -count=1 -skip '^($(ROOT_SLOW))$$' ./...
+	$(GO) test -race -count=1 -run '^($(ROOT_SLOW))$$' .
 	$(GO) test -race -count=1 -tags soak -run '^TestSoundness(Failover)?$$' .
 	$(GO) test -count=1 -run '^(TestHookAllocs|TestAutocommitAllocs|TestVerdictAllocs|TestFrameSize)$$' .
 
