@@ -114,6 +114,8 @@ type multiCase struct {
 	// fault, if set, runs while the statement is on its way, after its inner commit: the
 	// ledger's lock is held until it returns.
 	fault func(t *testing.T, w *implicitSetup, pid uint32)
+	// arm, if set, arms a fault of the proxy before the statement is sent.
+	arm func(w *implicitSetup)
 }
 
 // execArgs is pool.Exec of sql with args in query mode m.
@@ -234,6 +236,11 @@ var multiCases = []multiCase{
 		fault: killInLock, want: indeterminate, rows: "a", frames: []string{"indeterminate"}}, // nothing flushed: no reply of COMMIT
 	{name: "batch: insert, commit, cut, then 1/0", send: batch("insert into {L} values ('a')", "commit", "select pg_advisory_xact_lock({LOCK})", "select 1/0"),
 		fault: cutInLock, want: indeterminate, rows: "a", frames: []string{"indeterminate"}},
+	{name: "string: insert, commit, insert, cut before the server read it", send: execArgs(pgx.QueryExecModeSimpleProtocol,
+		"insert into {L} values ('a'); commit; insert into {L} values ('b')"),
+		arm: func(w *implicitSetup) { w.proxy.CutBeforeCommit() }, want: indeterminate, rows: "", frames: []string{"indeterminate"}},
+	{name: "batch: insert, commit, insert, cut before the server read COMMIT", send: batch("insert into {L} values ('a')", "commit", "insert into {L} values ('b')"),
+		arm: func(w *implicitSetup) { w.proxy.CutBeforeCommit() }, want: indeterminate, rows: "", frames: []string{"indeterminate"}},
 	{name: "string: insert, commit, a notice, then cut", send: execArgs(pgx.QueryExecModeSimpleProtocol,
 		"insert into {L} values ('a'); commit; do $$ begin raise notice 'flushed'; end $$; select pg_advisory_xact_lock({LOCK}); insert into {L} values ('b')"),
 		fault: cutInLock, want: indeterminate, rows: "a b", frames: []string{"committed", "indeterminate"}}, // a notice flushes what came before it
@@ -336,6 +343,9 @@ func (l *ledger) attempt(t *testing.T, w *implicitSetup, c multiCase, ctx contex
 	var release func()
 	if c.fault != nil {
 		release = l.holdLock(t, w)
+	}
+	if c.arm != nil {
+		c.arm(w)
 	}
 	send := c.send
 	done := make(chan error, 1)
