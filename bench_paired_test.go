@@ -38,8 +38,10 @@ const (
 
 // pairedPairs are the pairs measured, head against base: the library against otelpgx,
 // and the library against itself, the measure's own noise in that run (real server only:
-// without I/O it is a fraction of a µs).
-var pairedPairs = [][2]string{{pairedB, pairedC}, {pairedC, pairedC}}
+// without I/O it is a fraction of a µs); for autocommit statements, the floor against
+// otelpgx (what the contract charges) and the library against the floor (what it adds
+// above it: bench_paired_floor_test.go).
+var pairedPairs = [][2]string{{pairedB, pairedC}, {pairedC, pairedC}, {pairedB, pairedL}, {pairedL, pairedC}}
 
 // pairedBlock is how many statements (or transactions) one side runs per sample: some
 // 3–10 ms of work on the real server.
@@ -132,6 +134,14 @@ func newPairedTelemetry(sampler sdktrace.Sampler) *pairedTelemetry {
 	return &pairedTelemetry{tp: tp, mp: mp, app: tp.Tracer("bench/app")}
 }
 
+// newPairedTelemetryOf is variant v's telemetry: none for bare pgx.
+func newPairedTelemetryOf(v string, sampler sdktrace.Sampler) *pairedTelemetry {
+	if v == pairedA {
+		return nil
+	}
+	return newPairedTelemetry(sampler)
+}
+
 func (t *pairedTelemetry) shutdown() {
 	_ = t.tp.Shutdown(context.Background())
 	_ = t.mp.Shutdown(context.Background())
@@ -166,15 +176,16 @@ func (s *pairedSide) quiet() {
 
 // newPairedSide builds variant v on a pool of one connection (onPool) or on a single
 // connection, over cfg, and warms it (statements prepared, references read).
-func newPairedSide(b *testing.B, cfg *pgx.ConnConfig, v string, sampler sdktrace.Sampler, w pairedWork, onPool bool) *pairedSide {
+// Its telemetry is tel (nil for bare pgx), which it shuts down when closed.
+func newPairedSide(b testing.TB, cfg *pgx.ConnConfig, v string, tel *pairedTelemetry, w pairedWork, onPool bool) *pairedSide {
 	ctx := context.Background()
-	s := &pairedSide{}
-	if v != pairedA {
-		s.tel = newPairedTelemetry(sampler)
-	}
+	s := &pairedSide{tel: tel}
 	opts := func() []Option { return []Option{WithTracerProvider(s.tel.tp), WithMeterProvider(s.tel.mp)} }
-	if v == pairedB {
+	switch v {
+	case pairedB:
 		cfg.Tracer = otelpgx.NewTracer(otelpgx.WithTracerProvider(s.tel.tp), otelpgx.WithMeterProvider(s.tel.mp))
+	case pairedL:
+		newPairedFloor(s.tel, cfg, w.name == "insert")
 	}
 	var closers []func()
 	if onPool {
@@ -225,7 +236,7 @@ func newPairedSide(b *testing.B, cfg *pgx.ConnConfig, v string, sampler sdktrace
 }
 
 // pairedSchema creates the benchmark's tables once per run.
-func pairedSchema(b *testing.B) {
+func pairedSchema(b testing.TB) {
 	ctx := context.Background()
 	conn, err := srv.Conn(ctx)
 	if err != nil {
@@ -259,13 +270,13 @@ func BenchmarkPaired(b *testing.B) {
 			for _, w := range pairedWorks {
 				for _, s := range pairedSamplings {
 					for _, p := range pairedPairs {
-						if io.name != "server" && p[0] == p[1] {
+						if io.name != "server" && p[0] == p[1] || w.name == "tx" && (p[0] == pairedL || p[1] == pairedL) {
 							continue
 						}
 						b.Run(io.name+"/"+where+"/"+w.name+"/"+s.name+"/v="+p[1]+"-"+p[0], func(b *testing.B) {
-							base := newPairedSide(b, io.config(b), p[0], s.sampler(), w, onPool)
+							base := newPairedSide(b, io.config(b), p[0], newPairedTelemetryOf(p[0], s.sampler()), w, onPool)
 							defer base.close()
-							head := newPairedSide(b, io.config(b), p[1], s.sampler(), w, onPool)
+							head := newPairedSide(b, io.config(b), p[1], newPairedTelemetryOf(p[1], s.sampler()), w, onPool)
 							defer head.close()
 							pairedRun(b, base, head)
 						})
