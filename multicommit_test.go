@@ -265,6 +265,12 @@ var multiCases = []multiCase{
 	{name: "do: commit, then SIGKILLed", send: execArgs(pgx.QueryExecModeSimpleProtocol,
 		"do $$ begin insert into {L} values ('a'); commit; perform pg_advisory_xact_lock({LOCK}); insert into {L} values ('b'); end $$"),
 		fault: killInLock, want: indeterminate, rows: "a", frames: []string{"indeterminate"}},
+	{name: "do: commit, then server stopped immediately", send: execArgs(pgx.QueryExecModeSimpleProtocol,
+		"do $$ begin insert into {L} values ('a'); commit; perform pg_advisory_xact_lock({LOCK}); insert into {L} values ('b'); end $$"),
+		fault: stopInLock, want: indeterminate, rows: "a", frames: []string{"indeterminate"}},
+	{name: "do: commit, then cut", send: execArgs(pgx.QueryExecModeSimpleProtocol,
+		"do $$ begin insert into {L} values ('a'); commit; perform pg_advisory_xact_lock({LOCK}); insert into {L} values ('b'); end $$"),
+		fault: cutInLock, want: indeterminate, rows: "a b", frames: []string{"indeterminate"}},
 	{name: "batch: begin, insert, commit, insert, 1/0", send: batch("begin", "insert into {L} values ('a')", "commit", "insert into {L} values ('b')", "select 1/0"),
 		want: cwpcf, rows: "a", frames: []string{"committed", "rolled_back"}},
 	{name: "batch: insert, commit, insert, 1/0", send: batch("insert into {L} values ('a')", "commit", "insert into {L} values ('b')", "select 1/0"),
@@ -507,6 +513,15 @@ func TestCommitsMoreThanOnceFailover(t *testing.T) {
 				b.Queue(s)
 			}
 			return h.pool.SendBatch(ctx, b).Close()
+		}, []string{"committed", "indeterminate"}},
+		{"do", func(ctx context.Context, h *harness) error {
+			_, err := h.pool.Exec(ctx, "do $$ begin insert into ledger values ('a'); commit; perform pg_advisory_xact_lock(42); insert into ledger values ('b'); end $$",
+				pgx.QueryExecModeSimpleProtocol)
+			return err
+		}, []string{"indeterminate"}},
+		{"string with BEGIN", func(ctx context.Context, h *harness) error {
+			_, err := h.pool.Exec(ctx, "begin; insert into ledger values ('a'); commit; select pg_advisory_xact_lock(42); insert into ledger values ('b')", pgx.QueryExecModeSimpleProtocol)
+			return err
 		}, []string{"committed", "indeterminate"}},
 	}
 	for _, mode := range refModes {
