@@ -70,7 +70,7 @@ func (c *Conn[F]) After(f F, e Ended) (r Result) {
 	}
 	facts := classifier.Facts{ConnClosed: e.Closed, CommittedLocally: ev.commit.committedLocally, RollbackTag: e.RollbackTag}
 	if e.Err != nil {
-		ev.failure.endErr = e.Err // the cause, should this query conclude the frame
+		ev.failed().endErr = e.Err // the cause, should this query conclude the frame
 	}
 	switch ev.Phase() {
 	case outcome.PhaseNotStarted:
@@ -152,14 +152,14 @@ func (c *Conn[F]) afterActive(f F, e Ended, facts classifier.Facts, r *Result) {
 		r.merge(c.conclude(f, classifier.Classify(outcome.PhaseCommitting, e.Err, facts)))
 		return
 	}
-	if e.Err != nil && !ev.failure.hasFirst {
+	if e.Err != nil && !ev.Failed() {
 		ev.failedWith(classifier.Classify(outcome.PhaseActive, e.Err, facts), e.Err)
 	}
 	switch {
 	case e.Set.RollsBack() || !e.InTx:
 		v := classifier.Classify(outcome.PhaseActive, e.Err, facts)
-		if ev.failure.hasFirst {
-			v = ev.failure.first // the rollback is the consequence; the first failure is the cause
+		if ev.Failed() {
+			v = ev.FirstFailure() // the rollback is the consequence; the first failure is the cause
 		}
 		r.merge(c.conclude(f, v))
 	case e.Err == nil && e.Set.MovesSavepoint():

@@ -310,7 +310,7 @@ func (c *Conn[F]) Abandon(reason string, seen Seen) Result {
 		return r
 	}
 	v, _ := classifier.NewClassification(classifier.EvidenceRolledBack, false, "", reason)
-	ev.failure.hasFirst = true // a failure, though no query showed one
+	ev.failed().hasFirst = true // a failure, though no query showed one
 	return c.conclude(f, v)
 }
 
@@ -329,7 +329,7 @@ func (c *Conn[F]) concludeUnsent(f F, facts classifier.Facts) Result {
 	ev := f.Evidence()
 	ev.commit.unsent = false
 	facts.Server = c.server
-	r := c.conclude(f, classifier.Classify(outcome.PhaseCommitting, ev.failure.endErr, facts))
+	r := c.conclude(f, classifier.Classify(outcome.PhaseCommitting, ev.EndErr(), facts))
 	r.UnsentEnded = r.Ended
 	return r
 }

@@ -23,7 +23,7 @@ type Frame struct {
 	depth     int
 	at        moments
 	shape     shape
-	failure   failure
+	failure   *failure // nil until something went wrong: most frames never need it
 	commit    commitFacts
 	verdict   classifier.Classification // the final one, once concluded
 	endedIn   outcome.Phase             // the phase it was concluded from
@@ -175,7 +175,7 @@ func (f *Frame) EndedIn() outcome.Phase { return f.endedIn }
 // Deliberate reports whether f, rolled back, was ended on purpose with nothing gone
 // wrong: the one rule behind its span status and its metric series.
 func (f *Frame) Deliberate() bool {
-	return !f.failure.hasFirst && f.failure.cause == nil && f.verdict.Reason() == classifier.ReasonRolledBack
+	return !f.Failed() && f.Cause() == nil && f.verdict.Reason() == classifier.ReasonRolledBack
 }
 
 // CommittingAt and ConcludedAt are when f became committing (zero if it never did) and
@@ -232,31 +232,60 @@ func (f *Frame) FailedAfterCommit() error { return f.commit.failedAfter }
 func (f *Frame) Wrote() bool { return f.shape.wrote }
 
 // Failed reports whether a query of f's transaction failed before its end.
-func (f *Frame) Failed() bool { return f.failure.hasFirst }
+func (f *Frame) Failed() bool { return f.failure != nil && f.failure.hasFirst }
 
 // FirstFailure is the classification of the first failed query, if Failed.
-func (f *Frame) FirstFailure() classifier.Classification { return f.failure.first }
+func (f *Frame) FirstFailure() classifier.Classification {
+	if f.failure == nil {
+		return classifier.Classification{}
+	}
+	return f.failure.first
+}
 
 // FirstCause is the error of the first failed query, or nil.
-func (f *Frame) FirstCause() error { return f.failure.firstCause }
+func (f *Frame) FirstCause() error {
+	if f.failure == nil {
+		return nil
+	}
+	return f.failure.firstCause
+}
 
 // EndErr is the error of the query that concluded f, or nil.
-func (f *Frame) EndErr() error { return f.failure.endErr }
+func (f *Frame) EndErr() error {
+	if f.failure == nil {
+		return nil
+	}
+	return f.failure.endErr
+}
 
 // Cause is why the executor rolled back, or nil.
-func (f *Frame) Cause() error { return f.failure.cause }
+func (f *Frame) Cause() error {
+	if f.failure == nil {
+		return nil
+	}
+	return f.failure.cause
+}
+
+// failed is f's failure, made at the first thing that went wrong.
+func (f *Frame) failed() *failure {
+	if f.failure == nil {
+		f.failure = new(failure)
+	}
+	return f.failure
+}
 
 // failedWith records the first failure, if none was recorded yet.
 func (f *Frame) failedWith(v classifier.Classification, err error) {
-	if !f.failure.hasFirst {
-		f.failure.first, f.failure.firstCause, f.failure.hasFirst = v, err, true
+	if !f.Failed() {
+		ff := f.failed()
+		ff.first, ff.firstCause, ff.hasFirst = v, err, true
 	}
 }
 
 // rolledBackBy records that the executor rolls f back for cause, classified v: the first
 // failure unless a query failed before.
 func (f *Frame) rolledBackBy(cause error, v classifier.Classification) {
-	f.failure.cause = cause
+	f.failed().cause = cause
 	f.failedWith(v, cause)
 }
 

@@ -53,8 +53,8 @@ func (c *Conn[F]) concludeSeen(f F, seen Seen) (r Result) {
 	switch seen {
 	case SeenRollback:
 		v := classifier.Classify(outcome.PhaseActive, nil, classifier.Facts{})
-		if ev.failure.hasFirst {
-			v = ev.failure.first // the rollback is the consequence; the first failure is the cause
+		if ev.Failed() {
+			v = ev.FirstFailure() // the rollback is the consequence; the first failure is the cause
 		}
 		return c.conclude(f, v)
 	case SeenPrepare:

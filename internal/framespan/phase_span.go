@@ -50,8 +50,8 @@ type Span struct {
 	OnStatement bool
 	// errJudged and errExpected: whether the first failure was an expected one (see
 	// JudgeErr); an expected failure leaves the span's status Unset. The bools are kept
-	// together: a frame of more than 760 bytes (with its malloc header) takes the next
-	// size class, 128 bytes more per frame.
+	// together: a frame of more than 696 bytes (with its malloc header) takes the next
+	// size class, 64 bytes more per frame (TestFrameSize).
 	errJudged, errExpected bool
 	// unspanned is what such a frame needs to start a span of its own when it ends, if its
 	// statement had none that records and it did not commit (see Starter.StartUnspanned).
