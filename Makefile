@@ -77,7 +77,8 @@ NEWEST_TESTS += TestSpanCommitted TestSpanStrictStatus TestSpanDeliberateRollbac
 NEWEST_TESTS += TestPgxConnClosedMidTransaction TestNetConnPassThrough \
 	TestNetConnClosedUnderStatements TestOneEndingCloseAndHook TestStaleReleasedMidTransaction \
 	TestStaleConnectionClosedByServer TestStaleContextCancelledMidTransaction \
-	TestStaleNewBeginOnFramedConnection TestEndedUnobservedNotRolledBack TestRunEscapedHandles
+	TestStaleNewBeginOnFramedConnection TestEndedUnobservedNotRolledBack TestRunEscapedHandles \
+	TestUnobservedCommitReplyUnread
 # The tracer hooks: which pgx calls, in what order, with what data and context; the user's
 # own tracer and hooks handed what pgx hands them.
 NEWEST_TESTS += TestDetectionFromWhatPgxSends TestChainKeepsParent \

@@ -174,10 +174,11 @@ func (c *Conn[F]) afterActive(f F, e Ended, facts classifier.Facts, r *Result) {
 // only the tracer sees pool releases, closed connections and idle sessions.
 const (
 	// ReasonEndedUnobserved: the connection was found outside a transaction at its next
-	// query, acquire, release or close: the transaction was ended by a path that bypasses
-	// pgx's tracer (a statement sent through *pgconn.PgConn directly, a pipeline), which
-	// may have been a COMMIT, and the replies did not say how (Seen). The frame is unknown
-	// (indeterminate), never a rollback.
+	// query, acquire, release or close, or was closed or released after a statement went
+	// past the tracer: the transaction was, or may have been, ended by a path that
+	// bypasses pgx's tracer (a statement sent through *pgconn.PgConn directly, a
+	// pipeline), which may have been a COMMIT, and the replies did not say how (Seen). The
+	// frame is unknown (indeterminate), never a rollback.
 	ReasonEndedUnobserved = "ended_unobserved"
 	// ReasonReleasedInTransaction: the connection went back to the pool in the middle of
 	// the transaction; the pool destroys it, which rolls the transaction back.

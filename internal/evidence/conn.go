@@ -161,6 +161,11 @@ type Statement struct {
 	// Seen: how the replies the connection read showed the open frame's transaction end,
 	// where no query the hooks saw ended it (for Before, which finds the session idle).
 	Seen Seen
+	// EndedPastHooks: the connection is closed, and a statement the hooks did not see went
+	// before this one with its reply not read: it may have ended the transaction (a COMMIT
+	// whose reply a fault lost), which pgconn's status, still in it, cannot tell. Before
+	// ends the open frame as it does one found idle.
+	EndedPastHooks bool
 	// Implicit: the caller records implicit transactions (Set.Implicit), this one included.
 	Implicit bool
 }
@@ -195,7 +200,7 @@ func (c *Conn[F]) Before(s Statement) (ended F, r Result) {
 			ended, r = f, c.concludeUnsent(f, classifier.Facts{})
 		}
 	}
-	if f := c.open; f != zero && s.Idle {
+	if f := c.open; f != zero && (s.Idle || s.EndedPastHooks) {
 		ended, r = f, c.Abandon(ReasonEndedUnobserved, s.Seen)
 	}
 	switch {

@@ -30,6 +30,9 @@ type step struct {
 	// what the replies the connection read showed of that end.
 	unseen bool
 	seen   Seen
+	// pastHooks: the connection is closed as this query starts, after a statement the
+	// hooks did not see whose reply was not read (Statement.EndedPastHooks).
+	pastHooks bool
 	// clean: the replies since the query was handed over reached an idle ReadyForQuery
 	// with no ErrorResponse; closed: the connection is closed after it.
 	clean, closed bool
@@ -70,7 +73,7 @@ func run(t *testing.T, server classifier.ServerKind, steps []step) ([]*testFrame
 		}
 		set := Classify(s.sql)
 		commits := set.Decides() || !inTx && set.EndsPrepared()
-		ended, r := c.Before(Statement{Set: set, Idle: !inTx, Commits: commits, Seen: s.seen, Implicit: true})
+		ended, r := c.Before(Statement{Set: set, Idle: !inTx, Commits: commits, Seen: s.seen, Implicit: true, EndedPastHooks: s.pastHooks})
 		if ended != nil {
 			record(ended, r)
 		}
@@ -168,6 +171,9 @@ func TestConnSequences(t *testing.T) {
 			moves: "active committing committed |", last: outcome.OutcomeCommitted, reason: classifier.ReasonCommitted},
 		{name: "the wire's word is no rollback's for a frame released in its transaction", steps: []step{{sql: "begin", inTx: true}, {abandon: ReasonReleasedInTransaction, seen: SeenCommit}},
 			moves: "active rolled_back |", last: outcome.OutcomeRolledBack, reason: ReasonReleasedInTransaction},
+		{name: "found closed after a statement went past the hooks", steps: []step{{sql: "begin", inTx: true}, {sql: "insert into t values (1)", inTx: true},
+			{sql: "select 1", pastHooks: true, err: lost, closed: true}},
+			moves: "active committing unknown |", last: outcome.OutcomeIndeterminate, reason: ReasonEndedUnobserved, frame: 1},
 		{name: "closed with the transaction open", steps: []step{{sql: "begin", inTx: true}, {sql: "insert into t values (1)", inTx: true}, {abandon: ReasonConnectionClosed}},
 			moves: "active rolled_back |", last: outcome.OutcomeRolledBack, reason: ReasonConnectionClosed},
 		{name: "prepared", steps: []step{{sql: "begin", inTx: true}, {sql: "insert into t values (1)", inTx: true}, {sql: "prepare transaction 'g1'"}, {sql: "commit"}},

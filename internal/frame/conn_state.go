@@ -47,6 +47,9 @@ type Conn struct {
 	Pool poolmetrics.ConnState
 	// Named are its statements prepared by name (see NamedStatements).
 	Named NamedStatements
+	// pastHooks: at the last query the hooks saw begin, a statement they did not see had
+	// gone before it with its reply not read whole (see WentPastHooks).
+	pastHooks bool
 }
 
 // QueryState is what a query's Start hook hands to its End hook (see startQuery).
@@ -153,6 +156,29 @@ func (st *Conn) SeenEnd() evidence.Seen {
 		return evidence.SeenNothing
 	}
 	return SeenFromWire(st.NetConn.SeenEnd())
+}
+
+// WentPastHooks reports whether a statement the hooks did not see may have ended the
+// open transaction where nothing they read can tell: one was written since the last query
+// they saw (wire.Conn.WroteStatement) with none of theirs in flight — pgconn, busy with
+// one, refuses any other — and its reply was not read whole, the connection being closed
+// or busy; or the last query they saw begin found that so. A reply read whole shows the
+// statement's effect in pgconn's transaction status and in the replies (SeenEnd). False
+// without the library's net.Conn, which InstrumentConnConfig and InstrumentPool always put
+// in place.
+func (st *Conn) WentPastHooks(pg *pgconn.PgConn) bool {
+	if !pg.IsClosed() && !pg.IsBusy() {
+		return false
+	}
+	return st.pastHooks || len(st.Queries) == 0 && st.NetConn != nil && st.NetConn.WroteStatement()
+}
+
+// NotePastHooks records, as a query the hooks see begins (before any byte of it is
+// written), whether a statement went past them before it (WentPastHooks): the query's
+// own write and end start the wire's account afresh, this keeps what it held.
+func (st *Conn) NotePastHooks(pg *pgconn.PgConn) bool {
+	st.pastHooks = st.WentPastHooks(pg)
+	return st.pastHooks
 }
 
 // SeenFromWire is the evidence's word for what the wire saw end a transaction.

@@ -119,7 +119,8 @@ func (t *Adapter) beforeQuery(ctx context.Context, conn *pgx.Conn, st *frame.Con
 	// COMMIT PREPARED and ROLLBACK PREPARED, sent idle, in the frame they begin.
 	commits := (set.Decides() || idle && set.EndsPrepared() || st.Server() == classifier.ServerCockroachDB && releasesRestart(set, sql)) && !pg.IsBusy()
 	s := evidence.Statement{Set: set, Idle: idle, Commits: commits, Implicit: idle && set.Implicit() && t.implicit(ctx, sql)}
-	if f := st.Frame(); f != nil && idle {
+	s.EndedPastHooks = st.NotePastHooks(pg) && pg.IsClosed()
+	if f := st.Frame(); f != nil && (idle || s.EndedPastHooks) {
 		st.Refs.Unobserved(&f.CommitRef) // its transaction ended unseen: Before ends it
 		s.Seen = st.SeenEnd()
 	}

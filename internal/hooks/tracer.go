@@ -196,7 +196,7 @@ func (t *Adapter) TraceRelease(pool *pgxpool.Pool, data pgxpool.TraceReleaseData
 				if pg.IsClosed() {
 					reason = evidence.ReasonConnectionClosed
 				}
-				t.Abandon(st, goneReason(pg, reason))
+				t.Abandon(st, goneReason(st, pg, reason))
 			}
 			st.Mu.Unlock()
 		}
@@ -226,17 +226,20 @@ func (t *Adapter) OnNotice(pg *pgconn.PgConn, n *pgconn.Notice) {
 func (t *Adapter) ConnClosing(conn *pgx.Conn) {
 	if st := t.State(frame.PgConn(conn)); st != nil {
 		st.Mu.Lock()
-		t.Abandon(st, goneReason(conn.PgConn(), evidence.ReasonConnectionClosed))
+		t.Abandon(st, goneReason(st, conn.PgConn(), evidence.ReasonConnectionClosed))
 		st.Mu.Unlock()
 	}
 }
 
 // goneReason is why the frame of pg, which is closed or released with the frame open,
 // ended: where no query showed it if the server's last ReadyForQuery said the session is
-// idle (and then as the replies pgconn read say, see frame.Conn.SeenEnd), else reason, the
-// session having ended in the transaction.
-func goneReason(pg *pgconn.PgConn, reason string) string {
-	if pg.TxStatus() == 'I' {
+// idle (and then as the replies pgconn read say, see frame.Conn.SeenEnd), or if a
+// statement went past the hooks with its reply not read (frame.Conn.WentPastHooks: a
+// COMMIT on the PgConn whose reply a fault lost leaves the status in the transaction, and
+// the session's end proves no rollback); else reason, the session having ended in the
+// transaction.
+func goneReason(st *frame.Conn, pg *pgconn.PgConn, reason string) string {
+	if pg.TxStatus() == 'I' || st.WentPastHooks(pg) {
 		return evidence.ReasonEndedUnobserved
 	}
 	return reason
@@ -252,6 +255,6 @@ func (t *Adapter) NetConnClosed(st *frame.Conn) {
 	st.Mu.Lock()
 	defer st.Mu.Unlock()
 	if f := st.Frame(); f != nil && len(st.Queries) == 0 {
-		t.Abandon(st, goneReason(f.Conn, evidence.ReasonConnectionClosed))
+		t.Abandon(st, goneReason(st, f.Conn, evidence.ReasonConnectionClosed))
 	}
 }

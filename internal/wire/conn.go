@@ -82,6 +82,7 @@ func (c *Conn) Listener() Listener { return c.closing.listener }
 // was accepted: net.Conn's n counts exactly the bytes the kernel took. A write the library
 // armed an addition for carries it (see Arm).
 func (c *Conn) Write(b []byte) (int, error) {
+	c.splice.wrote(b)
 	if a := c.splice.next.Swap(nil); a != nil {
 		return c.writeArmed(a, b)
 	}

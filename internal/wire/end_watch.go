@@ -226,7 +226,46 @@ func (p *streamPos) advanceWatching(b []byte, w *endWatch) {
 // pgconn reads from here on show of it (SeenEnd). The tracer calls it as each query it
 // sees ends, when pgconn has read that query's replies: one atomic store, the watch being
 // begun afresh by the next bytes pgconn is given (splice.delivered).
-func (c *Conn) WatchEnds() { c.splice.endsFrom.Store(true) }
+func (c *Conn) WatchEnds() {
+	c.splice.endsFrom.Store(true)
+	c.splice.ran.Store(false)
+}
+
+// WroteStatement reports whether pgconn wrote, since WatchEnds, a message that runs a
+// statement (see runsStatement). Asked where no query the tracer sees is in flight, it
+// tells whether a statement went past the tracer — a COMMIT sent on the PgConn, perhaps,
+// whose reply a fault then lost: the session's end no longer says the transaction rolled
+// back.
+func (c *Conn) WroteStatement() bool { return c.splice.ran.Load() }
+
+// wrote notes b, bytes pgconn is about to write, for WroteStatement (before the write: a
+// write that fails half way may have sent the statement). Once a statement is noted it
+// costs one atomic load.
+func (s *splice) wrote(b []byte) {
+	if !s.ran.Load() && runsStatement(b) {
+		s.ran.Store(true)
+	}
+}
+
+// runsStatement reports whether b, one write of pgconn's, holds a message that runs a
+// statement — a Query, an Execute, a FunctionCall — or one it cannot read whole, which
+// may be one. pgconn writes whole messages; what runs nothing (Terminate, Sync, Flush,
+// Close, Parse, Bind, Describe: a Close of a prepared statement, Terminate at close)
+// cannot have ended a transaction.
+func runsStatement(b []byte) bool {
+	for len(b) > 0 {
+		typ, n, ok := msgHeader(b)
+		if !ok || len(b) < 1+n {
+			return true
+		}
+		switch typ {
+		case 'Q', 'E', 'F':
+			return true
+		}
+		b = b[1+n:]
+	}
+	return false
+}
 
 // RepliedClean reports whether the last ReadyForQuery pgconn read since WatchEnds said
 // idle, with no ErrorResponse since the ReadyForQuery before it. Read once pgconn has

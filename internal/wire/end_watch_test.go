@@ -157,3 +157,49 @@ func TestEndWatchSplits(t *testing.T) {
 		check("byte by byte", &w)
 	}
 }
+
+// TestWroteStatement: a write that runs a statement — a Query, an Execute, a
+// FunctionCall, or bytes not read as whole messages — is noted until WatchEnds; one that
+// runs nothing (Terminate, a prepared statement's Close and Sync, Parse and Describe) is
+// not.
+func TestWroteStatement(t *testing.T) {
+	fe := func(ms ...pgproto3.FrontendMessage) []byte {
+		var b []byte
+		for _, m := range ms {
+			b = append(b, frontendMsg(t, m)...)
+		}
+		return b
+	}
+	query := fe(&pgproto3.Query{String: "commit"})
+	for _, tc := range []struct {
+		name string
+		b    []byte
+		want bool
+	}{
+		{"query", query, true},
+		{"parse, bind, describe, execute, sync", fe(&pgproto3.Parse{Query: "commit"}, &pgproto3.Bind{}, &pgproto3.Describe{ObjectType: 'P'}, &pgproto3.Execute{}, &pgproto3.Sync{}), true},
+		{"function call", fe(&pgproto3.FunctionCall{Function: 1}), true},
+		{"a message cut short", query[:len(query)-1], true},
+		{"a header cut short", query[:3], true},
+		{"terminate", fe(&pgproto3.Terminate{}), false},
+		{"close, sync (Deallocate)", fe(&pgproto3.Close{ObjectType: 'S', Name: "s"}, &pgproto3.Sync{}), false},
+		{"parse, describe, sync (Prepare)", fe(&pgproto3.Parse{Name: "s", Query: "commit"}, &pgproto3.Describe{ObjectType: 'S', Name: "s"}, &pgproto3.Sync{}), false},
+		{"nothing", nil, false},
+	} {
+		c := NewConn(nopConn{}, nil, true)
+		c.WatchEnds()
+		if _, err := c.Write(tc.b); err != nil {
+			t.Fatal(err)
+		}
+		if got := c.WroteStatement(); got != tc.want {
+			t.Fatalf("%s: WroteStatement %v, want %v", tc.name, got, tc.want)
+		}
+		if _, err := c.Write(fe(&pgproto3.Terminate{})); err != nil || c.WroteStatement() != tc.want {
+			t.Fatalf("%s: a Terminate after changed it", tc.name)
+		}
+		c.WatchEnds()
+		if c.WroteStatement() {
+			t.Fatalf("%s: WatchEnds left it noted", tc.name)
+		}
+	}
+}

@@ -247,8 +247,12 @@ type splice struct {
 	// endsFrom, set by WatchEnds, begins it afresh with the next bytes given.
 	ends     endWatch
 	endsFrom atomic.Bool
-	filter   *replyFilter
-	added    *Addition
+	// ran: pgconn wrote a message that runs a statement since WatchEnds (end_watch.go's
+	// WroteStatement). Write sets it, on the connection's user's goroutine or pgconn's
+	// asynchronous close, hence atomic.
+	ran    atomic.Bool
+	filter *replyFilter
+	added  *Addition
 	// filterMem is the filter start puts in place, and the messages it decodes into: one
 	// per connection, reused, so that an addition allocates no filter. Only one is at work
 	// at a time (Arm and startAddition wait for the last to end), and whoever holds filter
