@@ -63,7 +63,7 @@ func (c *Conn[F]) After(f F, e Ended) (r Result) {
 		ev.commit.endedBeforeCommit = true
 	}
 	if e.AbortedBeforeCommit != nil {
-		ev.commit.abortedBy = e.AbortedBeforeCommit
+		ev.failed().abortedBy = e.AbortedBeforeCommit
 	}
 	if e.ReadFailed != nil {
 		ev.failedWith(e.ReadFailed.V, e.ReadFailed.Err)
@@ -86,7 +86,7 @@ func (c *Conn[F]) After(f F, e Ended) (r Result) {
 		facts.Server = c.server
 		facts.CommitNotSent = e.CommitNotSent
 		facts.SessionEndedBeforeCommit = ev.commit.endedBeforeCommit
-		facts.AbortedBeforeCommit = ev.commit.abortedBy
+		facts.AbortedBeforeCommit = ev.abortedBy()
 		if facts.CommitNotSent && e.InTx && e.Err != nil {
 			// COMMIT never left and the transaction is still open: it ends with the
 			// connection, which pgx's Commit closes on such a failure (rolled back: see
@@ -103,7 +103,7 @@ func (c *Conn[F]) After(f F, e Ended) (r Result) {
 			// failure is the client's own, made of a reply that came whole (a Scan that
 			// could not convert a value): a failure after the commit.
 			v = classifier.Classify(outcome.PhaseCommitting, nil, facts)
-			ev.commit.failedAfter = e.Err
+			ev.failed().failedAfter = e.Err
 		}
 		if ev.shape.implicit && e.Err != nil && (e.Set.CommitsInside() && !e.NothingRan && !e.OneTransaction || e.MoreEnds) && v.Evidence() == classifier.EvidenceRolledBack &&
 			!facts.CommitNotSent && !facts.SessionEndedBeforeCommit && facts.AbortedBeforeCommit == nil {

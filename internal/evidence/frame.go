@@ -51,6 +51,12 @@ type failure struct {
 	firstCause error
 	endErr     error
 	cause      error // why the executor rolled back
+	// abortedBy: the ERROR the server answered the call ahead of COMMIT with, in COMMIT's
+	// write: the transaction was aborted before COMMIT was read.
+	abortedBy error
+	// failedAfter: the call of an implicit transaction that committed failed in the
+	// client, after the server's clean reply (Ended.RepliedClean).
+	failedAfter error
 }
 
 // commitFacts is what COMMIT's write and reply showed.
@@ -60,17 +66,12 @@ type commitFacts struct {
 	committedLocally bool
 	// endedBeforeCommit: the server had sent a FATAL before COMMIT was written.
 	endedBeforeCommit bool
-	// abortedBy: the ERROR the server answered the call ahead of COMMIT with, in COMMIT's
-	// write: the transaction was aborted before COMMIT was read.
-	abortedBy error
 	// unsent: COMMIT failed without a byte of it leaving, on a connection still in the
 	// transaction: the frame waits, committing, for what comes next.
 	unsent bool
 	// prepared: PREPARE TRANSACTION succeeded: the transaction waits for its coordinator.
 	prepared bool
-	// failedAfter: the call of an implicit transaction that committed failed in the
-	// client, after the server's clean reply (Ended.RepliedClean).
-	failedAfter error
+	// What else COMMIT showed is a failure's: abortedBy and failedAfter (failure).
 }
 
 // init makes f the evidence of a new frame depth levels deep (0 for a top-level
@@ -153,7 +154,7 @@ func (f *Frame) conclude(v classifier.Classification) (moved Phases, ok bool) {
 func (f *Frame) Outcome() outcome.Outcome {
 	switch f.Phase() {
 	case outcome.PhaseCommitted:
-		if f.commit.failedAfter != nil {
+		if f.FailedAfterCommit() != nil {
 			return outcome.OutcomeCommittedWithPostCommitFailure
 		}
 		return outcome.OutcomeCommitted
@@ -226,7 +227,20 @@ func (f *Frame) Implicit() bool { return f.shape.implicit }
 
 // FailedAfterCommit is the failure of an implicit transaction's call after its commit
 // (see Outcome), or nil.
-func (f *Frame) FailedAfterCommit() error { return f.commit.failedAfter }
+func (f *Frame) FailedAfterCommit() error {
+	if f.failure == nil {
+		return nil
+	}
+	return f.failure.failedAfter
+}
+
+// abortedBy is the ERROR the call ahead of COMMIT got, or nil (failure.abortedBy).
+func (f *Frame) abortedBy() error {
+	if f.failure == nil {
+		return nil
+	}
+	return f.failure.abortedBy
+}
 
 // Wrote reports that a statement that may write was sent in the transaction.
 func (f *Frame) Wrote() bool { return f.shape.wrote }

@@ -146,7 +146,7 @@ func beginAttempt[T any](ctx context.Context, db TxBeginner, p AttemptPolicy, n 
 	sc := &alloc.sc
 	sc.Pool, _ = db.(*pgxpool.Pool)
 	if f := sc.frame; f != nil {
-		f.Managed, f.Propagation, f.AttemptNo = true, p.Propagation, n
+		f.Managed, f.Propagation, f.AttemptNo = true, p.Propagation, int32(n)
 		sc.ID = f.ID
 	} else {
 		sc.ID = outcome.NewOperationID()

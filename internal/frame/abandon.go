@@ -10,7 +10,7 @@ func (t *Core) Abandon(st *Conn, reason string) {
 	if f := st.Frame(); f != nil {
 		seen := evidence.SeenNothing
 		if reason == evidence.ReasonEndedUnobserved {
-			st.Refs.Unobserved(&f.CommitRef)
+			st.Refs.Unobserved(f.CommitRef)
 			seen = st.SeenEnd()
 		}
 		t.Apply(st, f, st.Ev.Abandon(reason, seen), nil)

@@ -83,7 +83,7 @@ func (t *Core) applyTo(st *Conn, f *Frame, r evidence.Result, q *Query) {
 		f.SavepointEvent(r.SavepointMove, r.SavepointDepth, r.SavepointName)
 	}
 	if r.Retried {
-		f.RetryEvent(f.AttemptNo+1, f.Ev.Verdict().Reason())
+		f.RetryEvent(int(f.AttemptNo)+1, f.Ev.Verdict().Reason())
 	}
 	if r.Waits && q != nil {
 		f.unsentAsked = verdict.From(q.Ctx) // told when the frame ends, after this call returned
@@ -178,6 +178,24 @@ func callVerdict(v *verdict.State, f *Frame, q *Query, e *record.Ending) {
 	}
 }
 
+// frameWithRef is a frame and its reference part, in one allocation.
+type frameWithRef struct {
+	f   Frame
+	ref reference.Frame
+}
+
+// allocFrame allocates a frame whose COMMIT carries refs: with its reference part if it
+// carries one, else without (TestFrameSize: a frame of the defaults fits the 512-byte
+// size class, where the allocator adds no header).
+func allocFrame(refs reference.Refs) *Frame {
+	if refs.Mode == reference.None {
+		return &Frame{}
+	}
+	fr := &frameWithRef{}
+	fr.f.CommitRef = &fr.ref
+	return &fr.f
+}
+
 // newFrame makes a frame for a transaction that conn is beginning with the statement
 // begin ("" when none was seen), or that COMMIT AND CHAIN began after chained, whose
 // filter decision, span name and characteristics it keeps, and completes b, how the
@@ -185,15 +203,18 @@ func callVerdict(v *verdict.State, f *Frame, q *Query, e *record.Ending) {
 // span in ctx; if ctx carries an open frame on another connection, that frame is
 // suspended and the new one is one level deeper. The evidence begins it next (Apply).
 func (t *Core) newFrame(ctx context.Context, conn *pgx.Conn, st *Conn, b *evidence.Begun, begin string, chained *Frame) *Frame {
-	f := &Frame{Conn: conn.PgConn(), ID: outcome.NewOperationID()}
+	refs := st.Refs.FrameRefs(t.Cfg.References())
+	if chained != nil {
+		refs = chained.CommitRef.Refs()
+	}
+	f := allocFrame(refs)
+	f.Conn, f.ID = conn.PgConn(), outcome.NewOperationID()
 	if !b.Implicit || b.Rest {
 		f.startedAt = time.Now()
 	} // else its statement's hand-over starts it: HandedOver
-	refs := st.Refs.FrameRefs(t.Cfg.References())
-	if chained != nil {
-		refs = chained.CommitRef.Refs
+	if f.CommitRef != nil {
+		f.CommitRef.Init(refs, &f.Ev, f.ID)
 	}
-	f.CommitRef.Init(refs, &f.Ev, f.ID)
 	if outer := openFrameFromContext(ctx); outer != nil && outer.Conn != f.Conn {
 		f.parent, b.Depth = outer, outer.Ev.Depth()+1
 	}
@@ -212,7 +233,7 @@ func (t *Core) newFrame(ctx context.Context, conn *pgx.Conn, st *Conn, b *eviden
 	if f.asked = verdict.From(ctx); f.asked != nil {
 		f.asked.Began()
 		if f.AttemptNo == 0 {
-			f.AttemptNo = f.asked.Attempt // a Retry attempt's
+			f.AttemptNo = int32(f.asked.Attempt) // a Retry attempt's
 		}
 	}
 	return f

@@ -57,8 +57,9 @@ type Frame struct {
 	framespan.Span // its span (package framespan) and the statements that are its events
 	frameAnswer    // what a Verdict is told (package verdict)
 	frameExecutor  // what Run sets (package executor)
-	// CommitRef is its commit reference (package reference).
-	CommitRef reference.Frame
+	// CommitRef is its commit reference (package reference), nil when its COMMIT carries
+	// none (the default): allocated with the frame when it does (newFrame).
+	CommitRef *reference.Frame
 
 	ID        outcome.OperationID
 	Conn      *pgconn.PgConn
@@ -72,9 +73,9 @@ func (f *Frame) Evidence() *evidence.Frame { return &f.Ev }
 
 // frameExecutor is what Run sets on the frames of its attempts.
 type frameExecutor struct {
-	Managed     bool // the executor ends the frame, after post-commit work
 	Propagation string
-	AttemptNo   int // the attempt of Run it is, from 1
+	AttemptNo   int32 // the attempt of Run it is, from 1 (int32 beside Managed: 8 bytes less a frame)
+	Managed     bool  // the executor ends the frame, after post-commit work
 }
 
 // chainCtx rebuilds the context f was begun in: the next frame of COMMIT AND CHAIN
@@ -113,7 +114,7 @@ func (f *Frame) record(o outcome.Outcome) record.Ending {
 		CommittedLocally: ev.CommittedLocally(), FirstCause: ev.FirstCause(), Cause: ev.Cause(), EndErr: ev.EndErr(), Ref: f.CommitRef.Ref(), NoRef: f.CommitRef.Missing(),
 		StartedAt: f.startedAt, CommittingAt: ev.CommittingAt(), ConcludedAt: ev.ConcludedAt(),
 		Span: f.SpanContext(), ParentSpan: f.ParentSpan, Recorded: !f.Unrecorded, SpanCtx: f.SpanCtx, Awaited: f.awaited,
-		Depth: ev.Depth(), Isolation: ev.Isolation(), AccessMode: ev.AccessMode(), Propagation: f.Propagation, AttemptNo: f.AttemptNo,
+		Depth: ev.Depth(), Isolation: ev.Isolation(), AccessMode: ev.AccessMode(), Propagation: f.Propagation, AttemptNo: int(f.AttemptNo),
 		Implicit: ev.Implicit()}
 	e.At = e.ConcludedAt // the conclusion has just read the clock
 	if f.Managed {

@@ -26,7 +26,7 @@ func RefStatement(set evidence.Set, sql string, pg *pgconn.PgConn) reference.Sta
 // ArmCheck has the write of f's BEGIN (sql, of kinds set) carry the check of what f's
 // references need that the connection has not checked yet (reference.Conn.ArmCheck).
 func (t *Core) ArmCheck(st *Conn, f *Frame, pg *pgconn.PgConn, set evidence.Set, sql string) {
-	t.ReferenceOff(st.Refs.ArmCheck(f.CommitRef.Refs, pg.ParameterStatus("server_version"), set.Single(), sql))
+	t.ReferenceOff(st.Refs.ArmCheck(f.CommitRef.Refs(), pg.ParameterStatus("server_version"), set.Single(), sql))
 }
 
 // ReferenceOff writes one record about the connection's references being off, if off

@@ -37,8 +37,9 @@ type Span struct {
 	// FramedIn and FramedOut are inner.StartCtx's last caller context and its answer; only
 	// the connection's user calls it.
 	FramedIn, FramedOut context.Context
-	// connAttrs are the connection's attributes, from its frame.Conn.
-	connAttrs []attribute.KeyValue
+	// connAttrs holds the connection's attributes, its frame.Conn's slot (made once, never
+	// changed), nil until the span records: a pointer, not the slice, keeps the frame small.
+	connAttrs *[]attribute.KeyValue
 	// Unrecorded: a Filter rejected the frame; its span only carries the caller's span
 	// context, and nothing is parented to it.
 	Unrecorded bool
@@ -50,8 +51,8 @@ type Span struct {
 	OnStatement bool
 	// errJudged and errExpected: whether the first failure was an expected one (see
 	// JudgeErr); an expected failure leaves the span's status Unset. The bools are kept
-	// together: a frame of more than 696 bytes (with its malloc header) takes the next
-	// size class, 64 bytes more per frame (TestFrameSize).
+	// together: a frame of more than 512 bytes takes the next size class with Go's
+	// 8-byte header, 64 bytes more per frame (TestFrameSize).
 	errJudged, errExpected bool
 	// unspanned is what such a frame needs to start a span of its own when it ends, if its
 	// statement had none that records and it did not commit (see Starter.StartUnspanned).
@@ -126,7 +127,8 @@ func (f *Span) Start(t *Starter, ctx context.Context, conn *pgx.Conn, connAttrs 
 	}
 	f.Recording = f.OTel.IsRecording()
 	if f.Recording {
-		f.connAttrs = t.connAttrs(conn, connAttrs)
+		t.connAttrs(conn, connAttrs)
+		f.connAttrs = connAttrs
 	}
 }
 
@@ -149,10 +151,10 @@ func (t *Starter) frameSpanName(ctx context.Context, begin string) (name string,
 	return name, false
 }
 
-// connAttrs returns the attributes of conn that every recorded frame span carries, made
-// on the first and kept in slot, the connection's: conn.Config() copies the whole
-// configuration, once per connection.
-func (t *Starter) connAttrs(conn *pgx.Conn, slot *[]attribute.KeyValue) []attribute.KeyValue {
+// connAttrs makes, in slot, the connection's, the attributes of conn that every recorded
+// frame span carries, on the first: conn.Config() copies the whole configuration, once
+// per connection.
+func (t *Starter) connAttrs(conn *pgx.Conn, slot *[]attribute.KeyValue) {
 	if *slot == nil {
 		attrs := []attribute.KeyValue{schema.DBSystemPostgreSQL}
 		if !t.Cfg.NoConnDetails {
@@ -164,7 +166,6 @@ func (t *Starter) connAttrs(conn *pgx.Conn, slot *[]attribute.KeyValue) []attrib
 		}
 		*slot = attrs
 	}
-	return *slot
 }
 
 // SpanContext is the context of the frame's span: while a frame on its statement's span
@@ -212,7 +213,8 @@ func (t *Starter) StartUnspanned(s *Span, ev *evidence.Frame, startedAt time.Tim
 	if !s.Recording {
 		return
 	}
-	s.connAttrs = t.connAttrs(s.unspanned.conn, slot)
+	t.connAttrs(s.unspanned.conn, slot)
+	s.connAttrs = slot
 	phaseEventsAt(s.OTel, ev.CommittingAt(), ev.Phase(), ev.ConcludedAt(), time.Time{})
 }
 
@@ -360,7 +362,9 @@ func SetFrameAttrs(span trace.Span, buf *[]attribute.KeyValue, attrs []attribute
 // its status, so that they are written in one SetAttributes call.
 func (f *Span) outcomeAttrs(e *record.Ending, cfg *settings.Config, attrs []attribute.KeyValue) []attribute.KeyValue {
 	v := e.Verdict
-	attrs = append(attrs, f.connAttrs...)
+	if f.connAttrs != nil {
+		attrs = append(attrs, *f.connAttrs...)
+	}
 	attrs = append(attrs, schema.OperationIDKey.String(e.ID.String()), schema.FrameDepthKey.Int(e.Depth))
 	attrs = append(attrs, cfg.SpanAttributes...)
 	attrs = append(attrs, schema.OutcomeKey.String(e.Outcome.String()), schema.PhaseKey.String(e.Phase.String()))

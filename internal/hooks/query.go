@@ -121,7 +121,7 @@ func (t *Adapter) beforeQuery(ctx context.Context, conn *pgx.Conn, st *frame.Con
 	s := evidence.Statement{Set: set, Idle: idle, Commits: commits, Implicit: idle && set.Implicit() && t.implicit(ctx, sql)}
 	s.EndedPastHooks = st.NotePastHooks(pg) && pg.IsClosed()
 	if f := st.Frame(); f != nil && (idle || s.EndedPastHooks) {
-		st.Refs.Unobserved(&f.CommitRef) // its transaction ended unseen: Before ends it
+		st.Refs.Unobserved(f.CommitRef) // its transaction ended unseen: Before ends it
 		s.Seen = st.SeenEnd()
 	}
 	ended, r := st.Ev.Before(s)
@@ -129,13 +129,13 @@ func (t *Adapter) beforeQuery(ctx context.Context, conn *pgx.Conn, st *frame.Con
 	started := t.Apply(st, ended, r, &frame.Query{Ctx: ctx, CallerCtx: ctx, Conn: conn, Set: set, SQL: sql})
 	switch begins {
 	case evidence.StartPrepared:
-		t.ReferenceOff(st.Refs.ArmPrepared(&started.CommitRef, pg.ParameterStatus("server_version"), set.Single(), sql, evidence.GID(sql)))
+		t.ReferenceOff(st.Refs.ArmPrepared(started.CommitRef, pg.ParameterStatus("server_version"), set.Single(), sql, evidence.GID(sql)))
 	case evidence.StartBlock:
 		t.ArmCheck(st, started, pg, set, sql)
 	case evidence.StartImplicit:
 		// Committing from the moment it leaves, as a COMMIT is: its write is marked, and
 		// its reply watched from here (frame.Conn.RepliedClean).
-		t.ReferenceOff(st.Refs.ArmImplicit(&started.CommitRef, frame.RefStatement(set, sql, pg), pg.ParameterStatus("server_version")))
+		t.ReferenceOff(st.Refs.ArmImplicit(started.CommitRef, frame.RefStatement(set, sql, pg), pg.ParameterStatus("server_version")))
 		if st.NetConn != nil {
 			st.NetConn.WatchEnds()
 		}
@@ -149,7 +149,7 @@ func (t *Adapter) beforeQuery(ctx context.Context, conn *pgx.Conn, st *frame.Con
 		return nil
 	}
 	if commits {
-		if c := st.Refs.Settle(ctx, &f.CommitRef); c.ReadFailed != nil {
+		if c := st.Refs.Settle(ctx, f.CommitRef); c.ReadFailed != nil {
 			s.ReadFailed = &evidence.Failure{V: c.ReadFailedAs, Err: c.ReadFailed}
 		}
 		s.EndedBeforeCommit = st.MarkCommit()
@@ -160,10 +160,10 @@ func (t *Adapter) beforeQuery(ctx context.Context, conn *pgx.Conn, st *frame.Con
 		return f // what its reference needs is armed (ArmImplicit)
 	}
 	if set.Writes() {
-		st.Refs.ArmRead(ctx, &f.CommitRef, frame.RefStatement(set, sql, pg))
+		st.Refs.ArmRead(ctx, f.CommitRef, frame.RefStatement(set, sql, pg))
 	}
 	if commits {
-		st.Refs.ArmCall(&f.CommitRef, frame.RefStatement(set, sql, pg))
+		st.Refs.ArmCall(f.CommitRef, frame.RefStatement(set, sql, pg))
 	}
 	return f
 }
@@ -187,7 +187,7 @@ func (t *Adapter) afterQuery(ctx context.Context, conn *pgx.Conn, st *frame.Conn
 	open := f != nil && f.Ev.Open() // the query's frame was going on: its end is judged
 	var fr *reference.Frame
 	if f != nil {
-		fr = &f.CommitRef
+		fr = f.CommitRef
 	}
 	c := st.Refs.Collect(fr, false) // what became of the library's addition, if any
 	t.ReferenceOff(c.Off)
@@ -225,7 +225,7 @@ func (t *Adapter) afterQuery(ctx context.Context, conn *pgx.Conn, st *frame.Conn
 	if open && f.Ev.Implicit() && q.Set.CommitsInside() && !q.PrepareFailed && !closed && !inTx && serverError(err) {
 		// Its failure proves no rollback unless it ran in one transaction: asked on this
 		// failure path only, after everything above read the query's own reply.
-		e.OneTransaction = st.Refs.OneTransaction(ctx, &f.CommitRef, pg)
+		e.OneTransaction = st.Refs.OneTransaction(ctx, f.CommitRef, pg)
 	}
 	r := st.Ev.After(f, e)
 	if st.NetConn != nil {

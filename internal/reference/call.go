@@ -17,11 +17,14 @@ import (
 // go between the application's statements): without a found xid the frame has no
 // reference, for that reason (Frame.Missing).
 func (c *Conn) ArmCall(f *Frame, s Statement) {
-	f.multiCommit = s.Commit && !s.Single && c.on(f.Refs)
-	if !c.on(f.Refs) || !c.Known() || !f.life.Wrote() && !f.Refs.Every || f.life.ReadOnly() || !s.InTx {
+	if f == nil {
 		return
 	}
-	f.marker = c.markerOf(f.Refs)
+	f.multiCommit = s.Commit && !s.Single && c.on(f.refs)
+	if !c.on(f.refs) || !c.Known() || !f.life.Wrote() && !f.refs.Every || f.life.ReadOnly() || !s.InTx {
+		return
+	}
+	f.marker = c.markerOf(f.refs)
 	if f.xid != 0 && f.marker == nil {
 		f.ref = c.ref(f.xid)
 		return

@@ -49,10 +49,13 @@ func (c *Conn) ArmCheck(refs Refs, serverVersion string, single bool, sql string
 // changes nothing of the statement's. Without a gid literal, or when the gid names no
 // prepared transaction, f has no reference.
 func (c *Conn) ArmPrepared(f *Frame, serverVersion string, single bool, sql, gid string) *Off {
+	if f == nil {
+		return nil
+	}
 	if gid == "" || !single {
 		return nil
 	}
-	off := c.armCheck(f.Refs, serverVersion, single, sql, gid, false, nil)
+	off := c.armCheck(f.refs, serverVersion, single, sql, gid, false, nil)
 	if c.adding && c.checking.gid != "" {
 		c.preparing = f
 	}

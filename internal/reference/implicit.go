@@ -58,7 +58,10 @@ const (
 // MERGE, SELECT, WITH): a second statement makes the group an implicit transaction block,
 // which VACUUM, CREATE INDEX CONCURRENTLY and the like refuse.
 func (c *Conn) ArmImplicit(f *Frame, s Statement, serverVersion string) *Off {
-	if !c.on(f.Refs) {
+	if f == nil {
+		return nil
+	}
+	if !c.on(f.refs) {
 		return nil
 	}
 	f.implicit = true
@@ -74,7 +77,7 @@ func (c *Conn) ArmImplicit(f *Frame, s Statement, serverVersion string) *Off {
 	if several {
 		f.implicitWhy = MissingMultiStatement
 	}
-	if _, checked := c.marker(f.Refs.Marker); c.state != on || f.Refs.Mode == Marker && !checked {
+	if _, checked := c.marker(f.refs.Marker); c.state != on || f.refs.Mode == Marker && !checked {
 		if !several {
 			f.implicitWhy = MissingUnchecked
 		}
@@ -86,7 +89,7 @@ func (c *Conn) ArmImplicit(f *Frame, s Statement, serverVersion string) *Off {
 			// whose marker function is checked.
 			then = c.implicitMsg(nil, f.id)
 		}
-		off := c.armCheck(f.Refs, serverVersion, true, "", "", true, then)
+		off := c.armCheck(f.refs, serverVersion, true, "", "", true, then)
 		if c.adding {
 			c.implicit = f
 		}
@@ -102,7 +105,7 @@ func (c *Conn) ArmImplicit(f *Frame, s Statement, serverVersion string) *Off {
 		}
 		return nil
 	}
-	m := c.markerOf(f.Refs)
+	m := c.markerOf(f.refs)
 	if c.nc.Arm(&wire.Addition{Kind: wire.LibraryPortal, Extended: true, Commit: true, Msg: c.implicitMsg(m, f.id)}) {
 		c.adding, c.implicit, f.marker = true, f, m
 	}

@@ -85,6 +85,9 @@ func (c *Conn) collectInside(f *Frame, r wire.Reply) {
 // above): then its error rolled back all of it. It costs one round trip on pg, on this
 // failure path only, and only where the read ahead of the statement answered.
 func (c *Conn) OneTransaction(ctx context.Context, f *Frame, pg *pgconn.PgConn) bool {
+	if f == nil {
+		return false
+	}
 	before, of := c.before, c.beforeOf
 	c.before, c.beforeOf = vxid{}, nil
 	if of != f || !before.ok || c.identity.pooled || pg.IsClosed() || pg.IsBusy() || pg.TxStatus() != 'I' {

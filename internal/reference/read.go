@@ -38,7 +38,10 @@ type Statement struct {
 // taken once per transaction, unless it finds no xid yet. The marker's call stays ahead
 // of COMMIT. ctx is the statement's context.
 func (c *Conn) ArmRead(ctx context.Context, f *Frame, s Statement) {
-	if f.xid != 0 || f.life.ReadOnly() || !f.life.Open() || !c.on(f.Refs) || c.markerOf(f.Refs) != nil ||
+	if f == nil {
+		return
+	}
+	if f.xid != 0 || f.life.ReadOnly() || !f.life.Open() || !c.on(f.refs) || c.markerOf(f.refs) != nil ||
 		!c.Known() || c.adding || !s.Writes || !(s.Plain && s.InTx || s.Opens) || !c.readsEarly(ctx, s.SQL) {
 		return
 	}
@@ -77,6 +80,9 @@ func (c *Conn) readsEarly(ctx context.Context, sql string) bool {
 // normally read already; if not, it is read now, for up to readWait (ctx's deadline, if
 // sooner), so that a connection lost with COMMIT's write cannot take it along.
 func (c *Conn) Settle(ctx context.Context, f *Frame) Collected {
+	if f == nil {
+		return Collected{}
+	}
 	if c.reading != f || !c.adding {
 		return Collected{}
 	}

@@ -50,9 +50,13 @@ type Life interface {
 }
 
 // Frame is a frame's commit reference: what its COMMIT carries for one, and what it got.
+//
+// A frame whose COMMIT carries nothing (Refs.Mode None, the default) has none: its
+// *Frame is nil, which every method here takes for a frame without references, so that
+// the frames of the defaults do not carry these bytes.
 type Frame struct {
-	// Refs is what its COMMIT carries for a reference (the tracer's options, or Run's).
-	Refs Refs
+	// refs is what its COMMIT carries for a reference (the tracer's options, or Run's).
+	refs Refs
 	life Life
 	id   outcome.OperationID
 	// xid is the transaction's xid as the xid read after one of its statements found it;
@@ -89,17 +93,30 @@ const MissingImplicit = "implicit"
 // Init makes f the reference part of a frame whose transaction life is, operation id,
 // carrying refs.
 func (f *Frame) Init(refs Refs, life Life, id outcome.OperationID) {
-	*f = Frame{Refs: refs, life: life, id: id}
+	*f = Frame{refs: refs, life: life, id: id}
+}
+
+// Refs is what the frame's COMMIT carries for a reference: nothing for a nil f.
+func (f *Frame) Refs() Refs {
+	if f == nil {
+		return Refs{}
+	}
+	return f.refs
 }
 
 // Ref is the frame's reference, nil when it has none.
-func (f *Frame) Ref() *outcome.ReconciliationRef { return f.ref }
+func (f *Frame) Ref() *outcome.ReconciliationRef {
+	if f == nil {
+		return nil
+	}
+	return f.ref
+}
 
 // Missing says why a frame whose references were on has no reference, when the reason
 // is its own: MissingMultiStatement, MissingImplicit, else "".
 func (f *Frame) Missing() string {
 	switch {
-	case f.ref != nil:
+	case f == nil, f.ref != nil:
 	case f.multiCommit:
 		return MissingMultiStatement
 	case f.implicit && f.simple:
@@ -113,13 +130,21 @@ func (f *Frame) Missing() string {
 }
 
 // XID is the xid the read after a statement found, 0 while none.
-func (f *Frame) XID() uint64 { return f.xid }
+func (f *Frame) XID() uint64 {
+	if f == nil {
+		return 0
+	}
+	return f.xid
+}
 
 // Unobserved gives f, whose transaction ended where no query showed it (a COMMIT sent
 // past the tracer, perhaps), the reference it can have: the xid the read after one of its
 // statements found, which pg_xact_status settles whatever ended the transaction. Without
 // one it has none.
 func (c *Conn) Unobserved(f *Frame) {
+	if f == nil {
+		return
+	}
 	if c.reading == f {
 		// The read's reply came before the server's last ReadyForQuery, which pgconn has
 		// read: it is whole.
