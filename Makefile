@@ -20,9 +20,11 @@ setup:
 # machine, 2026-12-06; the whole package took 522 to 564 seconds on a loaded one), in two
 # go tests side by side, each with its server: they wait on their servers most of their
 # time (237 s of tests, 74 s of CPU, 2026-12-06 evening), ROOT_SLOW_A's two fault and
-# staleness tests (116 s) beside ROOT_SLOW_B's (120 s). Then allocs_test.go, built without
+# staleness tests (116 s) beside ROOT_SLOW_B's (120 s); the unobserved COMMIT's fault and
+# failover tests (some 20 s) joined ROOT_SLOW_A, the shorter beside the rest on the other
+# majors. Then allocs_test.go, built without
 # -race (the race detector changes allocation counts): all of its tests.
-ROOT_SLOW_A = TestImplicitTransactionFaults|TestStaleManyTransactionsRandomFailures
+ROOT_SLOW_A = TestImplicitTransactionFaults|TestStaleManyTransactionsRandomFailures|TestUnobservedCommitFaults|TestUnobservedCommitFailover
 ROOT_SLOW_B = TestCommitsMoreThanOnce|TestLedgerWorkloadUnderSyncRepTerminations|TestSpanConcurrentFrames|TestMarkerNeverChangesCommit|TestMarkerNeverChangesAutocommit
 ROOT_SLOW = $(ROOT_SLOW_A)|$(ROOT_SLOW_B)
 test-library:

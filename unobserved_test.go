@@ -38,6 +38,24 @@ var unobservedCommits = []unobservedCommit{
 	{"extended protocol", func(ctx context.Context, pg *pgconn.PgConn) error {
 		return pg.ExecParams(ctx, "commit", nil, nil, nil, nil).Read().Err
 	}},
+	{"pipeline", func(ctx context.Context, pg *pgconn.PgConn) error {
+		p := pg.StartPipeline(ctx)
+		p.SendQueryParams("commit", nil, nil, nil, nil)
+		err := p.Sync()
+		for err == nil {
+			var res any
+			if res, err = p.GetResults(); err == nil {
+				switch r := res.(type) {
+				case *pgconn.ResultReader:
+					_, err = r.Close()
+				case *pgconn.PipelineSync:
+					return p.Close()
+				}
+			}
+		}
+		_ = p.Close()
+		return err
+	}},
 }
 
 // unobservedFault is a real fault that ends the session while, or before, the server runs
@@ -75,8 +93,8 @@ var unobservedFaults = []unobservedFault{
 	{name: "proxy cut before the server read it", settled: "aborted", arm: func(tp *twoPhase) { tp.proxy.CutBeforeCommit() }},
 }
 
-// TestUnobservedCommitFaults: every fault × both protocols × the references off, xid and
-// marker, the frame found at the release (and, with the xid and the simple query, first
+// TestUnobservedCommitFaults: every fault × the three ways (a simple Query, the extended
+// protocol, a pipeline) × the references off, xid and marker, the frame found at the release (and, with the xid and the simple query, first
 // at the next statement through pgx, which fails on the closed connection). The frame is indeterminate with error.type ended_unobserved and not retryable;
 // the row is there exactly when the fault let the server commit; with the xid reference,
 // reconciliation answers what the server did — committed, or unknown where a crash leaves
