@@ -49,6 +49,13 @@ type twoPhase struct {
 
 func newTwoPhase(t *testing.T, mode string) *twoPhase {
 	t.Helper()
+	return newTwoPhaseOn(t, mode, srv.ConnString())
+}
+
+// newTwoPhaseOn is newTwoPhase through the proxy to base, the server's connection string
+// (srv.TLSConnString: over TLS, which the proxy ends and reopens).
+func newTwoPhaseOn(t *testing.T, mode, base string) *twoPhase {
+	t.Helper()
 	tp := &twoPhase{ctx: pgtest.ContextFor(t), proxy: pgtest.ProxyFor(t, srv), logs: &bytes.Buffer{}}
 	tp.table = srv.NewTable(t, tp.ctx, tableColumns)
 	tp.marker = reconciletest.NewMarkerTable(t, tp.ctx, srv.Exec)
@@ -59,7 +66,7 @@ func newTwoPhase(t *testing.T, mode string) *twoPhase {
 	case "marker":
 		opts = append(opts, WithCommitMarker(tp.marker))
 	}
-	tp.h = newHarness(t, tp.proxy.ConnString(srv.ConnString()), 2, opts...)
+	tp.h = newHarness(t, tp.proxy.ConnString(base), 2, opts...)
 	rec, err := reconcile.New(srv.Pool(t, tp.ctx), reconcile.WithWait(20*time.Millisecond, time.Millisecond))
 	if err != nil {
 		t.Fatal(err)

@@ -3,6 +3,7 @@ package otelpgxtx
 import (
 	"context"
 	"fmt"
+	"strings"
 	"testing"
 
 	"github.com/jackc/pgx/v5"
@@ -93,54 +94,71 @@ var unobservedFaults = []unobservedFault{
 	{name: "proxy cut before the server read it", settled: "aborted", arm: func(tp *twoPhase) { tp.proxy.CutBeforeCommit() }},
 }
 
-// TestUnobservedCommitFaults: every fault × the three ways (a simple Query, the extended
-// protocol, a pipeline) × the references off, xid and marker, the frame found at the release (and, with the xid and the simple query, first
-// at the next statement through pgx, which fails on the closed connection). The frame is indeterminate with error.type ended_unobserved and not retryable;
-// the row is there exactly when the fault let the server commit; with the xid reference,
-// reconciliation answers what the server did — committed, or unknown where a crash leaves
-// an xid reuse possible (crash_recovered, server_restarted), aborted when the COMMIT never
-// reached the server — and never contradicts the row.
+// TestUnobservedCommitFaults: every fault × the three ways (a simple Query, the
+// extended protocol, a pipeline) × the references off, xid and marker, over TCP; and
+// over TLS (the wrapper reads the writes above it), the xid reference, terminated and
+// the proxy's cuts; the frame found at the release (and, with the xid and the simple
+// query, first at the next statement through pgx, which fails on the closed
+// connection). The frame is indeterminate with error.type ended_unobserved and not
+// retryable; the row is there exactly when the fault let the server commit; with the
+// xid reference, reconciliation answers what the server did — committed, or unknown
+// where a crash leaves an xid reuse possible (crash_recovered, server_restarted),
+// aborted when the COMMIT never reached the server — and never contradicts the row.
 func TestUnobservedCommitFaults(t *testing.T) {
-	for _, mode := range []string{"off", "xid", "marker"} {
-		for _, way := range unobservedCommits {
-			for _, fault := range unobservedFaults {
-				t.Run(mode+"/"+way.name+"/"+fault.name, func(t *testing.T) {
-					tp := newTwoPhase(t, mode)
-					pc, err := tp.h.pool.Acquire(tp.ctx)
-					mustOK(t, err)
-					beginInsert(t, tp, pc.Conn())
-					if fault.sync {
-						mustExec(t, tp.ctx, pc.Conn(), "set local synchronous_commit = on")
+	for _, transport := range []string{"tcp", "tls"} {
+		for _, mode := range []string{"off", "xid", "marker"} {
+			for _, way := range unobservedCommits {
+				for _, fault := range unobservedFaults {
+					if transport == "tls" && (mode != "xid" || fault.sync && !strings.Contains(fault.name, "terminated")) {
+						continue // over TLS: the xid reference, terminated and the proxy's cuts
 					}
-					if fault.arm != nil {
-						fault.arm(tp)
-					}
-					pg := pc.Conn().PgConn()
-					pid := pg.PID()
-					done := make(chan error, 1)
-					go func() { done <- way.send(tp.ctx, pg) }()
-					if fault.hit != nil {
-						fault.hit(t, tp, pid)
-					}
-					if err := <-done; err == nil {
-						t.Fatal("COMMIT answered though the fault ended its session")
-					}
-					if mode == "xid" && way.name == "simple query" {
-						// Found by the next statement through pgx, which fails on the
-						// closed connection, before the release.
-						if _, err := pc.Conn().Exec(tp.ctx, "select 1"); err == nil {
-							t.Fatal("a statement on the closed connection succeeded")
-						}
-					}
-					pc.Release()
-					if got := srv.RowExists(t, tp.ctx, tp.table, 1); got != fault.committed {
-						t.Fatalf("row there %v, want %v", got, fault.committed)
-					}
-					checkUnobserved(t, tp.ctx, tp.h, tp.rec, mode, fault.settled)
-				})
+					testUnobservedCommitFault(t, transport, mode, way, fault)
+				}
 			}
 		}
 	}
+}
+
+// testUnobservedCommitFault is one case of TestUnobservedCommitFaults.
+func testUnobservedCommitFault(t *testing.T, transport, mode string, way unobservedCommit, fault unobservedFault) {
+	t.Run(transport+"/"+mode+"/"+way.name+"/"+fault.name, func(t *testing.T) {
+		base := srv.ConnString()
+		if transport == "tls" {
+			base = srv.TLSConnString()
+		}
+		tp := newTwoPhaseOn(t, mode, base)
+		pc, err := tp.h.pool.Acquire(tp.ctx)
+		mustOK(t, err)
+		beginInsert(t, tp, pc.Conn())
+		if fault.sync {
+			mustExec(t, tp.ctx, pc.Conn(), "set local synchronous_commit = on")
+		}
+		if fault.arm != nil {
+			fault.arm(tp)
+		}
+		pg := pc.Conn().PgConn()
+		pid := pg.PID()
+		done := make(chan error, 1)
+		go func() { done <- way.send(tp.ctx, pg) }()
+		if fault.hit != nil {
+			fault.hit(t, tp, pid)
+		}
+		if err := <-done; err == nil {
+			t.Fatal("COMMIT answered though the fault ended its session")
+		}
+		if mode == "xid" && way.name == "simple query" {
+			// Found by the next statement through pgx, which fails on the
+			// closed connection, before the release.
+			if _, err := pc.Conn().Exec(tp.ctx, "select 1"); err == nil {
+				t.Fatal("a statement on the closed connection succeeded")
+			}
+		}
+		pc.Release()
+		if got := srv.RowExists(t, tp.ctx, tp.table, 1); got != fault.committed {
+			t.Fatalf("row there %v, want %v", got, fault.committed)
+		}
+		checkUnobserved(t, tp.ctx, tp.h, tp.rec, mode, fault.settled)
+	})
 }
 
 // beginInsert begins a transaction on c and inserts row 1 through pgx, with an argument:
