@@ -241,6 +241,11 @@ var multiCases = []multiCase{
 		arm: func(w *implicitSetup) { w.proxy.CutBeforeCommit() }, want: indeterminate, rows: "", frames: []string{"indeterminate"}},
 	{name: "batch: insert, commit, insert, cut before the server read COMMIT", send: batch("insert into {L} values ('a')", "commit", "insert into {L} values ('b')"),
 		arm: func(w *implicitSetup) { w.proxy.CutBeforeCommit() }, want: indeterminate, rows: "", frames: []string{"indeterminate"}},
+	{name: "call: cut before the server read it", send: execArgs(pgx.QueryExecModeCacheStatement, "call {L}_commit_ok($1) "+implicitText, "x"),
+		arm: func(w *implicitSetup) { w.proxy.CutBeforeCommit() }, want: indeterminate, rows: "", frames: []string{"indeterminate"}},
+	{name: "do: cut before the server read it", send: execArgs(pgx.QueryExecModeSimpleProtocol,
+		"do $$ begin insert into {L} values ('a'); commit; insert into {L} values ('b'); end $$ "+implicitText),
+		arm: func(w *implicitSetup) { w.proxy.CutBeforeCommit() }, want: indeterminate, rows: "", frames: []string{"indeterminate"}},
 	{name: "string: insert, commit, a notice, then cut", send: execArgs(pgx.QueryExecModeSimpleProtocol,
 		"insert into {L} values ('a'); commit; do $$ begin raise notice 'flushed'; end $$; select pg_advisory_xact_lock({LOCK}); insert into {L} values ('b')"),
 		fault: cutInLock, want: indeterminate, rows: "a b", frames: []string{"committed", "indeterminate"}}, // a notice flushes what came before it
