@@ -308,3 +308,49 @@ func TestUnobservedCommitFailover(t *testing.T) {
 		checkUnobserved(t, ctx, h, clusterReconciler(t, ctx, c), mode, "aborted")
 	}
 }
+
+// TestUnobservedCommitThroughPgBouncer: the same through PgBouncer in transaction mode,
+// which answers a terminated backend with its own FATAL: the COMMIT sent on the PgConn
+// waits for synchronous replication, its backend is terminated after the commit record,
+// and the client's connection ends. The frame is indeterminate (ended_unobserved), never
+// rolled_back; the row is there; the xid reference, reconciled through PgBouncer, says
+// committed.
+func TestUnobservedCommitThroughPgBouncer(t *testing.T) {
+	ctx := pgtest.ContextFor(t)
+	bouncer := pgtest.PgBouncerFor(t, ctx, srv, "transaction", 1)
+	for _, mode := range []string{"off", "xid"} {
+		t.Run(mode, func(t *testing.T) {
+			var opts []Option
+			if mode == "xid" {
+				opts = append(opts, WithCommitReference())
+			}
+			h := newHarness(t, bouncer.ConnString()+"&default_query_exec_mode=exec", 2, opts...)
+			rec, err := reconcile.New(h.pool)
+			mustOK(t, err)
+			table := srv.NewTable(t, ctx, tableColumns)
+			pc, err := h.pool.Acquire(ctx)
+			mustOK(t, err)
+			mustExec(t, ctx, pc.Conn(), "begin")
+			_, err = pc.Conn().Exec(ctx, "insert into "+table+" (id, k) values ($1, $1)", 1)
+			mustOK(t, err)
+			var pid uint32 // the backend's: through PgBouncer the connection's PID is PgBouncer's
+			mustOK(t, pc.Conn().QueryRow(ctx, "select pg_backend_pid()").Scan(&pid))
+			mustExec(t, ctx, pc.Conn(), "set local synchronous_commit = on")
+			pg := pc.Conn().PgConn()
+			done := make(chan error, 1)
+			go func() {
+				_, err := pg.Exec(ctx, "commit").ReadAll()
+				done <- err
+			}()
+			mustOK(t, srv.TerminateInSyncRep(ctx, pid))
+			if err := <-done; err == nil {
+				t.Fatal("COMMIT answered though its backend was terminated")
+			}
+			pc.Release()
+			if !srv.RowExists(t, ctx, table, 1) {
+				t.Fatal("the row committed locally is not there")
+			}
+			checkUnobserved(t, ctx, h, rec, mode, "committed")
+		})
+	}
+}
