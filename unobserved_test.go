@@ -3,7 +3,6 @@ package otelpgxtx
 import (
 	"context"
 	"fmt"
-	"strings"
 	"testing"
 
 	"github.com/jackc/pgx/v5"
@@ -71,13 +70,15 @@ type unobservedFault struct {
 	// hit, if set, ends the backend pid while COMMIT is on its way.
 	hit       func(t *testing.T, tp *twoPhase, pid uint32)
 	committed bool
+	// tls: the fault runs over TLS too (with the xid reference).
+	tls bool
 	// settled is what reconciliation answers the xid reference: committed, aborted, or
 	// the reason of its unknown.
 	settled string
 }
 
 var unobservedFaults = []unobservedFault{
-	{name: "backend terminated in the synchronous-replication wait", sync: true, committed: true, settled: "committed",
+	{name: "backend terminated in the synchronous-replication wait", sync: true, committed: true, settled: "committed", tls: true,
 		hit: func(t *testing.T, tp *twoPhase, pid uint32) { mustOK(t, srv.TerminateInSyncRep(tp.ctx, pid)) }},
 	{name: "backend SIGKILLed in the synchronous-replication wait", sync: true, committed: true, settled: reconcile.ReasonCrashRecovered,
 		hit: func(t *testing.T, tp *twoPhase, pid uint32) {
@@ -90,8 +91,8 @@ var unobservedFaults = []unobservedFault{
 			mustOK(t, srv.StopImmediate())
 			mustOK(t, srv.Restart(tp.ctx))
 		}},
-	{name: "proxy cut after the server read it", committed: true, settled: "committed", arm: func(tp *twoPhase) { tp.proxy.CutAfterCommit() }},
-	{name: "proxy cut before the server read it", settled: "aborted", arm: func(tp *twoPhase) { tp.proxy.CutBeforeCommit() }},
+	{name: "proxy cut after the server read it", committed: true, settled: "committed", tls: true, arm: func(tp *twoPhase) { tp.proxy.CutAfterCommit() }},
+	{name: "proxy cut before the server read it", settled: "aborted", tls: true, arm: func(tp *twoPhase) { tp.proxy.CutBeforeCommit() }},
 }
 
 // TestUnobservedCommitFaults: every fault × the three ways (a simple Query, the
@@ -109,7 +110,7 @@ func TestUnobservedCommitFaults(t *testing.T) {
 		for _, mode := range []string{"off", "xid", "marker"} {
 			for _, way := range unobservedCommits {
 				for _, fault := range unobservedFaults {
-					if transport == "tls" && (mode != "xid" || fault.sync && !strings.Contains(fault.name, "terminated")) {
+					if transport == "tls" && (mode != "xid" || !fault.tls) {
 						continue // over TLS: the xid reference, terminated and the proxy's cuts
 					}
 					testUnobservedCommitFault(t, transport, mode, way, fault)

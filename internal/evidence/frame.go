@@ -227,57 +227,38 @@ func (f *Frame) Implicit() bool { return f.shape.implicit }
 
 // FailedAfterCommit is the failure of an implicit transaction's call after its commit
 // (see Outcome), or nil.
-func (f *Frame) FailedAfterCommit() error {
-	if f.failure == nil {
-		return nil
-	}
-	return f.failure.failedAfter
-}
+func (f *Frame) FailedAfterCommit() error { return f.seenFailure().failedAfter }
 
 // abortedBy is the ERROR the call ahead of COMMIT got, or nil (failure.abortedBy).
-func (f *Frame) abortedBy() error {
-	if f.failure == nil {
-		return nil
-	}
-	return f.failure.abortedBy
-}
+func (f *Frame) abortedBy() error { return f.seenFailure().abortedBy }
 
 // Wrote reports that a statement that may write was sent in the transaction.
 func (f *Frame) Wrote() bool { return f.shape.wrote }
 
 // Failed reports whether a query of f's transaction failed before its end.
-func (f *Frame) Failed() bool { return f.failure != nil && f.failure.hasFirst }
+func (f *Frame) Failed() bool { return f.seenFailure().hasFirst }
 
 // FirstFailure is the classification of the first failed query, if Failed.
-func (f *Frame) FirstFailure() classifier.Classification {
-	if f.failure == nil {
-		return classifier.Classification{}
-	}
-	return f.failure.first
-}
+func (f *Frame) FirstFailure() classifier.Classification { return f.seenFailure().first }
 
 // FirstCause is the error of the first failed query, or nil.
-func (f *Frame) FirstCause() error {
-	if f.failure == nil {
-		return nil
-	}
-	return f.failure.firstCause
-}
+func (f *Frame) FirstCause() error { return f.seenFailure().firstCause }
 
 // EndErr is the error of the query that concluded f, or nil.
-func (f *Frame) EndErr() error {
-	if f.failure == nil {
-		return nil
-	}
-	return f.failure.endErr
-}
+func (f *Frame) EndErr() error { return f.seenFailure().endErr }
 
 // Cause is why the executor rolled back, or nil.
-func (f *Frame) Cause() error {
+func (f *Frame) Cause() error { return f.seenFailure().cause }
+
+// noFailure is what a frame that nothing went wrong in reads: never written.
+var noFailure failure
+
+// seenFailure is f's failure to read: noFailure until something went wrong.
+func (f *Frame) seenFailure() *failure {
 	if f.failure == nil {
-		return nil
+		return &noFailure
 	}
-	return f.failure.cause
+	return f.failure
 }
 
 // failed is f's failure, made at the first thing that went wrong.
