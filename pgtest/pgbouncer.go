@@ -26,6 +26,7 @@ type PgBouncer struct {
 	root    string
 	logFile string
 	port    int
+	lease   *Port     // holds port against other test processes until Close
 	certs   certFiles // in root: PgBouncer's certificate and key, and the CA's certificate
 }
 
@@ -50,7 +51,7 @@ func findPgBouncer() (string, error) {
 
 // StartPgBouncer starts PgBouncer in front of s, pooling in mode ("session",
 // "transaction" or "statement") over at most poolSize server connections per database
-// and user, on a free 127.0.0.1 port with trust authentication, and returns once a query
+// and user, on a reserved 127.0.0.1 port (ReservePort) with trust authentication, and returns once a query
 // through it is answered (bounded by ctx). Close stops it; so does the end of the test
 // process.
 func StartPgBouncer(ctx context.Context, s *Server, mode string, poolSize int) (*PgBouncer, error) {
@@ -66,15 +67,15 @@ func StartPgBouncer(ctx context.Context, s *Server, mode string, poolSize int) (
 	if err != nil {
 		return nil, err
 	}
-	port, err := freePort()
+	port, err := ReservePort()
 	if err != nil {
 		return nil, err
 	}
 	root, err := os.MkdirTemp("", "pgtest-pgbouncer-")
 	if err != nil {
-		return nil, err
+		return nil, errors.Join(err, port.Release())
 	}
-	b := &PgBouncer{root: root, logFile: filepath.Join(root, "pgbouncer.log"), port: port, exited: make(chan struct{})}
+	b := &PgBouncer{root: root, logFile: filepath.Join(root, "pgbouncer.log"), port: port.Number(), lease: port, exited: make(chan struct{})}
 	if err := b.start(ctx, exe, s, mode, poolSize); err != nil {
 		return nil, errors.Join(err, b.Close())
 	}
@@ -218,5 +219,5 @@ func (b *PgBouncer) Close() error {
 		b.stdin = nil
 		<-b.exited
 	}
-	return errors.Join(err, os.RemoveAll(b.root))
+	return errors.Join(err, os.RemoveAll(b.root), b.lease.Release())
 }

@@ -23,7 +23,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"net"
 	"os"
 	"os/exec"
 	"os/user"
@@ -50,6 +49,7 @@ type Server struct {
 	sockDir string
 	logFile string
 	port    int
+	lease   *Port     // holds port against other test processes until Close
 	certs   certFiles // in root: the server's certificate and key, and the CA's certificate
 
 	// reaperIn is the write end of the reaper's stdin; see startReaper.
@@ -63,7 +63,7 @@ type Server struct {
 
 }
 
-// Start creates a cluster in a fresh temp dir, on a free 127.0.0.1 port and
+// Start creates a cluster in a fresh temp dir, on a reserved 127.0.0.1 port (ReservePort) and
 // a private unix socket dir, and starts it. Authentication is trust, the
 // superuser is "postgres". Call Close to stop it and remove its files.
 func Start() (*Server, error) {
@@ -89,13 +89,13 @@ func newServer(prefix, logIn string) (*Server, error) {
 	if err != nil {
 		return nil, err
 	}
-	port, err := freePort()
+	port, err := ReservePort()
 	if err != nil {
 		return nil, err
 	}
 	root, err := os.MkdirTemp("", prefix)
 	if err != nil {
-		return nil, fmt.Errorf("pgtest: creating the cluster directory: %w", err)
+		return nil, errors.Join(fmt.Errorf("pgtest: creating the cluster directory: %w", err), port.Release())
 	}
 	s := &Server{
 		bins:    bins,
@@ -104,7 +104,8 @@ func newServer(prefix, logIn string) (*Server, error) {
 		dataDir: filepath.Join(root, "data"),
 		sockDir: filepath.Join(root, "sock"),
 		logFile: filepath.Join(root, logIn, "server.log"),
-		port:    port,
+		port:    port.Number(),
+		lease:   port,
 	}
 	if err := s.layout(); err != nil {
 		return nil, errors.Join(err, s.Close())
@@ -320,7 +321,7 @@ func (s *Server) Close() error {
 		errs = append(errs, s.run(context.Background(), s.bins.pgCtl, "stop", "-m", "immediate", "-w", "-D", s.dataDir))
 		s.running = false
 	}
-	errs = append(errs, os.RemoveAll(s.root))
+	errs = append(errs, os.RemoveAll(s.root), s.lease.Release())
 	if s.reaper != nil {
 		// Nothing is left for the reaper to do; let it run its no-op cleanup.
 		_ = s.reaperIn.Close()
@@ -419,15 +420,4 @@ func serverEnv() []string {
 		}
 	}
 	return env
-}
-
-// freePort asks the kernel for a free port on 127.0.0.1. Another process
-// could take it before the server binds it; that race is accepted.
-func freePort() (int, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return 0, err
-	}
-	port := l.Addr().(*net.TCPAddr).Port
-	return port, l.Close()
 }

@@ -197,20 +197,16 @@ func TestReconcileNoDatabaseKeepsPasswordSecret(t *testing.T) {
 	}
 }
 
-// deadPort returns a port nothing listens on: one the server's port plus a probe refused.
+// deadPort returns a port nothing listens on, held until the test ends so that no other
+// test's server starts listening on it (pgtest.ReservePort).
 func deadPort(t *testing.T) int {
 	t.Helper()
-	for p := srv.Port() + 1; p < srv.Port()+100; p++ {
-		c, err := pgx.Connect(context.Background(), fmt.Sprintf("postgres://x@127.0.0.1:%d/x?connect_timeout=2", p))
-		if err != nil && strings.Contains(err.Error(), "refused") {
-			return p
-		}
-		if c != nil {
-			_ = c.Close(context.Background())
-		}
+	p, err := pgtest.ReservePort()
+	if err != nil {
+		t.Fatal(err)
 	}
-	t.Fatal("no refused port near the server's")
-	return 0
+	t.Cleanup(func() { _ = p.Release() })
+	return p.Number()
 }
 
 // buildCLI builds the command as an operator gets it and returns the program's path.

@@ -7,7 +7,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"net"
 	"net/http"
 	"net/url"
 	"os"
@@ -20,6 +19,8 @@ import (
 	"time"
 
 	"go.opentelemetry.io/otel/codes"
+
+	"github.com/txevidence/otelpgxtx/pgtest"
 )
 
 // ---- Jaeger ----------------------------------------------------------------------
@@ -122,20 +123,18 @@ func (j *jaegerProc) start(t *testing.T, bin, dir, health, conf string, env ...s
 
 func bytesTrim(b []byte) string { return strings.TrimSpace(string(b)) }
 
+// freePorts reserves n ports for the processes a test starts (see pgtest.ReservePort:
+// a port the kernel picks may be taken by any outgoing connection before they bind it).
 func freePorts(t *testing.T, n int) []string {
 	t.Helper()
-	var ls []net.Listener
 	var out []string
 	for range n {
-		l, err := net.Listen("tcp", "127.0.0.1:0")
+		p, err := pgtest.ReservePort()
 		if err != nil {
 			t.Fatal(err)
 		}
-		ls = append(ls, l)
-		out = append(out, l.Addr().String())
-	}
-	for _, l := range ls {
-		l.Close()
+		t.Cleanup(func() { _ = p.Release() })
+		out = append(out, p.Addr())
 	}
 	return out
 }
