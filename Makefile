@@ -147,21 +147,24 @@ test-newest:
 MAJORS ?= 13 18
 MAJOR_PACKAGES = . ./pgtest ./classifier ./reconcile ./cmd/otelpgxtx ./internal/wire
 MAJOR_LEFT_OUT = ^(TestStaleManyTransactionsRandomFailures|TestRunModel|TestRealCommittedLocallyLocalized|TestRealCommittedLocallyOtherDatabaseEncoding)$$
-# On each major the root package's slowest tests (ROOT_SLOW_A and ROOT_SLOW_B) run in two
-# go tests of their own beside the rest, each printed whole once all are done: a major's
+# Every major's run goes beside the others', and on each major the root package's slowest
+# tests (ROOT_SLOW_A and ROOT_SLOW_B) in two go tests of their own beside the rest: a major's
 # run waits on its servers most of its time (PostgreSQL 13: 272 s wall, 108 s of CPU on two
-# cores, the root package 253 s of it, 2026-12-06).
+# cores, the root package 253 s of it, 2026-12-06), so the six go tests share two cores
+# without waiting on each other much. Each is printed whole once all are done.
 test-majors:
-	@for major in $(MAJORS); do \
+	@out=$$(mktemp -d); pids=; \
+	for major in $(MAJORS); do \
 		bin=$$(scripts/postgres $$major) || exit 1; \
 		echo "test-majors: PostgreSQL $$major ($$bin)"; \
-		out=$$(mktemp -d); \
-		OTELPGXTX_PG_BIN=$$bin $(GO) test -count=1 -skip '$(MAJOR_LEFT_OUT)|^($(ROOT_SLOW))$$' $(MAJOR_PACKAGES) >$$out/rest 2>&1 & rest=$$!; \
-		OTELPGXTX_PG_BIN=$$bin $(GO) test -count=1 -run '^($(ROOT_SLOW_A))$$' -skip '$(MAJOR_LEFT_OUT)' . >$$out/a 2>&1 & a=$$!; \
-		OTELPGXTX_PG_BIN=$$bin $(GO) test -count=1 -run '^($(ROOT_SLOW_B))$$' -skip '$(MAJOR_LEFT_OUT)' . >$$out/b 2>&1 & b=$$!; \
-		fail=0; wait $$rest || fail=1; wait $$a || fail=1; wait $$b || fail=1; \
-		cat $$out/rest $$out/a $$out/b; rm -rf $$out; [ $$fail = 0 ] || exit 1; \
-	done
+		OTELPGXTX_PG_BIN=$$bin $(GO) test -count=1 -skip '$(MAJOR_LEFT_OUT)|^($(ROOT_SLOW))$$' $(MAJOR_PACKAGES) >$$out/$$major-rest 2>&1 & pids="$$pids $$!"; \
+		OTELPGXTX_PG_BIN=$$bin $(GO) test -count=1 -run '^($(ROOT_SLOW_A))$$' -skip '$(MAJOR_LEFT_OUT)' . >$$out/$$major-a 2>&1 & pids="$$pids $$!"; \
+		OTELPGXTX_PG_BIN=$$bin $(GO) test -count=1 -run '^($(ROOT_SLOW_B))$$' -skip '$(MAJOR_LEFT_OUT)' . >$$out/$$major-b 2>&1 & pids="$$pids $$!"; \
+	done; \
+	fail=0; for p in $$pids; do wait $$p || fail=1; done; \
+	for major in $(MAJORS); do \
+		echo "test-majors: PostgreSQL $$major"; cat $$out/$$major-rest $$out/$$major-a $$out/$$major-b; \
+	done; rm -rf $$out; [ $$fail = 0 ]
 
 # pgx's own tests (root package, pgxpool, stdlib of the pgx in go.mod, the oldest the library
 # supports; `scripts/newest go run ./scripts/pgxsuite` for the newest), with -race, without
