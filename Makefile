@@ -17,25 +17,24 @@ setup:
 # package's tests share go test's 10-minute limit, and with the soak under -race the root
 # package's took 6 to 7 minutes here, and over 10 on a busy machine. So do the root
 # package's slowest tests (ROOT_SLOW: 245 of its 380 seconds under -race on a quiet
-# machine, 2026-12-06; the whole package took 522 to 564 seconds on a loaded one), in two
-# go tests side by side, each with its server: they wait on their servers most of their
-# time (237 s of tests, 74 s of CPU, 2026-12-06 evening), ROOT_SLOW_A's two fault and
-# staleness tests (116 s) beside ROOT_SLOW_B's (120 s); the unobserved COMMIT's fault and
-# failover tests (some 20 s) joined ROOT_SLOW_A, the shorter beside the rest on the other
-# majors. Then allocs_test.go, built without
-# -race (the race detector changes allocation counts): all of its tests.
+# machine, 2026-12-06), in two go tests, ROOT_SLOW_A and ROOT_SLOW_B. The four — the rest
+# of ./..., the two halves, the soak — run side by side, each printed whole once all are
+# done: they wait on their servers most of their time (237 s of the slow tests, 74 s of
+# CPU), and took 5 min 24 s together on two cores where one after the other took 9 to 10
+# (2026-12-07). Then allocs_test.go, built without -race (the race detector changes
+# allocation counts): all of its tests.
 ROOT_SLOW_A = TestImplicitTransactionFaults|TestStaleManyTransactionsRandomFailures|TestUnobservedCommitFaults|TestUnobservedCommitFailover
 ROOT_SLOW_B = TestCommitsMoreThanOnce|TestLedgerWorkloadUnderSyncRepTerminations|TestSpanConcurrentFrames|TestMarkerNeverChangesCommit|TestMarkerNeverChangesAutocommit
 ROOT_SLOW = $(ROOT_SLOW_A)|$(ROOT_SLOW_B)
 test-library:
-	$(GO) test -race -count=1 -skip '^($(ROOT_SLOW))$$' ./...
-	@echo "test-library: ROOT_SLOW_A ($(ROOT_SLOW_A)) beside ROOT_SLOW_B ($(ROOT_SLOW_B)), -race"
+	@echo "test-library: ./... but ROOT_SLOW, beside ROOT_SLOW_A ($(ROOT_SLOW_A)), ROOT_SLOW_B ($(ROOT_SLOW_B)) and the soak, -race"
 	@out=$$(mktemp -d); \
+	$(GO) test -race -count=1 -skip '^($(ROOT_SLOW))$$' ./... >$$out/rest 2>&1 & rest=$$!; \
 	$(GO) test -race -count=1 -run '^($(ROOT_SLOW_A))$$' . >$$out/a 2>&1 & a=$$!; \
 	$(GO) test -race -count=1 -run '^($(ROOT_SLOW_B))$$' . >$$out/b 2>&1 & b=$$!; \
-	fail=0; wait $$a || fail=1; wait $$b || fail=1; \
-	cat $$out/a $$out/b; rm -rf $$out; [ $$fail = 0 ]
-	$(GO) test -race -count=1 -tags soak -run '^TestSoundness(Failover)?$$' .
+	$(GO) test -race -count=1 -tags soak -run '^TestSoundness(Failover)?$$' . >$$out/soak 2>&1 & soak=$$!; \
+	fail=0; wait $$rest || fail=1; wait $$a || fail=1; wait $$b || fail=1; wait $$soak || fail=1; \
+	cat $$out/rest $$out/a $$out/b $$out/soak; rm -rf $$out; [ $$fail = 0 ]
 	$(GO) test -count=1 -run '^(TestHookAllocs|TestAutocommitAllocs|TestVerdictAllocs|TestFrameSize)$$' .
 
 # The library's tests against the newest pgx and OpenTelemetry tested (scripts/newest, which

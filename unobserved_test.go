@@ -155,6 +155,9 @@ func testUnobservedCommitFault(t *testing.T, transport, mode string, way unobser
 			}
 		}
 		pc.Release()
+		// The proxy's cut may reach the client before the server has run the COMMIT
+		// it read: its session's end is when its transaction is settled.
+		mustOK(t, srv.WaitBackendGone(tp.ctx, pid))
 		if got := srv.RowExists(t, tp.ctx, tp.table, 1); got != fault.committed {
 			t.Fatalf("row there %v, want %v", got, fault.committed)
 		}
