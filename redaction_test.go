@@ -112,7 +112,9 @@ func TestErrorDescriptionsOfRealFaults(t *testing.T) {
 	want("reset", status("reset", byName("SELECT")), "connection closed:")
 
 	// A deadline, and a cancellation, of the caller's context.
-	dctx, cancel := context.WithTimeout(ctx, 200*time.Millisecond)
+	// Long enough that the deadline passes while the server sleeps, not during the
+	// acquire, on a loaded machine too.
+	dctx, cancel := context.WithTimeout(ctx, time.Second)
 	_, err = h.pool.Exec(dctx, "select pg_sleep(30) /* deadline */")
 	cancel()
 	if err == nil {
