@@ -123,6 +123,9 @@ type implicitSetup struct {
 	logs   *bytes.Buffer
 	rec    *reconcile.Reconciler
 	marker pgx.Identifier // the marker table, with the marker on
+	// notices are the messages of the notices the pool's connections received, as pgconn
+	// read them (the first 16; the rest are dropped).
+	notices chan string
 }
 
 func newImplicit(t *testing.T, mode string, opts ...Option) *implicitSetup {
@@ -134,7 +137,16 @@ func newImplicit(t *testing.T, mode string, opts ...Option) *implicitSetup {
 // proxy).
 func newImplicitOn(t *testing.T, mode, base string, opts ...Option) *implicitSetup {
 	t.Helper()
-	w := &implicitSetup{ctx: pgtest.ContextFor(t), proxy: pgtest.ProxyFor(t, srv), logs: &bytes.Buffer{}}
+	w := &implicitSetup{ctx: pgtest.ContextFor(t), proxy: pgtest.ProxyFor(t, srv), logs: &bytes.Buffer{}, notices: make(chan string, 16)}
+	// First, so that a caller's own OnNotice (a harnessConfig in opts) replaces it.
+	opts = append([]Option{harnessConfig(func(c *pgxpool.Config) {
+		c.ConnConfig.OnNotice = func(_ *pgconn.PgConn, n *pgconn.Notice) {
+			select {
+			case w.notices <- n.Message:
+			default:
+			}
+		}
+	})}, opts...)
 	w.proxy.ImplicitCommits(implicitText)
 	w.table = srv.NewTable(t, w.ctx, tableColumns)
 	opts = append(opts, WithLogger(slog.New(slog.NewJSONHandler(w.logs, nil))))

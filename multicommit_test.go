@@ -167,6 +167,20 @@ func stopInLock(t *testing.T, w *implicitSetup, pid uint32) {
 	mustOK(t, srv.Restart(w.ctx))
 }
 
+// cutAfterNotice cuts the connection at the proxy once the backend pid waits for the
+// ledger's lock and the client has read the notice the statement raised before it: what
+// the server flushed with the notice has reached pgconn, not just the proxy, which drops
+// what it holds when it cuts.
+func cutAfterNotice(t *testing.T, w *implicitSetup, pid uint32) {
+	mustOK(t, srv.WaitForWaitEvent(w.ctx, pid, "advisory"))
+	select {
+	case <-w.notices:
+	case <-w.ctx.Done():
+		t.Fatalf("no notice reached the client: %v", w.ctx.Err())
+	}
+	w.proxy.CutAll()
+}
+
 // cutInLock cuts the connection at the proxy once the backend pid waits for the ledger's
 // lock, after its inner commit.
 func cutInLock(t *testing.T, w *implicitSetup, pid uint32) {
@@ -248,7 +262,7 @@ var multiCases = []multiCase{
 		arm: func(w *implicitSetup) { w.proxy.CutBeforeCommit() }, want: indeterminate, rows: "", frames: []string{"indeterminate"}},
 	{name: "string: insert, commit, a notice, then cut", send: execArgs(pgx.QueryExecModeSimpleProtocol,
 		"insert into {L} values ('a'); commit; do $$ begin raise notice 'flushed'; end $$; select pg_advisory_xact_lock({LOCK}); insert into {L} values ('b')"),
-		fault: cutInLock, want: indeterminate, rows: "a b", frames: []string{"committed", "indeterminate"}}, // a notice flushes what came before it
+		fault: cutAfterNotice, want: indeterminate, rows: "a b", frames: []string{"committed", "indeterminate"}}, // a notice flushes what came before it
 	{name: "string: insert, commit, then terminated", send: execArgs(pgx.QueryExecModeSimpleProtocol,
 		"insert into {L} values ('a'); commit; select pg_advisory_xact_lock({LOCK}); insert into {L} values ('b')"), fault: terminateInLock,
 		want: indeterminate, rows: "a", frames: []string{"committed", "indeterminate"}}, // the FATAL flushes COMMIT's reply before it
