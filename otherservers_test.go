@@ -345,3 +345,51 @@ func TestCommittedLocallyOnlyFromPostgreSQL(t *testing.T) {
 		})
 	}
 }
+
+// TestUnobservedCommitOnOtherServers: a COMMIT sent on the PgConn, past the tracer, on
+// CockroachDB and on PostgreSQL as the scripted server plays them. Answered FATAL, after
+// which the connection is closed with nothing pgconn read telling what it did, the frame
+// ends indeterminate (ended_unobserved) on either server, never the rollback a session's
+// end mid-transaction looks like: the rule reads what was written (a statement past the
+// hooks), not the server's kind. Answered COMMIT, it ends committed on either. The real
+// server's faults are TestUnobservedCommitFaults'.
+func TestUnobservedCommitOnOtherServers(t *testing.T) {
+	for _, server := range []struct {
+		name    string
+		startup [][2]string
+	}{{"postgresql", nil}, {"cockroachdb", startupCockroachDB}} {
+		for _, tc := range []struct {
+			name  string
+			reply fakeReply
+			want  string
+		}{
+			{"fatal", fakeReply{err: fakeError("FATAL", "57P01", "terminating connection due to administrator command")},
+				"indeterminate ended_unobserved [tx.phase.active tx.phase.committing tx.phase.unknown]"},
+			{"committed", fakeReply{tag: "COMMIT", status: 'I'},
+				"committed  [tx.phase.active tx.phase.committing tx.phase.committed]"},
+		} {
+			t.Run(server.name+"/"+tc.name, func(t *testing.T) {
+				s := newScripted(t, server.startup, map[string]fakeReply{"commit": tc.reply})
+				ctx := context.Background()
+				if _, err := s.conn.Exec(ctx, "begin"); err != nil {
+					t.Fatal(err)
+				}
+				if _, err := s.conn.Exec(ctx, "insert into t values (1)"); err != nil {
+					t.Fatal(err)
+				}
+				_, err := s.conn.PgConn().Exec(ctx, "commit").ReadAll()
+				if (err == nil) != (tc.reply.err == nil) {
+					t.Fatalf("COMMIT past the tracer: %v", err)
+				}
+				_ = s.conn.Close(ctx)
+				var got []string
+				for _, f := range s.frames() {
+					got = append(got, frameSummary(f))
+				}
+				if !slices.Equal(got, []string{tc.want}) {
+					t.Fatalf("frames %q, want [%s]", got, tc.want)
+				}
+			})
+		}
+	}
+}
