@@ -945,71 +945,87 @@ func seenOf(result string, err error) string {
 	return result
 }
 
-// TestImplicitFailover: an autocommit write that waits for its synchronous standby (the
-// standby down) when the primary crashes and the standby is promoted: committed locally
-// on the old primary, never replicated, so not on the new one. The frame is indeterminate,
-// and its reference, asked on the new primary, never says committed: the marker's absence
-// says aborted (the row is not there), the xid, from another timeline, stays unknown.
+// TestImplicitFailover: an autocommit write, and a batch of two without BEGIN, that waits
+// for its synchronous standby (the standby down) when the primary crashes and the standby
+// is promoted: committed locally on the old primary, never replicated, so not on the new
+// one. The frame is indeterminate, and its reference, asked on the new primary, never says
+// committed: the marker's absence says aborted (no row is there); the xid, from the old
+// timeline, aborted once a checkpoint of the new one bounds it (reconcile's decide; the
+// runs here all answered so), else unknown.
 func TestImplicitFailover(t *testing.T) {
 	for _, mode := range []string{"xid", "marker"} {
-		t.Run(mode, func(t *testing.T) {
-			ctx := pgtest.ContextFor(t)
-			c := startCluster(t, ctx)
-			marker := pgx.Identifier{"public", "implicit_failover_marker"}
-			ddl, err := reconcile.MarkerTableDDL(marker)
-			mustOK(t, err)
-			mustOK(t, c.Primary().Exec(ctx, ddl))
-			opt := WithCommitReference()
-			if mode == "marker" {
-				opt = WithCommitMarker(marker)
-			}
-			h := newHarness(t, c.ConnString(), 1, opt)
-			// The connection's first implicit transaction carries the check.
-			if _, err := h.pool.Exec(ctx, "update t set id = id where id = $1", -1); err != nil {
-				t.Fatal(err)
-			}
-			var pid uint32
-			withConn(t, ctx, h, func(c *pgx.Conn) { pid = c.PgConn().PID() })
-			mustOK(t, c.Standby().StopImmediate())
-			rctx, root := rootSpan(ctx, h) // the statement's span, the frame's, needs a recording parent
-			defer root.End()
-			vctx, v := NewVerdict(rctx)
-			done := make(chan error, 1)
-			go func() {
-				_, err := h.pool.Exec(vctx, "insert into t values ($1)", 1)
-				done <- err
-			}()
-			mustOK(t, c.Primary().WaitForWaitEvent(ctx, pid, "SyncRep"))
-			mustOK(t, c.Promote(ctx))
-			if err := <-done; err == nil {
-				t.Fatal("the write answered though its primary crashed")
-			}
-			if res, err := v.Result(); err != nil || res.Outcome() != outcome.OutcomeIndeterminate {
-				t.Fatalf("verdict %T %v, want indeterminate", res, err)
-			}
-			frames := h.implicitFrames()
-			if len(frames) == 0 {
-				t.Fatal("no implicit frame span")
-			}
-			f := frames[len(frames)-1]
-			ref, ok := refOf(t, f)
-			if !ok {
-				t.Fatalf("no reference: %v", f.Attributes)
-			}
-			if clusterRowExists(t, ctx, c, 1) {
-				t.Fatal("a write never replicated is on the promoted standby")
-			}
-			got, err := clusterReconciler(t, ctx, c).Resolve(ctx, ref, trace.SpanContext{})
-			mustOK(t, err)
-			switch {
-			case got.Status() == reconcile.Committed:
-				t.Fatalf("reconciled committed on the new primary, where the row is not")
-			case mode == "marker" && got.Status() != reconcile.Aborted:
-				t.Fatalf("marker: %s %q, want aborted", got.Status(), got.Reason())
-			}
-			t.Logf("%s: %s %s", mode, got.Status(), got.Reason())
-		})
+		for _, way := range []string{"statement", "batch"} {
+			testImplicitFailover(t, mode, way)
+		}
 	}
+}
+
+// testImplicitFailover is one case of TestImplicitFailover.
+func testImplicitFailover(t *testing.T, mode, way string) {
+	t.Run(mode+"/"+way, func(t *testing.T) {
+		ctx := pgtest.ContextFor(t)
+		c := startCluster(t, ctx)
+		marker := pgx.Identifier{"public", "implicit_failover_marker"}
+		ddl, err := reconcile.MarkerTableDDL(marker)
+		mustOK(t, err)
+		mustOK(t, c.Primary().Exec(ctx, ddl))
+		opt := WithCommitReference()
+		if mode == "marker" {
+			opt = WithCommitMarker(marker)
+		}
+		h := newHarness(t, c.ConnString(), 1, opt)
+		// The connection's first implicit transaction carries the check.
+		if _, err := h.pool.Exec(ctx, "update t set id = id where id = $1", -1); err != nil {
+			t.Fatal(err)
+		}
+		var pid uint32
+		withConn(t, ctx, h, func(c *pgx.Conn) { pid = c.PgConn().PID() })
+		mustOK(t, c.Standby().StopImmediate())
+		rctx, root := rootSpan(ctx, h) // the statement's span, the frame's, needs a recording parent
+		defer root.End()
+		vctx, v := NewVerdict(rctx)
+		done := make(chan error, 1)
+		go func() {
+			if way == "batch" {
+				b := &pgx.Batch{}
+				b.Queue("insert into t values ($1)", 1)
+				b.Queue("insert into t values ($1)", 2)
+				done <- h.pool.SendBatch(vctx, b).Close()
+				return
+			}
+			_, err := h.pool.Exec(vctx, "insert into t values ($1)", 1)
+			done <- err
+		}()
+		mustOK(t, c.Primary().WaitForWaitEvent(ctx, pid, "SyncRep"))
+		mustOK(t, c.Promote(ctx))
+		if err := <-done; err == nil {
+			t.Fatal("the write answered though its primary crashed")
+		}
+		if res, err := v.Result(); err != nil || res.Outcome() != outcome.OutcomeIndeterminate {
+			t.Fatalf("verdict %T %v, want indeterminate", res, err)
+		}
+		frames := h.implicitFrames()
+		if len(frames) == 0 {
+			t.Fatal("no implicit frame span")
+		}
+		f := frames[len(frames)-1]
+		ref, ok := refOf(t, f)
+		if !ok {
+			t.Fatalf("no reference: %v", f.Attributes)
+		}
+		if clusterRowExists(t, ctx, c, 1) || clusterRowExists(t, ctx, c, 2) {
+			t.Fatal("a write never replicated is on the promoted standby")
+		}
+		got, err := clusterReconciler(t, ctx, c).Resolve(ctx, ref, trace.SpanContext{})
+		mustOK(t, err)
+		switch {
+		case got.Status() == reconcile.Committed:
+			t.Fatalf("reconciled committed on the new primary, where the row is not")
+		case mode == "marker" && got.Status() != reconcile.Aborted:
+			t.Fatalf("marker: %s %q, want aborted", got.Status(), got.Reason())
+		}
+		t.Logf("%s/%s: %s %s", mode, way, got.Status(), got.Reason())
+	})
 }
 
 // TestImplicitAutoReconcile: automatic reconciliation settles an implicit transaction's
