@@ -20,7 +20,7 @@ setup:
 # machine, 2026-12-06), in two go tests, ROOT_SLOW_A and ROOT_SLOW_B. The four — the rest
 # of ./..., the two halves, the soak — run side by side, each printed whole once all are
 # done: they wait on their servers most of their time (237 s of the slow tests, 74 s of
-# CPU), and took 5 min 24 s together on two cores where one after the other took 9 to 10
+# CPU); on two cores, quiet, 3 min 0 s side by side, 3 min 27 s one after the other
 # (2026-12-07). Then allocs_test.go, built without -race (the race detector changes
 # allocation counts): all of its tests.
 ROOT_SLOW_A = TestImplicitTransactionFaults|TestStaleManyTransactionsRandomFailures|TestUnobservedCommitFaults|TestUnobservedCommitFailover
@@ -150,7 +150,8 @@ MAJOR_LEFT_OUT = ^(TestStaleManyTransactionsRandomFailures|TestRunModel|TestReal
 # tests (ROOT_SLOW_A and ROOT_SLOW_B) in two go tests of their own beside the rest: a major's
 # run waits on its servers most of its time (PostgreSQL 13: 272 s wall, 108 s of CPU on two
 # cores, the root package 253 s of it, 2026-12-06), so the six go tests share two cores
-# without waiting on each other much. Each is printed whole once all are done.
+# without waiting on each other much: 2 min 37 s, one major after the other 2 min 59 s
+# (quiet, 2026-12-07). Each is printed whole once all are done.
 test-majors:
 	@out=$$(mktemp -d); pids=; \
 	for major in $(MAJORS); do \
