@@ -151,11 +151,13 @@ MAJOR_LEFT_OUT = ^(TestStaleManyTransactionsRandomFailures|TestRunModel|TestReal
 # run waits on its servers most of its time (PostgreSQL 13: 272 s wall, 108 s of CPU on two
 # cores, the root package 253 s of it, 2026-12-06), so the six go tests share two cores
 # without waiting on each other much: 2 min 37 s, one major after the other 2 min 59 s
-# (quiet, 2026-12-07). Each is printed whole once all are done.
+# (quiet, 2026-12-07). Each is printed whole once all are done. The servers are installed
+# first, so that one that fails to install starts no go test.
 test-majors:
+	@for major in $(MAJORS); do scripts/postgres $$major >/dev/null || exit 1; done
 	@out=$$(mktemp -d); pids=; \
 	for major in $(MAJORS); do \
-		bin=$$(scripts/postgres $$major) || exit 1; \
+		bin=$$(scripts/postgres $$major); \
 		echo "test-majors: PostgreSQL $$major ($$bin)"; \
 		OTELPGXTX_PG_BIN=$$bin $(GO) test -count=1 -skip '$(MAJOR_LEFT_OUT)|^($(ROOT_SLOW))$$' $(MAJOR_PACKAGES) >$$out/$$major-rest 2>&1 & pids="$$pids $$!"; \
 		OTELPGXTX_PG_BIN=$$bin $(GO) test -count=1 -run '^($(ROOT_SLOW_A))$$' -skip '$(MAJOR_LEFT_OUT)' . >$$out/$$major-a 2>&1 & pids="$$pids $$!"; \
